@@ -1,0 +1,320 @@
+//! The device layer: a [`Context`] owns (or borrows) a `wgpu::Device` and `Queue`, knows the adapter's
+//! limits and features, and caches compiled pipelines so nothing is compiled in the hot path.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// How [`Context::new_with`] picks its adapter.
+#[derive(Clone, Debug, Default)]
+pub struct ContextOptions {
+    /// Back ends to consider. `None`: `WGPU_BACKEND` (vulkan, gl, metal, dx12) or all of them.
+    pub backends: Option<wgpu::Backends>,
+    /// Case-insensitive substring of the adapter name. `None`: `WGPU_ADAPTER_NAME`, or any adapter.
+    pub adapter_name: Option<String>,
+}
+
+/// What the context runs on, for logs and benchmark reports.
+#[derive(Clone, Debug)]
+pub struct AdapterReport {
+    pub name: String,
+    pub backend: wgpu::Backend,
+    pub device_type: wgpu::DeviceType,
+    pub driver: String,
+    pub driver_info: String,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+}
+
+impl fmt::Display for AdapterReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({:?}, {:?}, driver {} {}); workgroup storage {} B, invocations {}, storage binding {} B, storage buffers/stage {}; features {:?}",
+            self.name,
+            self.backend,
+            self.device_type,
+            self.driver,
+            self.driver_info,
+            self.limits.max_compute_workgroup_storage_size,
+            self.limits.max_compute_invocations_per_workgroup,
+            self.limits.max_storage_buffer_binding_size,
+            self.limits.max_storage_buffers_per_shader_stage,
+            self.features,
+        )
+    }
+}
+
+/// Cache key of a compiled pipeline: shader name plus its override constants.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PipelineKey {
+    shader: &'static str,
+    constants: Vec<(&'static str, u32)>,
+}
+
+/// A GPU device with its queue, adapter report and pipeline cache. Cheap to share behind `Arc`.
+pub struct Context {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    report: AdapterReport,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+/// Features used when offered; none is required.
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY;
+
+/// Parses a back-end name as accepted by `WGPU_BACKEND`.
+pub fn parse_backends(name: &str) -> Result<wgpu::Backends> {
+    let backends = wgpu::Backends::from_comma_list(name);
+    if backends.is_empty() {
+        return Err(Error::UnknownBackend(name.to_string()));
+    }
+    Ok(backends)
+}
+
+fn backends_from_env() -> Result<wgpu::Backends> {
+    match std::env::var("WGPU_BACKEND") {
+        Ok(name) if !name.trim().is_empty() => parse_backends(&name),
+        _ => Ok(wgpu::Backends::all()),
+    }
+}
+
+/// Lists the adapters of the given back ends (default: `WGPU_BACKEND` or all).
+pub fn enumerate_adapters(backends: Option<wgpu::Backends>) -> Result<Vec<wgpu::AdapterInfo>> {
+    let backends = match backends {
+        Some(b) => b,
+        None => backends_from_env()?,
+    };
+    let instance = new_instance(backends);
+    let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+    Ok(adapters.iter().map(|a| a.get_info()).collect())
+}
+
+fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    wgpu::Instance::new(desc)
+}
+
+impl Context {
+    /// Creates a device on the default adapter (see [`ContextOptions`] for the environment variables).
+    pub fn new() -> Result<Self> {
+        Self::new_with(&ContextOptions::default())
+    }
+
+    /// Creates a device on the adapter selected by `options`.
+    pub fn new_with(options: &ContextOptions) -> Result<Self> {
+        pollster::block_on(Self::new_async(options))
+    }
+
+    /// Async form of [`Context::new_with`].
+    pub async fn new_async(options: &ContextOptions) -> Result<Self> {
+        let backends = match options.backends {
+            Some(b) => b,
+            None => backends_from_env()?,
+        };
+        let filter = options
+            .adapter_name
+            .clone()
+            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
+            .filter(|f| !f.is_empty());
+        let instance = new_instance(backends);
+        let adapters = instance.enumerate_adapters(backends).await;
+        let available = adapters
+            .iter()
+            .map(|a| {
+                let i = a.get_info();
+                format!("{} ({:?})", i.name, i.backend)
+            })
+            .collect::<Vec<_>>();
+        // Prefer real GPUs over CPU drivers, keeping enumeration order otherwise.
+        let rank = |t: wgpu::DeviceType| match t {
+            wgpu::DeviceType::DiscreteGpu => 0,
+            wgpu::DeviceType::IntegratedGpu => 1,
+            wgpu::DeviceType::VirtualGpu => 2,
+            wgpu::DeviceType::Other => 3,
+            wgpu::DeviceType::Cpu => 4,
+        };
+        let adapter = adapters
+            .into_iter()
+            .filter(|a| match &filter {
+                Some(f) => a.get_info().name.to_lowercase().contains(&f.to_lowercase()),
+                None => true,
+            })
+            .min_by_key(|a| rank(a.get_info().device_type))
+            .ok_or_else(|| Error::NoAdapter {
+                backends: format!("{backends:?}"),
+                filter: filter.clone(),
+                available: if available.is_empty() {
+                    "none".into()
+                } else {
+                    available.join(", ")
+                },
+            })?;
+
+        let offered = adapter.limits();
+        // Start from the WebGPU defaults and raise what the kernels benefit from to what is offered.
+        let mut limits = wgpu::Limits::defaults();
+        limits.max_compute_workgroup_storage_size = offered.max_compute_workgroup_storage_size;
+        limits.max_compute_invocations_per_workgroup = offered.max_compute_invocations_per_workgroup;
+        limits.max_storage_buffer_binding_size = offered.max_storage_buffer_binding_size;
+        limits.max_buffer_size = offered.max_buffer_size;
+        limits.max_storage_buffers_per_shader_stage = offered.max_storage_buffers_per_shader_stage;
+        limits.max_compute_workgroup_size_x = offered.max_compute_workgroup_size_x;
+        limits.max_compute_workgroup_size_y = offered.max_compute_workgroup_size_y;
+        let features = adapter.features() & WANTED_FEATURES;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("wgpu-attention"),
+                required_features: features,
+                required_limits: limits,
+                ..Default::default()
+            })
+            .await?;
+        Ok(Self::from_device(device, queue, Some(adapter.get_info())))
+    }
+
+    /// Wraps a device the application already owns. Limits and features are read from the device;
+    /// `adapter_info` only labels reports.
+    pub fn from_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter_info: Option<wgpu::AdapterInfo>,
+    ) -> Self {
+        let limits = device.limits();
+        let features = device.features();
+        let report = match adapter_info {
+            Some(info) => AdapterReport {
+                name: info.name,
+                backend: info.backend,
+                device_type: info.device_type,
+                driver: info.driver,
+                driver_info: info.driver_info,
+                limits,
+                features,
+            },
+            None => AdapterReport {
+                name: "user device".into(),
+                backend: wgpu::Backend::Noop,
+                device_type: wgpu::DeviceType::Other,
+                driver: String::new(),
+                driver_info: String::new(),
+                limits,
+                features,
+            },
+        };
+        Self {
+            device,
+            queue,
+            report,
+            pipelines: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    pub fn report(&self) -> &AdapterReport {
+        &self.report
+    }
+
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.report.limits
+    }
+
+    /// Number of pipelines compiled so far (a second identical call must not add any).
+    pub fn cached_pipelines(&self) -> usize {
+        self.pipelines.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    /// Returns the cached pipeline for `shader` specialised with `constants`, compiling it once.
+    pub(crate) fn pipeline(
+        &self,
+        shader: &'static str,
+        source: impl FnOnce() -> String,
+        constants: &[(&'static str, u32)],
+    ) -> Arc<wgpu::ComputePipeline> {
+        let key = PipelineKey {
+            shader,
+            constants: constants.to_vec(),
+        };
+        let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache.get(&key) {
+            return p.clone();
+        }
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(shader),
+                source: wgpu::ShaderSource::Wgsl(source().into()),
+            });
+        let constants_f64: Vec<(&str, f64)> =
+            constants.iter().map(|&(k, v)| (k, f64::from(v))).collect();
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(shader),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants_f64,
+                    // Every kernel writes its workgroup memory before reading it.
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        let pipeline = Arc::new(pipeline);
+        cache.insert(key, pipeline.clone());
+        pipeline
+    }
+
+    /// Creates a uniform buffer holding `data`.
+    pub(crate) fn uniform<T: bytemuck::Pod>(&self, label: &str, data: &T) -> wgpu::Buffer {
+        use wgpu::util::DeviceExt;
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::bytes_of(data),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+
+    /// Submits `encoder` and surfaces any validation or out-of-memory error it raised.
+    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        self.queue.submit([encoder.finish()]);
+        Ok(())
+    }
+
+    /// Waits until all submitted work has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| Error::Device(e.to_string()))
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("adapter", &self.report.name).finish()
+    }
+}
+
+/// Splits `total` workgroups into a 2-D grid within the 65535-per-dimension limit.
+/// Returns (x, y); kernels linearise with `wg.y * grid_x + wg.x` and skip ids >= total.
+pub(crate) fn grid_2d(total: u32) -> (u32, u32) {
+    const MAX: u32 = 65535;
+    if total <= MAX {
+        (total.max(1), 1)
+    } else {
+        (MAX, total.div_ceil(MAX))
+    }
+}

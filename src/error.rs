@@ -1,0 +1,54 @@
+//! Typed errors. Every message names the argument, the offending value and the limit, so a user knows
+//! what to change. Input is validated before anything is recorded or dispatched.
+
+use thiserror::Error;
+
+/// Result alias for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No adapter matched the requested back ends and name filter.
+    #[error("no GPU adapter found (back ends {backends}, name filter {filter:?}); available: {available}. On a machine without a GPU install a CPU driver: apt-get install mesa-vulkan-drivers")]
+    NoAdapter {
+        backends: String,
+        filter: Option<String>,
+        available: String,
+    },
+    /// `WGPU_BACKEND` or an explicit back-end name was not recognised.
+    #[error("unknown back end {0:?}: use vulkan, gl, metal or dx12")]
+    UnknownBackend(String),
+    /// The adapter refused the device request.
+    #[error("device request failed: {0}")]
+    RequestDevice(#[from] wgpu::RequestDeviceError),
+    /// A shape argument does not fit the operation.
+    #[error("{arg}: {message}")]
+    Shape { arg: &'static str, message: String },
+    /// A dimension is larger than this engine or the adapter supports.
+    #[error("{arg} = {value} exceeds the supported maximum {limit}{hint}")]
+    Unsupported {
+        arg: &'static str,
+        value: u64,
+        limit: u64,
+        hint: &'static str,
+    },
+    /// A buffer binding would exceed the adapter's `max_storage_buffer_binding_size`.
+    #[error("{arg} needs a {bytes}-byte storage binding but the adapter allows at most {limit} bytes (max_storage_buffer_binding_size); reduce batch, heads or sequence length, or use the fused path")]
+    BindingTooLarge { arg: &'static str, bytes: u64, limit: u64 },
+    /// The device reported an error (out of memory, validation) while running our commands.
+    #[error("GPU error: {0}")]
+    Device(String),
+    /// Mapping a buffer for readback failed.
+    #[error("buffer readback failed: {0}")]
+    Readback(String),
+}
+
+impl Error {
+    pub(crate) fn shape(arg: &'static str, message: impl Into<String>) -> Self {
+        Error::Shape {
+            arg,
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,1034 @@
+//! Scaled dot-product attention (SPEC.md): the fused FlashAttention-2 style forward and backward
+//! (`shaders/attention_forward.wgsl`, `attention_backward_*.wgsl`) and the unfused baseline that
+//! materialises the `Lq x Lk` scores (`matmul_strided.wgsl`, `attention_softmax*.wgsl`).
+//! CPU reference: [`crate::reference::attention`].
+//!
+//! Forward writes O and the row log-sum-exp `lse`; backward takes both plus dO and writes dQ, dK, dV,
+//! into new tensors or into strided views of a caller's buffers (a packed dQKV projection gradient).
+
+use crate::device::{grid_2d, Context};
+use crate::error::{Error, Result};
+use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
+use crate::tensor::{GpuTensor, HeadsView, SeqLens};
+
+const COMMON: &str = include_str!("../../shaders/attention_common.wgsl");
+const FORWARD: &str = include_str!("../../shaders/attention_forward.wgsl");
+const BACKWARD_PREPROCESS: &str = include_str!("../../shaders/attention_backward_preprocess.wgsl");
+const BACKWARD_DQ: &str = include_str!("../../shaders/attention_backward_dq.wgsl");
+const BACKWARD_DKDV: &str = include_str!("../../shaders/attention_backward_dkdv.wgsl");
+const SOFTMAX: &str = include_str!("../../shaders/attention_softmax.wgsl");
+const SOFTMAX_BACKWARD: &str = include_str!("../../shaders/attention_softmax_backward.wgsl");
+
+/// Largest head dimension (Dk or Dv) the fused kernels hold in registers.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Largest per-invocation row count compiled into the kernels (`MAX_ROWS` in the shaders).
+const MAX_ROWS: u32 = 4;
+/// Largest key tile of the forward kernel (`MAX_BN` in the shader).
+const MAX_BLOCK_N: u32 = 32;
+const WG: u32 = 64;
+
+/// Every attention shader with the common header prepended, by name: what the pipelines compile and
+/// what the naga tests validate and translate.
+pub fn shader_sources() -> Vec<(&'static str, String)> {
+    [
+        ("attention_forward", FORWARD),
+        ("attention_backward_preprocess", BACKWARD_PREPROCESS),
+        ("attention_backward_dq", BACKWARD_DQ),
+        ("attention_backward_dkdv", BACKWARD_DKDV),
+        ("attention_softmax", SOFTMAX),
+        ("attention_softmax_backward", SOFTMAX_BACKWARD),
+    ]
+    .into_iter()
+    .map(|(name, body)| (name, with_common(body)))
+    .chain(std::iter::once(("matmul_strided", matmul::SOURCE.to_string())))
+    .collect()
+}
+
+fn with_common(body: &str) -> String {
+    format!("{COMMON}\n{body}")
+}
+
+/// Options of an attention call. Built with chained setters so later mask and score features (bias,
+/// sliding window, softcap) are new fields, not new functions:
+/// `AttentionOptions::new().causal(true).seq_lens(&lens)`.
+#[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
+pub struct AttentionOptions<'a> {
+    /// Score scale; `None` is `1 / sqrt(Dk)`.
+    pub scale: Option<f32>,
+    /// Softmax temperature: the scale is divided by it. `None` is 1.
+    pub temperature: Option<f32>,
+    /// Causal mask, bottom-right aligned: key j is visible to query i iff `j <= i + (Lk - Lq)`.
+    pub causal: bool,
+    /// Per-batch valid query and/or key lengths (padding, variable length).
+    pub seq_lens: Option<&'a SeqLens>,
+}
+
+impl<'a> AttentionOptions<'a> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    pub fn temperature(mut self, temperature: f32) -> Self {
+        self.temperature = Some(temperature);
+        self
+    }
+
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+
+    pub fn seq_lens(mut self, seq_lens: &'a SeqLens) -> Self {
+        self.seq_lens = Some(seq_lens);
+        self
+    }
+}
+
+/// The sizes of one attention problem, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub q_seq: usize,
+    pub kv_seq: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim_qk: usize,
+    pub head_dim_v: usize,
+}
+
+impl AttentionShape {
+    /// Checks that `q [B, Lq, H, Dk]`, `k [B, Lk, Hkv, Dk]` and `v [B, Lk, Hkv, Dv]` agree.
+    pub fn of(q: &HeadsView, k: &HeadsView, v: &HeadsView) -> Result<Self> {
+        let [b, lq, h, dk] = q.shape();
+        let [kb, lk, hkv, kdk] = k.shape();
+        let [vb, vlk, vhkv, dv] = v.shape();
+        for (arg, value) in [
+            ("q batch", b),
+            ("q seq", lq),
+            ("q heads", h),
+            ("q head_dim", dk),
+            ("k seq", lk),
+            ("k heads", hkv),
+            ("v head_dim", dv),
+        ] {
+            if value == 0 {
+                return Err(Error::shape(arg, "is 0; every dimension must be at least 1"));
+            }
+        }
+        if kb != b || vb != b {
+            return Err(Error::shape(
+                "k/v batch",
+                format!("q has batch {b}, k {kb}, v {vb}; they must be equal"),
+            ));
+        }
+        if vlk != lk {
+            return Err(Error::shape(
+                "v seq",
+                format!("k has {lk} keys but v has {vlk}"),
+            ));
+        }
+        if vhkv != hkv {
+            return Err(Error::shape(
+                "v heads",
+                format!("k has {hkv} heads but v has {vhkv}"),
+            ));
+        }
+        if kdk != dk {
+            return Err(Error::shape(
+                "k head_dim",
+                format!("q has head_dim {dk} but k has {kdk}; Q and K must share Dk"),
+            ));
+        }
+        if h % hkv != 0 {
+            return Err(Error::shape(
+                "k heads",
+                format!("query heads {h} are not a multiple of kv heads {hkv} (H % Hkv must be 0)"),
+            ));
+        }
+        for (arg, value) in [("q/k head_dim", dk), ("v head_dim", dv)] {
+            if value > MAX_HEAD_DIM {
+                return Err(Error::Unsupported {
+                    arg,
+                    value: value as u64,
+                    limit: MAX_HEAD_DIM as u64,
+                    hint: "; split the head dimension or use more heads",
+                });
+            }
+        }
+        for (arg, value) in [("q seq", lq), ("k seq", lk), ("batch", b), ("heads", h)] {
+            if value > i32::MAX as usize {
+                return Err(Error::Unsupported {
+                    arg,
+                    value: value as u64,
+                    limit: i32::MAX as u64,
+                    hint: "",
+                });
+            }
+        }
+        Ok(Self {
+            batch: b,
+            q_seq: lq,
+            kv_seq: lk,
+            heads: h,
+            kv_heads: hkv,
+            head_dim_qk: dk,
+            head_dim_v: dv,
+        })
+    }
+
+    /// Multiply-adds counted as 2 FLOPs: `4 * B * H * Lq * Lk * D` for the forward (two products);
+    /// halved under the causal mask when `Lq == Lk`, as is customary.
+    pub fn forward_flops(&self, causal: bool) -> f64 {
+        let d = (self.head_dim_qk + self.head_dim_v) as f64 / 2.0;
+        let full = 4.0 * (self.batch * self.heads) as f64 * self.q_seq as f64 * self.kv_seq as f64 * d;
+        if causal {
+            full / 2.0
+        } else {
+            full
+        }
+    }
+
+    /// Backward FLOPs: five products (S recompute, dV, dP, dQ, dK), 2.5x the forward.
+    pub fn backward_flops(&self, causal: bool) -> f64 {
+        2.5 * self.forward_flops(causal)
+    }
+}
+
+fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<f32> {
+    if let Some(lens) = opts.seq_lens {
+        if lens.batch() != shape.batch {
+            return Err(Error::shape(
+                "seq_lens",
+                format!("has {} entries but the batch is {}", lens.batch(), shape.batch),
+            ));
+        }
+        for (arg, values, limit) in [
+            ("q_lens", lens.q_lens(), shape.q_seq),
+            ("kv_lens", lens.kv_lens(), shape.kv_seq),
+        ] {
+            if let Some(values) = values {
+                if let Some((b, &len)) = values.iter().enumerate().find(|(_, &l)| l as usize > limit) {
+                    return Err(Error::shape(
+                        arg,
+                        format!("entry {b} is {len}, beyond the sequence length {limit}"),
+                    ));
+                }
+            }
+        }
+    }
+    let scale = opts
+        .scale
+        .unwrap_or(1.0 / (shape.head_dim_qk as f32).sqrt());
+    let temperature = opts.temperature.unwrap_or(1.0);
+    if !scale.is_finite() {
+        return Err(Error::shape("scale", format!("is {scale}; it must be finite")));
+    }
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(Error::shape(
+            "temperature",
+            format!("is {temperature}; it must be finite and positive"),
+        ));
+    }
+    Ok(scale / temperature)
+}
+
+fn check_view(
+    arg: &'static str,
+    view: &HeadsView,
+    expected: [usize; 4],
+) -> Result<()> {
+    if view.shape() != expected {
+        return Err(Error::shape(
+            arg,
+            format!("has shape {:?}, expected {:?}", view.shape(), expected),
+        ));
+    }
+    Ok(())
+}
+
+fn check_tensor(arg: &'static str, t: &GpuTensor, expected: &[usize]) -> Result<()> {
+    if t.shape() != expected {
+        return Err(Error::shape(
+            arg,
+            format!("has shape {:?}, expected {:?}", t.shape(), expected),
+        ));
+    }
+    Ok(())
+}
+
+/// Outputs may not share a buffer with any input of the same dispatch (a buffer cannot be read-only
+/// and writable in one dispatch).
+fn check_distinct(outputs: &[(&'static str, &wgpu::Buffer)], inputs: &[&wgpu::Buffer]) -> Result<()> {
+    for (arg, out) in outputs {
+        if inputs.iter().any(|i| *i == *out) {
+            return Err(Error::shape(
+                arg,
+                "shares a buffer with an input of the same call; write outputs to a separate buffer",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A buffer range bound for one dispatch and the element offset of the view inside it.
+struct Binding<'a> {
+    buffer: &'a wgpu::Buffer,
+    offset_bytes: u64,
+    size_bytes: u64,
+}
+
+impl Binding<'_> {
+    fn entry(&self, binding: u32) -> wgpu::BindGroupEntry<'_> {
+        wgpu::BindGroupEntry {
+            binding,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: self.buffer,
+                offset: self.offset_bytes,
+                size: wgpu::BufferSize::new(self.size_bytes),
+            }),
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct ViewParams {
+    offset: u32,
+    stride_b: u32,
+    stride_s: u32,
+    stride_h: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    batch: u32,
+    heads: u32,
+    kv_heads: u32,
+    q_seq: u32,
+    kv_seq: u32,
+    dk: u32,
+    dv: u32,
+    flags: u32,
+    scale: f32,
+    blocks: u32,
+    grid_x: u32,
+    total_groups: u32,
+    views: [ViewParams; 8],
+}
+
+const VIEW_Q: usize = 0;
+const VIEW_K: usize = 1;
+const VIEW_V: usize = 2;
+const VIEW_O: usize = 3;
+const VIEW_DO: usize = 4;
+const VIEW_DQ: usize = 5;
+const VIEW_DK: usize = 6;
+const VIEW_DV: usize = 7;
+
+const FLAG_CAUSAL: u32 = 1;
+const FLAG_Q_LENS: u32 = 2;
+const FLAG_KV_LENS: u32 = 4;
+
+/// Binds the smallest aligned range of `view`'s buffer that covers it and records its strides.
+fn bind_view<'a>(
+    ctx: &Context,
+    arg: &'static str,
+    view: &'a HeadsView,
+    slot: usize,
+    params: &mut Params,
+) -> Result<Binding<'a>> {
+    let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
+    let start_bytes = view.offset() as u64 * 4;
+    let offset_bytes = start_bytes / align * align;
+    let size_bytes = (view.end_element() as u64 * 4).max(offset_bytes + 4) - offset_bytes;
+    check_binding(ctx, arg, size_bytes)?;
+    let [sb, ss, sh] = view.strides();
+    let stride = |s: usize| {
+        u32::try_from(s).map_err(|_| Error::Unsupported {
+            arg,
+            value: s as u64,
+            limit: u32::MAX as u64,
+            hint: " (stride in elements)",
+        })
+    };
+    params.views[slot] = ViewParams {
+        offset: ((start_bytes - offset_bytes) / 4) as u32,
+        stride_b: stride(sb)?,
+        stride_s: stride(ss)?,
+        stride_h: stride(sh)?,
+    };
+    Ok(Binding {
+        buffer: view.buffer(),
+        offset_bytes,
+        size_bytes,
+    })
+}
+
+fn bind_tensor<'a>(ctx: &Context, arg: &'static str, t: &'a GpuTensor) -> Result<Binding<'a>> {
+    let size_bytes = t.size_bytes().max(4);
+    check_binding(ctx, arg, size_bytes)?;
+    Ok(Binding {
+        buffer: t.buffer(),
+        offset_bytes: 0,
+        size_bytes,
+    })
+}
+
+fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
+    let limit = ctx.limits().max_storage_buffer_binding_size as u64;
+    if bytes > limit {
+        return Err(Error::BindingTooLarge { arg, bytes, limit });
+    }
+    Ok(())
+}
+
+/// Per-adapter tile choice. On CPU drivers (lavapipe) loads dominate, so each invocation owns several
+/// rows to reuse every staged K/V element; on GPUs fewer rows keep register pressure down.
+fn rows_per_invocation(ctx: &Context, shape: &AttentionShape) -> u32 {
+    let d = shape.head_dim_qk.max(shape.head_dim_v);
+    if ctx.report().device_type == wgpu::DeviceType::Cpu {
+        match d {
+            0..=64 => 4,
+            65..=128 => 2,
+            _ => 1,
+        }
+    } else {
+        1
+    }
+    .min(MAX_ROWS)
+}
+
+/// Rows of a staged tile that fit the adapter's workgroup storage.
+fn tile_rows(ctx: &Context, shape: &AttentionShape, extra_bytes_per_row: u32, max: u32) -> u32 {
+    let dk4 = shape.head_dim_qk.div_ceil(4) as u32;
+    let dv4 = shape.head_dim_v.div_ceil(4) as u32;
+    let per_row = (dk4 + dv4) * 16 + extra_bytes_per_row;
+    (ctx.limits().max_compute_workgroup_storage_size / per_row).clamp(1, max)
+}
+
+fn base_params(shape: &AttentionShape, scale: f32, opts: &AttentionOptions<'_>) -> Params {
+    let mut flags = 0;
+    if opts.causal {
+        flags |= FLAG_CAUSAL;
+    }
+    if let Some(lens) = opts.seq_lens {
+        if lens.q_lens().is_some() {
+            flags |= FLAG_Q_LENS;
+        }
+        if lens.kv_lens().is_some() {
+            flags |= FLAG_KV_LENS;
+        }
+    }
+    Params {
+        batch: shape.batch as u32,
+        heads: shape.heads as u32,
+        kv_heads: shape.kv_heads as u32,
+        q_seq: shape.q_seq as u32,
+        kv_seq: shape.kv_seq as u32,
+        dk: shape.head_dim_qk as u32,
+        dv: shape.head_dim_v as u32,
+        flags,
+        scale,
+        ..Default::default()
+    }
+}
+
+/// Sets the 2-D grid for `blocks` workgroups per (batch, head) group of `groups`.
+fn set_grid(params: &mut Params, blocks: usize, groups: usize) -> Result<(u32, u32)> {
+    let total = blocks as u64 * groups as u64;
+    let max = 65535u64 * 65535u64;
+    if total > max {
+        return Err(Error::Unsupported {
+            arg: "workgroups (batch * heads * sequence blocks)",
+            value: total,
+            limit: max,
+            hint: "; split the batch",
+        });
+    }
+    params.blocks = blocks as u32;
+    params.total_groups = total as u32;
+    let (gx, gy) = grid_2d(total as u32);
+    params.grid_x = gx;
+    Ok((gx, gy))
+}
+
+/// The dummy used when no sequence lengths are given (bindings cannot be absent).
+fn seq_lens_binding<'a>(ctx: &'a Context, opts: &AttentionOptions<'a>, dummy: &'a wgpu::Buffer) -> &'a wgpu::Buffer {
+    let _ = ctx;
+    match opts.seq_lens {
+        Some(l) => l.buffer(),
+        None => dummy,
+    }
+}
+
+fn dummy_lens(ctx: &Context) -> wgpu::Buffer {
+    ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("no seq_lens"),
+        size: 8,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    })
+}
+
+fn dispatch(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    pipeline: &wgpu::ComputePipeline,
+    label: &str,
+    params: &Params,
+    seq_lens: &wgpu::Buffer,
+    bindings: &[Binding<'_>],
+    grid: (u32, u32),
+) {
+    let uniform = ctx.uniform(label, params);
+    let mut entries = vec![
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: seq_lens.as_entire_binding(),
+        },
+    ];
+    entries.extend(bindings.iter().enumerate().map(|(i, b)| b.entry(i as u32 + 2)));
+    let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(grid.0, grid.1, 1);
+}
+
+/// O and lse of a forward pass: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]` (`-inf` for rows that see no
+/// key). Both are what [`attention_backward`] needs.
+#[derive(Clone, Debug)]
+pub struct AttentionOutput {
+    pub out: GpuTensor,
+    pub lse: GpuTensor,
+}
+
+/// dQ, dK, dV of a backward pass, shaped like Q, K, V.
+#[derive(Clone, Debug)]
+pub struct AttentionGrads {
+    pub dq: GpuTensor,
+    pub dk: GpuTensor,
+    pub dv: GpuTensor,
+}
+
+/// Fused attention forward into new tensors, submitted to the queue.
+pub fn attention_forward(
+    ctx: &Context,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionOutput> {
+    let s = AttentionShape::of(q, k, v)?;
+    let out = GpuTensor::uninit(ctx, "attention out", &[s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    attention_forward_into(ctx, &mut encoder, q, k, v, &out.heads()?, &lse, opts)?;
+    ctx.submit(encoder)?;
+    Ok(AttentionOutput { out, lse })
+}
+
+/// Records the fused attention forward into `encoder`, writing `out` (a `[B, Lq, H, Dv]` view) and
+/// `lse` (`[B, H, Lq]`). Nothing is recorded if the input is rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let s = AttentionShape::of(q, k, v)?;
+    let scale = check_options(&s, opts)?;
+    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
+    check_distinct(
+        &[("out", out.buffer()), ("lse", lse.buffer())],
+        &[q.buffer(), k.buffer(), v.buffer()],
+    )?;
+    if out.buffer() == lse.buffer() {
+        return Err(Error::shape("lse", "shares a buffer with out"));
+    }
+
+    let rows = rows_per_invocation(ctx, &s);
+    let block_n = tile_rows(ctx, &s, 0, MAX_BLOCK_N);
+    let mut params = base_params(&s, scale, opts);
+    let bindings = [
+        bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
+        bind_view(ctx, "k", k, VIEW_K, &mut params)?,
+        bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+        bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+        bind_tensor(ctx, "lse", lse)?,
+    ];
+    let blocks = s.q_seq.div_ceil((WG * rows) as usize);
+    let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
+    let pipeline = ctx.pipeline(
+        "attention_forward",
+        || with_common(FORWARD),
+        &[
+            ("WG", WG),
+            ("ROWS", rows),
+            ("BLOCK_N", block_n),
+            ("DK", s.head_dim_qk as u32),
+            ("DV", s.head_dim_v as u32),
+        ],
+    );
+    let dummy = dummy_lens(ctx);
+    let lens = seq_lens_binding(ctx, opts, &dummy);
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some("attention_forward"),
+        timestamp_writes: None,
+    });
+    dispatch(ctx, &mut pass, &pipeline, "attention_forward", &params, lens, &bindings, grid);
+    Ok(())
+}
+
+/// Fused attention backward into new tensors, submitted to the queue. `out` and `lse` are the
+/// forward's outputs for the same inputs and options.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    ctx: &Context,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    forward: &AttentionOutput,
+    d_out: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionGrads> {
+    let s = AttentionShape::of(q, k, v)?;
+    let dq = GpuTensor::uninit(ctx, "dq", &[s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
+    let dk = GpuTensor::uninit(ctx, "dk", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
+    let dv = GpuTensor::uninit(ctx, "dv", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+    let workspace = attention_backward_workspace(ctx, &s)?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    attention_backward_into(
+        ctx,
+        &mut encoder,
+        q,
+        k,
+        v,
+        &forward.out.heads()?,
+        &forward.lse,
+        d_out,
+        &dq.heads()?,
+        &dk.heads()?,
+        &dv.heads()?,
+        &workspace,
+        opts,
+    )?;
+    ctx.submit(encoder)?;
+    Ok(AttentionGrads { dq, dk, dv })
+}
+
+/// The scratch tensor [`attention_backward_into`] needs: `(lse, D)` per query row, `[B, H, Lq, 2]`.
+pub fn attention_backward_workspace(ctx: &Context, shape: &AttentionShape) -> Result<GpuTensor> {
+    GpuTensor::uninit(
+        ctx,
+        "attention backward stats",
+        &[shape.batch, shape.heads, shape.q_seq, 2],
+    )
+}
+
+/// Records the fused attention backward into `encoder`: the `D = rowsum(dO * O)` pass, the dK/dV
+/// kernel (parallel over key blocks) and the dQ kernel (parallel over query blocks). No atomics, so
+/// results are bitwise reproducible. `dq`, `dk`, `dv` may be views into one packed gradient buffer.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    d_out: &HeadsView,
+    dq: &HeadsView,
+    dk: &HeadsView,
+    dv: &HeadsView,
+    workspace: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let s = AttentionShape::of(q, k, v)?;
+    let scale = check_options(&s, opts)?;
+    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
+    check_tensor("workspace", workspace, &[s.batch, s.heads, s.q_seq, 2])?;
+    check_view("dq", dq, [s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
+    check_view("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
+    check_view("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+    let inputs = [
+        q.buffer().as_ref(),
+        k.buffer(),
+        v.buffer(),
+        out.buffer(),
+        lse.buffer(),
+        d_out.buffer(),
+    ];
+    check_distinct(
+        &[
+            ("dq", dq.buffer()),
+            ("dk", dk.buffer()),
+            ("dv", dv.buffer()),
+            ("workspace", workspace.buffer()),
+        ],
+        &inputs,
+    )?;
+    if workspace.buffer() == dq.buffer() || workspace.buffer() == dk.buffer() || workspace.buffer() == dv.buffer() {
+        return Err(Error::shape("workspace", "shares a buffer with a gradient output"));
+    }
+
+    let dummy = dummy_lens(ctx);
+    let lens = seq_lens_binding(ctx, opts, &dummy);
+    let rows = rows_per_invocation(ctx, &s);
+    let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some("attention_backward"),
+        timestamp_writes: None,
+    });
+
+    // 1. stats = (lse, D).
+    {
+        let mut params = base_params(&s, scale, opts);
+        let bindings = [
+            bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
+            bind_tensor(ctx, "lse", lse)?,
+            bind_tensor(ctx, "workspace", workspace)?,
+        ];
+        let rows_total = s.batch * s.heads * s.q_seq;
+        let grid = set_grid(&mut params, rows_total.div_ceil(WG as usize), 1)?;
+        let pipeline = ctx.pipeline(
+            "attention_backward_preprocess",
+            || with_common(BACKWARD_PREPROCESS),
+            &[("WG", WG)],
+        );
+        dispatch(ctx, &mut pass, &pipeline, "attention_backward_preprocess", &params, lens, &bindings, grid);
+    }
+    // 2. dK, dV: one workgroup per key block of one (batch, kv head).
+    {
+        let mut params = base_params(&s, scale, opts);
+        let bindings = [
+            bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
+            bind_view(ctx, "k", k, VIEW_K, &mut params)?,
+            bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
+            bind_tensor(ctx, "workspace", workspace)?,
+            bind_view(ctx, "dk", dk, VIEW_DK, &mut params)?,
+            bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
+        ];
+        let block_m = tile_rows(ctx, &s, 8, 64);
+        let blocks = s.kv_seq.div_ceil((WG * rows) as usize);
+        let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
+        let pipeline = ctx.pipeline(
+            "attention_backward_dkdv",
+            || with_common(BACKWARD_DKDV),
+            &[("WG", WG), ("ROWS", rows), ("BLOCK_M", block_m), dims[0], dims[1]],
+        );
+        dispatch(ctx, &mut pass, &pipeline, "attention_backward_dkdv", &params, lens, &bindings, grid);
+    }
+    // 3. dQ: one workgroup per query block of one (batch, head).
+    {
+        let mut params = base_params(&s, scale, opts);
+        let bindings = [
+            bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
+            bind_view(ctx, "k", k, VIEW_K, &mut params)?,
+            bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
+            bind_tensor(ctx, "workspace", workspace)?,
+            bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?,
+        ];
+        let block_n = tile_rows(ctx, &s, 0, 64);
+        let blocks = s.q_seq.div_ceil((WG * rows) as usize);
+        let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
+        let pipeline = ctx.pipeline(
+            "attention_backward_dq",
+            || with_common(BACKWARD_DQ),
+            &[("WG", WG), ("ROWS", rows), ("BLOCK_N", block_n), dims[0], dims[1]],
+        );
+        dispatch(ctx, &mut pass, &pipeline, "attention_backward_dq", &params, lens, &bindings, grid);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unfused baseline: scores materialised as [B, H, Lq, Lk].
+
+fn scores_shape(ctx: &Context, s: &AttentionShape) -> Result<[usize; 4]> {
+    let shape = [s.batch, s.heads, s.q_seq, s.kv_seq];
+    let bytes = shape.iter().map(|&d| d as u64).product::<u64>() * 4;
+    check_binding(ctx, "scores (unfused B x H x Lq x Lk)", bytes)?;
+    Ok(shape)
+}
+
+fn view_operand(view: &HeadsView, rows_are_seq: bool, head_div: usize) -> Operand {
+    let [sb, ss, sh] = view.strides();
+    let (stride_row, stride_col) = if rows_are_seq { (ss, 1) } else { (1, ss) };
+    Operand {
+        offset: view.offset() as u32,
+        stride_b: sb as u32,
+        stride_h: sh as u32,
+        head_div: head_div as u32,
+        stride_g: 0,
+        stride_row: stride_row as u32,
+        stride_col: stride_col as u32,
+        _pad: 0,
+    }
+}
+
+fn check_whole_binding(ctx: &Context, arg: &'static str, buffer: &wgpu::Buffer) -> Result<()> {
+    check_binding(ctx, arg, buffer.size())
+}
+
+/// Records `P = softmax(scale Q K^T + masks)` into `probs [B, H, Lq, Lk]` and the row lse.
+fn encode_probs(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    s: &AttentionShape,
+    scale: f32,
+    q: &HeadsView,
+    k: &HeadsView,
+    probs: &GpuTensor,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+    lens: &wgpu::Buffer,
+) -> Result<()> {
+    let group = s.heads / s.kv_heads;
+    let (lq, lk) = (s.q_seq, s.kv_seq);
+    let scores_op = Operand {
+        stride_b: (s.heads * lq * lk) as u32,
+        stride_h: (lq * lk) as u32,
+        head_div: 1,
+        stride_row: lk as u32,
+        stride_col: 1,
+        ..Default::default()
+    };
+    encode_gemm(
+        ctx,
+        pass,
+        &Gemm {
+            m: lq as u32,
+            n: lk as u32,
+            k: s.head_dim_qk as u32,
+            groups: 1,
+            batch: s.batch as u32,
+            heads: s.heads as u32,
+            alpha: scale,
+            a: (q.buffer(), view_operand(q, true, 1)),
+            b: (k.buffer(), view_operand(k, false, group)),
+            c: (probs.buffer(), scores_op),
+        },
+    )?;
+    let mut params = base_params(s, scale, opts);
+    let rows = s.batch * s.heads * lq;
+    let grid = set_grid(&mut params, rows, 1)?;
+    let pipeline = ctx.pipeline("attention_softmax", || with_common(SOFTMAX), &[("WG", WG)]);
+    let bindings = [bind_tensor(ctx, "scores", probs)?, bind_tensor(ctx, "lse", lse)?];
+    dispatch(ctx, pass, &pipeline, "attention_softmax", &params, lens, &bindings, grid);
+    Ok(())
+}
+
+fn unfused_checks(ctx: &Context, views: &[(&'static str, &HeadsView)]) -> Result<()> {
+    for (arg, v) in views {
+        check_whole_binding(ctx, arg, v.buffer())?;
+        if v.end_element() > u32::MAX as usize {
+            return Err(Error::Unsupported {
+                arg,
+                value: v.end_element() as u64,
+                limit: u32::MAX as u64,
+                hint: " elements",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Unfused attention forward (benchmark baseline and second check): materialises the scores
+/// `[B, H, Lq, Lk]`, applies a masked softmax, then multiplies by V. Same semantics and outputs as
+/// [`attention_forward`].
+pub fn attention_forward_unfused(
+    ctx: &Context,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionOutput> {
+    let s = AttentionShape::of(q, k, v)?;
+    let scale = check_options(&s, opts)?;
+    unfused_checks(ctx, &[("q", q), ("k", k), ("v", v)])?;
+    let probs = GpuTensor::uninit(ctx, "probs", &scores_shape(ctx, &s)?)?;
+    let out = GpuTensor::uninit(ctx, "attention out", &[s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
+    check_whole_binding(ctx, "out", out.buffer())?;
+    let dummy = dummy_lens(ctx);
+    let lens = seq_lens_binding(ctx, opts, &dummy);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        encode_probs(ctx, &mut pass, &s, scale, q, k, &probs, &lse, opts, lens)?;
+        let group = s.heads / s.kv_heads;
+        let (lq, lk) = (s.q_seq, s.kv_seq);
+        let out_view = out.heads()?;
+        encode_gemm(
+            ctx,
+            &mut pass,
+            &Gemm {
+                m: lq as u32,
+                n: s.head_dim_v as u32,
+                k: lk as u32,
+                groups: 1,
+                batch: s.batch as u32,
+                heads: s.heads as u32,
+                alpha: 1.0,
+                a: (
+                    probs.buffer(),
+                    Operand {
+                        stride_b: (s.heads * lq * lk) as u32,
+                        stride_h: (lq * lk) as u32,
+                        head_div: 1,
+                        stride_row: lk as u32,
+                        stride_col: 1,
+                        ..Default::default()
+                    },
+                ),
+                b: (v.buffer(), view_operand(v, true, group)),
+                c: (out.buffer(), view_operand(&out_view, true, 1)),
+            },
+        )?;
+    }
+    ctx.submit(encoder)?;
+    Ok(AttentionOutput { out, lse })
+}
+
+/// Unfused attention backward (benchmark baseline): recomputes and materialises P `[B, H, Lq, Lk]`,
+/// then dP = dO V^T, dS = P (dP - rowsum(P dP)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO,
+/// with dK and dV summed over the query heads of each kv head.
+pub fn attention_backward_unfused(
+    ctx: &Context,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    d_out: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionGrads> {
+    let s = AttentionShape::of(q, k, v)?;
+    let scale = check_options(&s, opts)?;
+    check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    unfused_checks(ctx, &[("q", q), ("k", k), ("v", v), ("d_out", d_out)])?;
+    let shape = scores_shape(ctx, &s)?;
+    let probs = GpuTensor::uninit(ctx, "probs", &shape)?;
+    let dprobs = GpuTensor::uninit(ctx, "dprobs", &shape)?;
+    let lse = GpuTensor::uninit(ctx, "lse", &[s.batch, s.heads, s.q_seq])?;
+    let dq = GpuTensor::uninit(ctx, "dq", &[s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
+    let dk = GpuTensor::uninit(ctx, "dk", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
+    let dv = GpuTensor::uninit(ctx, "dv", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+    for (arg, t) in [("dq", &dq), ("dk", &dk), ("dv", &dv)] {
+        check_whole_binding(ctx, arg, t.buffer())?;
+    }
+    let dummy = dummy_lens(ctx);
+    let lens = seq_lens_binding(ctx, opts, &dummy);
+    let group = s.heads / s.kv_heads;
+    let (b, h, hkv, lq, lk) = (s.batch as u32, s.heads as u32, s.kv_heads as u32, s.q_seq, s.kv_seq);
+    let (dk_dim, dv_dim) = (s.head_dim_qk as u32, s.head_dim_v as u32);
+    let plane = (lq * lk) as u32;
+    // P-layout operand, rows i (queries), columns j (keys), per query head.
+    let p_rows = Operand {
+        stride_b: h * plane,
+        stride_h: plane,
+        head_div: 1,
+        stride_row: lk as u32,
+        stride_col: 1,
+        ..Default::default()
+    };
+    // P^T per kv head, summed over the group's query heads g: rows j, columns i.
+    let p_t_grouped = Operand {
+        stride_b: h * plane,
+        stride_h: group as u32 * plane,
+        head_div: 1,
+        stride_g: plane,
+        stride_row: 1,
+        stride_col: lk as u32,
+        ..Default::default()
+    };
+    let grouped = |view: &HeadsView| {
+        let mut op = view_operand(view, true, 1);
+        op.stride_g = op.stride_h;
+        op.stride_h *= group as u32;
+        op
+    };
+    let (dq_v, dk_v, dv_v) = (dq.heads()?, dk.heads()?, dv.heads()?);
+
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        encode_probs(ctx, &mut pass, &s, scale, q, k, &probs, &lse, opts, lens)?;
+        // dP = dO V^T
+        encode_gemm(ctx, &mut pass, &Gemm {
+            m: lq as u32, n: lk as u32, k: dv_dim, groups: 1, batch: b, heads: h, alpha: 1.0,
+            a: (d_out.buffer(), view_operand(d_out, true, 1)),
+            b: (v.buffer(), view_operand(v, false, group)),
+            c: (dprobs.buffer(), p_rows),
+        })?;
+        // dS = P (dP - rowsum(P dP)), in place.
+        let mut params = base_params(&s, scale, opts);
+        let grid = set_grid(&mut params, s.batch * s.heads * lq, 1)?;
+        let pipeline = ctx.pipeline(
+            "attention_softmax_backward",
+            || with_common(SOFTMAX_BACKWARD),
+            &[("WG", WG)],
+        );
+        let uniform = ctx.uniform("attention_softmax_backward", &params);
+        let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("attention_softmax_backward"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() },
+                bind_tensor(ctx, "probs", &probs)?.entry(2),
+                bind_tensor(ctx, "dprobs", &dprobs)?.entry(3),
+            ],
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(grid.0, grid.1, 1);
+        // dQ = scale dS K
+        encode_gemm(ctx, &mut pass, &Gemm {
+            m: lq as u32, n: dk_dim, k: lk as u32, groups: 1, batch: b, heads: h, alpha: scale,
+            a: (dprobs.buffer(), p_rows),
+            b: (k.buffer(), view_operand(k, true, group)),
+            c: (dq.buffer(), view_operand(&dq_v, true, 1)),
+        })?;
+        // dK = scale sum_g dS^T Q
+        encode_gemm(ctx, &mut pass, &Gemm {
+            m: lk as u32, n: dk_dim, k: lq as u32, groups: group as u32, batch: b, heads: hkv, alpha: scale,
+            a: (dprobs.buffer(), p_t_grouped),
+            b: (q.buffer(), grouped(q)),
+            c: (dk.buffer(), view_operand(&dk_v, true, 1)),
+        })?;
+        // dV = sum_g P^T dO
+        encode_gemm(ctx, &mut pass, &Gemm {
+            m: lk as u32, n: dv_dim, k: lq as u32, groups: group as u32, batch: b, heads: hkv, alpha: 1.0,
+            a: (probs.buffer(), p_t_grouped),
+            b: (d_out.buffer(), grouped(d_out)),
+            c: (dv.buffer(), view_operand(&dv_v, true, 1)),
+        })?;
+    }
+    ctx.submit(encoder)?;
+    Ok(AttentionGrads { dq, dk, dv })
+}

@@ -1,0 +1,33 @@
+//! # wgpu-attention
+//!
+//! Fused, tiled scaled-dot-product attention (FlashAttention-2 style), forward and backward, on any
+//! GPU through wgpu: Vulkan, Metal, DX12 and GL. Every kernel is checked against the CPU reference
+//! in [`reference`].
+//!
+//! ```no_run
+//! use wgpu_attention::{Context, GpuTensor, AttentionOptions, attention_forward};
+//! # fn main() -> Result<(), wgpu_attention::Error> {
+//! let ctx = Context::new()?;
+//! let (b, l, h, d) = (1, 128, 8, 64);
+//! // A fused QKV projection [B, L, 3 * H * D]: Q, K and V are strided views, not copies.
+//! let qkv = GpuTensor::from_slice(&ctx, &vec![0.1; b * l * 3 * h * d], &[b, l, 3 * h * d])?;
+//! let (q, k, v) = (qkv.split_heads(0, h, d)?, qkv.split_heads(h * d, h, d)?, qkv.split_heads(2 * h * d, h, d)?);
+//! let fwd = attention_forward(&ctx, &q, &k, &v, &AttentionOptions::new().causal(true))?;
+//! let out: Vec<f32> = fwd.out.to_vec(&ctx)?; // [B, L, H, D]
+//! # Ok(()) }
+//! ```
+
+pub mod device;
+pub mod error;
+pub mod kernels;
+pub mod reference;
+pub mod tensor;
+
+pub use device::{enumerate_adapters, parse_backends, AdapterReport, Context, ContextOptions};
+pub use error::{Error, Result};
+pub use kernels::attention::{
+    attention_backward, attention_backward_into, attention_backward_unfused,
+    attention_backward_workspace, attention_forward, attention_forward_into,
+    attention_forward_unfused, AttentionGrads, AttentionOptions, AttentionOutput, AttentionShape,
+};
+pub use tensor::{GpuTensor, HeadsView, SeqLens};

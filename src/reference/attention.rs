@@ -1,0 +1,142 @@
+//! CPU reference for scaled dot-product attention (SPEC.md), forward and backward, in f64.
+//! Tensors are contiguous BSHD: q `[B, Lq, H, Dk]`, k `[B, Lk, Hkv, Dk]`, v `[B, Lk, Hkv, Dv]`,
+//! out `[B, Lq, H, Dv]`, lse `[B, H, Lq]`. GPU counterpart: [`crate::kernels::attention`].
+
+use crate::kernels::attention::AttentionShape;
+
+/// Masks and scale of a reference call (the final scale, temperature already applied).
+#[derive(Clone, Debug, Default)]
+pub struct Masks {
+    pub scale: f64,
+    pub causal: bool,
+    pub q_lens: Option<Vec<u32>>,
+    pub kv_lens: Option<Vec<u32>>,
+}
+
+impl Masks {
+    /// Whether key `j` is visible to query `i` of batch `b`.
+    pub fn visible(&self, s: &AttentionShape, b: usize, i: usize, j: usize) -> bool {
+        let q_len = self.q_lens.as_ref().map_or(s.q_seq, |l| l[b] as usize);
+        let kv_len = self.kv_lens.as_ref().map_or(s.kv_seq, |l| l[b] as usize);
+        if i >= q_len || j >= kv_len {
+            return false;
+        }
+        // Bottom-right aligned causal mask on the tensor lengths: j <= i + (Lk - Lq).
+        !self.causal || (j as i64) <= i as i64 + s.kv_seq as i64 - s.q_seq as i64
+    }
+}
+
+fn idx(seq: usize, heads: usize, dim: usize, b: usize, t: usize, h: usize) -> usize {
+    ((b * seq + t) * heads + h) * dim
+}
+
+/// Reference forward: returns `(out, lse)`; rows with no visible key give `o = 0`, `lse = -inf`.
+pub fn attention_forward(
+    s: &AttentionShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    masks: &Masks,
+) -> (Vec<f64>, Vec<f64>) {
+    let (dk, dv) = (s.head_dim_qk, s.head_dim_v);
+    let group = s.heads / s.kv_heads;
+    let mut out = vec![0.0; s.batch * s.q_seq * s.heads * dv];
+    let mut lse = vec![f64::NEG_INFINITY; s.batch * s.heads * s.q_seq];
+    let mut scores = vec![0.0; s.kv_seq];
+    for b in 0..s.batch {
+        for h in 0..s.heads {
+            let hk = h / group;
+            for i in 0..s.q_seq {
+                let qi = &q[idx(s.q_seq, s.heads, dk, b, i, h)..][..dk];
+                let mut max = f64::NEG_INFINITY;
+                for (j, score) in scores.iter_mut().enumerate() {
+                    *score = if masks.visible(s, b, i, j) {
+                        let kj = &k[idx(s.kv_seq, s.kv_heads, dk, b, j, hk)..][..dk];
+                        masks.scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>()
+                    } else {
+                        f64::NEG_INFINITY
+                    };
+                    max = max.max(*score);
+                }
+                if max == f64::NEG_INFINITY {
+                    continue;
+                }
+                let sum: f64 = scores.iter().map(|&x| (x - max).exp()).sum();
+                let row_lse = max + sum.ln();
+                lse[(b * s.heads + h) * s.q_seq + i] = row_lse;
+                let oi = &mut out[idx(s.q_seq, s.heads, dv, b, i, h)..][..dv];
+                for (j, &score) in scores.iter().enumerate() {
+                    if score == f64::NEG_INFINITY {
+                        continue;
+                    }
+                    let p = (score - row_lse).exp();
+                    let vj = &v[idx(s.kv_seq, s.kv_heads, dv, b, j, hk)..][..dv];
+                    for (o, x) in oi.iter_mut().zip(vj) {
+                        *o += p * x;
+                    }
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+/// Gradients of the reference forward.
+#[derive(Clone, Debug)]
+pub struct Grads {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+/// Reference backward per SPEC.md, recomputing P from the forward. dK and dV sum over the query
+/// heads that share a kv head. Rows with no visible key get zero gradients.
+pub fn attention_backward(
+    s: &AttentionShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_out: &[f64],
+    masks: &Masks,
+) -> Grads {
+    let (dk_dim, dv_dim) = (s.head_dim_qk, s.head_dim_v);
+    let group = s.heads / s.kv_heads;
+    let (out, lse) = attention_forward(s, q, k, v, masks);
+    let mut dq = vec![0.0; q.len()];
+    let mut dk = vec![0.0; k.len()];
+    let mut dv = vec![0.0; v.len()];
+    for b in 0..s.batch {
+        for h in 0..s.heads {
+            let hk = h / group;
+            for i in 0..s.q_seq {
+                let row_lse = lse[(b * s.heads + h) * s.q_seq + i];
+                if row_lse == f64::NEG_INFINITY {
+                    continue;
+                }
+                let qo = idx(s.q_seq, s.heads, dk_dim, b, i, h);
+                let oo = idx(s.q_seq, s.heads, dv_dim, b, i, h);
+                let delta: f64 = (0..dv_dim).map(|c| d_out[oo + c] * out[oo + c]).sum();
+                for j in 0..s.kv_seq {
+                    if !masks.visible(s, b, i, j) {
+                        continue;
+                    }
+                    let ko = idx(s.kv_seq, s.kv_heads, dk_dim, b, j, hk);
+                    let vo = idx(s.kv_seq, s.kv_heads, dv_dim, b, j, hk);
+                    let score: f64 =
+                        masks.scale * (0..dk_dim).map(|c| q[qo + c] * k[ko + c]).sum::<f64>();
+                    let p = (score - row_lse).exp();
+                    let dp: f64 = (0..dv_dim).map(|c| d_out[oo + c] * v[vo + c]).sum();
+                    let ds = p * (dp - delta);
+                    for c in 0..dv_dim {
+                        dv[vo + c] += p * d_out[oo + c];
+                    }
+                    for c in 0..dk_dim {
+                        dq[qo + c] += masks.scale * ds * k[ko + c];
+                        dk[ko + c] += masks.scale * ds * q[qo + c];
+                    }
+                }
+            }
+        }
+    }
+    Grads { dq, dk, dv }
+}

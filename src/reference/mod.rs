@@ -1,0 +1,4 @@
+//! CPU references: the plainest f64 loops that match SPEC.md, the ground truth every GPU kernel is
+//! tested against. Each is itself checked by central finite differences in the tests.
+
+pub mod attention;

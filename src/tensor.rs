@@ -1,0 +1,415 @@
+//! GPU tensors and strided head views.
+//!
+//! A [`GpuTensor`] is a contiguous row-major f32 array in a storage buffer (ours or the user's).
+//! A [`HeadsView`] reads a `[batch, seq, heads, head_dim]` (BSHD) tensor out of any buffer by strides,
+//! so Q, K and V can live inside one packed `[B, L, 3 * H * D]` projection: splitting heads is
+//! indexing, not a copy.
+
+use std::sync::Arc;
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+
+const F32: u64 = std::mem::size_of::<f32>() as u64;
+
+/// A contiguous f32 tensor on the GPU.
+#[derive(Clone, Debug)]
+pub struct GpuTensor {
+    buffer: Arc<wgpu::Buffer>,
+    shape: Vec<usize>,
+}
+
+fn element_count(arg: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::shape(arg, format!("shape {shape:?} overflows usize")))
+}
+
+fn check_buffer_size(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
+    let limit = ctx.limits().max_buffer_size;
+    if bytes > limit {
+        return Err(Error::Unsupported {
+            arg,
+            value: bytes,
+            limit,
+            hint: " bytes (the adapter's max_buffer_size)",
+        });
+    }
+    Ok(())
+}
+
+impl GpuTensor {
+    /// Usage flags of buffers this crate allocates: kernels read and write them, and they can be
+    /// copied to and from for upload and readback.
+    pub const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+        .union(wgpu::BufferUsages::COPY_SRC)
+        .union(wgpu::BufferUsages::COPY_DST);
+
+    /// Uploads `data` as a tensor of `shape`.
+    pub fn from_slice(ctx: &Context, data: &[f32], shape: &[usize]) -> Result<Self> {
+        let n = element_count("shape", shape)?;
+        if n != data.len() {
+            return Err(Error::shape(
+                "data",
+                format!("has {} elements but shape {shape:?} needs {n}", data.len()),
+            ));
+        }
+        let t = Self::uninit(ctx, "tensor", shape)?;
+        if !data.is_empty() {
+            ctx.queue()
+                .write_buffer(&t.buffer, 0, bytemuck::cast_slice(data));
+        }
+        Ok(t)
+    }
+
+    /// A zero-filled tensor of `shape`.
+    pub fn zeros(ctx: &Context, shape: &[usize]) -> Result<Self> {
+        // wgpu zero-initialises new buffers.
+        Self::uninit(ctx, "zeros", shape)
+    }
+
+    pub(crate) fn uninit(ctx: &Context, label: &str, shape: &[usize]) -> Result<Self> {
+        let n = element_count("shape", shape)?;
+        // Zero-sized bindings are invalid; keep at least one element of backing store.
+        let bytes = (n.max(1) as u64) * F32;
+        check_buffer_size(ctx, "shape", bytes)?;
+        let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes,
+            usage: Self::USAGE,
+            mapped_at_creation: false,
+        });
+        Ok(Self {
+            buffer: Arc::new(buffer),
+            shape: shape.to_vec(),
+        })
+    }
+
+    /// Wraps a buffer the application owns. It must have `STORAGE` usage (and `COPY_SRC` for
+    /// [`GpuTensor::to_vec`]) and hold at least `product(shape)` f32 values.
+    pub fn from_buffer(buffer: Arc<wgpu::Buffer>, shape: &[usize]) -> Result<Self> {
+        let n = element_count("shape", shape)?;
+        if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(Error::shape(
+                "buffer",
+                format!("usage {:?} lacks STORAGE", buffer.usage()),
+            ));
+        }
+        if (n as u64) * F32 > buffer.size() {
+            return Err(Error::shape(
+                "buffer",
+                format!(
+                    "holds {} bytes but shape {shape:?} needs {}",
+                    buffer.size(),
+                    n as u64 * F32
+                ),
+            ));
+        }
+        Ok(Self {
+            buffer,
+            shape: shape.to_vec(),
+        })
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+        &self.buffer
+    }
+
+    /// Size in bytes of the data (not of the backing buffer).
+    pub fn size_bytes(&self) -> u64 {
+        self.len() as u64 * F32
+    }
+
+    /// Overwrites the tensor's contents with `data` (same length).
+    pub fn write(&self, ctx: &Context, data: &[f32]) -> Result<()> {
+        if data.len() != self.len() {
+            return Err(Error::shape(
+                "data",
+                format!("has {} elements, tensor holds {}", data.len(), self.len()),
+            ));
+        }
+        if !data.is_empty() {
+            ctx.queue()
+                .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
+        }
+        Ok(())
+    }
+
+    /// Reads the tensor back, blocking until the GPU has finished.
+    pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        pollster::block_on(self.to_vec_async(ctx))
+    }
+
+    /// Reads the tensor back. The future completes once the device has been polled (this function
+    /// polls it itself, so awaiting it on any executor works).
+    pub async fn to_vec_async(&self, ctx: &Context) -> Result<Vec<f32>> {
+        read_buffer(ctx, &self.buffer, 0, self.len()).await
+    }
+
+    /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
+    pub fn heads(&self) -> Result<HeadsView> {
+        match *self.shape.as_slice() {
+            [b, s, h, d] => Ok(HeadsView {
+                buffer: self.buffer.clone(),
+                offset: 0,
+                shape: [b, s, h, d],
+                strides: [s * h * d, h * d, d],
+            }),
+            _ => Err(Error::shape(
+                "tensor",
+                format!(
+                    "shape {:?} is not [batch, seq, heads, head_dim]",
+                    self.shape
+                ),
+            )),
+        }
+    }
+
+    /// Views a `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor, starting at
+    /// column `column` of the last dimension. For a fused QKV projection `[B, L, 3 * H * D]`,
+    /// `split_heads(0, H, D)`, `split_heads(H * D, H, D)` and `split_heads(2 * H * D, H, D)` are Q,
+    /// K and V.
+    pub fn split_heads(&self, column: usize, heads: usize, head_dim: usize) -> Result<HeadsView> {
+        let [b, s, width] = *self.shape.as_slice() else {
+            return Err(Error::shape(
+                "tensor",
+                format!("shape {:?} is not [batch, seq, width]", self.shape),
+            ));
+        };
+        let needed = column
+            .checked_add(heads.saturating_mul(head_dim))
+            .unwrap_or(usize::MAX);
+        if needed > width {
+            return Err(Error::shape(
+                "split_heads",
+                format!("column {column} + heads {heads} * head_dim {head_dim} = {needed} exceeds the width {width}"),
+            ));
+        }
+        Ok(HeadsView {
+            buffer: self.buffer.clone(),
+            offset: column,
+            shape: [b, s, heads, head_dim],
+            strides: [s * width, width, head_dim],
+        })
+    }
+}
+
+/// A strided `[batch, seq, heads, head_dim]` view of an f32 buffer with a contiguous head_dim.
+#[derive(Clone, Debug)]
+pub struct HeadsView {
+    buffer: Arc<wgpu::Buffer>,
+    offset: usize,
+    shape: [usize; 4],
+    strides: [usize; 3],
+}
+
+impl HeadsView {
+    /// A view with explicit element `offset`, `shape = [batch, seq, heads, head_dim]` and
+    /// `strides = [batch, seq, heads]` (head_dim is contiguous). Checked against the buffer size.
+    pub fn new(
+        buffer: Arc<wgpu::Buffer>,
+        offset: usize,
+        shape: [usize; 4],
+        strides: [usize; 3],
+    ) -> Result<Self> {
+        let view = Self {
+            buffer,
+            offset,
+            shape,
+            strides,
+        };
+        let end = view.end_element();
+        let available = (view.buffer.size() / F32) as usize;
+        if end > available {
+            return Err(Error::shape(
+                "view",
+                format!("offset {offset}, shape {shape:?}, strides {strides:?} reach element {end} but the buffer holds {available}"),
+            ));
+        }
+        if !view.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(Error::shape("view", "the buffer lacks STORAGE usage"));
+        }
+        Ok(view)
+    }
+
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+
+    pub fn strides(&self) -> [usize; 3] {
+        self.strides
+    }
+
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+        &self.buffer
+    }
+
+    /// One past the last element the view touches (0 for an empty view).
+    pub fn end_element(&self) -> usize {
+        let [b, s, h, d] = self.shape;
+        if b == 0 || s == 0 || h == 0 || d == 0 {
+            return self.offset;
+        }
+        self.offset
+            + (b - 1) * self.strides[0]
+            + (s - 1) * self.strides[1]
+            + (h - 1) * self.strides[2]
+            + d
+    }
+
+    /// Reads the viewed elements back in `[batch, seq, heads, head_dim]` order.
+    pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let end = self.end_element();
+        let all = pollster::block_on(read_buffer(ctx, &self.buffer, 0, end))?;
+        let [b, s, h, d] = self.shape;
+        let mut out = Vec::with_capacity(b * s * h * d);
+        for bi in 0..b {
+            for si in 0..s {
+                for hi in 0..h {
+                    let base = self.offset
+                        + bi * self.strides[0]
+                        + si * self.strides[1]
+                        + hi * self.strides[2];
+                    out.extend_from_slice(&all[base..base + d]);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Per-batch valid sequence lengths for padding / variable-length attention, held on the GPU as one
+/// buffer `[q_lens (batch), kv_lens (batch)]` with a host copy for validation.
+#[derive(Clone, Debug)]
+pub struct SeqLens {
+    buffer: Arc<wgpu::Buffer>,
+    q_lens: Option<Vec<u32>>,
+    kv_lens: Option<Vec<u32>>,
+    batch: usize,
+}
+
+impl SeqLens {
+    /// Valid query lengths (`q_lens`, rows past them give O = 0) and/or key lengths (`kv_lens`, keys
+    /// past them are masked), one entry per batch element. At least one must be given.
+    pub fn new(ctx: &Context, q_lens: Option<&[u32]>, kv_lens: Option<&[u32]>) -> Result<Self> {
+        let batch = match (q_lens, kv_lens) {
+            (Some(q), Some(k)) if q.len() != k.len() => {
+                return Err(Error::shape(
+                    "kv_lens",
+                    format!("has {} entries but q_lens has {}", k.len(), q.len()),
+                ))
+            }
+            (Some(q), _) => q.len(),
+            (None, Some(k)) => k.len(),
+            (None, None) => {
+                return Err(Error::shape(
+                    "SeqLens",
+                    "give q_lens, kv_lens or both (or pass no SeqLens at all)",
+                ))
+            }
+        };
+        let mut data = vec![u32::MAX; 2 * batch.max(1)];
+        if let Some(q) = q_lens {
+            data[..batch].copy_from_slice(q);
+        }
+        if let Some(k) = kv_lens {
+            data[batch..2 * batch].copy_from_slice(k);
+        }
+        use wgpu::util::DeviceExt;
+        let buffer = ctx
+            .device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("seq_lens"),
+                contents: bytemuck::cast_slice(&data),
+                usage: wgpu::BufferUsages::STORAGE,
+            });
+        Ok(Self {
+            buffer: Arc::new(buffer),
+            q_lens: q_lens.map(<[u32]>::to_vec),
+            kv_lens: kv_lens.map(<[u32]>::to_vec),
+            batch,
+        })
+    }
+
+    pub fn q_lens(&self) -> Option<&[u32]> {
+        self.q_lens.as_deref()
+    }
+
+    pub fn kv_lens(&self) -> Option<&[u32]> {
+        self.kv_lens.as_deref()
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+/// Copies `len` f32 values starting at element `offset` of `buffer` back to the host.
+pub(crate) async fn read_buffer(
+    ctx: &Context,
+    buffer: &wgpu::Buffer,
+    offset: usize,
+    len: usize,
+) -> Result<Vec<f32>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    if !buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+        return Err(Error::Readback("the buffer lacks COPY_SRC usage".into()));
+    }
+    let bytes = len as u64 * F32;
+    let staging = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("readback"),
+        size: bytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = ctx
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("readback"),
+        });
+    encoder.copy_buffer_to_buffer(buffer, offset as u64 * F32, &staging, 0, bytes);
+    ctx.queue().submit([encoder.finish()]);
+
+    let slice = staging.slice(..);
+    let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = sender.send(r);
+    });
+    ctx.synchronize()?;
+    match receiver.receive().await {
+        Some(Ok(())) => {}
+        Some(Err(e)) => return Err(Error::Readback(e.to_string())),
+        None => return Err(Error::Readback("map callback dropped".into())),
+    }
+    let data = {
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        bytemuck::cast_slice::<u8, f32>(&view).to_vec()
+    };
+    staging.unmap();
+    Ok(data)
+}

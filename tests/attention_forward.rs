@@ -1,0 +1,276 @@
+//! Fused (and unfused) attention forward on the GPU vs the CPU reference, on every back end under
+//! test: odd sizes, every mask and their combinations, GQA/MQA, Dk != Dv, large logits, fully masked
+//! rows, strided views, permutation properties and the 65535-workgroup dispatch limit.
+
+mod common;
+
+use common::*;
+use wgpu_attention::reference::attention as reference;
+use wgpu_attention::{
+    attention_forward, attention_forward_into, attention_forward_unfused, AttentionOptions, Context,
+    GpuTensor,
+};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    Fused,
+    Unfused,
+}
+
+/// Runs `case` on the GPU and compares O and lse with the reference. Returns (O, lse) from the GPU.
+fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> (Vec<f32>, Vec<f32>) {
+    let s = case.shape();
+    let (q, k, v, _) = case.data();
+    let qv = upload(ctx, &q, [case.b, case.lq, case.h, case.dk]);
+    let kv = upload(ctx, &k, [case.b, case.lk, case.hkv, case.dk]);
+    let vv = upload(ctx, &v, [case.b, case.lk, case.hkv, case.dv]);
+    let lens = case.seq_lens(ctx);
+    let mut opts = AttentionOptions::new().causal(case.causal);
+    if let Some(t) = case.temperature {
+        opts = opts.temperature(t);
+    }
+    if let Some(l) = &lens {
+        opts = opts.seq_lens(l);
+    }
+    let fwd = match path {
+        Path::Fused => attention_forward(ctx, &qv, &kv, &vv, &opts),
+        Path::Unfused => attention_forward_unfused(ctx, &qv, &kv, &vv, &opts),
+    }
+    .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+    let out = fwd.out.to_vec(ctx).unwrap();
+    let lse = fwd.lse.to_vec(ctx).unwrap();
+    let (ref_out, ref_lse) =
+        reference::attention_forward(&s, &to_f64(&q), &to_f64(&k), &to_f64(&v), &case.masks());
+    let tag = format!(
+        "[{backend}] {} forward {}",
+        if path == Path::Fused { "fused" } else { "unfused" },
+        case.label()
+    );
+    assert_close(&format!("{tag} out"), &out, &ref_out, FORWARD_ATOL, FORWARD_RTOL);
+    assert_close(&format!("{tag} lse"), &lse, &ref_lse, FORWARD_ATOL, FORWARD_RTOL);
+    (out, lse)
+}
+
+#[test]
+fn odd_sizes_and_head_dims() {
+    for_each_backend(|backend, ctx| {
+        for &d in &[8, 40, 64, 80, 128, 256] {
+            for &(lq, lk) in &[(1, 1), (7, 7), (33, 33), (129, 129), (1, 129), (129, 7)] {
+                let mut case = Case::new(1, lq, lk, 2, 2, d, d);
+                case.seed = (d * 1000 + lq * 10 + lk) as u64;
+                check(backend, ctx, &case, Path::Fused);
+            }
+        }
+        // Head dims that are not multiples of 4, down to 1.
+        for &d in &[1, 3, 5, 17, 33] {
+            check(backend, ctx, &Case::new(2, 9, 13, 2, 1, d, d), Path::Fused);
+        }
+    });
+}
+
+#[test]
+fn masks_and_their_combinations() {
+    for_each_backend(|backend, ctx| {
+        for &(lq, lk) in &[(33, 33), (7, 33), (33, 7), (129, 65)] {
+            let base = Case::new(3, lq, lk, 2, 2, 40, 40);
+            let kv_lens = [lk as u32, (lk / 2) as u32 + 1, 1];
+            let q_lens = [(lq / 3) as u32 + 1, lq as u32, (lq / 2) as u32];
+            let cases = [
+                base.clone().causal(),
+                base.clone().kv_lens(&kv_lens),
+                base.clone().q_lens(&q_lens),
+                base.clone().q_lens(&q_lens).kv_lens(&kv_lens),
+                base.clone().causal().kv_lens(&kv_lens),
+                base.clone().causal().q_lens(&q_lens).kv_lens(&kv_lens),
+            ];
+            for case in &cases {
+                check(backend, ctx, case, Path::Fused);
+            }
+        }
+    });
+}
+
+#[test]
+fn grouped_and_multi_query_heads_and_distinct_value_dim() {
+    for_each_backend(|backend, ctx| {
+        let cases = [
+            Case::new(2, 33, 33, 8, 2, 64, 64),
+            Case::new(2, 33, 47, 4, 1, 64, 64).causal(),
+            Case::new(1, 17, 29, 6, 3, 40, 24),
+            Case::new(2, 7, 33, 4, 2, 16, 128).kv_lens(&[20, 33]),
+            Case::new(1, 65, 65, 2, 1, 256, 8).causal(),
+            Case::new(1, 33, 33, 2, 2, 80, 256),
+        ];
+        for case in &cases {
+            check(backend, ctx, case, Path::Fused);
+        }
+    });
+}
+
+#[test]
+fn large_logits_and_temperature() {
+    for_each_backend(|backend, ctx| {
+        // Inputs of magnitude 8 with D = 64: |s| reaches well above 80, where exp overflows f32.
+        let case = Case::new(1, 65, 65, 2, 2, 64, 64).magnitude(8.0);
+        let (q, k, _, _) = case.data();
+        let s = case.shape();
+        let mut max_score = 0.0f64;
+        for i in 0..s.q_seq {
+            for j in 0..s.kv_seq {
+                let dot: f64 = (0..64).map(|c| q[i * 128 + c] as f64 * k[j * 128 + c] as f64).sum();
+                max_score = max_score.max((dot * case.scale() as f64).abs());
+            }
+        }
+        assert!(max_score > 80.0, "test data must reach |s| > 80, got {max_score}");
+        check(backend, ctx, &case, Path::Fused);
+        check(backend, ctx, &case.clone().causal(), Path::Fused);
+        check(backend, ctx, &Case::new(1, 33, 33, 2, 1, 40, 40).temperature(0.5), Path::Fused);
+        check(backend, ctx, &Case::new(1, 33, 33, 2, 1, 40, 40).temperature(3.0).causal(), Path::Fused);
+    });
+}
+
+#[test]
+fn fully_masked_rows_are_zero_with_lse_minus_inf() {
+    for_each_backend(|backend, ctx| {
+        let cases = [
+            // Batch 1 has no valid key at all.
+            Case::new(2, 9, 9, 2, 2, 16, 16).kv_lens(&[9, 0]),
+            // Causal with Lq > Lk: the first Lq - Lk rows see no key.
+            Case::new(1, 33, 9, 2, 2, 16, 16).causal(),
+            // Padded query rows.
+            Case::new(2, 9, 9, 2, 2, 16, 16).q_lens(&[3, 0]),
+        ];
+        for case in &cases {
+            let (out, lse) = check(backend, ctx, case, Path::Fused);
+            assert!(out.iter().all(|x| x.is_finite()));
+            assert!(lse.iter().any(|x| *x == f32::NEG_INFINITY), "{}", case.label());
+        }
+        // Exact zeros for the rows that see nothing.
+        let case = Case::new(2, 9, 9, 2, 2, 16, 16).kv_lens(&[9, 0]);
+        let (out, _) = check(backend, ctx, &case, Path::Fused);
+        assert!(out[9 * 2 * 16..].iter().all(|&x| x == 0.0));
+    });
+}
+
+#[test]
+fn unfused_path_matches_reference() {
+    for_each_backend(|backend, ctx| {
+        let cases = [
+            Case::new(1, 33, 33, 2, 2, 40, 40),
+            Case::new(2, 7, 33, 4, 2, 64, 24).causal(),
+            Case::new(2, 33, 33, 2, 1, 16, 16).q_lens(&[5, 33]).kv_lens(&[33, 0]),
+            Case::new(1, 129, 65, 2, 2, 80, 80).causal().magnitude(8.0),
+        ];
+        for case in &cases {
+            check(backend, ctx, case, Path::Unfused);
+        }
+    });
+}
+
+#[test]
+fn packed_qkv_views_and_strided_output() {
+    for_each_backend(|backend, ctx| {
+        let (b, l, h, d) = (2, 33, 4, 40);
+        let width = 3 * h * d;
+        let mut r = rng(11);
+        let packed = random(&mut r, b * l * width, 1.0);
+        let qkv = GpuTensor::from_slice(ctx, &packed, &[b, l, width]).unwrap();
+        let q = qkv.split_heads(0, h, d).unwrap();
+        let k = qkv.split_heads(h * d, h, d).unwrap();
+        let v = qkv.split_heads(2 * h * d, h, d).unwrap();
+        // Output into the middle of a wider buffer: [B, L, 2 * H * D], columns H*D.. .
+        let out_buf = GpuTensor::zeros(ctx, &[b, l, 2 * h * d]).unwrap();
+        let out = out_buf.split_heads(h * d, h, d).unwrap();
+        let lse = GpuTensor::zeros(ctx, &[b, h, l]).unwrap();
+        let opts = AttentionOptions::new().causal(true);
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        attention_forward_into(ctx, &mut encoder, &q, &k, &v, &out, &lse, &opts).unwrap();
+        ctx.queue().submit([encoder.finish()]);
+
+        let unpack = |col: usize| -> Vec<f64> {
+            let mut x = Vec::new();
+            for row in packed.chunks(width) {
+                x.extend(row[col..col + h * d].iter().map(|&v| v as f64));
+            }
+            x
+        };
+        let case = Case::new(b, l, l, h, h, d, d).causal();
+        let (ref_out, ref_lse) =
+            reference::attention_forward(&case.shape(), &unpack(0), &unpack(h * d), &unpack(2 * h * d), &case.masks());
+        let tag = format!("[{backend}] packed qkv");
+        assert_close(&format!("{tag} out"), &out.to_vec(ctx).unwrap(), &ref_out, FORWARD_ATOL, FORWARD_RTOL);
+        assert_close(&format!("{tag} lse"), &lse.to_vec(ctx).unwrap(), &ref_lse, FORWARD_ATOL, FORWARD_RTOL);
+        // The untouched half of the output buffer is still zero.
+        let all = out_buf.to_vec(ctx).unwrap();
+        assert!(all.chunks(2 * h * d).all(|row| row[..h * d].iter().all(|&x| x == 0.0)));
+    });
+}
+
+#[test]
+fn permutation_properties() {
+    for_each_backend(|backend, ctx| {
+        let case = Case::new(1, 33, 47, 2, 2, 40, 24);
+        let (q, k, v, _) = case.data();
+        let run = |q: &[f32], k: &[f32], v: &[f32]| {
+            let qv = upload(ctx, q, [1, case.lq, 2, case.dk]);
+            let kv = upload(ctx, k, [1, case.lk, 2, case.dk]);
+            let vv = upload(ctx, v, [1, case.lk, 2, case.dv]);
+            let f = attention_forward(ctx, &qv, &kv, &vv, &AttentionOptions::new()).unwrap();
+            f.out.to_vec(ctx).unwrap()
+        };
+        let base = run(&q, &k, &v);
+        // Permute keys and values together (a fixed pseudo-random permutation of rows).
+        let perm: Vec<usize> = (0..case.lk).map(|j| (j * 17 + 5) % case.lk).collect();
+        let permute = |x: &[f32], rows: &[usize], width: usize| -> Vec<f32> {
+            rows.iter().flat_map(|&r| x[r * width..(r + 1) * width].to_vec()).collect()
+        };
+        let kp = permute(&k, &perm, 2 * case.dk);
+        let vp = permute(&v, &perm, 2 * case.dv);
+        let out_kv = run(&q, &kp, &vp);
+        let w = assert_close(
+            &format!("[{backend}] key/value permutation"),
+            &out_kv,
+            &to_f64(&base),
+            FORWARD_ATOL,
+            FORWARD_RTOL,
+        );
+        assert!(w.abs < 1e-5);
+        // Permuting queries permutes the output rows.
+        let qperm: Vec<usize> = (0..case.lq).map(|i| (i * 7 + 3) % case.lq).collect();
+        let out_q = run(&permute(&q, &qperm, 2 * case.dk), &k, &v);
+        let expected = permute(&base, &qperm, 2 * case.dv);
+        assert_close(
+            &format!("[{backend}] query permutation"),
+            &out_q,
+            &to_f64(&expected),
+            FORWARD_ATOL,
+            FORWARD_RTOL,
+        );
+    });
+}
+
+#[test]
+fn dispatch_beyond_65535_workgroups() {
+    for_each_backend(|backend, ctx| {
+        // B * H = 70_000 (batch, head) pairs with one query block each.
+        let case = Case::new(70, 2, 3, 1000, 1000, 4, 4);
+        check(backend, ctx, &case, Path::Fused);
+    });
+}
+
+#[test]
+fn pipelines_are_compiled_once() {
+    for_each_backend(|backend, _| {
+        // A private context: other tests compile pipelines concurrently on the shared ones.
+        let ctx = &Context::new_with(&wgpu_attention::ContextOptions {
+            backends: Some(wgpu_attention::parse_backends(backend).unwrap()),
+            adapter_name: None,
+        })
+        .unwrap();
+        let case = Case::new(1, 7, 7, 2, 2, 12, 12);
+        check(backend, ctx, &case, Path::Fused);
+        let n = ctx.cached_pipelines();
+        check(backend, ctx, &case, Path::Fused);
+        assert_eq!(n, ctx.cached_pipelines(), "[{backend}] a repeated call compiled a pipeline");
+    });
+}

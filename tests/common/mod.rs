@@ -1,0 +1,257 @@
+//! Shared test helpers: GPU contexts for every back end under test, seeded random data, the reference
+//! bridge and the one `assert_close` that reports the worst error and where.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use wgpu_attention::reference::attention::Masks;
+use wgpu_attention::{AttentionShape, Context, ContextOptions, GpuTensor, HeadsView, SeqLens};
+
+/// Forward tolerances (SPEC.md): `|gpu - ref| <= atol + rtol * |ref|`, atol scaled by max |ref|.
+pub const FORWARD_RTOL: f64 = 1e-4;
+pub const FORWARD_ATOL: f64 = 1e-5;
+/// Backward tolerances.
+pub const BACKWARD_RTOL: f64 = 1e-3;
+pub const BACKWARD_ATOL: f64 = 1e-4;
+
+/// Back ends the suite must run on: `WGPU_ATTENTION_TEST_BACKENDS` (comma list), default
+/// `vulkan,gl` (lavapipe and llvmpipe in CI). A missing one fails the test with instructions,
+/// unless `WGPU_ATTENTION_ALLOW_NO_GPU=1`, which skips it.
+fn backends_under_test() -> Vec<String> {
+    std::env::var("WGPU_ATTENTION_TEST_BACKENDS")
+        .unwrap_or_else(|_| "vulkan,gl".into())
+        .split(',')
+        .map(|s| s.trim().to_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn contexts_cell() -> &'static Vec<(String, Arc<Context>)> {
+    static CONTEXTS: OnceLock<Vec<(String, Arc<Context>)>> = OnceLock::new();
+    CONTEXTS.get_or_init(|| {
+        let allow_missing = std::env::var("WGPU_ATTENTION_ALLOW_NO_GPU").is_ok_and(|v| v == "1");
+        let mut out = Vec::new();
+        for name in backends_under_test() {
+            let backends = wgpu_attention::parse_backends(&name)
+                .unwrap_or_else(|e| panic!("WGPU_ATTENTION_TEST_BACKENDS: {e}"));
+            let opts = ContextOptions {
+                backends: Some(backends),
+                adapter_name: None,
+            };
+            match Context::new_with(&opts) {
+                Ok(ctx) => {
+                    eprintln!("[{name}] {}", ctx.report().name);
+                    out.push((name, Arc::new(ctx)));
+                }
+                Err(e) if allow_missing => eprintln!("skipping back end {name}: {e}"),
+                Err(e) => panic!(
+                    "no adapter for back end {name}: {e}\nInstall a driver (apt-get install mesa-vulkan-drivers), \
+                     choose back ends with WGPU_ATTENTION_TEST_BACKENDS=vulkan|gl|metal|dx12, \
+                     or set WGPU_ATTENTION_ALLOW_NO_GPU=1 to skip GPU tests explicitly."
+                ),
+            }
+        }
+        out
+    })
+}
+
+/// Runs `f` once per back end under test.
+/// GL contexts are serialised: wgpu's GL back end gives up on its context lock when another thread
+/// holds it through a long dispatch.
+pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
+    static GL_LOCK: Mutex<()> = Mutex::new(());
+    for (name, ctx) in contexts_cell() {
+        let _guard = (ctx.report().backend == wgpu::Backend::Gl)
+            .then(|| GL_LOCK.lock().unwrap_or_else(|e| e.into_inner()));
+        f(name, ctx);
+    }
+}
+
+pub fn rng(seed: u64) -> SmallRng {
+    SmallRng::seed_from_u64(seed)
+}
+
+/// Uniform values in [-scale, scale).
+pub fn random(rng: &mut SmallRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+pub fn to_f64(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+/// Worst error of a comparison, for the report.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Worst {
+    pub abs: f64,
+    /// abs / (atol + rtol * |ref|): <= 1 passes.
+    pub ratio: f64,
+    pub index: usize,
+}
+
+/// Compares `gpu` with `reference` elementwise: `|gpu - ref| <= atol * max(1, max|ref|) + rtol * |ref|`.
+/// A `-inf` reference must be matched exactly; NaN anywhere fails. Panics with the worst element.
+pub fn assert_close(what: &str, gpu: &[f32], reference: &[f64], atol: f64, rtol: f64) -> Worst {
+    assert_eq!(gpu.len(), reference.len(), "{what}: length");
+    let max_ref = reference
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, |m, x| m.max(x.abs()));
+    let atol = atol * max_ref.max(1.0);
+    let mut worst = Worst::default();
+    for (i, (&g, &r)) in gpu.iter().zip(reference).enumerate() {
+        let g = g as f64;
+        assert!(!g.is_nan(), "{what}: NaN at {i} (reference {r})");
+        if r.is_infinite() {
+            assert_eq!(g, r, "{what}: element {i} is {g}, reference {r}");
+            continue;
+        }
+        let err = (g - r).abs();
+        let ratio = err / (atol + rtol * r.abs());
+        if ratio > worst.ratio || !ratio.is_finite() {
+            worst = Worst { abs: err, ratio, index: i };
+        }
+        assert!(
+            ratio <= 1.0,
+            "{what}: element {i}: gpu {g} vs reference {r}, |err| {err:.3e} > {:.3e}",
+            atol + rtol * r.abs()
+        );
+    }
+    println!(
+        "worst {what}: |err| {:.3e} ({:.1}% of tolerance) at {}",
+        worst.abs,
+        worst.ratio * 100.0,
+        worst.index
+    );
+    worst
+}
+
+/// One attention problem: sizes, masks and how the data is drawn.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub b: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub h: usize,
+    pub hkv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub causal: bool,
+    pub q_lens: Option<Vec<u32>>,
+    pub kv_lens: Option<Vec<u32>>,
+    /// Magnitude of the random inputs (large values give large logits).
+    pub magnitude: f32,
+    pub temperature: Option<f32>,
+    pub seed: u64,
+}
+
+impl Case {
+    pub fn new(b: usize, lq: usize, lk: usize, h: usize, hkv: usize, dk: usize, dv: usize) -> Self {
+        Self {
+            b,
+            lq,
+            lk,
+            h,
+            hkv,
+            dk,
+            dv,
+            causal: false,
+            q_lens: None,
+            kv_lens: None,
+            magnitude: 1.0,
+            temperature: None,
+            seed: 7,
+        }
+    }
+
+    pub fn causal(mut self) -> Self {
+        self.causal = true;
+        self
+    }
+
+    pub fn q_lens(mut self, lens: &[u32]) -> Self {
+        self.q_lens = Some(lens.to_vec());
+        self
+    }
+
+    pub fn kv_lens(mut self, lens: &[u32]) -> Self {
+        self.kv_lens = Some(lens.to_vec());
+        self
+    }
+
+    pub fn magnitude(mut self, m: f32) -> Self {
+        self.magnitude = m;
+        self
+    }
+
+    pub fn temperature(mut self, t: f32) -> Self {
+        self.temperature = Some(t);
+        self
+    }
+
+    pub fn shape(&self) -> AttentionShape {
+        AttentionShape {
+            batch: self.b,
+            q_seq: self.lq,
+            kv_seq: self.lk,
+            heads: self.h,
+            kv_heads: self.hkv,
+            head_dim_qk: self.dk,
+            head_dim_v: self.dv,
+        }
+    }
+
+    pub fn label(&self) -> String {
+        format!(
+            "B{} Lq{} Lk{} H{}/{} Dk{} Dv{}{}{}{}{}",
+            self.b,
+            self.lq,
+            self.lk,
+            self.h,
+            self.hkv,
+            self.dk,
+            self.dv,
+            if self.causal { " causal" } else { "" },
+            self.q_lens.as_ref().map_or(String::new(), |l| format!(" q_lens{l:?}")),
+            self.kv_lens.as_ref().map_or(String::new(), |l| format!(" kv_lens{l:?}")),
+            if self.magnitude != 1.0 { format!(" x{}", self.magnitude) } else { String::new() },
+        )
+    }
+
+    pub fn scale(&self) -> f32 {
+        (1.0 / (self.dk as f32).sqrt()) / self.temperature.unwrap_or(1.0)
+    }
+
+    pub fn masks(&self) -> Masks {
+        Masks {
+            scale: self.scale() as f64,
+            causal: self.causal,
+            q_lens: self.q_lens.clone(),
+            kv_lens: self.kv_lens.clone(),
+        }
+    }
+
+    pub fn seq_lens(&self, ctx: &Context) -> Option<SeqLens> {
+        if self.q_lens.is_none() && self.kv_lens.is_none() {
+            return None;
+        }
+        Some(SeqLens::new(ctx, self.q_lens.as_deref(), self.kv_lens.as_deref()).unwrap())
+    }
+
+    /// Random (q, k, v, d_out) host data, contiguous BSHD.
+    pub fn data(&self) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut r = rng(self.seed);
+        let q = random(&mut r, self.b * self.lq * self.h * self.dk, self.magnitude);
+        let k = random(&mut r, self.b * self.lk * self.hkv * self.dk, self.magnitude);
+        let v = random(&mut r, self.b * self.lk * self.hkv * self.dv, 1.0);
+        let d_out = random(&mut r, self.b * self.lq * self.h * self.dv, 1.0);
+        (q, k, v, d_out)
+    }
+}
+
+/// Uploads contiguous BSHD data as a head view.
+pub fn upload(ctx: &Context, data: &[f32], shape: [usize; 4]) -> HeadsView {
+    GpuTensor::from_slice(ctx, data, &shape).unwrap().heads().unwrap()
+}
