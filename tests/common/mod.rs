@@ -58,13 +58,13 @@ fn contexts_cell() -> &'static Vec<(String, Arc<Context>)> {
 }
 
 /// Runs `f` once per back end under test.
-/// GL contexts are serialised: wgpu's GL back end gives up on its context lock when another thread
-/// holds it through a long dispatch.
+/// GPU work is serialised across test threads: wgpu's GL back end gives up on its context lock when
+/// another thread holds it through a long dispatch, and CPU drivers (lavapipe, llvmpipe) already use
+/// every core for one dispatch, so concurrent tests only oversubscribe the machine.
 pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
-    static GL_LOCK: Mutex<()> = Mutex::new(());
+    static GPU_LOCK: Mutex<()> = Mutex::new(());
     for (name, ctx) in contexts_cell() {
-        let _guard = (ctx.report().backend == wgpu::Backend::Gl)
-            .then(|| GL_LOCK.lock().unwrap_or_else(|e| e.into_inner()));
+        let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         f(name, ctx);
     }
 }
