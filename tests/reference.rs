@@ -1,0 +1,100 @@
+//! The CPU reference checked on its own: its backward against central finite differences of its
+//! forward in f64, and its forward against cases with known answers. No GPU needed.
+
+mod common;
+
+use common::*;
+use wgpu_attention::reference::attention as reference;
+
+/// Largest |analytic - numeric| / max(1, |numeric|) over every input element.
+fn finite_difference_error(case: &Case) -> f64 {
+    let s = case.shape();
+    let masks = case.masks();
+    let (q, k, v, d_out) = case.data();
+    let (q, k, v, d_out) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d_out));
+    let grads = reference::attention_backward(&s, &q, &k, &v, &d_out, &masks);
+    // Scalar loss L = <dO, O>, whose gradient is what the backward computes.
+    let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+        let (out, _) = reference::attention_forward(&s, q, k, v, &masks);
+        out.iter().zip(&d_out).map(|(o, d)| o * d).sum()
+    };
+    let eps = 1e-6;
+    let mut worst = 0.0f64;
+    for which in 0..3 {
+        let analytic = [&grads.dq, &grads.dk, &grads.dv][which];
+        let n = [q.len(), k.len(), v.len()][which];
+        for i in 0..n {
+            let (mut qp, mut kp, mut vp) = (q.clone(), k.clone(), v.clone());
+            let (mut qm, mut km, mut vm) = (q.clone(), k.clone(), v.clone());
+            match which {
+                0 => {
+                    qp[i] += eps;
+                    qm[i] -= eps;
+                }
+                1 => {
+                    kp[i] += eps;
+                    km[i] -= eps;
+                }
+                _ => {
+                    vp[i] += eps;
+                    vm[i] -= eps;
+                }
+            }
+            let numeric = (loss(&qp, &kp, &vp) - loss(&qm, &km, &vm)) / (2.0 * eps);
+            let err = (analytic[i] - numeric).abs() / numeric.abs().max(1.0);
+            worst = worst.max(err);
+        }
+    }
+    worst
+}
+
+#[test]
+fn backward_matches_finite_differences() {
+    let cases = [
+        Case::new(1, 5, 7, 2, 2, 4, 3),
+        Case::new(2, 6, 6, 4, 2, 5, 4).causal(),
+        Case::new(2, 7, 4, 2, 1, 3, 6).causal().kv_lens(&[4, 2]),
+        Case::new(2, 5, 6, 2, 2, 4, 4).q_lens(&[3, 5]).kv_lens(&[6, 0]),
+        Case::new(1, 4, 5, 2, 1, 4, 4).magnitude(4.0).temperature(0.5),
+    ];
+    for case in &cases {
+        let err = finite_difference_error(case);
+        println!("reference backward vs finite differences, {}: worst relative error {err:.3e}", case.label());
+        assert!(err < 1e-7, "{}: {err}", case.label());
+    }
+}
+
+#[test]
+fn forward_known_answers() {
+    // Identical keys: uniform attention, O is the mean of the visible values, lse = s + ln(n).
+    let case = Case::new(1, 3, 4, 1, 1, 2, 2).causal();
+    let s = case.shape();
+    let q = vec![0.5, -1.0, 2.0, 0.0, 1.0, 1.0];
+    let k = vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+    let v = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+    let masks = reference::Masks { scale: 1.0, causal: true, q_lens: None, kv_lens: None };
+    let (out, lse) = reference::attention_forward(&s, &q, &k, &v, &masks);
+    // Bottom-right causal with Lq = 3, Lk = 4: row i sees keys 0..=i+1.
+    let expected_out = [2.0, 3.0, 3.0, 4.0, 4.0, 5.0];
+    for (o, e) in out.iter().zip(expected_out) {
+        assert!((o - e).abs() < 1e-12, "{out:?}");
+    }
+    let expected_lse = [-0.5 + 2f64.ln(), 2.0 + 3f64.ln(), 2.0 + 4f64.ln()];
+    for (l, e) in lse.iter().zip(expected_lse) {
+        assert!((l - e).abs() < 1e-12, "{lse:?}");
+    }
+    // A row with no visible key: O = 0, lse = -inf.
+    let masks = reference::Masks { kv_lens: Some(vec![0]), ..masks };
+    let (out, lse) = reference::attention_forward(&s, &q, &k, &v, &masks);
+    assert!(out.iter().all(|&x| x == 0.0));
+    assert!(lse.iter().all(|&x| x == f64::NEG_INFINITY));
+}
+
+#[test]
+fn large_logits_do_not_overflow() {
+    let case = Case::new(1, 4, 4, 1, 1, 4, 4).magnitude(30.0);
+    let (q, k, v, _) = case.data();
+    let (out, lse) = reference::attention_forward(&case.shape(), &to_f64(&q), &to_f64(&k), &to_f64(&v), &case.masks());
+    assert!(lse.iter().all(|x| x.is_finite()) && lse.iter().any(|x| x.abs() > 80.0), "{lse:?}");
+    assert!(out.iter().all(|x| x.is_finite()));
+}
