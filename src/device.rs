@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
@@ -60,6 +61,35 @@ pub struct Context {
     queue: wgpu::Queue,
     report: AdapterReport,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    memory: Arc<MemoryCounter>,
+}
+
+/// Bytes of tensor storage this crate has allocated on a context (user-wrapped buffers, uniform
+/// blocks and readback staging are not counted).
+#[derive(Debug, Default)]
+pub(crate) struct MemoryCounter {
+    current: AtomicU64,
+    peak: AtomicU64,
+}
+
+/// A live allocation: releases its bytes from the counter when the last tensor using it is dropped.
+#[derive(Debug)]
+pub(crate) struct Allocation {
+    bytes: u64,
+    counter: Arc<MemoryCounter>,
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        self.counter.current.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// Current and peak bytes of tensors allocated through a [`Context`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub current_bytes: u64,
+    pub peak_bytes: u64,
 }
 
 /// Features used when offered; none is required.
@@ -210,6 +240,7 @@ impl Context {
             queue,
             report,
             pipelines: Mutex::new(HashMap::new()),
+            memory: Arc::default(),
         }
     }
 
@@ -227,6 +258,30 @@ impl Context {
 
     pub fn limits(&self) -> &wgpu::Limits {
         &self.report.limits
+    }
+
+    /// Tensor memory allocated through this context: now and at its peak since the last
+    /// [`Context::reset_peak_memory`].
+    pub fn memory(&self) -> MemoryStats {
+        MemoryStats {
+            current_bytes: self.memory.current.load(Ordering::Relaxed),
+            peak_bytes: self.memory.peak.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sets the peak to the current allocation.
+    pub fn reset_peak_memory(&self) {
+        let current = self.memory.current.load(Ordering::Relaxed);
+        self.memory.peak.store(current, Ordering::Relaxed);
+    }
+
+    pub(crate) fn track_allocation(&self, bytes: u64) -> Allocation {
+        let now = self.memory.current.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.memory.peak.fetch_max(now, Ordering::Relaxed);
+        Allocation {
+            bytes,
+            counter: self.memory.clone(),
+        }
     }
 
     /// Number of pipelines compiled so far (a second identical call must not add any).

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::device::Context;
+use crate::device::{Allocation, Context};
 use crate::error::{Error, Result};
 
 const F32: u64 = std::mem::size_of::<f32>() as u64;
@@ -17,6 +17,8 @@ const F32: u64 = std::mem::size_of::<f32>() as u64;
 pub struct GpuTensor {
     buffer: Arc<wgpu::Buffer>,
     shape: Vec<usize>,
+    /// Memory accounting of buffers this crate allocated (None for user buffers).
+    _allocation: Option<Arc<Allocation>>,
 }
 
 fn element_count(arg: &'static str, shape: &[usize]) -> Result<usize> {
@@ -83,6 +85,7 @@ impl GpuTensor {
         Ok(Self {
             buffer: Arc::new(buffer),
             shape: shape.to_vec(),
+            _allocation: Some(Arc::new(ctx.track_allocation(bytes))),
         })
     }
 
@@ -109,6 +112,7 @@ impl GpuTensor {
         Ok(Self {
             buffer,
             shape: shape.to_vec(),
+            _allocation: None,
         })
     }
 
