@@ -22,7 +22,12 @@ struct Args {
 }
 
 fn parse_args() -> Args {
-    let mut args = Args { lengths: vec![256, 512, 1024, 2048], reps: 3, heads: 8, head_dim: 64 };
+    let mut args = Args {
+        lengths: vec![256, 512, 1024, 2048],
+        reps: 3,
+        heads: 8,
+        head_dim: 64,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |name: &str| {
@@ -40,7 +45,10 @@ fn parse_args() -> Args {
         match a.as_str() {
             "--lengths" => {
                 let v = value("--lengths");
-                args.lengths = v.split(',').map(|x| number("--lengths", x.to_string())).collect();
+                args.lengths = v
+                    .split(',')
+                    .map(|x| number("--lengths", x.to_string()))
+                    .collect();
             }
             "--reps" => args.reps = number("--reps", value("--reps")).max(1),
             "--heads" => args.heads = number("--heads", value("--heads")),
@@ -70,7 +78,12 @@ fn measure(ctx: &Context, reps: usize, mut f: impl FnMut()) -> (f64, f64, f64, u
         peak = peak.max(ctx.memory().peak_bytes);
     }
     times.sort_by(f64::total_cmp);
-    (times[times.len() / 2], times[0], times[times.len() - 1], peak)
+    (
+        times[times.len() / 2],
+        times[0],
+        times[times.len() - 1],
+        peak,
+    )
 }
 
 fn random(n: usize, seed: u32) -> Vec<f32> {
@@ -103,10 +116,18 @@ fn main() {
     for &l in &args.lengths {
         let (h, d) = (args.heads, args.head_dim);
         let up = |data: &[f32]| -> HeadsView {
-            GpuTensor::from_slice(&ctx, data, &[1, l, h, d]).unwrap().heads().unwrap()
+            GpuTensor::from_slice(&ctx, data, &[1, l, h, d])
+                .unwrap()
+                .heads()
+                .unwrap()
         };
         let n = l * h * d;
-        let (q, k, v, d_out) = (up(&random(n, 1)), up(&random(n, 2)), up(&random(n, 3)), up(&random(n, 4)));
+        let (q, k, v, d_out) = (
+            up(&random(n, 1)),
+            up(&random(n, 2)),
+            up(&random(n, 3)),
+            up(&random(n, 4)),
+        );
         let shape = AttentionShape::of(&q, &k, &v).unwrap();
         for causal in [false, true] {
             let opts = AttentionOptions::new().causal(causal);

@@ -14,7 +14,8 @@ use wgpu_attention::{
 };
 
 fn main() -> ExitCode {
-    let (mut b, mut l, mut h, mut hkv, mut d, mut causal) = (2usize, 256usize, 8usize, 2usize, 64usize, false);
+    let (mut b, mut l, mut h, mut hkv, mut d, mut causal) =
+        (2usize, 256usize, 8usize, 2usize, 64usize, false);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut num = |name: &str| -> usize {
@@ -50,7 +51,10 @@ fn main() -> ExitCode {
 }
 
 fn worst(gpu: &[f32], reference: &[f64], atol: f64, rtol: f64) -> (f64, bool) {
-    let scale = reference.iter().filter(|x| x.is_finite()).fold(1.0f64, |m, x| m.max(x.abs()));
+    let scale = reference
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(1.0f64, |m, x| m.max(x.abs()));
     let mut worst = 0.0f64;
     let mut ok = true;
     for (&g, &r) in gpu.iter().zip(reference) {
@@ -65,7 +69,14 @@ fn worst(gpu: &[f32], reference: &[f64], atol: f64, rtol: f64) -> (f64, bool) {
     (worst, ok)
 }
 
-fn run(b: usize, l: usize, h: usize, hkv: usize, d: usize, causal: bool) -> wgpu_attention::Result<bool> {
+fn run(
+    b: usize,
+    l: usize,
+    h: usize,
+    hkv: usize,
+    d: usize,
+    causal: bool,
+) -> wgpu_attention::Result<bool> {
     let ctx = Context::new()?;
     println!("adapter: {}", ctx.report());
     let n_q = b * l * h * d;
@@ -82,7 +93,9 @@ fn run(b: usize, l: usize, h: usize, hkv: usize, d: usize, causal: bool) -> wgpu
             .collect()
     };
     let (q, k, v, d_out) = (rand(n_q), rand(n_kv), rand(n_kv), rand(n_q));
-    let up = |x: &[f32], heads: usize| GpuTensor::from_slice(&ctx, x, &[b, l, heads, d]).and_then(|t| t.heads());
+    let up = |x: &[f32], heads: usize| {
+        GpuTensor::from_slice(&ctx, x, &[b, l, heads, d]).and_then(|t| t.heads())
+    };
     let (qv, kv, vv, dov) = (up(&q, h)?, up(&k, hkv)?, up(&v, hkv)?, up(&d_out, h)?);
     let shape = AttentionShape::of(&qv, &kv, &vv)?;
     let opts = AttentionOptions::new().causal(causal);
@@ -102,9 +115,22 @@ fn run(b: usize, l: usize, h: usize, hkv: usize, d: usize, causal: bool) -> wgpu
     let t_bwd = t.elapsed().as_secs_f64();
 
     let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
-    let masks = reference::Masks { scale: 1.0 / (d as f64).sqrt(), causal, q_lens: None, kv_lens: None };
-    let (ref_out, ref_lse) = reference::attention_forward(&shape, &f64s(&q), &f64s(&k), &f64s(&v), &masks);
-    let r = reference::attention_backward(&shape, &f64s(&q), &f64s(&k), &f64s(&v), &f64s(&d_out), &masks);
+    let masks = reference::Masks {
+        scale: 1.0 / (d as f64).sqrt(),
+        causal,
+        q_lens: None,
+        kv_lens: None,
+    };
+    let (ref_out, ref_lse) =
+        reference::attention_forward(&shape, &f64s(&q), &f64s(&k), &f64s(&v), &masks);
+    let r = reference::attention_backward(
+        &shape,
+        &f64s(&q),
+        &f64s(&k),
+        &f64s(&v),
+        &f64s(&d_out),
+        &masks,
+    );
     let mut all_ok = true;
     for (name, gpu, reference, atol, rtol) in [
         ("out", fwd.out.to_vec(&ctx)?, &ref_out, 1e-5, 1e-4),
@@ -115,7 +141,10 @@ fn run(b: usize, l: usize, h: usize, hkv: usize, d: usize, causal: bool) -> wgpu
     ] {
         let (err, ok) = worst(&gpu, reference, atol, rtol);
         all_ok &= ok;
-        println!("worst |gpu - reference| {name}: {err:.3e} {}", if ok { "ok" } else { "FAILED" });
+        println!(
+            "worst |gpu - reference| {name}: {err:.3e} {}",
+            if ok { "ok" } else { "FAILED" }
+        );
     }
     println!(
         "forward {:.2} ms ({:.2} GFLOP/s), backward {:.2} ms ({:.2} GFLOP/s)",
@@ -124,6 +153,13 @@ fn run(b: usize, l: usize, h: usize, hkv: usize, d: usize, causal: bool) -> wgpu
         t_bwd * 1e3,
         shape.backward_flops(causal) / t_bwd / 1e9
     );
-    println!("{}", if all_ok { "validation: passed" } else { "validation: FAILED" });
+    println!(
+        "{}",
+        if all_ok {
+            "validation: passed"
+        } else {
+            "validation: FAILED"
+        }
+    );
     Ok(all_ok)
 }

@@ -81,7 +81,9 @@ pub(crate) struct Allocation {
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        self.counter.current.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.counter
+            .current
+            .fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -188,7 +190,8 @@ impl Context {
         // Start from the WebGPU defaults and raise what the kernels benefit from to what is offered.
         let mut limits = wgpu::Limits::defaults();
         limits.max_compute_workgroup_storage_size = offered.max_compute_workgroup_storage_size;
-        limits.max_compute_invocations_per_workgroup = offered.max_compute_invocations_per_workgroup;
+        limits.max_compute_invocations_per_workgroup =
+            offered.max_compute_invocations_per_workgroup;
         limits.max_storage_buffer_binding_size = offered.max_storage_buffer_binding_size;
         limits.max_buffer_size = offered.max_buffer_size;
         limits.max_storage_buffers_per_shader_stage = offered.max_storage_buffers_per_shader_stage;
@@ -359,7 +362,9 @@ impl Context {
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Context").field("adapter", &self.report.name).finish()
+        f.debug_struct("Context")
+            .field("adapter", &self.report.name)
+            .finish()
     }
 }
 

@@ -35,7 +35,11 @@ pub enum Error {
     },
     /// A buffer binding would exceed the adapter's `max_storage_buffer_binding_size`.
     #[error("{arg} needs a {bytes}-byte storage binding but the adapter allows at most {limit} bytes (max_storage_buffer_binding_size); reduce batch, heads or sequence length, or use the fused path")]
-    BindingTooLarge { arg: &'static str, bytes: u64, limit: u64 },
+    BindingTooLarge {
+        arg: &'static str,
+        bytes: u64,
+        limit: u64,
+    },
     /// The device reported an error (out of memory, validation) while running our commands.
     #[error("GPU error: {0}")]
     Device(String),

@@ -23,7 +23,9 @@ pub mod kernels;
 pub mod reference;
 pub mod tensor;
 
-pub use device::{enumerate_adapters, parse_backends, AdapterReport, Context, ContextOptions, MemoryStats};
+pub use device::{
+    enumerate_adapters, parse_backends, AdapterReport, Context, ContextOptions, MemoryStats,
+};
 pub use error::{Error, Result};
 pub use kernels::attention::{
     attention_backward, attention_backward_into, attention_backward_unfused,

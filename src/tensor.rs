@@ -193,9 +193,7 @@ impl GpuTensor {
                 format!("shape {:?} is not [batch, seq, width]", self.shape),
             ));
         };
-        let needed = column
-            .checked_add(heads.saturating_mul(head_dim))
-            .unwrap_or(usize::MAX);
+        let needed = column.saturating_add(heads.saturating_mul(head_dim));
         if needed > width {
             return Err(Error::shape(
                 "split_heads",

@@ -66,12 +66,29 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
     );
     let tag = format!(
         "[{backend}] {} backward {}",
-        if path == Path::Fused { "fused" } else { "unfused" },
+        if path == Path::Fused {
+            "fused"
+        } else {
+            "unfused"
+        },
         case.label()
     );
-    for (name, gpu, reference) in [("dq", &g.dq, &r.dq), ("dk", &g.dk, &r.dk), ("dv", &g.dv, &r.dv)] {
-        assert!(gpu.iter().all(|x| x.is_finite()), "{tag} {name}: NaN or Inf");
-        assert_close(&format!("{tag} {name}"), gpu, reference, BACKWARD_ATOL, BACKWARD_RTOL);
+    for (name, gpu, reference) in [
+        ("dq", &g.dq, &r.dq),
+        ("dk", &g.dk, &r.dk),
+        ("dv", &g.dv, &r.dv),
+    ] {
+        assert!(
+            gpu.iter().all(|x| x.is_finite()),
+            "{tag} {name}: NaN or Inf"
+        );
+        assert_close(
+            &format!("{tag} {name}"),
+            gpu,
+            reference,
+            BACKWARD_ATOL,
+            BACKWARD_RTOL,
+        );
     }
     g
 }
@@ -134,10 +151,30 @@ fn grouped_and_multi_query_heads_and_distinct_value_dim() {
 #[test]
 fn large_logits_and_temperature() {
     for_each_backend(|backend, ctx| {
-        check(backend, ctx, &Case::new(1, 65, 65, 2, 2, 64, 64).magnitude(8.0), Path::Fused);
-        check(backend, ctx, &Case::new(1, 65, 65, 2, 2, 64, 64).magnitude(8.0).causal(), Path::Fused);
-        check(backend, ctx, &Case::new(1, 33, 33, 2, 1, 40, 40).temperature(0.5), Path::Fused);
-        check(backend, ctx, &Case::new(1, 33, 33, 2, 1, 40, 40).temperature(3.0).causal(), Path::Fused);
+        check(
+            backend,
+            ctx,
+            &Case::new(1, 65, 65, 2, 2, 64, 64).magnitude(8.0),
+            Path::Fused,
+        );
+        check(
+            backend,
+            ctx,
+            &Case::new(1, 65, 65, 2, 2, 64, 64).magnitude(8.0).causal(),
+            Path::Fused,
+        );
+        check(
+            backend,
+            ctx,
+            &Case::new(1, 33, 33, 2, 1, 40, 40).temperature(0.5),
+            Path::Fused,
+        );
+        check(
+            backend,
+            ctx,
+            &Case::new(1, 33, 33, 2, 1, 40, 40).temperature(3.0).causal(),
+            Path::Fused,
+        );
     });
 }
 
@@ -148,7 +185,10 @@ fn fully_masked_rows_have_exactly_zero_gradients() {
         let case = Case::new(2, 9, 9, 2, 2, 16, 16).kv_lens(&[9, 0]);
         let g = check(backend, ctx, &case, Path::Fused);
         let half = |x: &[f32]| x[x.len() / 2..].iter().all(|&v| v == 0.0);
-        assert!(half(&g.dq) && half(&g.dk) && half(&g.dv), "[{backend}] masked batch has gradients");
+        assert!(
+            half(&g.dq) && half(&g.dk) && half(&g.dv),
+            "[{backend}] masked batch has gradients"
+        );
         // Causal with Lq > Lk: the first Lq - Lk query rows see nothing; their dQ rows are 0.
         let case = Case::new(1, 33, 9, 2, 2, 16, 16).causal();
         let g = check(backend, ctx, &case, Path::Fused);
@@ -164,12 +204,24 @@ fn fully_masked_rows_have_exactly_zero_gradients() {
 #[test]
 fn gradients_are_bitwise_reproducible() {
     for_each_backend(|backend, ctx| {
-        let case = Case::new(2, 129, 97, 4, 2, 40, 24).causal().kv_lens(&[97, 50]);
+        let case = Case::new(2, 129, 97, 4, 2, 40, 24)
+            .causal()
+            .kv_lens(&[97, 50]);
         let a = run(ctx, &case, Path::Fused);
         let b = run(ctx, &case, Path::Fused);
-        for (name, x, y) in [("dq", &a.dq, &b.dq), ("dk", &a.dk, &b.dk), ("dv", &a.dv, &b.dv)] {
-            let same = x.iter().zip(y.iter()).all(|(p, q)| p.to_bits() == q.to_bits());
-            assert!(same, "[{backend}] {name} differs between two identical runs");
+        for (name, x, y) in [
+            ("dq", &a.dq, &b.dq),
+            ("dk", &a.dk, &b.dk),
+            ("dv", &a.dv, &b.dv),
+        ] {
+            let same = x
+                .iter()
+                .zip(y.iter())
+                .all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same,
+                "[{backend}] {name} differs between two identical runs"
+            );
         }
     });
 }
@@ -180,7 +232,9 @@ fn unfused_backward_matches_reference() {
         let cases = [
             Case::new(1, 33, 33, 2, 2, 40, 40),
             Case::new(2, 7, 33, 4, 2, 64, 24).causal(),
-            Case::new(2, 33, 33, 4, 1, 16, 16).q_lens(&[5, 33]).kv_lens(&[33, 0]),
+            Case::new(2, 33, 33, 4, 1, 16, 16)
+                .q_lens(&[5, 33])
+                .kv_lens(&[33, 0]),
             Case::new(1, 129, 65, 2, 2, 80, 80).causal().magnitude(8.0),
         ];
         for case in &cases {
@@ -248,8 +302,26 @@ fn gradients_into_a_packed_dqkv_buffer() {
             &case.masks(),
         );
         let tag = format!("[{backend}] packed dqkv");
-        assert_close(&format!("{tag} dq"), &dq.to_vec(ctx).unwrap(), &r.dq, BACKWARD_ATOL, BACKWARD_RTOL);
-        assert_close(&format!("{tag} dk"), &dk.to_vec(ctx).unwrap(), &r.dk, BACKWARD_ATOL, BACKWARD_RTOL);
-        assert_close(&format!("{tag} dv"), &dv.to_vec(ctx).unwrap(), &r.dv, BACKWARD_ATOL, BACKWARD_RTOL);
+        assert_close(
+            &format!("{tag} dq"),
+            &dq.to_vec(ctx).unwrap(),
+            &r.dq,
+            BACKWARD_ATOL,
+            BACKWARD_RTOL,
+        );
+        assert_close(
+            &format!("{tag} dk"),
+            &dk.to_vec(ctx).unwrap(),
+            &r.dk,
+            BACKWARD_ATOL,
+            BACKWARD_RTOL,
+        );
+        assert_close(
+            &format!("{tag} dv"),
+            &dv.to_vec(ctx).unwrap(),
+            &r.dv,
+            BACKWARD_ATOL,
+            BACKWARD_RTOL,
+        );
     });
 }

@@ -5,11 +5,16 @@ mod common;
 
 use common::*;
 use wgpu_attention::{
-    attention_backward_unfused, attention_forward, attention_forward_into, attention_forward_unfused,
-    AttentionOptions, Error, GpuTensor, HeadsView, SeqLens,
+    attention_backward_unfused, attention_forward, attention_forward_into,
+    attention_forward_unfused, AttentionOptions, Error, GpuTensor, HeadsView, SeqLens,
 };
 
-fn views(ctx: &wgpu_attention::Context, q: [usize; 4], k: [usize; 4], v: [usize; 4]) -> (HeadsView, HeadsView, HeadsView) {
+fn views(
+    ctx: &wgpu_attention::Context,
+    q: [usize; 4],
+    k: [usize; 4],
+    v: [usize; 4],
+) -> (HeadsView, HeadsView, HeadsView) {
     let make = |s: [usize; 4]| GpuTensor::zeros(ctx, &s).unwrap().heads().unwrap();
     (make(q), make(k), make(v))
 }
@@ -24,7 +29,10 @@ fn shape_errors_name_the_argument() {
         let opts = AttentionOptions::new();
         let (q, k, v) = views(ctx, [1, 4, 6, 8], [1, 4, 4, 8], [1, 4, 4, 8]);
         let m = message(attention_forward(ctx, &q, &k, &v, &opts));
-        assert!(m.contains("H % Hkv") && m.contains('6') && m.contains('4'), "{m}");
+        assert!(
+            m.contains("H % Hkv") && m.contains('6') && m.contains('4'),
+            "{m}"
+        );
 
         let (q, k, v) = views(ctx, [1, 4, 2, 8], [1, 4, 2, 16], [1, 4, 2, 8]);
         let m = message(attention_forward(ctx, &q, &k, &v, &opts));
@@ -45,7 +53,13 @@ fn shape_errors_name_the_argument() {
         assert!(m.contains("300") && m.contains("256"), "{m}");
 
         let (q, k, v) = views(ctx, [1, 4, 2, 8], [1, 4, 2, 8], [1, 4, 2, 8]);
-        let m = message(attention_forward(ctx, &q, &k, &v, &AttentionOptions::new().temperature(0.0)));
+        let m = message(attention_forward(
+            ctx,
+            &q,
+            &k,
+            &v,
+            &AttentionOptions::new().temperature(0.0),
+        ));
         assert!(m.contains("temperature"), "{m}");
     });
 }
@@ -55,13 +69,34 @@ fn sequence_lengths_are_checked() {
     for_each_backend(|_, ctx| {
         let (q, k, v) = views(ctx, [2, 4, 2, 8], [2, 6, 2, 8], [2, 6, 2, 8]);
         let lens = SeqLens::new(ctx, None, Some(&[6, 7])).unwrap();
-        let m = message(attention_forward(ctx, &q, &k, &v, &AttentionOptions::new().seq_lens(&lens)));
-        assert!(m.contains("kv_lens") && m.contains("entry 1 is 7") && m.contains('6'), "{m}");
+        let m = message(attention_forward(
+            ctx,
+            &q,
+            &k,
+            &v,
+            &AttentionOptions::new().seq_lens(&lens),
+        ));
+        assert!(
+            m.contains("kv_lens") && m.contains("entry 1 is 7") && m.contains('6'),
+            "{m}"
+        );
         let lens = SeqLens::new(ctx, Some(&[5, 1]), None).unwrap();
-        let m = message(attention_forward(ctx, &q, &k, &v, &AttentionOptions::new().seq_lens(&lens)));
+        let m = message(attention_forward(
+            ctx,
+            &q,
+            &k,
+            &v,
+            &AttentionOptions::new().seq_lens(&lens),
+        ));
         assert!(m.contains("q_lens") && m.contains("entry 0 is 5"), "{m}");
         let lens = SeqLens::new(ctx, Some(&[1, 1, 1]), None).unwrap();
-        let m = message(attention_forward(ctx, &q, &k, &v, &AttentionOptions::new().seq_lens(&lens)));
+        let m = message(attention_forward(
+            ctx,
+            &q,
+            &k,
+            &v,
+            &AttentionOptions::new().seq_lens(&lens),
+        ));
         assert!(m.contains("seq_lens") && m.contains('3'), "{m}");
         assert!(SeqLens::new(ctx, Some(&[1]), Some(&[1, 2])).is_err());
         assert!(SeqLens::new(ctx, None, None).is_err());
@@ -77,14 +112,32 @@ fn rejected_calls_dispatch_nothing() {
         // lse of the wrong shape: rejected before anything is recorded.
         let lse = GpuTensor::zeros(ctx, &[1, 2, 5]).unwrap();
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        let m = message(attention_forward_into(ctx, &mut encoder, &q, &k, &v, &out.heads().unwrap(), &lse, &AttentionOptions::new()));
+        let m = message(attention_forward_into(
+            ctx,
+            &mut encoder,
+            &q,
+            &k,
+            &v,
+            &out.heads().unwrap(),
+            &lse,
+            &AttentionOptions::new(),
+        ));
         assert!(m.contains("lse") && m.contains("[1, 2, 4]"), "{m}");
         ctx.queue().submit([encoder.finish()]);
         assert_eq!(out.to_vec(ctx).unwrap(), sentinel);
         // Output aliasing an input.
         let lse = GpuTensor::zeros(ctx, &[1, 2, 4]).unwrap();
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        let m = message(attention_forward_into(ctx, &mut encoder, &q, &k, &v, &q, &lse, &AttentionOptions::new()));
+        let m = message(attention_forward_into(
+            ctx,
+            &mut encoder,
+            &q,
+            &k,
+            &v,
+            &q,
+            &lse,
+            &AttentionOptions::new(),
+        ));
         assert!(m.contains("out") && m.contains("shares a buffer"), "{m}");
     });
 }
@@ -95,7 +148,12 @@ fn views_are_bounds_checked() {
         let t = GpuTensor::zeros(ctx, &[2, 3, 24]).unwrap();
         let m = message(t.split_heads(16, 2, 8));
         assert!(m.contains("32") && m.contains("24"), "{m}");
-        let m = message(HeadsView::new(t.buffer().clone(), 0, [2, 3, 4, 8], [72, 24, 8]));
+        let m = message(HeadsView::new(
+            t.buffer().clone(),
+            0,
+            [2, 3, 4, 8],
+            [72, 24, 8],
+        ));
         assert!(m.contains("buffer holds 144"), "{m}");
         assert!(message(GpuTensor::from_slice(ctx, &[1.0; 5], &[2, 3])).contains("data"));
         assert!(message(t.heads()).contains("[batch, seq, heads, head_dim]"));
@@ -105,13 +163,29 @@ fn views_are_bounds_checked() {
 #[test]
 fn unfused_scores_beyond_the_binding_limit_are_reported() {
     for_each_backend(|_, ctx| {
-        let limit = ctx.limits().max_storage_buffer_binding_size as u64;
+        let limit = ctx.limits().max_storage_buffer_binding_size;
         // Scores [1, 1, L, L] with 4 * L^2 > limit while Q, K, V stay small.
         let l = ((limit / 4) as f64).sqrt() as usize + 16;
         let (q, k, v) = views(ctx, [1, l, 1, 1], [1, l, 1, 1], [1, l, 1, 1]);
-        let m = message(attention_forward_unfused(ctx, &q, &k, &v, &AttentionOptions::new()));
-        assert!(m.contains("scores") && m.contains(&limit.to_string()), "{m}");
-        let m = message(attention_backward_unfused(ctx, &q, &k, &v, &q, &AttentionOptions::new()));
+        let m = message(attention_forward_unfused(
+            ctx,
+            &q,
+            &k,
+            &v,
+            &AttentionOptions::new(),
+        ));
+        assert!(
+            m.contains("scores") && m.contains(&limit.to_string()),
+            "{m}"
+        );
+        let m = message(attention_backward_unfused(
+            ctx,
+            &q,
+            &k,
+            &v,
+            &q,
+            &AttentionOptions::new(),
+        ));
         assert!(m.contains("scores"), "{m}");
     });
 }

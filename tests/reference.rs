@@ -54,12 +54,19 @@ fn backward_matches_finite_differences() {
         Case::new(1, 5, 7, 2, 2, 4, 3),
         Case::new(2, 6, 6, 4, 2, 5, 4).causal(),
         Case::new(2, 7, 4, 2, 1, 3, 6).causal().kv_lens(&[4, 2]),
-        Case::new(2, 5, 6, 2, 2, 4, 4).q_lens(&[3, 5]).kv_lens(&[6, 0]),
-        Case::new(1, 4, 5, 2, 1, 4, 4).magnitude(4.0).temperature(0.5),
+        Case::new(2, 5, 6, 2, 2, 4, 4)
+            .q_lens(&[3, 5])
+            .kv_lens(&[6, 0]),
+        Case::new(1, 4, 5, 2, 1, 4, 4)
+            .magnitude(4.0)
+            .temperature(0.5),
     ];
     for case in &cases {
         let err = finite_difference_error(case);
-        println!("reference backward vs finite differences, {}: worst relative error {err:.3e}", case.label());
+        println!(
+            "reference backward vs finite differences, {}: worst relative error {err:.3e}",
+            case.label()
+        );
         assert!(err < 1e-7, "{}: {err}", case.label());
     }
 }
@@ -72,7 +79,12 @@ fn forward_known_answers() {
     let q = vec![0.5, -1.0, 2.0, 0.0, 1.0, 1.0];
     let k = vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
     let v = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
-    let masks = reference::Masks { scale: 1.0, causal: true, q_lens: None, kv_lens: None };
+    let masks = reference::Masks {
+        scale: 1.0,
+        causal: true,
+        q_lens: None,
+        kv_lens: None,
+    };
     let (out, lse) = reference::attention_forward(&s, &q, &k, &v, &masks);
     // Bottom-right causal with Lq = 3, Lk = 4: row i sees keys 0..=i+1.
     let expected_out = [2.0, 3.0, 3.0, 4.0, 4.0, 5.0];
@@ -84,7 +96,10 @@ fn forward_known_answers() {
         assert!((l - e).abs() < 1e-12, "{lse:?}");
     }
     // A row with no visible key: O = 0, lse = -inf.
-    let masks = reference::Masks { kv_lens: Some(vec![0]), ..masks };
+    let masks = reference::Masks {
+        kv_lens: Some(vec![0]),
+        ..masks
+    };
     let (out, lse) = reference::attention_forward(&s, &q, &k, &v, &masks);
     assert!(out.iter().all(|&x| x == 0.0));
     assert!(lse.iter().all(|&x| x == f64::NEG_INFINITY));
@@ -94,7 +109,16 @@ fn forward_known_answers() {
 fn large_logits_do_not_overflow() {
     let case = Case::new(1, 4, 4, 1, 1, 4, 4).magnitude(30.0);
     let (q, k, v, _) = case.data();
-    let (out, lse) = reference::attention_forward(&case.shape(), &to_f64(&q), &to_f64(&k), &to_f64(&v), &case.masks());
-    assert!(lse.iter().all(|x| x.is_finite()) && lse.iter().any(|x| x.abs() > 80.0), "{lse:?}");
+    let (out, lse) = reference::attention_forward(
+        &case.shape(),
+        &to_f64(&q),
+        &to_f64(&k),
+        &to_f64(&v),
+        &case.masks(),
+    );
+    assert!(
+        lse.iter().all(|x| x.is_finite()) && lse.iter().any(|x| x.abs() > 80.0),
+        "{lse:?}"
+    );
     assert!(out.iter().all(|x| x.is_finite()));
 }

@@ -24,10 +24,18 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
     for (name, source) in &sources {
         let module = naga::front::wgsl::parse_str(source)
             .unwrap_or_else(|e| panic!("{name}: WGSL parse error:\n{}", e.emit_to_string(source)));
-        for (caps_name, caps) in [("all", Capabilities::all()), ("metal", msl::supported_capabilities())] {
+        for (caps_name, caps) in [
+            ("all", Capabilities::all()),
+            ("metal", msl::supported_capabilities()),
+        ] {
             let info = Validator::new(ValidationFlags::all(), caps)
                 .validate(&module)
-                .unwrap_or_else(|e| panic!("{name}: validation ({caps_name}) failed:\n{}", e.emit_to_string(source)));
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{name}: validation ({caps_name}) failed:\n{}",
+                        e.emit_to_string(source)
+                    )
+                });
             if caps_name != "all" {
                 continue;
             }

@@ -40,7 +40,10 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
-    .chain(std::iter::once(("matmul_strided", matmul::SOURCE.to_string())))
+    .chain(std::iter::once((
+        "matmul_strided",
+        matmul::SOURCE.to_string(),
+    )))
     .collect()
 }
 
@@ -118,7 +121,10 @@ impl AttentionShape {
             ("v head_dim", dv),
         ] {
             if value == 0 {
-                return Err(Error::shape(arg, "is 0; every dimension must be at least 1"));
+                return Err(Error::shape(
+                    arg,
+                    "is 0; every dimension must be at least 1",
+                ));
             }
         }
         if kb != b || vb != b {
@@ -186,7 +192,8 @@ impl AttentionShape {
     /// halved under the causal mask when `Lq == Lk`, as is customary.
     pub fn forward_flops(&self, causal: bool) -> f64 {
         let d = (self.head_dim_qk + self.head_dim_v) as f64 / 2.0;
-        let full = 4.0 * (self.batch * self.heads) as f64 * self.q_seq as f64 * self.kv_seq as f64 * d;
+        let full =
+            4.0 * (self.batch * self.heads) as f64 * self.q_seq as f64 * self.kv_seq as f64 * d;
         if causal {
             full / 2.0
         } else {
@@ -205,7 +212,11 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
         if lens.batch() != shape.batch {
             return Err(Error::shape(
                 "seq_lens",
-                format!("has {} entries but the batch is {}", lens.batch(), shape.batch),
+                format!(
+                    "has {} entries but the batch is {}",
+                    lens.batch(),
+                    shape.batch
+                ),
             ));
         }
         for (arg, values, limit) in [
@@ -213,7 +224,9 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
             ("kv_lens", lens.kv_lens(), shape.kv_seq),
         ] {
             if let Some(values) = values {
-                if let Some((b, &len)) = values.iter().enumerate().find(|(_, &l)| l as usize > limit) {
+                if let Some((b, &len)) =
+                    values.iter().enumerate().find(|(_, &l)| l as usize > limit)
+                {
                     return Err(Error::shape(
                         arg,
                         format!("entry {b} is {len}, beyond the sequence length {limit}"),
@@ -227,7 +240,10 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
         .unwrap_or(1.0 / (shape.head_dim_qk as f32).sqrt());
     let temperature = opts.temperature.unwrap_or(1.0);
     if !scale.is_finite() {
-        return Err(Error::shape("scale", format!("is {scale}; it must be finite")));
+        return Err(Error::shape(
+            "scale",
+            format!("is {scale}; it must be finite"),
+        ));
     }
     if !(temperature.is_finite() && temperature > 0.0) {
         return Err(Error::shape(
@@ -238,11 +254,7 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
     Ok(scale / temperature)
 }
 
-fn check_view(
-    arg: &'static str,
-    view: &HeadsView,
-    expected: [usize; 4],
-) -> Result<()> {
+fn check_view(arg: &'static str, view: &HeadsView, expected: [usize; 4]) -> Result<()> {
     if view.shape() != expected {
         return Err(Error::shape(
             arg,
@@ -264,9 +276,12 @@ fn check_tensor(arg: &'static str, t: &GpuTensor, expected: &[usize]) -> Result<
 
 /// Outputs may not share a buffer with any input of the same dispatch (a buffer cannot be read-only
 /// and writable in one dispatch).
-fn check_distinct(outputs: &[(&'static str, &wgpu::Buffer)], inputs: &[&wgpu::Buffer]) -> Result<()> {
+fn check_distinct(
+    outputs: &[(&'static str, &wgpu::Buffer)],
+    inputs: &[&wgpu::Buffer],
+) -> Result<()> {
     for (arg, out) in outputs {
-        if inputs.iter().any(|i| *i == *out) {
+        if inputs.contains(out) {
             return Err(Error::shape(
                 arg,
                 "shares a buffer with an input of the same call; write outputs to a separate buffer",
@@ -382,7 +397,7 @@ fn bind_tensor<'a>(ctx: &Context, arg: &'static str, t: &'a GpuTensor) -> Result
 }
 
 fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
-    let limit = ctx.limits().max_storage_buffer_binding_size as u64;
+    let limit = ctx.limits().max_storage_buffer_binding_size;
     if bytes > limit {
         return Err(Error::BindingTooLarge { arg, bytes, limit });
     }
@@ -461,7 +476,11 @@ fn set_grid(params: &mut Params, blocks: usize, groups: usize) -> Result<(u32, u
 }
 
 /// The dummy used when no sequence lengths are given (bindings cannot be absent).
-fn seq_lens_binding<'a>(ctx: &'a Context, opts: &AttentionOptions<'a>, dummy: &'a wgpu::Buffer) -> &'a wgpu::Buffer {
+fn seq_lens_binding<'a>(
+    ctx: &'a Context,
+    opts: &AttentionOptions<'a>,
+    dummy: &'a wgpu::Buffer,
+) -> &'a wgpu::Buffer {
     let _ = ctx;
     match opts.seq_lens {
         Some(l) => l.buffer(),
@@ -478,6 +497,7 @@ fn dummy_lens(ctx: &Context) -> wgpu::Buffer {
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn dispatch(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
@@ -499,7 +519,12 @@ fn dispatch(
             resource: seq_lens.as_entire_binding(),
         },
     ];
-    entries.extend(bindings.iter().enumerate().map(|(i, b)| b.entry(i as u32 + 2)));
+    entries.extend(
+        bindings
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b.entry(i as u32 + 2)),
+    );
     let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some(label),
         layout: &pipeline.get_bind_group_layout(0),
@@ -535,7 +560,11 @@ pub fn attention_forward(
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionOutput> {
     let s = AttentionShape::of(q, k, v)?;
-    let out = GpuTensor::uninit(ctx, "attention out", &[s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    let out = GpuTensor::uninit(
+        ctx,
+        "attention out",
+        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
+    )?;
     let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     attention_forward_into(ctx, &mut encoder, q, k, v, &out.heads()?, &lse, opts)?;
@@ -597,7 +626,16 @@ pub fn attention_forward_into(
         label: Some("attention_forward"),
         timestamp_writes: None,
     });
-    dispatch(ctx, &mut pass, &pipeline, "attention_forward", &params, lens, &bindings, grid);
+    dispatch(
+        ctx,
+        &mut pass,
+        &pipeline,
+        "attention_forward",
+        &params,
+        lens,
+        &bindings,
+        grid,
+    );
     Ok(())
 }
 
@@ -692,8 +730,14 @@ pub fn attention_backward_into(
         ],
         &inputs,
     )?;
-    if workspace.buffer() == dq.buffer() || workspace.buffer() == dk.buffer() || workspace.buffer() == dv.buffer() {
-        return Err(Error::shape("workspace", "shares a buffer with a gradient output"));
+    if workspace.buffer() == dq.buffer()
+        || workspace.buffer() == dk.buffer()
+        || workspace.buffer() == dv.buffer()
+    {
+        return Err(Error::shape(
+            "workspace",
+            "shares a buffer with a gradient output",
+        ));
     }
 
     let dummy = dummy_lens(ctx);
@@ -721,7 +765,16 @@ pub fn attention_backward_into(
             || with_common(BACKWARD_PREPROCESS),
             &[("WG", WG)],
         );
-        dispatch(ctx, &mut pass, &pipeline, "attention_backward_preprocess", &params, lens, &bindings, grid);
+        dispatch(
+            ctx,
+            &mut pass,
+            &pipeline,
+            "attention_backward_preprocess",
+            &params,
+            lens,
+            &bindings,
+            grid,
+        );
     }
     // 2. dK, dV: one workgroup per key block of one (batch, kv head).
     {
@@ -741,9 +794,24 @@ pub fn attention_backward_into(
         let pipeline = ctx.pipeline(
             "attention_backward_dkdv",
             || with_common(BACKWARD_DKDV),
-            &[("WG", WG), ("ROWS", rows), ("BLOCK_M", block_m), dims[0], dims[1]],
+            &[
+                ("WG", WG),
+                ("ROWS", rows),
+                ("BLOCK_M", block_m),
+                dims[0],
+                dims[1],
+            ],
         );
-        dispatch(ctx, &mut pass, &pipeline, "attention_backward_dkdv", &params, lens, &bindings, grid);
+        dispatch(
+            ctx,
+            &mut pass,
+            &pipeline,
+            "attention_backward_dkdv",
+            &params,
+            lens,
+            &bindings,
+            grid,
+        );
     }
     // 3. dQ: one workgroup per query block of one (batch, head).
     {
@@ -762,9 +830,24 @@ pub fn attention_backward_into(
         let pipeline = ctx.pipeline(
             "attention_backward_dq",
             || with_common(BACKWARD_DQ),
-            &[("WG", WG), ("ROWS", rows), ("BLOCK_N", block_n), dims[0], dims[1]],
+            &[
+                ("WG", WG),
+                ("ROWS", rows),
+                ("BLOCK_N", block_n),
+                dims[0],
+                dims[1],
+            ],
         );
-        dispatch(ctx, &mut pass, &pipeline, "attention_backward_dq", &params, lens, &bindings, grid);
+        dispatch(
+            ctx,
+            &mut pass,
+            &pipeline,
+            "attention_backward_dq",
+            &params,
+            lens,
+            &bindings,
+            grid,
+        );
     }
     Ok(())
 }
@@ -799,6 +882,7 @@ fn check_whole_binding(ctx: &Context, arg: &'static str, buffer: &wgpu::Buffer) 
 }
 
 /// Records `P = softmax(scale Q K^T + masks)` into `probs [B, H, Lq, Lk]` and the row lse.
+#[allow(clippy::too_many_arguments)]
 fn encode_probs(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
@@ -841,8 +925,20 @@ fn encode_probs(
     let rows = s.batch * s.heads * lq;
     let grid = set_grid(&mut params, rows, 1)?;
     let pipeline = ctx.pipeline("attention_softmax", || with_common(SOFTMAX), &[("WG", WG)]);
-    let bindings = [bind_tensor(ctx, "scores", probs)?, bind_tensor(ctx, "lse", lse)?];
-    dispatch(ctx, pass, &pipeline, "attention_softmax", &params, lens, &bindings, grid);
+    let bindings = [
+        bind_tensor(ctx, "scores", probs)?,
+        bind_tensor(ctx, "lse", lse)?,
+    ];
+    dispatch(
+        ctx,
+        pass,
+        &pipeline,
+        "attention_softmax",
+        &params,
+        lens,
+        &bindings,
+        grid,
+    );
     Ok(())
 }
 
@@ -875,7 +971,11 @@ pub fn attention_forward_unfused(
     let scale = check_options(&s, opts)?;
     unfused_checks(ctx, &[("q", q), ("k", k), ("v", v)])?;
     let probs = GpuTensor::uninit(ctx, "probs", &scores_shape(ctx, &s)?)?;
-    let out = GpuTensor::uninit(ctx, "attention out", &[s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    let out = GpuTensor::uninit(
+        ctx,
+        "attention out",
+        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
+    )?;
     let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
     check_whole_binding(ctx, "out", out.buffer())?;
     let dummy = dummy_lens(ctx);
@@ -946,7 +1046,13 @@ pub fn attention_backward_unfused(
     let dummy = dummy_lens(ctx);
     let lens = seq_lens_binding(ctx, opts, &dummy);
     let group = s.heads / s.kv_heads;
-    let (b, h, hkv, lq, lk) = (s.batch as u32, s.heads as u32, s.kv_heads as u32, s.q_seq, s.kv_seq);
+    let (b, h, hkv, lq, lk) = (
+        s.batch as u32,
+        s.heads as u32,
+        s.kv_heads as u32,
+        s.q_seq,
+        s.kv_seq,
+    );
     let (dk_dim, dv_dim) = (s.head_dim_qk as u32, s.head_dim_v as u32);
     let plane = (lq * lk) as u32;
     // P-layout operand, rows i (queries), columns j (keys), per query head.
@@ -981,12 +1087,22 @@ pub fn attention_backward_unfused(
         let mut pass = encoder.begin_compute_pass(&Default::default());
         encode_probs(ctx, &mut pass, &s, scale, q, k, &probs, &lse, opts, lens)?;
         // dP = dO V^T
-        encode_gemm(ctx, &mut pass, &Gemm {
-            m: lq as u32, n: lk as u32, k: dv_dim, groups: 1, batch: b, heads: h, alpha: 1.0,
-            a: (d_out.buffer(), view_operand(d_out, true, 1)),
-            b: (v.buffer(), view_operand(v, false, group)),
-            c: (dprobs.buffer(), p_rows),
-        })?;
+        encode_gemm(
+            ctx,
+            &mut pass,
+            &Gemm {
+                m: lq as u32,
+                n: lk as u32,
+                k: dv_dim,
+                groups: 1,
+                batch: b,
+                heads: h,
+                alpha: 1.0,
+                a: (d_out.buffer(), view_operand(d_out, true, 1)),
+                b: (v.buffer(), view_operand(v, false, group)),
+                c: (dprobs.buffer(), p_rows),
+            },
+        )?;
         // dS = P (dP - rowsum(P dP)), in place.
         let mut params = base_params(&s, scale, opts);
         let grid = set_grid(&mut params, s.batch * s.heads * lq, 1)?;
@@ -1000,7 +1116,10 @@ pub fn attention_backward_unfused(
             label: Some("attention_softmax_backward"),
             layout: &pipeline.get_bind_group_layout(0),
             entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() },
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: uniform.as_entire_binding(),
+                },
                 bind_tensor(ctx, "probs", &probs)?.entry(2),
                 bind_tensor(ctx, "dprobs", &dprobs)?.entry(3),
             ],
@@ -1009,26 +1128,56 @@ pub fn attention_backward_unfused(
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(grid.0, grid.1, 1);
         // dQ = scale dS K
-        encode_gemm(ctx, &mut pass, &Gemm {
-            m: lq as u32, n: dk_dim, k: lk as u32, groups: 1, batch: b, heads: h, alpha: scale,
-            a: (dprobs.buffer(), p_rows),
-            b: (k.buffer(), view_operand(k, true, group)),
-            c: (dq.buffer(), view_operand(&dq_v, true, 1)),
-        })?;
+        encode_gemm(
+            ctx,
+            &mut pass,
+            &Gemm {
+                m: lq as u32,
+                n: dk_dim,
+                k: lk as u32,
+                groups: 1,
+                batch: b,
+                heads: h,
+                alpha: scale,
+                a: (dprobs.buffer(), p_rows),
+                b: (k.buffer(), view_operand(k, true, group)),
+                c: (dq.buffer(), view_operand(&dq_v, true, 1)),
+            },
+        )?;
         // dK = scale sum_g dS^T Q
-        encode_gemm(ctx, &mut pass, &Gemm {
-            m: lk as u32, n: dk_dim, k: lq as u32, groups: group as u32, batch: b, heads: hkv, alpha: scale,
-            a: (dprobs.buffer(), p_t_grouped),
-            b: (q.buffer(), grouped(q)),
-            c: (dk.buffer(), view_operand(&dk_v, true, 1)),
-        })?;
+        encode_gemm(
+            ctx,
+            &mut pass,
+            &Gemm {
+                m: lk as u32,
+                n: dk_dim,
+                k: lq as u32,
+                groups: group as u32,
+                batch: b,
+                heads: hkv,
+                alpha: scale,
+                a: (dprobs.buffer(), p_t_grouped),
+                b: (q.buffer(), grouped(q)),
+                c: (dk.buffer(), view_operand(&dk_v, true, 1)),
+            },
+        )?;
         // dV = sum_g P^T dO
-        encode_gemm(ctx, &mut pass, &Gemm {
-            m: lk as u32, n: dv_dim, k: lq as u32, groups: group as u32, batch: b, heads: hkv, alpha: 1.0,
-            a: (probs.buffer(), p_t_grouped),
-            b: (d_out.buffer(), grouped(d_out)),
-            c: (dv.buffer(), view_operand(&dv_v, true, 1)),
-        })?;
+        encode_gemm(
+            ctx,
+            &mut pass,
+            &Gemm {
+                m: lk as u32,
+                n: dv_dim,
+                k: lq as u32,
+                groups: group as u32,
+                batch: b,
+                heads: hkv,
+                alpha: 1.0,
+                a: (probs.buffer(), p_t_grouped),
+                b: (d_out.buffer(), grouped(d_out)),
+                c: (dv.buffer(), view_operand(&dv_v, true, 1)),
+            },
+        )?;
     }
     ctx.submit(encoder)?;
     Ok(AttentionGrads { dq, dk, dv })

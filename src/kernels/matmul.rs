@@ -57,7 +57,11 @@ pub(crate) struct Gemm<'a> {
 }
 
 /// Records one batched product into `pass`.
-pub(crate) fn encode_gemm(ctx: &Context, pass: &mut wgpu::ComputePass<'_>, g: &Gemm<'_>) -> Result<()> {
+pub(crate) fn encode_gemm(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    g: &Gemm<'_>,
+) -> Result<()> {
     let tiles_m = g.m.div_ceil(TILE);
     let tiles_n = g.n.div_ceil(TILE);
     let total = (tiles_m as u64) * (tiles_n as u64) * (g.batch as u64) * (g.heads as u64);

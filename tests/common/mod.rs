@@ -111,7 +111,11 @@ pub fn assert_close(what: &str, gpu: &[f32], reference: &[f64], atol: f64, rtol:
         let err = (g - r).abs();
         let ratio = err / (atol + rtol * r.abs());
         if ratio > worst.ratio || !ratio.is_finite() {
-            worst = Worst { abs: err, ratio, index: i };
+            worst = Worst {
+                abs: err,
+                ratio,
+                index: i,
+            };
         }
         assert!(
             ratio <= 1.0,
@@ -214,9 +218,17 @@ impl Case {
             self.dk,
             self.dv,
             if self.causal { " causal" } else { "" },
-            self.q_lens.as_ref().map_or(String::new(), |l| format!(" q_lens{l:?}")),
-            self.kv_lens.as_ref().map_or(String::new(), |l| format!(" kv_lens{l:?}")),
-            if self.magnitude != 1.0 { format!(" x{}", self.magnitude) } else { String::new() },
+            self.q_lens
+                .as_ref()
+                .map_or(String::new(), |l| format!(" q_lens{l:?}")),
+            self.kv_lens
+                .as_ref()
+                .map_or(String::new(), |l| format!(" kv_lens{l:?}")),
+            if self.magnitude != 1.0 {
+                format!(" x{}", self.magnitude)
+            } else {
+                String::new()
+            },
         )
     }
 
@@ -244,7 +256,11 @@ impl Case {
     pub fn data(&self) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
         let mut r = rng(self.seed);
         let q = random(&mut r, self.b * self.lq * self.h * self.dk, self.magnitude);
-        let k = random(&mut r, self.b * self.lk * self.hkv * self.dk, self.magnitude);
+        let k = random(
+            &mut r,
+            self.b * self.lk * self.hkv * self.dk,
+            self.magnitude,
+        );
         let v = random(&mut r, self.b * self.lk * self.hkv * self.dv, 1.0);
         let d_out = random(&mut r, self.b * self.lq * self.h * self.dv, 1.0);
         (q, k, v, d_out)
@@ -253,5 +269,8 @@ impl Case {
 
 /// Uploads contiguous BSHD data as a head view.
 pub fn upload(ctx: &Context, data: &[f32], shape: [usize; 4]) -> HeadsView {
-    GpuTensor::from_slice(ctx, data, &shape).unwrap().heads().unwrap()
+    GpuTensor::from_slice(ctx, data, &shape)
+        .unwrap()
+        .heads()
+        .unwrap()
 }
