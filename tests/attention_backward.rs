@@ -141,6 +141,8 @@ fn grouped_and_multi_query_heads_and_distinct_value_dim() {
             Case::new(2, 7, 33, 4, 2, 16, 128).kv_lens(&[20, 33]),
             Case::new(1, 65, 65, 2, 1, 256, 8).causal(),
             Case::new(1, 33, 33, 2, 2, 80, 256),
+            // A group of 4 query heads over 256 keys: ~1024 query iterations per key block.
+            Case::new(1, 256, 256, 8, 2, 64, 64),
         ];
         for case in &cases {
             check(backend, ctx, case, Path::Fused);

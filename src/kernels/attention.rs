@@ -789,6 +789,10 @@ pub fn attention_backward_into(
             bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
         ];
         let block_m = tile_rows(ctx, &s, 8, 64);
+        // One key row per invocation: with 2 or 4 rows, lavapipe returned wrong dK/dV once a
+        // workgroup looped over ~1024 (query head, query row) pairs (B=1, L=256, H=8, Hkv=2, D=64 is
+        // in the tests); the cause is not yet found, see the closing note of the backward issue.
+        let rows = 1;
         let blocks = s.kv_seq.div_ceil((WG * rows) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
         let pipeline = ctx.pipeline(
