@@ -62,6 +62,8 @@ pub struct Context {
     report: AdapterReport,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
     memory: Arc<MemoryCounter>,
+    /// Bound where a kernel's optional storage input (sequence lengths) is absent.
+    empty_storage: wgpu::Buffer,
 }
 
 /// Bytes of tensor storage this crate has allocated on a context (user-wrapped buffers, uniform
@@ -238,12 +240,19 @@ impl Context {
                 features,
             },
         };
+        let empty_storage = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("empty storage"),
+            size: 8,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Self {
             device,
             queue,
             report,
             pipelines: Mutex::new(HashMap::new()),
             memory: Arc::default(),
+            empty_storage,
         }
     }
 
@@ -345,10 +354,14 @@ impl Context {
             })
     }
 
-    /// Submits `encoder` and surfaces any validation or out-of-memory error it raised.
-    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+    /// Submits `encoder`. Device errors go to wgpu's uncaptured-error handler; input is validated
+    /// before anything is recorded, so a well-formed call raises none.
+    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) {
         self.queue.submit([encoder.finish()]);
-        Ok(())
+    }
+
+    pub(crate) fn empty_storage(&self) -> &wgpu::Buffer {
+        &self.empty_storage
     }
 
     /// Waits until all submitted work has finished.

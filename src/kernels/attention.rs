@@ -467,50 +467,37 @@ fn set_grid(params: &mut Params, blocks: usize, groups: usize) -> Result<(u32, u
     Ok((gx, gy))
 }
 
-/// The dummy used when no sequence lengths are given (bindings cannot be absent).
-fn seq_lens_binding<'a>(
-    ctx: &'a Context,
-    opts: &AttentionOptions<'a>,
-    dummy: &'a wgpu::Buffer,
-) -> &'a wgpu::Buffer {
-    let _ = ctx;
-    match opts.seq_lens {
-        Some(l) => l.buffer(),
-        None => dummy,
-    }
+/// The buffer bound as `seq_lens`: the caller's, or the context's empty one (bindings cannot be absent).
+fn seq_lens_buffer<'a>(ctx: &'a Context, opts: &AttentionOptions<'a>) -> &'a wgpu::Buffer {
+    opts.seq_lens.map_or(ctx.empty_storage(), SeqLens::buffer)
 }
 
-fn dummy_lens(ctx: &Context) -> wgpu::Buffer {
-    ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("no seq_lens"),
-        size: 8,
-        usage: wgpu::BufferUsages::STORAGE,
-        mapped_at_creation: false,
-    })
-}
-
+/// Records one attention-family kernel: its cached pipeline, the parameter block at binding 0, the
+/// sequence lengths at binding 1 (for kernels that read them) and `bindings` from binding 2 on.
 #[allow(clippy::too_many_arguments)]
-fn dispatch(
+fn encode_kernel(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    pipeline: &wgpu::ComputePipeline,
-    label: &str,
+    name: &'static str,
+    source: impl FnOnce() -> String,
+    constants: &[(&'static str, u32)],
     params: &Params,
-    seq_lens: &wgpu::Buffer,
+    seq_lens: Option<&wgpu::Buffer>,
     bindings: &[Binding<'_>],
     grid: (u32, u32),
 ) {
-    let uniform = ctx.uniform(label, params);
-    let mut entries = vec![
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: uniform.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
+    let pipeline = ctx.pipeline(name, source, constants);
+    let uniform = ctx.uniform(name, params);
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: uniform.as_entire_binding(),
+    }];
+    if let Some(seq_lens) = seq_lens {
+        entries.push(wgpu::BindGroupEntry {
             binding: 1,
             resource: seq_lens.as_entire_binding(),
-        },
-    ];
+        });
+    }
     entries.extend(
         bindings
             .iter()
@@ -518,11 +505,11 @@ fn dispatch(
             .map(|(i, b)| b.entry(i as u32 + 2)),
     );
     let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(label),
+        label: Some(name),
         layout: &pipeline.get_bind_group_layout(0),
         entries: &entries,
     });
-    pass.set_pipeline(pipeline);
+    pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(grid.0, grid.1, 1);
 }
@@ -560,7 +547,7 @@ pub fn attention_forward(
     let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     attention_forward_into(ctx, &mut encoder, q, k, v, &out.heads()?, &lse, opts)?;
-    ctx.submit(encoder)?;
+    ctx.submit(encoder);
     Ok(AttentionOutput { out, lse })
 }
 
@@ -601,7 +588,14 @@ pub fn attention_forward_into(
     ];
     let blocks = s.q_seq.div_ceil((WG * rows) as usize);
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-    let pipeline = ctx.pipeline(
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some("attention_forward"),
+        timestamp_writes: None,
+    });
+    let lens = seq_lens_buffer(ctx, opts);
+    encode_kernel(
+        ctx,
+        &mut pass,
         "attention_forward",
         || with_common(FORWARD),
         &[
@@ -611,20 +605,8 @@ pub fn attention_forward_into(
             ("DK", s.head_dim_qk as u32),
             ("DV", s.head_dim_v as u32),
         ],
-    );
-    let dummy = dummy_lens(ctx);
-    let lens = seq_lens_binding(ctx, opts, &dummy);
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some("attention_forward"),
-        timestamp_writes: None,
-    });
-    dispatch(
-        ctx,
-        &mut pass,
-        &pipeline,
-        "attention_forward",
         &params,
-        lens,
+        Some(lens),
         &bindings,
         grid,
     );
@@ -664,7 +646,7 @@ pub fn attention_backward(
         &workspace,
         opts,
     )?;
-    ctx.submit(encoder)?;
+    ctx.submit(encoder);
     Ok(AttentionGrads { dq, dk, dv })
 }
 
@@ -732,8 +714,7 @@ pub fn attention_backward_into(
         ));
     }
 
-    let dummy = dummy_lens(ctx);
-    let lens = seq_lens_binding(ctx, opts, &dummy);
+    let lens = seq_lens_buffer(ctx, opts);
     let rows = rows_per_invocation(ctx, &s);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -752,18 +733,14 @@ pub fn attention_backward_into(
         ];
         let rows_total = s.batch * s.heads * s.q_seq;
         let grid = set_grid(&mut params, rows_total.div_ceil(WG as usize), 1)?;
-        let pipeline = ctx.pipeline(
+        encode_kernel(
+            ctx,
+            &mut pass,
             "attention_backward_preprocess",
             || with_common(BACKWARD_PREPROCESS),
             &[("WG", WG)],
-        );
-        dispatch(
-            ctx,
-            &mut pass,
-            &pipeline,
-            "attention_backward_preprocess",
             &params,
-            lens,
+            Some(lens),
             &bindings,
             grid,
         );
@@ -783,7 +760,9 @@ pub fn attention_backward_into(
         let block_m = tile_rows(ctx, &s, 8, 64);
         let blocks = s.kv_seq.div_ceil((WG * rows) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
-        let pipeline = ctx.pipeline(
+        encode_kernel(
+            ctx,
+            &mut pass,
             "attention_backward_dkdv",
             || with_common(BACKWARD_DKDV),
             &[
@@ -793,14 +772,8 @@ pub fn attention_backward_into(
                 dims[0],
                 dims[1],
             ],
-        );
-        dispatch(
-            ctx,
-            &mut pass,
-            &pipeline,
-            "attention_backward_dkdv",
             &params,
-            lens,
+            Some(lens),
             &bindings,
             grid,
         );
@@ -819,7 +792,9 @@ pub fn attention_backward_into(
         let block_n = tile_rows(ctx, &s, 0, 64);
         let blocks = s.q_seq.div_ceil((WG * rows) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-        let pipeline = ctx.pipeline(
+        encode_kernel(
+            ctx,
+            &mut pass,
             "attention_backward_dq",
             || with_common(BACKWARD_DQ),
             &[
@@ -829,14 +804,8 @@ pub fn attention_backward_into(
                 dims[0],
                 dims[1],
             ],
-        );
-        dispatch(
-            ctx,
-            &mut pass,
-            &pipeline,
-            "attention_backward_dq",
             &params,
-            lens,
+            Some(lens),
             &bindings,
             grid,
         );
@@ -916,18 +885,18 @@ fn encode_probs(
     let mut params = base_params(s, scale, opts);
     let rows = s.batch * s.heads * lq;
     let grid = set_grid(&mut params, rows, 1)?;
-    let pipeline = ctx.pipeline("attention_softmax", || with_common(SOFTMAX), &[("WG", WG)]);
     let bindings = [
         bind_tensor(ctx, "scores", probs)?,
         bind_tensor(ctx, "lse", lse)?,
     ];
-    dispatch(
+    encode_kernel(
         ctx,
         pass,
-        &pipeline,
         "attention_softmax",
+        || with_common(SOFTMAX),
+        &[("WG", WG)],
         &params,
-        lens,
+        Some(lens),
         &bindings,
         grid,
     );
@@ -970,8 +939,7 @@ pub fn attention_forward_unfused(
     )?;
     let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
     check_whole_binding(ctx, "out", out.buffer())?;
-    let dummy = dummy_lens(ctx);
-    let lens = seq_lens_binding(ctx, opts, &dummy);
+    let lens = seq_lens_buffer(ctx, opts);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = encoder.begin_compute_pass(&Default::default());
@@ -1006,7 +974,7 @@ pub fn attention_forward_unfused(
             },
         )?;
     }
-    ctx.submit(encoder)?;
+    ctx.submit(encoder);
     Ok(AttentionOutput { out, lse })
 }
 
@@ -1035,8 +1003,7 @@ pub fn attention_backward_unfused(
     for (arg, t) in [("dq", &dq), ("dk", &dk), ("dv", &dv)] {
         check_whole_binding(ctx, arg, t.buffer())?;
     }
-    let dummy = dummy_lens(ctx);
-    let lens = seq_lens_binding(ctx, opts, &dummy);
+    let lens = seq_lens_buffer(ctx, opts);
     let group = s.heads / s.kv_heads;
     let (b, h, hkv, lq, lk) = (
         s.batch as u32,
@@ -1098,27 +1065,21 @@ pub fn attention_backward_unfused(
         // dS = P (dP - rowsum(P dP)), in place.
         let mut params = base_params(&s, scale, opts);
         let grid = set_grid(&mut params, s.batch * s.heads * lq, 1)?;
-        let pipeline = ctx.pipeline(
+        let bindings = [
+            bind_tensor(ctx, "probs", &probs)?,
+            bind_tensor(ctx, "dprobs", &dprobs)?,
+        ];
+        encode_kernel(
+            ctx,
+            &mut pass,
             "attention_softmax_backward",
             || with_common(SOFTMAX_BACKWARD),
             &[("WG", WG)],
+            &params,
+            None,
+            &bindings,
+            grid,
         );
-        let uniform = ctx.uniform("attention_softmax_backward", &params);
-        let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("attention_softmax_backward"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: uniform.as_entire_binding(),
-                },
-                bind_tensor(ctx, "probs", &probs)?.entry(2),
-                bind_tensor(ctx, "dprobs", &dprobs)?.entry(3),
-            ],
-        });
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(grid.0, grid.1, 1);
         // dQ = scale dS K
         encode_gemm(
             ctx,
@@ -1171,6 +1132,6 @@ pub fn attention_backward_unfused(
             },
         )?;
     }
-    ctx.submit(encoder)?;
+    ctx.submit(encoder);
     Ok(AttentionGrads { dq, dk, dv })
 }
