@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use wgpu_attention::reference::attention as reference;
 use wgpu_attention::{
     attention_backward, attention_backward_into, attention_backward_unfused,
     attention_backward_workspace, attention_forward, AttentionOptions, AttentionShape, Context,
@@ -25,19 +24,9 @@ struct GpuGrads {
 }
 
 fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
-    let (q, k, v, d_out) = case.data();
-    let qv = upload(ctx, &q, [case.b, case.lq, case.h, case.dk]);
-    let kv = upload(ctx, &k, [case.b, case.lk, case.hkv, case.dk]);
-    let vv = upload(ctx, &v, [case.b, case.lk, case.hkv, case.dv]);
-    let dov = upload(ctx, &d_out, [case.b, case.lq, case.h, case.dv]);
+    let [qv, kv, vv, dov] = case.upload(ctx);
     let lens = case.seq_lens(ctx);
-    let mut opts = AttentionOptions::new().causal(case.causal);
-    if let Some(t) = case.temperature {
-        opts = opts.temperature(t);
-    }
-    if let Some(l) = &lens {
-        opts = opts.seq_lens(l);
-    }
+    let opts = case.options(lens.as_ref());
     let grads = match path {
         Path::Fused => {
             let fwd = attention_forward(ctx, &qv, &kv, &vv, &opts).unwrap();
@@ -55,15 +44,7 @@ fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
 
 fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
     let g = run(ctx, case, path);
-    let (q, k, v, d_out) = case.data();
-    let r = reference::attention_backward(
-        &case.shape(),
-        &to_f64(&q),
-        &to_f64(&k),
-        &to_f64(&v),
-        &to_f64(&d_out),
-        &case.masks(),
-    );
+    let r = case.reference_backward();
     let tag = format!(
         "[{backend}] {} backward {}",
         if path == Path::Fused {
@@ -96,15 +77,8 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
 #[test]
 fn odd_sizes_and_head_dims() {
     for_each_backend(|backend, ctx| {
-        for &d in &[8, 40, 64, 80, 128, 256] {
-            for &(lq, lk) in &[(1, 1), (7, 7), (33, 33), (129, 129), (1, 129), (129, 7)] {
-                let mut case = Case::new(1, lq, lk, 2, 2, d, d);
-                case.seed = (d * 1000 + lq * 10 + lk) as u64;
-                check(backend, ctx, &case, Path::Fused);
-            }
-        }
-        for &d in &[1, 3, 5, 17, 33] {
-            check(backend, ctx, &Case::new(2, 9, 13, 2, 1, d, d), Path::Fused);
+        for case in &odd_size_cases() {
+            check(backend, ctx, case, Path::Fused);
         }
     });
 }
@@ -112,21 +86,8 @@ fn odd_sizes_and_head_dims() {
 #[test]
 fn masks_and_their_combinations() {
     for_each_backend(|backend, ctx| {
-        for &(lq, lk) in &[(33, 33), (7, 33), (33, 7), (129, 65)] {
-            let base = Case::new(3, lq, lk, 2, 2, 40, 40);
-            let kv_lens = [lk as u32, (lk / 2) as u32 + 1, 1];
-            let q_lens = [(lq / 3) as u32 + 1, lq as u32, (lq / 2) as u32];
-            let cases = [
-                base.clone().causal(),
-                base.clone().kv_lens(&kv_lens),
-                base.clone().q_lens(&q_lens),
-                base.clone().q_lens(&q_lens).kv_lens(&kv_lens),
-                base.clone().causal().kv_lens(&kv_lens),
-                base.clone().causal().q_lens(&q_lens).kv_lens(&kv_lens),
-            ];
-            for case in &cases {
-                check(backend, ctx, case, Path::Fused);
-            }
+        for case in &mask_cases() {
+            check(backend, ctx, case, Path::Fused);
         }
     });
 }
@@ -134,17 +95,7 @@ fn masks_and_their_combinations() {
 #[test]
 fn grouped_and_multi_query_heads_and_distinct_value_dim() {
     for_each_backend(|backend, ctx| {
-        let cases = [
-            Case::new(2, 33, 33, 8, 2, 64, 64),
-            Case::new(2, 33, 47, 4, 1, 64, 64).causal(),
-            Case::new(1, 17, 29, 6, 3, 40, 24),
-            Case::new(2, 7, 33, 4, 2, 16, 128).kv_lens(&[20, 33]),
-            Case::new(1, 65, 65, 2, 1, 256, 8).causal(),
-            Case::new(1, 33, 33, 2, 2, 80, 256),
-            // A group of 4 query heads over 256 keys: ~1024 query iterations per key block.
-            Case::new(1, 256, 256, 8, 2, 64, 64),
-        ];
-        for case in &cases {
+        for case in &grouped_head_cases() {
             check(backend, ctx, case, Path::Fused);
         }
     });
@@ -295,14 +246,7 @@ fn gradients_into_a_packed_dqkv_buffer() {
         )
         .unwrap();
         ctx.queue().submit([encoder.finish()]);
-        let r = reference::attention_backward(
-            &case.shape(),
-            &to_f64(&q),
-            &to_f64(&k),
-            &to_f64(&v),
-            &to_f64(&d_out),
-            &case.masks(),
-        );
+        let r = case.reference_backward();
         let tag = format!("[{backend}] packed dqkv");
         assert_close(
             &format!("{tag} dq"),

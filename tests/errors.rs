@@ -68,35 +68,26 @@ fn shape_errors_name_the_argument() {
 fn sequence_lengths_are_checked() {
     for_each_backend(|_, ctx| {
         let (q, k, v) = views(ctx, [2, 4, 2, 8], [2, 6, 2, 8], [2, 6, 2, 8]);
+        let with_lens = |lens: &SeqLens| {
+            message(attention_forward(
+                ctx,
+                &q,
+                &k,
+                &v,
+                &AttentionOptions::new().seq_lens(lens),
+            ))
+        };
         let lens = SeqLens::new(ctx, None, Some(&[6, 7])).unwrap();
-        let m = message(attention_forward(
-            ctx,
-            &q,
-            &k,
-            &v,
-            &AttentionOptions::new().seq_lens(&lens),
-        ));
+        let m = with_lens(&lens);
         assert!(
             m.contains("kv_lens") && m.contains("entry 1 is 7") && m.contains('6'),
             "{m}"
         );
         let lens = SeqLens::new(ctx, Some(&[5, 1]), None).unwrap();
-        let m = message(attention_forward(
-            ctx,
-            &q,
-            &k,
-            &v,
-            &AttentionOptions::new().seq_lens(&lens),
-        ));
+        let m = with_lens(&lens);
         assert!(m.contains("q_lens") && m.contains("entry 0 is 5"), "{m}");
         let lens = SeqLens::new(ctx, Some(&[1, 1, 1]), None).unwrap();
-        let m = message(attention_forward(
-            ctx,
-            &q,
-            &k,
-            &v,
-            &AttentionOptions::new().seq_lens(&lens),
-        ));
+        let m = with_lens(&lens);
         assert!(m.contains("seq_lens") && m.contains('3'), "{m}");
         assert!(SeqLens::new(ctx, Some(&[1]), Some(&[1, 2])).is_err());
         assert!(SeqLens::new(ctx, None, None).is_err());

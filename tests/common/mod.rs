@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use wgpu_attention::reference::attention::Masks;
-use wgpu_attention::{AttentionShape, Context, ContextOptions, GpuTensor, HeadsView, SeqLens};
+use wgpu_attention::reference::attention::{self as reference, Grads, Masks};
+use wgpu_attention::{
+    AttentionOptions, AttentionShape, Context, ContextOptions, GpuTensor, HeadsView, SeqLens,
+};
 
 /// Forward tolerances (SPEC.md): `|gpu - ref| <= atol + rtol * |ref|`, atol scaled by max |ref|.
 pub const FORWARD_RTOL: f64 = 1e-4;
@@ -252,6 +254,54 @@ impl Case {
         Some(SeqLens::new(ctx, self.q_lens.as_deref(), self.kv_lens.as_deref()).unwrap())
     }
 
+    /// The GPU options of the case; `lens` is what [`Case::seq_lens`] returned.
+    pub fn options<'a>(&self, lens: Option<&'a SeqLens>) -> AttentionOptions<'a> {
+        let mut opts = AttentionOptions::new().causal(self.causal);
+        if let Some(t) = self.temperature {
+            opts = opts.temperature(t);
+        }
+        if let Some(l) = lens {
+            opts = opts.seq_lens(l);
+        }
+        opts
+    }
+
+    /// Uploads (q, k, v, d_out) as head views.
+    pub fn upload(&self, ctx: &Context) -> [HeadsView; 4] {
+        let (q, k, v, d_out) = self.data();
+        [
+            upload(ctx, &q, [self.b, self.lq, self.h, self.dk]),
+            upload(ctx, &k, [self.b, self.lk, self.hkv, self.dk]),
+            upload(ctx, &v, [self.b, self.lk, self.hkv, self.dv]),
+            upload(ctx, &d_out, [self.b, self.lq, self.h, self.dv]),
+        ]
+    }
+
+    /// Reference forward `(out, lse)` of the case's data.
+    pub fn reference_forward(&self) -> (Vec<f64>, Vec<f64>) {
+        let (q, k, v, _) = self.data();
+        reference::attention_forward(
+            &self.shape(),
+            &to_f64(&q),
+            &to_f64(&k),
+            &to_f64(&v),
+            &self.masks(),
+        )
+    }
+
+    /// Reference gradients of the case's data.
+    pub fn reference_backward(&self) -> Grads {
+        let (q, k, v, d_out) = self.data();
+        reference::attention_backward(
+            &self.shape(),
+            &to_f64(&q),
+            &to_f64(&k),
+            &to_f64(&v),
+            &to_f64(&d_out),
+            &self.masks(),
+        )
+    }
+
     /// Random (q, k, v, d_out) host data, contiguous BSHD.
     pub fn data(&self) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
         let mut r = rng(self.seed);
@@ -273,4 +323,54 @@ pub fn upload(ctx: &Context, data: &[f32], shape: [usize; 4]) -> HeadsView {
         .unwrap()
         .heads()
         .unwrap()
+}
+
+/// Odd sequence lengths and every head dim of SPEC.md (plus non-multiples of 4 down to 1), no mask:
+/// the grid shared by the forward and backward tests.
+pub fn odd_size_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for d in [8, 40, 64, 80, 128, 256] {
+        for (lq, lk) in [(1, 1), (7, 7), (33, 33), (129, 129), (1, 129), (129, 7)] {
+            let mut case = Case::new(1, lq, lk, 2, 2, d, d);
+            case.seed = (d * 1000 + lq * 10 + lk) as u64;
+            cases.push(case);
+        }
+    }
+    for d in [1, 3, 5, 17, 33] {
+        cases.push(Case::new(2, 9, 13, 2, 1, d, d));
+    }
+    cases
+}
+
+/// Causal, key padding, query padding and their combinations, self- and cross-attention.
+pub fn mask_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (lq, lk) in [(33, 33), (7, 33), (33, 7), (129, 65)] {
+        let base = Case::new(3, lq, lk, 2, 2, 40, 40);
+        let kv_lens = [lk as u32, (lk / 2) as u32 + 1, 1];
+        let q_lens = [(lq / 3) as u32 + 1, lq as u32, (lq / 2) as u32];
+        cases.extend([
+            base.clone().causal(),
+            base.clone().kv_lens(&kv_lens),
+            base.clone().q_lens(&q_lens),
+            base.clone().q_lens(&q_lens).kv_lens(&kv_lens),
+            base.clone().causal().kv_lens(&kv_lens),
+            base.clone().causal().q_lens(&q_lens).kv_lens(&kv_lens),
+        ]);
+    }
+    cases
+}
+
+/// Grouped- and multi-query heads, and Dk != Dv.
+pub fn grouped_head_cases() -> Vec<Case> {
+    vec![
+        Case::new(2, 33, 33, 8, 2, 64, 64),
+        Case::new(2, 33, 47, 4, 1, 64, 64).causal(),
+        Case::new(1, 17, 29, 6, 3, 40, 24),
+        Case::new(2, 7, 33, 4, 2, 16, 128).kv_lens(&[20, 33]),
+        Case::new(1, 65, 65, 2, 1, 256, 8).causal(),
+        Case::new(1, 33, 33, 2, 2, 80, 256),
+        // A group of 4 query heads over 256 keys: ~1024 query iterations per key block.
+        Case::new(1, 256, 256, 8, 2, 64, 64),
+    ]
 }
