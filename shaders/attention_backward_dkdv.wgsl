@@ -1,13 +1,15 @@
 // Attention backward, step 2 (SPEC.md): for each key j, with p_ij recomputed from the saved lse,
 //   dV_j = sum_i p_ij dO_i,   dK_j = scale * sum_i dS_ij q_i,   dS_ij = p_ij (dO_i . v_j - D_i),
 // summed over every query head that shares kv head h_kv (grouped/multi-query attention), in a fixed
-// order: deterministic, no atomics. A workgroup owns BLOCK_N = WG * ROWS keys of one (batch, kv head);
-// each invocation keeps ROWS rows of k, v, dK, dV in registers and the workgroup stages Q, dO and
-// (lse, D) tiles of BLOCK_M query rows. Under the causal mask, query tiles that see none of the
-// block's keys are skipped.
+// order: deterministic, no atomics. A workgroup owns BLOCK_N = 4 * WG keys of one (batch, kv head);
+// each invocation owns four keys, one per vec4 lane (k, v transposed, dK, dV accumulators in
+// registers), and the workgroup stages Q, dO and (lse, D) tiles of BLOCK_M query rows. Under the
+// causal mask, query tiles that see none of the block's keys are skipped.
+//
+// The loop over (query head g of the group, query row i), flattened as g * Lq + i, runs over
+// [chunk_begin, chunk_end); later chunks add to dK and dV.
 
 override WG: u32 = 64u;
-override ROWS: u32 = 1u;
 override BLOCK_M: u32 = 32u;
 override DK: u32 = 64u;
 override DV: u32 = 64u;
@@ -16,8 +18,7 @@ override DV4: u32 = (DV + 3u) / 4u;
 override Q_TILE: u32 = BLOCK_M * DK4;
 override DO_TILE: u32 = BLOCK_M * DV4;
 
-const MAX_ROWS: u32 = 4u;
-const MAX_D4: u32 = 64u;
+const MAX_D: u32 = 256u;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> k_buf: array<f32>;
@@ -44,35 +45,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let group_size = params.heads / params.kv_heads;
     let qlen = q_len(b);
     let kvlen = kv_len(b);
-    let col0 = k_block * WG * ROWS;
+    let col0 = k_block * WG * 4u;
+    let cols = vec4<u32>(col0 + lid) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
 
-    var k: array<array<vec4<f32>, MAX_D4>, MAX_ROWS>;
-    var v: array<array<vec4<f32>, MAX_D4>, MAX_ROWS>;
-    var dk: array<array<vec4<f32>, MAX_D4>, MAX_ROWS>;
-    var dv: array<array<vec4<f32>, MAX_D4>, MAX_ROWS>;
-    var q_lo: array<u32, MAX_ROWS>;
-    var live: array<bool, MAX_ROWS>;
-
-    for (var r = 0u; r < ROWS; r++) {
-        let j = col0 + lid + r * WG;
-        live[r] = j < kvlen;
+    var kt: array<vec4<f32>, MAX_D>;
+    var vt: array<vec4<f32>, MAX_D>;
+    var dk: array<vec4<f32>, MAX_D>;
+    var dv: array<vec4<f32>, MAX_D>;
+    for (var d = 0u; d < DK4 * 4u; d++) {
+        kt[d] = vec4<f32>(0.0);
+        dk[d] = vec4<f32>(0.0);
+    }
+    for (var d = 0u; d < DV4 * 4u; d++) {
+        vt[d] = vec4<f32>(0.0);
+        dv[d] = vec4<f32>(0.0);
+    }
+    // Key j is visible to query row i (< q_len) iff j < kv_len and i >= query_start(j); such a row has
+    // a visible key, so its lse is finite.
+    let live = cols < vec4<u32>(kvlen);
+    var q_lo = vec4<u32>(0u);
+    for (var r = 0u; r < 4u; r++) {
+        let j = cols[r];
         q_lo[r] = query_start(j);
-        for (var d4 = 0u; d4 < DK4; d4++) {
-            k[r][d4] = vec4<f32>(0.0);
-            dk[r][d4] = vec4<f32>(0.0);
-        }
-        for (var d4 = 0u; d4 < DV4; d4++) {
-            v[r][d4] = vec4<f32>(0.0);
-            dv[r][d4] = vec4<f32>(0.0);
-        }
-        if live[r] {
+        if j < kvlen {
             let k_base = view_index(VIEW_K, b, j, h_kv);
             for (var d = 0u; d < DK; d++) {
-                k[r][d / 4u][d % 4u] = k_buf[k_base + d] * params.scale;
+                kt[d][r] = k_buf[k_base + d] * params.scale;
             }
             let v_base = view_index(VIEW_V, b, j, h_kv);
             for (var d = 0u; d < DV; d++) {
-                v[r][d / 4u][d % 4u] = v_buf[v_base + d];
+                vt[d][r] = v_buf[v_base + d];
             }
         }
     }
@@ -84,9 +86,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
 
     for (var g = 0u; g < group_size; g++) {
+        // This dispatch's rows of query head g: [lo, hi), all uniform across the workgroup.
+        let t0 = g * params.q_seq;
+        if params.chunk_end <= t0 {
+            break;
+        }
+        if params.chunk_begin >= t0 + params.q_seq {
+            continue;
+        }
+        let lo = max(m_lo, max(params.chunk_begin, t0) - t0);
+        let hi = min(qlen, min(params.chunk_end, t0 + params.q_seq) - t0);
         let h = h_kv * group_size + g;
-        for (var m0 = m_lo; m0 < qlen; m0 += BLOCK_M) {
-            let m_tile = min(BLOCK_M, qlen - m0);
+        for (var m0 = lo; m0 < hi; m0 += BLOCK_M) {
+            let m_tile = min(BLOCK_M, hi - m0);
             workgroupBarrier();
             for (var t = lid; t < Q_TILE; t += WG) {
                 let ii = t / DK4;
@@ -126,60 +138,63 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             workgroupBarrier();
 
             for (var ii = 0u; ii < m_tile; ii++) {
-                let i = m0 + ii;
-                var s: array<f32, MAX_ROWS>;
-                var dp: array<f32, MAX_ROWS>;
+                var s = vec4<f32>(0.0);
                 for (var d4 = 0u; d4 < DK4; d4++) {
                     let qx = q_tile[ii * DK4 + d4];
-                    for (var r = 0u; r < ROWS; r++) {
-                        s[r] += dot(k[r][d4], qx);
-                    }
+                    let d = d4 * 4u;
+                    s += kt[d] * qx.x + kt[d + 1u] * qx.y + kt[d + 2u] * qx.z + kt[d + 3u] * qx.w;
                 }
+                var dp = vec4<f32>(0.0);
                 for (var d4 = 0u; d4 < DV4; d4++) {
                     let ox = do_tile[ii * DV4 + d4];
-                    for (var r = 0u; r < ROWS; r++) {
-                        dp[r] += dot(v[r][d4], ox);
-                    }
+                    let d = d4 * 4u;
+                    dp += vt[d] * ox.x + vt[d + 1u] * ox.y + vt[d + 2u] * ox.z + vt[d + 3u] * ox.w;
                 }
                 let st = stat_tile[ii];
-                var p: array<f32, MAX_ROWS>;
-                var ds: array<f32, MAX_ROWS>;
-                for (var r = 0u; r < ROWS; r++) {
-                    // Key j is visible to row i iff j < kv_len and i >= query_start(j); then row i has a
-                    // visible key, so its lse is finite.
-                    if live[r] && i >= q_lo[r] {
-                        p[r] = exp(s[r] - st.x);
-                        ds[r] = p[r] * (dp[r] - st.y);
-                    }
-                }
+                let visible = live & (vec4<u32>(m0 + ii) >= q_lo);
+                let p = select(vec4<f32>(0.0), exp(s - st.x), visible);
+                let ds = p * (dp - st.y);
                 for (var d4 = 0u; d4 < DV4; d4++) {
                     let ox = do_tile[ii * DV4 + d4];
-                    for (var r = 0u; r < ROWS; r++) {
-                        dv[r][d4] += p[r] * ox;
-                    }
+                    let d = d4 * 4u;
+                    dv[d] += p * ox.x;
+                    dv[d + 1u] += p * ox.y;
+                    dv[d + 2u] += p * ox.z;
+                    dv[d + 3u] += p * ox.w;
                 }
                 for (var d4 = 0u; d4 < DK4; d4++) {
                     let qx = q_tile[ii * DK4 + d4];
-                    for (var r = 0u; r < ROWS; r++) {
-                        dk[r][d4] += ds[r] * qx;
-                    }
+                    let d = d4 * 4u;
+                    dk[d] += ds * qx.x;
+                    dk[d + 1u] += ds * qx.y;
+                    dk[d + 2u] += ds * qx.z;
+                    dk[d + 3u] += ds * qx.w;
                 }
             }
         }
     }
 
-    for (var r = 0u; r < ROWS; r++) {
-        let j = col0 + lid + r * WG;
+    let accumulate = params.accumulate != 0u;
+    for (var r = 0u; r < 4u; r++) {
+        let j = cols[r];
         if j >= params.kv_seq {
             continue;
         }
         let k_base = view_index(VIEW_DK, b, j, h_kv);
         for (var d = 0u; d < DK; d++) {
-            dk_buf[k_base + d] = dk[r][d / 4u][d % 4u] * params.scale;
+            var g = dk[d][r] * params.scale;
+            if accumulate {
+                g += dk_buf[k_base + d];
+            }
+            dk_buf[k_base + d] = g;
         }
         let v_base = view_index(VIEW_DV, b, j, h_kv);
         for (var d = 0u; d < DV; d++) {
-            dv_buf[v_base + d] = dv[r][d / 4u][d % 4u];
+            var g = dv[d][r];
+            if accumulate {
+                g += dv_buf[v_base + d];
+            }
+            dv_buf[v_base + d] = g;
         }
     }
 }

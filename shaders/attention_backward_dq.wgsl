@@ -1,10 +1,11 @@
 // Attention backward, step 3 (SPEC.md): dQ_i = scale * sum_j dS_ij k_j with
 // dS_ij = p_ij (dO_i . v_j - D_i) and p_ij = exp(s_ij - lse_i) recomputed from the saved lse.
 // Parallel over query blocks like the forward kernel, so no float atomics and bitwise reproducible.
-// Each invocation owns ROWS query rows (q, dO, dQ in registers); K/V tiles are staged.
+// Each invocation owns four query rows, one per vec4 lane (q and dO transposed, dQ accumulator in
+// registers); K/V tiles are staged. The key loop runs over [chunk_begin, chunk_end); later chunks add
+// to dQ.
 
 override WG: u32 = 64u;
-override ROWS: u32 = 1u;
 override BLOCK_N: u32 = 32u;
 override DK: u32 = 64u;
 override DV: u32 = 64u;
@@ -13,8 +14,7 @@ override DV4: u32 = (DV + 3u) / 4u;
 override K_TILE: u32 = BLOCK_N * DK4;
 override V_TILE: u32 = BLOCK_N * DV4;
 
-const MAX_ROWS: u32 = 4u;
-const MAX_D4: u32 = 64u;
+const MAX_D: u32 = 256u;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> k_buf: array<f32>;
@@ -39,51 +39,52 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let h_kv = h / (params.heads / params.kv_heads);
     let qlen = q_len(b);
     let kvlen = kv_len(b);
-    let row0 = q_block * WG * ROWS;
+    let row0 = q_block * WG * 4u;
+    let rows = vec4<u32>(row0 + lid) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
 
-    var q: array<array<vec4<f32>, MAX_D4>, MAX_ROWS>;
-    var d_o: array<array<vec4<f32>, MAX_D4>, MAX_ROWS>;
-    var dq: array<array<vec4<f32>, MAX_D4>, MAX_ROWS>;
-    var lse: array<f32, MAX_ROWS>;
-    var delta: array<f32, MAX_ROWS>;
-    var row_end: array<u32, MAX_ROWS>;
-
-    for (var r = 0u; r < ROWS; r++) {
-        let i = row0 + lid + r * WG;
-        row_end[r] = 0u;
-        lse[r] = 0.0;
-        delta[r] = 0.0;
-        for (var d4 = 0u; d4 < DK4; d4++) {
-            q[r][d4] = vec4<f32>(0.0);
-            dq[r][d4] = vec4<f32>(0.0);
-        }
-        for (var d4 = 0u; d4 < DV4; d4++) {
-            d_o[r][d4] = vec4<f32>(0.0);
-        }
+    var qt: array<vec4<f32>, MAX_D>;
+    var dot_t: array<vec4<f32>, MAX_D>;
+    var dq: array<vec4<f32>, MAX_D>;
+    // Rows that see no key keep lse = 0 here: every one of their pairs is masked and contributes 0.
+    var lse = vec4<f32>(0.0);
+    var delta = vec4<f32>(0.0);
+    var row_end = vec4<u32>(0u);
+    for (var d = 0u; d < DK4 * 4u; d++) {
+        qt[d] = vec4<f32>(0.0);
+        dq[d] = vec4<f32>(0.0);
+    }
+    for (var d = 0u; d < DV4 * 4u; d++) {
+        dot_t[d] = vec4<f32>(0.0);
+    }
+    for (var r = 0u; r < 4u; r++) {
+        let i = rows[r];
         if i < qlen {
             row_end[r] = key_end(i, kvlen);
-            let st = stats[(b * params.heads + h) * params.q_seq + i];
-            lse[r] = st.x;
-            delta[r] = st.y;
+            if row_end[r] > 0u {
+                let st = stats[(b * params.heads + h) * params.q_seq + i];
+                lse[r] = st.x;
+                delta[r] = st.y;
+            }
             let q_base = view_index(VIEW_Q, b, i, h);
             for (var d = 0u; d < DK; d++) {
-                q[r][d / 4u][d % 4u] = q_buf[q_base + d] * params.scale;
+                qt[d][r] = q_buf[q_base + d] * params.scale;
             }
             let do_base = view_index(VIEW_DO, b, i, h);
             for (var d = 0u; d < DV; d++) {
-                d_o[r][d / 4u][d % 4u] = do_buf[do_base + d];
+                dot_t[d][r] = do_buf[do_base + d];
             }
         }
     }
 
-    let rows_hi = min(row0 + WG * ROWS, qlen);
+    let rows_hi = min(row0 + WG * 4u, qlen);
     var kv_hi = 0u;
     if rows_hi > row0 {
         kv_hi = key_end(rows_hi - 1u, kvlen);
     }
+    let n_end = min(kv_hi, params.chunk_end);
 
-    for (var n0 = 0u; n0 < kv_hi; n0 += BLOCK_N) {
-        let n_tile = min(BLOCK_N, kv_hi - n0);
+    for (var n0 = params.chunk_begin; n0 < n_end; n0 += BLOCK_N) {
+        let n_tile = min(BLOCK_N, n_end - n0);
         workgroupBarrier();
         for (var t = lid; t < K_TILE; t += WG) {
             let jj = t / DK4;
@@ -116,44 +117,45 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
 
         for (var jj = 0u; jj < n_tile; jj++) {
-            var s: array<f32, MAX_ROWS>;
-            var dp: array<f32, MAX_ROWS>;
+            var s = vec4<f32>(0.0);
             for (var d4 = 0u; d4 < DK4; d4++) {
                 let kx = k_tile[jj * DK4 + d4];
-                for (var r = 0u; r < ROWS; r++) {
-                    s[r] += dot(q[r][d4], kx);
-                }
+                let d = d4 * 4u;
+                s += qt[d] * kx.x + qt[d + 1u] * kx.y + qt[d + 2u] * kx.z + qt[d + 3u] * kx.w;
             }
+            var dp = vec4<f32>(0.0);
             for (var d4 = 0u; d4 < DV4; d4++) {
                 let vx = v_tile[jj * DV4 + d4];
-                for (var r = 0u; r < ROWS; r++) {
-                    dp[r] += dot(d_o[r][d4], vx);
-                }
+                let d = d4 * 4u;
+                dp += dot_t[d] * vx.x + dot_t[d + 1u] * vx.y + dot_t[d + 2u] * vx.z
+                    + dot_t[d + 3u] * vx.w;
             }
-            var ds: array<f32, MAX_ROWS>;
-            for (var r = 0u; r < ROWS; r++) {
-                // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0.
-                if n0 + jj < row_end[r] {
-                    ds[r] = exp(s[r] - lse[r]) * (dp[r] - delta[r]);
-                }
-            }
+            // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0.
+            let p = select(vec4<f32>(0.0), exp(s - lse), vec4<u32>(n0 + jj) < row_end);
+            let ds = p * (dp - delta);
             for (var d4 = 0u; d4 < DK4; d4++) {
                 let kx = k_tile[jj * DK4 + d4];
-                for (var r = 0u; r < ROWS; r++) {
-                    dq[r][d4] += ds[r] * kx;
-                }
+                let d = d4 * 4u;
+                dq[d] += ds * kx.x;
+                dq[d + 1u] += ds * kx.y;
+                dq[d + 2u] += ds * kx.z;
+                dq[d + 3u] += ds * kx.w;
             }
         }
     }
 
-    for (var r = 0u; r < ROWS; r++) {
-        let i = row0 + lid + r * WG;
+    for (var r = 0u; r < 4u; r++) {
+        let i = rows[r];
         if i >= params.q_seq {
             continue;
         }
         let base = view_index(VIEW_DQ, b, i, h);
         for (var d = 0u; d < DK; d++) {
-            dq_buf[base + d] = dq[r][d / 4u][d % 4u] * params.scale;
+            var g = dq[d][r] * params.scale;
+            if params.accumulate != 0u {
+                g += dq_buf[base + d];
+            }
+            dq_buf[base + d] = g;
         }
     }
 }

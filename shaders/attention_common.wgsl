@@ -24,6 +24,14 @@ struct Params {
     // Workgroups are dispatched as a 2-D grid (65535 per dimension) and linearised.
     grid_x: u32,
     total_groups: u32,
+    // The slice of the kernel's long loop this dispatch runs (keys for forward and dQ, flattened
+    // (query head of the group, query row) for dK/dV). The host splits long loops into several
+    // dispatches where the driver caps loop iterations (llvmpipe: 65535 per invocation, KERNELS.md);
+    // every dispatch after the first merges into the outputs (accumulate = 1).
+    chunk_begin: u32,
+    chunk_end: u32,
+    accumulate: u32,
+    pad: u32,
     views: array<View, 8>,
 }
 

@@ -2,12 +2,15 @@
 // lse = log-sum-exp of each row, in one pass over K/V tiles with an online softmax. The Lq x Lk score
 // matrix is never materialised.
 //
-// A workgroup owns BLOCK_M = WG * ROWS query rows of one (batch, head). Each invocation keeps ROWS
-// rows of q, the output accumulator, running max and sum in registers, so every K/V element staged in
-// workgroup memory is reused ROWS times per load.
+// A workgroup owns BLOCK_M = 4 * WG query rows of one (batch, head). Each invocation owns four rows,
+// one per vec4 lane: q (transposed, qt[d] = the four rows' q[d]), the output accumulator, running max
+// and sum. Every K/V component staged in workgroup memory then feeds one vec4 FMA, four rows at once,
+// and the inner loops are short and of constant trip count.
+//
+// The key loop runs over [chunk_begin, chunk_end). When the host splits it into several dispatches
+// (drivers that cap loop iterations), each later chunk merges its partial softmax into O and lse.
 
 override WG: u32 = 64u;
-override ROWS: u32 = 2u;
 override BLOCK_N: u32 = 32u;
 override DK: u32 = 64u;
 override DV: u32 = 64u;
@@ -16,9 +19,8 @@ override DV4: u32 = (DV + 3u) / 4u;
 override K_TILE: u32 = BLOCK_N * DK4;
 override V_TILE: u32 = BLOCK_N * DV4;
 
-const MAX_ROWS: u32 = 4u;
-const MAX_D4: u32 = 64u;
-const MAX_BN: u32 = 32u;
+const MAX_D: u32 = 256u;
+const MAX_BN: u32 = 64u;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> k_buf: array<f32>;
@@ -65,44 +67,43 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let h_kv = h / (params.heads / params.kv_heads);
     let qlen = q_len(b);
     let kvlen = kv_len(b);
-    let row0 = q_block * WG * ROWS;
+    let row0 = q_block * WG * 4u;
+    let rows = vec4<u32>(row0 + lid) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
 
-    var q: array<array<vec4<f32>, MAX_D4>, MAX_ROWS>;
-    var acc: array<array<vec4<f32>, MAX_D4>, MAX_ROWS>;
-    var m: array<f32, MAX_ROWS>;
-    var l: array<f32, MAX_ROWS>;
-    var row_end: array<u32, MAX_ROWS>;
-    var p: array<array<f32, MAX_BN>, MAX_ROWS>;
-
-    for (var r = 0u; r < ROWS; r++) {
-        let i = row0 + lid + r * WG;
-        m[r] = NEG_BIG;
-        l[r] = 0.0;
-        row_end[r] = 0u;
-        for (var d4 = 0u; d4 < DV4; d4++) {
-            acc[r][d4] = vec4<f32>(0.0);
-        }
-        for (var d4 = 0u; d4 < DK4; d4++) {
-            q[r][d4] = vec4<f32>(0.0);
-        }
+    var qt: array<vec4<f32>, MAX_D>;
+    var acc: array<vec4<f32>, MAX_D>;
+    var p: array<vec4<f32>, MAX_BN>;
+    // Keys [0, row_end) are visible to each row; 0 for padded rows.
+    var row_end = vec4<u32>(0u);
+    for (var d = 0u; d < DK4 * 4u; d++) {
+        qt[d] = vec4<f32>(0.0);
+    }
+    for (var d = 0u; d < DV4 * 4u; d++) {
+        acc[d] = vec4<f32>(0.0);
+    }
+    for (var r = 0u; r < 4u; r++) {
+        let i = rows[r];
         if i < qlen {
             row_end[r] = key_end(i, kvlen);
             let base = view_index(VIEW_Q, b, i, h);
             for (var d = 0u; d < DK; d++) {
-                q[r][d / 4u][d % 4u] = q_buf[base + d] * params.scale;
+                qt[d][r] = q_buf[base + d] * params.scale;
             }
         }
     }
 
     // Keys visible to any row of the block: those of its last valid row (masks are monotone in i).
-    let rows_hi = min(row0 + WG * ROWS, qlen);
+    let rows_hi = min(row0 + WG * 4u, qlen);
     var kv_hi = 0u;
     if rows_hi > row0 {
         kv_hi = key_end(rows_hi - 1u, kvlen);
     }
+    let n_end = min(kv_hi, params.chunk_end);
 
-    for (var n0 = 0u; n0 < kv_hi; n0 += BLOCK_N) {
-        let n_tile = min(BLOCK_N, kv_hi - n0);
+    var m = vec4<f32>(NEG_BIG);
+    var l = vec4<f32>(0.0);
+    for (var n0 = params.chunk_begin; n0 < n_end; n0 += BLOCK_N) {
+        let n_tile = min(BLOCK_N, n_end - n0);
         workgroupBarrier();
         for (var t = lid; t < K_TILE; t += WG) {
             let jj = t / DK4;
@@ -122,75 +123,96 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         workgroupBarrier();
 
-        // Scores for the tile; each staged k vector is used by all ROWS rows.
+        // Scores of the tile for the four rows; masked ones are NEG_BIG (only ever a max seed).
+        var tile_max = vec4<f32>(NEG_BIG);
         for (var jj = 0u; jj < n_tile; jj++) {
-            var s: array<f32, MAX_ROWS>;
+            var s = vec4<f32>(0.0);
             for (var d4 = 0u; d4 < DK4; d4++) {
                 let kx = k_tile[jj * DK4 + d4];
-                for (var r = 0u; r < ROWS; r++) {
-                    s[r] += dot(q[r][d4], kx);
-                }
+                let d = d4 * 4u;
+                s += qt[d] * kx.x + qt[d + 1u] * kx.y + qt[d + 2u] * kx.z + qt[d + 3u] * kx.w;
             }
-            for (var r = 0u; r < ROWS; r++) {
-                p[r][jj] = s[r];
-            }
+            s = select(vec4<f32>(NEG_BIG), s, vec4<u32>(n0 + jj) < row_end);
+            p[jj] = s;
+            tile_max = max(tile_max, s);
         }
 
-        // Online softmax: one rescale of the accumulator per tile and row.
-        for (var r = 0u; r < ROWS; r++) {
-            var tile_max = NEG_BIG;
-            for (var jj = 0u; jj < n_tile; jj++) {
-                if n0 + jj < row_end[r] {
-                    tile_max = max(tile_max, p[r][jj]);
-                }
-            }
-            let m_new = max(m[r], tile_max);
-            let alpha = exp(m[r] - m_new);
-            var row_sum = 0.0;
-            for (var jj = 0u; jj < n_tile; jj++) {
-                var e = 0.0;
-                if n0 + jj < row_end[r] {
-                    e = exp(p[r][jj] - m_new);
-                }
-                p[r][jj] = e;
-                row_sum += e;
-            }
-            l[r] = l[r] * alpha + row_sum;
-            m[r] = m_new;
-            for (var d4 = 0u; d4 < DV4; d4++) {
-                acc[r][d4] *= alpha;
-            }
-        }
-
+        // Online softmax: one rescale of the accumulator per tile. Both maxima are finite, so alpha is
+        // 1 while a row has seen no key and 0 when its first key arrives.
+        let m_new = max(m, tile_max);
+        let alpha = exp(m - m_new);
+        var row_sum = vec4<f32>(0.0);
         for (var jj = 0u; jj < n_tile; jj++) {
+            let e = select(vec4<f32>(0.0), exp(p[jj] - m_new), vec4<u32>(n0 + jj) < row_end);
+            p[jj] = e;
+            row_sum += e;
+        }
+        l = l * alpha + row_sum;
+        m = m_new;
+        for (var d4 = 0u; d4 < DV4; d4++) {
+            let d = d4 * 4u;
+            acc[d] *= alpha;
+            acc[d + 1u] *= alpha;
+            acc[d + 2u] *= alpha;
+            acc[d + 3u] *= alpha;
+        }
+        for (var jj = 0u; jj < n_tile; jj++) {
+            let pj = p[jj];
             for (var d4 = 0u; d4 < DV4; d4++) {
                 let vx = v_tile[jj * DV4 + d4];
-                for (var r = 0u; r < ROWS; r++) {
-                    acc[r][d4] += p[r][jj] * vx;
-                }
+                let d = d4 * 4u;
+                acc[d] += pj * vx.x;
+                acc[d + 1u] += pj * vx.y;
+                acc[d + 2u] += pj * vx.z;
+                acc[d + 3u] += pj * vx.w;
             }
         }
     }
 
-    for (var r = 0u; r < ROWS; r++) {
-        let i = row0 + lid + r * WG;
+    let first_chunk = params.accumulate == 0u;
+    for (var r = 0u; r < 4u; r++) {
+        let i = rows[r];
         if i >= params.q_seq {
             continue;
         }
-        // Padded rows and rows with no visible key: O = 0, lse = -inf (SPEC.md).
-        let live = i < qlen && row_end[r] > 0u;
-        var inv_l = 0.0;
-        if live {
-            inv_l = 1.0 / l[r];
-        }
         let base = view_index(VIEW_O, b, i, h);
+        let lse_index = (b * params.heads + h) * params.q_seq + i;
+        // l > 0 iff the row saw a key in this chunk (its largest term is exp(0) = 1).
+        if i >= qlen || l[r] == 0.0 {
+            // Padded rows and rows with no visible key: O = 0, lse = -inf (SPEC.md); a later chunk
+            // without keys for the row leaves the merged result alone.
+            if first_chunk {
+                for (var d = 0u; d < DV; d++) {
+                    o_buf[base + d] = 0.0;
+                }
+                lse_buf[lse_index] = neg_inf();
+            }
+            continue;
+        }
+        let lse_chunk = m[r] + log(l[r]);
+        var w_chunk = 1.0 / l[r];
+        var w_prev = 0.0;
+        var lse = lse_chunk;
+        if !first_chunk {
+            // Split-softmax merge with the chunks before: weights exp(lse_k - lse_total).
+            let lse_prev = lse_buf[lse_index];
+            if lse_prev > NEG_BIG {
+                let top = max(lse_prev, lse_chunk);
+                let e_prev = exp(lse_prev - top);
+                let e_chunk = exp(lse_chunk - top);
+                let total = e_prev + e_chunk;
+                lse = top + log(total);
+                w_prev = e_prev / total;
+                w_chunk *= e_chunk / total;
+            }
+        }
         for (var d = 0u; d < DV; d++) {
-            o_buf[base + d] = acc[r][d / 4u][d % 4u] * inv_l;
+            var o = acc[d][r] * w_chunk;
+            if w_prev > 0.0 {
+                o += o_buf[base + d] * w_prev;
+            }
+            o_buf[base + d] = o;
         }
-        var lse = neg_inf();
-        if live {
-            lse = m[r] + log(l[r]);
-        }
-        lse_buf[(b * params.heads + h) * params.q_seq + i] = lse;
+        lse_buf[lse_index] = lse;
     }
 }

@@ -64,7 +64,13 @@ pub struct Context {
     memory: Arc<MemoryCounter>,
     /// Bound where a kernel's optional storage input (sequence lengths) is absent.
     empty_storage: wgpu::Buffer,
+    loop_budget: Option<u32>,
 }
+
+/// Loop iterations one invocation may run on llvmpipe (lavapipe and GL): Mesa's gallivm stops every
+/// loop of a shader once 65535 iterations have run in total in one invocation, silently, so longer
+/// kernels return wrong results. Kept below that, with room for the kernels' set-up loops.
+pub const LLVMPIPE_LOOP_BUDGET: u32 = 60_000;
 
 /// Bytes of tensor storage this crate has allocated on a context (user-wrapped buffers, uniform
 /// blocks and readback staging are not counted).
@@ -246,6 +252,9 @@ impl Context {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let is_llvmpipe = [&report.name, &report.driver]
+            .iter()
+            .any(|s| s.to_lowercase().contains("llvmpipe"));
         Self {
             device,
             queue,
@@ -253,7 +262,21 @@ impl Context {
             pipelines: Mutex::new(HashMap::new()),
             memory: Arc::default(),
             empty_storage,
+            loop_budget: is_llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
         }
+    }
+
+    /// The most loop iterations one kernel invocation may run, if the driver caps them; kernels whose
+    /// loops would run longer are split into several dispatches that merge their results. Detected
+    /// for llvmpipe ([`LLVMPIPE_LOOP_BUDGET`]); `None` elsewhere.
+    pub fn loop_budget(&self) -> Option<u32> {
+        self.loop_budget
+    }
+
+    /// Overrides the detected loop budget: for a wrapped device whose adapter was not given, or to
+    /// test the split path with a small budget.
+    pub fn set_loop_budget(&mut self, budget: Option<u32>) {
+        self.loop_budget = budget;
     }
 
     pub fn device(&self) -> &wgpu::Device {

@@ -66,6 +66,15 @@ fn odd_sizes_and_head_dims() {
 }
 
 #[test]
+fn key_loop_split_into_merged_chunks() {
+    for_each_backend_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+        for case in &split_loop_cases() {
+            check(backend, ctx, case, Path::Fused);
+        }
+    });
+}
+
+#[test]
 fn masks_and_their_combinations() {
     for_each_backend(|backend, ctx| {
         for case in &mask_cases() {

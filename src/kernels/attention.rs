@@ -21,10 +21,8 @@ const SOFTMAX_BACKWARD: &str = include_str!("../../shaders/attention_softmax_bac
 
 /// Largest head dimension (Dk or Dv) the fused kernels hold in registers.
 pub const MAX_HEAD_DIM: usize = 256;
-/// Largest per-invocation row count compiled into the kernels (`MAX_ROWS` in the shaders).
-const MAX_ROWS: u32 = 4;
 /// Largest key tile of the forward kernel (`MAX_BN` in the shader).
-const MAX_BLOCK_N: u32 = 32;
+const MAX_BLOCK_N: u32 = 64;
 const WG: u32 = 64;
 
 /// Every attention shader with the common header prepended, by name: what the pipelines compile and
@@ -335,6 +333,10 @@ struct Params {
     blocks: u32,
     grid_x: u32,
     total_groups: u32,
+    chunk_begin: u32,
+    chunk_end: u32,
+    accumulate: u32,
+    pad: u32,
     views: [ViewParams; 8],
 }
 
@@ -404,13 +406,32 @@ fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-/// Rows of Q (forward, dQ) or K (dK/dV) each invocation keeps in registers; the kernels support up to
-/// `MAX_ROWS`, which reuses every staged element that many times.
-fn rows_per_invocation(_ctx: &Context, _shape: &AttentionShape) -> u32 {
-    // Several rows per invocation ran 1.5-4x faster on lavapipe but gave wrong results there once a
-    // workgroup's loop passed ~1024 iterations (dK/dV at L >= 1024, dQ at L = 2048 causal; see the
-    // closing notes). Until the cause is found, one row: validated at every size tested.
-    1.min(MAX_ROWS)
+/// Rows of Q (forward, dQ) or keys (dK/dV) one invocation owns: one per vec4 lane.
+const ROWS: u32 = 4;
+/// Rows a workgroup owns.
+const BLOCK_ROWS: usize = (WG * ROWS) as usize;
+
+/// Splits a kernel's long loop of `steps` iterations into chunks that each stay within the context's
+/// loop budget, assuming `cost_per_step` loop iterations per step (inner loops counted as if not
+/// unrolled) plus `fixed_cost` for set-up and output; chunk lengths are multiples of `align`.
+fn loop_chunks(
+    ctx: &Context,
+    steps: usize,
+    cost_per_step: usize,
+    fixed_cost: usize,
+    align: usize,
+) -> Vec<(u32, u32)> {
+    let per_chunk = match ctx.loop_budget() {
+        Some(budget) => {
+            let room = (budget as usize).saturating_sub(fixed_cost) / cost_per_step.max(1);
+            (room / align * align).max(align)
+        }
+        None => steps.max(1),
+    };
+    (0..steps.max(1))
+        .step_by(per_chunk)
+        .map(|begin| (begin as u32, (begin + per_chunk).min(steps) as u32))
+        .collect()
 }
 
 /// Rows of a staged tile that fit the adapter's workgroup storage.
@@ -576,7 +597,6 @@ pub fn attention_forward_into(
         return Err(Error::shape("lse", "shares a buffer with out"));
     }
 
-    let rows = rows_per_invocation(ctx, &s);
     let block_n = tile_rows(ctx, &s, 0, MAX_BLOCK_N);
     let mut params = base_params(&s, scale, opts);
     let bindings = [
@@ -586,30 +606,43 @@ pub fn attention_forward_into(
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
     ];
-    let blocks = s.q_seq.div_ceil((WG * rows) as usize);
+    let blocks = s.q_seq.div_ceil(BLOCK_ROWS);
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
+    let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+    // Per key: the score, exp and P.V loops and their inner loops over the head dimension.
+    let chunks = loop_chunks(
+        ctx,
+        s.kv_seq,
+        dk4 + dv4 + 8,
+        4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
+        block_n as usize,
+    );
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
         label: Some("attention_forward"),
         timestamp_writes: None,
     });
     let lens = seq_lens_buffer(ctx, opts);
-    encode_kernel(
-        ctx,
-        &mut pass,
-        "attention_forward",
-        || with_common(FORWARD),
-        &[
-            ("WG", WG),
-            ("ROWS", rows),
-            ("BLOCK_N", block_n),
-            ("DK", s.head_dim_qk as u32),
-            ("DV", s.head_dim_v as u32),
-        ],
-        &params,
-        Some(lens),
-        &bindings,
-        grid,
-    );
+    for (index, &(begin, end)) in chunks.iter().enumerate() {
+        params.chunk_begin = begin;
+        params.chunk_end = end;
+        params.accumulate = (index > 0) as u32;
+        encode_kernel(
+            ctx,
+            &mut pass,
+            "attention_forward",
+            || with_common(FORWARD),
+            &[
+                ("WG", WG),
+                ("BLOCK_N", block_n),
+                ("DK", s.head_dim_qk as u32),
+                ("DV", s.head_dim_v as u32),
+            ],
+            &params,
+            Some(lens),
+            &bindings,
+            grid,
+        );
+    }
     Ok(())
 }
 
@@ -715,8 +748,8 @@ pub fn attention_backward_into(
     }
 
     let lens = seq_lens_buffer(ctx, opts);
-    let rows = rows_per_invocation(ctx, &s);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
+    let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
         label: Some("attention_backward"),
         timestamp_writes: None,
@@ -758,25 +791,41 @@ pub fn attention_backward_into(
             bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
         ];
         let block_m = tile_rows(ctx, &s, 8, 64);
-        let blocks = s.kv_seq.div_ceil((WG * rows) as usize);
+        let blocks = s.kv_seq.div_ceil(BLOCK_ROWS);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
-        encode_kernel(
+        let group_rows = (s.heads / s.kv_heads)
+            .checked_mul(s.q_seq)
+            .filter(|&n| n <= u32::MAX as usize)
+            .ok_or(Error::Unsupported {
+                arg: "q seq * (heads / kv_heads)",
+                value: ((s.heads / s.kv_heads) as u64).saturating_mul(s.q_seq as u64),
+                limit: u32::MAX as u64,
+                hint: "; split the sequence",
+            })?;
+        // Per query row: four loops over the head dimension plus the row loop itself.
+        let chunks = loop_chunks(
             ctx,
-            &mut pass,
-            "attention_backward_dkdv",
-            || with_common(BACKWARD_DKDV),
-            &[
-                ("WG", WG),
-                ("ROWS", rows),
-                ("BLOCK_M", block_m),
-                dims[0],
-                dims[1],
-            ],
-            &params,
-            Some(lens),
-            &bindings,
-            grid,
+            group_rows,
+            2 * (dk4 + dv4) + 8,
+            4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
+            block_m as usize,
         );
+        for (index, &(begin, end)) in chunks.iter().enumerate() {
+            params.chunk_begin = begin;
+            params.chunk_end = end;
+            params.accumulate = (index > 0) as u32;
+            encode_kernel(
+                ctx,
+                &mut pass,
+                "attention_backward_dkdv",
+                || with_common(BACKWARD_DKDV),
+                &[("WG", WG), ("BLOCK_M", block_m), dims[0], dims[1]],
+                &params,
+                Some(lens),
+                &bindings,
+                grid,
+            );
+        }
     }
     // 3. dQ: one workgroup per query block of one (batch, head).
     {
@@ -790,25 +839,32 @@ pub fn attention_backward_into(
             bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?,
         ];
         let block_n = tile_rows(ctx, &s, 0, 64);
-        let blocks = s.q_seq.div_ceil((WG * rows) as usize);
+        let blocks = s.q_seq.div_ceil(BLOCK_ROWS);
         let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-        encode_kernel(
+        // Per key: three loops over the head dimension plus the key loop itself.
+        let chunks = loop_chunks(
             ctx,
-            &mut pass,
-            "attention_backward_dq",
-            || with_common(BACKWARD_DQ),
-            &[
-                ("WG", WG),
-                ("ROWS", rows),
-                ("BLOCK_N", block_n),
-                dims[0],
-                dims[1],
-            ],
-            &params,
-            Some(lens),
-            &bindings,
-            grid,
+            s.kv_seq,
+            2 * dk4 + dv4 + 8,
+            4 * (2 * s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
+            block_n as usize,
         );
+        for (index, &(begin, end)) in chunks.iter().enumerate() {
+            params.chunk_begin = begin;
+            params.chunk_end = end;
+            params.accumulate = (index > 0) as u32;
+            encode_kernel(
+                ctx,
+                &mut pass,
+                "attention_backward_dq",
+                || with_common(BACKWARD_DQ),
+                &[("WG", WG), ("BLOCK_N", block_n), dims[0], dims[1]],
+                &params,
+                Some(lens),
+                &bindings,
+                grid,
+            );
+        }
     }
     Ok(())
 }

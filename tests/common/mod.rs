@@ -64,10 +64,27 @@ fn contexts_cell() -> &'static Vec<(String, Arc<Context>)> {
 /// another thread holds it through a long dispatch, and CPU drivers (lavapipe, llvmpipe) already use
 /// every core for one dispatch, so concurrent tests only oversubscribe the machine.
 pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
-    static GPU_LOCK: Mutex<()> = Mutex::new(());
     for (name, ctx) in contexts_cell() {
         let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         f(name, ctx);
+    }
+}
+
+static GPU_LOCK: Mutex<()> = Mutex::new(());
+
+/// Like [`for_each_backend`], on a fresh context of each back end whose loop budget is `budget`, so
+/// that kernels split their long loops into many dispatches (the path llvmpipe takes on long
+/// sequences) at test sizes.
+pub fn for_each_backend_with_loop_budget(budget: u32, mut f: impl FnMut(&str, &Context)) {
+    for (name, shared) in contexts_cell() {
+        let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let opts = ContextOptions {
+            backends: Some(wgpu_attention::parse_backends(name).unwrap()),
+            adapter_name: Some(shared.report().name.clone()),
+        };
+        let mut ctx = Context::new_with(&opts).unwrap();
+        ctx.set_loop_budget(Some(budget));
+        f(name, &ctx);
     }
 }
 
@@ -374,3 +391,20 @@ pub fn grouped_head_cases() -> Vec<Case> {
         Case::new(1, 256, 256, 8, 2, 64, 64),
     ]
 }
+
+/// Cases whose kernel loops are split into chunks under a small loop budget: chunk boundaries fall
+/// inside key and query tiles, across the query heads of a group, and between masked regions.
+pub fn split_loop_cases() -> Vec<Case> {
+    vec![
+        Case::new(1, 129, 129, 2, 2, 40, 40),
+        Case::new(2, 65, 200, 4, 2, 64, 32).causal(),
+        Case::new(3, 129, 65, 2, 2, 40, 40)
+            .causal()
+            .q_lens(&[44, 129, 64])
+            .kv_lens(&[65, 33, 1]),
+        Case::new(1, 200, 200, 4, 1, 8, 8).kv_lens(&[150]),
+    ]
+}
+
+/// A loop budget that splits every [`split_loop_cases`] kernel into several dispatches.
+pub const SMALL_LOOP_BUDGET: u32 = 1_000;
