@@ -1,90 +1,22 @@
-//! Fused vs unfused attention, forward and backward, at B = 1, H = 8, D = 64 over sequence lengths,
-//! causal and not: median wall time with the device synchronised, GFLOP/s and peak tensor memory.
+//! Criterion benches of the attention kernels: fused and unfused, forward and backward, at B = 1,
+//! H = 8, D = 64. Each iteration records, submits and waits for the device, so the time is the
+//! kernels' (plus a submit), not just the recording.
 //!
-//!     cargo bench --bench attention                      # L in 256, 512, 1024, 2048
-//!     cargo bench --bench attention -- --lengths 256,512 --reps 5
+//!     cargo bench --bench attention
+//!     WGPU_BACKEND=gl cargo bench --bench attention -- forward
 //!
-//! Select the adapter with WGPU_BACKEND / WGPU_ADAPTER_NAME. Figures on shared CPU drivers are noisy:
-//! compare the ratios within one run.
+//! The validated table with GFLOP/s, memory and the ALU limit is `attention-bench` (README).
 
-use std::time::Instant;
-
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use wgpu_attention::{
-    attention_backward, attention_backward_unfused, attention_forward, attention_forward_unfused,
-    AttentionOptions, AttentionShape, Context, GpuTensor, HeadsView,
+    attention_backward_into, attention_backward_unfused, attention_backward_workspace,
+    attention_forward_into, attention_forward_unfused, AttentionOptions, AttentionShape, Context,
+    GpuTensor, HeadsView,
 };
 
-struct Args {
-    lengths: Vec<usize>,
-    reps: usize,
-    heads: usize,
-    head_dim: usize,
-}
-
-fn parse_args() -> Args {
-    let mut args = Args {
-        lengths: vec![256, 512, 1024, 2048],
-        reps: 3,
-        heads: 8,
-        head_dim: 64,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| {
-            it.next().unwrap_or_else(|| {
-                eprintln!("{name} needs a value");
-                std::process::exit(2)
-            })
-        };
-        let number = |name: &str, v: String| -> usize {
-            v.parse().unwrap_or_else(|_| {
-                eprintln!("{name}: {v:?} is not a number");
-                std::process::exit(2)
-            })
-        };
-        match a.as_str() {
-            "--lengths" => {
-                let v = value("--lengths");
-                args.lengths = v
-                    .split(',')
-                    .map(|x| number("--lengths", x.to_string()))
-                    .collect();
-            }
-            "--reps" => args.reps = number("--reps", value("--reps")).max(1),
-            "--heads" => args.heads = number("--heads", value("--heads")),
-            "--head-dim" => args.head_dim = number("--head-dim", value("--head-dim")),
-            "--bench" => {} // passed by `cargo bench`
-            other => {
-                eprintln!("unknown argument {other:?}; use --lengths, --reps, --heads, --head-dim");
-                std::process::exit(2)
-            }
-        }
-    }
-    args
-}
-
-/// Median and (min, max) of `reps` timed runs after one warm-up, plus the peak tensor memory.
-fn measure(ctx: &Context, reps: usize, mut f: impl FnMut()) -> (f64, f64, f64, u64) {
-    f();
-    ctx.synchronize().unwrap();
-    let mut times = Vec::with_capacity(reps);
-    let mut peak = 0;
-    for _ in 0..reps {
-        ctx.reset_peak_memory();
-        let t = Instant::now();
-        f();
-        ctx.synchronize().unwrap();
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-        peak = peak.max(ctx.memory().peak_bytes);
-    }
-    times.sort_by(f64::total_cmp);
-    (
-        times[times.len() / 2],
-        times[0],
-        times[times.len() - 1],
-        peak,
-    )
-}
+const LENGTHS: [usize; 2] = [256, 512];
+const HEADS: usize = 8;
+const HEAD_DIM: usize = 64;
 
 fn random(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(2654435761).wrapping_add(12345);
@@ -98,77 +30,113 @@ fn random(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-fn main() {
-    let args = parse_args();
-    let ctx = Context::new().unwrap_or_else(|e| {
-        eprintln!("{e}");
-        std::process::exit(2)
-    });
-    println!("adapter: {}", ctx.report());
-    println!(
-        "B=1 H={} D={}, median of {} runs after a warm-up (wall clock, device synchronised); memory = peak tensor bytes allocated during the call (inputs excluded)\n",
-        args.heads, args.head_dim, args.reps
-    );
-    println!("| pass | L | causal | fused ms | unfused ms | fused GFLOP/s | unfused GFLOP/s | fused/unfused speed-up | fused MiB | unfused MiB |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    let mut ratios = Vec::new();
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    for &l in &args.lengths {
-        let (h, d) = (args.heads, args.head_dim);
-        let up = |data: &[f32]| -> HeadsView {
-            GpuTensor::from_slice(&ctx, data, &[1, l, h, d])
-                .unwrap()
-                .heads()
-                .unwrap()
-        };
-        let n = l * h * d;
-        let (q, k, v, d_out) = (
-            up(&random(n, 1)),
-            up(&random(n, 2)),
-            up(&random(n, 3)),
-            up(&random(n, 4)),
-        );
-        let shape = AttentionShape::of(&q, &k, &v).unwrap();
-        for causal in [false, true] {
-            let opts = AttentionOptions::new().causal(causal);
-            let fwd_flops = shape.forward_flops(causal);
-            let base = ctx.memory().current_bytes;
-            let fused_f = measure(&ctx, args.reps, || {
-                attention_forward(&ctx, &q, &k, &v, &opts).unwrap();
+fn inputs(ctx: &Context, l: usize) -> [HeadsView; 4] {
+    let n = l * HEADS * HEAD_DIM;
+    [1, 2, 3, 4].map(|seed| {
+        GpuTensor::from_slice(ctx, &random(n, seed), &[1, l, HEADS, HEAD_DIM])
+            .and_then(|t| t.heads())
+            .expect("upload")
+    })
+}
+
+fn attention(c: &mut Criterion) {
+    let ctx = Context::new().expect("no adapter: see README (prerequisites)");
+    eprintln!("adapter: {}", ctx.report().name);
+    for causal in [false, true] {
+        let opts = AttentionOptions::new().causal(causal);
+        let mask = if causal { "causal" } else { "none" };
+        let mut group = c.benchmark_group(format!("attention_forward/{mask}"));
+        group.sample_size(10);
+        for l in LENGTHS {
+            let [q, k, v, _] = inputs(&ctx, l);
+            let s = AttentionShape::of(&q, &k, &v).unwrap();
+            let out = GpuTensor::zeros(&ctx, &[1, l, HEADS, HEAD_DIM]).unwrap();
+            let lse = GpuTensor::zeros(&ctx, &[1, HEADS, l]).unwrap();
+            group.bench_with_input(BenchmarkId::new("fused", l), &l, |b, _| {
+                b.iter(|| {
+                    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                    attention_forward_into(
+                        &ctx,
+                        &mut encoder,
+                        &q,
+                        &k,
+                        &v,
+                        &out.heads().unwrap(),
+                        &lse,
+                        &opts,
+                    )
+                    .unwrap();
+                    ctx.queue().submit([encoder.finish()]);
+                    ctx.synchronize().unwrap();
+                })
             });
-            let unfused_f = measure(&ctx, args.reps, || {
-                if let Err(e) = attention_forward_unfused(&ctx, &q, &k, &v, &opts) {
-                    eprintln!("unfused forward L={l}: {e}");
-                }
+            group.bench_with_input(BenchmarkId::new("unfused", l), &l, |b, _| {
+                b.iter(|| {
+                    attention_forward_unfused(&ctx, &q, &k, &v, &opts).unwrap();
+                    ctx.synchronize().unwrap();
+                })
             });
-            let saved = attention_forward(&ctx, &q, &k, &v, &opts).unwrap();
-            let base_b = ctx.memory().current_bytes;
-            let fused_b = measure(&ctx, args.reps, || {
-                attention_backward(&ctx, &q, &k, &v, &saved, &d_out, &opts).unwrap();
-            });
-            let unfused_b = measure(&ctx, args.reps, || {
-                if let Err(e) = attention_backward_unfused(&ctx, &q, &k, &v, &d_out, &opts) {
-                    eprintln!("unfused backward L={l}: {e}");
-                }
-            });
-            let bwd_flops = shape.backward_flops(causal);
-            for (pass, fused, unfused, flops, base) in [
-                ("forward", fused_f, unfused_f, fwd_flops, base),
-                ("backward", fused_b, unfused_b, bwd_flops, base_b),
-            ] {
-                println!(
-                    "| {pass} | {l} | {causal} | {:.2} ({:.2}-{:.2}) | {:.2} ({:.2}-{:.2}) | {:.2} | {:.2} | {:.2}x | {:.2} | {:.2} |",
-                    fused.0, fused.1, fused.2, unfused.0, unfused.1, unfused.2,
-                    flops / fused.0 / 1e6, flops / unfused.0 / 1e6, unfused.0 / fused.0,
-                    mib(fused.3.saturating_sub(base)), mib(unfused.3.saturating_sub(base)),
-                );
-            }
-            ratios.push((l, causal, fused_b.0 / fused_f.0));
+            let _ = s;
         }
-    }
-    println!("\n| L | causal | fused backward / fused forward time |");
-    println!("|---|---|---|");
-    for (l, causal, r) in ratios {
-        println!("| {l} | {causal} | {r:.2} |");
+        group.finish();
+
+        let mut group = c.benchmark_group(format!("attention_backward/{mask}"));
+        group.sample_size(10);
+        for l in LENGTHS {
+            let [q, k, v, d_out] = inputs(&ctx, l);
+            let s = AttentionShape::of(&q, &k, &v).unwrap();
+            let out = GpuTensor::zeros(&ctx, &[1, l, HEADS, HEAD_DIM]).unwrap();
+            let lse = GpuTensor::zeros(&ctx, &[1, HEADS, l]).unwrap();
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            attention_forward_into(
+                &ctx,
+                &mut encoder,
+                &q,
+                &k,
+                &v,
+                &out.heads().unwrap(),
+                &lse,
+                &opts,
+            )
+            .unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            let grads: Vec<GpuTensor> = (0..3)
+                .map(|_| GpuTensor::zeros(&ctx, &[1, l, HEADS, HEAD_DIM]).unwrap())
+                .collect();
+            let workspace = attention_backward_workspace(&ctx, &s).unwrap();
+            group.bench_with_input(BenchmarkId::new("fused", l), &l, |b, _| {
+                b.iter(|| {
+                    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                    attention_backward_into(
+                        &ctx,
+                        &mut encoder,
+                        &q,
+                        &k,
+                        &v,
+                        &out.heads().unwrap(),
+                        &lse,
+                        &d_out,
+                        &grads[0].heads().unwrap(),
+                        &grads[1].heads().unwrap(),
+                        &grads[2].heads().unwrap(),
+                        &workspace,
+                        &opts,
+                    )
+                    .unwrap();
+                    ctx.queue().submit([encoder.finish()]);
+                    ctx.synchronize().unwrap();
+                })
+            });
+            group.bench_with_input(BenchmarkId::new("unfused", l), &l, |b, _| {
+                b.iter(|| {
+                    attention_backward_unfused(&ctx, &q, &k, &v, &d_out, &opts).unwrap();
+                    ctx.synchronize().unwrap();
+                })
+            });
+        }
+        group.finish();
     }
 }
+
+criterion_group!(benches, attention);
+criterion_main!(benches);

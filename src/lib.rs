@@ -17,6 +17,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod device;
 pub mod error;
 pub mod kernels;

@@ -19,8 +19,9 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
 
 #[test]
 fn every_shader_validates_and_translates_to_all_back_ends() {
-    let sources = wgpu_attention::kernels::attention::shader_sources();
-    assert!(sources.len() >= 7);
+    let mut sources = wgpu_attention::kernels::attention::shader_sources();
+    sources.extend(wgpu_attention::bench::fma::shader_sources());
+    assert!(sources.len() >= 8);
     for (name, source) in &sources {
         let module = naga::front::wgsl::parse_str(source)
             .unwrap_or_else(|e| panic!("{name}: WGSL parse error:\n{}", e.emit_to_string(source)));

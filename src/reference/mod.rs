@@ -2,3 +2,4 @@
 //! tested against. Each is itself checked by central finite differences in the tests.
 
 pub mod attention;
+pub mod compare;

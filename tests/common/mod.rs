@@ -11,12 +11,11 @@ use wgpu_attention::{
     AttentionOptions, AttentionShape, Context, ContextOptions, GpuTensor, HeadsView, SeqLens,
 };
 
-/// Forward tolerances (SPEC.md): `|gpu - ref| <= atol + rtol * |ref|`, atol scaled by max |ref|.
-pub const FORWARD_RTOL: f64 = 1e-4;
-pub const FORWARD_ATOL: f64 = 1e-5;
-/// Backward tolerances.
-pub const BACKWARD_RTOL: f64 = 1e-3;
-pub const BACKWARD_ATOL: f64 = 1e-4;
+/// Tolerances of SPEC.md, kept in one place: the library's comparison module.
+#[allow(unused_imports)]
+pub use wgpu_attention::reference::compare::{
+    BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
+};
 
 /// Back ends the suite must run on: `WGPU_ATTENTION_TEST_BACKENDS` (comma list), default
 /// `vulkan,gl` (lavapipe and llvmpipe in CI). A missing one fails the test with instructions,

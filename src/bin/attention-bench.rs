@@ -1,0 +1,1087 @@
+//! `attention-bench`: validated, reproducible attention benchmarks on any adapter.
+//!
+//!     cargo run --release --bin attention-bench                 # default suite
+//!     cargo run --release --bin attention-bench -- --quick      # under a minute on lavapipe
+//!     cargo run --release --bin attention-bench -- --suite scaling --json scaling.json --plot scaling.svg
+//!     cargo run --release --bin attention-bench -- --list-adapters
+//!
+//! Every case is first checked against the CPU reference where that is affordable; a failed check is
+//! printed loudly and makes the exit code 1. Bad arguments exit with code 2 and a one-line message.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use serde_json::{json, Value};
+use wgpu_attention::bench::fma::fma_peak_gflops;
+use wgpu_attention::bench::{measure, Samples, Timer};
+use wgpu_attention::reference::attention::{self as reference, Masks};
+use wgpu_attention::reference::compare::{
+    compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
+};
+use wgpu_attention::{
+    attention_backward_into, attention_backward_unfused, attention_backward_workspace,
+    attention_forward_into, attention_forward_unfused, enumerate_adapters, parse_backends,
+    AttentionOptions, AttentionShape, Context, ContextOptions, Error, GpuTensor, HeadsView,
+    SeqLens,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Suite {
+    /// B=1, H=8, D=64, L in 256..1024, no mask and causal, fused and unfused, forward and backward.
+    Default,
+    /// A small preset that finishes in under a minute on lavapipe.
+    Quick,
+    /// Fused forward B=1, H=8, D=64 from L=1024 to 16384 (unfused where it fits): time vs L^2,
+    /// memory vs L. Long on CPU drivers.
+    Scaling,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mask {
+    None,
+    Causal,
+    /// Per-batch key lengths: batch b keeps Lk * (4 - b % 4) / 4 keys.
+    Padding,
+    CausalPadding,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PathKind {
+    Fused,
+    Unfused,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Pass {
+    Forward,
+    Backward,
+}
+
+/// Validated attention benchmarks on any wgpu adapter.
+#[derive(Parser, Debug)]
+#[command(name = "attention-bench", version)]
+struct Cli {
+    /// List the adapters of every back end and exit.
+    #[arg(long)]
+    list_adapters: bool,
+    /// Back end: vulkan, gl, metal, dx12 (default: WGPU_BACKEND, else all).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Case-insensitive substring of the adapter name (default: WGPU_ADAPTER_NAME).
+    #[arg(long)]
+    adapter: Option<String>,
+    /// The case preset.
+    #[arg(long, value_enum, default_value = "default")]
+    suite: Suite,
+    /// Shorthand for --suite quick.
+    #[arg(long)]
+    quick: bool,
+    /// Batch size B (overrides the suite).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Query heads H.
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Key/value heads Hkv (H % Hkv == 0; default H).
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    /// Query lengths Lq, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    lengths: Option<Vec<usize>>,
+    /// Key lengths Lk, comma separated, one per query length (default: Lk = Lq).
+    #[arg(long, value_delimiter = ',')]
+    kv_lengths: Option<Vec<usize>>,
+    /// Head dim of Q and K (Dk).
+    #[arg(long)]
+    head_dim: Option<usize>,
+    /// Head dim of V (Dv, default Dk).
+    #[arg(long)]
+    head_dim_v: Option<usize>,
+    /// Mask kinds, comma separated.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    masks: Option<Vec<Mask>>,
+    /// Paths, comma separated.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    paths: Option<Vec<PathKind>>,
+    /// Passes, comma separated.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    passes: Option<Vec<Pass>>,
+    /// Timed runs per case (after one warm-up).
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Validate against the CPU reference only up to this many B*H*Lq*Lk*D multiply-adds.
+    #[arg(long, default_value_t = 1 << 30)]
+    validate_limit: u64,
+    /// Time with the host clock even where GPU timestamps exist.
+    #[arg(long)]
+    wall_clock: bool,
+    /// Write adapter info, git revision, cases and every figure as JSON.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Write an SVG chart of GFLOP/s against sequence length per variant.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// Print ratios against an earlier --json report.
+    #[arg(long)]
+    compare: Option<std::path::PathBuf>,
+}
+
+/// One problem size and mask; every (path, pass) of it is a measured case.
+#[derive(Clone, Debug)]
+struct Problem {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    q_len: usize,
+    kv_len: usize,
+    dk: usize,
+    dv: usize,
+    mask: Mask,
+}
+
+impl Problem {
+    fn label(&self) -> String {
+        format!(
+            "B{} H{}/{} Lq{} Lk{} D{}/{} {}",
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.q_len,
+            self.kv_len,
+            self.dk,
+            self.dv,
+            mask_name(self.mask)
+        )
+    }
+
+    fn causal(&self) -> bool {
+        matches!(self.mask, Mask::Causal | Mask::CausalPadding)
+    }
+
+    fn kv_lens(&self) -> Option<Vec<u32>> {
+        matches!(self.mask, Mask::Padding | Mask::CausalPadding).then(|| {
+            (0..self.batch)
+                .map(|b| (self.kv_len * (4 - b % 4) / 4).max(1) as u32)
+                .collect()
+        })
+    }
+
+    fn macs(&self) -> u64 {
+        (self.batch * self.heads * self.q_len * self.kv_len * self.dk.max(self.dv)) as u64
+    }
+}
+
+fn mask_name(m: Mask) -> &'static str {
+    match m {
+        Mask::None => "none",
+        Mask::Causal => "causal",
+        Mask::Padding => "padding",
+        Mask::CausalPadding => "causal+padding",
+    }
+}
+
+/// What one (problem, path, pass) produced.
+struct CaseResult {
+    id: String,
+    problem: Problem,
+    path: PathKind,
+    pass: Pass,
+    outcome: std::result::Result<Measured, String>,
+}
+
+struct Measured {
+    samples: Samples,
+    gflops: f64,
+    peak_bytes: u64,
+    /// (checked, passed, worst ratio to tolerance, detail)
+    validation: Option<(bool, f64, String)>,
+}
+
+fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("attention-bench: {message}");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // clap's message, its list of possible values if any, on one line.
+            let text = e.to_string();
+            let mut line = text
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ")
+                .to_string();
+            if let Some(values) = text.lines().find(|l| l.contains("possible values")) {
+                line = format!("{line} {}", values.trim());
+            }
+            return usage_error(line);
+        }
+    };
+    let backends = match cli.backend.as_deref().map(parse_backends).transpose() {
+        Ok(b) => b,
+        Err(e) => return usage_error(format!("--backend: {e}")),
+    };
+    if cli.list_adapters {
+        return match enumerate_adapters(backends) {
+            Ok(list) => {
+                for info in list {
+                    println!(
+                        "{} ({:?}, {:?}, driver {} {})",
+                        info.name, info.backend, info.device_type, info.driver, info.driver_info
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => usage_error(e),
+        };
+    }
+    let problems = match problems(&cli) {
+        Ok(p) => p,
+        Err(e) => return usage_error(e),
+    };
+    let ctx = match Context::new_with(&ContextOptions {
+        backends,
+        adapter_name: cli.adapter.clone(),
+    }) {
+        Ok(ctx) => ctx,
+        Err(e @ Error::NoAdapter { .. }) => {
+            let arg = if cli.adapter.is_some() {
+                "--adapter"
+            } else {
+                "--backend"
+            };
+            return usage_error(format!("{arg}: {e}"));
+        }
+        Err(e @ Error::UnknownBackend(..)) => return usage_error(format!("WGPU_BACKEND: {e}")),
+        Err(e) => return usage_error(e),
+    };
+    match run(&cli, &ctx, &problems) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("attention-bench: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn problems(cli: &Cli) -> std::result::Result<Vec<Problem>, String> {
+    let suite = if cli.quick { Suite::Quick } else { cli.suite };
+    let (lengths, heads, dk, masks): (Vec<usize>, usize, usize, Vec<Mask>) = match suite {
+        Suite::Default => (vec![256, 512, 1024], 8, 64, vec![Mask::None, Mask::Causal]),
+        Suite::Quick => (vec![128, 256], 4, 64, vec![Mask::None, Mask::Causal]),
+        Suite::Scaling => (vec![1024, 2048, 4096, 8192, 16384], 8, 64, vec![Mask::None]),
+    };
+    let lengths = cli.lengths.clone().unwrap_or(lengths);
+    let heads = cli.heads.unwrap_or(heads);
+    let kv_heads = cli.kv_heads.unwrap_or(heads);
+    let batch = cli.batch.unwrap_or(1);
+    let dk = cli.head_dim.unwrap_or(dk);
+    let dv = cli.head_dim_v.unwrap_or(dk);
+    let masks = cli.masks.clone().unwrap_or(masks);
+    if let Some(kv) = &cli.kv_lengths {
+        if kv.len() != lengths.len() {
+            return Err(format!(
+                "--kv-lengths: {} values for {} --lengths; give one per query length",
+                kv.len(),
+                lengths.len()
+            ));
+        }
+    }
+    for (arg, v) in [
+        ("--batch", batch),
+        ("--heads", heads),
+        ("--kv-heads", kv_heads),
+        ("--head-dim", dk),
+        ("--head-dim-v", dv),
+    ] {
+        if v == 0 {
+            return Err(format!("{arg}: must be at least 1"));
+        }
+    }
+    if !heads.is_multiple_of(kv_heads) {
+        return Err(format!(
+            "--kv-heads: {heads} query heads are not a multiple of {kv_heads} kv heads (H % Hkv must be 0)"
+        ));
+    }
+    if let Some(l) = lengths
+        .iter()
+        .chain(cli.kv_lengths.iter().flatten())
+        .find(|&&l| l == 0)
+    {
+        return Err(format!("--lengths: {l} is not a valid sequence length"));
+    }
+    let mut out = Vec::new();
+    for (i, &q_len) in lengths.iter().enumerate() {
+        let kv_len = cli.kv_lengths.as_ref().map_or(q_len, |kv| kv[i]);
+        for &mask in &masks {
+            out.push(Problem {
+                batch,
+                heads,
+                kv_heads,
+                q_len,
+                kv_len,
+                dk,
+                dv,
+                mask,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn reps(cli: &Cli) -> usize {
+    let suite = if cli.quick { Suite::Quick } else { cli.suite };
+    cli.reps.unwrap_or(match suite {
+        Suite::Default => 5,
+        Suite::Quick => 3,
+        Suite::Scaling => 2,
+    })
+}
+
+fn random(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2654435761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+struct Progress {
+    total: usize,
+    done: usize,
+    tty: bool,
+}
+
+impl Progress {
+    fn step(&mut self, what: &str) {
+        self.done += 1;
+        let line = format!("[{}/{}] {what}", self.done, self.total);
+        let mut err = std::io::stderr();
+        if self.tty {
+            let _ = write!(err, "\r\x1b[2K{line}");
+        } else {
+            let _ = writeln!(err, "{line}");
+        }
+        let _ = err.flush();
+    }
+
+    fn finish(&self) {
+        if self.tty {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+fn run(cli: &Cli, ctx: &Context, problems: &[Problem]) -> wgpu_attention::Result<bool> {
+    let timer = Timer::new(ctx, cli.wall_clock);
+    let reps = reps(cli);
+    let report = ctx.report();
+    println!("adapter: {report}");
+    let peak = fma_peak_gflops(ctx, &timer)?;
+    println!(
+        "clock: {}; {reps} timed runs per case after a warm-up; FMA peak {peak:.1} GFLOP/s (measured)",
+        timer.clock().name()
+    );
+    let paths = cli
+        .paths
+        .clone()
+        .unwrap_or(vec![PathKind::Fused, PathKind::Unfused]);
+    let passes = cli
+        .passes
+        .clone()
+        .unwrap_or(vec![Pass::Forward, Pass::Backward]);
+    let mut progress = Progress {
+        total: problems.len() * paths.len() * passes.len(),
+        done: 0,
+        tty: std::io::stderr().is_terminal(),
+    };
+    let mut results = Vec::new();
+    for problem in problems {
+        results.extend(run_problem(
+            ctx,
+            &timer,
+            reps,
+            cli.validate_limit,
+            problem,
+            &paths,
+            &passes,
+            &mut progress,
+        )?);
+    }
+    progress.finish();
+
+    print_table(&results, peak);
+    let failed: Vec<&CaseResult> = results
+        .iter()
+        .filter(|r| {
+            matches!(
+                &r.outcome,
+                Ok(Measured {
+                    validation: Some((false, _, _)),
+                    ..
+                })
+            )
+        })
+        .collect();
+    let base = match &cli.compare {
+        Some(path) => Some(read_json(path)?),
+        None => None,
+    };
+    if let Some(base) = &base {
+        print_comparison(&results, base);
+    }
+    let doc = report_json(ctx, &timer, peak, reps, &results);
+    if let Some(path) = &cli.json {
+        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default())
+            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(path) = &cli.plot {
+        std::fs::write(path, svg_plot(&results))
+            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
+        println!("wrote {}", path.display());
+    }
+    if failed.is_empty() {
+        Ok(true)
+    } else {
+        eprintln!("\n!!!!!!!! VALIDATION FAILED !!!!!!!!");
+        for r in failed {
+            if let Ok(Measured {
+                validation: Some((_, ratio, detail)),
+                ..
+            }) = &r.outcome
+            {
+                eprintln!(
+                    "  {}: worst error {ratio:.2}x the tolerance ({detail})",
+                    r.id
+                );
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// GPU inputs of one problem and their CPU copies.
+struct Inputs {
+    q: HeadsView,
+    k: HeadsView,
+    v: HeadsView,
+    d_out: HeadsView,
+    host: [Vec<f32>; 4],
+    seq_lens: Option<SeqLens>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_problem(
+    ctx: &Context,
+    timer: &Timer,
+    reps: usize,
+    validate_limit: u64,
+    p: &Problem,
+    paths: &[PathKind],
+    passes: &[Pass],
+    progress: &mut Progress,
+) -> wgpu_attention::Result<Vec<CaseResult>> {
+    let n_q = p.batch * p.q_len * p.heads;
+    let n_kv = p.batch * p.kv_len * p.kv_heads;
+    let host = [
+        random(n_q * p.dk, 1),
+        random(n_kv * p.dk, 2),
+        random(n_kv * p.dv, 3),
+        random(n_q * p.dv, 4),
+    ];
+    let up = |data: &[f32], l: usize, h: usize, d: usize| {
+        GpuTensor::from_slice(ctx, data, &[p.batch, l, h, d]).and_then(|t| t.heads())
+    };
+    let inputs = Inputs {
+        q: up(&host[0], p.q_len, p.heads, p.dk)?,
+        k: up(&host[1], p.kv_len, p.kv_heads, p.dk)?,
+        v: up(&host[2], p.kv_len, p.kv_heads, p.dv)?,
+        d_out: up(&host[3], p.q_len, p.heads, p.dv)?,
+        seq_lens: p
+            .kv_lens()
+            .map(|kv| SeqLens::new(ctx, None, Some(&kv)))
+            .transpose()?,
+        host,
+    };
+    let shape = AttentionShape::of(&inputs.q, &inputs.k, &inputs.v)?;
+    let mut opts = AttentionOptions::new().causal(p.causal());
+    if let Some(lens) = &inputs.seq_lens {
+        opts = opts.seq_lens(lens);
+    }
+    let validate = p.macs() <= validate_limit;
+    let masks = Masks {
+        scale: 1.0 / (p.dk as f64).sqrt(),
+        causal: p.causal(),
+        q_lens: None,
+        kv_lens: p.kv_lens(),
+    };
+    let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+    let reference_forward = validate.then(|| {
+        reference::attention_forward(
+            &shape,
+            &f64s(&inputs.host[0]),
+            &f64s(&inputs.host[1]),
+            &f64s(&inputs.host[2]),
+            &masks,
+        )
+    });
+    let reference_backward = (validate && passes.contains(&Pass::Backward)).then(|| {
+        reference::attention_backward(
+            &shape,
+            &f64s(&inputs.host[0]),
+            &f64s(&inputs.host[1]),
+            &f64s(&inputs.host[2]),
+            &f64s(&inputs.host[3]),
+            &masks,
+        )
+    });
+
+    let mut results = Vec::new();
+    for &path in paths {
+        for &pass in passes {
+            let id = format!(
+                "{} {} {}",
+                match pass {
+                    Pass::Forward => "forward",
+                    Pass::Backward => "backward",
+                },
+                match path {
+                    PathKind::Fused => "fused",
+                    PathKind::Unfused => "unfused",
+                },
+                p.label()
+            );
+            progress.step(&id);
+            let outcome = run_case(
+                ctx,
+                timer,
+                reps,
+                &shape,
+                &inputs,
+                &opts,
+                path,
+                pass,
+                reference_forward.as_ref(),
+                reference_backward.as_ref(),
+            );
+            let outcome = match outcome {
+                Ok(m) => Ok(m),
+                // Sizes the path cannot run (binding or buffer limits) are reported, not fatal.
+                Err(e @ (Error::BindingTooLarge { .. } | Error::Unsupported { .. })) => {
+                    Err(e.to_string())
+                }
+                Err(e) => return Err(e),
+            };
+            results.push(CaseResult {
+                id,
+                problem: p.clone(),
+                path,
+                pass,
+                outcome,
+            });
+        }
+    }
+    Ok(results)
+}
+
+/// (name, GPU result, reference (empty if not validated), atol, rtol).
+type Check<'a> = (&'static str, Vec<f32>, &'a [f64], f64, f64);
+
+#[allow(clippy::too_many_arguments)]
+fn run_case(
+    ctx: &Context,
+    timer: &Timer,
+    reps: usize,
+    shape: &AttentionShape,
+    x: &Inputs,
+    opts: &AttentionOptions<'_>,
+    path: PathKind,
+    pass: Pass,
+    reference_forward: Option<&(Vec<f64>, Vec<f64>)>,
+    reference_backward: Option<&reference::Grads>,
+) -> wgpu_attention::Result<Measured> {
+    let s = shape;
+    let causal = opts.causal;
+    // Peak memory counts every tensor the case allocates beyond Q, K, V and dO: outputs, the saved
+    // forward (backward cases), workspaces and anything the call allocates itself.
+    ctx.reset_peak_memory();
+    let base = ctx.memory().current_bytes;
+    // Outputs of the fused path are allocated once and reused by every run.
+    let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq])?;
+    let fused_forward = || -> wgpu_attention::Result<()> {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        attention_forward_into(
+            ctx,
+            &mut encoder,
+            &x.q,
+            &x.k,
+            &x.v,
+            &out.heads()?,
+            &lse,
+            opts,
+        )?;
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    };
+    let (mut checks, gflop, samples): (Vec<Check<'_>>, f64, Samples);
+    match pass {
+        Pass::Forward => {
+            gflop = s.forward_flops(causal) / 1e9;
+            match path {
+                PathKind::Fused => {
+                    samples = measure(ctx, timer, reps, fused_forward)?;
+                    checks = vec![
+                        ("out", out.to_vec(ctx)?, &[], FORWARD_ATOL, FORWARD_RTOL),
+                        ("lse", lse.to_vec(ctx)?, &[], FORWARD_ATOL, FORWARD_RTOL),
+                    ];
+                }
+                PathKind::Unfused => {
+                    let mut last = None;
+                    samples = measure(ctx, timer, reps, || {
+                        last = Some(attention_forward_unfused(ctx, &x.q, &x.k, &x.v, opts)?);
+                        Ok(())
+                    })?;
+                    let last = last.expect("measured at least once");
+                    checks = vec![
+                        (
+                            "out",
+                            last.out.to_vec(ctx)?,
+                            &[],
+                            FORWARD_ATOL,
+                            FORWARD_RTOL,
+                        ),
+                        (
+                            "lse",
+                            last.lse.to_vec(ctx)?,
+                            &[],
+                            FORWARD_ATOL,
+                            FORWARD_RTOL,
+                        ),
+                    ];
+                }
+            }
+            if let Some((r_out, r_lse)) = reference_forward {
+                checks[0].2 = r_out;
+                checks[1].2 = r_lse;
+            }
+        }
+        Pass::Backward => {
+            gflop = s.backward_flops(causal) / 1e9;
+            fused_forward()?;
+            let dq = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
+            let dk = GpuTensor::zeros(ctx, &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
+            let dv = GpuTensor::zeros(ctx, &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+            let workspace = attention_backward_workspace(ctx, s)?;
+            let grads = match path {
+                PathKind::Fused => {
+                    samples = measure(ctx, timer, reps, || {
+                        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                        attention_backward_into(
+                            ctx,
+                            &mut encoder,
+                            &x.q,
+                            &x.k,
+                            &x.v,
+                            &out.heads()?,
+                            &lse,
+                            &x.d_out,
+                            &dq.heads()?,
+                            &dk.heads()?,
+                            &dv.heads()?,
+                            &workspace,
+                            opts,
+                        )?;
+                        ctx.queue().submit([encoder.finish()]);
+                        Ok(())
+                    })?;
+                    [dq.to_vec(ctx)?, dk.to_vec(ctx)?, dv.to_vec(ctx)?]
+                }
+                PathKind::Unfused => {
+                    let mut last = None;
+                    samples = measure(ctx, timer, reps, || {
+                        last = Some(attention_backward_unfused(
+                            ctx, &x.q, &x.k, &x.v, &x.d_out, opts,
+                        )?);
+                        Ok(())
+                    })?;
+                    let g = last.expect("measured at least once");
+                    [g.dq.to_vec(ctx)?, g.dk.to_vec(ctx)?, g.dv.to_vec(ctx)?]
+                }
+            };
+            let [gq, gk, gv] = grads;
+            checks = vec![
+                ("dq", gq, &[], BACKWARD_ATOL, BACKWARD_RTOL),
+                ("dk", gk, &[], BACKWARD_ATOL, BACKWARD_RTOL),
+                ("dv", gv, &[], BACKWARD_ATOL, BACKWARD_RTOL),
+            ];
+            if let Some(r) = reference_backward {
+                checks[0].2 = &r.dq;
+                checks[1].2 = &r.dk;
+                checks[2].2 = &r.dv;
+            }
+        }
+    }
+    let peak_bytes = ctx.memory().peak_bytes.saturating_sub(base);
+    let validated = checks.iter().all(|c| !c.2.is_empty());
+    let validation = validated.then(|| {
+        let mut worst = (0.0f64, String::new());
+        for (name, gpu, reference, atol, rtol) in &checks {
+            let c = compare(gpu, reference, *atol, *rtol);
+            if c.worst_ratio >= worst.0 || worst.1.is_empty() {
+                worst = (
+                    c.worst_ratio,
+                    format!("{name}[{}]: |gpu - ref| = {:.3e}", c.index, c.worst_abs),
+                );
+            }
+        }
+        (worst.0 <= 1.0, worst.0, worst.1)
+    });
+    Ok(Measured {
+        gflops: gflop / (samples.median() * 1e-3),
+        samples,
+        peak_bytes,
+        validation,
+    })
+}
+
+fn print_table(results: &[CaseResult], peak: f64) {
+    println!();
+    println!("| pass | path | mask | B | H/Hkv | Lq | Lk | Dk/Dv | median ms | min-max ms | GFLOP/s | % of FMA peak | peak MiB | validation |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in results {
+        let p = &r.problem;
+        let head = format!(
+            "| {} | {} | {} | {} | {}/{} | {} | {} | {}/{} |",
+            match r.pass {
+                Pass::Forward => "forward",
+                Pass::Backward => "backward",
+            },
+            match r.path {
+                PathKind::Fused => "fused",
+                PathKind::Unfused => "unfused",
+            },
+            mask_name(p.mask),
+            p.batch,
+            p.heads,
+            p.kv_heads,
+            p.q_len,
+            p.kv_len,
+            p.dk,
+            p.dv
+        );
+        match &r.outcome {
+            Ok(m) => println!(
+                "{head} {:.2} | {:.2}-{:.2} | {:.2} | {:.1}% | {:.2} | {} |",
+                m.samples.median(),
+                m.samples.min(),
+                m.samples.max(),
+                m.gflops,
+                100.0 * m.gflops / peak,
+                m.peak_bytes as f64 / (1024.0 * 1024.0),
+                match &m.validation {
+                    None => "not checked (size)".to_string(),
+                    Some((true, ratio, _)) => format!("ok ({:.1}% of tol)", ratio * 100.0),
+                    Some((false, ratio, _)) => format!("**FAILED** ({ratio:.1}x tol)"),
+                }
+            ),
+            Err(e) => println!("{head} skipped: {e} | | | | | |"),
+        }
+    }
+    // Fused vs unfused and backward vs forward, where both were measured.
+    let find = |id: String| {
+        results
+            .iter()
+            .find(|r| r.id == id)
+            .and_then(|r| r.outcome.as_ref().ok())
+            .map(|m| m.samples.median())
+    };
+    let mut lines = Vec::new();
+    for r in results.iter().filter(|r| r.path == PathKind::Fused) {
+        let label = r.problem.label();
+        let pass = match r.pass {
+            Pass::Forward => "forward",
+            Pass::Backward => "backward",
+        };
+        let fused = find(format!("{pass} fused {label}"));
+        let unfused = find(format!("{pass} unfused {label}"));
+        let ratio_bf = (r.pass == Pass::Backward)
+            .then(|| {
+                Some(
+                    find(format!("backward fused {label}"))?
+                        / find(format!("forward fused {label}"))?,
+                )
+            })
+            .flatten();
+        if let (Some(f), Some(u)) = (fused, unfused) {
+            lines.push(format!(
+                "| {pass} | {label} | {:.2}x | {} |",
+                u / f,
+                ratio_bf.map_or("".into(), |x| format!("{x:.2}"))
+            ));
+        } else if let Some(x) = ratio_bf {
+            lines.push(format!("| {pass} | {label} | | {x:.2} |"));
+        }
+    }
+    if !lines.is_empty() {
+        println!(
+            "\n| pass | problem | fused speed-up over unfused | fused backward / fused forward |"
+        );
+        println!("|---|---|---|---|");
+        for l in lines {
+            println!("{l}");
+        }
+    }
+}
+
+fn git_revision() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn report_json(
+    ctx: &Context,
+    timer: &Timer,
+    peak: f64,
+    reps: usize,
+    results: &[CaseResult],
+) -> Value {
+    let r = ctx.report();
+    let l = &r.limits;
+    let cases: Vec<Value> = results
+        .iter()
+        .map(|c| {
+            let p = &c.problem;
+            let mut v = json!({
+                "id": c.id,
+                "pass": format!("{:?}", c.pass).to_lowercase(),
+                "path": format!("{:?}", c.path).to_lowercase(),
+                "mask": mask_name(p.mask),
+                "batch": p.batch, "heads": p.heads, "kv_heads": p.kv_heads,
+                "q_len": p.q_len, "kv_len": p.kv_len,
+                "head_dim_qk": p.dk, "head_dim_v": p.dv,
+                "kv_lens": p.kv_lens(),
+            });
+            match &c.outcome {
+                Ok(m) => {
+                    v["times_ms"] = json!(m.samples.times_ms);
+                    v["median_ms"] = json!(m.samples.median());
+                    v["min_ms"] = json!(m.samples.min());
+                    v["max_ms"] = json!(m.samples.max());
+                    v["gflops"] = json!(m.gflops);
+                    v["fraction_of_fma_peak"] = json!(m.gflops / peak);
+                    v["peak_memory_bytes"] = json!(m.peak_bytes);
+                    v["validation"] = match &m.validation {
+                        None => json!({"checked": false}),
+                        Some((passed, ratio, detail)) => json!({
+                            "checked": true, "passed": passed,
+                            "worst_ratio_to_tolerance": ratio, "worst": detail
+                        }),
+                    };
+                }
+                Err(e) => v["skipped"] = json!(e),
+            }
+            v
+        })
+        .collect();
+    json!({
+        "tool": "attention-bench",
+        "version": env!("CARGO_PKG_VERSION"),
+        "git_revision": git_revision(),
+        "adapter": {
+            "name": r.name,
+            "backend": format!("{:?}", r.backend),
+            "device_type": format!("{:?}", r.device_type),
+            "driver": r.driver,
+            "driver_info": r.driver_info,
+            "features": format!("{:?}", r.features),
+            "limits": {
+                "max_compute_workgroup_storage_size": l.max_compute_workgroup_storage_size,
+                "max_compute_invocations_per_workgroup": l.max_compute_invocations_per_workgroup,
+                "max_storage_buffer_binding_size": l.max_storage_buffer_binding_size,
+                "max_buffer_size": l.max_buffer_size,
+                "max_storage_buffers_per_shader_stage": l.max_storage_buffers_per_shader_stage,
+                "max_compute_workgroups_per_dimension": l.max_compute_workgroups_per_dimension,
+            },
+            "loop_budget": ctx.loop_budget(),
+        },
+        "clock": timer.clock().name(),
+        "reps": reps,
+        "fma_peak_gflops": peak,
+        "cases": cases,
+    })
+}
+
+fn read_json(path: &std::path::Path) -> wgpu_attention::Result<Value> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Device(format!("--compare {}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::Device(format!("--compare {}: not a report: {e}", path.display())))
+}
+
+fn print_comparison(results: &[CaseResult], base: &Value) {
+    let empty = Vec::new();
+    let base_cases = base["cases"].as_array().unwrap_or(&empty);
+    println!(
+        "\nvs {} on {} (speed-up = base median / this median):",
+        base["git_revision"].as_str().unwrap_or("?"),
+        base["adapter"]["name"].as_str().unwrap_or("?")
+    );
+    println!("| case | base ms | this ms | speed-up |");
+    println!("|---|---|---|---|");
+    for r in results {
+        let Ok(m) = &r.outcome else { continue };
+        let base_ms = base_cases
+            .iter()
+            .find(|c| c["id"].as_str() == Some(r.id.as_str()))
+            .and_then(|c| c["median_ms"].as_f64());
+        match base_ms {
+            Some(b) => println!(
+                "| {} | {b:.2} | {:.2} | {:.2}x |",
+                r.id,
+                m.samples.median(),
+                b / m.samples.median()
+            ),
+            None => println!("| {} | - | {:.2} | not in base |", r.id, m.samples.median()),
+        }
+    }
+}
+
+/// GFLOP/s against Lq (log2 axis), one line per (pass, path, mask) variant.
+fn svg_plot(results: &[CaseResult]) -> String {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in results {
+        if let Ok(m) = &r.outcome {
+            let name = format!(
+                "{} {} {}",
+                match r.pass {
+                    Pass::Forward => "forward",
+                    Pass::Backward => "backward",
+                },
+                match r.path {
+                    PathKind::Fused => "fused",
+                    PathKind::Unfused => "unfused",
+                },
+                mask_name(r.problem.mask)
+            );
+            series
+                .entry(name)
+                .or_default()
+                .push((r.problem.q_len as f64, m.gflops));
+        }
+    }
+    let (w, h, left, right, top, bottom) = (760.0, 440.0, 70.0, 230.0, 30.0, 50.0);
+    let points: Vec<(f64, f64)> = series.values().flatten().copied().collect();
+    let x_min = points
+        .iter()
+        .map(|p| p.0.log2())
+        .fold(f64::INFINITY, f64::min);
+    let x_max = points
+        .iter()
+        .map(|p| p.0.log2())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let y_max = points.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9) * 1.1;
+    let x_span = (x_max - x_min).max(1.0);
+    let px = |l: f64| left + (l.log2() - x_min) / x_span * (w - left - right);
+    let py = |g: f64| h - bottom - g / y_max * (h - top - bottom);
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text x="{left}" y="18" font-size="14">attention-bench: GFLOP/s vs sequence length</text>"#
+    );
+    let (x0, y0, x1, y1) = (left, h - bottom, w - right, top);
+    let _ = writeln!(
+        svg,
+        r#"<path d="M{x0},{y1} L{x0},{y0} L{x1},{y0}" stroke="black" fill="none"/>"#
+    );
+    for i in 0..=4 {
+        let g = y_max * i as f64 / 4.0;
+        let y = py(g);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{x0}" y1="{y}" x2="{x1}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{g:.1}</text>"##,
+            x0 - 6.0,
+            y + 4.0
+        );
+    }
+    let mut lengths: Vec<f64> = points.iter().map(|p| p.0).collect();
+    lengths.sort_by(f64::total_cmp);
+    lengths.dedup();
+    for l in lengths {
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="middle">{l}</text>"#,
+            px(l),
+            y0 + 18.0
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle">Lq (log scale)</text>"#,
+        (x0 + x1) / 2.0,
+        h - 10.0
+    );
+    let colors = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+        "#bcbd22", "#17becf",
+    ];
+    for (i, (name, mut pts)) in series.into_iter().enumerate() {
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let color = colors[i % colors.len()];
+        let d: Vec<String> = pts
+            .iter()
+            .map(|&(l, g)| format!("{:.1},{:.1}", px(l), py(g)))
+            .collect();
+        let _ = writeln!(
+            svg,
+            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
+            d.join(" ")
+        );
+        for &(l, g) in &pts {
+            let _ = writeln!(
+                svg,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
+                px(l),
+                py(g)
+            );
+        }
+        let ly = top + 16.0 * i as f64;
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="2"/><text x="{}" y="{}">{name}</text>"#,
+            x1 + 10.0,
+            x1 + 30.0,
+            x1 + 36.0,
+            ly + 4.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}

@@ -1,0 +1,67 @@
+//! The tolerances of SPEC.md and the elementwise comparison every GPU result is judged by, shared by
+//! the tests and the benchmark's validation.
+
+/// Forward (O, lse): `|gpu - ref| <= atol * max(1, max|ref|) + rtol * |ref|`.
+pub const FORWARD_RTOL: f64 = 1e-4;
+pub const FORWARD_ATOL: f64 = 1e-5;
+/// Backward (dQ, dK, dV).
+pub const BACKWARD_RTOL: f64 = 1e-3;
+pub const BACKWARD_ATOL: f64 = 1e-4;
+
+/// The worst element of a comparison.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Comparison {
+    /// Largest `|gpu - ref|`.
+    pub worst_abs: f64,
+    /// Largest `|gpu - ref| / (atol + rtol * |ref|)`: at most 1 passes; infinite for NaN, a length
+    /// mismatch or a `-inf` reference not matched exactly.
+    pub worst_ratio: f64,
+    /// Index of the element with the largest ratio.
+    pub index: usize,
+}
+
+impl Comparison {
+    pub fn passed(&self) -> bool {
+        self.worst_ratio <= 1.0
+    }
+}
+
+/// Compares `gpu` with `reference` elementwise with atol scaled by `max(1, max|ref|)`.
+pub fn compare(gpu: &[f32], reference: &[f64], atol: f64, rtol: f64) -> Comparison {
+    if gpu.len() != reference.len() {
+        return Comparison {
+            worst_abs: f64::INFINITY,
+            worst_ratio: f64::INFINITY,
+            index: gpu.len().min(reference.len()),
+        };
+    }
+    let max_ref = reference
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, |m, x| m.max(x.abs()));
+    let atol = atol * max_ref.max(1.0);
+    let mut worst = Comparison::default();
+    for (i, (&g, &r)) in gpu.iter().zip(reference).enumerate() {
+        let g = g as f64;
+        let (err, ratio) = if r.is_infinite() {
+            if g == r {
+                (0.0, 0.0)
+            } else {
+                (f64::INFINITY, f64::INFINITY)
+            }
+        } else if g.is_nan() {
+            (f64::INFINITY, f64::INFINITY)
+        } else {
+            let err = (g - r).abs();
+            (err, err / (atol + rtol * r.abs()))
+        };
+        if ratio > worst.worst_ratio || (ratio.is_infinite() && !worst.worst_ratio.is_infinite()) {
+            worst = Comparison {
+                worst_abs: err,
+                worst_ratio: ratio,
+                index: i,
+            };
+        }
+    }
+    worst
+}

@@ -1,0 +1,111 @@
+//! The `attention-bench` binary end to end: bad arguments end with one line and exit code 2; a tiny
+//! validated run writes a JSON report with every figure and an SVG chart, and `--compare` reads it.
+
+mod common;
+
+use std::process::Command;
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_attention-bench"))
+}
+
+#[test]
+fn bad_arguments_exit_2_with_one_line() {
+    for (args, named) in [
+        (&["--backend", "foo"][..], "--backend"),
+        (&["--heads", "8", "--kv-heads", "3"], "--kv-heads"),
+        (&["--adapter", "no-such-adapter-anywhere"], "--adapter"),
+        (&["--lengths", "0"], "--lengths"),
+        (&["--masks", "weird"], "--masks"),
+        (&["--reps", "x"], "--reps"),
+        (
+            &["--lengths", "64,128", "--kv-lengths", "64"],
+            "--kv-lengths",
+        ),
+    ] {
+        let out = bench().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|l| !l.contains("XDG_RUNTIME_DIR"))
+            .collect();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+        assert!(
+            lines[0].starts_with("attention-bench: "),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            lines[0].contains(named),
+            "{args:?}: the message names the argument: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn tiny_run_writes_validated_json_plot_and_compares() {
+    let dir = std::env::temp_dir().join(format!("attention-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("run.json");
+    let svg = dir.join("run.svg");
+    common::for_each_backend(|backend, _ctx| {
+        let out = bench()
+            .args([
+                "--backend",
+                backend,
+                "--quick",
+                "--lengths",
+                "33",
+                "--heads",
+                "2",
+            ])
+            .args(["--masks", "causal,padding", "--reps", "1", "--wall-clock"])
+            .arg("--json")
+            .arg(&json)
+            .arg("--plot")
+            .arg(&svg)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "[{backend}] {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("| forward | fused | causal |"), "{stdout}");
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let cases = report["cases"].as_array().unwrap();
+        // 2 masks x 2 paths x 2 passes, every one validated against the reference.
+        assert_eq!(cases.len(), 8);
+        for case in cases {
+            assert_eq!(case["validation"]["passed"], true, "{case}");
+            assert!(case["median_ms"].as_f64().unwrap() > 0.0);
+        }
+        assert!(report["fma_peak_gflops"].as_f64().unwrap() > 0.0);
+        assert!(report["adapter"]["name"].is_string());
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("<polyline"));
+
+        let again = bench()
+            .args([
+                "--backend",
+                backend,
+                "--quick",
+                "--lengths",
+                "33",
+                "--heads",
+                "2",
+            ])
+            .args(["--masks", "causal", "--reps", "1", "--paths", "fused"])
+            .arg("--compare")
+            .arg(&json)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&again.stdout);
+        assert_eq!(again.status.code(), Some(0), "{stdout}");
+        assert!(stdout.contains("speed-up"), "{stdout}");
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
