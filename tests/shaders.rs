@@ -21,6 +21,7 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
 fn every_shader_validates_and_translates_to_all_back_ends() {
     let mut sources = wgpu_attention::kernels::attention::shader_sources();
     sources.extend(wgpu_attention::bench::fma::shader_sources());
+    sources.extend(wgpu_attention::kernels::layer_norm::shader_sources());
     assert!(sources.len() >= 8);
     for (name, source) in &sources {
         let module = naga::front::wgsl::parse_str(source)

@@ -398,7 +398,7 @@ fn bind_tensor<'a>(ctx: &Context, arg: &'static str, t: &'a GpuTensor) -> Result
     })
 }
 
-fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
+pub(crate) fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
     let limit = ctx.limits().max_storage_buffer_binding_size;
     if bytes > limit {
         return Err(Error::BindingTooLarge { arg, bytes, limit });

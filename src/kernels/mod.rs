@@ -2,4 +2,5 @@
 //! `reference/` of the same name.
 
 pub mod attention;
+pub mod layer_norm;
 pub mod matmul;

@@ -3,3 +3,4 @@
 
 pub mod attention;
 pub mod compare;
+pub mod layer_norm;

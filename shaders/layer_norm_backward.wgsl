@@ -1,0 +1,43 @@
+// LayerNorm backward, input gradient (SPEC.md): with xhat = (x - mean) * rstd and g = dy * gamma,
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+// from the (mean, rstd) the forward saved. One invocation per row.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    eps: f32,
+    grid_x: u32,
+}
+
+override WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> gamma: array<f32>;
+@group(0) @binding(3) var<storage, read> stats: array<vec2<f32>>;
+@group(0) @binding(4) var<storage, read> dy: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dx: array<f32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let row = gid.y * params.grid_x * WG + gid.x;
+    if row >= params.rows {
+        return;
+    }
+    let base = row * params.cols;
+    let st = stats[row];
+    let n = f32(params.cols);
+    var sum_g = 0.0;
+    var sum_gx = 0.0;
+    for (var c = 0u; c < params.cols; c++) {
+        let g = dy[base + c] * gamma[c];
+        sum_g += g;
+        sum_gx += g * (x[base + c] - st.x) * st.y;
+    }
+    let mean_g = sum_g / n;
+    let mean_gx = sum_gx / n;
+    for (var c = 0u; c < params.cols; c++) {
+        let xhat = (x[base + c] - st.x) * st.y;
+        dx[base + c] = st.y * (dy[base + c] * gamma[c] - mean_g - xhat * mean_gx);
+    }
+}

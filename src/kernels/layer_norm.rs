@@ -1,0 +1,329 @@
+//! LayerNorm over the last dimension (SPEC.md): `shaders/layer_norm_forward.wgsl` writes y and the
+//! per-row `(mean, rstd)`; the backward is `layer_norm_backward.wgsl` (dx, one invocation per row) and
+//! `layer_norm_param_grads.wgsl` (dgamma, dbeta, one invocation per column summing rows in order, so
+//! deterministic without atomics). CPU reference: [`crate::reference::layer_norm`].
+
+use crate::device::{grid_2d, Context};
+use crate::error::{Error, Result};
+use crate::kernels::attention::check_binding;
+use crate::tensor::GpuTensor;
+
+const FORWARD: &str = include_str!("../../shaders/layer_norm_forward.wgsl");
+const BACKWARD: &str = include_str!("../../shaders/layer_norm_backward.wgsl");
+const PARAM_GRADS: &str = include_str!("../../shaders/layer_norm_param_grads.wgsl");
+const WG: u32 = 64;
+
+/// The LayerNorm shaders by name, for the naga tests.
+pub fn shader_sources() -> Vec<(&'static str, String)> {
+    vec![
+        ("layer_norm_forward", FORWARD.to_string()),
+        ("layer_norm_backward", BACKWARD.to_string()),
+        ("layer_norm_param_grads", PARAM_GRADS.to_string()),
+    ]
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RowParams {
+    rows: u32,
+    cols: u32,
+    eps: f32,
+    grid_x: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ColumnParams {
+    rows: u32,
+    cols: u32,
+    row_begin: u32,
+    row_end: u32,
+    accumulate: u32,
+    grid_x: u32,
+    pad: [u32; 2],
+}
+
+/// y and the saved `(mean, rstd)` per row, `[rows, 2]`.
+#[derive(Clone, Debug)]
+pub struct LayerNormOutput {
+    pub y: GpuTensor,
+    pub stats: GpuTensor,
+}
+
+#[derive(Clone, Debug)]
+pub struct LayerNormGrads {
+    pub dx: GpuTensor,
+    pub d_gamma: GpuTensor,
+    pub d_beta: GpuTensor,
+}
+
+/// Rows and columns of `x` (columns = last dimension), validated.
+fn rows_cols(ctx: &Context, x: &GpuTensor) -> Result<(usize, usize)> {
+    let cols = *x.shape().last().unwrap_or(&0);
+    let rows = x.len().checked_div(cols).unwrap_or(0);
+    if rows == 0 || cols == 0 {
+        return Err(Error::shape(
+            "x",
+            format!(
+                "has shape {:?}; LayerNorm needs at least one row and one column",
+                x.shape()
+            ),
+        ));
+    }
+    if rows > u32::MAX as usize / 2 || x.len() > u32::MAX as usize {
+        return Err(Error::Unsupported {
+            arg: "x elements",
+            value: x.len() as u64,
+            limit: u32::MAX as u64,
+            hint: "",
+        });
+    }
+    // Three passes over a row per invocation; llvmpipe ends all loops after 65535 iterations.
+    if let Some(budget) = ctx.loop_budget() {
+        let limit = budget as usize / 3;
+        if cols > limit {
+            return Err(Error::Unsupported {
+                arg: "LayerNorm columns",
+                value: cols as u64,
+                limit: limit as u64,
+                hint: " on this driver (llvmpipe loop cap)",
+            });
+        }
+    }
+    check_binding(ctx, "x", x.size_bytes())?;
+    Ok((rows, cols))
+}
+
+fn check_shape(arg: &'static str, t: &GpuTensor, expected: &[usize]) -> Result<()> {
+    if t.shape() != expected {
+        return Err(Error::shape(
+            arg,
+            format!("has shape {:?}, expected {:?}", t.shape(), expected),
+        ));
+    }
+    Ok(())
+}
+
+fn check_distinct(outputs: &[(&'static str, &GpuTensor)], inputs: &[&GpuTensor]) -> Result<()> {
+    for (i, (arg, out)) in outputs.iter().enumerate() {
+        let clash = inputs.iter().any(|t| t.buffer() == out.buffer())
+            || outputs[..i].iter().any(|(_, o)| o.buffer() == out.buffer());
+        if clash {
+            return Err(Error::shape(
+                arg,
+                "shares a buffer with another argument of the same call; outputs need their own buffers",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn encode(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    name: &'static str,
+    source: &'static str,
+    params: &[u8],
+    buffers: &[&GpuTensor],
+    invocations: usize,
+) {
+    let pipeline = ctx.pipeline(name, || source.to_string(), &[("WG", WG)]);
+    let uniform = {
+        use wgpu::util::DeviceExt;
+        ctx.device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(name),
+                contents: params,
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    };
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: uniform.as_entire_binding(),
+    }];
+    entries.extend(
+        buffers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: t.buffer().as_entire_binding(),
+            }),
+    );
+    let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(name),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let (gx, gy) = grid_2d(invocations.div_ceil(WG as usize) as u32);
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(name),
+        timestamp_writes: None,
+    });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(gx, gy, 1);
+}
+
+fn grid_x(invocations: usize) -> u32 {
+    grid_2d(invocations.div_ceil(WG as usize) as u32).0
+}
+
+/// LayerNorm of `x [.., cols]` into new tensors, submitted.
+pub fn layer_norm_forward(
+    ctx: &Context,
+    x: &GpuTensor,
+    gamma: &GpuTensor,
+    beta: &GpuTensor,
+    eps: f32,
+) -> Result<LayerNormOutput> {
+    let (rows, _) = rows_cols(ctx, x)?;
+    let y = GpuTensor::uninit(ctx, "layer_norm y", x.shape())?;
+    let stats = GpuTensor::uninit(ctx, "layer_norm stats", &[rows, 2])?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    layer_norm_forward_into(ctx, &mut encoder, x, gamma, beta, eps, &y, &stats)?;
+    ctx.submit(encoder);
+    Ok(LayerNormOutput { y, stats })
+}
+
+/// Records the LayerNorm forward: `y` shaped like `x`, `stats [rows, 2]`. Nothing is recorded if the
+/// input is rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    gamma: &GpuTensor,
+    beta: &GpuTensor,
+    eps: f32,
+    y: &GpuTensor,
+    stats: &GpuTensor,
+) -> Result<()> {
+    let (rows, cols) = rows_cols(ctx, x)?;
+    check_shape("gamma", gamma, &[cols])?;
+    check_shape("beta", beta, &[cols])?;
+    check_shape("y", y, x.shape())?;
+    check_shape("stats", stats, &[rows, 2])?;
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::shape(
+            "eps",
+            format!("is {eps}; it must be finite and >= 0"),
+        ));
+    }
+    check_distinct(&[("y", y), ("stats", stats)], &[x, gamma, beta])?;
+    let params = RowParams {
+        rows: rows as u32,
+        cols: cols as u32,
+        eps,
+        grid_x: grid_x(rows),
+    };
+    encode(
+        ctx,
+        encoder,
+        "layer_norm_forward",
+        FORWARD,
+        bytemuck::bytes_of(&params),
+        &[x, gamma, beta, y, stats],
+        rows,
+    );
+    Ok(())
+}
+
+/// LayerNorm backward into new tensors, submitted. `stats` is the forward's.
+pub fn layer_norm_backward(
+    ctx: &Context,
+    x: &GpuTensor,
+    gamma: &GpuTensor,
+    stats: &GpuTensor,
+    dy: &GpuTensor,
+) -> Result<LayerNormGrads> {
+    let (_, cols) = rows_cols(ctx, x)?;
+    let dx = GpuTensor::uninit(ctx, "layer_norm dx", x.shape())?;
+    let d_gamma = GpuTensor::uninit(ctx, "layer_norm d_gamma", &[cols])?;
+    let d_beta = GpuTensor::uninit(ctx, "layer_norm d_beta", &[cols])?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    layer_norm_backward_into(
+        ctx,
+        &mut encoder,
+        x,
+        gamma,
+        stats,
+        dy,
+        &dx,
+        &d_gamma,
+        &d_beta,
+    )?;
+    ctx.submit(encoder);
+    Ok(LayerNormGrads {
+        dx,
+        d_gamma,
+        d_beta,
+    })
+}
+
+/// Records the LayerNorm backward: `dx` shaped like `x`, `d_gamma` and `d_beta` `[cols]`
+/// (overwritten, not accumulated).
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    gamma: &GpuTensor,
+    stats: &GpuTensor,
+    dy: &GpuTensor,
+    dx: &GpuTensor,
+    d_gamma: &GpuTensor,
+    d_beta: &GpuTensor,
+) -> Result<()> {
+    let (rows, cols) = rows_cols(ctx, x)?;
+    check_shape("gamma", gamma, &[cols])?;
+    check_shape("stats", stats, &[rows, 2])?;
+    check_shape("dy", dy, x.shape())?;
+    check_shape("dx", dx, x.shape())?;
+    check_shape("d_gamma", d_gamma, &[cols])?;
+    check_shape("d_beta", d_beta, &[cols])?;
+    check_distinct(
+        &[("dx", dx), ("d_gamma", d_gamma), ("d_beta", d_beta)],
+        &[x, gamma, stats, dy],
+    )?;
+    let params = RowParams {
+        rows: rows as u32,
+        cols: cols as u32,
+        eps: 0.0,
+        grid_x: grid_x(rows),
+    };
+    encode(
+        ctx,
+        encoder,
+        "layer_norm_backward",
+        BACKWARD,
+        bytemuck::bytes_of(&params),
+        &[x, gamma, stats, dy, dx],
+        rows,
+    );
+    // Each column sums its rows in order; long row ranges are split under a loop budget.
+    let per_chunk = ctx
+        .loop_budget()
+        .map_or(rows, |b| (b as usize).saturating_sub(16).max(1));
+    for (index, begin) in (0..rows).step_by(per_chunk).enumerate() {
+        let params = ColumnParams {
+            rows: rows as u32,
+            cols: cols as u32,
+            row_begin: begin as u32,
+            row_end: (begin + per_chunk).min(rows) as u32,
+            accumulate: (index > 0) as u32,
+            grid_x: grid_x(cols),
+            pad: [0; 2],
+        };
+        encode(
+            ctx,
+            encoder,
+            "layer_norm_param_grads",
+            PARAM_GRADS,
+            bytemuck::bytes_of(&params),
+            &[x, stats, dy, d_gamma, d_beta],
+            cols,
+        );
+    }
+    Ok(())
+}

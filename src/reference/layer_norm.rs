@@ -1,0 +1,62 @@
+//! LayerNorm over the last dimension (SPEC.md), f64: the ground truth of
+//! `shaders/layer_norm_*.wgsl`.
+
+/// `y` and the per-row `(mean, rstd)` of `x [rows, cols]`.
+pub fn layer_norm_forward(
+    x: &[f64],
+    gamma: &[f64],
+    beta: &[f64],
+    cols: usize,
+    eps: f64,
+) -> (Vec<f64>, Vec<(f64, f64)>) {
+    let mut y = vec![0.0; x.len()];
+    let mut stats = Vec::with_capacity(x.len() / cols.max(1));
+    for (row, out) in x.chunks(cols).zip(y.chunks_mut(cols)) {
+        let n = cols as f64;
+        let mean = row.iter().sum::<f64>() / n;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for c in 0..cols {
+            out[c] = (row[c] - mean) * rstd * gamma[c] + beta[c];
+        }
+        stats.push((mean, rstd));
+    }
+    (y, stats)
+}
+
+/// Gradients of a LayerNorm.
+#[derive(Clone, Debug)]
+pub struct LayerNormGrads {
+    pub dx: Vec<f64>,
+    pub d_gamma: Vec<f64>,
+    pub d_beta: Vec<f64>,
+}
+
+pub fn layer_norm_backward(
+    x: &[f64],
+    gamma: &[f64],
+    dy: &[f64],
+    cols: usize,
+    eps: f64,
+) -> LayerNormGrads {
+    let (_, stats) = layer_norm_forward(x, gamma, &vec![0.0; cols], cols, eps);
+    let mut g = LayerNormGrads {
+        dx: vec![0.0; x.len()],
+        d_gamma: vec![0.0; cols],
+        d_beta: vec![0.0; cols],
+    };
+    let n = cols as f64;
+    for (r, &(mean, rstd)) in stats.iter().enumerate() {
+        let row = &x[r * cols..(r + 1) * cols];
+        let dyr = &dy[r * cols..(r + 1) * cols];
+        let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+        let mean_g = (0..cols).map(|c| dyr[c] * gamma[c]).sum::<f64>() / n;
+        let mean_gx = (0..cols).map(|c| dyr[c] * gamma[c] * xhat[c]).sum::<f64>() / n;
+        for c in 0..cols {
+            g.dx[r * cols + c] = rstd * (dyr[c] * gamma[c] - mean_g - xhat[c] * mean_gx);
+            g.d_gamma[c] += dyr[c] * xhat[c];
+            g.d_beta[c] += dyr[c];
+        }
+    }
+    g
+}

@@ -1,0 +1,198 @@
+//! LayerNorm forward and backward on the GPU vs the f64 reference (itself checked by finite
+//! differences here), on every back end under test; the split column reduction; typed errors.
+
+mod common;
+
+use common::*;
+use wgpu_attention::kernels::layer_norm::{layer_norm_backward, layer_norm_forward};
+use wgpu_attention::reference::layer_norm as reference;
+use wgpu_attention::{Context, Error, GpuTensor};
+
+const EPS: f32 = 1e-5;
+
+struct Data {
+    shape: Vec<usize>,
+    x: Vec<f32>,
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    dy: Vec<f32>,
+}
+
+fn data(shape: &[usize], offset: f32, seed: u64) -> Data {
+    let mut rng = rng(seed);
+    let n: usize = shape.iter().product();
+    let cols = *shape.last().unwrap();
+    Data {
+        shape: shape.to_vec(),
+        x: random(&mut rng, n, 1.0)
+            .iter()
+            .map(|v| v + offset)
+            .collect(),
+        gamma: random(&mut rng, cols, 1.0)
+            .iter()
+            .map(|v| v + 1.0)
+            .collect(),
+        beta: random(&mut rng, cols, 0.5),
+        dy: random(&mut rng, n, 1.0),
+    }
+}
+
+fn check(backend: &str, ctx: &Context, d: &Data) {
+    let cols = *d.shape.last().unwrap();
+    let up = |v: &[f32], shape: &[usize]| GpuTensor::from_slice(ctx, v, shape).unwrap();
+    let (x, gamma, beta, dy) = (
+        up(&d.x, &d.shape),
+        up(&d.gamma, &[cols]),
+        up(&d.beta, &[cols]),
+        up(&d.dy, &d.shape),
+    );
+    let fwd = layer_norm_forward(ctx, &x, &gamma, &beta, EPS).unwrap();
+    let grads = layer_norm_backward(ctx, &x, &gamma, &fwd.stats, &dy).unwrap();
+    let (ry, rstats) = reference::layer_norm_forward(
+        &to_f64(&d.x),
+        &to_f64(&d.gamma),
+        &to_f64(&d.beta),
+        cols,
+        EPS as f64,
+    );
+    let rg = reference::layer_norm_backward(
+        &to_f64(&d.x),
+        &to_f64(&d.gamma),
+        &to_f64(&d.dy),
+        cols,
+        EPS as f64,
+    );
+    let tag = format!("[{backend}] layer_norm {:?}", d.shape);
+    let flat_stats: Vec<f64> = rstats.iter().flat_map(|&(m, r)| [m, r]).collect();
+    assert_close(
+        &format!("{tag} y"),
+        &fwd.y.to_vec(ctx).unwrap(),
+        &ry,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
+    assert_close(
+        &format!("{tag} stats"),
+        &fwd.stats.to_vec(ctx).unwrap(),
+        &flat_stats,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
+    for (name, gpu, r) in [
+        ("dx", &grads.dx, &rg.dx),
+        ("d_gamma", &grads.d_gamma, &rg.d_gamma),
+        ("d_beta", &grads.d_beta, &rg.d_beta),
+    ] {
+        assert_close(
+            &format!("{tag} {name}"),
+            &gpu.to_vec(ctx).unwrap(),
+            r,
+            BACKWARD_ATOL,
+            BACKWARD_RTOL,
+        );
+    }
+}
+
+fn shapes() -> Vec<Vec<usize>> {
+    vec![
+        vec![1, 1],
+        vec![7, 5],
+        vec![33, 32],
+        vec![3, 17, 100],
+        vec![130, 64],
+        vec![2, 3, 257],
+    ]
+}
+
+#[test]
+fn matches_reference_over_odd_shapes() {
+    for_each_backend(|backend, ctx| {
+        for (i, shape) in shapes().iter().enumerate() {
+            check(backend, ctx, &data(shape, 0.0, i as u64));
+        }
+    });
+}
+
+#[test]
+fn large_mean_small_variance_is_exact() {
+    // The centred two-pass variance keeps full precision where E[x^2] - mean^2 would cancel.
+    for_each_backend(|backend, ctx| {
+        check(backend, ctx, &data(&[9, 48], 100.0, 7));
+    });
+}
+
+#[test]
+fn column_sums_split_into_accumulated_dispatches() {
+    for_each_backend_with_loop_budget(24, |backend, ctx| {
+        check(backend, ctx, &data(&[33, 5], 0.0, 11));
+    });
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    let d = data(&[3, 6], 0.3, 5);
+    let cols = 6;
+    let (x, gamma, beta, dy) = (
+        to_f64(&d.x),
+        to_f64(&d.gamma),
+        to_f64(&d.beta),
+        to_f64(&d.dy),
+    );
+    let loss = |x: &[f64], gamma: &[f64], beta: &[f64]| {
+        let (y, _) = reference::layer_norm_forward(x, gamma, beta, cols, 1e-5);
+        y.iter().zip(&dy).map(|(a, b)| a * b).sum::<f64>()
+    };
+    let g = reference::layer_norm_backward(&x, &gamma, &dy, cols, 1e-5);
+    let h = 1e-6;
+    let mut worst = 0.0f64;
+    for which in 0..3 {
+        let n = [x.len(), cols, cols][which];
+        for i in 0..n {
+            let (mut xp, mut gp, mut bp) = (x.clone(), gamma.clone(), beta.clone());
+            let (mut xm, mut gm, mut bm) = (x.clone(), gamma.clone(), beta.clone());
+            match which {
+                0 => (xp[i] += h, xm[i] -= h),
+                1 => (gp[i] += h, gm[i] -= h),
+                _ => (bp[i] += h, bm[i] -= h),
+            };
+            let fd = (loss(&xp, &gp, &bp) - loss(&xm, &gm, &bm)) / (2.0 * h);
+            let analytic = [&g.dx, &g.d_gamma, &g.d_beta][which][i];
+            let err = (fd - analytic).abs();
+            worst = worst.max(err);
+            assert!(
+                err < 1e-6,
+                "component {which} index {i}: fd {fd}, analytic {analytic}"
+            );
+        }
+    }
+    eprintln!("layer_norm reference vs finite differences: worst {worst:.2e}");
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    for_each_backend(|_, ctx| {
+        let x = GpuTensor::zeros(ctx, &[4, 8]).unwrap();
+        let gamma = GpuTensor::zeros(ctx, &[8]).unwrap();
+        let wrong = GpuTensor::zeros(ctx, &[7]).unwrap();
+        let empty = GpuTensor::zeros(ctx, &[4, 0]).unwrap_or_else(|_| x.clone());
+        assert!(matches!(
+            layer_norm_forward(ctx, &x, &wrong, &gamma, EPS),
+            Err(Error::Shape { arg: "gamma", .. })
+        ));
+        assert!(matches!(
+            layer_norm_forward(ctx, &x, &gamma, &gamma, f32::NAN),
+            Err(Error::Shape { arg: "eps", .. })
+        ));
+        if empty.is_empty() {
+            assert!(matches!(
+                layer_norm_forward(ctx, &empty, &gamma, &gamma, EPS),
+                Err(Error::Shape { arg: "x", .. })
+            ));
+        }
+        let fwd = layer_norm_forward(ctx, &x, &gamma, &gamma, EPS).unwrap();
+        assert!(matches!(
+            layer_norm_backward(ctx, &x, &gamma, &fwd.stats, &wrong),
+            Err(Error::Shape { arg: "dy", .. })
+        ));
+    });
+}
