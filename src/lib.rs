@@ -33,4 +33,4 @@ pub use kernels::attention::{
     attention_backward_workspace, attention_forward, attention_forward_into,
     attention_forward_unfused, AttentionGrads, AttentionOptions, AttentionOutput, AttentionShape,
 };
-pub use tensor::{GpuTensor, HeadsView, SeqLens};
+pub use tensor::{GpuTensor, GpuTokens, HeadsView, SeqLens};

@@ -297,6 +297,73 @@ impl HeadsView {
     }
 }
 
+/// Integer ids on the GPU (tokens, class targets): a `u32` storage buffer with its shape, and a host
+/// copy so that ops can reject ids beyond a vocabulary before dispatching.
+#[derive(Clone, Debug)]
+pub struct GpuTokens {
+    buffer: Arc<wgpu::Buffer>,
+    shape: Vec<usize>,
+    values: Arc<Vec<u32>>,
+    _allocation: Arc<Allocation>,
+}
+
+impl GpuTokens {
+    pub fn from_slice(ctx: &Context, data: &[u32], shape: &[usize]) -> Result<Self> {
+        let len: usize = shape.iter().product();
+        if len != data.len() || len == 0 {
+            return Err(Error::shape(
+                "tokens",
+                format!(
+                    "{} values for shape {shape:?} ({len} elements, at least 1 needed)",
+                    data.len()
+                ),
+            ));
+        }
+        use wgpu::util::DeviceExt;
+        let buffer = ctx
+            .device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("tokens"),
+                contents: bytemuck::cast_slice(data),
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+            });
+        Ok(Self {
+            buffer: Arc::new(buffer),
+            shape: shape.to_vec(),
+            values: Arc::new(data.to_vec()),
+            _allocation: Arc::new(ctx.track_allocation(len as u64 * 4)),
+        })
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+        &self.buffer
+    }
+
+    /// The first id at or beyond `limit` that is not `ignore`, with its index: what an op with a
+    /// vocabulary or class count of `limit` rejects.
+    pub fn first_out_of_range(&self, limit: u32, ignore: Option<u32>) -> Option<(usize, u32)> {
+        self.values
+            .iter()
+            .copied()
+            .enumerate()
+            .find(|&(_, v)| v >= limit && Some(v) != ignore)
+    }
+}
+
 /// Per-batch valid sequence lengths for padding / variable-length attention, held on the GPU as one
 /// buffer `[q_lens (batch), kv_lens (batch)]` with a host copy for validation.
 #[derive(Clone, Debug)]

@@ -22,6 +22,8 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
     let mut sources = wgpu_attention::kernels::attention::shader_sources();
     sources.extend(wgpu_attention::bench::fma::shader_sources());
     sources.extend(wgpu_attention::kernels::layer_norm::shader_sources());
+    sources.extend(wgpu_attention::kernels::elementwise::shader_sources());
+    sources.extend(wgpu_attention::kernels::cross_entropy::shader_sources());
     assert!(sources.len() >= 8);
     for (name, source) in &sources {
         let module = naga::front::wgsl::parse_str(source)

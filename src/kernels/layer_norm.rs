@@ -3,15 +3,15 @@
 //! `layer_norm_param_grads.wgsl` (dgamma, dbeta, one invocation per column summing rows in order, so
 //! deterministic without atomics). CPU reference: [`crate::reference::layer_norm`].
 
-use crate::device::{grid_2d, Context};
+use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::check_binding;
+use crate::kernels::dispatch::{encode, grid_x};
 use crate::tensor::GpuTensor;
 
 const FORWARD: &str = include_str!("../../shaders/layer_norm_forward.wgsl");
 const BACKWARD: &str = include_str!("../../shaders/layer_norm_backward.wgsl");
 const PARAM_GRADS: &str = include_str!("../../shaders/layer_norm_param_grads.wgsl");
-const WG: u32 = 64;
 
 /// The LayerNorm shaders by name, for the naga tests.
 pub fn shader_sources() -> Vec<(&'static str, String)> {
@@ -118,57 +118,6 @@ fn check_distinct(outputs: &[(&'static str, &GpuTensor)], inputs: &[&GpuTensor])
     Ok(())
 }
 
-fn encode(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    name: &'static str,
-    source: &'static str,
-    params: &[u8],
-    buffers: &[&GpuTensor],
-    invocations: usize,
-) {
-    let pipeline = ctx.pipeline(name, || source.to_string(), &[("WG", WG)]);
-    let uniform = {
-        use wgpu::util::DeviceExt;
-        ctx.device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(name),
-                contents: params,
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
-    };
-    let mut entries = vec![wgpu::BindGroupEntry {
-        binding: 0,
-        resource: uniform.as_entire_binding(),
-    }];
-    entries.extend(
-        buffers
-            .iter()
-            .enumerate()
-            .map(|(i, t)| wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: t.buffer().as_entire_binding(),
-            }),
-    );
-    let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(name),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    });
-    let (gx, gy) = grid_2d(invocations.div_ceil(WG as usize) as u32);
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some(name),
-        timestamp_writes: None,
-    });
-    pass.set_pipeline(&pipeline);
-    pass.set_bind_group(0, &bind_group, &[]);
-    pass.dispatch_workgroups(gx, gy, 1);
-}
-
-fn grid_x(invocations: usize) -> u32 {
-    grid_2d(invocations.div_ceil(WG as usize) as u32).0
-}
-
 /// LayerNorm of `x [.., cols]` into new tensors, submitted.
 pub fn layer_norm_forward(
     ctx: &Context,
@@ -222,6 +171,7 @@ pub fn layer_norm_forward_into(
         encoder,
         "layer_norm_forward",
         FORWARD,
+        &[],
         bytemuck::bytes_of(&params),
         &[x, gamma, beta, y, stats],
         rows,
@@ -297,6 +247,7 @@ pub fn layer_norm_backward_into(
         encoder,
         "layer_norm_backward",
         BACKWARD,
+        &[],
         bytemuck::bytes_of(&params),
         &[x, gamma, stats, dy, dx],
         rows,
@@ -320,6 +271,7 @@ pub fn layer_norm_backward_into(
             encoder,
             "layer_norm_param_grads",
             PARAM_GRADS,
+            &[],
             bytemuck::bytes_of(&params),
             &[x, stats, dy, d_gamma, d_beta],
             cols,

@@ -2,5 +2,8 @@
 //! `reference/` of the same name.
 
 pub mod attention;
+pub mod cross_entropy;
+pub(crate) mod dispatch;
+pub mod elementwise;
 pub mod layer_norm;
 pub mod matmul;

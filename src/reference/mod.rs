@@ -3,4 +3,6 @@
 
 pub mod attention;
 pub mod compare;
+pub mod cross_entropy;
+pub mod elementwise;
 pub mod layer_norm;

@@ -1,0 +1,82 @@
+//! Recording of the simple kernels (one invocation per row, column or element): a cached pipeline, a
+//! uniform parameter block at binding 0 and whole tensors from binding 1 on, in one compute pass.
+
+use crate::device::{grid_2d, Context};
+use crate::tensor::{GpuTensor, GpuTokens};
+
+/// A whole GPU buffer a simple kernel binds.
+pub(crate) trait Bindable {
+    fn bound_buffer(&self) -> &wgpu::Buffer;
+}
+
+impl Bindable for GpuTensor {
+    fn bound_buffer(&self) -> &wgpu::Buffer {
+        self.buffer()
+    }
+}
+
+impl Bindable for GpuTokens {
+    fn bound_buffer(&self) -> &wgpu::Buffer {
+        self.buffer()
+    }
+}
+
+/// Invocations per workgroup of the simple kernels (`WG` in their shaders).
+pub(crate) const WG: u32 = 64;
+
+/// The `grid_x` a shader needs to linearise a 2-D grid covering `invocations`.
+pub(crate) fn grid_x(invocations: usize) -> u32 {
+    grid_2d(invocations.div_ceil(WG as usize) as u32).0
+}
+
+/// Records `name` over at least `invocations` invocations.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn encode(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    name: &'static str,
+    source: &'static str,
+    constants: &[(&'static str, u32)],
+    params: &[u8],
+    buffers: &[&dyn Bindable],
+    invocations: usize,
+) {
+    let mut all_constants = vec![("WG", WG)];
+    all_constants.extend_from_slice(constants);
+    let pipeline = ctx.pipeline(name, || source.to_string(), &all_constants);
+    let uniform = {
+        use wgpu::util::DeviceExt;
+        ctx.device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(name),
+                contents: params,
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    };
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: uniform.as_entire_binding(),
+    }];
+    entries.extend(
+        buffers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: t.bound_buffer().as_entire_binding(),
+            }),
+    );
+    let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(name),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let (gx, gy) = grid_2d(invocations.max(1).div_ceil(WG as usize) as u32);
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(name),
+        timestamp_writes: None,
+    });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(gx, gy, 1);
+}

@@ -1,0 +1,183 @@
+//! Elementwise ops: activations (`shaders/activation_{forward,backward}.wgsl`, ReLU and tanh-GELU)
+//! and the residual sum (`shaders/add.wgsl`). CPU reference: [`crate::reference::elementwise`].
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::attention::check_binding;
+use crate::kernels::dispatch::{encode, grid_x};
+use crate::tensor::GpuTensor;
+
+const ACTIVATION_FORWARD: &str = include_str!("../../shaders/activation_forward.wgsl");
+const ACTIVATION_BACKWARD: &str = include_str!("../../shaders/activation_backward.wgsl");
+const ADD: &str = include_str!("../../shaders/add.wgsl");
+
+/// The elementwise shaders by name, for the naga tests.
+pub fn shader_sources() -> Vec<(&'static str, String)> {
+    vec![
+        ("activation_forward", ACTIVATION_FORWARD.to_string()),
+        ("activation_backward", ACTIVATION_BACKWARD.to_string()),
+        ("add", ADD.to_string()),
+    ]
+}
+
+/// A pointwise nonlinearity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    Relu,
+    /// GELU, tanh approximation.
+    Gelu,
+}
+
+impl Activation {
+    fn code(self) -> u32 {
+        match self {
+            Activation::Relu => 0,
+            Activation::Gelu => 1,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    len: u32,
+    grid_x: u32,
+}
+
+fn params(ctx: &Context, arg: &'static str, t: &GpuTensor) -> Result<Params> {
+    if t.is_empty() || t.len() > u32::MAX as usize {
+        return Err(Error::shape(
+            arg,
+            format!("has {} elements; it needs 1 to 2^32 - 1", t.len()),
+        ));
+    }
+    check_binding(ctx, arg, t.size_bytes())?;
+    Ok(Params {
+        len: t.len() as u32,
+        grid_x: grid_x(t.len()),
+    })
+}
+
+fn same_shape(arg: &'static str, t: &GpuTensor, like: &GpuTensor) -> Result<()> {
+    if t.shape() != like.shape() {
+        return Err(Error::shape(
+            arg,
+            format!("has shape {:?}, expected {:?}", t.shape(), like.shape()),
+        ));
+    }
+    Ok(())
+}
+
+fn distinct(arg: &'static str, out: &GpuTensor, inputs: &[&GpuTensor]) -> Result<()> {
+    if inputs.iter().any(|t| t.buffer() == out.buffer()) {
+        return Err(Error::shape(
+            arg,
+            "shares a buffer with an input; write to a separate tensor",
+        ));
+    }
+    Ok(())
+}
+
+/// `y = f(x)` into a new tensor, submitted.
+pub fn activation_forward(ctx: &Context, kind: Activation, x: &GpuTensor) -> Result<GpuTensor> {
+    let y = GpuTensor::uninit(ctx, "activation y", x.shape())?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    activation_forward_into(ctx, &mut encoder, kind, x, &y)?;
+    ctx.submit(encoder);
+    Ok(y)
+}
+
+pub fn activation_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    kind: Activation,
+    x: &GpuTensor,
+    y: &GpuTensor,
+) -> Result<()> {
+    let p = params(ctx, "x", x)?;
+    same_shape("y", y, x)?;
+    distinct("y", y, &[x])?;
+    encode(
+        ctx,
+        encoder,
+        "activation_forward",
+        ACTIVATION_FORWARD,
+        &[("ACTIVATION", kind.code())],
+        bytemuck::bytes_of(&p),
+        &[x, y],
+        x.len(),
+    );
+    Ok(())
+}
+
+/// `dx = dy * f'(x)` into a new tensor, submitted.
+pub fn activation_backward(
+    ctx: &Context,
+    kind: Activation,
+    x: &GpuTensor,
+    dy: &GpuTensor,
+) -> Result<GpuTensor> {
+    let dx = GpuTensor::uninit(ctx, "activation dx", x.shape())?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    activation_backward_into(ctx, &mut encoder, kind, x, dy, &dx)?;
+    ctx.submit(encoder);
+    Ok(dx)
+}
+
+pub fn activation_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    kind: Activation,
+    x: &GpuTensor,
+    dy: &GpuTensor,
+    dx: &GpuTensor,
+) -> Result<()> {
+    let p = params(ctx, "x", x)?;
+    same_shape("dy", dy, x)?;
+    same_shape("dx", dx, x)?;
+    distinct("dx", dx, &[x, dy])?;
+    encode(
+        ctx,
+        encoder,
+        "activation_backward",
+        ACTIVATION_BACKWARD,
+        &[("ACTIVATION", kind.code())],
+        bytemuck::bytes_of(&p),
+        &[x, dy, dx],
+        x.len(),
+    );
+    Ok(())
+}
+
+/// `a + b` into a new tensor, submitted.
+pub fn add(ctx: &Context, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
+    let out = GpuTensor::uninit(ctx, "add out", a.shape())?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    add_into(ctx, &mut encoder, a, b, &out)?;
+    ctx.submit(encoder);
+    Ok(out)
+}
+
+pub fn add_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    a: &GpuTensor,
+    b: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
+    let p = params(ctx, "a", a)?;
+    same_shape("b", b, a)?;
+    same_shape("out", out, a)?;
+    distinct("out", out, &[a, b])?;
+    encode(
+        ctx,
+        encoder,
+        "add",
+        ADD,
+        &[],
+        bytemuck::bytes_of(&p),
+        &[a, b, out],
+        a.len(),
+    );
+    Ok(())
+}
