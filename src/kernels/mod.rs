@@ -7,3 +7,4 @@ pub(crate) mod dispatch;
 pub mod elementwise;
 pub mod layer_norm;
 pub mod matmul;
+pub mod optimizer;

@@ -6,3 +6,4 @@ pub mod compare;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod layer_norm;
+pub mod optimizer;

@@ -1,0 +1,43 @@
+// AdamW step (SPEC.md), one invocation per parameter element, with the gradient scaled by the clip
+// factor norm[1] of the grad-norm kernels:
+//   g = grad * scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   p = p (1 - lr wd) - lr (m / c1) / (sqrt(v / c2) + eps),   c1 = 1 - b1^t, c2 = 1 - b2^t.
+
+struct Params {
+    len: u32,
+    grid_x: u32,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    correction1: f32,
+    correction2: f32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+}
+
+override WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read_write> param: array<f32>;
+@group(0) @binding(2) var<storage, read> grad: array<f32>;
+@group(0) @binding(3) var<storage, read_write> m: array<f32>;
+@group(0) @binding(4) var<storage, read_write> v: array<f32>;
+@group(0) @binding(5) var<storage, read> norm: array<f32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.y * params.grid_x * WG + gid.x;
+    if i >= params.len {
+        return;
+    }
+    let g = grad[i] * norm[1];
+    let m_new = params.beta1 * m[i] + (1.0 - params.beta1) * g;
+    let v_new = params.beta2 * v[i] + (1.0 - params.beta2) * g * g;
+    m[i] = m_new;
+    v[i] = v_new;
+    let update = (m_new / params.correction1) / (sqrt(v_new / params.correction2) + params.eps);
+    param[i] = param[i] * (1.0 - params.lr * params.weight_decay) - params.lr * update;
+}

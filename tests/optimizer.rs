@@ -1,0 +1,114 @@
+//! AdamW (bias correction, decoupled weight decay, global-norm clipping) on the GPU vs the f64
+//! reference over several steps: parameters, both moments and the gradient norm; typed errors.
+
+mod common;
+
+use common::*;
+use wgpu_attention::kernels::optimizer::{AdamW, AdamWConfig};
+use wgpu_attention::reference::optimizer as reference;
+use wgpu_attention::{Error, GpuTensor};
+
+#[test]
+fn steps_match_reference_with_and_without_clipping() {
+    for_each_backend(|backend, ctx| {
+        for max_grad_norm in [None, Some(0.5)] {
+            let config = AdamWConfig {
+                lr: 0.01,
+                weight_decay: 0.1,
+                max_grad_norm,
+                ..Default::default()
+            };
+            let shapes = [vec![5], vec![7, 3], vec![2, 300]];
+            let mut rng = rng(42);
+            let mut host: Vec<Vec<f64>> = Vec::new();
+            let mut params = Vec::new();
+            for s in &shapes {
+                let p = random(&mut rng, s.iter().product(), 1.0);
+                host.push(to_f64(&p));
+                params.push(GpuTensor::from_slice(ctx, &p, s).unwrap());
+            }
+            let refs: Vec<&GpuTensor> = params.iter().collect();
+            let mut opt = AdamW::new(ctx, config, &refs).unwrap();
+            let mut m: Vec<Vec<f64>> = host.iter().map(|p| vec![0.0; p.len()]).collect();
+            let mut v = m.clone();
+            for step in 1..=4u32 {
+                let grads_host: Vec<Vec<f32>> = shapes
+                    .iter()
+                    .map(|s| random(&mut rng, s.iter().product(), 1.0))
+                    .collect();
+                let grads: Vec<GpuTensor> = grads_host
+                    .iter()
+                    .zip(&shapes)
+                    .map(|(g, s)| GpuTensor::from_slice(ctx, g, s).unwrap())
+                    .collect();
+                let grad_refs: Vec<&GpuTensor> = grads.iter().collect();
+                opt.step(ctx, &refs, &grad_refs).unwrap();
+                let g64: Vec<Vec<f64>> = grads_host.iter().map(|g| to_f64(g)).collect();
+                let (norm, scale) =
+                    reference::adamw_step(&config, step, &mut host, &g64, &mut m, &mut v);
+                let tag = format!("[{backend}] adamw clip {max_grad_norm:?} step {step}");
+                assert_close(
+                    &format!("{tag} norm"),
+                    &opt.grad_norm().to_vec(ctx).unwrap(),
+                    &[norm, scale],
+                    FORWARD_ATOL,
+                    FORWARD_RTOL,
+                );
+                let (gm, gv) = opt.moments();
+                for k in 0..shapes.len() {
+                    assert_close(
+                        &format!("{tag} param {k}"),
+                        &params[k].to_vec(ctx).unwrap(),
+                        &host[k],
+                        FORWARD_ATOL,
+                        FORWARD_RTOL,
+                    );
+                    assert_close(
+                        &format!("{tag} m {k}"),
+                        &gm[k].to_vec(ctx).unwrap(),
+                        &m[k],
+                        FORWARD_ATOL,
+                        FORWARD_RTOL,
+                    );
+                    assert_close(
+                        &format!("{tag} v {k}"),
+                        &gv[k].to_vec(ctx).unwrap(),
+                        &v[k],
+                        FORWARD_ATOL,
+                        FORWARD_RTOL,
+                    );
+                }
+                if max_grad_norm.is_some() {
+                    assert!(scale < 1.0, "the test's gradients must be clipped");
+                }
+            }
+            assert_eq!(opt.steps(), 4);
+        }
+    });
+}
+
+#[test]
+fn mismatched_tensors_are_a_typed_error() {
+    for_each_backend(|_, ctx| {
+        let p = GpuTensor::zeros(ctx, &[4]).unwrap();
+        let g = GpuTensor::zeros(ctx, &[5]).unwrap();
+        let mut opt = AdamW::new(ctx, AdamWConfig::default(), &[&p]).unwrap();
+        assert!(matches!(
+            opt.step(ctx, &[&p], &[&g]),
+            Err(Error::Shape {
+                arg: "params/grads",
+                ..
+            })
+        ));
+        assert_eq!(opt.steps(), 0, "a rejected step is not counted");
+        assert!(matches!(
+            opt.step(ctx, &[&p], &[&p]),
+            Err(Error::Shape { arg: "grads", .. })
+        ));
+        let bad = AdamWConfig {
+            beta1: 1.0,
+            ..Default::default()
+        };
+        assert!(AdamW::new(ctx, bad, &[&p]).is_err());
+    });
+}
