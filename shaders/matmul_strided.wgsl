@@ -3,7 +3,8 @@
 // Batch z = (b, h) with h < heads. Every operand is addressed by strides, so transposes, BSHD head
 // views and the grouped-query head mapping (operand head = h / head_div) are indexing, not copies; the
 // sum over g reduces the query heads that share a kv head in the backward pass.
-// A 16x16 workgroup computes a 64x64 tile of C, each invocation a 4x4 register tile.
+// A 16x16 workgroup computes a 64x64 tile of C, each invocation a 4x4 register tile. An optional
+// bias epilogue adds bias[col] (Linear layers).
 
 struct Operand {
     offset: u32,
@@ -27,8 +28,10 @@ struct GemmParams {
     grid_x: u32,
     total_groups: u32,
     alpha: f32,
-    _pad0: u32,
-    _pad1: u32,
+    // 1: add bias[col] to every row of C after scaling (the Linear layer's bias epilogue).
+    has_bias: u32,
+    // 1: add to C instead of overwriting it (a reduction split into several dispatches).
+    accumulate: u32,
     a: Operand,
     b: Operand,
     c: Operand,
@@ -41,6 +44,7 @@ const TILE_K: u32 = 16u;
 @group(0) @binding(1) var<storage, read> a_buf: array<f32>;
 @group(0) @binding(2) var<storage, read> b_buf: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_buf: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 var<workgroup> a_tile: array<f32, 1024>; // [TILE_K][TILE]: a_tile[kk * TILE + row]
 var<workgroup> b_tile: array<f32, 1024>; // [TILE_K][TILE]: b_tile[kk * TILE + col]
@@ -111,7 +115,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         for (var c = 0u; c < 4u; c++) {
             let col = n0 + tx + c * 16u;
             if row < gp.m && col < gp.n {
-                c_buf[c_base + row * gp.c.stride_row + col * gp.c.stride_col] = gp.alpha * acc[r][c];
+                var value = gp.alpha * acc[r][c];
+                if gp.has_bias != 0u {
+                    value += bias[col];
+                }
+                let index = c_base + row * gp.c.stride_row + col * gp.c.stride_col;
+                if gp.accumulate != 0u {
+                    value += c_buf[index];
+                }
+                c_buf[index] = value;
             }
         }
     }

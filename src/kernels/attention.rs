@@ -936,6 +936,7 @@ fn encode_probs(
             a: (q.buffer(), view_operand(q, true, 1)),
             b: (k.buffer(), view_operand(k, false, group)),
             c: (probs.buffer(), scores_op),
+            bias: None,
         },
     )?;
     let mut params = base_params(s, scale, opts);
@@ -1027,6 +1028,7 @@ pub fn attention_forward_unfused(
                 ),
                 b: (v.buffer(), view_operand(v, true, group)),
                 c: (out.buffer(), view_operand(&out_view, true, 1)),
+                bias: None,
             },
         )?;
     }
@@ -1116,6 +1118,7 @@ pub fn attention_backward_unfused(
                 a: (d_out.buffer(), view_operand(d_out, true, 1)),
                 b: (v.buffer(), view_operand(v, false, group)),
                 c: (dprobs.buffer(), p_rows),
+                bias: None,
             },
         )?;
         // dS = P (dP - rowsum(P dP)), in place.
@@ -1151,6 +1154,7 @@ pub fn attention_backward_unfused(
                 a: (dprobs.buffer(), p_rows),
                 b: (k.buffer(), view_operand(k, true, group)),
                 c: (dq.buffer(), view_operand(&dq_v, true, 1)),
+                bias: None,
             },
         )?;
         // dK = scale sum_g dS^T Q
@@ -1168,6 +1172,7 @@ pub fn attention_backward_unfused(
                 a: (dprobs.buffer(), p_t_grouped),
                 b: (q.buffer(), grouped(q)),
                 c: (dk.buffer(), view_operand(&dk_v, true, 1)),
+                bias: None,
             },
         )?;
         // dV = sum_g P^T dO
@@ -1185,6 +1190,7 @@ pub fn attention_backward_unfused(
                 a: (probs.buffer(), p_t_grouped),
                 b: (d_out.buffer(), grouped(d_out)),
                 c: (dv.buffer(), view_operand(&dv_v, true, 1)),
+                bias: None,
             },
         )?;
     }

@@ -1,5 +1,5 @@
 //! Batched strided matrix product (`shaders/matmul_strided.wgsl`), used by the unfused attention
-//! baseline. `C[z] = alpha * sum_g A[z, g] · B[z, g]` with every operand addressed by strides.
+//! baseline and the Linear layer (bias epilogue). `C[z] = alpha * sum_g A[z, g] · B[z, g]` with every operand addressed by strides.
 
 use crate::device::{grid_2d, Context};
 use crate::error::{Error, Result};
@@ -35,14 +35,15 @@ struct GemmParams {
     grid_x: u32,
     total_groups: u32,
     alpha: f32,
-    _pad0: u32,
-    _pad1: u32,
+    has_bias: u32,
+    accumulate: u32,
     a: Operand,
     b: Operand,
     c: Operand,
 }
 
 /// One batched product: `batch * heads` outputs of `m x n`, reduced over `groups * k`.
+#[derive(Clone, Copy)]
 pub(crate) struct Gemm<'a> {
     pub m: u32,
     pub n: u32,
@@ -54,7 +55,13 @@ pub(crate) struct Gemm<'a> {
     pub a: (&'a wgpu::Buffer, Operand),
     pub b: (&'a wgpu::Buffer, Operand),
     pub c: (&'a wgpu::Buffer, Operand),
+    /// Added to every row of C (`[n]`), after `alpha`.
+    pub bias: Option<&'a wgpu::Buffer>,
 }
+
+/// Loop iterations one invocation runs per 16-deep k tile, counting inner loops as not unrolled
+/// (the tile loads, the 16 k steps with their 4 + 4 + 16 register updates).
+const LOOP_COST_PER_K_TILE: u64 = 4 + 16 * (1 + 4 + 4 + 16);
 
 /// Records one batched product into `pass`.
 pub(crate) fn encode_gemm(
@@ -65,12 +72,55 @@ pub(crate) fn encode_gemm(
     let tiles_m = g.m.div_ceil(TILE);
     let tiles_n = g.n.div_ceil(TILE);
     let total = (tiles_m as u64) * (tiles_n as u64) * (g.batch as u64) * (g.heads as u64);
-    let total = u32::try_from(total).map_err(|_| Error::Unsupported {
+    u32::try_from(total).map_err(|_| Error::Unsupported {
         arg: "matmul workgroups",
         value: total,
         limit: u32::MAX as u64,
         hint: "",
     })?;
+    // llvmpipe ends every loop after 65535 iterations per invocation: split the reduction over
+    // groups and k into dispatches that accumulate into C.
+    let k_tiles = (g.k as u64).div_ceil(16);
+    let fits = ctx
+        .loop_budget()
+        .is_none_or(|budget| g.groups as u64 * k_tiles * LOOP_COST_PER_K_TILE <= budget as u64);
+    if !fits {
+        let budget = ctx.loop_budget().unwrap_or(u32::MAX) as u64;
+        let k_chunk = ((budget / LOOP_COST_PER_K_TILE).max(1) * 16).min(g.k as u64) as u32;
+        let mut first = true;
+        for group in 0..g.groups {
+            for k0 in (0..g.k).step_by(k_chunk as usize) {
+                let shift = |op: Operand, k_stride: u32| Operand {
+                    offset: op.offset + group * op.stride_g + k0 * k_stride,
+                    ..op
+                };
+                let part = Gemm {
+                    k: k_chunk.min(g.k - k0),
+                    groups: 1,
+                    a: (g.a.0, shift(g.a.1, g.a.1.stride_col)),
+                    b: (g.b.0, shift(g.b.1, g.b.1.stride_row)),
+                    bias: if first { g.bias } else { None },
+                    ..*g
+                };
+                encode_one(ctx, pass, &part, !first)?;
+                first = false;
+            }
+        }
+        return Ok(());
+    }
+    encode_one(ctx, pass, g, false)
+}
+
+fn encode_one(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    g: &Gemm<'_>,
+    accumulate: bool,
+) -> Result<()> {
+    let tiles_m = g.m.div_ceil(TILE);
+    let tiles_n = g.n.div_ceil(TILE);
+    let total = (tiles_m as u64) * (tiles_n as u64) * (g.batch as u64) * (g.heads as u64);
+    let total = total as u32;
     let (gx, gy) = grid_2d(total);
     let params = GemmParams {
         m: g.m,
@@ -83,10 +133,11 @@ pub(crate) fn encode_gemm(
         grid_x: gx,
         total_groups: total,
         alpha: g.alpha,
+        has_bias: g.bias.is_some() as u32,
+        accumulate: accumulate as u32,
         a: g.a.1,
         b: g.b.1,
         c: g.c.1,
-        ..Default::default()
     };
     let pipeline = ctx.pipeline("matmul_strided", || SOURCE.to_string(), &[]);
     let uniform = ctx.uniform("matmul params", &params);
@@ -109,6 +160,10 @@ pub(crate) fn encode_gemm(
             wgpu::BindGroupEntry {
                 binding: 3,
                 resource: g.c.0.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 4,
+                resource: g.bias.unwrap_or(ctx.empty_storage()).as_entire_binding(),
             },
         ],
     });

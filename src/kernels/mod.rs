@@ -6,5 +6,6 @@ pub mod cross_entropy;
 pub(crate) mod dispatch;
 pub mod elementwise;
 pub mod layer_norm;
+pub mod linear;
 pub mod matmul;
 pub mod optimizer;

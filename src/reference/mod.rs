@@ -6,4 +6,5 @@ pub mod compare;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod layer_norm;
+pub mod linear;
 pub mod optimizer;

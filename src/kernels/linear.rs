@@ -1,0 +1,312 @@
+//! Linear layer `y = x W^T + b` (SPEC.md) on the strided GEMM (`shaders/matmul_strided.wgsl`, whose
+//! strides give the transposed forms the backward needs, `dx = dy W` and `dW = dy^T x`, without
+//! copies) with its bias epilogue, and the bias gradient `db = column sums of dy`
+//! (`shaders/column_sum.wgsl`, deterministic). CPU reference: [`crate::reference::linear`].
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::attention::check_binding;
+use crate::kernels::dispatch::{encode, grid_x};
+use crate::kernels::matmul::{encode_gemm, Gemm, Operand};
+use crate::tensor::GpuTensor;
+
+const COLUMN_SUM: &str = include_str!("../../shaders/column_sum.wgsl");
+
+/// The Linear-specific shaders by name, for the naga tests (the GEMM is listed with attention's).
+pub fn shader_sources() -> Vec<(&'static str, String)> {
+    vec![("column_sum", COLUMN_SUM.to_string())]
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ColumnParams {
+    rows: u32,
+    cols: u32,
+    row_begin: u32,
+    row_end: u32,
+    accumulate: u32,
+    grid_x: u32,
+    pad: [u32; 2],
+}
+
+/// Gradients of a Linear layer; `d_bias` when it has a bias.
+#[derive(Clone, Debug)]
+pub struct LinearGrads {
+    pub dx: GpuTensor,
+    pub d_weight: GpuTensor,
+    pub d_bias: Option<GpuTensor>,
+}
+
+/// (rows, in, out) of `x [.., in]` against `weight [out, in]`, validated.
+fn dims(
+    ctx: &Context,
+    x: &GpuTensor,
+    weight: &GpuTensor,
+    bias: Option<&GpuTensor>,
+) -> Result<(usize, usize, usize)> {
+    let &[out_f, in_f] = weight.shape() else {
+        return Err(Error::shape(
+            "weight",
+            format!("has shape {:?}; expected [out, in]", weight.shape()),
+        ));
+    };
+    if x.shape().last() != Some(&in_f) || x.is_empty() || in_f == 0 || out_f == 0 {
+        return Err(Error::shape(
+            "x",
+            format!(
+                "has shape {:?}; its last dimension must be the weight's in features {in_f}",
+                x.shape()
+            ),
+        ));
+    }
+    if let Some(b) = bias {
+        if b.shape() != [out_f] {
+            return Err(Error::shape(
+                "bias",
+                format!("has shape {:?}, expected [{out_f}]", b.shape()),
+            ));
+        }
+    }
+    let rows = x.len() / in_f;
+    if rows * out_f > u32::MAX as usize || x.len() > u32::MAX as usize {
+        return Err(Error::Unsupported {
+            arg: "Linear elements",
+            value: (rows * out_f.max(in_f)) as u64,
+            limit: u32::MAX as u64,
+            hint: "",
+        });
+    }
+    for (arg, t) in [("x", x), ("weight", weight)] {
+        check_binding(ctx, arg, t.size_bytes())?;
+    }
+    Ok((rows, in_f, out_f))
+}
+
+fn row_major(cols: usize) -> Operand {
+    Operand {
+        head_div: 1,
+        stride_row: cols as u32,
+        stride_col: 1,
+        ..Default::default()
+    }
+}
+
+fn transposed(cols: usize) -> Operand {
+    Operand {
+        head_div: 1,
+        stride_row: 1,
+        stride_col: cols as u32,
+        ..Default::default()
+    }
+}
+
+fn out_shape(x: &GpuTensor, features: usize) -> Vec<usize> {
+    let mut s = x.shape().to_vec();
+    *s.last_mut().expect("validated non-empty") = features;
+    s
+}
+
+/// `x W^T + b` into a new tensor, submitted.
+pub fn linear_forward(
+    ctx: &Context,
+    x: &GpuTensor,
+    weight: &GpuTensor,
+    bias: Option<&GpuTensor>,
+) -> Result<GpuTensor> {
+    let (_, _, out_f) = dims(ctx, x, weight, bias)?;
+    let y = GpuTensor::uninit(ctx, "linear y", &out_shape(x, out_f))?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    linear_forward_into(ctx, &mut encoder, x, weight, bias, &y)?;
+    ctx.submit(encoder);
+    Ok(y)
+}
+
+pub fn linear_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    weight: &GpuTensor,
+    bias: Option<&GpuTensor>,
+    y: &GpuTensor,
+) -> Result<()> {
+    let (rows, in_f, out_f) = dims(ctx, x, weight, bias)?;
+    if y.shape() != out_shape(x, out_f) {
+        return Err(Error::shape(
+            "y",
+            format!(
+                "has shape {:?}, expected {:?}",
+                y.shape(),
+                out_shape(x, out_f)
+            ),
+        ));
+    }
+    if [x.buffer(), weight.buffer()].contains(&y.buffer())
+        || bias.is_some_and(|b| b.buffer() == y.buffer())
+    {
+        return Err(Error::shape("y", "shares a buffer with an input"));
+    }
+    let mut pass = encoder.begin_compute_pass(&Default::default());
+    encode_gemm(
+        ctx,
+        &mut pass,
+        &Gemm {
+            m: rows as u32,
+            n: out_f as u32,
+            k: in_f as u32,
+            groups: 1,
+            batch: 1,
+            heads: 1,
+            alpha: 1.0,
+            a: (x.buffer(), row_major(in_f)),
+            b: (weight.buffer(), transposed(in_f)),
+            c: (y.buffer(), row_major(out_f)),
+            bias: bias.map(|b| b.buffer().as_ref()),
+        },
+    )
+}
+
+/// dx, dW (and db) of `y = x W^T + b` for the upstream gradient `dy`, into new tensors, submitted.
+pub fn linear_backward(
+    ctx: &Context,
+    x: &GpuTensor,
+    weight: &GpuTensor,
+    dy: &GpuTensor,
+    with_bias: bool,
+) -> Result<LinearGrads> {
+    let (_, in_f, out_f) = dims(ctx, x, weight, None)?;
+    let grads = LinearGrads {
+        dx: GpuTensor::uninit(ctx, "linear dx", x.shape())?,
+        d_weight: GpuTensor::uninit(ctx, "linear d_weight", &[out_f, in_f])?,
+        d_bias: if with_bias {
+            Some(GpuTensor::uninit(ctx, "linear d_bias", &[out_f])?)
+        } else {
+            None
+        },
+    };
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    linear_backward_into(ctx, &mut encoder, x, weight, dy, &grads)?;
+    ctx.submit(encoder);
+    Ok(grads)
+}
+
+/// Records the Linear backward into `grads` (overwritten, not accumulated).
+pub fn linear_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    weight: &GpuTensor,
+    dy: &GpuTensor,
+    grads: &LinearGrads,
+) -> Result<()> {
+    let (rows, in_f, out_f) = dims(ctx, x, weight, None)?;
+    let checks = [
+        ("dy", dy.shape().to_vec(), out_shape(x, out_f)),
+        ("dx", grads.dx.shape().to_vec(), x.shape().to_vec()),
+        (
+            "d_weight",
+            grads.d_weight.shape().to_vec(),
+            vec![out_f, in_f],
+        ),
+    ];
+    for (arg, got, want) in checks {
+        if got != want {
+            return Err(Error::shape(
+                arg,
+                format!("has shape {got:?}, expected {want:?}"),
+            ));
+        }
+    }
+    if let Some(db) = &grads.d_bias {
+        if db.shape() != [out_f] {
+            return Err(Error::shape(
+                "d_bias",
+                format!("has shape {:?}, expected [{out_f}]", db.shape()),
+            ));
+        }
+    }
+    let inputs = [x.buffer(), weight.buffer(), dy.buffer()];
+    let outputs = [
+        Some(&grads.dx),
+        Some(&grads.d_weight),
+        grads.d_bias.as_ref(),
+    ];
+    for (i, out) in outputs.iter().flatten().enumerate() {
+        if inputs.contains(&out.buffer())
+            || outputs[..i]
+                .iter()
+                .flatten()
+                .any(|o| o.buffer() == out.buffer())
+        {
+            return Err(Error::shape(
+                "grads",
+                "share a buffer with an input or with each other",
+            ));
+        }
+    }
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        // dx [rows, in] = dy [rows, out] . W [out, in]
+        encode_gemm(
+            ctx,
+            &mut pass,
+            &Gemm {
+                m: rows as u32,
+                n: in_f as u32,
+                k: out_f as u32,
+                groups: 1,
+                batch: 1,
+                heads: 1,
+                alpha: 1.0,
+                a: (dy.buffer(), row_major(out_f)),
+                b: (weight.buffer(), row_major(in_f)),
+                c: (grads.dx.buffer(), row_major(in_f)),
+                bias: None,
+            },
+        )?;
+        // dW [out, in] = dy^T [out, rows] . x [rows, in]
+        encode_gemm(
+            ctx,
+            &mut pass,
+            &Gemm {
+                m: out_f as u32,
+                n: in_f as u32,
+                k: rows as u32,
+                groups: 1,
+                batch: 1,
+                heads: 1,
+                alpha: 1.0,
+                a: (dy.buffer(), transposed(out_f)),
+                b: (x.buffer(), row_major(in_f)),
+                c: (grads.d_weight.buffer(), row_major(in_f)),
+                bias: None,
+            },
+        )?;
+    }
+    if let Some(db) = &grads.d_bias {
+        let per_chunk = ctx
+            .loop_budget()
+            .map_or(rows, |b| (b as usize).saturating_sub(16).max(1));
+        for (index, begin) in (0..rows).step_by(per_chunk).enumerate() {
+            let p = ColumnParams {
+                rows: rows as u32,
+                cols: out_f as u32,
+                row_begin: begin as u32,
+                row_end: (begin + per_chunk).min(rows) as u32,
+                accumulate: (index > 0) as u32,
+                grid_x: grid_x(out_f),
+                pad: [0; 2],
+            };
+            encode(
+                ctx,
+                encoder,
+                "column_sum",
+                COLUMN_SUM,
+                &[],
+                bytemuck::bytes_of(&p),
+                &[dy, db],
+                out_f,
+            );
+        }
+    }
+    Ok(())
+}
