@@ -5,6 +5,7 @@ pub mod attention;
 pub mod cross_entropy;
 pub(crate) mod dispatch;
 pub mod elementwise;
+pub mod embedding;
 pub mod layer_norm;
 pub mod linear;
 pub mod matmul;

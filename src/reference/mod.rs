@@ -5,6 +5,7 @@ pub mod attention;
 pub mod compare;
 pub mod cross_entropy;
 pub mod elementwise;
+pub mod embedding;
 pub mod layer_norm;
 pub mod linear;
 pub mod optimizer;

@@ -1,0 +1,371 @@
+//! Token embeddings and positional encodings (SPEC.md).
+//!
+//! - `shaders/embedding_forward.wgsl`: `out[t] = table[tokens[t]]`;
+//!   `shaders/embedding_backward.wgsl`: the table gradient by a deterministic scatter-add (one
+//!   invocation per column, tokens in order; no float atomics).
+//! - `shaders/positional_add.wgsl`: `y[b, l] = x[b, l] + table[l]` with a sinusoidal table (computed
+//!   on the host in f64, [`sinusoidal_table`]) or a learned one; `shaders/positional_backward.wgsl`:
+//!   the learned table's gradient (sum over the batch). The gradient to `x` is the identity.
+//!
+//! CPU reference: [`crate::reference::embedding`].
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::attention::check_binding;
+use crate::kernels::dispatch::{encode, grid_x};
+use crate::tensor::{GpuTensor, GpuTokens};
+
+const EMBEDDING_FORWARD: &str = include_str!("../../shaders/embedding_forward.wgsl");
+const EMBEDDING_BACKWARD: &str = include_str!("../../shaders/embedding_backward.wgsl");
+const POSITIONAL_ADD: &str = include_str!("../../shaders/positional_add.wgsl");
+const POSITIONAL_BACKWARD: &str = include_str!("../../shaders/positional_backward.wgsl");
+
+/// The embedding shaders by name, for the naga tests.
+pub fn shader_sources() -> Vec<(&'static str, String)> {
+    vec![
+        ("embedding_forward", EMBEDDING_FORWARD.to_string()),
+        ("embedding_backward", EMBEDDING_BACKWARD.to_string()),
+        ("positional_add", POSITIONAL_ADD.to_string()),
+        ("positional_backward", POSITIONAL_BACKWARD.to_string()),
+    ]
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct EmbeddingParams {
+    tokens: u32,
+    dim: u32,
+    vocab: u32,
+    grid_x: u32,
+    token_begin: u32,
+    token_end: u32,
+    accumulate: u32,
+    pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct PositionalParams {
+    batch: u32,
+    seq: u32,
+    dim: u32,
+    grid_x: u32,
+    max_len: u32,
+    pad: [u32; 3],
+}
+
+/// The sinusoidal table of "Attention Is All You Need", `[max_len, dim]` row-major:
+/// `PE[l, 2i] = sin(l / 10000^(2i / dim))`, `PE[l, 2i + 1] = cos(l / 10000^(2i / dim))`.
+pub fn sinusoidal_table(max_len: usize, dim: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; max_len * dim];
+    for l in 0..max_len {
+        for c in 0..dim {
+            let i = (c / 2) as f64;
+            let angle = l as f64 / 10000f64.powf(2.0 * i / dim as f64);
+            t[l * dim + c] = if c % 2 == 0 { angle.sin() } else { angle.cos() } as f32;
+        }
+    }
+    t
+}
+
+fn check_table(ctx: &Context, table: &GpuTensor) -> Result<(usize, usize)> {
+    let &[vocab, dim] = table.shape() else {
+        return Err(Error::shape(
+            "table",
+            format!("has shape {:?}; expected [vocab, dim]", table.shape()),
+        ));
+    };
+    if vocab == 0 || dim == 0 || table.len() > u32::MAX as usize {
+        return Err(Error::shape(
+            "table",
+            format!(
+                "has shape {:?}; both dimensions must be at least 1",
+                table.shape()
+            ),
+        ));
+    }
+    check_binding(ctx, "table", table.size_bytes())?;
+    Ok((vocab, dim))
+}
+
+fn check_tokens(tokens: &GpuTokens, vocab: usize, dim: usize) -> Result<()> {
+    if let Some((i, v)) = tokens.first_out_of_range(vocab as u32, None) {
+        return Err(Error::shape(
+            "tokens",
+            format!("entry {i} is {v}, beyond the vocabulary of {vocab}"),
+        ));
+    }
+    if tokens.len() * dim > u32::MAX as usize {
+        return Err(Error::Unsupported {
+            arg: "tokens * dim",
+            value: (tokens.len() * dim) as u64,
+            limit: u32::MAX as u64,
+            hint: "",
+        });
+    }
+    Ok(())
+}
+
+fn shape_with_dim(tokens: &GpuTokens, dim: usize) -> Vec<usize> {
+    let mut s = tokens.shape().to_vec();
+    s.push(dim);
+    s
+}
+
+/// `table[tokens]`, shaped `tokens.shape() + [dim]`, submitted.
+pub fn embedding_forward(
+    ctx: &Context,
+    tokens: &GpuTokens,
+    table: &GpuTensor,
+) -> Result<GpuTensor> {
+    let (_, dim) = check_table(ctx, table)?;
+    let out = GpuTensor::uninit(ctx, "embedding out", &shape_with_dim(tokens, dim))?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    embedding_forward_into(ctx, &mut encoder, tokens, table, &out)?;
+    ctx.submit(encoder);
+    Ok(out)
+}
+
+pub fn embedding_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    tokens: &GpuTokens,
+    table: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
+    let (vocab, dim) = check_table(ctx, table)?;
+    check_tokens(tokens, vocab, dim)?;
+    if out.shape() != shape_with_dim(tokens, dim) || out.buffer() == table.buffer() {
+        return Err(Error::shape(
+            "out",
+            format!(
+                "must be a separate tensor of shape {:?}",
+                shape_with_dim(tokens, dim)
+            ),
+        ));
+    }
+    let n = tokens.len() * dim;
+    let p = EmbeddingParams {
+        tokens: tokens.len() as u32,
+        dim: dim as u32,
+        vocab: vocab as u32,
+        grid_x: grid_x(n),
+        token_begin: 0,
+        token_end: 0,
+        accumulate: 0,
+        pad: 0,
+    };
+    encode(
+        ctx,
+        encoder,
+        "embedding_forward",
+        EMBEDDING_FORWARD,
+        &[],
+        bytemuck::bytes_of(&p),
+        &[tokens, table, out],
+        n,
+    );
+    Ok(())
+}
+
+/// The gradient of the table `[vocab, dim]` for the upstream gradient `dy` (shaped like the
+/// forward's output), submitted.
+pub fn embedding_backward(
+    ctx: &Context,
+    tokens: &GpuTokens,
+    dy: &GpuTensor,
+    vocab: usize,
+) -> Result<GpuTensor> {
+    let dim = *dy.shape().last().unwrap_or(&0);
+    let d_table = GpuTensor::uninit(ctx, "embedding d_table", &[vocab, dim])?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    embedding_backward_into(ctx, &mut encoder, tokens, dy, &d_table)?;
+    ctx.submit(encoder);
+    Ok(d_table)
+}
+
+/// Records the table gradient into `d_table [vocab, dim]` (overwritten).
+pub fn embedding_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    tokens: &GpuTokens,
+    dy: &GpuTensor,
+    d_table: &GpuTensor,
+) -> Result<()> {
+    let (vocab, dim) = check_table(ctx, d_table)?;
+    check_tokens(tokens, vocab, dim)?;
+    if dy.shape() != shape_with_dim(tokens, dim) {
+        return Err(Error::shape(
+            "dy",
+            format!(
+                "has shape {:?}, expected {:?}",
+                dy.shape(),
+                shape_with_dim(tokens, dim)
+            ),
+        ));
+    }
+    if dy.buffer() == d_table.buffer() {
+        return Err(Error::shape("d_table", "shares a buffer with dy"));
+    }
+    // One invocation zeroes its column (vocab iterations) and adds tokens; split under a loop budget.
+    let per_chunk = match ctx.loop_budget() {
+        Some(budget) => {
+            let room = (budget as usize).saturating_sub(vocab + 16);
+            if room == 0 {
+                return Err(Error::Unsupported {
+                    arg: "vocab",
+                    value: vocab as u64,
+                    limit: budget as u64 - 17,
+                    hint: " on this driver (llvmpipe loop cap)",
+                });
+            }
+            room
+        }
+        None => tokens.len(),
+    };
+    for (index, begin) in (0..tokens.len()).step_by(per_chunk).enumerate() {
+        let p = EmbeddingParams {
+            tokens: tokens.len() as u32,
+            dim: dim as u32,
+            vocab: vocab as u32,
+            grid_x: grid_x(dim),
+            token_begin: begin as u32,
+            token_end: (begin + per_chunk).min(tokens.len()) as u32,
+            accumulate: (index > 0) as u32,
+            pad: 0,
+        };
+        encode(
+            ctx,
+            encoder,
+            "embedding_backward",
+            EMBEDDING_BACKWARD,
+            &[],
+            bytemuck::bytes_of(&p),
+            &[tokens, dy, d_table],
+            dim,
+        );
+    }
+    Ok(())
+}
+
+/// (batch, seq, dim, max_len) of `x [batch, seq, dim]` against `table [max_len, dim]`.
+fn positional_dims(
+    ctx: &Context,
+    x: &GpuTensor,
+    table: &GpuTensor,
+) -> Result<(usize, usize, usize, usize)> {
+    let (max_len, dim) = check_table(ctx, table)?;
+    let &[batch, seq, x_dim] = x.shape() else {
+        return Err(Error::shape(
+            "x",
+            format!("has shape {:?}; expected [batch, seq, dim]", x.shape()),
+        ));
+    };
+    if x_dim != dim || seq > max_len || batch == 0 || seq == 0 {
+        return Err(Error::shape(
+            "x",
+            format!(
+                "has shape {:?}; needs dim {dim} and 1 to {max_len} positions (the table's rows)",
+                x.shape()
+            ),
+        ));
+    }
+    if let Some(budget) = ctx.loop_budget() {
+        if batch > budget as usize {
+            return Err(Error::Unsupported {
+                arg: "batch",
+                value: batch as u64,
+                limit: budget as u64,
+                hint: " on this driver (llvmpipe loop cap)",
+            });
+        }
+    }
+    Ok((batch, seq, dim, max_len))
+}
+
+/// `x + table[:seq]` (positions broadcast over the batch), submitted.
+pub fn positional_forward(ctx: &Context, x: &GpuTensor, table: &GpuTensor) -> Result<GpuTensor> {
+    let y = GpuTensor::uninit(ctx, "positional y", x.shape())?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    positional_forward_into(ctx, &mut encoder, x, table, &y)?;
+    ctx.submit(encoder);
+    Ok(y)
+}
+
+pub fn positional_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    table: &GpuTensor,
+    y: &GpuTensor,
+) -> Result<()> {
+    let (batch, seq, dim, max_len) = positional_dims(ctx, x, table)?;
+    if y.shape() != x.shape() || [x.buffer(), table.buffer()].contains(&y.buffer()) {
+        return Err(Error::shape(
+            "y",
+            format!("must be a separate tensor of shape {:?}", x.shape()),
+        ));
+    }
+    let n = x.len();
+    let p = PositionalParams {
+        batch: batch as u32,
+        seq: seq as u32,
+        dim: dim as u32,
+        grid_x: grid_x(n),
+        max_len: max_len as u32,
+        pad: [0; 3],
+    };
+    encode(
+        ctx,
+        encoder,
+        "positional_add",
+        POSITIONAL_ADD,
+        &[],
+        bytemuck::bytes_of(&p),
+        &[x, table, y],
+        n,
+    );
+    Ok(())
+}
+
+/// The learned table's gradient `[max_len, dim]` for `dy [batch, seq, dim]`, submitted.
+pub fn positional_backward(ctx: &Context, dy: &GpuTensor, max_len: usize) -> Result<GpuTensor> {
+    let dim = *dy.shape().last().unwrap_or(&0);
+    let d_table = GpuTensor::uninit(ctx, "positional d_table", &[max_len, dim])?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    positional_backward_into(ctx, &mut encoder, dy, &d_table)?;
+    ctx.submit(encoder);
+    Ok(d_table)
+}
+
+pub fn positional_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dy: &GpuTensor,
+    d_table: &GpuTensor,
+) -> Result<()> {
+    let (batch, seq, dim, max_len) = positional_dims(ctx, dy, d_table)?;
+    if dy.buffer() == d_table.buffer() {
+        return Err(Error::shape("d_table", "shares a buffer with dy"));
+    }
+    let n = max_len * dim;
+    let p = PositionalParams {
+        batch: batch as u32,
+        seq: seq as u32,
+        dim: dim as u32,
+        grid_x: grid_x(n),
+        max_len: max_len as u32,
+        pad: [0; 3],
+    };
+    encode(
+        ctx,
+        encoder,
+        "positional_backward",
+        POSITIONAL_BACKWARD,
+        &[],
+        bytemuck::bytes_of(&p),
+        &[dy, d_table],
+        n,
+    );
+    Ok(())
+}
