@@ -21,6 +21,7 @@ pub mod bench;
 pub mod device;
 pub mod error;
 pub mod kernels;
+pub mod layers;
 pub mod reference;
 pub mod tensor;
 

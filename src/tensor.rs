@@ -164,6 +164,25 @@ impl GpuTensor {
     }
 
     /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
+    /// The same buffer under another shape with the same element count (no copy).
+    pub fn reshape(&self, shape: &[usize]) -> Result<GpuTensor> {
+        if element_count("shape", shape)? != self.len() {
+            return Err(Error::shape(
+                "shape",
+                format!(
+                    "{shape:?} does not hold the {} elements of {:?}",
+                    self.len(),
+                    self.shape
+                ),
+            ));
+        }
+        Ok(GpuTensor {
+            buffer: self.buffer.clone(),
+            shape: shape.to_vec(),
+            _allocation: self._allocation.clone(),
+        })
+    }
+
     pub fn heads(&self) -> Result<HeadsView> {
         match *self.shape.as_slice() {
             [b, s, h, d] => Ok(HeadsView {

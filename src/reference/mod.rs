@@ -9,3 +9,4 @@ pub mod embedding;
 pub mod layer_norm;
 pub mod linear;
 pub mod optimizer;
+pub mod transformer_layer;
