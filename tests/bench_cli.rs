@@ -78,8 +78,10 @@ fn tiny_run_writes_validated_json_plot_and_compares() {
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         let cases = report["cases"].as_array().unwrap();
-        // 2 masks x 2 paths x 2 passes, every one validated against the reference.
-        assert_eq!(cases.len(), 8);
+        // 2 masks x 2 paths x 2 passes, plus the Transformer layer (causal mask only), every one
+        // validated against the reference.
+        assert_eq!(cases.len(), 9);
+        assert!(cases.iter().any(|c| c["pass"] == "layer fwd+bwd"));
         for case in cases {
             assert_eq!(case["validation"]["passed"], true, "{case}");
             assert!(case["median_ms"].as_f64().unwrap() > 0.0);

@@ -15,10 +15,14 @@ use clap::{Parser, ValueEnum};
 use serde_json::{json, Value};
 use wgpu_attention::bench::fma::fma_peak_gflops;
 use wgpu_attention::bench::{measure, Samples, Timer};
+use wgpu_attention::layers::transformer_layer::{
+    init_params, param_shapes, TransformerLayer, TransformerLayerConfig,
+};
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::compare::{
     compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
 };
+use wgpu_attention::reference::transformer_layer as reference_layer;
 use wgpu_attention::{
     attention_backward_into, attention_backward_unfused, attention_backward_workspace,
     attention_forward_into, attention_forward_unfused, enumerate_adapters, parse_backends,
@@ -56,6 +60,28 @@ enum PathKind {
 enum Pass {
     Forward,
     Backward,
+    /// A pre-LN Transformer encoder layer (d_model = H * D, d_ff = 4 * d_model, GELU), forward and
+    /// backward, fused attention. In the preset suites it runs at the shortest length only.
+    Layer,
+}
+
+impl Pass {
+    fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "forward",
+            Pass::Backward => "backward",
+            Pass::Layer => "layer fwd+bwd",
+        }
+    }
+}
+
+impl PathKind {
+    fn name(self) -> &'static str {
+        match self {
+            PathKind::Fused => "fused",
+            PathKind::Unfused => "unfused",
+        }
+    }
 }
 
 /// Validated attention benchmarks on any wgpu adapter.
@@ -403,9 +429,25 @@ fn run(cli: &Cli, ctx: &Context, problems: &[Problem]) -> wgpu_attention::Result
     let passes = cli
         .passes
         .clone()
-        .unwrap_or(vec![Pass::Forward, Pass::Backward]);
+        .unwrap_or(vec![Pass::Forward, Pass::Backward, Pass::Layer]);
+    // The layer case runs at the shortest length of a preset suite, at every one when asked for.
+    let shortest = problems.iter().map(|p| p.q_len).min().unwrap_or(0);
+    let layer_at = |p: &Problem| {
+        (cli.passes.is_some() || p.q_len == shortest)
+            && matches!(p.mask, Mask::None | Mask::Causal)
+            && p.q_len == p.kv_len
+            && p.heads == p.kv_heads
+            && p.dk == p.dv
+    };
+    let total = problems
+        .iter()
+        .map(|p| {
+            paths.len() * passes.iter().filter(|&&x| x != Pass::Layer).count()
+                + usize::from(passes.contains(&Pass::Layer) && layer_at(p))
+        })
+        .sum();
     let mut progress = Progress {
-        total: problems.len() * paths.len() * passes.len(),
+        total,
         done: 0,
         tty: std::io::stderr().is_terminal(),
     };
@@ -416,6 +458,7 @@ fn run(cli: &Cli, ctx: &Context, problems: &[Problem]) -> wgpu_attention::Result
             &timer,
             reps,
             cli.validate_limit,
+            layer_at(problem),
             problem,
             &paths,
             &passes,
@@ -491,6 +534,7 @@ fn run_problem(
     timer: &Timer,
     reps: usize,
     validate_limit: u64,
+    with_layer: bool,
     p: &Problem,
     paths: &[PathKind],
     passes: &[Pass],
@@ -554,31 +598,28 @@ fn run_problem(
     let mut results = Vec::new();
     for &path in paths {
         for &pass in passes {
-            let id = format!(
-                "{} {} {}",
-                match pass {
-                    Pass::Forward => "forward",
-                    Pass::Backward => "backward",
-                },
-                match path {
-                    PathKind::Fused => "fused",
-                    PathKind::Unfused => "unfused",
-                },
-                p.label()
-            );
+            let layer = pass == Pass::Layer;
+            if layer && (path != PathKind::Fused || !with_layer) {
+                continue;
+            }
+            let id = format!("{} {} {}", pass.name(), path.name(), p.label());
             progress.step(&id);
-            let outcome = run_case(
-                ctx,
-                timer,
-                reps,
-                &shape,
-                &inputs,
-                &opts,
-                path,
-                pass,
-                reference_forward.as_ref(),
-                reference_backward.as_ref(),
-            );
+            let outcome = if layer {
+                run_layer_case(ctx, timer, reps, validate_limit, p)
+            } else {
+                run_case(
+                    ctx,
+                    timer,
+                    reps,
+                    &shape,
+                    &inputs,
+                    &opts,
+                    path,
+                    pass,
+                    reference_forward.as_ref(),
+                    reference_backward.as_ref(),
+                )
+            };
             let outcome = match outcome {
                 Ok(m) => Ok(m),
                 // Sizes the path cannot run (binding or buffer limits) are reported, not fatal.
@@ -597,6 +638,84 @@ fn run_problem(
         }
     }
     Ok(results)
+}
+
+/// A pre-LN Transformer encoder layer of width H * D over the problem's batch and length, forward
+/// and backward with every gradient, validated against the reference layer where affordable.
+fn run_layer_case(
+    ctx: &Context,
+    timer: &Timer,
+    reps: usize,
+    validate_limit: u64,
+    p: &Problem,
+) -> wgpu_attention::Result<Measured> {
+    let d = p.heads * p.dk;
+    let config = TransformerLayerConfig {
+        d_model: d,
+        heads: p.heads,
+        d_ff: 4 * d,
+        causal: p.causal(),
+    };
+    let params = init_params(&config, 1);
+    ctx.reset_peak_memory();
+    let base = ctx.memory().current_bytes;
+    let layer = TransformerLayer::new(ctx, config, &params)?;
+    let n = p.batch * p.q_len * d;
+    let (x, dy) = (random(n, 5), random(n, 6));
+    let xt = GpuTensor::from_slice(ctx, &x, &[p.batch, p.q_len, d])?;
+    let dyt = GpuTensor::from_slice(ctx, &dy, &[p.batch, p.q_len, d])?;
+    let mut last = None;
+    let samples = measure(ctx, timer, reps, || {
+        let cache = layer.forward(ctx, &xt)?;
+        let grads = layer.backward(ctx, &cache, &dyt)?;
+        last = Some((cache.y.clone(), grads));
+        Ok(())
+    })?;
+    let peak_bytes = ctx.memory().peak_bytes.saturating_sub(base);
+    let tokens = (p.batch * p.q_len) as f64;
+    let matmul = 2.0 * tokens * (4.0 * (d * d) as f64 + 2.0 * (d * config.d_ff) as f64);
+    let attention = 4.0 * (p.batch * p.heads) as f64 * (p.q_len * p.q_len * p.dk) as f64
+        / if p.causal() { 2.0 } else { 1.0 };
+    // Forward products once, their two backward products, attention forward and its 2.5x backward.
+    let gflop = (3.0 * matmul + 3.5 * attention) / 1e9;
+    let layer_macs = (tokens as u64) * (4 * d * d + 2 * d * config.d_ff) as u64 + p.macs();
+    let validation = if layer_macs <= validate_limit / 4 {
+        let (y, (dx, grads)) = last.expect("measured at least once");
+        let p64: Vec<Vec<f64>> = params
+            .iter()
+            .map(|v| v.iter().map(|&x| x as f64).collect())
+            .collect();
+        let (x64, dy64): (Vec<f64>, Vec<f64>) = (
+            x.iter().map(|&v| v as f64).collect(),
+            dy.iter().map(|&v| v as f64).collect(),
+        );
+        let ry = reference_layer::forward(&config, &p64, &x64, p.batch, p.q_len);
+        let (rdx, rgrads) = reference_layer::backward(&config, &p64, &x64, &dy64, p.batch, p.q_len);
+        let mut worst = (0.0f64, String::new());
+        let mut check = |name: &str, gpu: Vec<f32>, r: &[f64], atol: f64, rtol: f64| {
+            let c = compare(&gpu, r, atol, rtol);
+            if c.worst_ratio >= worst.0 || worst.1.is_empty() {
+                worst = (
+                    c.worst_ratio,
+                    format!("{name}[{}]: |gpu - ref| = {:.3e}", c.index, c.worst_abs),
+                );
+            }
+        };
+        check("y", y.to_vec(ctx)?, &ry, FORWARD_ATOL, FORWARD_RTOL);
+        check("dx", dx.to_vec(ctx)?, &rdx, BACKWARD_ATOL, BACKWARD_RTOL);
+        for ((name, _), (g, r)) in param_shapes(&config).iter().zip(grads.iter().zip(&rgrads)) {
+            check(name, g.to_vec(ctx)?, r, BACKWARD_ATOL, BACKWARD_RTOL);
+        }
+        Some((worst.0 <= 1.0, worst.0, worst.1))
+    } else {
+        None
+    };
+    Ok(Measured {
+        gflops: gflop / (samples.median() * 1e-3),
+        samples,
+        peak_bytes,
+        validation,
+    })
 }
 
 /// (name, GPU result, reference (empty if not validated), atol, rtol).
@@ -681,7 +800,8 @@ fn run_case(
                 checks[1].2 = r_lse;
             }
         }
-        Pass::Backward => {
+        // Layer cases are measured by run_layer_case and never reach here.
+        Pass::Backward | Pass::Layer => {
             gflop = s.backward_flops(causal) / 1e9;
             fused_forward()?;
             let dq = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
@@ -768,14 +888,8 @@ fn print_table(results: &[CaseResult], peak: f64) {
         let p = &r.problem;
         let head = format!(
             "| {} | {} | {} | {} | {}/{} | {} | {} | {}/{} |",
-            match r.pass {
-                Pass::Forward => "forward",
-                Pass::Backward => "backward",
-            },
-            match r.path {
-                PathKind::Fused => "fused",
-                PathKind::Unfused => "unfused",
-            },
+            r.pass.name(),
+            r.path.name(),
             mask_name(p.mask),
             p.batch,
             p.heads,
@@ -814,10 +928,7 @@ fn print_table(results: &[CaseResult], peak: f64) {
     let mut lines = Vec::new();
     for r in results.iter().filter(|r| r.path == PathKind::Fused) {
         let label = r.problem.label();
-        let pass = match r.pass {
-            Pass::Forward => "forward",
-            Pass::Backward => "backward",
-        };
+        let pass = r.pass.name();
         let fused = find(format!("{pass} fused {label}"));
         let unfused = find(format!("{pass} unfused {label}"));
         let ratio_bf = (r.pass == Pass::Backward)
@@ -874,8 +985,8 @@ fn report_json(
             let p = &c.problem;
             let mut v = json!({
                 "id": c.id,
-                "pass": format!("{:?}", c.pass).to_lowercase(),
-                "path": format!("{:?}", c.path).to_lowercase(),
+                "pass": c.pass.name(),
+                "path": c.path.name(),
                 "mask": mask_name(p.mask),
                 "batch": p.batch, "heads": p.heads, "kv_heads": p.kv_heads,
                 "q_len": p.q_len, "kv_len": p.kv_len,
@@ -976,14 +1087,8 @@ fn svg_plot(results: &[CaseResult]) -> String {
         if let Ok(m) = &r.outcome {
             let name = format!(
                 "{} {} {}",
-                match r.pass {
-                    Pass::Forward => "forward",
-                    Pass::Backward => "backward",
-                },
-                match r.path {
-                    PathKind::Fused => "fused",
-                    PathKind::Unfused => "unfused",
-                },
+                r.pass.name(),
+                r.path.name(),
                 mask_name(r.problem.mask)
             );
             series

@@ -102,7 +102,7 @@ const LN_EPS: f32 = 1e-5;
 
 impl TransformerLayer {
     pub fn new(ctx: &Context, config: TransformerLayerConfig, values: &[Vec<f32>]) -> Result<Self> {
-        if config.heads == 0 || config.d_model % config.heads != 0 {
+        if config.heads == 0 || !config.d_model.is_multiple_of(config.heads) {
             return Err(Error::shape(
                 "heads",
                 format!(
