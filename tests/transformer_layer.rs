@@ -14,12 +14,13 @@ use wgpu_attention::GpuTensor;
 #[test]
 fn gpu_layer_matches_reference_forward_and_every_gradient() {
     for_each_backend(|backend, ctx| {
-        for causal in [false, true] {
+        for (causal, pre_ln) in [(false, true), (true, true), (true, false), (false, false)] {
             let config = TransformerLayerConfig {
                 d_model: 32,
                 heads: 4,
                 d_ff: 64,
                 causal,
+                pre_ln,
             };
             let (b, l) = (2, 7);
             let params = init_params(&config, 3);
@@ -35,7 +36,7 @@ fn gpu_layer_matches_reference_forward_and_every_gradient() {
             let p64: Vec<Vec<f64>> = params.iter().map(|p| to_f64(p)).collect();
             let ry = reference::forward(&config, &p64, &to_f64(&x), b, l);
             let (rdx, rgrads) = reference::backward(&config, &p64, &to_f64(&x), &to_f64(&dy), b, l);
-            let tag = format!("[{backend}] layer causal {causal}");
+            let tag = format!("[{backend}] layer causal {causal} pre_ln {pre_ln}");
             assert_close(
                 &format!("{tag} y"),
                 &cache.y.to_vec(ctx).unwrap(),
@@ -65,11 +66,18 @@ fn gpu_layer_matches_reference_forward_and_every_gradient() {
 
 #[test]
 fn reference_layer_gradients_match_finite_differences() {
+    for pre_ln in [true, false] {
+        reference_gradients_match_finite_differences(pre_ln);
+    }
+}
+
+fn reference_gradients_match_finite_differences(pre_ln: bool) {
     let config = TransformerLayerConfig {
         d_model: 8,
         heads: 2,
         d_ff: 12,
         causal: true,
+        pre_ln,
     };
     let (b, l) = (1, 3);
     let params: Vec<Vec<f64>> = init_params(&config, 5).iter().map(|p| to_f64(p)).collect();
@@ -101,6 +109,8 @@ fn reference_layer_gradients_match_finite_differences() {
             worst = worst.max((fd - g[i]).abs());
         }
     }
-    eprintln!("transformer layer reference vs finite differences: worst {worst:.2e}");
+    eprintln!(
+        "transformer layer (pre_ln {pre_ln}) reference vs finite differences: worst {worst:.2e}"
+    );
     assert!(worst < 1e-7, "worst {worst}");
 }

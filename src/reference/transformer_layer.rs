@@ -1,5 +1,6 @@
-//! The pre-LN Transformer encoder layer of [`crate::layers::transformer_layer`], in f64, composed of
-//! the reference ops: the ground truth its GPU forward and every gradient are tested against.
+//! The Transformer encoder layer of [`crate::layers::transformer_layer`] (pre-LN or post-LN), in f64,
+//! composed of the reference ops: the ground truth its GPU forward and every gradient are tested
+//! against.
 
 use crate::kernels::attention::AttentionShape;
 use crate::kernels::elementwise::Activation;
@@ -51,14 +52,23 @@ pub fn forward(
 }
 
 struct Activations {
-    h1: Vec<f64>,
+    attn_in: Vec<f64>,
+    ln1_in: Vec<f64>,
     qkv: Vec<f64>,
     attn: Vec<f64>,
-    x1: Vec<f64>,
-    h2: Vec<f64>,
+    ff_x: Vec<f64>,
+    ln2_in: Vec<f64>,
     ff_in: Vec<f64>,
     ff_act: Vec<f64>,
     y: Vec<f64>,
+}
+
+fn split_qkv(qkv: &[f64], d: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    (
+        columns(qkv, 3 * d, 0, d),
+        columns(qkv, 3 * d, d, d),
+        columns(qkv, 3 * d, 2 * d, d),
+    )
 }
 
 fn forward_all(
@@ -69,28 +79,55 @@ fn forward_all(
     seq: usize,
 ) -> Activations {
     let d = c.d_model;
-    let (h1, _) = layer_norm_forward(x, &p[0], &p[1], d, LN_EPS);
-    let qkv = linear_forward(&h1, &p[2], Some(&p[3]), d);
-    let (q, k, v) = (
-        columns(&qkv, 3 * d, 0, d),
-        columns(&qkv, 3 * d, d, d),
-        columns(&qkv, 3 * d, 2 * d, d),
-    );
-    let (attn, _) = attention_forward(&shape(c, batch, seq), &q, &k, &v, &masks(c));
-    let x1 = add(x, &linear_forward(&attn, &p[4], Some(&p[5]), d));
-    let (h2, _) = layer_norm_forward(&x1, &p[6], &p[7], d, LN_EPS);
-    let ff_in = linear_forward(&h2, &p[8], Some(&p[9]), d);
-    let ff_act = activation_forward(Activation::Gelu, &ff_in);
-    let y = add(&x1, &linear_forward(&ff_act, &p[10], Some(&p[11]), c.d_ff));
-    Activations {
-        h1,
-        qkv,
-        attn,
-        x1,
-        h2,
-        ff_in,
-        ff_act,
-        y,
+    let attention = |h: &[f64]| {
+        let qkv = linear_forward(h, &p[2], Some(&p[3]), d);
+        let (q, k, v) = split_qkv(&qkv, d);
+        let (attn, _) = attention_forward(&shape(c, batch, seq), &q, &k, &v, &masks(c));
+        let proj = linear_forward(&attn, &p[4], Some(&p[5]), d);
+        (qkv, attn, proj)
+    };
+    let feed_forward = |h: &[f64]| {
+        let ff_in = linear_forward(h, &p[8], Some(&p[9]), d);
+        let ff_act = activation_forward(Activation::Gelu, &ff_in);
+        let ff_out = linear_forward(&ff_act, &p[10], Some(&p[11]), c.d_ff);
+        (ff_in, ff_act, ff_out)
+    };
+    if c.pre_ln {
+        let (h1, _) = layer_norm_forward(x, &p[0], &p[1], d, LN_EPS);
+        let (qkv, attn, proj) = attention(&h1);
+        let x1 = add(x, &proj);
+        let (h2, _) = layer_norm_forward(&x1, &p[6], &p[7], d, LN_EPS);
+        let (ff_in, ff_act, ff_out) = feed_forward(&h2);
+        let y = add(&x1, &ff_out);
+        Activations {
+            attn_in: h1,
+            ln1_in: x.to_vec(),
+            qkv,
+            attn,
+            ff_x: h2,
+            ln2_in: x1,
+            ff_in,
+            ff_act,
+            y,
+        }
+    } else {
+        let (qkv, attn, proj) = attention(x);
+        let s1 = add(x, &proj);
+        let (x1, _) = layer_norm_forward(&s1, &p[0], &p[1], d, LN_EPS);
+        let (ff_in, ff_act, ff_out) = feed_forward(&x1);
+        let s2 = add(&x1, &ff_out);
+        let (y, _) = layer_norm_forward(&s2, &p[6], &p[7], d, LN_EPS);
+        Activations {
+            attn_in: x.to_vec(),
+            ln1_in: s1,
+            qkv,
+            attn,
+            ff_x: x1,
+            ln2_in: s2,
+            ff_in,
+            ff_act,
+            y,
+        }
     }
 }
 
@@ -105,31 +142,46 @@ pub fn backward(
 ) -> (Vec<f64>, Vec<Vec<f64>>) {
     let d = c.d_model;
     let a = forward_all(c, p, x, batch, seq);
-    let (d_act, d_w2, d_b2) = linear_backward(&a.ff_act, &p[10], dy, c.d_ff);
-    let d_ff_in = activation_backward(Activation::Gelu, &a.ff_in, &d_act);
-    let (d_h2, d_w1, d_b1) = linear_backward(&a.h2, &p[8], &d_ff_in, d);
-    let ln2 = layer_norm_backward(&a.x1, &p[6], &d_h2, d, LN_EPS);
-    let d_x1 = add(dy, &ln2.dx);
-    let (d_attn, d_wo, d_bo) = linear_backward(&a.attn, &p[4], &d_x1, d);
-    let (q, k, v) = (
-        columns(&a.qkv, 3 * d, 0, d),
-        columns(&a.qkv, 3 * d, d, d),
-        columns(&a.qkv, 3 * d, 2 * d, d),
-    );
-    let g = attention_backward(&shape(c, batch, seq), &q, &k, &v, &d_attn, &masks(c));
-    let d_qkv: Vec<f64> = (0..batch * seq)
-        .flat_map(|r| {
-            g.dq[r * d..(r + 1) * d]
-                .iter()
-                .chain(&g.dk[r * d..(r + 1) * d])
-                .chain(&g.dv[r * d..(r + 1) * d])
-                .copied()
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    let (d_h1, d_wqkv, d_bqkv) = linear_backward(&a.h1, &p[2], &d_qkv, d);
-    let ln1 = layer_norm_backward(x, &p[0], &d_h1, d, LN_EPS);
-    let dx = add(&d_x1, &ln1.dx);
+    let feed_forward_back = |d_out: &[f64]| {
+        let (d_act, d_w2, d_b2) = linear_backward(&a.ff_act, &p[10], d_out, c.d_ff);
+        let d_ff_in = activation_backward(Activation::Gelu, &a.ff_in, &d_act);
+        let (d_ff_x, d_w1, d_b1) = linear_backward(&a.ff_x, &p[8], &d_ff_in, d);
+        (d_ff_x, [d_w1, d_b1, d_w2, d_b2])
+    };
+    let attention_back = |d_proj: &[f64]| {
+        let (d_attn, d_wo, d_bo) = linear_backward(&a.attn, &p[4], d_proj, d);
+        let (q, k, v) = split_qkv(&a.qkv, d);
+        let g = attention_backward(&shape(c, batch, seq), &q, &k, &v, &d_attn, &masks(c));
+        let d_qkv: Vec<f64> = (0..batch * seq)
+            .flat_map(|r| {
+                g.dq[r * d..(r + 1) * d]
+                    .iter()
+                    .chain(&g.dk[r * d..(r + 1) * d])
+                    .chain(&g.dv[r * d..(r + 1) * d])
+                    .copied()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let (d_in, d_wqkv, d_bqkv) = linear_backward(&a.attn_in, &p[2], &d_qkv, d);
+        (d_in, [d_wqkv, d_bqkv, d_wo, d_bo])
+    };
+    let (dx, ln1, ln2, at, ff) = if c.pre_ln {
+        let (d_h2, ff) = feed_forward_back(dy);
+        let ln2 = layer_norm_backward(&a.ln2_in, &p[6], &d_h2, d, LN_EPS);
+        let d_x1 = add(dy, &ln2.dx);
+        let (d_h1, at) = attention_back(&d_x1);
+        let ln1 = layer_norm_backward(&a.ln1_in, &p[0], &d_h1, d, LN_EPS);
+        (add(&d_x1, &ln1.dx), ln1, ln2, at, ff)
+    } else {
+        let ln2 = layer_norm_backward(&a.ln2_in, &p[6], dy, d, LN_EPS);
+        let (d_ff_x, ff) = feed_forward_back(&ln2.dx);
+        let d_x1 = add(&ln2.dx, &d_ff_x);
+        let ln1 = layer_norm_backward(&a.ln1_in, &p[0], &d_x1, d, LN_EPS);
+        let (d_in, at) = attention_back(&ln1.dx);
+        (add(&ln1.dx, &d_in), ln1, ln2, at, ff)
+    };
+    let [d_wqkv, d_bqkv, d_wo, d_bo] = at;
+    let [d_w1, d_b1, d_w2, d_b2] = ff;
     (
         dx,
         vec![
