@@ -8,6 +8,7 @@
 
 use crate::device::{grid_2d, Context};
 use crate::error::{Error, Result};
+use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
@@ -410,29 +411,6 @@ pub(crate) fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Res
 const ROWS: u32 = 4;
 /// Rows a workgroup owns.
 const BLOCK_ROWS: usize = (WG * ROWS) as usize;
-
-/// Splits a kernel's long loop of `steps` iterations into chunks that each stay within the context's
-/// loop budget, assuming `cost_per_step` loop iterations per step (inner loops counted as if not
-/// unrolled) plus `fixed_cost` for set-up and output; chunk lengths are multiples of `align`.
-fn loop_chunks(
-    ctx: &Context,
-    steps: usize,
-    cost_per_step: usize,
-    fixed_cost: usize,
-    align: usize,
-) -> Vec<(u32, u32)> {
-    let per_chunk = match ctx.loop_budget() {
-        Some(budget) => {
-            let room = (budget as usize).saturating_sub(fixed_cost) / cost_per_step.max(1);
-            (room / align * align).max(align)
-        }
-        None => steps.max(1),
-    };
-    (0..steps.max(1))
-        .step_by(per_chunk)
-        .map(|begin| (begin as u32, (begin + per_chunk).min(steps) as u32))
-        .collect()
-}
 
 /// Rows of a staged tile that fit the adapter's workgroup storage.
 fn tile_rows(ctx: &Context, shape: &AttentionShape, extra_bytes_per_row: u32, max: u32) -> u32 {

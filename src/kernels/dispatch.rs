@@ -29,6 +29,29 @@ pub(crate) fn grid_x(invocations: usize) -> u32 {
     grid_2d(invocations.div_ceil(WG as usize) as u32).0
 }
 
+/// Splits a kernel's long loop of `steps` iterations into chunks that each stay within the context's
+/// loop budget, assuming `cost_per_step` loop iterations per step (inner loops counted as if not
+/// unrolled) plus `fixed_cost` for set-up and output; chunk lengths are multiples of `align`.
+pub(crate) fn loop_chunks(
+    ctx: &Context,
+    steps: usize,
+    cost_per_step: usize,
+    fixed_cost: usize,
+    align: usize,
+) -> Vec<(u32, u32)> {
+    let per_chunk = match ctx.loop_budget() {
+        Some(budget) => {
+            let room = (budget as usize).saturating_sub(fixed_cost) / cost_per_step.max(1);
+            (room / align * align).max(align)
+        }
+        None => steps.max(1),
+    };
+    (0..steps.max(1))
+        .step_by(per_chunk)
+        .map(|begin| (begin as u32, (begin + per_chunk).min(steps) as u32))
+        .collect()
+}
+
 /// Records `name` over at least `invocations` invocations.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn encode(

@@ -12,7 +12,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::check_binding;
-use crate::kernels::dispatch::{encode, grid_x};
+use crate::kernels::dispatch::{encode, grid_x, loop_chunks};
 use crate::tensor::{GpuTensor, GpuTokens};
 
 const EMBEDDING_FORWARD: &str = include_str!("../../shaders/embedding_forward.wgsl");
@@ -208,29 +208,25 @@ pub fn embedding_backward_into(
         return Err(Error::shape("d_table", "shares a buffer with dy"));
     }
     // One invocation zeroes its column (vocab iterations) and adds tokens; split under a loop budget.
-    let per_chunk = match ctx.loop_budget() {
-        Some(budget) => {
-            let room = (budget as usize).saturating_sub(vocab + 16);
-            if room == 0 {
-                return Err(Error::Unsupported {
-                    arg: "vocab",
-                    value: vocab as u64,
-                    limit: budget as u64 - 17,
-                    hint: " on this driver (llvmpipe loop cap)",
-                });
-            }
-            room
+    if let Some(budget) = ctx.loop_budget() {
+        if (budget as usize) <= vocab + 16 {
+            return Err(Error::Unsupported {
+                arg: "vocab",
+                value: vocab as u64,
+                limit: budget as u64 - 17,
+                hint: " on this driver (llvmpipe loop cap)",
+            });
         }
-        None => tokens.len(),
-    };
-    for (index, begin) in (0..tokens.len()).step_by(per_chunk).enumerate() {
+    }
+    let chunks = loop_chunks(ctx, tokens.len(), 1, vocab + 16, 1);
+    for (index, (begin, end)) in chunks.into_iter().enumerate() {
         let p = EmbeddingParams {
             tokens: tokens.len() as u32,
             dim: dim as u32,
             vocab: vocab as u32,
             grid_x: grid_x(dim),
-            token_begin: begin as u32,
-            token_end: (begin + per_chunk).min(tokens.len()) as u32,
+            token_begin: begin,
+            token_end: end,
             accumulate: (index > 0) as u32,
             pad: 0,
         };

@@ -6,7 +6,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::check_binding;
-use crate::kernels::dispatch::{encode, grid_x};
+use crate::kernels::dispatch::{encode, grid_x, loop_chunks};
 use crate::tensor::GpuTensor;
 
 const FORWARD: &str = include_str!("../../shaders/layer_norm_forward.wgsl");
@@ -253,15 +253,12 @@ pub fn layer_norm_backward_into(
         rows,
     );
     // Each column sums its rows in order; long row ranges are split under a loop budget.
-    let per_chunk = ctx
-        .loop_budget()
-        .map_or(rows, |b| (b as usize).saturating_sub(16).max(1));
-    for (index, begin) in (0..rows).step_by(per_chunk).enumerate() {
+    for (index, (begin, end)) in loop_chunks(ctx, rows, 1, 16, 1).into_iter().enumerate() {
         let params = ColumnParams {
             rows: rows as u32,
             cols: cols as u32,
-            row_begin: begin as u32,
-            row_end: (begin + per_chunk).min(rows) as u32,
+            row_begin: begin,
+            row_end: end,
             accumulate: (index > 0) as u32,
             grid_x: grid_x(cols),
             pad: [0; 2],
