@@ -65,6 +65,9 @@ pub struct Context {
     /// Bound where a kernel's optional storage input (sequence lengths) is absent.
     empty_storage: wgpu::Buffer,
     loop_budget: Option<u32>,
+    /// Why the device was lost, once it has been: later waits report it instead of hanging or
+    /// panicking inside wgpu.
+    lost: Arc<Mutex<Option<String>>>,
 }
 
 /// Loop iterations one invocation may run on llvmpipe (lavapipe and GL): Mesa's gallivm stops every
@@ -252,6 +255,15 @@ impl Context {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let lost: Arc<Mutex<Option<String>>> = Arc::default();
+        {
+            let lost = lost.clone();
+            device.set_device_lost_callback(move |reason, message| {
+                let text = format!("device lost ({reason:?}): {message}");
+                eprintln!("wgpu-attention: {text}");
+                *lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
+            });
+        }
         let is_llvmpipe = [&report.name, &report.driver]
             .iter()
             .any(|s| s.to_lowercase().contains("llvmpipe"));
@@ -263,6 +275,7 @@ impl Context {
             memory: Arc::default(),
             empty_storage,
             loop_budget: is_llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
+            lost,
         }
     }
 
@@ -391,8 +404,16 @@ impl Context {
     pub fn synchronize(&self) -> Result<()> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map(|_| ())
-            .map_err(|e| Error::Device(e.to_string()))
+            .map_err(|e| Error::Device(e.to_string()))?;
+        self.check_lost()
+    }
+
+    /// `Err` with the driver's reason once the device has been lost.
+    pub fn check_lost(&self) -> Result<()> {
+        match &*self.lost.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(reason) => Err(Error::Device(reason.clone())),
+            None => Ok(()),
+        }
     }
 }
 

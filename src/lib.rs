@@ -22,6 +22,7 @@ pub mod device;
 pub mod error;
 pub mod kernels;
 pub mod layers;
+pub mod model;
 pub mod reference;
 pub mod tensor;
 

@@ -372,6 +372,20 @@ impl GpuTokens {
         &self.buffer
     }
 
+    /// Overwrites the ids (same count) through the queue, ahead of work submitted after this call.
+    pub fn write(&mut self, ctx: &Context, data: &[u32]) -> Result<()> {
+        if data.len() != self.len() {
+            return Err(Error::shape(
+                "tokens",
+                format!("{} values for a buffer of {}", data.len(), self.len()),
+            ));
+        }
+        ctx.queue()
+            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
+        self.values = Arc::new(data.to_vec());
+        Ok(())
+    }
+
     /// The first id at or beyond `limit` that is not `ignore`, with its index: what an op with a
     /// vocabulary or class count of `limit` rejects.
     pub fn first_out_of_range(&self, limit: u32, ignore: Option<u32>) -> Option<(usize, u32)> {
@@ -426,7 +440,7 @@ impl SeqLens {
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("seq_lens"),
                 contents: bytemuck::cast_slice(&data),
-                usage: wgpu::BufferUsages::STORAGE,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             });
         Ok(Self {
             buffer: Arc::new(buffer),
@@ -434,6 +448,44 @@ impl SeqLens {
             kv_lens: kv_lens.map(<[u32]>::to_vec),
             batch,
         })
+    }
+
+    /// Overwrites the lengths through the queue (no allocation). The same lengths must be given as
+    /// at creation (`Some`/`None` alike) for the same batch.
+    pub fn write(
+        &mut self,
+        ctx: &Context,
+        q_lens: Option<&[u32]>,
+        kv_lens: Option<&[u32]>,
+    ) -> Result<()> {
+        for (arg, new, old) in [
+            ("q_lens", q_lens, self.q_lens.as_deref()),
+            ("kv_lens", kv_lens, self.kv_lens.as_deref()),
+        ] {
+            if new.map(<[u32]>::len) != old.map(<[u32]>::len) {
+                return Err(Error::shape(
+                    arg,
+                    format!(
+                        "has {:?} entries; this SeqLens was created with {:?}",
+                        new.map(<[u32]>::len),
+                        old.map(<[u32]>::len)
+                    ),
+                ));
+            }
+        }
+        let batch = self.batch;
+        let mut data = vec![u32::MAX; 2 * batch.max(1)];
+        if let Some(q) = q_lens {
+            data[..batch].copy_from_slice(q);
+        }
+        if let Some(k) = kv_lens {
+            data[batch..2 * batch].copy_from_slice(k);
+        }
+        ctx.queue()
+            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&data));
+        self.q_lens = q_lens.map(<[u32]>::to_vec);
+        self.kv_lens = kv_lens.map(<[u32]>::to_vec);
+        Ok(())
     }
 
     pub fn q_lens(&self) -> Option<&[u32]> {

@@ -175,14 +175,24 @@ impl Samples {
     }
 }
 
-/// Runs `work` once to warm up (pipeline compilation, first-touch allocation), then `reps` timed runs.
+/// Host time spent warming up before the timed runs: real GPUs drop their clocks while the host
+/// validates against the CPU reference, and short timed runs would then measure the ramp back up
+/// (seen on an H100 as the same case timing 4 ms or 24 ms depending on what ran before it).
+const WARM_UP: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Runs `work` to warm up (pipeline compilation, first-touch allocation, GPU clocks) for at least
+/// [`WARM_UP`] and at least once, then `reps` timed runs.
 pub fn measure(
     ctx: &Context,
     timer: &Timer,
     reps: usize,
     mut work: impl FnMut() -> Result<()>,
 ) -> Result<Samples> {
+    let start = std::time::Instant::now();
     timer.time(ctx, &mut work)?;
+    while start.elapsed() < WARM_UP {
+        timer.time(ctx, &mut work)?;
+    }
     let mut samples = Samples::default();
     for _ in 0..reps.max(1) {
         samples.times_ms.push(timer.time(ctx, &mut work)?);

@@ -133,7 +133,7 @@ struct Cli {
     /// Passes, comma separated.
     #[arg(long, value_enum, value_delimiter = ',')]
     passes: Option<Vec<Pass>>,
-    /// Timed runs per case (after one warm-up).
+    /// Timed runs per case (after warm-up runs filling at least 0.3 s).
     #[arg(long)]
     reps: Option<usize>,
     /// Validate against the CPU reference only up to this many B*H*Lq*Lk*D multiply-adds.

@@ -22,9 +22,13 @@ const SOFTMAX_BACKWARD: &str = include_str!("../../shaders/attention_softmax_bac
 
 /// Largest head dimension (Dk or Dv) the fused kernels hold in registers.
 pub const MAX_HEAD_DIM: usize = 256;
+
+/// Largest head dim of the fused backward on GPU (non-CPU) adapters. Its dK/dV kernel keeps four
+/// keys' k, v, dK and dV rows per invocation (`16 * 2 * (Dk + Dv)` bytes): at 192 (12 KiB) the NVIDIA
+/// Vulkan driver runs it, at 256 (16 KiB) it loses the device (measured on an H100, driver 580).
+pub const MAX_FUSED_BACKWARD_HEAD_DIM_GPU: usize = 192;
 /// Largest key tile of the forward kernel (`MAX_BN` in the shader).
 const MAX_BLOCK_N: u32 = 64;
-const WG: u32 = 64;
 
 /// Every attention shader with the common header prepended, by name: what the pipelines compile and
 /// what the naga tests validate and translate.
@@ -48,6 +52,21 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
 
 fn with_common(body: &str) -> String {
     format!("{COMMON}\n{body}")
+}
+
+/// `body` with the common header and its per-invocation arrays sized for head dims up to `max_dim`
+/// (rounded up to whole vec4s) instead of the 256 the validated source declares. Real GPUs back
+/// private arrays with registers or per-thread local memory sized by the declaration: 256-entry
+/// arrays cost the dK/dV kernel 16 KiB per invocation, which the NVIDIA Vulkan driver fails on
+/// (device lost). The pipeline key holds DK and DV, so one key always gets one source.
+fn with_common_sized(body: &str, max_dim: usize) -> String {
+    const DECLARED: &str = "const MAX_D: u32 = 256u;";
+    debug_assert!(body.contains(DECLARED));
+    let sized = body.replace(
+        DECLARED,
+        &format!("const MAX_D: u32 = {}u;", max_dim.div_ceil(4) * 4),
+    );
+    with_common(&sized)
 }
 
 /// Options of an attention call. Built with chained setters so later mask and score features (bias,
@@ -409,8 +428,36 @@ pub(crate) fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Res
 
 /// Rows of Q (forward, dQ) or keys (dK/dV) one invocation owns: one per vec4 lane.
 const ROWS: u32 = 4;
-/// Rows a workgroup owns.
-const BLOCK_ROWS: usize = (WG * ROWS) as usize;
+
+/// Invocations per workgroup of the one-row-per-invocation kernels (preprocess, unfused softmax).
+const SIMPLE_WG: u32 = 64;
+
+/// CPU drivers (lavapipe, llvmpipe, WARP) run workgroups as SIMD loops on host threads.
+fn is_cpu_adapter(ctx: &Context) -> bool {
+    ctx.report().device_type == wgpu::DeviceType::Cpu || ctx.loop_budget().is_some()
+}
+
+/// Invocations per workgroup of the fused kernels, so a workgroup owns `ROWS * WG` rows (queries in
+/// the forward and dQ, keys in dK/dV). Wide workgroups amortise each staged tile over more rows;
+/// narrow ones put more workgroups in flight. Measured on an H100 (Vulkan, B1 H8 D64, L 512..4096,
+/// BENCHMARKS.md): the forward is fastest at 64 (L=4096: 17.4 ms vs 35.0 at 32 and 78.5 at 16), the
+/// backward at 32 (L=2048: 26.8 ms vs 37.4 at 64 and 57.6 at 16). CPU drivers run a workgroup as SIMD
+/// loops and prefer 64 everywhere. `WGPU_ATTENTION_WORKGROUP` (16, 32, 64, 128) overrides both, for
+/// tuning on other adapters.
+fn workgroup_size(ctx: &Context, backward: bool) -> u32 {
+    if let Some(wg) = std::env::var("WGPU_ATTENTION_WORKGROUP")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|wg| [16, 32, 64, 128].contains(wg))
+    {
+        return wg;
+    }
+    if backward && !is_cpu_adapter(ctx) {
+        32
+    } else {
+        64
+    }
+}
 
 /// Rows of a staged tile that fit the adapter's workgroup storage.
 fn tile_rows(ctx: &Context, shape: &AttentionShape, extra_bytes_per_row: u32, max: u32) -> u32 {
@@ -584,7 +631,8 @@ pub fn attention_forward_into(
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
     ];
-    let blocks = s.q_seq.div_ceil(BLOCK_ROWS);
+    let wg = workgroup_size(ctx, false);
+    let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
     // Per key: the score, exp and P.V loops and their inner loops over the head dimension.
@@ -608,9 +656,9 @@ pub fn attention_forward_into(
             ctx,
             &mut pass,
             "attention_forward",
-            || with_common(FORWARD),
+            || with_common_sized(FORWARD, s.head_dim_qk.max(s.head_dim_v)),
             &[
-                ("WG", WG),
+                ("WG", wg),
                 ("BLOCK_N", block_n),
                 ("DK", s.head_dim_qk as u32),
                 ("DV", s.head_dim_v as u32),
@@ -698,6 +746,15 @@ pub fn attention_backward_into(
     check_view("dq", dq, [s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
     check_view("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
     check_view("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+    let widest = s.head_dim_qk.max(s.head_dim_v);
+    if !is_cpu_adapter(ctx) && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU {
+        return Err(Error::Unsupported {
+            arg: "head_dim (fused backward on a GPU adapter)",
+            value: widest as u64,
+            limit: MAX_FUSED_BACKWARD_HEAD_DIM_GPU as u64,
+            hint: "; use attention_backward_unfused, or split the head dimension",
+        });
+    }
     let inputs = [
         q.buffer().as_ref(),
         k.buffer(),
@@ -726,6 +783,7 @@ pub fn attention_backward_into(
     }
 
     let lens = seq_lens_buffer(ctx, opts);
+    let wg = workgroup_size(ctx, true);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -743,13 +801,13 @@ pub fn attention_backward_into(
             bind_tensor(ctx, "workspace", workspace)?,
         ];
         let rows_total = s.batch * s.heads * s.q_seq;
-        let grid = set_grid(&mut params, rows_total.div_ceil(WG as usize), 1)?;
+        let grid = set_grid(&mut params, rows_total.div_ceil(SIMPLE_WG as usize), 1)?;
         encode_kernel(
             ctx,
             &mut pass,
             "attention_backward_preprocess",
             || with_common(BACKWARD_PREPROCESS),
-            &[("WG", WG)],
+            &[("WG", SIMPLE_WG)],
             &params,
             Some(lens),
             &bindings,
@@ -769,7 +827,7 @@ pub fn attention_backward_into(
             bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
         ];
         let block_m = tile_rows(ctx, &s, 8, 64);
-        let blocks = s.kv_seq.div_ceil(BLOCK_ROWS);
+        let blocks = s.kv_seq.div_ceil((wg * ROWS) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
         let group_rows = (s.heads / s.kv_heads)
             .checked_mul(s.q_seq)
@@ -796,8 +854,8 @@ pub fn attention_backward_into(
                 ctx,
                 &mut pass,
                 "attention_backward_dkdv",
-                || with_common(BACKWARD_DKDV),
-                &[("WG", WG), ("BLOCK_M", block_m), dims[0], dims[1]],
+                || with_common_sized(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v)),
+                &[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]],
                 &params,
                 Some(lens),
                 &bindings,
@@ -817,7 +875,7 @@ pub fn attention_backward_into(
             bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?,
         ];
         let block_n = tile_rows(ctx, &s, 0, 64);
-        let blocks = s.q_seq.div_ceil(BLOCK_ROWS);
+        let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
         // Per key: three loops over the head dimension plus the key loop itself.
         let chunks = loop_chunks(
@@ -835,8 +893,8 @@ pub fn attention_backward_into(
                 ctx,
                 &mut pass,
                 "attention_backward_dq",
-                || with_common(BACKWARD_DQ),
-                &[("WG", WG), ("BLOCK_N", block_n), dims[0], dims[1]],
+                || with_common_sized(BACKWARD_DQ, s.head_dim_qk.max(s.head_dim_v)),
+                &[("WG", wg), ("BLOCK_N", block_n), dims[0], dims[1]],
                 &params,
                 Some(lens),
                 &bindings,
@@ -929,7 +987,7 @@ fn encode_probs(
         pass,
         "attention_softmax",
         || with_common(SOFTMAX),
-        &[("WG", WG)],
+        &[("WG", SIMPLE_WG)],
         &params,
         Some(lens),
         &bindings,
@@ -1111,7 +1169,7 @@ pub fn attention_backward_unfused(
             &mut pass,
             "attention_softmax_backward",
             || with_common(SOFTMAX_BACKWARD),
-            &[("WG", WG)],
+            &[("WG", SIMPLE_WG)],
             &params,
             None,
             &bindings,

@@ -9,4 +9,5 @@ pub mod embedding;
 pub mod layer_norm;
 pub mod linear;
 pub mod optimizer;
+pub mod transformer;
 pub mod transformer_layer;

@@ -1,0 +1,240 @@
+//! Multi-head attention layer on the fused kernels. Self-attention projects Q, K, V with one fused
+//! `[3 d, d]` Linear; cross-attention projects Q from the decoder stream and K, V with one fused
+//! `[2 d, d]` Linear from the encoder output (`memory`). Heads are strided views of the projections
+//! and dQ, dK, dV are written into views of the packed projection gradients: no transposes, no copies.
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::attention::{
+    attention_backward_into, attention_backward_workspace, attention_forward_into,
+    AttentionOptions, AttentionShape,
+};
+use crate::layers::linear::Linear;
+use crate::layers::params::Params;
+use crate::tensor::{GpuTensor, HeadsView, SeqLens};
+
+/// Self-attention (optionally causal) or cross-attention over a memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKind {
+    SelfAttention { causal: bool },
+    Cross,
+}
+
+pub struct MultiHeadAttention {
+    kind: AttentionKind,
+    heads: usize,
+    d_model: usize,
+    /// Self: the fused QKV projection. Cross: the Q projection.
+    pub query: Linear,
+    /// Cross only: the fused KV projection of the memory.
+    pub key_value: Option<Linear>,
+    pub output: Linear,
+    /// `[B, Lq, 3d]` (self) or `[B, Lq, d]` (cross), and its gradient.
+    proj: GpuTensor,
+    d_proj: GpuTensor,
+    /// Cross only: `[B, Lk, 2d]` and its gradient.
+    kv_proj: Option<GpuTensor>,
+    d_kv_proj: Option<GpuTensor>,
+    /// Attention output `[B, Lq, H, d/H]` (= `[B, Lq, d]`), its lse and gradient.
+    attn: GpuTensor,
+    lse: GpuTensor,
+    d_attn: GpuTensor,
+    workspace: GpuTensor,
+}
+
+impl MultiHeadAttention {
+    /// `rows = [batch, query length]`, `memory_len` the key length of cross-attention.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        kind: AttentionKind,
+        d_model: usize,
+        heads: usize,
+        rows: [usize; 2],
+        memory_len: usize,
+    ) -> Result<Self> {
+        let [b, lq] = rows;
+        let hd = d_model / heads;
+        let (query, key_value, proj_width) = match kind {
+            AttentionKind::SelfAttention { .. } => (
+                Linear::new(ctx, params, &format!("{name}.qkv"), d_model, 3 * d_model)?,
+                None,
+                3 * d_model,
+            ),
+            AttentionKind::Cross => (
+                Linear::new(ctx, params, &format!("{name}.q"), d_model, d_model)?,
+                Some(Linear::new(
+                    ctx,
+                    params,
+                    &format!("{name}.kv"),
+                    d_model,
+                    2 * d_model,
+                )?),
+                d_model,
+            ),
+        };
+        let output = Linear::new(ctx, params, &format!("{name}.out"), d_model, d_model)?;
+        let lk = if kind == AttentionKind::Cross {
+            memory_len
+        } else {
+            lq
+        };
+        let kv = |w| GpuTensor::zeros(ctx, &[b, lk, w]);
+        let shape = AttentionShape {
+            batch: b,
+            q_seq: lq,
+            kv_seq: lk,
+            heads,
+            kv_heads: heads,
+            head_dim_qk: hd,
+            head_dim_v: hd,
+        };
+        Ok(Self {
+            kind,
+            heads,
+            d_model,
+            query,
+            key_value,
+            output,
+            proj: GpuTensor::zeros(ctx, &[b, lq, proj_width])?,
+            d_proj: GpuTensor::zeros(ctx, &[b, lq, proj_width])?,
+            kv_proj: (kind == AttentionKind::Cross)
+                .then(|| kv(2 * d_model))
+                .transpose()?,
+            d_kv_proj: (kind == AttentionKind::Cross)
+                .then(|| kv(2 * d_model))
+                .transpose()?,
+            attn: GpuTensor::zeros(ctx, &[b, lq, heads, hd])?,
+            lse: GpuTensor::zeros(ctx, &[b, heads, lq])?,
+            d_attn: GpuTensor::zeros(ctx, &[b, lq, heads, hd])?,
+            workspace: attention_backward_workspace(ctx, &shape)?,
+        })
+    }
+
+    /// Q, K, V views of `proj` (and `kv_proj` for cross-attention).
+    fn split(&self, proj: &GpuTensor, kv_proj: Option<&GpuTensor>) -> Result<[HeadsView; 3]> {
+        let (h, d) = (self.heads, self.d_model);
+        let hd = d / h;
+        Ok(match kv_proj {
+            None => [
+                proj.split_heads(0, h, hd)?,
+                proj.split_heads(d, h, hd)?,
+                proj.split_heads(2 * d, h, hd)?,
+            ],
+            Some(kv) => [
+                proj.split_heads(0, h, hd)?,
+                kv.split_heads(0, h, hd)?,
+                kv.split_heads(d, h, hd)?,
+            ],
+        })
+    }
+
+    fn check_memory(&self, memory: Option<&GpuTensor>) -> Result<()> {
+        match (self.kind, memory) {
+            (AttentionKind::Cross, None) => Err(Error::shape(
+                "memory",
+                "cross-attention needs the encoder output",
+            )),
+            (AttentionKind::SelfAttention { .. }, Some(_)) => Err(Error::shape(
+                "memory",
+                "self-attention takes no memory; build the layer with AttentionKind::Cross",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn options<'a>(&self, lens: &'a SeqLens) -> AttentionOptions<'a> {
+        let causal = matches!(self.kind, AttentionKind::SelfAttention { causal: true });
+        AttentionOptions::new().causal(causal).seq_lens(lens)
+    }
+
+    fn flat(&self, t: &GpuTensor) -> Result<GpuTensor> {
+        let s = t.shape();
+        t.reshape(&[s[0], s[1], self.d_model])
+    }
+
+    /// `y = Attention(x, memory)`; `lens` masks padded queries and keys.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        memory: Option<&GpuTensor>,
+        lens: &SeqLens,
+        y: &GpuTensor,
+    ) -> Result<()> {
+        self.check_memory(memory)?;
+        self.query.forward(ctx, encoder, p, x, &self.proj)?;
+        if let (Some(kv), Some(kv_proj), Some(memory)) = (&self.key_value, &self.kv_proj, memory) {
+            kv.forward(ctx, encoder, p, memory, kv_proj)?;
+        }
+        let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
+        let out = self.attn.heads()?;
+        attention_forward_into(
+            ctx,
+            encoder,
+            &q,
+            &k,
+            &v,
+            &out,
+            &self.lse,
+            &self.options(lens),
+        )?;
+        self.output
+            .forward(ctx, encoder, p, &self.flat(&self.attn)?, y)
+    }
+
+    /// Writes `dx` (and, for cross-attention, `d_memory`) and every parameter gradient.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        memory: Option<&GpuTensor>,
+        lens: &SeqLens,
+        dy: &GpuTensor,
+        dx: &GpuTensor,
+        d_memory: Option<&GpuTensor>,
+    ) -> Result<()> {
+        self.check_memory(memory)?;
+        if self.kind == AttentionKind::Cross && d_memory.is_none() {
+            return Err(Error::shape(
+                "d_memory",
+                "cross-attention needs a d_memory output",
+            ));
+        }
+        let d_attn = self.flat(&self.d_attn)?;
+        self.output
+            .backward(ctx, encoder, p, &self.flat(&self.attn)?, dy, &d_attn)?;
+        let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
+        let [dq, dk, dv] = self.split(&self.d_proj, self.d_kv_proj.as_ref())?;
+        attention_backward_into(
+            ctx,
+            encoder,
+            &q,
+            &k,
+            &v,
+            &self.attn.heads()?,
+            &self.lse,
+            &self.d_attn.heads()?,
+            &dq,
+            &dk,
+            &dv,
+            &self.workspace,
+            &self.options(lens),
+        )?;
+        self.query.backward(ctx, encoder, p, x, &self.d_proj, dx)?;
+        if let (Some(kv), Some(d_kv_proj), Some(memory), Some(d_memory)) =
+            (&self.key_value, &self.d_kv_proj, memory, d_memory)
+        {
+            kv.backward(ctx, encoder, p, memory, d_kv_proj, d_memory)?;
+        }
+        Ok(())
+    }
+}

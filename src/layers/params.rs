@@ -1,0 +1,113 @@
+//! A model's parameters and their gradients: one GPU tensor each, named, allocated once. Layers hold
+//! [`ParamId`]s into a [`Params`] store, so the optimizer and checkpoints see every tensor in one
+//! ordered list and the CPU model can look them up by name.
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::tensor::GpuTensor;
+
+/// Index of a parameter in its [`Params`] store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamId(usize);
+
+/// How a parameter starts.
+#[derive(Clone, Copy, Debug)]
+pub enum Init {
+    Zeros,
+    Ones,
+    /// Uniform in `[-bound, bound]`.
+    Uniform(f32),
+}
+
+/// Named parameters with a gradient tensor of the same shape for each.
+pub struct Params {
+    names: Vec<String>,
+    values: Vec<GpuTensor>,
+    grads: Vec<GpuTensor>,
+    rng: u64,
+}
+
+impl Params {
+    /// An empty store whose uniform initialisations draw from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            names: Vec::new(),
+            values: Vec::new(),
+            grads: Vec::new(),
+            rng: seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407),
+        }
+    }
+
+    /// Adds `name` with `shape`, initialised on the host and uploaded, and a zero gradient.
+    pub fn add(
+        &mut self,
+        ctx: &Context,
+        name: impl Into<String>,
+        shape: &[usize],
+        init: Init,
+    ) -> Result<ParamId> {
+        let name = name.into();
+        if self.names.contains(&name) {
+            return Err(Error::shape("param", format!("{name} is defined twice")));
+        }
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = match init {
+            Init::Zeros => vec![0.0; n],
+            Init::Ones => vec![1.0; n],
+            Init::Uniform(bound) => (0..n).map(|_| bound * self.uniform()).collect(),
+        };
+        self.values.push(GpuTensor::from_slice(ctx, &data, shape)?);
+        self.grads.push(GpuTensor::zeros(ctx, shape)?);
+        self.names.push(name);
+        Ok(ParamId(self.names.len() - 1))
+    }
+
+    /// Uniform in [-1, 1) from a 64-bit LCG: deterministic across platforms.
+    fn uniform(&mut self) -> f32 {
+        self.rng = self
+            .rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.rng >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    pub fn value(&self, id: ParamId) -> &GpuTensor {
+        &self.values[id.0]
+    }
+
+    pub fn grad(&self, id: ParamId) -> &GpuTensor {
+        &self.grads[id.0]
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    pub fn values(&self) -> &[GpuTensor] {
+        &self.values
+    }
+
+    pub fn grads(&self) -> &[GpuTensor] {
+        &self.grads
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Total number of parameter elements.
+    pub fn elements(&self) -> usize {
+        self.values.iter().map(GpuTensor::len).sum()
+    }
+
+    /// Index of `name`.
+    pub fn find(&self, name: &str) -> Option<ParamId> {
+        self.names.iter().position(|n| n == name).map(ParamId)
+    }
+}

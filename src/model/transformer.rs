@@ -1,0 +1,451 @@
+//! The Transformer of "Attention Is All You Need" (pre-LN or post-LN), and its decoder-only
+//! language-model configuration (`encoder_layers = 0`: no encoder, no cross-attention):
+//!
+//! ```text
+//! memory = Encoder(Embed_src(src) + Pos)                       (padded keys masked by src_lens)
+//! h      = Decoder(Embed_tgt(tgt_in) + Pos, memory)            (causal; padding masked by tgt_lens)
+//! logits = h W_out^T + b_out;   loss = mean cross-entropy(logits, tgt_out), padding ignored
+//! ```
+//!
+//! The model is built for one batch shape (`batch`, `src_len`, `tgt_len`, padded): every activation
+//! and gradient is allocated then and reused by every step; a batch's tokens and lengths are written
+//! into the same buffers. `forward` and `backward` record into the caller's encoder, so a training
+//! step is one submission.
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::cross_entropy::{
+    cross_entropy_backward_into, cross_entropy_forward_into, CrossEntropyOutput,
+};
+use crate::kernels::embedding::{
+    embedding_backward_into, embedding_forward_into, positional_backward_into,
+    positional_forward_into, sinusoidal_table,
+};
+use crate::layers::decoder::{Decoder, DecoderLens};
+use crate::layers::encoder::{Encoder, StackConfig};
+use crate::layers::linear::Linear;
+use crate::layers::params::{Init, ParamId, Params};
+use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransformerConfig {
+    /// Token ids are `0..vocab`, shared by source and target.
+    pub vocab: usize,
+    pub d_model: usize,
+    pub heads: usize,
+    pub d_ff: usize,
+    /// `0` builds the decoder-only language model.
+    pub encoder_layers: usize,
+    pub decoder_layers: usize,
+    pub pre_ln: bool,
+    /// Learned position tables instead of the fixed sinusoidal one.
+    pub learned_positions: bool,
+    /// Padding id: ignored by the loss (positions past a length are masked in attention).
+    pub pad_id: u32,
+}
+
+impl TransformerConfig {
+    pub fn has_encoder(&self) -> bool {
+        self.encoder_layers > 0
+    }
+
+    fn validate(&self) -> Result<()> {
+        let c = self;
+        if c.vocab == 0 || c.d_model == 0 || c.d_ff == 0 || c.decoder_layers == 0 {
+            return Err(Error::shape(
+                "TransformerConfig",
+                format!("{c:?}: vocab, d_model, d_ff and decoder_layers must be positive"),
+            ));
+        }
+        if c.heads == 0 || !c.d_model.is_multiple_of(c.heads) {
+            return Err(Error::shape(
+                "heads",
+                format!(
+                    "d_model {} is not a multiple of {} heads",
+                    c.d_model, c.heads
+                ),
+            ));
+        }
+        if c.pad_id as usize >= c.vocab {
+            return Err(Error::shape(
+                "pad_id",
+                format!("{} is not below vocab {}", c.pad_id, c.vocab),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The padded batch shape a model is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchShape {
+    pub batch: usize,
+    /// Source length (ignored by the decoder-only model).
+    pub src_len: usize,
+    pub tgt_len: usize,
+}
+
+/// One batch, padded to the model's [`BatchShape`] (row-major `[batch, len]`).
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub src: Vec<u32>,
+    pub src_lens: Vec<u32>,
+    /// Decoder input (e.g. BOS followed by the target) and the ids it must predict, position by
+    /// position; `pad_id` where there is nothing to predict.
+    pub tgt_in: Vec<u32>,
+    pub tgt_out: Vec<u32>,
+    pub tgt_lens: Vec<u32>,
+}
+
+/// Token embedding plus positions, with the buffers of one input stream.
+struct Embedded {
+    table: ParamId,
+    positions: Positions,
+    tokens: GpuTokens,
+    embedded: GpuTensor,
+    x: GpuTensor,
+}
+
+enum Positions {
+    Sinusoidal(GpuTensor),
+    Learned(ParamId),
+}
+
+impl Embedded {
+    fn new(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        c: &TransformerConfig,
+        rows: [usize; 2],
+    ) -> Result<Self> {
+        let table = params.add(
+            ctx,
+            format!("{name}.embed"),
+            &[c.vocab, c.d_model],
+            Init::Uniform(1.0),
+        )?;
+        let positions = if c.learned_positions {
+            Positions::Learned(params.add(
+                ctx,
+                format!("{name}.pos"),
+                &[rows[1], c.d_model],
+                Init::Uniform(0.1),
+            )?)
+        } else {
+            Positions::Sinusoidal(GpuTensor::from_slice(
+                ctx,
+                &sinusoidal_table(rows[1], c.d_model),
+                &[rows[1], c.d_model],
+            )?)
+        };
+        let shape = [rows[0], rows[1], c.d_model];
+        Ok(Self {
+            table,
+            positions,
+            tokens: GpuTokens::from_slice(ctx, &vec![c.pad_id; rows[0] * rows[1]], &rows)?,
+            embedded: GpuTensor::zeros(ctx, &shape)?,
+            x: GpuTensor::zeros(ctx, &shape)?,
+        })
+    }
+
+    fn forward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder, p: &Params) -> Result<()> {
+        embedding_forward_into(
+            ctx,
+            encoder,
+            &self.tokens,
+            p.value(self.table),
+            &self.embedded,
+        )?;
+        let table = match &self.positions {
+            Positions::Sinusoidal(t) => t,
+            Positions::Learned(id) => p.value(*id),
+        };
+        positional_forward_into(ctx, encoder, &self.embedded, table, &self.x)
+    }
+
+    /// `dx` is the gradient at `x = embedded + positions`, which both terms receive unchanged.
+    fn backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        dx: &GpuTensor,
+    ) -> Result<()> {
+        embedding_backward_into(ctx, encoder, &self.tokens, dx, p.grad(self.table))?;
+        if let Positions::Learned(id) = &self.positions {
+            positional_backward_into(ctx, encoder, dx, p.grad(*id))?;
+        }
+        Ok(())
+    }
+}
+
+pub struct Transformer {
+    config: TransformerConfig,
+    shape: BatchShape,
+    pub params: Params,
+    source: Option<Embedded>,
+    target: Embedded,
+    encoder: Option<Encoder>,
+    decoder: Decoder,
+    output: Linear,
+    encoder_lens: SeqLens,
+    decoder_lens: SeqLens,
+    cross_lens: SeqLens,
+    targets: GpuTokens,
+    logits: GpuTensor,
+    loss: CrossEntropyOutput,
+    d_logits: GpuTensor,
+    d_decoder_out: GpuTensor,
+}
+
+impl Transformer {
+    /// Builds the model with parameters drawn from `seed`, for batches of `shape`.
+    pub fn new(
+        ctx: &Context,
+        config: TransformerConfig,
+        shape: BatchShape,
+        seed: u64,
+    ) -> Result<Self> {
+        config.validate()?;
+        if shape.batch == 0 || shape.tgt_len == 0 || (config.has_encoder() && shape.src_len == 0) {
+            return Err(Error::shape(
+                "BatchShape",
+                format!("{shape:?}: batch and lengths must be positive"),
+            ));
+        }
+        let c = &config;
+        let mut params = Params::new(seed);
+        let (src_rows, tgt_rows) = ([shape.batch, shape.src_len], [shape.batch, shape.tgt_len]);
+        let stack = |layers| StackConfig {
+            d_model: c.d_model,
+            heads: c.heads,
+            d_ff: c.d_ff,
+            layers,
+            pre_ln: c.pre_ln,
+        };
+        let source = c
+            .has_encoder()
+            .then(|| Embedded::new(ctx, &mut params, "src", c, src_rows))
+            .transpose()?;
+        let target = Embedded::new(ctx, &mut params, "tgt", c, tgt_rows)?;
+        let encoder = c
+            .has_encoder()
+            .then(|| Encoder::new(ctx, &mut params, "enc", &stack(c.encoder_layers), src_rows))
+            .transpose()?;
+        let memory_len = c.has_encoder().then_some(shape.src_len);
+        let decoder = Decoder::new(
+            ctx,
+            &mut params,
+            "dec",
+            &stack(c.decoder_layers),
+            tgt_rows,
+            memory_len,
+        )?;
+        let output = Linear::new(ctx, &mut params, "out", c.d_model, c.vocab)?;
+        let rows = shape.batch * shape.tgt_len;
+        let src_lens = vec![shape.src_len as u32; shape.batch];
+        let tgt_lens = vec![shape.tgt_len as u32; shape.batch];
+        Ok(Self {
+            encoder_lens: SeqLens::new(ctx, Some(&src_lens), Some(&src_lens))?,
+            decoder_lens: SeqLens::new(ctx, Some(&tgt_lens), Some(&tgt_lens))?,
+            cross_lens: SeqLens::new(ctx, Some(&tgt_lens), Some(&src_lens))?,
+            targets: GpuTokens::from_slice(ctx, &vec![c.pad_id; rows], &[rows])?,
+            logits: GpuTensor::zeros(ctx, &[rows, c.vocab])?,
+            loss: CrossEntropyOutput {
+                loss: GpuTensor::zeros(ctx, &[2])?,
+                row_loss: GpuTensor::zeros(ctx, &[rows])?,
+                row_lse: GpuTensor::zeros(ctx, &[rows])?,
+            },
+            d_logits: GpuTensor::zeros(ctx, &[rows, c.vocab])?,
+            d_decoder_out: GpuTensor::zeros(ctx, &[shape.batch, shape.tgt_len, c.d_model])?,
+            config,
+            shape,
+            params,
+            source,
+            target,
+            encoder,
+            decoder,
+            output,
+        })
+    }
+
+    pub fn config(&self) -> &TransformerConfig {
+        &self.config
+    }
+
+    pub fn shape(&self) -> &BatchShape {
+        &self.shape
+    }
+
+    /// Writes a batch's tokens and lengths into the model's input buffers (validated first: on
+    /// error nothing is written).
+    pub fn set_batch(&mut self, ctx: &Context, batch: &Batch) -> Result<()> {
+        let s = self.shape;
+        let c = self.config;
+        let check_len = |arg: &'static str, v: &[u32], n: usize| {
+            if v.len() != n {
+                return Err(Error::shape(
+                    arg,
+                    format!(
+                        "has {} entries; the model's batch shape {s:?} needs {n}",
+                        v.len()
+                    ),
+                ));
+            }
+            Ok(())
+        };
+        let check_ids =
+            |arg: &'static str, v: &[u32]| match v.iter().position(|&t| t as usize >= c.vocab) {
+                Some(i) => Err(Error::shape(
+                    arg,
+                    format!("id {} at {i} is not below vocab {}", v[i], c.vocab),
+                )),
+                None => Ok(()),
+            };
+        let check_lens = |arg: &'static str, v: &[u32], max: usize| match v
+            .iter()
+            .find(|&&l| l as usize > max)
+        {
+            Some(l) => Err(Error::shape(
+                arg,
+                format!("length {l} exceeds the padded length {max}"),
+            )),
+            None => Ok(()),
+        };
+        let tokens = s.batch * s.tgt_len;
+        check_len("tgt_in", &batch.tgt_in, tokens)?;
+        check_len("tgt_out", &batch.tgt_out, tokens)?;
+        check_len("tgt_lens", &batch.tgt_lens, s.batch)?;
+        check_ids("tgt_in", &batch.tgt_in)?;
+        check_ids("tgt_out", &batch.tgt_out)?;
+        check_lens("tgt_lens", &batch.tgt_lens, s.tgt_len)?;
+        if c.has_encoder() {
+            check_len("src", &batch.src, s.batch * s.src_len)?;
+            check_len("src_lens", &batch.src_lens, s.batch)?;
+            check_ids("src", &batch.src)?;
+            check_lens("src_lens", &batch.src_lens, s.src_len)?;
+        }
+        self.target.tokens.write(ctx, &batch.tgt_in)?;
+        self.targets.write(ctx, &batch.tgt_out)?;
+        let tgt = Some(batch.tgt_lens.as_slice());
+        self.decoder_lens.write(ctx, tgt, tgt)?;
+        if let Some(source) = &mut self.source {
+            let src = Some(batch.src_lens.as_slice());
+            source.tokens.write(ctx, &batch.src)?;
+            self.encoder_lens.write(ctx, src, src)?;
+            self.cross_lens.write(ctx, tgt, src)?;
+        }
+        Ok(())
+    }
+
+    fn memory(&self) -> Option<&GpuTensor> {
+        match (&self.encoder, &self.source) {
+            (Some(e), Some(s)) => Some(e.output(&s.x)),
+            _ => None,
+        }
+    }
+
+    fn decoder_lens(&self) -> DecoderLens<'_> {
+        DecoderLens {
+            self_lens: &self.decoder_lens,
+            cross_lens: self.encoder.as_ref().map(|_| &self.cross_lens),
+        }
+    }
+
+    /// Records the forward pass through the loss.
+    pub fn forward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+        let p = &self.params;
+        if let (Some(source), Some(enc)) = (&self.source, &self.encoder) {
+            source.forward(ctx, encoder, p)?;
+            enc.forward(ctx, encoder, p, &source.x, &self.encoder_lens)?;
+        }
+        self.target.forward(ctx, encoder, p)?;
+        self.decoder.forward(
+            ctx,
+            encoder,
+            p,
+            &self.target.x,
+            self.memory(),
+            &self.decoder_lens(),
+        )?;
+        let h = self.flat_rows(self.decoder.output(&self.target.x))?;
+        self.output.forward(ctx, encoder, p, &h, &self.logits)?;
+        let ignore = Some(self.config.pad_id);
+        cross_entropy_forward_into(
+            ctx,
+            encoder,
+            &self.logits,
+            &self.targets,
+            ignore,
+            &self.loss,
+        )
+    }
+
+    /// Records the backward pass of the mean loss into every parameter gradient (after
+    /// [`Transformer::forward`] in the same or an earlier submission).
+    pub fn backward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+        let p = &self.params;
+        let ignore = Some(self.config.pad_id);
+        cross_entropy_backward_into(
+            ctx,
+            encoder,
+            &self.logits,
+            &self.targets,
+            ignore,
+            &self.loss,
+            &self.d_logits,
+        )?;
+        let dec_out = self.decoder.output(&self.target.x);
+        let d_dec_out = &self.d_decoder_out;
+        self.output.backward(
+            ctx,
+            encoder,
+            p,
+            &self.flat_rows(dec_out)?,
+            &self.d_logits,
+            &self.flat_rows(d_dec_out)?,
+        )?;
+        let memory = self.memory();
+        self.decoder.backward(
+            ctx,
+            encoder,
+            p,
+            &self.target.x,
+            memory,
+            &self.decoder_lens(),
+            d_dec_out,
+        )?;
+        self.target
+            .backward(ctx, encoder, p, self.decoder.d_input(d_dec_out))?;
+        if let (Some(source), Some(enc), Some(d_memory)) =
+            (&self.source, &self.encoder, self.decoder.d_memory())
+        {
+            enc.backward(ctx, encoder, p, &source.x, &self.encoder_lens, d_memory)?;
+            source.backward(ctx, encoder, p, enc.d_input(d_memory))?;
+        }
+        Ok(())
+    }
+
+    fn flat_rows(&self, t: &GpuTensor) -> Result<GpuTensor> {
+        t.reshape(&[self.shape.batch * self.shape.tgt_len, self.config.d_model])
+    }
+
+    /// `[batch * tgt_len, vocab]` logits of the last forward.
+    pub fn logits(&self) -> &GpuTensor {
+        &self.logits
+    }
+
+    /// `[mean loss over non-padding targets, their count]` of the last forward.
+    pub fn loss(&self) -> &GpuTensor {
+        &self.loss.loss
+    }
+
+    /// Parameter tensors and their gradients, in one fixed order (names in `params.names()`).
+    pub fn parameters(&self) -> (Vec<&GpuTensor>, Vec<&GpuTensor>) {
+        (
+            self.params.values().iter().collect(),
+            self.params.grads().iter().collect(),
+        )
+    }
+}

@@ -1,0 +1,477 @@
+//! The Transformer of [`crate::model::transformer`] on the CPU in f64, composed of the reference
+//! ops: logits, loss and the gradient of every parameter, looked up by the GPU model's parameter
+//! names. Each backward recomputes the activations it needs from its inputs (plain, not fast).
+
+use std::collections::HashMap;
+
+use crate::kernels::attention::AttentionShape;
+use crate::kernels::elementwise::Activation;
+use crate::kernels::embedding::sinusoidal_table;
+use crate::model::transformer::{Batch, BatchShape, TransformerConfig};
+use crate::reference::attention::{attention_backward, attention_forward, Masks};
+use crate::reference::cross_entropy::cross_entropy;
+use crate::reference::elementwise::{activation_backward, activation_forward, add};
+use crate::reference::embedding::{
+    embedding_backward, embedding_forward, positional_backward, positional_forward,
+};
+use crate::reference::layer_norm::{layer_norm_backward, layer_norm_forward};
+use crate::reference::linear::{linear_backward, linear_forward};
+
+const LN_EPS: f64 = 1e-5;
+
+/// Parameters by name (as in `Params::names`).
+pub type ParamMap = HashMap<String, Vec<f64>>;
+
+/// What [`forward_backward`] computes.
+pub struct Output {
+    /// `[batch * tgt_len, vocab]`.
+    pub logits: Vec<f64>,
+    /// Mean cross-entropy over the non-padding targets.
+    pub loss: f64,
+    pub grads: ParamMap,
+}
+
+#[derive(Clone)]
+enum Sub {
+    SelfAttention { name: String, causal: bool },
+    Cross { name: String },
+    FeedForward { name: String },
+}
+
+/// A stream of `[batch, len, d_model]` rows with its padding lengths.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    len: usize,
+    lens: &'a [u32],
+}
+
+struct Model<'a> {
+    c: &'a TransformerConfig,
+    s: &'a BatchShape,
+    p: &'a ParamMap,
+    grads: ParamMap,
+}
+
+/// Columns `[from, from + width)` of each row of a row-major matrix with `cols` columns.
+fn columns(x: &[f64], cols: usize, from: usize, width: usize) -> Vec<f64> {
+    x.chunks(cols)
+        .flat_map(|row| row[from..from + width].iter().copied())
+        .collect()
+}
+
+/// Row-wise concatenation of matrices of `d` columns each.
+fn concat_columns(parts: &[&[f64]], d: usize) -> Vec<f64> {
+    let rows = parts[0].len() / d;
+    (0..rows)
+        .flat_map(|r| {
+            parts
+                .iter()
+                .flat_map(move |p| p[r * d..(r + 1) * d].iter().copied())
+        })
+        .collect()
+}
+
+impl<'a> Model<'a> {
+    fn p(&self, name: &str) -> &'a [f64] {
+        self.p
+            .get(name)
+            .unwrap_or_else(|| panic!("reference model: no parameter {name}"))
+    }
+
+    fn acc(&mut self, name: &str, g: Vec<f64>) {
+        let entry = self
+            .grads
+            .entry(name.to_string())
+            .or_insert_with(|| vec![0.0; g.len()]);
+        for (e, v) in entry.iter_mut().zip(g) {
+            *e += v;
+        }
+    }
+
+    fn d(&self) -> usize {
+        self.c.d_model
+    }
+
+    fn linear(&self, name: &str, x: &[f64], in_f: usize) -> Vec<f64> {
+        linear_forward(
+            x,
+            self.p(&format!("{name}.weight")),
+            Some(self.p(&format!("{name}.bias"))),
+            in_f,
+        )
+    }
+
+    fn linear_back(&mut self, name: &str, x: &[f64], dy: &[f64], in_f: usize) -> Vec<f64> {
+        let (dx, dw, db) = linear_backward(x, self.p(&format!("{name}.weight")), dy, in_f);
+        self.acc(&format!("{name}.weight"), dw);
+        self.acc(&format!("{name}.bias"), db);
+        dx
+    }
+
+    fn layer_norm(&self, name: &str, x: &[f64]) -> Vec<f64> {
+        let (g, b) = (
+            self.p(&format!("{name}.gamma")),
+            self.p(&format!("{name}.beta")),
+        );
+        layer_norm_forward(x, g, b, self.d(), LN_EPS).0
+    }
+
+    fn layer_norm_back(&mut self, name: &str, x: &[f64], dy: &[f64]) -> Vec<f64> {
+        let g = layer_norm_backward(x, self.p(&format!("{name}.gamma")), dy, self.d(), LN_EPS);
+        self.acc(&format!("{name}.gamma"), g.d_gamma);
+        self.acc(&format!("{name}.beta"), g.d_beta);
+        g.dx
+    }
+
+    fn attention_shape(&self, q: Rows, kv: Rows) -> AttentionShape {
+        let h = self.c.heads;
+        AttentionShape {
+            batch: self.s.batch,
+            q_seq: q.len,
+            kv_seq: kv.len,
+            heads: h,
+            kv_heads: h,
+            head_dim_qk: self.d() / h,
+            head_dim_v: self.d() / h,
+        }
+    }
+
+    fn masks(&self, q: Rows, kv: Rows, causal: bool) -> Masks {
+        Masks {
+            scale: 1.0 / ((self.d() / self.c.heads) as f64).sqrt(),
+            causal,
+            q_lens: Some(q.lens.to_vec()),
+            kv_lens: Some(kv.lens.to_vec()),
+        }
+    }
+
+    /// Q, K, V (each `[B, L, d]` = `[B, L, H, d/H]`) of an attention sublayer.
+    fn qkv(&self, sub: &Sub, x: &[f64], memory: &[f64]) -> [Vec<f64>; 3] {
+        let d = self.d();
+        match sub {
+            Sub::SelfAttention { name, .. } => {
+                let qkv = self.linear(&format!("{name}.qkv"), x, d);
+                [0, 1, 2].map(|i| columns(&qkv, 3 * d, i * d, d))
+            }
+            Sub::Cross { name } => {
+                let kv = self.linear(&format!("{name}.kv"), memory, d);
+                [
+                    self.linear(&format!("{name}.q"), x, d),
+                    columns(&kv, 2 * d, 0, d),
+                    columns(&kv, 2 * d, d, d),
+                ]
+            }
+            Sub::FeedForward { .. } => unreachable!(),
+        }
+    }
+
+    fn sub_forward(&self, sub: &Sub, x: &[f64], rows: Rows, memory: &[f64], mem: Rows) -> Vec<f64> {
+        let d = self.d();
+        match sub {
+            Sub::FeedForward { name } => {
+                let h = self.linear(&format!("{name}.in"), x, d);
+                let a = activation_forward(Activation::Gelu, &h);
+                self.linear(&format!("{name}.out"), &a, self.c.d_ff)
+            }
+            Sub::SelfAttention { name, .. } | Sub::Cross { name } => {
+                let (kv_rows, causal) = match sub {
+                    Sub::SelfAttention { causal, .. } => (rows, *causal),
+                    _ => (mem, false),
+                };
+                let [q, k, v] = self.qkv(sub, x, memory);
+                let shape = self.attention_shape(rows, kv_rows);
+                let masks = self.masks(rows, kv_rows, causal);
+                let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
+                self.linear(&format!("{name}.out"), &out, d)
+            }
+        }
+    }
+
+    /// `(dx, d_memory)` of a sublayer for `dy`, parameter gradients accumulated.
+    fn sub_backward(
+        &mut self,
+        sub: &Sub,
+        x: &[f64],
+        rows: Rows,
+        memory: &[f64],
+        mem: Rows,
+        dy: &[f64],
+    ) -> (Vec<f64>, Option<Vec<f64>>) {
+        let d = self.d();
+        match sub {
+            Sub::FeedForward { name } => {
+                let h = self.linear(&format!("{name}.in"), x, d);
+                let a = activation_forward(Activation::Gelu, &h);
+                let d_a = self.linear_back(&format!("{name}.out"), &a, dy, self.c.d_ff);
+                let d_h = activation_backward(Activation::Gelu, &h, &d_a);
+                (self.linear_back(&format!("{name}.in"), x, &d_h, d), None)
+            }
+            Sub::SelfAttention { name, causal } => {
+                let [q, k, v] = self.qkv(sub, x, memory);
+                let shape = self.attention_shape(rows, rows);
+                let masks = self.masks(rows, rows, *causal);
+                let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
+                let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
+                let g = attention_backward(&shape, &q, &k, &v, &d_out, &masks);
+                let d_qkv = concat_columns(&[&g.dq, &g.dk, &g.dv], d);
+                (self.linear_back(&format!("{name}.qkv"), x, &d_qkv, d), None)
+            }
+            Sub::Cross { name } => {
+                let [q, k, v] = self.qkv(sub, x, memory);
+                let shape = self.attention_shape(rows, mem);
+                let masks = self.masks(rows, mem, false);
+                let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
+                let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
+                let g = attention_backward(&shape, &q, &k, &v, &d_out, &masks);
+                let dx = self.linear_back(&format!("{name}.q"), x, &g.dq, d);
+                let d_kv = concat_columns(&[&g.dk, &g.dv], d);
+                let d_mem = self.linear_back(&format!("{name}.kv"), memory, &d_kv, d);
+                (dx, Some(d_mem))
+            }
+        }
+    }
+
+    fn block_forward(
+        &self,
+        ln: &str,
+        sub: &Sub,
+        x: &[f64],
+        rows: Rows,
+        memory: &[f64],
+        mem: Rows,
+    ) -> Vec<f64> {
+        if self.c.pre_ln {
+            add(
+                x,
+                &self.sub_forward(sub, &self.layer_norm(ln, x), rows, memory, mem),
+            )
+        } else {
+            self.layer_norm(ln, &add(x, &self.sub_forward(sub, x, rows, memory, mem)))
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn block_backward(
+        &mut self,
+        ln: &str,
+        sub: &Sub,
+        x: &[f64],
+        rows: Rows,
+        memory: &[f64],
+        mem: Rows,
+        dy: &[f64],
+    ) -> (Vec<f64>, Option<Vec<f64>>) {
+        if self.c.pre_ln {
+            let h = self.layer_norm(ln, x);
+            let (d_h, d_mem) = self.sub_backward(sub, &h, rows, memory, mem, dy);
+            (add(dy, &self.layer_norm_back(ln, x, &d_h)), d_mem)
+        } else {
+            let s = add(x, &self.sub_forward(sub, x, rows, memory, mem));
+            let ds = self.layer_norm_back(ln, &s, dy);
+            let (d_in, d_mem) = self.sub_backward(sub, x, rows, memory, mem, &ds);
+            (add(&ds, &d_in), d_mem)
+        }
+    }
+
+    /// Every residual block of a stack in order, as (LayerNorm name, sublayer).
+    fn blocks(&self, encoder: bool) -> Vec<(String, Sub)> {
+        let mut blocks = Vec::new();
+        if encoder {
+            for i in 0..self.c.encoder_layers {
+                let n = format!("enc.{i}");
+                blocks.push((
+                    format!("{n}.ln1"),
+                    Sub::SelfAttention {
+                        name: format!("{n}.attn"),
+                        causal: false,
+                    },
+                ));
+                blocks.push((
+                    format!("{n}.ln2"),
+                    Sub::FeedForward {
+                        name: format!("{n}.ff"),
+                    },
+                ));
+            }
+        } else {
+            for i in 0..self.c.decoder_layers {
+                let n = format!("dec.{i}");
+                blocks.push((
+                    format!("{n}.ln1"),
+                    Sub::SelfAttention {
+                        name: format!("{n}.self_attn"),
+                        causal: true,
+                    },
+                ));
+                if self.c.has_encoder() {
+                    let name = format!("{n}.cross_attn");
+                    blocks.push((format!("{n}.ln_cross"), Sub::Cross { name }));
+                }
+                blocks.push((
+                    format!("{n}.ln2"),
+                    Sub::FeedForward {
+                        name: format!("{n}.ff"),
+                    },
+                ));
+            }
+        }
+        blocks
+    }
+
+    /// The inputs of every block and the stack's output (after the final LayerNorm when pre-LN).
+    fn stack_forward(
+        &self,
+        encoder: bool,
+        x: &[f64],
+        rows: Rows,
+        memory: &[f64],
+        mem: Rows,
+    ) -> (Vec<Vec<f64>>, Vec<f64>) {
+        let mut inputs = Vec::new();
+        let mut h = x.to_vec();
+        for (ln, sub) in self.blocks(encoder) {
+            let y = self.block_forward(&ln, &sub, &h, rows, memory, mem);
+            inputs.push(std::mem::replace(&mut h, y));
+        }
+        let out = if self.c.pre_ln {
+            self.layer_norm(&format!("{}.norm", stack_name(encoder)), &h)
+        } else {
+            h.clone()
+        };
+        inputs.push(h);
+        (inputs, out)
+    }
+
+    /// `(dx, summed d_memory)` of a stack for `dy` at its output.
+    fn stack_backward(
+        &mut self,
+        encoder: bool,
+        x: &[f64],
+        rows: Rows,
+        memory: &[f64],
+        mem: Rows,
+        dy: &[f64],
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (inputs, _) = self.stack_forward(encoder, x, rows, memory, mem);
+        let mut d = dy.to_vec();
+        if self.c.pre_ln {
+            let last = inputs.last().expect("stack input");
+            d = self.layer_norm_back(&format!("{}.norm", stack_name(encoder)), last, &d);
+        }
+        let mut d_memory = vec![0.0; memory.len()];
+        for (i, (ln, sub)) in self.blocks(encoder).iter().enumerate().rev() {
+            let (dx, d_mem) = self.block_backward(ln, sub, &inputs[i], rows, memory, mem, &d);
+            if let Some(dm) = d_mem {
+                d_memory = add(&d_memory, &dm);
+            }
+            d = dx;
+        }
+        (d, d_memory)
+    }
+
+    /// Token embedding plus positions of stream `name` (`"src"`, `"tgt"`).
+    fn embed(&self, name: &str, tokens: &[u32], len: usize) -> Vec<f64> {
+        let d = self.d();
+        let e = embedding_forward(tokens, self.p(&format!("{name}.embed")), d);
+        positional_forward(&e, &self.positions(name, len), len, d)
+    }
+
+    fn positions(&self, name: &str, len: usize) -> Vec<f64> {
+        if self.c.learned_positions {
+            self.p(&format!("{name}.pos")).to_vec()
+        } else {
+            sinusoidal_table(len, self.d())
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect()
+        }
+    }
+
+    fn embed_back(&mut self, name: &str, tokens: &[u32], len: usize, dx: &[f64]) {
+        let d = self.d();
+        let g = embedding_backward(tokens, dx, self.c.vocab, d);
+        self.acc(&format!("{name}.embed"), g);
+        if self.c.learned_positions {
+            let g = positional_backward(dx, len, d, len);
+            self.acc(&format!("{name}.pos"), g);
+        }
+    }
+}
+
+fn stack_name(encoder: bool) -> &'static str {
+    if encoder {
+        "enc"
+    } else {
+        "dec"
+    }
+}
+
+/// Logits and mean loss of `batch`.
+pub fn forward(
+    c: &TransformerConfig,
+    s: &BatchShape,
+    p: &ParamMap,
+    batch: &Batch,
+) -> (Vec<f64>, f64) {
+    let o = run(c, s, p, batch, false);
+    (o.logits, o.loss)
+}
+
+/// Logits, mean loss and the gradient of the mean loss for every parameter.
+pub fn forward_backward(
+    c: &TransformerConfig,
+    s: &BatchShape,
+    p: &ParamMap,
+    batch: &Batch,
+) -> Output {
+    run(c, s, p, batch, true)
+}
+
+fn run(
+    c: &TransformerConfig,
+    s: &BatchShape,
+    p: &ParamMap,
+    batch: &Batch,
+    backward: bool,
+) -> Output {
+    let mut m = Model {
+        c,
+        s,
+        p,
+        grads: ParamMap::new(),
+    };
+    let d = c.d_model;
+    let src = Rows {
+        len: s.src_len,
+        lens: &batch.src_lens,
+    };
+    let tgt = Rows {
+        len: s.tgt_len,
+        lens: &batch.tgt_lens,
+    };
+    let (src_x, memory) = if c.has_encoder() {
+        let x = m.embed("src", &batch.src, s.src_len);
+        let (_, out) = m.stack_forward(true, &x, src, &[], src);
+        (x, out)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let tgt_x = m.embed("tgt", &batch.tgt_in, s.tgt_len);
+    let (_, h) = m.stack_forward(false, &tgt_x, tgt, &memory, src);
+    let logits = m.linear("out", &h, d);
+    let (loss, _, d_logits) = cross_entropy(&logits, &batch.tgt_out, c.vocab, Some(c.pad_id));
+    if backward {
+        let d_h = m.linear_back("out", &h, &d_logits, d);
+        let (d_tgt_x, d_memory) = m.stack_backward(false, &tgt_x, tgt, &memory, src, &d_h);
+        m.embed_back("tgt", &batch.tgt_in, s.tgt_len, &d_tgt_x);
+        if c.has_encoder() {
+            let (d_src_x, _) = m.stack_backward(true, &src_x, src, &[], src, &d_memory);
+            m.embed_back("src", &batch.src, s.src_len, &d_src_x);
+        }
+    }
+    Output {
+        logits,
+        loss,
+        grads: m.grads,
+    }
+}
