@@ -43,6 +43,9 @@ pub enum Error {
     /// The device reported an error (out of memory, validation) while running our commands.
     #[error("GPU error: {0}")]
     Device(String),
+    /// A checkpoint could not be written or does not fit the model.
+    #[error("checkpoint {0}")]
+    Checkpoint(String),
     /// Mapping a buffer for readback failed.
     #[error("buffer readback failed: {0}")]
     Readback(String),

@@ -25,6 +25,7 @@ pub mod layers;
 pub mod model;
 pub mod reference;
 pub mod tensor;
+pub mod training;
 
 pub use device::{
     enumerate_adapters, parse_backends, AdapterReport, Context, ContextOptions, MemoryStats,

@@ -643,10 +643,7 @@ pub fn attention_forward_into(
         4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
         block_n as usize,
     );
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some("attention_forward"),
-        timestamp_writes: None,
-    });
+    let mut pass = ctx.begin_pass(encoder, "attention_forward");
     let lens = seq_lens_buffer(ctx, opts);
     for (index, &(begin, end)) in chunks.iter().enumerate() {
         params.chunk_begin = begin;
@@ -786,10 +783,7 @@ pub fn attention_backward_into(
     let wg = workgroup_size(ctx, true);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some("attention_backward"),
-        timestamp_writes: None,
-    });
+    let mut pass = ctx.begin_pass(encoder, "attention_backward");
 
     // 1. stats = (lse, D).
     {
@@ -1035,7 +1029,7 @@ pub fn attention_forward_unfused(
     let lens = seq_lens_buffer(ctx, opts);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
-        let mut pass = encoder.begin_compute_pass(&Default::default());
+        let mut pass = ctx.begin_pass(&mut encoder, "attention_forward_unfused");
         encode_probs(ctx, &mut pass, &s, scale, q, k, &probs, &lse, opts, lens)?;
         let group = s.heads / s.kv_heads;
         let (lq, lk) = (s.q_seq, s.kv_seq);
@@ -1137,7 +1131,7 @@ pub fn attention_backward_unfused(
 
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
-        let mut pass = encoder.begin_compute_pass(&Default::default());
+        let mut pass = ctx.begin_pass(&mut encoder, "attention_backward_unfused");
         encode_probs(ctx, &mut pass, &s, scale, q, k, &probs, &lse, opts, lens)?;
         // dP = dO V^T
         encode_gemm(

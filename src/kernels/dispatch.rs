@@ -95,10 +95,7 @@ pub(crate) fn encode(
         entries: &entries,
     });
     let (gx, gy) = grid_2d(invocations.max(1).div_ceil(WG as usize) as u32);
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some(name),
-        timestamp_writes: None,
-    });
+    let mut pass = ctx.begin_pass(encoder, name);
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(gx, gy, 1);

@@ -145,7 +145,7 @@ pub fn linear_forward_into(
     {
         return Err(Error::shape("y", "shares a buffer with an input"));
     }
-    let mut pass = encoder.begin_compute_pass(&Default::default());
+    let mut pass = ctx.begin_pass(encoder, "linear_forward");
     encode_gemm(
         ctx,
         &mut pass,
@@ -244,7 +244,7 @@ pub fn linear_backward_into(
         }
     }
     {
-        let mut pass = encoder.begin_compute_pass(&Default::default());
+        let mut pass = ctx.begin_pass(encoder, "linear_backward");
         // dx [rows, in] = dy [rows, out] . W [out, in]
         encode_gemm(
             ctx,

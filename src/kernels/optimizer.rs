@@ -156,6 +156,18 @@ impl AdamW {
         &self.config
     }
 
+    /// Sets the learning rate of the following steps (for schedules).
+    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(Error::shape(
+                "lr",
+                format!("is {lr}; it must be finite and >= 0"),
+            ));
+        }
+        self.config.lr = lr;
+        Ok(())
+    }
+
     /// Steps taken so far (the `t` of the bias correction).
     pub fn steps(&self) -> u32 {
         self.step

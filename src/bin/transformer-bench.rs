@@ -1,0 +1,229 @@
+//! Training throughput of a whole Transformer on one adapter: tokens/s of a training step (forward,
+//! backward, AdamW, one submission) and of the forward alone, and the GPU time of one training step
+//! split by kernel family (timestamp queries around every compute pass, where the adapter has them).
+//!
+//! ```text
+//! cargo run --release --bin transformer-bench -- [--d-model 256 --heads 8 --layers 4 --seq 128 --batch 8]
+//! ```
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use wgpu_attention::bench::{measure, Timer};
+use wgpu_attention::kernels::optimizer::AdamWConfig;
+use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
+use wgpu_attention::training::Trainer;
+use wgpu_attention::{parse_backends, Context, ContextOptions, Error};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Transformer training throughput on any wgpu adapter")]
+struct Cli {
+    /// Back end: vulkan, gl, metal, dx12 (default: WGPU_BACKEND, else all)
+    #[arg(long)]
+    backend: Option<String>,
+    /// Case-insensitive substring of the adapter name (default: WGPU_ADAPTER_NAME)
+    #[arg(long)]
+    adapter: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    d_model: usize,
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Feed-forward width (default 4 * d_model)
+    #[arg(long)]
+    d_ff: Option<usize>,
+    /// Encoder layers and decoder layers (each)
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Source and target length
+    #[arg(long, default_value_t = 128)]
+    seq: usize,
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    #[arg(long, default_value_t = 1000)]
+    vocab: usize,
+    /// Decoder-only language model (no encoder, no cross-attention)
+    #[arg(long)]
+    decoder_only: bool,
+    /// Post-LN instead of pre-LN
+    #[arg(long)]
+    post_ln: bool,
+    /// Timed runs of each measurement (after warm-up)
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Time with the host clock even where GPU timestamps exist
+    #[arg(long)]
+    wall_clock: bool,
+    /// Write the figures as JSON
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// The kernel family of a compute pass, by its label.
+fn family(label: &str) -> &'static str {
+    match label {
+        l if l.starts_with("attention") => "attention (fused, fwd + bwd)",
+        l if l.starts_with("linear") || l == "column_sum" => "linear (GEMM, bias grad)",
+        l if l.starts_with("layer_norm") => "layer norm",
+        l if l.starts_with("activation") || l == "add" => "elementwise (GELU, residual add)",
+        l if l.starts_with("embedding") || l.starts_with("positional") => "embedding + positions",
+        l if l.starts_with("cross_entropy") => "cross-entropy loss",
+        l if l == "adamw" || l.starts_with("grad_norm") => "optimizer (AdamW, grad norm)",
+        _ => "other",
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), Error> {
+    let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
+    let ctx = Context::new_with(&ContextOptions {
+        backends,
+        adapter_name: cli.adapter.clone(),
+    })?;
+    println!("adapter: {}", ctx.report());
+    let config = TransformerConfig {
+        vocab: cli.vocab,
+        d_model: cli.d_model,
+        heads: cli.heads,
+        d_ff: cli.d_ff.unwrap_or(4 * cli.d_model),
+        encoder_layers: if cli.decoder_only { 0 } else { cli.layers },
+        decoder_layers: cli.layers,
+        pre_ln: !cli.post_ln,
+        learned_positions: false,
+        pad_id: 0,
+    };
+    let shape = BatchShape {
+        batch: cli.batch,
+        src_len: cli.seq,
+        tgt_len: cli.seq,
+    };
+    let before = ctx.memory().current_bytes;
+    let model = Transformer::new(&ctx, config, shape, 1)?;
+    let mut trainer = Trainer::new(&ctx, model, AdamWConfig::default())?;
+    let memory_mib = (ctx.memory().current_bytes - before) as f64 / (1 << 20) as f64;
+    let params = trainer.model.params.elements();
+    println!(
+        "model: {config:?}\nshape: {shape:?}; {params} parameters; {memory_mib:.1} MiB of tensors"
+    );
+
+    // Full-length sequences of deterministic ids in 1..vocab.
+    let ids = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| 1 + ((i * 7919 + salt * 104729) % (cli.vocab - 1)) as u32)
+            .collect()
+    };
+    let n = cli.batch * cli.seq;
+    let batch = Batch {
+        src: if cli.decoder_only {
+            Vec::new()
+        } else {
+            ids(n, 1)
+        },
+        src_lens: if cli.decoder_only {
+            Vec::new()
+        } else {
+            vec![cli.seq as u32; cli.batch]
+        },
+        tgt_in: ids(n, 2),
+        tgt_out: ids(n, 3),
+        tgt_lens: vec![cli.seq as u32; cli.batch],
+    };
+    let tokens = if cli.decoder_only { n } else { 2 * n } as f64;
+
+    let timer = Timer::new(&ctx, cli.wall_clock);
+    let started = Instant::now();
+    let train = measure(&ctx, &timer, cli.reps, || trainer.step(&ctx, &batch))?;
+    let forward = measure(&ctx, &timer, cli.reps, || trainer.forward(&ctx, &batch))?;
+    let loss = trainer.model.loss().to_vec(&ctx)?[0];
+    println!(
+        "clock: {}; {} timed runs each after warm-up ({:.1} s in all); loss after the steps {loss:.4}",
+        timer.clock().name(),
+        cli.reps,
+        started.elapsed().as_secs_f64()
+    );
+    println!("\n| measurement | median ms | min-max ms | tokens/s |\n|---|---|---|---|");
+    for (name, s) in [
+        ("training step (fwd + bwd + AdamW)", &train),
+        ("forward only", &forward),
+    ] {
+        println!(
+            "| {name} | {:.2} | {:.2}-{:.2} | {:.0} |",
+            s.median(),
+            s.min(),
+            s.max(),
+            tokens / (s.median() / 1e3)
+        );
+    }
+    println!("(tokens: source + target tokens of the batch, {tokens})");
+
+    // One profiled training step.
+    let mut families: Vec<(&'static str, f64, usize)> = Vec::new();
+    match ctx.start_profiling() {
+        Ok(()) => {
+            trainer.step(&ctx, &batch)?;
+            let passes = ctx.finish_profiling()?;
+            for (label, ms) in &passes {
+                let f = family(label);
+                match families.iter_mut().find(|(n, _, _)| *n == f) {
+                    Some(e) => {
+                        e.1 += ms;
+                        e.2 += 1
+                    }
+                    None => families.push((f, *ms, 1)),
+                }
+            }
+            families.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let total: f64 = families.iter().map(|f| f.1).sum();
+            println!(
+                "\none training step by kernel family (sum of pass timestamps, {} passes):\n",
+                passes.len()
+            );
+            println!("| family | passes | ms | share |\n|---|---|---|---|");
+            for (f, ms, count) in &families {
+                println!("| {f} | {count} | {ms:.2} | {:.1}% |", 100.0 * ms / total);
+            }
+            println!("| total | {} | {total:.2} | 100% |", passes.len());
+        }
+        Err(e) => println!("\nno kernel breakdown: {e}"),
+    }
+    if let Some(path) = &cli.json {
+        let report = serde_json::json!({
+            "adapter": ctx.report().to_string(),
+            "config": format!("{config:?}"),
+            "shape": format!("{shape:?}"),
+            "parameters": params,
+            "tensor_memory_mib": memory_mib,
+            "clock": timer.clock().name(),
+            "tokens_per_batch": tokens,
+            "train_step_ms": train.times_ms,
+            "forward_ms": forward.times_ms,
+            "train_tokens_per_s": tokens / (train.median() / 1e3),
+            "forward_tokens_per_s": tokens / (forward.median() / 1e3),
+            "families_ms": families.iter().map(|(f, ms, c)| serde_json::json!({"family": f, "ms": ms, "passes": c})).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap())
+            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+    };
+    if cli.vocab < 2 || cli.seq == 0 || cli.batch == 0 || cli.layers == 0 {
+        eprintln!("transformer-bench: vocab must be >= 2 and seq, batch, layers positive");
+        return ExitCode::from(2);
+    }
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("transformer-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! Training: one step (forward, backward, AdamW) recorded into a single command submission on
+//! buffers allocated once, and safetensors checkpoints of weights and optimizer state.
+
+pub mod checkpoint;
+
+use crate::device::Context;
+use crate::error::Result;
+use crate::kernels::optimizer::{AdamW, AdamWConfig};
+use crate::model::transformer::{Batch, Transformer};
+
+pub struct Trainer {
+    pub model: Transformer,
+    pub optimizer: AdamW,
+}
+
+impl Trainer {
+    pub fn new(ctx: &Context, model: Transformer, config: AdamWConfig) -> Result<Self> {
+        let optimizer = AdamW::new(
+            ctx,
+            config,
+            &model.params.values().iter().collect::<Vec<_>>(),
+        )?;
+        Ok(Self { model, optimizer })
+    }
+
+    /// Writes `batch` and submits forward, backward and the optimizer update as one command buffer.
+    /// Nothing is read back: the loss of the step is in [`Transformer::loss`].
+    pub fn step(&mut self, ctx: &Context, batch: &Batch) -> Result<()> {
+        self.model.set_batch(ctx, batch)?;
+        let mut encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("training step"),
+            });
+        self.model.forward(ctx, &mut encoder)?;
+        self.model.backward(ctx, &mut encoder)?;
+        let (params, grads) = self.model.parameters();
+        self.optimizer
+            .step_into(ctx, &mut encoder, &params, &grads)?;
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    }
+
+    /// Forward only (for evaluation), submitted.
+    pub fn forward(&mut self, ctx: &Context, batch: &Batch) -> Result<()> {
+        self.model.set_batch(ctx, batch)?;
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        self.model.forward(ctx, &mut encoder)?;
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    }
+}
