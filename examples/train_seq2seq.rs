@@ -133,7 +133,7 @@ fn evaluate(ctx: &Context, trainer: &mut Trainer, sequences: &[Vec<u32>]) -> Res
             batch.tgt_in[row * s.tgt_len] = BOS;
             batch.tgt_lens[row] = s.tgt_len as u32;
         }
-        let mut done = vec![false; BATCH];
+        let mut done = [false; BATCH];
         let mut output: Vec<Vec<u32>> = vec![Vec::new(); BATCH];
         for t in 0..s.tgt_len {
             trainer.forward(ctx, &batch)?;

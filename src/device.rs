@@ -437,6 +437,12 @@ impl Context {
         })
     }
 
+    /// Whether the adapter is a CPU driver (lavapipe, llvmpipe, WARP), which runs workgroups as SIMD
+    /// loops on host threads: kernels pick their shapes for it differently.
+    pub fn is_cpu(&self) -> bool {
+        self.report.device_type == wgpu::DeviceType::Cpu || self.loop_budget.is_some()
+    }
+
     /// Starts timing every compute pass the kernels record (up to [`MAX_PROFILED_PASSES`]), for a
     /// per-kernel breakdown of what is submitted until [`Context::finish_profiling`]. Needs the
     /// `TIMESTAMP_QUERY` feature.

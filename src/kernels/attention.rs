@@ -432,11 +432,6 @@ const ROWS: u32 = 4;
 /// Invocations per workgroup of the one-row-per-invocation kernels (preprocess, unfused softmax).
 const SIMPLE_WG: u32 = 64;
 
-/// CPU drivers (lavapipe, llvmpipe, WARP) run workgroups as SIMD loops on host threads.
-fn is_cpu_adapter(ctx: &Context) -> bool {
-    ctx.report().device_type == wgpu::DeviceType::Cpu || ctx.loop_budget().is_some()
-}
-
 /// Invocations per workgroup of the fused kernels, so a workgroup owns `ROWS * WG` rows (queries in
 /// the forward and dQ, keys in dK/dV). Wide workgroups amortise each staged tile over more rows;
 /// narrow ones put more workgroups in flight. Measured on an H100 (Vulkan, B1 H8 D64, L 512..4096,
@@ -452,7 +447,7 @@ fn workgroup_size(ctx: &Context, backward: bool) -> u32 {
     {
         return wg;
     }
-    if backward && !is_cpu_adapter(ctx) {
+    if backward && !ctx.is_cpu() {
         32
     } else {
         64
@@ -744,7 +739,7 @@ pub fn attention_backward_into(
     check_view("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
     check_view("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
     let widest = s.head_dim_qk.max(s.head_dim_v);
-    if !is_cpu_adapter(ctx) && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU {
+    if !ctx.is_cpu() && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU {
         return Err(Error::Unsupported {
             arg: "head_dim (fused backward on a GPU adapter)",
             value: widest as u64,
