@@ -1,7 +1,7 @@
 //! Training step and checkpoints: a few steps on a fixed batch lower the loss; a checkpoint restores
 //! weights, moments and step count exactly (the next step is bitwise the same as without the round
 //! trip); a checkpoint of another configuration or with a tensor missing is refused with nothing
-//! written; steps allocate nothing after the first.
+//! written; steps allocate no tensor and create no bind group after the first.
 
 mod common;
 
@@ -74,9 +74,19 @@ fn steps_lower_the_loss_without_allocating() {
         t.step(ctx, &b).unwrap();
         let first = t.model.loss().to_vec(ctx).unwrap()[0];
         let allocated = ctx.memory().current_bytes;
+        let (created, _) = t.binding_counts();
         for _ in 0..20 {
             t.step(ctx, &b).unwrap();
         }
+        let (created_after, reused) = t.binding_counts();
+        assert_eq!(
+            created, created_after,
+            "[{backend}] later steps created bind groups"
+        );
+        assert!(
+            reused >= 20 * created,
+            "[{backend}] {reused} bind groups reused"
+        );
         let last = t.model.loss().to_vec(ctx).unwrap()[0];
         assert_eq!(
             ctx.memory().current_bytes,

@@ -6,7 +6,7 @@
 //! Forward writes O and the row log-sum-exp `lse`; backward takes both plus dO and writes dQ, dK, dV,
 //! into new tensors or into strided views of a caller's buffers (a packed dQKV projection gradient).
 
-use crate::device::{grid_2d, Context};
+use crate::device::{grid_2d, Context, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
@@ -316,19 +316,6 @@ struct Binding<'a> {
     size_bytes: u64,
 }
 
-impl Binding<'_> {
-    fn entry(&self, binding: u32) -> wgpu::BindGroupEntry<'_> {
-        wgpu::BindGroupEntry {
-            binding,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: self.buffer,
-                offset: self.offset_bytes,
-                size: wgpu::BufferSize::new(self.size_bytes),
-            }),
-        }
-    }
-}
-
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 struct ViewParams {
@@ -528,28 +515,22 @@ fn encode_kernel(
     grid: (u32, u32),
 ) {
     let pipeline = ctx.pipeline(name, source, constants);
-    let uniform = ctx.uniform(name, params);
-    let mut entries = vec![wgpu::BindGroupEntry {
-        binding: 0,
-        resource: uniform.as_entire_binding(),
-    }];
+    let mut storage = Vec::with_capacity(bindings.len() + 1);
     if let Some(seq_lens) = seq_lens {
-        entries.push(wgpu::BindGroupEntry {
+        storage.push(StorageBinding {
             binding: 1,
-            resource: seq_lens.as_entire_binding(),
+            buffer: seq_lens,
+            offset: 0,
+            size: None,
         });
     }
-    entries.extend(
-        bindings
-            .iter()
-            .enumerate()
-            .map(|(i, b)| b.entry(i as u32 + 2)),
-    );
-    let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(name),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    });
+    storage.extend(bindings.iter().enumerate().map(|(i, b)| StorageBinding {
+        binding: i as u32 + 2,
+        buffer: b.buffer,
+        offset: b.offset_bytes,
+        size: wgpu::BufferSize::new(b.size_bytes),
+    }));
+    let bind_group = ctx.bind_group(&pipeline, name, bytemuck::bytes_of(params), &storage);
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(grid.0, grid.1, 1);

@@ -1,7 +1,7 @@
 //! Recording of the simple kernels (one invocation per row, column or element): a cached pipeline, a
 //! uniform parameter block at binding 0 and whole tensors from binding 1 on, in one compute pass.
 
-use crate::device::{grid_2d, Context};
+use crate::device::{grid_2d, Context, StorageBinding};
 use crate::tensor::{GpuTensor, GpuTokens};
 
 /// A whole GPU buffer a simple kernel binds.
@@ -67,33 +67,17 @@ pub(crate) fn encode(
     let mut all_constants = vec![("WG", WG)];
     all_constants.extend_from_slice(constants);
     let pipeline = ctx.pipeline(name, || source.to_string(), &all_constants);
-    let uniform = {
-        use wgpu::util::DeviceExt;
-        ctx.device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(name),
-                contents: params,
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
-    };
-    let mut entries = vec![wgpu::BindGroupEntry {
-        binding: 0,
-        resource: uniform.as_entire_binding(),
-    }];
-    entries.extend(
-        buffers
-            .iter()
-            .enumerate()
-            .map(|(i, t)| wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: t.bound_buffer().as_entire_binding(),
-            }),
-    );
-    let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(name),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    });
+    let storage: Vec<StorageBinding<'_>> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, t)| StorageBinding {
+            binding: i as u32 + 1,
+            buffer: t.bound_buffer(),
+            offset: 0,
+            size: None,
+        })
+        .collect();
+    let bind_group = ctx.bind_group(&pipeline, name, params, &storage);
     let (gx, gy) = grid_2d(invocations.max(1).div_ceil(WG as usize) as u32);
     let mut pass = ctx.begin_pass(encoder, name);
     pass.set_pipeline(&pipeline);

@@ -1,7 +1,7 @@
 //! Batched strided matrix product (`shaders/matmul_strided.wgsl`), used by the unfused attention
 //! baseline and the Linear layer (bias epilogue). `C[z] = alpha * sum_g A[z, g] · B[z, g]` with every operand addressed by strides.
 
-use crate::device::{grid_2d, Context};
+use crate::device::{grid_2d, Context, StorageBinding};
 use crate::error::{Error, Result};
 
 pub(crate) const SOURCE: &str = include_str!("../../shaders/matmul_strided.wgsl");
@@ -140,33 +140,24 @@ fn encode_one(
         c: g.c.1,
     };
     let pipeline = ctx.pipeline("matmul_strided", || SOURCE.to_string(), &[]);
-    let uniform = ctx.uniform("matmul params", &params);
-    let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("matmul_strided"),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: uniform.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: g.a.0.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: g.b.0.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 3,
-                resource: g.c.0.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 4,
-                resource: g.bias.unwrap_or(ctx.empty_storage()).as_entire_binding(),
-            },
-        ],
-    });
+    let whole = |binding, buffer| StorageBinding {
+        binding,
+        buffer,
+        offset: 0,
+        size: None,
+    };
+    let storage = [
+        whole(1, g.a.0),
+        whole(2, g.b.0),
+        whole(3, g.c.0),
+        whole(4, g.bias.unwrap_or(ctx.empty_storage())),
+    ];
+    let bind_group = ctx.bind_group(
+        &pipeline,
+        "matmul_strided",
+        bytemuck::bytes_of(&params),
+        &storage,
+    );
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(gx, gy, 1);

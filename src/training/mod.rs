@@ -3,7 +3,7 @@
 
 pub mod checkpoint;
 
-use crate::device::Context;
+use crate::device::{BindingCache, Context};
 use crate::error::Result;
 use crate::kernels::optimizer::{AdamW, AdamWConfig};
 use crate::model::transformer::{Batch, Transformer};
@@ -11,6 +11,8 @@ use crate::model::transformer::{Batch, Transformer};
 pub struct Trainer {
     pub model: Transformer,
     pub optimizer: AdamW,
+    /// Bind groups and parameter blocks of the recorded kernels, reused from the second step on.
+    bindings: BindingCache,
 }
 
 impl Trainer {
@@ -20,7 +22,11 @@ impl Trainer {
             config,
             &model.params.values().iter().collect::<Vec<_>>(),
         )?;
-        Ok(Self { model, optimizer })
+        Ok(Self {
+            model,
+            optimizer,
+            bindings: BindingCache::default(),
+        })
     }
 
     /// Writes `batch` and submits forward, backward and the optimizer update as one command buffer.
@@ -32,20 +38,29 @@ impl Trainer {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("training step"),
             });
-        self.model.forward(ctx, &mut encoder)?;
-        self.model.backward(ctx, &mut encoder)?;
-        let (params, grads) = self.model.parameters();
-        self.optimizer
-            .step_into(ctx, &mut encoder, &params, &grads)?;
+        let (model, optimizer) = (&self.model, &mut self.optimizer);
+        ctx.with_binding_cache(&mut self.bindings, || -> Result<()> {
+            model.forward(ctx, &mut encoder)?;
+            model.backward(ctx, &mut encoder)?;
+            let (params, grads) = model.parameters();
+            optimizer.step_into(ctx, &mut encoder, &params, &grads)
+        })?;
         ctx.queue().submit([encoder.finish()]);
         Ok(())
+    }
+
+    /// Bind groups created and reused so far: after the first step (and the first forward-only
+    /// call) the created count stays put.
+    pub fn binding_counts(&self) -> (u64, u64) {
+        self.bindings.counts()
     }
 
     /// Forward only (for evaluation), submitted.
     pub fn forward(&mut self, ctx: &Context, batch: &Batch) -> Result<()> {
         self.model.set_batch(ctx, batch)?;
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        self.model.forward(ctx, &mut encoder)?;
+        let model = &self.model;
+        ctx.with_binding_cache(&mut self.bindings, || model.forward(ctx, &mut encoder))?;
         ctx.queue().submit([encoder.finish()]);
         Ok(())
     }
