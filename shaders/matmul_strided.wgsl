@@ -70,61 +70,78 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     let ty = lid3.y;
     let lid = ty * 16u + tx;
 
-    var acc: array<array<f32, 4>, 4>;
+    // Row r of the invocation's 4x4 tile is acc[r], its columns the vec4 lanes: no dynamically
+    // indexed private array, so GPU compilers keep the tile in registers (an indexed
+    // array<array<f32, 4>, 4> ran at 0.16 TFLOP/s on an H100).
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     for (var g = 0u; g < gp.groups; g++) {
         let a_base = base(gp.a, bi, h, g);
         let b_base = base(gp.b, bi, h, g);
         for (var k0 = 0u; k0 < gp.k; k0 += TILE_K) {
             workgroupBarrier();
             for (var t = lid; t < TILE * TILE_K; t += 256u) {
-                // A tile: row = t % TILE, kk = t / TILE.
-                let row = m0 + t % TILE;
-                let kk = k0 + t / TILE;
+                // Neighbouring invocations read neighbouring addresses (coalesced on GPUs): along k
+                // when the operand is contiguous in k (x in x W^T, W in dy W), else along rows/cols.
+                let a_k_major = gp.a.stride_col == 1u;
+                let a_row = select(t % TILE, t / TILE_K, a_k_major);
+                let a_kk = select(t / TILE, t % TILE_K, a_k_major);
+                let row = m0 + a_row;
                 var x = 0.0;
-                if row < gp.m && kk < gp.k {
-                    x = a_buf[a_base + row * gp.a.stride_row + kk * gp.a.stride_col];
+                if row < gp.m && k0 + a_kk < gp.k {
+                    x = a_buf[a_base + row * gp.a.stride_row + (k0 + a_kk) * gp.a.stride_col];
                 }
-                a_tile[t] = x;
-                let col = n0 + t % TILE;
+                a_tile[a_kk * TILE + a_row] = x;
+                let b_k_major = gp.b.stride_row == 1u;
+                let b_col = select(t % TILE, t / TILE_K, b_k_major);
+                let b_kk = select(t / TILE, t % TILE_K, b_k_major);
+                let col = n0 + b_col;
                 var y = 0.0;
-                if col < gp.n && kk < gp.k {
-                    y = b_buf[b_base + kk * gp.b.stride_row + col * gp.b.stride_col];
+                if col < gp.n && k0 + b_kk < gp.k {
+                    y = b_buf[b_base + (k0 + b_kk) * gp.b.stride_row + col * gp.b.stride_col];
                 }
-                b_tile[t] = y;
+                b_tile[b_kk * TILE + b_col] = y;
             }
             workgroupBarrier();
             for (var kk = 0u; kk < TILE_K; kk++) {
-                var av: array<f32, 4>;
-                var bv: array<f32, 4>;
-                for (var r = 0u; r < 4u; r++) {
-                    av[r] = a_tile[kk * TILE + ty + r * 16u];
-                    bv[r] = b_tile[kk * TILE + tx + r * 16u];
-                }
-                for (var r = 0u; r < 4u; r++) {
-                    for (var c = 0u; c < 4u; c++) {
-                        acc[r][c] += av[r] * bv[c];
-                    }
-                }
+                let a_at = kk * TILE + ty;
+                let b_at = kk * TILE + tx;
+                let av = vec4<f32>(a_tile[a_at], a_tile[a_at + 16u], a_tile[a_at + 32u], a_tile[a_at + 48u]);
+                let bv = vec4<f32>(b_tile[b_at], b_tile[b_at + 16u], b_tile[b_at + 32u], b_tile[b_at + 48u]);
+                acc0 += av.x * bv;
+                acc1 += av.y * bv;
+                acc2 += av.z * bv;
+                acc3 += av.w * bv;
             }
         }
     }
 
     let c_base = base(gp.c, bi, h, 0u);
-    for (var r = 0u; r < 4u; r++) {
-        let row = m0 + ty + r * 16u;
-        for (var c = 0u; c < 4u; c++) {
-            let col = n0 + tx + c * 16u;
-            if row < gp.m && col < gp.n {
-                var value = gp.alpha * acc[r][c];
-                if gp.has_bias != 0u {
-                    value += bias[col];
-                }
-                let index = c_base + row * gp.c.stride_row + col * gp.c.stride_col;
-                if gp.accumulate != 0u {
-                    value += c_buf[index];
-                }
-                c_buf[index] = value;
+    store_row(c_base, m0 + ty, n0 + tx, acc0);
+    store_row(c_base, m0 + ty + 16u, n0 + tx, acc1);
+    store_row(c_base, m0 + ty + 32u, n0 + tx, acc2);
+    store_row(c_base, m0 + ty + 48u, n0 + tx, acc3);
+}
+
+// Columns col0 + 16 c (c < 4) of one output row: alpha, bias epilogue, accumulate.
+fn store_row(c_base: u32, row: u32, col0: u32, acc: vec4<f32>) {
+    if row >= gp.m {
+        return;
+    }
+    for (var c = 0u; c < 4u; c++) {
+        let col = col0 + c * 16u;
+        if col < gp.n {
+            var value = gp.alpha * acc[c];
+            if gp.has_bias != 0u {
+                value += bias[col];
             }
+            let index = c_base + row * gp.c.stride_row + col * gp.c.stride_col;
+            if gp.accumulate != 0u {
+                value += c_buf[index];
+            }
+            c_buf[index] = value;
         }
     }
 }
