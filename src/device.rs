@@ -635,24 +635,7 @@ impl Context {
         encoder.resolve_query_set(&p.query_set, 0..2 * n, &resolve, 0);
         encoder.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
         self.queue.submit([encoder.finish()]);
-        let slice = readback.slice(..);
-        let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = sender.send(r);
-        });
-        self.synchronize()?;
-        match pollster::block_on(receiver.receive()) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(Error::Readback(e.to_string())),
-            None => return Err(Error::Readback("map callback dropped".into())),
-        }
-        let ticks: Vec<u64> = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| Error::Readback(e.to_string()))?;
-            bytemuck::pod_collect_to_vec(&view[..])
-        };
-        readback.unmap();
+        let ticks: Vec<u64> = pollster::block_on(crate::tensor::read_mapped(self, &readback))?;
         let period_ns = f64::from(self.queue.get_timestamp_period());
         Ok(p.labels
             .iter()

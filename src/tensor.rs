@@ -533,7 +533,16 @@ pub(crate) async fn read_buffer(
     encoder.copy_buffer_to_buffer(buffer, offset as u64 * F32, &staging, 0, bytes);
     ctx.queue().submit([encoder.finish()]);
 
-    let slice = staging.slice(..);
+    read_mapped(ctx, &staging).await
+}
+
+/// Maps a whole `MAP_READ` buffer once the submitted work is done and copies it out as `T`s: the
+/// one readback path (tensors, profiler timestamps, bench timer).
+pub(crate) async fn read_mapped<T: bytemuck::Pod>(
+    ctx: &Context,
+    buffer: &wgpu::Buffer,
+) -> Result<Vec<T>> {
+    let slice = buffer.slice(..);
     let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
     slice.map_async(wgpu::MapMode::Read, move |r| {
         let _ = sender.send(r);
@@ -548,8 +557,8 @@ pub(crate) async fn read_buffer(
         let view = slice
             .get_mapped_range()
             .map_err(|e| Error::Readback(e.to_string()))?;
-        bytemuck::cast_slice::<u8, f32>(&view).to_vec()
+        bytemuck::pod_collect_to_vec(&view[..])
     };
-    staging.unmap();
+    buffer.unmap();
     Ok(data)
 }

@@ -7,7 +7,7 @@ pub mod fma;
 use std::time::Instant;
 
 use crate::device::Context;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// How a [`Timer`] measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,24 +117,7 @@ impl Timer {
         work()?;
         mark(1, true);
 
-        let slice = ts.readback.slice(..);
-        let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = sender.send(r);
-        });
-        ctx.synchronize()?;
-        match pollster::block_on(receiver.receive()) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(Error::Readback(e.to_string())),
-            None => return Err(Error::Readback("map callback dropped".into())),
-        }
-        let ticks: [u64; 2] = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| Error::Readback(e.to_string()))?;
-            bytemuck::pod_read_unaligned(&view[..16])
-        };
-        ts.readback.unmap();
+        let ticks: Vec<u64> = pollster::block_on(crate::tensor::read_mapped(ctx, &ts.readback))?;
         Ok(ticks[1].saturating_sub(ticks[0]) as f64 * ts.period_ns / 1e6)
     }
 }
