@@ -759,10 +759,10 @@ pub fn attention_backward_into(
     let wg = workgroup_size(ctx, true);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
-    let mut pass = ctx.begin_pass(encoder, "attention_backward");
-
+    // One pass per kernel, so a profile tells the three apart.
     // 1. stats = (lse, D).
     {
+        let mut pass = ctx.begin_pass(encoder, "attention_backward_preprocess");
         let mut params = base_params(&s, scale, opts);
         let bindings = [
             bind_view(ctx, "out", out, VIEW_O, &mut params)?,
@@ -786,6 +786,7 @@ pub fn attention_backward_into(
     }
     // 2. dK, dV: one workgroup per key block of one (batch, kv head).
     {
+        let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(&s, scale, opts);
         let bindings = [
             bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
@@ -796,7 +797,8 @@ pub fn attention_backward_into(
             bind_view(ctx, "dk", dk, VIEW_DK, &mut params)?,
             bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
         ];
-        let block_m = tile_rows(ctx, &s, 8, 64);
+        // Even: the kernel steps two query rows at a time.
+        let block_m = (tile_rows(ctx, &s, 8, 64) & !1).max(2);
         let blocks = s.kv_seq.div_ceil((wg * ROWS) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
         let group_rows = (s.heads / s.kv_heads)
@@ -808,11 +810,11 @@ pub fn attention_backward_into(
                 limit: u32::MAX as u64,
                 hint: "; split the sequence",
             })?;
-        // Per query row: four loops over the head dimension plus the row loop itself.
+        // Per query row: three loops over the head dimension plus the row loop itself.
         let chunks = loop_chunks(
             ctx,
             group_rows,
-            2 * (dk4 + dv4) + 8,
+            2 * dk4 + dv4 + 8,
             4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
             block_m as usize,
         );
@@ -835,6 +837,7 @@ pub fn attention_backward_into(
     }
     // 3. dQ: one workgroup per query block of one (batch, head).
     {
+        let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
         let mut params = base_params(&s, scale, opts);
         let bindings = [
             bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
@@ -844,7 +847,8 @@ pub fn attention_backward_into(
             bind_tensor(ctx, "workspace", workspace)?,
             bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?,
         ];
-        let block_n = tile_rows(ctx, &s, 0, 64);
+        // Even: the kernel steps two keys at a time.
+        let block_n = (tile_rows(ctx, &s, 0, 64) & !1).max(2);
         let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
         // Per key: three loops over the head dimension plus the key loop itself.
