@@ -65,6 +65,7 @@ pub struct Context {
     /// Bound where a kernel's optional storage input (sequence lengths) is absent.
     empty_storage: wgpu::Buffer,
     loop_budget: Option<u32>,
+    attention_workgroup: Option<u32>,
     /// Why the device was lost, once it has been: later waits report it instead of hanging or
     /// panicking inside wgpu.
     lost: Arc<Mutex<Option<String>>>,
@@ -170,6 +171,24 @@ pub struct MemoryStats {
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY;
 
 /// Parses a back-end name as accepted by `WGPU_BACKEND`.
+/// Workgroup widths the fused attention kernels are written for.
+pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];
+
+/// `WGPU_ATTENTION_WORKGROUP`, if it names a width the kernels and the device support.
+fn attention_workgroup_from_env(max_invocations: u32) -> Option<u32> {
+    let value = std::env::var("WGPU_ATTENTION_WORKGROUP").ok()?;
+    match value.parse::<u32>() {
+        Ok(w) if ATTENTION_WORKGROUPS.contains(&w) && w <= max_invocations => Some(w),
+        _ => {
+            eprintln!(
+                "wgpu-attention: ignoring WGPU_ATTENTION_WORKGROUP={value}: use 16, 32, 64 or 128 \
+                 (at most {max_invocations} on this device)"
+            );
+            None
+        }
+    }
+}
+
 pub fn parse_backends(name: &str) -> Result<wgpu::Backends> {
     let backends = wgpu::Backends::from_comma_list(name);
     if backends.is_empty() {
@@ -325,6 +344,8 @@ impl Context {
                 *lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
             });
         }
+        let attention_workgroup =
+            attention_workgroup_from_env(report.limits.max_compute_invocations_per_workgroup);
         let is_llvmpipe = [&report.name, &report.driver]
             .iter()
             .any(|s| s.to_lowercase().contains("llvmpipe"));
@@ -336,6 +357,7 @@ impl Context {
             memory: Arc::default(),
             empty_storage,
             loop_budget: is_llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
+            attention_workgroup,
             lost,
             profiler: Mutex::new(None),
             binding_cache: Mutex::new(None),
@@ -353,6 +375,38 @@ impl Context {
     /// test the split path with a small budget.
     pub fn set_loop_budget(&mut self, budget: Option<u32>) {
         self.loop_budget = budget;
+    }
+
+    /// The workgroup width of the fused attention kernels where it is overridden; `None` picks the
+    /// measured default per pass (see `kernels::attention`). Read once from `WGPU_ATTENTION_WORKGROUP`
+    /// when the context is created.
+    pub fn attention_workgroup(&self) -> Option<u32> {
+        self.attention_workgroup
+    }
+
+    /// Overrides the workgroup width of the fused attention kernels (16, 32, 64 or 128 invocations),
+    /// for tuning on an adapter whose best width is not the default; `None` restores the defaults.
+    pub fn set_attention_workgroup(&mut self, width: Option<u32>) -> Result<()> {
+        if let Some(width) = width {
+            let limit = self.limits().max_compute_invocations_per_workgroup;
+            if !ATTENTION_WORKGROUPS.contains(&width) || width > limit {
+                return Err(Error::Unsupported {
+                    arg: "attention workgroup width",
+                    value: width.into(),
+                    limit: ATTENTION_WORKGROUPS
+                        .iter()
+                        .copied()
+                        .filter(|&w| w <= limit)
+                        .max()
+                        .unwrap_or(0)
+                        .into(),
+                    hint:
+                        "; use 16, 32, 64 or 128 (within the adapter's invocations per workgroup)",
+                });
+            }
+        }
+        self.attention_workgroup = width;
+        Ok(())
     }
 
     pub fn device(&self) -> &wgpu::Device {

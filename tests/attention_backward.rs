@@ -117,6 +117,27 @@ fn query_and_key_loops_split_into_accumulated_chunks() {
 }
 
 #[test]
+fn every_workgroup_width_matches_reference() {
+    // The defaults are 64 (CPU drivers, GPU forward) and 32 (GPU backward); the narrowest and widest
+    // widths an override may pick must give the same gradients.
+    for width in [16, 128] {
+        for_each_backend_with(
+            |ctx| ctx.set_attention_workgroup(Some(width)).unwrap(),
+            |backend, ctx| {
+                for case in [
+                    Case::new(2, 70, 37, 4, 2, 40, 24)
+                        .causal()
+                        .kv_lens(&[37, 20]),
+                    Case::new(1, 33, 129, 2, 2, 64, 64),
+                ] {
+                    check(&format!("{backend} wg{width}"), ctx, &case, Path::Fused);
+                }
+            },
+        );
+    }
+}
+
+#[test]
 fn masks_and_their_combinations() {
     for_each_backend(|backend, ctx| {
         for case in &mask_cases() {

@@ -180,3 +180,21 @@ fn unfused_scores_beyond_the_binding_limit_are_reported() {
         assert!(m.contains("scores"), "{m}");
     });
 }
+
+#[test]
+fn unsupported_attention_workgroup_width_is_refused() {
+    for_each_backend_with(
+        |ctx| {
+            let m = message(ctx.set_attention_workgroup(Some(48)));
+            assert!(
+                m.contains("workgroup") && m.contains("48") && m.contains("16, 32, 64 or 128"),
+                "{m}"
+            );
+            // The refused width leaves the setting as it was.
+            assert_eq!(ctx.attention_workgroup(), None);
+            ctx.set_attention_workgroup(Some(32)).unwrap();
+            assert_eq!(ctx.attention_workgroup(), Some(32));
+        },
+        |_, _| {},
+    );
+}

@@ -424,20 +424,13 @@ const SIMPLE_WG: u32 = 64;
 /// narrow ones put more workgroups in flight. Measured on an H100 (Vulkan, B1 H8 D64, L 512..4096,
 /// BENCHMARKS.md): the forward is fastest at 64 (L=4096: 17.4 ms vs 35.0 at 32 and 78.5 at 16), the
 /// backward at 32 (L=2048: 26.8 ms vs 37.4 at 64 and 57.6 at 16). CPU drivers run a workgroup as SIMD
-/// loops and prefer 64 everywhere. `WGPU_ATTENTION_WORKGROUP` (16, 32, 64, 128) overrides both, for
-/// tuning on other adapters.
+/// loops and prefer 64 everywhere. [`Context::set_attention_workgroup`] (or `WGPU_ATTENTION_WORKGROUP`,
+/// read when the context is created) overrides both, for tuning on other adapters.
 fn workgroup_size(ctx: &Context, backward: bool) -> u32 {
-    if let Some(wg) = std::env::var("WGPU_ATTENTION_WORKGROUP")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|wg| [16, 32, 64, 128].contains(wg))
-    {
-        return wg;
-    }
-    if backward && !ctx.is_cpu() {
-        32
-    } else {
-        64
+    match ctx.attention_workgroup() {
+        Some(wg) => wg,
+        None if backward && !ctx.is_cpu() => 32,
+        None => 64,
     }
 }
 

@@ -71,10 +71,8 @@ pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
 
 static GPU_LOCK: Mutex<()> = Mutex::new(());
 
-/// Like [`for_each_backend`], on a fresh context of each back end whose loop budget is `budget`, so
-/// that kernels split their long loops into many dispatches (the path llvmpipe takes on long
-/// sequences) at test sizes.
-pub fn for_each_backend_with_loop_budget(budget: u32, mut f: impl FnMut(&str, &Context)) {
+/// Like [`for_each_backend`], on a fresh context of each back end that `configure` has adjusted.
+pub fn for_each_backend_with(configure: impl Fn(&mut Context), mut f: impl FnMut(&str, &Context)) {
     for (name, shared) in contexts_cell() {
         let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let opts = ContextOptions {
@@ -82,9 +80,16 @@ pub fn for_each_backend_with_loop_budget(budget: u32, mut f: impl FnMut(&str, &C
             adapter_name: Some(shared.report().name.clone()),
         };
         let mut ctx = Context::new_with(&opts).unwrap();
-        ctx.set_loop_budget(Some(budget));
+        configure(&mut ctx);
         f(name, &ctx);
     }
+}
+
+/// Like [`for_each_backend`], on a fresh context of each back end whose loop budget is `budget`, so
+/// that kernels split their long loops into many dispatches (the path llvmpipe takes on long
+/// sequences) at test sizes.
+pub fn for_each_backend_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
+    for_each_backend_with(|ctx| ctx.set_loop_budget(Some(budget)), f);
 }
 
 pub fn rng(seed: u64) -> SmallRng {
