@@ -6,10 +6,10 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::elementwise::add_into;
 use crate::layers::attention::{AttentionKind, MultiHeadAttention};
-use crate::layers::encoder::{FinalNorm, StackConfig};
 use crate::layers::feed_forward::FeedForward;
 use crate::layers::params::Params;
 use crate::layers::residual::Residual;
+use crate::layers::stack::{Stack, StackConfig, StackLayer};
 use crate::tensor::{GpuTensor, SeqLens};
 
 /// Cross-attention of one decoder layer, with the gradient it sends to the encoder output.
@@ -27,11 +27,13 @@ pub struct DecoderLayer {
     feed_forward_block: Residual,
 }
 
-/// Sequence lengths a decoder layer masks with: its own (self-attention) and queries against the
-/// encoder's (cross-attention).
-pub struct DecoderLens<'a> {
+/// What every decoder layer reads besides its input: the sequence lengths it masks with, its own
+/// (self-attention) and queries against the encoder's (cross-attention), and the encoder output.
+#[derive(Clone, Copy)]
+pub struct DecoderInputs<'a> {
     pub self_lens: &'a SeqLens,
-    pub cross_lens: Option<&'a SeqLens>,
+    /// The encoder output and the cross-attention lengths; `None` for a decoder-only model.
+    pub memory: Option<(&'a GpuTensor, &'a SeqLens)>,
 }
 
 impl DecoderLayer {
@@ -97,14 +99,6 @@ impl DecoderLayer {
         })
     }
 
-    pub fn output(&self) -> &GpuTensor {
-        &self.feed_forward_block.y
-    }
-
-    pub fn d_input(&self) -> &GpuTensor {
-        &self.self_block.dx
-    }
-
     /// The feed-forward block's input: the cross-attention block's output, or the self-attention's.
     fn ff_input(&self) -> &GpuTensor {
         self.cross
@@ -112,35 +106,41 @@ impl DecoderLayer {
             .map_or(&self.self_block.y, |c| &c.block.y)
     }
 
-    fn memory_and_lens<'a>(
-        &self,
-        memory: Option<&'a GpuTensor>,
-        lens: &DecoderLens<'a>,
-    ) -> Result<(&'a GpuTensor, &'a SeqLens)> {
-        match (memory, lens.cross_lens) {
-            (Some(m), Some(l)) => Ok((m, l)),
-            _ => Err(Error::shape(
+    fn memory(inputs: DecoderInputs<'_>) -> Result<(&GpuTensor, &SeqLens)> {
+        inputs.memory.ok_or_else(|| {
+            Error::shape(
                 "memory",
                 "a decoder layer with cross-attention needs the encoder output and its lengths",
-            )),
-        }
+            )
+        })
+    }
+}
+
+impl StackLayer for DecoderLayer {
+    type Inputs<'a> = DecoderInputs<'a>;
+
+    fn output(&self) -> &GpuTensor {
+        &self.feed_forward_block.y
     }
 
-    pub fn forward(
+    fn d_input(&self) -> &GpuTensor {
+        &self.self_block.dx
+    }
+
+    fn forward(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
         x: &GpuTensor,
-        memory: Option<&GpuTensor>,
-        lens: &DecoderLens<'_>,
+        inputs: DecoderInputs<'_>,
     ) -> Result<()> {
         self.self_block.forward(ctx, encoder, p, x, |e, h, y| {
             self.self_attention
-                .forward(ctx, e, p, h, None, lens.self_lens, y)
+                .forward(ctx, e, p, h, None, inputs.self_lens, y)
         })?;
         if let Some(cross) = &self.cross {
-            let (memory, cross_lens) = self.memory_and_lens(memory, lens)?;
+            let (memory, cross_lens) = Self::memory(inputs)?;
             cross
                 .block
                 .forward(ctx, encoder, p, &self.self_block.y, |e, h, y| {
@@ -155,17 +155,15 @@ impl DecoderLayer {
             })
     }
 
-    /// Backward for `dy` at [`DecoderLayer::output`]: [`DecoderLayer::d_input`] and, with
-    /// cross-attention, this layer's share of the encoder output's gradient.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(
+    /// Backward for `dy` at the output: the input gradient and, with cross-attention, this layer's
+    /// share of the encoder output's gradient.
+    fn backward(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
         x: &GpuTensor,
-        memory: Option<&GpuTensor>,
-        lens: &DecoderLens<'_>,
+        inputs: DecoderInputs<'_>,
         dy: &GpuTensor,
     ) -> Result<()> {
         self.feed_forward_block.backward(
@@ -178,7 +176,7 @@ impl DecoderLayer {
         )?;
         let mut d = &self.feed_forward_block.dx;
         if let Some(cross) = &self.cross {
-            let (memory, cross_lens) = self.memory_and_lens(memory, lens)?;
+            let (memory, cross_lens) = Self::memory(inputs)?;
             cross.block.backward(
                 ctx,
                 encoder,
@@ -203,16 +201,25 @@ impl DecoderLayer {
         }
         self.self_block
             .backward(ctx, encoder, p, x, d, |e, h, d_out, d_in| {
-                self.self_attention
-                    .backward(ctx, e, p, h, None, lens.self_lens, d_out, d_in, None)
+                self.self_attention.backward(
+                    ctx,
+                    e,
+                    p,
+                    h,
+                    None,
+                    inputs.self_lens,
+                    d_out,
+                    d_in,
+                    None,
+                )
             })
     }
 }
 
-/// Decoder layers, then a final LayerNorm when pre-LN.
+/// Decoder layers, then a final LayerNorm when pre-LN, and the encoder output's gradient summed
+/// over the layers.
 pub struct Decoder {
-    pub layers: Vec<DecoderLayer>,
-    final_norm: Option<FinalNorm>,
+    stack: Stack<DecoderLayer>,
     /// Running sums of the layers' encoder-output gradients, in layer order (deterministic).
     d_memory_sums: Vec<GpuTensor>,
 }
@@ -226,13 +233,9 @@ impl Decoder {
         rows: [usize; 2],
         memory_len: Option<usize>,
     ) -> Result<Self> {
-        let layers = (0..c.layers)
-            .map(|i| DecoderLayer::new(ctx, params, &format!("{name}.{i}"), c, rows, memory_len))
-            .collect::<Result<Vec<_>>>()?;
-        let final_norm = c
-            .pre_ln
-            .then(|| FinalNorm::new(ctx, params, &format!("{name}.norm"), c.d_model, rows))
-            .transpose()?;
+        let stack = Stack::build(ctx, params, name, c, rows, |params, name| {
+            DecoderLayer::new(ctx, params, name, c, rows, memory_len)
+        })?;
         // One running sum per layer after the first.
         let d_memory_sums = match memory_len {
             Some(mem) => (1..c.layers)
@@ -241,26 +244,19 @@ impl Decoder {
             None => Vec::new(),
         };
         Ok(Self {
-            layers,
-            final_norm,
+            stack,
             d_memory_sums,
         })
     }
 
+    /// See [`Stack::output`].
     pub fn output<'a>(&'a self, x: &'a GpuTensor) -> &'a GpuTensor {
-        match (&self.final_norm, self.layers.last()) {
-            (Some(n), _) => &n.y,
-            (None, Some(l)) => l.output(),
-            (None, None) => x,
-        }
+        self.stack.output(x)
     }
 
+    /// See [`Stack::d_input`].
     pub fn d_input<'a>(&'a self, dy: &'a GpuTensor) -> &'a GpuTensor {
-        match (self.layers.first(), &self.final_norm) {
-            (Some(l), _) => l.d_input(),
-            (None, Some(n)) => &n.dx,
-            (None, None) => dy,
-        }
+        self.stack.d_input(dy)
     }
 
     /// The gradient at the encoder output after [`Decoder::backward`]: the sum over the layers'
@@ -269,6 +265,7 @@ impl Decoder {
         match self.d_memory_sums.last() {
             Some(sum) => Some(sum),
             None => self
+                .stack
                 .layers
                 .first()
                 .and_then(|l| l.cross.as_ref())
@@ -282,48 +279,24 @@ impl Decoder {
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
         x: &GpuTensor,
-        memory: Option<&GpuTensor>,
-        lens: &DecoderLens<'_>,
+        inputs: DecoderInputs<'_>,
     ) -> Result<()> {
-        let mut h = x;
-        for layer in &self.layers {
-            layer.forward(ctx, encoder, p, h, memory, lens)?;
-            h = layer.output();
-        }
-        if let Some(n) = &self.final_norm {
-            n.forward(ctx, encoder, p, h)?;
-        }
-        Ok(())
+        self.stack.forward(ctx, encoder, p, x, inputs)
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
         x: &GpuTensor,
-        memory: Option<&GpuTensor>,
-        lens: &DecoderLens<'_>,
+        inputs: DecoderInputs<'_>,
         dy: &GpuTensor,
     ) -> Result<()> {
-        let mut d = dy;
-        if let Some(n) = &self.final_norm {
-            let last = self.layers.last().map_or(x, DecoderLayer::output);
-            n.backward(ctx, encoder, p, last, d)?;
-            d = &n.dx;
-        }
-        for (i, layer) in self.layers.iter().enumerate().rev() {
-            let input = if i == 0 {
-                x
-            } else {
-                self.layers[i - 1].output()
-            };
-            layer.backward(ctx, encoder, p, input, memory, lens, d)?;
-            d = layer.d_input();
-        }
+        self.stack.backward(ctx, encoder, p, x, inputs, dy)?;
         // sum_0 = d_0 + d_1, sum_k = sum_{k-1} + d_{k+1}.
         let parts: Vec<&GpuTensor> = self
+            .stack
             .layers
             .iter()
             .filter_map(|l| l.cross.as_ref().map(|c| &c.d_memory))

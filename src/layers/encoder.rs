@@ -1,23 +1,13 @@
-//! Encoder layer (self-attention block, feed-forward block) and the encoder stack; a pre-LN stack
-//! ends with a final LayerNorm.
+//! Encoder layer (self-attention block, feed-forward block) and the encoder: a [`Stack`] of them.
 
 use crate::device::Context;
 use crate::error::Result;
 use crate::layers::attention::{AttentionKind, MultiHeadAttention};
 use crate::layers::feed_forward::FeedForward;
 use crate::layers::params::Params;
-use crate::layers::residual::{LayerNorm, Residual};
+use crate::layers::residual::Residual;
+use crate::layers::stack::{Stack, StackConfig, StackLayer};
 use crate::tensor::{GpuTensor, SeqLens};
-
-/// Sizes shared by the layers of a stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StackConfig {
-    pub d_model: usize,
-    pub heads: usize,
-    pub d_ff: usize,
-    pub layers: usize,
-    pub pre_ln: bool,
-}
 
 pub struct EncoderLayer {
     attention: MultiHeadAttention,
@@ -72,16 +62,21 @@ impl EncoderLayer {
             )?,
         })
     }
+}
 
-    pub fn output(&self) -> &GpuTensor {
+impl StackLayer for EncoderLayer {
+    /// The encoder's sequence lengths (key padding).
+    type Inputs<'a> = &'a SeqLens;
+
+    fn output(&self) -> &GpuTensor {
         &self.feed_forward_block.y
     }
 
-    pub fn d_input(&self) -> &GpuTensor {
+    fn d_input(&self) -> &GpuTensor {
         &self.attention_block.dx
     }
 
-    pub fn forward(
+    fn forward(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
@@ -100,7 +95,7 @@ impl EncoderLayer {
             })
     }
 
-    pub fn backward(
+    fn backward(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
@@ -124,60 +119,10 @@ impl EncoderLayer {
 }
 
 /// Encoder layers, then a final LayerNorm when pre-LN.
-pub struct Encoder {
-    pub layers: Vec<EncoderLayer>,
-    final_norm: Option<FinalNorm>,
-}
-
-/// The last LayerNorm of a pre-LN stack, with its buffers.
-pub(crate) struct FinalNorm {
-    norm: LayerNorm,
-    pub y: GpuTensor,
-    stats: GpuTensor,
-    pub dx: GpuTensor,
-}
-
-impl FinalNorm {
-    pub(crate) fn new(
-        ctx: &Context,
-        params: &mut Params,
-        name: &str,
-        d_model: usize,
-        rows: [usize; 2],
-    ) -> Result<Self> {
-        let shape = [rows[0], rows[1], d_model];
-        Ok(Self {
-            norm: LayerNorm::new(ctx, params, name, d_model)?,
-            y: GpuTensor::zeros(ctx, &shape)?,
-            stats: GpuTensor::zeros(ctx, &[rows[0] * rows[1], 2])?,
-            dx: GpuTensor::zeros(ctx, &shape)?,
-        })
-    }
-
-    pub(crate) fn forward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        x: &GpuTensor,
-    ) -> Result<()> {
-        self.norm.forward(ctx, encoder, p, x, &self.y, &self.stats)
-    }
-
-    pub(crate) fn backward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        x: &GpuTensor,
-        dy: &GpuTensor,
-    ) -> Result<()> {
-        self.norm
-            .backward(ctx, encoder, p, x, &self.stats, dy, &self.dx)
-    }
-}
+pub type Encoder = Stack<EncoderLayer>;
 
 impl Encoder {
+    /// `c.layers` encoder layers named `{name}.{i}` for `rows = [batch, seq]`.
     pub fn new(
         ctx: &Context,
         params: &mut Params,
@@ -185,78 +130,8 @@ impl Encoder {
         c: &StackConfig,
         rows: [usize; 2],
     ) -> Result<Self> {
-        let layers = (0..c.layers)
-            .map(|i| EncoderLayer::new(ctx, params, &format!("{name}.{i}"), c, rows))
-            .collect::<Result<Vec<_>>>()?;
-        let final_norm = c
-            .pre_ln
-            .then(|| FinalNorm::new(ctx, params, &format!("{name}.norm"), c.d_model, rows))
-            .transpose()?;
-        Ok(Self { layers, final_norm })
-    }
-
-    /// The stack's output (after the final LayerNorm when pre-LN).
-    pub fn output<'a>(&'a self, x: &'a GpuTensor) -> &'a GpuTensor {
-        match (&self.final_norm, self.layers.last()) {
-            (Some(n), _) => &n.y,
-            (None, Some(l)) => l.output(),
-            (None, None) => x,
-        }
-    }
-
-    /// The gradient at the stack's input after [`Encoder::backward`].
-    pub fn d_input<'a>(&'a self, dy: &'a GpuTensor) -> &'a GpuTensor {
-        match (self.layers.first(), &self.final_norm) {
-            (Some(l), _) => l.d_input(),
-            (None, Some(n)) => &n.dx,
-            (None, None) => dy,
-        }
-    }
-
-    pub fn forward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        x: &GpuTensor,
-        lens: &SeqLens,
-    ) -> Result<()> {
-        let mut h = x;
-        for layer in &self.layers {
-            layer.forward(ctx, encoder, p, h, lens)?;
-            h = layer.output();
-        }
-        if let Some(n) = &self.final_norm {
-            n.forward(ctx, encoder, p, h)?;
-        }
-        Ok(())
-    }
-
-    /// Backward for the gradient `dy` at [`Encoder::output`], layers in reverse order.
-    pub fn backward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        x: &GpuTensor,
-        lens: &SeqLens,
-        dy: &GpuTensor,
-    ) -> Result<()> {
-        let mut d = dy;
-        if let Some(n) = &self.final_norm {
-            let last = self.layers.last().map_or(x, EncoderLayer::output);
-            n.backward(ctx, encoder, p, last, d)?;
-            d = &n.dx;
-        }
-        for (i, layer) in self.layers.iter().enumerate().rev() {
-            let input = if i == 0 {
-                x
-            } else {
-                self.layers[i - 1].output()
-            };
-            layer.backward(ctx, encoder, p, input, lens, d)?;
-            d = layer.d_input();
-        }
-        Ok(())
+        Stack::build(ctx, params, name, c, rows, |params, name| {
+            EncoderLayer::new(ctx, params, name, c, rows)
+        })
     }
 }

@@ -10,4 +10,5 @@ pub mod feed_forward;
 pub mod linear;
 pub mod params;
 pub mod residual;
+pub mod stack;
 pub mod transformer_layer;

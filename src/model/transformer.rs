@@ -21,10 +21,11 @@ use crate::kernels::embedding::{
     embedding_backward_into, embedding_forward_into, positional_backward_into,
     positional_forward_into, sinusoidal_table,
 };
-use crate::layers::decoder::{Decoder, DecoderLens};
-use crate::layers::encoder::{Encoder, StackConfig};
+use crate::layers::decoder::{Decoder, DecoderInputs};
+use crate::layers::encoder::Encoder;
 use crate::layers::linear::Linear;
 use crate::layers::params::{Init, ParamId, Params};
+use crate::layers::stack::StackConfig;
 use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -339,17 +340,14 @@ impl Transformer {
         Ok(())
     }
 
-    fn memory(&self) -> Option<&GpuTensor> {
-        match (&self.encoder, &self.source) {
-            (Some(e), Some(s)) => Some(e.output(&s.x)),
+    fn decoder_inputs(&self) -> DecoderInputs<'_> {
+        let memory = match (&self.encoder, &self.source) {
+            (Some(e), Some(s)) => Some((e.output(&s.x), &self.cross_lens)),
             _ => None,
-        }
-    }
-
-    fn decoder_lens(&self) -> DecoderLens<'_> {
-        DecoderLens {
+        };
+        DecoderInputs {
             self_lens: &self.decoder_lens,
-            cross_lens: self.encoder.as_ref().map(|_| &self.cross_lens),
+            memory,
         }
     }
 
@@ -361,14 +359,8 @@ impl Transformer {
             enc.forward(ctx, encoder, p, &source.x, &self.encoder_lens)?;
         }
         self.target.forward(ctx, encoder, p)?;
-        self.decoder.forward(
-            ctx,
-            encoder,
-            p,
-            &self.target.x,
-            self.memory(),
-            &self.decoder_lens(),
-        )?;
+        self.decoder
+            .forward(ctx, encoder, p, &self.target.x, self.decoder_inputs())?;
         let h = self.flat_rows(self.decoder.output(&self.target.x))?;
         self.output.forward(ctx, encoder, p, &h, &self.logits)?;
         let ignore = Some(self.config.pad_id);
@@ -406,14 +398,12 @@ impl Transformer {
             &self.d_logits,
             &self.flat_rows(d_dec_out)?,
         )?;
-        let memory = self.memory();
         self.decoder.backward(
             ctx,
             encoder,
             p,
             &self.target.x,
-            memory,
-            &self.decoder_lens(),
+            self.decoder_inputs(),
             d_dec_out,
         )?;
         self.target

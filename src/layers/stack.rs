@@ -1,0 +1,191 @@
+//! A stack of layers (the encoder's, the decoder's) with the final LayerNorm a pre-LN stack ends
+//! with: forward through the layers in order, backward in reverse, each layer reading the previous
+//! layer's output buffer and leaving its input gradient in its own.
+
+use crate::device::Context;
+use crate::error::Result;
+use crate::layers::params::Params;
+use crate::layers::residual::LayerNorm;
+use crate::tensor::GpuTensor;
+
+/// Sizes shared by the layers of a stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackConfig {
+    pub d_model: usize,
+    pub heads: usize,
+    pub d_ff: usize,
+    pub layers: usize,
+    pub pre_ln: bool,
+}
+
+/// A layer a [`Stack`] can hold: `[rows, d_model]` in, the same out, into buffers the layer owns.
+pub trait StackLayer {
+    /// What every layer of the stack reads besides its input (sequence lengths, encoder output).
+    type Inputs<'a>: Copy;
+
+    /// The output of the last [`StackLayer::forward`].
+    fn output(&self) -> &GpuTensor;
+
+    /// The gradient at the input after the last [`StackLayer::backward`].
+    fn d_input(&self) -> &GpuTensor;
+
+    fn forward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        inputs: Self::Inputs<'_>,
+    ) -> Result<()>;
+
+    /// Backward for `dy` at [`StackLayer::output`], after a forward from the same `x`.
+    fn backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        inputs: Self::Inputs<'_>,
+        dy: &GpuTensor,
+    ) -> Result<()>;
+}
+
+/// Layers, then a final LayerNorm when pre-LN.
+pub struct Stack<L> {
+    pub layers: Vec<L>,
+    final_norm: Option<FinalNorm>,
+}
+
+impl<L: StackLayer> Stack<L> {
+    /// `c.layers` layers named `{name}.{i}` made by `layer`, and `{name}.norm` when pre-LN.
+    pub fn build(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        c: &StackConfig,
+        rows: [usize; 2],
+        mut layer: impl FnMut(&mut Params, &str) -> Result<L>,
+    ) -> Result<Self> {
+        let layers = (0..c.layers)
+            .map(|i| layer(params, &format!("{name}.{i}")))
+            .collect::<Result<Vec<_>>>()?;
+        let final_norm = c
+            .pre_ln
+            .then(|| FinalNorm::new(ctx, params, &format!("{name}.norm"), c.d_model, rows))
+            .transpose()?;
+        Ok(Self { layers, final_norm })
+    }
+
+    /// The stack's output (after the final LayerNorm when pre-LN) for input `x`.
+    pub fn output<'a>(&'a self, x: &'a GpuTensor) -> &'a GpuTensor {
+        match (&self.final_norm, self.layers.last()) {
+            (Some(n), _) => &n.y,
+            (None, Some(l)) => l.output(),
+            (None, None) => x,
+        }
+    }
+
+    /// The gradient at the stack's input after [`Stack::backward`] from `dy`.
+    pub fn d_input<'a>(&'a self, dy: &'a GpuTensor) -> &'a GpuTensor {
+        match (self.layers.first(), &self.final_norm) {
+            (Some(l), _) => l.d_input(),
+            (None, Some(n)) => &n.dx,
+            (None, None) => dy,
+        }
+    }
+
+    /// The input of layer `i`: `x` for the first, the previous layer's output after it.
+    fn layer_input<'a>(&'a self, i: usize, x: &'a GpuTensor) -> &'a GpuTensor {
+        match i {
+            0 => x,
+            _ => self.layers[i - 1].output(),
+        }
+    }
+
+    pub fn forward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        inputs: L::Inputs<'_>,
+    ) -> Result<()> {
+        for (i, layer) in self.layers.iter().enumerate() {
+            layer.forward(ctx, encoder, p, self.layer_input(i, x), inputs)?;
+        }
+        if let Some(n) = &self.final_norm {
+            n.forward(ctx, encoder, p, self.layer_input(self.layers.len(), x))?;
+        }
+        Ok(())
+    }
+
+    /// Backward for the gradient `dy` at [`Stack::output`], layers in reverse order.
+    pub fn backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        inputs: L::Inputs<'_>,
+        dy: &GpuTensor,
+    ) -> Result<()> {
+        let mut d = dy;
+        if let Some(n) = &self.final_norm {
+            n.backward(ctx, encoder, p, self.layer_input(self.layers.len(), x), d)?;
+            d = &n.dx;
+        }
+        for (i, layer) in self.layers.iter().enumerate().rev() {
+            layer.backward(ctx, encoder, p, self.layer_input(i, x), inputs, d)?;
+            d = layer.d_input();
+        }
+        Ok(())
+    }
+}
+
+/// The last LayerNorm of a pre-LN stack, with its buffers.
+struct FinalNorm {
+    norm: LayerNorm,
+    y: GpuTensor,
+    stats: GpuTensor,
+    dx: GpuTensor,
+}
+
+impl FinalNorm {
+    fn new(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        d_model: usize,
+        rows: [usize; 2],
+    ) -> Result<Self> {
+        let shape = [rows[0], rows[1], d_model];
+        Ok(Self {
+            norm: LayerNorm::new(ctx, params, name, d_model)?,
+            y: GpuTensor::zeros(ctx, &shape)?,
+            stats: GpuTensor::zeros(ctx, &[rows[0] * rows[1], 2])?,
+            dx: GpuTensor::zeros(ctx, &shape)?,
+        })
+    }
+
+    fn forward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+    ) -> Result<()> {
+        self.norm.forward(ctx, encoder, p, x, &self.y, &self.stats)
+    }
+
+    fn backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        dy: &GpuTensor,
+    ) -> Result<()> {
+        self.norm
+            .backward(ctx, encoder, p, x, &self.stats, dy, &self.dx)
+    }
+}
