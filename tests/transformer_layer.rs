@@ -1,15 +1,15 @@
-//! The pre-LN Transformer encoder layer on the GPU (fused attention, packed QKV views) vs the f64
-//! reference layer: output, input gradient and every parameter gradient; the reference's gradients
-//! against finite differences.
+//! One Transformer layer on the GPU (`EncoderLayer`, as the benchmark's layer case runs it: fused
+//! attention on packed QKV views, causal or not, pre- or post-LN) vs the f64 reference layer:
+//! output, input gradient and every parameter gradient; the reference's gradients against finite
+//! differences.
 
 mod common;
 
 use common::*;
-use wgpu_attention::layers::transformer_layer::{
-    init_params, param_shapes, TransformerLayer, TransformerLayerConfig,
+use wgpu_attention::bench::layer::LayerCase;
+use wgpu_attention::reference::transformer_layer::{
+    self as reference, init_params, param_shapes, TransformerLayerConfig,
 };
-use wgpu_attention::reference::transformer_layer as reference;
-use wgpu_attention::GpuTensor;
 
 #[test]
 fn gpu_layer_matches_reference_forward_and_every_gradient() {
@@ -23,38 +23,38 @@ fn gpu_layer_matches_reference_forward_and_every_gradient() {
                 pre_ln,
             };
             let (b, l) = (2, 7);
-            let params = init_params(&config, 3);
-            let layer = TransformerLayer::new(ctx, config, &params).unwrap();
             let mut rng = rng(17);
             let x = random(&mut rng, b * l * 32, 1.0);
             let dy = random(&mut rng, b * l * 32, 1.0);
-            let xt = GpuTensor::from_slice(ctx, &x, &[b, l, 32]).unwrap();
-            let dyt = GpuTensor::from_slice(ctx, &dy, &[b, l, 32]).unwrap();
-            let cache = layer.forward(ctx, &xt).unwrap();
-            let (dx, grads) = layer.backward(ctx, &cache, &dyt).unwrap();
+            let layer = LayerCase::new(ctx, config, b, l, &x, &dy, 3).unwrap();
+            layer.run(ctx).unwrap();
+            let got = layer.results(ctx).unwrap();
 
-            let p64: Vec<Vec<f64>> = params.iter().map(|p| to_f64(p)).collect();
+            let p64 = layer.reference_params(ctx).unwrap();
             let ry = reference::forward(&config, &p64, &to_f64(&x), b, l);
             let (rdx, rgrads) = reference::backward(&config, &p64, &to_f64(&x), &to_f64(&dy), b, l);
             let tag = format!("[{backend}] layer causal {causal} pre_ln {pre_ln}");
             assert_close(
                 &format!("{tag} y"),
-                &cache.y.to_vec(ctx).unwrap(),
+                &got.y,
                 &ry,
                 FORWARD_ATOL,
                 FORWARD_RTOL * 10.0,
             );
             assert_close(
                 &format!("{tag} dx"),
-                &dx.to_vec(ctx).unwrap(),
+                &got.dx,
                 &rdx,
                 BACKWARD_ATOL,
                 BACKWARD_RTOL,
             );
-            for ((name, _), (g, r)) in param_shapes(&config).iter().zip(grads.iter().zip(&rgrads)) {
+            for ((name, _), (g, r)) in param_shapes(&config)
+                .iter()
+                .zip(got.grads.iter().zip(&rgrads))
+            {
                 assert_close(
                     &format!("{tag} d {name}"),
-                    &g.to_vec(ctx).unwrap(),
+                    g,
                     r,
                     BACKWARD_ATOL,
                     BACKWARD_RTOL,
@@ -80,7 +80,7 @@ fn reference_gradients_match_finite_differences(pre_ln: bool) {
         pre_ln,
     };
     let (b, l) = (1, 3);
-    let params: Vec<Vec<f64>> = init_params(&config, 5).iter().map(|p| to_f64(p)).collect();
+    let params = init_params(&config, 5);
     let x: Vec<f64> = (0..b * l * 8).map(|i| (i as f64 * 0.61).sin()).collect();
     let dy: Vec<f64> = (0..b * l * 8).map(|i| (i as f64 * 1.7).cos()).collect();
     let loss = |p: &[Vec<f64>], x: &[f64]| -> f64 {

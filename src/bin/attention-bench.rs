@@ -14,15 +14,15 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use serde_json::{json, Value};
 use wgpu_attention::bench::fma::fma_peak_gflops;
+use wgpu_attention::bench::layer::LayerCase;
 use wgpu_attention::bench::{measure, Samples, Timer};
-use wgpu_attention::layers::transformer_layer::{
-    init_params, param_shapes, TransformerLayer, TransformerLayerConfig,
-};
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::compare::{
     compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
 };
-use wgpu_attention::reference::transformer_layer as reference_layer;
+use wgpu_attention::reference::transformer_layer::{
+    self as reference_layer, TransformerLayerConfig,
+};
 use wgpu_attention::{
     attention_backward_into, attention_backward_unfused, attention_backward_workspace,
     attention_forward_into, attention_forward_unfused, enumerate_adapters, parse_backends,
@@ -642,8 +642,9 @@ fn run_problem(
     Ok(results)
 }
 
-/// A pre-LN Transformer encoder layer of width H * D over the problem's batch and length, forward
-/// and backward with every gradient, validated against the reference layer where affordable.
+/// A pre-LN Transformer layer ([`LayerCase`]: the library's `EncoderLayer`, causal in causal cases)
+/// of width H * D over the problem's batch and length, forward and backward with every gradient in
+/// one submission, validated against the reference layer where affordable.
 fn run_layer_case(
     ctx: &Context,
     timer: &Timer,
@@ -659,21 +660,12 @@ fn run_layer_case(
         causal: p.causal(),
         pre_ln: true,
     };
-    let params = init_params(&config, 1);
-    ctx.reset_peak_memory();
-    let base = ctx.memory().current_bytes;
-    let layer = TransformerLayer::new(ctx, config, &params)?;
     let n = p.batch * p.q_len * d;
     let (x, dy) = (random(n, 5), random(n, 6));
-    let xt = GpuTensor::from_slice(ctx, &x, &[p.batch, p.q_len, d])?;
-    let dyt = GpuTensor::from_slice(ctx, &dy, &[p.batch, p.q_len, d])?;
-    let mut last = None;
-    let samples = measure(ctx, timer, reps, || {
-        let cache = layer.forward(ctx, &xt)?;
-        let grads = layer.backward(ctx, &cache, &dyt)?;
-        last = Some((cache.y.clone(), grads));
-        Ok(())
-    })?;
+    ctx.reset_peak_memory();
+    let base = ctx.memory().current_bytes;
+    let layer = LayerCase::new(ctx, config, p.batch, p.q_len, &x, &dy, 1)?;
+    let samples = measure(ctx, timer, reps, || layer.run(ctx))?;
     let peak_bytes = ctx.memory().peak_bytes.saturating_sub(base);
     let tokens = (p.batch * p.q_len) as f64;
     let matmul = 2.0 * tokens * (4.0 * (d * d) as f64 + 2.0 * (d * config.d_ff) as f64);
@@ -683,11 +675,8 @@ fn run_layer_case(
     let gflop = (3.0 * matmul + 3.5 * attention) / 1e9;
     let layer_macs = (tokens as u64) * (4 * d * d + 2 * d * config.d_ff) as u64 + p.macs();
     let validation = if layer_macs <= validate_limit {
-        let (y, (dx, grads)) = last.expect("measured at least once");
-        let p64: Vec<Vec<f64>> = params
-            .iter()
-            .map(|v| v.iter().map(|&x| x as f64).collect())
-            .collect();
+        let got = layer.results(ctx)?;
+        let p64 = layer.reference_params(ctx)?;
         let (x64, dy64): (Vec<f64>, Vec<f64>) = (
             x.iter().map(|&v| v as f64).collect(),
             dy.iter().map(|&v| v as f64).collect(),
@@ -704,10 +693,11 @@ fn run_layer_case(
                 );
             }
         };
-        check("y", y.to_vec(ctx)?, &ry, FORWARD_ATOL, FORWARD_RTOL);
-        check("dx", dx.to_vec(ctx)?, &rdx, BACKWARD_ATOL, BACKWARD_RTOL);
-        for ((name, _), (g, r)) in param_shapes(&config).iter().zip(grads.iter().zip(&rgrads)) {
-            check(name, g.to_vec(ctx)?, r, BACKWARD_ATOL, BACKWARD_RTOL);
+        check("y", got.y, &ry, FORWARD_ATOL, FORWARD_RTOL);
+        check("dx", got.dx, &rdx, BACKWARD_ATOL, BACKWARD_RTOL);
+        let names = reference_layer::param_shapes(&config);
+        for (((name, _), g), r) in names.iter().zip(got.grads).zip(&rgrads) {
+            check(name, g, r, BACKWARD_ATOL, BACKWARD_RTOL);
         }
         Some((worst.0 <= 1.0, worst.0, worst.1))
     } else {

@@ -24,7 +24,20 @@ impl EncoderLayer {
         c: &StackConfig,
         rows: [usize; 2],
     ) -> Result<Self> {
-        let kind = AttentionKind::SelfAttention { causal: false };
+        Self::with_mask(ctx, params, name, c, rows, false)
+    }
+
+    /// A layer whose self-attention is causal when `causal` (a decoder-only block without
+    /// cross-attention; the benchmark's causal layer case).
+    pub fn with_mask(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        c: &StackConfig,
+        rows: [usize; 2],
+        causal: bool,
+    ) -> Result<Self> {
+        let kind = AttentionKind::SelfAttention { causal };
         Ok(Self {
             attention_block: Residual::new(
                 ctx,

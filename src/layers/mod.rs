@@ -11,4 +11,3 @@ pub mod linear;
 pub mod params;
 pub mod residual;
 pub mod stack;
-pub mod transformer_layer;

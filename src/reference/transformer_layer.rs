@@ -1,16 +1,82 @@
-//! The Transformer encoder layer of [`crate::layers::transformer_layer`] (pre-LN or post-LN), in f64,
-//! composed of the reference ops: the ground truth its GPU forward and every gradient are tested
-//! against.
+//! One Transformer layer, [`crate::layers::encoder::EncoderLayer`] (pre-LN or post-LN, causal or
+//! not), in f64, composed of the reference ops: the ground truth its GPU forward and every gradient
+//! are tested against, and the benchmark's layer case validated against.
+//!
+//! ```text
+//! pre-LN:  x1 = x + Attn(LN1(x));   y = x1 + FF(LN2(x1))
+//! post-LN: x1 = LN1(x + Attn(x));   y = LN2(x1 + FF(x1))
+//! Attn(h) = attention(q, k, v) Wo^T + bo with [q k v] = h Wqkv^T + bqkv;  FF(h) = GELU(h W1^T + b1) W2^T + b2
+//! ```
 
 use crate::kernels::attention::AttentionShape;
 use crate::kernels::elementwise::Activation;
-use crate::layers::transformer_layer::TransformerLayerConfig;
 use crate::reference::attention::{attention_backward, attention_forward, Masks};
 use crate::reference::elementwise::{activation_backward, activation_forward, add};
 use crate::reference::layer_norm::{layer_norm_backward, layer_norm_forward};
 use crate::reference::linear::{linear_backward, linear_forward};
 
 const LN_EPS: f64 = 1e-5;
+
+/// Sizes of a layer; `causal` masks its self-attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransformerLayerConfig {
+    pub d_model: usize,
+    pub heads: usize,
+    pub d_ff: usize,
+    pub causal: bool,
+    /// LayerNorm before each sub-block (pre-LN) or after each residual sum (post-LN).
+    pub pre_ln: bool,
+}
+
+/// Parameter names (as [`crate::layers::encoder::EncoderLayer`] names them under its prefix) and
+/// shapes, in the order [`forward`] takes them and [`backward`] returns their gradients.
+pub fn param_shapes(c: &TransformerLayerConfig) -> Vec<(&'static str, Vec<usize>)> {
+    let d = c.d_model;
+    vec![
+        ("ln1.gamma", vec![d]),
+        ("ln1.beta", vec![d]),
+        ("attn.qkv.weight", vec![3 * d, d]),
+        ("attn.qkv.bias", vec![3 * d]),
+        ("attn.out.weight", vec![d, d]),
+        ("attn.out.bias", vec![d]),
+        ("ln2.gamma", vec![d]),
+        ("ln2.beta", vec![d]),
+        ("ff.in.weight", vec![c.d_ff, d]),
+        ("ff.in.bias", vec![c.d_ff]),
+        ("ff.out.weight", vec![d, c.d_ff]),
+        ("ff.out.bias", vec![d]),
+    ]
+}
+
+/// Deterministic initial parameters: LayerNorm gamma 1 and beta 0, weights uniform in
+/// `+-1/sqrt(fan_in)` from `seed`, biases small.
+pub fn init_params(c: &TransformerLayerConfig, seed: u64) -> Vec<Vec<f64>> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut uniform = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
+    };
+    param_shapes(c)
+        .into_iter()
+        .map(|(name, shape)| {
+            let n: usize = shape.iter().product();
+            if name.ends_with("gamma") {
+                vec![1.0; n]
+            } else if name.ends_with("beta") {
+                vec![0.0; n]
+            } else if name.ends_with("bias") {
+                (0..n).map(|_| 0.02 * uniform()).collect()
+            } else {
+                let bound = 1.0 / (shape[1] as f64).sqrt();
+                (0..n).map(|_| bound * uniform()).collect()
+            }
+        })
+        .collect()
+}
 
 /// Columns `[from, from + width)` of each row of a row-major matrix with `cols` columns.
 fn columns(x: &[f64], cols: usize, from: usize, width: usize) -> Vec<f64> {
