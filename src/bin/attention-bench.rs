@@ -953,9 +953,10 @@ fn print_table(results: &[CaseResult], peak: f64) {
     }
 }
 
+/// The checked-out revision, `-dirty` when the tree has uncommitted changes.
 fn git_revision() -> String {
     std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
+        .args(["describe", "--always", "--dirty"])
         .output()
         .ok()
         .filter(|o| o.status.success())
