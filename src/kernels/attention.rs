@@ -529,6 +529,39 @@ fn encode_kernel(
     pass.dispatch_workgroups(grid.0, grid.1, 1);
 }
 
+/// Records one dispatch of a kernel per loop chunk (`[begin, end)` ranges from [`loop_chunks`]);
+/// every chunk after the first adds to what the earlier ones wrote.
+#[allow(clippy::too_many_arguments)]
+fn encode_chunks(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    name: &'static str,
+    source: impl Fn() -> String,
+    constants: &[(&'static str, u32)],
+    params: &mut Params,
+    seq_lens: &wgpu::Buffer,
+    bindings: &[Binding<'_>],
+    grid: (u32, u32),
+    chunks: &[(u32, u32)],
+) {
+    for (index, &(begin, end)) in chunks.iter().enumerate() {
+        params.chunk_begin = begin;
+        params.chunk_end = end;
+        params.accumulate = (index > 0) as u32;
+        encode_kernel(
+            ctx,
+            pass,
+            name,
+            &source,
+            constants,
+            params,
+            Some(seq_lens),
+            bindings,
+            grid,
+        );
+    }
+}
+
 /// O and lse of a forward pass: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]` (`-inf` for rows that see no
 /// key). Both are what [`attention_backward`] needs.
 #[derive(Clone, Debug)]
@@ -614,27 +647,23 @@ pub fn attention_forward_into(
     );
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
     let lens = seq_lens_buffer(ctx, opts);
-    for (index, &(begin, end)) in chunks.iter().enumerate() {
-        params.chunk_begin = begin;
-        params.chunk_end = end;
-        params.accumulate = (index > 0) as u32;
-        encode_kernel(
-            ctx,
-            &mut pass,
-            "attention_forward",
-            || with_common_sized(FORWARD, s.head_dim_qk.max(s.head_dim_v)),
-            &[
-                ("WG", wg),
-                ("BLOCK_N", block_n),
-                ("DK", s.head_dim_qk as u32),
-                ("DV", s.head_dim_v as u32),
-            ],
-            &params,
-            Some(lens),
-            &bindings,
-            grid,
-        );
-    }
+    encode_chunks(
+        ctx,
+        &mut pass,
+        "attention_forward",
+        || with_common_sized(FORWARD, s.head_dim_qk.max(s.head_dim_v)),
+        &[
+            ("WG", wg),
+            ("BLOCK_N", block_n),
+            ("DK", s.head_dim_qk as u32),
+            ("DV", s.head_dim_v as u32),
+        ],
+        &mut params,
+        lens,
+        &bindings,
+        grid,
+        &chunks,
+    );
     Ok(())
 }
 
@@ -811,22 +840,18 @@ pub fn attention_backward_into(
             4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
             block_m as usize,
         );
-        for (index, &(begin, end)) in chunks.iter().enumerate() {
-            params.chunk_begin = begin;
-            params.chunk_end = end;
-            params.accumulate = (index > 0) as u32;
-            encode_kernel(
-                ctx,
-                &mut pass,
-                "attention_backward_dkdv",
-                || with_common_sized(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v)),
-                &[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]],
-                &params,
-                Some(lens),
-                &bindings,
-                grid,
-            );
-        }
+        encode_chunks(
+            ctx,
+            &mut pass,
+            "attention_backward_dkdv",
+            || with_common_sized(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v)),
+            &[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]],
+            &mut params,
+            lens,
+            &bindings,
+            grid,
+            &chunks,
+        );
     }
     // 3. dQ: one workgroup per query block of one (batch, head).
     {
@@ -852,22 +877,18 @@ pub fn attention_backward_into(
             4 * (2 * s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
             block_n as usize,
         );
-        for (index, &(begin, end)) in chunks.iter().enumerate() {
-            params.chunk_begin = begin;
-            params.chunk_end = end;
-            params.accumulate = (index > 0) as u32;
-            encode_kernel(
-                ctx,
-                &mut pass,
-                "attention_backward_dq",
-                || with_common_sized(BACKWARD_DQ, s.head_dim_qk.max(s.head_dim_v)),
-                &[("WG", wg), ("BLOCK_N", block_n), dims[0], dims[1]],
-                &params,
-                Some(lens),
-                &bindings,
-                grid,
-            );
-        }
+        encode_chunks(
+            ctx,
+            &mut pass,
+            "attention_backward_dq",
+            || with_common_sized(BACKWARD_DQ, s.head_dim_qk.max(s.head_dim_v)),
+            &[("WG", wg), ("BLOCK_N", block_n), dims[0], dims[1]],
+            &mut params,
+            lens,
+            &bindings,
+            grid,
+            &chunks,
+        );
     }
     Ok(())
 }
