@@ -2,7 +2,7 @@
 //!
 //! Fused, tiled scaled-dot-product attention (FlashAttention-2 style), forward and backward, on any
 //! GPU through wgpu: Vulkan, Metal, DX12 and GL. Every kernel is checked against the CPU reference
-//! in [`reference`].
+//! in [`reference`](mod@reference).
 //!
 //! ```no_run
 //! use wgpu_attention::{Context, GpuTensor, AttentionOptions, attention_forward};

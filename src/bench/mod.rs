@@ -162,7 +162,7 @@ impl Samples {
 /// Host time spent warming up before the timed runs: real GPUs drop their clocks while the host
 /// validates against the CPU reference, and short timed runs would then measure the ramp back up
 /// (seen on an H100 as the same case timing 4 ms or 24 ms depending on what ran before it).
-const WARM_UP: std::time::Duration = std::time::Duration::from_millis(300);
+pub const WARM_UP: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Runs `work` to warm up (pipeline compilation, first-touch allocation, GPU clocks) for at least
 /// [`WARM_UP`] and at least once, then `reps` timed runs.
