@@ -124,14 +124,12 @@ fn every_workgroup_width_matches_reference() {
         for_each_backend_with(
             |ctx| ctx.set_attention_workgroup(Some(width)).unwrap(),
             |backend, ctx| {
-                for case in [
-                    Case::new(2, 70, 37, 4, 2, 40, 24)
-                        .causal()
-                        .kv_lens(&[37, 20]),
-                    Case::new(1, 33, 129, 2, 2, 64, 64),
-                ] {
-                    check(&format!("{backend} wg{width}"), ctx, &case, Path::Fused);
-                }
+                // One case with several query and key tiles, causal, padding, GQA and Dk != Dv:
+                // every extra width is a fresh shader compile (seconds each on a cold CPU driver).
+                let case = Case::new(2, 70, 137, 4, 2, 40, 24)
+                    .causal()
+                    .kv_lens(&[137, 60]);
+                check(&format!("{backend} wg{width}"), ctx, &case, Path::Fused);
             },
         );
     }

@@ -1,4 +1,6 @@
 //! Encoder layer (self-attention block, feed-forward block) and the encoder: a [`Stack`] of them.
+//! One layer's f64 counterpart is [`crate::reference::transformer_layer`]; the whole encoder's is part
+//! of [`crate::reference::transformer`].
 
 use crate::device::Context;
 use crate::error::Result;
