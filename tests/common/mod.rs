@@ -59,22 +59,30 @@ fn contexts_cell() -> &'static Vec<(String, Arc<Context>)> {
 }
 
 /// Runs `f` once per back end under test.
-/// GPU work is serialised across test threads: wgpu's GL back end gives up on its context lock when
-/// another thread holds it through a long dispatch, and CPU drivers (lavapipe, llvmpipe) already use
-/// every core for one dispatch, so concurrent tests only oversubscribe the machine.
+/// GPU work on one back end is serialised across test threads: wgpu's GL back end gives up on its
+/// context lock when another thread holds it through a long dispatch, and a CPU driver (lavapipe,
+/// llvmpipe) already uses every core for one dispatch. Different back ends may run at once, which
+/// lets a cold shader cache compile on both cores (llvmpipe compiles at the first dispatch, on one
+/// thread).
 pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
-    for (name, ctx) in contexts_cell() {
-        let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for (index, (name, ctx)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
         f(name, ctx);
     }
 }
 
-static GPU_LOCK: Mutex<()> = Mutex::new(());
+/// The lock of the `index`-th back end under test (see [`for_each_backend`]).
+fn backend_lock(index: usize) -> std::sync::MutexGuard<'static, ()> {
+    static LOCKS: [Mutex<()>; 4] = [const { Mutex::new(()) }; 4];
+    LOCKS[index.min(LOCKS.len() - 1)]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
 
 /// Like [`for_each_backend`], on a fresh context of each back end that `configure` has adjusted.
 pub fn for_each_backend_with(configure: impl Fn(&mut Context), mut f: impl FnMut(&str, &Context)) {
-    for (name, shared) in contexts_cell() {
-        let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
         let opts = ContextOptions {
             backends: Some(wgpu_attention::parse_backends(name).unwrap()),
             adapter_name: Some(shared.report().name.clone()),
