@@ -170,25 +170,10 @@ pub struct MemoryStats {
 /// Features used when offered; none is required.
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY;
 
-/// Parses a back-end name as accepted by `WGPU_BACKEND`.
 /// Workgroup widths the fused attention kernels are written for.
 pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];
 
-/// `WGPU_ATTENTION_WORKGROUP`, if it names a width the kernels and the device support.
-fn attention_workgroup_from_env(max_invocations: u32) -> Option<u32> {
-    let value = std::env::var("WGPU_ATTENTION_WORKGROUP").ok()?;
-    match value.parse::<u32>() {
-        Ok(w) if ATTENTION_WORKGROUPS.contains(&w) && w <= max_invocations => Some(w),
-        _ => {
-            eprintln!(
-                "wgpu-attention: ignoring WGPU_ATTENTION_WORKGROUP={value}: use 16, 32, 64 or 128 \
-                 (at most {max_invocations} on this device)"
-            );
-            None
-        }
-    }
-}
-
+/// Parses a back-end name as accepted by `WGPU_BACKEND`.
 pub fn parse_backends(name: &str) -> Result<wgpu::Backends> {
     let backends = wgpu::Backends::from_comma_list(name);
     if backends.is_empty() {
@@ -344,12 +329,10 @@ impl Context {
                 *lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
             });
         }
-        let attention_workgroup =
-            attention_workgroup_from_env(report.limits.max_compute_invocations_per_workgroup);
         let is_llvmpipe = [&report.name, &report.driver]
             .iter()
             .any(|s| s.to_lowercase().contains("llvmpipe"));
-        Self {
+        let mut ctx = Self {
             device,
             queue,
             report,
@@ -357,11 +340,21 @@ impl Context {
             memory: Arc::default(),
             empty_storage,
             loop_budget: is_llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
-            attention_workgroup,
+            attention_workgroup: None,
             lost,
             profiler: Mutex::new(None),
             binding_cache: Mutex::new(None),
+        };
+        if let Ok(value) = std::env::var("WGPU_ATTENTION_WORKGROUP") {
+            let applied = match value.parse::<u32>() {
+                Ok(width) => ctx.set_attention_workgroup(Some(width)),
+                Err(e) => Err(Error::shape("WGPU_ATTENTION_WORKGROUP", e.to_string())),
+            };
+            if let Err(e) = applied {
+                eprintln!("wgpu-attention: ignoring WGPU_ATTENTION_WORKGROUP={value}: {e}");
+            }
         }
+        ctx
     }
 
     /// The most loop iterations one kernel invocation may run, if the driver caps them; kernels whose
@@ -388,20 +381,21 @@ impl Context {
     /// for tuning on an adapter whose best width is not the default; `None` restores the defaults.
     pub fn set_attention_workgroup(&mut self, width: Option<u32>) -> Result<()> {
         if let Some(width) = width {
+            if !ATTENTION_WORKGROUPS.contains(&width) {
+                return Err(Error::shape(
+                    "attention workgroup width",
+                    format!(
+                        "{width} is not one the kernels are written for: use 16, 32, 64 or 128"
+                    ),
+                ));
+            }
             let limit = self.limits().max_compute_invocations_per_workgroup;
-            if !ATTENTION_WORKGROUPS.contains(&width) || width > limit {
+            if width > limit {
                 return Err(Error::Unsupported {
                     arg: "attention workgroup width",
                     value: width.into(),
-                    limit: ATTENTION_WORKGROUPS
-                        .iter()
-                        .copied()
-                        .filter(|&w| w <= limit)
-                        .max()
-                        .unwrap_or(0)
-                        .into(),
-                    hint:
-                        "; use 16, 32, 64 or 128 (within the adapter's invocations per workgroup)",
+                    limit: limit.into(),
+                    hint: " (the adapter's invocations per workgroup); use 16, 32, 64 or 128 within it",
                 });
             }
         }
