@@ -31,7 +31,9 @@ struct Params {
     chunk_begin: u32,
     chunk_end: u32,
     accumulate: u32,
-    pad: u32,
+    // Split-KV workgroups per query block of the tiled forward; each covers a share of the block's
+    // key tiles and writes a partial result that attention_forward_merge.wgsl combines.
+    splits: u32,
     views: array<View, 8>,
 }
 

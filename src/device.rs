@@ -66,6 +66,11 @@ pub struct Context {
     empty_storage: wgpu::Buffer,
     loop_budget: Option<u32>,
     attention_workgroup: Option<u32>,
+    kernel_family: Option<KernelFamily>,
+    /// Grow-only scratch storage of kernels that need a workspace the caller does not pass (the
+    /// split-KV partial results of the forward). Dispatches in one queue run in order, so one buffer
+    /// serves every call; a larger request replaces it (recorded work keeps the old one alive).
+    scratch: Mutex<Option<(wgpu::Buffer, Allocation)>>,
     /// Why the device was lost, once it has been: later waits report it instead of hanging or
     /// panicking inside wgpu.
     lost: Arc<Mutex<Option<String>>>,
@@ -172,6 +177,39 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY;
 
 /// Workgroup widths the fused attention kernels are written for.
 pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];
+
+/// Which family of fused attention kernels a context runs. Both compute the same results (SPEC.md)
+/// and are tested against the same reference; they differ in shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelFamily {
+    /// Shaped for CPU drivers (lavapipe, llvmpipe): each invocation keeps four rows in vec4 lanes
+    /// with head-dim-sized private arrays, wide workgroups, long loops split under the driver's cap.
+    CpuDriver,
+    /// Shaped for GPUs: small query blocks, Q/K/V tiles in workgroup memory, register micro-tiles,
+    /// split-KV when the grid would leave the GPU idle.
+    Gpu,
+}
+
+impl KernelFamily {
+    /// Parses `cpu` / `cpu-driver` or `gpu` (as `WGPU_ATTENTION_KERNELS` and the bench's `--kernels`).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim().to_lowercase().as_str() {
+            "cpu" | "cpu-driver" => Ok(Self::CpuDriver),
+            "gpu" => Ok(Self::Gpu),
+            other => Err(Error::shape(
+                "kernel family",
+                format!("'{other}' is not one: use cpu or gpu"),
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::CpuDriver => "cpu",
+            Self::Gpu => "gpu",
+        }
+    }
+}
 
 /// Parses a back-end name as accepted by `WGPU_BACKEND`.
 pub fn parse_backends(name: &str) -> Result<wgpu::Backends> {
@@ -341,10 +379,18 @@ impl Context {
             empty_storage,
             loop_budget: is_llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
             attention_workgroup: None,
+            kernel_family: None,
+            scratch: Mutex::new(None),
             lost,
             profiler: Mutex::new(None),
             binding_cache: Mutex::new(None),
         };
+        if let Ok(value) = std::env::var("WGPU_ATTENTION_KERNELS") {
+            match KernelFamily::parse(&value) {
+                Ok(family) => ctx.kernel_family = Some(family),
+                Err(e) => eprintln!("wgpu-attention: ignoring WGPU_ATTENTION_KERNELS={value}: {e}"),
+            }
+        }
         if let Ok(value) = std::env::var("WGPU_ATTENTION_WORKGROUP") {
             let applied = match value.parse::<u32>() {
                 Ok(width) => ctx.set_attention_workgroup(Some(width)),
@@ -401,6 +447,42 @@ impl Context {
         }
         self.attention_workgroup = width;
         Ok(())
+    }
+
+    /// The fused attention kernel family this context runs: the one set with
+    /// [`Context::set_kernel_family`] (or `WGPU_ATTENTION_KERNELS=cpu|gpu`, read when the context is
+    /// created), else [`KernelFamily::CpuDriver`] on CPU drivers and [`KernelFamily::Gpu`] elsewhere.
+    pub fn kernel_family(&self) -> KernelFamily {
+        self.kernel_family.unwrap_or(if self.is_cpu() {
+            KernelFamily::CpuDriver
+        } else {
+            KernelFamily::Gpu
+        })
+    }
+
+    /// Forces a kernel family (to test the GPU kernels on a CPU driver, or to compare both on one
+    /// adapter); `None` restores the choice by adapter class.
+    pub fn set_kernel_family(&mut self, family: Option<KernelFamily>) {
+        self.kernel_family = family;
+    }
+
+    /// A scratch buffer of at least `bytes`, counted in [`Context::memory`]. See `scratch` above.
+    pub(crate) fn scratch_buffer(&self, bytes: u64) -> wgpu::Buffer {
+        let mut slot = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((buffer, _)) = slot.as_ref().filter(|(b, _)| b.size() >= bytes) {
+            return buffer.clone();
+        }
+        // Room to grow, within what one binding can use.
+        let cap = self.limits().max_storage_buffer_binding_size.max(bytes);
+        let size = bytes.max(256).next_power_of_two().min(cap).div_ceil(4) * 4;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("attention scratch"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        *slot = Some((buffer.clone(), self.track_allocation(size)));
+        buffer
     }
 
     pub fn device(&self) -> &wgpu::Device {

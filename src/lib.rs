@@ -28,12 +28,14 @@ pub mod tensor;
 pub mod training;
 
 pub use device::{
-    enumerate_adapters, parse_backends, AdapterReport, Context, ContextOptions, MemoryStats,
+    enumerate_adapters, parse_backends, AdapterReport, Context, ContextOptions, KernelFamily,
+    MemoryStats,
 };
 pub use error::{Error, Result};
 pub use kernels::attention::{
     attention_backward, attention_backward_into, attention_backward_unfused,
     attention_backward_workspace, attention_forward, attention_forward_into,
-    attention_forward_unfused, AttentionGrads, AttentionOptions, AttentionOutput, AttentionShape,
+    attention_forward_plan, attention_forward_unfused, AttentionGrads, AttentionOptions,
+    AttentionOutput, AttentionShape, ForwardPlan,
 };
 pub use tensor::{GpuTensor, GpuTokens, HeadsView, SeqLens};

@@ -25,9 +25,9 @@ use wgpu_attention::reference::transformer_layer::{
 };
 use wgpu_attention::{
     attention_backward_into, attention_backward_unfused, attention_backward_workspace,
-    attention_forward_into, attention_forward_unfused, enumerate_adapters, parse_backends,
-    AttentionOptions, AttentionShape, Context, ContextOptions, Error, GpuTensor, HeadsView,
-    SeqLens,
+    attention_forward_into, attention_forward_plan, attention_forward_unfused, enumerate_adapters,
+    parse_backends, AttentionOptions, AttentionShape, Context, ContextOptions, Error, GpuTensor,
+    HeadsView, KernelFamily, SeqLens,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -39,6 +39,27 @@ enum Suite {
     /// Forward B=1, H=8, D=64 from L=1024 to 16384, fused and unfused (reported as skipped where
     /// its scores exceed the binding limit): time vs L^2, memory vs L. Long on CPU drivers.
     Scaling,
+    /// For real GPUs: B=1 H=8 D=64 and B=4 H=16 D=128, L = 1024 to 16384, no mask and causal,
+    /// forward and backward, both fused kernel families and the unfused path.
+    Gpu,
+}
+
+/// A fused kernel family to run (`--kernels`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Kernels {
+    /// The CPU-driver family (rows in vec4 lanes, head-dim-sized registers).
+    Cpu,
+    /// The GPU family (tiles in workgroup memory, register micro-tiles, split-KV).
+    Gpu,
+}
+
+impl Kernels {
+    fn family(self) -> KernelFamily {
+        match self {
+            Kernels::Cpu => KernelFamily::CpuDriver,
+            Kernels::Gpu => KernelFamily::Gpu,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -133,6 +154,9 @@ struct Cli {
     /// Passes, comma separated.
     #[arg(long, value_enum, value_delimiter = ',')]
     passes: Option<Vec<Pass>>,
+    /// Fused kernel families, comma separated (default: the adapter's own; the gpu suite runs both).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    kernels: Option<Vec<Kernels>>,
     /// Timed runs per case (after warm-up runs filling at least 0.3 s).
     #[arg(long)]
     reps: Option<usize>,
@@ -212,6 +236,10 @@ struct CaseResult {
     id: String,
     problem: Problem,
     path: PathKind,
+    /// `fused-gpu`, `fused-cpu` or `unfused`.
+    path_label: String,
+    /// The fused forward's plan (family, tiles, splits); empty on the unfused path.
+    kernel: String,
     pass: Pass,
     outcome: std::result::Result<Measured, String>,
 }
@@ -290,7 +318,8 @@ fn main() -> ExitCode {
         Err(e @ Error::UnknownBackend(..)) => return usage_error(format!("WGPU_BACKEND: {e}")),
         Err(e) => return usage_error(e),
     };
-    match run(&cli, &ctx, &problems) {
+    let mut ctx = ctx;
+    match run(&cli, &mut ctx, &problems) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -306,6 +335,12 @@ fn problems(cli: &Cli) -> std::result::Result<Vec<Problem>, String> {
         Suite::Default => (vec![256, 512, 1024], 8, 64, vec![Mask::None, Mask::Causal]),
         Suite::Quick => (vec![128, 256], 4, 64, vec![Mask::None, Mask::Causal]),
         Suite::Scaling => (vec![1024, 2048, 4096, 8192, 16384], 8, 64, vec![Mask::None]),
+        Suite::Gpu => (
+            vec![1024, 2048, 4096, 8192, 16384],
+            8,
+            64,
+            vec![Mask::None, Mask::Causal],
+        ),
     };
     let lengths = cli.lengths.clone().unwrap_or(lengths);
     let heads = cli.heads.unwrap_or(heads);
@@ -347,6 +382,40 @@ fn problems(cli: &Cli) -> std::result::Result<Vec<Problem>, String> {
         return Err(format!("--lengths: {l} is not a valid sequence length"));
     }
     let mut out = Vec::new();
+    // The gpu suite adds B4 H16 D128 unless the sizes are given.
+    let shapes = if suite == Suite::Gpu && cli.heads.is_none() && cli.head_dim.is_none() {
+        vec![(batch, heads, kv_heads, dk, dv), (4, 16, 16, 128, 128)]
+    } else {
+        vec![(batch, heads, kv_heads, dk, dv)]
+    };
+    for (batch, heads, kv_heads, dk, dv) in shapes {
+        push_problems(
+            &mut out,
+            cli,
+            &lengths,
+            masks.clone(),
+            batch,
+            heads,
+            kv_heads,
+            dk,
+            dv,
+        );
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn push_problems(
+    out: &mut Vec<Problem>,
+    cli: &Cli,
+    lengths: &[usize],
+    masks: Vec<Mask>,
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    dk: usize,
+    dv: usize,
+) {
     for (i, &q_len) in lengths.iter().enumerate() {
         let kv_len = cli.kv_lengths.as_ref().map_or(q_len, |kv| kv[i]);
         for &mask in &masks {
@@ -362,7 +431,6 @@ fn problems(cli: &Cli) -> std::result::Result<Vec<Problem>, String> {
             });
         }
     }
-    Ok(out)
 }
 
 fn reps(cli: &Cli) -> usize {
@@ -370,7 +438,7 @@ fn reps(cli: &Cli) -> usize {
     cli.reps.unwrap_or(match suite {
         Suite::Default => 5,
         Suite::Quick => 3,
-        Suite::Scaling => 2,
+        Suite::Scaling | Suite::Gpu => 2,
     })
 }
 
@@ -412,7 +480,7 @@ impl Progress {
     }
 }
 
-fn run(cli: &Cli, ctx: &Context, problems: &[Problem]) -> wgpu_attention::Result<bool> {
+fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Result<bool> {
     let timer = Timer::new(ctx, cli.wall_clock);
     let reps = reps(cli);
     let report = ctx.report();
@@ -434,6 +502,11 @@ fn run(cli: &Cli, ctx: &Context, problems: &[Problem]) -> wgpu_attention::Result
     });
     // The layer case runs at the shortest length of a preset suite, at every one when asked for.
     let shortest = problems.iter().map(|p| p.q_len).min().unwrap_or(0);
+    let families: Vec<KernelFamily> = match (&cli.kernels, suite) {
+        (Some(k), _) => k.iter().map(|k| k.family()).collect(),
+        (None, Suite::Gpu) => vec![KernelFamily::CpuDriver, KernelFamily::Gpu],
+        (None, _) => vec![ctx.kernel_family()],
+    };
     let layer_at = |p: &Problem| {
         (cli.passes.is_some() || p.q_len == shortest)
             && matches!(p.mask, Mask::None | Mask::Causal)
@@ -444,8 +517,18 @@ fn run(cli: &Cli, ctx: &Context, problems: &[Problem]) -> wgpu_attention::Result
     let total = problems
         .iter()
         .map(|p| {
-            paths.len() * passes.iter().filter(|&&x| x != Pass::Layer).count()
-                + usize::from(passes.contains(&Pass::Layer) && layer_at(p))
+            let runs: usize = paths
+                .iter()
+                .map(|&x| {
+                    if x == PathKind::Fused {
+                        families.len()
+                    } else {
+                        1
+                    }
+                })
+                .sum();
+            runs * passes.iter().filter(|&&x| x != Pass::Layer).count()
+                + families.len() * usize::from(passes.contains(&Pass::Layer) && layer_at(p))
         })
         .sum();
     let mut progress = Progress {
@@ -463,6 +546,7 @@ fn run(cli: &Cli, ctx: &Context, problems: &[Problem]) -> wgpu_attention::Result
             layer_at(problem),
             problem,
             &paths,
+            &families,
             &passes,
             &mut progress,
         )?);
@@ -489,6 +573,7 @@ fn run(cli: &Cli, ctx: &Context, problems: &[Problem]) -> wgpu_attention::Result
     if let Some(base) = &base {
         print_comparison(&results, base);
     }
+    ctx.set_kernel_family(None);
     let doc = report_json(ctx, &timer, peak, reps, &results);
     if let Some(path) = &cli.json {
         std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default())
@@ -532,13 +617,14 @@ struct Inputs {
 
 #[allow(clippy::too_many_arguments)]
 fn run_problem(
-    ctx: &Context,
+    ctx: &mut Context,
     timer: &Timer,
     reps: usize,
     validate_limit: u64,
     with_layer: bool,
     p: &Problem,
     paths: &[PathKind],
+    families: &[KernelFamily],
     passes: &[Pass],
     progress: &mut Progress,
 ) -> wgpu_attention::Result<Vec<CaseResult>> {
@@ -550,7 +636,9 @@ fn run_problem(
         random(n_kv * p.dv, 3),
         random(n_q * p.dv, 4),
     ];
+    let ctx_ref: &Context = ctx;
     let up = |data: &[f32], l: usize, h: usize, d: usize| {
+        let ctx = ctx_ref;
         GpuTensor::from_slice(ctx, data, &[p.batch, l, h, d]).and_then(|t| t.heads())
     };
     let inputs = Inputs {
@@ -560,7 +648,7 @@ fn run_problem(
         d_out: up(&host[3], p.q_len, p.heads, p.dv)?,
         seq_lens: p
             .kv_lens()
-            .map(|kv| SeqLens::new(ctx, None, Some(&kv)))
+            .map(|kv| SeqLens::new(ctx_ref, None, Some(&kv)))
             .transpose()?,
         host,
     };
@@ -598,13 +686,30 @@ fn run_problem(
     });
 
     let mut results = Vec::new();
-    for &path in paths {
+    let runs = paths.iter().flat_map(|&path| {
+        let families: Vec<Option<KernelFamily>> = match path {
+            PathKind::Fused => families.iter().copied().map(Some).collect(),
+            PathKind::Unfused => vec![None],
+        };
+        families.into_iter().map(move |f| (path, f))
+    });
+    for (path, family) in runs {
+        ctx.set_kernel_family(family);
+        let ctx: &Context = ctx;
+        let path_label = match family {
+            Some(f) => format!("{}-{}", path.name(), f.name()),
+            None => path.name().to_string(),
+        };
+        let kernel = match family {
+            Some(_) => attention_forward_plan(ctx, &shape)?.to_string(),
+            None => String::new(),
+        };
         for &pass in passes {
             let layer = pass == Pass::Layer;
             if layer && (path != PathKind::Fused || !with_layer) {
                 continue;
             }
-            let id = format!("{} {} {}", pass.name(), path.name(), p.label());
+            let id = format!("{} {} {}", pass.name(), path_label, p.label());
             progress.step(&id);
             let outcome = if layer {
                 run_layer_case(ctx, timer, reps, validate_limit, p)
@@ -634,6 +739,8 @@ fn run_problem(
                 id,
                 problem: p.clone(),
                 path,
+                path_label: path_label.clone(),
+                kernel: kernel.clone(),
                 pass,
                 outcome,
             });
@@ -875,14 +982,15 @@ fn run_case(
 
 fn print_table(results: &[CaseResult], peak: f64) {
     println!();
-    println!("| pass | path | mask | B | H/Hkv | Lq | Lk | Dk/Dv | median ms | min-max ms | GFLOP/s | % of FMA peak | peak MiB | validation |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| pass | path | kernel | mask | B | H/Hkv | Lq | Lk | Dk/Dv | median ms | min-max ms | GFLOP/s | % of FMA peak | peak MiB | validation |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in results {
         let p = &r.problem;
         let head = format!(
-            "| {} | {} | {} | {} | {}/{} | {} | {} | {}/{} |",
+            "| {} | {} | {} | {} | {} | {}/{} | {} | {} | {}/{} |",
             r.pass.name(),
-            r.path.name(),
+            r.path_label,
+            r.kernel,
             mask_name(p.mask),
             p.batch,
             p.heads,
@@ -922,31 +1030,32 @@ fn print_table(results: &[CaseResult], peak: f64) {
     for r in results.iter().filter(|r| r.path == PathKind::Fused) {
         let label = r.problem.label();
         let pass = r.pass.name();
-        let fused = find(format!("{pass} fused {label}"));
+        let path = &r.path_label;
+        let fused = find(format!("{pass} {path} {label}"));
         let unfused = find(format!("{pass} unfused {label}"));
         let ratio_bf = (r.pass == Pass::Backward)
             .then(|| {
                 Some(
-                    find(format!("backward fused {label}"))?
-                        / find(format!("forward fused {label}"))?,
+                    find(format!("backward {path} {label}"))?
+                        / find(format!("forward {path} {label}"))?,
                 )
             })
             .flatten();
         if let (Some(f), Some(u)) = (fused, unfused) {
             lines.push(format!(
-                "| {pass} | {label} | {:.2}x | {} |",
+                "| {pass} | {path} | {label} | {:.2}x | {} |",
                 u / f,
                 ratio_bf.map_or("".into(), |x| format!("{x:.2}"))
             ));
         } else if let Some(x) = ratio_bf {
-            lines.push(format!("| {pass} | {label} | | {x:.2} |"));
+            lines.push(format!("| {pass} | {path} | {label} | | {x:.2} |"));
         }
     }
     if !lines.is_empty() {
         println!(
-            "\n| pass | problem | fused speed-up over unfused | fused backward / fused forward |"
+            "\n| pass | path | problem | fused speed-up over unfused | fused backward / fused forward |"
         );
-        println!("|---|---|---|---|");
+        println!("|---|---|---|---|---|");
         for l in lines {
             println!("{l}");
         }
@@ -980,7 +1089,8 @@ fn report_json(
             let mut v = json!({
                 "id": c.id,
                 "pass": c.pass.name(),
-                "path": c.path.name(),
+                "path": c.path_label,
+                "kernel": c.kernel,
                 "mask": mask_name(p.mask),
                 "batch": p.batch, "heads": p.heads, "kv_heads": p.kv_heads,
                 "q_len": p.q_len, "kv_len": p.kv_len,
