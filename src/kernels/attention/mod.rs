@@ -12,20 +12,23 @@ use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
-const COMMON: &str = include_str!("../../shaders/attention_common.wgsl");
-const FORWARD: &str = include_str!("../../shaders/attention_forward.wgsl");
-const FORWARD_TILED: &str = include_str!("../../shaders/attention_forward_tiled.wgsl");
-const FORWARD_MERGE: &str = include_str!("../../shaders/attention_forward_merge.wgsl");
-const BACKWARD_PREPROCESS: &str = include_str!("../../shaders/attention_backward_preprocess.wgsl");
-const BACKWARD_DQ: &str = include_str!("../../shaders/attention_backward_dq.wgsl");
-const BACKWARD_DKDV: &str = include_str!("../../shaders/attention_backward_dkdv.wgsl");
-const SOFTMAX: &str = include_str!("../../shaders/attention_softmax.wgsl");
-const SOFTMAX_BACKWARD: &str = include_str!("../../shaders/attention_softmax_backward.wgsl");
+mod tiled;
+use tiled::{encode_forward_tiled, TiledForward};
+
+const COMMON: &str = include_str!("../../../shaders/attention_common.wgsl");
+const FORWARD: &str = include_str!("../../../shaders/attention_forward.wgsl");
+const BACKWARD_PREPROCESS: &str =
+    include_str!("../../../shaders/attention_backward_preprocess.wgsl");
+const BACKWARD_DQ: &str = include_str!("../../../shaders/attention_backward_dq.wgsl");
+const BACKWARD_DKDV: &str = include_str!("../../../shaders/attention_backward_dkdv.wgsl");
+const SOFTMAX: &str = include_str!("../../../shaders/attention_softmax.wgsl");
+const SOFTMAX_BACKWARD: &str = include_str!("../../../shaders/attention_softmax_backward.wgsl");
 
 /// Largest head dimension (Dk or Dv) the fused kernels hold in registers.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// Largest head dim of the fused backward on GPU (non-CPU) adapters. Its dK/dV kernel keeps four
+/// Largest head dim of the CPU-driver family's fused backward on GPU (non-CPU) adapters (the GPU family
+/// takes every head dim). Its dK/dV kernel keeps four
 /// keys' k, v, dK and dV rows per invocation (`16 * 2 * (Dk + Dv)` bytes): at 192 (12 KiB) the NVIDIA
 /// Vulkan driver runs it, at 256 (16 KiB) it loses the device (measured on an H100, driver 580).
 pub const MAX_FUSED_BACKWARD_HEAD_DIM_GPU: usize = 192;
@@ -37,8 +40,10 @@ const MAX_BLOCK_N: u32 = 64;
 pub fn shader_sources() -> Vec<(&'static str, String)> {
     [
         ("attention_forward", FORWARD),
-        ("attention_forward_tiled", FORWARD_TILED),
-        ("attention_forward_merge", FORWARD_MERGE),
+        ("attention_forward_tiled", tiled::FORWARD),
+        ("attention_forward_merge", tiled::FORWARD_MERGE),
+        ("attention_backward_dkdv_tiled", tiled::BACKWARD_DKDV),
+        ("attention_backward_dq_tiled", tiled::BACKWARD_DQ),
         ("attention_backward_preprocess", BACKWARD_PREPROCESS),
         ("attention_backward_dq", BACKWARD_DQ),
         ("attention_backward_dkdv", BACKWARD_DKDV),
@@ -666,252 +671,6 @@ pub fn attention_forward_into(
     Ok(())
 }
 
-/// Shape of the tiled forward (`attention_forward_tiled.wgsl`, the GPU family): `wg` invocations own
-/// `block_m` query rows and step over tiles of `block_n` keys.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct TiledForward {
-    wg: u32,
-    block_m: u32,
-    block_n: u32,
-}
-
-/// Workgroups a forward grid should have before split-KV stops paying: about four resident
-/// workgroups on each of an H100's 132 SMs. Smaller GPUs are oversubscribed a little, which costs
-/// only the merge.
-const SPLIT_TARGET_WORKGROUPS: usize = 528;
-/// Fewest key tiles a split covers, so the partial results and their merge stay a small fraction.
-const SPLIT_MIN_TILES: usize = 4;
-
-impl TiledForward {
-    /// The first candidate (largest first) that fits the adapter's workgroup storage and width. The
-    /// query block shrinks as the head dim grows so that Q and a K/V tile fit the 48 KiB NVIDIA offers
-    /// (32 KiB on lavapipe) and the O micro-tile stays within 64 registers.
-    fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
-        let widest = s.head_dim_qk.max(s.head_dim_v);
-        let candidates: &[(u32, u32, u32)] = if widest <= 64 {
-            &[(128, 64, 32), (128, 64, 16), (64, 32, 16), (32, 16, 8)]
-        } else if widest <= 128 {
-            &[(128, 32, 32), (128, 32, 16), (64, 16, 16), (32, 16, 8)]
-        } else {
-            &[(64, 16, 16), (32, 16, 8), (16, 16, 4)]
-        };
-        let limits = ctx.limits();
-        candidates
-            .iter()
-            .map(|&(wg, block_m, block_n)| Self {
-                wg,
-                block_m,
-                block_n,
-            })
-            .find(|c| {
-                c.workgroup_bytes(s) <= limits.max_compute_workgroup_storage_size
-                    && c.wg <= limits.max_compute_invocations_per_workgroup
-            })
-            .ok_or(Error::Unsupported {
-                arg: "head_dim (GPU-family forward, workgroup storage)",
-                value: widest as u64,
-                limit: 64,
-                hint: " for this adapter's workgroup storage; use the CPU-driver kernels (Context::set_kernel_family)",
-            })
-    }
-
-    /// Invocations sharing a row group of four query rows, keys of S and vec4 columns of O each owns.
-    fn per_invocation(&self, s: &AttentionShape) -> (u32, u32, u32) {
-        let tc = self.wg / (self.block_m / 4);
-        let dv4 = s.head_dim_v.div_ceil(4) as u32;
-        (tc, self.block_n / tc, dv4.div_ceil(tc))
-    }
-
-    /// Workgroup memory: Q, one K/V staging tile, P and the row reductions (the shader's arrays).
-    fn workgroup_bytes(&self, s: &AttentionShape) -> u32 {
-        let q_stride = s.head_dim_qk.div_ceil(4) as u32 | 1;
-        let kv_stride = q_stride.max(s.head_dim_v.div_ceil(4) as u32);
-        let vec4s = self.block_m * q_stride
-            + self.block_n * kv_stride
-            + self.block_n * self.block_m / 4
-            + self.wg;
-        16 * vec4s
-    }
-
-    /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
-    /// nothing were unrolled (for the loop budget of llvmpipe).
-    fn loop_cost(&self, s: &AttentionShape) -> (usize, usize) {
-        let (tc, sk, oc) = self.per_invocation(s);
-        let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
-        let (wg, bm, bn) = (
-            self.wg as usize,
-            self.block_m as usize,
-            self.block_n as usize,
-        );
-        let (tc, sk, oc) = (tc as usize, sk as usize, oc as usize);
-        let staging = (bn * 4 * (dk4 + dv4)).div_ceil(wg) + 2;
-        let per_tile = staging + dk4 * (sk + 1) + tc + 2 * sk + oc + bn * (oc + 1) + 8;
-        let fixed = (bm * 4 * dk4).div_ceil(wg) + tc + 4 * oc * 5 + 32;
-        (per_tile, fixed)
-    }
-
-    /// Split-KV workgroups per query block: enough to fill a GPU, and as many as the loop budget
-    /// needs on llvmpipe.
-    fn splits(&self, ctx: &Context, s: &AttentionShape) -> usize {
-        let groups = s.q_seq.div_ceil(self.block_m as usize) * s.batch * s.heads;
-        let kv_tiles = s.kv_seq.div_ceil(self.block_n as usize);
-        let mut splits = 1;
-        if !ctx.is_cpu() && groups < SPLIT_TARGET_WORKGROUPS {
-            splits = SPLIT_TARGET_WORKGROUPS
-                .div_ceil(groups)
-                .min(kv_tiles / SPLIT_MIN_TILES)
-                .max(1);
-        }
-        if let Some(budget) = ctx.loop_budget() {
-            let (per_tile, fixed) = self.loop_cost(s);
-            let max_tiles = ((budget as usize).saturating_sub(fixed) / per_tile).max(1);
-            splits = splits.max(kv_tiles.div_ceil(max_tiles));
-        }
-        splits
-    }
-}
-
-/// `body` with the common header and the per-invocation array sizes of the tiled forward set to
-/// the pipeline's exact values (private arrays cannot be sized by override constants).
-fn tiled_forward_source(sk: u32, oc: u32) -> String {
-    let sized = FORWARD_TILED
-        .replace(
-            "const MAX_SK: u32 = 4u;",
-            &format!("const MAX_SK: u32 = {sk}u;"),
-        )
-        .replace(
-            "const MAX_OC: u32 = 16u;",
-            &format!("const MAX_OC: u32 = {oc}u;"),
-        );
-    with_common(&sized)
-}
-
-/// Records the GPU-family forward: the tiled kernel, and the split-KV merge when the key range is
-/// split. Split partial results live in the context's scratch buffer.
-#[allow(clippy::too_many_arguments)]
-fn encode_forward_tiled(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    s: &AttentionShape,
-    scale: f32,
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    out: &HeadsView,
-    lse: &GpuTensor,
-    opts: &AttentionOptions<'_>,
-) -> Result<()> {
-    let config = TiledForward::choose(ctx, s)?;
-    let (_, sk, oc) = config.per_invocation(s);
-    let splits = config.splits(ctx, s);
-    let lens = seq_lens_buffer(ctx, opts);
-    let mut params = base_params(s, scale, opts);
-    params.splits = splits as u32;
-    let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
-    let k_binding = bind_view(ctx, "k", k, VIEW_K, &mut params)?;
-    let v_binding = bind_view(ctx, "v", v, VIEW_V, &mut params)?;
-    let blocks = s.q_seq.div_ceil(config.block_m as usize);
-    let grid = set_grid(&mut params, blocks, splits * s.batch * s.heads)?;
-    let constants = [
-        ("WG", config.wg),
-        ("BM", config.block_m),
-        ("BN", config.block_n),
-        ("DK", s.head_dim_qk as u32),
-        ("DV", s.head_dim_v as u32),
-    ];
-    let source = || tiled_forward_source(sk, oc);
-    let mut pass = ctx.begin_pass(encoder, "attention_forward");
-    if splits == 1 {
-        let bindings = [
-            q_binding,
-            k_binding,
-            v_binding,
-            bind_view(ctx, "out", out, VIEW_O, &mut params)?,
-            bind_tensor(ctx, "lse", lse)?,
-        ];
-        encode_kernel(
-            ctx,
-            &mut pass,
-            "attention_forward_tiled",
-            source,
-            &constants,
-            &params,
-            Some(lens),
-            &bindings,
-            grid,
-        );
-        return Ok(());
-    }
-
-    // Partial O [splits * B, Lq, H, Dv] and lse [splits * B, H, Lq] in the scratch buffer.
-    let rows = (splits * s.batch * s.heads * s.q_seq) as u64;
-    let o_bytes = rows * s.head_dim_v as u64 * 4;
-    let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
-    let lse_offset = o_bytes.div_ceil(align) * align;
-    check_binding(ctx, "split-KV partial outputs", o_bytes)?;
-    let scratch = ctx.scratch_buffer(lse_offset + rows * 4);
-    let partial_o = Binding {
-        buffer: &scratch,
-        offset_bytes: 0,
-        size_bytes: o_bytes,
-    };
-    let partial_lse = Binding {
-        buffer: &scratch,
-        offset_bytes: lse_offset,
-        size_bytes: rows * 4,
-    };
-    let row_stride = (s.heads * s.head_dim_v) as u32;
-    params.views[VIEW_O] = ViewParams {
-        offset: 0,
-        stride_b: s.q_seq as u32 * row_stride,
-        stride_s: row_stride,
-        stride_h: s.head_dim_v as u32,
-    };
-    let bindings = [q_binding, k_binding, v_binding, partial_o, partial_lse];
-    encode_kernel(
-        ctx,
-        &mut pass,
-        "attention_forward_tiled",
-        source,
-        &constants,
-        &params,
-        Some(lens),
-        &bindings,
-        grid,
-    );
-
-    let mut merge = base_params(s, scale, opts);
-    merge.splits = splits as u32;
-    let elements = s.batch * s.q_seq * s.heads * s.head_dim_v;
-    let grid = set_grid(&mut merge, elements.div_ceil(SIMPLE_WG as usize), 1)?;
-    let bindings = [
-        Binding {
-            buffer: &scratch,
-            offset_bytes: 0,
-            size_bytes: o_bytes,
-        },
-        Binding {
-            buffer: &scratch,
-            offset_bytes: lse_offset,
-            size_bytes: rows * 4,
-        },
-        bind_view(ctx, "out", out, VIEW_O, &mut merge)?,
-        bind_tensor(ctx, "lse", lse)?,
-    ];
-    encode_kernel(
-        ctx,
-        &mut pass,
-        "attention_forward_merge",
-        || with_common(FORWARD_MERGE),
-        &[("WG", SIMPLE_WG)],
-        &merge,
-        None,
-        &bindings,
-        grid,
-    );
-    Ok(())
-}
-
 /// How the fused forward runs a problem on a context: what [`attention_forward_into`] records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ForwardPlan {
@@ -1056,12 +815,16 @@ pub fn attention_backward_into(
     check_view("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
     check_view("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
     let widest = s.head_dim_qk.max(s.head_dim_v);
-    if !ctx.is_cpu() && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU {
+    let family = ctx.kernel_family();
+    if family == KernelFamily::CpuDriver
+        && !ctx.is_cpu()
+        && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU
+    {
         return Err(Error::Unsupported {
             arg: "head_dim (fused backward on a GPU adapter)",
             value: widest as u64,
             limit: MAX_FUSED_BACKWARD_HEAD_DIM_GPU as u64,
-            hint: "; use attention_backward_unfused, or split the head dimension",
+            hint: "; use the GPU kernel family (Context::set_kernel_family), attention_backward_unfused, or split the head dimension",
         });
     }
     let inputs = [
@@ -1091,6 +854,16 @@ pub fn attention_backward_into(
         ));
     }
 
+    // The dK/dV loop runs over (query head of the group, query row), flattened.
+    let group_rows = (s.heads / s.kv_heads)
+        .checked_mul(s.q_seq)
+        .filter(|&n| n <= u32::MAX as usize)
+        .ok_or(Error::Unsupported {
+            arg: "q seq * (heads / kv_heads)",
+            value: ((s.heads / s.kv_heads) as u64).saturating_mul(s.q_seq as u64),
+            limit: u32::MAX as u64,
+            hint: "; split the sequence",
+        })?;
     let lens = seq_lens_buffer(ctx, opts);
     let wg = workgroup_size(ctx, true);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
@@ -1120,6 +893,19 @@ pub fn attention_backward_into(
             grid,
         );
     }
+    if ctx.kernel_family() == KernelFamily::Gpu {
+        return tiled::encode_backward_tiled(
+            ctx,
+            encoder,
+            &s,
+            scale,
+            [q, k, v, d_out],
+            workspace,
+            [dq, dk, dv],
+            opts,
+            group_rows,
+        );
+    }
     // 2. dK, dV: one workgroup per key block of one (batch, kv head).
     {
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
@@ -1137,15 +923,6 @@ pub fn attention_backward_into(
         let block_m = (tile_rows(ctx, &s, 8, 64) & !1).max(2);
         let blocks = s.kv_seq.div_ceil((wg * ROWS) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
-        let group_rows = (s.heads / s.kv_heads)
-            .checked_mul(s.q_seq)
-            .filter(|&n| n <= u32::MAX as usize)
-            .ok_or(Error::Unsupported {
-                arg: "q seq * (heads / kv_heads)",
-                value: ((s.heads / s.kv_heads) as u64).saturating_mul(s.q_seq as u64),
-                limit: u32::MAX as u64,
-                hint: "; split the sequence",
-            })?;
         // Per query row: three loops over the head dimension plus the row loop itself.
         let chunks = loop_chunks(
             ctx,

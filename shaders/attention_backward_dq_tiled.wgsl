@@ -1,0 +1,212 @@
+// Attention backward, dQ, for GPUs (the tiled family; SPEC.md): dQ_i = scale * sum_j dS_ij k_j with
+// dS_ij = p_ij (dO_i . v_j - D_i) and p_ij = exp(s_ij - lse_i) recomputed from the saved lse.
+// Parallel over query blocks like the forward, so no float atomics and bitwise reproducible.
+//
+// A workgroup owns BM query rows of one (batch, head): Q (pre-scaled), dO and (lse, D) are staged
+// once; it steps over tiles of BN keys (K and V staged). Invocation (tr, tc) owns four query rows
+// (vec4 lanes) by SK keys of S and dP (keys tc + TC * c) and the same four rows by OC vec4 columns
+// of dQ (columns tc + TC * c); dS passes through workgroup memory between the two products.
+// The key loop runs over [chunk_begin, chunk_end); later chunks add to dQ.
+
+override WG: u32 = 128u;
+override BM: u32 = 32u;
+override BN: u32 = 32u;
+override DK: u32 = 64u;
+override DV: u32 = 64u;
+override DK4: u32 = (DK + 3u) / 4u;
+override DV4: u32 = (DV + 3u) / 4u;
+override TR: u32 = BM / 4u;
+override TC: u32 = WG / TR;
+override SK: u32 = BN / TC;
+override OC: u32 = (DK4 + TC - 1u) / TC;
+// Odd row strides (vec4s): invocations reading different rows of one column hit different banks.
+override KS: u32 = DK4 | 1u;
+override VS: u32 = DV4 | 1u;
+override Q_TILE: u32 = BM * KS;
+override DO_TILE: u32 = BM * VS;
+override K_TILE: u32 = BN * KS;
+override V_TILE: u32 = BN * VS;
+override DS_TILE: u32 = BN * TR;
+
+// Sizes of the per-invocation arrays; the host writes the pipeline's exact values here.
+const MAX_SK: u32 = 4u;
+const MAX_OC: u32 = 16u;
+
+@group(0) @binding(2) var<storage, read> q_buf: array<f32>;
+@group(0) @binding(3) var<storage, read> k_buf: array<f32>;
+@group(0) @binding(4) var<storage, read> v_buf: array<f32>;
+@group(0) @binding(5) var<storage, read> do_buf: array<f32>;
+@group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
+@group(0) @binding(7) var<storage, read_write> dq_buf: array<f32>;
+
+var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
+var<workgroup> do_tile: array<vec4<f32>, DO_TILE>;
+var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
+var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
+// dS of the tile: [key * TR + tr] = the four rows of row group tr.
+var<workgroup> ds_tile: array<vec4<f32>, DS_TILE>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let group = linear_group(wg);
+    if group >= params.total_groups {
+        return;
+    }
+    // Longest rows first under the causal mask: the last query block is the heaviest.
+    let q_block = params.blocks - 1u - group % params.blocks;
+    let bh = group / params.blocks;
+    let b = bh / params.heads;
+    let h = bh % params.heads;
+    let h_kv = h / (params.heads / params.kv_heads);
+    let qlen = q_len(b);
+    let kvlen = kv_len(b);
+    let row0 = q_block * BM;
+    let tr = lid / TC;
+    let tc = lid % TC;
+    let rows = vec4<u32>(row0 + tr * 4u) + vec4<u32>(0u, 1u, 2u, 3u);
+
+    // Keys [0, row_end) are visible to each row; 0 for padded rows. Rows that see no key have
+    // lse = -inf: keep 0 there, every one of their pairs is masked.
+    var row_end = vec4<u32>(0u);
+    var lse = vec4<f32>(0.0);
+    var delta = vec4<f32>(0.0);
+    for (var r = 0u; r < 4u; r++) {
+        if rows[r] < qlen {
+            row_end[r] = key_end(rows[r], kvlen);
+            if row_end[r] > 0u {
+                let st = stats[(b * params.heads + h) * params.q_seq + rows[r]];
+                lse[r] = st.x;
+                delta[r] = st.y;
+            }
+        }
+    }
+    for (var t = lid; t < BM * DK4 * 4u; t += WG) {
+        let ii = t / (DK4 * 4u);
+        let d = t % (DK4 * 4u);
+        let i = row0 + ii;
+        var x = 0.0;
+        if i < qlen && d < DK {
+            x = q_buf[view_index(VIEW_Q, b, i, h) + d] * params.scale;
+        }
+        q_tile[ii * KS + d / 4u][d % 4u] = x;
+    }
+    for (var t = lid; t < BM * DV4 * 4u; t += WG) {
+        let ii = t / (DV4 * 4u);
+        let d = t % (DV4 * 4u);
+        let i = row0 + ii;
+        var x = 0.0;
+        if i < qlen && d < DV {
+            x = do_buf[view_index(VIEW_DO, b, i, h) + d];
+        }
+        do_tile[ii * VS + d / 4u][d % 4u] = x;
+    }
+
+    var dq: array<vec4<f32>, 4u * MAX_OC>;
+    for (var c = 0u; c < 4u * OC; c++) {
+        dq[c] = vec4<f32>(0.0);
+    }
+
+    // Keys visible to any row of the block: those of its last valid row (masks are monotone in i).
+    let rows_hi = min(row0 + BM, qlen);
+    var kv_hi = 0u;
+    if rows_hi > row0 {
+        kv_hi = key_end(rows_hi - 1u, kvlen);
+    }
+    let n_end = min(kv_hi, params.chunk_end);
+    for (var n0 = params.chunk_begin; n0 < n_end; n0 += BN) {
+        workgroupBarrier();
+        for (var t = lid; t < BN * DK4 * 4u; t += WG) {
+            let jj = t / (DK4 * 4u);
+            let d = t % (DK4 * 4u);
+            let j = n0 + jj;
+            var x = 0.0;
+            if j < n_end && d < DK {
+                x = k_buf[view_index(VIEW_K, b, j, h_kv) + d];
+            }
+            k_tile[jj * KS + d / 4u][d % 4u] = x;
+        }
+        for (var t = lid; t < BN * DV4 * 4u; t += WG) {
+            let jj = t / (DV4 * 4u);
+            let d = t % (DV4 * 4u);
+            let j = n0 + jj;
+            var x = 0.0;
+            if j < n_end && d < DV {
+                x = v_buf[view_index(VIEW_V, b, j, h_kv) + d];
+            }
+            v_tile[jj * VS + d / 4u][d % 4u] = x;
+        }
+        workgroupBarrier();
+
+        var s: array<vec4<f32>, MAX_SK>;
+        var dp: array<vec4<f32>, MAX_SK>;
+        for (var c = 0u; c < SK; c++) {
+            s[c] = vec4<f32>(0.0);
+            dp[c] = vec4<f32>(0.0);
+        }
+        let q_row = tr * 4u * KS;
+        for (var d4 = 0u; d4 < DK4; d4++) {
+            let q0 = q_tile[q_row + d4];
+            let q1 = q_tile[q_row + KS + d4];
+            let q2 = q_tile[q_row + 2u * KS + d4];
+            let q3 = q_tile[q_row + 3u * KS + d4];
+            for (var c = 0u; c < SK; c++) {
+                let kx = k_tile[(tc + TC * c) * KS + d4];
+                s[c] += vec4<f32>(dot(q0, kx), dot(q1, kx), dot(q2, kx), dot(q3, kx));
+            }
+        }
+        let o_row = tr * 4u * VS;
+        for (var d4 = 0u; d4 < DV4; d4++) {
+            let o0 = do_tile[o_row + d4];
+            let o1 = do_tile[o_row + VS + d4];
+            let o2 = do_tile[o_row + 2u * VS + d4];
+            let o3 = do_tile[o_row + 3u * VS + d4];
+            for (var c = 0u; c < SK; c++) {
+                let vx = v_tile[(tc + TC * c) * VS + d4];
+                dp[c] += vec4<f32>(dot(o0, vx), dot(o1, vx), dot(o2, vx), dot(o3, vx));
+            }
+        }
+        for (var c = 0u; c < SK; c++) {
+            let j = n0 + tc + TC * c;
+            let p = select(vec4<f32>(0.0), exp(s[c] - lse), vec4<u32>(j) < row_end);
+            ds_tile[(tc + TC * c) * TR + tr] = p * (dp[c] - delta);
+        }
+        workgroupBarrier();
+
+        for (var jj = 0u; jj < BN; jj++) {
+            let ds = ds_tile[jj * TR + tr];
+            for (var c = 0u; c < OC; c++) {
+                let d4 = tc + TC * c;
+                if TC * OC == DK4 || d4 < DK4 {
+                    let kx = k_tile[jj * KS + d4];
+                    dq[c] += ds.x * kx;
+                    dq[MAX_OC + c] += ds.y * kx;
+                    dq[2u * MAX_OC + c] += ds.z * kx;
+                    dq[3u * MAX_OC + c] += ds.w * kx;
+                }
+            }
+        }
+    }
+
+    let accumulate = params.accumulate != 0u;
+    for (var r = 0u; r < 4u; r++) {
+        let i = rows[r];
+        if i >= params.q_seq {
+            continue;
+        }
+        let base = view_index(VIEW_DQ, b, i, h);
+        for (var c = 0u; c < OC; c++) {
+            let d4 = tc + TC * c;
+            let g = dq[r * MAX_OC + c] * params.scale;
+            for (var e = 0u; e < 4u; e++) {
+                let d = d4 * 4u + e;
+                if d < DK {
+                    var x = g[e];
+                    if accumulate {
+                        x += dq_buf[base + d];
+                    }
+                    dq_buf[base + d] = x;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! The GPU kernel family of the fused attention (`shaders/attention_*_tiled.wgsl`): query and key
+//! blocks of 8-64 rows, Q/K/V tiles staged in workgroup memory, register micro-tiles of four rows by a
+//! few keys or head-dim columns, and split-KV in the forward. Same API and semantics as the
+//! CPU-driver kernels in the parent module; [`Context::kernel_family`] chooses.
+
+use super::*;
+
+pub(super) const FORWARD: &str = include_str!("../../../shaders/attention_forward_tiled.wgsl");
+pub(super) const FORWARD_MERGE: &str =
+    include_str!("../../../shaders/attention_forward_merge.wgsl");
+pub(super) const BACKWARD_DKDV: &str =
+    include_str!("../../../shaders/attention_backward_dkdv_tiled.wgsl");
+pub(super) const BACKWARD_DQ: &str =
+    include_str!("../../../shaders/attention_backward_dq_tiled.wgsl");
+
+/// Shape of the tiled forward (`attention_forward_tiled.wgsl`, the GPU family): `wg` invocations own
+/// `block_m` query rows and step over tiles of `block_n` keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct TiledForward {
+    pub wg: u32,
+    pub block_m: u32,
+    pub block_n: u32,
+}
+
+/// Workgroups a forward grid should have before split-KV stops paying: about four resident
+/// workgroups on each of an H100's 132 SMs. Smaller GPUs are oversubscribed a little, which costs
+/// only the merge.
+const SPLIT_TARGET_WORKGROUPS: usize = 528;
+/// Fewest key tiles a split covers, so the partial results and their merge stay a small fraction.
+const SPLIT_MIN_TILES: usize = 4;
+
+impl TiledForward {
+    /// The first candidate (largest first) that fits the adapter's workgroup storage and width. The
+    /// query block shrinks as the head dim grows so that Q and a K/V tile fit the 48 KiB NVIDIA offers
+    /// (32 KiB on lavapipe) and the O micro-tile stays within 64 registers.
+    pub fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+        let widest = s.head_dim_qk.max(s.head_dim_v);
+        let candidates: &[(u32, u32, u32)] = if widest <= 64 {
+            &[(128, 64, 32), (128, 64, 16), (64, 32, 16), (32, 16, 8)]
+        } else if widest <= 128 {
+            &[(128, 32, 32), (128, 32, 16), (64, 16, 16), (32, 16, 8)]
+        } else {
+            &[(64, 16, 16), (32, 16, 8), (16, 16, 4)]
+        };
+        let limits = ctx.limits();
+        candidates
+            .iter()
+            .map(|&(wg, block_m, block_n)| Self {
+                wg,
+                block_m,
+                block_n,
+            })
+            .find(|c| {
+                c.workgroup_bytes(s) <= limits.max_compute_workgroup_storage_size
+                    && c.wg <= limits.max_compute_invocations_per_workgroup
+            })
+            .ok_or(Error::Unsupported {
+                arg: "head_dim (GPU-family forward, workgroup storage)",
+                value: widest as u64,
+                limit: 64,
+                hint: " for this adapter's workgroup storage; use the CPU-driver kernels (Context::set_kernel_family)",
+            })
+    }
+
+    /// Invocations sharing a row group of four query rows, keys of S and vec4 columns of O each owns.
+    fn per_invocation(&self, s: &AttentionShape) -> (u32, u32, u32) {
+        let tc = self.wg / (self.block_m / 4);
+        let dv4 = s.head_dim_v.div_ceil(4) as u32;
+        (tc, self.block_n / tc, dv4.div_ceil(tc))
+    }
+
+    /// Workgroup memory: Q, one K/V staging tile, P and the row reductions (the shader's arrays).
+    fn workgroup_bytes(&self, s: &AttentionShape) -> u32 {
+        let q_stride = s.head_dim_qk.div_ceil(4) as u32 | 1;
+        let kv_stride = q_stride.max(s.head_dim_v.div_ceil(4) as u32);
+        let vec4s = self.block_m * q_stride
+            + self.block_n * kv_stride
+            + self.block_n * self.block_m / 4
+            + self.wg;
+        16 * vec4s
+    }
+
+    /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
+    /// nothing were unrolled (for the loop budget of llvmpipe).
+    fn loop_cost(&self, s: &AttentionShape) -> (usize, usize) {
+        let (tc, sk, oc) = self.per_invocation(s);
+        let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+        let (wg, bm, bn) = (
+            self.wg as usize,
+            self.block_m as usize,
+            self.block_n as usize,
+        );
+        let (tc, sk, oc) = (tc as usize, sk as usize, oc as usize);
+        let staging = (bn * 4 * (dk4 + dv4)).div_ceil(wg) + 2;
+        let per_tile = staging + dk4 * (sk + 1) + tc + 2 * sk + oc + bn * (oc + 1) + 8;
+        let fixed = (bm * 4 * dk4).div_ceil(wg) + tc + 4 * oc * 5 + 32;
+        (per_tile, fixed)
+    }
+
+    /// Split-KV workgroups per query block: enough to fill a GPU, and as many as the loop budget
+    /// needs on llvmpipe.
+    pub fn splits(&self, ctx: &Context, s: &AttentionShape) -> usize {
+        let groups = s.q_seq.div_ceil(self.block_m as usize) * s.batch * s.heads;
+        let kv_tiles = s.kv_seq.div_ceil(self.block_n as usize);
+        let mut splits = 1;
+        if !ctx.is_cpu() && groups < SPLIT_TARGET_WORKGROUPS {
+            splits = SPLIT_TARGET_WORKGROUPS
+                .div_ceil(groups)
+                .min(kv_tiles / SPLIT_MIN_TILES)
+                .max(1);
+        }
+        if let Some(budget) = ctx.loop_budget() {
+            let (per_tile, fixed) = self.loop_cost(s);
+            let max_tiles = ((budget as usize).saturating_sub(fixed) / per_tile).max(1);
+            splits = splits.max(kv_tiles.div_ceil(max_tiles));
+        }
+        splits
+    }
+}
+
+/// `body` with the common header and the per-invocation array sizes of the tiled forward set to
+/// the pipeline's exact values (private arrays cannot be sized by override constants).
+fn tiled_forward_source(sk: u32, oc: u32) -> String {
+    let sized = FORWARD
+        .replace(
+            "const MAX_SK: u32 = 4u;",
+            &format!("const MAX_SK: u32 = {sk}u;"),
+        )
+        .replace(
+            "const MAX_OC: u32 = 16u;",
+            &format!("const MAX_OC: u32 = {oc}u;"),
+        );
+    with_common(&sized)
+}
+
+/// Records the GPU-family forward: the tiled kernel, and the split-KV merge when the key range is
+/// split. Split partial results live in the context's scratch buffer.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_forward_tiled(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    s: &AttentionShape,
+    scale: f32,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let config = TiledForward::choose(ctx, s)?;
+    let (_, sk, oc) = config.per_invocation(s);
+    let splits = config.splits(ctx, s);
+    let lens = seq_lens_buffer(ctx, opts);
+    let mut params = base_params(s, scale, opts);
+    params.splits = splits as u32;
+    let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
+    let k_binding = bind_view(ctx, "k", k, VIEW_K, &mut params)?;
+    let v_binding = bind_view(ctx, "v", v, VIEW_V, &mut params)?;
+    let blocks = s.q_seq.div_ceil(config.block_m as usize);
+    let grid = set_grid(&mut params, blocks, splits * s.batch * s.heads)?;
+    let constants = [
+        ("WG", config.wg),
+        ("BM", config.block_m),
+        ("BN", config.block_n),
+        ("DK", s.head_dim_qk as u32),
+        ("DV", s.head_dim_v as u32),
+    ];
+    let source = || tiled_forward_source(sk, oc);
+    let mut pass = ctx.begin_pass(encoder, "attention_forward");
+    if splits == 1 {
+        let bindings = [
+            q_binding,
+            k_binding,
+            v_binding,
+            bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+            bind_tensor(ctx, "lse", lse)?,
+        ];
+        encode_kernel(
+            ctx,
+            &mut pass,
+            "attention_forward_tiled",
+            source,
+            &constants,
+            &params,
+            Some(lens),
+            &bindings,
+            grid,
+        );
+        return Ok(());
+    }
+
+    // Partial O [splits * B, Lq, H, Dv] and lse [splits * B, H, Lq] in the scratch buffer.
+    let rows = (splits * s.batch * s.heads * s.q_seq) as u64;
+    let o_bytes = rows * s.head_dim_v as u64 * 4;
+    let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
+    let lse_offset = o_bytes.div_ceil(align) * align;
+    check_binding(ctx, "split-KV partial outputs", o_bytes)?;
+    let scratch = ctx.scratch_buffer(lse_offset + rows * 4);
+    let partial_o = Binding {
+        buffer: &scratch,
+        offset_bytes: 0,
+        size_bytes: o_bytes,
+    };
+    let partial_lse = Binding {
+        buffer: &scratch,
+        offset_bytes: lse_offset,
+        size_bytes: rows * 4,
+    };
+    let row_stride = (s.heads * s.head_dim_v) as u32;
+    params.views[VIEW_O] = ViewParams {
+        offset: 0,
+        stride_b: s.q_seq as u32 * row_stride,
+        stride_s: row_stride,
+        stride_h: s.head_dim_v as u32,
+    };
+    let bindings = [q_binding, k_binding, v_binding, partial_o, partial_lse];
+    encode_kernel(
+        ctx,
+        &mut pass,
+        "attention_forward_tiled",
+        source,
+        &constants,
+        &params,
+        Some(lens),
+        &bindings,
+        grid,
+    );
+
+    let mut merge = base_params(s, scale, opts);
+    merge.splits = splits as u32;
+    let elements = s.batch * s.q_seq * s.heads * s.head_dim_v;
+    let grid = set_grid(&mut merge, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+    let bindings = [
+        Binding {
+            buffer: &scratch,
+            offset_bytes: 0,
+            size_bytes: o_bytes,
+        },
+        Binding {
+            buffer: &scratch,
+            offset_bytes: lse_offset,
+            size_bytes: rows * 4,
+        },
+        bind_view(ctx, "out", out, VIEW_O, &mut merge)?,
+        bind_tensor(ctx, "lse", lse)?,
+    ];
+    encode_kernel(
+        ctx,
+        &mut pass,
+        "attention_forward_merge",
+        || with_common(FORWARD_MERGE),
+        &[("WG", SIMPLE_WG)],
+        &merge,
+        None,
+        &bindings,
+        grid,
+    );
+    Ok(())
+}
+
+/// The first `(wg, a, b)` candidate whose workgroup memory (`bytes`) and width fit the adapter.
+fn first_fitting(
+    ctx: &Context,
+    what: &'static str,
+    widest: usize,
+    candidates: &[(u32, u32, u32)],
+    bytes: impl Fn(u32, u32, u32) -> u32,
+) -> Result<(u32, u32, u32)> {
+    let limits = ctx.limits();
+    candidates
+        .iter()
+        .copied()
+        .find(|&(wg, a, b)| {
+            bytes(wg, a, b) <= limits.max_compute_workgroup_storage_size
+                && wg <= limits.max_compute_invocations_per_workgroup
+        })
+        .ok_or(Error::Unsupported {
+            arg: what,
+            value: widest as u64,
+            limit: 64,
+            hint: " for this adapter's workgroup storage; use the CPU-driver kernels (Context::set_kernel_family)",
+        })
+}
+
+/// Vec4 row strides of staged Q/K and dO/V tiles: odd, for conflict-free column reads.
+fn strides(s: &AttentionShape) -> (u32, u32) {
+    (
+        s.head_dim_qk.div_ceil(4) as u32 | 1,
+        s.head_dim_v.div_ceil(4) as u32 | 1,
+    )
+}
+
+/// Shape of the tiled dK/dV kernel: `wg` invocations own `block_n` keys and step over tiles of
+/// `block_m` query rows.
+#[derive(Clone, Copy, Debug)]
+struct TiledDkDv {
+    wg: u32,
+    block_n: u32,
+    block_m: u32,
+}
+
+impl TiledDkDv {
+    fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+        let widest = s.head_dim_qk.max(s.head_dim_v);
+        let candidates: &[(u32, u32, u32)] = if widest <= 64 {
+            &[(128, 32, 32), (64, 16, 32)]
+        } else if widest <= 128 {
+            &[(64, 16, 16), (32, 16, 8)]
+        } else {
+            &[(16, 8, 8), (8, 4, 8)]
+        };
+        let (ks, vs) = strides(s);
+        let (wg, block_n, block_m) = first_fitting(
+            ctx,
+            "head_dim (GPU-family dK/dV, workgroup storage)",
+            widest,
+            candidates,
+            |_, bn, bm| 16 * (bn * (ks + vs) + bm * (ks + vs) + 2 * bm * bn / 4) + 8 * bm,
+        )?;
+        Ok(Self {
+            wg,
+            block_n,
+            block_m,
+        })
+    }
+
+    /// Query rows of S^T and vec4 columns of dK and dV per invocation.
+    fn per_invocation(&self, s: &AttentionShape) -> (u32, u32, u32) {
+        let tq = self.wg / (self.block_n / 4);
+        (
+            self.block_m / tq,
+            (s.head_dim_qk.div_ceil(4) as u32).div_ceil(tq),
+            (s.head_dim_v.div_ceil(4) as u32).div_ceil(tq),
+        )
+    }
+
+    /// Loop iterations per query row and outside the row loop (for the loop budget).
+    fn loop_cost(&self, s: &AttentionShape) -> (usize, usize) {
+        let (sq, ock, ocv) = self.per_invocation(s);
+        let (sq, ock, ocv) = (sq as usize, ock as usize, ocv as usize);
+        let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+        let (wg, bm, bn) = (
+            self.wg as usize,
+            self.block_m as usize,
+            self.block_n as usize,
+        );
+        let per_tile = (bm * 4 * (dk4 + dv4) + bm).div_ceil(wg)
+            + 3
+            + (dk4 + dv4) * (sq + 1)
+            + 2 * sq
+            + bm * (ock + ocv + 1)
+            + 8;
+        let fixed = (bn * 4 * (dk4 + dv4)).div_ceil(wg) + 5 * 4 * (ock + ocv) + 64;
+        (per_tile.div_ceil(bm) + 1, fixed)
+    }
+}
+
+/// Shape of the tiled dQ kernel: `wg` invocations own `block_m` query rows and step over tiles of
+/// `block_n` keys.
+#[derive(Clone, Copy, Debug)]
+struct TiledDq {
+    wg: u32,
+    block_m: u32,
+    block_n: u32,
+}
+
+impl TiledDq {
+    fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+        let widest = s.head_dim_qk.max(s.head_dim_v);
+        let candidates: &[(u32, u32, u32)] = if widest <= 64 {
+            &[(128, 32, 32), (128, 32, 16)]
+        } else if widest <= 128 {
+            &[(64, 16, 16), (32, 8, 16)]
+        } else {
+            &[(16, 8, 8), (8, 8, 4)]
+        };
+        let (ks, vs) = strides(s);
+        let (wg, block_m, block_n) = first_fitting(
+            ctx,
+            "head_dim (GPU-family dQ, workgroup storage)",
+            widest,
+            candidates,
+            |_, bm, bn| 16 * ((bm + bn) * (ks + vs) + bn * bm / 4),
+        )?;
+        Ok(Self {
+            wg,
+            block_m,
+            block_n,
+        })
+    }
+
+    /// Keys of S and vec4 columns of dQ per invocation.
+    fn per_invocation(&self, s: &AttentionShape) -> (u32, u32) {
+        let tc = self.wg / (self.block_m / 4);
+        (
+            self.block_n / tc,
+            (s.head_dim_qk.div_ceil(4) as u32).div_ceil(tc),
+        )
+    }
+
+    /// Loop iterations per key and outside the key loop (for the loop budget).
+    fn loop_cost(&self, s: &AttentionShape) -> (usize, usize) {
+        let (sk, oc) = self.per_invocation(s);
+        let (sk, oc) = (sk as usize, oc as usize);
+        let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+        let (wg, bm, bn) = (
+            self.wg as usize,
+            self.block_m as usize,
+            self.block_n as usize,
+        );
+        let per_tile = (bn * 4 * (dk4 + dv4)).div_ceil(wg)
+            + 2
+            + (dk4 + dv4) * (sk + 1)
+            + 2 * sk
+            + bn * (oc + 1)
+            + 8;
+        let fixed = (bm * 4 * (dk4 + dv4)).div_ceil(wg) + 4 + 5 * 4 * oc + 64;
+        (per_tile.div_ceil(bn) + 1, fixed)
+    }
+}
+
+/// The tiled backward's shader with its per-invocation arrays sized exactly.
+fn sized(body: &str, sizes: &[(&str, u32, u32)]) -> String {
+    let mut text = body.to_string();
+    for &(name, declared, value) in sizes {
+        let from = format!("const {name}: u32 = {declared}u;");
+        debug_assert!(text.contains(&from), "{from}");
+        text = text.replace(&from, &format!("const {name}: u32 = {value}u;"));
+    }
+    with_common(&text)
+}
+
+/// Records steps 2 and 3 of the backward with the GPU family: dK/dV over key blocks, dQ over query
+/// blocks, each split into accumulating dispatches under a loop budget. `stats` holds (lse, D).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_backward_tiled(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    s: &AttentionShape,
+    scale: f32,
+    views: [&HeadsView; 4],
+    stats: &GpuTensor,
+    grads: [&HeadsView; 3],
+    opts: &AttentionOptions<'_>,
+    group_rows: usize,
+) -> Result<()> {
+    let [q, k, v, d_out] = views;
+    let [dq, dk, dv] = grads;
+    let lens = seq_lens_buffer(ctx, opts);
+    let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
+    {
+        let config = TiledDkDv::choose(ctx, s)?;
+        let (sq, ock, ocv) = config.per_invocation(s);
+        let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
+        let mut params = base_params(s, scale, opts);
+        let bindings = [
+            bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
+            bind_view(ctx, "k", k, VIEW_K, &mut params)?,
+            bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
+            bind_tensor(ctx, "workspace", stats)?,
+            bind_view(ctx, "dk", dk, VIEW_DK, &mut params)?,
+            bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
+        ];
+        let blocks = s.kv_seq.div_ceil(config.block_n as usize);
+        let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
+        let (per_row, fixed) = config.loop_cost(s);
+        let chunks = loop_chunks(ctx, group_rows, per_row, fixed, config.block_m as usize);
+        encode_chunks(
+            ctx,
+            &mut pass,
+            "attention_backward_dkdv_tiled",
+            || {
+                sized(
+                    BACKWARD_DKDV,
+                    &[
+                        ("MAX_SQ", 4, sq),
+                        ("MAX_OCK", 16, ock),
+                        ("MAX_OCV", 16, ocv),
+                    ],
+                )
+            },
+            &[
+                ("WG", config.wg),
+                ("BN", config.block_n),
+                ("BM", config.block_m),
+                dims[0],
+                dims[1],
+            ],
+            &mut params,
+            lens,
+            &bindings,
+            grid,
+            &chunks,
+        );
+    }
+    {
+        let config = TiledDq::choose(ctx, s)?;
+        let (sk, oc) = config.per_invocation(s);
+        let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
+        let mut params = base_params(s, scale, opts);
+        let bindings = [
+            bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
+            bind_view(ctx, "k", k, VIEW_K, &mut params)?,
+            bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
+            bind_tensor(ctx, "workspace", stats)?,
+            bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?,
+        ];
+        let blocks = s.q_seq.div_ceil(config.block_m as usize);
+        let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
+        let (per_key, fixed) = config.loop_cost(s);
+        let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, config.block_n as usize);
+        encode_chunks(
+            ctx,
+            &mut pass,
+            "attention_backward_dq_tiled",
+            || sized(BACKWARD_DQ, &[("MAX_SK", 4, sk), ("MAX_OC", 16, oc)]),
+            &[
+                ("WG", config.wg),
+                ("BM", config.block_m),
+                ("BN", config.block_n),
+                dims[0],
+                dims[1],
+            ],
+            &mut params,
+            lens,
+            &bindings,
+            grid,
+            &chunks,
+        );
+    }
+    Ok(())
+}
