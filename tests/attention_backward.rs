@@ -9,7 +9,7 @@ use wgpu_attention::kernels::attention::MAX_FUSED_BACKWARD_HEAD_DIM_GPU;
 use wgpu_attention::{
     attention_backward, attention_backward_into, attention_backward_unfused,
     attention_backward_workspace, attention_forward, AttentionOptions, AttentionShape, Context,
-    Error, GpuTensor,
+    Error, GpuTensor, KernelFamily,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -46,7 +46,11 @@ fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
 fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
     // GPU adapters refuse head dims above the fused backward's limit there with a typed error.
     let widest = case.dk.max(case.dv);
-    if path == Path::Fused && !ctx.is_cpu() && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU {
+    if path == Path::Fused
+        && ctx.kernel_family() == KernelFamily::CpuDriver
+        && !ctx.is_cpu()
+        && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU
+    {
         let [qv, kv, vv, dov] = case.upload(ctx);
         let lens = case.seq_lens(ctx);
         let opts = case.options(lens.as_ref());
@@ -100,7 +104,7 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
 
 #[test]
 fn odd_sizes_and_head_dims() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         for case in &odd_size_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -109,7 +113,7 @@ fn odd_sizes_and_head_dims() {
 
 #[test]
 fn query_and_key_loops_split_into_accumulated_chunks() {
-    for_each_backend_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
         for case in &split_loop_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -121,8 +125,12 @@ fn every_workgroup_width_matches_reference() {
     // The defaults are 64 (CPU drivers, GPU forward) and 32 (GPU backward); the narrowest and widest
     // widths an override may pick must give the same gradients.
     for width in [16, 128] {
+        // The width override applies to the CPU-driver kernels.
         for_each_backend_with(
-            |ctx| ctx.set_attention_workgroup(Some(width)).unwrap(),
+            |ctx| {
+                ctx.set_kernel_family(Some(KernelFamily::CpuDriver));
+                ctx.set_attention_workgroup(Some(width)).unwrap();
+            },
             |backend, ctx| {
                 // One case with several query and key tiles, causal, padding, GQA and Dk != Dv:
                 // every extra width is a fresh shader compile (seconds each on a cold CPU driver).
@@ -137,7 +145,7 @@ fn every_workgroup_width_matches_reference() {
 
 #[test]
 fn masks_and_their_combinations() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         for case in &mask_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -146,7 +154,7 @@ fn masks_and_their_combinations() {
 
 #[test]
 fn grouped_and_multi_query_heads_and_distinct_value_dim() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         for case in &grouped_head_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -155,7 +163,7 @@ fn grouped_and_multi_query_heads_and_distinct_value_dim() {
 
 #[test]
 fn large_logits_and_temperature() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         check(
             backend,
             ctx,
@@ -185,7 +193,7 @@ fn large_logits_and_temperature() {
 
 #[test]
 fn fully_masked_rows_have_exactly_zero_gradients() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         // Batch 1 sees no key: all of its dQ, dK, dV are exactly 0.
         let case = Case::new(2, 9, 9, 2, 2, 16, 16).kv_lens(&[9, 0]);
         let g = check(backend, ctx, &case, Path::Fused);
@@ -208,7 +216,7 @@ fn fully_masked_rows_have_exactly_zero_gradients() {
 
 #[test]
 fn gradients_are_bitwise_reproducible() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         let case = Case::new(2, 129, 97, 4, 2, 40, 24)
             .causal()
             .kv_lens(&[97, 50]);
@@ -250,7 +258,7 @@ fn unfused_backward_matches_reference() {
 
 #[test]
 fn gradients_into_a_packed_dqkv_buffer() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         let (b, l, h, d) = (2, 33, 4, 40);
         let width = 3 * h * d;
         let case = Case::new(b, l, l, h, h, d, d).causal();

@@ -58,7 +58,7 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> (Vec<f32>, Ve
 
 #[test]
 fn odd_sizes_and_head_dims() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         for case in &odd_size_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -67,7 +67,7 @@ fn odd_sizes_and_head_dims() {
 
 #[test]
 fn key_loop_split_into_merged_chunks() {
-    for_each_backend_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
         for case in &split_loop_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -76,7 +76,7 @@ fn key_loop_split_into_merged_chunks() {
 
 #[test]
 fn masks_and_their_combinations() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         for case in &mask_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -85,7 +85,7 @@ fn masks_and_their_combinations() {
 
 #[test]
 fn grouped_and_multi_query_heads_and_distinct_value_dim() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         for case in &grouped_head_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -94,7 +94,7 @@ fn grouped_and_multi_query_heads_and_distinct_value_dim() {
 
 #[test]
 fn large_logits_and_temperature() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         // Inputs of magnitude 8 with D = 64: |s| reaches well above 80, where exp overflows f32.
         let case = Case::new(1, 65, 65, 2, 2, 64, 64).magnitude(8.0);
         let (q, k, _, _) = case.data();
@@ -131,7 +131,7 @@ fn large_logits_and_temperature() {
 
 #[test]
 fn fully_masked_rows_are_zero_with_lse_minus_inf() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         let cases = [
             // Batch 1 has no valid key at all.
             Case::new(2, 9, 9, 2, 2, 16, 16).kv_lens(&[9, 0]),
@@ -171,7 +171,7 @@ fn unfused_path_matches_reference() {
 
 #[test]
 fn packed_qkv_views_and_strided_output() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         let (b, l, h, d) = (2, 33, 4, 40);
         let width = 3 * h * d;
         let mut r = rng(11);
@@ -229,7 +229,7 @@ fn packed_qkv_views_and_strided_output() {
 
 #[test]
 fn permutation_properties() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         let case = Case::new(1, 33, 47, 2, 2, 40, 24);
         let (q, k, v, _) = case.data();
         let run = |q: &[f32], k: &[f32], v: &[f32]| {
@@ -274,7 +274,7 @@ fn permutation_properties() {
 
 #[test]
 fn dispatch_beyond_65535_workgroups() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         // B * H = 70_000 (batch, head) pairs with one query block each.
         let case = Case::new(70, 2, 3, 1000, 1000, 4, 4);
         check(backend, ctx, &case, Path::Fused);
@@ -283,21 +283,19 @@ fn dispatch_beyond_65535_workgroups() {
 
 #[test]
 fn pipelines_are_compiled_once() {
-    for_each_backend(|backend, _| {
-        // A private context: other tests compile pipelines concurrently on the shared ones.
-        let ctx = &Context::new_with(&wgpu_attention::ContextOptions {
-            backends: Some(wgpu_attention::parse_backends(backend).unwrap()),
-            adapter_name: None,
-        })
-        .unwrap();
-        let case = Case::new(1, 7, 7, 2, 2, 12, 12);
-        check(backend, ctx, &case, Path::Fused);
-        let n = ctx.cached_pipelines();
-        check(backend, ctx, &case, Path::Fused);
-        assert_eq!(
-            n,
-            ctx.cached_pipelines(),
-            "[{backend}] a repeated call compiled a pipeline"
-        );
-    });
+    // Private contexts: other tests compile pipelines concurrently on the shared ones.
+    for_each_family_with(
+        |_| {},
+        |backend, ctx| {
+            let case = Case::new(1, 7, 7, 2, 2, 12, 12);
+            check(backend, ctx, &case, Path::Fused);
+            let n = ctx.cached_pipelines();
+            check(backend, ctx, &case, Path::Fused);
+            assert_eq!(
+                n,
+                ctx.cached_pipelines(),
+                "[{backend}] a repeated call compiled a pipeline"
+            );
+        },
+    );
 }

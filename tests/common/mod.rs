@@ -8,7 +8,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use wgpu_attention::reference::attention::{self as reference, Grads, Masks};
 use wgpu_attention::{
-    AttentionOptions, AttentionShape, Context, ContextOptions, GpuTensor, HeadsView, SeqLens,
+    AttentionOptions, AttentionShape, Context, ContextOptions, GpuTensor, HeadsView, KernelFamily,
+    SeqLens,
 };
 
 /// Tolerances of SPEC.md, kept in one place: the library's comparison module.
@@ -71,6 +72,57 @@ pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
     }
 }
 
+/// The fused attention kernel families every attention test runs: both run on every adapter (the GPU
+/// family is forced on CPU drivers so that CI proves it on lavapipe and llvmpipe).
+pub const FAMILIES: [KernelFamily; 2] = [KernelFamily::CpuDriver, KernelFamily::Gpu];
+
+/// Contexts of every back end under test, one per kernel family, created once.
+fn family_contexts() -> &'static Vec<(String, usize, Arc<Context>)> {
+    static CONTEXTS: OnceLock<Vec<(String, usize, Arc<Context>)>> = OnceLock::new();
+    CONTEXTS.get_or_init(|| {
+        let mut out = Vec::new();
+        for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+            for family in FAMILIES {
+                let mut ctx = fresh_context(name, shared);
+                ctx.set_kernel_family(Some(family));
+                out.push((format!("{name}/{}", family.name()), index, Arc::new(ctx)));
+            }
+        }
+        out
+    })
+}
+
+/// Runs `f` once per back end under test and fused attention kernel family; the name passed is
+/// `backend/family`.
+pub fn for_each_family(mut f: impl FnMut(&str, &Context)) {
+    for (name, index, ctx) in family_contexts() {
+        let _guard = backend_lock(*index);
+        f(name, ctx);
+    }
+}
+
+/// Like [`for_each_family`], on fresh contexts that `configure` has adjusted.
+pub fn for_each_family_with(configure: impl Fn(&mut Context), mut f: impl FnMut(&str, &Context)) {
+    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
+        for family in FAMILIES {
+            let mut ctx = fresh_context(name, shared);
+            ctx.set_kernel_family(Some(family));
+            configure(&mut ctx);
+            f(&format!("{name}/{}", family.name()), &ctx);
+        }
+    }
+}
+
+/// A new context on the adapter of `shared`.
+fn fresh_context(name: &str, shared: &Context) -> Context {
+    let opts = ContextOptions {
+        backends: Some(wgpu_attention::parse_backends(name).unwrap()),
+        adapter_name: Some(shared.report().name.clone()),
+    };
+    Context::new_with(&opts).unwrap()
+}
+
 /// The lock of the `index`-th back end under test (see [`for_each_backend`]).
 fn backend_lock(index: usize) -> std::sync::MutexGuard<'static, ()> {
     static LOCKS: [Mutex<()>; 4] = [const { Mutex::new(()) }; 4];
@@ -83,11 +135,7 @@ fn backend_lock(index: usize) -> std::sync::MutexGuard<'static, ()> {
 pub fn for_each_backend_with(configure: impl Fn(&mut Context), mut f: impl FnMut(&str, &Context)) {
     for (index, (name, shared)) in contexts_cell().iter().enumerate() {
         let _guard = backend_lock(index);
-        let opts = ContextOptions {
-            backends: Some(wgpu_attention::parse_backends(name).unwrap()),
-            adapter_name: Some(shared.report().name.clone()),
-        };
-        let mut ctx = Context::new_with(&opts).unwrap();
+        let mut ctx = fresh_context(name, shared);
         configure(&mut ctx);
         f(name, &ctx);
     }
@@ -98,6 +146,11 @@ pub fn for_each_backend_with(configure: impl Fn(&mut Context), mut f: impl FnMut
 /// sequences) at test sizes.
 pub fn for_each_backend_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
     for_each_backend_with(|ctx| ctx.set_loop_budget(Some(budget)), f);
+}
+
+/// [`for_each_backend_with_loop_budget`] for every kernel family.
+pub fn for_each_family_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
+    for_each_family_with(|ctx| ctx.set_loop_budget(Some(budget)), f);
 }
 
 pub fn rng(seed: u64) -> SmallRng {
