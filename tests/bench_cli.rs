@@ -18,6 +18,7 @@ fn bad_arguments_exit_2_with_one_line() {
         (&["--lengths", "0"], "--lengths"),
         (&["--masks", "weird"], "--masks"),
         (&["--reps", "x"], "--reps"),
+        (&["--kernels", "tpu"], "--kernels"),
         (
             &["--lengths", "64,128", "--kv-lengths", "64"],
             "--kv-lengths",
@@ -61,6 +62,7 @@ fn tiny_run_writes_validated_json_plot_and_compares() {
                 "2",
             ])
             .args(["--masks", "causal,padding", "--reps", "1", "--wall-clock"])
+            .args(["--kernels", "cpu,gpu"])
             .arg("--json")
             .arg(&json)
             .arg("--plot")
@@ -74,17 +76,28 @@ fn tiny_run_writes_validated_json_plot_and_compares() {
             "[{backend}] {stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(stdout.contains("| forward | fused | causal |"), "{stdout}");
+        for family in ["cpu", "gpu"] {
+            assert!(
+                stdout.contains(&format!("| forward | fused-{family} | {family} ")),
+                "{stdout}"
+            );
+        }
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         let cases = report["cases"].as_array().unwrap();
-        // 2 masks x 2 paths x 2 passes, plus the Transformer layer (causal mask only), every one
-        // validated against the reference.
-        assert_eq!(cases.len(), 9);
+        // 2 masks x 3 paths (fused with each kernel family, unfused) x 2 passes, plus the
+        // Transformer layer per family (causal mask only), every one validated against the reference.
+        assert_eq!(cases.len(), 14);
         assert!(cases.iter().any(|c| c["pass"] == "layer fwd+bwd"));
         for case in cases {
             assert_eq!(case["validation"]["passed"], true, "{case}");
             assert!(case["median_ms"].as_f64().unwrap() > 0.0);
+            let fused = case["path"].as_str().unwrap().starts_with("fused-");
+            assert_eq!(
+                fused,
+                !case["kernel"].as_str().unwrap().is_empty(),
+                "{case}"
+            );
         }
         assert!(report["fma_peak_gflops"].as_f64().unwrap() > 0.0);
         assert!(report["adapter"]["name"].is_string());

@@ -1192,7 +1192,7 @@ fn svg_plot(results: &[CaseResult]) -> String {
             let name = format!(
                 "{} {} {}",
                 r.pass.name(),
-                r.path.name(),
+                r.path_label,
                 mask_name(r.problem.mask)
             );
             series
