@@ -636,9 +636,7 @@ fn run_problem(
         random(n_kv * p.dv, 3),
         random(n_q * p.dv, 4),
     ];
-    let ctx_ref: &Context = ctx;
     let up = |data: &[f32], l: usize, h: usize, d: usize| {
-        let ctx = ctx_ref;
         GpuTensor::from_slice(ctx, data, &[p.batch, l, h, d]).and_then(|t| t.heads())
     };
     let inputs = Inputs {
@@ -648,7 +646,7 @@ fn run_problem(
         d_out: up(&host[3], p.q_len, p.heads, p.dv)?,
         seq_lens: p
             .kv_lens()
-            .map(|kv| SeqLens::new(ctx_ref, None, Some(&kv)))
+            .map(|kv| SeqLens::new(ctx, None, Some(&kv)))
             .transpose()?,
         host,
     };

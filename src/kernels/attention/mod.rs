@@ -319,6 +319,7 @@ fn check_distinct(
 }
 
 /// A buffer range bound for one dispatch and the element offset of the view inside it.
+#[derive(Clone, Copy)]
 struct Binding<'a> {
     buffer: &'a wgpu::Buffer,
     offset_bytes: u64,
@@ -412,6 +413,23 @@ fn bind_tensor<'a>(ctx: &Context, arg: &'static str, t: &'a GpuTensor) -> Result
         offset_bytes: 0,
         size_bytes,
     })
+}
+
+/// The inputs every backward kernel of both families binds, from binding 2 on: Q, K, V, dO and the
+/// (lse, D) stats; the kernel's outputs follow.
+fn bind_backward_inputs<'a>(
+    ctx: &Context,
+    params: &mut Params,
+    [q, k, v, d_out]: [&'a HeadsView; 4],
+    stats: &'a GpuTensor,
+) -> Result<Vec<Binding<'a>>> {
+    Ok(vec![
+        bind_view(ctx, "q", q, VIEW_Q, params)?,
+        bind_view(ctx, "k", k, VIEW_K, params)?,
+        bind_view(ctx, "v", v, VIEW_V, params)?,
+        bind_view(ctx, "d_out", d_out, VIEW_DO, params)?,
+        bind_tensor(ctx, "workspace", stats)?,
+    ])
 }
 
 pub(crate) fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
@@ -893,7 +911,7 @@ pub fn attention_backward_into(
             grid,
         );
     }
-    if ctx.kernel_family() == KernelFamily::Gpu {
+    if family == KernelFamily::Gpu {
         return tiled::encode_backward_tiled(
             ctx,
             encoder,
@@ -910,15 +928,9 @@ pub fn attention_backward_into(
     {
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(&s, scale, opts);
-        let bindings = [
-            bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
-            bind_view(ctx, "k", k, VIEW_K, &mut params)?,
-            bind_view(ctx, "v", v, VIEW_V, &mut params)?,
-            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
-            bind_tensor(ctx, "workspace", workspace)?,
-            bind_view(ctx, "dk", dk, VIEW_DK, &mut params)?,
-            bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
-        ];
+        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
+        bindings.push(bind_view(ctx, "dk", dk, VIEW_DK, &mut params)?);
+        bindings.push(bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?);
         // Even: the kernel steps two query rows at a time.
         let block_m = (tile_rows(ctx, &s, 8, 64) & !1).max(2);
         let blocks = s.kv_seq.div_ceil((wg * ROWS) as usize);
@@ -948,14 +960,8 @@ pub fn attention_backward_into(
     {
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
         let mut params = base_params(&s, scale, opts);
-        let bindings = [
-            bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
-            bind_view(ctx, "k", k, VIEW_K, &mut params)?,
-            bind_view(ctx, "v", v, VIEW_V, &mut params)?,
-            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
-            bind_tensor(ctx, "workspace", workspace)?,
-            bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?,
-        ];
+        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
+        bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
         // Even: the kernel steps two keys at a time.
         let block_n = (tile_rows(ctx, &s, 0, 64) & !1).max(2);
         let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);

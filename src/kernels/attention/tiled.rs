@@ -42,24 +42,25 @@ impl TiledForward {
         } else {
             &[(64, 16, 16), (32, 16, 8), (16, 16, 4)]
         };
-        let limits = ctx.limits();
-        candidates
-            .iter()
-            .map(|&(wg, block_m, block_n)| Self {
-                wg,
-                block_m,
-                block_n,
-            })
-            .find(|c| {
-                c.workgroup_bytes(s) <= limits.max_compute_workgroup_storage_size
-                    && c.wg <= limits.max_compute_invocations_per_workgroup
-            })
-            .ok_or(Error::Unsupported {
-                arg: "head_dim (GPU-family forward, workgroup storage)",
-                value: widest as u64,
-                limit: 64,
-                hint: " for this adapter's workgroup storage; use the CPU-driver kernels (Context::set_kernel_family)",
-            })
+        let (wg, block_m, block_n) = first_fitting(
+            ctx,
+            "head_dim (GPU-family forward, workgroup storage)",
+            widest,
+            candidates,
+            |wg, block_m, block_n| {
+                Self {
+                    wg,
+                    block_m,
+                    block_n,
+                }
+                .workgroup_bytes(s)
+            },
+        )?;
+        Ok(Self {
+            wg,
+            block_m,
+            block_n,
+        })
     }
 
     /// Invocations sharing a row group of four query rows, keys of S and vec4 columns of O each owns.
@@ -71,7 +72,7 @@ impl TiledForward {
 
     /// Workgroup memory: Q, one K/V staging tile, P and the row reductions (the shader's arrays).
     fn workgroup_bytes(&self, s: &AttentionShape) -> u32 {
-        let q_stride = s.head_dim_qk.div_ceil(4) as u32 | 1;
+        let (q_stride, _) = strides(s);
         let kv_stride = q_stride.max(s.head_dim_v.div_ceil(4) as u32);
         let vec4s = self.block_m * q_stride
             + self.block_n * kv_stride
@@ -118,21 +119,6 @@ impl TiledForward {
     }
 }
 
-/// `body` with the common header and the per-invocation array sizes of the tiled forward set to
-/// the pipeline's exact values (private arrays cannot be sized by override constants).
-fn tiled_forward_source(sk: u32, oc: u32) -> String {
-    let sized = FORWARD
-        .replace(
-            "const MAX_SK: u32 = 4u;",
-            &format!("const MAX_SK: u32 = {sk}u;"),
-        )
-        .replace(
-            "const MAX_OC: u32 = 16u;",
-            &format!("const MAX_OC: u32 = {oc}u;"),
-        );
-    with_common(&sized)
-}
-
 /// Records the GPU-family forward: the tiled kernel, and the split-KV merge when the key range is
 /// split. Split partial results live in the context's scratch buffer.
 #[allow(clippy::too_many_arguments)]
@@ -166,82 +152,71 @@ pub(super) fn encode_forward_tiled(
         ("DK", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ];
-    let source = || tiled_forward_source(sk, oc);
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
-    if splits == 1 {
-        let bindings = [
-            q_binding,
-            k_binding,
-            v_binding,
-            bind_view(ctx, "out", out, VIEW_O, &mut params)?,
-            bind_tensor(ctx, "lse", lse)?,
-        ];
-        encode_kernel(
-            ctx,
-            &mut pass,
-            "attention_forward_tiled",
-            source,
-            &constants,
-            &params,
-            Some(lens),
-            &bindings,
-            grid,
-        );
-        return Ok(());
-    }
-
-    // Partial O [splits * B, Lq, H, Dv] and lse [splits * B, H, Lq] in the scratch buffer.
+    // With one split the kernel writes O and lse; otherwise partial O [splits * B, Lq, H, Dv] and
+    // lse [splits * B, H, Lq] into the scratch buffer, for the merge.
     let rows = (splits * s.batch * s.heads * s.q_seq) as u64;
     let o_bytes = rows * s.head_dim_v as u64 * 4;
     let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
     let lse_offset = o_bytes.div_ceil(align) * align;
-    check_binding(ctx, "split-KV partial outputs", o_bytes)?;
-    let scratch = ctx.scratch_buffer(lse_offset + rows * 4);
-    let partial_o = Binding {
-        buffer: &scratch,
-        offset_bytes: 0,
-        size_bytes: o_bytes,
+    let scratch = if splits > 1 {
+        check_binding(ctx, "split-KV partial outputs", o_bytes)?;
+        Some(ctx.scratch_buffer(lse_offset + rows * 4))
+    } else {
+        None
     };
-    let partial_lse = Binding {
-        buffer: &scratch,
-        offset_bytes: lse_offset,
-        size_bytes: rows * 4,
+    let partials = scratch.as_ref().map(|scratch| {
+        [
+            Binding {
+                buffer: scratch,
+                offset_bytes: 0,
+                size_bytes: o_bytes,
+            },
+            Binding {
+                buffer: scratch,
+                offset_bytes: lse_offset,
+                size_bytes: rows * 4,
+            },
+        ]
+    });
+    let [o_binding, lse_binding] = match partials {
+        Some(partials) => {
+            let row_stride = (s.heads * s.head_dim_v) as u32;
+            params.views[VIEW_O] = ViewParams {
+                offset: 0,
+                stride_b: s.q_seq as u32 * row_stride,
+                stride_s: row_stride,
+                stride_h: s.head_dim_v as u32,
+            };
+            partials
+        }
+        None => [
+            bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+            bind_tensor(ctx, "lse", lse)?,
+        ],
     };
-    let row_stride = (s.heads * s.head_dim_v) as u32;
-    params.views[VIEW_O] = ViewParams {
-        offset: 0,
-        stride_b: s.q_seq as u32 * row_stride,
-        stride_s: row_stride,
-        stride_h: s.head_dim_v as u32,
-    };
-    let bindings = [q_binding, k_binding, v_binding, partial_o, partial_lse];
     encode_kernel(
         ctx,
         &mut pass,
         "attention_forward_tiled",
-        source,
+        || sized(FORWARD, &[("MAX_SK", 4, sk), ("MAX_OC", 16, oc)]),
         &constants,
         &params,
         Some(lens),
-        &bindings,
+        &[q_binding, k_binding, v_binding, o_binding, lse_binding],
         grid,
     );
+    let Some([partial_o, partial_lse]) = partials else {
+        return Ok(());
+    };
 
     let mut merge = base_params(s, scale, opts);
     merge.splits = splits as u32;
     let elements = s.batch * s.q_seq * s.heads * s.head_dim_v;
     let grid = set_grid(&mut merge, elements.div_ceil(SIMPLE_WG as usize), 1)?;
     let bindings = [
-        Binding {
-            buffer: &scratch,
-            offset_bytes: 0,
-            size_bytes: o_bytes,
-        },
-        Binding {
-            buffer: &scratch,
-            offset_bytes: lse_offset,
-            size_bytes: rows * 4,
-        },
+        partial_o,
+        partial_lse,
         bind_view(ctx, "out", out, VIEW_O, &mut merge)?,
         bind_tensor(ctx, "lse", lse)?,
     ];
@@ -420,7 +395,8 @@ impl TiledDq {
     }
 }
 
-/// The tiled backward's shader with its per-invocation arrays sized exactly.
+/// A tiled shader with the common header and its per-invocation arrays sized exactly for the pipeline
+/// (private arrays cannot be sized by override constants; the pipeline key holds every input).
 fn sized(body: &str, sizes: &[(&str, u32, u32)]) -> String {
     let mut text = body.to_string();
     for &(name, declared, value) in sizes {
@@ -454,15 +430,9 @@ pub(super) fn encode_backward_tiled(
         let (sq, ock, ocv) = config.per_invocation(s);
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(s, scale, opts);
-        let bindings = [
-            bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
-            bind_view(ctx, "k", k, VIEW_K, &mut params)?,
-            bind_view(ctx, "v", v, VIEW_V, &mut params)?,
-            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
-            bind_tensor(ctx, "workspace", stats)?,
-            bind_view(ctx, "dk", dk, VIEW_DK, &mut params)?,
-            bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
-        ];
+        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
+        bindings.push(bind_view(ctx, "dk", dk, VIEW_DK, &mut params)?);
+        bindings.push(bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?);
         let blocks = s.kv_seq.div_ceil(config.block_n as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
         let (per_row, fixed) = config.loop_cost(s);
@@ -500,14 +470,8 @@ pub(super) fn encode_backward_tiled(
         let (sk, oc) = config.per_invocation(s);
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
         let mut params = base_params(s, scale, opts);
-        let bindings = [
-            bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
-            bind_view(ctx, "k", k, VIEW_K, &mut params)?,
-            bind_view(ctx, "v", v, VIEW_V, &mut params)?,
-            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
-            bind_tensor(ctx, "workspace", stats)?,
-            bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?,
-        ];
+        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
+        bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
         let blocks = s.q_seq.div_ceil(config.block_m as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
         let (per_key, fixed) = config.loop_cost(s);
