@@ -14,6 +14,8 @@ use wgpu_attention::{
 };
 
 fn main() -> ExitCode {
+    // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
+    wgpu_attention::quiet_headless_start_up();
     let (mut b, mut l, mut h, mut hkv, mut d, mut causal) =
         (2usize, 256usize, 8usize, 2usize, 64usize, false);
     let mut args = std::env::args().skip(1);

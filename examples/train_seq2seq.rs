@@ -1,12 +1,18 @@
 //! Trains a small encoder-decoder Transformer on the GPU to reverse digit sequences of varying
 //! length (padded in the batch), evaluates exact-sequence accuracy by greedy decoding on held-out
-//! sequences never seen in training, and saves a checkpoint it can resume from.
+//! sequences never seen in training, and saves checkpoints it can resume from.
 //!
 //! ```text
-//! cargo run --release --example train_seq2seq [-- --steps N] [--checkpoint PATH] [--resume] [--eval-only]
+//! cargo run --release --example train_seq2seq -- [--steps N] [--checkpoint PATH] [--save-every N]
+//!     [--resume] [--eval-only] [--seed S] [--lr PEAK]
 //! ```
 //!
-//! Ends with the line `exact-sequence accuracy: <fraction>`.
+//! The checkpoint path is checked before training starts and written atomically every
+//! `--save-every` steps (default 100) and at the end; `--resume` continues from the last save with
+//! results bitwise identical to an uninterrupted run of the same seed (each step's batch and learning
+//! rate depend only on the seed and the step number). A non-finite loss or gradient norm stops the run
+//! with the step named, and the last checkpoint stays as it was. Ends with the line
+//! `exact-sequence accuracy: <fraction>`.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -14,7 +20,8 @@ use std::time::Instant;
 
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
-use wgpu_attention::training::{checkpoint, Trainer};
+use wgpu_attention::training::checkpoint::{self, Checkpointer};
+use wgpu_attention::training::Trainer;
 use wgpu_attention::{Context, Error};
 
 const PAD: u32 = 0;
@@ -29,26 +36,38 @@ const EVAL_SEQUENCES: usize = 512;
 struct Args {
     steps: usize,
     checkpoint: PathBuf,
+    save_every: u32,
     resume: bool,
     eval_only: bool,
+    seed: u64,
+    peak_lr: f32,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         steps: 400,
         checkpoint: PathBuf::from("target/train_seq2seq.safetensors"),
+        save_every: 100,
         resume: false,
         eval_only: false,
+        seed: 1,
+        peak_lr: 2e-3,
     };
     let mut it = std::env::args().skip(1);
+    fn number<T: std::str::FromStr>(
+        it: &mut impl Iterator<Item = String>,
+        flag: &str,
+    ) -> Result<T, String> {
+        it.next()
+            .and_then(|v| v.parse().ok())
+            .ok_or(format!("{flag} needs a number"))
+    }
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--steps" => {
-                args.steps = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or("--steps needs a number")?
-            }
+            "--steps" => args.steps = number(&mut it, "--steps")?,
+            "--save-every" => args.save_every = number(&mut it, "--save-every")?,
+            "--seed" => args.seed = number(&mut it, "--seed")?,
+            "--lr" => args.peak_lr = number(&mut it, "--lr")?,
             "--checkpoint" => {
                 args.checkpoint = it.next().ok_or("--checkpoint needs a path")?.into()
             }
@@ -71,6 +90,18 @@ fn parse_args() -> Result<Args, String> {
 struct Rng(u64);
 
 impl Rng {
+    /// The generator of one training step's batch: a function of the seed and the step only, so a
+    /// resumed run draws what an uninterrupted one would.
+    fn for_step(seed: u64, step: usize) -> Self {
+        // splitmix64 of (seed, step): decorrelated streams, never the all-zero xorshift state.
+        let mut z = seed
+            .wrapping_mul(0x9E3779B97F4A7C15)
+            .wrapping_add(step as u64 + 1)
+            .wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        Rng((z ^ (z >> 31)) | 1)
+    }
+
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -166,8 +197,8 @@ fn evaluate(ctx: &Context, trainer: &mut Trainer, sequences: &[Vec<u32>]) -> Res
     Ok(exact as f64 / sequences.len() as f64)
 }
 
-fn learning_rate(step: usize, total: usize) -> f32 {
-    let (peak, warmup) = (2e-3f32, 100usize);
+fn learning_rate(peak: f32, step: usize, total: usize) -> f32 {
+    let warmup = 100usize;
     if step < warmup {
         peak * (step + 1) as f32 / warmup as f32
     } else {
@@ -177,6 +208,8 @@ fn learning_rate(step: usize, total: usize) -> f32 {
 }
 
 fn run(args: &Args) -> Result<f64, Error> {
+    // Before anything else: a path that cannot be written fails now, not after training.
+    let saver = Checkpointer::new(&args.checkpoint, args.save_every)?;
     let ctx = Context::new()?;
     println!("adapter: {}", ctx.report());
     let config = TransformerConfig {
@@ -192,7 +225,7 @@ fn run(args: &Args) -> Result<f64, Error> {
     };
     let model = Transformer::new(&ctx, config, shape(), 1)?;
     let adam = AdamWConfig {
-        lr: learning_rate(0, args.steps),
+        lr: learning_rate(args.peak_lr, 0, args.steps),
         beta1: 0.9,
         beta2: 0.98,
         eps: 1e-8,
@@ -212,15 +245,17 @@ fn run(args: &Args) -> Result<f64, Error> {
     let held_out_set: HashSet<Vec<u32>> = held_out.iter().cloned().collect();
 
     if args.resume {
-        checkpoint::load(&ctx, &mut trainer, &args.checkpoint)?;
-        println!(
-            "resumed from {} at step {}",
-            args.checkpoint.display(),
-            trainer.optimizer.steps()
-        );
+        match saver.resume(&ctx, &mut trainer)? {
+            Some(step) => println!("resumed from {} at step {step}", args.checkpoint.display()),
+            None => {
+                return Err(Error::Checkpoint(format!(
+                    "{}: no checkpoint to resume from; run without --resume first",
+                    args.checkpoint.display()
+                )))
+            }
+        }
     }
     let start_step = trainer.optimizer.steps() as usize;
-    let mut rng = Rng(0xD1B54A32D192ED03 ^ (start_step as u64 + 1));
     let started = Instant::now();
     let mut window = (Instant::now(), 0usize);
     let mut memory_reported = false;
@@ -230,6 +265,7 @@ fn run(args: &Args) -> Result<f64, Error> {
         args.steps
     };
     for step in start_step..steps {
+        let mut rng = Rng::for_step(args.seed, step);
         let sequences: Vec<Vec<u32>> = (0..BATCH)
             .map(|_| loop {
                 let s = rng.sequence();
@@ -241,7 +277,9 @@ fn run(args: &Args) -> Result<f64, Error> {
         let batch = make_batch(&sequences);
         window.1 += batch.tgt_lens.iter().sum::<u32>() as usize
             + batch.src_lens.iter().sum::<u32>() as usize;
-        trainer.optimizer.set_lr(learning_rate(step, steps))?;
+        trainer
+            .optimizer
+            .set_lr(learning_rate(args.peak_lr, step, steps))?;
         trainer.step(&ctx, &batch)?;
         if !memory_reported {
             let m = ctx.memory();
@@ -252,20 +290,24 @@ fn run(args: &Args) -> Result<f64, Error> {
             );
             memory_reported = true;
         }
+        if saver.save_if_due(&ctx, &trainer)? {
+            println!("saved {} (step {})", args.checkpoint.display(), step + 1);
+        }
         if (step + 1) % 50 == 0 || step + 1 == steps {
+            trainer.check_finite(&ctx)?;
             let loss = trainer.model.loss().to_vec(&ctx)?[0];
             let secs = window.0.elapsed().as_secs_f64();
             println!(
                 "step {:>5}  loss {loss:.4}  lr {:.2e}  {:.0} tokens/s  ({:.0} s)",
                 step + 1,
-                learning_rate(step, steps),
+                learning_rate(args.peak_lr, step, steps),
                 window.1 as f64 / secs,
                 started.elapsed().as_secs_f64()
             );
             window = (Instant::now(), 0);
         }
     }
-    if steps > start_step {
+    if steps > start_step && !saver.save_if_due(&ctx, &trainer)? {
         checkpoint::save(&ctx, &trainer, &args.checkpoint)?;
         println!(
             "saved {} (step {})",
@@ -273,6 +315,16 @@ fn run(args: &Args) -> Result<f64, Error> {
             trainer.optimizer.steps()
         );
     }
+    // One line to compare runs by (an interrupted and resumed run prints the same).
+    let mut crc = crc32fast::Hasher::new();
+    for t in trainer.model.params.values() {
+        crc.update(bytemuck::cast_slice(&t.to_vec(&ctx)?));
+    }
+    println!(
+        "parameters after step {}: crc32 {:08x}",
+        trainer.optimizer.steps(),
+        crc.finalize()
+    );
     let t = Instant::now();
     let accuracy = evaluate(&ctx, &mut trainer, &held_out)?;
     println!(
@@ -284,6 +336,8 @@ fn run(args: &Args) -> Result<f64, Error> {
 }
 
 fn main() {
+    // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
+    wgpu_attention::quiet_headless_start_up();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -295,6 +349,12 @@ fn main() {
         Ok(accuracy) => println!("exact-sequence accuracy: {accuracy:.4}"),
         Err(e) => {
             eprintln!("train_seq2seq: {e}");
+            if matches!(e, Error::NonFinite { .. }) && args.checkpoint.exists() {
+                eprintln!(
+                    "train_seq2seq: the last checkpoint, {}, is unchanged",
+                    args.checkpoint.display()
+                );
+            }
             std::process::exit(1);
         }
     }

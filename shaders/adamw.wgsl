@@ -2,6 +2,8 @@
 // factor norm[1] of the grad-norm kernels:
 //   g = grad * scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p = p (1 - lr wd) - lr (m / c1) / (sqrt(v / c2) + eps),   c1 = 1 - b1^t, c2 = 1 - b2^t.
+// Nothing changes once health[0] != 0: a step had a non-finite loss or gradient norm
+// (grad_norm_finalize.wgsl).
 
 struct Params {
     len: u32,
@@ -26,11 +28,12 @@ override WG: u32 = 64u;
 @group(0) @binding(3) var<storage, read_write> m: array<f32>;
 @group(0) @binding(4) var<storage, read_write> v: array<f32>;
 @group(0) @binding(5) var<storage, read> norm: array<f32>;
+@group(0) @binding(6) var<storage, read> health: array<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.y * params.grid_x * WG + gid.x;
-    if i >= params.len {
+    if i >= params.len || health[0] != 0u {
         return;
     }
     let g = grad[i] * norm[1];

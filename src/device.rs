@@ -74,6 +74,9 @@ pub struct Context {
     /// Why the device was lost, once it has been: later waits report it instead of hanging or
     /// panicking inside wgpu.
     lost: Arc<Mutex<Option<String>>>,
+    /// The first device error no error scope caught, on devices this crate created (wgpu's default
+    /// handler would panic): reported by the next [`Context::synchronize`].
+    uncaptured: Arc<Mutex<Option<String>>>,
     profiler: Mutex<Option<PassProfiler>>,
     binding_cache: Mutex<Option<BindingCache>>,
 }
@@ -238,6 +241,29 @@ pub fn enumerate_adapters(backends: Option<wgpu::Backends>) -> Result<Vec<wgpu::
     Ok(adapters.iter().map(|a| a.get_info()).collect())
 }
 
+/// Keeps a headless run's start-up quiet on Linux. Mesa's Vulkan device-selection layer
+/// (`VK_LAYER_MESA_device_select`, installed with Mesa's drivers) connects to the Wayland display to
+/// find the desktop's GPU whenever an instance enables the Wayland surface extension, which wgpu 30
+/// enables whenever the driver offers it, with no option to leave it out; without a session libwayland prints
+/// `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` twice, harmless but alarming.
+/// With no display session (`WAYLAND_DISPLAY` and `DISPLAY` unset) this sets `NODEVICE_SELECT=1`,
+/// the layer's own off switch, unless the variable is already set. The layer only reorders GPUs for
+/// a desktop; [`Context`] ranks adapters itself, and `WGPU_BACKEND` and `WGPU_ADAPTER_NAME` work
+/// as before.
+///
+/// It changes the process environment, so call it first thing in `main`, before any thread starts:
+/// the binaries and examples of this crate do. A library cannot safely do it on its user's behalf.
+pub fn quiet_headless_start_up() {
+    let unset = |name: &str| std::env::var_os(name).is_none();
+    if cfg!(target_os = "linux")
+        && unset("WAYLAND_DISPLAY")
+        && unset("DISPLAY")
+        && unset("NODEVICE_SELECT")
+    {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends;
@@ -320,7 +346,26 @@ impl Context {
                 ..Default::default()
             })
             .await?;
-        Ok(Self::from_device(device, queue, Some(adapter.get_info())))
+        let ctx = Self::from_device(device, queue, Some(adapter.get_info()));
+        // Our device, so our handler: an error no scope caught becomes an `Err` of the next
+        // synchronisation instead of wgpu's default panic. A user's device keeps the user's handler.
+        let uncaptured = ctx.uncaptured.clone();
+        ctx.device
+            .on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
+                let text = error
+                    .to_string()
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && *l != "Caused by:")
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                eprintln!("wgpu-attention: device error: {text}");
+                uncaptured
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(text);
+            }));
+        Ok(ctx)
     }
 
     /// Wraps a device the application already owns. Limits and features are read from the device;
@@ -362,8 +407,11 @@ impl Context {
         {
             let lost = lost.clone();
             device.set_device_lost_callback(move |reason, message| {
-                let text = format!("device lost ({reason:?}): {message}");
-                eprintln!("wgpu-attention: {text}");
+                let text = match message.is_empty() {
+                    true => format!("{reason:?}"),
+                    false => format!("{reason:?}: {message}"),
+                };
+                eprintln!("wgpu-attention: device lost ({text})");
                 *lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
             });
         }
@@ -382,6 +430,7 @@ impl Context {
             kernel_family: None,
             scratch: Mutex::new(None),
             lost,
+            uncaptured: Arc::default(),
             profiler: Mutex::new(None),
             binding_cache: Mutex::new(None),
         };
@@ -467,22 +516,68 @@ impl Context {
     }
 
     /// A scratch buffer of at least `bytes`, counted in [`Context::memory`]. See `scratch` above.
-    pub(crate) fn scratch_buffer(&self, bytes: u64) -> wgpu::Buffer {
+    pub(crate) fn scratch_buffer(&self, bytes: u64) -> Result<wgpu::Buffer> {
         let mut slot = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((buffer, _)) = slot.as_ref().filter(|(b, _)| b.size() >= bytes) {
-            return buffer.clone();
+            return Ok(buffer.clone());
         }
         // Room to grow, within what one binding can use.
         let cap = self.limits().max_storage_buffer_binding_size.max(bytes);
         let size = bytes.max(256).next_power_of_two().min(cap).div_ceil(4) * 4;
+        let (buffer, allocation) =
+            self.create_buffer("attention scratch", size, wgpu::BufferUsages::STORAGE)?;
+        *slot = Some((buffer.clone(), allocation));
+        Ok(buffer)
+    }
+
+    /// Allocates a buffer of `bytes` for `what`, counted in [`Context::memory`]: the allocation path
+    /// of every tensor and workspace (see [`Context::create_uncounted_buffer`]).
+    pub(crate) fn create_buffer(
+        &self,
+        what: &'static str,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<(wgpu::Buffer, Allocation)> {
+        let buffer = self.create_uncounted_buffer(what, bytes, usage)?;
+        Ok((buffer, self.track_allocation(bytes)))
+    }
+
+    /// Allocates a buffer, refused with a typed error on a lost device, beyond `max_buffer_size`, or
+    /// when the device is out of memory (caught by an error scope rather than left to wgpu's
+    /// uncaptured-error handler). Not counted: for short-lived staging buffers.
+    pub(crate) fn create_uncounted_buffer(
+        &self,
+        what: &'static str,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        self.check_lost()?;
+        let limit = self.limits().max_buffer_size;
+        if bytes > limit {
+            return Err(Error::Unsupported {
+                arg: what,
+                value: bytes,
+                limit,
+                hint:
+                    " bytes (the adapter's max_buffer_size): use a smaller batch or sequence length",
+            });
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("attention scratch"),
-            size,
-            usage: wgpu::BufferUsages::STORAGE,
+            label: Some(what),
+            size: bytes,
+            usage,
             mapped_at_creation: false,
         });
-        *slot = Some((buffer.clone(), self.track_allocation(size)));
-        buffer
+        if pollster::block_on(scope.pop()).is_some() {
+            buffer.destroy();
+            return Err(Error::OutOfMemory {
+                what,
+                bytes,
+                allocated: self.memory().current_bytes,
+            });
+        }
+        Ok(buffer)
     }
 
     pub fn device(&self) -> &wgpu::Device {
@@ -663,10 +758,12 @@ impl Context {
         bind_group
     }
 
-    /// Submits `encoder`. Device errors go to wgpu's uncaptured-error handler; input is validated
-    /// before anything is recorded, so a well-formed call raises none.
-    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) {
+    /// Submits `encoder`, or refuses with [`Error::DeviceLost`] once the device is lost. Input is
+    /// validated before anything is recorded, so a well-formed call raises no device error.
+    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        self.check_lost()?;
         self.queue.submit([encoder.finish()]);
+        Ok(())
     }
 
     /// Begins a compute pass labelled `label`, with timestamps around it while profiling.
@@ -778,18 +875,31 @@ impl Context {
         &self.empty_storage
     }
 
-    /// Waits until all submitted work has finished.
+    /// Waits until all submitted work has finished. Reports a lost device, and on devices this
+    /// crate created the first device error since the last call.
     pub fn synchronize(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(e.to_string()))?;
-        self.check_lost()
+        self.check_lost()?;
+        let waited = self.device.poll(wgpu::PollType::wait_indefinitely());
+        self.check_lost()?;
+        waited.map_err(|e| Error::Device(e.to_string()))?;
+        match self
+            .uncaptured
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            Some(text) => Err(Error::Device(text)),
+            None => Ok(()),
+        }
     }
 
-    /// `Err` with the driver's reason once the device has been lost.
+    /// [`Error::DeviceLost`] with the driver's reason once the device has been lost. Drivers report a
+    /// loss asynchronously: the first call that waits on the GPU after it (a readback,
+    /// [`Context::synchronize`]) returns the error, and from then on every call that allocates,
+    /// writes or submits refuses up front.
     pub fn check_lost(&self) -> Result<()> {
         match &*self.lost.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(reason) => Err(Error::Device(reason.clone())),
+            Some(reason) => Err(Error::DeviceLost(reason.clone())),
             None => Ok(()),
         }
     }

@@ -40,9 +40,27 @@ pub enum Error {
         bytes: u64,
         limit: u64,
     },
-    /// The device reported an error (out of memory, validation) while running our commands.
+    /// The device reported an error (validation, internal) while running our commands.
     #[error("GPU error: {0}")]
     Device(String),
+    /// The device refused an allocation: the GPU (or the host memory of a CPU driver) is full.
+    #[error("out of GPU memory allocating {bytes} bytes for {what} ({allocated} bytes already allocated by this context); use a smaller batch or sequence length, drop tensors you no longer need, or choose a GPU with more memory")]
+    OutOfMemory {
+        what: &'static str,
+        bytes: u64,
+        allocated: u64,
+    },
+    /// The device was lost (driver reset, GPU removed, `Device::destroy`); nothing more can run on it.
+    #[error("the GPU device was lost ({0}); its buffers are gone: create a new Context and reload weights from a checkpoint")]
+    DeviceLost(String),
+    /// A training step produced a non-finite loss or gradient norm. From that step on the optimizer
+    /// changes nothing, so the parameters are those after the last good step.
+    #[error("training step {step}: non-finite {what}; the optimizer skipped this step and every later one, so the parameters are those after step {last_good}. Resume from the last checkpoint with a lower learning rate, or enable gradient clipping")]
+    NonFinite {
+        step: u32,
+        last_good: u32,
+        what: &'static str,
+    },
     /// A checkpoint could not be written or does not fit the model.
     #[error("checkpoint {0}")]
     Checkpoint(String),

@@ -28,8 +28,8 @@ pub mod tensor;
 pub mod training;
 
 pub use device::{
-    enumerate_adapters, parse_backends, AdapterReport, Context, ContextOptions, KernelFamily,
-    MemoryStats,
+    enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport, Context,
+    ContextOptions, KernelFamily, MemoryStats,
 };
 pub use error::{Error, Result};
 pub use kernels::attention::{

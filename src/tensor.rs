@@ -28,19 +28,6 @@ fn element_count(arg: &'static str, shape: &[usize]) -> Result<usize> {
         .ok_or_else(|| Error::shape(arg, format!("shape {shape:?} overflows usize")))
 }
 
-fn check_buffer_size(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
-    let limit = ctx.limits().max_buffer_size;
-    if bytes > limit {
-        return Err(Error::Unsupported {
-            arg,
-            value: bytes,
-            limit,
-            hint: " bytes (the adapter's max_buffer_size)",
-        });
-    }
-    Ok(())
-}
-
 impl GpuTensor {
     /// Usage flags of buffers this crate allocates: kernels read and write them, and they can be
     /// copied to and from for upload and readback.
@@ -71,21 +58,17 @@ impl GpuTensor {
         Self::uninit(ctx, "zeros", shape)
     }
 
-    pub(crate) fn uninit(ctx: &Context, label: &str, shape: &[usize]) -> Result<Self> {
+    pub(crate) fn uninit(ctx: &Context, label: &'static str, shape: &[usize]) -> Result<Self> {
         let n = element_count("shape", shape)?;
         // Zero-sized bindings are invalid; keep at least one element of backing store.
-        let bytes = (n.max(1) as u64) * F32;
-        check_buffer_size(ctx, "shape", bytes)?;
-        let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: bytes,
-            usage: Self::USAGE,
-            mapped_at_creation: false,
-        });
+        let bytes = (n.max(1) as u64)
+            .checked_mul(F32)
+            .ok_or_else(|| Error::shape("shape", format!("{shape:?} overflows u64 bytes")))?;
+        let (buffer, allocation) = ctx.create_buffer(label, bytes, Self::USAGE)?;
         Ok(Self {
             buffer: Arc::new(buffer),
             shape: shape.to_vec(),
-            _allocation: Some(Arc::new(ctx.track_allocation(bytes))),
+            _allocation: Some(Arc::new(allocation)),
         })
     }
 
@@ -145,6 +128,7 @@ impl GpuTensor {
                 format!("has {} elements, tensor holds {}", data.len(), self.len()),
             ));
         }
+        ctx.check_lost()?;
         if !data.is_empty() {
             ctx.queue()
                 .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
@@ -338,21 +322,20 @@ impl GpuTokens {
                 ),
             ));
         }
-        use wgpu::util::DeviceExt;
-        let buffer = ctx
-            .device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("tokens"),
-                contents: bytemuck::cast_slice(data),
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST
-                    | wgpu::BufferUsages::COPY_SRC,
-            });
+        let (buffer, allocation) = ctx.create_buffer(
+            "tokens",
+            len as u64 * 4,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+        )?;
+        ctx.queue()
+            .write_buffer(&buffer, 0, bytemuck::cast_slice(data));
         Ok(Self {
             buffer: Arc::new(buffer),
             shape: shape.to_vec(),
             values: Arc::new(data.to_vec()),
-            _allocation: Arc::new(ctx.track_allocation(len as u64 * 4)),
+            _allocation: Arc::new(allocation),
         })
     }
 
@@ -380,6 +363,7 @@ impl GpuTokens {
                 format!("{} values for a buffer of {}", data.len(), self.len()),
             ));
         }
+        ctx.check_lost()?;
         ctx.queue()
             .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
         self.values = Arc::new(data.to_vec());
@@ -434,14 +418,13 @@ impl SeqLens {
         if let Some(k) = kv_lens {
             data[batch..2 * batch].copy_from_slice(k);
         }
-        use wgpu::util::DeviceExt;
-        let buffer = ctx
-            .device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("seq_lens"),
-                contents: bytemuck::cast_slice(&data),
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            });
+        let buffer = ctx.create_uncounted_buffer(
+            "seq_lens",
+            data.len() as u64 * 4,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        )?;
+        ctx.queue()
+            .write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
         Ok(Self {
             buffer: Arc::new(buffer),
             q_lens: q_lens.map(<[u32]>::to_vec),
@@ -519,19 +502,18 @@ pub(crate) async fn read_buffer(
         return Err(Error::Readback("the buffer lacks COPY_SRC usage".into()));
     }
     let bytes = len as u64 * F32;
-    let staging = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("readback"),
-        size: bytes,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
+    let staging = ctx.create_uncounted_buffer(
+        "readback",
+        bytes,
+        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+    )?;
     let mut encoder = ctx
         .device()
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("readback"),
         });
     encoder.copy_buffer_to_buffer(buffer, offset as u64 * F32, &staging, 0, bytes);
-    ctx.queue().submit([encoder.finish()]);
+    ctx.submit(encoder)?;
 
     read_mapped(ctx, &staging).await
 }

@@ -1,14 +1,19 @@
 //! Training step and checkpoints: a few steps on a fixed batch lower the loss; a checkpoint restores
 //! weights, moments and step count exactly (the next step is bitwise the same as without the round
-//! trip); a checkpoint of another configuration or with a tensor missing is refused with nothing
-//! written; steps allocate no tensor and create no bind group after the first.
+//! trip); periodic saves resume bitwise; a checkpoint of another configuration, with a tensor
+//! missing, truncated or corrupted is refused with nothing written; a failed save leaves the previous
+//! checkpoint loadable; unwritable paths fail up front; a non-finite step stops every update and
+//! every save; steps allocate no tensor and create no bind group after the first.
 
 mod common;
 
 use common::for_each_backend;
+use std::collections::HashMap;
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
-use wgpu_attention::training::{checkpoint, Trainer};
+
+use wgpu_attention::training::checkpoint::{self, Checkpointer};
+use wgpu_attention::training::Trainer;
 use wgpu_attention::{Context, Error};
 
 fn config(d_ff: usize) -> TransformerConfig {
@@ -140,7 +145,7 @@ fn mismatched_checkpoints_are_refused_and_write_nothing() {
         assert!(matches!(err, Error::Checkpoint(_)), "[{backend}] {err}");
         let text = err.to_string();
         assert!(
-            text.contains("d_ff: 24") && text.contains("d_ff: 32"),
+            text.contains("d_ff (checkpoint 24, this model 32)"),
             "[{backend}] {text}"
         );
         assert_eq!(
@@ -157,7 +162,7 @@ fn mismatched_checkpoints_are_refused_and_write_nothing() {
             let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
             let file = SafeTensors::deserialize(&bytes).unwrap();
             let mut meta = header.metadata().clone().unwrap();
-            meta.insert("config".into(), format!("{:?}", config(32)));
+            meta.insert("config".into(), serde_json::to_string(&config(32)).unwrap());
             let kept: Vec<_> = file
                 .tensors()
                 .into_iter()
@@ -197,5 +202,315 @@ fn bad_batches_are_rejected_before_anything_is_written() {
         b.tgt_in.pop();
         assert!(t.step(ctx, &b).unwrap_err().to_string().contains("tgt_in"));
         assert_eq!(t.optimizer.steps(), 0);
+    });
+}
+
+/// A different batch for every step (ids 3..=8 of vocab 9), a function of the step only.
+fn batch_at(step: u32) -> Batch {
+    let mut b = batch();
+    let shift = |t: &mut u32| {
+        if *t >= 3 {
+            *t = 3 + (*t - 3 + step) % 6;
+        }
+    };
+    b.src.iter_mut().for_each(shift);
+    b.tgt_in.iter_mut().for_each(shift);
+    b.tgt_out.iter_mut().for_each(shift);
+    b
+}
+
+fn bits(values: Vec<Vec<f32>>) -> Vec<Vec<u32>> {
+    values
+        .into_iter()
+        .map(|v| v.into_iter().map(f32::to_bits).collect())
+        .collect()
+}
+
+#[test]
+fn periodic_saves_resume_bitwise() {
+    for_each_backend(|backend, ctx| {
+        let path = temp(&format!("{backend}-periodic/run.safetensors"));
+        std::fs::remove_dir_all(path.parent().unwrap()).ok();
+        let saver = Checkpointer::new(&path, 2).unwrap();
+        assert!(path.parent().unwrap().is_dir(), "the directory is created");
+
+        // Uninterrupted: 5 steps.
+        let mut whole = trainer(ctx, 32);
+        for step in 0..5 {
+            whole.step(ctx, &batch_at(step)).unwrap();
+        }
+
+        // Interrupted after 3 steps (last save at 2), resumed by a fresh trainer up to 5.
+        let mut first = trainer(ctx, 32);
+        assert_eq!(saver.resume(ctx, &mut first).unwrap(), None);
+        let mut saved = Vec::new();
+        for step in 0..3 {
+            first.step(ctx, &batch_at(step)).unwrap();
+            saved.push(saver.save_if_due(ctx, &first).unwrap());
+        }
+        assert_eq!(
+            saved,
+            [false, true, false],
+            "[{backend}] saves every 2 steps"
+        );
+        drop(first);
+        let model = Transformer::new(ctx, config(32), SHAPE, 77).unwrap();
+        let mut resumed = Trainer::new(ctx, model, *whole.optimizer.config()).unwrap();
+        assert_eq!(saver.resume(ctx, &mut resumed).unwrap(), Some(2));
+        for step in 2..5 {
+            resumed.step(ctx, &batch_at(step)).unwrap();
+        }
+        assert_eq!(
+            bits(values(ctx, &whole)),
+            bits(values(ctx, &resumed)),
+            "[{backend}] resumed run differs from the uninterrupted one"
+        );
+        std::fs::remove_dir_all(path.parent().unwrap()).ok();
+    });
+}
+
+#[test]
+fn failed_or_torn_saves_leave_the_previous_checkpoint() {
+    for_each_backend(|backend, ctx| {
+        let dir = temp(&format!("{backend}-faults"));
+        std::fs::remove_dir_all(&dir).ok();
+        let path = dir.join("model.safetensors");
+        let mut t = trainer(ctx, 32);
+        t.step(ctx, &batch()).unwrap();
+        checkpoint::save(ctx, &t, &path).unwrap();
+        let good = values(ctx, &t);
+        let good_bytes = std::fs::read(&path).unwrap();
+        t.step(ctx, &batch()).unwrap();
+
+        // A write that fails midway: the temporary file cannot be created (a directory stands in
+        // its way, which stops root too).
+        let tmp = dir.join(format!(".model.safetensors.tmp-{}", std::process::id()));
+        std::fs::create_dir(&tmp).unwrap();
+        let err = checkpoint::save(ctx, &t, &path).unwrap_err();
+        assert!(
+            matches!(err, Error::Checkpoint(_)) && err.to_string().contains("unchanged"),
+            "[{backend}] {err}"
+        );
+        std::fs::remove_dir(&tmp).unwrap();
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            good_bytes,
+            "[{backend}] old file touched"
+        );
+
+        // A crash after a partial write leaves a torn temporary file: the checkpoint is the old one.
+        std::fs::write(&tmp, &good_bytes[..good_bytes.len() / 3]).unwrap();
+        let mut r = trainer(ctx, 32);
+        checkpoint::load(ctx, &mut r, &path).unwrap();
+        assert_eq!(values(ctx, &r), good, "[{backend}] previous checkpoint");
+        assert_eq!(r.optimizer.steps(), 1);
+        std::fs::remove_file(&tmp).unwrap();
+
+        // What a non-atomic writer would leave: a truncated file, then flipped data bits. Both are
+        // refused, and the trainer is untouched.
+        let fresh = values(ctx, &trainer(ctx, 32));
+        let broken = dir.join("broken.safetensors");
+        for (what, bytes, expect) in [
+            (
+                "truncated",
+                good_bytes[..good_bytes.len() - 100].to_vec(),
+                "truncated or corrupt",
+            ),
+            (
+                "flipped",
+                {
+                    let mut b = good_bytes.clone();
+                    let at = b.len() - 7;
+                    b[at] ^= 0x10;
+                    b
+                },
+                "CRC-32",
+            ),
+        ] {
+            std::fs::write(&broken, bytes).unwrap();
+            let mut f = trainer(ctx, 32);
+            let err = checkpoint::load(ctx, &mut f, &broken).unwrap_err();
+            assert!(
+                err.to_string().contains(expect),
+                "[{backend}] {what}: {err}"
+            );
+            assert_eq!(
+                values(ctx, &f),
+                fresh,
+                "[{backend}] {what}: a refused load wrote"
+            );
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    });
+}
+
+#[test]
+fn unwritable_checkpoint_paths_fail_before_training() {
+    let dir = temp("unwritable");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    // Under a regular file: no directory can be created there, whoever runs the test.
+    let err = Checkpointer::new(file.join("run.safetensors"), 10).unwrap_err();
+    assert!(
+        matches!(err, Error::Checkpoint(_)) && err.to_string().contains("a-file"),
+        "{err}"
+    );
+    let err = Checkpointer::new(&dir, 10).unwrap_err();
+    assert!(err.to_string().contains("is a directory"), "{err}");
+    let err = Checkpointer::new(dir.join("ok.safetensors"), 0).unwrap_err();
+    assert!(err.to_string().contains("every"), "{err}");
+    let ok = Checkpointer::new(dir.join("new/sub/ok.safetensors"), 10).unwrap();
+    assert!(ok.path().parent().unwrap().is_dir());
+    assert_eq!(
+        std::fs::read_dir(ok.path().parent().unwrap())
+            .unwrap()
+            .count(),
+        0,
+        "the probe file is removed"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_non_finite_step_stops_updates_and_saves() {
+    for_each_backend(|backend, ctx| {
+        let path = temp(&format!("{backend}-diverged.safetensors"));
+        // A learning rate this large sends the weights to ~1e30 in one step; the next forward
+        // overflows, so the loss and the gradient norm of step 2 are NaN.
+        let model = Transformer::new(ctx, config(32), SHAPE, 3).unwrap();
+        let adam = AdamWConfig {
+            lr: 1e30,
+            ..Default::default()
+        };
+        let mut t = Trainer::new(ctx, model, adam).unwrap();
+        t.step(ctx, &batch()).unwrap();
+        t.check_finite(ctx).unwrap();
+        checkpoint::save(ctx, &t, &path).unwrap();
+        let saved = std::fs::read(&path).unwrap();
+        let after_first = bits(values(ctx, &t));
+        for _ in 0..3 {
+            t.step(ctx, &batch()).unwrap();
+        }
+        assert!(!t.model.loss().to_vec(ctx).unwrap()[0].is_finite());
+        let err = t.check_finite(ctx).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NonFinite {
+                    step: 2,
+                    last_good: 1,
+                    ..
+                }
+            ),
+            "[{backend}] {err}"
+        );
+        assert!(err.to_string().contains("loss"), "[{backend}] {err}");
+        assert_eq!(
+            bits(values(ctx, &t)),
+            after_first,
+            "[{backend}] the optimizer changed state after the non-finite step"
+        );
+        let refused = checkpoint::save(ctx, &t, &path).unwrap_err();
+        assert!(
+            matches!(refused, Error::NonFinite { .. }),
+            "[{backend}] {refused}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            saved,
+            "[{backend}] checkpoint touched"
+        );
+
+        // Loading the last good checkpoint clears the latch.
+        checkpoint::load(ctx, &mut t, &path).unwrap();
+        t.check_finite(ctx).unwrap();
+        assert_eq!(bits(values(ctx, &t)), after_first);
+        std::fs::remove_file(&path).ok();
+    });
+}
+
+/// Rewrites a checkpoint's metadata (the tensors stay as they are).
+fn with_metadata(
+    from: &std::path::Path,
+    to: &std::path::Path,
+    edit: impl Fn(&mut HashMap<String, String>),
+) {
+    use safetensors::tensor::SafeTensors;
+    let bytes = std::fs::read(from).unwrap();
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let mut meta = header.metadata().clone().unwrap();
+    edit(&mut meta);
+    safetensors::serialize_to_file(file.tensors(), Some(meta), to).unwrap();
+}
+
+#[test]
+fn configurations_are_compared_field_by_field() {
+    for_each_backend(|backend, ctx| {
+        let path = temp(&format!("{backend}-config.safetensors"));
+        let edited = temp(&format!("{backend}-config-edited.safetensors"));
+        let mut t = trainer(ctx, 32);
+        t.step(ctx, &batch()).unwrap();
+        checkpoint::save(ctx, &t, &path).unwrap();
+        let expected = values(ctx, &t);
+        let json = serde_json::to_value(config(32)).unwrap();
+
+        // A checkpoint from before a field existed loads with the field's default ...
+        with_metadata(&path, &edited, |meta| {
+            let mut c = json.clone();
+            c.as_object_mut().unwrap().remove("learned_positions");
+            meta.insert("config".into(), c.to_string());
+        });
+        let mut r = trainer(ctx, 32);
+        checkpoint::load(ctx, &mut r, &edited).unwrap();
+        assert_eq!(values(ctx, &r), expected, "[{backend}] defaulted field");
+
+        // ... and is refused, naming the field, by a model that set it otherwise.
+        let learned = TransformerConfig {
+            learned_positions: true,
+            ..config(32)
+        };
+        let model = Transformer::new(ctx, learned, SHAPE, 3).unwrap();
+        let mut other = Trainer::new(ctx, model, AdamWConfig::default()).unwrap();
+        let err = checkpoint::load(ctx, &mut other, &edited).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("learned_positions (checkpoint false, this model true)"),
+            "[{backend}] {err}"
+        );
+
+        // A field this version does not know (a newer checkpoint) is named too.
+        with_metadata(&path, &edited, |meta| {
+            let mut c = json.clone();
+            c.as_object_mut()
+                .unwrap()
+                .insert("rotary_base".into(), 10000.into());
+            meta.insert("config".into(), c.to_string());
+        });
+        let err = checkpoint::load(ctx, &mut r, &edited).unwrap_err();
+        assert!(err.to_string().contains("rotary_base"), "[{backend}] {err}");
+
+        // Version 1 files (configuration as Debug text, no checksum) still load.
+        with_metadata(&path, &edited, |meta| {
+            meta.insert(
+                "format".into(),
+                "wgpu-attention transformer checkpoint v1".into(),
+            );
+            meta.remove("format_version");
+            meta.remove("crc32");
+            meta.insert("config".into(), format!("{:?}", config(32)));
+        });
+        let mut v1 = trainer(ctx, 32);
+        checkpoint::load(ctx, &mut v1, &edited).unwrap();
+        assert_eq!(values(ctx, &v1), expected, "[{backend}] version 1");
+
+        with_metadata(&path, &edited, |meta| {
+            meta.insert("format_version".into(), "3".into());
+        });
+        let err = checkpoint::load(ctx, &mut r, &edited).unwrap_err();
+        assert!(err.to_string().contains("version 3"), "[{backend}] {err}");
+        std::fs::remove_file(&path).ok();
+        std::fs::remove_file(&edited).ok();
     });
 }

@@ -258,6 +258,8 @@ fn usage_error(message: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
+    wgpu_attention::quiet_headless_start_up();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

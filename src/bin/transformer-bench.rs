@@ -208,6 +208,8 @@ fn run(cli: &Cli) -> Result<(), Error> {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
+    wgpu_attention::quiet_headless_start_up();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

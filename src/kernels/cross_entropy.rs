@@ -109,7 +109,7 @@ pub fn cross_entropy_forward(
     };
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     cross_entropy_forward_into(ctx, &mut encoder, logits, targets, ignore_index, &out)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(out)
 }
 
@@ -177,7 +177,7 @@ pub fn cross_entropy_backward(
         forward,
         &d_logits,
     )?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(d_logits)
 }
 

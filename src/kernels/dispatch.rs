@@ -15,6 +15,12 @@ impl Bindable for GpuTensor {
     }
 }
 
+impl Bindable for wgpu::Buffer {
+    fn bound_buffer(&self) -> &wgpu::Buffer {
+        self
+    }
+}
+
 impl Bindable for GpuTokens {
     fn bound_buffer(&self) -> &wgpu::Buffer {
         self.buffer()

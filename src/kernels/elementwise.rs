@@ -83,7 +83,7 @@ pub fn activation_forward(ctx: &Context, kind: Activation, x: &GpuTensor) -> Res
     let y = GpuTensor::uninit(ctx, "activation y", x.shape())?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     activation_forward_into(ctx, &mut encoder, kind, x, &y)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(y)
 }
 
@@ -120,7 +120,7 @@ pub fn activation_backward(
     let dx = GpuTensor::uninit(ctx, "activation dx", x.shape())?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     activation_backward_into(ctx, &mut encoder, kind, x, dy, &dx)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(dx)
 }
 
@@ -154,7 +154,7 @@ pub fn add(ctx: &Context, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
     let out = GpuTensor::uninit(ctx, "add out", a.shape())?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     add_into(ctx, &mut encoder, a, b, &out)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(out)
 }
 

@@ -122,7 +122,7 @@ pub fn embedding_forward(
     let out = GpuTensor::uninit(ctx, "embedding out", &shape_with_dim(tokens, dim))?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     embedding_forward_into(ctx, &mut encoder, tokens, table, &out)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(out)
 }
 
@@ -180,7 +180,7 @@ pub fn embedding_backward(
     let d_table = GpuTensor::uninit(ctx, "embedding d_table", &[vocab, dim])?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     embedding_backward_into(ctx, &mut encoder, tokens, dy, &d_table)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(d_table)
 }
 
@@ -284,7 +284,7 @@ pub fn positional_forward(ctx: &Context, x: &GpuTensor, table: &GpuTensor) -> Re
     let y = GpuTensor::uninit(ctx, "positional y", x.shape())?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     positional_forward_into(ctx, &mut encoder, x, table, &y)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(y)
 }
 
@@ -330,7 +330,7 @@ pub fn positional_backward(ctx: &Context, dy: &GpuTensor, max_len: usize) -> Res
     let d_table = GpuTensor::uninit(ctx, "positional d_table", &[max_len, dim])?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     positional_backward_into(ctx, &mut encoder, dy, &d_table)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(d_table)
 }
 

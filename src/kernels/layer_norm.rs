@@ -131,7 +131,7 @@ pub fn layer_norm_forward(
     let stats = GpuTensor::uninit(ctx, "layer_norm stats", &[rows, 2])?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     layer_norm_forward_into(ctx, &mut encoder, x, gamma, beta, eps, &y, &stats)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(LayerNormOutput { y, stats })
 }
 
@@ -203,7 +203,7 @@ pub fn layer_norm_backward(
         &d_gamma,
         &d_beta,
     )?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(LayerNormGrads {
         dx,
         d_gamma,

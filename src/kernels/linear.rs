@@ -117,7 +117,7 @@ pub fn linear_forward(
     let y = GpuTensor::uninit(ctx, "linear y", &out_shape(x, out_f))?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     linear_forward_into(ctx, &mut encoder, x, weight, bias, &y)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(y)
 }
 
@@ -185,7 +185,7 @@ pub fn linear_backward(
     };
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     linear_backward_into(ctx, &mut encoder, x, weight, dy, &grads)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(grads)
 }
 

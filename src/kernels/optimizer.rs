@@ -2,8 +2,13 @@
 //! `shaders/grad_norm_{partial,finalize}.wgsl` compute the norm of all gradients and the clip scale
 //! on the GPU in a fixed order; `shaders/adamw.wgsl` updates each parameter with its moments.
 //! CPU reference: [`crate::reference::optimizer`].
+//!
+//! Non-finite guard: the first step whose gradient norm (or the loss, with
+//! [`AdamW::step_into_guarded`]) is Inf or NaN is latched on the GPU, and from it on every update
+//! is skipped, so the parameters stay those of the last good step without a readback per step;
+//! [`AdamW::check_finite`] reports it.
 
-use crate::device::Context;
+use crate::device::{Allocation, Context};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{encode, grid_x};
 use crate::tensor::GpuTensor;
@@ -63,7 +68,9 @@ struct FinalizeParams {
     partials: u32,
     clip: u32,
     max_norm: f32,
-    pad: u32,
+    step: u32,
+    watched: u32,
+    pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -82,7 +89,7 @@ struct AdamParams {
 }
 
 /// AdamW state for a fixed list of parameter tensors: first and second moments (allocated once), the
-/// step count and the last step's `[grad norm, clip scale]`.
+/// step count, the last step's `[grad norm, clip scale]` and the non-finite latch.
 pub struct AdamW {
     config: AdamWConfig,
     shapes: Vec<Vec<usize>>,
@@ -91,6 +98,9 @@ pub struct AdamW {
     v: Vec<GpuTensor>,
     partials: GpuTensor,
     norm: GpuTensor,
+    /// `[first non-finite step or 0, what]` (u32; see `grad_norm_finalize.wgsl`).
+    health: wgpu::Buffer,
+    _health_allocation: Allocation,
 }
 
 impl AdamW {
@@ -135,7 +145,16 @@ impl AdamW {
                 });
             }
         }
+        let (health, _health_allocation) = ctx.create_buffer(
+            "optimizer health",
+            8,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+        )?;
         Ok(Self {
+            health,
+            _health_allocation,
             config,
             shapes: params.iter().map(|p| p.shape().to_vec()).collect(),
             step: 0,
@@ -178,9 +197,34 @@ impl AdamW {
         (&self.m, &self.v)
     }
 
-    /// Restores the step count (moments are written through [`AdamW::moments`]).
-    pub fn set_steps(&mut self, steps: u32) {
+    /// Restores the step count (moments are written through [`AdamW::moments`]) and clears the
+    /// non-finite latch: what a checkpoint load does.
+    pub fn set_steps(&mut self, ctx: &Context, steps: u32) -> Result<()> {
+        ctx.check_lost()?;
+        ctx.queue()
+            .write_buffer(&self.health, 0, bytemuck::bytes_of(&[0u32; 2]));
         self.step = steps;
+        Ok(())
+    }
+
+    /// `Err(`[`Error::NonFinite`]`)` naming the first step whose gradient norm or guarded loss was
+    /// not finite; from that step on the optimizer has changed nothing. Reads 8 bytes back, so it
+    /// waits for the submitted steps: call it where the loss is read anyway and before saving.
+    pub fn check_finite(&self, ctx: &Context) -> Result<()> {
+        let words = pollster::block_on(crate::tensor::read_buffer(ctx, &self.health, 0, 2))?;
+        let [step, what] = [words[0].to_bits(), words[1].to_bits()];
+        if step == 0 {
+            return Ok(());
+        }
+        Err(Error::NonFinite {
+            step,
+            last_good: step - 1,
+            what: match what {
+                1 => "gradient norm",
+                2 => "loss",
+                _ => "loss and gradient norm",
+            },
+        })
     }
 
     /// `[global gradient norm, clip scale]` of the last step, on the GPU.
@@ -196,6 +240,30 @@ impl AdamW {
         encoder: &mut wgpu::CommandEncoder,
         params: &[&GpuTensor],
         grads: &[&GpuTensor],
+    ) -> Result<()> {
+        self.record_step(ctx, encoder, params, grads, None)
+    }
+
+    /// [`AdamW::step_into`] that also skips the update (and latches, see [`AdamW::check_finite`])
+    /// when a value of `loss` is not finite.
+    pub fn step_into_guarded(
+        &mut self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        params: &[&GpuTensor],
+        grads: &[&GpuTensor],
+        loss: &GpuTensor,
+    ) -> Result<()> {
+        self.record_step(ctx, encoder, params, grads, Some(loss))
+    }
+
+    fn record_step(
+        &mut self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        params: &[&GpuTensor],
+        grads: &[&GpuTensor],
+        loss: Option<&GpuTensor>,
     ) -> Result<()> {
         if params.len() != self.shapes.len() || grads.len() != self.shapes.len() {
             return Err(Error::shape(
@@ -254,7 +322,9 @@ impl AdamW {
             partials: offset as u32,
             clip: c.max_grad_norm.is_some() as u32,
             max_norm: c.max_grad_norm.unwrap_or(0.0),
-            pad: 0,
+            step: self.step,
+            watched: loss.map_or(0, |l| l.len() as u32),
+            pad: [0; 3],
         };
         encode(
             ctx,
@@ -263,7 +333,12 @@ impl AdamW {
             NORM_FINALIZE,
             &[],
             bytemuck::bytes_of(&f),
-            &[&self.partials, &self.norm],
+            &[
+                &self.partials,
+                &self.norm,
+                loss.unwrap_or(&self.partials),
+                &self.health,
+            ],
             1,
         );
         let t = self.step as f64;
@@ -287,7 +362,7 @@ impl AdamW {
                 ADAMW,
                 &[],
                 bytemuck::bytes_of(&a),
-                &[*p, *g, &self.m[i], &self.v[i], &self.norm],
+                &[*p, *g, &self.m[i], &self.v[i], &self.norm, &self.health],
                 p.len(),
             );
         }
@@ -303,7 +378,7 @@ impl AdamW {
     ) -> Result<()> {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         self.step_into(ctx, &mut encoder, params, grads)?;
-        ctx.submit(encoder);
+        ctx.submit(encoder)?;
         Ok(())
     }
 }

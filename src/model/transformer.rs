@@ -28,7 +28,11 @@ use crate::layers::params::{Init, ParamId, Params};
 use crate::layers::stack::StackConfig;
 use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The model's hyper-parameters, stored in checkpoints as JSON. A field added after checkpoint format
+/// 2 must carry `#[serde(default)]` (or `default = ...`) with the value that reproduces the behaviour
+/// from before it existed, so that older checkpoints keep loading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TransformerConfig {
     /// Token ids are `0..vocab`, shared by source and target.
     pub vocab: usize,
@@ -39,9 +43,11 @@ pub struct TransformerConfig {
     pub encoder_layers: usize,
     pub decoder_layers: usize,
     pub pre_ln: bool,
-    /// Learned position tables instead of the fixed sinusoidal one.
+    /// Learned position tables instead of the fixed sinusoidal one (default false).
+    #[serde(default)]
     pub learned_positions: bool,
-    /// Padding id: ignored by the loss (positions past a length are masked in attention).
+    /// Padding id: ignored by the loss (positions past a length are masked in attention); default 0.
+    #[serde(default)]
     pub pad_id: u32,
 }
 

@@ -4,6 +4,8 @@
 use crate::kernels::optimizer::AdamWConfig;
 
 /// One AdamW step over a list of tensors at step `t` (1-based); returns (global grad norm, scale).
+/// A step whose gradient norm is not finite changes nothing (the GPU optimizer also skips every
+/// later step, a state this per-step reference does not keep).
 pub fn adamw_step(
     config: &AdamWConfig,
     t: u32,
@@ -17,6 +19,9 @@ pub fn adamw_step(
         Some(max) => (max as f64 / (norm + 1e-6)).min(1.0),
         None => 1.0,
     };
+    if !norm.is_finite() {
+        return (norm, scale);
+    }
     let (b1, b2) = (config.beta1 as f64, config.beta2 as f64);
     let (c1, c2) = (1.0 - b1.powi(t as i32), 1.0 - b2.powi(t as i32));
     let (lr, wd, eps) = (

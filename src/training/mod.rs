@@ -1,5 +1,6 @@
 //! Training: one step (forward, backward, AdamW) recorded into a single command submission on
-//! buffers allocated once, and safetensors checkpoints of weights and optimizer state.
+//! buffers allocated once, a guard that stops updating at the first non-finite loss or gradient
+//! norm, and atomic safetensors checkpoints of weights and optimizer state with periodic saves.
 
 pub mod checkpoint;
 
@@ -43,10 +44,16 @@ impl Trainer {
             model.forward(ctx, &mut encoder)?;
             model.backward(ctx, &mut encoder)?;
             let (params, grads) = model.parameters();
-            optimizer.step_into(ctx, &mut encoder, &params, &grads)
+            optimizer.step_into_guarded(ctx, &mut encoder, &params, &grads, model.loss())
         })?;
-        ctx.queue().submit([encoder.finish()]);
+        ctx.submit(encoder)?;
         Ok(())
+    }
+
+    /// `Err(`[`crate::Error::NonFinite`]`)` if a step since the last checkpoint load had a non-finite
+    /// loss or gradient norm (from then on the optimizer changes nothing). Waits for submitted steps.
+    pub fn check_finite(&self, ctx: &Context) -> Result<()> {
+        self.optimizer.check_finite(ctx)
     }
 
     /// Bind groups created and reused so far: after the first step (and the first forward-only
@@ -61,7 +68,7 @@ impl Trainer {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         let model = &self.model;
         ctx.with_binding_cache(&mut self.bindings, || model.forward(ctx, &mut encoder))?;
-        ctx.queue().submit([encoder.finish()]);
+        ctx.submit(encoder)?;
         Ok(())
     }
 }

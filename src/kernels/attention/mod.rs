@@ -622,7 +622,7 @@ pub fn attention_forward(
     let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     attention_forward_into(ctx, &mut encoder, q, k, v, &out.heads()?, &lse, opts)?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(AttentionOutput { out, lse })
 }
 
@@ -791,7 +791,7 @@ pub fn attention_backward(
         &workspace,
         opts,
     )?;
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(AttentionGrads { dq, dk, dv })
 }
 
@@ -1153,7 +1153,7 @@ pub fn attention_forward_unfused(
             },
         )?;
     }
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(AttentionOutput { out, lse })
 }
 
@@ -1315,6 +1315,6 @@ pub fn attention_backward_unfused(
             },
         )?;
     }
-    ctx.submit(encoder);
+    ctx.submit(encoder)?;
     Ok(AttentionGrads { dq, dk, dv })
 }
