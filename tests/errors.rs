@@ -198,3 +198,54 @@ fn unsupported_attention_workgroup_width_is_refused() {
         |_, _| {},
     );
 }
+
+#[test]
+fn allocations_beyond_the_adapter_limit_are_refused() {
+    for_each_backend(|_, ctx| {
+        let limit = ctx.limits().max_buffer_size;
+        let elements = (limit / 4 + 1) as usize;
+        let before = ctx.memory().current_bytes;
+        let err = GpuTensor::zeros(ctx, &[elements]).unwrap_err();
+        assert!(
+            matches!(err, Error::Unsupported { limit: l, .. } if l == limit),
+            "{err}"
+        );
+        assert!(err.to_string().contains("max_buffer_size"), "{err}");
+        assert_eq!(
+            ctx.memory().current_bytes,
+            before,
+            "a refused allocation is counted"
+        );
+    });
+}
+
+#[test]
+fn a_lost_device_gives_typed_errors_not_panics() {
+    // A fresh context per back end: this test destroys its device.
+    for_each_backend_with(
+        |_| {},
+        |backend, ctx| {
+            let t = GpuTensor::from_slice(ctx, &[1.0; 8], &[8]).unwrap();
+            let (q, k, v) = views(ctx, [1, 4, 2, 8], [1, 4, 2, 8], [1, 4, 2, 8]);
+            ctx.synchronize().unwrap();
+            ctx.device().destroy();
+            let lost = |what: &str, r: Result<(), Error>| match r {
+                Err(Error::DeviceLost(reason)) => {
+                    assert!(reason.contains("Destroyed"), "[{backend}] {what}: {reason}")
+                }
+                other => panic!("[{backend}] {what}: expected DeviceLost, got {other:?}"),
+            };
+            // The driver reports the loss to the first wait; every later call refuses up front.
+            lost("synchronize", ctx.synchronize());
+            lost("to_vec", t.to_vec(ctx).map(drop));
+            lost("write", t.write(ctx, &[0.0; 8]));
+            lost("zeros", GpuTensor::zeros(ctx, &[8]).map(drop));
+            lost(
+                "attention_forward",
+                attention_forward(ctx, &q, &k, &v, &AttentionOptions::new()).map(drop),
+            );
+            let text = ctx.synchronize().unwrap_err().to_string();
+            assert!(text.contains("create a new Context"), "[{backend}] {text}");
+        },
+    );
+}

@@ -112,3 +112,67 @@ fn mismatched_tensors_are_a_typed_error() {
         assert!(AdamW::new(ctx, bad, &[&p]).is_err());
     });
 }
+
+#[test]
+fn a_non_finite_gradient_norm_skips_this_and_every_later_update() {
+    for_each_backend(|backend, ctx| {
+        let config = AdamWConfig {
+            lr: 0.01,
+            max_grad_norm: Some(1.0),
+            ..Default::default()
+        };
+        let start = [0.5f32, -1.0, 2.0, 0.25];
+        let p = GpuTensor::from_slice(ctx, &start, &[4]).unwrap();
+        let mut opt = AdamW::new(ctx, config, &[&p]).unwrap();
+        let good = GpuTensor::from_slice(ctx, &[0.1, 0.2, -0.3, 0.4], &[4]).unwrap();
+        opt.step(ctx, &[&p], &[&good]).unwrap();
+        opt.check_finite(ctx).unwrap();
+        let after_good = p.to_vec(ctx).unwrap();
+        let (m, v) = opt.moments();
+        let moments = (m[0].to_vec(ctx).unwrap(), v[0].to_vec(ctx).unwrap());
+
+        // The reference skips the bad step too.
+        let mut host = vec![to_f64(&after_good)];
+        let (mut hm, mut hv) = (vec![to_f64(&moments.0)], vec![to_f64(&moments.1)]);
+        let bad_grads = [0.1f32, f32::INFINITY, 0.0, 0.0];
+        let (norm, _) = reference::adamw_step(
+            &config,
+            2,
+            &mut host,
+            &[to_f64(&bad_grads)],
+            &mut hm,
+            &mut hv,
+        );
+        assert!(!norm.is_finite());
+        assert_eq!(host[0], to_f64(&after_good), "reference updated on Inf");
+
+        for grads in [bad_grads, [f32::NAN, 0.0, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4]] {
+            let g = GpuTensor::from_slice(ctx, &grads, &[4]).unwrap();
+            opt.step(ctx, &[&p], &[&g]).unwrap();
+        }
+        let (m, v) = opt.moments();
+        assert_eq!(
+            (
+                p.to_vec(ctx).unwrap(),
+                m[0].to_vec(ctx).unwrap(),
+                v[0].to_vec(ctx).unwrap()
+            ),
+            (after_good, moments.0, moments.1),
+            "[{backend}] an update after the non-finite step"
+        );
+        let err = opt.check_finite(ctx).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NonFinite {
+                    step: 2,
+                    last_good: 1,
+                    what: "gradient norm"
+                }
+            ),
+            "[{backend}] {err}"
+        );
+        opt.set_steps(ctx, 1).unwrap();
+        opt.check_finite(ctx).unwrap();
+    });
+}
