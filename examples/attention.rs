@@ -122,6 +122,7 @@ fn run(
         causal,
         q_lens: None,
         kv_lens: None,
+        ..Default::default()
     };
     let (ref_out, ref_lse) =
         reference::attention_forward(&shape, &f64s(&q), &f64s(&k), &f64s(&v), &masks);

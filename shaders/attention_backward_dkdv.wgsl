@@ -157,9 +157,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
                 let st_a = stat_tile[ia];
                 let st_b = stat_tile[ib];
-                let p_a = select(vec4<f32>(0.0), exp(s_a - st_a.x), live & (vec4<u32>(m0 + ia) >= q_lo));
+                let x_a = modify_scores(s_a, vec4<u32>(m0 + ia), cols, h);
+                let x_b = modify_scores(s_b, vec4<u32>(m0 + ib), cols, h);
+                let p_a = select(vec4<f32>(0.0), exp(x_a - st_a.x), live & (vec4<u32>(m0 + ia) >= q_lo));
                 let row_b = live & (vec4<u32>(m0 + ib) >= q_lo) & vec4<bool>(ib < m_tile);
-                let p_b = select(vec4<f32>(0.0), exp(s_b - st_b.x), row_b);
+                let p_b = select(vec4<f32>(0.0), exp(x_b - st_b.x), row_b);
                 // dP and dV need the same dO rows and P is known: one pass over them serves both.
                 var dp_a = vec4<f32>(0.0);
                 var dp_b = vec4<f32>(0.0);
@@ -178,8 +180,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     dv[d + 2u] += p_a * oa.z + p_b * ob.z;
                     dv[d + 3u] += p_a * oa.w + p_b * ob.w;
                 }
-                let ds_a = p_a * (dp_a - st_a.y);
-                let ds_b = p_b * (dp_b - st_b.y);
+                let ds_a = p_a * (dp_a - st_a.y) * score_grad(s_a);
+                let ds_b = p_b * (dp_b - st_b.y) * score_grad(s_b);
                 for (var d4 = 0u; d4 < DK4; d4++) {
                     let qa = q_tile[ia * DK4 + d4];
                     let qb = q_tile[ib * DK4 + d4];

@@ -148,11 +148,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 dp_b += o0 * vb.x + o1 * vb.y + o2 * vb.z + o3 * vb.w;
             }
             // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0.
-            let p_a = select(vec4<f32>(0.0), exp(s_a - lse), vec4<u32>(n0 + ja) < row_end);
+            let x_a = modify_scores(s_a, rows, vec4<u32>(n0 + ja), h);
+            let x_b = modify_scores(s_b, rows, vec4<u32>(n0 + jb), h);
+            let p_a = select(vec4<f32>(0.0), exp(x_a - lse), vec4<u32>(n0 + ja) < row_end);
             let key_b = (vec4<u32>(n0 + jb) < row_end) & vec4<bool>(jb < n_tile);
-            let p_b = select(vec4<f32>(0.0), exp(s_b - lse), key_b);
-            let ds_a = p_a * (dp_a - delta);
-            let ds_b = p_b * (dp_b - delta);
+            let p_b = select(vec4<f32>(0.0), exp(x_b - lse), key_b);
+            let ds_a = p_a * (dp_a - delta) * score_grad(s_a);
+            let ds_b = p_b * (dp_b - delta) * score_grad(s_b);
             for (var d4 = 0u; d4 < DK4; d4++) {
                 let ka = k_tile[ja * DK4 + d4];
                 let kb = k_tile[jb * DK4 + d4];

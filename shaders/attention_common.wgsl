@@ -34,6 +34,11 @@ struct Params {
     // Split-KV workgroups per query block of the tiled forward; each covers a share of the block's
     // key tiles and writes a partial result that attention_forward_merge.wgsl combines.
     splits: u32,
+    // Score modifiers (FLAG_SOFTCAP: the cap; see modify_scores).
+    softcap: f32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
     views: array<View, 8>,
 }
 
@@ -49,6 +54,8 @@ const VIEW_DV: u32 = 7u;
 const FLAG_CAUSAL: u32 = 1u;
 const FLAG_Q_LENS: u32 = 2u;
 const FLAG_KV_LENS: u32 = 4u;
+const FLAG_SOFTCAP: u32 = 8u;
+const FLAG_ALIBI: u32 = 16u;
 
 // Masked scores are tracked with explicit validity, never through inf arithmetic (Metal may use fast
 // math). This finite sentinel is only ever a running-max seed; it is never exponentiated on its own.
@@ -101,4 +108,48 @@ fn query_start(j: u32) -> u32 {
         return u32(max(i32(j) - (i32(params.kv_seq) - i32(params.q_seq)), 0));
     }
     return 0u;
+}
+
+// Score modifiers, the one statement of them every fused kernel calls (SPEC.md order, as
+// FlashAttention 2): from the scaled score s = scale * q.k of query rows `rows` and keys `keys` of
+// query head h,
+//   softcap:  s <- cap * tanh(s / cap)
+//   ALiBi:    s <- s - slope(h) * |i + (Lk - Lq) - j|   (positions aligned as the causal mask)
+// Masks are applied after, by the callers.
+fn modify_scores(s: vec4<f32>, rows: vec4<u32>, keys: vec4<u32>, h: u32) -> vec4<f32> {
+    var x = s;
+    if (params.flags & FLAG_SOFTCAP) != 0u {
+        x = params.softcap * capped_tanh(x / params.softcap);
+    }
+    if (params.flags & FLAG_ALIBI) != 0u {
+        let shift = i32(params.kv_seq) - i32(params.q_seq);
+        let distance = abs(vec4<i32>(rows) + shift - vec4<i32>(keys));
+        x -= alibi_slope(h) * vec4<f32>(distance);
+    }
+    return x;
+}
+
+// d modify_scores / d s (ALiBi adds a constant): 1 - tanh^2(s / cap) under softcap, else 1.
+fn score_grad(s: vec4<f32>) -> vec4<f32> {
+    if (params.flags & FLAG_SOFTCAP) != 0u {
+        let t = capped_tanh(s / params.softcap);
+        return 1.0 - t * t;
+    }
+    return vec4<f32>(1.0);
+}
+
+// tanh whose argument stays where every implementation is exact to f32 (tanh(15) rounds to 1);
+// some compute tanh through exp(2x), which overflows to inf / inf for large |x|.
+fn capped_tanh(x: vec4<f32>) -> vec4<f32> {
+    return tanh(clamp(x, vec4<f32>(-15.0), vec4<f32>(15.0)));
+}
+
+// ALiBi slope of query head h (Press et al. 2022): for n = H a power of two, 2^(-8 (h + 1) / n);
+// otherwise the n = 2^floor(log2 H) slopes of that sequence, then every other slope of the 2n one.
+fn alibi_slope(h: u32) -> f32 {
+    let n = 1u << firstLeadingBit(params.heads);
+    if h < n {
+        return exp2(-8.0 * f32(h + 1u) / f32(n));
+    }
+    return exp2(-4.0 * f32(2u * (h - n) + 1u) / f32(n));
 }

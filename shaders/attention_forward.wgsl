@@ -1,4 +1,4 @@
-// Fused attention forward, FlashAttention-2 style (SPEC.md): O = softmax(scale * Q K^T + masks) V and
+// Fused attention forward, FlashAttention-2 style (SPEC.md): O = softmax(modify(scale * Q K^T) + masks) V and
 // lse = log-sum-exp of each row, in one pass over K/V tiles with an online softmax. The Lq x Lk score
 // matrix is never materialised.
 //
@@ -132,6 +132,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let d = d4 * 4u;
                 s += qt[d] * kx.x + qt[d + 1u] * kx.y + qt[d + 2u] * kx.z + qt[d + 3u] * kx.w;
             }
+            s = modify_scores(s, rows, vec4<u32>(n0 + jj), h);
             s = select(vec4<f32>(NEG_BIG), s, vec4<u32>(n0 + jj) < row_end);
             p[jj] = s;
             tile_max = max(tile_max, s);

@@ -148,6 +148,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var tile_max = vec4<f32>(NEG_BIG);
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
+            s[c] = modify_scores(s[c], rows, vec4<u32>(j), h);
             s[c] = select(vec4<f32>(NEG_BIG), s[c], vec4<u32>(j) < row_end);
             tile_max = max(tile_max, s[c]);
         }

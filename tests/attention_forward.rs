@@ -84,6 +84,24 @@ fn masks_and_their_combinations() {
 }
 
 #[test]
+fn score_modifiers_softcap_and_alibi() {
+    for_each_family(|backend, ctx| {
+        for case in &score_modifier_cases() {
+            check(backend, ctx, case, Path::Fused);
+        }
+    });
+    // Under a small loop budget the split-KV merge and chunk passes see modified scores too.
+    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+        let case = Case::new(1, 129, 129, 2, 2, 40, 40)
+            .magnitude(3.0)
+            .softcap(4.0)
+            .alibi()
+            .causal();
+        check(backend, ctx, &case, Path::Fused);
+    });
+}
+
+#[test]
 fn grouped_and_multi_query_heads_and_distinct_value_dim() {
     for_each_family(|backend, ctx| {
         for case in &grouped_head_cases() {

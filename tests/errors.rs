@@ -249,3 +249,19 @@ fn a_lost_device_gives_typed_errors_not_panics() {
         },
     );
 }
+
+#[test]
+fn score_modifier_options_are_checked() {
+    for_each_backend(|_, ctx| {
+        let (q, k, v) = views(ctx, [1, 4, 2, 8], [1, 4, 2, 8], [1, 4, 2, 8]);
+        for cap in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let opts = AttentionOptions::new().softcap(cap);
+            let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+            assert!(m.contains("softcap") && m.contains("positive"), "{m}");
+        }
+        // The unfused baseline has masks but no score modifiers: refused, naming them.
+        let opts = AttentionOptions::new().alibi(true);
+        let m = message(attention_forward_unfused(ctx, &q, &k, &v, &opts));
+        assert!(m.contains("softcap/alibi") && m.contains("unfused"), "{m}");
+    });
+}

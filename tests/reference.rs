@@ -60,6 +60,16 @@ fn backward_matches_finite_differences() {
         Case::new(1, 4, 5, 2, 1, 4, 4)
             .magnitude(4.0)
             .temperature(0.5),
+        // Score modifiers: softcap where it bends (|s| ~ cap), ALiBi with 3 heads (not a power
+        // of two), and both under masks.
+        Case::new(1, 5, 7, 2, 2, 4, 3).magnitude(3.0).softcap(1.5),
+        Case::new(2, 6, 5, 3, 3, 4, 4).alibi(),
+        Case::new(2, 6, 6, 4, 2, 5, 4)
+            .magnitude(3.0)
+            .softcap(2.0)
+            .alibi()
+            .causal()
+            .kv_lens(&[6, 3]),
     ];
     for case in &cases {
         let err = finite_difference_error(case);
@@ -69,6 +79,26 @@ fn backward_matches_finite_differences() {
         );
         assert!(err < 1e-7, "{}: {err}", case.label());
     }
+}
+
+#[test]
+fn score_modifier_known_answers() {
+    // ALiBi slopes: the geometric sequence for 8 heads, and 6 heads = the 4-head slopes then every
+    // other slope of the 8-head sequence (Press et al.).
+    let eight: Vec<f64> = (0..8).map(|h| reference::alibi_slope(h, 8)).collect();
+    let expected: Vec<f64> = (1..=8).map(|i| 0.5f64.powi(i)).collect();
+    assert_eq!(eight, expected);
+    let six: Vec<f64> = (0..6).map(|h| reference::alibi_slope(h, 6)).collect();
+    assert_eq!(six, [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]);
+
+    // Softcap and ALiBi of a score: cap tanh(s / cap) - slope |i + Lk - Lq - j|, derivative
+    // 1 - tanh^2.
+    let case = Case::new(1, 2, 4, 2, 2, 1, 1).softcap(2.0).alibi();
+    let masks = case.masks();
+    let (x, grad) = masks.modify(&case.shape(), 1, 0, 3, 1.0);
+    let t = 0.5f64.tanh();
+    assert!((x - (2.0 * t - 0.00390625)).abs() < 1e-15, "{x}");
+    assert!((grad - (1.0 - t * t)).abs() < 1e-15, "{grad}");
 }
 
 #[test]
@@ -84,6 +114,7 @@ fn forward_known_answers() {
         causal: true,
         q_lens: None,
         kv_lens: None,
+        ..Default::default()
     };
     let (out, lse) = reference::attention_forward(&s, &q, &k, &v, &masks);
     // Bottom-right causal with Lq = 3, Lk = 4: row i sees keys 0..=i+1.

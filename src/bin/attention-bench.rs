@@ -663,6 +663,7 @@ fn run_problem(
         causal: p.causal(),
         q_lens: None,
         kv_lens: p.kv_lens(),
+        ..Default::default()
     };
     let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     let reference_forward = validate.then(|| {

@@ -1,19 +1,59 @@
-//! CPU reference for scaled dot-product attention (SPEC.md), forward and backward, in f64.
+//! CPU reference for scaled dot-product attention (SPEC.md) with its score modifiers (softcap,
+//! ALiBi), forward and backward, in f64.
 //! Tensors are contiguous BSHD: q `[B, Lq, H, Dk]`, k `[B, Lk, Hkv, Dk]`, v `[B, Lk, Hkv, Dv]`,
 //! out `[B, Lq, H, Dv]`, lse `[B, H, Lq]`. GPU counterpart: [`crate::kernels::attention`].
 
 use crate::kernels::attention::AttentionShape;
 
-/// Masks and scale of a reference call (the final scale, temperature already applied).
+/// Masks, scale and score modifiers of a reference call (the final scale, temperature applied).
 #[derive(Clone, Debug, Default)]
 pub struct Masks {
     pub scale: f64,
     pub causal: bool,
     pub q_lens: Option<Vec<u32>>,
     pub kv_lens: Option<Vec<u32>>,
+    /// `cap * tanh(s / cap)` of the scaled score.
+    pub softcap: Option<f64>,
+    /// ALiBi with the geometric slopes ([`alibi_slope`]).
+    pub alibi: bool,
+}
+
+/// ALiBi slope of query head `h` of `heads` (Press et al. 2022): `2^(-8 (h + 1) / n)` for
+/// `n = heads` a power of two; otherwise the `n = 2^floor(log2 heads)` slopes of that sequence, then
+/// every other slope of the `2n` one.
+pub fn alibi_slope(h: usize, heads: usize) -> f64 {
+    let n = 1usize << heads.ilog2();
+    if h < n {
+        (-8.0 * (h + 1) as f64 / n as f64).exp2()
+    } else {
+        (-4.0 * (2 * (h - n) + 1) as f64 / n as f64).exp2()
+    }
 }
 
 impl Masks {
+    /// The score of query `i`, key `j`, query head `h` from the scaled dot product `s`, and its
+    /// derivative with respect to `s`: softcap, then ALiBi (FlashAttention 2's order).
+    pub fn modify(
+        &self,
+        s_shape: &AttentionShape,
+        h: usize,
+        i: usize,
+        j: usize,
+        s: f64,
+    ) -> (f64, f64) {
+        let (mut x, mut grad) = (s, 1.0);
+        if let Some(cap) = self.softcap {
+            let t = (s / cap).tanh();
+            x = cap * t;
+            grad = 1.0 - t * t;
+        }
+        if self.alibi {
+            let position = i as i64 + s_shape.kv_seq as i64 - s_shape.q_seq as i64;
+            x -= alibi_slope(h, s_shape.heads) * (position - j as i64).abs() as f64;
+        }
+        (x, grad)
+    }
+
     /// Whether key `j` is visible to query `i` of batch `b`.
     pub fn visible(&self, s: &AttentionShape, b: usize, i: usize, j: usize) -> bool {
         let q_len = self.q_lens.as_ref().map_or(s.q_seq, |l| l[b] as usize);
@@ -52,7 +92,8 @@ pub fn attention_forward(
                 for (j, score) in scores.iter_mut().enumerate() {
                     *score = if masks.visible(s, b, i, j) {
                         let kj = &k[idx(s.kv_seq, s.kv_heads, dk, b, j, hk)..][..dk];
-                        masks.scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>()
+                        let dot = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>();
+                        masks.modify(s, h, i, j, masks.scale * dot).0
                     } else {
                         f64::NEG_INFINITY
                     };
@@ -122,11 +163,12 @@ pub fn attention_backward(
                     }
                     let ko = idx(s.kv_seq, s.kv_heads, dk_dim, b, j, hk);
                     let vo = idx(s.kv_seq, s.kv_heads, dv_dim, b, j, hk);
-                    let score: f64 =
-                        masks.scale * (0..dk_dim).map(|c| q[qo + c] * k[ko + c]).sum::<f64>();
+                    let dot: f64 = (0..dk_dim).map(|c| q[qo + c] * k[ko + c]).sum();
+                    let (score, score_grad) = masks.modify(s, h, i, j, masks.scale * dot);
                     let p = (score - row_lse).exp();
                     let dp: f64 = (0..dv_dim).map(|c| d_out[oo + c] * v[vo + c]).sum();
-                    let ds = p * (dp - delta);
+                    // dL/d(scaled dot product): through the softmax, then the softcap.
+                    let ds = p * (dp - delta) * score_grad;
                     for c in 0..dv_dim {
                         dv[vo + c] += p * d_out[oo + c];
                     }

@@ -142,6 +142,7 @@ impl<'a> Model<'a> {
             causal,
             q_lens: Some(q.lens.to_vec()),
             kv_lens: Some(kv.lens.to_vec()),
+            ..Default::default()
         }
     }
 

@@ -103,6 +103,7 @@ fn masks(c: &TransformerLayerConfig) -> Masks {
         causal: c.causal,
         q_lens: None,
         kv_lens: None,
+        ..Default::default()
     }
 }
 

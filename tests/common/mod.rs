@@ -232,6 +232,8 @@ pub struct Case {
     /// Magnitude of the random inputs (large values give large logits).
     pub magnitude: f32,
     pub temperature: Option<f32>,
+    pub softcap: Option<f32>,
+    pub alibi: bool,
     pub seed: u64,
 }
 
@@ -250,6 +252,8 @@ impl Case {
             kv_lens: None,
             magnitude: 1.0,
             temperature: None,
+            softcap: None,
+            alibi: false,
             seed: 7,
         }
     }
@@ -279,6 +283,16 @@ impl Case {
         self
     }
 
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    pub fn alibi(mut self) -> Self {
+        self.alibi = true;
+        self
+    }
+
     pub fn shape(&self) -> AttentionShape {
         AttentionShape {
             batch: self.b,
@@ -293,7 +307,7 @@ impl Case {
 
     pub fn label(&self) -> String {
         format!(
-            "B{} Lq{} Lk{} H{}/{} Dk{} Dv{}{}{}{}{}",
+            "B{} Lq{} Lk{} H{}/{} Dk{} Dv{}{}{}{}{}{}{}",
             self.b,
             self.lq,
             self.lk,
@@ -313,6 +327,9 @@ impl Case {
             } else {
                 String::new()
             },
+            self.softcap
+                .map_or(String::new(), |c| format!(" softcap{c}")),
+            if self.alibi { " alibi" } else { "" },
         )
     }
 
@@ -326,6 +343,8 @@ impl Case {
             causal: self.causal,
             q_lens: self.q_lens.clone(),
             kv_lens: self.kv_lens.clone(),
+            softcap: self.softcap.map(f64::from),
+            alibi: self.alibi,
         }
     }
 
@@ -345,7 +364,10 @@ impl Case {
         if let Some(l) = lens {
             opts = opts.seq_lens(l);
         }
-        opts
+        if let Some(cap) = self.softcap {
+            opts = opts.softcap(cap);
+        }
+        opts.alibi(self.alibi)
     }
 
     /// Uploads (q, k, v, d_out) as head views.
@@ -468,6 +490,29 @@ pub fn split_loop_cases() -> Vec<Case> {
             .q_lens(&[44, 129, 64])
             .kv_lens(&[65, 33, 1]),
         Case::new(1, 200, 200, 4, 1, 8, 8).kv_lens(&[150]),
+    ]
+}
+
+/// Score modifiers alone and with every mask, GQA, Dk != Dv and per-batch lengths. Inputs of
+/// magnitude 3 give scaled scores up to about 10, so a cap of 4 bends most of them; 6 heads test the
+/// ALiBi slopes of a head count that is not a power of two.
+pub fn score_modifier_cases() -> Vec<Case> {
+    let base = Case::new(2, 33, 47, 4, 2, 40, 40).magnitude(3.0);
+    vec![
+        base.clone().softcap(4.0),
+        base.clone().alibi(),
+        base.clone().softcap(4.0).alibi().causal(),
+        base.clone()
+            .softcap(4.0)
+            .alibi()
+            .causal()
+            .q_lens(&[20, 33])
+            .kv_lens(&[47, 9]),
+        Case::new(1, 17, 29, 6, 3, 40, 24).alibi().causal(),
+        Case::new(2, 7, 33, 4, 2, 16, 128)
+            .magnitude(3.0)
+            .softcap(2.5)
+            .kv_lens(&[20, 33]),
     ]
 }
 

@@ -92,6 +92,11 @@ pub struct AttentionOptions<'a> {
     pub causal: bool,
     /// Per-batch valid query and/or key lengths (padding, variable length).
     pub seq_lens: Option<&'a SeqLens>,
+    /// Score softcap `cap * tanh(s / cap)` of the scaled score `s` (Gemma 2), before ALiBi and masks.
+    pub softcap: Option<f32>,
+    /// ALiBi: subtract `slope(h) * |i + (Lk - Lq) - j|` from the scores, with the geometric slopes of
+    /// Press et al. (`2^(-8 (h + 1) / H)` for H a power of two).
+    pub alibi: bool,
 }
 
 impl<'a> AttentionOptions<'a> {
@@ -117,6 +122,21 @@ impl<'a> AttentionOptions<'a> {
     pub fn seq_lens(mut self, seq_lens: &'a SeqLens) -> Self {
         self.seq_lens = Some(seq_lens);
         self
+    }
+
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    pub fn alibi(mut self, alibi: bool) -> Self {
+        self.alibi = alibi;
+        self
+    }
+
+    /// Whether a score modifier is set (the unfused path has none).
+    fn has_score_modifier(&self) -> bool {
+        self.softcap.is_some() || self.alibi
     }
 }
 
@@ -278,6 +298,14 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
             format!("is {temperature}; it must be finite and positive"),
         ));
     }
+    if let Some(cap) = opts.softcap {
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(Error::shape(
+                "softcap",
+                format!("is {cap}; it must be finite and positive (e.g. 30 or 50)"),
+            ));
+        }
+    }
     Ok(scale / temperature)
 }
 
@@ -354,6 +382,8 @@ struct Params {
     chunk_end: u32,
     accumulate: u32,
     splits: u32,
+    softcap: f32,
+    pad: [u32; 3],
     views: [ViewParams; 8],
 }
 
@@ -369,6 +399,8 @@ const VIEW_DV: usize = 7;
 const FLAG_CAUSAL: u32 = 1;
 const FLAG_Q_LENS: u32 = 2;
 const FLAG_KV_LENS: u32 = 4;
+const FLAG_SOFTCAP: u32 = 8;
+const FLAG_ALIBI: u32 = 16;
 
 /// Binds the smallest aligned range of `view`'s buffer that covers it and records its strides.
 fn bind_view<'a>(
@@ -474,6 +506,12 @@ fn base_params(shape: &AttentionShape, scale: f32, opts: &AttentionOptions<'_>) 
     if opts.causal {
         flags |= FLAG_CAUSAL;
     }
+    if opts.softcap.is_some() {
+        flags |= FLAG_SOFTCAP;
+    }
+    if opts.alibi {
+        flags |= FLAG_ALIBI;
+    }
     if let Some(lens) = opts.seq_lens {
         if lens.q_lens().is_some() {
             flags |= FLAG_Q_LENS;
@@ -492,6 +530,7 @@ fn base_params(shape: &AttentionShape, scale: f32, opts: &AttentionOptions<'_>) 
         dv: shape.head_dim_v as u32,
         flags,
         scale,
+        softcap: opts.softcap.unwrap_or(0.0),
         ..Default::default()
     }
 }
@@ -1108,6 +1147,7 @@ pub fn attention_forward_unfused(
 ) -> Result<AttentionOutput> {
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(&s, opts)?;
+    unfused_modifier_check(opts)?;
     unfused_checks(ctx, &[("q", q), ("k", k), ("v", v)])?;
     let probs = GpuTensor::uninit(ctx, "probs", &scores_shape(ctx, &s)?)?;
     let out = GpuTensor::uninit(
@@ -1157,6 +1197,17 @@ pub fn attention_forward_unfused(
     Ok(AttentionOutput { out, lse })
 }
 
+/// The unfused baseline has masks but no score modifiers.
+fn unfused_modifier_check(opts: &AttentionOptions<'_>) -> Result<()> {
+    if opts.has_score_modifier() {
+        return Err(Error::shape(
+            "softcap/alibi",
+            "the unfused path has no score modifiers; use attention_forward / attention_backward",
+        ));
+    }
+    Ok(())
+}
+
 /// Unfused attention backward (benchmark baseline): recomputes and materialises P `[B, H, Lq, Lk]`,
 /// then dP = dO V^T, dS = P (dP - rowsum(P dP)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO,
 /// with dK and dV summed over the query heads of each kv head.
@@ -1170,6 +1221,7 @@ pub fn attention_backward_unfused(
 ) -> Result<AttentionGrads> {
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(&s, opts)?;
+    unfused_modifier_check(opts)?;
     check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     unfused_checks(ctx, &[("q", q), ("k", k), ("v", v), ("d_out", d_out)])?;
     let shape = scores_shape(ctx, &s)?;
