@@ -71,6 +71,26 @@ enum Mask {
     CausalPadding,
 }
 
+/// Score modifiers of a case (fused path only; the unfused baseline has none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Modifier {
+    None,
+    /// `30 tanh(s / 30)` (Gemma 2's cap).
+    Softcap,
+    Alibi,
+    SoftcapAlibi,
+}
+
+impl Modifier {
+    fn softcap(self) -> Option<f32> {
+        matches!(self, Modifier::Softcap | Modifier::SoftcapAlibi).then_some(30.0)
+    }
+
+    fn alibi(self) -> bool {
+        matches!(self, Modifier::Alibi | Modifier::SoftcapAlibi)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum PathKind {
     Fused,
@@ -148,6 +168,9 @@ struct Cli {
     /// Mask kinds, comma separated.
     #[arg(long, value_enum, value_delimiter = ',')]
     masks: Option<Vec<Mask>>,
+    /// Score modifiers, comma separated (fused path only; default none).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    modifiers: Option<Vec<Modifier>>,
     /// Paths, comma separated.
     #[arg(long, value_enum, value_delimiter = ',')]
     paths: Option<Vec<PathKind>>,
@@ -188,6 +211,7 @@ struct Problem {
     dk: usize,
     dv: usize,
     mask: Mask,
+    modifier: Modifier,
 }
 
 impl Problem {
@@ -201,8 +225,19 @@ impl Problem {
             self.kv_len,
             self.dk,
             self.dv,
-            mask_name(self.mask)
+            self.mask_label()
         )
+    }
+
+    /// The mask, and the score modifiers if any (`causal+softcap`).
+    fn mask_label(&self) -> String {
+        let modifier = match self.modifier {
+            Modifier::None => "",
+            Modifier::Softcap => "+softcap",
+            Modifier::Alibi => "+alibi",
+            Modifier::SoftcapAlibi => "+softcap+alibi",
+        };
+        format!("{}{modifier}", mask_name(self.mask))
     }
 
     fn causal(&self) -> bool {
@@ -421,16 +456,19 @@ fn push_problems(
     for (i, &q_len) in lengths.iter().enumerate() {
         let kv_len = cli.kv_lengths.as_ref().map_or(q_len, |kv| kv[i]);
         for &mask in &masks {
-            out.push(Problem {
-                batch,
-                heads,
-                kv_heads,
-                q_len,
-                kv_len,
-                dk,
-                dv,
-                mask,
-            });
+            for &modifier in cli.modifiers.as_deref().unwrap_or(&[Modifier::None]) {
+                out.push(Problem {
+                    batch,
+                    heads,
+                    kv_heads,
+                    q_len,
+                    kv_len,
+                    dk,
+                    dv,
+                    mask,
+                    modifier,
+                });
+            }
         }
     }
 }
@@ -512,6 +550,7 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
     let layer_at = |p: &Problem| {
         (cli.passes.is_some() || p.q_len == shortest)
             && matches!(p.mask, Mask::None | Mask::Causal)
+            && p.modifier == Modifier::None
             && p.q_len == p.kv_len
             && p.heads == p.kv_heads
             && p.dk == p.dv
@@ -521,12 +560,9 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
         .map(|p| {
             let runs: usize = paths
                 .iter()
-                .map(|&x| {
-                    if x == PathKind::Fused {
-                        families.len()
-                    } else {
-                        1
-                    }
+                .map(|&x| match x {
+                    PathKind::Fused => families.len(),
+                    PathKind::Unfused => usize::from(p.modifier == Modifier::None),
                 })
                 .sum();
             runs * passes.iter().filter(|&&x| x != Pass::Layer).count()
@@ -653,7 +689,12 @@ fn run_problem(
         host,
     };
     let shape = AttentionShape::of(&inputs.q, &inputs.k, &inputs.v)?;
-    let mut opts = AttentionOptions::new().causal(p.causal());
+    let mut opts = AttentionOptions::new()
+        .causal(p.causal())
+        .alibi(p.modifier.alibi());
+    if let Some(cap) = p.modifier.softcap() {
+        opts = opts.softcap(cap);
+    }
     if let Some(lens) = &inputs.seq_lens {
         opts = opts.seq_lens(lens);
     }
@@ -663,7 +704,8 @@ fn run_problem(
         causal: p.causal(),
         q_lens: None,
         kv_lens: p.kv_lens(),
-        ..Default::default()
+        softcap: p.modifier.softcap().map(f64::from),
+        alibi: p.modifier.alibi(),
     };
     let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     let reference_forward = validate.then(|| {
@@ -690,6 +732,8 @@ fn run_problem(
     let runs = paths.iter().flat_map(|&path| {
         let families: Vec<Option<KernelFamily>> = match path {
             PathKind::Fused => families.iter().copied().map(Some).collect(),
+            // The unfused baseline has no score modifiers.
+            PathKind::Unfused if p.modifier != Modifier::None => Vec::new(),
             PathKind::Unfused => vec![None],
         };
         families.into_iter().map(move |f| (path, f))
@@ -992,7 +1036,7 @@ fn print_table(results: &[CaseResult], peak: f64) {
             r.pass.name(),
             r.path_label,
             r.kernel,
-            mask_name(p.mask),
+            p.mask_label(),
             p.batch,
             p.heads,
             p.kv_heads,
@@ -1093,6 +1137,7 @@ fn report_json(
                 "path": c.path_label,
                 "kernel": c.kernel,
                 "mask": mask_name(p.mask),
+                "modifier": format!("{:?}", p.modifier).to_lowercase(),
                 "batch": p.batch, "heads": p.heads, "kv_heads": p.kv_heads,
                 "q_len": p.q_len, "kv_len": p.kv_len,
                 "head_dim_qk": p.dk, "head_dim_v": p.dv,
@@ -1194,7 +1239,7 @@ fn svg_plot(results: &[CaseResult]) -> String {
                 "{} {} {}",
                 r.pass.name(),
                 r.path_label,
-                mask_name(r.problem.mask)
+                r.problem.mask_label()
             );
             series
                 .entry(name)
