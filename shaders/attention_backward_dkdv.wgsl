@@ -60,13 +60,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         vt[d] = vec4<f32>(0.0);
         dv[d] = vec4<f32>(0.0);
     }
-    // Key j is visible to query row i (< q_len) iff j < kv_len and i >= query_start(j); such a row has
-    // a visible key, so its lse is finite.
+    // Key j is visible to query row i (< q_len) iff j < kv_len and query_start(j) <= i < query_end(j);
+    // such a row has a visible key, so its lse is finite.
     let live = cols < vec4<u32>(kvlen);
     var q_lo = vec4<u32>(0u);
+    var q_hi = vec4<u32>(0u);
     for (var r = 0u; r < 4u; r++) {
         let j = cols[r];
         q_lo[r] = query_start(j);
+        q_hi[r] = query_end(j);
         if j < kvlen {
             let k_base = view_index(VIEW_K, b, j, h_kv);
             for (var d = 0u; d < DK; d++) {
@@ -79,10 +81,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
 
-    // Query rows that can see any key of the block start at the first key's causal start.
+    // Query rows that can see any key of the block: from the first key's start to the last valid
+    // key's end.
     var m_lo = query_start(col0);
+    var m_hi = qlen;
     if col0 >= kvlen {
         m_lo = qlen;
+    } else {
+        m_hi = min(qlen, query_end(min(col0 + WG * 4u, kvlen) - 1u));
     }
 
     for (var g = 0u; g < group_size; g++) {
@@ -95,7 +101,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             continue;
         }
         let lo = max(m_lo, max(params.chunk_begin, t0) - t0);
-        let hi = min(qlen, min(params.chunk_end, t0 + params.q_seq) - t0);
+        let hi = min(m_hi, min(params.chunk_end, t0 + params.q_seq) - t0);
         let h = h_kv * group_size + g;
         for (var m0 = lo; m0 < hi; m0 += BLOCK_M) {
             let m_tile = min(BLOCK_M, hi - m0);
@@ -159,8 +165,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let st_b = stat_tile[ib];
                 let x_a = modify_scores(s_a, vec4<u32>(m0 + ia), cols, h);
                 let x_b = modify_scores(s_b, vec4<u32>(m0 + ib), cols, h);
-                let p_a = select(vec4<f32>(0.0), exp(x_a - st_a.x), live & (vec4<u32>(m0 + ia) >= q_lo));
-                let row_b = live & (vec4<u32>(m0 + ib) >= q_lo) & vec4<bool>(ib < m_tile);
+                let row_a = live & (vec4<u32>(m0 + ia) >= q_lo) & (vec4<u32>(m0 + ia) < q_hi);
+                let p_a = select(vec4<f32>(0.0), exp(x_a - st_a.x), row_a);
+                let row_b = live & (vec4<u32>(m0 + ib) >= q_lo) & (vec4<u32>(m0 + ib) < q_hi)
+                    & vec4<bool>(ib < m_tile);
                 let p_b = select(vec4<f32>(0.0), exp(x_b - st_b.x), row_b);
                 // dP and dV need the same dO rows and P is known: one pass over them serves both.
                 var dp_a = vec4<f32>(0.0);

@@ -103,10 +103,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         dv[c] = vec4<f32>(0.0);
     }
 
-    // Query rows that can see any key of the block start at the first key's causal start.
+    // Query rows that can see any key of the block: from the first key's start to the last valid
+    // key's end.
     var m_lo = query_start(col0);
+    var m_hi = qlen;
     if col0 >= kvlen {
         m_lo = qlen;
+    } else {
+        m_hi = min(qlen, query_end(min(col0 + BN, kvlen) - 1u));
     }
     for (var g = 0u; g < group_size; g++) {
         // This dispatch's rows of query head g: [lo, hi), uniform across the workgroup.
@@ -118,7 +122,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             continue;
         }
         let lo = max(m_lo, max(params.chunk_begin, t0) - t0);
-        let hi = min(qlen, min(params.chunk_end, t0 + params.q_seq) - t0);
+        let hi = min(m_hi, min(params.chunk_end, t0 + params.q_seq) - t0);
         let h = h_kv * group_size + g;
         for (var m0 = lo; m0 < hi; m0 += BM) {
             workgroupBarrier();
@@ -183,17 +187,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             for (var c = 0u; c < SQ; c++) {
                 let ii = tq + TQ * c;
                 let i = m0 + ii;
-                // Key j is visible to row i iff j < key_end(i) (0 for rows outside [lo, hi)); such a
-                // row saw a key in the forward, so its lse is finite.
+                // Key j is visible to row i iff key_start(i) <= j < key_end(i) (none for rows outside
+                // [lo, hi)); such a row saw a key in the forward, so its lse is finite.
+                var start = 0u;
                 var end = 0u;
                 if i < hi {
+                    start = key_start(i);
                     end = key_end(i, kvlen);
                 }
                 let stat = stat_tile[ii];
                 // lse is -inf for rows that see no key; never subtract it (fast-math drivers).
-                let lse = select(0.0, stat.x, end > 0u);
+                let lse = select(0.0, stat.x, end > start);
                 let x = modify_scores(st[c], vec4<u32>(i), keys, h);
-                let p = select(vec4<f32>(0.0), exp(x - lse), keys < vec4<u32>(end));
+                let p = select(vec4<f32>(0.0), exp(x - lse), (keys >= vec4<u32>(start)) & (keys < vec4<u32>(end)));
                 pt_tile[ii * TK + tk] = p;
                 dst_tile[ii * TK + tk] = p * (dpt[c] - stat.y) * score_grad(st[c]);
             }

@@ -48,6 +48,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // Rows that see no key keep lse = 0 here: every one of their pairs is masked and contributes 0.
     var lse = vec4<f32>(0.0);
     var delta = vec4<f32>(0.0);
+    var row_start = vec4<u32>(0u);
     var row_end = vec4<u32>(0u);
     for (var d = 0u; d < DK4 * 4u; d++) {
         qt[d] = vec4<f32>(0.0);
@@ -59,8 +60,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var r = 0u; r < 4u; r++) {
         let i = rows[r];
         if i < qlen {
+            row_start[r] = key_start(i);
             row_end[r] = key_end(i, kvlen);
-            if row_end[r] > 0u {
+            if row_end[r] > row_start[r] {
                 let st = stats[(b * params.heads + h) * params.q_seq + i];
                 lse[r] = st.x;
                 delta[r] = st.y;
@@ -82,8 +84,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         kv_hi = key_end(rows_hi - 1u, kvlen);
     }
     let n_end = min(kv_hi, params.chunk_end);
+    let n_begin = max(params.chunk_begin, key_start(row0));
 
-    for (var n0 = params.chunk_begin; n0 < n_end; n0 += BLOCK_N) {
+    for (var n0 = n_begin; n0 < n_end; n0 += BLOCK_N) {
         let n_tile = min(BLOCK_N, n_end - n0);
         workgroupBarrier();
         for (var t = lid; t < K_TILE; t += WG) {
@@ -150,8 +153,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0.
             let x_a = modify_scores(s_a, rows, vec4<u32>(n0 + ja), h);
             let x_b = modify_scores(s_b, rows, vec4<u32>(n0 + jb), h);
-            let p_a = select(vec4<f32>(0.0), exp(x_a - lse), vec4<u32>(n0 + ja) < row_end);
-            let key_b = (vec4<u32>(n0 + jb) < row_end) & vec4<bool>(jb < n_tile);
+            let p_a = select(vec4<f32>(0.0), exp(x_a - lse), visible(n0 + ja, row_start, row_end));
+            let key_b = visible(n0 + jb, row_start, row_end) & vec4<bool>(jb < n_tile);
             let p_b = select(vec4<f32>(0.0), exp(x_b - lse), key_b);
             let ds_a = p_a * (dp_a - delta) * score_grad(s_a);
             let ds_b = p_b * (dp_b - delta) * score_grad(s_b);

@@ -65,15 +65,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let tc = lid % TC;
     let rows = vec4<u32>(row0 + tr * 4u) + vec4<u32>(0u, 1u, 2u, 3u);
 
-    // Keys [0, row_end) are visible to each row; 0 for padded rows. Rows that see no key have
-    // lse = -inf: keep 0 there, every one of their pairs is masked.
+    // Keys [row_start, row_end) are visible to each row; none for padded rows. Rows that see no key
+    // have lse = -inf: keep 0 there, every one of their pairs is masked.
+    var row_start = vec4<u32>(0u);
     var row_end = vec4<u32>(0u);
     var lse = vec4<f32>(0.0);
     var delta = vec4<f32>(0.0);
     for (var r = 0u; r < 4u; r++) {
         if rows[r] < qlen {
+            row_start[r] = key_start(rows[r]);
             row_end[r] = key_end(rows[r], kvlen);
-            if row_end[r] > 0u {
+            if row_end[r] > row_start[r] {
                 let st = stats[(b * params.heads + h) * params.q_seq + rows[r]];
                 lse[r] = st.x;
                 delta[r] = st.y;
@@ -106,14 +108,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         dq[c] = vec4<f32>(0.0);
     }
 
-    // Keys visible to any row of the block: those of its last valid row (masks are monotone in i).
+    // Keys visible to any row of the block: from its first row's window start to its last valid
+    // row's end (both bounds are monotone in i).
     let rows_hi = min(row0 + BM, qlen);
     var kv_hi = 0u;
     if rows_hi > row0 {
         kv_hi = key_end(rows_hi - 1u, kvlen);
     }
     let n_end = min(kv_hi, params.chunk_end);
-    for (var n0 = params.chunk_begin; n0 < n_end; n0 += BN) {
+    for (var n0 = max(params.chunk_begin, key_start(row0)); n0 < n_end; n0 += BN) {
         workgroupBarrier();
         for (var t = lid; t < BN * DK4 * 4u; t += WG) {
             let jj = t / (DK4 * 4u);
@@ -168,7 +171,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
             let x = modify_scores(s[c], rows, vec4<u32>(j), h);
-            let p = select(vec4<f32>(0.0), exp(x - lse), vec4<u32>(j) < row_end);
+            let p = select(vec4<f32>(0.0), exp(x - lse), visible(j, row_start, row_end));
             ds_tile[(tc + TC * c) * TR + tr] = p * (dp[c] - delta) * score_grad(s[c]);
         }
         workgroupBarrier();

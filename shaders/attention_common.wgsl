@@ -36,9 +36,11 @@ struct Params {
     splits: u32,
     // Score modifiers (FLAG_SOFTCAP: the cap; see modify_scores).
     softcap: f32,
+    // Sliding window (FLAG_WINDOW): keys at most window_left before and window_right after the
+    // query's aligned position are visible (see key_start, key_end).
+    window_left: u32,
+    window_right: u32,
     pad0: u32,
-    pad1: u32,
-    pad2: u32,
     views: array<View, 8>,
 }
 
@@ -56,6 +58,7 @@ const FLAG_Q_LENS: u32 = 2u;
 const FLAG_KV_LENS: u32 = 4u;
 const FLAG_SOFTCAP: u32 = 8u;
 const FLAG_ALIBI: u32 = 16u;
+const FLAG_WINDOW: u32 = 32u;
 
 // Masked scores are tracked with explicit validity, never through inf arithmetic (Metal may use fast
 // math). This finite sentinel is only ever a running-max seed; it is never exponentiated on its own.
@@ -92,22 +95,58 @@ fn kv_len(b: u32) -> u32 {
     return params.kv_seq;
 }
 
-// Keys [0, key_end) are visible to query row i (which must be < q_len). Causal is bottom-right aligned
-// on the tensor lengths: key j is visible iff j <= i + (Lk - Lq).
-fn key_end(i: u32, kvlen: u32) -> u32 {
-    if (params.flags & FLAG_CAUSAL) != 0u {
-        let last = i32(i) + 1 + i32(params.kv_seq) - i32(params.q_seq);
-        return u32(clamp(last, 0, i32(kvlen)));
-    }
-    return kvlen;
+// Query row i sits at key position i + (Lk - Lq): masks are bottom-right aligned on the tensor lengths.
+fn aligned(i: u32) -> i32 {
+    return i32(i) + i32(params.kv_seq) - i32(params.q_seq);
 }
 
-// First query row that sees key j under the causal mask (0 without it).
-fn query_start(j: u32) -> u32 {
+// Keys [key_start(i), key_end(i)) are visible to query row i (which must be < q_len); the range is
+// empty when start >= end. Causal: j <= aligned(i). Window: aligned(i) - left <= j <= aligned(i) + right.
+// Both bounds are nondecreasing in i, so a block's rows see keys within [key_start(first row),
+// key_end(last valid row)).
+fn key_end(i: u32, kvlen: u32) -> u32 {
+    var last = i32(kvlen) - 1;
     if (params.flags & FLAG_CAUSAL) != 0u {
-        return u32(max(i32(j) - (i32(params.kv_seq) - i32(params.q_seq)), 0));
+        last = min(last, aligned(i));
+    }
+    if (params.flags & FLAG_WINDOW) != 0u {
+        last = min(last, aligned(i) + i32(params.window_right));
+    }
+    return u32(clamp(last + 1, 0, i32(kvlen)));
+}
+
+fn key_start(i: u32) -> u32 {
+    if (params.flags & FLAG_WINDOW) != 0u {
+        return u32(max(aligned(i) - i32(params.window_left), 0));
     }
     return 0u;
+}
+
+// Query rows [query_start(j), query_end(j)) see key j (before per-batch lengths): the inverse of the
+// ranges above, nondecreasing in j.
+fn query_start(j: u32) -> u32 {
+    let shift = i32(params.kv_seq) - i32(params.q_seq);
+    var first = 0;
+    if (params.flags & FLAG_CAUSAL) != 0u {
+        first = max(first, i32(j) - shift);
+    }
+    if (params.flags & FLAG_WINDOW) != 0u {
+        first = max(first, i32(j) - shift - i32(params.window_right));
+    }
+    return u32(first);
+}
+
+// Whether key j lies in each of four rows' ranges [start, end).
+fn visible(j: u32, start: vec4<u32>, end: vec4<u32>) -> vec4<bool> {
+    return (vec4<u32>(j) >= start) & (vec4<u32>(j) < end);
+}
+
+fn query_end(j: u32) -> u32 {
+    if (params.flags & FLAG_WINDOW) != 0u {
+        let shift = i32(params.kv_seq) - i32(params.q_seq);
+        return u32(clamp(i32(j) - shift + i32(params.window_left) + 1, 0, i32(params.q_seq)));
+    }
+    return params.q_seq;
 }
 
 // Score modifiers, the one statement of them every fused kernel calls (SPEC.md order, as

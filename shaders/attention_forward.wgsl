@@ -73,7 +73,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var qt: array<vec4<f32>, MAX_D>;
     var acc: array<vec4<f32>, MAX_D>;
     var p: array<vec4<f32>, MAX_BN>;
-    // Keys [0, row_end) are visible to each row; 0 for padded rows.
+    // Keys [row_start, row_end) are visible to each row; none for padded rows.
+    var row_start = vec4<u32>(0u);
     var row_end = vec4<u32>(0u);
     for (var d = 0u; d < DK4 * 4u; d++) {
         qt[d] = vec4<f32>(0.0);
@@ -84,6 +85,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var r = 0u; r < 4u; r++) {
         let i = rows[r];
         if i < qlen {
+            row_start[r] = key_start(i);
             row_end[r] = key_end(i, kvlen);
             let base = view_index(VIEW_Q, b, i, h);
             for (var d = 0u; d < DK; d++) {
@@ -99,10 +101,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         kv_hi = key_end(rows_hi - 1u, kvlen);
     }
     let n_end = min(kv_hi, params.chunk_end);
+    // Keys before the block's first row's window are skipped.
+    let n_begin = max(params.chunk_begin, key_start(row0));
 
     var m = vec4<f32>(NEG_BIG);
     var l = vec4<f32>(0.0);
-    for (var n0 = params.chunk_begin; n0 < n_end; n0 += BLOCK_N) {
+    for (var n0 = n_begin; n0 < n_end; n0 += BLOCK_N) {
         let n_tile = min(BLOCK_N, n_end - n0);
         workgroupBarrier();
         for (var t = lid; t < K_TILE; t += WG) {
@@ -133,7 +137,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 s += qt[d] * kx.x + qt[d + 1u] * kx.y + qt[d + 2u] * kx.z + qt[d + 3u] * kx.w;
             }
             s = modify_scores(s, rows, vec4<u32>(n0 + jj), h);
-            s = select(vec4<f32>(NEG_BIG), s, vec4<u32>(n0 + jj) < row_end);
+            s = select(vec4<f32>(NEG_BIG), s, visible(n0 + jj, row_start, row_end));
             p[jj] = s;
             tile_max = max(tile_max, s);
         }
@@ -144,7 +148,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let alpha = exp(m - m_new);
         var row_sum = vec4<f32>(0.0);
         for (var jj = 0u; jj < n_tile; jj++) {
-            let e = select(vec4<f32>(0.0), exp(p[jj] - m_new), vec4<u32>(n0 + jj) < row_end);
+            let e = select(vec4<f32>(0.0), exp(p[jj] - m_new), visible(n0 + jj, row_start, row_end));
             p[jj] = e;
             row_sum += e;
         }

@@ -75,10 +75,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let tc = lid % TC;
     let rows = vec4<u32>(row0 + tr * 4u) + vec4<u32>(0u, 1u, 2u, 3u);
 
-    // Keys [0, row_end) are visible to each of the four rows; 0 for padded rows.
+    // Keys [row_start, row_end) are visible to each of the four rows; none for padded rows.
+    var row_start = vec4<u32>(0u);
     var row_end = vec4<u32>(0u);
     for (var r = 0u; r < 4u; r++) {
         if rows[r] < qlen {
+            row_start[r] = key_start(rows[r]);
             row_end[r] = key_end(rows[r], kvlen);
         }
     }
@@ -94,15 +96,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         q_tile[r * QS + d / 4u][d % 4u] = x;
     }
 
-    // This workgroup's key tiles: its split's share of those the block's last valid row sees.
+    // This workgroup's key tiles: its split's share of those from the block's first row's window
+    // start to the last valid row's end.
     let rows_hi = min(row0 + BM, qlen);
     var kv_hi = 0u;
     if rows_hi > row0 {
         kv_hi = key_end(rows_hi - 1u, kvlen);
     }
     let n_tiles = (kv_hi + BN - 1u) / BN;
-    let per_split = (n_tiles + params.splits - 1u) / params.splits;
-    let tile_begin = min(split * per_split, n_tiles);
+    let first_tile = min(key_start(row0) / BN, n_tiles);
+    let per_split = (n_tiles - first_tile + params.splits - 1u) / params.splits;
+    let tile_begin = first_tile + min(split * per_split, n_tiles - first_tile);
     let tile_end = min(tile_begin + per_split, n_tiles);
 
     var m = vec4<f32>(NEG_BIG);
@@ -149,7 +153,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
             s[c] = modify_scores(s[c], rows, vec4<u32>(j), h);
-            s[c] = select(vec4<f32>(NEG_BIG), s[c], vec4<u32>(j) < row_end);
+            s[c] = select(vec4<f32>(NEG_BIG), s[c], visible(j, row_start, row_end));
             tile_max = max(tile_max, s[c]);
         }
         red[tc * TR + tr] = tile_max;
@@ -165,7 +169,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var row_sum = vec4<f32>(0.0);
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
-            let p = select(vec4<f32>(0.0), exp(s[c] - m_new), vec4<u32>(j) < row_end);
+            let p = select(vec4<f32>(0.0), exp(s[c] - m_new), visible(j, row_start, row_end));
             p_tile[(tc + TC * c) * TR + tr] = p;
             row_sum += p;
         }

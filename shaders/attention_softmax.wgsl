@@ -46,34 +46,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let i = row % params.q_seq;
     let b = row / (params.q_seq * params.heads);
     let base = row * params.kv_seq;
+    var start = 0u;
     var end = 0u;
     if i < q_len(b) {
-        end = key_end(i, kv_len(b));
+        start = key_start(i);
+        end = max(key_end(i, kv_len(b)), start);
     }
     var mx = NEG_BIG;
-    for (var j = lid; j < end; j += WG) {
+    for (var j = start + lid; j < end; j += WG) {
         mx = max(mx, scores[base + j]);
     }
     mx = reduce_max(lid, mx);
     var sum = 0.0;
-    for (var j = lid; j < end; j += WG) {
+    for (var j = start + lid; j < end; j += WG) {
         sum += exp(scores[base + j] - mx);
     }
     sum = reduce_sum(lid, sum);
     var inv = 0.0;
-    if end > 0u {
+    if end > start {
         inv = 1.0 / sum;
     }
     for (var j = lid; j < params.kv_seq; j += WG) {
         var p = 0.0;
-        if j < end {
+        if j >= start && j < end {
             p = exp(scores[base + j] - mx) * inv;
         }
         scores[base + j] = p;
     }
     if lid == 0u {
         var lse = neg_inf();
-        if end > 0u {
+        if end > start {
             lse = mx + log(sum);
         }
         lse_buf[row] = lse;

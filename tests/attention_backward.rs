@@ -170,6 +170,28 @@ fn score_modifiers_softcap_and_alibi() {
 }
 
 #[test]
+fn sliding_windows() {
+    for_each_family(|backend, ctx| {
+        for case in &window_cases() {
+            check(backend, ctx, case, Path::Fused);
+        }
+    });
+    // Chunked loops and split-KV with windows; and the unfused baseline, which has windows too.
+    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+        let case = Case::new(2, 129, 200, 4, 2, 40, 40)
+            .causal()
+            .window(30, 0)
+            .kv_lens(&[200, 90]);
+        check(backend, ctx, &case, Path::Fused);
+    });
+    for_each_backend(|backend, ctx| {
+        for case in &window_cases()[..4] {
+            check(backend, ctx, case, Path::Unfused);
+        }
+    });
+}
+
+#[test]
 fn grouped_and_multi_query_heads_and_distinct_value_dim() {
     for_each_family(|backend, ctx| {
         for case in &grouped_head_cases() {

@@ -70,6 +70,9 @@ fn backward_matches_finite_differences() {
             .alibi()
             .causal()
             .kv_lens(&[6, 3]),
+        // Sliding windows: causal, two-sided across Lq != Lk, with ALiBi.
+        Case::new(2, 6, 6, 2, 1, 4, 4).causal().window(2, 0),
+        Case::new(1, 4, 7, 2, 2, 3, 3).window(1, 2).alibi(),
     ];
     for case in &cases {
         let err = finite_difference_error(case);

@@ -168,6 +168,11 @@ struct Cli {
     /// Mask kinds, comma separated.
     #[arg(long, value_enum, value_delimiter = ',')]
     masks: Option<Vec<Mask>>,
+    /// Sliding windows, comma separated: with W, each query sees the W keys before its aligned
+    /// position and that position (`window(W, 0)`, the causal sliding window of Mistral and Gemma 2,
+    /// with or without --masks causal); 0 is no window. Default: no window.
+    #[arg(long, value_delimiter = ',')]
+    windows: Option<Vec<usize>>,
     /// Score modifiers, comma separated (fused path only; default none).
     #[arg(long, value_enum, value_delimiter = ',')]
     modifiers: Option<Vec<Modifier>>,
@@ -212,6 +217,7 @@ struct Problem {
     dv: usize,
     mask: Mask,
     modifier: Modifier,
+    window: Option<usize>,
 }
 
 impl Problem {
@@ -229,6 +235,22 @@ impl Problem {
         )
     }
 
+    /// FLOPs of the case: `masked` (the customary count, causal halved), or under a window `full` times
+    /// the fraction of (query, key) pairs the window leaves, so GFLOP/s counts only work that exists.
+    fn counted_flops(&self, masked: f64, full: f64) -> f64 {
+        let Some(w) = self.window else {
+            return masked;
+        };
+        let shift = self.kv_len as i64 - self.q_len as i64;
+        let seen: i64 = (0..self.q_len as i64)
+            .map(|i| {
+                let p = i + shift;
+                (p.min(self.kv_len as i64 - 1) - (p - w as i64).max(0) + 1).max(0)
+            })
+            .sum();
+        full * seen as f64 / (self.q_len * self.kv_len) as f64
+    }
+
     /// The mask, and the score modifiers if any (`causal+softcap`).
     fn mask_label(&self) -> String {
         let modifier = match self.modifier {
@@ -237,7 +259,8 @@ impl Problem {
             Modifier::Alibi => "+alibi",
             Modifier::SoftcapAlibi => "+softcap+alibi",
         };
-        format!("{}{modifier}", mask_name(self.mask))
+        let window = self.window.map_or(String::new(), |w| format!("+window{w}"));
+        format!("{}{modifier}{window}", mask_name(self.mask))
     }
 
     fn causal(&self) -> bool {
@@ -457,17 +480,20 @@ fn push_problems(
         let kv_len = cli.kv_lengths.as_ref().map_or(q_len, |kv| kv[i]);
         for &mask in &masks {
             for &modifier in cli.modifiers.as_deref().unwrap_or(&[Modifier::None]) {
-                out.push(Problem {
-                    batch,
-                    heads,
-                    kv_heads,
-                    q_len,
-                    kv_len,
-                    dk,
-                    dv,
-                    mask,
-                    modifier,
-                });
+                for &window in cli.windows.as_deref().unwrap_or(&[0]) {
+                    out.push(Problem {
+                        batch,
+                        heads,
+                        kv_heads,
+                        q_len,
+                        kv_len,
+                        dk,
+                        dv,
+                        mask,
+                        modifier,
+                        window: (window > 0).then_some(window),
+                    });
+                }
             }
         }
     }
@@ -551,6 +577,7 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
         (cli.passes.is_some() || p.q_len == shortest)
             && matches!(p.mask, Mask::None | Mask::Causal)
             && p.modifier == Modifier::None
+            && p.window.is_none()
             && p.q_len == p.kv_len
             && p.heads == p.kv_heads
             && p.dk == p.dv
@@ -695,6 +722,9 @@ fn run_problem(
     if let Some(cap) = p.modifier.softcap() {
         opts = opts.softcap(cap);
     }
+    if let Some(w) = p.window {
+        opts = opts.window(w, 0);
+    }
     if let Some(lens) = &inputs.seq_lens {
         opts = opts.seq_lens(lens);
     }
@@ -706,6 +736,7 @@ fn run_problem(
         kv_lens: p.kv_lens(),
         softcap: p.modifier.softcap().map(f64::from),
         alibi: p.modifier.alibi(),
+        window: p.window.map(|w| (w, 0)),
     };
     let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     let reference_forward = validate.then(|| {
@@ -763,6 +794,7 @@ fn run_problem(
                     ctx,
                     timer,
                     reps,
+                    p,
                     &shape,
                     &inputs,
                     &opts,
@@ -871,6 +903,7 @@ fn run_case(
     ctx: &Context,
     timer: &Timer,
     reps: usize,
+    p: &Problem,
     shape: &AttentionShape,
     x: &Inputs,
     opts: &AttentionOptions<'_>,
@@ -906,7 +939,7 @@ fn run_case(
     let (mut checks, gflop, samples): (Vec<Check<'_>>, f64, Samples);
     match pass {
         Pass::Forward => {
-            gflop = s.forward_flops(causal) / 1e9;
+            gflop = p.counted_flops(s.forward_flops(causal), s.forward_flops(false)) / 1e9;
             match path {
                 PathKind::Fused => {
                     samples = measure(ctx, timer, reps, fused_forward)?;
@@ -947,7 +980,7 @@ fn run_case(
         }
         // Layer cases are measured by run_layer_case and never reach here.
         Pass::Backward | Pass::Layer => {
-            gflop = s.backward_flops(causal) / 1e9;
+            gflop = p.counted_flops(s.backward_flops(causal), s.backward_flops(false)) / 1e9;
             fused_forward()?;
             let dq = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
             let dk = GpuTensor::zeros(ctx, &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
@@ -1138,6 +1171,7 @@ fn report_json(
                 "kernel": c.kernel,
                 "mask": mask_name(p.mask),
                 "modifier": format!("{:?}", p.modifier).to_lowercase(),
+                "window": p.window,
                 "batch": p.batch, "heads": p.heads, "kv_heads": p.kv_heads,
                 "q_len": p.q_len, "kv_len": p.kv_len,
                 "head_dim_qk": p.dk, "head_dim_v": p.dv,

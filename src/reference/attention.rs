@@ -16,6 +16,8 @@ pub struct Masks {
     pub softcap: Option<f64>,
     /// ALiBi with the geometric slopes ([`alibi_slope`]).
     pub alibi: bool,
+    /// Sliding window `(left, right)` around the aligned position `i + Lk - Lq`.
+    pub window: Option<(usize, usize)>,
 }
 
 /// ALiBi slope of query head `h` of `heads` (Press et al. 2022): `2^(-8 (h + 1) / n)` for
@@ -61,8 +63,12 @@ impl Masks {
         if i >= q_len || j >= kv_len {
             return false;
         }
-        // Bottom-right aligned causal mask on the tensor lengths: j <= i + (Lk - Lq).
-        !self.causal || (j as i64) <= i as i64 + s.kv_seq as i64 - s.q_seq as i64
+        // Bottom-right aligned on the tensor lengths: causal j <= p, window p - left <= j <= p + right.
+        let (p, j) = (i as i64 + s.kv_seq as i64 - s.q_seq as i64, j as i64);
+        let in_window = self
+            .window
+            .is_none_or(|(left, right)| p - left as i64 <= j && j <= p + right as i64);
+        (!self.causal || j <= p) && in_window
     }
 }
 

@@ -234,6 +234,7 @@ pub struct Case {
     pub temperature: Option<f32>,
     pub softcap: Option<f32>,
     pub alibi: bool,
+    pub window: Option<(usize, usize)>,
     pub seed: u64,
 }
 
@@ -254,6 +255,7 @@ impl Case {
             temperature: None,
             softcap: None,
             alibi: false,
+            window: None,
             seed: 7,
         }
     }
@@ -293,6 +295,11 @@ impl Case {
         self
     }
 
+    pub fn window(mut self, left: usize, right: usize) -> Self {
+        self.window = Some((left, right));
+        self
+    }
+
     pub fn shape(&self) -> AttentionShape {
         AttentionShape {
             batch: self.b,
@@ -307,7 +314,7 @@ impl Case {
 
     pub fn label(&self) -> String {
         format!(
-            "B{} Lq{} Lk{} H{}/{} Dk{} Dv{}{}{}{}{}{}{}",
+            "B{} Lq{} Lk{} H{}/{} Dk{} Dv{}{}{}{}{}{}{}{}",
             self.b,
             self.lq,
             self.lk,
@@ -330,6 +337,8 @@ impl Case {
             self.softcap
                 .map_or(String::new(), |c| format!(" softcap{c}")),
             if self.alibi { " alibi" } else { "" },
+            self.window
+                .map_or(String::new(), |(l, r)| format!(" window{l}/{r}")),
         )
     }
 
@@ -345,6 +354,7 @@ impl Case {
             kv_lens: self.kv_lens.clone(),
             softcap: self.softcap.map(f64::from),
             alibi: self.alibi,
+            window: self.window,
         }
     }
 
@@ -366,6 +376,9 @@ impl Case {
         }
         if let Some(cap) = self.softcap {
             opts = opts.softcap(cap);
+        }
+        if let Some((left, right)) = self.window {
+            opts = opts.window(left, right);
         }
         opts.alibi(self.alibi)
     }
@@ -513,6 +526,30 @@ pub fn score_modifier_cases() -> Vec<Case> {
             .magnitude(3.0)
             .softcap(2.5)
             .kv_lens(&[20, 33]),
+    ]
+}
+
+/// Sliding windows: two-sided, causal, cross-attention (Lq != Lk, so positions are aligned), zero
+/// width (rows past the keys see nothing), wider than the sequence, with padding, GQA and the score
+/// modifiers, and long enough (129 rows, 256-row CPU-family blocks, 16-64-row GPU-family blocks) that
+/// whole key blocks fall outside the window and are skipped.
+pub fn window_cases() -> Vec<Case> {
+    vec![
+        Case::new(2, 33, 33, 2, 2, 40, 40).window(5, 3),
+        Case::new(2, 33, 47, 4, 2, 40, 40)
+            .causal()
+            .window(7, 0)
+            .q_lens(&[20, 33])
+            .kv_lens(&[47, 9]),
+        Case::new(1, 7, 33, 2, 1, 40, 24).window(4, 2),
+        Case::new(1, 33, 7, 2, 2, 40, 40).window(0, 0),
+        Case::new(1, 17, 29, 2, 2, 40, 40).window(1000, 1000),
+        Case::new(1, 129, 129, 2, 2, 40, 40)
+            .magnitude(3.0)
+            .softcap(4.0)
+            .alibi()
+            .window(10, 20),
+        Case::new(1, 129, 129, 4, 2, 64, 64).causal().window(15, 0),
     ]
 }
 

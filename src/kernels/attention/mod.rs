@@ -97,6 +97,10 @@ pub struct AttentionOptions<'a> {
     /// ALiBi: subtract `slope(h) * |i + (Lk - Lq) - j|` from the scores, with the geometric slopes of
     /// Press et al. (`2^(-8 (h + 1) / H)` for H a power of two).
     pub alibi: bool,
+    /// Sliding window `(left, right)`: query i sees keys `p - left ..= p + right`, `p = i + Lk - Lq`
+    /// its position aligned as the causal mask; composes with causal (which cuts at `p`) and padding.
+    /// Key blocks outside every row's window are skipped, so time grows as L x window.
+    pub window: Option<(usize, usize)>,
 }
 
 impl<'a> AttentionOptions<'a> {
@@ -131,6 +135,13 @@ impl<'a> AttentionOptions<'a> {
 
     pub fn alibi(mut self, alibi: bool) -> Self {
         self.alibi = alibi;
+        self
+    }
+
+    /// Sliding window of `left` keys before and `right` after each query's aligned position
+    /// (`window(w - 1, 0)` with `causal(true)`: the last `w` keys, as Mistral and Gemma 2).
+    pub fn window(mut self, left: usize, right: usize) -> Self {
+        self.window = Some((left, right));
         self
     }
 
@@ -383,7 +394,9 @@ struct Params {
     accumulate: u32,
     splits: u32,
     softcap: f32,
-    pad: [u32; 3],
+    window_left: u32,
+    window_right: u32,
+    pad: u32,
     views: [ViewParams; 8],
 }
 
@@ -401,6 +414,7 @@ const FLAG_Q_LENS: u32 = 2;
 const FLAG_KV_LENS: u32 = 4;
 const FLAG_SOFTCAP: u32 = 8;
 const FLAG_ALIBI: u32 = 16;
+const FLAG_WINDOW: u32 = 32;
 
 /// Binds the smallest aligned range of `view`'s buffer that covers it and records its strides.
 fn bind_view<'a>(
@@ -512,6 +526,14 @@ fn base_params(shape: &AttentionShape, scale: f32, opts: &AttentionOptions<'_>) 
     if opts.alibi {
         flags |= FLAG_ALIBI;
     }
+    // Window sizes past both lengths change nothing; clamping keeps the kernels' i32 arithmetic exact.
+    let reach = (shape.q_seq + shape.kv_seq) as u32;
+    let (window_left, window_right) = opts.window.map_or((0, 0), |(l, r)| {
+        (l.min(reach as usize) as u32, r.min(reach as usize) as u32)
+    });
+    if opts.window.is_some() {
+        flags |= FLAG_WINDOW;
+    }
     if let Some(lens) = opts.seq_lens {
         if lens.q_lens().is_some() {
             flags |= FLAG_Q_LENS;
@@ -531,6 +553,8 @@ fn base_params(shape: &AttentionShape, scale: f32, opts: &AttentionOptions<'_>) 
         flags,
         scale,
         softcap: opts.softcap.unwrap_or(0.0),
+        window_left,
+        window_right,
         ..Default::default()
     }
 }
