@@ -22,12 +22,13 @@ struct GpuGrads {
     dq: Vec<f32>,
     dk: Vec<f32>,
     dv: Vec<f32>,
+    d_sinks: Vec<f32>,
 }
 
 fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
     let [qv, kv, vv, dov] = case.upload(ctx);
-    let lens = case.seq_lens(ctx);
-    let opts = case.options(lens.as_ref());
+    let buffers = case.buffers(ctx);
+    let opts = case.options(&buffers);
     let grads = match path {
         Path::Fused => {
             let fwd = attention_forward(ctx, &qv, &kv, &vv, &opts).unwrap();
@@ -40,6 +41,7 @@ fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
         dq: grads.dq.to_vec(ctx).unwrap(),
         dk: grads.dk.to_vec(ctx).unwrap(),
         dv: grads.dv.to_vec(ctx).unwrap(),
+        d_sinks: grads.d_sinks.map_or(Vec::new(), |t| t.to_vec(ctx).unwrap()),
     }
 }
 
@@ -52,8 +54,8 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
         && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU
     {
         let [qv, kv, vv, dov] = case.upload(ctx);
-        let lens = case.seq_lens(ctx);
-        let opts = case.options(lens.as_ref());
+        let buffers = case.buffers(ctx);
+        let opts = case.options(&buffers);
         let fwd = attention_forward(ctx, &qv, &kv, &vv, &opts).unwrap();
         let err = attention_backward(ctx, &qv, &kv, &vv, &fwd, &dov, &opts).unwrap_err();
         assert!(
@@ -69,6 +71,7 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
             dq: Vec::new(),
             dk: Vec::new(),
             dv: Vec::new(),
+            d_sinks: Vec::new(),
         };
     }
     let g = run(ctx, case, path);
@@ -82,10 +85,12 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
         },
         case.label()
     );
+    assert_eq!(g.d_sinks.len(), r.dsinks.len(), "{tag}: d_sinks");
     for (name, gpu, reference) in [
         ("dq", &g.dq, &r.dq),
         ("dk", &g.dk, &r.dk),
         ("dv", &g.dv, &r.dv),
+        ("d_sinks", &g.d_sinks, &r.dsinks),
     ] {
         assert!(
             gpu.iter().all(|x| x.is_finite()),
@@ -165,6 +170,30 @@ fn score_modifiers_softcap_and_alibi() {
             .softcap(4.0)
             .alibi()
             .causal();
+        check(backend, ctx, &case, Path::Fused);
+    });
+}
+
+#[test]
+fn attention_sinks_with_their_gradient() {
+    for_each_family(|backend, ctx| {
+        for case in &sink_cases() {
+            check(backend, ctx, case, Path::Fused);
+        }
+        // Bitwise reproducible, the sink gradient included.
+        let case = &sink_cases()[0];
+        let (a, b) = (run(ctx, case, Path::Fused), run(ctx, case, Path::Fused));
+        assert_eq!(
+            (&a.dq, &a.dk, &a.dv, &a.d_sinks),
+            (&b.dq, &b.dk, &b.dv, &b.d_sinks),
+            "[{backend}] rerun differs"
+        );
+    });
+    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+        let case = Case::new(1, 129, 200, 4, 2, 40, 40)
+            .causal()
+            .kv_lens(&[150])
+            .sinks(&[1.0, 2.0, 0.0, -1.0]);
         check(backend, ctx, &case, Path::Fused);
     });
 }

@@ -20,8 +20,8 @@ enum Path {
 /// Runs `case` on the GPU and compares O and lse with the reference. Returns (O, lse) from the GPU.
 fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> (Vec<f32>, Vec<f32>) {
     let [qv, kv, vv, _] = case.upload(ctx);
-    let lens = case.seq_lens(ctx);
-    let opts = case.options(lens.as_ref());
+    let buffers = case.buffers(ctx);
+    let opts = case.options(&buffers);
     let fwd = match path {
         Path::Fused => attention_forward(ctx, &qv, &kv, &vv, &opts),
         Path::Unfused => attention_forward_unfused(ctx, &qv, &kv, &vv, &opts),
@@ -97,6 +97,22 @@ fn score_modifiers_softcap_and_alibi() {
             .softcap(4.0)
             .alibi()
             .causal();
+        check(backend, ctx, &case, Path::Fused);
+    });
+}
+
+#[test]
+fn attention_sinks() {
+    for_each_family(|backend, ctx| {
+        for case in &sink_cases() {
+            check(backend, ctx, case, Path::Fused);
+        }
+    });
+    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+        let case = Case::new(1, 129, 200, 4, 2, 40, 40)
+            .causal()
+            .kv_lens(&[150])
+            .sinks(&[1.0, 2.0, 0.0, -1.0]);
         check(backend, ctx, &case, Path::Fused);
     });
 }

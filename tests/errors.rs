@@ -262,6 +262,14 @@ fn score_modifier_options_are_checked() {
         // The unfused baseline has masks but no score modifiers: refused, naming them.
         let opts = AttentionOptions::new().alibi(true);
         let m = message(attention_forward_unfused(ctx, &q, &k, &v, &opts));
-        assert!(m.contains("softcap/alibi") && m.contains("unfused"), "{m}");
+        assert!(
+            m.contains("softcap/alibi/sinks") && m.contains("unfused"),
+            "{m}"
+        );
+        // Sinks are one logit per query head.
+        let sinks = GpuTensor::zeros(ctx, &[3]).unwrap();
+        let opts = AttentionOptions::new().sinks(&sinks);
+        let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+        assert!(m.contains("sinks") && m.contains("[2]"), "{m}");
     });
 }

@@ -73,6 +73,11 @@ fn backward_matches_finite_differences() {
         // Sliding windows: causal, two-sided across Lq != Lk, with ALiBi.
         Case::new(2, 6, 6, 2, 1, 4, 4).causal().window(2, 0),
         Case::new(1, 4, 7, 2, 2, 3, 3).window(1, 2).alibi(),
+        // Sinks, with padding (a batch with one key) and causal.
+        Case::new(2, 5, 6, 2, 1, 4, 3)
+            .causal()
+            .kv_lens(&[6, 1])
+            .sinks(&[0.5, 2.0]),
     ];
     for case in &cases {
         let err = finite_difference_error(case);
@@ -81,6 +86,49 @@ fn backward_matches_finite_differences() {
             case.label()
         );
         assert!(err < 1e-7, "{}: {err}", case.label());
+    }
+}
+
+#[test]
+fn sink_gradient_matches_finite_differences() {
+    for case in [
+        Case::new(2, 5, 6, 3, 3, 4, 3).sinks(&[0.5, -1.0, 2.0]),
+        Case::new(2, 6, 6, 2, 1, 4, 4)
+            .causal()
+            .q_lens(&[4, 6])
+            .kv_lens(&[6, 2])
+            .magnitude(2.0)
+            .softcap(2.0)
+            .sinks(&[3.0, -0.5]),
+    ] {
+        let s = case.shape();
+        let (q, k, v, d_out) = case.data();
+        let (q, k, v, d_out) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d_out));
+        let masks = case.masks();
+        let grads = reference::attention_backward(&s, &q, &k, &v, &d_out, &masks);
+        let loss = |sinks: Vec<f64>| -> f64 {
+            let m = reference::Masks {
+                sinks: Some(sinks),
+                ..masks.clone()
+            };
+            let (out, _) = reference::attention_forward(&s, &q, &k, &v, &m);
+            out.iter().zip(&d_out).map(|(o, d)| o * d).sum()
+        };
+        let sinks = masks.sinks.clone().unwrap();
+        let eps = 1e-6;
+        let mut worst = 0.0f64;
+        for h in 0..sinks.len() {
+            let (mut plus, mut minus) = (sinks.clone(), sinks.clone());
+            plus[h] += eps;
+            minus[h] -= eps;
+            let numeric = (loss(plus) - loss(minus)) / (2.0 * eps);
+            worst = worst.max((grads.dsinks[h] - numeric).abs() / numeric.abs().max(1.0));
+        }
+        println!(
+            "reference dsinks vs finite differences, {}: worst relative error {worst:.3e}",
+            case.label()
+        );
+        assert!(worst < 1e-7, "{}: {worst}", case.label());
     }
 }
 

@@ -18,6 +18,9 @@ pub struct Masks {
     pub alibi: bool,
     /// Sliding window `(left, right)` around the aligned position `i + Lk - Lq`.
     pub window: Option<(usize, usize)>,
+    /// Attention sinks `[H]`: a logit per query head in every row's denominator, with no value.
+    /// Rows that see no key stay `O = 0`, `lse = -inf`.
+    pub sinks: Option<Vec<f64>>,
 }
 
 /// ALiBi slope of query head `h` of `heads` (Press et al. 2022): `2^(-8 (h + 1) / n)` for
@@ -108,8 +111,11 @@ pub fn attention_forward(
                 if max == f64::NEG_INFINITY {
                     continue;
                 }
-                let sum: f64 = scores.iter().map(|&x| (x - max).exp()).sum();
-                let row_lse = max + sum.ln();
+                let sink = masks.sinks.as_ref().map(|sinks| sinks[h]);
+                let top = sink.map_or(max, |x| max.max(x));
+                let sum: f64 = scores.iter().map(|&x| (x - top).exp()).sum::<f64>()
+                    + sink.map_or(0.0, |x| (x - top).exp());
+                let row_lse = top + sum.ln();
                 lse[(b * s.heads + h) * s.q_seq + i] = row_lse;
                 let oi = &mut out[idx(s.q_seq, s.heads, dv, b, i, h)..][..dv];
                 for (j, &score) in scores.iter().enumerate() {
@@ -128,12 +134,13 @@ pub fn attention_forward(
     (out, lse)
 }
 
-/// Gradients of the reference forward.
+/// Gradients of the reference forward (`dsinks` empty without sinks).
 #[derive(Clone, Debug)]
 pub struct Grads {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
+    pub dsinks: Vec<f64>,
 }
 
 /// Reference backward per SPEC.md, recomputing P from the forward. dK and dV sum over the query
@@ -152,6 +159,7 @@ pub fn attention_backward(
     let mut dq = vec![0.0; q.len()];
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
+    let mut dsinks = vec![0.0; masks.sinks.as_ref().map_or(0, Vec::len)];
     for b in 0..s.batch {
         for h in 0..s.heads {
             let hk = h / group;
@@ -163,6 +171,10 @@ pub fn attention_backward(
                 let qo = idx(s.q_seq, s.heads, dk_dim, b, i, h);
                 let oo = idx(s.q_seq, s.heads, dv_dim, b, i, h);
                 let delta: f64 = (0..dv_dim).map(|c| d_out[oo + c] * out[oo + c]).sum();
+                // The sink's probability exp(sink - lse) times (its dP = 0) - delta.
+                if let Some(sinks) = &masks.sinks {
+                    dsinks[h] -= (sinks[h] - row_lse).exp() * delta;
+                }
                 for j in 0..s.kv_seq {
                     if !masks.visible(s, b, i, j) {
                         continue;
@@ -186,5 +198,5 @@ pub fn attention_backward(
             }
         }
     }
-    Grads { dq, dk, dv }
+    Grads { dq, dk, dv, dsinks }
 }

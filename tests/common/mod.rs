@@ -235,7 +235,14 @@ pub struct Case {
     pub softcap: Option<f32>,
     pub alibi: bool,
     pub window: Option<(usize, usize)>,
+    pub sinks: Option<Vec<f32>>,
     pub seed: u64,
+}
+
+/// The GPU objects a case's options borrow.
+pub struct CaseBuffers {
+    pub lens: Option<SeqLens>,
+    pub sinks: Option<GpuTensor>,
 }
 
 impl Case {
@@ -256,6 +263,7 @@ impl Case {
             softcap: None,
             alibi: false,
             window: None,
+            sinks: None,
             seed: 7,
         }
     }
@@ -295,6 +303,11 @@ impl Case {
         self
     }
 
+    pub fn sinks(mut self, sinks: &[f32]) -> Self {
+        self.sinks = Some(sinks.to_vec());
+        self
+    }
+
     pub fn window(mut self, left: usize, right: usize) -> Self {
         self.window = Some((left, right));
         self
@@ -314,7 +327,7 @@ impl Case {
 
     pub fn label(&self) -> String {
         format!(
-            "B{} Lq{} Lk{} H{}/{} Dk{} Dv{}{}{}{}{}{}{}{}",
+            "B{} Lq{} Lk{} H{}/{} Dk{} Dv{}{}{}{}{}{}{}{}{}",
             self.b,
             self.lq,
             self.lk,
@@ -339,6 +352,7 @@ impl Case {
             if self.alibi { " alibi" } else { "" },
             self.window
                 .map_or(String::new(), |(l, r)| format!(" window{l}/{r}")),
+            if self.sinks.is_some() { " sinks" } else { "" },
         )
     }
 
@@ -355,18 +369,27 @@ impl Case {
             softcap: self.softcap.map(f64::from),
             alibi: self.alibi,
             window: self.window,
+            sinks: self
+                .sinks
+                .as_ref()
+                .map(|s| s.iter().map(|&x| x as f64).collect()),
         }
     }
 
-    pub fn seq_lens(&self, ctx: &Context) -> Option<SeqLens> {
-        if self.q_lens.is_none() && self.kv_lens.is_none() {
-            return None;
-        }
-        Some(SeqLens::new(ctx, self.q_lens.as_deref(), self.kv_lens.as_deref()).unwrap())
+    /// Uploads the case's per-batch lengths and sinks, if any.
+    pub fn buffers(&self, ctx: &Context) -> CaseBuffers {
+        let lens = (self.q_lens.is_some() || self.kv_lens.is_some())
+            .then(|| SeqLens::new(ctx, self.q_lens.as_deref(), self.kv_lens.as_deref()).unwrap());
+        let sinks = self
+            .sinks
+            .as_ref()
+            .map(|s| GpuTensor::from_slice(ctx, s, &[s.len()]).unwrap());
+        CaseBuffers { lens, sinks }
     }
 
-    /// The GPU options of the case; `lens` is what [`Case::seq_lens`] returned.
-    pub fn options<'a>(&self, lens: Option<&'a SeqLens>) -> AttentionOptions<'a> {
+    /// The GPU options of the case, borrowing what [`Case::buffers`] uploaded.
+    pub fn options<'a>(&self, buffers: &'a CaseBuffers) -> AttentionOptions<'a> {
+        let lens = buffers.lens.as_ref();
         let mut opts = AttentionOptions::new().causal(self.causal);
         if let Some(t) = self.temperature {
             opts = opts.temperature(t);
@@ -379,6 +402,9 @@ impl Case {
         }
         if let Some((left, right)) = self.window {
             opts = opts.window(left, right);
+        }
+        if let Some(sinks) = &buffers.sinks {
+            opts = opts.sinks(sinks);
         }
         opts.alibi(self.alibi)
     }
@@ -550,6 +576,29 @@ pub fn window_cases() -> Vec<Case> {
             .alibi()
             .window(10, 20),
         Case::new(1, 129, 129, 4, 2, 64, 64).causal().window(15, 0),
+    ]
+}
+
+/// Attention sinks: alone, with causal + padding (rows past a length and a batch with one key), with
+/// GQA, Dk != Dv and a window, and with the score modifiers; sinks from well below to well above the
+/// scores, so the sink takes from nothing to most of a row's weight.
+pub fn sink_cases() -> Vec<Case> {
+    vec![
+        Case::new(2, 33, 47, 4, 2, 40, 40).sinks(&[0.5, -2.0, 3.0, 8.0]),
+        Case::new(3, 33, 33, 2, 2, 40, 40)
+            .causal()
+            .q_lens(&[11, 33, 20])
+            .kv_lens(&[33, 1, 20])
+            .sinks(&[1.0, -30.0]),
+        Case::new(1, 17, 29, 6, 3, 40, 24)
+            .window(5, 2)
+            .sinks(&[0.0, 1.0, 2.0, -1.0, -2.0, 4.0]),
+        Case::new(2, 33, 47, 4, 2, 40, 40)
+            .magnitude(3.0)
+            .softcap(4.0)
+            .alibi()
+            .causal()
+            .sinks(&[2.0, 0.0, -1.0, 5.0]),
     ]
 }
 

@@ -12,7 +12,9 @@ use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
+mod sinks;
 mod tiled;
+pub use sinks::attention_sinks_backward_into;
 use tiled::{encode_forward_tiled, TiledForward};
 
 const COMMON: &str = include_str!("../../../shaders/attention_common.wgsl");
@@ -49,6 +51,8 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("attention_backward_dkdv", BACKWARD_DKDV),
         ("attention_softmax", SOFTMAX),
         ("attention_softmax_backward", SOFTMAX_BACKWARD),
+        ("attention_sinks", sinks::FORWARD),
+        ("attention_sinks_backward", sinks::BACKWARD),
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
@@ -101,6 +105,10 @@ pub struct AttentionOptions<'a> {
     /// its position aligned as the causal mask; composes with causal (which cuts at `p`) and padding.
     /// Key blocks outside every row's window are skipped, so time grows as L x window.
     pub window: Option<(usize, usize)>,
+    /// Attention sinks `[H]`: a learnable logit per query head in every row's softmax denominator,
+    /// with no value (gpt-oss). Its gradient comes from [`attention_backward`] (`d_sinks`) or
+    /// [`attention_sinks_backward_into`].
+    pub sinks: Option<&'a GpuTensor>,
 }
 
 impl<'a> AttentionOptions<'a> {
@@ -140,6 +148,11 @@ impl<'a> AttentionOptions<'a> {
 
     /// Sliding window of `left` keys before and `right` after each query's aligned position
     /// (`window(w - 1, 0)` with `causal(true)`: the last `w` keys, as Mistral and Gemma 2).
+    pub fn sinks(mut self, sinks: &'a GpuTensor) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
     pub fn window(mut self, left: usize, right: usize) -> Self {
         self.window = Some((left, right));
         self
@@ -147,7 +160,7 @@ impl<'a> AttentionOptions<'a> {
 
     /// Whether a score modifier is set (the unfused path has none).
     fn has_score_modifier(&self) -> bool {
-        self.softcap.is_some() || self.alibi
+        self.softcap.is_some() || self.alibi || self.sinks.is_some()
     }
 }
 
@@ -308,6 +321,9 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
             "temperature",
             format!("is {temperature}; it must be finite and positive"),
         ));
+    }
+    if let Some(sinks) = opts.sinks {
+        check_tensor("sinks", sinks, &[shape.heads])?;
     }
     if let Some(cap) = opts.softcap {
         if !(cap.is_finite() && cap > 0.0) {
@@ -660,12 +676,13 @@ pub struct AttentionOutput {
     pub lse: GpuTensor,
 }
 
-/// dQ, dK, dV of a backward pass, shaped like Q, K, V.
+/// dQ, dK, dV of a backward pass, shaped like Q, K, V; `d_sinks [H]` when the options have sinks.
 #[derive(Clone, Debug)]
 pub struct AttentionGrads {
     pub dq: GpuTensor,
     pub dk: GpuTensor,
     pub dv: GpuTensor,
+    pub d_sinks: Option<GpuTensor>,
 }
 
 /// Fused attention forward into new tensors, submitted to the queue.
@@ -713,9 +730,38 @@ pub fn attention_forward_into(
     if out.buffer() == lse.buffer() {
         return Err(Error::shape("lse", "shares a buffer with out"));
     }
-    if ctx.kernel_family() == KernelFamily::Gpu {
-        return encode_forward_tiled(ctx, encoder, &s, scale, q, k, v, out, lse, opts);
+    if let Some(sinks) = opts.sinks {
+        check_distinct(
+            &[("out", out.buffer()), ("lse", lse.buffer())],
+            &[sinks.buffer()],
+        )?;
     }
+    if ctx.kernel_family() == KernelFamily::Gpu {
+        encode_forward_tiled(ctx, encoder, &s, scale, q, k, v, out, lse, opts)?;
+    } else {
+        encode_forward_cpu_family(ctx, encoder, &s, scale, q, k, v, out, lse, opts)?;
+    }
+    match opts.sinks {
+        Some(sinks) => sinks::encode_forward(ctx, encoder, &s, scale, out, lse, sinks, opts),
+        None => Ok(()),
+    }
+}
+
+/// The CPU-driver family's forward: one dispatch per key chunk, each merging into O and lse.
+#[allow(clippy::too_many_arguments)]
+fn encode_forward_cpu_family(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    s: &AttentionShape,
+    scale: f32,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let s = *s;
 
     let block_n = tile_rows(ctx, &s, 0, MAX_BLOCK_N);
     let mut params = base_params(&s, scale, opts);
@@ -854,8 +900,29 @@ pub fn attention_backward(
         &workspace,
         opts,
     )?;
+    let d_sinks = match opts.sinks {
+        Some(sinks) => {
+            let d_sinks = GpuTensor::uninit(ctx, "d_sinks", &[s.heads])?;
+            attention_sinks_backward_into(
+                ctx,
+                &mut encoder,
+                &s,
+                sinks,
+                &workspace,
+                &d_sinks,
+                opts,
+            )?;
+            Some(d_sinks)
+        }
+        None => None,
+    };
     ctx.submit(encoder)?;
-    Ok(AttentionGrads { dq, dk, dv })
+    Ok(AttentionGrads {
+        dq,
+        dk,
+        dv,
+        d_sinks,
+    })
 }
 
 /// The scratch tensor [`attention_backward_into`] needs: `(lse, D)` per query row, `[B, H, Lq, 2]`.
@@ -1225,7 +1292,7 @@ pub fn attention_forward_unfused(
 fn unfused_modifier_check(opts: &AttentionOptions<'_>) -> Result<()> {
     if opts.has_score_modifier() {
         return Err(Error::shape(
-            "softcap/alibi",
+            "softcap/alibi/sinks",
             "the unfused path has no score modifiers; use attention_forward / attention_backward",
         ));
     }
@@ -1392,5 +1459,10 @@ pub fn attention_backward_unfused(
         )?;
     }
     ctx.submit(encoder)?;
-    Ok(AttentionGrads { dq, dk, dv })
+    Ok(AttentionGrads {
+        dq,
+        dk,
+        dv,
+        d_sinks: None,
+    })
 }

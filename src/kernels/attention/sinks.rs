@@ -1,0 +1,105 @@
+//! Attention sinks (gpt-oss style): a learnable logit per query head that joins every row's softmax
+//! denominator without a value (`shaders/attention_sinks.wgsl`, applied after the forward of either
+//! family), and its gradient `dsink_h = -sum_rows exp(sink_h - lse) D` from the backward's stats
+//! (`shaders/attention_sinks_backward.wgsl`, one workgroup per head, fixed-order reduction).
+//! dQ, dK and dV need nothing else: the forward's lse and O already include the sink.
+//! CPU reference: [`crate::reference::attention`] (`Masks::sinks`).
+
+use super::*;
+
+pub(super) const FORWARD: &str = include_str!("../../../shaders/attention_sinks.wgsl");
+pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention_sinks_backward.wgsl");
+
+/// Invocations of the sink-gradient workgroup (a power of two: the reduction is a tree).
+const BACKWARD_WG: u32 = 64;
+
+/// Records the sink pass over `out` and `lse` after the forward.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_forward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    s: &AttentionShape,
+    scale: f32,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    sinks: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let mut params = base_params(s, scale, opts);
+    let bindings = [
+        bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+        bind_tensor(ctx, "lse", lse)?,
+        bind_tensor(ctx, "sinks", sinks)?,
+    ];
+    let rows = s.batch * s.heads * s.q_seq;
+    let grid = set_grid(&mut params, rows.div_ceil(SIMPLE_WG as usize), 1)?;
+    let mut pass = ctx.begin_pass(encoder, "attention_sinks");
+    encode_kernel(
+        ctx,
+        &mut pass,
+        "attention_sinks",
+        || with_common(FORWARD),
+        &[("WG", SIMPLE_WG)],
+        &params,
+        // Padded rows are known by their lse = -inf: no lengths bound.
+        None,
+        &bindings,
+        grid,
+    );
+    Ok(())
+}
+
+/// Records `d_sinks [H] = dL/dsinks` into `encoder`, after [`attention_backward_into`] recorded with
+/// the same `workspace` and options (it reads the `(lse, D)` stats the backward wrote there).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_sinks_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    shape: &AttentionShape,
+    sinks: &GpuTensor,
+    workspace: &GpuTensor,
+    d_sinks: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let s = shape;
+    let scale = check_options(s, opts)?;
+    check_tensor("sinks", sinks, &[s.heads])?;
+    check_tensor("d_sinks", d_sinks, &[s.heads])?;
+    check_tensor("workspace", workspace, &[s.batch, s.heads, s.q_seq, 2])?;
+    check_distinct(
+        &[("d_sinks", d_sinks.buffer())],
+        &[sinks.buffer().as_ref(), workspace.buffer()],
+    )?;
+    let rows = (s.batch * s.q_seq).div_ceil(BACKWARD_WG as usize);
+    if let Some(budget) = ctx.loop_budget() {
+        if rows > budget as usize {
+            return Err(Error::Unsupported {
+                arg: "batch * q seq / 64 (sink gradient loop)",
+                value: rows as u64,
+                limit: budget as u64,
+                hint: " on this driver (llvmpipe loop cap); split the batch",
+            });
+        }
+    }
+    let mut params = base_params(s, scale, opts);
+    let bindings = [
+        bind_tensor(ctx, "workspace", workspace)?,
+        bind_tensor(ctx, "sinks", sinks)?,
+        bind_tensor(ctx, "d_sinks", d_sinks)?,
+    ];
+    let grid = set_grid(&mut params, s.heads, 1)?;
+    let mut pass = ctx.begin_pass(encoder, "attention_sinks_backward");
+    encode_kernel(
+        ctx,
+        &mut pass,
+        "attention_sinks_backward",
+        || with_common(BACKWARD),
+        &[("WG", BACKWARD_WG)],
+        &params,
+        // Padded rows are known by their lse = -inf: no lengths bound.
+        None,
+        &bindings,
+        grid,
+    );
+    Ok(())
+}
