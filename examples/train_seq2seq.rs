@@ -222,6 +222,9 @@ fn run(args: &Args) -> Result<f64, Error> {
         pre_ln: true,
         learned_positions: false,
         pad_id: PAD,
+        attention_softcap: None,
+        alibi: false,
+        attention_window: None,
     };
     let model = Transformer::new(&ctx, config, shape(), 1)?;
     let adam = AdamWConfig {

@@ -25,6 +25,19 @@ fn config(encoder_layers: usize, pre_ln: bool, learned_positions: bool) -> Trans
         pre_ln,
         learned_positions,
         pad_id: PAD,
+        attention_softcap: None,
+        alibi: false,
+        attention_window: None,
+    }
+}
+
+/// The self-attention score modifiers on: softcap, ALiBi and a window shorter than the sequences.
+fn with_score_modifiers(c: TransformerConfig) -> TransformerConfig {
+    TransformerConfig {
+        attention_softcap: Some(1.5),
+        alibi: true,
+        attention_window: Some(2),
+        ..c
     }
 }
 
@@ -188,8 +201,22 @@ fn decoder_only_with_learned_positions_matches_cpu_model() {
 
 /// Central differences of the CPU model's loss for a few elements of every parameter.
 #[test]
+fn score_modifiers_in_the_model_match_cpu_model() {
+    for_each_backend(|backend, ctx| {
+        let c = with_score_modifiers(config(2, true, false));
+        check_against_cpu(backend, ctx, c, "enc-dec softcap+alibi+window");
+        let c = with_score_modifiers(config(0, true, true));
+        check_against_cpu(backend, ctx, c, "decoder-only softcap+alibi+window");
+    });
+}
+
+#[test]
 fn cpu_model_gradients_match_finite_differences() {
-    for c in [config(1, true, true), config(1, false, false)] {
+    for c in [
+        config(1, true, true),
+        config(1, false, false),
+        with_score_modifiers(config(1, true, false)),
+    ] {
         let ctx_free_params = {
             // Parameters drawn like the GPU model's, without a GPU: the names and shapes come from a
             // CPU-only run of the reference with zero-filled maps is not possible, so build them on a

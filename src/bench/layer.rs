@@ -48,6 +48,7 @@ impl LayerCase {
             d_ff: config.d_ff,
             layers: 1,
             pre_ln: config.pre_ln,
+            scores: Default::default(),
         };
         let mut params = Params::new(seed);
         let rows = [batch, seq];

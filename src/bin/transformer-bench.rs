@@ -90,6 +90,9 @@ fn run(cli: &Cli) -> Result<(), Error> {
         pre_ln: !cli.post_ln,
         learned_positions: false,
         pad_id: 0,
+        attention_softcap: None,
+        alibi: false,
+        attention_window: None,
     };
     let shape = BatchShape {
         batch: cli.batch,

@@ -13,6 +13,15 @@ use crate::layers::linear::Linear;
 use crate::layers::params::Params;
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
+/// Score modifiers of a self-attention layer (see [`AttentionOptions`]): softcap, ALiBi and a
+/// sliding window of `window` keys on each side (only before the query when causal).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ScoreOptions {
+    pub softcap: Option<f32>,
+    pub alibi: bool,
+    pub window: Option<usize>,
+}
+
 /// Self-attention (optionally causal) or cross-attention over a memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKind {
@@ -22,6 +31,7 @@ pub enum AttentionKind {
 
 pub struct MultiHeadAttention {
     kind: AttentionKind,
+    scores: ScoreOptions,
     heads: usize,
     d_model: usize,
     /// Self: the fused QKV projection. Cross: the Q projection.
@@ -93,6 +103,7 @@ impl MultiHeadAttention {
         };
         Ok(Self {
             kind,
+            scores: ScoreOptions::default(),
             heads,
             d_model,
             query,
@@ -145,9 +156,32 @@ impl MultiHeadAttention {
         }
     }
 
+    /// Applies score modifiers (self-attention only: positions of a memory are not the queries').
+    pub fn with_scores(mut self, scores: ScoreOptions) -> Result<Self> {
+        if scores != ScoreOptions::default() && self.kind == AttentionKind::Cross {
+            return Err(Error::shape(
+                "scores",
+                "score modifiers apply to self-attention; cross-attention has none",
+            ));
+        }
+        self.scores = scores;
+        Ok(self)
+    }
+
     fn options<'a>(&self, lens: &'a SeqLens) -> AttentionOptions<'a> {
         let causal = matches!(self.kind, AttentionKind::SelfAttention { causal: true });
-        AttentionOptions::new().causal(causal).seq_lens(lens)
+        let s = self.scores;
+        let mut opts = AttentionOptions::new()
+            .causal(causal)
+            .seq_lens(lens)
+            .alibi(s.alibi);
+        if let Some(cap) = s.softcap {
+            opts = opts.softcap(cap);
+        }
+        if let Some(w) = s.window {
+            opts = opts.window(w, if causal { 0 } else { w });
+        }
+        opts
     }
 
     fn flat(&self, t: &GpuTensor) -> Result<GpuTensor> {

@@ -65,7 +65,8 @@ impl DecoderLayer {
             c.heads,
             rows,
             rows[1],
-        )?;
+        )?
+        .with_scores(c.scores)?;
         let cross = match memory_len {
             Some(mem) => Some(Cross {
                 block: block(params, "ln_cross")?,

@@ -58,7 +58,8 @@ impl EncoderLayer {
                 c.heads,
                 rows,
                 rows[1],
-            )?,
+            )?
+            .with_scores(c.scores)?,
             feed_forward_block: Residual::new(
                 ctx,
                 params,

@@ -4,18 +4,20 @@
 
 use crate::device::Context;
 use crate::error::Result;
+use crate::layers::attention::ScoreOptions;
 use crate::layers::params::Params;
 use crate::layers::residual::LayerNorm;
 use crate::tensor::GpuTensor;
 
-/// Sizes shared by the layers of a stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Sizes shared by the layers of a stack, and the score modifiers of their self-attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StackConfig {
     pub d_model: usize,
     pub heads: usize,
     pub d_ff: usize,
     pub layers: usize,
     pub pre_ln: bool,
+    pub scores: ScoreOptions,
 }
 
 /// A layer a [`Stack`] can hold: `[rows, d_model]` in, the same out, into buffers the layer owns.

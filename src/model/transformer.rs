@@ -21,6 +21,7 @@ use crate::kernels::embedding::{
     embedding_backward_into, embedding_forward_into, positional_backward_into,
     positional_forward_into, sinusoidal_table,
 };
+use crate::layers::attention::ScoreOptions;
 use crate::layers::decoder::{Decoder, DecoderInputs};
 use crate::layers::encoder::Encoder;
 use crate::layers::linear::Linear;
@@ -31,7 +32,7 @@ use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
 /// The model's hyper-parameters, stored in checkpoints as JSON. A field added after checkpoint format
 /// 2 must carry `#[serde(default)]` (or `default = ...`) with the value that reproduces the behaviour
 /// from before it existed, so that older checkpoints keep loading.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransformerConfig {
     /// Token ids are `0..vocab`, shared by source and target.
@@ -49,6 +50,16 @@ pub struct TransformerConfig {
     /// Padding id: ignored by the loss (positions past a length are masked in attention); default 0.
     #[serde(default)]
     pub pad_id: u32,
+    /// Self-attention score softcap `cap * tanh(s / cap)` (default none).
+    #[serde(default)]
+    pub attention_softcap: Option<f32>,
+    /// ALiBi in self-attention (default false).
+    #[serde(default)]
+    pub alibi: bool,
+    /// Self-attention sliding window: `w` keys on each side in the encoder, the last `w` keys before
+    /// each query (and itself) in the causal decoder (default none).
+    #[serde(default)]
+    pub attention_window: Option<usize>,
 }
 
 impl TransformerConfig {
@@ -63,6 +74,14 @@ impl TransformerConfig {
                 "TransformerConfig",
                 format!("{c:?}: vocab, d_model, d_ff and decoder_layers must be positive"),
             ));
+        }
+        if let Some(cap) = c.attention_softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(Error::shape(
+                    "attention_softcap",
+                    format!("is {cap}; it must be finite and positive (e.g. 30 or 50)"),
+                ));
+            }
         }
         if c.heads == 0 || !c.d_model.is_multiple_of(c.heads) {
             return Err(Error::shape(
@@ -230,6 +249,11 @@ impl Transformer {
             d_ff: c.d_ff,
             layers,
             pre_ln: c.pre_ln,
+            scores: ScoreOptions {
+                softcap: c.attention_softcap,
+                alibi: c.alibi,
+                window: c.attention_window,
+            },
         };
         let source = c
             .has_encoder()

@@ -136,12 +136,21 @@ impl<'a> Model<'a> {
         }
     }
 
-    fn masks(&self, q: Rows, kv: Rows, causal: bool) -> Masks {
+    /// Masks of an attention sublayer; self-attention also gets the configuration's score modifiers
+    /// (a window of `w` keys on each side, or only before the query when causal).
+    fn masks(&self, q: Rows, kv: Rows, causal: bool, self_attention: bool) -> Masks {
+        let c = &self.c;
+        let modified = self_attention.then_some(c);
         Masks {
-            scale: 1.0 / ((self.d() / self.c.heads) as f64).sqrt(),
+            scale: 1.0 / ((self.d() / c.heads) as f64).sqrt(),
             causal,
             q_lens: Some(q.lens.to_vec()),
             kv_lens: Some(kv.lens.to_vec()),
+            softcap: modified.and_then(|c| c.attention_softcap.map(f64::from)),
+            alibi: modified.is_some_and(|c| c.alibi),
+            window: modified
+                .and_then(|c| c.attention_window)
+                .map(|w| (w, if causal { 0 } else { w })),
             ..Default::default()
         }
     }
@@ -175,13 +184,13 @@ impl<'a> Model<'a> {
                 self.linear(&format!("{name}.out"), &a, self.c.d_ff)
             }
             Sub::SelfAttention { name, .. } | Sub::Cross { name } => {
-                let (kv_rows, causal) = match sub {
-                    Sub::SelfAttention { causal, .. } => (rows, *causal),
-                    _ => (mem, false),
+                let (kv_rows, causal, self_attention) = match sub {
+                    Sub::SelfAttention { causal, .. } => (rows, *causal, true),
+                    _ => (mem, false, false),
                 };
                 let [q, k, v] = self.qkv(sub, x, memory);
                 let shape = self.attention_shape(rows, kv_rows);
-                let masks = self.masks(rows, kv_rows, causal);
+                let masks = self.masks(rows, kv_rows, causal, self_attention);
                 let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
                 self.linear(&format!("{name}.out"), &out, d)
             }
@@ -210,7 +219,7 @@ impl<'a> Model<'a> {
             Sub::SelfAttention { name, causal } => {
                 let [q, k, v] = self.qkv(sub, x, memory);
                 let shape = self.attention_shape(rows, rows);
-                let masks = self.masks(rows, rows, *causal);
+                let masks = self.masks(rows, rows, *causal, true);
                 let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
                 let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
                 let g = attention_backward(&shape, &q, &k, &v, &d_out, &masks);
@@ -220,7 +229,7 @@ impl<'a> Model<'a> {
             Sub::Cross { name } => {
                 let [q, k, v] = self.qkv(sub, x, memory);
                 let shape = self.attention_shape(rows, mem);
-                let masks = self.masks(rows, mem, false);
+                let masks = self.masks(rows, mem, false, false);
                 let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
                 let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
                 let g = attention_backward(&shape, &q, &k, &v, &d_out, &masks);
