@@ -70,7 +70,7 @@ pub struct Context {
     /// Grow-only scratch storage of kernels that need a workspace the caller does not pass (the
     /// split-KV partial results of the forward). Dispatches in one queue run in order, so one buffer
     /// serves every call; a larger request replaces it (recorded work keeps the old one alive).
-    scratch: Mutex<Option<(wgpu::Buffer, Allocation)>>,
+    scratch: Mutex<HashMap<&'static str, (Arc<wgpu::Buffer>, Allocation)>>,
     /// Why the device was lost, once it has been: later waits report it instead of hanging or
     /// panicking inside wgpu.
     lost: Arc<Mutex<Option<String>>>,
@@ -428,7 +428,7 @@ impl Context {
             loop_budget: is_llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
             attention_workgroup: None,
             kernel_family: None,
-            scratch: Mutex::new(None),
+            scratch: Mutex::default(),
             lost,
             uncaptured: Arc::default(),
             profiler: Mutex::new(None),
@@ -515,18 +515,23 @@ impl Context {
         self.kernel_family = family;
     }
 
-    /// A scratch buffer of at least `bytes`, counted in [`Context::memory`]. See `scratch` above.
-    pub(crate) fn scratch_buffer(&self, bytes: u64) -> Result<wgpu::Buffer> {
-        let mut slot = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((buffer, _)) = slot.as_ref().filter(|(b, _)| b.size() >= bytes) {
+    /// The scratch buffer `what` (one per purpose, so two kinds of workspace of one call never
+    /// alias), at least `bytes`, counted in [`Context::memory`]. See `scratch` above.
+    pub(crate) fn scratch_buffer(
+        &self,
+        what: &'static str,
+        bytes: u64,
+    ) -> Result<Arc<wgpu::Buffer>> {
+        let mut slots = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((buffer, _)) = slots.get(what).filter(|(b, _)| b.size() >= bytes) {
             return Ok(buffer.clone());
         }
         // Room to grow, within what one binding can use.
         let cap = self.limits().max_storage_buffer_binding_size.max(bytes);
         let size = bytes.max(256).next_power_of_two().min(cap).div_ceil(4) * 4;
-        let (buffer, allocation) =
-            self.create_buffer("attention scratch", size, wgpu::BufferUsages::STORAGE)?;
-        *slot = Some((buffer.clone(), allocation));
+        let (buffer, allocation) = self.create_buffer(what, size, wgpu::BufferUsages::STORAGE)?;
+        let buffer = Arc::new(buffer);
+        slots.insert(what, (buffer.clone(), allocation));
         Ok(buffer)
     }
 

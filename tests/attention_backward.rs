@@ -199,6 +199,15 @@ fn attention_sinks_with_their_gradient() {
 }
 
 #[test]
+fn cosine_scores_and_key_norm_clipping() {
+    for_each_family(|backend, ctx| {
+        for case in &qk_norm_cases() {
+            check(backend, ctx, case, Path::Fused);
+        }
+    });
+}
+
+#[test]
 fn sliding_windows() {
     for_each_family(|backend, ctx| {
         for case in &window_cases() {

@@ -271,5 +271,12 @@ fn score_modifier_options_are_checked() {
         let opts = AttentionOptions::new().sinks(&sinks);
         let m = message(attention_forward(ctx, &q, &k, &v, &opts));
         assert!(m.contains("sinks") && m.contains("[2]"), "{m}");
+        // Cosine scores carry their own scale: both is a bad combination, named as such.
+        let opts = AttentionOptions::new().cosine(10.0).scale(0.5);
+        let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+        assert!(m.contains("scale/cosine"), "{m}");
+        let opts = AttentionOptions::new().key_norm_clip(-1.0);
+        let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+        assert!(m.contains("key_norm_clip") && m.contains("positive"), "{m}");
     });
 }

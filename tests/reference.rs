@@ -78,6 +78,13 @@ fn backward_matches_finite_differences() {
             .causal()
             .kv_lens(&[6, 1])
             .sinks(&[0.5, 2.0]),
+        // Cosine scores and key clipping (a clip that binds on some keys only), together.
+        Case::new(1, 5, 7, 2, 2, 4, 3).cosine(5.0),
+        Case::new(2, 5, 6, 2, 1, 4, 4).magnitude(1.5).key_clip(2.0),
+        Case::new(1, 6, 6, 2, 2, 5, 4)
+            .cosine(6.0)
+            .key_clip(0.7)
+            .causal(),
     ];
     for case in &cases {
         let err = finite_difference_error(case);

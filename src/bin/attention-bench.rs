@@ -737,7 +737,7 @@ fn run_problem(
         softcap: p.modifier.softcap().map(f64::from),
         alibi: p.modifier.alibi(),
         window: p.window.map(|w| (w, 0)),
-        sinks: None,
+        ..Default::default()
     };
     let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     let reference_forward = validate.then(|| {

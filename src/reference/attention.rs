@@ -21,6 +21,79 @@ pub struct Masks {
     /// Attention sinks `[H]`: a logit per query head in every row's denominator, with no value.
     /// Rows that see no key stay `O = 0`, `lse = -inf`.
     pub sinks: Option<Vec<f64>>,
+    /// Cosine scores: q and k L2-normalised (eps 1e-6) before the scores (`scale` multiplies them).
+    pub normalize_qk: bool,
+    /// Key-norm clipping: keys longer than this are scaled to it (after normalising, if both).
+    pub key_clip: Option<f64>,
+}
+
+/// Norms below this are not divided by (cosine scores).
+const NORM_EPS: f64 = 1e-6;
+
+/// Rows of `dim` values transformed as the kernels' inputs: normalised, then clipped.
+fn transform_rows(x: &[f64], dim: usize, normalize: bool, clip: Option<f64>) -> Vec<f64> {
+    x.chunks(dim)
+        .flat_map(|row| {
+            let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+            let a = if normalize {
+                1.0 / norm.max(NORM_EPS)
+            } else {
+                1.0
+            };
+            let c = clip.map_or(1.0, |c| (c / (norm * a)).min(1.0));
+            row.iter().map(move |v| v * a * c).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// dL/dx from dL/dy of [`transform_rows`], row by row.
+fn transform_rows_backward(
+    x: &[f64],
+    g: &[f64],
+    dim: usize,
+    normalize: bool,
+    clip: Option<f64>,
+) -> Vec<f64> {
+    x.chunks(dim)
+        .zip(g.chunks(dim))
+        .flat_map(|(row, g)| {
+            let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+            let u: Vec<f64> = row
+                .iter()
+                .map(|v| if norm > 0.0 { v / norm } else { 0.0 })
+                .collect();
+            let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+            let a = if normalize {
+                1.0 / norm.max(NORM_EPS)
+            } else {
+                1.0
+            };
+            // Through the clip of y1 = a x (direction u, norm a |x|).
+            let g1: Vec<f64> = match clip {
+                Some(c) if norm * a > c => {
+                    let ug = dot(&u, g);
+                    let f = c / (norm * a);
+                    g.iter()
+                        .zip(&u)
+                        .map(|(gi, ui)| f * (gi - ui * ug))
+                        .collect()
+                }
+                _ => g.to_vec(),
+            };
+            // Through the normalisation.
+            if !normalize {
+                return g1;
+            }
+            if norm <= NORM_EPS {
+                return g1.iter().map(|v| v * a).collect();
+            }
+            let ug1 = dot(&u, &g1);
+            g1.iter()
+                .zip(&u)
+                .map(|(gi, ui)| (gi - ui * ug1) * a)
+                .collect()
+        })
+        .collect()
 }
 
 /// ALiBi slope of query head `h` of `heads` (Press et al. 2022): `2^(-8 (h + 1) / n)` for
@@ -81,6 +154,19 @@ fn idx(seq: usize, heads: usize, dim: usize, b: usize, t: usize, h: usize) -> us
 
 /// Reference forward: returns `(out, lse)`; rows with no visible key give `o = 0`, `lse = -inf`.
 pub fn attention_forward(
+    s: &AttentionShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    masks: &Masks,
+) -> (Vec<f64>, Vec<f64>) {
+    let dk = s.head_dim_qk;
+    let q = transform_rows(q, dk, masks.normalize_qk, None);
+    let k = transform_rows(k, dk, masks.normalize_qk, masks.key_clip);
+    forward_of_transformed(s, &q, &k, v, masks)
+}
+
+fn forward_of_transformed(
     s: &AttentionShape,
     q: &[f64],
     k: &[f64],
@@ -155,7 +241,10 @@ pub fn attention_backward(
 ) -> Grads {
     let (dk_dim, dv_dim) = (s.head_dim_qk, s.head_dim_v);
     let group = s.heads / s.kv_heads;
-    let (out, lse) = attention_forward(s, q, k, v, masks);
+    let (q_in, k_in) = (q, k);
+    let q = &transform_rows(q_in, dk_dim, masks.normalize_qk, None)[..];
+    let k = &transform_rows(k_in, dk_dim, masks.normalize_qk, masks.key_clip)[..];
+    let (out, lse) = forward_of_transformed(s, q, k, v, masks);
     let mut dq = vec![0.0; q.len()];
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
@@ -198,5 +287,8 @@ pub fn attention_backward(
             }
         }
     }
+    // Through the transforms of Q and K.
+    let dq = transform_rows_backward(q_in, &dq, dk_dim, masks.normalize_qk, None);
+    let dk = transform_rows_backward(k_in, &dk, dk_dim, masks.normalize_qk, masks.key_clip);
     Grads { dq, dk, dv, dsinks }
 }

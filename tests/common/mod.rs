@@ -236,6 +236,8 @@ pub struct Case {
     pub alibi: bool,
     pub window: Option<(usize, usize)>,
     pub sinks: Option<Vec<f32>>,
+    pub cosine: Option<f32>,
+    pub key_clip: Option<f32>,
     pub seed: u64,
 }
 
@@ -264,6 +266,8 @@ impl Case {
             alibi: false,
             window: None,
             sinks: None,
+            cosine: None,
+            key_clip: None,
             seed: 7,
         }
     }
@@ -303,6 +307,16 @@ impl Case {
         self
     }
 
+    pub fn cosine(mut self, scale: f32) -> Self {
+        self.cosine = Some(scale);
+        self
+    }
+
+    pub fn key_clip(mut self, max_norm: f32) -> Self {
+        self.key_clip = Some(max_norm);
+        self
+    }
+
     pub fn sinks(mut self, sinks: &[f32]) -> Self {
         self.sinks = Some(sinks.to_vec());
         self
@@ -327,7 +341,7 @@ impl Case {
 
     pub fn label(&self) -> String {
         format!(
-            "B{} Lq{} Lk{} H{}/{} Dk{} Dv{}{}{}{}{}{}{}{}{}",
+            "B{} Lq{} Lk{} H{}/{} Dk{} Dv{}{}{}{}{}{}{}{}{}{}{}",
             self.b,
             self.lq,
             self.lk,
@@ -353,11 +367,14 @@ impl Case {
             self.window
                 .map_or(String::new(), |(l, r)| format!(" window{l}/{r}")),
             if self.sinks.is_some() { " sinks" } else { "" },
+            self.cosine.map_or(String::new(), |c| format!(" cosine{c}")),
+            self.key_clip.map_or(String::new(), |c| format!(" clip{c}")),
         )
     }
 
     pub fn scale(&self) -> f32 {
-        (1.0 / (self.dk as f32).sqrt()) / self.temperature.unwrap_or(1.0)
+        let scale = self.cosine.unwrap_or(1.0 / (self.dk as f32).sqrt());
+        scale / self.temperature.unwrap_or(1.0)
     }
 
     pub fn masks(&self) -> Masks {
@@ -373,6 +390,8 @@ impl Case {
                 .sinks
                 .as_ref()
                 .map(|s| s.iter().map(|&x| x as f64).collect()),
+            normalize_qk: self.cosine.is_some(),
+            key_clip: self.key_clip.map(f64::from),
         }
     }
 
@@ -405,6 +424,12 @@ impl Case {
         }
         if let Some(sinks) = &buffers.sinks {
             opts = opts.sinks(sinks);
+        }
+        if let Some(scale) = self.cosine {
+            opts = opts.cosine(scale);
+        }
+        if let Some(max_norm) = self.key_clip {
+            opts = opts.key_norm_clip(max_norm);
         }
         opts.alibi(self.alibi)
     }
@@ -599,6 +624,35 @@ pub fn sink_cases() -> Vec<Case> {
             .alibi()
             .causal()
             .sinks(&[2.0, 0.0, -1.0, 5.0]),
+    ]
+}
+
+/// Cosine scores and key-norm clipping, alone, together, and with masks, GQA, Dk != Dv, softcap,
+/// windows and sinks. Inputs of magnitude 2 give key norms around 7 at Dk = 40, so a clip of 3
+/// shortens most keys and leaves some.
+pub fn qk_norm_cases() -> Vec<Case> {
+    vec![
+        Case::new(2, 33, 47, 4, 2, 40, 40)
+            .magnitude(2.0)
+            .cosine(12.0),
+        Case::new(2, 33, 47, 4, 2, 40, 40)
+            .magnitude(2.0)
+            .key_clip(6.0),
+        Case::new(2, 33, 33, 2, 2, 40, 40)
+            .magnitude(2.0)
+            .cosine(8.0)
+            .key_clip(0.5)
+            .causal()
+            .q_lens(&[33, 12])
+            .kv_lens(&[20, 33]),
+        Case::new(1, 17, 29, 6, 3, 40, 24)
+            .magnitude(2.0)
+            .key_clip(5.0)
+            .softcap(3.0)
+            .window(6, 1),
+        Case::new(2, 7, 33, 4, 2, 16, 128)
+            .cosine(15.0)
+            .sinks(&[0.5, 1.0, -1.0, 2.0]),
     ]
 }
 

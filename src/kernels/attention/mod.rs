@@ -12,6 +12,7 @@ use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
+mod qk_norm;
 mod sinks;
 mod tiled;
 pub use sinks::attention_sinks_backward_into;
@@ -56,10 +57,10 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
-    .chain(std::iter::once((
-        "matmul_strided",
-        matmul::SOURCE.to_string(),
-    )))
+    .chain([
+        ("matmul_strided", matmul::SOURCE.to_string()),
+        ("attention_qk_norm", qk_norm::SOURCE.to_string()),
+    ])
     .collect()
 }
 
@@ -109,6 +110,12 @@ pub struct AttentionOptions<'a> {
     /// with no value (gpt-oss). Its gradient comes from [`attention_backward`] (`d_sinks`) or
     /// [`attention_sinks_backward_into`].
     pub sinks: Option<&'a GpuTensor>,
+    /// Cosine-similarity scores: q and k L2-normalised (eps 1e-6) before the scores, which are then
+    /// multiplied by this scale (instead of `scale`; the temperature still divides it).
+    pub cosine: Option<f32>,
+    /// Key-norm clipping: keys whose norm exceeds this are scaled to it before the scores (after
+    /// the normalisation of cosine scores, if both).
+    pub key_clip: Option<f32>,
 }
 
 impl<'a> AttentionOptions<'a> {
@@ -148,6 +155,18 @@ impl<'a> AttentionOptions<'a> {
 
     /// Sliding window of `left` keys before and `right` after each query's aligned position
     /// (`window(w - 1, 0)` with `causal(true)`: the last `w` keys, as Mistral and Gemma 2).
+    /// Cosine-similarity scores times `scale` (e.g. 10-30: unit vectors' dot products lie in [-1, 1]).
+    pub fn cosine(mut self, scale: f32) -> Self {
+        self.cosine = Some(scale);
+        self
+    }
+
+    /// Scales keys whose L2 norm exceeds `max_norm` down to it before the scores.
+    pub fn key_norm_clip(mut self, max_norm: f32) -> Self {
+        self.key_clip = Some(max_norm);
+        self
+    }
+
     pub fn sinks(mut self, sinks: &'a GpuTensor) -> Self {
         self.sinks = Some(sinks);
         self
@@ -160,7 +179,11 @@ impl<'a> AttentionOptions<'a> {
 
     /// Whether a score modifier is set (the unfused path has none).
     fn has_score_modifier(&self) -> bool {
-        self.softcap.is_some() || self.alibi || self.sinks.is_some()
+        self.softcap.is_some()
+            || self.alibi
+            || self.sinks.is_some()
+            || self.cosine.is_some()
+            || self.key_clip.is_some()
     }
 }
 
@@ -325,6 +348,24 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
     if let Some(sinks) = opts.sinks {
         check_tensor("sinks", sinks, &[shape.heads])?;
     }
+    for (arg, value) in [("cosine", opts.cosine), ("key_norm_clip", opts.key_clip)] {
+        if let Some(x) = value {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(Error::shape(
+                    arg,
+                    format!("is {x}; it must be finite and positive"),
+                ));
+            }
+        }
+    }
+    if opts.cosine.is_some() && opts.scale.is_some() {
+        return Err(Error::shape(
+            "scale/cosine",
+            "cosine scores carry their own scale; set one of scale and cosine",
+        ));
+    }
+    // Cosine scores bring their own scale.
+    let scale = opts.cosine.unwrap_or(scale);
     if let Some(cap) = opts.softcap {
         if !(cap.is_finite() && cap > 0.0) {
             return Err(Error::shape(
@@ -736,10 +777,12 @@ pub fn attention_forward_into(
             &[sinks.buffer()],
         )?;
     }
+    // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
+    let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
     if ctx.kernel_family() == KernelFamily::Gpu {
-        encode_forward_tiled(ctx, encoder, &s, scale, q, k, v, out, lse, opts)?;
+        encode_forward_tiled(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
     } else {
-        encode_forward_cpu_family(ctx, encoder, &s, scale, q, k, v, out, lse, opts)?;
+        encode_forward_cpu_family(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
     }
     match opts.sinks {
         Some(sinks) => sinks::encode_forward(ctx, encoder, &s, scale, out, lse, sinks, opts),
@@ -939,6 +982,44 @@ pub fn attention_backward_workspace(ctx: &Context, shape: &AttentionShape) -> Re
 /// results are bitwise reproducible. `dq`, `dk`, `dv` may be views into one packed gradient buffer.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    d_out: &HeadsView,
+    dq: &HeadsView,
+    dk: &HeadsView,
+    dv: &HeadsView,
+    workspace: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    if !qk_norm::active(opts) {
+        return encode_backward_core(
+            ctx, encoder, q, k, v, out, lse, d_out, dq, dk, dv, workspace, opts,
+        );
+    }
+    // Cosine scores and key clipping: the backward of the transformed Q and K, then dQ and dK
+    // through the transforms, in place (which reads Q and K: they may not share the gradients'
+    // buffers).
+    let s = AttentionShape::of(q, k, v)?;
+    check_options(&s, opts)?;
+    check_distinct(
+        &[("dq", dq.buffer()), ("dk", dk.buffer())],
+        &[q.buffer().as_ref(), k.buffer()],
+    )?;
+    let (q_used, k_used) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
+    encode_backward_core(
+        ctx, encoder, &q_used, &k_used, v, out, lse, d_out, dq, dk, dv, workspace, opts,
+    )?;
+    qk_norm::encode_backward(ctx, encoder, [q, k], [dq, dk], opts)
+}
+
+/// [`attention_backward_into`] of the Q and K the scores are made of.
+#[allow(clippy::too_many_arguments)]
+fn encode_backward_core(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     q: &HeadsView,
@@ -1292,7 +1373,7 @@ pub fn attention_forward_unfused(
 fn unfused_modifier_check(opts: &AttentionOptions<'_>) -> Result<()> {
     if opts.has_score_modifier() {
         return Err(Error::shape(
-            "softcap/alibi/sinks",
+            "softcap/alibi/sinks/cosine/key_norm_clip",
             "the unfused path has no score modifiers; use attention_forward / attention_backward",
         ));
     }

@@ -161,7 +161,7 @@ pub(super) fn encode_forward_tiled(
     let lse_offset = o_bytes.div_ceil(align) * align;
     let scratch = if splits > 1 {
         check_binding(ctx, "split-KV partial outputs", o_bytes)?;
-        Some(ctx.scratch_buffer(lse_offset + rows * 4)?)
+        Some(ctx.scratch_buffer("attention split-KV partials", lse_offset + rows * 4)?)
     } else {
         None
     };

@@ -1,0 +1,153 @@
+//! Cosine-similarity scores and key-norm clipping, the seeds' defences against "attention hijacking"
+//! (one key of huge norm capturing a row whatever its content): queries and keys are transformed
+//! before the scores (`shaders/attention_qk_norm.wgsl`: L2-normalised, eps-guarded, for cosine scores;
+//! keys scaled down to norm `c` when longer, for clipping) into scratch tensors the attention kernels
+//! then read, and the backward carries dQ and dK back through the same transform, in place. Exact
+//! gradients; O((Lq + Lk) D) extra work against the attention's O(Lq Lk D).
+//! CPU reference: [`crate::reference::attention`] (`Masks::normalize_qk`, `Masks::key_clip`).
+
+use super::*;
+
+pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_qk_norm.wgsl");
+
+const NORMALIZE: u32 = 1;
+const CLIP: u32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct NormParams {
+    rows: u32,
+    seq: u32,
+    heads: u32,
+    dim: u32,
+    mode: u32,
+    clip: f32,
+    grid_x: u32,
+    pad: u32,
+    x: ViewParams,
+    grad: ViewParams,
+}
+
+fn query_mode(opts: &AttentionOptions<'_>) -> u32 {
+    if opts.cosine.is_some() {
+        NORMALIZE
+    } else {
+        0
+    }
+}
+
+fn key_mode(opts: &AttentionOptions<'_>) -> u32 {
+    query_mode(opts) | if opts.key_clip.is_some() { CLIP } else { 0 }
+}
+
+fn view_params(view: &HeadsView) -> Result<ViewParams> {
+    let [sb, ss, sh] = view.strides();
+    let narrow = |x: usize| {
+        u32::try_from(x).map_err(|_| Error::Unsupported {
+            arg: "q/k view",
+            value: x as u64,
+            limit: u32::MAX as u64,
+            hint: " (offset or stride in elements)",
+        })
+    };
+    Ok(ViewParams {
+        offset: narrow(view.offset())?,
+        stride_b: narrow(sb)?,
+        stride_s: narrow(ss)?,
+        stride_h: narrow(sh)?,
+    })
+}
+
+/// Records one pass of the kernel over the rows of `x`: the transform into `out` (a contiguous
+/// scratch buffer), or the backward in place in the gradient view `grad`.
+fn record(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &HeadsView,
+    out: &wgpu::Buffer,
+    grad: Option<&HeadsView>,
+    mode: u32,
+    clip: f32,
+) -> Result<()> {
+    let [b, l, h, d] = x.shape();
+    let rows = b * l * h;
+    for (arg, buffer) in [("q/k", x.buffer().as_ref()), ("q/k output", out)] {
+        check_binding(ctx, arg, buffer.size())?;
+    }
+    let params = NormParams {
+        rows: rows as u32,
+        seq: l as u32,
+        heads: h as u32,
+        dim: d as u32,
+        mode,
+        clip,
+        grid_x: crate::kernels::dispatch::grid_x(rows),
+        pad: 0,
+        x: view_params(x)?,
+        grad: grad.map(view_params).transpose()?.unwrap_or_default(),
+    };
+    crate::kernels::dispatch::encode(
+        ctx,
+        encoder,
+        if grad.is_some() {
+            "attention_qk_norm_backward"
+        } else {
+            "attention_qk_norm"
+        },
+        SOURCE,
+        &[("BACKWARD", grad.is_some() as u32)],
+        bytemuck::bytes_of(&params),
+        &[x.buffer().as_ref(), out],
+        rows,
+    );
+    Ok(())
+}
+
+/// The Q and K the attention kernels read: the inputs themselves, or their transforms (recorded into
+/// `encoder`) in the context's scratch tensors.
+pub(super) fn encode_inputs(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<(HeadsView, HeadsView)> {
+    let clip = opts.key_clip.unwrap_or(0.0);
+    let transform = |encoder: &mut wgpu::CommandEncoder, slot, x: &HeadsView, mode| {
+        if mode == 0 {
+            return Ok(x.clone());
+        }
+        let [b, l, h, d] = x.shape();
+        let buffer = ctx.scratch_buffer(slot, (b * l * h * d * 4) as u64)?;
+        record(ctx, encoder, x, &buffer, None, mode, clip)?;
+        HeadsView::new(buffer, 0, [b, l, h, d], [l * h * d, h * d, d])
+    };
+    Ok((
+        transform(encoder, "attention transformed q", q, query_mode(opts))?,
+        transform(encoder, "attention transformed k", k, key_mode(opts))?,
+    ))
+}
+
+/// Carries `dq` and `dk` (gradients with respect to the transformed Q and K, as the attention
+/// backward wrote them) back through the transforms, in place.
+pub(super) fn encode_backward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    [q, k]: [&HeadsView; 2],
+    [dq, dk]: [&HeadsView; 2],
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let clip = opts.key_clip.unwrap_or(0.0);
+    for (x, grad, mode) in [(q, dq, query_mode(opts)), (k, dk, key_mode(opts))] {
+        if mode != 0 {
+            check_binding(ctx, "dq/dk", grad.buffer().size())?;
+            record(ctx, encoder, x, grad.buffer(), Some(grad), mode, clip)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the options transform Q or K.
+pub(super) fn active(opts: &AttentionOptions<'_>) -> bool {
+    key_mode(opts) != 0
+}
