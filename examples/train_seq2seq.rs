@@ -310,7 +310,8 @@ fn run(args: &Args) -> Result<f64, Error> {
             window = (Instant::now(), 0);
         }
     }
-    if steps > start_step && !saver.save_if_due(&ctx, &trainer)? {
+    // The last step's save, unless the loop just made it.
+    if steps > start_step && !saver.due(trainer.optimizer.steps()) {
         checkpoint::save(&ctx, &trainer, &args.checkpoint)?;
         println!(
             "saved {} (step {})",

@@ -359,11 +359,15 @@ impl Checkpointer {
         Ok(Some(trainer.optimizer.steps()))
     }
 
+    /// Whether a save is due after `steps` optimizer steps (a positive multiple of `every`).
+    pub fn due(&self, steps: u32) -> bool {
+        steps > 0 && steps.is_multiple_of(self.every)
+    }
+
     /// Saves when the trainer's step count is a multiple of `every`; returns whether it saved.
     /// Fails with [`Error::NonFinite`] (nothing written) when a step was not finite.
     pub fn save_if_due(&self, ctx: &Context, trainer: &Trainer) -> Result<bool> {
-        let steps = trainer.optimizer.steps();
-        if steps == 0 || !steps.is_multiple_of(self.every) {
+        if !self.due(trainer.optimizer.steps()) {
             return Ok(false);
         }
         save(ctx, trainer, &self.path)?;

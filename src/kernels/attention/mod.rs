@@ -474,6 +474,26 @@ const FLAG_ALIBI: u32 = 16;
 const FLAG_WINDOW: u32 = 32;
 
 /// Binds the smallest aligned range of `view`'s buffer that covers it and records its strides.
+/// The shader's addressing of `view` in a binding that starts at element `binding_start` of its
+/// buffer: offset and strides in elements, each within u32.
+fn view_params(arg: &'static str, view: &HeadsView, binding_start: usize) -> Result<ViewParams> {
+    let narrow = |x: usize| {
+        u32::try_from(x).map_err(|_| Error::Unsupported {
+            arg,
+            value: x as u64,
+            limit: u32::MAX as u64,
+            hint: " (offset or stride in elements)",
+        })
+    };
+    let [sb, ss, sh] = view.strides();
+    Ok(ViewParams {
+        offset: narrow(view.offset() - binding_start)?,
+        stride_b: narrow(sb)?,
+        stride_s: narrow(ss)?,
+        stride_h: narrow(sh)?,
+    })
+}
+
 fn bind_view<'a>(
     ctx: &Context,
     arg: &'static str,
@@ -486,21 +506,7 @@ fn bind_view<'a>(
     let offset_bytes = start_bytes / align * align;
     let size_bytes = (view.end_element() as u64 * 4).max(offset_bytes + 4) - offset_bytes;
     check_binding(ctx, arg, size_bytes)?;
-    let [sb, ss, sh] = view.strides();
-    let stride = |s: usize| {
-        u32::try_from(s).map_err(|_| Error::Unsupported {
-            arg,
-            value: s as u64,
-            limit: u32::MAX as u64,
-            hint: " (stride in elements)",
-        })
-    };
-    params.views[slot] = ViewParams {
-        offset: ((start_bytes - offset_bytes) / 4) as u32,
-        stride_b: stride(sb)?,
-        stride_s: stride(ss)?,
-        stride_h: stride(sh)?,
-    };
+    params.views[slot] = view_params(arg, view, (offset_bytes / 4) as usize)?;
     Ok(Binding {
         buffer: view.buffer(),
         offset_bytes,
@@ -804,10 +810,8 @@ fn encode_forward_cpu_family(
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let s = *s;
-
-    let block_n = tile_rows(ctx, &s, 0, MAX_BLOCK_N);
-    let mut params = base_params(&s, scale, opts);
+    let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
+    let mut params = base_params(s, scale, opts);
     let bindings = [
         bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
         bind_view(ctx, "k", k, VIEW_K, &mut params)?,
@@ -818,7 +822,7 @@ fn encode_forward_cpu_family(
     let wg = workgroup_size(ctx, false);
     let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-    let chunks = forward_chunks(ctx, &s, block_n);
+    let chunks = forward_chunks(ctx, s, block_n);
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
     let lens = seq_lens_buffer(ctx, opts);
     encode_chunks(

@@ -40,24 +40,6 @@ fn key_mode(opts: &AttentionOptions<'_>) -> u32 {
     query_mode(opts) | if opts.key_clip.is_some() { CLIP } else { 0 }
 }
 
-fn view_params(view: &HeadsView) -> Result<ViewParams> {
-    let [sb, ss, sh] = view.strides();
-    let narrow = |x: usize| {
-        u32::try_from(x).map_err(|_| Error::Unsupported {
-            arg: "q/k view",
-            value: x as u64,
-            limit: u32::MAX as u64,
-            hint: " (offset or stride in elements)",
-        })
-    };
-    Ok(ViewParams {
-        offset: narrow(view.offset())?,
-        stride_b: narrow(sb)?,
-        stride_s: narrow(ss)?,
-        stride_h: narrow(sh)?,
-    })
-}
-
 /// Records one pass of the kernel over the rows of `x`: the transform into `out` (a contiguous
 /// scratch buffer), or the backward in place in the gradient view `grad`.
 fn record(
@@ -71,7 +53,12 @@ fn record(
 ) -> Result<()> {
     let [b, l, h, d] = x.shape();
     let rows = b * l * h;
-    for (arg, buffer) in [("q/k", x.buffer().as_ref()), ("q/k output", out)] {
+    let out_arg = if grad.is_some() {
+        "dq/dk"
+    } else {
+        "q/k output"
+    };
+    for (arg, buffer) in [("q/k", x.buffer().as_ref()), (out_arg, out)] {
         check_binding(ctx, arg, buffer.size())?;
     }
     let params = NormParams {
@@ -83,8 +70,12 @@ fn record(
         clip,
         grid_x: crate::kernels::dispatch::grid_x(rows),
         pad: 0,
-        x: view_params(x)?,
-        grad: grad.map(view_params).transpose()?.unwrap_or_default(),
+        // Whole buffers are bound, so views keep their own offsets.
+        x: view_params("q/k", x, 0)?,
+        grad: grad
+            .map(|g| view_params("dq/dk", g, 0))
+            .transpose()?
+            .unwrap_or_default(),
     };
     crate::kernels::dispatch::encode(
         ctx,
@@ -140,7 +131,6 @@ pub(super) fn encode_backward(
     let clip = opts.key_clip.unwrap_or(0.0);
     for (x, grad, mode) in [(q, dq, query_mode(opts)), (k, dk, key_mode(opts))] {
         if mode != 0 {
-            check_binding(ctx, "dq/dk", grad.buffer().size())?;
             record(ctx, encoder, x, grad.buffer(), Some(grad), mode, clip)?;
         }
     }
