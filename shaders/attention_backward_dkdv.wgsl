@@ -163,12 +163,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
                 let st_a = stat_tile[ia];
                 let st_b = stat_tile[ib];
-                let x_a = modify_scores(s_a, vec4<u32>(m0 + ia), cols, h);
-                let x_b = modify_scores(s_b, vec4<u32>(m0 + ib), cols, h);
-                let row_a = live & (vec4<u32>(m0 + ia) >= q_lo) & (vec4<u32>(m0 + ia) < q_hi);
+                let x_a = modify_scores(s_a, vec4<u32>(m0 + ia), cols, b, h);
+                let x_b = modify_scores(s_b, vec4<u32>(m0 + ib), cols, b, h);
+                let row_a = live & (vec4<u32>(m0 + ia) >= q_lo) & (vec4<u32>(m0 + ia) < q_hi)
+                    & score_visible(x_a);
                 let p_a = select(vec4<f32>(0.0), exp(x_a - st_a.x), row_a);
                 let row_b = live & (vec4<u32>(m0 + ib) >= q_lo) & (vec4<u32>(m0 + ib) < q_hi)
-                    & vec4<bool>(ib < m_tile);
+                    & vec4<bool>(ib < m_tile) & score_visible(x_b);
                 let p_b = select(vec4<f32>(0.0), exp(x_b - st_b.x), row_b);
                 // dP and dV need the same dO rows and P is known: one pass over them serves both.
                 var dp_a = vec4<f32>(0.0);

@@ -198,8 +198,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let stat = stat_tile[ii];
                 // lse is -inf for rows that see no key; never subtract it (fast-math drivers).
                 let lse = select(0.0, stat.x, end > start);
-                let x = modify_scores(st[c], vec4<u32>(i), keys, h);
-                let p = select(vec4<f32>(0.0), exp(x - lse), (keys >= vec4<u32>(start)) & (keys < vec4<u32>(end)));
+                let x = modify_scores(st[c], vec4<u32>(i), keys, b, h);
+                let seen = (keys >= vec4<u32>(start)) & (keys < vec4<u32>(end)) & score_visible(x);
+                let p = select(vec4<f32>(0.0), exp(x - lse), seen);
                 pt_tile[ii * TK + tk] = p;
                 dst_tile[ii * TK + tk] = p * (dpt[c] - stat.y) * score_grad(st[c]);
             }

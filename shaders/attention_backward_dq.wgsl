@@ -151,10 +151,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 dp_b += o0 * vb.x + o1 * vb.y + o2 * vb.z + o3 * vb.w;
             }
             // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0.
-            let x_a = modify_scores(s_a, rows, vec4<u32>(n0 + ja), h);
-            let x_b = modify_scores(s_b, rows, vec4<u32>(n0 + jb), h);
-            let p_a = select(vec4<f32>(0.0), exp(x_a - lse), visible(n0 + ja, row_start, row_end));
-            let key_b = visible(n0 + jb, row_start, row_end) & vec4<bool>(jb < n_tile);
+            let x_a = modify_scores(s_a, rows, vec4<u32>(n0 + ja), b, h);
+            let x_b = modify_scores(s_b, rows, vec4<u32>(n0 + jb), b, h);
+            let key_a = visible(n0 + ja, row_start, row_end) & score_visible(x_a);
+            let p_a = select(vec4<f32>(0.0), exp(x_a - lse), key_a);
+            let key_b = visible(n0 + jb, row_start, row_end) & vec4<bool>(jb < n_tile) & score_visible(x_b);
             let p_b = select(vec4<f32>(0.0), exp(x_b - lse), key_b);
             let ds_a = p_a * (dp_a - delta) * score_grad(s_a);
             let ds_b = p_b * (dp_b - delta) * score_grad(s_b);

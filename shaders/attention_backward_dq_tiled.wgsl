@@ -170,8 +170,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
-            let x = modify_scores(s[c], rows, vec4<u32>(j), h);
-            let p = select(vec4<f32>(0.0), exp(x - lse), visible(j, row_start, row_end));
+            let x = modify_scores(s[c], rows, vec4<u32>(j), b, h);
+            let p = select(vec4<f32>(0.0), exp(x - lse), visible(j, row_start, row_end) & score_visible(x));
             ds_tile[(tc + TC * c) * TR + tr] = p * (dp[c] - delta) * score_grad(s[c]);
         }
         workgroupBarrier();

@@ -40,7 +40,27 @@ struct Params {
     // query's aligned position are visible (see key_start, key_end).
     window_left: u32,
     window_right: u32,
+    // Additive score bias (FLAG_BIAS): element offset and strides (b, query head, query row, key) of
+    // the [B or 1, H or 1, Lq, Lk] view in score_bias; broadcast dimensions have stride 0.
+    bias_offset: u32,
+    bias_stride_b: u32,
+    bias_stride_h: u32,
+    bias_stride_i: u32,
+    bias_stride_j: u32,
+    // The bias's batch and head counts (1 where broadcast); the gradient kernel's slice shape.
+    bias_batch: u32,
+    bias_heads: u32,
+    // Relative-position buckets (FLAG_RELATIVE, T5): score_bias is the [H, buckets] table.
+    // rel_buckets: buckets per direction; distances below rel_exact have a bucket each; a distance n
+    // at or past it is in bucket rel_exact + (the number of rel_thresholds <= n). Unused thresholds
+    // are 0xffffffff.
+    rel_buckets: u32,
+    rel_exact: u32,
+    rel_threshold_vec4s: u32,
+    rel_table_stride: u32,
     pad0: u32,
+    pad1: u32,
+    rel_thresholds: array<vec4<u32>, 8>,
     views: array<View, 8>,
 }
 
@@ -59,6 +79,9 @@ const FLAG_KV_LENS: u32 = 4u;
 const FLAG_SOFTCAP: u32 = 8u;
 const FLAG_ALIBI: u32 = 16u;
 const FLAG_WINDOW: u32 = 32u;
+const FLAG_BIAS: u32 = 64u;
+const FLAG_RELATIVE: u32 = 128u;
+const FLAG_REL_BIDIRECTIONAL: u32 = 256u;
 
 // Masked scores are tracked with explicit validity, never through inf arithmetic (Metal may use fast
 // math). This finite sentinel is only ever a running-max seed; it is never exponentiated on its own.
@@ -67,6 +90,9 @@ const NEG_BIG: f32 = -3.0e38;
 @group(0) @binding(0) var<uniform> params: Params;
 // Per-batch valid lengths: q_len[b] at [b], kv_len[b] at [batch + b]. A 1-element dummy when unused.
 @group(0) @binding(1) var<storage, read> seq_lens: array<u32>;
+// The additive score bias (FLAG_BIAS) or the relative-position table (FLAG_RELATIVE); a dummy
+// otherwise. Bound by every kernel that calls modify_scores.
+@group(0) @binding(15) var<storage, read> score_bias: array<f32>;
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
@@ -150,12 +176,15 @@ fn query_end(j: u32) -> u32 {
 }
 
 // Score modifiers, the one statement of them every fused kernel calls (SPEC.md order, as
-// FlashAttention 2): from the scaled score s = scale * q.k of query rows `rows` and keys `keys` of
-// query head h,
+// FlashAttention 2): from the scaled score s = scale * q.k of (query row, key) pairs (rows[e],
+// keys[e]) of batch b and query head h,
 //   softcap:  s <- cap * tanh(s / cap)
 //   ALiBi:    s <- s - slope(h) * |i + (Lk - Lq) - j|   (positions aligned as the causal mask)
-// Masks are applied after, by the callers.
-fn modify_scores(s: vec4<f32>, rows: vec4<u32>, keys: vec4<u32>, h: u32) -> vec4<f32> {
+//   bias:     s <- s + bias[b, h, i, j]                 (a -inf bias masks the pair)
+//   relative: s <- s + table[h, bucket(j - (i + Lk - Lq))]
+// Masks are applied after, by the callers; a pair whose modified score is -inf is masked too
+// (score_visible). Rows and keys past the tensor lengths read clamped addresses (callers mask them).
+fn modify_scores(s: vec4<f32>, rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f32> {
     var x = s;
     if (params.flags & FLAG_SOFTCAP) != 0u {
         x = params.softcap * capped_tanh(x / params.softcap);
@@ -165,7 +194,60 @@ fn modify_scores(s: vec4<f32>, rows: vec4<u32>, keys: vec4<u32>, h: u32) -> vec4
         let distance = abs(vec4<i32>(rows) + shift - vec4<i32>(keys));
         x -= alibi_slope(h) * vec4<f32>(distance);
     }
+    if (params.flags & (FLAG_BIAS | FLAG_RELATIVE)) != 0u {
+        x += score_bias_terms(rows, keys, b, h);
+    }
     return x;
+}
+
+// The additive terms of modify_scores: the bias tensor's entries or the relative table's.
+fn score_bias_terms(rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f32> {
+    let i = min(rows, vec4<u32>(params.q_seq - 1u));
+    let j = min(keys, vec4<u32>(params.kv_seq - 1u));
+    var t = vec4<f32>(0.0);
+    if (params.flags & FLAG_BIAS) != 0u {
+        let base = params.bias_offset + b * params.bias_stride_b + h * params.bias_stride_h;
+        let index = vec4<u32>(base) + i * params.bias_stride_i + j * params.bias_stride_j;
+        t = vec4<f32>(score_bias[index.x], score_bias[index.y], score_bias[index.z], score_bias[index.w]);
+    } else {
+        let shift = i32(params.kv_seq) - i32(params.q_seq);
+        let delta = vec4<i32>(j) - vec4<i32>(i) - shift;
+        let base = h * params.rel_table_stride;
+        for (var e = 0u; e < 4u; e++) {
+            t[e] = score_bias[base + relative_bucket(delta[e])];
+        }
+    }
+    return t;
+}
+
+// Whether each modified score counts: false where a -inf bias masked it. A comparison, not inf
+// arithmetic, decides.
+fn score_visible(x: vec4<f32>) -> vec4<bool> {
+    return x > vec4<f32>(NEG_BIG);
+}
+
+// T5's bucket of the relative position delta = key - aligned query position (Raffel et al. 2020):
+// bidirectional tables put keys after the query (delta > 0) in the upper half; exact buckets for
+// distances below rel_exact, then log-spaced ones up to the maximum distance (thresholds computed
+// on the host, reference::attention::relative_position_bucket, so kernels and reference agree).
+fn relative_bucket(delta: i32) -> u32 {
+    var offset = 0u;
+    var n = 0u;
+    if (params.flags & FLAG_REL_BIDIRECTIONAL) != 0u {
+        offset = select(0u, params.rel_buckets, delta > 0);
+        n = u32(abs(delta));
+    } else {
+        n = u32(max(-delta, 0));
+    }
+    if n < params.rel_exact {
+        return offset + n;
+    }
+    var bucket = offset + params.rel_exact;
+    for (var t = 0u; t < params.rel_threshold_vec4s; t++) {
+        let above = select(vec4<u32>(0u), vec4<u32>(1u), params.rel_thresholds[t] <= vec4<u32>(n));
+        bucket += above.x + above.y + above.z + above.w;
+    }
+    return bucket;
 }
 
 // d modify_scores / d s (ALiBi adds a constant): 1 - tanh^2(s / cap) under softcap, else 1.

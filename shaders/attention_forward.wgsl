@@ -136,8 +136,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let d = d4 * 4u;
                 s += qt[d] * kx.x + qt[d + 1u] * kx.y + qt[d + 2u] * kx.z + qt[d + 3u] * kx.w;
             }
-            s = modify_scores(s, rows, vec4<u32>(n0 + jj), h);
-            s = select(vec4<f32>(NEG_BIG), s, visible(n0 + jj, row_start, row_end));
+            s = modify_scores(s, rows, vec4<u32>(n0 + jj), b, h);
+            s = select(vec4<f32>(NEG_BIG), s, visible(n0 + jj, row_start, row_end) & score_visible(s));
             p[jj] = s;
             tile_max = max(tile_max, s);
         }
@@ -148,7 +148,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let alpha = exp(m - m_new);
         var row_sum = vec4<f32>(0.0);
         for (var jj = 0u; jj < n_tile; jj++) {
-            let e = select(vec4<f32>(0.0), exp(p[jj] - m_new), visible(n0 + jj, row_start, row_end));
+            // Masked scores are NEG_BIG exactly, so score_visible tells them apart.
+            let e = select(vec4<f32>(0.0), exp(p[jj] - m_new), score_visible(p[jj]));
             p[jj] = e;
             row_sum += e;
         }

@@ -152,8 +152,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var tile_max = vec4<f32>(NEG_BIG);
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
-            s[c] = modify_scores(s[c], rows, vec4<u32>(j), h);
-            s[c] = select(vec4<f32>(NEG_BIG), s[c], visible(j, row_start, row_end));
+            s[c] = modify_scores(s[c], rows, vec4<u32>(j), b, h);
+            s[c] = select(vec4<f32>(NEG_BIG), s[c], visible(j, row_start, row_end) & score_visible(s[c]));
             tile_max = max(tile_max, s[c]);
         }
         red[tc * TR + tr] = tile_max;
@@ -169,7 +169,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var row_sum = vec4<f32>(0.0);
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
-            let p = select(vec4<f32>(0.0), exp(s[c] - m_new), visible(j, row_start, row_end));
+            // Masked scores are NEG_BIG exactly, so score_visible tells them apart.
+            let p = select(vec4<f32>(0.0), exp(s[c] - m_new), score_visible(s[c]));
             p_tile[(tc + TC * c) * TR + tr] = p;
             row_sum += p;
         }

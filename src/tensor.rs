@@ -300,6 +300,127 @@ impl HeadsView {
     }
 }
 
+/// A strided `[batch or 1, heads or 1, Lq, Lk]` view of an f32 buffer: an additive attention-score
+/// bias (`AttentionOptions::bias`). A dimension of size 1 is broadcast over the batch or the query
+/// heads (its stride is ignored); any stride may be 0, so a `[Lq, Lk]` matrix can serve every batch
+/// and head without a copy. The bias gradient has the view's shape, reduced over the broadcast
+/// dimensions.
+#[derive(Clone, Debug)]
+pub struct BiasView {
+    buffer: Arc<wgpu::Buffer>,
+    offset: usize,
+    shape: [usize; 4],
+    strides: [usize; 4],
+}
+
+impl BiasView {
+    /// A view with element `offset`, `shape = [batch or 1, heads or 1, Lq, Lk]` and element
+    /// `strides` for the four dimensions. Checked against the buffer size.
+    pub fn new(
+        buffer: Arc<wgpu::Buffer>,
+        offset: usize,
+        shape: [usize; 4],
+        strides: [usize; 4],
+    ) -> Result<Self> {
+        if shape.contains(&0) {
+            return Err(Error::shape(
+                "bias",
+                format!("shape {shape:?} has a zero dimension"),
+            ));
+        }
+        let view = Self {
+            buffer,
+            offset,
+            shape,
+            strides,
+        };
+        let end = view.end_element();
+        let available = (view.buffer.size() / F32) as usize;
+        if end > available {
+            return Err(Error::shape(
+                "bias",
+                format!("offset {offset}, shape {shape:?}, strides {strides:?} reach element {end} but the buffer holds {available}"),
+            ));
+        }
+        if !view.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(Error::shape("bias", "the buffer lacks STORAGE usage"));
+        }
+        Ok(view)
+    }
+
+    /// A contiguous tensor of shape `[Lq, Lk]`, `[Hb, Lq, Lk]` or `[Bb, Hb, Lq, Lk]` (missing leading
+    /// dimensions are 1, i.e. broadcast).
+    pub fn of(t: &GpuTensor) -> Result<Self> {
+        let shape = match *t.shape() {
+            [lq, lk] => [1, 1, lq, lk],
+            [h, lq, lk] => [1, h, lq, lk],
+            [b, h, lq, lk] => [b, h, lq, lk],
+            _ => {
+                return Err(Error::shape(
+                    "bias",
+                    format!("shape {:?} is not [Lq, Lk], [H, Lq, Lk] or [B, H, Lq, Lk]", t.shape()),
+                ))
+            }
+        };
+        let [_, h, lq, lk] = shape;
+        Self::new(t.buffer().clone(), 0, shape, [h * lq * lk, lq * lk, lk, 1])
+    }
+
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+
+    /// Element strides, 0 for the broadcast (size-1) dimensions.
+    pub fn strides(&self) -> [usize; 4] {
+        let mut strides = self.strides;
+        for (stride, &n) in strides.iter_mut().zip(&self.shape) {
+            if n == 1 {
+                *stride = 0;
+            }
+        }
+        strides
+    }
+
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+        &self.buffer
+    }
+
+    /// One past the last element the view touches.
+    pub fn end_element(&self) -> usize {
+        let strides = self.strides();
+        self.offset
+            + self
+                .shape
+                .iter()
+                .zip(strides)
+                .map(|(&n, s)| (n - 1) * s)
+                .sum::<usize>()
+            + 1
+    }
+
+    /// Reads the viewed elements back in `[batch, heads, Lq, Lk]` order.
+    pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let all = pollster::block_on(read_buffer(ctx, &self.buffer, 0, self.end_element()))?;
+        let [sb, sh, si, sj] = self.strides();
+        let [b, h, lq, lk] = self.shape;
+        let mut out = Vec::with_capacity(b * h * lq * lk);
+        for bi in 0..b {
+            for hi in 0..h {
+                for i in 0..lq {
+                    for j in 0..lk {
+                        out.push(all[self.offset + bi * sb + hi * sh + i * si + j * sj]);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Integer ids on the GPU (tokens, class targets): a `u32` storage buffer with its shape, and a host
 /// copy so that ops can reject ids beyond a vocabulary before dispatching.
 #[derive(Clone, Debug)]

@@ -23,6 +23,8 @@ struct GpuGrads {
     dk: Vec<f32>,
     dv: Vec<f32>,
     d_sinks: Vec<f32>,
+    d_bias: Vec<f32>,
+    d_relative: Vec<f32>,
 }
 
 fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
@@ -42,6 +44,8 @@ fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
         dk: grads.dk.to_vec(ctx).unwrap(),
         dv: grads.dv.to_vec(ctx).unwrap(),
         d_sinks: grads.d_sinks.map_or(Vec::new(), |t| t.to_vec(ctx).unwrap()),
+        d_bias: grads.d_bias.map_or(Vec::new(), |t| t.to_vec(ctx).unwrap()),
+        d_relative: grads.d_relative.map_or(Vec::new(), |t| t.to_vec(ctx).unwrap()),
     }
 }
 
@@ -72,6 +76,8 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
             dk: Vec::new(),
             dv: Vec::new(),
             d_sinks: Vec::new(),
+            d_bias: Vec::new(),
+            d_relative: Vec::new(),
         };
     }
     let g = run(ctx, case, path);
@@ -86,11 +92,20 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
         case.label()
     );
     assert_eq!(g.d_sinks.len(), r.dsinks.len(), "{tag}: d_sinks");
+    // A constant bias has no gradient.
+    let d_bias = match case.bias {
+        Some(b) if !b.learnable => Vec::new(),
+        _ => r.dbias.clone(),
+    };
+    assert_eq!(g.d_bias.len(), d_bias.len(), "{tag}: d_bias");
+    assert_eq!(g.d_relative.len(), r.drelative.len(), "{tag}: d_relative");
     for (name, gpu, reference) in [
         ("dq", &g.dq, &r.dq),
         ("dk", &g.dk, &r.dk),
         ("dv", &g.dv, &r.dv),
         ("d_sinks", &g.d_sinks, &r.dsinks),
+        ("d_bias", &g.d_bias, &d_bias),
+        ("d_relative", &g.d_relative, &r.drelative),
     ] {
         assert!(
             gpu.iter().all(|x| x.is_finite()),
@@ -180,6 +195,24 @@ fn attention_sinks_with_their_gradient() {
             (&b.dq, &b.dk, &b.dv, &b.d_sinks),
             "[{backend}] rerun differs"
         );
+    });
+}
+
+#[test]
+fn bias_tensors_and_relative_buckets_with_their_gradients() {
+    for_each_family(|backend, ctx| {
+        for case in &bias_cases() {
+            check(backend, ctx, case, Path::Fused);
+        }
+        // Bitwise reproducible, the bias and table gradients included.
+        for case in [&bias_cases()[1], &bias_cases()[4]] {
+            let (a, b) = (run(ctx, case, Path::Fused), run(ctx, case, Path::Fused));
+            assert_eq!(
+                (&a.dq, &a.dk, &a.dv, &a.d_bias, &a.d_relative),
+                (&b.dq, &b.dk, &b.dv, &b.d_bias, &b.d_relative),
+                "[{backend}] rerun differs"
+            );
+        }
     });
 }
 

@@ -102,6 +102,15 @@ fn attention_sinks() {
 }
 
 #[test]
+fn bias_tensors_and_relative_buckets() {
+    for_each_family(|backend, ctx| {
+        for case in &bias_cases() {
+            check(backend, ctx, case, Path::Fused);
+        }
+    });
+}
+
+#[test]
 fn cosine_scores_and_key_norm_clipping() {
     for_each_family(|backend, ctx| {
         for case in &qk_norm_cases() {

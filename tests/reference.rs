@@ -153,7 +153,7 @@ fn score_modifier_known_answers() {
     // 1 - tanh^2.
     let case = Case::new(1, 2, 4, 2, 2, 1, 1).softcap(2.0).alibi();
     let masks = case.masks();
-    let (x, grad) = masks.modify(&case.shape(), 1, 0, 3, 1.0);
+    let (x, grad) = masks.modify(&case.shape(), 0, 1, 0, 3, 1.0);
     let t = 0.5f64.tanh();
     assert!((x - (2.0 * t - 0.00390625)).abs() < 1e-15, "{x}");
     assert!((grad - (1.0 - t * t)).abs() < 1e-15, "{grad}");

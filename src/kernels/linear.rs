@@ -6,7 +6,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::check_binding;
-use crate::kernels::dispatch::{encode, grid_x, loop_chunks};
+use crate::kernels::dispatch::{encode, grid_x, loop_chunks, Bindable};
 use crate::kernels::matmul::{encode_gemm, Gemm, Operand};
 use crate::tensor::GpuTensor;
 
@@ -283,27 +283,41 @@ pub fn linear_backward_into(
         )?;
     }
     if let Some(db) = &grads.d_bias {
-        for (index, (begin, end)) in loop_chunks(ctx, rows, 1, 16, 1).into_iter().enumerate() {
-            let p = ColumnParams {
-                rows: rows as u32,
-                cols: out_f as u32,
-                row_begin: begin,
-                row_end: end,
-                accumulate: (index > 0) as u32,
-                grid_x: grid_x(out_f),
-                pad: [0; 2],
-            };
-            encode(
-                ctx,
-                encoder,
-                "column_sum",
-                COLUMN_SUM,
-                &[],
-                bytemuck::bytes_of(&p),
-                &[dy, db],
-                out_f,
-            );
-        }
+        encode_column_sum(ctx, encoder, dy, rows, out_f, db);
     }
     Ok(())
+}
+
+/// Records `sums[c] = sum over r of x[r, c]` of a row-major `[rows, cols]` matrix at the start of
+/// `x`, rows added in order (deterministic): the bias gradient of a Linear layer, the relative
+/// attention table's from its partial sums.
+pub(crate) fn encode_column_sum(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &dyn Bindable,
+    rows: usize,
+    cols: usize,
+    sums: &GpuTensor,
+) {
+    for (index, (begin, end)) in loop_chunks(ctx, rows, 1, 16, 1).into_iter().enumerate() {
+        let p = ColumnParams {
+            rows: rows as u32,
+            cols: cols as u32,
+            row_begin: begin,
+            row_end: end,
+            accumulate: (index > 0) as u32,
+            grid_x: grid_x(cols),
+            pad: [0; 2],
+        };
+        encode(
+            ctx,
+            encoder,
+            "column_sum",
+            COLUMN_SUM,
+            &[],
+            bytemuck::bytes_of(&p),
+            &[x, sums],
+            cols,
+        );
+    }
 }

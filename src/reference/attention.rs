@@ -1,5 +1,6 @@
 //! CPU reference for scaled dot-product attention (SPEC.md) with its score modifiers (softcap,
-//! ALiBi), forward and backward, in f64.
+//! ALiBi, additive bias, T5 relative-position buckets, sinks, cosine scores, key clipping),
+//! forward and backward, in f64.
 //! Tensors are contiguous BSHD: q `[B, Lq, H, Dk]`, k `[B, Lk, Hkv, Dk]`, v `[B, Lk, Hkv, Dv]`,
 //! out `[B, Lq, H, Dv]`, lse `[B, H, Lq]`. GPU counterpart: [`crate::kernels::attention`].
 
@@ -25,6 +26,59 @@ pub struct Masks {
     pub normalize_qk: bool,
     /// Key-norm clipping: keys longer than this are scaled to it (after normalising, if both).
     pub key_clip: Option<f64>,
+    /// Additive score bias, added after softcap and ALiBi; `-inf` masks a pair.
+    pub bias: Option<Bias>,
+    /// T5 relative-position bias: `(buckets, max_distance, bidirectional)` and the `[H, buckets]`
+    /// table.
+    pub relative: Option<(RelativeConfig, Vec<f64>)>,
+}
+
+/// A contiguous `[bb, hb, Lq, Lk]` bias, `bb` 1 or B and `hb` 1 or H (1 broadcasts).
+#[derive(Clone, Debug)]
+pub struct Bias {
+    pub values: Vec<f64>,
+    pub batch: usize,
+    pub heads: usize,
+}
+
+impl Bias {
+    fn index(&self, s: &AttentionShape, b: usize, h: usize, i: usize, j: usize) -> usize {
+        let (b, h) = (b % self.batch, h % self.heads);
+        ((b * self.heads + h) * s.q_seq + i) * s.kv_seq + j
+    }
+}
+
+/// T5 relative-position buckets: `buckets` in all, distances up to `max_distance` log-spaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelativeConfig {
+    pub buckets: usize,
+    pub max_distance: usize,
+    pub bidirectional: bool,
+}
+
+/// T5's bucket of the relative position `delta = j - (i + Lk - Lq)` (key minus aligned query
+/// position; Raffel et al. 2020, as Hugging Face's `T5Attention._relative_position_bucket`
+/// computes it, log in f32): bidirectional tables give keys after the query (`delta > 0`) the
+/// upper half of the buckets; in each half, distances below half its size have a bucket each and
+/// larger ones log-spaced buckets up to `max_distance`, beyond which they share the last.
+pub fn relative_position_bucket(delta: i64, c: RelativeConfig) -> usize {
+    let (mut half, mut offset) = (c.buckets, 0);
+    let n = if c.bidirectional {
+        half /= 2;
+        if delta > 0 {
+            offset = half;
+        }
+        delta.unsigned_abs()
+    } else {
+        (-delta).max(0) as u64
+    };
+    let exact = (half / 2) as u64;
+    if n < exact {
+        return offset + n as usize;
+    }
+    let ratio = ((c.max_distance as f64 / exact as f64).ln()) as f32;
+    let large = (n as f32 / exact as f32).ln() / ratio * (half as f32 - exact as f32);
+    offset + (exact as usize + large as usize).min(half - 1)
 }
 
 /// Norms below this are not divided by (cosine scores).
@@ -111,9 +165,11 @@ pub fn alibi_slope(h: usize, heads: usize) -> f64 {
 impl Masks {
     /// The score of query `i`, key `j`, query head `h` from the scaled dot product `s`, and its
     /// derivative with respect to `s`: softcap, then ALiBi (FlashAttention 2's order).
+    /// Then the bias tensor's or the relative table's term is added.
     pub fn modify(
         &self,
         s_shape: &AttentionShape,
+        b: usize,
         h: usize,
         i: usize,
         j: usize,
@@ -129,7 +185,20 @@ impl Masks {
             let position = i as i64 + s_shape.kv_seq as i64 - s_shape.q_seq as i64;
             x -= alibi_slope(h, s_shape.heads) * (position - j as i64).abs() as f64;
         }
+        if let Some(bias) = &self.bias {
+            x += bias.values[bias.index(s_shape, b, h, i, j)];
+        }
+        if let Some((config, table)) = &self.relative {
+            x += table[h * config.buckets + self.bucket(s_shape, i, j)];
+        }
         (x, grad)
+    }
+
+    /// The relative-position bucket of query `i`, key `j` (positions aligned as the causal mask).
+    fn bucket(&self, s: &AttentionShape, i: usize, j: usize) -> usize {
+        let config = self.relative.as_ref().map(|r| r.0).expect("relative buckets");
+        let delta = j as i64 - (i as i64 + s.kv_seq as i64 - s.q_seq as i64);
+        relative_position_bucket(delta, config)
     }
 
     /// Whether key `j` is visible to query `i` of batch `b`.
@@ -188,7 +257,7 @@ fn forward_of_transformed(
                     *score = if masks.visible(s, b, i, j) {
                         let kj = &k[idx(s.kv_seq, s.kv_heads, dk, b, j, hk)..][..dk];
                         let dot = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>();
-                        masks.modify(s, h, i, j, masks.scale * dot).0
+                        masks.modify(s, b, h, i, j, masks.scale * dot).0
                     } else {
                         f64::NEG_INFINITY
                     };
@@ -220,13 +289,17 @@ fn forward_of_transformed(
     (out, lse)
 }
 
-/// Gradients of the reference forward (`dsinks` empty without sinks).
+/// Gradients of the reference forward (`dsinks`, `dbias`, `drelative` empty without sinks, bias,
+/// relative buckets). `dbias` has the bias's shape (summed over its broadcast dimensions),
+/// `drelative` the table's `[H, buckets]`.
 #[derive(Clone, Debug)]
 pub struct Grads {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
     pub dsinks: Vec<f64>,
+    pub dbias: Vec<f64>,
+    pub drelative: Vec<f64>,
 }
 
 /// Reference backward per SPEC.md, recomputing P from the forward. dK and dV sum over the query
@@ -249,6 +322,8 @@ pub fn attention_backward(
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
     let mut dsinks = vec![0.0; masks.sinks.as_ref().map_or(0, Vec::len)];
+    let mut dbias = vec![0.0; masks.bias.as_ref().map_or(0, |b| b.values.len())];
+    let mut drelative = vec![0.0; masks.relative.as_ref().map_or(0, |r| r.1.len())];
     for b in 0..s.batch {
         for h in 0..s.heads {
             let hk = h / group;
@@ -271,11 +346,21 @@ pub fn attention_backward(
                     let ko = idx(s.kv_seq, s.kv_heads, dk_dim, b, j, hk);
                     let vo = idx(s.kv_seq, s.kv_heads, dv_dim, b, j, hk);
                     let dot: f64 = (0..dk_dim).map(|c| q[qo + c] * k[ko + c]).sum();
-                    let (score, score_grad) = masks.modify(s, h, i, j, masks.scale * dot);
+                    let (score, score_grad) = masks.modify(s, b, h, i, j, masks.scale * dot);
+                    if score == f64::NEG_INFINITY {
+                        continue;
+                    }
                     let p = (score - row_lse).exp();
                     let dp: f64 = (0..dv_dim).map(|c| d_out[oo + c] * v[vo + c]).sum();
-                    // dL/d(scaled dot product): through the softmax, then the softcap.
-                    let ds = p * (dp - delta) * score_grad;
+                    // dL/d(score), the bias terms' gradient; then through the softcap.
+                    let d_score = p * (dp - delta);
+                    if let Some(bias) = &masks.bias {
+                        dbias[bias.index(s, b, h, i, j)] += d_score;
+                    }
+                    if let Some((config, _)) = &masks.relative {
+                        drelative[h * config.buckets + masks.bucket(s, i, j)] += d_score;
+                    }
+                    let ds = d_score * score_grad;
                     for c in 0..dv_dim {
                         dv[vo + c] += p * d_out[oo + c];
                     }
@@ -290,5 +375,12 @@ pub fn attention_backward(
     // Through the transforms of Q and K.
     let dq = transform_rows_backward(q_in, &dq, dk_dim, masks.normalize_qk, None);
     let dk = transform_rows_backward(k_in, &dk, dk_dim, masks.normalize_qk, masks.key_clip);
-    Grads { dq, dk, dv, dsinks }
+    Grads {
+        dq,
+        dk,
+        dv,
+        dsinks,
+        dbias,
+        drelative,
+    }
 }

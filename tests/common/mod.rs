@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use wgpu_attention::reference::attention::{self as reference, Grads, Masks};
+use wgpu_attention::reference::attention::{self as reference, Bias, Grads, Masks};
 use wgpu_attention::{
-    AttentionOptions, AttentionShape, Context, ContextOptions, GpuTensor, HeadsView, KernelFamily,
-    SeqLens,
+    AttentionOptions, AttentionShape, BiasView, Context, ContextOptions, GpuTensor, HeadsView,
+    KernelFamily, RelativeBuckets, SeqLens,
 };
 
 /// Tolerances of SPEC.md, kept in one place: the library's comparison module.
@@ -238,13 +238,29 @@ pub struct Case {
     pub sinks: Option<Vec<f32>>,
     pub cosine: Option<f32>,
     pub key_clip: Option<f32>,
+    pub bias: Option<BiasCase>,
+    pub relative: Option<RelativeBuckets>,
     pub seed: u64,
+}
+
+/// An additive bias of a case: `[batch, heads, Lq, Lk]` with `batch` 1 or B and `heads` 1 or H,
+/// random values of magnitude 2, every `masked_every`-th entry `-inf` (0: none); `strided` stores
+/// it at an offset with padded rows, read through a strided view.
+#[derive(Clone, Copy, Debug)]
+pub struct BiasCase {
+    pub batch: usize,
+    pub heads: usize,
+    pub learnable: bool,
+    pub masked_every: usize,
+    pub strided: bool,
 }
 
 /// The GPU objects a case's options borrow.
 pub struct CaseBuffers {
     pub lens: Option<SeqLens>,
     pub sinks: Option<GpuTensor>,
+    pub bias: Option<BiasView>,
+    pub table: Option<GpuTensor>,
 }
 
 impl Case {
@@ -268,6 +284,8 @@ impl Case {
             sinks: None,
             cosine: None,
             key_clip: None,
+            bias: None,
+            relative: None,
             seed: 7,
         }
     }
@@ -327,6 +345,40 @@ impl Case {
         self
     }
 
+    pub fn bias(mut self, bias: BiasCase) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    pub fn relative(mut self, buckets: usize, max_distance: usize, bidirectional: bool) -> Self {
+        self.relative = Some(RelativeBuckets::new(
+            buckets,
+            max_distance,
+            bidirectional,
+        ));
+        self
+    }
+
+    /// The bias values `[bb, hb, Lq, Lk]` (contiguous), if any.
+    pub fn bias_values(&self) -> Option<Vec<f32>> {
+        let bias = self.bias?;
+        let mut r = rng(self.seed ^ 0xb1a5);
+        let mut values = random(&mut r, bias.batch * bias.heads * self.lq * self.lk, 2.0);
+        if bias.masked_every > 0 {
+            for x in values.iter_mut().step_by(bias.masked_every) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        Some(values)
+    }
+
+    /// The relative table `[H, buckets]`, if any.
+    pub fn table_values(&self) -> Option<Vec<f32>> {
+        let buckets = self.relative?;
+        let mut r = rng(self.seed ^ 0x7ab1e);
+        Some(random(&mut r, self.h * buckets.buckets, 2.0))
+    }
+
     pub fn shape(&self) -> AttentionShape {
         AttentionShape {
             batch: self.b,
@@ -369,7 +421,23 @@ impl Case {
             if self.sinks.is_some() { " sinks" } else { "" },
             self.cosine.map_or(String::new(), |c| format!(" cosine{c}")),
             self.key_clip.map_or(String::new(), |c| format!(" clip{c}")),
-        )
+        ) + &self.bias.map_or(String::new(), |b| {
+            format!(
+                " bias[{},{}]{}{}{}",
+                b.batch,
+                b.heads,
+                if b.learnable { "" } else { " constant" },
+                if b.masked_every > 0 { " -inf" } else { "" },
+                if b.strided { " strided" } else { "" }
+            )
+        }) + &self.relative.map_or(String::new(), |r| {
+            format!(
+                " relative{}/{}{}",
+                r.buckets,
+                r.max_distance,
+                if r.bidirectional { " bidir" } else { "" }
+            )
+        })
     }
 
     pub fn scale(&self) -> f32 {
@@ -392,6 +460,15 @@ impl Case {
                 .map(|s| s.iter().map(|&x| x as f64).collect()),
             normalize_qk: self.cosine.is_some(),
             key_clip: self.key_clip.map(f64::from),
+            // A constant bias has no gradient: the reference still computes one, the test skips it.
+            bias: self.bias_values().map(|values| Bias {
+                values: to_f64(&values),
+                batch: self.bias.unwrap().batch,
+                heads: self.bias.unwrap().heads,
+            }),
+            relative: self
+                .relative
+                .map(|r| (r.reference(), to_f64(&self.table_values().unwrap()))),
         }
     }
 
@@ -403,7 +480,32 @@ impl Case {
             .sinks
             .as_ref()
             .map(|s| GpuTensor::from_slice(ctx, s, &[s.len()]).unwrap());
-        CaseBuffers { lens, sinks }
+        let bias = self.bias.map(|spec| {
+            let values = self.bias_values().unwrap();
+            let shape = [spec.batch, spec.heads, self.lq, self.lk];
+            if !spec.strided {
+                let t = GpuTensor::from_slice(ctx, &values, &shape).unwrap();
+                return BiasView::of(&t).unwrap();
+            }
+            // Rows padded to Lk + 3, the whole at element offset 5.
+            let (offset, row) = (5, self.lk + 3);
+            let mut data = vec![0.0f32; offset + spec.batch * spec.heads * self.lq * row];
+            for (n, chunk) in values.chunks(self.lk).enumerate() {
+                data[offset + n * row..][..self.lk].copy_from_slice(chunk);
+            }
+            let t = GpuTensor::from_slice(ctx, &data, &[data.len()]).unwrap();
+            let strides = [spec.heads * self.lq * row, self.lq * row, row, 1];
+            BiasView::new(t.buffer().clone(), offset, shape, strides).unwrap()
+        });
+        let table = self.table_values().map(|values| {
+            GpuTensor::from_slice(ctx, &values, &[self.h, self.relative.unwrap().buckets]).unwrap()
+        });
+        CaseBuffers {
+            lens,
+            sinks,
+            bias,
+            table,
+        }
     }
 
     /// The GPU options of the case, borrowing what [`Case::buffers`] uploaded.
@@ -430,6 +532,15 @@ impl Case {
         }
         if let Some(max_norm) = self.key_clip {
             opts = opts.key_norm_clip(max_norm);
+        }
+        if let Some(bias) = &buffers.bias {
+            opts = match self.bias.unwrap().learnable {
+                true => opts.bias(bias),
+                false => opts.constant_bias(bias),
+            };
+        }
+        if let (Some(buckets), Some(table)) = (self.relative, &buffers.table) {
+            opts = opts.relative_buckets(buckets, table);
         }
         opts.alibi(self.alibi)
     }
@@ -624,6 +735,52 @@ pub fn sink_cases() -> Vec<Case> {
             .alibi()
             .causal()
             .sinks(&[2.0, 0.0, -1.0, 5.0]),
+    ]
+}
+
+/// Additive bias tensors (full, broadcast over batch, over heads, over both; strided; constant; with
+/// `-inf` entries) and T5 relative buckets (bidirectional and causal), with masks, GQA, Dk != Dv,
+/// softcap, ALiBi and windows. Small: every kernel family and back end compiles nothing new for
+/// them (runtime flags), but each case costs a reference run.
+pub fn bias_cases() -> Vec<Case> {
+    let bias = |batch, heads| BiasCase {
+        batch,
+        heads,
+        learnable: true,
+        masked_every: 0,
+        strided: false,
+    };
+    vec![
+        Case::new(2, 33, 47, 4, 2, 40, 24).bias(bias(2, 4)),
+        Case::new(2, 33, 47, 4, 2, 40, 40)
+            .causal()
+            .kv_lens(&[47, 20])
+            .bias(BiasCase {
+                strided: true,
+                ..bias(1, 4)
+            }),
+        Case::new(3, 17, 29, 2, 1, 24, 24)
+            .softcap(3.0)
+            .window(6, 3)
+            .bias(BiasCase {
+                masked_every: 5,
+                ..bias(3, 1)
+            }),
+        Case::new(2, 33, 33, 4, 2, 40, 40)
+            .magnitude(2.0)
+            .alibi()
+            .q_lens(&[33, 9])
+            .bias(BiasCase {
+                learnable: false,
+                masked_every: 3,
+                ..bias(1, 1)
+            }),
+        Case::new(2, 33, 47, 4, 2, 40, 24).relative(32, 40, true),
+        Case::new(2, 40, 40, 4, 1, 24, 40)
+            .causal()
+            .kv_lens(&[40, 21])
+            .softcap(5.0)
+            .relative(8, 20, false),
     ]
 }
 

@@ -10,11 +10,13 @@ use crate::device::{grid_2d, Context, KernelFamily, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
-use crate::tensor::{GpuTensor, HeadsView, SeqLens};
+use crate::tensor::{BiasView, GpuTensor, HeadsView, SeqLens};
 
+mod bias;
 mod qk_norm;
 mod sinks;
 mod tiled;
+pub use bias::{attention_bias_backward_into, RelativeBuckets};
 pub use sinks::attention_sinks_backward_into;
 use tiled::{encode_forward_tiled, TiledForward};
 
@@ -54,6 +56,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("attention_softmax_backward", SOFTMAX_BACKWARD),
         ("attention_sinks", sinks::FORWARD),
         ("attention_sinks_backward", sinks::BACKWARD),
+        ("attention_bias_backward", bias::BACKWARD),
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
@@ -116,6 +119,19 @@ pub struct AttentionOptions<'a> {
     /// Key-norm clipping: keys whose norm exceeds this are scaled to it before the scores (after
     /// the normalisation of cosine scores, if both).
     pub key_clip: Option<f32>,
+    /// Additive score bias `[B or 1, H or 1, Lq, Lk]`, added after softcap and ALiBi; a `-inf` entry
+    /// masks its pair. See [`AttentionOptions::bias`].
+    pub bias: Option<ScoreBias<'a>>,
+    /// T5 relative-position buckets and their `[H, buckets]` table of learned biases.
+    pub relative: Option<(RelativeBuckets, &'a GpuTensor)>,
+}
+
+/// An additive score bias and whether its gradient is wanted.
+#[derive(Clone, Copy, Debug)]
+pub struct ScoreBias<'a> {
+    pub view: &'a BiasView,
+    /// False for a constant mask: no `d_bias` is computed.
+    pub learnable: bool,
 }
 
 impl<'a> AttentionOptions<'a> {
@@ -177,9 +193,40 @@ impl<'a> AttentionOptions<'a> {
         self
     }
 
+    /// A learnable additive score bias: [`attention_backward`] returns its gradient (`d_bias`,
+    /// shaped like the view, summed over its broadcast dimensions in a fixed order);
+    /// [`attention_bias_backward_into`] records it.
+    pub fn bias(mut self, bias: &'a BiasView) -> Self {
+        self.bias = Some(ScoreBias {
+            view: bias,
+            learnable: true,
+        });
+        self
+    }
+
+    /// A constant additive score bias (an arbitrary mask: `-inf` hides a pair, `0` keeps it):
+    /// no gradient is computed for it.
+    pub fn constant_bias(mut self, bias: &'a BiasView) -> Self {
+        self.bias = Some(ScoreBias {
+            view: bias,
+            learnable: false,
+        });
+        self
+    }
+
+    /// T5 relative-position bias: `table [H, buckets]` entry of the bucket of `j - (i + Lk - Lq)`
+    /// added to each score, computed in the kernels (no `Lq x Lk` tensor). Its gradient
+    /// (`d_relative`) comes from [`attention_backward`] or [`attention_bias_backward_into`].
+    pub fn relative_buckets(mut self, buckets: RelativeBuckets, table: &'a GpuTensor) -> Self {
+        self.relative = Some((buckets, table));
+        self
+    }
+
     /// Whether a score modifier is set (the unfused path has none).
     fn has_score_modifier(&self) -> bool {
         self.softcap.is_some()
+            || self.bias.is_some()
+            || self.relative.is_some()
             || self.alibi
             || self.sinks.is_some()
             || self.cosine.is_some()
@@ -364,6 +411,7 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
             "cosine scores carry their own scale; set one of scale and cosine",
         ));
     }
+    bias::check(shape, opts)?;
     // Cosine scores bring their own scale.
     let scale = opts.cosine.unwrap_or(scale);
     if let Some(cap) = opts.softcap {
@@ -453,7 +501,16 @@ struct Params {
     softcap: f32,
     window_left: u32,
     window_right: u32,
-    pad: u32,
+    bias_offset: u32,
+    bias_strides: [u32; 4],
+    bias_batch: u32,
+    bias_heads: u32,
+    rel_buckets: u32,
+    rel_exact: u32,
+    rel_threshold_vec4s: u32,
+    rel_table_stride: u32,
+    pad: [u32; 2],
+    rel_thresholds: [[u32; 4]; MAX_REL_THRESHOLDS / 4],
     views: [ViewParams; 8],
 }
 
@@ -472,6 +529,14 @@ const FLAG_KV_LENS: u32 = 4;
 const FLAG_SOFTCAP: u32 = 8;
 const FLAG_ALIBI: u32 = 16;
 const FLAG_WINDOW: u32 = 32;
+const FLAG_BIAS: u32 = 64;
+const FLAG_RELATIVE: u32 = 128;
+const FLAG_REL_BIDIRECTIONAL: u32 = 256;
+
+/// Binding of the score bias or relative table in every kernel that calls `modify_scores`.
+const SCORE_BIAS_BINDING: u32 = 15;
+/// Thresholds of log-spaced relative-position buckets the parameter block holds.
+const MAX_REL_THRESHOLDS: usize = 32;
 
 /// Binds the smallest aligned range of `view`'s buffer that covers it and records its strides.
 /// The shader's addressing of `view` in a binding that starts at element `binding_start` of its
@@ -605,7 +670,7 @@ fn base_params(shape: &AttentionShape, scale: f32, opts: &AttentionOptions<'_>) 
             flags |= FLAG_KV_LENS;
         }
     }
-    Params {
+    let mut params = Params {
         batch: shape.batch as u32,
         heads: shape.heads as u32,
         kv_heads: shape.kv_heads as u32,
@@ -619,7 +684,9 @@ fn base_params(shape: &AttentionShape, scale: f32, opts: &AttentionOptions<'_>) 
         window_left,
         window_right,
         ..Default::default()
-    }
+    };
+    bias::fill_params(&mut params, opts);
+    params
 }
 
 /// Sets the 2-D grid for `blocks` workgroups per (batch, head) group of `groups`.
@@ -646,6 +713,37 @@ fn seq_lens_buffer<'a>(ctx: &'a Context, opts: &AttentionOptions<'a>) -> &'a wgp
     opts.seq_lens.map_or(ctx.empty_storage(), SeqLens::buffer)
 }
 
+/// The storage a kernel binds besides its own tensors: the sequence lengths at binding 1 (kernels
+/// that read them) and the score bias at [`SCORE_BIAS_BINDING`] (kernels that call `modify_scores`).
+#[derive(Clone, Copy, Default)]
+struct Shared<'a> {
+    seq_lens: Option<&'a wgpu::Buffer>,
+    score_bias: Option<Binding<'a>>,
+}
+
+impl<'a> Shared<'a> {
+    const NONE: Shared<'static> = Shared {
+        seq_lens: None,
+        score_bias: None,
+    };
+
+    fn lens(seq_lens: &'a wgpu::Buffer) -> Self {
+        Shared {
+            seq_lens: Some(seq_lens),
+            score_bias: None,
+        }
+    }
+
+    /// What a score kernel binds: the sequence lengths and the bias tensor, the relative table or a
+    /// dummy.
+    fn scores(ctx: &'a Context, opts: &AttentionOptions<'a>) -> Result<Self> {
+        Ok(Shared {
+            seq_lens: Some(seq_lens_buffer(ctx, opts)),
+            score_bias: Some(bias::score_bias_binding(ctx, opts)?),
+        })
+    }
+}
+
 /// Records one attention-family kernel: its cached pipeline, the parameter block at binding 0, the
 /// sequence lengths at binding 1 (for kernels that read them) and `bindings` from binding 2 on.
 #[allow(clippy::too_many_arguments)]
@@ -656,18 +754,26 @@ fn encode_kernel(
     source: impl FnOnce() -> String,
     constants: &[(&'static str, u32)],
     params: &Params,
-    seq_lens: Option<&wgpu::Buffer>,
+    shared: Shared<'_>,
     bindings: &[Binding<'_>],
     grid: (u32, u32),
 ) {
     let pipeline = ctx.pipeline(name, source, constants);
-    let mut storage = Vec::with_capacity(bindings.len() + 1);
-    if let Some(seq_lens) = seq_lens {
+    let mut storage = Vec::with_capacity(bindings.len() + 2);
+    if let Some(seq_lens) = shared.seq_lens {
         storage.push(StorageBinding {
             binding: 1,
             buffer: seq_lens,
             offset: 0,
             size: None,
+        });
+    }
+    if let Some(b) = shared.score_bias {
+        storage.push(StorageBinding {
+            binding: SCORE_BIAS_BINDING,
+            buffer: b.buffer,
+            offset: b.offset_bytes,
+            size: wgpu::BufferSize::new(b.size_bytes),
         });
     }
     storage.extend(bindings.iter().enumerate().map(|(i, b)| StorageBinding {
@@ -692,7 +798,7 @@ fn encode_chunks(
     source: impl Fn() -> String,
     constants: &[(&'static str, u32)],
     params: &mut Params,
-    seq_lens: &wgpu::Buffer,
+    shared: Shared<'_>,
     bindings: &[Binding<'_>],
     grid: (u32, u32),
     chunks: &[(u32, u32)],
@@ -708,7 +814,7 @@ fn encode_chunks(
             &source,
             constants,
             params,
-            Some(seq_lens),
+            shared,
             bindings,
             grid,
         );
@@ -723,13 +829,17 @@ pub struct AttentionOutput {
     pub lse: GpuTensor,
 }
 
-/// dQ, dK, dV of a backward pass, shaped like Q, K, V; `d_sinks [H]` when the options have sinks.
+/// dQ, dK, dV of a backward pass, shaped like Q, K, V; `d_sinks [H]` when the options have sinks;
+/// `d_bias` (shaped like the bias view) for a learnable bias; `d_relative [H, buckets]` with
+/// relative buckets.
 #[derive(Clone, Debug)]
 pub struct AttentionGrads {
     pub dq: GpuTensor,
     pub dk: GpuTensor,
     pub dv: GpuTensor,
     pub d_sinks: Option<GpuTensor>,
+    pub d_bias: Option<GpuTensor>,
+    pub d_relative: Option<GpuTensor>,
 }
 
 /// Fused attention forward into new tensors, submitted to the queue.
@@ -824,7 +934,7 @@ fn encode_forward_cpu_family(
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
     let chunks = forward_chunks(ctx, s, block_n);
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
-    let lens = seq_lens_buffer(ctx, opts);
+    let shared = Shared::scores(ctx, opts)?;
     encode_chunks(
         ctx,
         &mut pass,
@@ -837,7 +947,7 @@ fn encode_forward_cpu_family(
             ("DV", s.head_dim_v as u32),
         ],
         &mut params,
-        lens,
+        shared,
         &bindings,
         grid,
         &chunks,
@@ -963,12 +1073,41 @@ pub fn attention_backward(
         }
         None => None,
     };
+    let score_grad_shape = match (opts.bias, opts.relative) {
+        (Some(bias), _) if bias.learnable => Some(bias.view.shape().to_vec()),
+        (None, Some((buckets, _))) => Some(vec![s.heads, buckets.buckets]),
+        _ => None,
+    };
+    let score_grad = match score_grad_shape {
+        Some(shape) => {
+            let grad = GpuTensor::uninit(ctx, "score bias gradient", &shape)?;
+            attention_bias_backward_into(
+                ctx,
+                &mut encoder,
+                q,
+                k,
+                v,
+                d_out,
+                &workspace,
+                &grad,
+                opts,
+            )?;
+            Some(grad)
+        }
+        None => None,
+    };
     ctx.submit(encoder)?;
+    let (d_bias, d_relative) = match opts.bias {
+        Some(_) => (score_grad, None),
+        None => (None, score_grad),
+    };
     Ok(AttentionGrads {
         dq,
         dk,
         dv,
         d_sinks,
+        d_bias,
+        d_relative,
     })
 }
 
@@ -1098,6 +1237,7 @@ fn encode_backward_core(
             hint: "; split the sequence",
         })?;
     let lens = seq_lens_buffer(ctx, opts);
+    let shared = Shared::scores(ctx, opts)?;
     let wg = workgroup_size(ctx, true);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
@@ -1121,7 +1261,7 @@ fn encode_backward_core(
             || with_common(BACKWARD_PREPROCESS),
             &[("WG", SIMPLE_WG)],
             &params,
-            Some(lens),
+            Shared::lens(lens),
             &bindings,
             grid,
         );
@@ -1165,7 +1305,7 @@ fn encode_backward_core(
             || with_common_sized(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v)),
             &[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]],
             &mut params,
-            lens,
+            shared,
             &bindings,
             grid,
             &chunks,
@@ -1196,7 +1336,7 @@ fn encode_backward_core(
             || with_common_sized(BACKWARD_DQ, s.head_dim_qk.max(s.head_dim_v)),
             &[("WG", wg), ("BLOCK_N", block_n), dims[0], dims[1]],
             &mut params,
-            lens,
+            shared,
             &bindings,
             grid,
             &chunks,
@@ -1289,7 +1429,7 @@ fn encode_probs(
         || with_common(SOFTMAX),
         &[("WG", SIMPLE_WG)],
         &params,
-        Some(lens),
+        Shared::lens(lens),
         &bindings,
         grid,
     );
@@ -1377,7 +1517,7 @@ pub fn attention_forward_unfused(
 fn unfused_modifier_check(opts: &AttentionOptions<'_>) -> Result<()> {
     if opts.has_score_modifier() {
         return Err(Error::shape(
-            "softcap/alibi/sinks/cosine/key_norm_clip",
+            "softcap/alibi/sinks/cosine/key_norm_clip/bias/relative_buckets",
             "the unfused path has no score modifiers; use attention_forward / attention_backward",
         ));
     }
@@ -1484,7 +1624,7 @@ pub fn attention_backward_unfused(
             || with_common(SOFTMAX_BACKWARD),
             &[("WG", SIMPLE_WG)],
             &params,
-            None,
+            Shared::NONE,
             &bindings,
             grid,
         );
@@ -1549,5 +1689,7 @@ pub fn attention_backward_unfused(
         dk,
         dv,
         d_sinks: None,
+        d_bias: None,
+        d_relative: None,
     })
 }

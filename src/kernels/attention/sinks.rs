@@ -42,7 +42,7 @@ pub(super) fn encode_forward(
         &[("WG", SIMPLE_WG)],
         &params,
         // Padded rows are known by their lse = -inf: no lengths bound.
-        None,
+        Shared::NONE,
         &bindings,
         grid,
     );
@@ -97,7 +97,7 @@ pub fn attention_sinks_backward_into(
         &[("WG", BACKWARD_WG)],
         &params,
         // Padded rows are known by their lse = -inf: no lengths bound.
-        None,
+        Shared::NONE,
         &bindings,
         grid,
     );

@@ -137,7 +137,7 @@ pub(super) fn encode_forward_tiled(
     let config = TiledForward::choose(ctx, s)?;
     let (_, sk, oc) = config.per_invocation(s);
     let splits = config.splits(ctx, s);
-    let lens = seq_lens_buffer(ctx, opts);
+    let shared = Shared::scores(ctx, opts)?;
     let mut params = base_params(s, scale, opts);
     params.splits = splits as u32;
     let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
@@ -202,7 +202,7 @@ pub(super) fn encode_forward_tiled(
         || sized(FORWARD, &[("MAX_SK", 4, sk), ("MAX_OC", 16, oc)]),
         &constants,
         &params,
-        Some(lens),
+        shared,
         &[q_binding, k_binding, v_binding, o_binding, lse_binding],
         grid,
     );
@@ -227,7 +227,7 @@ pub(super) fn encode_forward_tiled(
         || with_common(FORWARD_MERGE),
         &[("WG", SIMPLE_WG)],
         &merge,
-        None,
+        Shared::NONE,
         &bindings,
         grid,
     );
@@ -423,7 +423,7 @@ pub(super) fn encode_backward_tiled(
 ) -> Result<()> {
     let [q, k, v, d_out] = views;
     let [dq, dk, dv] = grads;
-    let lens = seq_lens_buffer(ctx, opts);
+    let shared = Shared::scores(ctx, opts)?;
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     {
         let config = TiledDkDv::choose(ctx, s)?;
@@ -459,7 +459,7 @@ pub(super) fn encode_backward_tiled(
                 dims[1],
             ],
             &mut params,
-            lens,
+            shared,
             &bindings,
             grid,
             &chunks,
@@ -489,7 +489,7 @@ pub(super) fn encode_backward_tiled(
                 dims[1],
             ],
             &mut params,
-            lens,
+            shared,
             &bindings,
             grid,
             &chunks,
