@@ -358,7 +358,10 @@ impl BiasView {
             _ => {
                 return Err(Error::shape(
                     "bias",
-                    format!("shape {:?} is not [Lq, Lk], [H, Lq, Lk] or [B, H, Lq, Lk]", t.shape()),
+                    format!(
+                        "shape {:?} is not [Lq, Lk], [H, Lq, Lk] or [B, H, Lq, Lk]",
+                        t.shape()
+                    ),
                 ))
             }
         };

@@ -45,7 +45,9 @@ fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
         dv: grads.dv.to_vec(ctx).unwrap(),
         d_sinks: grads.d_sinks.map_or(Vec::new(), |t| t.to_vec(ctx).unwrap()),
         d_bias: grads.d_bias.map_or(Vec::new(), |t| t.to_vec(ctx).unwrap()),
-        d_relative: grads.d_relative.map_or(Vec::new(), |t| t.to_vec(ctx).unwrap()),
+        d_relative: grads
+            .d_relative
+            .map_or(Vec::new(), |t| t.to_vec(ctx).unwrap()),
     }
 }
 
@@ -232,7 +234,8 @@ fn sliding_windows() {
             check(backend, ctx, case, Path::Fused);
         }
     });
-    // Chunked loops and split-KV with a window, softcap, ALiBi and sinks at once (one set of fresh
+    // Chunked loops and split-KV with a window, softcap, ALiBi and sinks at once, then with a bias
+    // and with relative buckets (one set of fresh
     // contexts for all of them: each costs compile time on a cold shader cache); and the unfused
     // baseline, which has windows too.
     for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
@@ -245,6 +248,16 @@ fn sliding_windows() {
             .alibi()
             .sinks(&[1.0, 2.0, 0.0, -1.0]);
         check(backend, ctx, &case, Path::Fused);
+        // The bias gradient kernel's key splits and member chunks (accumulated) too.
+        let bias = BiasCase {
+            batch: 1,
+            heads: 4,
+            learnable: true,
+            masked_every: 7,
+            strided: false,
+        };
+        check(backend, ctx, &case.clone().bias(bias), Path::Fused);
+        check(backend, ctx, &case.relative(16, 64, true), Path::Fused);
     });
     for_each_backend(|backend, ctx| {
         for case in &window_cases()[..4] {

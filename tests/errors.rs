@@ -6,7 +6,8 @@ mod common;
 use common::*;
 use wgpu_attention::{
     attention_backward_unfused, attention_forward, attention_forward_into,
-    attention_forward_unfused, AttentionOptions, Error, GpuTensor, HeadsView, SeqLens,
+    attention_forward_unfused, AttentionOptions, BiasView, Error, GpuTensor, HeadsView,
+    RelativeBuckets, SeqLens,
 };
 
 fn views(
@@ -278,5 +279,70 @@ fn score_modifier_options_are_checked() {
         let opts = AttentionOptions::new().key_norm_clip(-1.0);
         let m = message(attention_forward(ctx, &q, &k, &v, &opts));
         assert!(m.contains("key_norm_clip") && m.contains("positive"), "{m}");
+    });
+}
+
+#[test]
+fn bias_and_relative_bucket_options_are_checked() {
+    for_each_backend(|_, ctx| {
+        // B 2, Lq 4, Lk 5, H 2.
+        let (q, k, v) = views(ctx, [2, 4, 2, 8], [2, 5, 2, 8], [2, 5, 2, 8]);
+        // A bias must be [B or 1, H or 1, Lq, Lk].
+        for shape in [vec![4, 4], vec![3, 4, 5], vec![2, 2, 5, 4]] {
+            let t = GpuTensor::zeros(ctx, &shape).unwrap();
+            let bias = BiasView::of(&t).unwrap();
+            let opts = AttentionOptions::new().bias(&bias);
+            let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+            assert!(
+                m.starts_with("bias:") && m.contains("[2 or 1, 2 or 1, 4, 5]"),
+                "{m}"
+            );
+        }
+        // A view past its buffer's end is refused when it is made.
+        let t = GpuTensor::zeros(ctx, &[20]).unwrap();
+        let m = message(BiasView::new(
+            t.buffer().clone(),
+            1,
+            [1, 1, 4, 5],
+            [0, 0, 5, 1],
+        ));
+        assert!(
+            m.contains("reach element 21") && m.contains("holds 20"),
+            "{m}"
+        );
+        // One additive term per call: both is a bad combination, named as such.
+        let t = GpuTensor::zeros(ctx, &[4, 5]).unwrap();
+        let bias = BiasView::of(&t).unwrap();
+        let table = GpuTensor::zeros(ctx, &[2, 32]).unwrap();
+        let t5 = RelativeBuckets::new(32, 128, true);
+        let opts = AttentionOptions::new()
+            .bias(&bias)
+            .relative_buckets(t5, &table);
+        let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+        assert!(m.contains("bias/relative_buckets"), "{m}");
+        // The table is [H, buckets]; bucket counts and distances are checked.
+        let opts =
+            AttentionOptions::new().relative_buckets(RelativeBuckets::new(16, 128, true), &table);
+        let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+        assert!(m.contains("relative table") && m.contains("[2, 16]"), "{m}");
+        for (buckets, needle) in [
+            (RelativeBuckets::new(7, 128, true), "even"),
+            (RelativeBuckets::new(32, 8, true), "max_distance"),
+            (
+                RelativeBuckets::new(200, 1000, false),
+                "exceeds the supported maximum 66",
+            ),
+        ] {
+            let opts = AttentionOptions::new().relative_buckets(buckets, &table);
+            let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+            assert!(m.contains(needle), "{buckets:?}: {m}");
+        }
+        // The unfused baseline has neither.
+        let opts = AttentionOptions::new().constant_bias(&bias);
+        let m = message(attention_forward_unfused(ctx, &q, &k, &v, &opts));
+        assert!(
+            m.contains("bias/relative_buckets") && m.contains("unfused"),
+            "{m}"
+        );
     });
 }

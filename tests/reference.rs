@@ -85,6 +85,16 @@ fn backward_matches_finite_differences() {
             .cosine(6.0)
             .key_clip(0.7)
             .causal(),
+        // Additive terms: a bias broadcast over the batch with -inf entries and softcap; T5
+        // relative buckets, both directions, with ALiBi.
+        Case::new(2, 5, 6, 2, 1, 4, 3)
+            .magnitude(2.0)
+            .softcap(2.0)
+            .bias(bias_case(1, 2)),
+        Case::new(2, 6, 7, 2, 2, 4, 4)
+            .causal()
+            .alibi()
+            .relative(8, 6, true),
     ];
     for case in &cases {
         let err = finite_difference_error(case);
@@ -137,6 +147,124 @@ fn sink_gradient_matches_finite_differences() {
         );
         assert!(worst < 1e-7, "{}: {worst}", case.label());
     }
+}
+
+fn bias_case(batch: usize, heads: usize) -> BiasCase {
+    BiasCase {
+        batch,
+        heads,
+        learnable: true,
+        masked_every: 4,
+        strided: false,
+    }
+}
+
+/// Worst |analytic - numeric| / max(1, |numeric|) of the gradient to the case's bias values or
+/// relative table, against central differences of L = <dO, O>.
+fn additive_term_error(case: &Case) -> f64 {
+    let s = case.shape();
+    let (q, k, v, d_out) = case.data();
+    let (q, k, v, d_out) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d_out));
+    let masks = case.masks();
+    let grads = reference::attention_backward(&s, &q, &k, &v, &d_out, &masks);
+    let relative = masks.relative.is_some();
+    let (values, analytic) = match (&masks.bias, &masks.relative) {
+        (Some(bias), _) => (bias.values.clone(), grads.dbias.clone()),
+        (None, Some((_, table))) => (table.clone(), grads.drelative.clone()),
+        _ => unreachable!(),
+    };
+    let loss = |values: &[f64]| -> f64 {
+        let mut m = masks.clone();
+        match (&mut m.bias, &mut m.relative) {
+            (Some(bias), _) => bias.values = values.to_vec(),
+            (None, Some(r)) => r.1 = values.to_vec(),
+            _ => unreachable!(),
+        }
+        let (out, _) = reference::attention_forward(&s, &q, &k, &v, &m);
+        out.iter().zip(&d_out).map(|(o, d)| o * d).sum()
+    };
+    let eps = 1e-6;
+    let mut worst = 0.0f64;
+    for i in 0..values.len() {
+        if values[i] == f64::NEG_INFINITY {
+            // A masked pair: no gradient.
+            assert_eq!(analytic[i], 0.0);
+            continue;
+        }
+        let (mut plus, mut minus) = (values.clone(), values.clone());
+        plus[i] += eps;
+        minus[i] -= eps;
+        let numeric = (loss(&plus) - loss(&minus)) / (2.0 * eps);
+        worst = worst.max((analytic[i] - numeric).abs() / numeric.abs().max(1.0));
+    }
+    assert!(relative || analytic.iter().any(|&g| g != 0.0));
+    worst
+}
+
+#[test]
+fn bias_and_relative_table_gradients_match_finite_differences() {
+    for case in [
+        Case::new(2, 5, 6, 2, 1, 4, 3).bias(bias_case(2, 2)),
+        Case::new(3, 4, 6, 2, 2, 3, 3)
+            .causal()
+            .kv_lens(&[6, 2, 4])
+            .magnitude(2.0)
+            .softcap(1.5)
+            .bias(bias_case(1, 1)),
+        Case::new(2, 5, 5, 4, 2, 4, 4)
+            .window(1, 1)
+            .bias(bias_case(2, 1)),
+        Case::new(2, 6, 9, 2, 1, 4, 3).relative(8, 6, true),
+        Case::new(2, 7, 7, 3, 3, 4, 4)
+            .causal()
+            .q_lens(&[7, 4])
+            .sinks(&[0.5, -1.0, 1.0])
+            .relative(6, 5, false),
+    ] {
+        let worst = additive_term_error(&case);
+        println!(
+            "reference bias/table gradient vs finite differences, {}: worst relative error {worst:.3e}",
+            case.label()
+        );
+        assert!(worst < 1e-7, "{}: {worst}", case.label());
+    }
+}
+
+#[test]
+fn relative_bucket_known_answers() {
+    // T5's defaults (Raffel et al.; Hugging Face T5Attention): 32 buckets, 128 max distance.
+    let t5 = reference::RelativeConfig {
+        buckets: 32,
+        max_distance: 128,
+        bidirectional: true,
+    };
+    let bucket = |delta| reference::relative_position_bucket(delta, t5);
+    // Keys before the query: distances 0..8 exact, then log-spaced, the last (15) from 128 on.
+    assert_eq!(
+        [bucket(0), bucket(-1), bucket(-7), bucket(-8)],
+        [0, 1, 7, 8]
+    );
+    // 8 + floor(ln(n / 8) / ln(16) * 8): n = 12 -> 9.17, 90 -> 14.98, 100 -> 15.29 (capped).
+    assert_eq!([bucket(-12), bucket(-90), bucket(-100)], [9, 14, 15]);
+    assert_eq!([bucket(-128), bucket(-100_000)], [15, 15]);
+    // Keys after it: the upper half.
+    assert_eq!(
+        [bucket(1), bucket(7), bucket(12), bucket(100_000)],
+        [17, 23, 25, 31]
+    );
+    // One direction (a causal decoder): 32 buckets for keys before the query, 16 exact; keys after
+    // it share bucket 0.
+    let causal = reference::RelativeConfig {
+        bidirectional: false,
+        ..t5
+    };
+    let bucket = |delta| reference::relative_position_bucket(delta, causal);
+    assert_eq!(
+        [bucket(3), bucket(0), bucket(-15), bucket(-16)],
+        [0, 0, 15, 16]
+    );
+    // 16 + floor(ln(n / 16) / ln(8) * 16): n = 100 -> 30.1, 127 -> 31.9.
+    assert_eq!([bucket(-100), bucket(-127), bucket(-5000)], [30, 31, 31]);
 }
 
 #[test]

@@ -196,7 +196,11 @@ impl Masks {
 
     /// The relative-position bucket of query `i`, key `j` (positions aligned as the causal mask).
     fn bucket(&self, s: &AttentionShape, i: usize, j: usize) -> usize {
-        let config = self.relative.as_ref().map(|r| r.0).expect("relative buckets");
+        let config = self
+            .relative
+            .as_ref()
+            .map(|r| r.0)
+            .expect("relative buckets");
         let delta = j as i64 - (i as i64 + s.kv_seq as i64 - s.q_seq as i64);
         relative_position_bucket(delta, config)
     }

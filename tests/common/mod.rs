@@ -351,11 +351,7 @@ impl Case {
     }
 
     pub fn relative(mut self, buckets: usize, max_distance: usize, bidirectional: bool) -> Self {
-        self.relative = Some(RelativeBuckets::new(
-            buckets,
-            max_distance,
-            bidirectional,
-        ));
+        self.relative = Some(RelativeBuckets::new(buckets, max_distance, bidirectional));
         self
     }
 

@@ -356,3 +356,39 @@ pub fn attention_bias_backward_into(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::RelativeBuckets;
+
+    /// The kernels' rule (exact below `exact`, then `exact + #{thresholds <= n}`) gives the
+    /// reference's bucket at every distance, for T5's tables and small odd ones.
+    #[test]
+    fn thresholds_reproduce_every_bucket() {
+        for buckets in [
+            RelativeBuckets::new(32, 128, true),
+            RelativeBuckets::new(32, 128, false),
+            RelativeBuckets::new(8, 20, false),
+            RelativeBuckets::new(6, 5, true),
+            RelativeBuckets::new(132, 1000, true),
+            RelativeBuckets::new(66, 70, false),
+        ] {
+            buckets.check().unwrap();
+            let thresholds = buckets.thresholds();
+            assert!(thresholds.len() <= super::MAX_REL_THRESHOLDS);
+            let (exact, half) = (buckets.exact(), buckets.per_direction());
+            for delta in -3 * buckets.max_distance as i64..=3 * buckets.max_distance as i64 {
+                let (offset, n) = match buckets.bidirectional {
+                    true => ((delta > 0) as usize * half, delta.unsigned_abs() as usize),
+                    false => (0, (-delta).max(0) as usize),
+                };
+                let kernel = if n < exact {
+                    offset + n
+                } else {
+                    offset + exact + thresholds.iter().filter(|&&t| t as usize <= n).count()
+                };
+                assert_eq!(kernel, buckets.bucket(delta), "{buckets:?} delta {delta}");
+            }
+        }
+    }
+}

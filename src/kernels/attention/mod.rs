@@ -808,15 +808,7 @@ fn encode_chunks(
         params.chunk_end = end;
         params.accumulate = (index > 0) as u32;
         encode_kernel(
-            ctx,
-            pass,
-            name,
-            &source,
-            constants,
-            params,
-            shared,
-            bindings,
-            grid,
+            ctx, pass, name, &source, constants, params, shared, bindings, grid,
         );
     }
 }
