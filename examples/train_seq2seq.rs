@@ -225,6 +225,10 @@ fn run(args: &Args) -> Result<f64, Error> {
         attention_softcap: None,
         alibi: false,
         attention_window: None,
+        relative_buckets: None,
+        attention_sinks: false,
+        cosine_scores: None,
+        key_norm_clip: None,
     };
     let model = Transformer::new(&ctx, config, shape(), 1)?;
     let adam = AdamWConfig {

@@ -30,6 +30,10 @@ fn config(d_ff: usize) -> TransformerConfig {
         attention_softcap: None,
         alibi: false,
         attention_window: None,
+        relative_buckets: None,
+        attention_sinks: false,
+        cosine_scores: None,
+        key_norm_clip: None,
     }
 }
 

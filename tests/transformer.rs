@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use common::{assert_close, for_each_backend, to_f64, BACKWARD_ATOL, BACKWARD_RTOL};
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::reference::transformer::{self as reference, ParamMap};
-use wgpu_attention::Context;
+use wgpu_attention::{Context, RelativeBuckets};
 
 const PAD: u32 = 0;
 
@@ -28,6 +28,10 @@ fn config(encoder_layers: usize, pre_ln: bool, learned_positions: bool) -> Trans
         attention_softcap: None,
         alibi: false,
         attention_window: None,
+        relative_buckets: None,
+        attention_sinks: false,
+        cosine_scores: None,
+        key_norm_clip: None,
     }
 }
 
@@ -37,6 +41,22 @@ fn with_score_modifiers(c: TransformerConfig) -> TransformerConfig {
         attention_softcap: Some(1.5),
         alibi: true,
         attention_window: Some(2),
+        relative_buckets: None,
+        attention_sinks: false,
+        cosine_scores: None,
+        key_norm_clip: None,
+        ..c
+    }
+}
+
+/// The learned score terms on: T5 relative buckets (one-directional in the decoder) and sinks,
+/// with cosine scores or key-norm clipping.
+fn with_learned_score_terms(c: TransformerConfig, cosine: bool) -> TransformerConfig {
+    TransformerConfig {
+        relative_buckets: Some(RelativeBuckets::new(8, 6, true)),
+        attention_sinks: true,
+        cosine_scores: cosine.then_some(4.0),
+        key_norm_clip: (!cosine).then_some(0.3),
         ..c
     }
 }
@@ -207,6 +227,10 @@ fn score_modifiers_in_the_model_match_cpu_model() {
         check_against_cpu(backend, ctx, c, "enc-dec softcap+alibi+window");
         let c = with_score_modifiers(config(0, true, true));
         check_against_cpu(backend, ctx, c, "decoder-only softcap+alibi+window");
+        let c = with_learned_score_terms(config(2, true, false), false);
+        check_against_cpu(backend, ctx, c, "enc-dec relative+sinks+clip");
+        let c = with_learned_score_terms(config(0, false, false), true);
+        check_against_cpu(backend, ctx, c, "decoder-only relative+sinks+cosine");
     });
 }
 
@@ -216,6 +240,8 @@ fn cpu_model_gradients_match_finite_differences() {
         config(1, true, true),
         config(1, false, false),
         with_score_modifiers(config(1, true, false)),
+        with_learned_score_terms(config(1, true, false), false),
+        with_learned_score_terms(config(1, false, false), true),
     ] {
         let ctx_free_params = {
             // Parameters drawn like the GPU model's, without a GPU: the names and shapes come from a

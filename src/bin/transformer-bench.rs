@@ -93,6 +93,10 @@ fn run(cli: &Cli) -> Result<(), Error> {
         attention_softcap: None,
         alibi: false,
         attention_window: None,
+        relative_buckets: None,
+        attention_sinks: false,
+        cosine_scores: None,
+        key_norm_clip: None,
     };
     let shape = BatchShape {
         batch: cli.batch,

@@ -6,20 +6,39 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{
-    attention_backward_into, attention_backward_workspace, attention_forward_into,
-    AttentionOptions, AttentionShape,
+    attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
+    attention_forward_into, attention_sinks_backward_into, AttentionOptions, AttentionShape,
+    RelativeBuckets,
 };
 use crate::layers::linear::Linear;
-use crate::layers::params::Params;
+use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
-/// Score modifiers of a self-attention layer (see [`AttentionOptions`]): softcap, ALiBi and a
-/// sliding window of `window` keys on each side (only before the query when causal).
+/// Score modifiers of a self-attention layer (see [`AttentionOptions`]): softcap, ALiBi, a
+/// sliding window of `window` keys on each side (only before the query when causal), T5
+/// relative-position buckets with a learned `[H, buckets]` table (`{name}.relative`; one-directional
+/// in causal layers, as T5's decoder), learned attention sinks (`{name}.sinks`, `[H]`), cosine
+/// scores with a fixed scale, and key-norm clipping.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ScoreOptions {
     pub softcap: Option<f32>,
     pub alibi: bool,
     pub window: Option<usize>,
+    pub relative: Option<RelativeBuckets>,
+    pub sinks: bool,
+    pub cosine: Option<f32>,
+    pub key_clip: Option<f32>,
+}
+
+impl ScoreOptions {
+    /// The relative buckets a layer uses: causal layers see no key after the query, so their table
+    /// is one-directional (T5's decoder).
+    pub fn relative_for(&self, causal: bool) -> Option<RelativeBuckets> {
+        self.relative.map(|r| RelativeBuckets {
+            bidirectional: r.bidirectional && !causal,
+            ..r
+        })
+    }
 }
 
 /// Self-attention (optionally causal) or cross-attention over a memory.
@@ -31,7 +50,12 @@ pub enum AttentionKind {
 
 pub struct MultiHeadAttention {
     kind: AttentionKind,
+    name: String,
     scores: ScoreOptions,
+    /// Learned score parameters: sinks `[H]`, relative table `[H, buckets]`.
+    sinks: Option<ParamId>,
+    relative: Option<(RelativeBuckets, ParamId)>,
+    shape: AttentionShape,
     heads: usize,
     d_model: usize,
     /// Self: the fused QKV projection. Cross: the Q projection.
@@ -103,7 +127,11 @@ impl MultiHeadAttention {
         };
         Ok(Self {
             kind,
+            name: name.to_string(),
             scores: ScoreOptions::default(),
+            sinks: None,
+            relative: None,
+            shape,
             heads,
             d_model,
             query,
@@ -156,20 +184,41 @@ impl MultiHeadAttention {
         }
     }
 
-    /// Applies score modifiers (self-attention only: positions of a memory are not the queries').
-    pub fn with_scores(mut self, scores: ScoreOptions) -> Result<Self> {
+    /// Applies score modifiers (self-attention only: positions of a memory are not the queries'),
+    /// adding their learned parameters to `params`.
+    pub fn with_scores(
+        mut self,
+        ctx: &Context,
+        params: &mut Params,
+        scores: ScoreOptions,
+    ) -> Result<Self> {
         if scores != ScoreOptions::default() && self.kind == AttentionKind::Cross {
             return Err(Error::shape(
                 "scores",
                 "score modifiers apply to self-attention; cross-attention has none",
             ));
         }
+        let h = self.heads;
+        if scores.sinks {
+            let name = format!("{}.sinks", self.name);
+            self.sinks = Some(params.add(ctx, name, &[h], Init::Zeros)?);
+        }
+        if let Some(buckets) = scores.relative_for(self.causal()) {
+            buckets.check()?;
+            let name = format!("{}.relative", self.name);
+            let id = params.add(ctx, name, &[h, buckets.buckets], Init::Uniform(0.1))?;
+            self.relative = Some((buckets, id));
+        }
         self.scores = scores;
         Ok(self)
     }
 
-    fn options<'a>(&self, lens: &'a SeqLens) -> AttentionOptions<'a> {
-        let causal = matches!(self.kind, AttentionKind::SelfAttention { causal: true });
+    fn causal(&self) -> bool {
+        matches!(self.kind, AttentionKind::SelfAttention { causal: true })
+    }
+
+    fn options<'a>(&self, p: &'a Params, lens: &'a SeqLens) -> AttentionOptions<'a> {
+        let causal = self.causal();
         let s = self.scores;
         let mut opts = AttentionOptions::new()
             .causal(causal)
@@ -180,6 +229,18 @@ impl MultiHeadAttention {
         }
         if let Some(w) = s.window {
             opts = opts.window(w, if causal { 0 } else { w });
+        }
+        if let Some(id) = self.sinks {
+            opts = opts.sinks(p.value(id));
+        }
+        if let Some((buckets, id)) = self.relative {
+            opts = opts.relative_buckets(buckets, p.value(id));
+        }
+        if let Some(scale) = s.cosine {
+            opts = opts.cosine(scale);
+        }
+        if let Some(c) = s.key_clip {
+            opts = opts.key_norm_clip(c);
         }
         opts
     }
@@ -216,7 +277,7 @@ impl MultiHeadAttention {
             &v,
             &out,
             &self.lse,
-            &self.options(lens),
+            &self.options(p, lens),
         )?;
         self.output
             .forward(ctx, encoder, p, &self.flat(&self.attn)?, y)
@@ -261,8 +322,35 @@ impl MultiHeadAttention {
             &dk,
             &dv,
             &self.workspace,
-            &self.options(lens),
+            &self.options(p, lens),
         )?;
+        let opts = self.options(p, lens);
+        if let Some(id) = self.sinks {
+            let (sinks, d_sinks) = (p.value(id), p.grad(id));
+            attention_sinks_backward_into(
+                ctx,
+                encoder,
+                &self.shape,
+                sinks,
+                &self.workspace,
+                d_sinks,
+                &opts,
+            )?;
+        }
+        if let Some((_, id)) = self.relative {
+            let d_out = self.d_attn.heads()?;
+            attention_bias_backward_into(
+                ctx,
+                encoder,
+                &q,
+                &k,
+                &v,
+                &d_out,
+                &self.workspace,
+                p.grad(id),
+                &opts,
+            )?;
+        }
         self.query.backward(ctx, encoder, p, x, &self.d_proj, dx)?;
         if let (Some(kv), Some(d_kv_proj), Some(memory), Some(d_memory)) =
             (&self.key_value, &self.d_kv_proj, memory, d_memory)

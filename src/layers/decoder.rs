@@ -66,7 +66,7 @@ impl DecoderLayer {
             rows,
             rows[1],
         )?
-        .with_scores(c.scores)?;
+        .with_scores(ctx, params, c.scores)?;
         let cross = match memory_len {
             Some(mem) => Some(Cross {
                 block: block(params, "ln_cross")?,

@@ -59,7 +59,7 @@ impl EncoderLayer {
                 rows,
                 rows[1],
             )?
-            .with_scores(c.scores)?,
+            .with_scores(ctx, params, c.scores)?,
             feed_forward_block: Residual::new(
                 ctx,
                 params,

@@ -14,6 +14,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
+use crate::kernels::attention::RelativeBuckets;
 use crate::kernels::cross_entropy::{
     cross_entropy_backward_into, cross_entropy_forward_into, CrossEntropyOutput,
 };
@@ -60,6 +61,19 @@ pub struct TransformerConfig {
     /// each query (and itself) in the causal decoder (default none).
     #[serde(default)]
     pub attention_window: Option<usize>,
+    /// T5 relative-position bias in self-attention: a learned `[H, buckets]` table per layer
+    /// (`*.relative`), one-directional in the causal decoder (default none).
+    #[serde(default)]
+    pub relative_buckets: Option<RelativeBuckets>,
+    /// Learned attention sinks in self-attention, `[H]` per layer (`*.sinks`; default false).
+    #[serde(default)]
+    pub attention_sinks: bool,
+    /// Cosine-similarity scores in self-attention with this fixed scale (default none).
+    #[serde(default)]
+    pub cosine_scores: Option<f32>,
+    /// Key-norm clipping in self-attention (default none).
+    #[serde(default)]
+    pub key_norm_clip: Option<f32>,
 }
 
 impl TransformerConfig {
@@ -75,12 +89,29 @@ impl TransformerConfig {
                 format!("{c:?}: vocab, d_model, d_ff and decoder_layers must be positive"),
             ));
         }
-        if let Some(cap) = c.attention_softcap {
-            if !(cap.is_finite() && cap > 0.0) {
-                return Err(Error::shape(
-                    "attention_softcap",
-                    format!("is {cap}; it must be finite and positive (e.g. 30 or 50)"),
-                ));
+        for (arg, value) in [
+            ("attention_softcap", c.attention_softcap),
+            ("cosine_scores", c.cosine_scores),
+            ("key_norm_clip", c.key_norm_clip),
+        ] {
+            if let Some(x) = value {
+                if !(x.is_finite() && x > 0.0) {
+                    return Err(Error::shape(
+                        arg,
+                        format!("is {x}; it must be finite and positive"),
+                    ));
+                }
+            }
+        }
+        if let Some(buckets) = c.relative_buckets {
+            buckets.check()?;
+            {
+                // The causal decoder's table is one-directional: all its buckets on one side.
+                RelativeBuckets {
+                    bidirectional: false,
+                    ..buckets
+                }
+                .check()?;
             }
         }
         if c.heads == 0 || !c.d_model.is_multiple_of(c.heads) {
@@ -253,6 +284,10 @@ impl Transformer {
                 softcap: c.attention_softcap,
                 alibi: c.alibi,
                 window: c.attention_window,
+                relative: c.relative_buckets,
+                sinks: c.attention_sinks,
+                cosine: c.cosine_scores,
+                key_clip: c.key_norm_clip,
             },
         };
         let source = c

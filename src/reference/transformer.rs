@@ -8,7 +8,7 @@ use crate::kernels::attention::AttentionShape;
 use crate::kernels::elementwise::Activation;
 use crate::kernels::embedding::sinusoidal_table;
 use crate::model::transformer::{Batch, BatchShape, TransformerConfig};
-use crate::reference::attention::{attention_backward, attention_forward, Masks};
+use crate::reference::attention::{attention_backward, attention_forward, Masks, RelativeConfig};
 use crate::reference::cross_entropy::cross_entropy;
 use crate::reference::elementwise::{activation_backward, activation_forward, add};
 use crate::reference::embedding::{
@@ -136,13 +136,29 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// Masks of an attention sublayer; self-attention also gets the configuration's score modifiers
-    /// (a window of `w` keys on each side, or only before the query when causal).
-    fn masks(&self, q: Rows, kv: Rows, causal: bool, self_attention: bool) -> Masks {
+    /// Masks of attention sublayer `name`; self-attention also gets the configuration's score
+    /// modifiers (a window of `w` keys on each side, or only before the query when causal; relative
+    /// buckets one-directional when causal) and its learned sinks and relative table.
+    fn masks(&self, name: &str, q: Rows, kv: Rows, causal: bool, self_attention: bool) -> Masks {
         let c = &self.c;
         let modified = self_attention.then_some(c);
+        let scale = 1.0 / ((self.d() / c.heads) as f64).sqrt();
         Masks {
-            scale: 1.0 / ((self.d() / c.heads) as f64).sqrt(),
+            scale: modified
+                .and_then(|c| c.cosine_scores)
+                .map_or(scale, f64::from),
+            sinks: modified
+                .filter(|c| c.attention_sinks)
+                .map(|_| self.p(&format!("{name}.sinks")).to_vec()),
+            relative: modified.and_then(|c| c.relative_buckets).map(|r| {
+                let config = RelativeConfig {
+                    bidirectional: r.bidirectional && !causal,
+                    ..r.reference()
+                };
+                (config, self.p(&format!("{name}.relative")).to_vec())
+            }),
+            normalize_qk: modified.is_some_and(|c| c.cosine_scores.is_some()),
+            key_clip: modified.and_then(|c| c.key_norm_clip.map(f64::from)),
             causal,
             q_lens: Some(q.lens.to_vec()),
             kv_lens: Some(kv.lens.to_vec()),
@@ -190,7 +206,7 @@ impl<'a> Model<'a> {
                 };
                 let [q, k, v] = self.qkv(sub, x, memory);
                 let shape = self.attention_shape(rows, kv_rows);
-                let masks = self.masks(rows, kv_rows, causal, self_attention);
+                let masks = self.masks(name, rows, kv_rows, causal, self_attention);
                 let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
                 self.linear(&format!("{name}.out"), &out, d)
             }
@@ -219,17 +235,23 @@ impl<'a> Model<'a> {
             Sub::SelfAttention { name, causal } => {
                 let [q, k, v] = self.qkv(sub, x, memory);
                 let shape = self.attention_shape(rows, rows);
-                let masks = self.masks(rows, rows, *causal, true);
+                let masks = self.masks(name, rows, rows, *causal, true);
                 let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
                 let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
                 let g = attention_backward(&shape, &q, &k, &v, &d_out, &masks);
+                if masks.sinks.is_some() {
+                    self.acc(&format!("{name}.sinks"), g.dsinks.clone());
+                }
+                if masks.relative.is_some() {
+                    self.acc(&format!("{name}.relative"), g.drelative.clone());
+                }
                 let d_qkv = concat_columns(&[&g.dq, &g.dk, &g.dv], d);
                 (self.linear_back(&format!("{name}.qkv"), x, &d_qkv, d), None)
             }
             Sub::Cross { name } => {
                 let [q, k, v] = self.qkv(sub, x, memory);
                 let shape = self.attention_shape(rows, mem);
-                let masks = self.masks(rows, mem, false, false);
+                let masks = self.masks(name, rows, mem, false, false);
                 let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
                 let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
                 let g = attention_backward(&shape, &q, &k, &v, &d_out, &masks);
