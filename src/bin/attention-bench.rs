@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use wgpu_attention::bench::fma::fma_peak_gflops;
 use wgpu_attention::bench::layer::LayerCase;
 use wgpu_attention::bench::{measure, Samples, Timer};
-use wgpu_attention::reference::attention::{self as reference, Masks};
+use wgpu_attention::reference::attention::{self as reference, Bias, Masks};
 use wgpu_attention::reference::compare::{
     compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
 };
@@ -25,10 +25,14 @@ use wgpu_attention::reference::transformer_layer::{
 };
 use wgpu_attention::{
     attention_backward_into, attention_backward_unfused, attention_backward_workspace,
-    attention_forward_into, attention_forward_plan, attention_forward_unfused, enumerate_adapters,
-    parse_backends, AttentionOptions, AttentionShape, Context, ContextOptions, Error, GpuTensor,
-    HeadsView, KernelFamily, SeqLens,
+    attention_bias_backward_into, attention_forward_into, attention_forward_plan,
+    attention_forward_unfused, attention_sinks_backward_into, enumerate_adapters, parse_backends,
+    AttentionOptions, AttentionShape, BiasView, Context, ContextOptions, Error, GpuTensor,
+    HeadsView, KernelFamily, RelativeBuckets, SeqLens,
 };
+
+/// Scale of the cosine-scores cases.
+const COSINE_SCALE: f32 = 10.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Suite {
@@ -79,6 +83,17 @@ enum Modifier {
     Softcap,
     Alibi,
     SoftcapAlibi,
+    /// A learnable `[1, H, Lq, Lk]` bias; the backward includes its gradient (`d_bias`).
+    Bias,
+    /// T5 relative buckets (32, max distance 128; one-directional when causal) with the table's
+    /// gradient in the backward.
+    Relative,
+    /// Attention sinks, with their gradient in the backward.
+    Sinks,
+    /// Cosine scores, scale 10.
+    Cosine,
+    /// Key-norm clipping at sqrt(Dk).
+    Clip,
 }
 
 impl Modifier {
@@ -258,6 +273,11 @@ impl Problem {
             Modifier::Softcap => "+softcap",
             Modifier::Alibi => "+alibi",
             Modifier::SoftcapAlibi => "+softcap+alibi",
+            Modifier::Bias => "+bias",
+            Modifier::Relative => "+relative",
+            Modifier::Sinks => "+sinks",
+            Modifier::Cosine => "+cosine",
+            Modifier::Clip => "+clip",
         };
         let window = self.window.map_or(String::new(), |w| format!("+window{w}"));
         format!("{}{modifier}{window}", mask_name(self.mask))
@@ -678,6 +698,11 @@ struct Inputs {
     d_out: HeadsView,
     host: [Vec<f32>; 4],
     seq_lens: Option<SeqLens>,
+    /// The case's learned score terms: bias `[1, H, Lq, Lk]`, relative table `[H, 32]`, sinks `[H]`
+    /// (values and, in the backward, gradient tensors).
+    bias: Option<(BiasView, Vec<f32>, GpuTensor)>,
+    relative: Option<(RelativeBuckets, GpuTensor, Vec<f32>, GpuTensor)>,
+    sinks: Option<(GpuTensor, Vec<f32>, GpuTensor)>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -714,7 +739,34 @@ fn run_problem(
             .map(|kv| SeqLens::new(ctx, None, Some(&kv)))
             .transpose()?,
         host,
+        bias: None,
+        relative: None,
+        sinks: None,
     };
+    let mut inputs = inputs;
+    let h = p.heads;
+    match p.modifier {
+        Modifier::Bias => {
+            let shape = [1, h, p.q_len, p.kv_len];
+            let values = random(h * p.q_len * p.kv_len, 5);
+            let t = GpuTensor::from_slice(ctx, &values, &shape)?;
+            inputs.bias = Some((BiasView::of(&t)?, values, GpuTensor::zeros(ctx, &shape)?));
+        }
+        Modifier::Relative => {
+            let buckets = RelativeBuckets::new(32, 128, !p.causal());
+            let values = random(h * 32, 6);
+            let table = GpuTensor::from_slice(ctx, &values, &[h, 32])?;
+            let grad = GpuTensor::zeros(ctx, &[h, 32])?;
+            inputs.relative = Some((buckets, table, values, grad));
+        }
+        Modifier::Sinks => {
+            let values = random(h, 7);
+            let sinks = GpuTensor::from_slice(ctx, &values, &[h])?;
+            inputs.sinks = Some((sinks, values, GpuTensor::zeros(ctx, &[h])?));
+        }
+        _ => {}
+    }
+    let inputs = inputs;
     let shape = AttentionShape::of(&inputs.q, &inputs.k, &inputs.v)?;
     let mut opts = AttentionOptions::new()
         .causal(p.causal())
@@ -728,18 +780,47 @@ fn run_problem(
     if let Some(lens) = &inputs.seq_lens {
         opts = opts.seq_lens(lens);
     }
+    if let Some((bias, _, _)) = &inputs.bias {
+        opts = opts.bias(bias);
+    }
+    if let Some((buckets, table, _, _)) = &inputs.relative {
+        opts = opts.relative_buckets(*buckets, table);
+    }
+    if let Some((sinks, _, _)) = &inputs.sinks {
+        opts = opts.sinks(sinks);
+    }
+    if p.modifier == Modifier::Cosine {
+        opts = opts.cosine(COSINE_SCALE);
+    }
+    if p.modifier == Modifier::Clip {
+        opts = opts.key_norm_clip((p.dk as f32).sqrt());
+    }
     let validate = p.macs() <= validate_limit;
+    let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     let masks = Masks {
-        scale: 1.0 / (p.dk as f64).sqrt(),
+        scale: match p.modifier {
+            Modifier::Cosine => COSINE_SCALE as f64,
+            _ => 1.0 / (p.dk as f64).sqrt(),
+        },
+        bias: inputs.bias.as_ref().map(|(_, values, _)| Bias {
+            values: f64s(values),
+            batch: 1,
+            heads: p.heads,
+        }),
+        relative: inputs
+            .relative
+            .as_ref()
+            .map(|(buckets, _, values, _)| (buckets.reference(), f64s(values))),
+        sinks: inputs.sinks.as_ref().map(|(_, values, _)| f64s(values)),
+        normalize_qk: p.modifier == Modifier::Cosine,
+        key_clip: (p.modifier == Modifier::Clip).then(|| (p.dk as f64).sqrt()),
         causal: p.causal(),
         q_lens: None,
         kv_lens: p.kv_lens(),
         softcap: p.modifier.softcap().map(f64::from),
         alibi: p.modifier.alibi(),
         window: p.window.map(|w| (w, 0)),
-        ..Default::default()
     };
-    let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     let reference_forward = validate.then(|| {
         reference::attention_forward(
             &shape,
@@ -1006,6 +1087,35 @@ fn run_case(
                             &workspace,
                             opts,
                         )?;
+                        // The learned score terms' gradients belong to the backward.
+                        let score_grad = match (&x.bias, &x.relative) {
+                            (Some((_, _, g)), _) | (_, Some((_, _, _, g))) => Some(g),
+                            _ => None,
+                        };
+                        if let Some(grad) = score_grad {
+                            attention_bias_backward_into(
+                                ctx,
+                                &mut encoder,
+                                &x.q,
+                                &x.k,
+                                &x.v,
+                                &x.d_out,
+                                &workspace,
+                                grad,
+                                opts,
+                            )?;
+                        }
+                        if let Some((sinks, _, d_sinks)) = &x.sinks {
+                            attention_sinks_backward_into(
+                                ctx,
+                                &mut encoder,
+                                s,
+                                sinks,
+                                &workspace,
+                                d_sinks,
+                                opts,
+                            )?;
+                        }
                         ctx.queue().submit([encoder.finish()]);
                         Ok(())
                     })?;

@@ -70,7 +70,7 @@ impl RelativeBuckets {
     pub(crate) fn check(&self) -> Result<()> {
         let half = self.per_direction();
         let need = if self.bidirectional { 4 } else { 2 };
-        if self.buckets < need || (self.bidirectional && self.buckets % 2 != 0) {
+        if self.buckets < need || (self.bidirectional && !self.buckets.is_multiple_of(2)) {
             return Err(Error::shape(
                 "relative_buckets",
                 format!(
