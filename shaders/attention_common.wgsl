@@ -61,6 +61,8 @@ struct Params {
     pad0: u32,
     pad1: u32,
     rel_thresholds: array<vec4<u32>, 8>,
+    // Per-head ALiBi slopes (FLAG_ALIBI_SLOPES), slope of head h at [h / 4][h % 4].
+    alibi_slopes: array<vec4<f32>, 16>,
     views: array<View, 8>,
 }
 
@@ -82,6 +84,7 @@ const FLAG_WINDOW: u32 = 32u;
 const FLAG_BIAS: u32 = 64u;
 const FLAG_RELATIVE: u32 = 128u;
 const FLAG_REL_BIDIRECTIONAL: u32 = 256u;
+const FLAG_ALIBI_SLOPES: u32 = 512u;
 
 // Masked scores are tracked with explicit validity, never through inf arithmetic (Metal may use fast
 // math). This finite sentinel is only ever a running-max seed; it is never exponentiated on its own.
@@ -265,9 +268,13 @@ fn capped_tanh(x: vec4<f32>) -> vec4<f32> {
     return tanh(clamp(x, vec4<f32>(-15.0), vec4<f32>(15.0)));
 }
 
-// ALiBi slope of query head h (Press et al. 2022): for n = H a power of two, 2^(-8 (h + 1) / n);
-// otherwise the n = 2^floor(log2 H) slopes of that sequence, then every other slope of the 2n one.
+// ALiBi slope of query head h: the caller's (FLAG_ALIBI_SLOPES), or Press et al. 2022's: for n = H a
+// power of two, 2^(-8 (h + 1) / n); otherwise the n = 2^floor(log2 H) slopes of that sequence, then
+// every other slope of the 2n one.
 fn alibi_slope(h: u32) -> f32 {
+    if (params.flags & FLAG_ALIBI_SLOPES) != 0u {
+        return params.alibi_slopes[h / 4u][h % 4u];
+    }
     let n = 1u << firstLeadingBit(params.heads);
     if h < n {
         return exp2(-8.0 * f32(h + 1u) / f32(n));

@@ -37,6 +37,6 @@ pub use kernels::attention::{
     attention_backward_workspace, attention_bias_backward_into, attention_forward,
     attention_forward_into, attention_forward_plan, attention_forward_unfused,
     attention_sinks_backward_into, AttentionGrads, AttentionOptions, AttentionOutput,
-    AttentionShape, ForwardPlan, RelativeBuckets, ScoreBias,
+    AttentionShape, ForwardPlan, LearnedScale, RelativeBuckets, ScoreBias,
 };
 pub use tensor::{BiasView, GpuTensor, GpuTokens, HeadsView, SeqLens};

@@ -25,6 +25,7 @@ struct GpuGrads {
     d_sinks: Vec<f32>,
     d_bias: Vec<f32>,
     d_relative: Vec<f32>,
+    d_cosine: Vec<f32>,
 }
 
 fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
@@ -48,6 +49,10 @@ fn run(ctx: &Context, case: &Case, path: Path) -> GpuGrads {
         d_relative: grads
             .d_relative
             .map_or(Vec::new(), |t| t.to_vec(ctx).unwrap()),
+        d_cosine: buffers
+            .cosine
+            .as_ref()
+            .map_or(Vec::new(), |(_, g)| g.to_vec(ctx).unwrap()),
     }
 }
 
@@ -80,6 +85,7 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
             d_sinks: Vec::new(),
             d_bias: Vec::new(),
             d_relative: Vec::new(),
+            d_cosine: Vec::new(),
         };
     }
     let g = run(ctx, case, path);
@@ -101,6 +107,7 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
     };
     assert_eq!(g.d_bias.len(), d_bias.len(), "{tag}: d_bias");
     assert_eq!(g.d_relative.len(), r.drelative.len(), "{tag}: d_relative");
+    assert_eq!(g.d_cosine.len(), r.dcosine.len(), "{tag}: d_cosine");
     for (name, gpu, reference) in [
         ("dq", &g.dq, &r.dq),
         ("dk", &g.dk, &r.dk),
@@ -108,6 +115,7 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
         ("d_sinks", &g.d_sinks, &r.dsinks),
         ("d_bias", &g.d_bias, &d_bias),
         ("d_relative", &g.d_relative, &r.drelative),
+        ("d_cosine", &g.d_cosine, &r.dcosine),
     ] {
         assert!(
             gpu.iter().all(|x| x.is_finite()),

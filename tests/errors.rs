@@ -337,6 +337,35 @@ fn bias_and_relative_bucket_options_are_checked() {
             let m = message(attention_forward(ctx, &q, &k, &v, &opts));
             assert!(m.contains(needle), "{buckets:?}: {m}");
         }
+        // A learned cosine scale is [H], excludes a fixed one, and its gradient has its own buffer.
+        let (scale, grad) = (
+            GpuTensor::zeros(ctx, &[2]).unwrap(),
+            GpuTensor::zeros(ctx, &[2]).unwrap(),
+        );
+        let opts = AttentionOptions::new()
+            .cosine(4.0)
+            .cosine_learned(&scale, &grad);
+        let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+        assert!(m.contains("cosine/cosine_learned"), "{m}");
+        let opts = AttentionOptions::new().cosine_learned(&scale, &scale);
+        let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+        assert!(
+            m.contains("cosine scale grad") && m.contains("separate"),
+            "{m}"
+        );
+        let wide = GpuTensor::zeros(ctx, &[3]).unwrap();
+        let opts = AttentionOptions::new().cosine_learned(&wide, &grad);
+        let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+        assert!(m.contains("cosine scale") && m.contains("[2]"), "{m}");
+        // ALiBi slopes: one per query head, finite.
+        for (slopes, needle) in [
+            (&[0.5f32][..], "has 1 slopes for 2 query heads"),
+            (&[0.5, f32::NAN][..], "every slope must be finite"),
+        ] {
+            let opts = AttentionOptions::new().alibi_slopes(slopes);
+            let m = message(attention_forward(ctx, &q, &k, &v, &opts));
+            assert!(m.starts_with("alibi_slopes") && m.contains(needle), "{m}");
+        }
         // The unfused baseline has neither.
         let opts = AttentionOptions::new().constant_bias(&bias);
         let m = message(attention_forward_unfused(ctx, &q, &k, &v, &opts));

@@ -64,6 +64,7 @@ fn backward_matches_finite_differences() {
         // of two), and both under masks.
         Case::new(1, 5, 7, 2, 2, 4, 3).magnitude(3.0).softcap(1.5),
         Case::new(2, 6, 5, 3, 3, 4, 4).alibi(),
+        Case::new(2, 6, 5, 3, 3, 4, 4).alibi_slopes(&[0.7, -0.2, 0.0]),
         Case::new(2, 6, 6, 4, 2, 5, 4)
             .magnitude(3.0)
             .softcap(2.0)
@@ -85,6 +86,7 @@ fn backward_matches_finite_differences() {
             .cosine(6.0)
             .key_clip(0.7)
             .causal(),
+        Case::new(2, 5, 6, 2, 1, 4, 3).cosine_learned(&[5.0, -1.5]),
         // Additive terms: a bias broadcast over the batch with -inf entries and softcap; T5
         // relative buckets, both directions, with ALiBi.
         Case::new(2, 5, 6, 2, 1, 4, 3)
@@ -162,22 +164,30 @@ fn bias_case(batch: usize, heads: usize) -> BiasCase {
 /// Worst |analytic - numeric| / max(1, |numeric|) of the gradient to the case's bias values or
 /// relative table, against central differences of L = <dO, O>.
 fn additive_term_error(case: &Case) -> f64 {
+    learned_term_error(case)
+}
+
+/// Worst relative error of the gradient to the case's bias values, relative table or learned cosine
+/// scales, against central differences of L = <dO, O>.
+fn learned_term_error(case: &Case) -> f64 {
     let s = case.shape();
     let (q, k, v, d_out) = case.data();
     let (q, k, v, d_out) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d_out));
     let masks = case.masks();
     let grads = reference::attention_backward(&s, &q, &k, &v, &d_out, &masks);
     let relative = masks.relative.is_some();
-    let (values, analytic) = match (&masks.bias, &masks.relative) {
-        (Some(bias), _) => (bias.values.clone(), grads.dbias.clone()),
-        (None, Some((_, table))) => (table.clone(), grads.drelative.clone()),
+    let (values, analytic) = match (&masks.bias, &masks.relative, &masks.cosine_scales) {
+        (Some(bias), _, _) => (bias.values.clone(), grads.dbias.clone()),
+        (None, Some((_, table)), _) => (table.clone(), grads.drelative.clone()),
+        (None, None, Some(scales)) => (scales.clone(), grads.dcosine.clone()),
         _ => unreachable!(),
     };
     let loss = |values: &[f64]| -> f64 {
         let mut m = masks.clone();
-        match (&mut m.bias, &mut m.relative) {
-            (Some(bias), _) => bias.values = values.to_vec(),
-            (None, Some(r)) => r.1 = values.to_vec(),
+        match (&mut m.bias, &mut m.relative, &mut m.cosine_scales) {
+            (Some(bias), _, _) => bias.values = values.to_vec(),
+            (None, Some(r), _) => r.1 = values.to_vec(),
+            (None, None, Some(scales)) => *scales = values.to_vec(),
             _ => unreachable!(),
         }
         let (out, _) = reference::attention_forward(&s, &q, &k, &v, &m);
@@ -220,6 +230,12 @@ fn bias_and_relative_table_gradients_match_finite_differences() {
             .q_lens(&[7, 4])
             .sinks(&[0.5, -1.0, 1.0])
             .relative(6, 5, false),
+        // Learned cosine scales, with key clipping and padding.
+        Case::new(2, 5, 6, 3, 1, 4, 3)
+            .magnitude(1.5)
+            .key_clip(0.6)
+            .kv_lens(&[6, 3])
+            .cosine_learned(&[4.0, -2.0, 7.0]),
     ] {
         let worst = additive_term_error(&case);
         println!(

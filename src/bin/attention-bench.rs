@@ -820,6 +820,7 @@ fn run_problem(
         softcap: p.modifier.softcap().map(f64::from),
         alibi: p.modifier.alibi(),
         window: p.window.map(|w| (w, 0)),
+        ..Default::default()
     };
     let reference_forward = validate.then(|| {
         reference::attention_forward(

@@ -18,7 +18,8 @@ use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 /// sliding window of `window` keys on each side (only before the query when causal), T5
 /// relative-position buckets with a learned `[H, buckets]` table (`{name}.relative`; one-directional
 /// in causal layers, as T5's decoder), learned attention sinks (`{name}.sinks`, `[H]`), cosine
-/// scores with a fixed scale, and key-norm clipping.
+/// scores with a learned per-head scale starting at `cosine` (`{name}.cosine_scale`, `[H]`), and
+/// key-norm clipping.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ScoreOptions {
     pub softcap: Option<f32>,
@@ -55,6 +56,7 @@ pub struct MultiHeadAttention {
     /// Learned score parameters: sinks `[H]`, relative table `[H, buckets]`.
     sinks: Option<ParamId>,
     relative: Option<(RelativeBuckets, ParamId)>,
+    cosine_scale: Option<ParamId>,
     shape: AttentionShape,
     heads: usize,
     d_model: usize,
@@ -131,6 +133,7 @@ impl MultiHeadAttention {
             scores: ScoreOptions::default(),
             sinks: None,
             relative: None,
+            cosine_scale: None,
             shape,
             heads,
             d_model,
@@ -209,6 +212,10 @@ impl MultiHeadAttention {
             let id = params.add(ctx, name, &[h, buckets.buckets], Init::Uniform(0.1))?;
             self.relative = Some((buckets, id));
         }
+        if let Some(init) = scores.cosine {
+            let name = format!("{}.cosine_scale", self.name);
+            self.cosine_scale = Some(params.add(ctx, name, &[h], Init::Constant(init))?);
+        }
         self.scores = scores;
         Ok(self)
     }
@@ -236,8 +243,8 @@ impl MultiHeadAttention {
         if let Some((buckets, id)) = self.relative {
             opts = opts.relative_buckets(buckets, p.value(id));
         }
-        if let Some(scale) = s.cosine {
-            opts = opts.cosine(scale);
+        if let Some(id) = self.cosine_scale {
+            opts = opts.cosine_learned(p.value(id), p.grad(id));
         }
         if let Some(c) = s.key_clip {
             opts = opts.key_norm_clip(c);

@@ -15,6 +15,7 @@ pub struct ParamId(usize);
 pub enum Init {
     Zeros,
     Ones,
+    Constant(f32),
     /// Uniform in `[-bound, bound]`.
     Uniform(f32),
 }
@@ -56,6 +57,7 @@ impl Params {
         let data: Vec<f32> = match init {
             Init::Zeros => vec![0.0; n],
             Init::Ones => vec![1.0; n],
+            Init::Constant(x) => vec![x; n],
             Init::Uniform(bound) => (0..n).map(|_| bound * self.uniform()).collect(),
         };
         self.values.push(GpuTensor::from_slice(ctx, &data, shape)?);

@@ -68,7 +68,8 @@ pub struct TransformerConfig {
     /// Learned attention sinks in self-attention, `[H]` per layer (`*.sinks`; default false).
     #[serde(default)]
     pub attention_sinks: bool,
-    /// Cosine-similarity scores in self-attention with this fixed scale (default none).
+    /// Cosine-similarity scores in self-attention, with a learned per-head scale per layer
+    /// (`*.cosine_scale`, `[H]`) starting at this value (default none).
     #[serde(default)]
     pub cosine_scores: Option<f32>,
     /// Key-norm clipping in self-attention (default none).

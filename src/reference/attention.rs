@@ -15,8 +15,10 @@ pub struct Masks {
     pub kv_lens: Option<Vec<u32>>,
     /// `cap * tanh(s / cap)` of the scaled score.
     pub softcap: Option<f64>,
-    /// ALiBi with the geometric slopes ([`alibi_slope`]).
+    /// ALiBi with the geometric slopes ([`alibi_slope`]), or `alibi_slopes` when given.
     pub alibi: bool,
+    /// Per-query-head ALiBi slopes.
+    pub alibi_slopes: Option<Vec<f64>>,
     /// Sliding window `(left, right)` around the aligned position `i + Lk - Lq`.
     pub window: Option<(usize, usize)>,
     /// Attention sinks `[H]`: a logit per query head in every row's denominator, with no value.
@@ -24,6 +26,9 @@ pub struct Masks {
     pub sinks: Option<Vec<f64>>,
     /// Cosine scores: q and k L2-normalised (eps 1e-6) before the scores (`scale` multiplies them).
     pub normalize_qk: bool,
+    /// A learned per-head cosine scale `[H]`: normalised queries of head h are multiplied by it
+    /// (with `normalize_qk`; `scale` is then 1 / temperature).
+    pub cosine_scales: Option<Vec<f64>>,
     /// Key-norm clipping: keys longer than this are scaled to it (after normalising, if both).
     pub key_clip: Option<f64>,
     /// Additive score bias, added after softcap and ALiBi; `-inf` masks a pair.
@@ -183,7 +188,11 @@ impl Masks {
         }
         if self.alibi {
             let position = i as i64 + s_shape.kv_seq as i64 - s_shape.q_seq as i64;
-            x -= alibi_slope(h, s_shape.heads) * (position - j as i64).abs() as f64;
+            let slope = self
+                .alibi_slopes
+                .as_ref()
+                .map_or_else(|| alibi_slope(h, s_shape.heads), |s| s[h]);
+            x -= slope * (position - j as i64).abs() as f64;
         }
         if let Some(bias) = &self.bias {
             x += bias.values[bias.index(s_shape, b, h, i, j)];
@@ -234,9 +243,21 @@ pub fn attention_forward(
     masks: &Masks,
 ) -> (Vec<f64>, Vec<f64>) {
     let dk = s.head_dim_qk;
-    let q = transform_rows(q, dk, masks.normalize_qk, None);
+    let q = scale_heads(&transform_rows(q, dk, masks.normalize_qk, None), dk, masks);
     let k = transform_rows(k, dk, masks.normalize_qk, masks.key_clip);
     forward_of_transformed(s, &q, &k, v, masks)
+}
+
+/// Query rows (`[.., H, dim]`) times their head's learned cosine scale, if any.
+fn scale_heads(q: &[f64], dim: usize, masks: &Masks) -> Vec<f64> {
+    match &masks.cosine_scales {
+        Some(scales) => q
+            .chunks(dim)
+            .enumerate()
+            .flat_map(|(row, x)| x.iter().map(move |v| v * scales[row % scales.len()]))
+            .collect(),
+        None => q.to_vec(),
+    }
 }
 
 fn forward_of_transformed(
@@ -304,6 +325,8 @@ pub struct Grads {
     pub dsinks: Vec<f64>,
     pub dbias: Vec<f64>,
     pub drelative: Vec<f64>,
+    /// The learned cosine scales' gradient `[H]` (empty without them).
+    pub dcosine: Vec<f64>,
 }
 
 /// Reference backward per SPEC.md, recomputing P from the forward. dK and dV sum over the query
@@ -319,7 +342,8 @@ pub fn attention_backward(
     let (dk_dim, dv_dim) = (s.head_dim_qk, s.head_dim_v);
     let group = s.heads / s.kv_heads;
     let (q_in, k_in) = (q, k);
-    let q = &transform_rows(q_in, dk_dim, masks.normalize_qk, None)[..];
+    let q_unit = transform_rows(q_in, dk_dim, masks.normalize_qk, None);
+    let q = &scale_heads(&q_unit, dk_dim, masks)[..];
     let k = &transform_rows(k_in, dk_dim, masks.normalize_qk, masks.key_clip)[..];
     let (out, lse) = forward_of_transformed(s, q, k, v, masks);
     let mut dq = vec![0.0; q.len()];
@@ -376,7 +400,16 @@ pub fn attention_backward(
             }
         }
     }
-    // Through the transforms of Q and K.
+    // Through the learned scale (dL/ds = dL/dy . unit q), then the transforms of Q and K.
+    let mut dcosine = Vec::new();
+    if let Some(scales) = &masks.cosine_scales {
+        dcosine = vec![0.0; scales.len()];
+        for (row, (g, x)) in dq.chunks_mut(dk_dim).zip(q_unit.chunks(dk_dim)).enumerate() {
+            let h = row % scales.len();
+            dcosine[h] += g.iter().zip(x).map(|(a, b)| a * b).sum::<f64>();
+            g.iter_mut().for_each(|v| *v *= scales[h]);
+        }
+    }
     let dq = transform_rows_backward(q_in, &dq, dk_dim, masks.normalize_qk, None);
     let dk = transform_rows_backward(k_in, &dk, dk_dim, masks.normalize_qk, masks.key_clip);
     Grads {
@@ -386,5 +419,6 @@ pub fn attention_backward(
         dsinks,
         dbias,
         drelative,
+        dcosine,
     }
 }

@@ -144,9 +144,15 @@ impl<'a> Model<'a> {
         let modified = self_attention.then_some(c);
         let scale = 1.0 / ((self.d() / c.heads) as f64).sqrt();
         Masks {
-            scale: modified
-                .and_then(|c| c.cosine_scores)
-                .map_or(scale, f64::from),
+            // Cosine scores: the learned per-head scale multiplies the unit queries instead.
+            scale: if modified.is_some_and(|c| c.cosine_scores.is_some()) {
+                1.0
+            } else {
+                scale
+            },
+            cosine_scales: modified
+                .filter(|c| c.cosine_scores.is_some())
+                .map(|_| self.p(&format!("{name}.cosine_scale")).to_vec()),
             sinks: modified
                 .filter(|c| c.attention_sinks)
                 .map(|_| self.p(&format!("{name}.sinks")).to_vec()),
@@ -244,6 +250,9 @@ impl<'a> Model<'a> {
                 }
                 if masks.relative.is_some() {
                     self.acc(&format!("{name}.relative"), g.drelative.clone());
+                }
+                if masks.cosine_scales.is_some() {
+                    self.acc(&format!("{name}.cosine_scale"), g.dcosine.clone());
                 }
                 let d_qkv = concat_columns(&[&g.dq, &g.dk, &g.dv], d);
                 (self.linear_back(&format!("{name}.qkv"), x, &d_qkv, d), None)

@@ -234,9 +234,12 @@ pub struct Case {
     pub temperature: Option<f32>,
     pub softcap: Option<f32>,
     pub alibi: bool,
+    pub alibi_slopes: Option<Vec<f32>>,
     pub window: Option<(usize, usize)>,
     pub sinks: Option<Vec<f32>>,
     pub cosine: Option<f32>,
+    /// Learned per-head cosine scales.
+    pub cosine_scales: Option<Vec<f32>>,
     pub key_clip: Option<f32>,
     pub bias: Option<BiasCase>,
     pub relative: Option<RelativeBuckets>,
@@ -261,6 +264,10 @@ pub struct CaseBuffers {
     pub sinks: Option<GpuTensor>,
     pub bias: Option<BiasView>,
     pub table: Option<GpuTensor>,
+    /// Learned cosine scales and their gradient.
+    pub cosine: Option<(GpuTensor, GpuTensor)>,
+    /// The case's ALiBi slopes, which the options borrow.
+    pub alibi_slopes: Option<Vec<f32>>,
 }
 
 impl Case {
@@ -280,9 +287,11 @@ impl Case {
             temperature: None,
             softcap: None,
             alibi: false,
+            alibi_slopes: None,
             window: None,
             sinks: None,
             cosine: None,
+            cosine_scales: None,
             key_clip: None,
             bias: None,
             relative: None,
@@ -325,8 +334,19 @@ impl Case {
         self
     }
 
+    pub fn alibi_slopes(mut self, slopes: &[f32]) -> Self {
+        self.alibi = true;
+        self.alibi_slopes = Some(slopes.to_vec());
+        self
+    }
+
     pub fn cosine(mut self, scale: f32) -> Self {
         self.cosine = Some(scale);
+        self
+    }
+
+    pub fn cosine_learned(mut self, scales: &[f32]) -> Self {
+        self.cosine_scales = Some(scales.to_vec());
         self
     }
 
@@ -411,11 +431,19 @@ impl Case {
             },
             self.softcap
                 .map_or(String::new(), |c| format!(" softcap{c}")),
-            if self.alibi { " alibi" } else { "" },
+            match (&self.alibi_slopes, self.alibi) {
+                (Some(s), _) => format!(" alibi{s:?}"),
+                (None, true) => " alibi".to_string(),
+                (None, false) => String::new(),
+            },
             self.window
                 .map_or(String::new(), |(l, r)| format!(" window{l}/{r}")),
             if self.sinks.is_some() { " sinks" } else { "" },
-            self.cosine.map_or(String::new(), |c| format!(" cosine{c}")),
+            self.cosine.map_or(String::new(), |c| format!(" cosine{c}"))
+                + &self
+                    .cosine_scales
+                    .as_ref()
+                    .map_or(String::new(), |c| format!(" cosine{c:?}")),
             self.key_clip.map_or(String::new(), |c| format!(" clip{c}")),
         ) + &self.bias.map_or(String::new(), |b| {
             format!(
@@ -437,7 +465,11 @@ impl Case {
     }
 
     pub fn scale(&self) -> f32 {
-        let scale = self.cosine.unwrap_or(1.0 / (self.dk as f32).sqrt());
+        let scale = match (self.cosine, &self.cosine_scales) {
+            (_, Some(_)) => 1.0,
+            (Some(c), None) => c,
+            (None, None) => 1.0 / (self.dk as f32).sqrt(),
+        };
         scale / self.temperature.unwrap_or(1.0)
     }
 
@@ -449,12 +481,20 @@ impl Case {
             kv_lens: self.kv_lens.clone(),
             softcap: self.softcap.map(f64::from),
             alibi: self.alibi,
+            alibi_slopes: self
+                .alibi_slopes
+                .as_ref()
+                .map(|s| s.iter().map(|&x| x as f64).collect()),
             window: self.window,
             sinks: self
                 .sinks
                 .as_ref()
                 .map(|s| s.iter().map(|&x| x as f64).collect()),
-            normalize_qk: self.cosine.is_some(),
+            normalize_qk: self.cosine.is_some() || self.cosine_scales.is_some(),
+            cosine_scales: self
+                .cosine_scales
+                .as_ref()
+                .map(|s| s.iter().map(|&x| x as f64).collect()),
             key_clip: self.key_clip.map(f64::from),
             // A constant bias has no gradient: the reference still computes one, the test skips it.
             bias: self.bias_values().map(|values| Bias {
@@ -496,11 +536,19 @@ impl Case {
         let table = self.table_values().map(|values| {
             GpuTensor::from_slice(ctx, &values, &[self.h, self.relative.unwrap().buckets]).unwrap()
         });
+        let cosine = self.cosine_scales.as_ref().map(|s| {
+            (
+                GpuTensor::from_slice(ctx, s, &[s.len()]).unwrap(),
+                GpuTensor::zeros(ctx, &[s.len()]).unwrap(),
+            )
+        });
         CaseBuffers {
             lens,
             sinks,
             bias,
             table,
+            cosine,
+            alibi_slopes: self.alibi_slopes.clone(),
         }
     }
 
@@ -529,6 +577,9 @@ impl Case {
         if let Some(max_norm) = self.key_clip {
             opts = opts.key_norm_clip(max_norm);
         }
+        if let Some((scale, grad)) = &buffers.cosine {
+            opts = opts.cosine_learned(scale, grad);
+        }
         if let Some(bias) = &buffers.bias {
             opts = match self.bias.unwrap().learnable {
                 true => opts.bias(bias),
@@ -538,7 +589,10 @@ impl Case {
         if let (Some(buckets), Some(table)) = (self.relative, &buffers.table) {
             opts = opts.relative_buckets(buckets, table);
         }
-        opts.alibi(self.alibi)
+        match &buffers.alibi_slopes {
+            Some(slopes) => opts.alibi_slopes(slopes),
+            None => opts.alibi(self.alibi),
+        }
     }
 
     /// Uploads (q, k, v, d_out) as head views.
@@ -680,6 +734,10 @@ pub fn score_modifier_cases() -> Vec<Case> {
             .q_lens(&[20, 33])
             .kv_lens(&[47, 9]),
         Case::new(1, 17, 29, 6, 3, 40, 24).alibi().causal(),
+        // Caller's per-head slopes (a negative one and zero included).
+        base.clone()
+            .alibi_slopes(&[0.5, 0.0, -0.125, 2.0])
+            .kv_lens(&[47, 30]),
         Case::new(2, 7, 33, 4, 2, 16, 128)
             .magnitude(3.0)
             .softcap(2.5)
@@ -785,6 +843,12 @@ pub fn bias_cases() -> Vec<Case> {
 /// shortens most keys and leaves some.
 pub fn qk_norm_cases() -> Vec<Case> {
     vec![
+        // Learned per-head scales (one negative), with causal, GQA and key clipping.
+        Case::new(2, 33, 47, 4, 2, 40, 40)
+            .magnitude(2.0)
+            .causal()
+            .key_clip(0.8)
+            .cosine_learned(&[12.0, 5.0, -3.0, 20.0]),
         Case::new(2, 33, 47, 4, 2, 40, 40)
             .magnitude(2.0)
             .cosine(12.0),

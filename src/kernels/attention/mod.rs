@@ -103,8 +103,10 @@ pub struct AttentionOptions<'a> {
     /// Score softcap `cap * tanh(s / cap)` of the scaled score `s` (Gemma 2), before ALiBi and masks.
     pub softcap: Option<f32>,
     /// ALiBi: subtract `slope(h) * |i + (Lk - Lq) - j|` from the scores, with the geometric slopes of
-    /// Press et al. (`2^(-8 (h + 1) / H)` for H a power of two).
+    /// Press et al. (`2^(-8 (h + 1) / H)` for H a power of two) unless `alibi_slopes` are given.
     pub alibi: bool,
+    /// Per-query-head ALiBi slopes (at most [`MAX_ALIBI_SLOPES`] heads); implies `alibi`.
+    pub alibi_slopes: Option<&'a [f32]>,
     /// Sliding window `(left, right)`: query i sees keys `p - left ..= p + right`, `p = i + Lk - Lq`
     /// its position aligned as the causal mask; composes with causal (which cuts at `p`) and padding.
     /// Key blocks outside every row's window are skipped, so time grows as L x window.
@@ -116,6 +118,8 @@ pub struct AttentionOptions<'a> {
     /// Cosine-similarity scores: q and k L2-normalised (eps 1e-6) before the scores, which are then
     /// multiplied by this scale (instead of `scale`; the temperature still divides it).
     pub cosine: Option<f32>,
+    /// Cosine scores with a learned per-head scale; see [`AttentionOptions::cosine_learned`].
+    pub learned_cosine: Option<LearnedScale<'a>>,
     /// Key-norm clipping: keys whose norm exceeds this are scaled to it before the scores (after
     /// the normalisation of cosine scores, if both).
     pub key_clip: Option<f32>,
@@ -124,6 +128,13 @@ pub struct AttentionOptions<'a> {
     pub bias: Option<ScoreBias<'a>>,
     /// T5 relative-position buckets and their `[H, buckets]` table of learned biases.
     pub relative: Option<(RelativeBuckets, &'a GpuTensor)>,
+}
+
+/// A learned per-head cosine-score scale `[H]` and the tensor its gradient is written to.
+#[derive(Clone, Copy, Debug)]
+pub struct LearnedScale<'a> {
+    pub scale: &'a GpuTensor,
+    pub grad: &'a GpuTensor,
 }
 
 /// An additive score bias and whether its gradient is wanted.
@@ -169,11 +180,27 @@ impl<'a> AttentionOptions<'a> {
         self
     }
 
+    /// ALiBi with the caller's slope per query head (`slopes.len() == H`) instead of the geometric
+    /// default.
+    pub fn alibi_slopes(mut self, slopes: &'a [f32]) -> Self {
+        self.alibi = true;
+        self.alibi_slopes = Some(slopes);
+        self
+    }
+
     /// Sliding window of `left` keys before and `right` after each query's aligned position
     /// (`window(w - 1, 0)` with `causal(true)`: the last `w` keys, as Mistral and Gemma 2).
     /// Cosine-similarity scores times `scale` (e.g. 10-30: unit vectors' dot products lie in [-1, 1]).
     pub fn cosine(mut self, scale: f32) -> Self {
         self.cosine = Some(scale);
+        self
+    }
+
+    /// Cosine-similarity scores times a learned scale per query head, read on the GPU from `scale`
+    /// (`[H]`, e.g. 10 to 30 at first; Swin V2's logit scale): `s = scale[h] * cos(q, k)`. The
+    /// backward writes `dL/dscale` into `grad` (`[H]`), summed over rows in a fixed order.
+    pub fn cosine_learned(mut self, scale: &'a GpuTensor, grad: &'a GpuTensor) -> Self {
+        self.learned_cosine = Some(LearnedScale { scale, grad });
         self
     }
 
@@ -230,6 +257,7 @@ impl<'a> AttentionOptions<'a> {
             || self.alibi
             || self.sinks.is_some()
             || self.cosine.is_some()
+            || self.learned_cosine.is_some()
             || self.key_clip.is_some()
     }
 }
@@ -405,15 +433,61 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
             }
         }
     }
-    if opts.cosine.is_some() && opts.scale.is_some() {
+    if (opts.cosine.is_some() || opts.learned_cosine.is_some()) && opts.scale.is_some() {
         return Err(Error::shape(
             "scale/cosine",
             "cosine scores carry their own scale; set one of scale and cosine",
         ));
     }
+    if let Some(learned) = opts.learned_cosine {
+        if opts.cosine.is_some() {
+            return Err(Error::shape(
+                "cosine/cosine_learned",
+                "set one cosine scale: fixed (cosine) or learned (cosine_learned)",
+            ));
+        }
+        check_tensor("cosine scale", learned.scale, &[shape.heads])?;
+        check_tensor("cosine scale grad", learned.grad, &[shape.heads])?;
+        if learned.grad.buffer() == learned.scale.buffer() {
+            return Err(Error::shape(
+                "cosine scale grad",
+                "shares a buffer with the scale; write the gradient to a separate tensor",
+            ));
+        }
+    }
     bias::check(shape, opts)?;
-    // Cosine scores bring their own scale.
-    let scale = opts.cosine.unwrap_or(scale);
+    if let Some(slopes) = opts.alibi_slopes {
+        if slopes.len() != shape.heads {
+            return Err(Error::shape(
+                "alibi_slopes",
+                format!(
+                    "has {} slopes for {} query heads; give one per head",
+                    slopes.len(),
+                    shape.heads
+                ),
+            ));
+        }
+        if slopes.len() > MAX_ALIBI_SLOPES {
+            return Err(Error::Unsupported {
+                arg: "alibi_slopes (query heads)",
+                value: slopes.len() as u64,
+                limit: MAX_ALIBI_SLOPES as u64,
+                hint: "; use the default geometric slopes (alibi(true)) or fewer heads",
+            });
+        }
+        if let Some(x) = slopes.iter().find(|x| !x.is_finite()) {
+            return Err(Error::shape(
+                "alibi_slopes",
+                format!("contains {x}; every slope must be finite"),
+            ));
+        }
+    }
+    // Cosine scores bring their own scale (a learned one multiplies the queries instead).
+    let scale = match (opts.cosine, opts.learned_cosine) {
+        (_, Some(_)) => 1.0,
+        (Some(cosine), None) => cosine,
+        (None, None) => scale,
+    };
     if let Some(cap) = opts.softcap {
         if !(cap.is_finite() && cap > 0.0) {
             return Err(Error::shape(
@@ -511,6 +585,7 @@ struct Params {
     rel_table_stride: u32,
     pad: [u32; 2],
     rel_thresholds: [[u32; 4]; MAX_REL_THRESHOLDS / 4],
+    alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
     views: [ViewParams; 8],
 }
 
@@ -532,6 +607,9 @@ const FLAG_WINDOW: u32 = 32;
 const FLAG_BIAS: u32 = 64;
 const FLAG_RELATIVE: u32 = 128;
 const FLAG_REL_BIDIRECTIONAL: u32 = 256;
+const FLAG_ALIBI_SLOPES: u32 = 512;
+/// Query heads whose ALiBi slopes the parameter block can hold ([`AttentionOptions::alibi_slopes`]).
+pub const MAX_ALIBI_SLOPES: usize = 64;
 
 /// Binding of the score bias or relative table in every kernel that calls `modify_scores`.
 const SCORE_BIAS_BINDING: u32 = 15;
@@ -654,6 +732,14 @@ fn base_params(shape: &AttentionShape, scale: f32, opts: &AttentionOptions<'_>) 
     if opts.alibi {
         flags |= FLAG_ALIBI;
     }
+    let mut alibi_slopes = [[0.0; 4]; MAX_ALIBI_SLOPES / 4];
+    if let Some(slopes) = opts.alibi_slopes {
+        flags |= FLAG_ALIBI | FLAG_ALIBI_SLOPES;
+        // check_options kept the count within MAX_ALIBI_SLOPES.
+        for (h, &slope) in slopes.iter().enumerate().take(MAX_ALIBI_SLOPES) {
+            alibi_slopes[h / 4][h % 4] = slope;
+        }
+    }
     // Window sizes past both lengths change nothing; clamping keeps the kernels' i32 arithmetic exact.
     let reach = (shape.q_seq + shape.kv_seq) as u32;
     let (window_left, window_right) = opts.window.map_or((0, 0), |(l, r)| {
@@ -683,6 +769,7 @@ fn base_params(shape: &AttentionShape, scale: f32, opts: &AttentionOptions<'_>) 
         softcap: opts.softcap.unwrap_or(0.0),
         window_left,
         window_right,
+        alibi_slopes,
         ..Default::default()
     };
     bias::fill_params(&mut params, opts);

@@ -2,16 +2,20 @@
 //! (one key of huge norm capturing a row whatever its content): queries and keys are transformed
 //! before the scores (`shaders/attention_qk_norm.wgsl`: L2-normalised, eps-guarded, for cosine scores;
 //! keys scaled down to norm `c` when longer, for clipping) into scratch tensors the attention kernels
-//! then read, and the backward carries dQ and dK back through the same transform, in place. Exact
-//! gradients; O((Lq + Lk) D) extra work against the attention's O(Lq Lk D).
+//! then read, and the backward carries dQ and dK back through the same transform, in place. A learned
+//! per-head cosine scale multiplies the normalised queries; its gradient is the per-head sum of
+//! `dL/dy . x / |x|` over the query rows (row shares from the backward pass, then column sums in a
+//! fixed order). Exact gradients; O((Lq + Lk) D) extra work against the attention's O(Lq Lk D).
 //! CPU reference: [`crate::reference::attention`] (`Masks::normalize_qk`, `Masks::key_clip`).
 
 use super::*;
+use crate::kernels::linear::encode_column_sum;
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_qk_norm.wgsl");
 
 const NORMALIZE: u32 = 1;
 const CLIP: u32 = 2;
+const SCALE: u32 = 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
@@ -29,19 +33,21 @@ struct NormParams {
 }
 
 fn query_mode(opts: &AttentionOptions<'_>) -> u32 {
-    if opts.cosine.is_some() {
-        NORMALIZE
-    } else {
-        0
+    match (opts.cosine, opts.learned_cosine) {
+        (_, Some(_)) => NORMALIZE | SCALE,
+        (Some(_), None) => NORMALIZE,
+        (None, None) => 0,
     }
 }
 
 fn key_mode(opts: &AttentionOptions<'_>) -> u32 {
-    query_mode(opts) | if opts.key_clip.is_some() { CLIP } else { 0 }
+    (query_mode(opts) & NORMALIZE) | if opts.key_clip.is_some() { CLIP } else { 0 }
 }
 
 /// Records one pass of the kernel over the rows of `x`: the transform into `out` (a contiguous
-/// scratch buffer), or the backward in place in the gradient view `grad`.
+/// scratch buffer), or the backward in place in the gradient view `grad`. Under SCALE, `scale` is the
+/// per-head scale and the backward writes the rows' gradient shares into `row_dots`.
+#[allow(clippy::too_many_arguments)]
 fn record(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -50,6 +56,7 @@ fn record(
     grad: Option<&HeadsView>,
     mode: u32,
     clip: f32,
+    scale: Option<(&GpuTensor, &wgpu::Buffer)>,
 ) -> Result<()> {
     let [b, l, h, d] = x.shape();
     let rows = b * l * h;
@@ -77,6 +84,12 @@ fn record(
             .transpose()?
             .unwrap_or_default(),
     };
+    // Without SCALE both extra bindings are dummies; the writable one must be a buffer of its own
+    // (one buffer cannot be bound read-only and writable in one dispatch).
+    let unused_shares = match scale {
+        Some(_) => None,
+        None => Some(ctx.scratch_buffer("attention qk_norm unused row shares", 4)?),
+    };
     crate::kernels::dispatch::encode(
         ctx,
         encoder,
@@ -88,7 +101,16 @@ fn record(
         SOURCE,
         &[("BACKWARD", grad.is_some() as u32)],
         bytemuck::bytes_of(&params),
-        &[x.buffer().as_ref(), out],
+        &[
+            x.buffer().as_ref(),
+            out,
+            scale.map_or(ctx.empty_storage(), |s| s.0.buffer().as_ref()),
+            match (scale, &unused_shares) {
+                (Some(s), _) => s.1,
+                (None, Some(unused)) => unused.as_ref(),
+                (None, None) => unreachable!("a dummy exists without a scale"),
+            },
+        ],
         rows,
     );
     Ok(())
@@ -110,7 +132,9 @@ pub(super) fn encode_inputs(
         }
         let [b, l, h, d] = x.shape();
         let buffer = ctx.scratch_buffer(slot, (b * l * h * d * 4) as u64)?;
-        record(ctx, encoder, x, &buffer, None, mode, clip)?;
+        let shares = ctx.scratch_buffer("attention qk_norm unused row shares", 4)?;
+        let scale = opts.learned_cosine.map(|c| (c.scale, shares.as_ref()));
+        record(ctx, encoder, x, &buffer, None, mode, clip, scale)?;
         HeadsView::new(buffer, 0, [b, l, h, d], [l * h * d, h * d, d])
     };
     Ok((
@@ -129,10 +153,34 @@ pub(super) fn encode_backward(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let clip = opts.key_clip.unwrap_or(0.0);
+    let [b, lq, h, _] = q.shape();
+    let row_dots = match opts.learned_cosine {
+        Some(_) => {
+            Some(ctx.scratch_buffer("attention cosine scale row shares", (b * lq * h * 4) as u64)?)
+        }
+        None => None,
+    };
     for (x, grad, mode) in [(q, dq, query_mode(opts)), (k, dk, key_mode(opts))] {
         if mode != 0 {
-            record(ctx, encoder, x, grad.buffer(), Some(grad), mode, clip)?;
+            let scale = match (mode & SCALE, opts.learned_cosine, &row_dots) {
+                (SCALE, Some(c), Some(dots)) => Some((c.scale, dots.as_ref())),
+                _ => None,
+            };
+            record(
+                ctx,
+                encoder,
+                x,
+                grad.buffer(),
+                Some(grad),
+                mode,
+                clip,
+                scale,
+            )?;
         }
+    }
+    if let (Some(c), Some(dots)) = (opts.learned_cosine, &row_dots) {
+        // Rows are (batch, position, head): a [B * Lq, H] matrix whose column sums are dL/ds.
+        encode_column_sum(ctx, encoder, dots.as_ref(), b * lq, h, c.grad);
     }
     Ok(())
 }
