@@ -4,6 +4,11 @@
 // Each invocation owns four query rows, one per vec4 lane (q and dO transposed, dQ accumulator in
 // registers); K/V tiles are staged. The key loop runs over [chunk_begin, chunk_end); later chunks add
 // to dQ.
+//
+// With REL_BUCKETS > 0 (learned relative-position buckets) it also writes each query row's
+// gradient of the relative table, d_score = p (dP - D) summed per bucket over the row's keys in
+// order: rel_rows [B * Lq, H * REL_BUCKETS], whose column sums (in row order) are the table's
+// gradient.
 
 override WG: u32 = 64u;
 override BLOCK_N: u32 = 32u;
@@ -13,8 +18,11 @@ override DK4: u32 = (DK + 3u) / 4u;
 override DV4: u32 = (DV + 3u) / 4u;
 override K_TILE: u32 = BLOCK_N * DK4;
 override V_TILE: u32 = BLOCK_N * DV4;
+// Buckets of the learned relative table whose gradient this pipeline accumulates (0: none).
+override REL_BUCKETS: u32 = 0u;
 
 const MAX_D: u32 = 256u;
+const MAX_REL: u32 = 132u;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> k_buf: array<f32>;
@@ -22,6 +30,7 @@ const MAX_D: u32 = 256u;
 @group(0) @binding(5) var<storage, read> do_buf: array<f32>;
 @group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
 @group(0) @binding(7) var<storage, read_write> dq_buf: array<f32>;
+@group(0) @binding(8) var<storage, read_write> rel_rows: array<f32>;
 
 var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
@@ -56,6 +65,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     for (var d = 0u; d < DV4 * 4u; d++) {
         dot_t[d] = vec4<f32>(0.0);
+    }
+    // Per bucket, the four rows' relative-table gradient.
+    var rel: array<vec4<f32>, MAX_REL>;
+    for (var u = 0u; u < REL_BUCKETS; u++) {
+        rel[u] = vec4<f32>(0.0);
     }
     for (var r = 0u; r < 4u; r++) {
         let i = rows[r];
@@ -157,8 +171,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let p_a = select(vec4<f32>(0.0), exp(x_a - lse), key_a);
             let key_b = visible(n0 + jb, row_start, row_end) & vec4<bool>(jb < n_tile) & score_visible(x_b);
             let p_b = select(vec4<f32>(0.0), exp(x_b - lse), key_b);
-            let ds_a = p_a * (dp_a - delta) * score_grad(s_a);
-            let ds_b = p_b * (dp_b - delta) * score_grad(s_b);
+            let d_score_a = p_a * (dp_a - delta);
+            let d_score_b = p_b * (dp_b - delta);
+            let ds_a = d_score_a * score_grad(s_a);
+            let ds_b = d_score_b * score_grad(s_b);
+            if REL_BUCKETS > 0u {
+                for (var r = 0u; r < 4u; r++) {
+                    let delta_a = i32(n0 + ja) - aligned(rows[r]);
+                    let u_a = relative_bucket(delta_a);
+                    rel[u_a][r] += d_score_a[r];
+                    let u_b = relative_bucket(delta_a + 1);
+                    rel[u_b][r] += d_score_b[r];
+                }
+            }
             for (var d4 = 0u; d4 < DK4; d4++) {
                 let ka = k_tile[ja * DK4 + d4];
                 let kb = k_tile[jb * DK4 + d4];
@@ -175,6 +200,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let i = rows[r];
         if i >= params.q_seq {
             continue;
+        }
+        let rel_base = ((b * params.q_seq + i) * params.heads + h) * REL_BUCKETS;
+        for (var u = 0u; u < REL_BUCKETS; u++) {
+            var x = rel[u][r];
+            if params.accumulate != 0u {
+                x += rel_rows[rel_base + u];
+            }
+            rel_rows[rel_base + u] = x;
         }
         let base = view_index(VIEW_DQ, b, i, h);
         for (var d = 0u; d < DK; d++) {

@@ -7,6 +7,11 @@
 // (vec4 lanes) by SK keys of S and dP (keys tc + TC * c) and the same four rows by OC vec4 columns
 // of dQ (columns tc + TC * c); dS passes through workgroup memory between the two products.
 // The key loop runs over [chunk_begin, chunk_end); later chunks add to dQ.
+//
+// With REL_BUCKETS > 0 (learned relative-position buckets) it also writes each query row's
+// gradient of the relative table, d_score = p (dP - D) summed per bucket over the row's keys (keys
+// in order per invocation, then the TC invocations of a row group in order): rel_rows
+// [B * Lq, H * REL_BUCKETS], whose column sums (in row order) are the table's gradient.
 
 override WG: u32 = 128u;
 override BM: u32 = 32u;
@@ -27,10 +32,13 @@ override DO_TILE: u32 = BM * VS;
 override K_TILE: u32 = BN * KS;
 override V_TILE: u32 = BN * VS;
 override DS_TILE: u32 = BN * TR;
+// Buckets of the learned relative table whose gradient this pipeline accumulates (0: none).
+override REL_BUCKETS: u32 = 0u;
 
 // Sizes of the per-invocation arrays; the host writes the pipeline's exact values here.
 const MAX_SK: u32 = 4u;
 const MAX_OC: u32 = 16u;
+const MAX_REL: u32 = 132u;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> k_buf: array<f32>;
@@ -38,6 +46,7 @@ const MAX_OC: u32 = 16u;
 @group(0) @binding(5) var<storage, read> do_buf: array<f32>;
 @group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
 @group(0) @binding(7) var<storage, read_write> dq_buf: array<f32>;
+@group(0) @binding(8) var<storage, read_write> rel_rows: array<f32>;
 
 var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
 var<workgroup> do_tile: array<vec4<f32>, DO_TILE>;
@@ -107,6 +116,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var c = 0u; c < 4u * OC; c++) {
         dq[c] = vec4<f32>(0.0);
     }
+    // Per bucket, this invocation's share of its four rows' relative-table gradient.
+    var rel: array<vec4<f32>, MAX_REL>;
+    for (var u = 0u; u < REL_BUCKETS; u++) {
+        rel[u] = vec4<f32>(0.0);
+    }
 
     // Keys visible to any row of the block: from its first row's window start to its last valid
     // row's end (both bounds are monotone in i).
@@ -171,8 +185,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
             let x = modify_scores(s[c], rows, vec4<u32>(j), b, h);
-            let p = select(vec4<f32>(0.0), exp(x - lse), visible(j, row_start, row_end) & score_visible(x));
-            ds_tile[(tc + TC * c) * TR + tr] = p * (dp[c] - delta) * score_grad(s[c]);
+            // Keys past this dispatch's chunk are staged as zeros; they count in a later chunk.
+            let seen = visible(j, row_start, row_end) & score_visible(x) & vec4<bool>(j < n_end);
+            let p = select(vec4<f32>(0.0), exp(x - lse), seen);
+            let d_score = p * (dp[c] - delta);
+            ds_tile[(tc + TC * c) * TR + tr] = d_score * score_grad(s[c]);
+            if REL_BUCKETS > 0u {
+                for (var r = 0u; r < 4u; r++) {
+                    let u = relative_bucket(i32(j) - aligned(rows[r]));
+                    rel[u][r] += d_score[r];
+                }
+            }
         }
         workgroupBarrier();
 
@@ -192,6 +215,29 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
 
     let accumulate = params.accumulate != 0u;
+    // Relative-table rows: the TC shares of each row group added in order (ds_tile has >= WG slots).
+    for (var u = 0u; u < REL_BUCKETS; u++) {
+        workgroupBarrier();
+        ds_tile[tc * TR + tr] = rel[u];
+        workgroupBarrier();
+        if tc == 0u {
+            var sum = vec4<f32>(0.0);
+            for (var c = 0u; c < TC; c++) {
+                sum += ds_tile[c * TR + tr];
+            }
+            for (var r = 0u; r < 4u; r++) {
+                let i = rows[r];
+                if i < params.q_seq {
+                    let index = ((b * params.q_seq + i) * params.heads + h) * REL_BUCKETS + u;
+                    var x = sum[r];
+                    if accumulate {
+                        x += rel_rows[index];
+                    }
+                    rel_rows[index] = x;
+                }
+            }
+        }
+    }
     for (var r = 0u; r < 4u; r++) {
         let i = rows[r];
         if i >= params.q_seq {

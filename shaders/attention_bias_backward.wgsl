@@ -1,46 +1,31 @@
-// Gradient of the additive score terms (SPEC.md: dBias_ij = dS_ij, reduced over the broadcast
+// Gradient of an additive score bias (SPEC.md: dBias_ij = dS_ij, reduced over the broadcast
 // dimensions), for both kernel families: d_score = p (dP - D) with p = exp(score - lse) and
-// dP = dO_i . v_j, recomputed from Q, K, V, dO and the backward's (lse, D) stats.
+// dP = dO_i . v_j, recomputed from Q, K, V, dO and the backward's (lse, D) stats. Writes d_bias
+// [bias_batch, bias_heads, Lq, Lk], each element summed over the (batch, query head) members its
+// bias element serves, batch-major then head: a fixed order.
 //
-// Two modes over one loop:
-// - bias (FLAG_BIAS): d_bias [bias_batch, bias_heads, Lq, Lk], each element summed over the
-//   (batch, query head) members its bias element serves, batch-major then head: a fixed order.
-// - relative (FLAG_RELATIVE): the d_table partials [row blocks * splits, H * buckets], each
-//   the sum of d_score over one row block and key split of one head, by bucket; column sums over
-//   the partials' rows (column_sum.wgsl) give the table's gradient. Bucket sums are taken along
-//   the tile's diagonals (one relative position each) in order, then per bucket in diagonal order.
-//
-// A workgroup owns BM = 32 query rows of one slice (bias: a (bias batch, bias head) pair;
-// relative: a head) and the key tiles of its split; invocation (tr, tc) owns four rows (vec4
-// lanes) by four keys tc + 8 c. Head dims are staged 32 at a time. Members [chunk_begin,
-// chunk_end) run in this dispatch; later dispatches add to what earlier ones wrote (drivers that cap
-// loop iterations). Deterministic: no atomics.
+// A workgroup owns BM = 32 query rows of one slice (a (bias batch, bias head) pair) and the key
+// tiles of its split; invocation (tr, tc) owns four rows (vec4 lanes) by four keys tc + 8 c. Head
+// dims are staged 32 at a time. Members [chunk_begin, chunk_end) run in this dispatch; later
+// dispatches add to what earlier ones wrote (drivers that cap loop iterations). Deterministic: no
+// atomics. Every element is written, zeros where masked.
 
 override WG: u32 = 64u;
 const BM: u32 = 32u;
 const BN: u32 = 32u;
 // Head-dim vec4s staged per step.
 const DC4: u32 = 8u;
-const DIAGONALS: u32 = BM + BN - 1u;
-// Buckets of both directions at most (RelativeBuckets::MAX_PER_DIRECTION * 2).
-const MAX_BUCKETS: u32 = 132u;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> k_buf: array<f32>;
 @group(0) @binding(4) var<storage, read> v_buf: array<f32>;
 @group(0) @binding(5) var<storage, read> do_buf: array<f32>;
 @group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
-@group(0) @binding(7) var<storage, read_write> grad: array<f32>;
+@group(0) @binding(7) var<storage, read_write> d_bias: array<f32>;
 
 // Staged rows of Q then dO (a_tile) and K then V (b_tile), DC4 vec4s each.
 var<workgroup> a_tile: array<vec4<f32>, BM * DC4>;
 var<workgroup> b_tile: array<vec4<f32>, BN * DC4>;
-// Relative mode: the tile's d_score [row * BN + key], its diagonal sums and their buckets, and the
-// workgroup's running sum per bucket (bucket u owned by invocation u % WG).
-var<workgroup> d_tile: array<f32, BM * BN>;
-var<workgroup> diag_sum: array<f32, DIAGONALS>;
-var<workgroup> diag_bucket: array<u32, DIAGONALS>;
-var<workgroup> bucket_sum: array<f32, MAX_BUCKETS>;
 
 // Stages rows [r0, r0 + 32) x dims [4 c0, 4 c0 + 4 DC4) of `view` (query or key rows) into a_tile
 // (which = 0) or b_tile (which = 1); rows past `rows_end` and dims past `dim` are zeros.
@@ -94,7 +79,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if group >= params.total_groups {
         return;
     }
-    let relative = (params.flags & FLAG_RELATIVE) != 0u;
     // group = (slice * blocks + row block) * splits + split.
     let split = group % params.splits;
     let row_block = (group / params.splits) % params.blocks;
@@ -109,7 +93,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let tc = lid % 8u;
     let row0 = row_block * BM;
     let rows = vec4<u32>(row0 + tr * 4u) + vec4<u32>(0u, 1u, 2u, 3u);
-    let shift = i32(params.kv_seq) - i32(params.q_seq);
 
     // This split's key tiles, within the keys any row of the block can see (before lengths).
     let rows_hi = min(row0 + BM, params.q_seq);
@@ -121,11 +104,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let first_live = key_start(row0) / BN;
     let live_end = (kv_hi + BN - 1u) / BN;
 
-    if relative {
-        for (var u = lid; u < params.rel_table_stride; u += WG) {
-            bucket_sum[u] = 0.0;
-        }
-    }
     let accumulate = params.accumulate != 0u;
 
     for (var tile = tile_begin; tile < tile_end; tile++) {
@@ -187,71 +165,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
 
-        if !relative {
-            // d_bias rows of this slice: every element of the tile written (zeros where masked).
-            if !live && accumulate {
-                continue;
-            }
-            let base = slice * params.q_seq;
-            for (var c = 0u; c < 4u; c++) {
-                let j = keys[c];
-                for (var r = 0u; r < 4u; r++) {
-                    let i = rows[r];
-                    if i < params.q_seq && j < params.kv_seq {
-                        let index = (base + i) * params.kv_seq + j;
-                        var g = acc[c][r];
-                        if accumulate {
-                            g += grad[index];
-                        }
-                        grad[index] = g;
-                    }
-                }
-            }
+        // Every element of the tile is written (zeros where masked, or where no row sees the tile).
+        if !live && accumulate {
             continue;
         }
-        if !live {
-            continue;
-        }
-        // Relative: the tile's diagonals (one relative position each), then per bucket.
-        workgroupBarrier();
+        let base = slice * params.q_seq;
         for (var c = 0u; c < 4u; c++) {
+            let j = keys[c];
             for (var r = 0u; r < 4u; r++) {
-                d_tile[(tr * 4u + r) * BN + tc + 8u * c] = acc[c][r];
-            }
-        }
-        workgroupBarrier();
-        for (var t = lid; t < DIAGONALS; t += WG) {
-            // Diagonal t holds the pairs with key - row = t - (BM - 1) inside the tile.
-            let offset = i32(t) - i32(BM - 1u);
-            var sum = 0.0;
-            for (var ii = u32(max(-offset, 0)); ii < min(BM, u32(i32(BN) - offset)); ii++) {
-                sum += d_tile[ii * BN + u32(i32(ii) + offset)];
-            }
-            diag_sum[t] = sum;
-            diag_bucket[t] = relative_bucket(i32(n0) - i32(row0) - shift + offset);
-        }
-        workgroupBarrier();
-        for (var u = lid; u < params.rel_table_stride; u += WG) {
-            var sum = bucket_sum[u];
-            for (var t = 0u; t < DIAGONALS; t++) {
-                if diag_bucket[t] == u {
-                    sum += diag_sum[t];
+                let i = rows[r];
+                if i < params.q_seq && j < params.kv_seq {
+                    let index = (base + i) * params.kv_seq + j;
+                    var g = acc[c][r];
+                    if accumulate {
+                        g += d_bias[index];
+                    }
+                    d_bias[index] = g;
                 }
             }
-            bucket_sum[u] = sum;
-        }
-    }
-
-    if relative {
-        // Partial row (row block, split), columns (head, bucket); the slice is the head.
-        let width = params.heads * params.rel_table_stride;
-        let base = (row_block * params.splits + split) * width + slice * params.rel_table_stride;
-        for (var u = lid; u < params.rel_table_stride; u += WG) {
-            var g = bucket_sum[u];
-            if accumulate {
-                g += grad[base + u];
-            }
-            grad[base + u] = g;
         }
     }
 }

@@ -783,8 +783,8 @@ fn run_problem(
     if let Some((bias, _, _)) = &inputs.bias {
         opts = opts.bias(bias);
     }
-    if let Some((buckets, table, _, _)) = &inputs.relative {
-        opts = opts.relative_buckets(*buckets, table);
+    if let Some((buckets, table, _, grad)) = &inputs.relative {
+        opts = opts.relative_buckets_learned(*buckets, table, grad);
     }
     if let Some((sinks, _, _)) = &inputs.sinks {
         opts = opts.sinks(sinks);
@@ -1088,12 +1088,9 @@ fn run_case(
                             &workspace,
                             opts,
                         )?;
-                        // The learned score terms' gradients belong to the backward.
-                        let score_grad = match (&x.bias, &x.relative) {
-                            (Some((_, _, g)), _) | (_, Some((_, _, _, g))) => Some(g),
-                            _ => None,
-                        };
-                        if let Some(grad) = score_grad {
+                        // The learned score terms' gradients belong to the backward (the
+                        // relative table's is written by attention_backward_into itself).
+                        if let Some((_, _, grad)) = &x.bias {
                             attention_bias_backward_into(
                                 ctx,
                                 &mut encoder,

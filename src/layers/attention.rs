@@ -6,9 +6,8 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{
-    attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
-    attention_forward_into, attention_sinks_backward_into, AttentionOptions, AttentionShape,
-    RelativeBuckets,
+    attention_backward_into, attention_backward_workspace, attention_forward_into,
+    attention_sinks_backward_into, AttentionOptions, AttentionShape, RelativeBuckets,
 };
 use crate::layers::linear::Linear;
 use crate::layers::params::{Init, ParamId, Params};
@@ -241,7 +240,7 @@ impl MultiHeadAttention {
             opts = opts.sinks(p.value(id));
         }
         if let Some((buckets, id)) = self.relative {
-            opts = opts.relative_buckets(buckets, p.value(id));
+            opts = opts.relative_buckets_learned(buckets, p.value(id), p.grad(id));
         }
         if let Some(id) = self.cosine_scale {
             opts = opts.cosine_learned(p.value(id), p.grad(id));
@@ -344,20 +343,7 @@ impl MultiHeadAttention {
                 &opts,
             )?;
         }
-        if let Some((_, id)) = self.relative {
-            let d_out = self.d_attn.heads()?;
-            attention_bias_backward_into(
-                ctx,
-                encoder,
-                &q,
-                &k,
-                &v,
-                &d_out,
-                &self.workspace,
-                p.grad(id),
-                &opts,
-            )?;
-        }
+
         self.query.backward(ctx, encoder, p, x, &self.d_proj, dx)?;
         if let (Some(kv), Some(d_kv_proj), Some(memory), Some(d_memory)) =
             (&self.key_value, &self.d_kv_proj, memory, d_memory)

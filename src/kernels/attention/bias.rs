@@ -1,8 +1,9 @@
 //! Additive score terms: a bias tensor (`AttentionOptions::bias`) and T5 relative-position buckets
 //! (`AttentionOptions::relative_buckets`). Every fused kernel adds them in `modify_scores`
-//! (`shaders/attention_common.wgsl`); their gradients come from `shaders/attention_bias_backward.wgsl`
-//! (the table's through `column_sum.wgsl`). CPU reference: [`crate::reference::attention`]
-//! (`Bias`, [`relative_position_bucket`]).
+//! (`shaders/attention_common.wgsl`). The bias's gradient comes from
+//! `shaders/attention_bias_backward.wgsl`; the relative table's from the dQ kernels of both families,
+//! which sum each query row's share per bucket as they go ([`RelativeRows`]), then `column_sum.wgsl`.
+//! CPU reference: [`crate::reference::attention`] (`Bias`, [`relative_position_bucket`]).
 
 use super::*;
 use crate::kernels::linear::encode_column_sum;
@@ -169,8 +170,103 @@ pub(super) fn check(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Resu
     if let Some((buckets, table)) = opts.relative {
         buckets.check()?;
         check_tensor("relative table", table, &[shape.heads, buckets.buckets])?;
+        if let Some(grad) = opts.relative_grad {
+            check_tensor("relative table grad", grad, &[shape.heads, buckets.buckets])?;
+            if grad.buffer() == table.buffer() {
+                return Err(Error::shape(
+                    "relative table grad",
+                    "shares a buffer with the table; write the gradient to a separate tensor",
+                ));
+            }
+        }
+    } else if opts.relative_grad.is_some() {
+        return Err(Error::shape(
+            "relative_grad",
+            "is set without relative buckets; use relative_buckets_learned",
+        ));
     }
     Ok(())
+}
+
+/// The per-row shares of the relative table's gradient that the dQ kernels write
+/// (`[B * Lq, H * buckets]`, the context's scratch), or a dummy binding when no gradient is wanted.
+pub(super) struct RelativeRows {
+    buckets: usize,
+    buffer: std::sync::Arc<wgpu::Buffer>,
+    bytes: u64,
+}
+
+impl RelativeRows {
+    pub(super) fn new(
+        ctx: &Context,
+        s: &AttentionShape,
+        opts: &AttentionOptions<'_>,
+    ) -> Result<Self> {
+        let Some(((buckets, _), _)) = opts.relative.zip(opts.relative_grad) else {
+            return Ok(Self {
+                buckets: 0,
+                buffer: unused_writable(ctx)?,
+                bytes: 4,
+            });
+        };
+        let bytes = (s.batch * s.q_seq * s.heads * buckets.buckets * 4) as u64;
+        check_binding(ctx, "relative table row shares", bytes)?;
+        Ok(Self {
+            buckets: buckets.buckets,
+            buffer: ctx.scratch_buffer("relative table row shares", bytes)?,
+            bytes,
+        })
+    }
+
+    pub(super) fn binding(&self) -> Binding<'_> {
+        Binding {
+            buffer: &self.buffer,
+            offset_bytes: 0,
+            size_bytes: self.bytes,
+        }
+    }
+
+    /// The dQ pipelines' `REL_BUCKETS` constant (0: no gradient, the code folds away).
+    pub(super) fn constant(&self) -> (&'static str, u32) {
+        ("REL_BUCKETS", self.buckets as u32)
+    }
+
+    /// `source` with the per-invocation bucket array sized for this pipeline.
+    pub(super) fn sized(&self, source: &str) -> String {
+        const DECLARED: &str = "const MAX_REL: u32 = 132u;";
+        debug_assert!(source.contains(DECLARED));
+        source.replace(
+            DECLARED,
+            &format!("const MAX_REL: u32 = {}u;", self.buckets.max(1)),
+        )
+    }
+
+    /// Records the column sums of the row shares into the caller's gradient tensor.
+    pub(super) fn encode_sums(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        s: &AttentionShape,
+        opts: &AttentionOptions<'_>,
+    ) {
+        if let (true, Some(grad)) = (self.buckets > 0, opts.relative_grad) {
+            let rows = s.batch * s.q_seq;
+            encode_column_sum(
+                ctx,
+                encoder,
+                self.buffer.as_ref(),
+                rows,
+                s.heads * self.buckets,
+                grad,
+            );
+        }
+    }
+}
+
+/// A 4-byte writable storage buffer for bindings a dispatch does not use (a buffer cannot be bound
+/// read-only and writable in one dispatch, so it is not the context's read-only dummy).
+pub(super) fn unused_writable(ctx: &Context) -> Result<std::sync::Arc<wgpu::Buffer>> {
+    ctx.scratch_buffer("attention unused writable binding", 4)
 }
 
 /// The parameter-block fields of the bias or relative table (called by `base_params`).
@@ -201,8 +297,6 @@ pub(super) fn fill_params(params: &mut Params, opts: &AttentionOptions<'_>) {
         for (slot, chunk) in params.rel_thresholds.iter_mut().zip(packed.chunks(4)) {
             slot.copy_from_slice(chunk);
         }
-        // The table's gradient slices are the query heads.
-        params.bias_heads = params.heads;
     }
 }
 
@@ -231,12 +325,12 @@ pub(super) fn score_bias_binding<'a>(
     })
 }
 
-/// Records the gradients of the options' additive score terms after [`attention_backward_into`]
-/// recorded the backward of the same call (whose `workspace` holds the `(lse, D)` stats it needs):
-/// `d_bias`, shaped like the bias view (`[bias batch, bias heads, Lq, Lk]`, contiguous), summed over
-/// the view's broadcast dimensions, batch-major, in a fixed order; or, with relative buckets, the
-/// table's gradient `[H, buckets]`. Every element is written (zeros where masked). Deterministic;
-/// nothing is recorded if the input is rejected.
+/// Records the gradient of the options' learnable bias after [`attention_backward_into`] recorded the
+/// backward of the same call (whose `workspace` holds the `(lse, D)` stats it needs): `d_bias`,
+/// shaped like the bias view (`[bias batch, bias heads, Lq, Lk]`, contiguous), summed over the view's
+/// broadcast dimensions, batch-major, in a fixed order. Every element is written (zeros where
+/// masked). Deterministic; nothing is recorded if the input is rejected. (The relative table's
+/// gradient comes from the backward itself: `AttentionOptions::relative_buckets_learned`.)
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bias_backward_into(
     ctx: &Context,
@@ -246,54 +340,41 @@ pub fn attention_bias_backward_into(
     v: &HeadsView,
     d_out: &HeadsView,
     workspace: &GpuTensor,
-    grad: &GpuTensor,
+    d_bias: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(&s, opts)?;
     check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_tensor("workspace", workspace, &[s.batch, s.heads, s.q_seq, 2])?;
-    let (slices, expected, arg) = match (opts.bias, opts.relative) {
-        (Some(bias), _) => {
-            let [bb, hb, lq, lk] = bias.view.shape();
-            (bb * hb, vec![bb, hb, lq, lk], "d_bias")
-        }
-        (None, Some((buckets, _))) => (s.heads, vec![s.heads, buckets.buckets], "d_relative"),
-        (None, None) => {
-            return Err(Error::shape(
-                "bias/relative_buckets",
-                "the options have no bias and no relative buckets: nothing has a gradient",
-            ))
-        }
+    let Some(bias) = opts.bias else {
+        return Err(Error::shape(
+            "bias",
+            "the options have no bias: nothing has a gradient here (relative tables get theirs from attention_backward_into with relative_buckets_learned)",
+        ));
     };
-    check_tensor(arg, grad, &expected)?;
-    let mut inputs = vec![
-        q.buffer().as_ref(),
-        k.buffer(),
-        v.buffer(),
-        d_out.buffer(),
-        workspace.buffer(),
-    ];
-    if let Some(bias) = opts.bias {
-        inputs.push(bias.view.buffer());
-    }
-    if let Some((_, table)) = opts.relative {
-        inputs.push(table.buffer());
-    }
-    check_distinct(&[(arg, grad.buffer())], &inputs)?;
-    let relative = opts.bias.is_none();
-    let members = if relative {
-        s.batch
-    } else {
-        (s.batch * s.heads) / slices
-    };
+    let [bb, hb, lq, lk] = bias.view.shape();
+    check_tensor("d_bias", d_bias, &[bb, hb, lq, lk])?;
+    check_distinct(
+        &[("d_bias", d_bias.buffer())],
+        &[
+            q.buffer().as_ref(),
+            k.buffer(),
+            v.buffer(),
+            d_out.buffer(),
+            workspace.buffer(),
+            bias.view.buffer(),
+        ],
+    )?;
+    let slices = bb * hb;
+    let members = (s.batch * s.heads) / slices;
 
     let row_blocks = s.q_seq.div_ceil(TILE);
     let key_tiles = s.kv_seq.div_ceil(TILE);
-    // Loop iterations of one (key tile, member) and of one key tile's epilogue (see the shader).
+    // Loop iterations of one (key tile, member) and of one key tile's output (see the shader).
     let chunks_of = |dim: usize| dim.div_ceil(4).div_ceil(8);
     let per_member = (chunks_of(s.head_dim_qk) + chunks_of(s.head_dim_v)) * 90 + 40;
-    let per_tile = if relative { 300 } else { 40 };
+    let per_tile = 40;
     // Key splits: enough workgroups to fill a GPU, and few enough tiles per workgroup for the
     // driver's loop budget.
     let mut splits = key_tiles.min(512usize.div_ceil(slices * row_blocks)).max(1);
@@ -309,24 +390,10 @@ pub fn attention_bias_backward_into(
     let mut params = base_params(&s, scale, opts);
     params.splits = splits as u32;
     let mut bindings = bind_backward_inputs(ctx, &mut params, [&q, &k, v, d_out], workspace)?;
-    let width = s.heads * opts.relative.map_or(0, |(b, _)| b.buckets);
-    let partial_rows = row_blocks * splits;
-    let scratch = if relative {
-        let bytes = (partial_rows * width * 4) as u64;
-        check_binding(ctx, "relative table partial sums", bytes)?;
-        Some(ctx.scratch_buffer("relative table partial sums", bytes)?)
-    } else {
-        None
-    };
-    bindings.push(match &scratch {
-        Some(scratch) => Binding {
-            buffer: scratch,
-            offset_bytes: 0,
-            size_bytes: (partial_rows * width * 4) as u64,
-        },
-        None => bind_tensor(ctx, arg, grad)?,
-    });
+    bindings.push(bind_tensor(ctx, "d_bias", d_bias)?);
     let grid = set_grid(&mut params, row_blocks * splits, slices)?;
+    // The grid is linearised as (slice, row block, split); `blocks` counts row blocks.
+    params.blocks = row_blocks as u32;
     let chunks = loop_chunks(
         ctx,
         members,
@@ -334,26 +401,19 @@ pub fn attention_bias_backward_into(
         per_tile * tiles_per_split + 400,
         1,
     );
-    {
-        let mut pass = ctx.begin_pass(encoder, "attention_bias_backward");
-        // The grid is linearised as (slice, row block, split); `blocks` counts row blocks.
-        params.blocks = row_blocks as u32;
-        encode_chunks(
-            ctx,
-            &mut pass,
-            "attention_bias_backward",
-            || with_common(BACKWARD),
-            &[("WG", BACKWARD_WG)],
-            &mut params,
-            Shared::scores(ctx, opts)?,
-            &bindings,
-            grid,
-            &chunks,
-        );
-    }
-    if let Some(scratch) = &scratch {
-        encode_column_sum(ctx, encoder, scratch.as_ref(), partial_rows, width, grad);
-    }
+    let mut pass = ctx.begin_pass(encoder, "attention_bias_backward");
+    encode_chunks(
+        ctx,
+        &mut pass,
+        "attention_bias_backward",
+        || with_common(BACKWARD),
+        &[("WG", BACKWARD_WG)],
+        &mut params,
+        Shared::scores(ctx, opts)?,
+        &bindings,
+        grid,
+        &chunks,
+    );
     Ok(())
 }
 

@@ -128,6 +128,9 @@ pub struct AttentionOptions<'a> {
     pub bias: Option<ScoreBias<'a>>,
     /// T5 relative-position buckets and their `[H, buckets]` table of learned biases.
     pub relative: Option<(RelativeBuckets, &'a GpuTensor)>,
+    /// Where the backward writes the relative table's gradient `[H, buckets]` (see
+    /// [`AttentionOptions::relative_buckets_learned`]).
+    pub relative_grad: Option<&'a GpuTensor>,
 }
 
 /// A learned per-head cosine-score scale `[H]` and the tensor its gradient is written to.
@@ -242,10 +245,25 @@ impl<'a> AttentionOptions<'a> {
     }
 
     /// T5 relative-position bias: `table [H, buckets]` entry of the bucket of `j - (i + Lk - Lq)`
-    /// added to each score, computed in the kernels (no `Lq x Lk` tensor). Its gradient
-    /// (`d_relative`) comes from [`attention_backward`] or [`attention_bias_backward_into`].
+    /// added to each score, computed in the kernels (no `Lq x Lk` tensor). [`attention_backward`]
+    /// returns its gradient (`d_relative`); [`attention_backward_into`] computes none (a constant
+    /// table) unless [`AttentionOptions::relative_buckets_learned`] names a destination.
     pub fn relative_buckets(mut self, buckets: RelativeBuckets, table: &'a GpuTensor) -> Self {
         self.relative = Some((buckets, table));
+        self
+    }
+
+    /// [`AttentionOptions::relative_buckets`] with a learned table: the backward's dQ kernels sum
+    /// each query row's `p (dP - D)` per bucket as they go, and their row shares are added per
+    /// (head, bucket) in a fixed order into `grad` (`[H, buckets]`).
+    pub fn relative_buckets_learned(
+        mut self,
+        buckets: RelativeBuckets,
+        table: &'a GpuTensor,
+        grad: &'a GpuTensor,
+    ) -> Self {
+        self.relative = Some((buckets, table));
+        self.relative_grad = Some(grad);
         self
     }
 
@@ -1120,6 +1138,20 @@ pub fn attention_backward(
     let dk = GpuTensor::uninit(ctx, "dk", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
     let dv = GpuTensor::uninit(ctx, "dv", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
     let workspace = attention_backward_workspace(ctx, &s)?;
+    // The relative table's gradient, unless the caller named a destination.
+    let d_relative = match (opts.relative, opts.relative_grad) {
+        (Some((buckets, _)), None) => Some(GpuTensor::uninit(
+            ctx,
+            "d_relative",
+            &[s.heads, buckets.buckets],
+        )?),
+        _ => None,
+    };
+    let mut with_grad = *opts;
+    if let Some(grad) = &d_relative {
+        with_grad.relative_grad = Some(grad);
+    }
+    let opts = &with_grad;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     attention_backward_into(
         ctx,
@@ -1152,14 +1184,9 @@ pub fn attention_backward(
         }
         None => None,
     };
-    let score_grad_shape = match (opts.bias, opts.relative) {
-        (Some(bias), _) if bias.learnable => Some(bias.view.shape().to_vec()),
-        (None, Some((buckets, _))) => Some(vec![s.heads, buckets.buckets]),
-        _ => None,
-    };
-    let score_grad = match score_grad_shape {
-        Some(shape) => {
-            let grad = GpuTensor::uninit(ctx, "score bias gradient", &shape)?;
+    let d_bias = match opts.bias {
+        Some(bias) if bias.learnable => {
+            let grad = GpuTensor::uninit(ctx, "d_bias", &bias.view.shape())?;
             attention_bias_backward_into(
                 ctx,
                 &mut encoder,
@@ -1173,13 +1200,9 @@ pub fn attention_backward(
             )?;
             Some(grad)
         }
-        None => None,
+        _ => None,
     };
     ctx.submit(encoder)?;
-    let (d_bias, d_relative) = match opts.bias {
-        Some(_) => (score_grad, None),
-        None => (None, score_grad),
-    };
     Ok(AttentionGrads {
         dq,
         dk,
@@ -1391,11 +1414,13 @@ fn encode_backward_core(
         );
     }
     // 3. dQ: one workgroup per query block of one (batch, head).
+    let rel = bias::RelativeRows::new(ctx, &s, opts)?;
     {
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
         let mut params = base_params(&s, scale, opts);
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
         bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
+        bindings.push(rel.binding());
         // Even: the kernel steps two keys at a time.
         let block_n = (tile_rows(ctx, &s, 0, 64) & !1).max(2);
         let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
@@ -1412,8 +1437,19 @@ fn encode_backward_core(
             ctx,
             &mut pass,
             "attention_backward_dq",
-            || with_common_sized(BACKWARD_DQ, s.head_dim_qk.max(s.head_dim_v)),
-            &[("WG", wg), ("BLOCK_N", block_n), dims[0], dims[1]],
+            || {
+                rel.sized(&with_common_sized(
+                    BACKWARD_DQ,
+                    s.head_dim_qk.max(s.head_dim_v),
+                ))
+            },
+            &[
+                ("WG", wg),
+                ("BLOCK_N", block_n),
+                dims[0],
+                dims[1],
+                rel.constant(),
+            ],
             &mut params,
             shared,
             &bindings,
@@ -1421,6 +1457,7 @@ fn encode_backward_core(
             &chunks,
         );
     }
+    rel.encode_sums(ctx, encoder, &s, opts);
     Ok(())
 }
 

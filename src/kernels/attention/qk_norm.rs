@@ -88,7 +88,7 @@ fn record(
     // (one buffer cannot be bound read-only and writable in one dispatch).
     let unused_shares = match scale {
         Some(_) => None,
-        None => Some(ctx.scratch_buffer("attention qk_norm unused row shares", 4)?),
+        None => Some(super::bias::unused_writable(ctx)?),
     };
     crate::kernels::dispatch::encode(
         ctx,
@@ -132,7 +132,7 @@ pub(super) fn encode_inputs(
         }
         let [b, l, h, d] = x.shape();
         let buffer = ctx.scratch_buffer(slot, (b * l * h * d * 4) as u64)?;
-        let shares = ctx.scratch_buffer("attention qk_norm unused row shares", 4)?;
+        let shares = super::bias::unused_writable(ctx)?;
         let scale = opts.learned_cosine.map(|c| (c.scale, shares.as_ref()));
         record(ctx, encoder, x, &buffer, None, mode, clip, scale)?;
         HeadsView::new(buffer, 0, [b, l, h, d], [l * h * d, h * d, d])

@@ -465,6 +465,7 @@ pub(super) fn encode_backward_tiled(
             &chunks,
         );
     }
+    let rel = bias::RelativeRows::new(ctx, s, opts)?;
     {
         let config = TiledDq::choose(ctx, s)?;
         let (sk, oc) = config.per_invocation(s);
@@ -472,6 +473,7 @@ pub(super) fn encode_backward_tiled(
         let mut params = base_params(s, scale, opts);
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
         bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
+        bindings.push(rel.binding());
         let blocks = s.q_seq.div_ceil(config.block_m as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
         let (per_key, fixed) = config.loop_cost(s);
@@ -480,13 +482,19 @@ pub(super) fn encode_backward_tiled(
             ctx,
             &mut pass,
             "attention_backward_dq_tiled",
-            || sized(BACKWARD_DQ, &[("MAX_SK", 4, sk), ("MAX_OC", 16, oc)]),
+            || {
+                rel.sized(&sized(
+                    BACKWARD_DQ,
+                    &[("MAX_SK", 4, sk), ("MAX_OC", 16, oc)],
+                ))
+            },
             &[
                 ("WG", config.wg),
                 ("BM", config.block_m),
                 ("BN", config.block_n),
                 dims[0],
                 dims[1],
+                rel.constant(),
             ],
             &mut params,
             shared,
@@ -495,5 +503,6 @@ pub(super) fn encode_backward_tiled(
             &chunks,
         );
     }
+    rel.encode_sums(ctx, encoder, s, opts);
     Ok(())
 }
