@@ -559,6 +559,15 @@ impl Progress {
         let _ = err.flush();
     }
 
+    /// A line that stays (a skipped path, say), on stderr.
+    fn note(&self, what: &str) {
+        let mut err = std::io::stderr();
+        if self.tty {
+            let _ = write!(err, "\r\x1b[2K");
+        }
+        let _ = writeln!(err, "note: {what}");
+    }
+
     fn finish(&self) {
         if self.tty {
             eprint!("\r\x1b[2K");
@@ -843,6 +852,12 @@ fn run_problem(
     });
 
     let mut results = Vec::new();
+    if paths.contains(&PathKind::Unfused) && p.modifier != Modifier::None {
+        progress.note(&format!(
+            "unfused baseline skipped for {}: it has no score modifiers (it refuses them by name)",
+            p.label()
+        ));
+    }
     let runs = paths.iter().flat_map(|&path| {
         let families: Vec<Option<KernelFamily>> = match path {
             PathKind::Fused => families.iter().copied().map(Some).collect(),
