@@ -59,6 +59,19 @@ fn read_view(view: u32, index: u32) -> f32 {
     }
 }
 
+// The products of rows [row0, row0 + 32) of `rows_view` (query head h) with keys [n0, n0 + 32) of
+// `keys_view` (kv head h_kv) over head dim `dim`, staged 32 dims at a time; this invocation's four
+// rows by four keys are added to acc. Called in uniform control flow (it has barriers).
+fn products(acc: ptr<function, array<vec4<f32>, 4>>, rows_view: u32, keys_view: u32, dim: u32, b: u32, h: u32, h_kv: u32, row0: u32, n0: u32, lid: u32) {
+    for (var c0 = 0u; c0 < (dim + 3u) / 4u; c0 += DC4) {
+        workgroupBarrier();
+        stage(0u, rows_view, b, h, row0, params.q_seq, c0, dim, lid);
+        stage(1u, keys_view, b, h_kv, n0, params.kv_seq, c0, dim, lid);
+        workgroupBarrier();
+        tile_products(acc, lid / 8u, lid % 8u);
+    }
+}
+
 // Four rows (vec4 lanes) times four keys of a_tile . b_tile over the staged dims, added to acc.
 fn tile_products(acc: ptr<function, array<vec4<f32>, 4>>, tr: u32, tc: u32) {
     for (var d4 = 0u; d4 < DC4; d4++) {
@@ -142,20 +155,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 s[c] = vec4<f32>(0.0);
                 dp[c] = vec4<f32>(0.0);
             }
-            for (var c0 = 0u; c0 < (params.dk + 3u) / 4u; c0 += DC4) {
-                workgroupBarrier();
-                stage(0u, VIEW_Q, b, h, row0, params.q_seq, c0, params.dk, lid);
-                stage(1u, VIEW_K, b, h_kv, n0, params.kv_seq, c0, params.dk, lid);
-                workgroupBarrier();
-                tile_products(&s, tr, tc);
-            }
-            for (var c0 = 0u; c0 < (params.dv + 3u) / 4u; c0 += DC4) {
-                workgroupBarrier();
-                stage(0u, VIEW_DO, b, h, row0, params.q_seq, c0, params.dv, lid);
-                stage(1u, VIEW_V, b, h_kv, n0, params.kv_seq, c0, params.dv, lid);
-                workgroupBarrier();
-                tile_products(&dp, tr, tc);
-            }
+            // S = Q K^T and dP = dO V^T of the tile.
+            products(&s, VIEW_Q, VIEW_K, params.dk, b, h, h_kv, row0, n0, lid);
+            products(&dp, VIEW_DO, VIEW_V, params.dv, b, h, h_kv, row0, n0, lid);
             for (var c = 0u; c < 4u; c++) {
                 let j = keys[c];
                 let x = modify_scores(params.scale * s[c], rows, vec4<u32>(j), b, h);

@@ -12,6 +12,30 @@ use crate::error::{Error, Result};
 
 const F32: u64 = std::mem::size_of::<f32>() as u64;
 
+/// Checks that a view of `buffer` ending at element `end` fits in it and that the buffer can be
+/// bound as storage; `describe` names the view's layout for the message.
+fn check_fits(
+    arg: &'static str,
+    buffer: &wgpu::Buffer,
+    end: usize,
+    describe: impl FnOnce() -> String,
+) -> Result<()> {
+    let available = (buffer.size() / F32) as usize;
+    if end > available {
+        return Err(Error::shape(
+            arg,
+            format!(
+                "{} reach element {end} but the buffer holds {available}",
+                describe()
+            ),
+        ));
+    }
+    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::shape(arg, "the buffer lacks STORAGE usage"));
+    }
+    Ok(())
+}
+
 /// A contiguous f32 tensor on the GPU.
 #[derive(Clone, Debug)]
 pub struct GpuTensor {
@@ -236,17 +260,9 @@ impl HeadsView {
             shape,
             strides,
         };
-        let end = view.end_element();
-        let available = (view.buffer.size() / F32) as usize;
-        if end > available {
-            return Err(Error::shape(
-                "view",
-                format!("offset {offset}, shape {shape:?}, strides {strides:?} reach element {end} but the buffer holds {available}"),
-            ));
-        }
-        if !view.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-            return Err(Error::shape("view", "the buffer lacks STORAGE usage"));
-        }
+        check_fits("view", &view.buffer, view.end_element(), || {
+            format!("offset {offset}, shape {shape:?}, strides {strides:?}")
+        })?;
         Ok(view)
     }
 
@@ -334,17 +350,9 @@ impl BiasView {
             shape,
             strides,
         };
-        let end = view.end_element();
-        let available = (view.buffer.size() / F32) as usize;
-        if end > available {
-            return Err(Error::shape(
-                "bias",
-                format!("offset {offset}, shape {shape:?}, strides {strides:?} reach element {end} but the buffer holds {available}"),
-            ));
-        }
-        if !view.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-            return Err(Error::shape("bias", "the buffer lacks STORAGE usage"));
-        }
+        check_fits("bias", &view.buffer, view.end_element(), || {
+            format!("offset {offset}, shape {shape:?}, strides {strides:?}")
+        })?;
         Ok(view)
     }
 
