@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use wgpu_attention::{
-    attention_backward_unfused, attention_forward, attention_forward_into,
+    attention_backward, attention_backward_unfused, attention_forward, attention_forward_into,
     attention_forward_unfused, AttentionOptions, BiasView, Error, GpuTensor, HeadsView,
     RelativeBuckets, SeqLens,
 };
@@ -374,4 +374,33 @@ fn bias_and_relative_bucket_options_are_checked() {
             "{m}"
         );
     });
+}
+
+/// A device created with WebGPU's default 8 storage buffers per stage cannot run the fused backward
+/// (it binds 9): a typed error that says what to request, not a wgpu validation panic. The forward
+/// (7) runs.
+#[test]
+fn devices_with_too_few_storage_buffers_are_told_what_to_request() {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
+    let Some(adapter) = adapters.into_iter().next() else {
+        eprintln!("no Vulkan adapter: skipped");
+        return;
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_limits: wgpu::Limits::defaults(),
+        ..Default::default()
+    }))
+    .unwrap();
+    assert_eq!(device.limits().max_storage_buffers_per_shader_stage, 8);
+    let ctx = wgpu_attention::Context::from_device(device, queue, Some(adapter.get_info()));
+    let (q, k, v) = views(&ctx, [1, 4, 2, 8], [1, 4, 2, 8], [1, 4, 2, 8]);
+    let opts = AttentionOptions::new();
+    let fwd = attention_forward(&ctx, &q, &k, &v, &opts).unwrap();
+    let m = message(attention_backward(&ctx, &q, &k, &v, &fwd, &q, &opts));
+    assert!(
+        m.contains("max_storage_buffers_per_shader_stage is 8") && m.contains("binds 9"),
+        "{m}"
+    );
+    ctx.synchronize().unwrap();
 }

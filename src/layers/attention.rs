@@ -52,7 +52,7 @@ pub struct MultiHeadAttention {
     kind: AttentionKind,
     name: String,
     scores: ScoreOptions,
-    /// Learned score parameters: sinks `[H]`, relative table `[H, buckets]`.
+    /// Learned score parameters: sinks `[H]`, relative table `[H, buckets]`, cosine scale `[H]`.
     sinks: Option<ParamId>,
     relative: Option<(RelativeBuckets, ParamId)>,
     cosine_scale: Option<ParamId>,
@@ -315,6 +315,8 @@ impl MultiHeadAttention {
             .backward(ctx, encoder, p, &self.flat(&self.attn)?, dy, &d_attn)?;
         let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
         let [dq, dk, dv] = self.split(&self.d_proj, self.d_kv_proj.as_ref())?;
+        // The relative table's and the cosine scale's gradients are written by the backward itself.
+        let opts = self.options(p, lens);
         attention_backward_into(
             ctx,
             encoder,
@@ -328,9 +330,8 @@ impl MultiHeadAttention {
             &dk,
             &dv,
             &self.workspace,
-            &self.options(p, lens),
+            &opts,
         )?;
-        let opts = self.options(p, lens);
         if let Some(id) = self.sinks {
             let (sinks, d_sinks) = (p.value(id), p.grad(id));
             attention_sinks_backward_into(
@@ -343,7 +344,6 @@ impl MultiHeadAttention {
                 &opts,
             )?;
         }
-
         self.query.backward(ctx, encoder, p, x, &self.d_proj, dx)?;
         if let (Some(kv), Some(d_kv_proj), Some(memory), Some(d_memory)) =
             (&self.key_value, &self.d_kv_proj, memory, d_memory)

@@ -37,6 +37,26 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// keys' k, v, dK and dV rows per invocation (`16 * 2 * (Dk + Dv)` bytes): at 192 (12 KiB) the NVIDIA
 /// Vulkan driver runs it, at 256 (16 KiB) it loses the device (measured on an H100, driver 580).
 pub const MAX_FUSED_BACKWARD_HEAD_DIM_GPU: usize = 192;
+/// Storage buffers the fused backward kernels bind in one dispatch (dK/dV: sequence lengths, score
+/// bias, Q, K, V, dO, stats, dK, dV; dQ: the same with dQ and the relative table's row shares), one
+/// more than WebGPU's default limit of 8.
+pub const FUSED_BACKWARD_STORAGE_BUFFERS: u32 = 9;
+
+/// Refuses devices created with fewer storage buffers per stage than the backward binds (wgpu would
+/// raise a validation error when the pipeline is created).
+fn check_storage_buffer_limit(ctx: &Context) -> Result<()> {
+    let have = ctx.limits().max_storage_buffers_per_shader_stage;
+    if have < FUSED_BACKWARD_STORAGE_BUFFERS {
+        return Err(Error::shape(
+            "device limits",
+            format!(
+                "max_storage_buffers_per_shader_stage is {have}, but the fused attention backward binds {FUSED_BACKWARD_STORAGE_BUFFERS} storage buffers per dispatch; request the adapter's limit (adapter.limits()) when creating the device"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Largest key tile of the forward kernel (`MAX_BN` in the shader).
 const MAX_BLOCK_N: u32 = 64;
 
@@ -1281,6 +1301,7 @@ fn encode_backward_core(
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(&s, opts)?;
+    check_storage_buffer_limit(ctx)?;
     check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
