@@ -948,7 +948,7 @@ pub struct AttentionOutput {
 
 /// dQ, dK, dV of a backward pass, shaped like Q, K, V; `d_sinks [H]` when the options have sinks;
 /// `d_bias` (shaped like the bias view) for a learnable bias; `d_relative [H, buckets]` with
-/// relative buckets.
+/// relative buckets whose options name no destination (`relative_buckets_learned` writes there).
 #[derive(Clone, Debug)]
 pub struct AttentionGrads {
     pub dq: GpuTensor,
