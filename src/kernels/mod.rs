@@ -10,3 +10,4 @@ pub mod layer_norm;
 pub mod linear;
 pub mod matmul;
 pub mod optimizer;
+pub mod rope;

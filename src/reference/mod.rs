@@ -9,5 +9,6 @@ pub mod embedding;
 pub mod layer_norm;
 pub mod linear;
 pub mod optimizer;
+pub mod rope;
 pub mod transformer;
 pub mod transformer_layer;

@@ -1,0 +1,63 @@
+// Rotary position embeddings (RoFormer, Su et al. 2021), in place on a strided [B, L, H, D] view:
+// each pair (x1, x2) of the first `rotary_dim` dims of the row at position p = offset + l is rotated
+// by the angle p * base^(-2k / rotary_dim) of its pair index k:
+//   x1' = x1 cos - x2 sin,   x2' = x1 sin + x2 cos
+// Pairs are (2k, 2k + 1) (INTERLEAVED: GPT-J, RoFormer) or (k, k + rotary_dim / 2) (GPT-NeoX, LLaMA).
+// Dims past rotary_dim pass unchanged. The backward is the rotation by the negative angle (SIGN = -1)
+// applied to the gradient, in place too. cos and sin come from a [max_positions, rotary_dim / 2]
+// table computed in f64 on the host, so large positions keep full f32 accuracy.
+// One invocation per (row, pair).
+
+struct Params {
+    batch: u32,
+    seq: u32,
+    heads: u32,
+    pairs: u32,
+    offset: u32,
+    interleaved: u32,
+    // 1.0 forward, -1.0 backward.
+    sign: f32,
+    grid_x: u32,
+    view_offset: u32,
+    stride_b: u32,
+    stride_s: u32,
+    stride_h: u32,
+    max_positions: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+}
+
+override WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+// cos then sin: [2, max_positions, pairs].
+@group(0) @binding(1) var<storage, read> table: array<f32>;
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.y * params.grid_x * WG + gid.x;
+    if i >= params.batch * params.seq * params.heads * params.pairs {
+        return;
+    }
+    let k = i % params.pairs;
+    let row = i / params.pairs;
+    let h = row % params.heads;
+    let l = (row / params.heads) % params.seq;
+    let b = row / (params.heads * params.seq);
+    let p = params.offset + l;
+    let c = table[p * params.pairs + k];
+    let s = params.sign * table[(params.max_positions + p) * params.pairs + k];
+    let base = params.view_offset + b * params.stride_b + l * params.stride_s + h * params.stride_h;
+    var i1 = base + k;
+    var i2 = base + k + params.pairs;
+    if params.interleaved != 0u {
+        i1 = base + 2u * k;
+        i2 = i1 + 1u;
+    }
+    let x1 = x[i1];
+    let x2 = x[i2];
+    x[i1] = x1 * c - x2 * s;
+    x[i2] = x1 * s + x2 * c;
+}

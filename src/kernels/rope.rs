@@ -1,0 +1,189 @@
+//! Rotary position embeddings (RoFormer, Su et al. 2021; `shaders/rope.wgsl`): the query and key
+//! heads are rotated in place, pair by pair, by angles that grow with the position, so their dot
+//! products depend on relative positions. The backward rotates the gradient back (in place). Works on
+//! strided head views, so Q and K inside a packed QKV projection are rotated where they lie.
+//! cos and sin come from a [`RopeTable`] computed once in f64.
+//! CPU reference: [`crate::reference::rope`].
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::attention::check_binding;
+use crate::kernels::dispatch::{encode, grid_x};
+use crate::reference::rope::rope_angle;
+pub use crate::reference::rope::RopeLayout;
+use crate::tensor::{GpuTensor, HeadsView};
+
+const ROPE: &str = include_str!("../../shaders/rope.wgsl");
+
+/// The rotary shader by name, for the naga tests.
+pub fn shader_sources() -> Vec<(&'static str, String)> {
+    vec![("rope", ROPE.to_string())]
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RopeParams {
+    batch: u32,
+    seq: u32,
+    heads: u32,
+    pairs: u32,
+    offset: u32,
+    interleaved: u32,
+    sign: f32,
+    grid_x: u32,
+    view_offset: u32,
+    stride_b: u32,
+    stride_s: u32,
+    stride_h: u32,
+    max_positions: u32,
+    pad: [u32; 3],
+}
+
+/// The cos and sin of every (position, pair) angle `p * base^(-2k / rotary_dim)` for positions below
+/// `max_positions`, computed in f64 and stored as `[2, max_positions, rotary_dim / 2]` f32.
+#[derive(Clone, Debug)]
+pub struct RopeTable {
+    table: GpuTensor,
+    pub base: f64,
+    pub rotary_dim: usize,
+    pub layout: RopeLayout,
+    pub max_positions: usize,
+}
+
+impl RopeTable {
+    /// `base` 10000 in most models (larger for long contexts); `rotary_dim` even, at most the head
+    /// dim (the first `rotary_dim` dims of each head rotate, the rest pass: "partial rotary").
+    pub fn new(
+        ctx: &Context,
+        base: f64,
+        rotary_dim: usize,
+        layout: RopeLayout,
+        max_positions: usize,
+    ) -> Result<Self> {
+        if !(base.is_finite() && base > 1.0) {
+            return Err(Error::shape(
+                "rope base",
+                format!("is {base}; it must be finite and above 1 (10000 in most models)"),
+            ));
+        }
+        if rotary_dim < 2 || !rotary_dim.is_multiple_of(2) {
+            return Err(Error::shape(
+                "rotary_dim",
+                format!("is {rotary_dim}; it must be even and at least 2"),
+            ));
+        }
+        if max_positions == 0 || max_positions > u32::MAX as usize / 2 {
+            return Err(Error::shape(
+                "max_positions",
+                format!("is {max_positions}; it must be at least 1 and fit in 31 bits"),
+            ));
+        }
+        let pairs = rotary_dim / 2;
+        let mut values = vec![0.0f32; 2 * max_positions * pairs];
+        for p in 0..max_positions {
+            for k in 0..pairs {
+                let (s, c) = rope_angle(p, k, base, rotary_dim).sin_cos();
+                values[p * pairs + k] = c as f32;
+                values[(max_positions + p) * pairs + k] = s as f32;
+            }
+        }
+        Ok(Self {
+            table: GpuTensor::from_slice(ctx, &values, &[2, max_positions, pairs])?,
+            base,
+            rotary_dim,
+            layout,
+            max_positions,
+        })
+    }
+}
+
+/// Records the rotation of `x` (`[B, L, H, D]`, any strides) in place, positions `offset..offset + L`.
+pub fn rope_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &HeadsView,
+    table: &RopeTable,
+    offset: usize,
+) -> Result<()> {
+    record(ctx, encoder, x, table, offset, 1.0)
+}
+
+/// Records the backward in place: `dx` (the gradient with respect to the rotated values) becomes the
+/// gradient with respect to the inputs, the rotation by the negative angles.
+pub fn rope_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dx: &HeadsView,
+    table: &RopeTable,
+    offset: usize,
+) -> Result<()> {
+    record(ctx, encoder, dx, table, offset, -1.0)
+}
+
+fn record(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &HeadsView,
+    table: &RopeTable,
+    offset: usize,
+    sign: f32,
+) -> Result<()> {
+    let [b, l, h, d] = x.shape();
+    if table.rotary_dim > d {
+        return Err(Error::shape(
+            "rotary_dim",
+            format!(
+                "is {} but the heads have {d} dims; it must be at most the head dim",
+                table.rotary_dim
+            ),
+        ));
+    }
+    if offset + l > table.max_positions {
+        return Err(Error::shape(
+            "rope positions",
+            format!(
+                "offset {offset} + length {l} exceeds the table's {} positions; build the RopeTable with more",
+                table.max_positions
+            ),
+        ));
+    }
+    check_binding(ctx, "rope x", x.buffer().size())?;
+    let narrow = |v: usize| {
+        u32::try_from(v).map_err(|_| Error::Unsupported {
+            arg: "rope view (offset or stride in elements)",
+            value: v as u64,
+            limit: u32::MAX as u64,
+            hint: "",
+        })
+    };
+    let [sb, ss, sh] = x.strides();
+    let pairs = table.rotary_dim / 2;
+    let invocations = b * l * h * pairs;
+    let params = RopeParams {
+        batch: b as u32,
+        seq: l as u32,
+        heads: h as u32,
+        pairs: pairs as u32,
+        offset: offset as u32,
+        interleaved: (table.layout == RopeLayout::Interleaved) as u32,
+        sign,
+        grid_x: grid_x(invocations),
+        view_offset: narrow(x.offset())?,
+        stride_b: narrow(sb)?,
+        stride_s: narrow(ss)?,
+        stride_h: narrow(sh)?,
+        max_positions: table.max_positions as u32,
+        pad: [0; 3],
+    };
+    encode(
+        ctx,
+        encoder,
+        "rope",
+        ROPE,
+        &[],
+        bytemuck::bytes_of(&params),
+        &[table.table.buffer().as_ref(), x.buffer().as_ref()],
+        invocations,
+    );
+    Ok(())
+}
