@@ -229,6 +229,7 @@ fn run(args: &Args) -> Result<f64, Error> {
         attention_sinks: false,
         cosine_scores: None,
         key_norm_clip: None,
+        rope_base: None,
     };
     let model = Transformer::new(&ctx, config, shape(), 1)?;
     let adam = AdamWConfig {

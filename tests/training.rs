@@ -34,6 +34,7 @@ fn config(d_ff: usize) -> TransformerConfig {
         attention_sinks: false,
         cosine_scores: None,
         key_norm_clip: None,
+        rope_base: None,
     }
 }
 

@@ -32,6 +32,7 @@ fn config(encoder_layers: usize, pre_ln: bool, learned_positions: bool) -> Trans
         attention_sinks: false,
         cosine_scores: None,
         key_norm_clip: None,
+        rope_base: None,
     }
 }
 
@@ -45,6 +46,7 @@ fn with_score_modifiers(c: TransformerConfig) -> TransformerConfig {
         attention_sinks: false,
         cosine_scores: None,
         key_norm_clip: None,
+        rope_base: None,
         ..c
     }
 }
@@ -57,6 +59,15 @@ fn with_learned_score_terms(c: TransformerConfig, cosine: bool) -> TransformerCo
         attention_sinks: true,
         cosine_scores: cosine.then_some(4.0),
         key_norm_clip: (!cosine).then_some(0.3),
+        ..c
+    }
+}
+
+/// Rotary position embeddings instead of the additive positions.
+fn with_rope(c: TransformerConfig) -> TransformerConfig {
+    TransformerConfig {
+        rope_base: Some(10000.0),
+        learned_positions: false,
         ..c
     }
 }
@@ -231,6 +242,14 @@ fn score_modifiers_in_the_model_match_cpu_model() {
         check_against_cpu(backend, ctx, c, "enc-dec relative+sinks+clip");
         let c = with_learned_score_terms(config(0, false, false), true);
         check_against_cpu(backend, ctx, c, "decoder-only relative+sinks+cosine");
+        check_against_cpu(
+            backend,
+            ctx,
+            with_rope(config(2, true, false)),
+            "enc-dec rope",
+        );
+        let c = with_rope(with_learned_score_terms(config(0, true, false), true));
+        check_against_cpu(backend, ctx, c, "decoder-only rope+relative+sinks+cosine");
     });
 }
 
@@ -242,6 +261,7 @@ fn cpu_model_gradients_match_finite_differences() {
         with_score_modifiers(config(1, true, false)),
         with_learned_score_terms(config(1, true, false), false),
         with_learned_score_terms(config(1, false, false), true),
+        with_rope(config(1, true, false)),
     ] {
         let ctx_free_params = {
             // Parameters drawn like the GPU model's, without a GPU: the names and shapes come from a
@@ -359,5 +379,27 @@ fn padding_changes_nothing() {
                 assert_eq!(g, &grads2[name], "[{backend}] gradient of {name} changed");
             }
         }
+    });
+}
+
+/// Rotary embeddings replace the additive positions: asking for both is refused, naming both.
+#[test]
+fn rope_and_learned_positions_are_exclusive() {
+    for_each_backend(|_, ctx| {
+        let c = TransformerConfig {
+            rope_base: Some(10000.0),
+            ..config(0, true, true)
+        };
+        let err = Transformer::new(ctx, c, SHAPE, 1).err().expect("refused");
+        assert!(
+            err.to_string().contains("learned_positions/rope_base"),
+            "{err}"
+        );
+        let c = TransformerConfig {
+            rope_base: Some(0.5),
+            ..config(0, true, false)
+        };
+        let err = Transformer::new(ctx, c, SHAPE, 1).err().expect("refused");
+        assert!(err.to_string().contains("rope_base"), "{err}");
     });
 }

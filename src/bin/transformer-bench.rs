@@ -97,6 +97,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         attention_sinks: false,
         cosine_scores: None,
         key_norm_clip: None,
+        rope_base: None,
     };
     let shape = BatchShape {
         batch: cli.batch,

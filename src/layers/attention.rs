@@ -9,6 +9,7 @@ use crate::kernels::attention::{
     attention_backward_into, attention_backward_workspace, attention_forward_into,
     attention_sinks_backward_into, AttentionOptions, AttentionShape, RelativeBuckets,
 };
+use crate::kernels::rope::{rope_backward_into, rope_forward_into, RopeLayout, RopeTable};
 use crate::layers::linear::Linear;
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
@@ -17,8 +18,8 @@ use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 /// sliding window of `window` keys on each side (only before the query when causal), T5
 /// relative-position buckets with a learned `[H, buckets]` table (`{name}.relative`; one-directional
 /// in causal layers, as T5's decoder), learned attention sinks (`{name}.sinks`, `[H]`), cosine
-/// scores with a learned per-head scale starting at `cosine` (`{name}.cosine_scale`, `[H]`), and
-/// key-norm clipping.
+/// scores with a learned per-head scale starting at `cosine` (`{name}.cosine_scale`, `[H]`),
+/// key-norm clipping, and rotary position embeddings of Q and K (before all of the above).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ScoreOptions {
     pub softcap: Option<f32>,
@@ -28,6 +29,8 @@ pub struct ScoreOptions {
     pub sinks: bool,
     pub cosine: Option<f32>,
     pub key_clip: Option<f32>,
+    /// Rotary position embeddings of Q and K with this base (half layout, every head dim).
+    pub rope_base: Option<f32>,
 }
 
 impl ScoreOptions {
@@ -56,6 +59,9 @@ pub struct MultiHeadAttention {
     sinks: Option<ParamId>,
     relative: Option<(RelativeBuckets, ParamId)>,
     cosine_scale: Option<ParamId>,
+    /// Rotary embeddings: Q and K are rotated in place in the projection after it is computed, and
+    /// dQ, dK rotated back in place in its gradient.
+    rope: Option<RopeTable>,
     shape: AttentionShape,
     heads: usize,
     d_model: usize,
@@ -133,6 +139,7 @@ impl MultiHeadAttention {
             sinks: None,
             relative: None,
             cosine_scale: None,
+            rope: None,
             shape,
             heads,
             d_model,
@@ -211,6 +218,17 @@ impl MultiHeadAttention {
             let id = params.add(ctx, name, &[h, buckets.buckets], Init::Uniform(0.1))?;
             self.relative = Some((buckets, id));
         }
+        if let Some(base) = scores.rope_base {
+            let hd = self.d_model / h;
+            let positions = self.shape.q_seq;
+            self.rope = Some(RopeTable::new(
+                ctx,
+                base.into(),
+                hd,
+                RopeLayout::Half,
+                positions,
+            )?);
+        }
         if let Some(init) = scores.cosine {
             let name = format!("{}.cosine_scale", self.name);
             self.cosine_scale = Some(params.add(ctx, name, &[h], Init::Constant(init))?);
@@ -274,6 +292,10 @@ impl MultiHeadAttention {
             kv.forward(ctx, encoder, p, memory, kv_proj)?;
         }
         let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
+        if let Some(rope) = &self.rope {
+            rope_forward_into(ctx, encoder, &q, rope, 0)?;
+            rope_forward_into(ctx, encoder, &k, rope, 0)?;
+        }
         let out = self.attn.heads()?;
         attention_forward_into(
             ctx,
@@ -332,6 +354,10 @@ impl MultiHeadAttention {
             &self.workspace,
             &opts,
         )?;
+        if let Some(rope) = &self.rope {
+            rope_backward_into(ctx, encoder, &dq, rope, 0)?;
+            rope_backward_into(ctx, encoder, &dk, rope, 0)?;
+        }
         if let Some(id) = self.sinks {
             let (sinks, d_sinks) = (p.value(id), p.grad(id));
             attention_sinks_backward_into(

@@ -75,6 +75,10 @@ pub struct TransformerConfig {
     /// Key-norm clipping in self-attention (default none).
     #[serde(default)]
     pub key_norm_clip: Option<f32>,
+    /// Rotary position embeddings in self-attention with this base (LLaMA's half layout, every head
+    /// dim), instead of the additive position table (default none: additive positions).
+    #[serde(default)]
+    pub rope_base: Option<f32>,
 }
 
 impl TransformerConfig {
@@ -102,6 +106,20 @@ impl TransformerConfig {
                         format!("is {x}; it must be finite and positive"),
                     ));
                 }
+            }
+        }
+        if c.rope_base.is_some() && c.learned_positions {
+            return Err(Error::shape(
+                "learned_positions/rope_base",
+                "rotary embeddings replace the additive positions; set one of them",
+            ));
+        }
+        if let Some(base) = c.rope_base {
+            if !(base.is_finite() && base > 1.0) {
+                return Err(Error::shape(
+                    "rope_base",
+                    format!("is {base}; it must be finite and above 1 (10000 in most models)"),
+                ));
             }
         }
         if let Some(buckets) = c.relative_buckets {
@@ -167,6 +185,8 @@ struct Embedded {
 enum Positions {
     Sinusoidal(GpuTensor),
     Learned(ParamId),
+    /// Rotary embeddings in the attention layers instead.
+    Rotary,
 }
 
 impl Embedded {
@@ -183,7 +203,9 @@ impl Embedded {
             &[c.vocab, c.d_model],
             Init::Uniform(1.0),
         )?;
-        let positions = if c.learned_positions {
+        let positions = if c.rope_base.is_some() {
+            Positions::Rotary
+        } else if c.learned_positions {
             Positions::Learned(params.add(
                 ctx,
                 format!("{name}.pos"),
@@ -208,6 +230,19 @@ impl Embedded {
     }
 
     fn forward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder, p: &Params) -> Result<()> {
+        let table = match &self.positions {
+            Positions::Sinusoidal(t) => t,
+            Positions::Learned(id) => p.value(*id),
+            Positions::Rotary => {
+                return embedding_forward_into(
+                    ctx,
+                    encoder,
+                    &self.tokens,
+                    p.value(self.table),
+                    &self.x,
+                );
+            }
+        };
         embedding_forward_into(
             ctx,
             encoder,
@@ -215,10 +250,6 @@ impl Embedded {
             p.value(self.table),
             &self.embedded,
         )?;
-        let table = match &self.positions {
-            Positions::Sinusoidal(t) => t,
-            Positions::Learned(id) => p.value(*id),
-        };
         positional_forward_into(ctx, encoder, &self.embedded, table, &self.x)
     }
 
@@ -289,6 +320,7 @@ impl Transformer {
                 sinks: c.attention_sinks,
                 cosine: c.cosine_scores,
                 key_clip: c.key_norm_clip,
+                rope_base: c.rope_base,
             },
         };
         let source = c

@@ -16,6 +16,7 @@ use crate::reference::embedding::{
 };
 use crate::reference::layer_norm::{layer_norm_backward, layer_norm_forward};
 use crate::reference::linear::{linear_backward, linear_forward};
+use crate::reference::rope::{rope, RopeLayout};
 
 const LN_EPS: f64 = 1e-5;
 
@@ -183,7 +184,15 @@ impl<'a> Model<'a> {
         match sub {
             Sub::SelfAttention { name, .. } => {
                 let qkv = self.linear(&format!("{name}.qkv"), x, d);
-                [0, 1, 2].map(|i| columns(&qkv, 3 * d, i * d, d))
+                let len = x.len() / (self.s.batch * d);
+                [0, 1, 2].map(|i| {
+                    let part = columns(&qkv, 3 * d, i * d, d);
+                    if i < 2 {
+                        self.rotate(&part, len, 1.0)
+                    } else {
+                        part
+                    }
+                })
             }
             Sub::Cross { name } => {
                 let kv = self.linear(&format!("{name}.kv"), memory, d);
@@ -254,7 +263,9 @@ impl<'a> Model<'a> {
                 if masks.cosine_scales.is_some() {
                     self.acc(&format!("{name}.cosine_scale"), g.dcosine.clone());
                 }
-                let d_qkv = concat_columns(&[&g.dq, &g.dk, &g.dv], d);
+                let len = x.len() / (self.s.batch * d);
+                let (dq, dk) = (self.rotate(&g.dq, len, -1.0), self.rotate(&g.dk, len, -1.0));
+                let d_qkv = concat_columns(&[&dq, &dk, &g.dv], d);
                 (self.linear_back(&format!("{name}.qkv"), x, &d_qkv, d), None)
             }
             Sub::Cross { name } => {
@@ -414,7 +425,27 @@ impl<'a> Model<'a> {
     fn embed(&self, name: &str, tokens: &[u32], len: usize) -> Vec<f64> {
         let d = self.d();
         let e = embedding_forward(tokens, self.p(&format!("{name}.embed")), d);
+        if self.c.rope_base.is_some() {
+            return e;
+        }
         positional_forward(&e, &self.positions(name, len), len, d)
+    }
+
+    /// Rotary embeddings of self-attention Q or K `[B, L, H, d/H]` (`sign` -1: the backward).
+    fn rotate(&self, x: &[f64], len: usize, sign: f64) -> Vec<f64> {
+        let Some(base) = self.c.rope_base else {
+            return x.to_vec();
+        };
+        let (h, hd) = (self.c.heads, self.d() / self.c.heads);
+        rope(
+            x,
+            [self.s.batch, len, h, hd],
+            base.into(),
+            hd,
+            RopeLayout::Half,
+            0,
+            sign,
+        )
     }
 
     fn positions(&self, name: &str, len: usize) -> Vec<f64> {
@@ -432,7 +463,7 @@ impl<'a> Model<'a> {
         let d = self.d();
         let g = embedding_backward(tokens, dx, self.c.vocab, d);
         self.acc(&format!("{name}.embed"), g);
-        if self.c.learned_positions {
+        if self.c.learned_positions && self.c.rope_base.is_none() {
             let g = positional_backward(dx, len, d, len);
             self.acc(&format!("{name}.pos"), g);
         }
