@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use wgpu_attention::reference::attention as reference;
 use wgpu_attention::{
-    attention_forward, attention_forward_into, attention_forward_unfused, AttentionOptions,
-    Context, GpuTensor,
+    attention_forward, attention_forward_into, attention_forward_unfused, attention_probabilities,
+    AttentionOptions, Context, GpuTensor,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -362,4 +362,81 @@ fn pipelines_are_compiled_once() {
             );
         },
     );
+}
+
+/// Attention maps: the probabilities recomputed from lse, by row ranges, with every mask and score
+/// term, against the reference; rows that see keys sum to 1 (less their sink's share).
+#[test]
+fn attention_probabilities_match_reference() {
+    let bias = BiasCase {
+        batch: 1,
+        heads: 4,
+        learnable: false,
+        masked_every: 5,
+        strided: true,
+    };
+    let cases = [
+        Case::new(2, 33, 47, 4, 2, 24, 16)
+            .causal()
+            .kv_lens(&[47, 20]),
+        Case::new(1, 30, 30, 4, 4, 16, 16)
+            .window(6, 2)
+            .alibi()
+            .softcap(3.0)
+            .magnitude(2.0),
+        Case::new(1, 17, 29, 4, 2, 16, 16).bias(bias),
+        Case::new(2, 20, 25, 4, 1, 16, 16)
+            .relative(16, 20, true)
+            .sinks(&[0.5, -1.0, 2.0, 0.0]),
+        Case::new(1, 19, 23, 4, 2, 16, 16)
+            .key_clip(0.8)
+            .cosine_learned(&[8.0, 3.0, -2.0, 12.0])
+            .q_lens(&[11]),
+    ];
+    for_each_backend(|backend, ctx| {
+        for case in &cases {
+            let [q, k, v, _] = case.upload(ctx);
+            let buffers = case.buffers(ctx);
+            let opts = case.options(&buffers);
+            let fwd = attention_forward(ctx, &q, &k, &v, &opts).unwrap();
+            let (qh, kh, _, _) = case.data();
+            let reference = reference::attention_probabilities(
+                &case.shape(),
+                &to_f64(&qh),
+                &to_f64(&kh),
+                &case.masks(),
+            );
+            let (lq, lk) = (case.lq, case.lk);
+            for rows in [0..lq, 3..lq / 2 + 1] {
+                let got = attention_probabilities(ctx, &q, &k, &fwd.lse, &opts, rows.clone())
+                    .unwrap()
+                    .to_vec(ctx)
+                    .unwrap();
+                let expected: Vec<f64> = (0..case.b * case.h)
+                    .flat_map(|bh| {
+                        let start = (bh * lq + rows.start) * lk;
+                        reference[start..start + rows.len() * lk].to_vec()
+                    })
+                    .collect();
+                assert_close(
+                    &format!("[{backend}] probabilities {} rows {rows:?}", case.label()),
+                    &got,
+                    &expected,
+                    FORWARD_ATOL,
+                    FORWARD_RTOL,
+                );
+            }
+            // Without sinks, every row that sees a key sums to 1.
+            if case.sinks.is_none() {
+                for row in reference.chunks(lk) {
+                    let sum: f64 = row.iter().sum();
+                    assert!(
+                        sum == 0.0 || (sum - 1.0).abs() < 1e-9,
+                        "{}: {sum}",
+                        case.label()
+                    );
+                }
+            }
+        }
+    });
 }

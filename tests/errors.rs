@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use wgpu_attention::{
     attention_backward, attention_backward_unfused, attention_forward, attention_forward_into,
-    attention_forward_unfused, AttentionOptions, BiasView, Error, GpuTensor, HeadsView,
-    RelativeBuckets, SeqLens,
+    attention_forward_unfused, attention_probabilities, AttentionOptions, BiasView, Error,
+    GpuTensor, HeadsView, RelativeBuckets, SeqLens,
 };
 
 fn views(
@@ -365,6 +365,19 @@ fn bias_and_relative_bucket_options_are_checked() {
             let opts = AttentionOptions::new().alibi_slopes(slopes);
             let m = message(attention_forward(ctx, &q, &k, &v, &opts));
             assert!(m.starts_with("alibi_slopes") && m.contains(needle), "{m}");
+        }
+        // Attention maps: a non-empty range of the query rows.
+        let fwd = attention_forward(ctx, &q, &k, &v, &AttentionOptions::new()).unwrap();
+        for rows in [2..2, 3..5] {
+            let m = message(attention_probabilities(
+                ctx,
+                &q,
+                &k,
+                &fwd.lse,
+                &AttentionOptions::new(),
+                rows,
+            ));
+            assert!(m.starts_with("rows:") && m.contains("4 query rows"), "{m}");
         }
         // The unfused baseline has neither.
         let opts = AttentionOptions::new().constant_bias(&bias);

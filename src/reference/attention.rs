@@ -314,6 +314,49 @@ fn forward_of_transformed(
     (out, lse)
 }
 
+/// Attention probabilities `[B, H, Lq, Lk]`: `exp(score - lse)` where visible, 0 elsewhere (and for
+/// rows that see no key); with sinks, each row sums to 1 minus its sink's share.
+pub fn attention_probabilities(
+    s: &AttentionShape,
+    q: &[f64],
+    k: &[f64],
+    masks: &Masks,
+) -> Vec<f64> {
+    let dk = s.head_dim_qk;
+    let q = scale_heads(&transform_rows(q, dk, masks.normalize_qk, None), dk, masks);
+    let k = transform_rows(k, dk, masks.normalize_qk, masks.key_clip);
+    // V does not enter the probabilities: a one-column stand-in keeps the forward's shape rules.
+    let v_shape = AttentionShape {
+        head_dim_v: 1,
+        ..*s
+    };
+    let v = vec![0.0; s.batch * s.kv_seq * s.kv_heads];
+    let (_, lse) = forward_of_transformed(&v_shape, &q, &k, &v, masks);
+    let group = s.heads / s.kv_heads;
+    let mut p = vec![0.0; s.batch * s.heads * s.q_seq * s.kv_seq];
+    for b in 0..s.batch {
+        for h in 0..s.heads {
+            for i in 0..s.q_seq {
+                let row_lse = lse[(b * s.heads + h) * s.q_seq + i];
+                if row_lse == f64::NEG_INFINITY {
+                    continue;
+                }
+                let qi = &q[idx(s.q_seq, s.heads, dk, b, i, h)..][..dk];
+                for j in 0..s.kv_seq {
+                    if !masks.visible(s, b, i, j) {
+                        continue;
+                    }
+                    let kj = &k[idx(s.kv_seq, s.kv_heads, dk, b, j, h / group)..][..dk];
+                    let dot = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>();
+                    let score = masks.modify(s, b, h, i, j, masks.scale * dot).0;
+                    p[((b * s.heads + h) * s.q_seq + i) * s.kv_seq + j] = (score - row_lse).exp();
+                }
+            }
+        }
+    }
+    p
+}
+
 /// Gradients of the reference forward (`dsinks`, `dbias`, `drelative` empty without sinks, bias,
 /// relative buckets). `dbias` has the bias's shape (summed over its broadcast dimensions),
 /// `drelative` the table's `[H, buckets]`.

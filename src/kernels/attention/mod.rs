@@ -13,10 +13,12 @@ use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
 use crate::tensor::{BiasView, GpuTensor, HeadsView, SeqLens};
 
 mod bias;
+mod probs;
 mod qk_norm;
 mod sinks;
 mod tiled;
 pub use bias::{attention_bias_backward_into, RelativeBuckets};
+pub use probs::{attention_probabilities, attention_probabilities_into};
 pub use sinks::attention_sinks_backward_into;
 use tiled::{encode_forward_tiled, TiledForward};
 
@@ -77,6 +79,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("attention_sinks", sinks::FORWARD),
         ("attention_sinks_backward", sinks::BACKWARD),
         ("attention_bias_backward", bias::BACKWARD),
+        ("attention_probs", probs::SOURCE),
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))

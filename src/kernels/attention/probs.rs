@@ -1,0 +1,100 @@
+//! Attention maps: the probabilities `P[b, h, i, j]` of an attention call, recomputed on request from
+//! Q, K and the forward's `lse` (`shaders/attention_probs.wgsl`) with the same masks and score
+//! modifiers as the fused kernels, for a range of query rows at a time (long sequences are looked at
+//! by row chunks; nothing `Lq x Lk` is kept by the fused path). CPU reference:
+//! [`crate::reference::attention::attention_probabilities`].
+//!
+//! What they show and what they do not: `P` is where each query's softmax put its weight, not why
+//! the model produced its output, nor what would change it (seed 000's caveat: attention weights are
+//! not explanations; values, later layers and residual paths all intervene).
+
+use std::ops::Range;
+
+use super::*;
+
+pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_probs.wgsl");
+
+/// The probabilities of query rows `rows` of every (batch, head): a new `[B, H, rows.len(), Lk]`
+/// tensor. `lse` is the forward's, for the same inputs and options.
+pub fn attention_probabilities(
+    ctx: &Context,
+    q: &HeadsView,
+    k: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+    rows: Range<usize>,
+) -> Result<GpuTensor> {
+    let [b, _, h, _] = q.shape();
+    let lk = k.shape()[1];
+    let out = GpuTensor::uninit(ctx, "attention probabilities", &[b, h, rows.len(), lk])?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    attention_probabilities_into(ctx, &mut encoder, q, k, lse, opts, rows, &out)?;
+    ctx.submit(encoder)?;
+    Ok(out)
+}
+
+/// Records [`attention_probabilities`] into `encoder`, writing `out` (`[B, H, rows.len(), Lk]`).
+/// Nothing is recorded if the input is rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_probabilities_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+    rows: Range<usize>,
+    out: &GpuTensor,
+) -> Result<()> {
+    // V plays no part; K stands in for it in the shape check.
+    let s = AttentionShape::of(q, k, k)?;
+    let scale = check_options(&s, opts)?;
+    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
+    if rows.start >= rows.end || rows.end > s.q_seq {
+        return Err(Error::shape(
+            "rows",
+            format!(
+                "{rows:?} is not a non-empty range of the {} query rows",
+                s.q_seq
+            ),
+        ));
+    }
+    check_tensor("out", out, &[s.batch, s.heads, rows.len(), s.kv_seq])?;
+    check_distinct(
+        &[("out", out.buffer())],
+        &[q.buffer().as_ref(), k.buffer(), lse.buffer()],
+    )?;
+    let elements = out.len();
+    if elements > u32::MAX as usize {
+        return Err(Error::Unsupported {
+            arg: "attention probabilities (B * H * rows * Lk)",
+            value: elements as u64,
+            limit: u32::MAX as u64,
+            hint: "; ask for fewer rows at a time",
+        });
+    }
+    let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
+    let mut params = base_params(&s, scale, opts);
+    params.chunk_begin = rows.start as u32;
+    params.chunk_end = rows.end as u32;
+    let bindings = [
+        bind_view(ctx, "q", &q, VIEW_Q, &mut params)?,
+        bind_view(ctx, "k", &k, VIEW_K, &mut params)?,
+        bind_tensor(ctx, "lse", lse)?,
+        bind_tensor(ctx, "out", out)?,
+    ];
+    let grid = set_grid(&mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+    let mut pass = ctx.begin_pass(encoder, "attention_probabilities");
+    encode_kernel(
+        ctx,
+        &mut pass,
+        "attention_probs",
+        || with_common(SOURCE),
+        &[("WG", SIMPLE_WG)],
+        &params,
+        Shared::scores(ctx, opts)?,
+        &bindings,
+        grid,
+    );
+    Ok(())
+}
