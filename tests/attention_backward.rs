@@ -348,6 +348,31 @@ fn fully_masked_rows_have_exactly_zero_gradients() {
         let g = check(backend, ctx, &case, Path::Fused);
         assert!(g.dq[3 * 2 * 16..9 * 2 * 16].iter().all(|&v| v == 0.0));
         assert!(half(&g.dq) && half(&g.dk) && half(&g.dv));
+        // A bias that is -inf everywhere masks every pair: O = 0, lse = -inf, every gradient 0
+        // (d_bias included).
+        let case = Case::new(2, 9, 9, 2, 2, 16, 16).bias(BiasCase {
+            batch: 2,
+            heads: 2,
+            learnable: true,
+            masked_every: 1,
+            strided: false,
+        });
+        let [q, k, v, _] = case.upload(ctx);
+        let buffers = case.buffers(ctx);
+        let fwd = attention_forward(ctx, &q, &k, &v, &case.options(&buffers)).unwrap();
+        assert!(fwd.out.to_vec(ctx).unwrap().iter().all(|&x| x == 0.0));
+        assert!(fwd
+            .lse
+            .to_vec(ctx)
+            .unwrap()
+            .iter()
+            .all(|&x| x == f32::NEG_INFINITY));
+        let g = check(backend, ctx, &case, Path::Fused);
+        let zero = |x: &[f32]| x.iter().all(|&v| v == 0.0);
+        assert!(
+            zero(&g.dq) && zero(&g.dk) && zero(&g.dv) && zero(&g.d_bias) && !g.d_bias.is_empty(),
+            "[{backend}] a fully -inf bias left gradients"
+        );
     });
 }
 
