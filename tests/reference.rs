@@ -161,14 +161,9 @@ fn bias_case(batch: usize, heads: usize) -> BiasCase {
     }
 }
 
-/// Worst |analytic - numeric| / max(1, |numeric|) of the gradient to the case's bias values or
-/// relative table, against central differences of L = <dO, O>.
-fn additive_term_error(case: &Case) -> f64 {
-    learned_term_error(case)
-}
-
-/// Worst relative error of the gradient to the case's bias values, relative table or learned cosine
-/// scales, against central differences of L = <dO, O>.
+/// Worst relative error, |analytic - numeric| / max(1, |numeric|), of the gradient to the case's
+/// bias values, relative table or learned cosine scales, against central differences of
+/// L = <dO, O>.
 fn learned_term_error(case: &Case) -> f64 {
     let s = case.shape();
     let (q, k, v, d_out) = case.data();
@@ -237,7 +232,7 @@ fn bias_and_relative_table_gradients_match_finite_differences() {
             .kv_lens(&[6, 3])
             .cosine_learned(&[4.0, -2.0, 7.0]),
     ] {
-        let worst = additive_term_error(&case);
+        let worst = learned_term_error(&case);
         println!(
             "reference bias/table gradient vs finite differences, {}: worst relative error {worst:.3e}",
             case.label()

@@ -123,15 +123,14 @@ impl TransformerConfig {
             }
         }
         if let Some(buckets) = c.relative_buckets {
+            // The encoder uses the table as given; the causal decoder one-directionally, all its
+            // buckets on one side (ScoreOptions::relative_for).
             buckets.check()?;
-            {
-                // The causal decoder's table is one-directional: all its buckets on one side.
-                RelativeBuckets {
-                    bidirectional: false,
-                    ..buckets
-                }
-                .check()?;
+            RelativeBuckets {
+                bidirectional: false,
+                ..buckets
             }
+            .check()?;
         }
         if c.heads == 0 || !c.d_model.is_multiple_of(c.heads) {
             return Err(Error::shape(

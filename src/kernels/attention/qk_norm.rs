@@ -46,7 +46,7 @@ fn key_mode(opts: &AttentionOptions<'_>) -> u32 {
 
 /// Records one pass of the kernel over the rows of `x`: the transform into `out` (a contiguous
 /// scratch buffer), or the backward in place in the gradient view `grad`. Under SCALE, `scale` is the
-/// per-head scale and the backward writes the rows' gradient shares into `row_dots`.
+/// per-head scale and the backward writes the rows' gradient shares into `row_shares`.
 #[allow(clippy::too_many_arguments)]
 fn record(
     ctx: &Context,
@@ -56,7 +56,8 @@ fn record(
     grad: Option<&HeadsView>,
     mode: u32,
     clip: f32,
-    scale: Option<(&GpuTensor, &wgpu::Buffer)>,
+    scale: Option<&GpuTensor>,
+    row_shares: Option<&wgpu::Buffer>,
 ) -> Result<()> {
     let [b, l, h, d] = x.shape();
     let rows = b * l * h;
@@ -84,12 +85,9 @@ fn record(
             .transpose()?
             .unwrap_or_default(),
     };
-    // Without SCALE both extra bindings are dummies; the writable one must be a buffer of its own
-    // (one buffer cannot be bound read-only and writable in one dispatch).
-    let unused_shares = match scale {
-        Some(_) => None,
-        None => Some(super::bias::unused_writable(ctx)?),
-    };
+    // Absent, both extra bindings are dummies; the writable one must be a buffer of its own (one
+    // buffer cannot be bound read-only and writable in one dispatch).
+    let unused = super::bias::unused_writable(ctx)?;
     crate::kernels::dispatch::encode(
         ctx,
         encoder,
@@ -104,12 +102,8 @@ fn record(
         &[
             x.buffer().as_ref(),
             out,
-            scale.map_or(ctx.empty_storage(), |s| s.0.buffer().as_ref()),
-            match (scale, &unused_shares) {
-                (Some(s), _) => s.1,
-                (None, Some(unused)) => unused.as_ref(),
-                (None, None) => unreachable!("a dummy exists without a scale"),
-            },
+            scale.map_or(ctx.empty_storage(), |s| s.buffer().as_ref()),
+            row_shares.unwrap_or(&unused),
         ],
         rows,
     );
@@ -132,9 +126,18 @@ pub(super) fn encode_inputs(
         }
         let [b, l, h, d] = x.shape();
         let buffer = ctx.scratch_buffer(slot, (b * l * h * d * 4) as u64)?;
-        let shares = super::bias::unused_writable(ctx)?;
-        let scale = opts.learned_cosine.map(|c| (c.scale, shares.as_ref()));
-        record(ctx, encoder, x, &buffer, None, mode, clip, scale)?;
+        let scale = opts.learned_cosine.filter(|_| mode & SCALE != 0);
+        record(
+            ctx,
+            encoder,
+            x,
+            &buffer,
+            None,
+            mode,
+            clip,
+            scale.map(|c| c.scale),
+            None,
+        )?;
         HeadsView::new(buffer, 0, [b, l, h, d], [l * h * d, h * d, d])
     };
     Ok((
@@ -162,10 +165,8 @@ pub(super) fn encode_backward(
     };
     for (x, grad, mode) in [(q, dq, query_mode(opts)), (k, dk, key_mode(opts))] {
         if mode != 0 {
-            let scale = match (mode & SCALE, opts.learned_cosine, &row_dots) {
-                (SCALE, Some(c), Some(dots)) => Some((c.scale, dots.as_ref())),
-                _ => None,
-            };
+            let scale = opts.learned_cosine.filter(|_| mode & SCALE != 0);
+            let shares = row_dots.as_deref().filter(|_| scale.is_some());
             record(
                 ctx,
                 encoder,
@@ -174,7 +175,8 @@ pub(super) fn encode_backward(
                 Some(grad),
                 mode,
                 clip,
-                scale,
+                scale.map(|c| c.scale),
+                shares,
             )?;
         }
     }
