@@ -58,7 +58,8 @@ struct Params {
     rel_exact: u32,
     rel_threshold_vec4s: u32,
     rel_table_stride: u32,
-    pad0: u32,
+    // Decode attention: keys per split-KV slice.
+    split_keys: u32,
     pad1: u32,
     rel_thresholds: array<vec4<u32>, 8>,
     // Per-head ALiBi slopes (FLAG_ALIBI_SLOPES), slope of head h at [h / 4][h % 4].
@@ -85,6 +86,7 @@ const FLAG_BIAS: u32 = 64u;
 const FLAG_RELATIVE: u32 = 128u;
 const FLAG_REL_BIDIRECTIONAL: u32 = 256u;
 const FLAG_ALIBI_SLOPES: u32 = 512u;
+const FLAG_ALIGN_LENS: u32 = 1024u;
 
 // Masked scores are tracked with explicit validity, never through inf arithmetic (Metal may use fast
 // math). This finite sentinel is only ever a running-max seed; it is never exponentiated on its own.
@@ -124,31 +126,49 @@ fn kv_len(b: u32) -> u32 {
     return params.kv_seq;
 }
 
-// Query row i sits at key position i + (Lk - Lq): masks are bottom-right aligned on the tensor lengths.
+// Query row i sits at key position i + (Lk - Lq): masks are bottom-right aligned on the tensor lengths,
+// or, for decoding from a cache (FLAG_ALIGN_LENS), on each sequence's lengths: the q_len(b) new
+// queries are the last positions of its kv_len(b) cached keys.
+fn row_shift(b: u32) -> i32 {
+    if (params.flags & FLAG_ALIGN_LENS) != 0u {
+        return i32(kv_len(b)) - i32(q_len(b));
+    }
+    return i32(params.kv_seq) - i32(params.q_seq);
+}
+
 fn aligned(i: u32) -> i32 {
     return i32(i) + i32(params.kv_seq) - i32(params.q_seq);
 }
 
-// Keys [key_start(i), key_end(i)) are visible to query row i (which must be < q_len); the range is
-// empty when start >= end. Causal: j <= aligned(i). Window: aligned(i) - left <= j <= aligned(i) + right.
-// Both bounds are nondecreasing in i, so a block's rows see keys within [key_start(first row),
-// key_end(last valid row)).
-fn key_end(i: u32, kvlen: u32) -> u32 {
+// Keys [keys_start_at(p), keys_end_at(p, kvlen)) are visible to a query at aligned position p; the
+// range is empty when start >= end. Causal: j <= p. Window: p - left <= j <= p + right.
+fn keys_end_at(p: i32, kvlen: u32) -> u32 {
     var last = i32(kvlen) - 1;
     if (params.flags & FLAG_CAUSAL) != 0u {
-        last = min(last, aligned(i));
+        last = min(last, p);
     }
     if (params.flags & FLAG_WINDOW) != 0u {
-        last = min(last, aligned(i) + i32(params.window_right));
+        last = min(last, p + i32(params.window_right));
     }
     return u32(clamp(last + 1, 0, i32(kvlen)));
 }
 
-fn key_start(i: u32) -> u32 {
+fn keys_start_at(p: i32) -> u32 {
     if (params.flags & FLAG_WINDOW) != 0u {
-        return u32(max(aligned(i) - i32(params.window_left), 0));
+        return u32(max(p - i32(params.window_left), 0));
     }
     return 0u;
+}
+
+// The range of query row i (which must be < q_len) aligned on the tensor lengths. Both bounds are
+// nondecreasing in i, so a block's rows see keys within [key_start(first row), key_end(last valid
+// row)).
+fn key_end(i: u32, kvlen: u32) -> u32 {
+    return keys_end_at(aligned(i), kvlen);
+}
+
+fn key_start(i: u32) -> u32 {
+    return keys_start_at(aligned(i));
 }
 
 // Query rows [query_start(j), query_end(j)) see key j (before per-batch lengths): the inverse of the
@@ -193,7 +213,7 @@ fn modify_scores(s: vec4<f32>, rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32)
         x = params.softcap * capped_tanh(x / params.softcap);
     }
     if (params.flags & FLAG_ALIBI) != 0u {
-        let shift = i32(params.kv_seq) - i32(params.q_seq);
+        let shift = row_shift(b);
         let distance = abs(vec4<i32>(rows) + shift - vec4<i32>(keys));
         x -= alibi_slope(h) * vec4<f32>(distance);
     }
@@ -213,7 +233,7 @@ fn score_bias_terms(rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f3
         let index = vec4<u32>(base) + i * params.bias_stride_i + j * params.bias_stride_j;
         t = vec4<f32>(score_bias[index.x], score_bias[index.y], score_bias[index.z], score_bias[index.w]);
     } else {
-        let shift = i32(params.kv_seq) - i32(params.q_seq);
+        let shift = row_shift(b);
         let delta = vec4<i32>(j) - vec4<i32>(i) - shift;
         let base = h * params.rel_table_stride;
         for (var e = 0u; e < 4u; e++) {

@@ -357,6 +357,47 @@ pub fn attention_probabilities(
     p
 }
 
+/// Reference decode attention (GPU: `kernels::attention::attention_decode_into`): `q [B, Lq, H, Dk]`
+/// against caches `k [B, max_len, Hkv, Dk]`, `v [B, max_len, Hkv, Dv]` (`s.kv_seq` = max_len).
+/// Sequence `b` is its own problem of `q_lens[b]` queries and the first `kv_lens[b]` cached keys,
+/// bottom-right aligned (the new queries are the last positions). Rows past `q_lens[b]` give
+/// `o = 0`, `lse = -inf`. `masks` must not carry lengths or a bias tensor (they are per problem).
+pub fn attention_decode(
+    s: &AttentionShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    q_lens: &[u32],
+    kv_lens: &[u32],
+    masks: &Masks,
+) -> (Vec<f64>, Vec<f64>) {
+    assert!(masks.q_lens.is_none() && masks.kv_lens.is_none() && masks.bias.is_none());
+    let (dk, dv) = (s.head_dim_qk, s.head_dim_v);
+    let mut out = vec![0.0; s.batch * s.q_seq * s.heads * dv];
+    let mut lse = vec![f64::NEG_INFINITY; s.batch * s.heads * s.q_seq];
+    for b in 0..s.batch {
+        let (n, len) = (q_lens[b] as usize, kv_lens[b] as usize);
+        if n == 0 {
+            continue;
+        }
+        let one = AttentionShape {
+            batch: 1,
+            q_seq: n,
+            kv_seq: len,
+            ..*s
+        };
+        let q_rows = &q[b * s.q_seq * s.heads * dk..][..n * s.heads * dk];
+        let k_rows = &k[b * s.kv_seq * s.kv_heads * dk..][..len * s.kv_heads * dk];
+        let v_rows = &v[b * s.kv_seq * s.kv_heads * dv..][..len * s.kv_heads * dv];
+        let (o, l) = attention_forward(&one, q_rows, k_rows, v_rows, masks);
+        out[b * s.q_seq * s.heads * dv..][..n * s.heads * dv].copy_from_slice(&o);
+        for h in 0..s.heads {
+            lse[(b * s.heads + h) * s.q_seq..][..n].copy_from_slice(&l[h * n..][..n]);
+        }
+    }
+    (out, lse)
+}
+
 /// Gradients of the reference forward (`dsinks`, `dbias`, `drelative` empty without sinks, bias,
 /// relative buckets). `dbias` has the bias's shape (summed over its broadcast dimensions),
 /// `drelative` the table's `[H, buckets]`.

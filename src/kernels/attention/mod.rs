@@ -13,11 +13,13 @@ use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
 use crate::tensor::{BiasView, GpuTensor, HeadsView, SeqLens};
 
 mod bias;
+mod decode;
 mod probs;
 mod qk_norm;
 mod sinks;
 mod tiled;
 pub use bias::{attention_bias_backward_into, RelativeBuckets};
+pub use decode::{attention_decode, attention_decode_into, DecodePlan};
 pub use probs::{attention_probabilities, attention_probabilities_into};
 pub use sinks::attention_sinks_backward_into;
 use tiled::{encode_forward_tiled, TiledForward};
@@ -80,6 +82,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("attention_sinks_backward", sinks::BACKWARD),
         ("attention_bias_backward", bias::BACKWARD),
         ("attention_probs", probs::SOURCE),
+        ("attention_decode", decode::SOURCE),
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
@@ -624,7 +627,8 @@ struct Params {
     rel_exact: u32,
     rel_threshold_vec4s: u32,
     rel_table_stride: u32,
-    pad: [u32; 2],
+    split_keys: u32,
+    pad: u32,
     rel_thresholds: [[u32; 4]; MAX_REL_THRESHOLDS / 4],
     alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
     views: [ViewParams; 8],
@@ -649,6 +653,7 @@ const FLAG_BIAS: u32 = 64;
 const FLAG_RELATIVE: u32 = 128;
 const FLAG_REL_BIDIRECTIONAL: u32 = 256;
 const FLAG_ALIBI_SLOPES: u32 = 512;
+const FLAG_ALIGN_LENS: u32 = 1024;
 /// Query heads whose ALiBi slopes the parameter block can hold ([`AttentionOptions::alibi_slopes`]).
 pub const MAX_ALIBI_SLOPES: usize = 64;
 

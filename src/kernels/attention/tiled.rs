@@ -4,6 +4,7 @@
 //! CPU-driver kernels in the parent module; [`Context::kernel_family`] chooses.
 
 use super::*;
+use std::sync::Arc;
 
 pub(super) const FORWARD: &str = include_str!("../../../shaders/attention_forward_tiled.wgsl");
 pub(super) const FORWARD_MERGE: &str =
@@ -153,43 +154,10 @@ pub(super) fn encode_forward_tiled(
         ("DV", s.head_dim_v as u32),
     ];
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
-    // With one split the kernel writes O and lse; otherwise partial O [splits * B, Lq, H, Dv] and
-    // lse [splits * B, H, Lq] into the scratch buffer, for the merge.
-    let rows = (splits * s.batch * s.heads * s.q_seq) as u64;
-    let o_bytes = rows * s.head_dim_v as u64 * 4;
-    let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
-    let lse_offset = o_bytes.div_ceil(align) * align;
-    let scratch = if splits > 1 {
-        check_binding(ctx, "split-KV partial outputs", o_bytes)?;
-        Some(ctx.scratch_buffer("attention split-KV partials", lse_offset + rows * 4)?)
-    } else {
-        None
-    };
-    let partials = scratch.as_ref().map(|scratch| {
-        [
-            Binding {
-                buffer: scratch,
-                offset_bytes: 0,
-                size_bytes: o_bytes,
-            },
-            Binding {
-                buffer: scratch,
-                offset_bytes: lse_offset,
-                size_bytes: rows * 4,
-            },
-        ]
-    });
+    let scratch = split_scratch(ctx, s, splits)?;
+    let partials = scratch.as_ref().map(|scratch| scratch.bind(&mut params));
     let [o_binding, lse_binding] = match partials {
-        Some(partials) => {
-            let row_stride = (s.heads * s.head_dim_v) as u32;
-            params.views[VIEW_O] = ViewParams {
-                offset: 0,
-                stride_b: s.q_seq as u32 * row_stride,
-                stride_s: row_stride,
-                stride_h: s.head_dim_v as u32,
-            };
-            partials
-        }
+        Some(partials) => partials,
         None => [
             bind_view(ctx, "out", out, VIEW_O, &mut params)?,
             bind_tensor(ctx, "lse", lse)?,
@@ -206,10 +174,87 @@ pub(super) fn encode_forward_tiled(
         &[q_binding, k_binding, v_binding, o_binding, lse_binding],
         grid,
     );
-    let Some([partial_o, partial_lse]) = partials else {
-        return Ok(());
-    };
+    match partials {
+        Some(partials) => {
+            encode_split_merge(ctx, &mut pass, s, scale, opts, splits, partials, out, lse)
+        }
+        None => Ok(()),
+    }
+}
 
+/// The scratch buffer holding split-KV partial results: O `[splits * B, Lq, H, Dv]` (contiguous) and
+/// lse `[splits * B, H, Lq]` at `lse_offset`.
+pub(super) struct SplitScratch {
+    buffer: Arc<wgpu::Buffer>,
+    o_bytes: u64,
+    lse_offset: u64,
+    lse_bytes: u64,
+    view: ViewParams,
+}
+
+impl SplitScratch {
+    /// The partial O and lse bindings; points the kernel's O view at the partial layout.
+    pub(super) fn bind(&self, params: &mut Params) -> [Binding<'_>; 2] {
+        params.views[VIEW_O] = self.view;
+        [
+            Binding {
+                buffer: &self.buffer,
+                offset_bytes: 0,
+                size_bytes: self.o_bytes,
+            },
+            Binding {
+                buffer: &self.buffer,
+                offset_bytes: self.lse_offset,
+                size_bytes: self.lse_bytes,
+            },
+        ]
+    }
+}
+
+/// The context's split-KV scratch for `splits` partial results of `s`, or `None` for one split (the
+/// kernel then writes O and lse itself).
+pub(super) fn split_scratch(
+    ctx: &Context,
+    s: &AttentionShape,
+    splits: usize,
+) -> Result<Option<SplitScratch>> {
+    if splits <= 1 {
+        return Ok(None);
+    }
+    let rows = (splits * s.batch * s.heads * s.q_seq) as u64;
+    let o_bytes = rows * s.head_dim_v as u64 * 4;
+    let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
+    let lse_offset = o_bytes.div_ceil(align) * align;
+    check_binding(ctx, "split-KV partial outputs", o_bytes)?;
+    let buffer = ctx.scratch_buffer("attention split-KV partials", lse_offset + rows * 4)?;
+    let row_stride = (s.heads * s.head_dim_v) as u32;
+    Ok(Some(SplitScratch {
+        buffer,
+        o_bytes,
+        lse_offset,
+        lse_bytes: rows * 4,
+        view: ViewParams {
+            offset: 0,
+            stride_b: s.q_seq as u32 * row_stride,
+            stride_s: row_stride,
+            stride_h: s.head_dim_v as u32,
+        },
+    }))
+}
+
+/// Records the merge of `splits` partial results into `out` and `lse`, in split order.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_split_merge(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    s: &AttentionShape,
+    scale: f32,
+    opts: &AttentionOptions<'_>,
+    splits: usize,
+    [partial_o, partial_lse]: [Binding<'_>; 2],
+    out: &HeadsView,
+    lse: &GpuTensor,
+) -> Result<()> {
     let mut merge = base_params(s, scale, opts);
     merge.splits = splits as u32;
     let elements = s.batch * s.q_seq * s.heads * s.head_dim_v;
@@ -222,7 +267,7 @@ pub(super) fn encode_forward_tiled(
     ];
     encode_kernel(
         ctx,
-        &mut pass,
+        pass,
         "attention_forward_merge",
         || with_common(FORWARD_MERGE),
         &[("WG", SIMPLE_WG)],

@@ -1,0 +1,273 @@
+//! Decode attention (`shaders/attention_decode.wgsl`): the attention step of incremental generation,
+//! a few new queries per sequence (`q_lens`, 1 to 8 when decoding, a prompt chunk when prefilling)
+//! against a key/value cache `[B, max_len, Hkv, D]` holding `kv_lens` keys each, the new ones last.
+//! Masks and score modifiers align on each sequence's own lengths: query `i` of sequence `b` sits at
+//! position `kv_lens[b] - q_lens[b] + i`, so one batch holds sequences of different lengths.
+//!
+//! The query heads that share a KV head are one workgroup's rows (GQA-aware: each K/V row is read once
+//! per group), and the key range is split over workgroups when the grid would leave a GPU idle (or
+//! llvmpipe's loop budget asks for it), the partial softmaxes merged in split order: deterministic.
+//! CPU reference: [`crate::reference::attention::attention_decode`].
+
+use super::tiled::{encode_split_merge, split_scratch};
+use super::*;
+
+pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_decode.wgsl");
+
+/// Invocations per workgroup, and keys per tile (each invocation scores one key of a tile).
+const WG: u32 = 64;
+/// Rows (query head, query) one workgroup owns at most (`MAX_ROWS` in the shader: each invocation
+/// keeps one score per row).
+const MAX_ROWS: usize = 64;
+/// O items (row, vec4 column) one invocation accumulates at most (`MAX_OWN`).
+const MAX_OWN: usize = 16;
+/// Workgroups a decode grid should reach before split-KV stops paying (four per SM of an H100).
+const SPLIT_TARGET_WORKGROUPS: usize = 528;
+/// Fewest keys a split covers on a GPU, so the merge stays a small fraction of the work.
+const SPLIT_MIN_KEYS: usize = 256;
+
+/// How [`attention_decode_into`] runs a problem: `rows` (query head, query) rows per workgroup,
+/// `blocks` row blocks per (sequence, KV head), and the key range cut into `splits` slices of
+/// `split_keys` keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodePlan {
+    pub rows: usize,
+    pub blocks: usize,
+    pub splits: usize,
+    pub split_keys: usize,
+}
+
+impl DecodePlan {
+    /// The plan for `s` (`kv_seq` the cache's capacity) when the longest sequence holds `longest`
+    /// keys.
+    pub fn new(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
+        let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+        let bytes = |rows: usize| rows * (dk4 * 16 + WG as usize * 4 + 12) + WG as usize * 16;
+        let storage = ctx.limits().max_compute_workgroup_storage_size as usize;
+        let cap = (1..=MAX_ROWS.min(MAX_OWN * WG as usize / dv4))
+            .rev()
+            .find(|&rows| bytes(rows) <= storage)
+            .ok_or(Error::Unsupported {
+                arg: "head_dim (decode attention, workgroup storage)",
+                value: s.head_dim_qk as u64,
+                limit: MAX_HEAD_DIM as u64,
+                hint: " for this adapter's workgroup storage",
+            })?;
+        let total = (s.heads / s.kv_heads) * s.q_seq;
+        let blocks = total.div_ceil(cap);
+        let rows = total.div_ceil(blocks);
+        let groups = blocks * s.batch * s.kv_heads;
+        let tiles = longest.div_ceil(WG as usize).max(1);
+        let mut splits = 1;
+        if !ctx.is_cpu() && groups < SPLIT_TARGET_WORKGROUPS {
+            splits = SPLIT_TARGET_WORKGROUPS
+                .div_ceil(groups)
+                .min(longest.div_ceil(SPLIT_MIN_KEYS))
+                .max(1);
+        }
+        if let Some(budget) = ctx.loop_budget() {
+            let (per_tile, fixed) = Self::loop_cost(s, rows);
+            let max_tiles = ((budget as usize).saturating_sub(fixed) / per_tile).max(1);
+            splits = splits.max(tiles.div_ceil(max_tiles));
+        }
+        let split_keys = tiles.div_ceil(splits) * WG as usize;
+        Ok(Self {
+            rows,
+            blocks,
+            splits: tiles.div_ceil(split_keys / WG as usize),
+            split_keys,
+        })
+    }
+
+    /// O items per invocation, and key phases of the P V product.
+    fn own_and_phases(&self, s: &AttentionShape) -> (usize, usize) {
+        let items = self.rows * s.head_dim_v.div_ceil(4);
+        let lanes = items.min(WG as usize);
+        (items.div_ceil(WG as usize), WG as usize / lanes)
+    }
+
+    /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
+    /// nothing were unrolled (for llvmpipe's loop budget; relative buckets count their threshold loop).
+    fn loop_cost(s: &AttentionShape, rows: usize) -> (usize, usize) {
+        let (dk4, wg) = (s.head_dim_qk.div_ceil(4), WG as usize);
+        let plan = Self {
+            rows,
+            blocks: 1,
+            splits: 1,
+            split_keys: wg,
+        };
+        let (own, phases) = plan.own_and_phases(s);
+        let per_tile = dk4 * (rows + 5) + rows * 16 + 2 * wg + own * (wg / phases * 5 + 1) + 8;
+        let fixed = (rows * dk4 * 4).div_ceil(wg) + own * 8 + phases + 32;
+        (per_tile, fixed)
+    }
+}
+
+/// Decode attention into new tensors, submitted to the queue: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`
+/// (rows past `q_lens[b]` give 0 and `-inf`).
+pub fn attention_decode(
+    ctx: &Context,
+    q: &HeadsView,
+    k_cache: &HeadsView,
+    v_cache: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionOutput> {
+    let s = AttentionShape::of(q, k_cache, v_cache)?;
+    let out = GpuTensor::uninit(
+        ctx,
+        "attention out",
+        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
+    )?;
+    let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    attention_decode_into(
+        ctx,
+        &mut encoder,
+        q,
+        k_cache,
+        v_cache,
+        &out.heads()?,
+        &lse,
+        opts,
+    )?;
+    ctx.submit(encoder)?;
+    Ok(AttentionOutput { out, lse })
+}
+
+/// Records decode attention: `q [B, Lq, H, Dk]` against `k_cache [B, max_len, Hkv, Dk]` and
+/// `v_cache [B, max_len, Hkv, Dv]`, writing `out` (a `[B, Lq, H, Dv]` view) and `lse`
+/// (`[B, H, Lq]`). `opts.seq_lens` must give `q_lens` (new queries per sequence, at most Lq) and
+/// `kv_lens` (cached keys per sequence including the new ones, at most max_len). Causal, window,
+/// ALiBi, softcap, sinks and relative buckets apply as in [`attention_forward_into`]; an additive
+/// bias tensor, cosine scores and key clipping are refused. Nothing is recorded if the input is
+/// rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k_cache: &HeadsView,
+    v_cache: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let s = AttentionShape::of(q, k_cache, v_cache)?;
+    let scale = check_options(&s, opts)?;
+    let longest = check_decode_lens(opts)?;
+    for (arg, refused) in [
+        ("bias", opts.bias.is_some()),
+        (
+            "cosine",
+            opts.cosine.is_some() || opts.learned_cosine.is_some(),
+        ),
+        ("key_norm_clip", opts.key_clip.is_some()),
+    ] {
+        if refused {
+            return Err(Error::shape(
+                arg,
+                "is not supported by decode attention; transform the keys before they enter the cache, or use attention_forward_into",
+            ));
+        }
+    }
+    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
+    check_distinct(
+        &[("out", out.buffer()), ("lse", lse.buffer())],
+        &[q.buffer(), k_cache.buffer(), v_cache.buffer()],
+    )?;
+    if out.buffer() == lse.buffer() {
+        return Err(Error::shape("lse", "shares a buffer with out"));
+    }
+    let plan = DecodePlan::new(ctx, &s, longest)?;
+    let (own, _) = plan.own_and_phases(&s);
+    let shared = Shared::scores(ctx, opts)?;
+    let mut params = base_params(&s, scale, opts);
+    params.flags |= FLAG_ALIGN_LENS;
+    params.splits = plan.splits as u32;
+    params.split_keys = plan.split_keys as u32;
+    let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
+    let k_binding = bind_view(ctx, "k_cache", k_cache, VIEW_K, &mut params)?;
+    let v_binding = bind_view(ctx, "v_cache", v_cache, VIEW_V, &mut params)?;
+    let grid = set_grid(&mut params, plan.blocks, plan.splits * s.batch * s.kv_heads)?;
+    let scratch = split_scratch(ctx, &s, plan.splits)?;
+    let partials = scratch.as_ref().map(|scratch| scratch.bind(&mut params));
+    let [o_binding, lse_binding] = match partials {
+        Some(partials) => partials,
+        None => [
+            bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+            bind_tensor(ctx, "lse", lse)?,
+        ],
+    };
+    let mut pass = ctx.begin_pass(encoder, "attention_decode");
+    encode_kernel(
+        ctx,
+        &mut pass,
+        "attention_decode",
+        || {
+            let sized = SOURCE
+                .replace(
+                    "const MAX_ROWS: u32 = 64u;",
+                    &format!("const MAX_ROWS: u32 = {}u;", plan.rows),
+                )
+                .replace(
+                    "const MAX_OWN: u32 = 16u;",
+                    &format!("const MAX_OWN: u32 = {own}u;"),
+                );
+            with_common(&sized)
+        },
+        &[
+            ("WG", WG),
+            ("ROWS", plan.rows as u32),
+            ("DK", s.head_dim_qk as u32),
+            ("DV", s.head_dim_v as u32),
+        ],
+        &params,
+        shared,
+        &[q_binding, k_binding, v_binding, o_binding, lse_binding],
+        grid,
+    );
+    if let Some(partials) = partials {
+        encode_split_merge(
+            ctx,
+            &mut pass,
+            &s,
+            scale,
+            opts,
+            plan.splits,
+            partials,
+            out,
+            lse,
+        )?;
+    }
+    drop(pass);
+    match opts.sinks {
+        Some(sinks) => sinks::encode_forward(ctx, encoder, &s, scale, out, lse, sinks, opts),
+        None => Ok(()),
+    }
+}
+
+/// Checks that the options carry both per-sequence lengths, no query count above its key count;
+/// returns the longest key count.
+fn check_decode_lens(opts: &AttentionOptions<'_>) -> Result<usize> {
+    let missing = || {
+        Error::shape(
+            "seq_lens",
+            "decode attention needs SeqLens with q_lens (new queries per sequence) and kv_lens (cached keys per sequence, the new ones included)",
+        )
+    };
+    let lens = opts.seq_lens.ok_or_else(missing)?;
+    let (Some(q_lens), Some(kv_lens)) = (lens.q_lens(), lens.kv_lens()) else {
+        return Err(missing());
+    };
+    if let Some(b) = (0..q_lens.len()).find(|&b| q_lens[b] > kv_lens[b]) {
+        return Err(Error::shape(
+            "q_lens",
+            format!(
+                "entry {b} is {} but kv_lens[{b}] is {}: the new queries are the last cached positions, so q_lens <= kv_lens",
+                q_lens[b], kv_lens[b]
+            ),
+        ));
+    }
+    Ok(kv_lens.iter().copied().max().unwrap_or(0) as usize)
+}
