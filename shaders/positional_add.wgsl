@@ -1,11 +1,15 @@
 // Positional encoding forward: y[b, l, c] = x[b, l, c] + table[l, c] for a [max_len, dim] table,
 // sinusoidal (computed once on the host in f64) or learned. The backward to x is the identity.
+// PER_SEQUENCE positions (decoding from a cache): row l of sequence b sits at kv_len[b] - q_len[b] + l,
+// its new tokens being the last of its kv_len[b] (the [q_lens, kv_lens] buffer of SeqLens).
 
 struct Params {
     batch: u32,
     seq: u32,
     dim: u32,
     grid_x: u32,
+    max_len: u32,
+    per_sequence: u32,
 }
 
 override WG: u32 = 64u;
@@ -14,6 +18,8 @@ override WG: u32 = 64u;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> table: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// Per-sequence lengths [q_lens (batch), kv_lens (batch)] when per_sequence; a dummy otherwise.
+@group(0) @binding(4) var<storage, read> lens: array<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -21,5 +27,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if i >= params.batch * params.seq * params.dim {
         return;
     }
-    y[i] = x[i] + table[i % (params.seq * params.dim)];
+    let c = i % params.dim;
+    let l = (i / params.dim) % params.seq;
+    var p = l;
+    if params.per_sequence != 0u {
+        let b = i / (params.seq * params.dim);
+        // Rows past a sequence's new tokens are padding: any in-table position serves.
+        p = min(lens[params.batch + b] - min(lens[b], lens[params.batch + b]) + l, params.max_len - 1u);
+    }
+    y[i] = x[i] + table[p * params.dim + c];
 }

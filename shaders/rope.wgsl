@@ -6,6 +6,8 @@
 // Dims past rotary_dim pass unchanged. The backward is the rotation by the negative angle (SIGN = -1)
 // applied to the gradient, in place too. cos and sin come from a [max_positions, rotary_dim / 2]
 // table computed in f64 on the host, so large positions keep full f32 accuracy.
+// PER_SEQUENCE positions (decoding from a cache): row l of sequence b sits at kv_len[b] - q_len[b] + l,
+// its new tokens being the last of its kv_len[b] (the [q_lens, kv_lens] buffer of SeqLens).
 // One invocation per (row, pair).
 
 struct Params {
@@ -23,7 +25,7 @@ struct Params {
     stride_s: u32,
     stride_h: u32,
     max_positions: u32,
-    pad0: u32,
+    per_sequence: u32,
     pad1: u32,
     pad2: u32,
 }
@@ -34,6 +36,8 @@ override WG: u32 = 64u;
 // cos then sin: [2, max_positions, pairs].
 @group(0) @binding(1) var<storage, read> table: array<f32>;
 @group(0) @binding(2) var<storage, read_write> x: array<f32>;
+// Per-sequence lengths [q_lens (batch), kv_lens (batch)] when per_sequence; a dummy otherwise.
+@group(0) @binding(3) var<storage, read> lens: array<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -46,7 +50,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let h = row % params.heads;
     let l = (row / params.heads) % params.seq;
     let b = row / (params.heads * params.seq);
-    let p = params.offset + l;
+    var p = params.offset + l;
+    if params.per_sequence != 0u {
+        // Rows past a sequence's new tokens are padding: any in-table position serves.
+        p = min(lens[params.batch + b] - min(lens[b], lens[params.batch + b]) + l, params.max_positions - 1u);
+    }
     let c = table[p * params.pairs + k];
     let s = params.sign * table[(params.max_positions + p) * params.pairs + k];
     let base = params.view_offset + b * params.stride_b + l * params.stride_s + h * params.stride_h;

@@ -603,6 +603,47 @@ impl SeqLens {
         Ok(())
     }
 
+    /// Checks lengths that place new tokens at the end of cached sequences (decoding): both given for
+    /// `batch` sequences, `q_lens[b]` (new tokens) at most `new_slots` and at most `kv_lens[b]`
+    /// (tokens cached, the new ones included), which is at most `capacity`. Returns the longest
+    /// `kv_lens` entry.
+    pub fn check_decode(&self, batch: usize, new_slots: usize, capacity: usize) -> Result<usize> {
+        let (Some(q), Some(kv)) = (self.q_lens(), self.kv_lens()) else {
+            return Err(Error::shape(
+                "seq_lens",
+                "decoding needs SeqLens with q_lens (new tokens per sequence) and kv_lens (cached tokens per sequence, the new ones included)",
+            ));
+        };
+        if self.batch != batch {
+            return Err(Error::shape(
+                "seq_lens",
+                format!("has {} entries but the batch is {batch}", self.batch),
+            ));
+        }
+        for b in 0..batch {
+            let (n, len) = (q[b] as usize, kv[b] as usize);
+            if n > new_slots {
+                return Err(Error::shape(
+                    "q_lens",
+                    format!("entry {b} is {n}, beyond the {new_slots} new-token slots"),
+                ));
+            }
+            if n > len {
+                return Err(Error::shape(
+                    "q_lens",
+                    format!("entry {b} is {n} but kv_lens[{b}] is {len}: the new tokens are the last cached positions, so q_lens <= kv_lens"),
+                ));
+            }
+            if len > capacity {
+                return Err(Error::shape(
+                    "kv_lens",
+                    format!("entry {b} is {len}, beyond the capacity {capacity}"),
+                ));
+            }
+        }
+        Ok(kv.iter().copied().max().unwrap_or(0) as usize)
+    }
+
     pub fn q_lens(&self) -> Option<&[u32]> {
         self.q_lens.as_deref()
     }

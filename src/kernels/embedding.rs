@@ -13,7 +13,7 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::check_binding;
 use crate::kernels::dispatch::{encode, grid_x, loop_chunks};
-use crate::tensor::{GpuTensor, GpuTokens};
+use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
 
 const EMBEDDING_FORWARD: &str = include_str!("../../shaders/embedding_forward.wgsl");
 const EMBEDDING_BACKWARD: &str = include_str!("../../shaders/embedding_backward.wgsl");
@@ -51,7 +51,8 @@ struct PositionalParams {
     dim: u32,
     grid_x: u32,
     max_len: u32,
-    pad: [u32; 3],
+    per_sequence: u32,
+    pad: [u32; 2],
 }
 
 /// The sinusoidal table of "Attention Is All You Need", `[max_len, dim]` row-major:
@@ -288,12 +289,38 @@ pub fn positional_forward(ctx: &Context, x: &GpuTensor, table: &GpuTensor) -> Re
     Ok(y)
 }
 
+/// Records `y = x + table[positions]` for `x [batch, seq, dim]`: row `l` at position `l`.
 pub fn positional_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     x: &GpuTensor,
     table: &GpuTensor,
     y: &GpuTensor,
+) -> Result<()> {
+    record_positional(ctx, encoder, x, table, y, None)
+}
+
+/// Records `y = x + table[positions]` for new tokens when decoding: row `l` of sequence `b` sits at
+/// `kv_lens[b] - q_lens[b] + l` (`lens` as [`SeqLens::check_decode`] describes, `kv_lens` within
+/// the table's rows).
+pub fn positional_forward_cached_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    table: &GpuTensor,
+    y: &GpuTensor,
+    lens: &SeqLens,
+) -> Result<()> {
+    record_positional(ctx, encoder, x, table, y, Some(lens))
+}
+
+fn record_positional(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    table: &GpuTensor,
+    y: &GpuTensor,
+    lens: Option<&SeqLens>,
 ) -> Result<()> {
     let (batch, seq, dim, max_len) = positional_dims(ctx, x, table)?;
     if y.shape() != x.shape() || [x.buffer(), table.buffer()].contains(&y.buffer()) {
@@ -302,6 +329,9 @@ pub fn positional_forward_into(
             format!("must be a separate tensor of shape {:?}", x.shape()),
         ));
     }
+    if let Some(lens) = lens {
+        lens.check_decode(batch, seq, max_len)?;
+    }
     let n = x.len();
     let p = PositionalParams {
         batch: batch as u32,
@@ -309,8 +339,10 @@ pub fn positional_forward_into(
         dim: dim as u32,
         grid_x: grid_x(n),
         max_len: max_len as u32,
-        pad: [0; 3],
+        per_sequence: lens.is_some() as u32,
+        pad: [0; 2],
     };
+    let lens = lens.map_or(ctx.empty_storage(), SeqLens::buffer);
     encode(
         ctx,
         encoder,
@@ -318,7 +350,7 @@ pub fn positional_forward_into(
         POSITIONAL_ADD,
         &[],
         bytemuck::bytes_of(&p),
-        &[x, table, y],
+        &[x, table, y, lens],
         n,
     );
     Ok(())
@@ -351,7 +383,8 @@ pub fn positional_backward_into(
         dim: dim as u32,
         grid_x: grid_x(n),
         max_len: max_len as u32,
-        pad: [0; 3],
+        per_sequence: 0,
+        pad: [0; 2],
     };
     encode(
         ctx,

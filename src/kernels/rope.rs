@@ -11,7 +11,7 @@ use crate::kernels::attention::check_binding;
 use crate::kernels::dispatch::{encode, grid_x};
 use crate::reference::rope::rope_angle;
 pub use crate::reference::rope::RopeLayout;
-use crate::tensor::{GpuTensor, HeadsView};
+use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
 const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 
@@ -36,7 +36,8 @@ struct RopeParams {
     stride_s: u32,
     stride_h: u32,
     max_positions: u32,
-    pad: [u32; 3],
+    per_sequence: u32,
+    pad: [u32; 2],
 }
 
 /// The cos and sin of every (position, pair) angle `p * base^(-2k / rotary_dim)` for positions below
@@ -97,6 +98,15 @@ impl RopeTable {
     }
 }
 
+/// Where the rows of a rotated view sit.
+#[derive(Clone, Copy, Debug)]
+enum Positions<'a> {
+    /// Row `l` at `offset + l`.
+    From(usize),
+    /// Row `l` of sequence `b` at `kv_lens[b] - q_lens[b] + l`: new tokens after a cache.
+    AfterCached(&'a SeqLens),
+}
+
 /// Records the rotation of `x` (`[B, L, H, D]`, any strides) in place, positions `offset..offset + L`.
 pub fn rope_forward_into(
     ctx: &Context,
@@ -105,7 +115,7 @@ pub fn rope_forward_into(
     table: &RopeTable,
     offset: usize,
 ) -> Result<()> {
-    record(ctx, encoder, x, table, offset, 1.0)
+    record(ctx, encoder, x, table, Positions::From(offset), 1.0)
 }
 
 /// Records the backward in place: `dx` (the gradient with respect to the rotated values) becomes the
@@ -117,7 +127,20 @@ pub fn rope_backward_into(
     table: &RopeTable,
     offset: usize,
 ) -> Result<()> {
-    record(ctx, encoder, dx, table, offset, -1.0)
+    record(ctx, encoder, dx, table, Positions::From(offset), -1.0)
+}
+
+/// Records the rotation of new tokens in place when decoding: row `l` of sequence `b` sits at
+/// `kv_lens[b] - q_lens[b] + l` (`lens` as [`SeqLens::check_decode`] describes; rows past
+/// `q_lens[b]` are rotated as padding).
+pub fn rope_forward_cached_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &HeadsView,
+    table: &RopeTable,
+    lens: &SeqLens,
+) -> Result<()> {
+    record(ctx, encoder, x, table, Positions::AfterCached(lens), 1.0)
 }
 
 fn record(
@@ -125,7 +148,7 @@ fn record(
     encoder: &mut wgpu::CommandEncoder,
     x: &HeadsView,
     table: &RopeTable,
-    offset: usize,
+    positions: Positions<'_>,
     sign: f32,
 ) -> Result<()> {
     let [b, l, h, d] = x.shape();
@@ -138,15 +161,24 @@ fn record(
             ),
         ));
     }
-    if offset + l > table.max_positions {
-        return Err(Error::shape(
-            "rope positions",
-            format!(
-                "offset {offset} + length {l} exceeds the table's {} positions; build the RopeTable with more",
-                table.max_positions
-            ),
-        ));
-    }
+    let (offset, lens) = match positions {
+        Positions::From(offset) => {
+            if offset + l > table.max_positions {
+                return Err(Error::shape(
+                    "rope positions",
+                    format!(
+                        "offset {offset} + length {l} exceeds the table's {} positions; build the RopeTable with more",
+                        table.max_positions
+                    ),
+                ));
+            }
+            (offset, None)
+        }
+        Positions::AfterCached(lens) => {
+            lens.check_decode(b, l, table.max_positions)?;
+            (0, Some(lens))
+        }
+    };
     check_binding(ctx, "rope x", x.buffer().size())?;
     let narrow = |v: usize| {
         u32::try_from(v).map_err(|_| Error::Unsupported {
@@ -173,8 +205,10 @@ fn record(
         stride_s: narrow(ss)?,
         stride_h: narrow(sh)?,
         max_positions: table.max_positions as u32,
-        pad: [0; 3],
+        per_sequence: lens.is_some() as u32,
+        pad: [0; 2],
     };
+    let lens = lens.map_or(ctx.empty_storage(), SeqLens::buffer);
     encode(
         ctx,
         encoder,
@@ -182,7 +216,7 @@ fn record(
         ROPE,
         &[],
         bytemuck::bytes_of(&params),
-        &[table.table.buffer().as_ref(), x.buffer().as_ref()],
+        &[table.table.buffer().as_ref(), x.buffer().as_ref(), lens],
         invocations,
     );
     Ok(())

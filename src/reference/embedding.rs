@@ -37,3 +37,25 @@ pub fn positional_backward(dy: &[f64], seq: usize, dim: usize, max_len: usize) -
     }
     d
 }
+
+/// [`positional_forward`] for new tokens after a cache: row `l` of sequence `b` at position
+/// `kv_lens[b] - q_lens[b] + l` (clamped to the table: rows past `q_lens[b]` are padding).
+pub fn positional_forward_cached(
+    x: &[f64],
+    table: &[f64],
+    [batch, seq, dim]: [usize; 3],
+    q_lens: &[u32],
+    kv_lens: &[u32],
+) -> Vec<f64> {
+    let max_len = table.len() / dim;
+    let mut y = x.to_vec();
+    for b in 0..batch {
+        for l in 0..seq {
+            let p = ((kv_lens[b] - q_lens[b]) as usize + l).min(max_len - 1);
+            for c in 0..dim {
+                y[(b * seq + l) * dim + c] += table[p * dim + c];
+            }
+        }
+    }
+    y
+}

@@ -6,6 +6,7 @@ pub mod compare;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
+pub mod kv_cache;
 pub mod layer_norm;
 pub mod linear;
 pub mod optimizer;

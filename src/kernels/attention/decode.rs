@@ -154,7 +154,7 @@ pub fn attention_decode_into(
 ) -> Result<()> {
     let s = AttentionShape::of(q, k_cache, v_cache)?;
     let scale = check_options(&s, opts)?;
-    let longest = check_decode_lens(opts)?;
+    let longest = check_decode_lens(&s, opts)?;
     for (arg, refused) in [
         ("bias", opts.bias.is_some()),
         (
@@ -249,25 +249,12 @@ pub fn attention_decode_into(
 
 /// Checks that the options carry both per-sequence lengths, no query count above its key count;
 /// returns the longest key count.
-fn check_decode_lens(opts: &AttentionOptions<'_>) -> Result<usize> {
-    let missing = || {
-        Error::shape(
+fn check_decode_lens(s: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<usize> {
+    match opts.seq_lens {
+        Some(lens) => lens.check_decode(s.batch, s.q_seq, s.kv_seq),
+        None => Err(Error::shape(
             "seq_lens",
             "decode attention needs SeqLens with q_lens (new queries per sequence) and kv_lens (cached keys per sequence, the new ones included)",
-        )
-    };
-    let lens = opts.seq_lens.ok_or_else(missing)?;
-    let (Some(q_lens), Some(kv_lens)) = (lens.q_lens(), lens.kv_lens()) else {
-        return Err(missing());
-    };
-    if let Some(b) = (0..q_lens.len()).find(|&b| q_lens[b] > kv_lens[b]) {
-        return Err(Error::shape(
-            "q_lens",
-            format!(
-                "entry {b} is {} but kv_lens[{b}] is {}: the new queries are the last cached positions, so q_lens <= kv_lens",
-                q_lens[b], kv_lens[b]
-            ),
-        ));
+        )),
     }
-    Ok(kv_lens.iter().copied().max().unwrap_or(0) as usize)
 }

@@ -1,0 +1,46 @@
+// KV cache append: the new keys (or values) of a decoding step, a strided [B, L, H, D] view (the K or V
+// columns of a projection), copied into the cache [B, max_len, H, D] after each sequence's cached
+// tokens. Row l < q_len[b] of sequence b goes to position kv_len[b] - q_len[b] + l (lens = [q_lens,
+// kv_lens] of SeqLens, kv_lens counting the new tokens); rows past q_len[b] are padding and are not
+// copied. One invocation per element.
+
+struct Params {
+    batch: u32,
+    seq: u32,
+    heads: u32,
+    dim: u32,
+    max_len: u32,
+    grid_x: u32,
+    view_offset: u32,
+    stride_b: u32,
+    stride_s: u32,
+    stride_h: u32,
+    pad0: u32,
+    pad1: u32,
+}
+
+override WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> new_rows: array<f32>;
+@group(0) @binding(2) var<storage, read_write> cache: array<f32>;
+@group(0) @binding(3) var<storage, read> lens: array<u32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.y * params.grid_x * WG + gid.x;
+    if i >= params.batch * params.seq * params.heads * params.dim {
+        return;
+    }
+    let d = i % params.dim;
+    let h = (i / params.dim) % params.heads;
+    let l = (i / (params.dim * params.heads)) % params.seq;
+    let b = i / (params.dim * params.heads * params.seq);
+    let new_len = lens[b];
+    if l >= new_len {
+        return;
+    }
+    let p = lens[params.batch + b] - new_len + l;
+    let src = params.view_offset + b * params.stride_b + l * params.stride_s + h * params.stride_h + d;
+    cache[((b * params.max_len + p) * params.heads + h) * params.dim + d] = new_rows[src];
+}

@@ -1,0 +1,20 @@
+//! CPU reference for the key/value cache append. GPU counterpart: [`crate::kernels::kv_cache`].
+
+/// Copies row `l < q_lens[b]` of `new [B, L, H, D]` (contiguous) to position
+/// `kv_lens[b] - q_lens[b] + l` of `cache [B, max_len, H, D]`.
+pub fn kv_cache_append(
+    cache: &mut [f64],
+    max_len: usize,
+    new: &[f64],
+    [b, l, h, d]: [usize; 4],
+    q_lens: &[u32],
+    kv_lens: &[u32],
+) {
+    for bi in 0..b {
+        let start = (kv_lens[bi] - q_lens[bi]) as usize;
+        for li in 0..q_lens[bi] as usize {
+            let from = &new[(bi * l + li) * h * d..][..h * d];
+            cache[(bi * max_len + start + li) * h * d..][..h * d].copy_from_slice(from);
+        }
+    }
+}
