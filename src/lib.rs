@@ -20,6 +20,7 @@
 pub mod bench;
 pub mod device;
 pub mod error;
+pub mod inference;
 pub mod kernels;
 pub mod layers;
 pub mod model;

@@ -29,6 +29,7 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
     sources.extend(wgpu_attention::kernels::embedding::shader_sources());
     sources.extend(wgpu_attention::kernels::rope::shader_sources());
     sources.extend(wgpu_attention::kernels::kv_cache::shader_sources());
+    sources.extend(wgpu_attention::kernels::sampling::shader_sources());
     assert!(sources.len() >= 8);
     for (name, source) in &sources {
         let module = naga::front::wgsl::parse_str(source)

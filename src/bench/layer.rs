@@ -49,6 +49,7 @@ impl LayerCase {
             layers: 1,
             pre_ln: config.pre_ln,
             scores: Default::default(),
+            positions: seq,
         };
         let mut params = Params::new(seed);
         let rows = [batch, seq];

@@ -12,3 +12,4 @@ pub mod linear;
 pub mod matmul;
 pub mod optimizer;
 pub mod rope;
+pub mod sampling;

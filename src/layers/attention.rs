@@ -6,10 +6,14 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{
-    attention_backward_into, attention_backward_workspace, attention_forward_into,
-    attention_sinks_backward_into, AttentionOptions, AttentionShape, RelativeBuckets,
+    attention_backward_into, attention_backward_workspace, attention_decode_into,
+    attention_forward_into, attention_sinks_backward_into, AttentionOptions, AttentionShape,
+    RelativeBuckets,
 };
-use crate::kernels::rope::{rope_backward_into, rope_forward_into, RopeLayout, RopeTable};
+use crate::kernels::kv_cache::kv_cache_append_into;
+use crate::kernels::rope::{
+    rope_backward_into, rope_forward_cached_into, rope_forward_into, RopeLayout, RopeTable,
+};
 use crate::layers::linear::Linear;
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
@@ -194,12 +198,13 @@ impl MultiHeadAttention {
     }
 
     /// Applies score modifiers (self-attention only: positions of a memory are not the queries'),
-    /// adding their learned parameters to `params`.
+    /// adding their learned parameters to `params`; rotary tables cover `positions` positions.
     pub fn with_scores(
         mut self,
         ctx: &Context,
         params: &mut Params,
         scores: ScoreOptions,
+        positions: usize,
     ) -> Result<Self> {
         if scores != ScoreOptions::default() && self.kind == AttentionKind::Cross {
             return Err(Error::shape(
@@ -220,7 +225,6 @@ impl MultiHeadAttention {
         }
         if let Some(base) = scores.rope_base {
             let hd = self.d_model / h;
-            let positions = self.shape.q_seq;
             self.rope = Some(RopeTable::new(
                 ctx,
                 base.into(),
@@ -307,6 +311,80 @@ impl MultiHeadAttention {
             &self.lse,
             &self.options(p, lens),
         )?;
+        self.output
+            .forward(ctx, encoder, p, &self.flat(&self.attn)?, y)
+    }
+
+    /// Decoding, cross-attention: projects the memory's keys and values once per source (they
+    /// stay in the layer for every [`MultiHeadAttention::forward_cached`] step).
+    pub fn prepare_memory(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        memory: &GpuTensor,
+    ) -> Result<()> {
+        match (&self.key_value, &self.kv_proj) {
+            (Some(kv), Some(kv_proj)) => kv.forward(ctx, encoder, p, memory, kv_proj),
+            _ => Err(Error::shape(
+                "memory",
+                "self-attention takes no memory; build the layer with AttentionKind::Cross",
+            )),
+        }
+    }
+
+    /// Decoding: `y = Attention(x)` for new tokens `x [B, L, d]` after each sequence's cached ones
+    /// (`lens`: `q_lens` new, `kv_lens` cached including them, see [`SeqLens::check_decode`]).
+    /// Self-attention appends the new keys and values to `cache` (`[B, max_len, H, d/H]` each) and
+    /// attends over it with decode attention (RoPE at each sequence's positions); cross-attention
+    /// (`cache` `None`) attends over the memory projected by [`MultiHeadAttention::prepare_memory`],
+    /// `lens` giving the new tokens and the memory lengths.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_cached(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        cache: Option<[&GpuTensor; 2]>,
+        lens: &SeqLens,
+        y: &GpuTensor,
+    ) -> Result<()> {
+        let out = self.attn.heads()?;
+        let opts = self.options(p, lens);
+        match (self.kind, cache) {
+            (AttentionKind::SelfAttention { .. }, Some([keys, values])) => {
+                let &[b, l, _] = x.shape() else {
+                    return Err(Error::shape(
+                        "x",
+                        format!("has shape {:?}; expected [batch, seq, d_model]", x.shape()),
+                    ));
+                };
+                let capacity = keys.shape().get(1).copied().unwrap_or(0);
+                lens.check_decode(b, l, capacity)?;
+                self.query.forward(ctx, encoder, p, x, &self.proj)?;
+                let [q, k, v] = self.split(&self.proj, None)?;
+                if let Some(rope) = &self.rope {
+                    rope_forward_cached_into(ctx, encoder, &q, rope, lens)?;
+                    rope_forward_cached_into(ctx, encoder, &k, rope, lens)?;
+                }
+                kv_cache_append_into(ctx, encoder, &k, keys, lens)?;
+                kv_cache_append_into(ctx, encoder, &v, values, lens)?;
+                let (keys, values) = (keys.heads()?, values.heads()?);
+                attention_decode_into(ctx, encoder, &q, &keys, &values, &out, &self.lse, &opts)?;
+            }
+            (AttentionKind::Cross, None) => {
+                self.query.forward(ctx, encoder, p, x, &self.proj)?;
+                let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
+                attention_forward_into(ctx, encoder, &q, &k, &v, &out, &self.lse, &opts)?;
+            }
+            _ => {
+                return Err(Error::shape(
+                    "cache",
+                    "self-attention decodes with a key/value cache; cross-attention with none",
+                ))
+            }
+        }
         self.output
             .forward(ctx, encoder, p, &self.flat(&self.attn)?, y)
     }

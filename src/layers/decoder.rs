@@ -66,7 +66,7 @@ impl DecoderLayer {
             rows,
             rows[1],
         )?
-        .with_scores(ctx, params, c.scores)?;
+        .with_scores(ctx, params, c.scores, c.positions)?;
         let cross = match memory_len {
             Some(mem) => Some(Cross {
                 block: block(params, "ln_cross")?,
@@ -114,6 +114,59 @@ impl DecoderLayer {
                 "a decoder layer with cross-attention needs the encoder output and its lengths",
             )
         })
+    }
+}
+
+impl DecoderLayer {
+    /// Decoding: the layer's forward for new tokens after each sequence's cached ones (see
+    /// [`MultiHeadAttention::forward_cached`]): self-attention over its key/value `cache`, then
+    /// cross-attention over the memory prepared by [`DecoderLayer::prepare_memory`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_cached(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        cache: [&GpuTensor; 2],
+        self_lens: &SeqLens,
+        cross_lens: Option<&SeqLens>,
+    ) -> Result<()> {
+        self.self_block.forward(ctx, encoder, p, x, |e, h, y| {
+            self.self_attention
+                .forward_cached(ctx, e, p, h, Some(cache), self_lens, y)
+        })?;
+        if let Some(cross) = &self.cross {
+            let lens = cross_lens.ok_or_else(|| {
+                Error::shape(
+                    "cross_lens",
+                    "a decoder with cross-attention needs the memory lengths",
+                )
+            })?;
+            cross
+                .block
+                .forward(ctx, encoder, p, &self.self_block.y, |e, h, y| {
+                    cross.attention.forward_cached(ctx, e, p, h, None, lens, y)
+                })?;
+        }
+        self.feed_forward_block
+            .forward(ctx, encoder, p, self.ff_input(), |e, h, y| {
+                self.feed_forward.forward(ctx, e, p, h, y)
+            })
+    }
+
+    /// Decoding: projects the encoder output's keys and values for cross-attention, once per source.
+    pub fn prepare_memory(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        memory: &GpuTensor,
+    ) -> Result<()> {
+        match &self.cross {
+            Some(cross) => cross.attention.prepare_memory(ctx, encoder, p, memory),
+            None => Ok(()),
+        }
     }
 }
 
@@ -283,6 +336,50 @@ impl Decoder {
         inputs: DecoderInputs<'_>,
     ) -> Result<()> {
         self.stack.forward(ctx, encoder, p, x, inputs)
+    }
+
+    /// Decoding: the stack's forward for new tokens `x` after each sequence's cached ones, layer
+    /// `i` over `caches[i]` (keys, values); `cross_lens` gives the new tokens and the memory
+    /// lengths when there is cross-attention.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_cached(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        caches: &[[&GpuTensor; 2]],
+        self_lens: &SeqLens,
+        cross_lens: Option<&SeqLens>,
+    ) -> Result<()> {
+        if caches.len() != self.stack.layers.len() {
+            return Err(Error::shape(
+                "caches",
+                format!(
+                    "has {} layers' caches for {} layers",
+                    caches.len(),
+                    self.stack.layers.len()
+                ),
+            ));
+        }
+        self.stack
+            .forward_each(ctx, encoder, p, x, |e, i, layer, h| {
+                layer.forward_cached(ctx, e, p, h, caches[i], self_lens, cross_lens)
+            })
+    }
+
+    /// Decoding: projects the encoder output for every layer's cross-attention, once per source.
+    pub fn prepare_memory(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        memory: &GpuTensor,
+    ) -> Result<()> {
+        for layer in &self.stack.layers {
+            layer.prepare_memory(ctx, encoder, p, memory)?;
+        }
+        Ok(())
     }
 
     pub fn backward(

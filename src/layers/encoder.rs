@@ -59,7 +59,7 @@ impl EncoderLayer {
                 rows,
                 rows[1],
             )?
-            .with_scores(ctx, params, c.scores)?,
+            .with_scores(ctx, params, c.scores, c.positions)?,
             feed_forward_block: Residual::new(
                 ctx,
                 params,

@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod decoder;
+pub mod embedding;
 pub mod encoder;
 pub mod feed_forward;
 pub mod linear;

@@ -26,6 +26,8 @@ pub struct Params {
     values: Vec<GpuTensor>,
     grads: Vec<GpuTensor>,
     rng: u64,
+    /// A store made by [`Params::shared`]: `add` finds existing parameters instead of adding.
+    shared: bool,
 }
 
 impl Params {
@@ -38,6 +40,21 @@ impl Params {
             rng: seed
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407),
+            shared: false,
+        }
+    }
+
+    /// A store over the same tensors (the GPU buffers are shared, not copied) whose
+    /// [`Params::add`] returns the existing parameter of that name and shape instead of adding one:
+    /// layers built with it for other input shapes (the decoding path) use the model's parameters,
+    /// and their [`ParamId`]s index this store and the original alike.
+    pub fn shared(&self) -> Params {
+        Params {
+            names: self.names.clone(),
+            values: self.values.clone(),
+            grads: self.grads.clone(),
+            rng: self.rng,
+            shared: true,
         }
     }
 
@@ -50,6 +67,24 @@ impl Params {
         init: Init,
     ) -> Result<ParamId> {
         let name = name.into();
+        if self.shared {
+            let id = self.find(&name).ok_or_else(|| {
+                Error::shape(
+                    "param",
+                    format!("{name} is not a parameter of the model this store shares"),
+                )
+            })?;
+            if self.values[id.0].shape() != shape {
+                return Err(Error::shape(
+                    "param",
+                    format!(
+                        "{name} has shape {:?} in the model, {shape:?} here",
+                        self.values[id.0].shape()
+                    ),
+                ));
+            }
+            return Ok(id);
+        }
         if self.names.contains(&name) {
             return Err(Error::shape("param", format!("{name} is defined twice")));
         }

@@ -18,6 +18,9 @@ pub struct StackConfig {
     pub layers: usize,
     pub pre_ln: bool,
     pub scores: ScoreOptions,
+    /// The longest sequence the layers see, in positions (the size of rotary tables; a decoding
+    /// stack's is its cache capacity).
+    pub positions: usize,
 }
 
 /// A layer a [`Stack`] can hold: `[rows, d_model]` in, the same out, into buffers the layer owns.
@@ -114,6 +117,25 @@ impl<L: StackLayer> Stack<L> {
     ) -> Result<()> {
         for (i, layer) in self.layers.iter().enumerate() {
             layer.forward(ctx, encoder, p, self.layer_input(i, x), inputs)?;
+        }
+        if let Some(n) = &self.final_norm {
+            n.forward(ctx, encoder, p, self.layer_input(self.layers.len(), x))?;
+        }
+        Ok(())
+    }
+
+    /// A forward in which `layer(i, layer, x)` runs layer `i` on its input (the decoding path, where
+    /// each layer also reads its own cache), then the final LayerNorm.
+    pub fn forward_each(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        mut layer: impl FnMut(&mut wgpu::CommandEncoder, usize, &L, &GpuTensor) -> Result<()>,
+    ) -> Result<()> {
+        for (i, l) in self.layers.iter().enumerate() {
+            layer(encoder, i, l, self.layer_input(i, x))?;
         }
         if let Some(n) = &self.final_norm {
             n.forward(ctx, encoder, p, self.layer_input(self.layers.len(), x))?;

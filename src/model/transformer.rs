@@ -18,15 +18,12 @@ use crate::kernels::attention::RelativeBuckets;
 use crate::kernels::cross_entropy::{
     cross_entropy_backward_into, cross_entropy_forward_into, CrossEntropyOutput,
 };
-use crate::kernels::embedding::{
-    embedding_backward_into, embedding_forward_into, positional_backward_into,
-    positional_forward_into, sinusoidal_table,
-};
 use crate::layers::attention::ScoreOptions;
 use crate::layers::decoder::{Decoder, DecoderInputs};
+use crate::layers::embedding::{Embedding, PositionKind};
 use crate::layers::encoder::Encoder;
 use crate::layers::linear::Linear;
-use crate::layers::params::{Init, ParamId, Params};
+use crate::layers::params::Params;
 use crate::layers::stack::StackConfig;
 use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
 
@@ -84,6 +81,66 @@ pub struct TransformerConfig {
 impl TransformerConfig {
     pub fn has_encoder(&self) -> bool {
         self.encoder_layers > 0
+    }
+
+    /// How positions enter the model: rotary, learned or sinusoidal.
+    pub fn position_kind(&self) -> PositionKind {
+        match (self.rope_base, self.learned_positions) {
+            (Some(_), _) => PositionKind::Rotary,
+            (None, true) => PositionKind::Learned,
+            (None, false) => PositionKind::Sinusoidal,
+        }
+    }
+
+    /// The input layer `{name}.embed` (+ `{name}.pos`) for `rows` tokens, its position table
+    /// covering `positions`.
+    pub(crate) fn embedding(
+        &self,
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        rows: [usize; 2],
+        positions: usize,
+    ) -> Result<Embedding> {
+        let kind = self.position_kind();
+        Embedding::new(
+            ctx,
+            params,
+            name,
+            self.vocab,
+            self.d_model,
+            self.pad_id,
+            kind,
+            rows,
+            positions,
+        )
+    }
+
+    /// The score modifiers of the self-attention layers.
+    pub fn scores(&self) -> ScoreOptions {
+        ScoreOptions {
+            softcap: self.attention_softcap,
+            alibi: self.alibi,
+            window: self.attention_window,
+            relative: self.relative_buckets,
+            sinks: self.attention_sinks,
+            cosine: self.cosine_scores,
+            key_clip: self.key_norm_clip,
+            rope_base: self.rope_base,
+        }
+    }
+
+    /// The sizes of a stack of `layers` layers whose sequences have at most `positions` tokens.
+    pub fn stack(&self, layers: usize, positions: usize) -> StackConfig {
+        StackConfig {
+            d_model: self.d_model,
+            heads: self.heads,
+            d_ff: self.d_ff,
+            layers,
+            pre_ln: self.pre_ln,
+            scores: self.scores(),
+            positions,
+        }
     }
 
     fn validate(&self) -> Result<()> {
@@ -172,108 +229,12 @@ pub struct Batch {
     pub tgt_lens: Vec<u32>,
 }
 
-/// Token embedding plus positions, with the buffers of one input stream.
-struct Embedded {
-    table: ParamId,
-    positions: Positions,
-    tokens: GpuTokens,
-    embedded: GpuTensor,
-    x: GpuTensor,
-}
-
-enum Positions {
-    Sinusoidal(GpuTensor),
-    Learned(ParamId),
-    /// Rotary embeddings in the attention layers instead.
-    Rotary,
-}
-
-impl Embedded {
-    fn new(
-        ctx: &Context,
-        params: &mut Params,
-        name: &str,
-        c: &TransformerConfig,
-        rows: [usize; 2],
-    ) -> Result<Self> {
-        let table = params.add(
-            ctx,
-            format!("{name}.embed"),
-            &[c.vocab, c.d_model],
-            Init::Uniform(1.0),
-        )?;
-        let positions = if c.rope_base.is_some() {
-            Positions::Rotary
-        } else if c.learned_positions {
-            Positions::Learned(params.add(
-                ctx,
-                format!("{name}.pos"),
-                &[rows[1], c.d_model],
-                Init::Uniform(0.1),
-            )?)
-        } else {
-            Positions::Sinusoidal(GpuTensor::from_slice(
-                ctx,
-                &sinusoidal_table(rows[1], c.d_model),
-                &[rows[1], c.d_model],
-            )?)
-        };
-        let shape = [rows[0], rows[1], c.d_model];
-        Ok(Self {
-            table,
-            positions,
-            tokens: GpuTokens::from_slice(ctx, &vec![c.pad_id; rows[0] * rows[1]], &rows)?,
-            embedded: GpuTensor::zeros(ctx, &shape)?,
-            x: GpuTensor::zeros(ctx, &shape)?,
-        })
-    }
-
-    fn forward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder, p: &Params) -> Result<()> {
-        let table = match &self.positions {
-            Positions::Sinusoidal(t) => t,
-            Positions::Learned(id) => p.value(*id),
-            Positions::Rotary => {
-                return embedding_forward_into(
-                    ctx,
-                    encoder,
-                    &self.tokens,
-                    p.value(self.table),
-                    &self.x,
-                );
-            }
-        };
-        embedding_forward_into(
-            ctx,
-            encoder,
-            &self.tokens,
-            p.value(self.table),
-            &self.embedded,
-        )?;
-        positional_forward_into(ctx, encoder, &self.embedded, table, &self.x)
-    }
-
-    /// `dx` is the gradient at `x = embedded + positions`, which both terms receive unchanged.
-    fn backward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        dx: &GpuTensor,
-    ) -> Result<()> {
-        embedding_backward_into(ctx, encoder, &self.tokens, dx, p.grad(self.table))?;
-        if let Positions::Learned(id) = &self.positions {
-            positional_backward_into(ctx, encoder, dx, p.grad(*id))?;
-        }
-        Ok(())
-    }
-}
-
 pub struct Transformer {
     config: TransformerConfig,
     shape: BatchShape,
     pub params: Params,
-    source: Option<Embedded>,
-    target: Embedded,
+    source: Option<Embedding>,
+    target: Embedding,
     encoder: Option<Encoder>,
     decoder: Decoder,
     output: Linear,
@@ -305,38 +266,24 @@ impl Transformer {
         let c = &config;
         let mut params = Params::new(seed);
         let (src_rows, tgt_rows) = ([shape.batch, shape.src_len], [shape.batch, shape.tgt_len]);
-        let stack = |layers| StackConfig {
-            d_model: c.d_model,
-            heads: c.heads,
-            d_ff: c.d_ff,
-            layers,
-            pre_ln: c.pre_ln,
-            scores: ScoreOptions {
-                softcap: c.attention_softcap,
-                alibi: c.alibi,
-                window: c.attention_window,
-                relative: c.relative_buckets,
-                sinks: c.attention_sinks,
-                cosine: c.cosine_scores,
-                key_clip: c.key_norm_clip,
-                rope_base: c.rope_base,
-            },
-        };
         let source = c
             .has_encoder()
-            .then(|| Embedded::new(ctx, &mut params, "src", c, src_rows))
+            .then(|| c.embedding(ctx, &mut params, "src", src_rows, shape.src_len))
             .transpose()?;
-        let target = Embedded::new(ctx, &mut params, "tgt", c, tgt_rows)?;
+        let target = c.embedding(ctx, &mut params, "tgt", tgt_rows, shape.tgt_len)?;
         let encoder = c
             .has_encoder()
-            .then(|| Encoder::new(ctx, &mut params, "enc", &stack(c.encoder_layers), src_rows))
+            .then(|| {
+                let stack = c.stack(c.encoder_layers, shape.src_len);
+                Encoder::new(ctx, &mut params, "enc", &stack, src_rows)
+            })
             .transpose()?;
         let memory_len = c.has_encoder().then_some(shape.src_len);
         let decoder = Decoder::new(
             ctx,
             &mut params,
             "dec",
-            &stack(c.decoder_layers),
+            &c.stack(c.decoder_layers, shape.tgt_len),
             tgt_rows,
             memory_len,
         )?;

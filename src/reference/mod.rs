@@ -11,5 +11,6 @@ pub mod layer_norm;
 pub mod linear;
 pub mod optimizer;
 pub mod rope;
+pub mod sampling;
 pub mod transformer;
 pub mod transformer_layer;

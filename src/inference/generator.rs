@@ -1,0 +1,545 @@
+//! The [`Generator`]: prefill, decoding steps, sampling and the generation loop.
+
+use std::time::Instant;
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::inference::kv_cache::{KvCache, StepLens};
+use crate::kernels::sampling::{sample_into, Sampling};
+use crate::layers::decoder::Decoder;
+use crate::layers::embedding::{Embedding, PositionKind};
+use crate::layers::encoder::Encoder;
+use crate::layers::linear::Linear;
+use crate::layers::params::Params;
+use crate::model::transformer::{Transformer, TransformerConfig};
+use crate::tensor::{read_mapped, GpuTensor, SeqLens};
+
+/// The sizes a [`Generator`] is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GeneratorShape {
+    /// Sequences generated together.
+    pub batch: usize,
+    /// Tokens a sequence can hold, prompt and generated (the cache's capacity).
+    pub capacity: usize,
+    /// Prompt tokens per sequence fed in one prefill pass; longer prompts take several.
+    pub prefill_chunk: usize,
+    /// Longest source (encoder-decoder models; ignored by decoder-only ones).
+    pub src_len: usize,
+}
+
+/// What [`Generator::generate`] does after the prompts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    /// A sequence ends after generating this id (e.g. EOS).
+    pub stop: Option<u32>,
+}
+
+/// The tokens [`Generator::generate`] produced per sequence (the stop id included when met), and
+/// how long the two phases took (wall clock, the device synchronised).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Generated {
+    pub tokens: Vec<Vec<u32>>,
+    pub prefill_tokens: usize,
+    pub prefill_seconds: f64,
+    /// Tokens fed by decoding steps (each step feeds every unfinished sequence its last sample).
+    pub decode_tokens: usize,
+    pub decode_seconds: f64,
+    pub decode_steps: usize,
+}
+
+/// One set of decoder buffers: the prefill pass (`prefill_chunk` rows per sequence) or the decoding
+/// step (one row).
+struct Pass {
+    target: Embedding,
+    decoder: Decoder,
+    rows: usize,
+}
+
+/// The encoder, run once per batch of sources.
+struct Source {
+    embedding: Embedding,
+    encoder: Encoder,
+    lens: SeqLens,
+    lens_host: Vec<u32>,
+}
+
+pub struct Generator {
+    config: TransformerConfig,
+    shape: GeneratorShape,
+    params: Params,
+    source: Option<Source>,
+    prefill: Pass,
+    step: Pass,
+    output: Linear,
+    cache: KvCache,
+    /// New tokens and cached tokens including them, per sequence, for the current pass.
+    self_lens: SeqLens,
+    /// New tokens and source lengths (encoder-decoder).
+    cross_lens: SeqLens,
+    /// Each sequence's last fed position's decoder output `[B, d]` and its logits `[B, vocab]`.
+    last: GpuTensor,
+    logits: GpuTensor,
+    ids: wgpu::Buffer,
+    ids_staging: wgpu::Buffer,
+    /// Sampling draws so far: each draw uses fresh random numbers.
+    draws: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PassKind {
+    Prefill,
+    Step,
+}
+
+impl Generator {
+    /// A generator over `model`'s parameters for `shape`. Refused: models with cosine scores or
+    /// key-norm clipping (decode attention does not transform cached keys), learned position tables
+    /// shorter than the capacity or source length.
+    pub fn new(ctx: &Context, model: &Transformer, shape: GeneratorShape) -> Result<Self> {
+        let c = *model.config();
+        let s = shape;
+        if s.batch == 0 || s.capacity == 0 || s.prefill_chunk == 0 {
+            return Err(Error::shape(
+                "GeneratorShape",
+                format!("{s:?}: batch, capacity and prefill_chunk must be positive"),
+            ));
+        }
+        if c.has_encoder() && s.src_len == 0 {
+            return Err(Error::shape(
+                "GeneratorShape::src_len",
+                "an encoder-decoder model needs a positive source length",
+            ));
+        }
+        for (arg, set) in [
+            ("cosine_scores", c.cosine_scores.is_some()),
+            ("key_norm_clip", c.key_norm_clip.is_some()),
+        ] {
+            if set {
+                return Err(Error::shape(
+                    arg,
+                    "models with cosine scores or key-norm clipping cannot decode from a cache yet; run Transformer::forward",
+                ));
+            }
+        }
+        let learned = c.position_kind() == PositionKind::Learned;
+        let trained = model.shape();
+        let (src_positions, tgt_positions) = match learned {
+            true => (trained.src_len, trained.tgt_len),
+            false => (s.src_len, s.capacity),
+        };
+        if learned && s.capacity > tgt_positions {
+            return Err(Error::shape(
+                "capacity",
+                format!(
+                    "is {} but the learned target position table has {tgt_positions} rows",
+                    s.capacity
+                ),
+            ));
+        }
+        if learned && c.has_encoder() && s.src_len > src_positions {
+            return Err(Error::shape(
+                "src_len",
+                format!(
+                    "is {} but the learned source position table has {src_positions} rows",
+                    s.src_len
+                ),
+            ));
+        }
+        let mut params = model.params.shared();
+        let b = s.batch;
+        let source = match c.has_encoder() {
+            true => {
+                let rows = [b, s.src_len];
+                let embedding = c.embedding(ctx, &mut params, "src", rows, src_positions)?;
+                let stack = c.stack(c.encoder_layers, s.src_len);
+                let encoder = Encoder::new(ctx, &mut params, "enc", &stack, rows)?;
+                let lens_host = vec![s.src_len as u32; b];
+                Some(Source {
+                    embedding,
+                    encoder,
+                    lens: SeqLens::new(ctx, Some(&lens_host), Some(&lens_host))?,
+                    lens_host,
+                })
+            }
+            false => None,
+        };
+        let memory_len = c.has_encoder().then_some(s.src_len);
+        let mut pass = |rows: usize| -> Result<Pass> {
+            let stack = c.stack(c.decoder_layers, s.capacity);
+            Ok(Pass {
+                target: c.embedding(ctx, &mut params, "tgt", [b, rows], tgt_positions)?,
+                decoder: Decoder::new(ctx, &mut params, "dec", &stack, [b, rows], memory_len)?,
+                rows,
+            })
+        };
+        let prefill = pass(s.prefill_chunk)?;
+        let step = pass(1)?;
+        let output = Linear::new(ctx, &mut params, "out", c.d_model, c.vocab)?;
+        let head_dim = c.d_model / c.heads;
+        let cache = KvCache::new(ctx, c.decoder_layers, b, s.capacity, c.heads, head_dim)?;
+        let zeros = vec![0u32; b];
+        let id_bytes = 4 * b as u64;
+        Ok(Self {
+            config: c,
+            shape,
+            params,
+            source,
+            prefill,
+            step,
+            output,
+            cache,
+            self_lens: SeqLens::new(ctx, Some(&zeros), Some(&zeros))?,
+            cross_lens: SeqLens::new(ctx, Some(&zeros), Some(&zeros))?,
+            last: GpuTensor::zeros(ctx, &[b, c.d_model])?,
+            logits: GpuTensor::zeros(ctx, &[b, c.vocab])?,
+            ids: ctx.create_uncounted_buffer(
+                "sampled ids",
+                id_bytes,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            )?,
+            ids_staging: ctx.create_uncounted_buffer(
+                "sampled ids readback",
+                id_bytes,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )?,
+            draws: 0,
+        })
+    }
+
+    pub fn shape(&self) -> &GeneratorShape {
+        &self.shape
+    }
+
+    /// Tokens cached per sequence.
+    pub fn lens(&self) -> &[u32] {
+        self.cache.lens()
+    }
+
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// `[batch, vocab]` logits of each sequence's last fed token (after [`Generator::prefill`] or
+    /// [`Generator::step`]).
+    pub fn logits(&self) -> &GpuTensor {
+        &self.logits
+    }
+
+    /// Starts a batch: forgets every cached sequence, encodes `sources` (encoder-decoder models,
+    /// one per sequence, 1 to `src_len` tokens; `None` for decoder-only ones), and feeds each
+    /// prompt (at least one token) in chunks of `prefill_chunk`. Validated first: on error the
+    /// cache is unchanged.
+    pub fn prefill(
+        &mut self,
+        ctx: &Context,
+        prompts: &[Vec<u32>],
+        sources: Option<&[Vec<u32>]>,
+    ) -> Result<()> {
+        self.prefill_then(ctx, prompts, sources, None).map(|_| ())
+    }
+
+    /// Feeds one token to each sequence given one (`None`: the sequence takes no token this step
+    /// and keeps its logits). Validated first: on error the cache is unchanged.
+    pub fn step(&mut self, ctx: &Context, tokens: &[Option<u32>]) -> Result<()> {
+        self.step_then(ctx, tokens, None).map(|_| ())
+    }
+
+    /// Samples one token per sequence from [`Generator::logits`] on the GPU; only the ids are read
+    /// back.
+    pub fn sample(&mut self, ctx: &Context, sampling: &Sampling) -> Result<Vec<u32>> {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        self.record_sample(ctx, &mut encoder, sampling)?;
+        ctx.submit(encoder)?;
+        self.read_ids(ctx)
+    }
+
+    /// Prefills `prompts` (and `sources`), then samples and feeds tokens until each sequence has
+    /// `max_new_tokens` new ones, met `stop`, or filled the cache. Each decoding step is one
+    /// submission that runs the decoder, samples, and reads back only the ids.
+    pub fn generate(
+        &mut self,
+        ctx: &Context,
+        prompts: &[Vec<u32>],
+        sources: Option<&[Vec<u32>]>,
+        options: &GenerateOptions,
+    ) -> Result<Generated> {
+        let b = self.shape.batch;
+        let mut out = Generated {
+            tokens: vec![Vec::new(); b],
+            ..Default::default()
+        };
+        if options.max_new_tokens == 0 {
+            self.prefill(ctx, prompts, sources)?;
+            return Ok(out);
+        }
+        let start = Instant::now();
+        let mut ids = self
+            .prefill_then(ctx, prompts, sources, Some(&options.sampling))?
+            .expect("sampled");
+        out.prefill_tokens = prompts.iter().map(Vec::len).sum();
+        out.prefill_seconds = start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        let mut active = vec![true; b];
+        loop {
+            for (seq, &id) in ids.iter().enumerate() {
+                if !active[seq] {
+                    continue;
+                }
+                out.tokens[seq].push(id);
+                let full = self.cache.lens()[seq] as usize >= self.shape.capacity;
+                if Some(id) == options.stop
+                    || out.tokens[seq].len() >= options.max_new_tokens
+                    || full
+                {
+                    active[seq] = false;
+                }
+            }
+            if !active.contains(&true) {
+                break;
+            }
+            let feed: Vec<Option<u32>> =
+                (0..b).map(|seq| active[seq].then_some(ids[seq])).collect();
+            out.decode_tokens += active.iter().filter(|&&a| a).count();
+            out.decode_steps += 1;
+            ids = self
+                .step_then(ctx, &feed, Some(&options.sampling))?
+                .expect("sampled");
+        }
+        out.decode_seconds = start.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
+    fn check_ids(&self, arg: &'static str, ids: &[u32]) -> Result<()> {
+        match ids.iter().find(|&&t| t as usize >= self.config.vocab) {
+            Some(t) => Err(Error::shape(
+                arg,
+                format!("id {t} is not below vocab {}", self.config.vocab),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn prefill_then(
+        &mut self,
+        ctx: &Context,
+        prompts: &[Vec<u32>],
+        sources: Option<&[Vec<u32>]>,
+        sampling: Option<&Sampling>,
+    ) -> Result<Option<Vec<u32>>> {
+        let (b, s) = (self.shape.batch, self.shape);
+        if prompts.len() != b {
+            return Err(Error::shape(
+                "prompts",
+                format!("{} prompts for a generator of batch {b}", prompts.len()),
+            ));
+        }
+        for (seq, prompt) in prompts.iter().enumerate() {
+            if prompt.is_empty() || prompt.len() > s.capacity {
+                return Err(Error::shape(
+                    "prompts",
+                    format!(
+                        "prompt {seq} has {} tokens; it needs 1 to the capacity {}",
+                        prompt.len(),
+                        s.capacity
+                    ),
+                ));
+            }
+            self.check_ids("prompts", prompt)?;
+        }
+        match (&self.source, sources) {
+            (Some(_), Some(sources)) => {
+                if sources.len() != b {
+                    return Err(Error::shape(
+                        "sources",
+                        format!("{} sources for a generator of batch {b}", sources.len()),
+                    ));
+                }
+                for (seq, src) in sources.iter().enumerate() {
+                    if src.is_empty() || src.len() > s.src_len {
+                        return Err(Error::shape(
+                            "sources",
+                            format!(
+                                "source {seq} has {} tokens; it needs 1 to src_len {}",
+                                src.len(),
+                                s.src_len
+                            ),
+                        ));
+                    }
+                    self.check_ids("sources", src)?;
+                }
+            }
+            (Some(_), None) => {
+                return Err(Error::shape(
+                    "sources",
+                    "an encoder-decoder model needs one source per sequence",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Error::shape(
+                    "sources",
+                    "a decoder-only model takes no sources",
+                ))
+            }
+            (None, None) => {}
+        }
+
+        self.cache.clear();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        if let (Some(source), Some(sources)) = (&mut self.source, sources) {
+            let pad = self.config.pad_id;
+            let mut tokens = vec![pad; b * s.src_len];
+            for (seq, src) in sources.iter().enumerate() {
+                tokens[seq * s.src_len..][..src.len()].copy_from_slice(src);
+                source.lens_host[seq] = src.len() as u32;
+            }
+            source.embedding.tokens.write(ctx, &tokens)?;
+            let lens = Some(source.lens_host.as_slice());
+            source.lens.write(ctx, lens, lens)?;
+            let p = &self.params;
+            source.embedding.forward(ctx, &mut encoder, p)?;
+            let x = &source.embedding.x;
+            source
+                .encoder
+                .forward(ctx, &mut encoder, p, x, &source.lens)?;
+            let memory = source.encoder.output(x);
+            self.prefill
+                .decoder
+                .prepare_memory(ctx, &mut encoder, p, memory)?;
+            self.step
+                .decoder
+                .prepare_memory(ctx, &mut encoder, p, memory)?;
+        }
+        let chunk = s.prefill_chunk;
+        let mut fed = vec![0usize; b];
+        let mut encoder = Some(encoder);
+        let mut ids = None;
+        while fed.iter().zip(prompts).any(|(&f, p)| f < p.len()) {
+            let new: Vec<u32> = fed
+                .iter()
+                .zip(prompts)
+                .map(|(&f, p)| (p.len() - f).min(chunk) as u32)
+                .collect();
+            let mut tokens = vec![self.config.pad_id; b * chunk];
+            for seq in 0..b {
+                let n = new[seq] as usize;
+                tokens[seq * chunk..][..n].copy_from_slice(&prompts[seq][fed[seq]..][..n]);
+                fed[seq] += n;
+            }
+            let last = fed.iter().zip(prompts).all(|(&f, p)| f == p.len());
+            let sample = if last { sampling } else { None };
+            let e = encoder
+                .take()
+                .unwrap_or_else(|| ctx.device().create_command_encoder(&Default::default()));
+            ids = self.run(ctx, e, PassKind::Prefill, &tokens, &new, last, sample)?;
+        }
+        Ok(ids)
+    }
+
+    fn step_then(
+        &mut self,
+        ctx: &Context,
+        tokens: &[Option<u32>],
+        sampling: Option<&Sampling>,
+    ) -> Result<Option<Vec<u32>>> {
+        let b = self.shape.batch;
+        if tokens.len() != b {
+            return Err(Error::shape(
+                "tokens",
+                format!("{} tokens for a generator of batch {b}", tokens.len()),
+            ));
+        }
+        let ids: Vec<u32> = tokens
+            .iter()
+            .map(|t| t.unwrap_or(self.config.pad_id))
+            .collect();
+        self.check_ids("tokens", &ids)?;
+        let new: Vec<u32> = tokens.iter().map(|t| t.is_some() as u32).collect();
+        let encoder = ctx.device().create_command_encoder(&Default::default());
+        self.run(ctx, encoder, PassKind::Step, &ids, &new, true, sampling)
+    }
+
+    /// Runs one pass over `tokens` (`[batch, rows]`, `new[b]` of them real), copies each fed
+    /// sequence's last row into `last`, then (if `logits`) the output layer and (if `sampling`) the
+    /// sampler; one submission. The cache advances once the pass is recorded.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        ctx: &Context,
+        mut encoder: wgpu::CommandEncoder,
+        kind: PassKind,
+        tokens: &[u32],
+        new: &[u32],
+        logits: bool,
+        sampling: Option<&Sampling>,
+    ) -> Result<Option<Vec<u32>>> {
+        let step: StepLens = self.cache.step(new)?;
+        let pass = match kind {
+            PassKind::Prefill => &mut self.prefill,
+            PassKind::Step => &mut self.step,
+        };
+        pass.target.tokens.write(ctx, tokens)?;
+        self.self_lens
+            .write(ctx, Some(&step.new), Some(&step.total))?;
+        if let Some(source) = &self.source {
+            self.cross_lens
+                .write(ctx, Some(&step.new), Some(&source.lens_host))?;
+        }
+        let pass = match kind {
+            PassKind::Prefill => &self.prefill,
+            PassKind::Step => &self.step,
+        };
+        let p = &self.params;
+        let cross = self.source.is_some().then_some(&self.cross_lens);
+        pass.target
+            .forward_cached(ctx, &mut encoder, p, &self.self_lens)?;
+        let x = &pass.target.x;
+        let caches = self.cache.layers();
+        pass.decoder
+            .forward_cached(ctx, &mut encoder, p, x, &caches, &self.self_lens, cross)?;
+        let h = pass.decoder.output(x);
+        let row_bytes = 4 * self.config.d_model as u64;
+        for (seq, &n) in new.iter().enumerate() {
+            if n > 0 {
+                let row = (seq * pass.rows + n as usize - 1) as u64;
+                encoder.copy_buffer_to_buffer(
+                    h.buffer(),
+                    row * row_bytes,
+                    self.last.buffer(),
+                    seq as u64 * row_bytes,
+                    row_bytes,
+                );
+            }
+        }
+        if logits {
+            self.output
+                .forward(ctx, &mut encoder, p, &self.last, &self.logits)?;
+        }
+        if let Some(sampling) = sampling {
+            self.record_sample(ctx, &mut encoder, sampling)?;
+        }
+        ctx.submit(encoder)?;
+        self.cache.advance(&step);
+        match sampling {
+            Some(_) => self.read_ids(ctx).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn record_sample(
+        &mut self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        sampling: &Sampling,
+    ) -> Result<()> {
+        sample_into(ctx, encoder, &self.logits, sampling, self.draws, &self.ids)?;
+        self.draws += 1;
+        encoder.copy_buffer_to_buffer(&self.ids, 0, &self.ids_staging, 0, self.ids.size());
+        Ok(())
+    }
+
+    fn read_ids(&self, ctx: &Context) -> Result<Vec<u32>> {
+        pollster::block_on(read_mapped::<u32>(ctx, &self.ids_staging))
+    }
+}

@@ -1,0 +1,126 @@
+//! The key/value cache of a decoder's self-attention layers: per layer, keys and values
+//! `[batch, capacity, heads, head_dim]` preallocated once, and each sequence's cached length. A
+//! decoding step appends its new keys and values in place (`kernels::kv_cache`) and attends over the
+//! cache (`kernels::attention::attention_decode_into`); the lengths advance only once a step is
+//! recorded, so a rejected step leaves the cache as it was.
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::tensor::GpuTensor;
+
+pub struct KvCache {
+    layers: Vec<[GpuTensor; 2]>,
+    lens: Vec<u32>,
+    capacity: usize,
+}
+
+/// The lengths of one step: new tokens per sequence and cached tokens including them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepLens {
+    pub new: Vec<u32>,
+    pub total: Vec<u32>,
+}
+
+impl KvCache {
+    /// Caches for `layers` layers of `batch` sequences of up to `capacity` tokens.
+    pub fn new(
+        ctx: &Context,
+        layers: usize,
+        batch: usize,
+        capacity: usize,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        if batch == 0 || capacity == 0 || capacity > i32::MAX as usize {
+            return Err(Error::shape(
+                "KvCache",
+                format!(
+                    "batch {batch} and capacity {capacity} must be positive (capacity below 2^31)"
+                ),
+            ));
+        }
+        let shape = [batch, capacity, heads, head_dim];
+        let layers = (0..layers)
+            .map(|_| {
+                Ok([
+                    GpuTensor::zeros(ctx, &shape)?,
+                    GpuTensor::zeros(ctx, &shape)?,
+                ])
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            layers,
+            lens: vec![0; batch],
+            capacity,
+        })
+    }
+
+    pub fn batch(&self) -> usize {
+        self.lens.len()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Tokens cached per sequence.
+    pub fn lens(&self) -> &[u32] {
+        &self.lens
+    }
+
+    /// Every layer's (keys, values).
+    pub fn layers(&self) -> Vec<[&GpuTensor; 2]> {
+        self.layers.iter().map(|[k, v]| [k, v]).collect()
+    }
+
+    /// Bytes of cache storage.
+    pub fn bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|[k, v]| k.size_bytes() + v.size_bytes())
+            .sum()
+    }
+
+    /// The lengths of a step that adds `new[b]` tokens to sequence `b`, checked against the batch
+    /// and the capacity (nothing changes until [`KvCache::advance`]).
+    pub fn step(&self, new: &[u32]) -> Result<StepLens> {
+        if new.len() != self.batch() {
+            return Err(Error::shape(
+                "new tokens",
+                format!(
+                    "{} sequences given for a cache of {}",
+                    new.len(),
+                    self.batch()
+                ),
+            ));
+        }
+        let mut total = Vec::with_capacity(new.len());
+        for (b, (&n, &len)) in new.iter().zip(&self.lens).enumerate() {
+            let sum = len as usize + n as usize;
+            if sum > self.capacity {
+                return Err(Error::shape(
+                    "sequence length",
+                    format!(
+                        "sequence {b} would hold {sum} tokens ({len} cached + {n} new), beyond the cache capacity {}; build the generator with a larger capacity",
+                        self.capacity
+                    ),
+                ));
+            }
+            total.push(sum as u32);
+        }
+        Ok(StepLens {
+            new: new.to_vec(),
+            total,
+        })
+    }
+
+    /// Records that a step's tokens are in the cache.
+    pub fn advance(&mut self, step: &StepLens) {
+        self.lens.copy_from_slice(&step.total);
+    }
+
+    /// Forgets every sequence (the buffers are kept and overwritten by the next tokens).
+    pub fn clear(&mut self) {
+        self.lens.fill(0);
+    }
+}

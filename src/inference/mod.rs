@@ -1,0 +1,15 @@
+//! Inference: incremental generation with a trained [`Transformer`] (decoder-only or
+//! encoder-decoder). A [`Generator`] holds a key/value cache per decoder layer and its own activation
+//! buffers, allocated once, over the model's parameters (shared, not copied: it sees what training
+//! writes). Prompts are fed in chunks (prefill), then one token per sequence per step; each step
+//! appends the new keys and values to the cache and attends over it with decode attention, so a token
+//! costs one pass over the cache instead of a forward over the whole sequence. Only the last
+//! position's logits are computed, tokens are sampled on the GPU, and only their ids are read back.
+//! The encoder runs once per source, and every decoder layer projects its cross-attention keys and
+//! values once.
+
+mod generator;
+pub mod kv_cache;
+
+pub use generator::{GenerateOptions, Generated, Generator, GeneratorShape};
+pub use kv_cache::{KvCache, StepLens};

@@ -1,0 +1,224 @@
+//! Token sampling on the GPU (`shaders/sampling.wgsl`): greedy, or a draw from the softmax of the
+//! logits at a temperature, restricted by top-k and top-p, with a seed; one workgroup per row, only
+//! the chosen ids written. CPU reference: [`crate::reference::sampling`] (the same uniform draws,
+//! the distribution in f64).
+
+use crate::device::{grid_2d, Context};
+use crate::error::{Error, Result};
+use crate::kernels::attention::check_binding;
+use crate::kernels::dispatch::Bindable;
+use crate::tensor::GpuTensor;
+
+const SAMPLING: &str = include_str!("../../shaders/sampling.wgsl");
+
+/// Most invocations per row (`WG` in the shader; a power of two for its tree reductions); small
+/// vocabularies get fewer (at least 32), so no lane idles through the reductions.
+const MAX_WG: usize = 256;
+
+/// The sampling shader by name, for the naga tests.
+pub fn shader_sources() -> Vec<(&'static str, String)> {
+    vec![("sampling", SAMPLING.to_string())]
+}
+
+/// How a token is chosen from a row of logits.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Sampling {
+    /// 0 chooses the arg max (greedy); otherwise softmax(logits / temperature).
+    pub temperature: f32,
+    /// Keep only the ids whose probability is at least the k-th largest (ties kept).
+    pub top_k: Option<usize>,
+    /// Keep only the most probable ids whose probabilities add up to at least `top_p` (nucleus
+    /// sampling; ties at the boundary kept).
+    pub top_p: Option<f32>,
+    /// Seeds the draws; draw `n` of row `b` uses random numbers of `(seed, n, b)`.
+    pub seed: u64,
+}
+
+impl Sampling {
+    /// The arg max.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+        }
+    }
+
+    /// Softmax sampling at `temperature` with `seed`.
+    pub fn temperature(temperature: f32, seed: u64) -> Self {
+        Self {
+            temperature,
+            top_k: None,
+            top_p: None,
+            seed,
+        }
+    }
+
+    pub fn top_k(mut self, k: usize) -> Self {
+        self.top_k = Some(k);
+        self
+    }
+
+    pub fn top_p(mut self, p: f32) -> Self {
+        self.top_p = Some(p);
+        self
+    }
+
+    /// Checks the options.
+    pub fn check(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(Error::shape(
+                "temperature",
+                format!(
+                    "is {}; it must be finite and at least 0 (0 is greedy)",
+                    self.temperature
+                ),
+            ));
+        }
+        if self.top_k == Some(0) {
+            return Err(Error::shape(
+                "top_k",
+                "is 0; keep at least one id (or None for all)",
+            ));
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(Error::shape(
+                    "top_p",
+                    format!("is {p}; it must be in (0, 1]"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Greedy: temperature 0 or a single id kept.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == Some(1)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SamplingParams {
+    batch: u32,
+    vocab: u32,
+    greedy: u32,
+    top_k: u32,
+    top_p: f32,
+    inv_temperature: f32,
+    seed_lo: u32,
+    seed_hi: u32,
+    draw_lo: u32,
+    draw_hi: u32,
+    grid_x: u32,
+    pad: u32,
+}
+
+/// Records the choice of one id per row of `logits [B, V]` into `ids` (a buffer of at least `B`
+/// u32, with `STORAGE` usage), using the random numbers of draw number `draw`. Nothing is recorded
+/// if the input is rejected.
+pub fn sample_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    logits: &GpuTensor,
+    sampling: &Sampling,
+    draw: u64,
+    ids: &wgpu::Buffer,
+) -> Result<()> {
+    sampling.check()?;
+    let &[batch, vocab] = logits.shape() else {
+        return Err(Error::shape(
+            "logits",
+            format!("has shape {:?}; expected [batch, vocab]", logits.shape()),
+        ));
+    };
+    if batch == 0 || vocab == 0 || vocab > u32::MAX as usize / 2 {
+        return Err(Error::shape(
+            "logits",
+            format!(
+                "has shape {:?}; batch and vocab must be positive",
+                logits.shape()
+            ),
+        ));
+    }
+    if ids.size() < 4 * batch as u64 || !ids.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::shape(
+            "ids",
+            format!("needs STORAGE usage and room for {batch} u32"),
+        ));
+    }
+    check_binding(ctx, "logits", logits.size_bytes())?;
+    let (gx, gy) = grid_2d(batch as u32);
+    let params = SamplingParams {
+        batch: batch as u32,
+        vocab: vocab as u32,
+        greedy: sampling.is_greedy() as u32,
+        top_k: sampling
+            .top_k
+            .map_or(u32::MAX, |k| k.min(u32::MAX as usize) as u32),
+        top_p: sampling.top_p.unwrap_or(1.0),
+        inv_temperature: if sampling.is_greedy() {
+            0.0
+        } else {
+            1.0 / sampling.temperature
+        },
+        seed_lo: sampling.seed as u32,
+        seed_hi: (sampling.seed >> 32) as u32,
+        draw_lo: draw as u32,
+        draw_hi: (draw >> 32) as u32,
+        grid_x: gx,
+        pad: 0,
+    };
+    let wg = vocab.next_power_of_two().clamp(32, MAX_WG) as u32;
+    let pipeline = ctx.pipeline("sampling", || SAMPLING.to_string(), &[("WG", wg)]);
+    let storage = [
+        crate::device::StorageBinding {
+            binding: 1,
+            buffer: logits.bound_buffer(),
+            offset: 0,
+            size: None,
+        },
+        crate::device::StorageBinding {
+            binding: 2,
+            buffer: ids,
+            offset: 0,
+            size: None,
+        },
+    ];
+    let bind_group = ctx.bind_group(&pipeline, "sampling", bytemuck::bytes_of(&params), &storage);
+    let mut pass = ctx.begin_pass(encoder, "sampling");
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(gx, gy, 1);
+    Ok(())
+}
+
+/// Samples one id per row of `logits [B, V]` (draw number `draw`), submitted and read back.
+pub fn sample(
+    ctx: &Context,
+    logits: &GpuTensor,
+    sampling: &Sampling,
+    draw: u64,
+) -> Result<Vec<u32>> {
+    let batch = logits.shape().first().copied().unwrap_or(0);
+    let bytes = 4 * batch.max(1) as u64;
+    let ids = ctx.create_uncounted_buffer(
+        "sampled ids",
+        bytes,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+    )?;
+    let staging = ctx.create_uncounted_buffer(
+        "sampled ids readback",
+        bytes,
+        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+    )?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    sample_into(ctx, &mut encoder, logits, sampling, draw, &ids)?;
+    encoder.copy_buffer_to_buffer(&ids, 0, &staging, 0, bytes);
+    ctx.submit(encoder)?;
+    let mut out = pollster::block_on(crate::tensor::read_mapped::<u32>(ctx, &staging))?;
+    out.truncate(batch);
+    Ok(out)
+}

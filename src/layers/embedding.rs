@@ -1,0 +1,152 @@
+//! Token embedding plus positions, the input layer of each stream (source, target): `x = E[tokens] +
+//! P[positions]` with a fixed sinusoidal or a learned position table, or `x = E[tokens]` when rotary
+//! embeddings rotate Q and K inside attention instead. Owns its token buffer and output, allocated
+//! once for `[batch, seq]` tokens. Row `l` sits at position `l`, or after each sequence's cached
+//! tokens when decoding ([`Embedding::forward_cached`]).
+
+use crate::device::Context;
+use crate::error::Result;
+use crate::kernels::embedding::{
+    embedding_backward_into, embedding_forward_into, positional_backward_into,
+    positional_forward_cached_into, positional_forward_into, sinusoidal_table,
+};
+use crate::layers::params::{Init, ParamId, Params};
+use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
+
+/// How positions enter a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PositionKind {
+    /// The fixed table of "Attention Is All You Need".
+    Sinusoidal,
+    /// A learned `[positions, d_model]` table (`{name}.pos`).
+    Learned,
+    /// Rotary embeddings in the attention layers; nothing is added here.
+    Rotary,
+}
+
+enum Positions {
+    Table(GpuTensor),
+    Learned(ParamId),
+    Rotary,
+}
+
+pub struct Embedding {
+    table: ParamId,
+    positions: Positions,
+    /// `[batch, seq]` token ids, written by the caller.
+    pub tokens: GpuTokens,
+    embedded: GpuTensor,
+    /// `[batch, seq, d_model]`, the layer's output.
+    pub x: GpuTensor,
+}
+
+impl Embedding {
+    /// `{name}.embed [vocab, d_model]` and, for learned positions, `{name}.pos [positions,
+    /// d_model]`; `positions` is the number of positions the table covers (at least `rows[1]`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        vocab: usize,
+        d_model: usize,
+        pad_id: u32,
+        kind: PositionKind,
+        rows: [usize; 2],
+        positions: usize,
+    ) -> Result<Self> {
+        let table = params.add(
+            ctx,
+            format!("{name}.embed"),
+            &[vocab, d_model],
+            Init::Uniform(1.0),
+        )?;
+        let positions = match kind {
+            PositionKind::Rotary => Positions::Rotary,
+            PositionKind::Learned => Positions::Learned(params.add(
+                ctx,
+                format!("{name}.pos"),
+                &[positions, d_model],
+                Init::Uniform(0.1),
+            )?),
+            PositionKind::Sinusoidal => Positions::Table(GpuTensor::from_slice(
+                ctx,
+                &sinusoidal_table(positions, d_model),
+                &[positions, d_model],
+            )?),
+        };
+        let shape = [rows[0], rows[1], d_model];
+        Ok(Self {
+            table,
+            positions,
+            tokens: GpuTokens::from_slice(ctx, &vec![pad_id; rows[0] * rows[1]], &rows)?,
+            embedded: GpuTensor::zeros(ctx, &shape)?,
+            x: GpuTensor::zeros(ctx, &shape)?,
+        })
+    }
+
+    fn position_table<'a>(&'a self, p: &'a Params) -> Option<&'a GpuTensor> {
+        match &self.positions {
+            Positions::Table(t) => Some(t),
+            Positions::Learned(id) => Some(p.value(*id)),
+            Positions::Rotary => None,
+        }
+    }
+
+    /// `x = E[tokens] + P[l]`.
+    pub fn forward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+    ) -> Result<()> {
+        self.record(ctx, encoder, p, None)
+    }
+
+    /// `x = E[tokens] + P[position]` for new tokens after a cache: row `l` of sequence `b` at
+    /// `kv_lens[b] - q_lens[b] + l` (see [`SeqLens::check_decode`]).
+    pub fn forward_cached(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        lens: &SeqLens,
+    ) -> Result<()> {
+        self.record(ctx, encoder, p, Some(lens))
+    }
+
+    fn record(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        lens: Option<&SeqLens>,
+    ) -> Result<()> {
+        let embed = p.value(self.table);
+        let Some(table) = self.position_table(p) else {
+            return embedding_forward_into(ctx, encoder, &self.tokens, embed, &self.x);
+        };
+        embedding_forward_into(ctx, encoder, &self.tokens, embed, &self.embedded)?;
+        match lens {
+            None => positional_forward_into(ctx, encoder, &self.embedded, table, &self.x),
+            Some(lens) => {
+                positional_forward_cached_into(ctx, encoder, &self.embedded, table, &self.x, lens)
+            }
+        }
+    }
+
+    /// `dx` is the gradient at `x = embedded + positions`, which both terms receive unchanged.
+    pub fn backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        dx: &GpuTensor,
+    ) -> Result<()> {
+        embedding_backward_into(ctx, encoder, &self.tokens, dx, p.grad(self.table))?;
+        if let Positions::Learned(id) = &self.positions {
+            positional_backward_into(ctx, encoder, dx, p.grad(*id))?;
+        }
+        Ok(())
+    }
+}
