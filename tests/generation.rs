@@ -1,0 +1,315 @@
+//! Incremental generation from a key/value cache against the model's full forward, on every back
+//! end: after a ragged chunked prefill and after every decoding step, each sequence's logits equal
+//! the full forward's at its last position (decoder-only with RoPE, a window, ALiBi, softcap and
+//! sinks; with relative buckets, post-LN; encoder-decoder with learned positions and padded
+//! sources). Greedy generation reproduces re-running the forward. Bad input is a typed error that
+//! leaves the cache unchanged.
+
+mod common;
+
+use common::{assert_close, for_each_backend, rng, FORWARD_ATOL, FORWARD_RTOL};
+use rand::Rng;
+use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::kernels::sampling::Sampling;
+use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
+use wgpu_attention::{Context, RelativeBuckets};
+
+const PAD: u32 = 0;
+const VOCAB: usize = 13;
+const SHAPE: BatchShape = BatchShape {
+    batch: 3,
+    src_len: 7,
+    tgt_len: 9,
+};
+
+fn config(encoder_layers: usize) -> TransformerConfig {
+    TransformerConfig {
+        vocab: VOCAB,
+        d_model: 16,
+        heads: 2,
+        d_ff: 24,
+        encoder_layers,
+        decoder_layers: 2,
+        pre_ln: true,
+        learned_positions: false,
+        pad_id: PAD,
+        attention_softcap: None,
+        alibi: false,
+        attention_window: None,
+        relative_buckets: None,
+        attention_sinks: false,
+        cosine_scores: None,
+        key_norm_clip: None,
+        rope_base: None,
+    }
+}
+
+fn configs() -> Vec<(&'static str, TransformerConfig)> {
+    vec![
+        (
+            "decoder-only rope window alibi softcap sinks",
+            TransformerConfig {
+                rope_base: Some(10000.0),
+                attention_window: Some(3),
+                alibi: true,
+                attention_softcap: Some(2.0),
+                attention_sinks: true,
+                ..config(0)
+            },
+        ),
+        (
+            "decoder-only post-LN relative",
+            TransformerConfig {
+                pre_ln: false,
+                relative_buckets: Some(RelativeBuckets::new(8, 6, true)),
+                ..config(0)
+            },
+        ),
+        (
+            "encoder-decoder learned positions",
+            TransformerConfig {
+                learned_positions: true,
+                ..config(1)
+            },
+        ),
+    ]
+}
+
+/// Random target sequences with lengths `lens` (padded), and sources (lengths `src_lens`).
+fn sequences(seed: u64, lens: &[usize], len: usize) -> Vec<Vec<u32>> {
+    let mut r = rng(seed);
+    lens.iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| r.random_range(1..VOCAB as u32))
+                .collect::<Vec<_>>()
+        })
+        .map(|mut s| {
+            s.truncate(len);
+            s
+        })
+        .collect()
+}
+
+/// The full forward's logits `[B, tgt_len, vocab]` for `targets` (and `sources`).
+fn full_logits(
+    ctx: &Context,
+    model: &mut Transformer,
+    targets: &[Vec<u32>],
+    sources: &[Vec<u32>],
+) -> Vec<f32> {
+    let s = *model.shape();
+    let pad = |seqs: &[Vec<u32>], len: usize| -> Vec<u32> {
+        seqs.iter()
+            .flat_map(|q| (0..len).map(move |i| q.get(i).copied().unwrap_or(PAD)))
+            .collect()
+    };
+    let lens = |seqs: &[Vec<u32>]| seqs.iter().map(|q| q.len() as u32).collect::<Vec<_>>();
+    let has_encoder = model.config().has_encoder();
+    let batch = Batch {
+        src: if has_encoder {
+            pad(sources, s.src_len)
+        } else {
+            Vec::new()
+        },
+        src_lens: if has_encoder {
+            lens(sources)
+        } else {
+            Vec::new()
+        },
+        tgt_in: pad(targets, s.tgt_len),
+        tgt_out: vec![PAD; s.batch * s.tgt_len],
+        tgt_lens: lens(targets),
+    };
+    model.set_batch(ctx, &batch).unwrap();
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    model.forward(ctx, &mut encoder).unwrap();
+    ctx.queue().submit([encoder.finish()]);
+    model.logits().to_vec(ctx).unwrap()
+}
+
+#[test]
+fn cached_decoding_matches_the_full_forward_at_every_step() {
+    let target_lens = [9, 6, 8];
+    let prompt_lens = [5, 2, 3];
+    for_each_backend(|name, ctx| {
+        for (n, (label, c)) in configs().into_iter().enumerate() {
+            let mut model = Transformer::new(ctx, c, SHAPE, 20 + n as u64).unwrap();
+            let targets = sequences(30 + n as u64, &target_lens, SHAPE.tgt_len);
+            let sources = sequences(40 + n as u64, &[7, 4, 6], SHAPE.src_len);
+            let full = full_logits(ctx, &mut model, &targets, &sources);
+            let shape = GeneratorShape {
+                batch: 3,
+                capacity: SHAPE.tgt_len,
+                prefill_chunk: 4,
+                src_len: SHAPE.src_len,
+            };
+            let mut generator = Generator::new(ctx, &model, shape).unwrap();
+            let prompts: Vec<Vec<u32>> = targets
+                .iter()
+                .zip(prompt_lens)
+                .map(|(t, p)| t[..p].to_vec())
+                .collect();
+            let srcs = c.has_encoder().then_some(sources.as_slice());
+            generator.prefill(ctx, &prompts, srcs).unwrap();
+            let mut lens: Vec<usize> = prompt_lens.to_vec();
+            let mut previous = vec![0.0f32; 3 * VOCAB];
+            let mut fed = [true; 3];
+            let mut step = 0;
+            loop {
+                assert_eq!(
+                    generator.lens(),
+                    lens.iter().map(|&l| l as u32).collect::<Vec<_>>()
+                );
+                let got = generator.logits().to_vec(ctx).unwrap();
+                for b in 0..3 {
+                    let row = &got[b * VOCAB..][..VOCAB];
+                    let at = lens[b] - 1;
+                    let expected: Vec<f64> = full[(b * SHAPE.tgt_len + at) * VOCAB..][..VOCAB]
+                        .iter()
+                        .map(|&x| x as f64)
+                        .collect();
+                    assert_close(
+                        &format!("[{name}] {label} step {step} sequence {b} (position {at})"),
+                        row,
+                        &expected,
+                        FORWARD_ATOL,
+                        FORWARD_RTOL,
+                    );
+                    if !fed[b] {
+                        // A finished sequence took no token and kept its logits.
+                        assert_eq!(row, &previous[b * VOCAB..][..VOCAB]);
+                    }
+                }
+                previous = got;
+                if (0..3).all(|b| lens[b] >= target_lens[b]) {
+                    break;
+                }
+                let feed: Vec<Option<u32>> = (0..3)
+                    .map(|b| (lens[b] < target_lens[b]).then(|| targets[b][lens[b]]))
+                    .collect();
+                generator.step(ctx, &feed).unwrap();
+                for b in 0..3 {
+                    fed[b] = feed[b].is_some();
+                    lens[b] += fed[b] as usize;
+                }
+                step += 1;
+            }
+        }
+    });
+}
+
+#[test]
+fn greedy_generation_matches_rerunning_the_forward() {
+    for_each_backend(|name, ctx| {
+        let c = configs()[0].1;
+        let mut model = Transformer::new(ctx, c, SHAPE, 7).unwrap();
+        let prompts = sequences(8, &[3, 1, 4], SHAPE.tgt_len);
+        let shape = GeneratorShape {
+            batch: 3,
+            capacity: SHAPE.tgt_len,
+            prefill_chunk: 2,
+            src_len: 0,
+        };
+        let mut generator = Generator::new(ctx, &model, shape).unwrap();
+        let options = GenerateOptions {
+            max_new_tokens: 4,
+            sampling: Sampling::greedy(),
+            stop: None,
+        };
+        let out = generator.generate(ctx, &prompts, None, &options).unwrap();
+        assert!(out.tokens.iter().all(|t| t.len() == 4), "[{name}] {out:?}");
+        assert_eq!(out.decode_steps, 3);
+        // Each generated token is the arg max of the full forward over the prompt and the tokens
+        // before it.
+        let whole: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(&out.tokens)
+            .map(|(p, t)| p.iter().chain(t).copied().collect())
+            .collect();
+        let full = full_logits(ctx, &mut model, &whole, &[]);
+        for (b, p) in prompts.iter().enumerate() {
+            for (k, &token) in out.tokens[b].iter().enumerate() {
+                let at = p.len() - 1 + k;
+                let row = &full[(b * SHAPE.tgt_len + at) * VOCAB..][..VOCAB];
+                let arg = (0..VOCAB)
+                    .max_by(|&x, &y| row[x].total_cmp(&row[y]).then(y.cmp(&x)))
+                    .unwrap();
+                assert_eq!(token, arg as u32, "[{name}] sequence {b} token {k}");
+            }
+        }
+    });
+}
+
+#[test]
+fn bad_generation_input_is_a_typed_error_and_leaves_the_cache() {
+    for_each_backend(|name, ctx| {
+        let model = Transformer::new(ctx, configs()[0].1, SHAPE, 3).unwrap();
+        let shape = GeneratorShape {
+            batch: 2,
+            capacity: 4,
+            prefill_chunk: 4,
+            src_len: 0,
+        };
+        let mut generator = Generator::new(ctx, &model, shape).unwrap();
+        generator
+            .prefill(ctx, &[vec![1, 2, 3], vec![4]], None)
+            .unwrap();
+        let before = generator.lens().to_vec();
+        let check = |generator: &Generator, e: wgpu_attention::Error, needle: &str| {
+            let text = e.to_string();
+            assert!(text.contains(needle), "[{name}] {text}");
+            assert_eq!(
+                generator.lens(),
+                before,
+                "[{name}] the cache changed: {text}"
+            );
+        };
+        // Past the capacity: a prompt, then a step once a sequence is full.
+        let e = generator
+            .prefill(ctx, &[vec![1; 5], vec![2]], None)
+            .unwrap_err();
+        check(&generator, e, "capacity");
+        generator.step(ctx, &[Some(5), None]).unwrap();
+        let before = generator.lens().to_vec();
+        assert_eq!(before, [4, 1]);
+        let e = generator.step(ctx, &[Some(1), Some(1)]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("sequence 0") && text.contains("capacity 4"),
+            "[{name}] {text}"
+        );
+        assert_eq!(generator.lens(), before);
+        // A batch index out of range, an id past the vocabulary, sources for a decoder-only model.
+        let e = generator.step(ctx, &[None, None, Some(1)]).unwrap_err();
+        assert!(e.to_string().contains("batch 2"), "[{name}] {e}");
+        let e = generator
+            .step(ctx, &[None, Some(VOCAB as u32)])
+            .unwrap_err();
+        assert!(e.to_string().contains("vocab"), "[{name}] {e}");
+        let e = generator
+            .prefill(ctx, &[vec![1], vec![1]], Some(&[vec![1], vec![1]]))
+            .unwrap_err();
+        assert!(e.to_string().contains("decoder-only"), "[{name}] {e}");
+        assert_eq!(generator.lens(), before);
+        // Configurations the cache cannot serve are refused when the generator is built.
+        let cosine = TransformerConfig {
+            cosine_scores: Some(4.0),
+            ..config(0)
+        };
+        let model = Transformer::new(ctx, cosine, SHAPE, 3).unwrap();
+        let e = Generator::new(ctx, &model, shape).err().unwrap();
+        assert!(e.to_string().contains("cosine"), "[{name}] {e}");
+        let learned = TransformerConfig {
+            learned_positions: true,
+            ..config(0)
+        };
+        let model = Transformer::new(ctx, learned, SHAPE, 3).unwrap();
+        let long = GeneratorShape {
+            capacity: 10,
+            ..shape
+        };
+        let e = Generator::new(ctx, &model, long).err().unwrap();
+        assert!(e.to_string().contains("learned"), "[{name}] {e}");
+    });
+}
