@@ -1,0 +1,394 @@
+//! Inference throughput of a decoder-only language model on one adapter: prefill and decode tokens/s
+//! of cached generation ([`Generator`]) per batch size, the same generation by re-running the full
+//! forward for every new token (the baseline the cache replaces), and the decode attention kernel's
+//! achieved bandwidth against a buffer copy of the same bytes.
+//!
+//! ```text
+//! cargo run --release --bin generate-bench -- [--d-model 512 --layers 8 --heads 8 --context 2048
+//!     --prompt 512 --new-tokens 128 --batches 1,8 --rerun --attention-lengths 1024,2048]
+//! ```
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use wgpu_attention::bench::{measure, Timer};
+use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::kernels::sampling::Sampling;
+use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
+use wgpu_attention::{
+    attention_decode_into, parse_backends, AttentionOptions, Context, ContextOptions, Error,
+    GpuTensor, SeqLens,
+};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Cached generation throughput on any wgpu adapter")]
+struct Cli {
+    /// Back end: vulkan, gl, metal, dx12 (default: WGPU_BACKEND, else all)
+    #[arg(long)]
+    backend: Option<String>,
+    /// Case-insensitive substring of the adapter name (default: WGPU_ADAPTER_NAME)
+    #[arg(long)]
+    adapter: Option<String>,
+    #[arg(long, default_value_t = 512)]
+    d_model: usize,
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Feed-forward width (default 4 * d_model)
+    #[arg(long)]
+    d_ff: Option<usize>,
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    #[arg(long, default_value_t = 1000)]
+    vocab: usize,
+    /// Cache capacity per sequence (prompt + new tokens must fit)
+    #[arg(long, default_value_t = 2048)]
+    context: usize,
+    /// Prompt tokens per sequence
+    #[arg(long, default_value_t = 512)]
+    prompt: usize,
+    /// Prompt tokens per sequence in one prefill pass
+    #[arg(long, default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Tokens generated per sequence (greedy)
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    /// Batch sizes to run
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    batches: Vec<usize>,
+    /// Also generate by re-running the full forward for every new token (the first batch size)
+    #[arg(long)]
+    rerun: bool,
+    /// Decode attention microbenchmark: cache lengths (H = heads, Hkv = heads / 4, D = 64, one new
+    /// query per sequence, every batch size); empty to skip
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
+    attention_lengths: Vec<usize>,
+    /// Timed runs of each microbenchmark measurement (after warm-up)
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Write the figures as JSON
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+fn model(ctx: &Context, cli: &Cli) -> Result<Transformer, Error> {
+    let config = TransformerConfig {
+        vocab: cli.vocab,
+        d_model: cli.d_model,
+        heads: cli.heads,
+        d_ff: cli.d_ff.unwrap_or(4 * cli.d_model),
+        encoder_layers: 0,
+        decoder_layers: cli.layers,
+        pre_ln: true,
+        learned_positions: false,
+        pad_id: 0,
+        attention_softcap: None,
+        alibi: false,
+        attention_window: None,
+        relative_buckets: None,
+        attention_sinks: false,
+        cosine_scores: None,
+        key_norm_clip: None,
+        rope_base: Some(10000.0),
+    };
+    // The generator keeps its own buffers; the model's training shape only sizes unused activations.
+    let shape = BatchShape {
+        batch: 1,
+        src_len: 1,
+        tgt_len: 1,
+    };
+    Transformer::new(ctx, config, shape, 1)
+}
+
+/// Deterministic prompt ids in 1..vocab.
+fn prompts(cli: &Cli, batch: usize) -> Vec<Vec<u32>> {
+    (0..batch)
+        .map(|b| {
+            (0..cli.prompt)
+                .map(|i| 1 + ((i * 7919 + b * 104729) % (cli.vocab - 1)) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+struct GenerationFigures {
+    batch: usize,
+    prefill_tokens_per_s: f64,
+    decode_tokens_per_s: f64,
+    decode_ms_per_step: f64,
+    /// Wall-clock seconds of the prefill (with the first sampled token) and of the decoding steps.
+    seconds: f64,
+    generated: Vec<Vec<u32>>,
+}
+
+fn cached(
+    ctx: &Context,
+    cli: &Cli,
+    model: &Transformer,
+    batch: usize,
+) -> Result<GenerationFigures, Error> {
+    let shape = GeneratorShape {
+        batch,
+        capacity: cli.context,
+        prefill_chunk: cli.prefill_chunk,
+        src_len: 0,
+    };
+    let mut generator = Generator::new(ctx, model, shape)?;
+    let options = GenerateOptions {
+        max_new_tokens: cli.new_tokens,
+        sampling: Sampling::greedy(),
+        stop: None,
+    };
+    let prompts = prompts(cli, batch);
+    // A first run compiles every pipeline; the second is measured.
+    generator.generate(ctx, &prompts, None, &options)?;
+    let out = generator.generate(ctx, &prompts, None, &options)?;
+    Ok(GenerationFigures {
+        batch,
+        prefill_tokens_per_s: out.prefill_tokens as f64 / out.prefill_seconds,
+        decode_tokens_per_s: out.decode_tokens as f64 / out.decode_seconds,
+        decode_ms_per_step: out.decode_seconds * 1e3 / out.decode_steps.max(1) as f64,
+        seconds: out.prefill_seconds + out.decode_seconds,
+        generated: out.tokens,
+    })
+}
+
+/// Greedy generation by re-running the whole forward over the prompt and the tokens so far for
+/// every new token, reading back the logits: tokens/s, and the tokens (to check against the cache).
+fn rerun(
+    ctx: &Context,
+    cli: &Cli,
+    base: &Transformer,
+    batch: usize,
+) -> Result<(f64, Vec<Vec<u32>>), Error> {
+    let total = cli.prompt + cli.new_tokens;
+    let shape = BatchShape {
+        batch,
+        src_len: 1,
+        tgt_len: total,
+    };
+    let mut model = Transformer::new(ctx, *base.config(), shape, 1)?;
+    for (dst, src) in model.params.values().iter().zip(base.params.values()) {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(src.buffer(), 0, dst.buffer(), 0, src.size_bytes());
+        ctx.queue().submit([encoder.finish()]);
+    }
+    let mut sequences = prompts(cli, batch);
+    let vocab = cli.vocab;
+    let start = Instant::now();
+    for _ in 0..cli.new_tokens {
+        let len = sequences[0].len();
+        let mut tgt_in = vec![0u32; batch * total];
+        for (b, s) in sequences.iter().enumerate() {
+            tgt_in[b * total..][..s.len()].copy_from_slice(s);
+        }
+        let batch_data = Batch {
+            src: Vec::new(),
+            src_lens: Vec::new(),
+            tgt_in,
+            tgt_out: vec![0; batch * total],
+            tgt_lens: vec![len as u32; batch],
+        };
+        model.set_batch(ctx, &batch_data)?;
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        model.forward(ctx, &mut encoder)?;
+        ctx.queue().submit([encoder.finish()]);
+        let logits = model.logits().to_vec(ctx)?;
+        for (b, s) in sequences.iter_mut().enumerate() {
+            let row = &logits[(b * total + len - 1) * vocab..][..vocab];
+            let next = (0..vocab)
+                .max_by(|&x, &y| row[x].total_cmp(&row[y]).then(y.cmp(&x)))
+                .unwrap_or(0);
+            s.push(next as u32);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let generated = sequences
+        .into_iter()
+        .map(|s| s[cli.prompt..].to_vec())
+        .collect();
+    Ok(((batch * cli.new_tokens) as f64 / seconds, generated))
+}
+
+struct AttentionFigures {
+    batch: usize,
+    cache_len: usize,
+    decode_ms: f64,
+    decode_gb_s: f64,
+    copy_gb_s: f64,
+}
+
+/// Decode attention over a full cache of `len` keys (one new query per sequence) against a copy of
+/// the cache's K and V bytes.
+fn attention(
+    ctx: &Context,
+    cli: &Cli,
+    timer: &Timer,
+    batch: usize,
+    len: usize,
+) -> Result<AttentionFigures, Error> {
+    let (h, hkv, d) = (cli.heads, (cli.heads / 4).max(1), 64);
+    let q = GpuTensor::zeros(ctx, &[batch, 1, h, d])?;
+    let k = GpuTensor::zeros(ctx, &[batch, len, hkv, d])?;
+    let v = GpuTensor::zeros(ctx, &[batch, len, hkv, d])?;
+    let out = GpuTensor::zeros(ctx, &[batch, 1, h, d])?;
+    let lse = GpuTensor::zeros(ctx, &[batch, h, 1])?;
+    let lens = SeqLens::new(ctx, Some(&vec![1; batch]), Some(&vec![len as u32; batch]))?;
+    let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
+    let (qv, kv, vv, ov) = (q.heads()?, k.heads()?, v.heads()?, out.heads()?);
+    let decode = measure(ctx, timer, cli.reps, || {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        attention_decode_into(ctx, &mut encoder, &qv, &kv, &vv, &ov, &lse, &opts)?;
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    let bytes = (k.size_bytes() + v.size_bytes()) as f64;
+    let src = GpuTensor::zeros(ctx, &[2 * batch * len * hkv * d])?;
+    let dst = GpuTensor::zeros(ctx, &[2 * batch * len * hkv * d])?;
+    let copy = measure(ctx, timer, cli.reps, || {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(src.buffer(), 0, dst.buffer(), 0, src.size_bytes());
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    // A copy reads and writes each byte; decode attention reads K and V once.
+    Ok(AttentionFigures {
+        batch,
+        cache_len: len,
+        decode_ms: decode.median(),
+        decode_gb_s: bytes / (decode.median() * 1e6),
+        copy_gb_s: 2.0 * bytes / (copy.median() * 1e6),
+    })
+}
+
+fn run(cli: &Cli) -> Result<(), Error> {
+    let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
+    let ctx = Context::new_with(&ContextOptions {
+        backends,
+        adapter_name: cli.adapter.clone(),
+    })?;
+    println!("adapter: {}", ctx.report());
+    let model = model(&ctx, cli)?;
+    println!(
+        "model: decoder-only, d_model {}, {} layers, {} heads, d_ff {}, vocab {}, RoPE; {} parameters",
+        cli.d_model,
+        cli.layers,
+        cli.heads,
+        cli.d_ff.unwrap_or(4 * cli.d_model),
+        cli.vocab,
+        model.params.elements()
+    );
+    println!(
+        "generation: prompt {} tokens (prefill chunks of {}), {} new tokens greedy, cache capacity {}",
+        cli.prompt, cli.prefill_chunk, cli.new_tokens, cli.context
+    );
+    let mut figures = Vec::new();
+    for &batch in &cli.batches {
+        let f = cached(&ctx, cli, &model, batch)?;
+        figures.push(f);
+    }
+    println!(
+        "\n| batch | prefill tokens/s | decode tokens/s | ms per decode step |\n|---|---|---|---|"
+    );
+    for f in &figures {
+        println!(
+            "| {} | {:.0} | {:.1} | {:.2} |",
+            f.batch, f.prefill_tokens_per_s, f.decode_tokens_per_s, f.decode_ms_per_step
+        );
+    }
+    let mut rerun_figures = None;
+    if cli.rerun {
+        let batch = cli.batches[0];
+        let (tokens_per_s, generated) = rerun(&ctx, cli, &model, batch)?;
+        let cached = &figures[0];
+        // Cached generation end to end: the prefill and every decoding step.
+        let cached_rate = (batch * cli.new_tokens) as f64 / cached.seconds;
+        let same = generated == cached.generated;
+        println!(
+            "\nre-running the forward for every new token (batch {batch}): {tokens_per_s:.1} tokens/s; \
+             cached generation {cached_rate:.1} tokens/s (prefill included): {:.1}x; same tokens: {same}",
+            cached_rate / tokens_per_s
+        );
+        rerun_figures = Some((batch, tokens_per_s, cached_rate, same));
+    }
+    let timer = Timer::new(&ctx, false);
+    let mut attention_figures = Vec::new();
+    for &len in &cli.attention_lengths {
+        for &batch in &cli.batches {
+            attention_figures.push(attention(&ctx, cli, &timer, batch, len)?);
+        }
+    }
+    if !attention_figures.is_empty() {
+        println!(
+            "\ndecode attention, H {} / Hkv {}, D 64, one query per sequence ({}):\n",
+            cli.heads,
+            (cli.heads / 4).max(1),
+            timer.clock().name()
+        );
+        println!("| batch | cache length | ms | K+V read GB/s | copy GB/s | share of copy |\n|---|---|---|---|---|---|");
+        for a in &attention_figures {
+            println!(
+                "| {} | {} | {:.3} | {:.1} | {:.1} | {:.0}% |",
+                a.batch,
+                a.cache_len,
+                a.decode_ms,
+                a.decode_gb_s,
+                a.copy_gb_s,
+                100.0 * a.decode_gb_s / a.copy_gb_s
+            );
+        }
+    }
+    if let Some(path) = &cli.json {
+        let report = serde_json::json!({
+            "adapter": ctx.report().to_string(),
+            "cli": format!("{cli:?}"),
+            "generation": figures.iter().map(|f| serde_json::json!({
+                "batch": f.batch,
+                "prefill_tokens_per_s": f.prefill_tokens_per_s,
+                "decode_tokens_per_s": f.decode_tokens_per_s,
+                "decode_ms_per_step": f.decode_ms_per_step,
+            })).collect::<Vec<_>>(),
+            "rerun": rerun_figures.map(|(batch, rerun, cached, same)| serde_json::json!({
+                "batch": batch, "rerun_tokens_per_s": rerun, "cached_tokens_per_s": cached,
+                "speedup": cached / rerun, "same_tokens": same,
+            })),
+            "decode_attention": attention_figures.iter().map(|a| serde_json::json!({
+                "batch": a.batch, "cache_len": a.cache_len, "ms": a.decode_ms,
+                "gb_s": a.decode_gb_s, "copy_gb_s": a.copy_gb_s,
+            })).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap())
+            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
+    wgpu_attention::quiet_headless_start_up();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+    };
+    if cli.vocab < 2
+        || cli.layers == 0
+        || cli.batches.is_empty()
+        || cli.batches.contains(&0)
+        || cli.prompt == 0
+        || cli.prompt + cli.new_tokens > cli.context
+    {
+        eprintln!("generate-bench: vocab >= 2, layers, batches and prompt positive, prompt + new tokens within the context");
+        return ExitCode::from(2);
+    }
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("generate-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
