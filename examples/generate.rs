@@ -197,7 +197,8 @@ fn generate_by_rerunning(
         while done.iter().any(|d| !d) {
             let mut batch = Batch::default();
             for s in &seqs {
-                let mut t = s.clone();
+                // Finished rows are fed too (the batch is fixed), cut to the model's length.
+                let mut t = s[..s.len().min(SEQ)].to_vec();
                 batch.tgt_lens.push(t.len() as u32);
                 t.resize(SEQ, PAD);
                 batch.tgt_in.extend(t);
@@ -215,7 +216,8 @@ fn generate_by_rerunning(
                     .unwrap() as u32;
                 generated[b].push(next);
                 seqs[b].push(next);
-                done[b] = next == EOS || seqs[b].len() >= SEQ;
+                // A full input still predicts one more token, as the cache does.
+                done[b] = next == EOS || seqs[b].len() > SEQ;
             }
         }
         out.extend(generated.into_iter().take(chunk.len()));
@@ -319,12 +321,17 @@ fn run(args: &Args) -> Result<(), Error> {
     let started = Instant::now();
     let rerun = generate_by_rerunning(&ctx, &mut trainer, &prompts)?;
     let rerun_s = started.elapsed().as_secs_f64();
-    let same = rerun == cached;
+    let rerun_tokens: usize = rerun.iter().map(Vec::len).sum();
+    let same = rerun.iter().zip(&cached).filter(|(a, b)| a == b).count();
     println!(
-        "\nre-running the model for every token: {tokens} tokens in {rerun_s:.2} s ({:.0} tokens/s): the cache is {:.1}x faster; same tokens: {same}",
-        tokens as f64 / rerun_s,
-        rerun_s / cached_s
+        "\nre-running the model for every token: {rerun_tokens} tokens in {rerun_s:.2} s ({:.0} tokens/s): the cache is {:.1}x faster; the same continuation for {same} of {} prompts",
+        rerun_tokens as f64 / rerun_s,
+        rerun_s / cached_s,
+        prompts.len()
     );
+    if let Some((i, (a, b))) = rerun.iter().zip(&cached).enumerate().find(|(_, (a, b))| a != b) {
+        println!("  first difference, prompt {i}: {} (re-run) vs {} (cached)", show(a), show(b));
+    }
     Ok(())
 }
 
