@@ -329,8 +329,17 @@ fn run(args: &Args) -> Result<(), Error> {
         rerun_s / cached_s,
         prompts.len()
     );
-    if let Some((i, (a, b))) = rerun.iter().zip(&cached).enumerate().find(|(_, (a, b))| a != b) {
-        println!("  first difference, prompt {i}: {} (re-run) vs {} (cached)", show(a), show(b));
+    if let Some((i, (a, b))) = rerun
+        .iter()
+        .zip(&cached)
+        .enumerate()
+        .find(|(_, (a, b))| a != b)
+    {
+        println!(
+            "  first difference, prompt {i}: {} (re-run) vs {} (cached)",
+            show(a),
+            show(b)
+        );
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! CPU references: the plainest f64 loops that match SPEC.md, the ground truth every GPU kernel is
 //! tested against. Each is itself checked by central finite differences in the tests.
 
+pub mod additive;
 pub mod attention;
 pub mod compare;
 pub mod cross_entropy;

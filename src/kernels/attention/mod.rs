@@ -12,12 +12,18 @@ use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
 use crate::tensor::{BiasView, GpuTensor, HeadsView, SeqLens};
 
+mod additive;
 mod bias;
 mod decode;
 mod probs;
 mod qk_norm;
 mod sinks;
 mod tiled;
+pub use additive::{
+    additive_backward, additive_backward_into, additive_backward_workspace, additive_forward,
+    additive_forward_into, AdditiveGrads, AdditiveScores, ADDITIVE_BACKWARD_STORAGE_BUFFERS,
+    MAX_ADDITIVE_DIM,
+};
 pub use bias::{attention_bias_backward_into, RelativeBuckets};
 pub use decode::{attention_decode, attention_decode_into, DecodePlan};
 pub use probs::{attention_probabilities, attention_probabilities_into};
@@ -83,6 +89,10 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("attention_bias_backward", bias::BACKWARD),
         ("attention_probs", probs::SOURCE),
         ("attention_decode", decode::SOURCE),
+        ("additive_forward", additive::FORWARD),
+        ("additive_backward_da", additive::BACKWARD_DA),
+        ("additive_backward_db", additive::BACKWARD_DB),
+        ("additive_param_grads", additive::PARAM_GRADS),
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))

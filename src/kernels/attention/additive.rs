@@ -1,0 +1,460 @@
+//! Fused additive (Bahdanau) attention, forward and backward (`shaders/additive_*.wgsl`): scores
+//! `e_ij = scale * sum_c w[h, c] tanh(a[i, h, c] + b[j, h, c] + bias[h, c])` from query and key
+//! projections `a [B, Lq, H, Da]`, `b [B, Lk, H, Da]` (strided views, like Q and K), an online softmax
+//! over the visible keys and `O = P V`. The `[Lq, Lk, Da]` tensor of tanh arguments is never formed:
+//! the kernels recompute each tanh where they need it (O(L) memory). The backward gives `da`, `db`,
+//! `dv` and the score vector's and bias's gradients `dw`, `dbias` `[H, Da]`, deterministically: a
+//! query-side kernel (da, D, per-row shares of dw), a key-side kernel (db, dV), and a fixed-order sum.
+//! Masks: causal, per-batch lengths and windows, as in dot-product attention (the shared header's
+//! rules). CPU reference: [`crate::reference::additive`].
+
+use super::*;
+
+pub(super) const FORWARD: &str = include_str!("../../../shaders/additive_forward.wgsl");
+pub(super) const BACKWARD_DA: &str = include_str!("../../../shaders/additive_backward_da.wgsl");
+pub(super) const BACKWARD_DB: &str = include_str!("../../../shaders/additive_backward_db.wgsl");
+pub(super) const PARAM_GRADS: &str = include_str!("../../../shaders/additive_param_grads.wgsl");
+
+/// Largest score dim `Da` and value head dim the additive kernels hold per invocation.
+pub const MAX_ADDITIVE_DIM: usize = 128;
+/// Storage buffers the query-side backward kernel binds (lengths, a, b, v, O, dO, lse, w, bias, da,
+/// two workspace ranges).
+pub const ADDITIVE_BACKWARD_STORAGE_BUFFERS: u32 = 12;
+
+/// Rows (queries or keys) per workgroup, one per invocation, and rows per staged tile.
+const WG: u32 = 64;
+const TILE: u32 = 32;
+
+/// The learned score parameters of additive attention: the score vector `w` and the bias, `[H, Da]`
+/// each.
+#[derive(Clone, Copy, Debug)]
+pub struct AdditiveScores<'a> {
+    pub w: &'a GpuTensor,
+    pub bias: &'a GpuTensor,
+}
+
+/// Gradients of [`additive_backward`]: `da`, `db`, `dv` shaped like `a`, `b`, `v`; `dw`, `dbias`
+/// `[H, Da]`.
+#[derive(Clone, Debug)]
+pub struct AdditiveGrads {
+    pub da: GpuTensor,
+    pub db: GpuTensor,
+    pub dv: GpuTensor,
+    pub dw: GpuTensor,
+    pub dbias: GpuTensor,
+}
+
+/// Checks the views, the score parameters and the options; returns the shape and the scale
+/// (`opts.scale`, default 1, divided by the temperature).
+fn check(
+    a: &HeadsView,
+    b: &HeadsView,
+    v: &HeadsView,
+    scores: AdditiveScores<'_>,
+    opts: &AttentionOptions<'_>,
+) -> Result<(AttentionShape, f32)> {
+    let s = AttentionShape::of(a, b, v)?;
+    if s.kv_heads != s.heads {
+        return Err(Error::shape(
+            "b heads",
+            format!(
+                "a has {} heads and b {}: additive attention projects keys per query head",
+                s.heads, s.kv_heads
+            ),
+        ));
+    }
+    for (arg, value) in [
+        ("a/b score dim", s.head_dim_qk),
+        ("v head_dim", s.head_dim_v),
+    ] {
+        if value > MAX_ADDITIVE_DIM {
+            return Err(Error::Unsupported {
+                arg,
+                value: value as u64,
+                limit: MAX_ADDITIVE_DIM as u64,
+                hint: "",
+            });
+        }
+    }
+    check_tensor("w", scores.w, &[s.heads, s.head_dim_qk])?;
+    check_tensor("bias", scores.bias, &[s.heads, s.head_dim_qk])?;
+    for (arg, set) in [
+        ("softcap", opts.softcap.is_some()),
+        ("alibi", opts.alibi || opts.alibi_slopes.is_some()),
+        ("sinks", opts.sinks.is_some()),
+        ("bias tensor", opts.bias.is_some()),
+        ("relative buckets", opts.relative.is_some()),
+        (
+            "cosine/key_norm_clip",
+            opts.cosine.is_some() || opts.learned_cosine.is_some() || opts.key_clip.is_some(),
+        ),
+    ] {
+        if set {
+            return Err(Error::shape(
+                arg,
+                "is a dot-product score modifier; additive attention takes masks (causal, seq_lens, window), scale and temperature",
+            ));
+        }
+    }
+    // The dot-product default scale 1/sqrt(Dk) does not apply: the score vector is learned.
+    let unscaled = AttentionOptions {
+        scale: Some(opts.scale.unwrap_or(1.0)),
+        ..*opts
+    };
+    let scale = check_options(&s, &unscaled)?;
+    Ok((s, scale))
+}
+
+fn sized(body: &str, s: &AttentionShape) -> String {
+    let text = body
+        .replace(
+            "const MAX_DA: u32 = 128u;",
+            &format!("const MAX_DA: u32 = {}u;", s.head_dim_qk),
+        )
+        .replace(
+            "const MAX_DV: u32 = 128u;",
+            &format!("const MAX_DV: u32 = {}u;", s.head_dim_v),
+        );
+    with_common(&text)
+}
+
+fn constants(s: &AttentionShape, tile: &'static str) -> [(&'static str, u32); 4] {
+    [
+        ("WG", WG),
+        (tile, TILE),
+        ("DA", s.head_dim_qk as u32),
+        ("DV", s.head_dim_v as u32),
+    ]
+}
+
+/// Additive attention forward into new tensors, submitted: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`.
+pub fn additive_forward(
+    ctx: &Context,
+    a: &HeadsView,
+    b: &HeadsView,
+    v: &HeadsView,
+    scores: AdditiveScores<'_>,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionOutput> {
+    let (s, _) = check(a, b, v, scores, opts)?;
+    let out = GpuTensor::uninit(
+        ctx,
+        "additive out",
+        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
+    )?;
+    let lse = GpuTensor::uninit(ctx, "additive lse", &[s.batch, s.heads, s.q_seq])?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    additive_forward_into(
+        ctx,
+        &mut encoder,
+        a,
+        b,
+        v,
+        scores,
+        &out.heads()?,
+        &lse,
+        opts,
+    )?;
+    ctx.submit(encoder)?;
+    Ok(AttentionOutput { out, lse })
+}
+
+/// Records the additive attention forward, writing `out` (a `[B, Lq, H, Dv]` view) and `lse`. Nothing
+/// is recorded if the input is rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn additive_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    a: &HeadsView,
+    b: &HeadsView,
+    v: &HeadsView,
+    scores: AdditiveScores<'_>,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let (s, scale) = check(a, b, v, scores, opts)?;
+    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
+    let inputs = [
+        a.buffer().as_ref(),
+        b.buffer(),
+        v.buffer(),
+        scores.w.buffer(),
+        scores.bias.buffer(),
+    ];
+    check_distinct(&[("out", out.buffer()), ("lse", lse.buffer())], &inputs)?;
+    if out.buffer() == lse.buffer() {
+        return Err(Error::shape("lse", "shares a buffer with out"));
+    }
+    let mut params = base_params(&s, scale, opts);
+    let bindings = [
+        bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
+        bind_view(ctx, "b", b, VIEW_K, &mut params)?,
+        bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+        bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+        bind_tensor(ctx, "lse", lse)?,
+        bind_tensor(ctx, "w", scores.w)?,
+        bind_tensor(ctx, "bias", scores.bias)?,
+    ];
+    let blocks = s.q_seq.div_ceil(WG as usize);
+    let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
+    let (da, dv) = (s.head_dim_qk, s.head_dim_v);
+    let staging = (TILE as usize * (da + dv)).div_ceil(WG as usize) * 2 / TILE as usize;
+    let chunks = loop_chunks(
+        ctx,
+        s.kv_seq,
+        da + dv + staging + 4,
+        da + 2 * dv + 32,
+        TILE as usize,
+    );
+    let mut pass = ctx.begin_pass(encoder, "additive_forward");
+    encode_chunks(
+        ctx,
+        &mut pass,
+        "additive_forward",
+        || sized(FORWARD, &s),
+        &constants(&s, "BN"),
+        &mut params,
+        Shared::lens(seq_lens_buffer(ctx, opts)),
+        &bindings,
+        grid,
+        &chunks,
+    );
+    Ok(())
+}
+
+/// Additive attention backward into new tensors, submitted, for the gradient `d_out` at the forward's
+/// `out` (with its `lse`).
+#[allow(clippy::too_many_arguments)]
+pub fn additive_backward(
+    ctx: &Context,
+    a: &HeadsView,
+    b: &HeadsView,
+    v: &HeadsView,
+    scores: AdditiveScores<'_>,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    d_out: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<AdditiveGrads> {
+    let (s, _) = check(a, b, v, scores, opts)?;
+    let (bb, lq, lk, h) = (s.batch, s.q_seq, s.kv_seq, s.heads);
+    let grads = AdditiveGrads {
+        da: GpuTensor::uninit(ctx, "additive da", &[bb, lq, h, s.head_dim_qk])?,
+        db: GpuTensor::uninit(ctx, "additive db", &[bb, lk, h, s.head_dim_qk])?,
+        dv: GpuTensor::uninit(ctx, "additive dv", &[bb, lk, h, s.head_dim_v])?,
+        dw: GpuTensor::uninit(ctx, "additive dw", &[h, s.head_dim_qk])?,
+        dbias: GpuTensor::uninit(ctx, "additive dbias", &[h, s.head_dim_qk])?,
+    };
+    let workspace = additive_backward_workspace(ctx, &s)?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    additive_backward_into(
+        ctx,
+        &mut encoder,
+        [a, b, v],
+        scores,
+        out,
+        lse,
+        d_out,
+        [&grads.da.heads()?, &grads.db.heads()?, &grads.dv.heads()?],
+        [&grads.dw, &grads.dbias],
+        &workspace,
+        opts,
+    )?;
+    ctx.submit(encoder)?;
+    Ok(grads)
+}
+
+/// The backward's workspace for `s`: each row's `D = dO . O` (`[B, H, Lq]`, padded to a multiple of
+/// 64 values so the shares start at a 256-byte boundary, WebGPU's largest storage offset alignment)
+/// and share of `dw` (`[H, B, Lq, Da]`).
+pub fn additive_backward_workspace(ctx: &Context, s: &AttentionShape) -> Result<GpuTensor> {
+    GpuTensor::zeros(ctx, &[workspace_len(s)])
+}
+
+fn workspace_len(s: &AttentionShape) -> usize {
+    let rows = s.batch * s.heads * s.q_seq;
+    rows.div_ceil(64) * 64 + rows * s.head_dim_qk
+}
+
+/// Records the additive attention backward: `[da, db, dv]` views shaped like `[a, b, v]`, and
+/// `[dw, dbias]` `[H, Da]`. Nothing is recorded if the input is rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn additive_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    [a, b, v]: [&HeadsView; 3],
+    scores: AdditiveScores<'_>,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    d_out: &HeadsView,
+    [da, db, dv]: [&HeadsView; 3],
+    [dw, dbias]: [&GpuTensor; 2],
+    workspace: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let (s, scale) = check(a, b, v, scores, opts)?;
+    let have = ctx.limits().max_storage_buffers_per_shader_stage;
+    if have < ADDITIVE_BACKWARD_STORAGE_BUFFERS {
+        return Err(Error::shape(
+            "device limits",
+            format!(
+                "max_storage_buffers_per_shader_stage is {have}, but the additive attention backward binds {ADDITIVE_BACKWARD_STORAGE_BUFFERS}; request the adapter's limit (adapter.limits()) when creating the device"
+            ),
+        ));
+    }
+    let (bb, lq, lk, h, dda, ddv) = (
+        s.batch,
+        s.q_seq,
+        s.kv_seq,
+        s.heads,
+        s.head_dim_qk,
+        s.head_dim_v,
+    );
+    check_view("out", out, [bb, lq, h, ddv])?;
+    check_view("d_out", d_out, [bb, lq, h, ddv])?;
+    check_tensor("lse", lse, &[bb, h, lq])?;
+    check_view("da", da, [bb, lq, h, dda])?;
+    check_view("db", db, [bb, lk, h, dda])?;
+    check_view("dv", dv, [bb, lk, h, ddv])?;
+    check_tensor("dw", dw, &[h, dda])?;
+    check_tensor("dbias", dbias, &[h, dda])?;
+    let rows = bb * h * lq;
+    check_tensor("workspace", workspace, &[workspace_len(&s)])?;
+    let inputs = [
+        a.buffer().as_ref(),
+        b.buffer(),
+        v.buffer(),
+        out.buffer(),
+        d_out.buffer(),
+        lse.buffer(),
+        scores.w.buffer(),
+        scores.bias.buffer(),
+    ];
+    let outputs = [
+        ("da", da.buffer().as_ref()),
+        ("db", db.buffer()),
+        ("dv", dv.buffer()),
+        ("dw", dw.buffer()),
+        ("dbias", dbias.buffer()),
+        ("workspace", workspace.buffer()),
+    ];
+    check_distinct(&outputs, &inputs)?;
+    for (n, (arg, x)) in outputs.iter().enumerate() {
+        if outputs[..n].iter().any(|(_, y)| y == x) && !matches!(*arg, "db" | "dv") {
+            return Err(Error::shape(arg, "shares a buffer with another gradient"));
+        }
+    }
+    let d_bytes = rows as u64 * 4;
+    let dw_offset = rows.div_ceil(64) as u64 * 256;
+    let d_rows = Binding {
+        buffer: workspace.buffer(),
+        offset_bytes: 0,
+        size_bytes: d_bytes,
+    };
+    let dw_rows = Binding {
+        buffer: workspace.buffer(),
+        offset_bytes: dw_offset,
+        size_bytes: (rows * dda) as u64 * 4,
+    };
+    let shared = Shared::lens(seq_lens_buffer(ctx, opts));
+    let mut pass = ctx.begin_pass(encoder, "additive_backward");
+
+    // Query side: da, D and the dw shares.
+    let mut params = base_params(&s, scale, opts);
+    let bindings = [
+        bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
+        bind_view(ctx, "b", b, VIEW_K, &mut params)?,
+        bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+        bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+        bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
+        bind_tensor(ctx, "lse", lse)?,
+        bind_tensor(ctx, "w", scores.w)?,
+        bind_tensor(ctx, "bias", scores.bias)?,
+        bind_view(ctx, "da", da, VIEW_DQ, &mut params)?,
+        dw_rows,
+        d_rows,
+    ];
+    let grid = set_grid(&mut params, lq.div_ceil(WG as usize), bb * h)?;
+    let staging = (TILE as usize * (dda + ddv)).div_ceil(WG as usize) * 2 / TILE as usize;
+    let chunks = loop_chunks(
+        ctx,
+        lk,
+        3 * dda + ddv + staging + 4,
+        3 * dda + 2 * ddv + 32,
+        TILE as usize,
+    );
+    encode_chunks(
+        ctx,
+        &mut pass,
+        "additive_backward_da",
+        || sized(BACKWARD_DA, &s),
+        &constants(&s, "BN"),
+        &mut params,
+        shared,
+        &bindings,
+        grid,
+        &chunks,
+    );
+
+    // Key side: db and dV.
+    let mut params = base_params(&s, scale, opts);
+    let bindings = [
+        bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
+        bind_view(ctx, "b", b, VIEW_K, &mut params)?,
+        bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+        bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
+        bind_tensor(ctx, "lse", lse)?,
+        d_rows,
+        bind_tensor(ctx, "w", scores.w)?,
+        bind_tensor(ctx, "bias", scores.bias)?,
+        bind_view(ctx, "db", db, VIEW_DK, &mut params)?,
+        bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
+    ];
+    let grid = set_grid(&mut params, lk.div_ceil(WG as usize), bb * h)?;
+    let staging = (TILE as usize * (dda + ddv + 4)).div_ceil(WG as usize) / TILE as usize + 1;
+    let chunks = loop_chunks(
+        ctx,
+        lq,
+        3 * dda + 2 * ddv + staging + 4,
+        3 * dda + 3 * ddv + 32,
+        TILE as usize,
+    );
+    encode_chunks(
+        ctx,
+        &mut pass,
+        "additive_backward_db",
+        || sized(BACKWARD_DB, &s),
+        &constants(&s, "BM"),
+        &mut params,
+        shared,
+        &bindings,
+        grid,
+        &chunks,
+    );
+
+    // dw and dbias: fixed-order sums over every (batch, query row).
+    let mut params = base_params(&s, scale, opts);
+    let bindings = [
+        dw_rows,
+        bind_view(ctx, "da", da, VIEW_DQ, &mut params)?,
+        bind_tensor(ctx, "dw", dw)?,
+        bind_tensor(ctx, "dbias", dbias)?,
+    ];
+    let grid = set_grid(&mut params, (h * dda).div_ceil(SIMPLE_WG as usize), 1)?;
+    let chunks = loop_chunks(ctx, bb * lq, 1, 16, 1);
+    encode_chunks(
+        ctx,
+        &mut pass,
+        "additive_param_grads",
+        || with_common(PARAM_GRADS),
+        &[("WG", SIMPLE_WG)],
+        &mut params,
+        Shared::NONE,
+        &bindings,
+        grid,
+        &chunks,
+    );
+    Ok(())
+}

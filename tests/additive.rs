@@ -1,0 +1,247 @@
+//! Fused additive (Bahdanau) attention: the f64 reference's gradients against central finite
+//! differences, and the GPU forward and backward against the reference on every back end (padding,
+//! causal, windows, Dk != Dv, key loops split into accumulating dispatches by a small loop budget,
+//! bitwise reruns), and typed errors.
+
+mod common;
+
+use common::*;
+use wgpu_attention::reference::additive as reference;
+use wgpu_attention::reference::attention::Masks;
+use wgpu_attention::{
+    additive_backward, additive_forward, AdditiveScores, AttentionOptions, AttentionShape, Context,
+    GpuTensor,
+};
+
+/// The case's masks for additive scores (scale 1: the score vector is learned).
+fn masks(case: &Case) -> Masks {
+    Masks {
+        scale: 1.0,
+        causal: case.causal,
+        q_lens: case.q_lens.clone(),
+        kv_lens: case.kv_lens.clone(),
+        window: case.window,
+        ..Default::default()
+    }
+}
+
+/// Random score vector and bias `[H, Da]`.
+fn score_params(case: &Case) -> (Vec<f32>, Vec<f32>) {
+    let mut r = rng(case.seed + 100);
+    let n = case.h * case.dk;
+    (random(&mut r, n, 1.0), random(&mut r, n, 0.5))
+}
+
+#[test]
+fn reference_gradients_match_finite_differences() {
+    let s = AttentionShape {
+        batch: 1,
+        q_seq: 3,
+        kv_seq: 4,
+        heads: 2,
+        kv_heads: 2,
+        head_dim_qk: 3,
+        head_dim_v: 2,
+    };
+    let mut r = rng(5);
+    let mut a = to_f64(&random(&mut r, 3 * 2 * 3, 1.0));
+    let mut b = to_f64(&random(&mut r, 4 * 2 * 3, 1.0));
+    let mut v = to_f64(&random(&mut r, 4 * 2 * 2, 1.0));
+    let mut w = to_f64(&random(&mut r, 2 * 3, 1.0));
+    let mut bias = to_f64(&random(&mut r, 2 * 3, 0.5));
+    let d_out = to_f64(&random(&mut r, 3 * 2 * 2, 1.0));
+    for causal in [false, true] {
+        let m = Masks {
+            scale: 0.7,
+            causal,
+            ..Default::default()
+        };
+        let loss = |a: &[f64], b: &[f64], v: &[f64], w: &[f64], bias: &[f64]| -> f64 {
+            let (o, _) = reference::additive_forward(&s, a, b, v, w, bias, &m);
+            o.iter().zip(&d_out).map(|(x, y)| x * y).sum()
+        };
+        let g = reference::additive_backward(&s, &a, &b, &v, &w, &bias, &d_out, &m);
+        let h = 1e-6;
+        let mut worst: f64 = 0.0;
+        for (name, which, grad) in [
+            ("a", 0, &g.da),
+            ("b", 1, &g.db),
+            ("v", 2, &g.dv),
+            ("w", 3, &g.dw),
+            ("bias", 4, &g.dbias),
+        ] {
+            for n in 0..grad.len() {
+                let mut at = |delta: f64| {
+                    let t = match which {
+                        0 => &mut a,
+                        1 => &mut b,
+                        2 => &mut v,
+                        3 => &mut w,
+                        _ => &mut bias,
+                    };
+                    t[n] += delta;
+                    let x = loss(&a, &b, &v, &w, &bias);
+                    let t = match which {
+                        0 => &mut a,
+                        1 => &mut b,
+                        2 => &mut v,
+                        3 => &mut w,
+                        _ => &mut bias,
+                    };
+                    t[n] -= delta;
+                    x
+                };
+                let fd = (at(h) - at(-h)) / (2.0 * h);
+                let err = (fd - grad[n]).abs();
+                assert!(
+                    err < 1e-7,
+                    "causal {causal} d{name}[{n}]: {} vs fd {fd}",
+                    grad[n]
+                );
+                worst = worst.max(err);
+            }
+        }
+        eprintln!("causal {causal}: worst |reference - finite difference| {worst:.2e}");
+    }
+}
+
+/// GPU forward and backward of `case` against the reference; returns the GPU gradients for rerun
+/// comparisons.
+fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
+    let (a, b, v, d_out) = case.data();
+    let (w, bias) = score_params(case);
+    let [av, bv, vv, dov] = case.upload(ctx);
+    let wt = GpuTensor::from_slice(ctx, &w, &[case.h, case.dk]).unwrap();
+    let bt = GpuTensor::from_slice(ctx, &bias, &[case.h, case.dk]).unwrap();
+    let scores = AdditiveScores { w: &wt, bias: &bt };
+    let buffers = case.buffers(ctx);
+    let opts = case.options(&buffers);
+    let fwd = additive_forward(ctx, &av, &bv, &vv, scores, &opts).unwrap();
+    let m = masks(case);
+    let s = case.shape();
+    let (a64, b64, v64) = (to_f64(&a), to_f64(&b), to_f64(&v));
+    let (w64, bias64) = (to_f64(&w), to_f64(&bias));
+    let (ref_out, ref_lse) = reference::additive_forward(&s, &a64, &b64, &v64, &w64, &bias64, &m);
+    let what = format!("[{name}] additive {}", case.label());
+    assert_close(
+        &format!("{what} out"),
+        &fwd.out.to_vec(ctx).unwrap(),
+        &ref_out,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
+    let lse = fwd.lse.to_vec(ctx).unwrap();
+    for (n, (&g, &r)) in lse.iter().zip(&ref_lse).enumerate() {
+        let ok = if r == f64::NEG_INFINITY {
+            g == f32::NEG_INFINITY
+        } else {
+            (g as f64 - r).abs() <= 1e-4 * (1.0 + r.abs())
+        };
+        assert!(ok, "{what} lse[{n}]: {g} vs {r}");
+    }
+    let grads = additive_backward(
+        ctx,
+        &av,
+        &bv,
+        &vv,
+        scores,
+        &fwd.out.heads().unwrap(),
+        &fwd.lse,
+        &dov,
+        &opts,
+    )
+    .unwrap();
+    let expected =
+        reference::additive_backward(&s, &a64, &b64, &v64, &w64, &bias64, &to_f64(&d_out), &m);
+    let mut out = Vec::new();
+    for (grad, gpu, reference) in [
+        ("da", &grads.da, &expected.da),
+        ("db", &grads.db, &expected.db),
+        ("dv", &grads.dv, &expected.dv),
+        ("dw", &grads.dw, &expected.dw),
+        ("dbias", &grads.dbias, &expected.dbias),
+    ] {
+        let g = gpu.to_vec(ctx).unwrap();
+        assert_close(
+            &format!("{what} {grad}"),
+            &g,
+            reference,
+            BACKWARD_ATOL,
+            BACKWARD_RTOL,
+        );
+        out.push(g);
+    }
+    out
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        // Padding of queries and keys, causal, Dk != Dv.
+        Case::new(2, 5, 7, 2, 2, 8, 4)
+            .causal()
+            .q_lens(&[5, 3])
+            .kv_lens(&[7, 4]),
+        // Cross-attention shape (Lq != Lk), a window, more rows than a workgroup and a key tile.
+        Case::new(1, 70, 40, 1, 1, 8, 4).window(6, 3),
+    ]
+}
+
+#[test]
+fn gpu_matches_reference() {
+    for_each_backend(|name, ctx| {
+        for case in cases() {
+            check(ctx, name, &case);
+        }
+    });
+}
+
+#[test]
+fn long_loops_split_into_accumulating_dispatches_bitwise() {
+    // A budget of 400 iterations splits every key and query loop into several dispatches.
+    for_each_backend_with_loop_budget(400, |name, ctx| {
+        let case = &cases()[1];
+        let first = check(ctx, name, case);
+        let again = check(ctx, name, case);
+        assert!(
+            first
+                .iter()
+                .flatten()
+                .zip(again.iter().flatten())
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "[{name}] reruns differ"
+        );
+    });
+}
+
+#[test]
+fn bad_additive_input_is_a_typed_error() {
+    for_each_backend(|name, ctx| {
+        let case = Case::new(1, 3, 3, 2, 2, 4, 4);
+        let [a, b, v, _] = case.upload(ctx);
+        let w = GpuTensor::zeros(ctx, &[2, 4]).unwrap();
+        let short = GpuTensor::zeros(ctx, &[2, 3]).unwrap();
+        let opts = AttentionOptions::new();
+        let e = additive_forward(
+            ctx,
+            &a,
+            &b,
+            &v,
+            AdditiveScores {
+                w: &short,
+                bias: &w,
+            },
+            &opts,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("w"), "[{name}] {e}");
+        let scores = AdditiveScores { w: &w, bias: &w };
+        let e = additive_forward(ctx, &a, &b, &v, scores, &opts.softcap(5.0)).unwrap_err();
+        assert!(e.to_string().contains("softcap"), "[{name}] {e}");
+        let big = Case::new(1, 2, 2, 1, 1, 132, 4);
+        let [a, b, v, _] = big.upload(ctx);
+        let w1 = GpuTensor::zeros(ctx, &[1, 132]).unwrap();
+        let scores = AdditiveScores { w: &w1, bias: &w1 };
+        let e = additive_forward(ctx, &a, &b, &v, scores, &opts).unwrap_err();
+        assert!(e.to_string().contains("132"), "[{name}] {e}");
+    });
+}
