@@ -5,6 +5,9 @@
 // sum over g reduces the query heads that share a kv head in the backward pass.
 // A 16x16 workgroup computes a 64x64 tile of C, each invocation a 4x4 register tile. An optional
 // bias epilogue adds bias[col] (Linear layers).
+// SKINNY (products with a few rows, e.g. a decoding step's tokens): each invocation computes one
+// element of C, 256 consecutive elements per workgroup, no tiles (a 64-row tile would be mostly
+// padding).
 
 struct Operand {
     offset: u32,
@@ -40,6 +43,8 @@ struct GemmParams {
 const TILE: u32 = 64u;
 const TILE_K: u32 = 16u;
 
+override SKINNY: bool = false;
+
 @group(0) @binding(0) var<uniform> gp: GemmParams;
 @group(0) @binding(1) var<storage, read> a_buf: array<f32>;
 @group(0) @binding(2) var<storage, read> b_buf: array<f32>;
@@ -57,6 +62,10 @@ fn base(op: Operand, bi: u32, h: u32, g: u32) -> u32 {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
     let group = wg.y * gp.grid_x + wg.x;
     if group >= gp.total_groups {
+        return;
+    }
+    if SKINNY {
+        skinny(group, lid3.y * 16u + lid3.x);
         return;
     }
     let tiles = gp.tiles_m * gp.tiles_n;
@@ -125,6 +134,41 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     store_row(c_base, m0 + ty + 48u, n0 + tx, acc3);
 }
 
+// One element of C per invocation: groups (tiles_n per batch entry z) of 256 consecutive (row, col).
+fn skinny(group: u32, lid: u32) {
+    let z = group / gp.tiles_n;
+    let t = (group % gp.tiles_n) * 256u + lid;
+    if t >= gp.m * gp.n {
+        return;
+    }
+    let row = t / gp.n;
+    let col = t % gp.n;
+    let bi = z / gp.heads;
+    let h = z % gp.heads;
+    var acc = 0.0;
+    for (var g = 0u; g < gp.groups; g++) {
+        let a_at = base(gp.a, bi, h, g) + row * gp.a.stride_row;
+        let b_at = base(gp.b, bi, h, g) + col * gp.b.stride_col;
+        for (var k = 0u; k < gp.k; k++) {
+            acc += a_buf[a_at + k * gp.a.stride_col] * b_buf[b_at + k * gp.b.stride_row];
+        }
+    }
+    store(base(gp.c, bi, h, 0u), row, col, acc);
+}
+
+// One element of C: alpha, bias epilogue, accumulate.
+fn store(c_base: u32, row: u32, col: u32, acc: f32) {
+    var value = gp.alpha * acc;
+    if gp.has_bias != 0u {
+        value += bias[col];
+    }
+    let index = c_base + row * gp.c.stride_row + col * gp.c.stride_col;
+    if gp.accumulate != 0u {
+        value += c_buf[index];
+    }
+    c_buf[index] = value;
+}
+
 // Columns col0 + 16 c (c < 4) of one output row: alpha, bias epilogue, accumulate.
 fn store_row(c_base: u32, row: u32, col0: u32, acc: vec4<f32>) {
     if row >= gp.m {
@@ -133,15 +177,7 @@ fn store_row(c_base: u32, row: u32, col0: u32, acc: vec4<f32>) {
     for (var c = 0u; c < 4u; c++) {
         let col = col0 + c * 16u;
         if col < gp.n {
-            var value = gp.alpha * acc[c];
-            if gp.has_bias != 0u {
-                value += bias[col];
-            }
-            let index = c_base + row * gp.c.stride_row + col * gp.c.stride_col;
-            if gp.accumulate != 0u {
-                value += c_buf[index];
-            }
-            c_buf[index] = value;
+            store(c_base, row, col, acc[c]);
         }
     }
 }

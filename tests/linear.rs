@@ -79,6 +79,8 @@ fn matches_reference_over_odd_sizes() {
             (vec![33, 64], 17),
             (vec![2, 9, 40], 24),
             (vec![130, 32], 96),
+            // A few rows (the SKINNY path), more than 256 elements of the output.
+            (vec![3, 40], 300),
         ] {
             for with_bias in [true, false] {
                 check(backend, ctx, &x_shape, out_f, with_bias);

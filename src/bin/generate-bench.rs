@@ -60,9 +60,12 @@ struct Cli {
     #[arg(long)]
     rerun: bool,
     /// Decode attention microbenchmark: cache lengths (H = heads, Hkv = heads / 4, D = 64, one new
-    /// query per sequence, every batch size); empty to skip
+    /// query per sequence, every batch size); 0 to skip
     #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
     attention_lengths: Vec<usize>,
+    /// Print one decoding step's GPU time per compute pass (timestamps)
+    #[arg(long)]
+    profile: bool,
     /// Timed runs of each microbenchmark measurement (after warm-up)
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -143,6 +146,19 @@ fn cached(
     // A first run compiles every pipeline; the second is measured.
     generator.generate(ctx, &prompts, None, &options)?;
     let out = generator.generate(ctx, &prompts, None, &options)?;
+    if cli.profile {
+        generator.prefill(ctx, &prompts, None)?;
+        ctx.start_profiling()?;
+        generator.step(ctx, &vec![Some(1); batch])?;
+        let mut passes = ctx.finish_profiling()?;
+        let total: f64 = passes.iter().map(|p| p.1).sum();
+        let count = passes.len();
+        passes.sort_by(|a, b| b.1.total_cmp(&a.1));
+        println!("\none decoding step at batch {batch}: {count} passes, {total:.2} ms of GPU time; the longest:");
+        for (label, ms) in passes.iter().take(8) {
+            println!("  {label:<28} {ms:.3} ms");
+        }
+    }
     Ok(GenerationFigures {
         batch,
         prefill_tokens_per_s: out.prefill_tokens as f64 / out.prefill_seconds,
@@ -313,7 +329,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
     }
     let timer = Timer::new(&ctx, false);
     let mut attention_figures = Vec::new();
-    for &len in &cli.attention_lengths {
+    for &len in cli.attention_lengths.iter().filter(|&&l| l > 0) {
         for &batch in &cli.batches {
             attention_figures.push(attention(&ctx, cli, &timer, batch, len)?);
         }

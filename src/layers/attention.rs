@@ -7,8 +7,8 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{
     attention_backward_into, attention_backward_workspace, attention_decode_into,
-    attention_forward_into, attention_sinks_backward_into, AttentionOptions, AttentionShape,
-    RelativeBuckets,
+    attention_forward_into, attention_probabilities, attention_sinks_backward_into,
+    AttentionOptions, AttentionShape, RelativeBuckets,
 };
 use crate::kernels::kv_cache::kv_cache_append_into;
 use crate::kernels::rope::{
@@ -387,6 +387,27 @@ impl MultiHeadAttention {
         }
         self.output
             .forward(ctx, encoder, p, &self.flat(&self.attn)?, y)
+    }
+
+    /// Attention maps after a forward with the same `lens`: the probabilities `[B, H, rows, Lk]` of
+    /// query rows `rows`, recomputed from the saved Q, K and lse (see
+    /// [`crate::kernels::attention::attention_probabilities`]).
+    pub fn probabilities(
+        &self,
+        ctx: &Context,
+        p: &Params,
+        lens: &SeqLens,
+        rows: std::ops::Range<usize>,
+    ) -> Result<GpuTensor> {
+        let [q, k, _] = self.split(&self.proj, self.kv_proj.as_ref())?;
+        attention_probabilities(ctx, &q, &k, &self.lse, &self.options(p, lens), rows)
+    }
+
+    /// The values `[B, Lk, H, d/H]` of the last forward, and the gradient at the attention output
+    /// `[B, Lq, H, d/H]` of the last backward: `dL/dP_ij = dO_i . V_j` (gradient-times-attention maps).
+    pub fn values_and_output_grad(&self) -> Result<(HeadsView, HeadsView)> {
+        let [_, _, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
+        Ok((v, self.d_attn.heads()?))
     }
 
     /// Writes `dx` (and, for cross-attention, `d_memory`) and every parameter gradient.

@@ -118,6 +118,16 @@ impl DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The causal self-attention.
+    pub fn self_attention(&self) -> &MultiHeadAttention {
+        &self.self_attention
+    }
+
+    /// The cross-attention over the encoder output, if the model has an encoder.
+    pub fn cross_attention(&self) -> Option<&MultiHeadAttention> {
+        self.cross.as_ref().map(|c| &c.attention)
+    }
+
     /// Decoding: the layer's forward for new tokens after each sequence's cached ones (see
     /// [`MultiHeadAttention::forward_cached`]): self-attention over its key/value `cache`, then
     /// cross-attention over the memory prepared by [`DecoderLayer::prepare_memory`].
@@ -301,6 +311,11 @@ impl Decoder {
             stack,
             d_memory_sums,
         })
+    }
+
+    /// The decoder layers, in order.
+    pub fn layers(&self) -> &[DecoderLayer] {
+        &self.stack.layers
     }
 
     /// See [`Stack::output`].

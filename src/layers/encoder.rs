@@ -80,6 +80,13 @@ impl EncoderLayer {
     }
 }
 
+impl EncoderLayer {
+    /// The self-attention.
+    pub fn attention(&self) -> &MultiHeadAttention {
+        &self.attention
+    }
+}
+
 impl StackLayer for EncoderLayer {
     /// The encoder's sequence lengths (key padding).
     type Inputs<'a> = &'a SeqLens;

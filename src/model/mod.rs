@@ -1,6 +1,8 @@
 //! Whole models composed of [`crate::layers`]: the encoder-decoder Transformer and its decoder-only
 //! language-model configuration. The CPU counterpart is [`crate::reference::transformer`].
 
+pub mod maps;
 pub mod transformer;
 
+pub use maps::{attention_rollout, AttentionSite};
 pub use transformer::{Batch, BatchShape, Transformer, TransformerConfig};

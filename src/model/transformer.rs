@@ -465,6 +465,25 @@ impl Transformer {
         t.reshape(&[self.shape.batch * self.shape.tgt_len, self.config.d_model])
     }
 
+    /// The encoder (if any) and the decoder.
+    pub(crate) fn stacks(&self) -> (Option<&Encoder>, &Decoder) {
+        (self.encoder.as_ref(), &self.decoder)
+    }
+
+    /// The encoder's, the decoder's and cross-attention's lengths of the current batch.
+    pub(crate) fn lens(&self) -> (&SeqLens, &SeqLens, &SeqLens) {
+        (&self.encoder_lens, &self.decoder_lens, &self.cross_lens)
+    }
+
+    /// Query rows of an attention site: the source length in the encoder, the target length in the
+    /// decoder.
+    pub(crate) fn query_len(&self, site: crate::model::AttentionSite) -> usize {
+        match site {
+            crate::model::AttentionSite::EncoderSelf(_) => self.shape.src_len,
+            _ => self.shape.tgt_len,
+        }
+    }
+
     /// `[batch * tgt_len, vocab]` logits of the last forward.
     pub fn logits(&self) -> &GpuTensor {
         &self.logits

@@ -1,0 +1,375 @@
+//! Heat maps of what the digit-reversal model of `train_seq2seq` attends to, as SVG files with the
+//! tokens on both axes: cross-attention of every head of the last decoder layer (the anti-diagonal
+//! of reversal), decoder self-attention, attention rollout over the encoder, and
+//! gradient-times-attention of the cross-attention. See `model::maps` for what each does and does not
+//! show (seed 000: attention weights are not explanations).
+//!
+//! ```text
+//! cargo run --release --example train_seq2seq            # trains and saves the model
+//! cargo run --release --example attention_maps -- [--checkpoint PATH] [--digits 3141592] [--out DIR]
+//! ```
+//!
+//! Without a checkpoint it trains the model itself first (300 steps, a few minutes on a CPU driver).
+
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use wgpu_attention::kernels::optimizer::AdamWConfig;
+use wgpu_attention::model::{
+    attention_rollout, AttentionSite, Batch, BatchShape, Transformer, TransformerConfig,
+};
+use wgpu_attention::training::{checkpoint, Trainer};
+use wgpu_attention::{Context, Error};
+
+const PAD: u32 = 0;
+const BOS: u32 = 1;
+const EOS: u32 = 2;
+const DIGIT0: u32 = 3;
+const MAX_LEN: usize = 10;
+
+/// The configuration `train_seq2seq` trains.
+fn config() -> TransformerConfig {
+    TransformerConfig {
+        vocab: (DIGIT0 + 10) as usize,
+        d_model: 64,
+        heads: 4,
+        d_ff: 128,
+        encoder_layers: 2,
+        decoder_layers: 2,
+        pre_ln: true,
+        learned_positions: false,
+        pad_id: PAD,
+        attention_softcap: None,
+        alibi: false,
+        attention_window: None,
+        relative_buckets: None,
+        attention_sinks: false,
+        cosine_scores: None,
+        key_norm_clip: None,
+        rope_base: None,
+    }
+}
+
+/// Source digits, decoder input BOS + reversed digits, targets reversed digits + EOS.
+fn batch_of(digits: &[Vec<u32>]) -> Batch {
+    let mut b = Batch::default();
+    for seq in digits {
+        let rev: Vec<u32> = seq.iter().rev().copied().collect();
+        let pad = |mut v: Vec<u32>, len: usize| {
+            v.resize(len, PAD);
+            v
+        };
+        b.src.extend(pad(seq.clone(), MAX_LEN));
+        b.src_lens.push(seq.len() as u32);
+        b.tgt_in
+            .extend(pad([vec![BOS], rev.clone()].concat(), MAX_LEN + 1));
+        b.tgt_out
+            .extend(pad([rev, vec![EOS]].concat(), MAX_LEN + 1));
+        b.tgt_lens.push(seq.len() as u32 + 1);
+    }
+    b
+}
+
+fn label(t: u32) -> String {
+    match t {
+        BOS => "<s>".into(),
+        EOS => "</s>".into(),
+        PAD => "_".into(),
+        d => (d - DIGIT0).to_string(),
+    }
+}
+
+/// One heat map: `values` `[rows, cols]`, colour scaled to the largest magnitude (diverging
+/// blue-white-red when `signed`).
+struct Map<'a> {
+    title: String,
+    rows: &'a [String],
+    cols: &'a [String],
+    values: Vec<f64>,
+    signed: bool,
+}
+
+/// An SVG with the maps side by side, each cell's value in its tooltip.
+fn svg(title: &str, maps: &[Map<'_>]) -> String {
+    let cell = 26.0;
+    let margin = 44.0;
+    let widths: Vec<f64> = maps
+        .iter()
+        .map(|m| margin + cell * m.cols.len() as f64 + 24.0)
+        .collect();
+    let height =
+        40.0 + margin + cell * maps.iter().map(|m| m.rows.len()).max().unwrap_or(0) as f64 + 30.0;
+    let width: f64 = widths.iter().sum::<f64>() + 10.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="8" y="16" font-size="13" font-weight="bold">{title}</text>"#
+    );
+    let mut x0 = 8.0;
+    for (m, w) in maps.iter().zip(&widths) {
+        let top = 40.0 + margin;
+        let left = x0 + margin;
+        let _ = writeln!(
+            s,
+            r#"<text x="{left}" y="34" font-size="12">{}</text>"#,
+            m.title
+        );
+        let scale = m
+            .values
+            .iter()
+            .fold(0.0f64, |a, v| a.max(v.abs()))
+            .max(1e-12);
+        for (j, c) in m.cols.iter().enumerate() {
+            let x = left + cell * (j as f64 + 0.5);
+            let _ = writeln!(
+                s,
+                r#"<text x="{x}" y="{}" text-anchor="middle">{c}</text>"#,
+                top - 6.0
+            );
+        }
+        for (i, r) in m.rows.iter().enumerate() {
+            let y = top + cell * i as f64;
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="end">{r}</text>"#,
+                left - 4.0,
+                y + cell * 0.65
+            );
+            for j in 0..m.cols.len() {
+                let v = m.values[i * m.cols.len() + j];
+                let t = (v.abs() / scale).clamp(0.0, 1.0);
+                let fade = |full: f64| (255.0 - t * (255.0 - full)).round() as u8;
+                let (red, green, blue) = if m.signed && v < 0.0 {
+                    (fade(33.0), fade(102.0), fade(172.0))
+                } else if m.signed {
+                    (fade(178.0), fade(24.0), fade(43.0))
+                } else {
+                    (fade(8.0), fade(48.0), fade(107.0))
+                };
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{}" y="{y}" width="{cell}" height="{cell}" fill="rgb({red},{green},{blue})" stroke="white"><title>{r} -> {}: {v:.4}</title></rect>"#,
+                    left + cell * j as f64,
+                    m.cols[j]
+                );
+            }
+        }
+        x0 += w;
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let mut checkpoint_path = PathBuf::from("target/train_seq2seq.safetensors");
+    let mut out = PathBuf::from("target/attention_maps");
+    let mut digits: Vec<u32> = "3141592"
+        .bytes()
+        .map(|c| DIGIT0 + (c - b'0') as u32)
+        .collect();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let value = args.next().ok_or(format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--checkpoint" => checkpoint_path = value.into(),
+            "--out" => out = value.into(),
+            "--digits"
+                if (1..=MAX_LEN).contains(&value.len())
+                    && value.bytes().all(|c| c.is_ascii_digit()) =>
+            {
+                digits = value.bytes().map(|c| DIGIT0 + (c - b'0') as u32).collect()
+            }
+            _ => {
+                return Err(format!(
+                    "{a} {value}: see the example's header (--digits takes 1 to {MAX_LEN} digits)"
+                )
+                .into())
+            }
+        }
+    }
+    let ctx = Context::new()?;
+    println!("adapter: {}", ctx.report());
+    let shape = BatchShape {
+        batch: 1,
+        src_len: MAX_LEN,
+        tgt_len: MAX_LEN + 1,
+    };
+    let model = Transformer::new(&ctx, config(), shape, 1)?;
+    let mut trainer = Trainer::new(&ctx, model, AdamWConfig::default())?;
+    if checkpoint_path.exists() {
+        checkpoint::load(&ctx, &mut trainer, &checkpoint_path)?;
+        println!("loaded {}", checkpoint_path.display());
+    } else {
+        println!(
+            "no {}: training the reversal model here (300 steps)",
+            checkpoint_path.display()
+        );
+        let train_shape = BatchShape { batch: 64, ..shape };
+        let mut big = Trainer::new(
+            &ctx,
+            Transformer::new(&ctx, config(), train_shape, 1)?,
+            AdamWConfig::default(),
+        )?;
+        let mut state = 0x9E3779B97F4A7C15u64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n) as u32
+        };
+        for step in 0..300 {
+            let seqs: Vec<Vec<u32>> = (0..64)
+                .map(|_| (0..3 + next(8)).map(|_| DIGIT0 + next(10)).collect())
+                .collect();
+            big.optimizer
+                .set_lr(2e-3 * ((step + 1) as f32 / 100.0).min(1.0))?;
+            big.step(&ctx, &batch_of(&seqs))?;
+        }
+        big.check_finite(&ctx)?;
+        // The same parameters, into the batch-of-one model.
+        for (dst, src) in trainer
+            .model
+            .params
+            .values()
+            .iter()
+            .zip(big.model.params.values())
+        {
+            dst.write(&ctx, &src.to_vec(&ctx)?)?;
+        }
+    }
+
+    // Teacher-forced forward and backward on the correct reversal, for the maps and the gradients.
+    let batch = batch_of(std::slice::from_ref(&digits));
+    trainer.forward(&ctx, &batch)?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    trainer.model.backward(&ctx, &mut encoder)?;
+    ctx.queue().submit([encoder.finish()]);
+    let loss = trainer.model.loss().to_vec(&ctx)?[0];
+    let n = digits.len();
+    let src: Vec<String> = digits.iter().map(|&t| label(t)).collect();
+    let tgt: Vec<String> = batch.tgt_in[..n + 1].iter().map(|&t| label(t)).collect();
+    println!("input {}  loss {loss:.4}", src.join(" "));
+    std::fs::create_dir_all(&out).map_err(|e| Error::Device(format!("{}: {e}", out.display())))?;
+    let heads = config().heads;
+    // [1, H, Lq, Lk] padded to the model's lengths: crop to the sequence.
+    let crop = |m: &[f32], h: usize, lq: usize, lk: usize, rows: usize, cols: usize| -> Vec<f64> {
+        (0..rows)
+            .flat_map(|i| (0..cols).map(move |j| m[(h * lq + i) * lk + j] as f64))
+            .collect()
+    };
+    let (lq, lk) = (MAX_LEN + 1, MAX_LEN);
+    let write = |name: &str, text: String| -> Result<(), Error> {
+        let path = out.join(name);
+        std::fs::write(&path, text)
+            .map_err(|e| Error::Device(format!("{}: {e}", path.display())))?;
+        println!("wrote {}", path.display());
+        Ok(())
+    };
+
+    let cross = trainer
+        .model
+        .attention_map(&ctx, AttentionSite::DecoderCross(1))?
+        .to_vec(&ctx)?;
+    let maps: Vec<Map> = (0..heads)
+        .map(|h| Map {
+            title: format!("head {h}"),
+            rows: &tgt,
+            cols: &src,
+            values: crop(&cross, h, lq, lk, n + 1, n),
+            signed: false,
+        })
+        .collect();
+    write(
+        "cross_attention.svg",
+        svg(
+            "Decoder layer 1 cross-attention (rows: decoder input, columns: source)",
+            &maps,
+        ),
+    )?;
+    // How close the heads come to the anti-diagonal: the weight row i (predicting the digit at
+    // source position n - 1 - i) puts on that position.
+    for (h, m) in maps.iter().enumerate() {
+        let on: f64 = (0..n).map(|i| m.values[i * n + (n - 1 - i)]).sum::<f64>() / n as f64;
+        println!("cross-attention head {h}: mean weight on the reversed position {on:.3}");
+    }
+
+    let dec_self = trainer
+        .model
+        .attention_map(&ctx, AttentionSite::DecoderSelf(0))?
+        .to_vec(&ctx)?;
+    let maps: Vec<Map> = (0..heads)
+        .map(|h| Map {
+            title: format!("head {h}"),
+            rows: &tgt,
+            cols: &tgt,
+            values: crop(&dec_self, h, lq, lq, n + 1, n + 1),
+            signed: false,
+        })
+        .collect();
+    write(
+        "decoder_self_attention.svg",
+        svg("Decoder layer 0 self-attention (causal)", &maps),
+    )?;
+
+    let layers: Vec<Vec<f32>> = (0..config().encoder_layers)
+        .map(|l| {
+            trainer
+                .model
+                .attention_map(&ctx, AttentionSite::EncoderSelf(l))?
+                .to_vec(&ctx)
+        })
+        .collect::<Result<_, _>>()?;
+    let rollout = attention_rollout(&layers, [1, heads, lk])?;
+    let rollout: Vec<f64> = (0..n)
+        .flat_map(|i| (0..n).map(move |j| (i, j)))
+        .map(|(i, j)| rollout[i * lk + j])
+        .collect();
+    let grad = trainer
+        .model
+        .gradient_times_attention(&ctx, AttentionSite::DecoderCross(1))?;
+    let grad_mean: Vec<f64> = (0..(n + 1) * n)
+        .map(|x| {
+            (0..heads)
+                .map(|h| grad[(h * lq + x / n) * lk + x % n] as f64)
+                .sum::<f64>()
+                / heads as f64
+        })
+        .collect();
+    write(
+        "rollout_and_gradient.svg",
+        svg(
+            "Encoder attention rollout, and gradient x attention of decoder layer 1 cross-attention (mean over heads)",
+            &[
+                Map {
+                    title: "rollout over 2 encoder layers".into(),
+                    rows: &src,
+                    cols: &src,
+                    values: rollout,
+                    signed: false,
+                },
+                Map {
+                    title: "P * dL/dP (red +, blue -)".into(),
+                    rows: &tgt,
+                    cols: &src,
+                    values: grad_mean,
+                    signed: true,
+                },
+            ],
+        ),
+    )?;
+    Ok(())
+}
+
+fn main() {
+    // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
+    wgpu_attention::quiet_headless_start_up();
+    if let Err(e) = run() {
+        eprintln!("attention_maps: {e}");
+        std::process::exit(1);
+    }
+}
