@@ -21,8 +21,11 @@ const WG: u32 = 64;
 const MAX_ROWS: usize = 64;
 /// O items (row, vec4 column) one invocation accumulates at most (`MAX_OWN`).
 const MAX_OWN: usize = 16;
-/// Workgroups a decode grid should reach before split-KV stops paying (four per SM of an H100).
+/// Workgroups a decode grid should reach before split-KV stops paying: four per SM of an H100 on
+/// GPUs; on CPU drivers, a few per core (llvmpipe runs a workgroup on one thread: one sequence and
+/// KV head alone would use one core of many).
 const SPLIT_TARGET_WORKGROUPS: usize = 528;
+const SPLIT_TARGET_WORKGROUPS_CPU: usize = 8;
 /// Fewest keys a split covers on a GPU, so the merge stays a small fraction of the work.
 const SPLIT_MIN_KEYS: usize = 256;
 
@@ -58,13 +61,15 @@ impl DecodePlan {
         let rows = total.div_ceil(blocks);
         let groups = blocks * s.batch * s.kv_heads;
         let tiles = longest.div_ceil(WG as usize).max(1);
-        let mut splits = 1;
-        if !ctx.is_cpu() && groups < SPLIT_TARGET_WORKGROUPS {
-            splits = SPLIT_TARGET_WORKGROUPS
-                .div_ceil(groups)
-                .min(longest.div_ceil(SPLIT_MIN_KEYS))
-                .max(1);
-        }
+        let target = match ctx.is_cpu() {
+            true => SPLIT_TARGET_WORKGROUPS_CPU,
+            false => SPLIT_TARGET_WORKGROUPS,
+        };
+        let splits = target
+            .div_ceil(groups)
+            .min(longest.div_ceil(SPLIT_MIN_KEYS))
+            .max(1);
+        let mut splits = if groups < target { splits } else { 1 };
         if let Some(budget) = ctx.loop_budget() {
             let (per_tile, fixed) = Self::loop_cost(s, rows);
             let max_tiles = ((budget as usize).saturating_sub(fixed) / per_tile).max(1);
