@@ -9,8 +9,8 @@ use common::*;
 use wgpu_attention::reference::additive as reference;
 use wgpu_attention::reference::attention::Masks;
 use wgpu_attention::{
-    additive_backward, additive_forward, AdditiveScores, AttentionOptions, AttentionShape, Context,
-    GpuTensor,
+    additive_backward, additive_forward, additive_forward_unfused, AdditiveScores,
+    AttentionOptions, AttentionShape, Context, GpuTensor,
 };
 
 /// The case's masks for additive scores (scale 1: the score vector is learned).
@@ -139,6 +139,14 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
         };
         assert!(ok, "{what} lse[{n}]: {g} vs {r}");
     }
+    let unfused = additive_forward_unfused(ctx, &av, &bv, &vv, scores, &opts).unwrap();
+    assert_close(
+        &format!("{what} unfused out"),
+        &unfused.out.to_vec(ctx).unwrap(),
+        &ref_out,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
     let grads = additive_backward(
         ctx,
         &av,

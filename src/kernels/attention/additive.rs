@@ -14,6 +14,7 @@ pub(super) const FORWARD: &str = include_str!("../../../shaders/additive_forward
 pub(super) const BACKWARD_DA: &str = include_str!("../../../shaders/additive_backward_da.wgsl");
 pub(super) const BACKWARD_DB: &str = include_str!("../../../shaders/additive_backward_db.wgsl");
 pub(super) const PARAM_GRADS: &str = include_str!("../../../shaders/additive_param_grads.wgsl");
+pub(super) const SCORES: &str = include_str!("../../../shaders/additive_scores.wgsl");
 
 /// Largest score dim `Da` and value head dim the additive kernels hold per invocation.
 pub const MAX_ADDITIVE_DIM: usize = 128;
@@ -222,6 +223,74 @@ pub fn additive_forward_into(
         &chunks,
     );
     Ok(())
+}
+
+/// The unfused baseline of [`additive_forward`], for the benchmark: the scores materialised as
+/// `[B, H, Lq, Lk]` (`shaders/additive_scores.wgsl`), the masked softmax and `P V` of the unfused
+/// dot-product path. Submitted; O(L^2) memory.
+pub fn additive_forward_unfused(
+    ctx: &Context,
+    a: &HeadsView,
+    b: &HeadsView,
+    v: &HeadsView,
+    scores: AdditiveScores<'_>,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionOutput> {
+    let (s, scale) = check(a, b, v, scores, opts)?;
+    let probs = GpuTensor::uninit(ctx, "additive scores", &scores_shape(ctx, &s)?)?;
+    let out = GpuTensor::uninit(
+        ctx,
+        "additive out",
+        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
+    )?;
+    let lse = GpuTensor::uninit(ctx, "additive lse", &[s.batch, s.heads, s.q_seq])?;
+    let elements = probs.len();
+    if elements > u32::MAX as usize {
+        return Err(Error::Unsupported {
+            arg: "additive scores (B * H * Lq * Lk)",
+            value: elements as u64,
+            limit: u32::MAX as u64,
+            hint: "; use the fused additive_forward",
+        });
+    }
+    let mut params = base_params(&s, scale, opts);
+    let bindings = [
+        bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
+        bind_view(ctx, "b", b, VIEW_K, &mut params)?,
+        bind_tensor(ctx, "w", scores.w)?,
+        bind_tensor(ctx, "bias", scores.bias)?,
+        bind_tensor(ctx, "scores", &probs)?,
+    ];
+    let grid = set_grid(&mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    {
+        let mut pass = ctx.begin_pass(&mut encoder, "additive_forward_unfused");
+        encode_kernel(
+            ctx,
+            &mut pass,
+            "additive_scores",
+            || with_common(SCORES),
+            &[("WG", SIMPLE_WG)],
+            &params,
+            Shared::NONE,
+            &bindings,
+            grid,
+        );
+        // The scores are already scaled.
+        encode_softmax(
+            ctx,
+            &mut pass,
+            &s,
+            1.0,
+            &probs,
+            &lse,
+            opts,
+            seq_lens_buffer(ctx, opts),
+        )?;
+        encode_pv(ctx, &mut pass, &s, &probs, v, &out.heads()?)?;
+    }
+    ctx.submit(encoder)?;
+    Ok(AttentionOutput { out, lse })
 }
 
 /// Additive attention backward into new tensors, submitted, for the gradient `d_out` at the forward's

@@ -21,8 +21,8 @@ mod sinks;
 mod tiled;
 pub use additive::{
     additive_backward, additive_backward_into, additive_backward_workspace, additive_forward,
-    additive_forward_into, AdditiveGrads, AdditiveScores, ADDITIVE_BACKWARD_STORAGE_BUFFERS,
-    MAX_ADDITIVE_DIM,
+    additive_forward_into, additive_forward_unfused, AdditiveGrads, AdditiveScores,
+    ADDITIVE_BACKWARD_STORAGE_BUFFERS, MAX_ADDITIVE_DIM,
 };
 pub use bias::{attention_bias_backward_into, RelativeBuckets};
 pub use decode::{attention_decode, attention_decode_into, DecodePlan};
@@ -93,6 +93,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("additive_backward_da", additive::BACKWARD_DA),
         ("additive_backward_db", additive::BACKWARD_DB),
         ("additive_param_grads", additive::PARAM_GRADS),
+        ("additive_scores", additive::SCORES),
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
@@ -1570,8 +1571,23 @@ fn encode_probs(
             bias: None,
         },
     )?;
+    encode_softmax(ctx, pass, s, scale, probs, lse, opts, lens)
+}
+
+/// Records the masked row softmax of materialised scores `[B, H, Lq, Lk]` in place (P), with lse.
+#[allow(clippy::too_many_arguments)]
+fn encode_softmax(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    s: &AttentionShape,
+    scale: f32,
+    probs: &GpuTensor,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+    lens: &wgpu::Buffer,
+) -> Result<()> {
     let mut params = base_params(s, scale, opts);
-    let rows = s.batch * s.heads * lq;
+    let rows = s.batch * s.heads * s.q_seq;
     let grid = set_grid(&mut params, rows, 1)?;
     let bindings = [
         bind_tensor(ctx, "scores", probs)?,
@@ -1589,6 +1605,46 @@ fn encode_probs(
         grid,
     );
     Ok(())
+}
+
+/// Records `out = P V` for materialised probabilities `[B, H, Lq, Lk]`.
+fn encode_pv(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    s: &AttentionShape,
+    probs: &GpuTensor,
+    v: &HeadsView,
+    out: &HeadsView,
+) -> Result<()> {
+    let group = s.heads / s.kv_heads;
+    let (lq, lk) = (s.q_seq, s.kv_seq);
+    encode_gemm(
+        ctx,
+        pass,
+        &Gemm {
+            m: lq as u32,
+            n: s.head_dim_v as u32,
+            k: lk as u32,
+            groups: 1,
+            batch: s.batch as u32,
+            heads: s.heads as u32,
+            alpha: 1.0,
+            a: (
+                probs.buffer(),
+                Operand {
+                    stride_b: (s.heads * lq * lk) as u32,
+                    stride_h: (lq * lk) as u32,
+                    head_div: 1,
+                    stride_row: lk as u32,
+                    stride_col: 1,
+                    ..Default::default()
+                },
+            ),
+            b: (v.buffer(), view_operand(v, true, group)),
+            c: (out.buffer(), view_operand(out, true, 1)),
+            bias: None,
+        },
+    )
 }
 
 fn unfused_checks(ctx: &Context, views: &[(&'static str, &HeadsView)]) -> Result<()> {
@@ -1633,36 +1689,7 @@ pub fn attention_forward_unfused(
     {
         let mut pass = ctx.begin_pass(&mut encoder, "attention_forward_unfused");
         encode_probs(ctx, &mut pass, &s, scale, q, k, &probs, &lse, opts, lens)?;
-        let group = s.heads / s.kv_heads;
-        let (lq, lk) = (s.q_seq, s.kv_seq);
-        let out_view = out.heads()?;
-        encode_gemm(
-            ctx,
-            &mut pass,
-            &Gemm {
-                m: lq as u32,
-                n: s.head_dim_v as u32,
-                k: lk as u32,
-                groups: 1,
-                batch: s.batch as u32,
-                heads: s.heads as u32,
-                alpha: 1.0,
-                a: (
-                    probs.buffer(),
-                    Operand {
-                        stride_b: (s.heads * lq * lk) as u32,
-                        stride_h: (lq * lk) as u32,
-                        head_div: 1,
-                        stride_row: lk as u32,
-                        stride_col: 1,
-                        ..Default::default()
-                    },
-                ),
-                b: (v.buffer(), view_operand(v, true, group)),
-                c: (out.buffer(), view_operand(&out_view, true, 1)),
-                bias: None,
-            },
-        )?;
+        encode_pv(ctx, &mut pass, &s, &probs, v, &out.heads()?)?;
     }
     ctx.submit(encoder)?;
     Ok(AttentionOutput { out, lse })

@@ -1,0 +1,207 @@
+//! Fused against unfused additive (Bahdanau) attention on one adapter: forward (fused and unfused,
+//! the unfused path materialising the `[B, H, Lq, Lk]` scores) and the fused backward, per sequence
+//! length, with the tensor memory each allocates. Every case at the first length is checked against
+//! the f64 reference.
+//!
+//! ```text
+//! cargo run --release --bin additive-bench -- [--lengths 256,512,1024 --heads 4 --score-dim 64 --head-dim 64]
+//! ```
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use wgpu_attention::bench::{measure, Timer};
+use wgpu_attention::reference::additive as reference;
+use wgpu_attention::reference::attention::Masks;
+use wgpu_attention::reference::compare::{compare, FORWARD_ATOL, FORWARD_RTOL};
+use wgpu_attention::{
+    additive_backward, additive_forward, additive_forward_unfused, parse_backends, AdditiveScores,
+    AttentionOptions, AttentionShape, Context, ContextOptions, Error, GpuTensor,
+};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Fused vs unfused additive attention on any wgpu adapter"
+)]
+struct Cli {
+    /// Back end: vulkan, gl, metal, dx12 (default: WGPU_BACKEND, else all)
+    #[arg(long)]
+    backend: Option<String>,
+    /// Case-insensitive substring of the adapter name (default: WGPU_ADAPTER_NAME)
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Sequence lengths (Lq = Lk)
+    #[arg(long, value_delimiter = ',', default_value = "256,512,1024")]
+    lengths: Vec<usize>,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// The score dimension Da of the projections a and b
+    #[arg(long, default_value_t = 64)]
+    score_dim: usize,
+    /// The value head dim
+    #[arg(long, default_value_t = 64)]
+    head_dim: usize,
+    /// Causal mask
+    #[arg(long)]
+    causal: bool,
+    /// Timed runs per measurement (after warm-up)
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Write the figures as JSON
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// Deterministic values in [-scale, scale).
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn run(cli: &Cli) -> Result<(), Error> {
+    let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
+    let ctx = Context::new_with(&ContextOptions {
+        backends,
+        adapter_name: cli.adapter.clone(),
+    })?;
+    println!("adapter: {}", ctx.report());
+    let timer = Timer::new(&ctx, false);
+    let (b, h, da, dv) = (cli.batch, cli.heads, cli.score_dim, cli.head_dim);
+    let opts = AttentionOptions::new().causal(cli.causal);
+    let w = GpuTensor::from_slice(&ctx, &values(h * da, 1, 1.0), &[h, da])?;
+    let bias = GpuTensor::from_slice(&ctx, &values(h * da, 2, 0.5), &[h, da])?;
+    let scores = AdditiveScores { w: &w, bias: &bias };
+    println!(
+        "B{b} H{h} Da {da} Dv {dv}{}; {} ({} timed runs after warm-up)\n",
+        if cli.causal { " causal" } else { "" },
+        timer.clock().name(),
+        cli.reps
+    );
+    println!("| L | pass | path | median ms | min-max ms | tensor MiB | validation |\n|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    let mut ratios = Vec::new();
+    for (n, &l) in cli.lengths.iter().enumerate() {
+        let av = values(b * l * h * da, 3, 1.0);
+        let bv = values(b * l * h * da, 4, 1.0);
+        let vv = values(b * l * h * dv, 5, 1.0);
+        let dov = values(b * l * h * dv, 6, 1.0);
+        let a = GpuTensor::from_slice(&ctx, &av, &[b, l, h, da])?.heads()?;
+        let k = GpuTensor::from_slice(&ctx, &bv, &[b, l, h, da])?.heads()?;
+        let v = GpuTensor::from_slice(&ctx, &vv, &[b, l, h, dv])?.heads()?;
+        let d_out = GpuTensor::from_slice(&ctx, &dov, &[b, l, h, dv])?.heads()?;
+        let validation = |gpu: &[f32]| -> String {
+            if n > 0 {
+                return "-".into();
+            }
+            let s = AttentionShape {
+                batch: b,
+                q_seq: l,
+                kv_seq: l,
+                heads: h,
+                kv_heads: h,
+                head_dim_qk: da,
+                head_dim_v: dv,
+            };
+            let f = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<_>>();
+            let m = Masks {
+                scale: 1.0,
+                causal: cli.causal,
+                ..Default::default()
+            };
+            let (o, _) = reference::additive_forward(
+                &s,
+                &f(&av),
+                &f(&bv),
+                &f(&vv),
+                &f(&values(h * da, 1, 1.0)),
+                &f(&values(h * da, 2, 0.5)),
+                &m,
+            );
+            let c = compare(gpu, &o, FORWARD_ATOL, FORWARD_RTOL);
+            match c.passed() {
+                true => format!("ok ({:.1}% of tol)", 100.0 * c.worst_ratio),
+                false => format!("FAILED ({:.1}x tol)", c.worst_ratio),
+            }
+        };
+        let mut case = |pass: &str,
+                        path: &str,
+                        work: &mut dyn FnMut() -> Result<Vec<f32>, Error>|
+         -> Result<f64, Error> {
+            ctx.reset_peak_memory();
+            let before = ctx.memory().current_bytes;
+            let out = work()?;
+            let mib = (ctx.memory().peak_bytes - before) as f64 / (1 << 20) as f64;
+            let check = if pass == "forward" {
+                validation(&out)
+            } else {
+                "-".into()
+            };
+            let t = measure(&ctx, &timer, cli.reps, || work().map(|_| ()))?;
+            println!(
+                "| {l} | {pass} | {path} | {:.2} | {:.2}-{:.2} | {mib:.2} | {check} |",
+                t.median(),
+                t.min(),
+                t.max()
+            );
+            rows.push(serde_json::json!({"length": l, "pass": pass, "path": path, "times_ms": t.times_ms, "tensor_mib": mib, "validation": check}));
+            Ok(t.median())
+        };
+        let fused = case("forward", "fused", &mut || {
+            Ok(additive_forward(&ctx, &a, &k, &v, scores, &opts)?
+                .out
+                .to_vec(&ctx)?)
+        })?;
+        let unfused = case("forward", "unfused", &mut || {
+            Ok(additive_forward_unfused(&ctx, &a, &k, &v, scores, &opts)?
+                .out
+                .to_vec(&ctx)?)
+        })?;
+        let fwd = additive_forward(&ctx, &a, &k, &v, scores, &opts)?;
+        let out = fwd.out.heads()?;
+        case("backward", "fused", &mut || {
+            let g = additive_backward(&ctx, &a, &k, &v, scores, &out, &fwd.lse, &d_out, &opts)?;
+            Ok(g.dw.to_vec(&ctx)?)
+        })?;
+        ratios.push((l, unfused / fused));
+    }
+    println!("\n| L | fused forward speed-up over unfused |\n|---|---|");
+    for (l, r) in &ratios {
+        println!("| {l} | {r:.2}x |");
+    }
+    if let Some(path) = &cli.json {
+        let report = serde_json::json!({"adapter": ctx.report().to_string(), "cli": format!("{cli:?}"), "clock": timer.clock().name(), "cases": rows});
+        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap())
+            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
+    wgpu_attention::quiet_headless_start_up();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+    };
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("additive-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
