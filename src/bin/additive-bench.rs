@@ -157,20 +157,20 @@ fn run(cli: &Cli) -> Result<(), Error> {
             Ok(t.median())
         };
         let fused = case("forward", "fused", &mut || {
-            Ok(additive_forward(&ctx, &a, &k, &v, scores, &opts)?
+            additive_forward(&ctx, &a, &k, &v, scores, &opts)?
                 .out
-                .to_vec(&ctx)?)
+                .to_vec(&ctx)
         })?;
         let unfused = case("forward", "unfused", &mut || {
-            Ok(additive_forward_unfused(&ctx, &a, &k, &v, scores, &opts)?
+            additive_forward_unfused(&ctx, &a, &k, &v, scores, &opts)?
                 .out
-                .to_vec(&ctx)?)
+                .to_vec(&ctx)
         })?;
         let fwd = additive_forward(&ctx, &a, &k, &v, scores, &opts)?;
         let out = fwd.out.heads()?;
         case("backward", "fused", &mut || {
             let g = additive_backward(&ctx, &a, &k, &v, scores, &out, &fwd.lse, &d_out, &opts)?;
-            Ok(g.dw.to_vec(&ctx)?)
+            g.dw.to_vec(&ctx)
         })?;
         ratios.push((l, unfused / fused));
     }
