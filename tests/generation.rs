@@ -219,6 +219,17 @@ fn greedy_generation_matches_rerunning_the_forward() {
         };
         let out = generator.generate(ctx, &prompts, None, &options).unwrap();
         assert!(out.tokens.iter().all(|t| t.len() == 4), "[{name}] {out:?}");
+        // A second generation creates no bind group (nor parameter block): every recording reuses
+        // the first one's.
+        let (created, _) = generator.binding_counts();
+        let again = generator.generate(ctx, &prompts, None, &options).unwrap();
+        assert_eq!(
+            again.tokens, out.tokens,
+            "[{name}] a rerun generated other tokens"
+        );
+        let (created_again, reused) = generator.binding_counts();
+        assert_eq!(created_again, created, "[{name}] {reused} reused");
+        assert!(created > 0 && reused > created, "[{name}] {created} created, {reused} reused");
         assert_eq!(out.decode_steps, 3);
         // Each generated token is the arg max of the full forward over the prompt and the tokens
         // before it.

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::device::Context;
+use crate::device::{BindingCache, Context};
 use crate::error::{Error, Result};
 use crate::inference::kv_cache::{KvCache, StepLens};
 use crate::kernels::sampling::{sample_into, Sampling};
@@ -85,6 +85,8 @@ pub struct Generator {
     ids_staging: wgpu::Buffer,
     /// Sampling draws so far: each draw uses fresh random numbers.
     draws: u64,
+    /// Bind groups and parameter blocks of every recording, reused from step to step.
+    bindings: BindingCache,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -205,7 +207,15 @@ impl Generator {
                 wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             )?,
             draws: 0,
+            bindings: BindingCache::default(),
         })
+    }
+
+    /// Bind groups created and reused so far: after the first prefill and the first step, decoding
+    /// creates none (and no uniform buffer) until a longer cache changes the decode attention's
+    /// split-KV plan.
+    pub fn binding_counts(&self) -> (u64, u64) {
+        self.bindings.counts()
     }
 
     pub fn shape(&self) -> &GeneratorShape {
@@ -250,7 +260,13 @@ impl Generator {
     /// back.
     pub fn sample(&mut self, ctx: &Context, sampling: &Sampling) -> Result<Vec<u32>> {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        self.record_sample(ctx, &mut encoder, sampling)?;
+        let mut bindings = std::mem::take(&mut self.bindings);
+        let recorded = ctx.with_binding_cache(&mut bindings, || {
+            self.record_sample(ctx, &mut encoder, sampling, self.draws)
+        });
+        self.bindings = bindings;
+        recorded?;
+        self.draws += 1;
         ctx.submit(encoder)?;
         self.read_ids(ctx)
     }
@@ -397,23 +413,17 @@ impl Generator {
             source.embedding.tokens.write(ctx, &tokens)?;
             let lens = Some(source.lens_host.as_slice());
             source.lens.write(ctx, lens, lens)?;
-            let p = &self.params;
-            source.embedding.forward(ctx, &mut encoder, p)?;
-            let x = &source.embedding.x;
-            source
-                .encoder
-                .forward(ctx, &mut encoder, p, x, &source.lens)?;
-            let memory = source.encoder.output(x);
-            self.prefill
-                .decoder
-                .prepare_memory(ctx, &mut encoder, p, memory)?;
-            self.step
-                .decoder
-                .prepare_memory(ctx, &mut encoder, p, memory)?;
+            let mut bindings = std::mem::take(&mut self.bindings);
+            let recorded =
+                ctx.with_binding_cache(&mut bindings, || self.record_source(ctx, &mut encoder));
+            self.bindings = bindings;
+            recorded?;
         }
+        // The encoder is its own submission: each recording lent the binding cache is one
+        // submission, so no parameter block is rewritten while a submission still needs it.
+        ctx.submit(encoder)?;
         let chunk = s.prefill_chunk;
         let mut fed = vec![0usize; b];
-        let mut encoder = Some(encoder);
         let mut ids = None;
         while fed.iter().zip(prompts).any(|(&f, p)| f < p.len()) {
             let new: Vec<u32> = fed
@@ -429,9 +439,7 @@ impl Generator {
             }
             let last = fed.iter().zip(prompts).all(|(&f, p)| f == p.len());
             let sample = if last { sampling } else { None };
-            let e = encoder
-                .take()
-                .unwrap_or_else(|| ctx.device().create_command_encoder(&Default::default()));
+            let e = ctx.device().create_command_encoder(&Default::default());
             ids = self.run(ctx, e, PassKind::Prefill, &tokens, &new, last, sample)?;
         }
         Ok(ids)
@@ -486,6 +494,53 @@ impl Generator {
             self.cross_lens
                 .write(ctx, Some(&step.new), Some(&source.lens_host))?;
         }
+        let mut bindings = std::mem::take(&mut self.bindings);
+        let recorded = ctx.with_binding_cache(&mut bindings, || {
+            self.record_pass(ctx, &mut encoder, kind, new, logits)?;
+            match sampling {
+                Some(sampling) => self.record_sample(ctx, &mut encoder, sampling, self.draws),
+                None => Ok(()),
+            }
+        });
+        self.bindings = bindings;
+        recorded?;
+        if sampling.is_some() {
+            self.draws += 1;
+        }
+        ctx.submit(encoder)?;
+        self.cache.advance(&step);
+        match sampling {
+            Some(_) => self.read_ids(ctx).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The encoder over the sources, and every decoder layer's cross-attention keys and values.
+    fn record_source(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+        let Some(source) = &self.source else {
+            return Ok(());
+        };
+        let p = &self.params;
+        source.embedding.forward(ctx, encoder, p)?;
+        let x = &source.embedding.x;
+        source.encoder.forward(ctx, encoder, p, x, &source.lens)?;
+        let memory = source.encoder.output(x);
+        self.prefill
+            .decoder
+            .prepare_memory(ctx, encoder, p, memory)?;
+        self.step.decoder.prepare_memory(ctx, encoder, p, memory)
+    }
+
+    /// One pass of the decoder over the tokens already written, each fed sequence's last row into
+    /// `last`, and (if `logits`) the output layer.
+    fn record_pass(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        kind: PassKind,
+        new: &[u32],
+        logits: bool,
+    ) -> Result<()> {
         let pass = match kind {
             PassKind::Prefill => &self.prefill,
             PassKind::Step => &self.step,
@@ -493,11 +548,11 @@ impl Generator {
         let p = &self.params;
         let cross = self.source.is_some().then_some(&self.cross_lens);
         pass.target
-            .forward_cached(ctx, &mut encoder, p, &self.self_lens)?;
+            .forward_cached(ctx, encoder, p, &self.self_lens)?;
         let x = &pass.target.x;
         let caches = self.cache.layers();
         pass.decoder
-            .forward_cached(ctx, &mut encoder, p, x, &caches, &self.self_lens, cross)?;
+            .forward_cached(ctx, encoder, p, x, &caches, &self.self_lens, cross)?;
         let h = pass.decoder.output(x);
         let row_bytes = 4 * self.config.d_model as u64;
         for (seq, &n) in new.iter().enumerate() {
@@ -514,27 +569,19 @@ impl Generator {
         }
         if logits {
             self.output
-                .forward(ctx, &mut encoder, p, &self.last, &self.logits)?;
+                .forward(ctx, encoder, p, &self.last, &self.logits)?;
         }
-        if let Some(sampling) = sampling {
-            self.record_sample(ctx, &mut encoder, sampling)?;
-        }
-        ctx.submit(encoder)?;
-        self.cache.advance(&step);
-        match sampling {
-            Some(_) => self.read_ids(ctx).map(Some),
-            None => Ok(None),
-        }
+        Ok(())
     }
 
     fn record_sample(
-        &mut self,
+        &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         sampling: &Sampling,
+        draw: u64,
     ) -> Result<()> {
-        sample_into(ctx, encoder, &self.logits, sampling, self.draws, &self.ids)?;
-        self.draws += 1;
+        sample_into(ctx, encoder, &self.logits, sampling, draw, &self.ids)?;
         encoder.copy_buffer_to_buffer(&self.ids, 0, &self.ids_staging, 0, self.ids.size());
         Ok(())
     }
