@@ -1,38 +1,23 @@
-// Fused additive attention backward, query side: for each query row i, with D_i = dO_i . O_i and,
-// over its visible keys j (recomputed: t = tanh(a_i + b_j + bias), e = scale w . t, p = exp(e - lse_i)),
+// Fused additive attention backward, query side (after attention_common.wgsl and
+// additive_common.wgsl): for each query row i, with D_i = dO_i . O_i and, over its visible keys j
+// (recomputed: t = tanh(a_i + b_j + bias), e = scale w . t, p = exp(e - lse_i)),
 //   ds_ij = p (dO_i . v_j - D_i),   da_i += ds_ij * scale w (1 - t^2),   dw_i += ds_ij * scale t
 // da_i is written to VIEW_DQ; the per-row shares dw_i to dw_rows [H, B, Lq, Da] and D_i to
 // d_rows [B, H, Lq] (the key-side kernel reads D; additive_param_grads sums the shares, and da for the
 // bias, in a fixed order). One invocation per query row, key tiles staged as in the forward; the key
 // loop runs over [chunk_begin, chunk_end) and later dispatches (accumulate = 1) add to da and dw_rows.
 
-override WG: u32 = 64u;
-override BN: u32 = 32u;
-override DA: u32 = 64u;
-override DV: u32 = 64u;
-
-const MAX_DA: u32 = 128u;
-const MAX_DV: u32 = 128u;
-
-@group(0) @binding(2) var<storage, read> a_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> b_buf: array<f32>;
-@group(0) @binding(4) var<storage, read> v_buf: array<f32>;
-@group(0) @binding(5) var<storage, read> o_buf: array<f32>;
-@group(0) @binding(6) var<storage, read> do_buf: array<f32>;
-@group(0) @binding(7) var<storage, read> lse_buf: array<f32>;
-@group(0) @binding(8) var<storage, read> w_buf: array<f32>;
-@group(0) @binding(9) var<storage, read> bias_buf: array<f32>;
+@group(0) @binding(4) var<storage, read> a_buf: array<f32>;
+@group(0) @binding(5) var<storage, read> b_buf: array<f32>;
+@group(0) @binding(6) var<storage, read> v_buf: array<f32>;
+@group(0) @binding(7) var<storage, read> o_buf: array<f32>;
+@group(0) @binding(8) var<storage, read> do_buf: array<f32>;
+@group(0) @binding(9) var<storage, read> lse_buf: array<f32>;
 @group(0) @binding(10) var<storage, read_write> da_buf: array<f32>;
 @group(0) @binding(11) var<storage, read_write> dw_rows: array<f32>;
 @group(0) @binding(12) var<storage, read_write> d_rows: array<f32>;
 
-var<workgroup> b_tile: array<f32, BN * DA>;
-var<workgroup> v_tile: array<f32, BN * DV>;
-var<workgroup> w_tile: array<f32, DA>;
-
-fn tanh1(x: f32) -> f32 {
-    return tanh(clamp(x, -15.0, 15.0));
-}
+var<workgroup> v_tile: array<f32, TILE * DV>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -51,20 +36,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let live = i < qlen;
     let row = (b * params.heads + h) * params.q_seq + i;
 
-    var ab: array<f32, MAX_DA>;
+    var own: array<f32, MAX_DA>;
     var g: array<f32, MAX_DV>;
     var da: array<f32, MAX_DA>;
     var dw: array<f32, MAX_DA>;
     var d_row = 0.0;
     var lse = neg_inf();
     for (var c = 0u; c < DA; c++) {
-        ab[c] = 0.0;
+        own[c] = 0.0;
         da[c] = 0.0;
         dw[c] = 0.0;
     }
     if live {
         for (var c = 0u; c < DA; c++) {
-            ab[c] = a_buf[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
+            own[c] = a_buf[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
         }
         for (var d = 0u; d < DV; d++) {
             g[d] = do_buf[view_index(VIEW_DO, b, i, h) + d];
@@ -72,9 +57,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         lse = lse_buf[row];
     }
-    for (var c = lid; c < DA; c += WG) {
-        w_tile[c] = params.scale * w_buf[h * DA + c];
-    }
+    stage_w(h, lid);
     var start = 0u;
     var end = 0u;
     if live && lse > NEG_BIG {
@@ -87,18 +70,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if rows_hi > row0 {
         kv_hi = min(key_end(rows_hi - 1u, kvlen), params.chunk_end);
     }
-    let n_begin = max(params.chunk_begin, key_start(row0) / BN * BN);
-    for (var n0 = n_begin; n0 < kv_hi; n0 += BN) {
+    let n_begin = max(params.chunk_begin, key_start(row0) / TILE * TILE);
+    for (var n0 = n_begin; n0 < kv_hi; n0 += TILE) {
         workgroupBarrier();
-        for (var t = lid; t < BN * DA; t += WG) {
+        for (var t = lid; t < TILE * DA; t += WG) {
             let j = n0 + t / DA;
             var x = 0.0;
             if j < kv_hi {
                 x = b_buf[view_index(VIEW_K, b, j, h) + t % DA];
             }
-            b_tile[t] = x;
+            pair_tile[t] = x;
         }
-        for (var t = lid; t < BN * DV; t += WG) {
+        for (var t = lid; t < TILE * DV; t += WG) {
             let j = n0 + t / DV;
             var x = 0.0;
             if j < kv_hi {
@@ -107,23 +90,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             v_tile[t] = x;
         }
         workgroupBarrier();
-        for (var jj = 0u; jj < BN; jj++) {
+        for (var jj = 0u; jj < TILE; jj++) {
             let j = n0 + jj;
             if j < start || j >= end || j >= kv_hi {
                 continue;
             }
-            var e = 0.0;
-            for (var c = 0u; c < DA; c++) {
-                e += w_tile[c] * tanh1(ab[c] + b_tile[jj * DA + c]);
-            }
+            let e = additive_score(&own, jj);
             var dp = 0.0;
             for (var d = 0u; d < DV; d++) {
                 dp += g[d] * v_tile[jj * DV + d];
             }
             let ds = exp(e - lse) * (dp - d_row);
             for (var c = 0u; c < DA; c++) {
-                let t = tanh1(ab[c] + b_tile[jj * DA + c]);
-                da[c] += ds * w_tile[c] * (1.0 - t * t);
+                let t = additive_t(&own, jj, c);
+                da[c] += ds * additive_dt(t, c);
                 dw[c] += ds * params.scale * t;
             }
         }

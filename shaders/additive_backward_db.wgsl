@@ -1,42 +1,26 @@
-// Fused additive attention backward, key side: for each key j, over the query rows i that see it
-// (recomputed: t = tanh(a_i + b_j + bias), e = scale w . t, p = exp(e - lse_i)),
+// Fused additive attention backward, key side (after attention_common.wgsl and additive_common.wgsl):
+// for each key j, over the query rows i that see it (recomputed: t = tanh(a_i + b_j + bias),
+// e = scale w . t, p = exp(e - lse_i)),
 //   dv_j += p dO_i,   ds_ij = p (dO_i . v_j - D_i),   db_j += ds_ij * scale w (1 - t^2)
 // with D_i from additive_backward_da.wgsl (d_rows). db_j is written to VIEW_DK, dv_j to VIEW_DV.
-// One invocation per key, WG keys of one (batch, head) per workgroup; query tiles of BM rows (a + bias,
-// dO, lse, D) staged in workgroup memory. The query loop runs over [chunk_begin, chunk_end) and later
-// dispatches (accumulate = 1) add to db and dv.
+// One invocation per key, WG keys of one (batch, head) per workgroup; query tiles of TILE rows
+// (a + bias in pair_tile, dO, lse, D and their visible key ranges) staged in workgroup memory. The
+// query loop runs over [chunk_begin, chunk_end) and later dispatches (accumulate = 1) add to db and dv.
 
-override WG: u32 = 64u;
-override BM: u32 = 32u;
-override DA: u32 = 64u;
-override DV: u32 = 64u;
-
-const MAX_DA: u32 = 128u;
-const MAX_DV: u32 = 128u;
-
-@group(0) @binding(2) var<storage, read> a_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> b_buf: array<f32>;
-@group(0) @binding(4) var<storage, read> v_buf: array<f32>;
-@group(0) @binding(5) var<storage, read> do_buf: array<f32>;
-@group(0) @binding(6) var<storage, read> lse_buf: array<f32>;
-@group(0) @binding(7) var<storage, read> d_rows: array<f32>;
-@group(0) @binding(8) var<storage, read> w_buf: array<f32>;
-@group(0) @binding(9) var<storage, read> bias_buf: array<f32>;
+@group(0) @binding(4) var<storage, read> a_buf: array<f32>;
+@group(0) @binding(5) var<storage, read> b_buf: array<f32>;
+@group(0) @binding(6) var<storage, read> v_buf: array<f32>;
+@group(0) @binding(7) var<storage, read> do_buf: array<f32>;
+@group(0) @binding(8) var<storage, read> lse_buf: array<f32>;
+@group(0) @binding(9) var<storage, read> d_rows: array<f32>;
 @group(0) @binding(10) var<storage, read_write> db_buf: array<f32>;
 @group(0) @binding(11) var<storage, read_write> dv_buf: array<f32>;
 
-var<workgroup> a_tile: array<f32, BM * DA>;
-var<workgroup> g_tile: array<f32, BM * DV>;
-// Per staged row: lse, D, and the first and last keys it sees (as f32-free u32 pairs below).
-var<workgroup> lse_tile: array<f32, BM>;
-var<workgroup> d_tile: array<f32, BM>;
-var<workgroup> start_tile: array<u32, BM>;
-var<workgroup> end_tile: array<u32, BM>;
-var<workgroup> w_tile: array<f32, DA>;
-
-fn tanh1(x: f32) -> f32 {
-    return tanh(clamp(x, -15.0, 15.0));
-}
+var<workgroup> g_tile: array<f32, TILE * DV>;
+var<workgroup> lse_tile: array<f32, TILE>;
+var<workgroup> d_tile: array<f32, TILE>;
+var<workgroup> start_tile: array<u32, TILE>;
+var<workgroup> end_tile: array<u32, TILE>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -54,15 +38,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let j = key0 + lid;
     let live = j < kvlen;
 
-    var bj: array<f32, MAX_DA>;
+    var own: array<f32, MAX_DA>;
     var vj: array<f32, MAX_DV>;
     var db: array<f32, MAX_DA>;
     var dv: array<f32, MAX_DV>;
     for (var c = 0u; c < DA; c++) {
-        bj[c] = 0.0;
+        own[c] = 0.0;
         db[c] = 0.0;
         if live {
-            bj[c] = b_buf[view_index(VIEW_K, b, j, h) + c];
+            own[c] = b_buf[view_index(VIEW_K, b, j, h) + c];
         }
     }
     for (var d = 0u; d < DV; d++) {
@@ -72,9 +56,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             vj[d] = v_buf[view_index(VIEW_V, b, j, h) + d];
         }
     }
-    for (var c = lid; c < DA; c += WG) {
-        w_tile[c] = params.scale * w_buf[h * DA + c];
-    }
+    stage_w(h, lid);
 
     // The query rows that see any key of the block, within this dispatch's chunk.
     let keys_hi = min(key0 + WG, kvlen);
@@ -84,18 +66,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         m_begin = max(params.chunk_begin, query_start(key0));
         m_end = min(min(query_end(keys_hi - 1u), qlen), params.chunk_end);
     }
-    for (var m0 = m_begin; m0 < m_end; m0 += BM) {
+    for (var m0 = m_begin; m0 < m_end; m0 += TILE) {
         workgroupBarrier();
-        for (var t = lid; t < BM * DA; t += WG) {
+        for (var t = lid; t < TILE * DA; t += WG) {
             let i = m0 + t / DA;
             let c = t % DA;
             var x = 0.0;
             if i < m_end {
                 x = a_buf[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
             }
-            a_tile[t] = x;
+            pair_tile[t] = x;
         }
-        for (var t = lid; t < BM * DV; t += WG) {
+        for (var t = lid; t < TILE * DV; t += WG) {
             let i = m0 + t / DV;
             var x = 0.0;
             if i < m_end {
@@ -103,7 +85,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             g_tile[t] = x;
         }
-        for (var t = lid; t < BM; t += WG) {
+        for (var t = lid; t < TILE; t += WG) {
             let i = m0 + t;
             var lse = neg_inf();
             var dr = 0.0;
@@ -122,15 +104,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             end_tile[t] = e;
         }
         workgroupBarrier();
-        for (var ii = 0u; ii < BM; ii++) {
+        for (var ii = 0u; ii < TILE; ii++) {
             if !live || j < start_tile[ii] || j >= end_tile[ii] || !(lse_tile[ii] > NEG_BIG) {
                 continue;
             }
-            var e = 0.0;
-            for (var c = 0u; c < DA; c++) {
-                e += w_tile[c] * tanh1(a_tile[ii * DA + c] + bj[c]);
-            }
-            let p = exp(e - lse_tile[ii]);
+            let p = exp(additive_score(&own, ii) - lse_tile[ii]);
             var dp = 0.0;
             for (var d = 0u; d < DV; d++) {
                 let g = g_tile[ii * DV + d];
@@ -139,8 +117,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             let ds = p * (dp - d_tile[ii]);
             for (var c = 0u; c < DA; c++) {
-                let t = tanh1(a_tile[ii * DA + c] + bj[c]);
-                db[c] += ds * w_tile[c] * (1.0 - t * t);
+                db[c] += ds * additive_dt(additive_t(&own, ii, c), c);
             }
         }
     }

@@ -1,43 +1,23 @@
-// Fused additive (Bahdanau) attention forward: scores
-//   e_ij = scale * sum_c w[h, c] tanh(a[b, i, h, c] + b[b, j, h, c] + bias[h, c])
-// from the query and key projections a [B, Lq, H, Da] (VIEW_Q) and b [B, Lk, H, Da] (VIEW_K), the
-// online softmax over the visible keys (the shared header's masks: causal, per-batch lengths,
-// windows), and O = P V (V [B, Lk, H, Dv], VIEW_V), with the row lse. [Lq, Lk, Da] never exists:
-// each tanh is recomputed where it is used.
+// Fused additive (Bahdanau) attention forward (after attention_common.wgsl and additive_common.wgsl):
+// scores e_ij from the query and key projections a [B, Lq, H, Da] (VIEW_Q) and b [B, Lk, H, Da]
+// (VIEW_K), the online softmax over the visible keys (the shared header's masks: causal, per-batch
+// lengths, windows), and O = P V (V [B, Lk, H, Dv], VIEW_V), with the row lse. [Lq, Lk, Da] never
+// exists: each tanh is recomputed where it is used.
 //
-// One invocation per query row, WG rows of one (batch, head) per workgroup; key tiles of BN keys
+// One invocation per query row, WG rows of one (batch, head) per workgroup; key tiles of TILE keys
 // (their b rows and V rows) staged in workgroup memory. Per key, the running max m, sum l and
 // accumulator are updated in place (one exp per key; a rescale when the max grows). The key loop runs
 // over [chunk_begin, chunk_end): a dispatch with accumulate = 1 resumes from the O and lse an earlier
 // dispatch wrote (O normalised with lse is the state m = lse, l = 1, acc = O), so llvmpipe's loop
 // budget is kept by splitting long key ranges over dispatches.
 
-override WG: u32 = 64u;
-override BN: u32 = 32u;
-override DA: u32 = 64u;
-override DV: u32 = 64u;
+@group(0) @binding(4) var<storage, read> a_buf: array<f32>;
+@group(0) @binding(5) var<storage, read> b_buf: array<f32>;
+@group(0) @binding(6) var<storage, read> v_buf: array<f32>;
+@group(0) @binding(7) var<storage, read_write> o_buf: array<f32>;
+@group(0) @binding(8) var<storage, read_write> lse_buf: array<f32>;
 
-// Sizes of the per-invocation arrays; the host writes the pipeline's exact Da and Dv here.
-const MAX_DA: u32 = 128u;
-const MAX_DV: u32 = 128u;
-
-@group(0) @binding(2) var<storage, read> a_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> b_buf: array<f32>;
-@group(0) @binding(4) var<storage, read> v_buf: array<f32>;
-@group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
-@group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
-// The score vector w and the bias, [H, Da] each.
-@group(0) @binding(7) var<storage, read> w_buf: array<f32>;
-@group(0) @binding(8) var<storage, read> bias_buf: array<f32>;
-
-var<workgroup> b_tile: array<f32, BN * DA>;
-var<workgroup> v_tile: array<f32, BN * DV>;
-var<workgroup> w_tile: array<f32, DA>;
-
-// tanh where every implementation is exact to f32 (some compute it through exp(2x), which overflows).
-fn tanh1(x: f32) -> f32 {
-    return tanh(clamp(x, -15.0, 15.0));
-}
+var<workgroup> v_tile: array<f32, TILE * DV>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -56,17 +36,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let i = row0 + lid;
     let live = i < qlen;
 
-    // The query's a row plus the bias; w (times the scale) for the whole workgroup.
-    var ab: array<f32, MAX_DA>;
+    // The query's a row plus the bias.
+    var own: array<f32, MAX_DA>;
     for (var c = 0u; c < DA; c++) {
-        ab[c] = 0.0;
+        own[c] = 0.0;
         if live {
-            ab[c] = a_buf[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
+            own[c] = a_buf[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
         }
     }
-    for (var c = lid; c < DA; c += WG) {
-        w_tile[c] = params.scale * w_buf[h * DA + c];
-    }
+    stage_w(h, lid);
     var start = 0u;
     var end = 0u;
     if live {
@@ -99,18 +77,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if rows_hi > row0 {
         kv_hi = min(key_end(rows_hi - 1u, kvlen), params.chunk_end);
     }
-    let n_begin = max(params.chunk_begin, key_start(row0) / BN * BN);
-    for (var n0 = n_begin; n0 < kv_hi; n0 += BN) {
+    let n_begin = max(params.chunk_begin, key_start(row0) / TILE * TILE);
+    for (var n0 = n_begin; n0 < kv_hi; n0 += TILE) {
         workgroupBarrier();
-        for (var t = lid; t < BN * DA; t += WG) {
+        for (var t = lid; t < TILE * DA; t += WG) {
             let j = n0 + t / DA;
             var x = 0.0;
             if j < kv_hi {
                 x = b_buf[view_index(VIEW_K, b, j, h) + t % DA];
             }
-            b_tile[t] = x;
+            pair_tile[t] = x;
         }
-        for (var t = lid; t < BN * DV; t += WG) {
+        for (var t = lid; t < TILE * DV; t += WG) {
             let j = n0 + t / DV;
             var x = 0.0;
             if j < kv_hi {
@@ -119,15 +97,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             v_tile[t] = x;
         }
         workgroupBarrier();
-        for (var jj = 0u; jj < BN; jj++) {
+        for (var jj = 0u; jj < TILE; jj++) {
             let j = n0 + jj;
             if j < start || j >= end || j >= kv_hi {
                 continue;
             }
-            var e = 0.0;
-            for (var c = 0u; c < DA; c++) {
-                e += w_tile[c] * tanh1(ab[c] + b_tile[jj * DA + c]);
-            }
+            let e = additive_score(&own, jj);
             if e > m {
                 let alpha = exp(m - e);
                 l *= alpha;

@@ -229,7 +229,10 @@ fn greedy_generation_matches_rerunning_the_forward() {
         );
         let (created_again, reused) = generator.binding_counts();
         assert_eq!(created_again, created, "[{name}] {reused} reused");
-        assert!(created > 0 && reused > created, "[{name}] {created} created, {reused} reused");
+        assert!(
+            created > 0 && reused > created,
+            "[{name}] {created} created, {reused} reused"
+        );
         assert_eq!(out.decode_steps, 3);
         // Each generated token is the arg max of the full forward over the prompt and the tokens
         // before it.

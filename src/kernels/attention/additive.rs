@@ -10,6 +10,7 @@
 
 use super::*;
 
+pub(super) const COMMON: &str = include_str!("../../../shaders/additive_common.wgsl");
 pub(super) const FORWARD: &str = include_str!("../../../shaders/additive_forward.wgsl");
 pub(super) const BACKWARD_DA: &str = include_str!("../../../shaders/additive_backward_da.wgsl");
 pub(super) const BACKWARD_DB: &str = include_str!("../../../shaders/additive_backward_db.wgsl");
@@ -106,8 +107,14 @@ fn check(
     Ok((s, scale))
 }
 
+/// A fused additive kernel after the additive header (the attention header still to prepend).
+pub(super) fn with_shared(body: &str) -> String {
+    format!("{COMMON}\n{body}")
+}
+
+/// A fused additive kernel with both shared headers, its per-invocation arrays sized exactly.
 fn sized(body: &str, s: &AttentionShape) -> String {
-    let text = body
+    let text = with_shared(body)
         .replace(
             "const MAX_DA: u32 = 128u;",
             &format!("const MAX_DA: u32 = {}u;", s.head_dim_qk),
@@ -119,10 +126,10 @@ fn sized(body: &str, s: &AttentionShape) -> String {
     with_common(&text)
 }
 
-fn constants(s: &AttentionShape, tile: &'static str) -> [(&'static str, u32); 4] {
+fn constants(s: &AttentionShape) -> [(&'static str, u32); 4] {
     [
         ("WG", WG),
-        (tile, TILE),
+        ("TILE", TILE),
         ("DA", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ]
@@ -190,13 +197,13 @@ pub fn additive_forward_into(
     }
     let mut params = base_params(&s, scale, opts);
     let bindings = [
+        bind_tensor(ctx, "w", scores.w)?,
+        bind_tensor(ctx, "bias", scores.bias)?,
         bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
         bind_view(ctx, "b", b, VIEW_K, &mut params)?,
         bind_view(ctx, "v", v, VIEW_V, &mut params)?,
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
-        bind_tensor(ctx, "w", scores.w)?,
-        bind_tensor(ctx, "bias", scores.bias)?,
     ];
     let blocks = s.q_seq.div_ceil(WG as usize);
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
@@ -215,7 +222,7 @@ pub fn additive_forward_into(
         &mut pass,
         "additive_forward",
         || sized(FORWARD, &s),
-        &constants(&s, "BN"),
+        &constants(&s),
         &mut params,
         Shared::lens(seq_lens_buffer(ctx, opts)),
         &bindings,
@@ -433,14 +440,14 @@ pub fn additive_backward_into(
     // Query side: da, D and the dw shares.
     let mut params = base_params(&s, scale, opts);
     let bindings = [
+        bind_tensor(ctx, "w", scores.w)?,
+        bind_tensor(ctx, "bias", scores.bias)?,
         bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
         bind_view(ctx, "b", b, VIEW_K, &mut params)?,
         bind_view(ctx, "v", v, VIEW_V, &mut params)?,
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
-        bind_tensor(ctx, "w", scores.w)?,
-        bind_tensor(ctx, "bias", scores.bias)?,
         bind_view(ctx, "da", da, VIEW_DQ, &mut params)?,
         dw_rows,
         d_rows,
@@ -459,7 +466,7 @@ pub fn additive_backward_into(
         &mut pass,
         "additive_backward_da",
         || sized(BACKWARD_DA, &s),
-        &constants(&s, "BN"),
+        &constants(&s),
         &mut params,
         shared,
         &bindings,
@@ -470,14 +477,14 @@ pub fn additive_backward_into(
     // Key side: db and dV.
     let mut params = base_params(&s, scale, opts);
     let bindings = [
+        bind_tensor(ctx, "w", scores.w)?,
+        bind_tensor(ctx, "bias", scores.bias)?,
         bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
         bind_view(ctx, "b", b, VIEW_K, &mut params)?,
         bind_view(ctx, "v", v, VIEW_V, &mut params)?,
         bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
         d_rows,
-        bind_tensor(ctx, "w", scores.w)?,
-        bind_tensor(ctx, "bias", scores.bias)?,
         bind_view(ctx, "db", db, VIEW_DK, &mut params)?,
         bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
     ];
@@ -495,7 +502,7 @@ pub fn additive_backward_into(
         &mut pass,
         "additive_backward_db",
         || sized(BACKWARD_DB, &s),
-        &constants(&s, "BM"),
+        &constants(&s),
         &mut params,
         shared,
         &bindings,

@@ -89,15 +89,24 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("attention_bias_backward", bias::BACKWARD),
         ("attention_probs", probs::SOURCE),
         ("attention_decode", decode::SOURCE),
-        ("additive_forward", additive::FORWARD),
-        ("additive_backward_da", additive::BACKWARD_DA),
-        ("additive_backward_db", additive::BACKWARD_DB),
         ("additive_param_grads", additive::PARAM_GRADS),
         ("additive_scores", additive::SCORES),
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
     .chain([
+        (
+            "additive_forward",
+            with_common(&additive::with_shared(additive::FORWARD)),
+        ),
+        (
+            "additive_backward_da",
+            with_common(&additive::with_shared(additive::BACKWARD_DA)),
+        ),
+        (
+            "additive_backward_db",
+            with_common(&additive::with_shared(additive::BACKWARD_DB)),
+        ),
         ("matmul_strided", matmul::SOURCE.to_string()),
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
     ])
