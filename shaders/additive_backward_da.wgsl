@@ -7,17 +7,12 @@
 // bias, in a fixed order). One invocation per query row, key tiles staged as in the forward; the key
 // loop runs over [chunk_begin, chunk_end) and later dispatches (accumulate = 1) add to da and dw_rows.
 
-@group(0) @binding(4) var<storage, read> a_buf: array<f32>;
-@group(0) @binding(5) var<storage, read> b_buf: array<f32>;
-@group(0) @binding(6) var<storage, read> v_buf: array<f32>;
 @group(0) @binding(7) var<storage, read> o_buf: array<f32>;
 @group(0) @binding(8) var<storage, read> do_buf: array<f32>;
 @group(0) @binding(9) var<storage, read> lse_buf: array<f32>;
 @group(0) @binding(10) var<storage, read_write> da_buf: array<f32>;
 @group(0) @binding(11) var<storage, read_write> dw_rows: array<f32>;
 @group(0) @binding(12) var<storage, read_write> d_rows: array<f32>;
-
-var<workgroup> v_tile: array<f32, TILE * DV>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -49,7 +44,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     if live {
         for (var c = 0u; c < DA; c++) {
-            own[c] = a_buf[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
+            own[c] = a_rows[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
         }
         for (var d = 0u; d < DV; d++) {
             g[d] = do_buf[view_index(VIEW_DO, b, i, h) + d];
@@ -73,22 +68,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let n_begin = max(params.chunk_begin, key_start(row0) / TILE * TILE);
     for (var n0 = n_begin; n0 < kv_hi; n0 += TILE) {
         workgroupBarrier();
-        for (var t = lid; t < TILE * DA; t += WG) {
-            let j = n0 + t / DA;
-            var x = 0.0;
-            if j < kv_hi {
-                x = b_buf[view_index(VIEW_K, b, j, h) + t % DA];
-            }
-            pair_tile[t] = x;
-        }
-        for (var t = lid; t < TILE * DV; t += WG) {
-            let j = n0 + t / DV;
-            var x = 0.0;
-            if j < kv_hi {
-                x = v_buf[view_index(VIEW_V, b, j, h) + t % DV];
-            }
-            v_tile[t] = x;
-        }
+        stage_keys(n0, kv_hi, b, h, lid);
         workgroupBarrier();
         for (var jj = 0u; jj < TILE; jj++) {
             let j = n0 + jj;

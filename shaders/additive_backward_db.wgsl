@@ -7,9 +7,6 @@
 // (a + bias in pair_tile, dO, lse, D and their visible key ranges) staged in workgroup memory. The
 // query loop runs over [chunk_begin, chunk_end) and later dispatches (accumulate = 1) add to db and dv.
 
-@group(0) @binding(4) var<storage, read> a_buf: array<f32>;
-@group(0) @binding(5) var<storage, read> b_buf: array<f32>;
-@group(0) @binding(6) var<storage, read> v_buf: array<f32>;
 @group(0) @binding(7) var<storage, read> do_buf: array<f32>;
 @group(0) @binding(8) var<storage, read> lse_buf: array<f32>;
 @group(0) @binding(9) var<storage, read> d_rows: array<f32>;
@@ -46,14 +43,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         own[c] = 0.0;
         db[c] = 0.0;
         if live {
-            own[c] = b_buf[view_index(VIEW_K, b, j, h) + c];
+            own[c] = b_keys[view_index(VIEW_K, b, j, h) + c];
         }
     }
     for (var d = 0u; d < DV; d++) {
         vj[d] = 0.0;
         dv[d] = 0.0;
         if live {
-            vj[d] = v_buf[view_index(VIEW_V, b, j, h) + d];
+            vj[d] = v_keys[view_index(VIEW_V, b, j, h) + d];
         }
     }
     stage_w(h, lid);
@@ -73,7 +70,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let c = t % DA;
             var x = 0.0;
             if i < m_end {
-                x = a_buf[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
+                x = a_rows[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
             }
             pair_tile[t] = x;
         }

@@ -18,9 +18,16 @@ const MAX_DV: u32 = 128u;
 // The score vector w and the bias, [H, Da] each.
 @group(0) @binding(2) var<storage, read> w_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> bias_buf: array<f32>;
+// The projections and values every additive kernel reads: a [B, Lq, H, Da] (VIEW_Q),
+// b [B, Lk, H, Da] (VIEW_K), V [B, Lk, H, Dv] (VIEW_V).
+@group(0) @binding(4) var<storage, read> a_rows: array<f32>;
+@group(0) @binding(5) var<storage, read> b_keys: array<f32>;
+@group(0) @binding(6) var<storage, read> v_keys: array<f32>;
 
 var<workgroup> pair_tile: array<f32, TILE * DA>;
 var<workgroup> w_tile: array<f32, DA>;
+// The query-side kernels' staged V rows.
+var<workgroup> v_tile: array<f32, TILE * DV>;
 
 // tanh where every implementation is exact to f32 (some compute it through exp(2x), which overflows).
 fn tanh1(x: f32) -> f32 {
@@ -31,6 +38,27 @@ fn tanh1(x: f32) -> f32 {
 fn stage_w(h: u32, lid: u32) {
     for (var c = lid; c < DA; c += WG) {
         w_tile[c] = params.scale * w_buf[h * DA + c];
+    }
+}
+
+// Query-side kernels: stage the b and V rows of keys n0 .. n0 + TILE (zeros from kv_hi on) into
+// pair_tile and v_tile. Called between barriers.
+fn stage_keys(n0: u32, kv_hi: u32, b: u32, h: u32, lid: u32) {
+    for (var t = lid; t < TILE * DA; t += WG) {
+        let j = n0 + t / DA;
+        var x = 0.0;
+        if j < kv_hi {
+            x = b_keys[view_index(VIEW_K, b, j, h) + t % DA];
+        }
+        pair_tile[t] = x;
+    }
+    for (var t = lid; t < TILE * DV; t += WG) {
+        let j = n0 + t / DV;
+        var x = 0.0;
+        if j < kv_hi {
+            x = v_keys[view_index(VIEW_V, b, j, h) + t % DV];
+        }
+        v_tile[t] = x;
     }
 }
 
