@@ -137,6 +137,7 @@ fn config() -> TransformerConfig {
         cosine_scores: None,
         key_norm_clip: None,
         rope_base: Some(10000.0),
+        additive_attention: None,
     }
 }
 

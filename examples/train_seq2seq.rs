@@ -280,6 +280,7 @@ fn run(args: &Args) -> Result<f64, Error> {
         cosine_scores: None,
         key_norm_clip: None,
         rope_base: None,
+        additive_attention: None,
     };
     let model = Transformer::new(&ctx, config, shape(), 1)?;
     let adam = AdamWConfig {

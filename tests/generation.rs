@@ -41,6 +41,7 @@ fn config(encoder_layers: usize) -> TransformerConfig {
         cosine_scores: None,
         key_norm_clip: None,
         rope_base: None,
+        additive_attention: None,
     }
 }
 

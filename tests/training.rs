@@ -35,6 +35,7 @@ fn config(d_ff: usize) -> TransformerConfig {
         cosine_scores: None,
         key_norm_clip: None,
         rope_base: None,
+        additive_attention: None,
     }
 }
 

@@ -33,6 +33,7 @@ fn config(encoder_layers: usize, pre_ln: bool, learned_positions: bool) -> Trans
         cosine_scores: None,
         key_norm_clip: None,
         rope_base: None,
+        additive_attention: None,
     }
 }
 
@@ -59,6 +60,15 @@ fn with_learned_score_terms(c: TransformerConfig, cosine: bool) -> TransformerCo
         attention_sinks: true,
         cosine_scores: cosine.then_some(4.0),
         key_norm_clip: (!cosine).then_some(0.3),
+        ..c
+    }
+}
+
+/// Additive (Bahdanau) scores in self-attention, score dim 5 per head, with a window.
+fn with_additive(c: TransformerConfig) -> TransformerConfig {
+    TransformerConfig {
+        additive_attention: Some(5),
+        attention_window: Some(3),
         ..c
     }
 }
@@ -250,6 +260,37 @@ fn score_modifiers_in_the_model_match_cpu_model() {
         );
         let c = with_rope(with_learned_score_terms(config(0, true, false), true));
         check_against_cpu(backend, ctx, c, "decoder-only rope+relative+sinks+cosine");
+        let c = with_additive(config(2, true, false));
+        check_against_cpu(backend, ctx, c, "enc-dec additive+window");
+        let c = with_additive(config(0, false, true));
+        check_against_cpu(backend, ctx, c, "decoder-only post-LN additive+window");
+    });
+}
+
+/// Additive scores take only the window among the score terms: the others are refused by name.
+#[test]
+fn additive_scores_refuse_dot_product_terms() {
+    for_each_backend(|_, ctx| {
+        for (c, needle) in [
+            (
+                with_additive(with_rope(config(0, true, false))),
+                "rope_base",
+            ),
+            (
+                with_additive(with_score_modifiers(config(0, true, false))),
+                "attention_softcap",
+            ),
+            (
+                TransformerConfig {
+                    additive_attention: Some(0),
+                    ..config(0, true, false)
+                },
+                "additive_attention",
+            ),
+        ] {
+            let err = Transformer::new(ctx, c, SHAPE, 1).err().expect("refused");
+            assert!(err.to_string().contains(needle), "{err}");
+        }
     });
 }
 
@@ -262,6 +303,7 @@ fn cpu_model_gradients_match_finite_differences() {
         with_learned_score_terms(config(1, true, false), false),
         with_learned_score_terms(config(1, false, false), true),
         with_rope(config(1, true, false)),
+        with_additive(config(1, true, false)),
     ] {
         let ctx_free_params = {
             // Parameters drawn like the GPU model's, without a GPU: the names and shapes come from a

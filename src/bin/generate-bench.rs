@@ -93,6 +93,7 @@ fn model(ctx: &Context, cli: &Cli) -> Result<Transformer, Error> {
         cosine_scores: None,
         key_norm_clip: None,
         rope_base: Some(10000.0),
+        additive_attention: None,
     };
     // The generator keeps its own buffers; the model's training shape only sizes unused activations.
     let shape = BatchShape {

@@ -98,6 +98,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         cosine_scores: None,
         key_norm_clip: None,
         rope_base: None,
+        additive_attention: None,
     };
     let shape = BatchShape {
         batch: cli.batch,

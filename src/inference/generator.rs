@@ -97,8 +97,8 @@ enum PassKind {
 
 impl Generator {
     /// A generator over `model`'s parameters for `shape`. Refused: models with cosine scores or
-    /// key-norm clipping (decode attention does not transform cached keys), learned position tables
-    /// shorter than the capacity or source length.
+    /// key-norm clipping (decode attention does not transform cached keys) or additive scores (no
+    /// decode kernel for them), learned position tables shorter than the capacity or source length.
     pub fn new(ctx: &Context, model: &Transformer, shape: GeneratorShape) -> Result<Self> {
         let c = *model.config();
         let s = shape;
@@ -117,11 +117,12 @@ impl Generator {
         for (arg, set) in [
             ("cosine_scores", c.cosine_scores.is_some()),
             ("key_norm_clip", c.key_norm_clip.is_some()),
+            ("additive_attention", c.additive_attention.is_some()),
         ] {
             if set {
                 return Err(Error::shape(
                     arg,
-                    "models with cosine scores or key-norm clipping cannot decode from a cache yet; run Transformer::forward",
+                    "models with cosine scores, key-norm clipping or additive scores cannot decode from a cache yet; run Transformer::forward",
                 ));
             }
         }

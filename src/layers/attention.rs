@@ -6,8 +6,9 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{
+    additive_backward_into, additive_backward_workspace, additive_forward_into,
     attention_backward_into, attention_backward_workspace, attention_decode_into,
-    attention_forward_into, attention_probabilities, attention_sinks_backward_into,
+    attention_forward_into, attention_probabilities, attention_sinks_backward_into, AdditiveScores,
     AttentionOptions, AttentionShape, RelativeBuckets,
 };
 use crate::kernels::kv_cache::kv_cache_append_into;
@@ -35,6 +36,11 @@ pub struct ScoreOptions {
     pub key_clip: Option<f32>,
     /// Rotary position embeddings of Q and K with this base (half layout, every head dim).
     pub rope_base: Option<f32>,
+    /// Additive (Bahdanau) scores instead of dot products, with this score dim per head: the fused
+    /// projection gives `a` and `b` (`[.., H, Da]` each) instead of Q and K, and the layer learns
+    /// `{name}.additive_w` and `{name}.additive_bias` (`[H, Da]`). Excludes every other score term
+    /// but the window.
+    pub additive: Option<usize>,
 }
 
 impl ScoreOptions {
@@ -46,6 +52,33 @@ impl ScoreOptions {
             ..r
         })
     }
+}
+
+/// The attention shape of self-attention with additive scores of `dim` per head.
+fn self_shape(
+    batch: usize,
+    len: usize,
+    heads: usize,
+    dim: usize,
+    head_dim: usize,
+) -> AttentionShape {
+    AttentionShape {
+        batch,
+        q_seq: len,
+        kv_seq: len,
+        heads,
+        kv_heads: heads,
+        head_dim_qk: dim,
+        head_dim_v: head_dim,
+    }
+}
+
+/// The learned parameters and workspace of additive scores.
+struct Additive {
+    dim: usize,
+    w: ParamId,
+    bias: ParamId,
+    workspace: GpuTensor,
 }
 
 /// Self-attention (optionally causal) or cross-attention over a memory.
@@ -66,6 +99,8 @@ pub struct MultiHeadAttention {
     /// Rotary embeddings: Q and K are rotated in place in the projection after it is computed, and
     /// dQ, dK rotated back in place in its gradient.
     rope: Option<RopeTable>,
+    /// Additive scores: the score dim, the score vector and bias, and the backward's workspace.
+    additive: Option<Additive>,
     shape: AttentionShape,
     heads: usize,
     d_model: usize,
@@ -88,7 +123,8 @@ pub struct MultiHeadAttention {
 }
 
 impl MultiHeadAttention {
-    /// `rows = [batch, query length]`, `memory_len` the key length of cross-attention.
+    /// `rows = [batch, query length]`, `memory_len` the key length of cross-attention; `additive`
+    /// (self-attention only) the score dim of additive scores (see [`ScoreOptions::additive`]).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx: &Context,
@@ -99,15 +135,28 @@ impl MultiHeadAttention {
         heads: usize,
         rows: [usize; 2],
         memory_len: usize,
+        additive: Option<usize>,
     ) -> Result<Self> {
         let [b, lq] = rows;
         let hd = d_model / heads;
+        // Width of the projections that meet in the scores: Q and K, or additive's a and b.
+        let qk = heads * additive.unwrap_or(hd);
         let (query, key_value, proj_width) = match kind {
             AttentionKind::SelfAttention { .. } => (
-                Linear::new(ctx, params, &format!("{name}.qkv"), d_model, 3 * d_model)?,
+                Linear::new(
+                    ctx,
+                    params,
+                    &format!("{name}.qkv"),
+                    d_model,
+                    2 * qk + d_model,
+                )?,
                 None,
-                3 * d_model,
+                2 * qk + d_model,
             ),
+            AttentionKind::Cross if additive.is_some() => return Err(Error::shape(
+                "additive",
+                "additive scores are built for self-attention; cross-attention keeps dot products",
+            )),
             AttentionKind::Cross => (
                 Linear::new(ctx, params, &format!("{name}.q"), d_model, d_model)?,
                 Some(Linear::new(
@@ -133,8 +182,29 @@ impl MultiHeadAttention {
             kv_seq: lk,
             heads,
             kv_heads: heads,
-            head_dim_qk: hd,
+            head_dim_qk: additive.unwrap_or(hd),
             head_dim_v: hd,
+        };
+        let additive = match additive {
+            Some(dim) => {
+                let shape = [heads, dim];
+                let bound = 1.0 / (dim as f32).sqrt();
+                Some(Additive {
+                    dim,
+                    w: params.add(
+                        ctx,
+                        format!("{name}.additive_w"),
+                        &shape,
+                        Init::Uniform(bound),
+                    )?,
+                    bias: params.add(ctx, format!("{name}.additive_bias"), &shape, Init::Zeros)?,
+                    workspace: additive_backward_workspace(
+                        ctx,
+                        &self_shape(b, lq, heads, dim, hd),
+                    )?,
+                })
+            }
+            None => None,
         };
         Ok(Self {
             kind,
@@ -144,6 +214,7 @@ impl MultiHeadAttention {
             relative: None,
             cosine_scale: None,
             rope: None,
+            additive,
             shape,
             heads,
             d_model,
@@ -165,15 +236,16 @@ impl MultiHeadAttention {
         })
     }
 
-    /// Q, K, V views of `proj` (and `kv_proj` for cross-attention).
+    /// Q, K, V views of `proj` (and `kv_proj` for cross-attention); with additive scores, a, b, V.
     fn split(&self, proj: &GpuTensor, kv_proj: Option<&GpuTensor>) -> Result<[HeadsView; 3]> {
         let (h, d) = (self.heads, self.d_model);
         let hd = d / h;
+        let qk = self.additive.as_ref().map_or(hd, |a| a.dim);
         Ok(match kv_proj {
             None => [
-                proj.split_heads(0, h, hd)?,
-                proj.split_heads(d, h, hd)?,
-                proj.split_heads(2 * d, h, hd)?,
+                proj.split_heads(0, h, qk)?,
+                proj.split_heads(h * qk, h, qk)?,
+                proj.split_heads(2 * h * qk, h, hd)?,
             ],
             Some(kv) => [
                 proj.split_heads(0, h, hd)?,
@@ -301,16 +373,17 @@ impl MultiHeadAttention {
             rope_forward_into(ctx, encoder, &k, rope, 0)?;
         }
         let out = self.attn.heads()?;
-        attention_forward_into(
-            ctx,
-            encoder,
-            &q,
-            &k,
-            &v,
-            &out,
-            &self.lse,
-            &self.options(p, lens),
-        )?;
+        let opts = self.options(p, lens);
+        match &self.additive {
+            Some(add) => {
+                let scores = AdditiveScores {
+                    w: p.value(add.w),
+                    bias: p.value(add.bias),
+                };
+                additive_forward_into(ctx, encoder, &q, &k, &v, scores, &out, &self.lse, &opts)?;
+            }
+            None => attention_forward_into(ctx, encoder, &q, &k, &v, &out, &self.lse, &opts)?,
+        }
         self.output
             .forward(ctx, encoder, p, &self.flat(&self.attn)?, y)
     }
@@ -350,6 +423,12 @@ impl MultiHeadAttention {
         lens: &SeqLens,
         y: &GpuTensor,
     ) -> Result<()> {
+        if self.additive.is_some() {
+            return Err(Error::shape(
+                "additive",
+                "additive-score layers cannot decode from a cache yet; run the full forward",
+            ));
+        }
         let out = self.attn.heads()?;
         let opts = self.options(p, lens);
         match (self.kind, cache) {
@@ -399,6 +478,12 @@ impl MultiHeadAttention {
         lens: &SeqLens,
         rows: std::ops::Range<usize>,
     ) -> Result<GpuTensor> {
+        if self.additive.is_some() {
+            return Err(Error::shape(
+                "site",
+                "attention maps of additive-score layers are not computed yet (attention_probabilities recomputes dot-product scores)",
+            ));
+        }
         let [q, k, _] = self.split(&self.proj, self.kv_proj.as_ref())?;
         attention_probabilities(ctx, &q, &k, &self.lse, &self.options(p, lens), rows)
     }
@@ -438,6 +523,27 @@ impl MultiHeadAttention {
         let [dq, dk, dv] = self.split(&self.d_proj, self.d_kv_proj.as_ref())?;
         // The relative table's and the cosine scale's gradients are written by the backward itself.
         let opts = self.options(p, lens);
+        if let Some(add) = &self.additive {
+            let scores = AdditiveScores {
+                w: p.value(add.w),
+                bias: p.value(add.bias),
+            };
+            additive_backward_into(
+                ctx,
+                encoder,
+                [&q, &k, &v],
+                scores,
+                &self.attn.heads()?,
+                &self.lse,
+                &self.d_attn.heads()?,
+                [&dq, &dk, &dv],
+                [p.grad(add.w), p.grad(add.bias)],
+                &add.workspace,
+                &opts,
+            )?;
+            self.query.backward(ctx, encoder, p, x, &self.d_proj, dx)?;
+            return Ok(());
+        }
         attention_backward_into(
             ctx,
             encoder,

@@ -65,6 +65,7 @@ impl DecoderLayer {
             c.heads,
             rows,
             rows[1],
+            c.scores.additive,
         )?
         .with_scores(ctx, params, c.scores, c.positions)?;
         let cross = match memory_len {
@@ -79,6 +80,7 @@ impl DecoderLayer {
                     c.heads,
                     rows,
                     mem,
+                    None,
                 )?,
                 d_memory: GpuTensor::zeros(ctx, &[rows[0], mem, c.d_model])?,
             }),

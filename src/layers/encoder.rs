@@ -58,6 +58,7 @@ impl EncoderLayer {
                 c.heads,
                 rows,
                 rows[1],
+                c.scores.additive,
             )?
             .with_scores(ctx, params, c.scores, c.positions)?,
             feed_forward_block: Residual::new(

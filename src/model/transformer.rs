@@ -76,6 +76,11 @@ pub struct TransformerConfig {
     /// dim), instead of the additive position table (default none: additive positions).
     #[serde(default)]
     pub rope_base: Option<f32>,
+    /// Additive (Bahdanau) scores in self-attention with this score dim per head, instead of dot
+    /// products (cross-attention keeps dot products); only the window combines with it (default
+    /// none).
+    #[serde(default)]
+    pub additive_attention: Option<usize>,
 }
 
 impl TransformerConfig {
@@ -127,6 +132,7 @@ impl TransformerConfig {
             cosine: self.cosine_scores,
             key_clip: self.key_norm_clip,
             rope_base: self.rope_base,
+            additive: self.additive_attention,
         }
     }
 
@@ -176,6 +182,32 @@ impl TransformerConfig {
                 return Err(Error::shape(
                     "rope_base",
                     format!("is {base}; it must be finite and above 1 (10000 in most models)"),
+                ));
+            }
+        }
+        if let Some(dim) = c.additive_attention {
+            if dim == 0 || dim > crate::kernels::attention::MAX_ADDITIVE_DIM {
+                return Err(Error::shape(
+                    "additive_attention",
+                    format!(
+                        "score dim {dim}; it must be 1 to {}",
+                        crate::kernels::attention::MAX_ADDITIVE_DIM
+                    ),
+                ));
+            }
+            let others = [
+                ("attention_softcap", c.attention_softcap.is_some()),
+                ("alibi", c.alibi),
+                ("relative_buckets", c.relative_buckets.is_some()),
+                ("attention_sinks", c.attention_sinks),
+                ("cosine_scores", c.cosine_scores.is_some()),
+                ("key_norm_clip", c.key_norm_clip.is_some()),
+                ("rope_base", c.rope_base.is_some()),
+            ];
+            if let Some((arg, _)) = others.iter().find(|(_, set)| *set) {
+                return Err(Error::shape(
+                    arg,
+                    "is a dot-product score term; additive_attention combines only with attention_window",
                 ));
             }
         }

@@ -8,6 +8,7 @@ use crate::kernels::attention::AttentionShape;
 use crate::kernels::elementwise::Activation;
 use crate::kernels::embedding::sinusoidal_table;
 use crate::model::transformer::{Batch, BatchShape, TransformerConfig};
+use crate::reference::additive::{additive_backward, additive_forward};
 use crate::reference::attention::{attention_backward, attention_forward, Masks, RelativeConfig};
 use crate::reference::cross_entropy::cross_entropy;
 use crate::reference::elementwise::{activation_backward, activation_forward, add};
@@ -60,6 +61,19 @@ fn columns(x: &[f64], cols: usize, from: usize, width: usize) -> Vec<f64> {
         .collect()
 }
 
+/// Row-wise concatenation of matrices of `widths[i]` columns each.
+fn concat_widths(parts: &[&[f64]], widths: &[usize]) -> Vec<f64> {
+    let rows = parts[0].len() / widths[0];
+    (0..rows)
+        .flat_map(|r| {
+            parts
+                .iter()
+                .zip(widths)
+                .flat_map(move |(p, &w)| p[r * w..(r + 1) * w].iter().copied())
+        })
+        .collect()
+}
+
 /// Row-wise concatenation of matrices of `d` columns each.
 fn concat_columns(parts: &[&[f64]], d: usize) -> Vec<f64> {
     let rows = parts[0].len() / d;
@@ -70,6 +84,19 @@ fn concat_columns(parts: &[&[f64]], d: usize) -> Vec<f64> {
                 .flat_map(move |p| p[r * d..(r + 1) * d].iter().copied())
         })
         .collect()
+}
+
+/// Additive scores take the masks (lengths, causal, window) and no scale (the score vector is
+/// learned).
+fn additive_masks(m: Masks) -> Masks {
+    Masks {
+        scale: 1.0,
+        causal: m.causal,
+        q_lens: m.q_lens,
+        kv_lens: m.kv_lens,
+        window: m.window,
+        ..Default::default()
+    }
 }
 
 impl<'a> Model<'a> {
@@ -178,6 +205,21 @@ impl<'a> Model<'a> {
         }
     }
 
+    /// A self-attention layer's additive score vector and bias, `[H, Da]` each.
+    fn additive_params(&self, name: &str) -> (&'a [f64], &'a [f64]) {
+        (
+            self.p(&format!("{name}.additive_w")),
+            self.p(&format!("{name}.additive_bias")),
+        )
+    }
+
+    /// Width of self-attention's Q and K (or additive a and b) projections: `d`, or `H * Da`.
+    fn qk_width(&self) -> usize {
+        self.c
+            .additive_attention
+            .map_or(self.d(), |da| self.c.heads * da)
+    }
+
     /// Q, K, V (each `[B, L, d]` = `[B, L, H, d/H]`) of an attention sublayer.
     fn qkv(&self, sub: &Sub, x: &[f64], memory: &[f64]) -> [Vec<f64>; 3] {
         let d = self.d();
@@ -185,9 +227,12 @@ impl<'a> Model<'a> {
             Sub::SelfAttention { name, .. } => {
                 let qkv = self.linear(&format!("{name}.qkv"), x, d);
                 let len = x.len() / (self.s.batch * d);
-                [0, 1, 2].map(|i| {
-                    let part = columns(&qkv, 3 * d, i * d, d);
-                    if i < 2 {
+                // Q and K, or additive attention's a and b, then V.
+                let qk = self.qk_width();
+                let width = 2 * qk + d;
+                [(0, qk), (qk, qk), (2 * qk, d)].map(|(from, w)| {
+                    let part = columns(&qkv, width, from, w);
+                    if from < 2 * qk {
                         self.rotate(&part, len, 1.0)
                     } else {
                         part
@@ -222,7 +267,17 @@ impl<'a> Model<'a> {
                 let [q, k, v] = self.qkv(sub, x, memory);
                 let shape = self.attention_shape(rows, kv_rows);
                 let masks = self.masks(name, rows, kv_rows, causal, self_attention);
-                let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
+                let out = match (self_attention, self.c.additive_attention) {
+                    (true, Some(da)) => {
+                        let (w, bias) = self.additive_params(name);
+                        let shape = AttentionShape {
+                            head_dim_qk: da,
+                            ..shape
+                        };
+                        additive_forward(&shape, &q, &k, &v, w, bias, &additive_masks(masks)).0
+                    }
+                    _ => attention_forward(&shape, &q, &k, &v, &masks).0,
+                };
                 self.linear(&format!("{name}.out"), &out, d)
             }
         }
@@ -246,6 +301,25 @@ impl<'a> Model<'a> {
                 let d_a = self.linear_back(&format!("{name}.out"), &a, dy, self.c.d_ff);
                 let d_h = activation_backward(Activation::Gelu, &h, &d_a);
                 (self.linear_back(&format!("{name}.in"), x, &d_h, d), None)
+            }
+            Sub::SelfAttention { name, causal } if self.c.additive_attention.is_some() => {
+                let da = self.c.additive_attention.unwrap_or(0);
+                let [a, b, v] = self.qkv(sub, x, memory);
+                let shape = AttentionShape {
+                    head_dim_qk: da,
+                    ..self.attention_shape(rows, rows)
+                };
+                let masks = additive_masks(self.masks(name, rows, rows, *causal, true));
+                let (w, bias) = self.additive_params(name);
+                let (w, bias) = (w.to_vec(), bias.to_vec());
+                let (out, _) = additive_forward(&shape, &a, &b, &v, &w, &bias, &masks);
+                let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
+                let g = additive_backward(&shape, &a, &b, &v, &w, &bias, &d_out, &masks);
+                self.acc(&format!("{name}.additive_w"), g.dw);
+                self.acc(&format!("{name}.additive_bias"), g.dbias);
+                let qk = self.qk_width();
+                let d_qkv = concat_widths(&[&g.da, &g.db, &g.dv], &[qk, qk, d]);
+                (self.linear_back(&format!("{name}.qkv"), x, &d_qkv, d), None)
             }
             Sub::SelfAttention { name, causal } => {
                 let [q, k, v] = self.qkv(sub, x, memory);
