@@ -189,6 +189,10 @@ impl MultiHeadAttention {
             Some(dim) => {
                 let shape = [heads, dim];
                 let bound = 1.0 / (dim as f32).sqrt();
+                // The bias starts spread over +-1: at 0, tanh is near-linear there and the query's
+                // term w . a cancels in the softmax, so the scores start query-independent and learn
+                // slowly (examples/additive_task: 0.25 held-out accuracy after 600 steps with a zero
+                // bias, 1.00 with this one).
                 Some(Additive {
                     dim,
                     w: params.add(
@@ -197,7 +201,12 @@ impl MultiHeadAttention {
                         &shape,
                         Init::Uniform(bound),
                     )?,
-                    bias: params.add(ctx, format!("{name}.additive_bias"), &shape, Init::Zeros)?,
+                    bias: params.add(
+                        ctx,
+                        format!("{name}.additive_bias"),
+                        &shape,
+                        Init::Uniform(1.0),
+                    )?,
                     workspace: additive_backward_workspace(
                         ctx,
                         &self_shape(b, lq, heads, dim, hd),
