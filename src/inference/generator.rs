@@ -403,7 +403,6 @@ impl Generator {
         }
 
         self.cache.clear();
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
         if let (Some(source), Some(sources)) = (&mut self.source, sources) {
             let pad = self.config.pad_id;
             let mut tokens = vec![pad; b * s.src_len];
@@ -414,15 +413,16 @@ impl Generator {
             source.embedding.tokens.write(ctx, &tokens)?;
             let lens = Some(source.lens_host.as_slice());
             source.lens.write(ctx, lens, lens)?;
+            // The encoder is its own submission: each recording lent the binding cache is one
+            // submission, so no parameter block is rewritten while a submission still needs it.
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
             let mut bindings = std::mem::take(&mut self.bindings);
             let recorded =
                 ctx.with_binding_cache(&mut bindings, || self.record_source(ctx, &mut encoder));
             self.bindings = bindings;
             recorded?;
+            ctx.submit(encoder)?;
         }
-        // The encoder is its own submission: each recording lent the binding cache is one
-        // submission, so no parameter block is rewritten while a submission still needs it.
-        ctx.submit(encoder)?;
         let chunk = s.prefill_chunk;
         let mut fed = vec![0usize; b];
         let mut ids = None;
