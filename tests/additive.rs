@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use wgpu_attention::kernels::attention::additive_probabilities;
 use wgpu_attention::reference::additive as reference;
 use wgpu_attention::reference::attention::Masks;
 use wgpu_attention::{
@@ -144,6 +145,25 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
         &format!("{what} unfused out"),
         &unfused.out.to_vec(ctx).unwrap(),
         &ref_out,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
+    // Attention maps: the probabilities of rows 1.. (a partial range) from the forward's lse.
+    let rows = 1..case.lq;
+    let probs =
+        additive_probabilities(ctx, &av, &bv, &fwd.lse, scores, &opts, rows.clone()).unwrap();
+    let all = reference::additive_probabilities(&s, &a64, &b64, &v64, &w64, &bias64, &m);
+    let expected: Vec<f64> = (0..case.b * case.h)
+        .flat_map(|bh| {
+            rows.clone()
+                .flat_map(move |i| (0..case.lk).map(move |j| (bh * case.lq + i) * case.lk + j))
+        })
+        .map(|n| all[n])
+        .collect();
+    assert_close(
+        &format!("{what} probabilities"),
+        &probs.to_vec(ctx).unwrap(),
+        &expected,
         FORWARD_ATOL,
         FORWARD_RTOL,
     );

@@ -102,6 +102,51 @@ fn model_maps_are_masked_distributions() {
 }
 
 #[test]
+fn additive_layers_have_maps_too() {
+    for_each_backend(|name, ctx| {
+        let c = TransformerConfig {
+            additive_attention: Some(3),
+            ..config()
+        };
+        let mut model = Transformer::new(ctx, c, SHAPE, 3).unwrap();
+        let batch = Batch {
+            src: vec![1; 12],
+            src_lens: vec![6, 4],
+            tgt_in: vec![2; 10],
+            tgt_out: vec![3; 10],
+            tgt_lens: vec![5, 3],
+        };
+        model.set_batch(ctx, &batch).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        model.forward(ctx, &mut encoder).unwrap();
+        ctx.queue().submit([encoder.finish()]);
+        let p = model
+            .attention_map(ctx, AttentionSite::DecoderSelf(1))
+            .unwrap()
+            .to_vec(ctx)
+            .unwrap();
+        // Causal rows of valid queries sum to 1; padded rows are 0.
+        for (row, chunk) in p.chunks(5).enumerate() {
+            let (b, i) = (row / 10, row % 5);
+            let sum: f32 = chunk.iter().sum();
+            let valid = i < [5, 3][b];
+            assert!(
+                if valid {
+                    (sum - 1.0).abs() < 1e-5
+                } else {
+                    sum == 0.0
+                },
+                "[{name}] row {row} sums to {sum}"
+            );
+            assert!(
+                chunk[i + 1..].iter().all(|&x| x == 0.0),
+                "[{name}] row {row} sees the future"
+            );
+        }
+    });
+}
+
+#[test]
 fn rollout_matches_hand_computation() {
     // One head, two positions: P = [[1, 0], [0.5, 0.5]] -> A = (P + I) / 2 = [[1, 0], [0.25, 0.75]].
     let p = vec![1.0f32, 0.0, 0.5, 0.5];

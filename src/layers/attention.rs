@@ -7,9 +7,10 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{
     additive_backward_into, additive_backward_workspace, additive_forward_into,
-    attention_backward_into, attention_backward_workspace, attention_decode_into,
-    attention_forward_into, attention_probabilities, attention_sinks_backward_into, AdditiveScores,
-    AttentionOptions, AttentionShape, RelativeBuckets,
+    additive_probabilities, attention_backward_into, attention_backward_workspace,
+    attention_decode_into, attention_forward_into, attention_probabilities,
+    attention_sinks_backward_into, AdditiveScores, AttentionOptions, AttentionShape,
+    RelativeBuckets,
 };
 use crate::kernels::kv_cache::kv_cache_append_into;
 use crate::kernels::rope::{
@@ -487,13 +488,15 @@ impl MultiHeadAttention {
         lens: &SeqLens,
         rows: std::ops::Range<usize>,
     ) -> Result<GpuTensor> {
-        if self.additive.is_some() {
-            return Err(Error::shape(
-                "site",
-                "attention maps of additive-score layers are not computed yet (attention_probabilities recomputes dot-product scores)",
-            ));
-        }
         let [q, k, _] = self.split(&self.proj, self.kv_proj.as_ref())?;
+        if let Some(add) = &self.additive {
+            let scores = AdditiveScores {
+                w: p.value(add.w),
+                bias: p.value(add.bias),
+            };
+            let opts = self.options(p, lens);
+            return additive_probabilities(ctx, &q, &k, &self.lse, scores, &opts, rows);
+        }
         attention_probabilities(ctx, &q, &k, &self.lse, &self.options(p, lens), rows)
     }
 

@@ -163,3 +163,33 @@ pub fn additive_backward(
     }
     g
 }
+
+/// Attention probabilities `[B, H, Lq, Lk]` of the reference forward: `exp(e - lse)` where visible,
+/// 0 elsewhere.
+#[allow(clippy::too_many_arguments)]
+pub fn additive_probabilities(
+    s: &AttentionShape,
+    a: &[f64],
+    b: &[f64],
+    v: &[f64],
+    w: &[f64],
+    bias: &[f64],
+    masks: &Masks,
+) -> Vec<f64> {
+    let (_, lse) = additive_forward(s, a, b, v, w, bias, masks);
+    let mut p = vec![0.0; s.batch * s.heads * s.q_seq * s.kv_seq];
+    for bi in 0..s.batch {
+        for h in 0..s.heads {
+            for i in 0..s.q_seq {
+                let row_lse = lse[(bi * s.heads + h) * s.q_seq + i];
+                for j in 0..s.kv_seq {
+                    if row_lse > f64::NEG_INFINITY && masks.visible(s, bi, i, j) {
+                        let e = score(s, a, b, w, bias, masks.scale, (bi, h, i, j)).1;
+                        p[((bi * s.heads + h) * s.q_seq + i) * s.kv_seq + j] = (e - row_lse).exp();
+                    }
+                }
+            }
+        }
+    }
+    p
+}

@@ -251,38 +251,21 @@ pub fn additive_forward_unfused(
         &[s.batch, s.q_seq, s.heads, s.head_dim_v],
     )?;
     let lse = GpuTensor::uninit(ctx, "additive lse", &[s.batch, s.heads, s.q_seq])?;
-    let elements = probs.len();
-    if elements > u32::MAX as usize {
-        return Err(Error::Unsupported {
-            arg: "additive scores (B * H * Lq * Lk)",
-            value: elements as u64,
-            limit: u32::MAX as u64,
-            hint: "; use the fused additive_forward",
-        });
-    }
-    let mut params = base_params(&s, scale, opts);
-    let bindings = [
-        bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
-        bind_view(ctx, "b", b, VIEW_K, &mut params)?,
-        bind_tensor(ctx, "w", scores.w)?,
-        bind_tensor(ctx, "bias", scores.bias)?,
-        bind_tensor(ctx, "scores", &probs)?,
-    ];
-    let grid = set_grid(&mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_forward_unfused");
-        encode_kernel(
+        encode_scores(
             ctx,
             &mut pass,
-            "additive_scores",
-            || with_common(SCORES),
-            &[("WG", SIMPLE_WG)],
-            &params,
-            Shared::NONE,
-            &bindings,
-            grid,
-        );
+            &s,
+            scale,
+            [a, b],
+            scores,
+            opts,
+            None,
+            0..s.q_seq,
+            &probs,
+        )?;
         // The scores are already scaled.
         encode_softmax(
             ctx,
@@ -298,6 +281,113 @@ pub fn additive_forward_unfused(
     }
     ctx.submit(encoder)?;
     Ok(AttentionOutput { out, lse })
+}
+
+/// Attention maps of additive attention: the probabilities `P[b, h, i, j]` of query rows `rows`,
+/// recomputed from a, b and the forward's lse with the same masks, as a new `[B, H, rows, Lk]`
+/// tensor (0 where masked). See [`attention_probabilities`] for what maps do and do not show.
+pub fn additive_probabilities(
+    ctx: &Context,
+    a: &HeadsView,
+    b: &HeadsView,
+    lse: &GpuTensor,
+    scores: AdditiveScores<'_>,
+    opts: &AttentionOptions<'_>,
+    rows: std::ops::Range<usize>,
+) -> Result<GpuTensor> {
+    // V plays no part; b stands in for it in the shape check.
+    let (s, scale) = check(a, b, b, scores, opts)?;
+    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
+    if rows.start >= rows.end || rows.end > s.q_seq {
+        return Err(Error::shape(
+            "rows",
+            format!(
+                "{rows:?} is not a non-empty range of the {} query rows",
+                s.q_seq
+            ),
+        ));
+    }
+    let out = GpuTensor::uninit(
+        ctx,
+        "additive probabilities",
+        &[s.batch, s.heads, rows.len(), s.kv_seq],
+    )?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    {
+        let mut pass = ctx.begin_pass(&mut encoder, "additive_probabilities");
+        encode_scores(
+            ctx,
+            &mut pass,
+            &s,
+            scale,
+            [a, b],
+            scores,
+            opts,
+            Some(lse),
+            rows,
+            &out,
+        )?;
+    }
+    ctx.submit(encoder)?;
+    Ok(out)
+}
+
+/// Records `shaders/additive_scores.wgsl` over query rows `rows`: the scaled scores, or with `lse`
+/// the masked probabilities.
+#[allow(clippy::too_many_arguments)]
+fn encode_scores(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    s: &AttentionShape,
+    scale: f32,
+    [a, b]: [&HeadsView; 2],
+    scores: AdditiveScores<'_>,
+    opts: &AttentionOptions<'_>,
+    lse: Option<&GpuTensor>,
+    rows: std::ops::Range<usize>,
+    out: &GpuTensor,
+) -> Result<()> {
+    let elements = out.len();
+    if elements > u32::MAX as usize {
+        return Err(Error::Unsupported {
+            arg: "additive scores (B * H * rows * Lk)",
+            value: elements as u64,
+            limit: u32::MAX as u64,
+            hint: "; use the fused kernels, or fewer rows at a time",
+        });
+    }
+    let mut params = base_params(s, scale, opts);
+    params.chunk_begin = rows.start as u32;
+    params.chunk_end = rows.end as u32;
+    let dummy = Binding {
+        buffer: ctx.empty_storage(),
+        offset_bytes: 0,
+        size_bytes: 4,
+    };
+    let bindings = [
+        bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
+        bind_view(ctx, "b", b, VIEW_K, &mut params)?,
+        bind_tensor(ctx, "w", scores.w)?,
+        bind_tensor(ctx, "bias", scores.bias)?,
+        bind_tensor(ctx, "scores", out)?,
+        match lse {
+            Some(lse) => bind_tensor(ctx, "lse", lse)?,
+            None => dummy,
+        },
+    ];
+    let grid = set_grid(&mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+    encode_kernel(
+        ctx,
+        pass,
+        "additive_scores",
+        || with_common(SCORES),
+        &[("WG", SIMPLE_WG), ("PROBS", lse.is_some() as u32)],
+        &params,
+        Shared::lens(seq_lens_buffer(ctx, opts)),
+        &bindings,
+        grid,
+    );
+    Ok(())
 }
 
 /// Additive attention backward into new tensors, submitted, for the gradient `d_out` at the forward's

@@ -21,8 +21,8 @@ mod sinks;
 mod tiled;
 pub use additive::{
     additive_backward, additive_backward_into, additive_backward_workspace, additive_forward,
-    additive_forward_into, additive_forward_unfused, AdditiveGrads, AdditiveScores,
-    ADDITIVE_BACKWARD_STORAGE_BUFFERS, MAX_ADDITIVE_DIM,
+    additive_forward_into, additive_forward_unfused, additive_probabilities, AdditiveGrads,
+    AdditiveScores, ADDITIVE_BACKWARD_STORAGE_BUFFERS, MAX_ADDITIVE_DIM,
 };
 pub use bias::{attention_bias_backward_into, RelativeBuckets};
 pub use decode::{attention_decode, attention_decode_into, DecodePlan};
