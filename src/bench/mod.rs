@@ -8,7 +8,7 @@ pub mod layer;
 use std::time::Instant;
 
 use crate::device::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// How a [`Timer`] measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,4 +182,12 @@ pub fn measure(
         samples.times_ms.push(timer.time(ctx, &mut work)?);
     }
     Ok(samples)
+}
+
+/// Writes a bench binary's report (JSON, SVG) to `path` and says so.
+pub fn write_report(path: &std::path::Path, text: &str) -> Result<()> {
+    std::fs::write(path, text)
+        .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
+    println!("wrote {}", path.display());
+    Ok(())
 }

@@ -180,9 +180,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
     }
     if let Some(path) = &cli.json {
         let report = serde_json::json!({"adapter": ctx.report().to_string(), "cli": format!("{cli:?}"), "clock": timer.clock().name(), "cases": rows});
-        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap())
-            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
-        println!("wrote {}", path.display());
+        wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
     }
     Ok(())
 }

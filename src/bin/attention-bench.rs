@@ -670,14 +670,13 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
     ctx.set_kernel_family(None);
     let doc = report_json(ctx, &timer, peak, reps, &results);
     if let Some(path) = &cli.json {
-        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default())
-            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
-        println!("wrote {}", path.display());
+        wgpu_attention::bench::write_report(
+            path,
+            &serde_json::to_string_pretty(&doc).unwrap_or_default(),
+        )?;
     }
     if let Some(path) = &cli.plot {
-        std::fs::write(path, svg_plot(&results))
-            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
-        println!("wrote {}", path.display());
+        wgpu_attention::bench::write_report(path, &svg_plot(&results))?;
     }
     if failed.is_empty() {
         Ok(true)

@@ -374,9 +374,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 "gb_s": a.decode_gb_s, "copy_gb_s": a.copy_gb_s,
             })).collect::<Vec<_>>(),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap())
-            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
-        println!("wrote {}", path.display());
+        wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
     }
     Ok(())
 }

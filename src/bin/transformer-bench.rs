@@ -209,9 +209,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "forward_tokens_per_s": tokens / (forward.median() / 1e3),
             "families_ms": families.iter().map(|(f, ms, c)| serde_json::json!({"family": f, "ms": ms, "passes": c})).collect::<Vec<_>>(),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap())
-            .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
-        println!("wrote {}", path.display());
+        wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
     }
     Ok(())
 }

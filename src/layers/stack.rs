@@ -115,13 +115,9 @@ impl<L: StackLayer> Stack<L> {
         x: &GpuTensor,
         inputs: L::Inputs<'_>,
     ) -> Result<()> {
-        for (i, layer) in self.layers.iter().enumerate() {
-            layer.forward(ctx, encoder, p, self.layer_input(i, x), inputs)?;
-        }
-        if let Some(n) = &self.final_norm {
-            n.forward(ctx, encoder, p, self.layer_input(self.layers.len(), x))?;
-        }
-        Ok(())
+        self.forward_each(ctx, encoder, p, x, |e, _, layer, h| {
+            layer.forward(ctx, e, p, h, inputs)
+        })
     }
 
     /// A forward in which `layer(i, layer, x)` runs layer `i` on its input (the decoding path, where

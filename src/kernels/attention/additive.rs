@@ -145,26 +145,9 @@ pub fn additive_forward(
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionOutput> {
     let (s, _) = check(a, b, v, scores, opts)?;
-    let out = GpuTensor::uninit(
-        ctx,
-        "additive out",
-        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
-    )?;
-    let lse = GpuTensor::uninit(ctx, "additive lse", &[s.batch, s.heads, s.q_seq])?;
-    let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    additive_forward_into(
-        ctx,
-        &mut encoder,
-        a,
-        b,
-        v,
-        scores,
-        &out.heads()?,
-        &lse,
-        opts,
-    )?;
-    ctx.submit(encoder)?;
-    Ok(AttentionOutput { out, lse })
+    AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
+        additive_forward_into(ctx, encoder, a, b, v, scores, out, lse, opts)
+    })
 }
 
 /// Records the additive attention forward, writing `out` (a `[B, Lq, H, Dv]` view) and `lse`. Nothing
@@ -182,8 +165,6 @@ pub fn additive_forward_into(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let (s, scale) = check(a, b, v, scores, opts)?;
-    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
-    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
     let inputs = [
         a.buffer().as_ref(),
         b.buffer(),
@@ -191,10 +172,7 @@ pub fn additive_forward_into(
         scores.w.buffer(),
         scores.bias.buffer(),
     ];
-    check_distinct(&[("out", out.buffer()), ("lse", lse.buffer())], &inputs)?;
-    if out.buffer() == lse.buffer() {
-        return Err(Error::shape("lse", "shares a buffer with out"));
-    }
+    check_forward_outputs(&s, out, lse, &inputs)?;
     let mut params = base_params(&s, scale, opts);
     let bindings = [
         bind_tensor(ctx, "w", scores.w)?,
@@ -245,12 +223,7 @@ pub fn additive_forward_unfused(
 ) -> Result<AttentionOutput> {
     let (s, scale) = check(a, b, v, scores, opts)?;
     let probs = GpuTensor::uninit(ctx, "additive scores", &scores_shape(ctx, &s)?)?;
-    let out = GpuTensor::uninit(
-        ctx,
-        "additive out",
-        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
-    )?;
-    let lse = GpuTensor::uninit(ctx, "additive lse", &[s.batch, s.heads, s.q_seq])?;
+    let AttentionOutput { out, lse } = AttentionOutput::new(ctx, &s)?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_forward_unfused");
@@ -298,15 +271,7 @@ pub fn additive_probabilities(
     // V plays no part; b stands in for it in the shape check.
     let (s, scale) = check(a, b, b, scores, opts)?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
-    if rows.start >= rows.end || rows.end > s.q_seq {
-        return Err(Error::shape(
-            "rows",
-            format!(
-                "{rows:?} is not a non-empty range of the {} query rows",
-                s.q_seq
-            ),
-        ));
-    }
+    check_rows(&rows, s.q_seq)?;
     let out = GpuTensor::uninit(
         ctx,
         "additive probabilities",

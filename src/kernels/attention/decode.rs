@@ -118,25 +118,9 @@ pub fn attention_decode(
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionOutput> {
     let s = AttentionShape::of(q, k_cache, v_cache)?;
-    let out = GpuTensor::uninit(
-        ctx,
-        "attention out",
-        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
-    )?;
-    let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
-    let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    attention_decode_into(
-        ctx,
-        &mut encoder,
-        q,
-        k_cache,
-        v_cache,
-        &out.heads()?,
-        &lse,
-        opts,
-    )?;
-    ctx.submit(encoder)?;
-    Ok(AttentionOutput { out, lse })
+    AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
+        attention_decode_into(ctx, encoder, q, k_cache, v_cache, out, lse, opts)
+    })
 }
 
 /// Records decode attention: `q [B, Lq, H, Dk]` against `k_cache [B, max_len, Hkv, Dk]` and
@@ -175,15 +159,12 @@ pub fn attention_decode_into(
             ));
         }
     }
-    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
-    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
-    check_distinct(
-        &[("out", out.buffer()), ("lse", lse.buffer())],
+    check_forward_outputs(
+        &s,
+        out,
+        lse,
         &[q.buffer(), k_cache.buffer(), v_cache.buffer()],
     )?;
-    if out.buffer() == lse.buffer() {
-        return Err(Error::shape("lse", "shares a buffer with out"));
-    }
     let plan = DecodePlan::new(ctx, &s, longest)?;
     let (own, _) = plan.own_and_phases(&s);
     let shared = Shared::scores(ctx, opts)?;

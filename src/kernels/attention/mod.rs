@@ -974,6 +974,62 @@ pub struct AttentionOutput {
     pub lse: GpuTensor,
 }
 
+impl AttentionOutput {
+    /// New, uninitialised `out [B, Lq, H, Dv]` and `lse [B, H, Lq]` for `s`.
+    fn new(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+        Ok(Self {
+            out: GpuTensor::uninit(
+                ctx,
+                "attention out",
+                &[s.batch, s.q_seq, s.heads, s.head_dim_v],
+            )?,
+            lse: GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?,
+        })
+    }
+
+    /// The one-shot form of a forward-like `_into` call: new outputs for `s`, filled by `record`
+    /// and submitted.
+    fn recorded(
+        ctx: &Context,
+        s: &AttentionShape,
+        record: impl FnOnce(&mut wgpu::CommandEncoder, &HeadsView, &GpuTensor) -> Result<()>,
+    ) -> Result<Self> {
+        let output = Self::new(ctx, s)?;
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        record(&mut encoder, &output.out.heads()?, &output.lse)?;
+        ctx.submit(encoder)?;
+        Ok(output)
+    }
+}
+
+/// Checks a forward's outputs: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`, neither sharing a buffer with
+/// an input of the call (`inputs`) nor with the other.
+fn check_forward_outputs(
+    s: &AttentionShape,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    inputs: &[&wgpu::Buffer],
+) -> Result<()> {
+    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
+    check_distinct(&[("out", out.buffer()), ("lse", lse.buffer())], inputs)?;
+    if out.buffer() == lse.buffer() {
+        return Err(Error::shape("lse", "shares a buffer with out"));
+    }
+    Ok(())
+}
+
+/// Checks `rows` is a non-empty range of the `q_seq` query rows (attention maps).
+fn check_rows(rows: &std::ops::Range<usize>, q_seq: usize) -> Result<()> {
+    if rows.start >= rows.end || rows.end > q_seq {
+        return Err(Error::shape(
+            "rows",
+            format!("{rows:?} is not a non-empty range of the {q_seq} query rows"),
+        ));
+    }
+    Ok(())
+}
+
 /// dQ, dK, dV of a backward pass, shaped like Q, K, V; `d_sinks [H]` when the options have sinks;
 /// `d_bias` (shaped like the bias view) for a learnable bias; `d_relative [H, buckets]` with
 /// relative buckets whose options name no destination (`relative_buckets_learned` writes there).
@@ -996,16 +1052,9 @@ pub fn attention_forward(
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionOutput> {
     let s = AttentionShape::of(q, k, v)?;
-    let out = GpuTensor::uninit(
-        ctx,
-        "attention out",
-        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
-    )?;
-    let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
-    let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    attention_forward_into(ctx, &mut encoder, q, k, v, &out.heads()?, &lse, opts)?;
-    ctx.submit(encoder)?;
-    Ok(AttentionOutput { out, lse })
+    AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
+        attention_forward_into(ctx, encoder, q, k, v, out, lse, opts)
+    })
 }
 
 /// Records the fused attention forward into `encoder`, writing `out` (a `[B, Lq, H, Dv]` view) and
@@ -1023,15 +1072,7 @@ pub fn attention_forward_into(
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(&s, opts)?;
-    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
-    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
-    check_distinct(
-        &[("out", out.buffer()), ("lse", lse.buffer())],
-        &[q.buffer(), k.buffer(), v.buffer()],
-    )?;
-    if out.buffer() == lse.buffer() {
-        return Err(Error::shape("lse", "shares a buffer with out"));
-    }
+    check_forward_outputs(&s, out, lse, &[q.buffer(), k.buffer(), v.buffer()])?;
     if let Some(sinks) = opts.sinks {
         check_distinct(
             &[("out", out.buffer()), ("lse", lse.buffer())],
@@ -1686,12 +1727,7 @@ pub fn attention_forward_unfused(
     unfused_modifier_check(opts)?;
     unfused_checks(ctx, &[("q", q), ("k", k), ("v", v)])?;
     let probs = GpuTensor::uninit(ctx, "probs", &scores_shape(ctx, &s)?)?;
-    let out = GpuTensor::uninit(
-        ctx,
-        "attention out",
-        &[s.batch, s.q_seq, s.heads, s.head_dim_v],
-    )?;
-    let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
+    let AttentionOutput { out, lse } = AttentionOutput::new(ctx, &s)?;
     check_whole_binding(ctx, "out", out.buffer())?;
     let lens = seq_lens_buffer(ctx, opts);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());

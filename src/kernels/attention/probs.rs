@@ -50,15 +50,7 @@ pub fn attention_probabilities_into(
     let s = AttentionShape::of(q, k, k)?;
     let scale = check_options(&s, opts)?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
-    if rows.start >= rows.end || rows.end > s.q_seq {
-        return Err(Error::shape(
-            "rows",
-            format!(
-                "{rows:?} is not a non-empty range of the {} query rows",
-                s.q_seq
-            ),
-        ));
-    }
+    check_rows(&rows, s.q_seq)?;
     check_tensor("out", out, &[s.batch, s.heads, rows.len(), s.kv_seq])?;
     check_distinct(
         &[("out", out.buffer())],
