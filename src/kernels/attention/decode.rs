@@ -84,28 +84,23 @@ impl DecodePlan {
         })
     }
 
-    /// O items per invocation, and key phases of the P V product.
-    fn own_and_phases(&self, s: &AttentionShape) -> (usize, usize) {
-        let items = self.rows * s.head_dim_v.div_ceil(4);
-        let lanes = items.min(WG as usize);
-        (items.div_ceil(WG as usize), WG as usize / lanes)
-    }
-
     /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
     /// nothing were unrolled (for llvmpipe's loop budget; relative buckets count their threshold loop).
     fn loop_cost(s: &AttentionShape, rows: usize) -> (usize, usize) {
         let (dk4, wg) = (s.head_dim_qk.div_ceil(4), WG as usize);
-        let plan = Self {
-            rows,
-            blocks: 1,
-            splits: 1,
-            split_keys: wg,
-        };
-        let (own, phases) = plan.own_and_phases(s);
+        let (own, phases) = own_and_phases(rows, s);
         let per_tile = dk4 * (rows + 5) + rows * 16 + 2 * wg + own * (wg / phases * 5 + 1) + 8;
         let fixed = (rows * dk4 * 4).div_ceil(wg) + own * 8 + phases + 32;
         (per_tile, fixed)
     }
+}
+
+/// O items (row, vec4 column) per invocation of a workgroup of `rows` rows, and key phases of the
+/// P V product (`OWN` and `KG` in the shader).
+fn own_and_phases(rows: usize, s: &AttentionShape) -> (usize, usize) {
+    let items = rows * s.head_dim_v.div_ceil(4);
+    let lanes = items.min(WG as usize);
+    (items.div_ceil(WG as usize), WG as usize / lanes)
 }
 
 /// Decode attention into new tensors, submitted to the queue: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`
@@ -166,7 +161,7 @@ pub fn attention_decode_into(
         &[q.buffer(), k_cache.buffer(), v_cache.buffer()],
     )?;
     let plan = DecodePlan::new(ctx, &s, longest)?;
-    let (own, _) = plan.own_and_phases(&s);
+    let (own, _) = own_and_phases(plan.rows, &s);
     let shared = Shared::scores(ctx, opts)?;
     let mut params = base_params(&s, scale, opts);
     params.flags |= FLAG_ALIGN_LENS;
