@@ -1,11 +1,13 @@
 // LayerNorm backward, input gradient (SPEC.md): with xhat = (x - mean) * rstd and g = dy * gamma,
-//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))  (+ residual, the gradient of a residual
+// connection around the LayerNorm, added here instead of in a pass of its own),
 // from the (mean, rstd) the forward saved. One invocation per row.
 
 struct Params {
     rows: u32,
     cols: u32,
-    eps: f32,
+    // 1: add residual[i] to dx.
+    has_residual: u32,
     grid_x: u32,
 }
 
@@ -17,6 +19,7 @@ override WG: u32 = 64u;
 @group(0) @binding(3) var<storage, read> stats: array<vec2<f32>>;
 @group(0) @binding(4) var<storage, read> dy: array<f32>;
 @group(0) @binding(5) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(6) var<storage, read> residual: array<f32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -38,6 +41,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let mean_gx = sum_gx / n;
     for (var c = 0u; c < params.cols; c++) {
         let xhat = (x[base + c] - st.x) * st.y;
-        dx[base + c] = st.y * (dy[base + c] * gamma[c] - mean_g - xhat * mean_gx);
+        var d = st.y * (dy[base + c] * gamma[c] - mean_g - xhat * mean_gx);
+        if params.has_residual != 0u {
+            d += residual[base + c];
+        }
+        dx[base + c] = d;
     }
 }

@@ -62,8 +62,14 @@ pub struct Context {
     report: AdapterReport,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
     memory: Arc<MemoryCounter>,
+    /// Compute passes begun and command buffers submitted through this context, for benchmarks.
+    recorded_passes: std::sync::atomic::AtomicU64,
+    submissions: std::sync::atomic::AtomicU64,
     /// Bound where a kernel's optional storage input (sequence lengths) is absent.
     empty_storage: wgpu::Buffer,
+    /// Bound where an optional read-write storage binding is absent: a buffer bound read-only
+    /// and read-write in one dispatch is a usage conflict.
+    empty_storage_rw: wgpu::Buffer,
     loop_budget: Option<u32>,
     attention_workgroup: Option<u32>,
     kernel_family: Option<KernelFamily>,
@@ -87,6 +93,13 @@ pub(crate) struct StorageBinding<'a> {
     pub buffer: &'a wgpu::Buffer,
     pub offset: u64,
     pub size: Option<wgpu::BufferSize>,
+}
+
+/// See [`Context::recorded_counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordedCounts {
+    pub passes: u64,
+    pub submissions: u64,
 }
 
 /// A pipeline and the storage it binds: what identifies a dispatch across recordings.
@@ -397,12 +410,15 @@ impl Context {
                 features,
             },
         };
-        let empty_storage = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("empty storage"),
-            size: 8,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        });
+        let empty = |label| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 8,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let (empty_storage, empty_storage_rw) = (empty("empty storage"), empty("empty storage rw"));
         let lost: Arc<Mutex<Option<String>>> = Arc::default();
         {
             let lost = lost.clone();
@@ -424,7 +440,10 @@ impl Context {
             report,
             pipelines: Mutex::new(HashMap::new()),
             memory: Arc::default(),
+            recorded_passes: Default::default(),
+            submissions: Default::default(),
             empty_storage,
+            empty_storage_rw,
             loop_budget: is_llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
             attention_workgroup: None,
             kernel_family: None,
@@ -768,7 +787,20 @@ impl Context {
     pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
         self.check_lost()?;
         self.queue.submit([encoder.finish()]);
+        self.submissions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Compute passes the kernels have begun and command buffers this crate has submitted through
+    /// this context so far (an embedder's own submissions of encoders it recorded into are not
+    /// counted): differences around a call tell how it records.
+    pub fn recorded_counts(&self) -> RecordedCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        RecordedCounts {
+            passes: self.recorded_passes.load(Relaxed),
+            submissions: self.submissions.load(Relaxed),
+        }
     }
 
     /// Begins a compute pass labelled `label`, with timestamps around it while profiling.
@@ -777,6 +809,8 @@ impl Context {
         encoder: &'e mut wgpu::CommandEncoder,
         label: &'static str,
     ) -> wgpu::ComputePass<'e> {
+        self.recorded_passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let slot = {
             let mut profiler = self.profiler.lock().unwrap_or_else(|e| e.into_inner());
             profiler.as_mut().and_then(|p| {
@@ -878,6 +912,11 @@ impl Context {
 
     pub(crate) fn empty_storage(&self) -> &wgpu::Buffer {
         &self.empty_storage
+    }
+
+    /// [`Context::empty_storage`]'s counterpart for absent read-write bindings.
+    pub(crate) fn empty_storage_rw(&self) -> &wgpu::Buffer {
+        &self.empty_storage_rw
     }
 
     /// Waits until all submitted work has finished. Reports a lost device, and on devices this

@@ -1,10 +1,13 @@
 //! LayerNorm forward and backward on the GPU vs the f64 reference (itself checked by finite
-//! differences here), on every back end under test; the split column reduction; typed errors.
+//! differences here), on every back end under test; the residual sum of the backward; the split
+//! column reduction; typed errors.
 
 mod common;
 
 use common::*;
-use wgpu_attention::kernels::layer_norm::{layer_norm_backward, layer_norm_forward};
+use wgpu_attention::kernels::layer_norm::{
+    layer_norm_backward, layer_norm_backward_add_into, layer_norm_forward,
+};
 use wgpu_attention::reference::layer_norm as reference;
 use wgpu_attention::{Context, Error, GpuTensor};
 
@@ -78,10 +81,29 @@ fn check(backend: &str, ctx: &Context, d: &Data) {
         FORWARD_ATOL,
         FORWARD_RTOL,
     );
+    // dx + residual in the same kernel: the residual is dy itself here, as in a pre-LN block.
+    let dx_add = GpuTensor::zeros(ctx, &d.shape).unwrap();
+    let (dg, db) = (
+        GpuTensor::zeros(ctx, &[cols]).unwrap(),
+        GpuTensor::zeros(ctx, &[cols]).unwrap(),
+    );
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let stats = &fwd.stats;
+    let outs = [&dx_add, &dg, &db];
+    layer_norm_backward_add_into(ctx, &mut encoder, &x, &gamma, stats, &dy, Some(&dy), outs)
+        .unwrap();
+    ctx.queue().submit([encoder.finish()]);
+    let rdx_add: Vec<f64> = rg
+        .dx
+        .iter()
+        .zip(&d.dy)
+        .map(|(a, &b)| a + b as f64)
+        .collect();
     for (name, gpu, r) in [
         ("dx", &grads.dx, &rg.dx),
         ("d_gamma", &grads.d_gamma, &rg.d_gamma),
         ("d_beta", &grads.d_beta, &rg.d_beta),
+        ("dx + residual", &dx_add, &rdx_add),
     ] {
         assert_close(
             &format!("{tag} {name}"),

@@ -1,10 +1,16 @@
 //! Linear layer `y = x W^T + b` on the GPU vs the f64 reference (checked by finite differences):
-//! forward with and without bias, dx, dW, db over odd sizes and a 3-D input; split bias sums; errors.
+//! forward with and without bias, dx, dW, db over odd sizes and a 3-D input; split bias sums; the
+//! activation and residual epilogues (also over split reductions); errors.
 
 mod common;
 
 use common::*;
-use wgpu_attention::kernels::linear::{linear_backward, linear_forward};
+use wgpu_attention::kernels::elementwise::Activation;
+use wgpu_attention::kernels::linear::{
+    linear_backward, linear_backward_epilogue_into, linear_forward, linear_forward_epilogue_into,
+    Epilogue, LinearGrads,
+};
+use wgpu_attention::reference::elementwise as reference_elementwise;
 use wgpu_attention::reference::linear as reference;
 use wgpu_attention::{Context, Error, GpuTensor};
 
@@ -95,6 +101,132 @@ fn long_reductions_split_into_accumulated_dispatches() {
         // 2000 rows > the budget's rows per dispatch: the bias sums and the dW product (k = rows)
         // are both split into accumulating dispatches.
         check(backend, ctx, &[2000, 5], 3, true);
+    });
+}
+
+/// Forward `y = act(x W^T + b) + r` (and `pre = x W^T + b`), backward
+/// `dx = (dy W) * act'(pre) + r`, against the reference linear, activation and sum composed.
+fn check_epilogues(backend: &str, ctx: &Context, rows: usize, in_f: usize, out_f: usize) {
+    let mut rng = rng((rows * 7919 + in_f * 31 + out_f) as u64);
+    let x = random(&mut rng, rows * in_f, 1.0);
+    let w = random(&mut rng, out_f * in_f, 0.5);
+    let b = random(&mut rng, out_f, 0.5);
+    let r_out = random(&mut rng, rows * out_f, 1.0);
+    let dy = random(&mut rng, rows * out_f, 1.0);
+    let pre_in = random(&mut rng, rows * in_f, 2.0);
+    let r_in = random(&mut rng, rows * in_f, 1.0);
+    let up = |data: &[f32], shape: &[usize]| GpuTensor::from_slice(ctx, data, shape).unwrap();
+    let (xt, wt, bt) = (
+        up(&x, &[rows, in_f]),
+        up(&w, &[out_f, in_f]),
+        up(&b, &[out_f]),
+    );
+    let (rt_out, dyt) = (up(&r_out, &[rows, out_f]), up(&dy, &[rows, out_f]));
+    let (pre_in_t, rt_in) = (up(&pre_in, &[rows, in_f]), up(&r_in, &[rows, in_f]));
+    let z = reference::linear_forward(&to_f64(&x), &to_f64(&w), Some(&to_f64(&b)), in_f);
+    let (rdx, _, _) = reference::linear_backward(&to_f64(&x), &to_f64(&w), &to_f64(&dy), in_f);
+    for kind in [Activation::Relu, Activation::Gelu] {
+        let tag = format!("[{backend}] epilogue {kind:?} [{rows}, {in_f}] -> {out_f}");
+        let pre = GpuTensor::zeros(ctx, &[rows, out_f]).unwrap();
+        let y = GpuTensor::zeros(ctx, &[rows, out_f]).unwrap();
+        let grads = LinearGrads {
+            dx: GpuTensor::zeros(ctx, &[rows, in_f]).unwrap(),
+            d_weight: GpuTensor::zeros(ctx, &[out_f, in_f]).unwrap(),
+            d_bias: None,
+        };
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let forward = Epilogue {
+            activation: Some((kind, &pre)),
+            residual: Some(&rt_out),
+        };
+        linear_forward_epilogue_into(ctx, &mut encoder, &xt, &wt, Some(&bt), forward, &y).unwrap();
+        let backward = Epilogue {
+            activation: Some((kind, &pre_in_t)),
+            residual: Some(&rt_in),
+        };
+        linear_backward_epilogue_into(ctx, &mut encoder, &xt, &wt, &dyt, &grads, backward).unwrap();
+        ctx.queue().submit([encoder.finish()]);
+        let ry = reference_elementwise::add(
+            &reference_elementwise::activation_forward(kind, &z),
+            &to_f64(&r_out),
+        );
+        let rdx = reference_elementwise::add(
+            &reference_elementwise::activation_backward(kind, &to_f64(&pre_in), &rdx),
+            &to_f64(&r_in),
+        );
+        let read = |t: &GpuTensor| t.to_vec(ctx).unwrap();
+        assert_close(
+            &format!("{tag} pre"),
+            &read(&pre),
+            &z,
+            FORWARD_ATOL,
+            FORWARD_RTOL,
+        );
+        assert_close(
+            &format!("{tag} y"),
+            &read(&y),
+            &ry,
+            FORWARD_ATOL,
+            FORWARD_RTOL,
+        );
+        let (atol, rtol) = (BACKWARD_ATOL, BACKWARD_RTOL);
+        assert_close(&format!("{tag} dx"), &read(&grads.dx), &rdx, atol, rtol);
+    }
+}
+
+#[test]
+fn epilogues_match_reference() {
+    for_each_backend(|backend, ctx| {
+        // Tiled, with partial tiles, and SKINNY (3 rows).
+        for (rows, in_f, out_f) in [(70, 33, 20), (3, 40, 300)] {
+            check_epilogues(backend, ctx, rows, in_f, out_f);
+        }
+    });
+    // Reductions split into accumulating dispatches (forward k = 2000, backward k = 1600): the
+    // activation and residual apply once, after the last.
+    for_each_backend_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+        check_epilogues(backend, ctx, 9, 2000, 7);
+        check_epilogues(backend, ctx, 9, 6, 1600);
+    });
+}
+
+#[test]
+fn epilogue_tensors_are_checked() {
+    for_each_backend(|_, ctx| {
+        let x = GpuTensor::zeros(ctx, &[4, 8]).unwrap();
+        let w = GpuTensor::zeros(ctx, &[3, 8]).unwrap();
+        let y = GpuTensor::zeros(ctx, &[4, 3]).unwrap();
+        let wrong = GpuTensor::zeros(ctx, &[4, 4]).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let mut forward =
+            |epilogue| linear_forward_epilogue_into(ctx, &mut encoder, &x, &w, None, epilogue, &y);
+        let pre_shape = Epilogue {
+            activation: Some((Activation::Gelu, &wrong)),
+            residual: None,
+        };
+        assert!(matches!(
+            forward(pre_shape),
+            Err(Error::Shape { arg: "pre", .. })
+        ));
+        let pre_is_y = Epilogue {
+            activation: Some((Activation::Gelu, &y)),
+            residual: None,
+        };
+        assert!(matches!(
+            forward(pre_is_y),
+            Err(Error::Shape { arg: "pre", .. })
+        ));
+        let residual_is_y = Epilogue {
+            activation: None,
+            residual: Some(&y),
+        };
+        assert!(matches!(
+            forward(residual_is_y),
+            Err(Error::Shape {
+                arg: "residual",
+                ..
+            })
+        ));
     });
 }
 

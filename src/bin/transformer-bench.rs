@@ -1,6 +1,7 @@
-//! Training throughput of a whole Transformer on one adapter: tokens/s of a training step (forward,
-//! backward, AdamW, one submission) and of the forward alone, and the GPU time of one training step
-//! split by kernel family (timestamp queries around every compute pass, where the adapter has them).
+//! Training throughput of a whole Transformer on one adapter: tokens/s and GFLOP/s of a training step
+//! (forward, backward, AdamW, one submission) and of the forward alone, the compute passes and
+//! submissions each records, and the GPU time of one training step split by kernel family
+//! (timestamp queries around every compute pass, where the adapter has them).
 //!
 //! ```text
 //! cargo run --release --bin transformer-bench -- [--d-model 256 --heads 8 --layers 4 --seq 128 --batch 8]
@@ -57,6 +58,46 @@ struct Cli {
     /// Write the figures as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+}
+
+/// Floating-point operations of the GEMMs and attention of one forward and of one training step
+/// (forward, backward): Linear layers `2 rows in out` forward and twice that backward (dx, dW);
+/// attention `4 B H Lq Lk dh` forward (half the keys when causal) and 2.5 times that backward
+/// (recomputing S, then dV, dP, dQ, dK), as FlashAttention counts. Elementwise work, LayerNorm and
+/// the optimizer are not counted.
+fn step_flops(c: &TransformerConfig, s: &BatchShape) -> (f64, f64) {
+    let (d, ff, dh) = (
+        c.d_model as f64,
+        c.d_ff as f64,
+        (c.d_model / c.heads) as f64,
+    );
+    let (src_rows, tgt_rows) = ((s.batch * s.src_len) as f64, (s.batch * s.tgt_len) as f64);
+    let (ls, lt) = (s.src_len as f64, s.tgt_len as f64);
+    let bh = (s.batch * c.heads) as f64;
+    let linear = |rows: f64, inp: f64, out: f64| 2.0 * rows * inp * out;
+    let attention = |lq: f64, lk: f64| 4.0 * bh * lq * lk * dh;
+    let ffn = |rows: f64| linear(rows, d, ff) + linear(rows, ff, d);
+    let enc = c.encoder_layers as f64;
+    let dec = c.decoder_layers as f64;
+    let enc_linear = enc * (linear(src_rows, d, 3.0 * d) + linear(src_rows, d, d) + ffn(src_rows));
+    let enc_attention = enc * attention(ls, ls);
+    let cross = c.encoder_layers > 0;
+    let cross_linear = match cross {
+        true => linear(tgt_rows, d, d) + linear(src_rows, d, 2.0 * d) + linear(tgt_rows, d, d),
+        false => 0.0,
+    };
+    let dec_linear = dec
+        * (linear(tgt_rows, d, 3.0 * d) + linear(tgt_rows, d, d) + cross_linear + ffn(tgt_rows));
+    let causal_keys = (lt + 1.0) / 2.0;
+    let dec_attention =
+        dec * (attention(lt, causal_keys) + if cross { attention(lt, ls) } else { 0.0 });
+    let head = linear(tgt_rows, d, c.vocab as f64);
+    let linear_all = enc_linear + dec_linear + head;
+    let attention_all = enc_attention + dec_attention;
+    (
+        linear_all + attention_all,
+        3.0 * linear_all + 3.5 * attention_all,
+    )
 }
 
 /// The kernel family of a compute pass, by its label.
@@ -138,6 +179,22 @@ fn run(cli: &Cli) -> Result<(), Error> {
     };
     let tokens = if cli.decoder_only { n } else { 2 * n } as f64;
 
+    let (forward_flops, train_flops) = step_flops(&config, &shape);
+    // What one call records (after a first call has built the pipelines and bind groups).
+    let count = |f: &mut dyn FnMut() -> Result<(), Error>| -> Result<(u64, u64), Error> {
+        f()?;
+        let before = ctx.recorded_counts();
+        f()?;
+        let after = ctx.recorded_counts();
+        ctx.synchronize()?;
+        Ok((
+            after.passes - before.passes,
+            after.submissions - before.submissions,
+        ))
+    };
+    let train_counts = count(&mut || trainer.step(&ctx, &batch))?;
+    let forward_counts = count(&mut || trainer.forward(&ctx, &batch))?;
+
     let timer = Timer::new(&ctx, cli.wall_clock);
     let started = Instant::now();
     let train = measure(&ctx, &timer, cli.reps, || trainer.step(&ctx, &batch))?;
@@ -149,20 +206,32 @@ fn run(cli: &Cli) -> Result<(), Error> {
         cli.reps,
         started.elapsed().as_secs_f64()
     );
-    println!("\n| measurement | median ms | min-max ms | tokens/s |\n|---|---|---|---|");
-    for (name, s) in [
-        ("training step (fwd + bwd + AdamW)", &train),
-        ("forward only", &forward),
+    println!(
+        "\n| measurement | median ms | min-max ms | tokens/s | GFLOP | GFLOP/s | passes | submissions |\n|---|---|---|---|---|---|---|---|"
+    );
+    for (name, s, flops, (passes, submissions)) in [
+        (
+            "training step (fwd + bwd + AdamW)",
+            &train,
+            train_flops,
+            train_counts,
+        ),
+        ("forward only", &forward, forward_flops, forward_counts),
     ] {
         println!(
-            "| {name} | {:.2} | {:.2}-{:.2} | {:.0} |",
+            "| {name} | {:.2} | {:.2}-{:.2} | {:.0} | {:.2} | {:.1} | {passes} | {submissions} |",
             s.median(),
             s.min(),
             s.max(),
-            tokens / (s.median() / 1e3)
+            tokens / (s.median() / 1e3),
+            flops / 1e9,
+            flops / 1e9 / (s.median() / 1e3),
         );
     }
-    println!("(tokens: source + target tokens of the batch, {tokens})");
+    println!(
+        "(tokens: source + target tokens of the batch, {tokens}; GFLOP: the GEMMs and attention, \
+         see step_flops)"
+    );
 
     // One profiled training step.
     let mut families: Vec<(&'static str, f64, usize)> = Vec::new();
@@ -206,6 +275,13 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "train_step_ms": train.times_ms,
             "forward_ms": forward.times_ms,
             "train_tokens_per_s": tokens / (train.median() / 1e3),
+            "train_gflop": train_flops / 1e9,
+            "train_gflop_per_s": train_flops / 1e9 / (train.median() / 1e3),
+            "train_passes": train_counts.0,
+            "train_submissions": train_counts.1,
+            "forward_gflop": forward_flops / 1e9,
+            "forward_passes": forward_counts.0,
+            "forward_submissions": forward_counts.1,
             "forward_tokens_per_s": tokens / (forward.median() / 1e3),
             "families_ms": families.iter().map(|(f, ms, c)| serde_json::json!({"family": f, "ms": ms, "passes": c})).collect::<Vec<_>>(),
         });

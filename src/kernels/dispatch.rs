@@ -58,11 +58,37 @@ pub(crate) fn loop_chunks(
         .collect()
 }
 
-/// Records `name` over at least `invocations` invocations.
+/// Records `name` over at least `invocations` invocations, in a compute pass of its own.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn encode(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
+    name: &'static str,
+    source: &'static str,
+    constants: &[(&'static str, u32)],
+    params: &[u8],
+    buffers: &[&dyn Bindable],
+    invocations: usize,
+) {
+    let mut pass = ctx.begin_pass(encoder, name);
+    encode_in(
+        ctx,
+        &mut pass,
+        name,
+        source,
+        constants,
+        params,
+        buffers,
+        invocations,
+    );
+}
+
+/// [`encode`] into an open compute pass: kernels that record many independent dispatches (one per
+/// parameter tensor) share one pass.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn encode_in(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
     name: &'static str,
     source: &'static str,
     constants: &[(&'static str, u32)],
@@ -85,7 +111,6 @@ pub(crate) fn encode(
         .collect();
     let bind_group = ctx.bind_group(&pipeline, name, params, &storage);
     let (gx, gy) = grid_2d(invocations.max(1).div_ceil(WG as usize) as u32);
-    let mut pass = ctx.begin_pass(encoder, name);
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(gx, gy, 1);

@@ -7,8 +7,14 @@ use crate::kernels::attention::check_binding;
 use crate::kernels::dispatch::{encode, grid_x};
 use crate::tensor::GpuTensor;
 
-const ACTIVATION_FORWARD: &str = include_str!("../../shaders/activation_forward.wgsl");
-const ACTIVATION_BACKWARD: &str = include_str!("../../shaders/activation_backward.wgsl");
+const ACTIVATION_FORWARD: &str = concat!(
+    include_str!("../../shaders/activation_common.wgsl"),
+    include_str!("../../shaders/activation_forward.wgsl")
+);
+const ACTIVATION_BACKWARD: &str = concat!(
+    include_str!("../../shaders/activation_common.wgsl"),
+    include_str!("../../shaders/activation_backward.wgsl")
+);
 const ADD: &str = include_str!("../../shaders/add.wgsl");
 
 /// The elementwise shaders by name, for the naga tests.
@@ -29,10 +35,11 @@ pub enum Activation {
 }
 
 impl Activation {
-    fn code(self) -> u32 {
+    /// The `ACT_*` code of `activation_common.wgsl`.
+    pub(crate) fn code(self) -> u32 {
         match self {
-            Activation::Relu => 0,
-            Activation::Gelu => 1,
+            Activation::Relu => 1,
+            Activation::Gelu => 2,
         }
     }
 }

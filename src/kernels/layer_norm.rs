@@ -24,6 +24,15 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct BackwardParams {
+    rows: u32,
+    cols: u32,
+    has_residual: u32,
+    grid_x: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct RowParams {
     rows: u32,
     cols: u32,
@@ -225,6 +234,25 @@ pub fn layer_norm_backward_into(
     d_gamma: &GpuTensor,
     d_beta: &GpuTensor,
 ) -> Result<()> {
+    let grads = [dx, d_gamma, d_beta];
+    layer_norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, None, grads)
+}
+
+/// [`layer_norm_backward_into`] with `dx = LN'(dy) + residual` (`residual` shaped like `x`): the
+/// gradient of a residual connection around the LayerNorm added in the same kernel.
+/// `grads` are `[dx, d_gamma, d_beta]`.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_backward_add_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    gamma: &GpuTensor,
+    stats: &GpuTensor,
+    dy: &GpuTensor,
+    residual: Option<&GpuTensor>,
+    grads: [&GpuTensor; 3],
+) -> Result<()> {
+    let [dx, d_gamma, d_beta] = grads;
     let (rows, cols) = rows_cols(ctx, x)?;
     check_shape("gamma", gamma, &[cols])?;
     check_shape("stats", stats, &[rows, 2])?;
@@ -232,14 +260,19 @@ pub fn layer_norm_backward_into(
     check_shape("dx", dx, x.shape())?;
     check_shape("d_gamma", d_gamma, &[cols])?;
     check_shape("d_beta", d_beta, &[cols])?;
+    if let Some(r) = residual {
+        check_shape("residual", r, x.shape())?;
+    }
+    let mut inputs = vec![x, gamma, stats, dy];
+    inputs.extend(residual);
     check_distinct(
         &[("dx", dx), ("d_gamma", d_gamma), ("d_beta", d_beta)],
-        &[x, gamma, stats, dy],
+        &inputs,
     )?;
-    let params = RowParams {
+    let params = BackwardParams {
         rows: rows as u32,
         cols: cols as u32,
-        eps: 0.0,
+        has_residual: residual.is_some() as u32,
         grid_x: grid_x(rows),
     };
     encode(
@@ -249,7 +282,7 @@ pub fn layer_norm_backward_into(
         BACKWARD,
         &[],
         bytemuck::bytes_of(&params),
-        &[x, gamma, stats, dy, dx],
+        &[x, gamma, stats, dy, dx, residual.unwrap_or(dy)],
         rows,
     );
     // Each column sums its rows in order; long row ranges are split under a loop budget.

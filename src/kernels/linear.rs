@@ -1,13 +1,17 @@
 //! Linear layer `y = x W^T + b` (SPEC.md) on the strided GEMM (`shaders/matmul_strided.wgsl`, whose
 //! strides give the transposed forms the backward needs, `dx = dy W` and `dW = dy^T x`, without
-//! copies) with its bias epilogue, and the bias gradient `db = column sums of dy`
-//! (`shaders/column_sum.wgsl`, deterministic). CPU reference: [`crate::reference::linear`].
+//! copies) with its bias epilogue and optional activation and residual epilogues ([`Epilogue`]),
+//! and the bias gradient `db = column sums of dy` (`shaders/column_sum.wgsl`, deterministic).
+//! CPU reference: [`crate::reference::linear`].
 
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::check_binding;
 use crate::kernels::dispatch::{encode, grid_x, loop_chunks, Bindable};
-use crate::kernels::matmul::{encode_gemm, Gemm, Operand};
+use crate::kernels::elementwise::Activation;
+use crate::kernels::matmul::{
+    encode_gemm, ActivationStep, Epilogue as GemmEpilogue, Gemm, Operand,
+};
 use crate::tensor::GpuTensor;
 
 const COLUMN_SUM: &str = include_str!("../../shaders/column_sum.wgsl");
@@ -129,6 +133,86 @@ pub fn linear_forward_into(
     bias: Option<&GpuTensor>,
     y: &GpuTensor,
 ) -> Result<()> {
+    linear_forward_epilogue_into(ctx, encoder, x, weight, bias, Epilogue::default(), y)
+}
+
+/// What a Linear GEMM applies to its result before storing it, instead of a pass of its own.
+///
+/// Forward, `z = x W^T + b`: `y = act(z) + residual`, and `pre` receives `z` (what the activation's
+/// backward reads). Backward, on the input gradient of a layer whose input is `x = act(pre)`:
+/// `dx = (dy W) * act'(pre) + residual`, the activation's backward fused into the GEMM.
+/// `pre` and `residual` have the shape of the output (`y`, or `dx`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Epilogue<'a> {
+    pub activation: Option<(Activation, &'a GpuTensor)>,
+    pub residual: Option<&'a GpuTensor>,
+}
+
+impl<'a> Epilogue<'a> {
+    /// Validates `pre` and `residual` against the output's shape and the buffers the GEMM binds.
+    fn check(&self, out_arg: &'static str, out: &[usize], bound: &[&GpuTensor]) -> Result<()> {
+        let parts = [
+            ("pre", self.activation.map(|(_, pre)| pre)),
+            ("residual", self.residual),
+        ];
+        for (arg, t) in parts {
+            let Some(t) = t else { continue };
+            if t.shape() != out {
+                return Err(Error::shape(
+                    arg,
+                    format!(
+                        "has shape {:?}, expected {out:?} (that of {out_arg})",
+                        t.shape()
+                    ),
+                ));
+            }
+        }
+        if let Some((_, pre)) = self.activation {
+            // Bound read-write: it may share its buffer with nothing else the GEMM binds.
+            if bound
+                .iter()
+                .chain(self.residual.as_ref())
+                .any(|t| t.buffer() == pre.buffer())
+            {
+                return Err(Error::shape(
+                    "pre",
+                    format!("shares a buffer with {out_arg}, an input or the residual"),
+                ));
+            }
+        }
+        if self
+            .residual
+            .is_some_and(|r| r.buffer() == bound[0].buffer())
+        {
+            return Err(Error::shape(
+                "residual",
+                format!("shares a buffer with {out_arg}; write to a separate tensor"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn gemm(&self, bias: Option<&'a GpuTensor>, step: ActivationStep) -> GemmEpilogue<'a> {
+        GemmEpilogue {
+            bias: bias.map(|b| b.buffer().as_ref()),
+            activation: self
+                .activation
+                .map(|(kind, pre)| (kind, step, pre.buffer().as_ref())),
+            residual: self.residual.map(|r| r.buffer().as_ref()),
+        }
+    }
+}
+
+/// [`linear_forward_into`] with an [`Epilogue`]: `y = act(x W^T + b) + residual` in one GEMM.
+pub fn linear_forward_epilogue_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    weight: &GpuTensor,
+    bias: Option<&GpuTensor>,
+    epilogue: Epilogue<'_>,
+    y: &GpuTensor,
+) -> Result<()> {
     let (rows, in_f, out_f) = dims(ctx, x, weight, bias)?;
     if y.shape() != out_shape(x, out_f) {
         return Err(Error::shape(
@@ -145,6 +229,9 @@ pub fn linear_forward_into(
     {
         return Err(Error::shape("y", "shares a buffer with an input"));
     }
+    let mut bound = vec![y, x, weight];
+    bound.extend(bias);
+    epilogue.check("y", y.shape(), &bound)?;
     let mut pass = ctx.begin_pass(encoder, "linear_forward");
     encode_gemm(
         ctx,
@@ -160,7 +247,7 @@ pub fn linear_forward_into(
             a: (x.buffer(), row_major(in_f)),
             b: (weight.buffer(), transposed(in_f)),
             c: (y.buffer(), row_major(out_f)),
-            bias: bias.map(|b| b.buffer().as_ref()),
+            epilogue: epilogue.gemm(bias, ActivationStep::Forward),
         },
     )
 }
@@ -197,6 +284,20 @@ pub fn linear_backward_into(
     weight: &GpuTensor,
     dy: &GpuTensor,
     grads: &LinearGrads,
+) -> Result<()> {
+    linear_backward_epilogue_into(ctx, encoder, x, weight, dy, grads, Epilogue::default())
+}
+
+/// [`linear_backward_into`] with an [`Epilogue`] on the input gradient:
+/// `dx = (dy W) * act'(pre) + residual`, for a layer whose input is `x = act(pre)`.
+pub fn linear_backward_epilogue_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    weight: &GpuTensor,
+    dy: &GpuTensor,
+    grads: &LinearGrads,
+    dx_epilogue: Epilogue<'_>,
 ) -> Result<()> {
     let (rows, in_f, out_f) = dims(ctx, x, weight, None)?;
     let checks = [
@@ -260,7 +361,7 @@ pub fn linear_backward_into(
                 a: (dy.buffer(), row_major(out_f)),
                 b: (weight.buffer(), row_major(in_f)),
                 c: (grads.dx.buffer(), row_major(in_f)),
-                bias: None,
+                epilogue: dx_epilogue.gemm(None, ActivationStep::Grad),
             },
         )?;
         // dW [out, in] = dy^T [out, rows] . x [rows, in]
@@ -278,7 +379,7 @@ pub fn linear_backward_into(
                 a: (dy.buffer(), transposed(out_f)),
                 b: (x.buffer(), row_major(in_f)),
                 c: (grads.d_weight.buffer(), row_major(in_f)),
-                bias: None,
+                epilogue: GemmEpilogue::NONE,
             },
         )?;
     }

@@ -1,10 +1,16 @@
 //! Batched strided matrix product (`shaders/matmul_strided.wgsl`), used by the unfused attention
-//! baseline and the Linear layer (bias epilogue). `C[z] = alpha * sum_g A[z, g] · B[z, g]` with every operand addressed by strides.
+//! baseline and the Linear layer (bias, activation and residual epilogues).
+//! `C[z] = alpha * sum_g A[z, g] · B[z, g]` with every operand addressed by strides.
 
 use crate::device::{grid_2d, Context, StorageBinding};
 use crate::error::{Error, Result};
+use crate::kernels::elementwise::Activation;
 
-pub(crate) const SOURCE: &str = include_str!("../../shaders/matmul_strided.wgsl");
+/// The GEMM shader with the activation functions its epilogues share with the elementwise kernels.
+pub(crate) const SOURCE: &str = concat!(
+    include_str!("../../shaders/activation_common.wgsl"),
+    include_str!("../../shaders/matmul_strided.wgsl")
+);
 const TILE: u32 = 64;
 
 /// Element addressing of one operand: `offset + b*stride_b + (h/head_div)*stride_h + g*stride_g +
@@ -37,6 +43,10 @@ struct GemmParams {
     alpha: f32,
     has_bias: u32,
     accumulate: u32,
+    activation: u32,
+    activation_grad: u32,
+    has_residual: u32,
+    _pad: u32,
     a: Operand,
     b: Operand,
     c: Operand,
@@ -55,8 +65,34 @@ pub(crate) struct Gemm<'a> {
     pub a: (&'a wgpu::Buffer, Operand),
     pub b: (&'a wgpu::Buffer, Operand),
     pub c: (&'a wgpu::Buffer, Operand),
-    /// Added to every row of C (`[n]`), after `alpha`.
+    pub epilogue: Epilogue<'a>,
+}
+
+/// What the GEMM applies to each element `z` of `alpha * A·B` before storing it, in this order
+/// (`shaders/matmul_strided.wgsl`): `pre` and `residual` are laid out as C.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Epilogue<'a> {
+    /// `z += bias[col]` (`[n]`).
     pub bias: Option<&'a wgpu::Buffer>,
+    /// [`ActivationStep::Forward`]: `pre = z; z = act(z)`. [`ActivationStep::Grad`]:
+    /// `z *= act'(pre)`.
+    pub activation: Option<(Activation, ActivationStep, &'a wgpu::Buffer)>,
+    /// `z += residual`.
+    pub residual: Option<&'a wgpu::Buffer>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActivationStep {
+    Forward,
+    Grad,
+}
+
+impl Epilogue<'_> {
+    pub const NONE: Epilogue<'static> = Epilogue {
+        bias: None,
+        activation: None,
+        residual: None,
+    };
 }
 
 /// Products with at most this many rows take the SKINNY path (one invocation per element of C):
@@ -90,7 +126,8 @@ pub(crate) fn encode_gemm(
         return encode_one(ctx, pass, g, false, true);
     }
     // llvmpipe ends every loop after 65535 iterations per invocation: split the reduction over
-    // groups and k into dispatches that accumulate into C.
+    // groups and k into dispatches that accumulate into C. The bias goes into the first, the
+    // activation and residual epilogues into the last, once the sum is complete.
     let k_tiles = (g.k as u64).div_ceil(16);
     let fits = ctx
         .loop_budget()
@@ -99,8 +136,12 @@ pub(crate) fn encode_gemm(
         let budget = ctx.loop_budget().unwrap_or(u32::MAX) as u64;
         let k_chunk = ((budget / LOOP_COST_PER_K_TILE).max(1) * 16).min(g.k as u64) as u32;
         let mut first = true;
+        let chunks = g.groups as usize * (g.k as usize).div_ceil(k_chunk as usize);
+        let mut index = 0;
         for group in 0..g.groups {
             for k0 in (0..g.k).step_by(k_chunk as usize) {
+                index += 1;
+                let last = index == chunks;
                 let shift = |op: Operand, k_stride: u32| Operand {
                     offset: op.offset + group * op.stride_g + k0 * k_stride,
                     ..op
@@ -110,7 +151,11 @@ pub(crate) fn encode_gemm(
                     groups: 1,
                     a: (g.a.0, shift(g.a.1, g.a.1.stride_col)),
                     b: (g.b.0, shift(g.b.1, g.b.1.stride_row)),
-                    bias: if first { g.bias } else { None },
+                    epilogue: Epilogue {
+                        bias: if first { g.epilogue.bias } else { None },
+                        activation: if last { g.epilogue.activation } else { None },
+                        residual: if last { g.epilogue.residual } else { None },
+                    },
                     ..*g
                 };
                 encode_one(ctx, pass, &part, !first, false)?;
@@ -148,8 +193,16 @@ fn encode_one(
         grid_x: gx,
         total_groups: total,
         alpha: g.alpha,
-        has_bias: g.bias.is_some() as u32,
+        has_bias: g.epilogue.bias.is_some() as u32,
         accumulate: accumulate as u32,
+        activation: g.epilogue.activation.map_or(0, |(kind, _, _)| kind.code()),
+        activation_grad: g
+            .epilogue
+            .activation
+            .is_some_and(|(_, step, _)| step == ActivationStep::Grad)
+            as u32,
+        has_residual: g.epilogue.residual.is_some() as u32,
+        _pad: 0,
         a: g.a.1,
         b: g.b.1,
         c: g.c.1,
@@ -169,7 +222,14 @@ fn encode_one(
         whole(1, g.a.0),
         whole(2, g.b.0),
         whole(3, g.c.0),
-        whole(4, g.bias.unwrap_or(ctx.empty_storage())),
+        whole(4, g.epilogue.bias.unwrap_or(ctx.empty_storage())),
+        whole(5, g.epilogue.residual.unwrap_or(ctx.empty_storage())),
+        whole(
+            6,
+            g.epilogue
+                .activation
+                .map_or(ctx.empty_storage_rw(), |(_, _, pre)| pre),
+        ),
     ];
     let bind_group = ctx.bind_group(
         &pipeline,

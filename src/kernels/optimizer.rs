@@ -10,7 +10,7 @@
 
 use crate::device::{Allocation, Context};
 use crate::error::{Error, Result};
-use crate::kernels::dispatch::{encode, grid_x};
+use crate::kernels::dispatch::{encode, encode_in, grid_x};
 use crate::tensor::GpuTensor;
 
 const NORM_PARTIAL: &str = include_str!("../../shaders/grad_norm_partial.wgsl");
@@ -297,7 +297,10 @@ impl AdamW {
         }
         self.step += 1;
         let c = &self.config;
+        // One pass for the partial sums of every tensor and one for every update: the dispatches
+        // of a pass touch disjoint buffers, so none waits for another.
         let mut offset = 0usize;
+        let mut pass = ctx.begin_pass(encoder, "grad_norm_partial");
         for g in grads {
             let partials = g.len().div_ceil(CHUNK);
             let p = PartialParams {
@@ -306,9 +309,9 @@ impl AdamW {
                 grid_x: grid_x(partials),
                 pad: 0,
             };
-            encode(
+            encode_in(
                 ctx,
-                encoder,
+                &mut pass,
                 "grad_norm_partial",
                 NORM_PARTIAL,
                 &[("CHUNK", CHUNK as u32)],
@@ -318,6 +321,7 @@ impl AdamW {
             );
             offset += partials;
         }
+        drop(pass);
         let f = FinalizeParams {
             partials: offset as u32,
             clip: c.max_grad_norm.is_some() as u32,
@@ -342,6 +346,7 @@ impl AdamW {
             1,
         );
         let t = self.step as f64;
+        let mut pass = ctx.begin_pass(encoder, "adamw");
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let a = AdamParams {
                 len: p.len() as u32,
@@ -355,9 +360,9 @@ impl AdamW {
                 correction2: (1.0 - (c.beta2 as f64).powf(t)) as f32,
                 pad: [0; 3],
             };
-            encode(
+            encode_in(
                 ctx,
-                encoder,
+                &mut pass,
                 "adamw",
                 ADAMW,
                 &[],

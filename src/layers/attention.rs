@@ -13,6 +13,7 @@ use crate::kernels::attention::{
     RelativeBuckets,
 };
 use crate::kernels::kv_cache::kv_cache_append_into;
+use crate::kernels::linear::Epilogue;
 use crate::kernels::rope::{
     rope_backward_into, rope_forward_cached_into, rope_forward_into, RopeLayout, RopeTable,
 };
@@ -360,7 +361,7 @@ impl MultiHeadAttention {
         t.reshape(&[s[0], s[1], self.d_model])
     }
 
-    /// `y = Attention(x, memory)`; `lens` masks padded queries and keys.
+    /// `y = Attention(x, memory) + residual`; `lens` masks padded queries and keys.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -371,6 +372,7 @@ impl MultiHeadAttention {
         memory: Option<&GpuTensor>,
         lens: &SeqLens,
         y: &GpuTensor,
+        residual: Option<&GpuTensor>,
     ) -> Result<()> {
         self.check_memory(memory)?;
         self.query.forward(ctx, encoder, p, x, &self.proj)?;
@@ -394,8 +396,12 @@ impl MultiHeadAttention {
             }
             None => attention_forward_into(ctx, encoder, &q, &k, &v, &out, &self.lse, &opts)?,
         }
+        let add = Epilogue {
+            activation: None,
+            residual,
+        };
         self.output
-            .forward(ctx, encoder, p, &self.flat(&self.attn)?, y)
+            .forward_epilogue(ctx, encoder, p, &self.flat(&self.attn)?, add, y)
     }
 
     /// Decoding, cross-attention: projects the memory's keys and values once per source (they
@@ -421,7 +427,7 @@ impl MultiHeadAttention {
     /// Self-attention appends the new keys and values to `cache` (`[B, max_len, H, d/H]` each) and
     /// attends over it with decode attention (RoPE at each sequence's positions); cross-attention
     /// (`cache` `None`) attends over the memory projected by [`MultiHeadAttention::prepare_memory`],
-    /// `lens` giving the new tokens and the memory lengths.
+    /// `lens` giving the new tokens and the memory lengths. `residual` is added to `y`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(
         &self,
@@ -432,6 +438,7 @@ impl MultiHeadAttention {
         cache: Option<[&GpuTensor; 2]>,
         lens: &SeqLens,
         y: &GpuTensor,
+        residual: Option<&GpuTensor>,
     ) -> Result<()> {
         if self.additive.is_some() {
             return Err(Error::shape(
@@ -474,8 +481,12 @@ impl MultiHeadAttention {
                 ))
             }
         }
+        let add = Epilogue {
+            activation: None,
+            residual,
+        };
         self.output
-            .forward(ctx, encoder, p, &self.flat(&self.attn)?, y)
+            .forward_epilogue(ctx, encoder, p, &self.flat(&self.attn)?, add, y)
     }
 
     /// Attention maps after a forward with the same `lens`: the probabilities `[B, H, rows, Lk]` of
@@ -507,7 +518,8 @@ impl MultiHeadAttention {
         Ok((v, self.d_attn.heads()?))
     }
 
-    /// Writes `dx` (and, for cross-attention, `d_memory`) and every parameter gradient.
+    /// Writes `dx` (plus `residual`; and, for cross-attention, `d_memory`) and every parameter
+    /// gradient.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -520,8 +532,13 @@ impl MultiHeadAttention {
         dy: &GpuTensor,
         dx: &GpuTensor,
         d_memory: Option<&GpuTensor>,
+        residual: Option<&GpuTensor>,
     ) -> Result<()> {
         self.check_memory(memory)?;
+        let dx_epilogue = Epilogue {
+            activation: None,
+            residual,
+        };
         if self.kind == AttentionKind::Cross && d_memory.is_none() {
             return Err(Error::shape(
                 "d_memory",
@@ -553,7 +570,8 @@ impl MultiHeadAttention {
                 &add.workspace,
                 &opts,
             )?;
-            self.query.backward(ctx, encoder, p, x, &self.d_proj, dx)?;
+            self.query
+                .backward_epilogue(ctx, encoder, p, x, &self.d_proj, dx, dx_epilogue)?;
             return Ok(());
         }
         attention_backward_into(
@@ -587,7 +605,8 @@ impl MultiHeadAttention {
                 &opts,
             )?;
         }
-        self.query.backward(ctx, encoder, p, x, &self.d_proj, dx)?;
+        self.query
+            .backward_epilogue(ctx, encoder, p, x, &self.d_proj, dx, dx_epilogue)?;
         if let (Some(kv), Some(d_kv_proj), Some(memory), Some(d_memory)) =
             (&self.key_value, &self.d_kv_proj, memory, d_memory)
         {

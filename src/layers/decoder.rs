@@ -144,9 +144,9 @@ impl DecoderLayer {
         self_lens: &SeqLens,
         cross_lens: Option<&SeqLens>,
     ) -> Result<()> {
-        self.self_block.forward(ctx, encoder, p, x, |e, h, y| {
+        self.self_block.forward(ctx, encoder, p, x, |e, h, y, r| {
             self.self_attention
-                .forward_cached(ctx, e, p, h, Some(cache), self_lens, y)
+                .forward_cached(ctx, e, p, h, Some(cache), self_lens, y, Some(r))
         })?;
         if let Some(cross) = &self.cross {
             let lens = cross_lens.ok_or_else(|| {
@@ -157,13 +157,15 @@ impl DecoderLayer {
             })?;
             cross
                 .block
-                .forward(ctx, encoder, p, &self.self_block.y, |e, h, y| {
-                    cross.attention.forward_cached(ctx, e, p, h, None, lens, y)
+                .forward(ctx, encoder, p, &self.self_block.y, |e, h, y, r| {
+                    cross
+                        .attention
+                        .forward_cached(ctx, e, p, h, None, lens, y, Some(r))
                 })?;
         }
         self.feed_forward_block
-            .forward(ctx, encoder, p, self.ff_input(), |e, h, y| {
-                self.feed_forward.forward(ctx, e, p, h, y)
+            .forward(ctx, encoder, p, self.ff_input(), |e, h, y, r| {
+                self.feed_forward.forward(ctx, e, p, h, y, Some(r))
             })
     }
 
@@ -201,23 +203,23 @@ impl StackLayer for DecoderLayer {
         x: &GpuTensor,
         inputs: DecoderInputs<'_>,
     ) -> Result<()> {
-        self.self_block.forward(ctx, encoder, p, x, |e, h, y| {
+        self.self_block.forward(ctx, encoder, p, x, |e, h, y, r| {
             self.self_attention
-                .forward(ctx, e, p, h, None, inputs.self_lens, y)
+                .forward(ctx, e, p, h, None, inputs.self_lens, y, Some(r))
         })?;
         if let Some(cross) = &self.cross {
             let (memory, cross_lens) = Self::memory(inputs)?;
             cross
                 .block
-                .forward(ctx, encoder, p, &self.self_block.y, |e, h, y| {
+                .forward(ctx, encoder, p, &self.self_block.y, |e, h, y, r| {
                     cross
                         .attention
-                        .forward(ctx, e, p, h, Some(memory), cross_lens, y)
+                        .forward(ctx, e, p, h, Some(memory), cross_lens, y, Some(r))
                 })?;
         }
         self.feed_forward_block
-            .forward(ctx, encoder, p, self.ff_input(), |e, h, y| {
-                self.feed_forward.forward(ctx, e, p, h, y)
+            .forward(ctx, encoder, p, self.ff_input(), |e, h, y, r| {
+                self.feed_forward.forward(ctx, e, p, h, y, Some(r))
             })
     }
 
@@ -238,7 +240,7 @@ impl StackLayer for DecoderLayer {
             p,
             self.ff_input(),
             dy,
-            |e, h, d_out, d_in| self.feed_forward.backward(ctx, e, p, h, d_out, d_in),
+            |e, h, d_out, d_in, r| self.feed_forward.backward(ctx, e, p, h, d_out, d_in, r),
         )?;
         let mut d = &self.feed_forward_block.dx;
         if let Some(cross) = &self.cross {
@@ -249,7 +251,7 @@ impl StackLayer for DecoderLayer {
                 p,
                 &self.self_block.y,
                 d,
-                |e, h, d_out, d_in| {
+                |e, h, d_out, d_in, r| {
                     cross.attention.backward(
                         ctx,
                         e,
@@ -260,13 +262,14 @@ impl StackLayer for DecoderLayer {
                         d_out,
                         d_in,
                         Some(&cross.d_memory),
+                        r,
                     )
                 },
             )?;
             d = &cross.block.dx;
         }
         self.self_block
-            .backward(ctx, encoder, p, x, d, |e, h, d_out, d_in| {
+            .backward(ctx, encoder, p, x, d, |e, h, d_out, d_in, r| {
                 self.self_attention.backward(
                     ctx,
                     e,
@@ -277,6 +280,7 @@ impl StackLayer for DecoderLayer {
                     d_out,
                     d_in,
                     None,
+                    r,
                 )
             })
     }

@@ -109,13 +109,13 @@ impl StackLayer for EncoderLayer {
         lens: &SeqLens,
     ) -> Result<()> {
         self.attention_block
-            .forward(ctx, encoder, p, x, |e, h, y| {
-                self.attention.forward(ctx, e, p, h, None, lens, y)
+            .forward(ctx, encoder, p, x, |e, h, y, r| {
+                self.attention.forward(ctx, e, p, h, None, lens, y, Some(r))
             })?;
         let x1 = &self.attention_block.y;
         self.feed_forward_block
-            .forward(ctx, encoder, p, x1, |e, h, y| {
-                self.feed_forward.forward(ctx, e, p, h, y)
+            .forward(ctx, encoder, p, x1, |e, h, y, r| {
+                self.feed_forward.forward(ctx, e, p, h, y, Some(r))
             })
     }
 
@@ -130,14 +130,14 @@ impl StackLayer for EncoderLayer {
     ) -> Result<()> {
         let x1 = &self.attention_block.y;
         self.feed_forward_block
-            .backward(ctx, encoder, p, x1, dy, |e, h, d_out, d_in| {
-                self.feed_forward.backward(ctx, e, p, h, d_out, d_in)
+            .backward(ctx, encoder, p, x1, dy, |e, h, d_out, d_in, r| {
+                self.feed_forward.backward(ctx, e, p, h, d_out, d_in, r)
             })?;
         let d_x1 = &self.feed_forward_block.dx;
         self.attention_block
-            .backward(ctx, encoder, p, x, d_x1, |e, h, d_out, d_in| {
+            .backward(ctx, encoder, p, x, d_x1, |e, h, d_out, d_in, r| {
                 self.attention
-                    .backward(ctx, e, p, h, None, lens, d_out, d_in, None)
+                    .backward(ctx, e, p, h, None, lens, d_out, d_in, None, r)
             })
     }
 }

@@ -1,9 +1,11 @@
 //! Position-wise feed-forward block `FF(x) = GELU(x W1^T + b1) W2^T + b2`, with its activations
-//! allocated once for a `[batch, seq, d_model]` input.
+//! allocated once for a `[batch, seq, d_model]` input. The GELU and its backward run in the GEMMs'
+//! epilogues, and so does an optional residual added to the output (and to the input gradient).
 
 use crate::device::Context;
 use crate::error::Result;
-use crate::kernels::elementwise::{activation_backward_into, activation_forward_into, Activation};
+use crate::kernels::elementwise::Activation;
+use crate::kernels::linear::Epilogue;
 use crate::layers::linear::Linear;
 use crate::layers::params::Params;
 use crate::tensor::GpuTensor;
@@ -14,7 +16,6 @@ pub struct FeedForward {
     /// `x W1^T + b1` and its GELU, `[batch, seq, d_ff]`.
     hidden: GpuTensor,
     act: GpuTensor,
-    d_act: GpuTensor,
     d_hidden: GpuTensor,
 }
 
@@ -33,11 +34,11 @@ impl FeedForward {
             output: Linear::new(ctx, params, &format!("{name}.out"), d_ff, d_model)?,
             hidden: GpuTensor::zeros(ctx, &shape)?,
             act: GpuTensor::zeros(ctx, &shape)?,
-            d_act: GpuTensor::zeros(ctx, &shape)?,
             d_hidden: GpuTensor::zeros(ctx, &shape)?,
         })
     }
 
+    /// `y = FF(x) + residual`.
     pub fn forward(
         &self,
         ctx: &Context,
@@ -45,12 +46,24 @@ impl FeedForward {
         p: &Params,
         x: &GpuTensor,
         y: &GpuTensor,
+        residual: Option<&GpuTensor>,
     ) -> Result<()> {
-        self.input.forward(ctx, encoder, p, x, &self.hidden)?;
-        activation_forward_into(ctx, encoder, Activation::Gelu, &self.hidden, &self.act)?;
-        self.output.forward(ctx, encoder, p, &self.act, y)
+        let gelu = Epilogue {
+            activation: Some((Activation::Gelu, &self.hidden)),
+            residual: None,
+        };
+        self.input
+            .forward_epilogue(ctx, encoder, p, x, gelu, &self.act)?;
+        let add = Epilogue {
+            activation: None,
+            residual,
+        };
+        self.output
+            .forward_epilogue(ctx, encoder, p, &self.act, add, y)
     }
 
+    /// `dx = dFF(dy) + residual` and the parameter gradients.
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         ctx: &Context,
@@ -59,17 +72,19 @@ impl FeedForward {
         x: &GpuTensor,
         dy: &GpuTensor,
         dx: &GpuTensor,
+        residual: Option<&GpuTensor>,
     ) -> Result<()> {
+        let gelu_grad = Epilogue {
+            activation: Some((Activation::Gelu, &self.hidden)),
+            residual: None,
+        };
         self.output
-            .backward(ctx, encoder, p, &self.act, dy, &self.d_act)?;
-        activation_backward_into(
-            ctx,
-            encoder,
-            Activation::Gelu,
-            &self.hidden,
-            &self.d_act,
-            &self.d_hidden,
-        )?;
-        self.input.backward(ctx, encoder, p, x, &self.d_hidden, dx)
+            .backward_epilogue(ctx, encoder, p, &self.act, dy, &self.d_hidden, gelu_grad)?;
+        let add = Epilogue {
+            activation: None,
+            residual,
+        };
+        self.input
+            .backward_epilogue(ctx, encoder, p, x, &self.d_hidden, dx, add)
     }
 }

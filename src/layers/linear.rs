@@ -3,7 +3,9 @@
 
 use crate::device::Context;
 use crate::error::Result;
-use crate::kernels::linear::{linear_backward_into, linear_forward_into, LinearGrads};
+use crate::kernels::linear::{
+    linear_backward_epilogue_into, linear_forward_epilogue_into, Epilogue, LinearGrads,
+};
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::GpuTensor;
 
@@ -41,8 +43,21 @@ impl Linear {
         x: &GpuTensor,
         y: &GpuTensor,
     ) -> Result<()> {
+        self.forward_epilogue(ctx, encoder, p, x, Epilogue::default(), y)
+    }
+
+    /// `y = act(x W^T + b) + residual` in one GEMM (see [`Epilogue`]).
+    pub fn forward_epilogue(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        epilogue: Epilogue<'_>,
+        y: &GpuTensor,
+    ) -> Result<()> {
         let (w, b) = (p.value(self.weight), p.value(self.bias));
-        linear_forward_into(ctx, encoder, x, w, Some(b), y)
+        linear_forward_epilogue_into(ctx, encoder, x, w, Some(b), epilogue, y)
     }
 
     /// Writes `dx` and the weight and bias gradients.
@@ -55,11 +70,27 @@ impl Linear {
         dy: &GpuTensor,
         dx: &GpuTensor,
     ) -> Result<()> {
+        self.backward_epilogue(ctx, encoder, p, x, dy, dx, Epilogue::default())
+    }
+
+    /// [`Linear::backward`] with `dx = (dy W) * act'(pre) + residual` (see [`Epilogue`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_epilogue(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        dy: &GpuTensor,
+        dx: &GpuTensor,
+        dx_epilogue: Epilogue<'_>,
+    ) -> Result<()> {
         let grads = LinearGrads {
             dx: dx.clone(),
             d_weight: p.grad(self.weight).clone(),
             d_bias: Some(p.grad(self.bias).clone()),
         };
-        linear_backward_into(ctx, encoder, x, p.value(self.weight), dy, &grads)
+        let w = p.value(self.weight);
+        linear_backward_epilogue_into(ctx, encoder, x, w, dy, &grads, dx_epilogue)
     }
 }

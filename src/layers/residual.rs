@@ -7,12 +7,12 @@
 //! ```
 //!
 //! The block owns its output `y`, its input gradient `dx` and the activations its backward reads,
-//! allocated once for a `[batch, seq, d_model]` input.
+//! allocated once for a `[batch, seq, d_model]` input. The residual sums run in the epilogues of the
+//! sublayer's GEMMs and of the LayerNorm backward, not in passes of their own.
 
 use crate::device::Context;
 use crate::error::Result;
-use crate::kernels::elementwise::add_into;
-use crate::kernels::layer_norm::{layer_norm_backward_into, layer_norm_forward_into};
+use crate::kernels::layer_norm::{layer_norm_backward_add_into, layer_norm_forward_into};
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::GpuTensor;
 
@@ -46,6 +46,7 @@ impl LayerNorm {
         layer_norm_forward_into(ctx, encoder, x, g, b, LN_EPS, y, stats)
     }
 
+    /// `dx = LN'(dy) + residual` and the parameter gradients.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -55,19 +56,12 @@ impl LayerNorm {
         x: &GpuTensor,
         stats: &GpuTensor,
         dy: &GpuTensor,
+        residual: Option<&GpuTensor>,
         dx: &GpuTensor,
     ) -> Result<()> {
-        layer_norm_backward_into(
-            ctx,
-            encoder,
-            x,
-            p.value(self.gamma),
-            stats,
-            dy,
-            dx,
-            p.grad(self.gamma),
-            p.grad(self.beta),
-        )
+        let grads = [dx, p.grad(self.gamma), p.grad(self.beta)];
+        let gamma = p.value(self.gamma);
+        layer_norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, residual, grads)
     }
 }
 
@@ -77,13 +71,10 @@ pub struct Residual {
     /// Pre-LN: `LN(x)`, the sublayer's input. Post-LN: `x + F(x)`, what LN normalises.
     mid: GpuTensor,
     stats: GpuTensor,
-    /// `F(..)`.
-    sub_out: GpuTensor,
     /// The block's output and input gradient.
     pub y: GpuTensor,
     pub dx: GpuTensor,
-    /// Gradients at the sublayer's input and at the LayerNorm's input / output side.
-    d_sub_in: GpuTensor,
+    /// Pre-LN: the gradient at the sublayer's input. Post-LN: at the LayerNorm's input.
     d_mid: GpuTensor,
 }
 
@@ -103,38 +94,41 @@ impl Residual {
             norm: LayerNorm::new(ctx, params, name, d_model)?,
             mid: t()?,
             stats: GpuTensor::zeros(ctx, &[rows[0] * rows[1], 2])?,
-            sub_out: t()?,
             y: t()?,
             dx: t()?,
-            d_sub_in: t()?,
             d_mid: t()?,
         })
     }
 
-    /// Records the block for input `x`; `sublayer(encoder, input, output)` records `F`.
+    /// Records the block for input `x`; `sublayer(encoder, input, output, residual)` records
+    /// `output = F(input) + residual` (the residual sum in `F`'s last GEMM, not a pass of its own).
     pub fn forward(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
         x: &GpuTensor,
-        sublayer: impl FnOnce(&mut wgpu::CommandEncoder, &GpuTensor, &GpuTensor) -> Result<()>,
+        sublayer: impl FnOnce(
+            &mut wgpu::CommandEncoder,
+            &GpuTensor,
+            &GpuTensor,
+            &GpuTensor,
+        ) -> Result<()>,
     ) -> Result<()> {
         if self.pre_ln {
             self.norm
                 .forward(ctx, encoder, p, x, &self.mid, &self.stats)?;
-            sublayer(encoder, &self.mid, &self.sub_out)?;
-            add_into(ctx, encoder, x, &self.sub_out, &self.y)
+            sublayer(encoder, &self.mid, &self.y, x)
         } else {
-            sublayer(encoder, x, &self.sub_out)?;
-            add_into(ctx, encoder, x, &self.sub_out, &self.mid)?;
+            sublayer(encoder, x, &self.mid, x)?;
             self.norm
                 .forward(ctx, encoder, p, &self.mid, &self.y, &self.stats)
         }
     }
 
     /// Records the backward for upstream `dy` into [`Residual::dx`];
-    /// `sublayer_backward(encoder, input, d_output, d_input)` records `F`'s backward.
+    /// `sublayer_backward(encoder, input, d_output, d_input, residual)` records
+    /// `d_input = dF(d_output) + residual` (`residual` `None`: nothing added).
     pub fn backward(
         &self,
         ctx: &Context,
@@ -147,18 +141,35 @@ impl Residual {
             &GpuTensor,
             &GpuTensor,
             &GpuTensor,
+            Option<&GpuTensor>,
         ) -> Result<()>,
     ) -> Result<()> {
         if self.pre_ln {
-            sublayer_backward(encoder, &self.mid, dy, &self.d_sub_in)?;
-            self.norm
-                .backward(ctx, encoder, p, x, &self.stats, &self.d_sub_in, &self.d_mid)?;
-            add_into(ctx, encoder, dy, &self.d_mid, &self.dx)
+            // dx = dy + LN'(dF(dy)): the sum in the LayerNorm backward.
+            sublayer_backward(encoder, &self.mid, dy, &self.d_mid, None)?;
+            self.norm.backward(
+                ctx,
+                encoder,
+                p,
+                x,
+                &self.stats,
+                &self.d_mid,
+                Some(dy),
+                &self.dx,
+            )
         } else {
-            self.norm
-                .backward(ctx, encoder, p, &self.mid, &self.stats, dy, &self.d_mid)?;
-            sublayer_backward(encoder, x, &self.d_mid, &self.d_sub_in)?;
-            add_into(ctx, encoder, &self.d_mid, &self.d_sub_in, &self.dx)
+            // dx = ds + dF(ds), ds = LN'(dy): the sum in the sublayer's input-gradient GEMM.
+            self.norm.backward(
+                ctx,
+                encoder,
+                p,
+                &self.mid,
+                &self.stats,
+                dy,
+                None,
+                &self.d_mid,
+            )?;
+            sublayer_backward(encoder, x, &self.d_mid, &self.dx, Some(&self.d_mid))
         }
     }
 }

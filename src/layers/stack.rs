@@ -206,6 +206,6 @@ impl FinalNorm {
         dy: &GpuTensor,
     ) -> Result<()> {
         self.norm
-            .backward(ctx, encoder, p, x, &self.stats, dy, &self.dx)
+            .backward(ctx, encoder, p, x, &self.stats, dy, None, &self.dx)
     }
 }

@@ -9,7 +9,7 @@
 use crate::device::{grid_2d, Context, KernelFamily, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::loop_chunks;
-use crate::kernels::matmul::{self, encode_gemm, Gemm, Operand};
+use crate::kernels::matmul::{self, encode_gemm, Epilogue, Gemm, Operand};
 use crate::tensor::{BiasView, GpuTensor, HeadsView, SeqLens};
 
 mod additive;
@@ -1618,7 +1618,7 @@ fn encode_probs(
             a: (q.buffer(), view_operand(q, true, 1)),
             b: (k.buffer(), view_operand(k, false, group)),
             c: (probs.buffer(), scores_op),
-            bias: None,
+            epilogue: Epilogue::NONE,
         },
     )?;
     encode_softmax(ctx, pass, s, scale, probs, lse, opts, lens)
@@ -1692,7 +1692,7 @@ fn encode_pv(
             ),
             b: (v.buffer(), view_operand(v, true, group)),
             c: (out.buffer(), view_operand(out, true, 1)),
-            bias: None,
+            epilogue: Epilogue::NONE,
         },
     )
 }
@@ -1834,7 +1834,7 @@ pub fn attention_backward_unfused(
                 a: (d_out.buffer(), view_operand(d_out, true, 1)),
                 b: (v.buffer(), view_operand(v, false, group)),
                 c: (dprobs.buffer(), p_rows),
-                bias: None,
+                epilogue: Epilogue::NONE,
             },
         )?;
         // dS = P (dP - rowsum(P dP)), in place.
@@ -1870,7 +1870,7 @@ pub fn attention_backward_unfused(
                 a: (dprobs.buffer(), p_rows),
                 b: (k.buffer(), view_operand(k, true, group)),
                 c: (dq.buffer(), view_operand(&dq_v, true, 1)),
-                bias: None,
+                epilogue: Epilogue::NONE,
             },
         )?;
         // dK = scale sum_g dS^T Q
@@ -1888,7 +1888,7 @@ pub fn attention_backward_unfused(
                 a: (dprobs.buffer(), p_t_grouped),
                 b: (q.buffer(), grouped(q)),
                 c: (dk.buffer(), view_operand(&dk_v, true, 1)),
-                bias: None,
+                epilogue: Epilogue::NONE,
             },
         )?;
         // dV = sum_g P^T dO
@@ -1906,7 +1906,7 @@ pub fn attention_backward_unfused(
                 a: (probs.buffer(), p_t_grouped),
                 b: (d_out.buffer(), grouped(d_out)),
                 c: (dv.buffer(), view_operand(&dv_v, true, 1)),
-                bias: None,
+                epilogue: Epilogue::NONE,
             },
         )?;
     }
