@@ -6,7 +6,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::check_binding;
-use crate::kernels::dispatch::{encode, grid_x, loop_chunks};
+use crate::kernels::dispatch::{encode, encode_in, grid_x, loop_chunks};
 use crate::tensor::GpuTensor;
 
 const FORWARD: &str = include_str!("../../shaders/layer_norm_forward.wgsl");
@@ -275,9 +275,11 @@ pub fn layer_norm_backward_add_into(
         has_residual: residual.is_some() as u32,
         grid_x: grid_x(rows),
     };
-    encode(
+    // dx and the parameter gradients in one pass: independent dispatches over rows and columns.
+    let mut pass = ctx.begin_pass(encoder, "layer_norm_backward");
+    encode_in(
         ctx,
-        encoder,
+        &mut pass,
         "layer_norm_backward",
         BACKWARD,
         &[],
@@ -296,9 +298,9 @@ pub fn layer_norm_backward_add_into(
             grid_x: grid_x(cols),
             pad: [0; 2],
         };
-        encode(
+        encode_in(
             ctx,
-            encoder,
+            &mut pass,
             "layer_norm_param_grads",
             PARAM_GRADS,
             &[],

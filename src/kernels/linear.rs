@@ -7,7 +7,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::check_binding;
-use crate::kernels::dispatch::{encode, grid_x, loop_chunks, Bindable};
+use crate::kernels::dispatch::{encode_in, grid_x, loop_chunks, Bindable};
 use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{
     encode_gemm, ActivationStep, Epilogue as GemmEpilogue, Gemm, Operand,
@@ -344,8 +344,9 @@ pub fn linear_backward_epilogue_into(
             ));
         }
     }
+    // dx, dW and db in one pass: independent dispatches reading dy.
+    let mut pass = ctx.begin_pass(encoder, "linear_backward");
     {
-        let mut pass = ctx.begin_pass(encoder, "linear_backward");
         // dx [rows, in] = dy [rows, out] . W [out, in]
         encode_gemm(
             ctx,
@@ -384,7 +385,7 @@ pub fn linear_backward_epilogue_into(
         )?;
     }
     if let Some(db) = &grads.d_bias {
-        encode_column_sum(ctx, encoder, dy, rows, out_f, db);
+        encode_column_sum_in(ctx, &mut pass, dy, rows, out_f, db);
     }
     Ok(())
 }
@@ -400,6 +401,19 @@ pub(crate) fn encode_column_sum(
     cols: usize,
     sums: &GpuTensor,
 ) {
+    let mut pass = ctx.begin_pass(encoder, "column_sum");
+    encode_column_sum_in(ctx, &mut pass, x, rows, cols, sums);
+}
+
+/// [`encode_column_sum`] into an open pass.
+pub(crate) fn encode_column_sum_in(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    x: &dyn Bindable,
+    rows: usize,
+    cols: usize,
+    sums: &GpuTensor,
+) {
     for (index, (begin, end)) in loop_chunks(ctx, rows, 1, 16, 1).into_iter().enumerate() {
         let p = ColumnParams {
             rows: rows as u32,
@@ -410,9 +424,9 @@ pub(crate) fn encode_column_sum(
             grid_x: grid_x(cols),
             pad: [0; 2],
         };
-        encode(
+        encode_in(
             ctx,
-            encoder,
+            pass,
             "column_sum",
             COLUMN_SUM,
             &[],
