@@ -38,13 +38,15 @@ const MAX_SQ: u32 = 4u;
 const MAX_OCK: u32 = 16u;
 const MAX_OCV: u32 = 16u;
 
-@group(0) @binding(2) var<storage, read> q_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> k_buf: array<f32>;
-@group(0) @binding(4) var<storage, read> v_buf: array<f32>;
-@group(0) @binding(5) var<storage, read> do_buf: array<f32>;
+// InElem / OutElem: the element types of the inputs and outputs (f32, or f16 with SHADER_F16),
+// aliased by the host before the common header; arithmetic is f32.
+@group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
+@group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
+@group(0) @binding(4) var<storage, read> v_buf: array<InElem>;
+@group(0) @binding(5) var<storage, read> do_buf: array<InElem>;
 @group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
-@group(0) @binding(7) var<storage, read_write> dk_buf: array<f32>;
-@group(0) @binding(8) var<storage, read_write> dv_buf: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dk_buf: array<OutElem>;
+@group(0) @binding(8) var<storage, read_write> dv_buf: array<OutElem>;
 
 var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
@@ -79,7 +81,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let j = col0 + jj;
         var x = 0.0;
         if j < kvlen && d < DK {
-            x = k_buf[view_index(VIEW_K, b, j, h_kv) + d] * params.scale;
+            x = f32(k_buf[view_index(VIEW_K, b, j, h_kv) + d]) * params.scale;
         }
         k_tile[jj * KS + d / 4u][d % 4u] = x;
     }
@@ -89,7 +91,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let j = col0 + jj;
         var x = 0.0;
         if j < kvlen && d < DV {
-            x = v_buf[view_index(VIEW_V, b, j, h_kv) + d];
+            x = f32(v_buf[view_index(VIEW_V, b, j, h_kv) + d]);
         }
         v_tile[jj * VS + d / 4u][d % 4u] = x;
     }
@@ -132,7 +134,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let i = m0 + ii;
                 var x = 0.0;
                 if i < hi && d < DK {
-                    x = q_buf[view_index(VIEW_Q, b, i, h) + d];
+                    x = f32(q_buf[view_index(VIEW_Q, b, i, h) + d]);
                 }
                 q_tile[ii * KS + d / 4u][d % 4u] = x;
             }
@@ -142,7 +144,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let i = m0 + ii;
                 var x = 0.0;
                 if i < hi && d < DV {
-                    x = do_buf[view_index(VIEW_DO, b, i, h) + d];
+                    x = f32(do_buf[view_index(VIEW_DO, b, i, h) + d]);
                 }
                 do_tile[ii * VS + d / 4u][d % 4u] = x;
             }
@@ -248,9 +250,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 if d < DK {
                     var x = g[e];
                     if accumulate {
-                        x += dk_buf[k_base + d];
+                        x += f32(dk_buf[k_base + d]);
                     }
-                    dk_buf[k_base + d] = x;
+                    dk_buf[k_base + d] = OutElem(x);
                 }
             }
         }
@@ -263,9 +265,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 if d < DV {
                     var x = g[e];
                     if accumulate {
-                        x += dv_buf[v_base + d];
+                        x += f32(dv_buf[v_base + d]);
                     }
-                    dv_buf[v_base + d] = x;
+                    dv_buf[v_base + d] = OutElem(x);
                 }
             }
         }

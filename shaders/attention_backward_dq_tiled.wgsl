@@ -40,12 +40,14 @@ const MAX_SK: u32 = 4u;
 const MAX_OC: u32 = 16u;
 const MAX_REL: u32 = 132u;
 
-@group(0) @binding(2) var<storage, read> q_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> k_buf: array<f32>;
-@group(0) @binding(4) var<storage, read> v_buf: array<f32>;
-@group(0) @binding(5) var<storage, read> do_buf: array<f32>;
+// InElem / OutElem: the element types of the inputs and outputs (f32, or f16 with SHADER_F16),
+// aliased by the host before the common header; arithmetic is f32.
+@group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
+@group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
+@group(0) @binding(4) var<storage, read> v_buf: array<InElem>;
+@group(0) @binding(5) var<storage, read> do_buf: array<InElem>;
 @group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
-@group(0) @binding(7) var<storage, read_write> dq_buf: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dq_buf: array<OutElem>;
 @group(0) @binding(8) var<storage, read_write> rel_rows: array<f32>;
 
 var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
@@ -97,7 +99,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let i = row0 + ii;
         var x = 0.0;
         if i < qlen && d < DK {
-            x = q_buf[view_index(VIEW_Q, b, i, h) + d] * params.scale;
+            x = f32(q_buf[view_index(VIEW_Q, b, i, h) + d]) * params.scale;
         }
         q_tile[ii * KS + d / 4u][d % 4u] = x;
     }
@@ -107,7 +109,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let i = row0 + ii;
         var x = 0.0;
         if i < qlen && d < DV {
-            x = do_buf[view_index(VIEW_DO, b, i, h) + d];
+            x = f32(do_buf[view_index(VIEW_DO, b, i, h) + d]);
         }
         do_tile[ii * VS + d / 4u][d % 4u] = x;
     }
@@ -138,7 +140,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let j = n0 + jj;
             var x = 0.0;
             if j < n_end && d < DK {
-                x = k_buf[view_index(VIEW_K, b, j, h_kv) + d];
+                x = f32(k_buf[view_index(VIEW_K, b, j, h_kv) + d]);
             }
             k_tile[jj * KS + d / 4u][d % 4u] = x;
         }
@@ -148,7 +150,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let j = n0 + jj;
             var x = 0.0;
             if j < n_end && d < DV {
-                x = v_buf[view_index(VIEW_V, b, j, h_kv) + d];
+                x = f32(v_buf[view_index(VIEW_V, b, j, h_kv) + d]);
             }
             v_tile[jj * VS + d / 4u][d % 4u] = x;
         }
@@ -252,9 +254,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 if d < DK {
                     var x = g[e];
                     if accumulate {
-                        x += dq_buf[base + d];
+                        x += f32(dq_buf[base + d]);
                     }
-                    dq_buf[base + d] = x;
+                    dq_buf[base + d] = OutElem(x);
                 }
             }
         }

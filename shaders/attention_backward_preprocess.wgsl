@@ -4,8 +4,9 @@
 
 override WG: u32 = 64u;
 
-@group(0) @binding(2) var<storage, read> o_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> do_buf: array<f32>;
+// O and dO in InElem (f32, or f16 with SHADER_F16; aliased by the host).
+@group(0) @binding(2) var<storage, read> o_buf: array<InElem>;
+@group(0) @binding(3) var<storage, read> do_buf: array<InElem>;
 @group(0) @binding(4) var<storage, read> lse_buf: array<f32>;
 @group(0) @binding(5) var<storage, read_write> stats: array<vec2<f32>>;
 
@@ -24,7 +25,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let o_base = view_index(VIEW_O, b, i, h);
         let do_base = view_index(VIEW_DO, b, i, h);
         for (var d = 0u; d < params.dv; d++) {
-            delta += do_buf[do_base + d] * o_buf[o_base + d];
+            delta += f32(do_buf[do_base + d]) * f32(o_buf[o_base + d]);
         }
     }
     stats[row] = vec2<f32>(lse_buf[row], delta);

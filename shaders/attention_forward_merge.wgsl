@@ -9,7 +9,8 @@ override WG: u32 = 64u;
 // Partial O as [splits * B, Lq, H, Dv] (contiguous) and partial lse as [splits * B, H, Lq].
 @group(0) @binding(2) var<storage, read> o_part: array<f32>;
 @group(0) @binding(3) var<storage, read> lse_part: array<f32>;
-@group(0) @binding(4) var<storage, read_write> o_buf: array<f32>;
+// O in OutElem (f32, or f16 with SHADER_F16; aliased by the host).
+@group(0) @binding(4) var<storage, read_write> o_buf: array<OutElem>;
 @group(0) @binding(5) var<storage, read_write> lse_buf: array<f32>;
 
 @compute @workgroup_size(WG)
@@ -43,7 +44,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         o /= total;
     }
-    o_buf[view_index(VIEW_O, b, i, h) + d] = o;
+    o_buf[view_index(VIEW_O, b, i, h) + d] = OutElem(o);
     if d == 0u {
         lse_buf[row] = select(neg_inf(), top + log(total), top > NEG_BIG);
     }

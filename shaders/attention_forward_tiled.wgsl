@@ -40,10 +40,13 @@ override P_TILE: u32 = BN * TR;
 const MAX_SK: u32 = 4u;
 const MAX_OC: u32 = 16u;
 
-@group(0) @binding(2) var<storage, read> q_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> k_buf: array<f32>;
-@group(0) @binding(4) var<storage, read> v_buf: array<f32>;
-@group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
+// InElem / OutElem: the element types of the inputs and outputs (f32, or f16 with SHADER_F16),
+// aliased by the host before the common header; arithmetic is f32.
+// OutElem is f32 when O is a split-KV partial result.
+@group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
+@group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
+@group(0) @binding(4) var<storage, read> v_buf: array<InElem>;
+@group(0) @binding(5) var<storage, read_write> o_buf: array<OutElem>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
 
 var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
@@ -91,7 +94,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let i = row0 + r;
         var x = 0.0;
         if i < qlen && d < DK {
-            x = q_buf[view_index(VIEW_Q, b, i, h) + d] * params.scale;
+            x = f32(q_buf[view_index(VIEW_Q, b, i, h) + d]) * params.scale;
         }
         q_tile[r * QS + d / 4u][d % 4u] = x;
     }
@@ -127,7 +130,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let j = n0 + jj;
             var x = 0.0;
             if j < kv_hi && d < DK {
-                x = k_buf[view_index(VIEW_K, b, j, h_kv) + d];
+                x = f32(k_buf[view_index(VIEW_K, b, j, h_kv) + d]);
             }
             kv_tile[jj * KVS + d / 4u][d % 4u] = x;
         }
@@ -188,7 +191,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let j = n0 + jj;
             var x = 0.0;
             if j < kv_hi && d < DV {
-                x = v_buf[view_index(VIEW_V, b, j, h_kv) + d];
+                x = f32(v_buf[view_index(VIEW_V, b, j, h_kv) + d]);
             }
             kv_tile[jj * KVS + d / 4u][d % 4u] = x;
         }
@@ -238,7 +241,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let o = acc[r * MAX_OC + c] * inv_l;
             for (var e = 0u; e < 4u; e++) {
                 if d4 * 4u + e < DV {
-                    o_buf[base + d4 * 4u + e] = o[e];
+                    o_buf[base + d4 * 4u + e] = OutElem(o[e]);
                 }
             }
         }

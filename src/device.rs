@@ -189,7 +189,8 @@ pub struct MemoryStats {
 }
 
 /// Features used when offered; none is required.
-const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY;
+const WANTED_FEATURES: wgpu::Features =
+    wgpu::Features::TIMESTAMP_QUERY.union(wgpu::Features::SHADER_F16);
 
 /// Workgroup widths the fused attention kernels are written for.
 pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];

@@ -61,6 +61,21 @@ pub enum Error {
         last_good: u32,
         what: &'static str,
     },
+    /// A tensor's element type does not fit the operation.
+    #[error("{arg} is {found}: {message}")]
+    DType {
+        arg: &'static str,
+        found: &'static str,
+        message: String,
+    },
+    /// The operation needs a device feature this device lacks.
+    #[error("{what} needs the device feature {feature}, which {adapter} does not offer (or the device was created without it){hint}")]
+    MissingFeature {
+        what: &'static str,
+        feature: &'static str,
+        adapter: String,
+        hint: &'static str,
+    },
     /// A checkpoint could not be written or does not fit the model.
     #[error("checkpoint {0}")]
     Checkpoint(String),

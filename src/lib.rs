@@ -43,4 +43,4 @@ pub use kernels::attention::{
     AdditiveGrads, AdditiveScores, AttentionGrads, AttentionOptions, AttentionOutput,
     AttentionShape, DecodePlan, ForwardPlan, LearnedScale, RelativeBuckets, ScoreBias,
 };
-pub use tensor::{BiasView, GpuTensor, GpuTokens, HeadsView, SeqLens};
+pub use tensor::{BiasView, DType, GpuTensor, GpuTensorF16, GpuTokens, HeadsView, SeqLens};

@@ -1,9 +1,10 @@
 //! GPU tensors and strided head views.
 //!
-//! A [`GpuTensor`] is a contiguous row-major f32 array in a storage buffer (ours or the user's).
-//! A [`HeadsView`] reads a `[batch, seq, heads, head_dim]` (BSHD) tensor out of any buffer by strides,
-//! so Q, K and V can live inside one packed `[B, L, 3 * H * D]` projection: splitting heads is
-//! indexing, not a copy.
+//! A [`GpuTensor`] is a contiguous row-major f32 array in a storage buffer (ours or the user's), a
+//! [`GpuTensorF16`] the same in f16 (attention inputs and outputs where the adapter has
+//! `SHADER_F16`). A [`HeadsView`] reads a `[batch, seq, heads, head_dim]` (BSHD) tensor of either
+//! type out of any buffer by strides, so Q, K and V can live inside one packed `[B, L, 3 * H * D]`
+//! projection: splitting heads is indexing, not a copy.
 
 use std::sync::Arc;
 
@@ -12,15 +13,41 @@ use crate::error::{Error, Result};
 
 const F32: u64 = std::mem::size_of::<f32>() as u64;
 
+/// Element type of a tensor or view in GPU memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    /// IEEE half precision; kernels that take it compute in f32.
+    F16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+        }
+    }
+}
+
 /// Checks that a view of `buffer` ending at element `end` fits in it and that the buffer can be
 /// bound as storage; `describe` names the view's layout for the message.
 fn check_fits(
     arg: &'static str,
     buffer: &wgpu::Buffer,
+    dtype: DType,
     end: usize,
     describe: impl FnOnce() -> String,
 ) -> Result<()> {
-    let available = (buffer.size() / F32) as usize;
+    let available = (buffer.size() / dtype.size()) as usize;
     if end > available {
         return Err(Error::shape(
             arg,
@@ -195,6 +222,7 @@ impl GpuTensor {
         match *self.shape.as_slice() {
             [b, s, h, d] => Ok(HeadsView {
                 buffer: self.buffer.clone(),
+                dtype: DType::F32,
                 offset: 0,
                 shape: [b, s, h, d],
                 strides: [s * h * d, h * d, d],
@@ -229,6 +257,7 @@ impl GpuTensor {
         }
         Ok(HeadsView {
             buffer: self.buffer.clone(),
+            dtype: DType::F32,
             offset: column,
             shape: [b, s, heads, head_dim],
             strides: [s * width, width, head_dim],
@@ -236,34 +265,184 @@ impl GpuTensor {
     }
 }
 
-/// A strided `[batch, seq, heads, head_dim]` view of an f32 buffer with a contiguous head_dim.
+/// A contiguous f16 tensor on the GPU: inputs and outputs of the fused attention in half
+/// precision (the kernels compute in f32). Other kernels take f32 [`GpuTensor`]s.
+#[derive(Clone, Debug)]
+pub struct GpuTensorF16 {
+    buffer: Arc<wgpu::Buffer>,
+    shape: Vec<usize>,
+    _allocation: Option<Arc<Allocation>>,
+}
+
+impl GpuTensorF16 {
+    /// Uploads `data` as a tensor of `shape`.
+    pub fn from_slice(ctx: &Context, data: &[half::f16], shape: &[usize]) -> Result<Self> {
+        let n = element_count("shape", shape)?;
+        if n != data.len() {
+            return Err(Error::shape(
+                "data",
+                format!("has {} elements but shape {shape:?} needs {n}", data.len()),
+            ));
+        }
+        let t = Self::zeros(ctx, shape)?;
+        t.write(ctx, data)?;
+        Ok(t)
+    }
+
+    /// Rounds `data` to f16 (to nearest even) and uploads it.
+    pub fn from_f32(ctx: &Context, data: &[f32], shape: &[usize]) -> Result<Self> {
+        let halves: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+        Self::from_slice(ctx, &halves, shape)
+    }
+
+    /// A zero-filled tensor of `shape`.
+    pub fn zeros(ctx: &Context, shape: &[usize]) -> Result<Self> {
+        let n = element_count("shape", shape)?;
+        // Whole 4-byte words: storage bindings and copies are sized in them.
+        let bytes = (n.max(2) as u64)
+            .checked_mul(DType::F16.size())
+            .ok_or_else(|| Error::shape("shape", format!("{shape:?} overflows u64 bytes")))?
+            .next_multiple_of(4);
+        let (buffer, allocation) = ctx.create_buffer("f16 tensor", bytes, GpuTensor::USAGE)?;
+        Ok(Self {
+            buffer: Arc::new(buffer),
+            shape: shape.to_vec(),
+            _allocation: Some(Arc::new(allocation)),
+        })
+    }
+
+    /// Wraps a buffer the application owns: `STORAGE` usage (and `COPY_SRC` to read it back), at
+    /// least `product(shape)` f16 values.
+    pub fn from_buffer(buffer: Arc<wgpu::Buffer>, shape: &[usize]) -> Result<Self> {
+        let n = element_count("shape", shape)?;
+        check_fits("buffer", &buffer, DType::F16, n, || {
+            format!("shape {shape:?}")
+        })?;
+        Ok(Self {
+            buffer,
+            shape: shape.to_vec(),
+            _allocation: None,
+        })
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+        &self.buffer
+    }
+
+    /// Size in bytes of the data (not of the backing buffer).
+    pub fn size_bytes(&self) -> u64 {
+        self.len() as u64 * DType::F16.size()
+    }
+
+    /// Overwrites the tensor's contents with `data` (same length).
+    pub fn write(&self, ctx: &Context, data: &[half::f16]) -> Result<()> {
+        if data.len() != self.len() {
+            return Err(Error::shape(
+                "data",
+                format!("has {} elements, tensor holds {}", data.len(), self.len()),
+            ));
+        }
+        ctx.check_lost()?;
+        if !data.is_empty() {
+            // write_buffer copies whole words: pad an odd count with one zero.
+            let mut words: Vec<half::f16> = data.to_vec();
+            words.resize(data.len().next_multiple_of(2), half::f16::ZERO);
+            ctx.queue()
+                .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&words));
+        }
+        Ok(())
+    }
+
+    /// Reads the tensor back as f16, blocking until the GPU has finished.
+    pub fn to_f16_vec(&self, ctx: &Context) -> Result<Vec<half::f16>> {
+        pollster::block_on(read_f16(ctx, &self.buffer, self.len()))
+    }
+
+    /// Reads the tensor back converted to f32 (exactly).
+    pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        Ok(self.to_f16_vec(ctx)?.into_iter().map(f32::from).collect())
+    }
+
+    /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
+    pub fn heads(&self) -> Result<HeadsView> {
+        let [b, s, h, d] = *self.shape.as_slice() else {
+            return Err(Error::shape(
+                "tensor",
+                format!(
+                    "shape {:?} is not [batch, seq, heads, head_dim]",
+                    self.shape
+                ),
+            ));
+        };
+        Ok(HeadsView {
+            buffer: self.buffer.clone(),
+            dtype: DType::F16,
+            offset: 0,
+            shape: [b, s, h, d],
+            strides: [s * h * d, h * d, d],
+        })
+    }
+}
+
+/// A strided `[batch, seq, heads, head_dim]` view of an f32 (or f16) buffer with a contiguous
+/// head_dim.
 #[derive(Clone, Debug)]
 pub struct HeadsView {
     buffer: Arc<wgpu::Buffer>,
+    dtype: DType,
     offset: usize,
     shape: [usize; 4],
     strides: [usize; 3],
 }
 
 impl HeadsView {
-    /// A view with explicit element `offset`, `shape = [batch, seq, heads, head_dim]` and
-    /// `strides = [batch, seq, heads]` (head_dim is contiguous). Checked against the buffer size.
+    /// A view of f32 elements with explicit element `offset`, `shape = [batch, seq, heads,
+    /// head_dim]` and `strides = [batch, seq, heads]` (head_dim is contiguous). Checked against the
+    /// buffer size.
     pub fn new(
         buffer: Arc<wgpu::Buffer>,
         offset: usize,
         shape: [usize; 4],
         strides: [usize; 3],
     ) -> Result<Self> {
+        Self::new_typed(buffer, DType::F32, offset, shape, strides)
+    }
+
+    /// [`HeadsView::new`] over elements of `dtype` (offset and strides count elements).
+    pub fn new_typed(
+        buffer: Arc<wgpu::Buffer>,
+        dtype: DType,
+        offset: usize,
+        shape: [usize; 4],
+        strides: [usize; 3],
+    ) -> Result<Self> {
         let view = Self {
             buffer,
+            dtype,
             offset,
             shape,
             strides,
         };
-        check_fits("view", &view.buffer, view.end_element(), || {
+        check_fits("view", &view.buffer, dtype, view.end_element(), || {
             format!("offset {offset}, shape {shape:?}, strides {strides:?}")
         })?;
         Ok(view)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     pub fn shape(&self) -> [usize; 4] {
@@ -295,10 +474,16 @@ impl HeadsView {
             + d
     }
 
-    /// Reads the viewed elements back in `[batch, seq, heads, head_dim]` order.
+    /// Reads the viewed elements back in `[batch, seq, heads, head_dim]` order (f16 converted).
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
         let end = self.end_element();
-        let all = pollster::block_on(read_buffer(ctx, &self.buffer, 0, end))?;
+        let all = match self.dtype {
+            DType::F32 => pollster::block_on(read_buffer(ctx, &self.buffer, 0, end))?,
+            DType::F16 => pollster::block_on(read_f16(ctx, &self.buffer, end))?
+                .into_iter()
+                .map(f32::from)
+                .collect(),
+        };
         let [b, s, h, d] = self.shape;
         let mut out = Vec::with_capacity(b * s * h * d);
         for bi in 0..b {
@@ -350,7 +535,7 @@ impl BiasView {
             shape,
             strides,
         };
-        check_fits("bias", &view.buffer, view.end_element(), || {
+        check_fits("bias", &view.buffer, DType::F32, view.end_element(), || {
             format!("offset {offset}, shape {shape:?}, strides {strides:?}")
         })?;
         Ok(view)
@@ -689,6 +874,21 @@ pub(crate) async fn read_buffer(
     ctx.submit(encoder)?;
 
     read_mapped(ctx, &staging).await
+}
+
+/// Reads the first `len` f16 elements of `buffer` (whole words are copied).
+pub(crate) async fn read_f16(
+    ctx: &Context,
+    buffer: &wgpu::Buffer,
+    len: usize,
+) -> Result<Vec<half::f16>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let words = read_buffer(ctx, buffer, 0, len.div_ceil(2)).await?;
+    let mut halves: Vec<half::f16> = bytemuck::cast_slice(&words).to_vec();
+    halves.truncate(len);
+    Ok(halves)
 }
 
 /// Maps a whole `MAP_READ` buffer once the submitted work is done and copies it out as `T`s: the

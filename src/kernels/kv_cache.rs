@@ -42,6 +42,7 @@ pub fn kv_cache_append_into(
     cache: &GpuTensor,
     lens: &SeqLens,
 ) -> Result<()> {
+    crate::kernels::attention::check_f32(&[("new", new)])?;
     let [b, l, h, d] = new.shape();
     let &[cb, max_len, ch, cd] = cache.shape() else {
         return Err(Error::shape(

@@ -151,6 +151,7 @@ fn record(
     positions: Positions<'_>,
     sign: f32,
 ) -> Result<()> {
+    crate::kernels::attention::check_f32(&[("x", x)])?;
     let [b, l, h, d] = x.shape();
     if table.rotary_dim > d {
         return Err(Error::shape(

@@ -56,6 +56,7 @@ fn check(
     opts: &AttentionOptions<'_>,
 ) -> Result<(AttentionShape, f32)> {
     let s = AttentionShape::of(a, b, v)?;
+    check_f32(&[("a", a), ("b", b), ("v", v)])?;
     if s.kv_heads != s.heads {
         return Err(Error::shape(
             "b heads",
@@ -165,6 +166,7 @@ pub fn additive_forward_into(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let (s, scale) = check(a, b, v, scores, opts)?;
+    check_f32(&[("out", out)])?;
     let inputs = [
         a.buffer().as_ref(),
         b.buffer(),

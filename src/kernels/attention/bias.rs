@@ -344,6 +344,7 @@ pub fn attention_bias_backward_into(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
+    check_f32(&[("q", q), ("k", k), ("v", v)])?;
     let scale = check_options(&s, opts)?;
     check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_tensor("workspace", workspace, &[s.batch, s.heads, s.q_seq, 2])?;

@@ -137,6 +137,12 @@ pub fn attention_decode_into(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let s = AttentionShape::of(q, k_cache, v_cache)?;
+    check_f32(&[
+        ("q", q),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("out", out),
+    ])?;
     let scale = check_options(&s, opts)?;
     let longest = check_decode_lens(&s, opts)?;
     for (arg, refused) in [

@@ -10,7 +10,7 @@ use crate::device::{grid_2d, Context, KernelFamily, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::matmul::{self, encode_gemm, Epilogue, Gemm, Operand};
-use crate::tensor::{BiasView, GpuTensor, HeadsView, SeqLens};
+use crate::tensor::{BiasView, DType, GpuTensor, HeadsView, SeqLens};
 
 mod additive;
 mod bias;
@@ -110,11 +110,55 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("matmul_strided", matmul::SOURCE.to_string()),
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
     ])
+    // The f16 variants of the GPU family (names ending in _f16: no GLSL, GL has no f16).
+    .chain(
+        [
+            ("attention_forward_tiled_f16", tiled::FORWARD, DType::F16),
+            (
+                "attention_forward_tiled_f16_split",
+                tiled::FORWARD,
+                DType::F32,
+            ),
+            (
+                "attention_backward_dkdv_tiled_f16",
+                tiled::BACKWARD_DKDV,
+                DType::F16,
+            ),
+            (
+                "attention_backward_dq_tiled_f16",
+                tiled::BACKWARD_DQ,
+                DType::F16,
+            ),
+        ]
+        .into_iter()
+        .map(|(name, body, output)| (name, with_common_typed(body, DType::F16, output)))
+        .chain([
+            (
+                "attention_forward_merge_f16",
+                with_common_typed(tiled::FORWARD_MERGE, DType::F32, DType::F16),
+            ),
+            (
+                "attention_backward_preprocess_f16",
+                with_common_typed(BACKWARD_PREPROCESS, DType::F16, DType::F32),
+            ),
+        ]),
+    )
     .collect()
 }
 
 fn with_common(body: &str) -> String {
-    format!("{COMMON}\n{body}")
+    with_common_typed(body, DType::F32, DType::F32)
+}
+
+/// `body` with the common header, reading its inputs as `InElem` = `input` and writing its outputs as
+/// `OutElem` = `output` (the typed kernels of the GPU family: f16 storage, f32 arithmetic).
+fn with_common_typed(body: &str, input: DType, output: DType) -> String {
+    let enable = match input == DType::F16 || output == DType::F16 {
+        true => "enable f16;\n",
+        false => "",
+    };
+    let (i, o) = (input.name(), output.name());
+    format!("{enable}alias InElem = {i};\nalias OutElem = {o};\n{COMMON}\n{body}")
 }
 
 /// `body` with the common header and its per-invocation arrays sized for head dims up to `max_dim`
@@ -563,7 +607,14 @@ fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<
     Ok(scale / temperature)
 }
 
+/// Checks an f32 view's shape: every attention op but the fused forward and backward takes f32.
 fn check_view(arg: &'static str, view: &HeadsView, expected: [usize; 4]) -> Result<()> {
+    check_f32(&[(arg, view)])?;
+    check_view_typed(arg, view, expected)
+}
+
+/// Checks a view's shape, whatever its element type.
+fn check_view_typed(arg: &'static str, view: &HeadsView, expected: [usize; 4]) -> Result<()> {
     if view.shape() != expected {
         return Err(Error::shape(
             arg,
@@ -581,6 +632,63 @@ fn check_tensor(arg: &'static str, t: &GpuTensor, expected: &[usize]) -> Result<
         ));
     }
     Ok(())
+}
+
+/// Refuses f16 views in the ops that take only f32.
+pub(crate) fn check_f32(views: &[(&'static str, &HeadsView)]) -> Result<()> {
+    for &(arg, view) in views {
+        if view.dtype() != DType::F32 {
+            return Err(Error::DType {
+                arg,
+                found: view.dtype().name(),
+                message: "this operation takes f32 views; f16 runs in the fused \
+                          attention_forward_into and attention_backward_into"
+                    .into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The element type every view of a fused forward or backward shares. f16 needs `SHADER_F16` and
+/// excludes the options whose kernels read or write Q, K, V or O in f32 (sinks, cosine scores, key
+/// clipping).
+fn common_dtype(
+    ctx: &Context,
+    views: &[(&'static str, &HeadsView)],
+    opts: &AttentionOptions<'_>,
+) -> Result<DType> {
+    let (first, dtype) = (views[0].0, views[0].1.dtype());
+    for &(arg, view) in views {
+        if view.dtype() != dtype {
+            return Err(Error::DType {
+                arg,
+                found: view.dtype().name(),
+                message: format!(
+                    "{first} is {}; the views of one call share one element type",
+                    dtype.name()
+                ),
+            });
+        }
+    }
+    if dtype == DType::F16 {
+        if !ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+            return Err(Error::MissingFeature {
+                what: "f16 attention",
+                feature: "SHADER_F16",
+                adapter: ctx.report().name.clone(),
+                hint: "; the GL back end has none: use f32 tensors (GpuTensor) there",
+            });
+        }
+        if opts.sinks.is_some() || qk_norm::active(opts) {
+            return Err(Error::DType {
+                arg: first,
+                found: "f16",
+                message: "attention sinks, cosine scores and key clipping take f32 views".into(),
+            });
+        }
+    }
+    Ok(dtype)
 }
 
 /// Outputs may not share a buffer with any input of the same dispatch (a buffer cannot be read-only
@@ -711,11 +819,14 @@ fn bind_view<'a>(
     params: &mut Params,
 ) -> Result<Binding<'a>> {
     let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
-    let start_bytes = view.offset() as u64 * 4;
+    let element = view.dtype().size();
+    let start_bytes = view.offset() as u64 * element;
     let offset_bytes = start_bytes / align * align;
-    let size_bytes = (view.end_element() as u64 * 4).max(offset_bytes + 4) - offset_bytes;
+    // Whole words: storage bindings are sized in multiples of 4 bytes (f16 tensors are padded).
+    let end_bytes = (view.end_element() as u64 * element).next_multiple_of(4);
+    let size_bytes = end_bytes.max(offset_bytes + 4) - offset_bytes;
     check_binding(ctx, arg, size_bytes)?;
-    params.views[slot] = view_params(arg, view, (offset_bytes / 4) as usize)?;
+    params.views[slot] = view_params(arg, view, (offset_bytes / element) as usize)?;
     Ok(Binding {
         buffer: view.buffer(),
         offset_bytes,
@@ -1010,7 +1121,7 @@ fn check_forward_outputs(
     lse: &GpuTensor,
     inputs: &[&wgpu::Buffer],
 ) -> Result<()> {
-    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_view_typed("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
     check_distinct(&[("out", out.buffer()), ("lse", lse.buffer())], inputs)?;
     if out.buffer() == lse.buffer() {
@@ -1043,6 +1154,20 @@ pub struct AttentionGrads {
     pub d_relative: Option<GpuTensor>,
 }
 
+/// The allocating forms make f32 outputs: point f16 callers at the `_into` forms.
+fn allocating_f16(e: Error) -> Error {
+    match e {
+        Error::DType { arg, found, .. } => Error::DType {
+            arg,
+            found,
+            message: "this form allocates f32 outputs; for f16 views record \
+                      attention_forward_into / attention_backward_into with GpuTensorF16 outputs"
+                .into(),
+        },
+        other => other,
+    }
+}
+
 /// Fused attention forward into new tensors, submitted to the queue.
 pub fn attention_forward(
     ctx: &Context,
@@ -1052,6 +1177,7 @@ pub fn attention_forward(
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionOutput> {
     let s = AttentionShape::of(q, k, v)?;
+    check_f32(&[("q", q), ("k", k), ("v", v)]).map_err(allocating_f16)?;
     AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
         attention_forward_into(ctx, encoder, q, k, v, out, lse, opts)
     })
@@ -1072,6 +1198,8 @@ pub fn attention_forward_into(
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(&s, opts)?;
+    let views = [("q", q), ("k", k), ("v", v), ("out", out)];
+    let dtype = common_dtype(ctx, &views, opts)?;
     check_forward_outputs(&s, out, lse, &[q.buffer(), k.buffer(), v.buffer()])?;
     if let Some(sinks) = opts.sinks {
         check_distinct(
@@ -1081,7 +1209,8 @@ pub fn attention_forward_into(
     }
     // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
     let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
-    if ctx.kernel_family() == KernelFamily::Gpu {
+    // f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only).
+    if ctx.kernel_family() == KernelFamily::Gpu || dtype == DType::F16 {
         encode_forward_tiled(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
     } else {
         encode_forward_cpu_family(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
@@ -1223,6 +1352,7 @@ pub fn attention_backward(
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionGrads> {
     let s = AttentionShape::of(q, k, v)?;
+    check_f32(&[("q", q), ("k", k), ("v", v), ("d_out", d_out)]).map_err(allocating_f16)?;
     let dq = GpuTensor::uninit(ctx, "dq", &[s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
     let dk = GpuTensor::uninit(ctx, "dk", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
     let dv = GpuTensor::uninit(ctx, "dv", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
@@ -1371,15 +1501,30 @@ fn encode_backward_core(
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(&s, opts)?;
     check_storage_buffer_limit(ctx)?;
-    check_view("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
-    check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    let views = [
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("out", out),
+        ("d_out", d_out),
+        ("dq", dq),
+        ("dk", dk),
+        ("dv", dv),
+    ];
+    let dtype = common_dtype(ctx, &views, opts)?;
+    check_view_typed("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_view_typed("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
     check_tensor("workspace", workspace, &[s.batch, s.heads, s.q_seq, 2])?;
-    check_view("dq", dq, [s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
-    check_view("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
-    check_view("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+    check_view_typed("dq", dq, [s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
+    check_view_typed("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
+    check_view_typed("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
     let widest = s.head_dim_qk.max(s.head_dim_v);
-    let family = ctx.kernel_family();
+    // f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only).
+    let family = match dtype {
+        DType::F16 => KernelFamily::Gpu,
+        DType::F32 => ctx.kernel_family(),
+    };
     if family == KernelFamily::CpuDriver
         && !ctx.is_cpu()
         && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU
@@ -1449,8 +1594,11 @@ fn encode_backward_core(
         encode_kernel(
             ctx,
             &mut pass,
-            "attention_backward_preprocess",
-            || with_common(BACKWARD_PREPROCESS),
+            match dtype {
+                DType::F32 => "attention_backward_preprocess",
+                DType::F16 => "attention_backward_preprocess_f16",
+            },
+            || with_common_typed(BACKWARD_PREPROCESS, dtype, DType::F32),
             &[("WG", SIMPLE_WG)],
             &params,
             Shared::lens(lens),
@@ -1469,6 +1617,7 @@ fn encode_backward_core(
             [dq, dk, dv],
             opts,
             group_rows,
+            dtype,
         );
     }
     // 2. dK, dV: one workgroup per key block of one (batch, kv head).
@@ -1698,6 +1847,7 @@ fn encode_pv(
 }
 
 fn unfused_checks(ctx: &Context, views: &[(&'static str, &HeadsView)]) -> Result<()> {
+    check_f32(views)?;
     for (arg, v) in views {
         check_whole_binding(ctx, arg, v.buffer())?;
         if v.end_element() > u32::MAX as usize {

@@ -48,6 +48,7 @@ pub fn attention_probabilities_into(
 ) -> Result<()> {
     // V plays no part; K stands in for it in the shape check.
     let s = AttentionShape::of(q, k, k)?;
+    check_f32(&[("q", q), ("k", k)])?;
     let scale = check_options(&s, opts)?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
     check_rows(&rows, s.q_seq)?;

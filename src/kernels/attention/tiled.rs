@@ -153,8 +153,11 @@ pub(super) fn encode_forward_tiled(
         ("DK", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ];
+    let dtype = q.dtype();
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
     let scratch = split_scratch(ctx, s, splits)?;
+    // Split partial results stay f32 until the merge.
+    let written = if scratch.is_some() { DType::F32 } else { dtype };
     let partials = scratch.as_ref().map(|scratch| scratch.bind(&mut params));
     let [o_binding, lse_binding] = match partials {
         Some(partials) => partials,
@@ -166,8 +169,15 @@ pub(super) fn encode_forward_tiled(
     encode_kernel(
         ctx,
         &mut pass,
-        "attention_forward_tiled",
-        || sized(FORWARD, &[("MAX_SK", 4, sk), ("MAX_OC", 16, oc)]),
+        match (dtype, written) {
+            (DType::F32, _) => "attention_forward_tiled",
+            (DType::F16, DType::F16) => "attention_forward_tiled_f16",
+            (DType::F16, DType::F32) => "attention_forward_tiled_f16_split",
+        },
+        || {
+            let sizes = [("MAX_SK", 4, sk), ("MAX_OC", 16, oc)];
+            sized(FORWARD, &sizes, dtype, written)
+        },
         &constants,
         &params,
         shared,
@@ -268,8 +278,11 @@ pub(super) fn encode_split_merge(
     encode_kernel(
         ctx,
         pass,
-        "attention_forward_merge",
-        || with_common(FORWARD_MERGE),
+        match out.dtype() {
+            DType::F32 => "attention_forward_merge",
+            DType::F16 => "attention_forward_merge_f16",
+        },
+        || with_common_typed(FORWARD_MERGE, DType::F32, out.dtype()),
         &[("WG", SIMPLE_WG)],
         &merge,
         Shared::NONE,
@@ -440,16 +453,17 @@ impl TiledDq {
     }
 }
 
-/// A tiled shader with the common header and its per-invocation arrays sized exactly for the pipeline
-/// (private arrays cannot be sized by override constants; the pipeline key holds every input).
-fn sized(body: &str, sizes: &[(&str, u32, u32)]) -> String {
+/// A tiled shader with the common header, its element types, and its per-invocation arrays sized
+/// exactly for the pipeline (private arrays cannot be sized by override constants; the pipeline key
+/// holds every input).
+fn sized(body: &str, sizes: &[(&str, u32, u32)], input: DType, output: DType) -> String {
     let mut text = body.to_string();
     for &(name, declared, value) in sizes {
         let from = format!("const {name}: u32 = {declared}u;");
         debug_assert!(text.contains(&from), "{from}");
         text = text.replace(&from, &format!("const {name}: u32 = {value}u;"));
     }
-    with_common(&text)
+    with_common_typed(&text, input, output)
 }
 
 /// Records steps 2 and 3 of the backward with the GPU family: dK/dV over key blocks, dQ over query
@@ -465,6 +479,7 @@ pub(super) fn encode_backward_tiled(
     grads: [&HeadsView; 3],
     opts: &AttentionOptions<'_>,
     group_rows: usize,
+    dtype: DType,
 ) -> Result<()> {
     let [q, k, v, d_out] = views;
     let [dq, dk, dv] = grads;
@@ -485,16 +500,17 @@ pub(super) fn encode_backward_tiled(
         encode_chunks(
             ctx,
             &mut pass,
-            "attention_backward_dkdv_tiled",
+            match dtype {
+                DType::F32 => "attention_backward_dkdv_tiled",
+                DType::F16 => "attention_backward_dkdv_tiled_f16",
+            },
             || {
-                sized(
-                    BACKWARD_DKDV,
-                    &[
-                        ("MAX_SQ", 4, sq),
-                        ("MAX_OCK", 16, ock),
-                        ("MAX_OCV", 16, ocv),
-                    ],
-                )
+                let sizes = [
+                    ("MAX_SQ", 4, sq),
+                    ("MAX_OCK", 16, ock),
+                    ("MAX_OCV", 16, ocv),
+                ];
+                sized(BACKWARD_DKDV, &sizes, dtype, dtype)
             },
             &[
                 ("WG", config.wg),
@@ -526,12 +542,13 @@ pub(super) fn encode_backward_tiled(
         encode_chunks(
             ctx,
             &mut pass,
-            "attention_backward_dq_tiled",
+            match dtype {
+                DType::F32 => "attention_backward_dq_tiled",
+                DType::F16 => "attention_backward_dq_tiled_f16",
+            },
             || {
-                rel.sized(&sized(
-                    BACKWARD_DQ,
-                    &[("MAX_SK", 4, sk), ("MAX_OC", 16, oc)],
-                ))
+                let sizes = [("MAX_SK", 4, sk), ("MAX_OC", 16, oc)];
+                rel.sized(&sized(BACKWARD_DQ, &sizes, dtype, dtype))
             },
             &[
                 ("WG", config.wg),
