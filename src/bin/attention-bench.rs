@@ -18,7 +18,8 @@ use wgpu_attention::bench::layer::LayerCase;
 use wgpu_attention::bench::{measure, Samples, Timer};
 use wgpu_attention::reference::attention::{self as reference, Bias, Masks};
 use wgpu_attention::reference::compare::{
-    compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
+    compare, BACKWARD_ATOL, BACKWARD_RTOL, F16_BACKWARD_ATOL, F16_FORWARD_ATOL, F16_RTOL,
+    FORWARD_ATOL, FORWARD_RTOL,
 };
 use wgpu_attention::reference::transformer_layer::{
     self as reference_layer, TransformerLayerConfig,
@@ -27,8 +28,8 @@ use wgpu_attention::{
     attention_backward_into, attention_backward_unfused, attention_backward_workspace,
     attention_bias_backward_into, attention_forward_into, attention_forward_plan,
     attention_forward_unfused, attention_sinks_backward_into, enumerate_adapters, parse_backends,
-    AttentionOptions, AttentionShape, BiasView, Context, ContextOptions, Error, GpuTensor,
-    HeadsView, KernelFamily, RelativeBuckets, SeqLens,
+    AttentionOptions, AttentionShape, BiasView, Context, ContextOptions, DType, Error, GpuTensor,
+    GpuTensorF16, HeadsView, KernelFamily, RelativeBuckets, SeqLens,
 };
 
 /// Scale of the cosine-scores cases.
@@ -44,8 +45,54 @@ enum Suite {
     /// its scores exceed the binding limit): time vs L^2, memory vs L. Long on CPU drivers.
     Scaling,
     /// For real GPUs: B=1 H=8 D=64 and B=4 H=16 D=128, L = 1024 to 16384, no mask and causal,
-    /// forward and backward, both fused kernel families and the unfused path.
+    /// forward and backward, both fused kernel families and the unfused path, f32 and f16.
     Gpu,
+}
+
+/// Element type of Q, K, V, O and the gradients (`--dtypes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Dtype {
+    F32,
+    /// f16 storage, f32 arithmetic: the GPU kernel family, fused path only (needs SHADER_F16).
+    F16,
+}
+
+impl Dtype {
+    fn dtype(self) -> DType {
+        match self {
+            Dtype::F32 => DType::F32,
+            Dtype::F16 => DType::F16,
+        }
+    }
+}
+
+/// Zero-filled outputs of either element type, kept alive (and counted) while viewed.
+enum Outputs {
+    F32(GpuTensor),
+    F16(GpuTensorF16),
+}
+
+impl Outputs {
+    fn zeros(ctx: &Context, shape: &[usize], dtype: DType) -> wgpu_attention::Result<Self> {
+        Ok(match dtype {
+            DType::F32 => Outputs::F32(GpuTensor::zeros(ctx, shape)?),
+            DType::F16 => Outputs::F16(GpuTensorF16::zeros(ctx, shape)?),
+        })
+    }
+
+    fn heads(&self) -> wgpu_attention::Result<HeadsView> {
+        match self {
+            Outputs::F32(t) => t.heads(),
+            Outputs::F16(t) => t.heads(),
+        }
+    }
+
+    fn to_vec(&self, ctx: &Context) -> wgpu_attention::Result<Vec<f32>> {
+        match self {
+            Outputs::F32(t) => t.to_vec(ctx),
+            Outputs::F16(t) => t.to_vec(ctx),
+        }
+    }
 }
 
 /// A fused kernel family to run (`--kernels`).
@@ -200,6 +247,10 @@ struct Cli {
     /// Fused kernel families, comma separated (default: the adapter's own; the gpu suite runs both).
     #[arg(long, value_enum, value_delimiter = ',')]
     kernels: Option<Vec<Kernels>>,
+    /// Element types, comma separated (default f32; the gpu suite runs both). f16 cases run the
+    /// fused GPU family only.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    dtypes: Option<Vec<Dtype>>,
     /// Timed runs per case (after warm-up runs filling at least 0.3 s).
     #[arg(long)]
     reps: Option<usize>,
@@ -233,12 +284,13 @@ struct Problem {
     mask: Mask,
     modifier: Modifier,
     window: Option<usize>,
+    dtype: DType,
 }
 
 impl Problem {
     fn label(&self) -> String {
         format!(
-            "B{} H{}/{} Lq{} Lk{} D{}/{} {}",
+            "B{} H{}/{} Lq{} Lk{} D{}/{} {}{}",
             self.batch,
             self.heads,
             self.kv_heads,
@@ -246,8 +298,34 @@ impl Problem {
             self.kv_len,
             self.dk,
             self.dv,
-            self.mask_label()
+            self.mask_label(),
+            match self.dtype {
+                DType::F32 => "",
+                DType::F16 => " f16",
+            }
         )
+    }
+
+    /// The (path, kernel family) runs of this problem: f16 runs only the fused GPU family.
+    fn runs(
+        &self,
+        paths: &[PathKind],
+        families: &[KernelFamily],
+    ) -> Vec<(PathKind, Option<KernelFamily>)> {
+        let mut runs = Vec::new();
+        for &path in paths {
+            match path {
+                PathKind::Fused if self.dtype == DType::F16 => {
+                    runs.push((path, Some(KernelFamily::Gpu)))
+                }
+                PathKind::Fused => runs.extend(families.iter().map(|&f| (path, Some(f)))),
+                // The unfused baseline has no score modifiers and no f16.
+                PathKind::Unfused if self.modifier != Modifier::None => {}
+                PathKind::Unfused if self.dtype == DType::F16 => {}
+                PathKind::Unfused => runs.push((path, None)),
+            }
+        }
+        runs
     }
 
     /// FLOPs of the case: `masked` (the customary count, causal halved), or under a window `full` times
@@ -429,6 +507,11 @@ fn problems(cli: &Cli) -> std::result::Result<Vec<Problem>, String> {
     let dk = cli.head_dim.unwrap_or(dk);
     let dv = cli.head_dim_v.unwrap_or(dk);
     let masks = cli.masks.clone().unwrap_or(masks);
+    let dtypes: Vec<DType> = match (&cli.dtypes, suite) {
+        (Some(d), _) => d.iter().map(|d| d.dtype()).collect(),
+        (None, Suite::Gpu) => vec![DType::F32, DType::F16],
+        (None, _) => vec![DType::F32],
+    };
     if let Some(kv) = &cli.kv_lengths {
         if kv.len() != lengths.len() {
             return Err(format!(
@@ -474,6 +557,7 @@ fn problems(cli: &Cli) -> std::result::Result<Vec<Problem>, String> {
             cli,
             &lengths,
             masks.clone(),
+            &dtypes,
             batch,
             heads,
             kv_heads,
@@ -490,6 +574,7 @@ fn push_problems(
     cli: &Cli,
     lengths: &[usize],
     masks: Vec<Mask>,
+    dtypes: &[DType],
     batch: usize,
     heads: usize,
     kv_heads: usize,
@@ -501,18 +586,21 @@ fn push_problems(
         for &mask in &masks {
             for &modifier in cli.modifiers.as_deref().unwrap_or(&[Modifier::None]) {
                 for &window in cli.windows.as_deref().unwrap_or(&[0]) {
-                    out.push(Problem {
-                        batch,
-                        heads,
-                        kv_heads,
-                        q_len,
-                        kv_len,
-                        dk,
-                        dv,
-                        mask,
-                        modifier,
-                        window: (window > 0).then_some(window),
-                    });
+                    for &dtype in dtypes {
+                        out.push(Problem {
+                            batch,
+                            heads,
+                            kv_heads,
+                            q_len,
+                            kv_len,
+                            dk,
+                            dv,
+                            mask,
+                            modifier,
+                            window: (window > 0).then_some(window),
+                            dtype,
+                        });
+                    }
                 }
             }
         }
@@ -610,17 +698,12 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
             && p.q_len == p.kv_len
             && p.heads == p.kv_heads
             && p.dk == p.dv
+            && p.dtype == DType::F32
     };
     let total = problems
         .iter()
         .map(|p| {
-            let runs: usize = paths
-                .iter()
-                .map(|&x| match x {
-                    PathKind::Fused => families.len(),
-                    PathKind::Unfused => usize::from(p.modifier == Modifier::None),
-                })
-                .sum();
+            let runs = p.runs(&paths, &families).len();
             runs * passes.iter().filter(|&&x| x != Pass::Layer).count()
                 + families.len() * usize::from(passes.contains(&Pass::Layer) && layer_at(p))
         })
@@ -728,14 +811,25 @@ fn run_problem(
 ) -> wgpu_attention::Result<Vec<CaseResult>> {
     let n_q = p.batch * p.q_len * p.heads;
     let n_kv = p.batch * p.kv_len * p.kv_heads;
+    // f16 cases: the reference sees the f16-rounded inputs the GPU reads.
+    let round = |x: Vec<f32>| match p.dtype {
+        DType::F32 => x,
+        DType::F16 => x
+            .into_iter()
+            .map(|v| half::f16::from_f32(v).to_f32())
+            .collect(),
+    };
     let host = [
-        random(n_q * p.dk, 1),
-        random(n_kv * p.dk, 2),
-        random(n_kv * p.dv, 3),
-        random(n_q * p.dv, 4),
+        round(random(n_q * p.dk, 1)),
+        round(random(n_kv * p.dk, 2)),
+        round(random(n_kv * p.dv, 3)),
+        round(random(n_q * p.dv, 4)),
     ];
-    let up = |data: &[f32], l: usize, h: usize, d: usize| {
-        GpuTensor::from_slice(ctx, data, &[p.batch, l, h, d]).and_then(|t| t.heads())
+    let up = |data: &[f32], l: usize, h: usize, d: usize| match p.dtype {
+        DType::F32 => GpuTensor::from_slice(ctx, data, &[p.batch, l, h, d]).and_then(|t| t.heads()),
+        DType::F16 => {
+            GpuTensorF16::from_f32(ctx, data, &[p.batch, l, h, d]).and_then(|t| t.heads())
+        }
     };
     let inputs = Inputs {
         q: up(&host[0], p.q_len, p.heads, p.dk)?,
@@ -856,17 +950,13 @@ fn run_problem(
             "unfused baseline skipped for {}: it has no score modifiers (it refuses them by name)",
             p.label()
         ));
+    } else if paths.contains(&PathKind::Unfused) && p.dtype == DType::F16 {
+        progress.note(&format!(
+            "unfused baseline skipped for {}: it is f32 only",
+            p.label()
+        ));
     }
-    let runs = paths.iter().flat_map(|&path| {
-        let families: Vec<Option<KernelFamily>> = match path {
-            PathKind::Fused => families.iter().copied().map(Some).collect(),
-            // The unfused baseline has no score modifiers.
-            PathKind::Unfused if p.modifier != Modifier::None => Vec::new(),
-            PathKind::Unfused => vec![None],
-        };
-        families.into_iter().map(move |f| (path, f))
-    });
-    for (path, family) in runs {
+    for (path, family) in p.runs(paths, families) {
         ctx.set_kernel_family(family);
         let ctx: &Context = ctx;
         let path_label = match family {
@@ -903,10 +993,14 @@ fn run_problem(
             };
             let outcome = match outcome {
                 Ok(m) => Ok(m),
-                // Sizes the path cannot run (binding or buffer limits) are reported, not fatal.
-                Err(e @ (Error::BindingTooLarge { .. } | Error::Unsupported { .. })) => {
-                    Err(e.to_string())
-                }
+                // Sizes, element types and features the path cannot run (binding or buffer limits,
+                // f16 without SHADER_F16 or with an f32-only term) are reported, not fatal.
+                Err(
+                    e @ (Error::BindingTooLarge { .. }
+                    | Error::Unsupported { .. }
+                    | Error::DType { .. }
+                    | Error::MissingFeature { .. }),
+                ) => Err(e.to_string()),
                 Err(e) => return Err(e),
             };
             results.push(CaseResult {
@@ -1016,8 +1110,12 @@ fn run_case(
     ctx.reset_peak_memory();
     let base = ctx.memory().current_bytes;
     // Outputs of the fused path are allocated once and reused by every run.
-    let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    let out = Outputs::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v], p.dtype)?;
     let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq])?;
+    let (forward_atol, forward_rtol, backward_atol, backward_rtol) = match p.dtype {
+        DType::F32 => (FORWARD_ATOL, FORWARD_RTOL, BACKWARD_ATOL, BACKWARD_RTOL),
+        DType::F16 => (F16_FORWARD_ATOL, F16_RTOL, F16_BACKWARD_ATOL, F16_RTOL),
+    };
     let fused_forward = || -> wgpu_attention::Result<()> {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         attention_forward_into(
@@ -1041,7 +1139,7 @@ fn run_case(
                 PathKind::Fused => {
                     samples = measure(ctx, timer, reps, fused_forward)?;
                     checks = vec![
-                        ("out", out.to_vec(ctx)?, &[], FORWARD_ATOL, FORWARD_RTOL),
+                        ("out", out.to_vec(ctx)?, &[], forward_atol, forward_rtol),
                         ("lse", lse.to_vec(ctx)?, &[], FORWARD_ATOL, FORWARD_RTOL),
                     ];
                 }
@@ -1079,9 +1177,11 @@ fn run_case(
         Pass::Backward | Pass::Layer => {
             gflop = p.counted_flops(s.backward_flops(causal), s.backward_flops(false)) / 1e9;
             fused_forward()?;
-            let dq = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
-            let dk = GpuTensor::zeros(ctx, &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
-            let dv = GpuTensor::zeros(ctx, &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+            let dq = Outputs::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_qk], p.dtype)?;
+            let dk_shape = [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk];
+            let dk = Outputs::zeros(ctx, &dk_shape, p.dtype)?;
+            let dv_shape = [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v];
+            let dv = Outputs::zeros(ctx, &dv_shape, p.dtype)?;
             let workspace = attention_backward_workspace(ctx, s)?;
             let grads = match path {
                 PathKind::Fused => {
@@ -1147,9 +1247,9 @@ fn run_case(
             };
             let [gq, gk, gv] = grads;
             checks = vec![
-                ("dq", gq, &[], BACKWARD_ATOL, BACKWARD_RTOL),
-                ("dk", gk, &[], BACKWARD_ATOL, BACKWARD_RTOL),
-                ("dv", gv, &[], BACKWARD_ATOL, BACKWARD_RTOL),
+                ("dq", gq, &[], backward_atol, backward_rtol),
+                ("dk", gk, &[], backward_atol, backward_rtol),
+                ("dv", gv, &[], backward_atol, backward_rtol),
             ];
             if let Some(r) = reference_backward {
                 checks[0].2 = &r.dq;
@@ -1183,14 +1283,15 @@ fn run_case(
 
 fn print_table(results: &[CaseResult], peak: f64) {
     println!();
-    println!("| pass | path | kernel | mask | B | H/Hkv | Lq | Lk | Dk/Dv | median ms | min-max ms | GFLOP/s | % of FMA peak | peak MiB | validation |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| pass | path | dtype | kernel | mask | B | H/Hkv | Lq | Lk | Dk/Dv | median ms | min-max ms | GFLOP/s | % of FMA peak | peak MiB | validation |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in results {
         let p = &r.problem;
         let head = format!(
-            "| {} | {} | {} | {} | {} | {}/{} | {} | {} | {}/{} |",
+            "| {} | {} | {} | {} | {} | {} | {}/{} | {} | {} | {}/{} |",
             r.pass.name(),
             r.path_label,
+            p.dtype.name(),
             r.kernel,
             p.mask_label(),
             p.batch,
@@ -1292,6 +1393,7 @@ fn report_json(
                 "pass": c.pass.name(),
                 "path": c.path_label,
                 "kernel": c.kernel,
+                "dtype": p.dtype.name(),
                 "mask": mask_name(p.mask),
                 "modifier": format!("{:?}", p.modifier).to_lowercase(),
                 "window": p.window,
