@@ -110,7 +110,7 @@ fn tiny_run_writes_validated_json_plot_and_compares() {
         );
         for family in ["cpu", "gpu"] {
             assert!(
-                stdout.contains(&format!("| forward | fused-{family} | {family} ")),
+                stdout.contains(&format!("| forward | fused-{family} | f32 | {family} ")),
                 "{stdout}"
             );
         }
@@ -123,6 +123,7 @@ fn tiny_run_writes_validated_json_plot_and_compares() {
         assert!(cases.iter().any(|c| c["pass"] == "layer fwd+bwd"));
         for case in cases {
             assert_eq!(case["validation"]["passed"], true, "{case}");
+            assert_eq!(case["dtype"], "f32", "{case}");
             assert!(case["median_ms"].as_f64().unwrap() > 0.0);
             let fused = case["path"].as_str().unwrap().starts_with("fused-");
             assert_eq!(
