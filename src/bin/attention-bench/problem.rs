@@ -1,0 +1,240 @@
+//! The problems a run measures: sizes, masks, modifiers, windows and element types, from the
+//! suite and the options.
+
+use super::*;
+
+/// One problem size and mask; every (path, pass) of it is a measured case.
+#[derive(Clone, Debug)]
+pub(crate) struct Problem {
+    pub(crate) batch: usize,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) q_len: usize,
+    pub(crate) kv_len: usize,
+    pub(crate) dk: usize,
+    pub(crate) dv: usize,
+    pub(crate) mask: Mask,
+    pub(crate) modifier: Modifier,
+    pub(crate) window: Option<usize>,
+    pub(crate) dtype: DType,
+}
+
+impl Problem {
+    pub(crate) fn label(&self) -> String {
+        format!(
+            "B{} H{}/{} Lq{} Lk{} D{}/{} {}{}",
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.q_len,
+            self.kv_len,
+            self.dk,
+            self.dv,
+            self.mask_label(),
+            match self.dtype {
+                DType::F32 => "",
+                DType::F16 => " f16",
+            }
+        )
+    }
+
+    /// The (path, kernel family) runs of this problem: f16 runs only the fused GPU family.
+    pub(crate) fn runs(
+        &self,
+        paths: &[PathKind],
+        families: &[KernelFamily],
+    ) -> Vec<(PathKind, Option<KernelFamily>)> {
+        let mut runs = Vec::new();
+        for &path in paths {
+            match path {
+                PathKind::Fused if self.dtype == DType::F16 => {
+                    runs.push((path, Some(KernelFamily::Gpu)))
+                }
+                PathKind::Fused => runs.extend(families.iter().map(|&f| (path, Some(f)))),
+                // The unfused baseline has no score modifiers and no f16.
+                PathKind::Unfused if self.modifier != Modifier::None => {}
+                PathKind::Unfused if self.dtype == DType::F16 => {}
+                PathKind::Unfused => runs.push((path, None)),
+            }
+        }
+        runs
+    }
+
+    /// FLOPs of the case: `masked` (the customary count, causal halved), or under a window `full` times
+    /// the fraction of (query, key) pairs the window leaves, so GFLOP/s counts only work that exists.
+    pub(crate) fn counted_flops(&self, masked: f64, full: f64) -> f64 {
+        let Some(w) = self.window else {
+            return masked;
+        };
+        let shift = self.kv_len as i64 - self.q_len as i64;
+        let seen: i64 = (0..self.q_len as i64)
+            .map(|i| {
+                let p = i + shift;
+                (p.min(self.kv_len as i64 - 1) - (p - w as i64).max(0) + 1).max(0)
+            })
+            .sum();
+        full * seen as f64 / (self.q_len * self.kv_len) as f64
+    }
+
+    /// The mask, and the score modifiers if any (`causal+softcap`).
+    pub(crate) fn mask_label(&self) -> String {
+        let modifier = match self.modifier {
+            Modifier::None => "",
+            Modifier::Softcap => "+softcap",
+            Modifier::Alibi => "+alibi",
+            Modifier::SoftcapAlibi => "+softcap+alibi",
+            Modifier::Bias => "+bias",
+            Modifier::Relative => "+relative",
+            Modifier::Sinks => "+sinks",
+            Modifier::Cosine => "+cosine",
+            Modifier::Clip => "+clip",
+        };
+        let window = self.window.map_or(String::new(), |w| format!("+window{w}"));
+        format!("{}{modifier}{window}", mask_name(self.mask))
+    }
+
+    pub(crate) fn causal(&self) -> bool {
+        matches!(self.mask, Mask::Causal | Mask::CausalPadding)
+    }
+
+    pub(crate) fn kv_lens(&self) -> Option<Vec<u32>> {
+        matches!(self.mask, Mask::Padding | Mask::CausalPadding).then(|| {
+            (0..self.batch)
+                .map(|b| (self.kv_len * (4 - b % 4) / 4).max(1) as u32)
+                .collect()
+        })
+    }
+
+    pub(crate) fn macs(&self) -> u64 {
+        (self.batch * self.heads * self.q_len * self.kv_len * self.dk.max(self.dv)) as u64
+    }
+}
+
+pub(crate) fn mask_name(m: Mask) -> &'static str {
+    match m {
+        Mask::None => "none",
+        Mask::Causal => "causal",
+        Mask::Padding => "padding",
+        Mask::CausalPadding => "causal+padding",
+    }
+}
+
+pub(crate) fn problems(cli: &Cli) -> std::result::Result<Vec<Problem>, String> {
+    let suite = if cli.quick { Suite::Quick } else { cli.suite };
+    let (lengths, heads, dk, masks): (Vec<usize>, usize, usize, Vec<Mask>) = match suite {
+        Suite::Default => (vec![256, 512, 1024], 8, 64, vec![Mask::None, Mask::Causal]),
+        Suite::Quick => (vec![128, 256], 4, 64, vec![Mask::None, Mask::Causal]),
+        Suite::Scaling => (vec![1024, 2048, 4096, 8192, 16384], 8, 64, vec![Mask::None]),
+        Suite::Gpu => (
+            vec![1024, 2048, 4096, 8192, 16384],
+            8,
+            64,
+            vec![Mask::None, Mask::Causal],
+        ),
+    };
+    let lengths = cli.lengths.clone().unwrap_or(lengths);
+    let heads = cli.heads.unwrap_or(heads);
+    let kv_heads = cli.kv_heads.unwrap_or(heads);
+    let batch = cli.batch.unwrap_or(1);
+    let dk = cli.head_dim.unwrap_or(dk);
+    let dv = cli.head_dim_v.unwrap_or(dk);
+    let masks = cli.masks.clone().unwrap_or(masks);
+    let dtypes: Vec<DType> = match (&cli.dtypes, suite) {
+        (Some(d), _) => d.iter().map(|d| d.dtype()).collect(),
+        (None, Suite::Gpu) => vec![DType::F32, DType::F16],
+        (None, _) => vec![DType::F32],
+    };
+    if let Some(kv) = &cli.kv_lengths {
+        if kv.len() != lengths.len() {
+            return Err(format!(
+                "--kv-lengths: {} values for {} --lengths; give one per query length",
+                kv.len(),
+                lengths.len()
+            ));
+        }
+    }
+    for (arg, v) in [
+        ("--batch", batch),
+        ("--heads", heads),
+        ("--kv-heads", kv_heads),
+        ("--head-dim", dk),
+        ("--head-dim-v", dv),
+    ] {
+        if v == 0 {
+            return Err(format!("{arg}: must be at least 1"));
+        }
+    }
+    if !heads.is_multiple_of(kv_heads) {
+        return Err(format!(
+            "--kv-heads: {heads} query heads are not a multiple of {kv_heads} kv heads (H % Hkv must be 0)"
+        ));
+    }
+    if let Some(l) = lengths
+        .iter()
+        .chain(cli.kv_lengths.iter().flatten())
+        .find(|&&l| l == 0)
+    {
+        return Err(format!("--lengths: {l} is not a valid sequence length"));
+    }
+    let mut out = Vec::new();
+    // The gpu suite adds B4 H16 D128 unless the sizes are given.
+    let shapes = if suite == Suite::Gpu && cli.heads.is_none() && cli.head_dim.is_none() {
+        vec![(batch, heads, kv_heads, dk, dv), (4, 16, 16, 128, 128)]
+    } else {
+        vec![(batch, heads, kv_heads, dk, dv)]
+    };
+    for (batch, heads, kv_heads, dk, dv) in shapes {
+        push_problems(
+            &mut out,
+            cli,
+            &lengths,
+            masks.clone(),
+            &dtypes,
+            batch,
+            heads,
+            kv_heads,
+            dk,
+            dv,
+        );
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn push_problems(
+    out: &mut Vec<Problem>,
+    cli: &Cli,
+    lengths: &[usize],
+    masks: Vec<Mask>,
+    dtypes: &[DType],
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    dk: usize,
+    dv: usize,
+) {
+    for (i, &q_len) in lengths.iter().enumerate() {
+        let kv_len = cli.kv_lengths.as_ref().map_or(q_len, |kv| kv[i]);
+        for &mask in &masks {
+            for &modifier in cli.modifiers.as_deref().unwrap_or(&[Modifier::None]) {
+                for &window in cli.windows.as_deref().unwrap_or(&[0]) {
+                    for &dtype in dtypes {
+                        out.push(Problem {
+                            batch,
+                            heads,
+                            kv_heads,
+                            q_len,
+                            kv_len,
+                            dk,
+                            dv,
+                            mask,
+                            modifier,
+                            window: (window > 0).then_some(window),
+                            dtype,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
