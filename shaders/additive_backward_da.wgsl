@@ -70,21 +70,29 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
         stage_keys(n0, kv_hi, b, h, lid);
         workgroupBarrier();
-        for (var jj = 0u; jj < TILE; jj++) {
-            let j = n0 + jj;
-            if j < start || j >= end || j >= kv_hi {
+        // Four keys at a time: each own[c], w[c], da[c] and dw[c] access serves all four.
+        for (var jj = 0u; jj < TILE; jj += 4u) {
+            let j = vec4<u32>(n0 + jj) + vec4<u32>(0u, 1u, 2u, 3u);
+            let seen = (j >= vec4<u32>(start)) & (j < vec4<u32>(end)) & (j < vec4<u32>(kv_hi));
+            if !any(seen) {
                 continue;
             }
-            let e = additive_score(&own, jj);
-            var dp = 0.0;
-            for (var d = 0u; d < DV; d++) {
-                dp += g[d] * v_tile[jj * DV + d];
-            }
-            let ds = exp(e - lse) * (dp - d_row);
+            var e = vec4<f32>(0.0);
             for (var c = 0u; c < DA; c++) {
-                let t = additive_t(&own, jj, c);
-                da[c] += ds * additive_dt(t, c);
-                dw[c] += ds * params.scale * t;
+                e += w_tile[c] * tanh4(own[c], jj, c);
+            }
+            var dp = vec4<f32>(0.0);
+            for (var d = 0u; d < DV; d++) {
+                let at = jj * DV + d;
+                let v = vec4<f32>(v_tile[at], v_tile[at + DV], v_tile[at + 2u * DV], v_tile[at + 3u * DV]);
+                dp += g[d] * v;
+            }
+            // Masked keys (and rows that saw none, lse = -inf) contribute nothing.
+            let ds = select(vec4<f32>(0.0), exp(e - lse) * (dp - d_row), seen);
+            for (var c = 0u; c < DA; c++) {
+                let t = tanh4(own[c], jj, c);
+                da[c] += dot(ds, w_tile[c] * (1.0 - t * t));
+                dw[c] += params.scale * dot(ds, t);
             }
         }
     }

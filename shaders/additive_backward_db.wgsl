@@ -101,20 +101,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             end_tile[t] = e;
         }
         workgroupBarrier();
-        for (var ii = 0u; ii < TILE; ii++) {
-            if !live || j < start_tile[ii] || j >= end_tile[ii] || !(lse_tile[ii] > NEG_BIG) {
+        // Four query rows at a time: each own[c], w[c], vj[d], db[c] and dv[d] access serves all four.
+        for (var ii = 0u; ii < TILE; ii += 4u) {
+            let lse = vec4<f32>(lse_tile[ii], lse_tile[ii + 1u], lse_tile[ii + 2u], lse_tile[ii + 3u]);
+            let starts = vec4<u32>(start_tile[ii], start_tile[ii + 1u], start_tile[ii + 2u], start_tile[ii + 3u]);
+            let ends = vec4<u32>(end_tile[ii], end_tile[ii + 1u], end_tile[ii + 2u], end_tile[ii + 3u]);
+            let jv = vec4<u32>(j);
+            let seen = vec4<bool>(live) & (jv >= starts) & (jv < ends) & (lse > vec4<f32>(NEG_BIG));
+            if !any(seen) {
                 continue;
             }
-            let p = exp(additive_score(&own, ii) - lse_tile[ii]);
-            var dp = 0.0;
-            for (var d = 0u; d < DV; d++) {
-                let g = g_tile[ii * DV + d];
-                dp += g * vj[d];
-                dv[d] += p * g;
-            }
-            let ds = p * (dp - d_tile[ii]);
+            var e = vec4<f32>(0.0);
             for (var c = 0u; c < DA; c++) {
-                db[c] += ds * additive_dt(additive_t(&own, ii, c), c);
+                e += w_tile[c] * tanh4(own[c], ii, c);
+            }
+            // Rows that do not see this key (or saw none, lse = -inf) contribute nothing.
+            let p = select(vec4<f32>(0.0), exp(e - lse), seen);
+            var dp = vec4<f32>(0.0);
+            for (var d = 0u; d < DV; d++) {
+                let at = ii * DV + d;
+                let g = vec4<f32>(g_tile[at], g_tile[at + DV], g_tile[at + 2u * DV], g_tile[at + 3u * DV]);
+                dp += g * vj[d];
+                dv[d] += dot(p, g);
+            }
+            let d_row = vec4<f32>(d_tile[ii], d_tile[ii + 1u], d_tile[ii + 2u], d_tile[ii + 3u]);
+            let ds = p * (dp - d_row);
+            for (var c = 0u; c < DA; c++) {
+                let t = tanh4(own[c], ii, c);
+                db[c] += dot(ds, w_tile[c] * (1.0 - t * t));
             }
         }
     }

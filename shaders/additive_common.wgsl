@@ -71,6 +71,18 @@ fn additive_score(own: ptr<function, array<f32, MAX_DA>>, r: u32) -> f32 {
     return e;
 }
 
+// tanh(x + pair_tile[..]) of component c of staged rows r .. r + 3: the kernels step four staged
+// rows at a time, so each load of their own row, of w and of their accumulators serves four pairs.
+fn tanh4(x: f32, r: u32, c: u32) -> vec4<f32> {
+    let at = r * DA + c;
+    return vec4<f32>(
+        tanh1(x + pair_tile[at]),
+        tanh1(x + pair_tile[at + DA]),
+        tanh1(x + pair_tile[at + 2u * DA]),
+        tanh1(x + pair_tile[at + 3u * DA]),
+    );
+}
+
 // t_c = tanh(..) of this invocation's row and staged row r, and de/d(a_c) = de/d(b_c) = de/d(bias_c)
 // = scale * w_c (1 - t_c^2), for component c.
 fn additive_t(own: ptr<function, array<f32, MAX_DA>>, r: u32, c: u32) -> f32 {

@@ -5,13 +5,16 @@
 // exists: each tanh is recomputed where it is used.
 //
 // One invocation per query row, WG rows of one (batch, head) per workgroup; key tiles of TILE keys
-// (their b rows and V rows) staged in workgroup memory. Per key, the running max m, sum l and
-// accumulator are updated in place (one exp per key; a rescale when the max grows). The key loop runs
+// (their b rows and V rows) staged in workgroup memory. Per tile, the running max m, sum l and
+// accumulator are rescaled once (when the tile's max exceeds m), then the tile's P V is added with
+// each accumulator element held across the tile's keys (one exp per key). The key loop runs
 // over [chunk_begin, chunk_end): a dispatch with accumulate = 1 resumes from the O and lse an earlier
 // dispatch wrote (O normalised with lse is the state m = lse, l = 1, acc = O), so llvmpipe's loop
 // budget is kept by splitting long key ranges over dispatches.
 
 @group(0) @binding(7) var<storage, read_write> o_buf: array<f32>;
+// Size of the per-invocation tile of scores; the host's TILE is at most this.
+const MAX_TILE: u32 = 32u;
 @group(0) @binding(8) var<storage, read_write> lse_buf: array<f32>;
 
 @compute @workgroup_size(WG)
@@ -77,25 +80,44 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
         stage_keys(n0, kv_hi, b, h, lid);
         workgroupBarrier();
-        for (var jj = 0u; jj < TILE; jj++) {
-            let j = n0 + jj;
-            if j < start || j >= end || j >= kv_hi {
-                continue;
+        // The tile's scores, then one rescale for the tile's max (not one per key), then P V with
+        // each accumulator held across the tile's keys.
+        var p_row: array<f32, MAX_TILE>;
+        var tile_max = NEG_BIG;
+        // Four keys per pass over the score dim: each own[c] and w[c] load serves all four.
+        for (var jj = 0u; jj < TILE; jj += 4u) {
+            var e = vec4<f32>(0.0);
+            for (var c = 0u; c < DA; c++) {
+                e += w_tile[c] * tanh4(own[c], jj, c);
             }
-            let e = additive_score(&own, jj);
-            if e > m {
-                let alpha = exp(m - e);
-                l *= alpha;
-                for (var d = 0u; d < DV; d++) {
-                    acc[d] *= alpha;
-                }
-                m = e;
+            let j = vec4<u32>(n0 + jj) + vec4<u32>(0u, 1u, 2u, 3u);
+            let seen = (j >= vec4<u32>(start)) & (j < vec4<u32>(end)) & (j < vec4<u32>(kv_hi));
+            e = select(vec4<f32>(NEG_BIG), e, seen);
+            for (var k = 0u; k < 4u; k++) {
+                p_row[jj + k] = e[k];
             }
-            let p = exp(e - m);
-            l += p;
+            tile_max = max(tile_max, max(max(e.x, e.y), max(e.z, e.w)));
+        }
+        if tile_max > m {
+            let alpha = exp(m - tile_max);
+            l *= alpha;
             for (var d = 0u; d < DV; d++) {
-                acc[d] += p * v_tile[jj * DV + d];
+                acc[d] *= alpha;
             }
+            m = tile_max;
+        }
+        for (var jj = 0u; jj < TILE; jj++) {
+            // Masked keys hold NEG_BIG exactly (a score never reaches it): p = 0.
+            let p = select(0.0, exp(p_row[jj] - m), p_row[jj] > NEG_BIG);
+            p_row[jj] = p;
+            l += p;
+        }
+        for (var d = 0u; d < DV; d++) {
+            var sum = acc[d];
+            for (var jj = 0u; jj < TILE; jj++) {
+                sum += p_row[jj] * v_tile[jj * DV + d];
+            }
+            acc[d] = sum;
         }
     }
 
