@@ -10,8 +10,8 @@ use wgpu_attention::kernels::attention::additive_probabilities;
 use wgpu_attention::reference::additive as reference;
 use wgpu_attention::reference::attention::Masks;
 use wgpu_attention::{
-    additive_backward, additive_forward, additive_forward_unfused, AdditiveScores,
-    AttentionOptions, AttentionShape, Context, GpuTensor,
+    additive_backward, additive_backward_unfused, additive_forward, additive_forward_unfused,
+    AdditiveScores, AttentionOptions, AttentionShape, Context, GpuTensor,
 };
 
 /// The case's masks for additive scores (scale 1: the score vector is learned).
@@ -198,6 +198,23 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
             BACKWARD_RTOL,
         );
         out.push(g);
+    }
+    // The unfused baseline's backward (materialised P and dS).
+    let unfused = additive_backward_unfused(ctx, &av, &bv, &vv, scores, &dov, &opts).unwrap();
+    for (grad, gpu, reference) in [
+        ("da", &unfused.da, &expected.da),
+        ("db", &unfused.db, &expected.db),
+        ("dv", &unfused.dv, &expected.dv),
+        ("dw", &unfused.dw, &expected.dw),
+        ("dbias", &unfused.dbias, &expected.dbias),
+    ] {
+        assert_close(
+            &format!("{what} unfused {grad}"),
+            &gpu.to_vec(ctx).unwrap(),
+            reference,
+            BACKWARD_ATOL,
+            BACKWARD_RTOL,
+        );
     }
     out
 }

@@ -1,7 +1,7 @@
-//! Fused against unfused additive (Bahdanau) attention on one adapter: forward (fused and unfused,
-//! the unfused path materialising the `[B, H, Lq, Lk]` scores) and the fused backward, per sequence
-//! length, with the tensor memory each allocates. Every case at the first length is checked against
-//! the f64 reference.
+//! Fused against unfused additive (Bahdanau) attention on one adapter, forward and backward (the
+//! unfused path materialising the `[B, H, Lq, Lk]` scores, and P and dS in the backward), per
+//! sequence length, with the tensor memory each allocates. Every case at the first length is checked
+//! against the f64 reference (O in the forward, da in the backward).
 //!
 //! ```text
 //! cargo run --release --bin additive-bench -- [--lengths 256,512,1024 --heads 4 --score-dim 64 --head-dim 64]
@@ -13,10 +13,13 @@ use clap::Parser;
 use wgpu_attention::bench::{measure, Timer};
 use wgpu_attention::reference::additive as reference;
 use wgpu_attention::reference::attention::Masks;
-use wgpu_attention::reference::compare::{compare, FORWARD_ATOL, FORWARD_RTOL};
+use wgpu_attention::reference::compare::{
+    compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
+};
 use wgpu_attention::{
-    additive_backward, additive_forward, additive_forward_unfused, parse_backends, AdditiveScores,
-    AttentionOptions, AttentionShape, Context, ContextOptions, Error, GpuTensor,
+    additive_backward, additive_backward_unfused, additive_forward, additive_forward_unfused,
+    parse_backends, AdditiveScores, AttentionOptions, AttentionShape, Context, ContextOptions,
+    Error, GpuTensor,
 };
 
 #[derive(Parser, Debug)]
@@ -99,7 +102,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         let k = GpuTensor::from_slice(&ctx, &bv, &[b, l, h, da])?.heads()?;
         let v = GpuTensor::from_slice(&ctx, &vv, &[b, l, h, dv])?.heads()?;
         let d_out = GpuTensor::from_slice(&ctx, &dov, &[b, l, h, dv])?.heads()?;
-        let validation = |gpu: &[f32]| -> String {
+        let validation = |pass: &str, gpu: &[f32]| -> String {
             if n > 0 {
                 return "-".into();
             }
@@ -118,16 +121,22 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 causal: cli.causal,
                 ..Default::default()
             };
-            let (o, _) = reference::additive_forward(
-                &s,
-                &f(&av),
-                &f(&bv),
-                &f(&vv),
-                &f(&values(h * da, 1, 1.0)),
-                &f(&values(h * da, 2, 0.5)),
-                &m,
-            );
-            let c = compare(gpu, &o, FORWARD_ATOL, FORWARD_RTOL);
+            let (w64, bias64) = (f(&values(h * da, 1, 1.0)), f(&values(h * da, 2, 0.5)));
+            let (a64, b64, v64) = (f(&av), f(&bv), f(&vv));
+            let c = match pass {
+                "forward" => {
+                    let (o, _) =
+                        reference::additive_forward(&s, &a64, &b64, &v64, &w64, &bias64, &m);
+                    compare(gpu, &o, FORWARD_ATOL, FORWARD_RTOL)
+                }
+                _ => {
+                    let d_out64 = f(&dov);
+                    let g = reference::additive_backward(
+                        &s, &a64, &b64, &v64, &w64, &bias64, &d_out64, &m,
+                    );
+                    compare(gpu, &g.da, BACKWARD_ATOL, BACKWARD_RTOL)
+                }
+            };
             match c.passed() {
                 true => format!("ok ({:.1}% of tol)", 100.0 * c.worst_ratio),
                 false => format!("FAILED ({:.1}x tol)", c.worst_ratio),
@@ -141,11 +150,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             let before = ctx.memory().current_bytes;
             let out = work()?;
             let mib = (ctx.memory().peak_bytes - before) as f64 / (1 << 20) as f64;
-            let check = if pass == "forward" {
-                validation(&out)
-            } else {
-                "-".into()
-            };
+            let check = validation(pass, &out);
             let t = measure(&ctx, &timer, cli.reps, || work().map(|_| ()))?;
             println!(
                 "| {l} | {pass} | {path} | {:.2} | {:.2}-{:.2} | {mib:.2} | {check} |",
@@ -168,15 +173,19 @@ fn run(cli: &Cli) -> Result<(), Error> {
         })?;
         let fwd = additive_forward(&ctx, &a, &k, &v, scores, &opts)?;
         let out = fwd.out.heads()?;
-        case("backward", "fused", &mut || {
+        let fused_backward = case("backward", "fused", &mut || {
             let g = additive_backward(&ctx, &a, &k, &v, scores, &out, &fwd.lse, &d_out, &opts)?;
-            g.dw.to_vec(&ctx)
+            g.da.to_vec(&ctx)
         })?;
-        ratios.push((l, unfused / fused));
+        let unfused_backward = case("backward", "unfused", &mut || {
+            let g = additive_backward_unfused(&ctx, &a, &k, &v, scores, &d_out, &opts)?;
+            g.da.to_vec(&ctx)
+        })?;
+        ratios.push((l, unfused / fused, unfused_backward / fused_backward));
     }
-    println!("\n| L | fused forward speed-up over unfused |\n|---|---|");
-    for (l, r) in &ratios {
-        println!("| {l} | {r:.2}x |");
+    println!("\n| L | fused speed-up over unfused, forward | backward |\n|---|---|---|");
+    for (l, forward, backward) in &ratios {
+        println!("| {l} | {forward:.2}x | {backward:.2}x |");
     }
     if let Some(path) = &cli.json {
         let report = serde_json::json!({"adapter": ctx.report().to_string(), "cli": format!("{cli:?}"), "clock": timer.clock().name(), "cases": rows});

@@ -16,6 +16,8 @@ pub(super) const BACKWARD_DA: &str = include_str!("../../../shaders/additive_bac
 pub(super) const BACKWARD_DB: &str = include_str!("../../../shaders/additive_backward_db.wgsl");
 pub(super) const PARAM_GRADS: &str = include_str!("../../../shaders/additive_param_grads.wgsl");
 pub(super) const SCORES: &str = include_str!("../../../shaders/additive_scores.wgsl");
+pub(super) const BACKWARD_UNFUSED: &str =
+    include_str!("../../../shaders/additive_backward_unfused.wgsl");
 
 /// Largest score dim `Da` and value head dim the additive kernels hold per invocation.
 pub const MAX_ADDITIVE_DIM: usize = 128;
@@ -567,19 +569,36 @@ pub fn additive_backward_into(
         &chunks,
     );
 
-    // dw and dbias: fixed-order sums over every (batch, query row).
-    let mut params = base_params(&s, scale, opts);
+    encode_param_grads(ctx, &mut pass, &s, opts, dw_rows, da, [dw, dbias])
+}
+
+/// dw and dbias `[H, Da]`: fixed-order sums of the per-row shares `dw_rows` and of `da` over every
+/// (batch, query row).
+fn encode_param_grads(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    s: &AttentionShape,
+    opts: &AttentionOptions<'_>,
+    dw_rows: Binding<'_>,
+    da: &HeadsView,
+    [dw, dbias]: [&GpuTensor; 2],
+) -> Result<()> {
+    let mut params = base_params(s, 1.0, opts);
     let bindings = [
         dw_rows,
         bind_view(ctx, "da", da, VIEW_DQ, &mut params)?,
         bind_tensor(ctx, "dw", dw)?,
         bind_tensor(ctx, "dbias", dbias)?,
     ];
-    let grid = set_grid(&mut params, (h * dda).div_ceil(SIMPLE_WG as usize), 1)?;
-    let chunks = loop_chunks(ctx, bb * lq, 1, 16, 1);
+    let grid = set_grid(
+        &mut params,
+        (s.heads * s.head_dim_qk).div_ceil(SIMPLE_WG as usize),
+        1,
+    )?;
+    let chunks = loop_chunks(ctx, s.batch * s.q_seq, 1, 16, 1);
     encode_chunks(
         ctx,
-        &mut pass,
+        pass,
         "additive_param_grads",
         || with_common(PARAM_GRADS),
         &[("WG", SIMPLE_WG)],
@@ -590,4 +609,109 @@ pub fn additive_backward_into(
         &chunks,
     );
     Ok(())
+}
+
+/// The unfused baseline of [`additive_backward`], for the benchmark: P recomputed and materialised
+/// as `[B, H, Lq, Lk]` (the unfused forward's kernels), `dP = dO V^T` and `dV = P^T dO` as GEMMs,
+/// `dS = P (dP - rowsum(P dP))` by the softmax backward, then da, db and the dw shares from dS with
+/// each tanh recomputed per pair (`shaders/additive_backward_unfused.wgsl`), dw and dbias summed as
+/// in the fused path. Two `[B, H, Lq, Lk]` tensors: O(L^2) memory.
+pub fn additive_backward_unfused(
+    ctx: &Context,
+    a: &HeadsView,
+    b: &HeadsView,
+    v: &HeadsView,
+    scores: AdditiveScores<'_>,
+    d_out: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<AdditiveGrads> {
+    let (s, scale) = check(a, b, v, scores, opts)?;
+    let (bb, lq, lk, h, dda, ddv) = (
+        s.batch,
+        s.q_seq,
+        s.kv_seq,
+        s.heads,
+        s.head_dim_qk,
+        s.head_dim_v,
+    );
+    check_view("d_out", d_out, [bb, lq, h, ddv])?;
+    let shape = scores_shape(ctx, &s)?;
+    let probs = GpuTensor::uninit(ctx, "additive probs", &shape)?;
+    let dprobs = GpuTensor::uninit(ctx, "additive dprobs", &shape)?;
+    let lse = GpuTensor::uninit(ctx, "additive lse", &[bb, h, lq])?;
+    let dw_rows = GpuTensor::uninit(ctx, "additive dw shares", &[h, bb, lq, dda])?;
+    let grads = AdditiveGrads {
+        da: GpuTensor::uninit(ctx, "additive da", &[bb, lq, h, dda])?,
+        db: GpuTensor::uninit(ctx, "additive db", &[bb, lk, h, dda])?,
+        dv: GpuTensor::uninit(ctx, "additive dv", &[bb, lk, h, ddv])?,
+        dw: GpuTensor::uninit(ctx, "additive dw", &[h, dda])?,
+        dbias: GpuTensor::uninit(ctx, "additive dbias", &[h, dda])?,
+    };
+    let (da, db, dv) = (grads.da.heads()?, grads.db.heads()?, grads.dv.heads()?);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    {
+        let mut pass = ctx.begin_pass(&mut encoder, "additive_backward_unfused");
+        encode_scores(
+            ctx,
+            &mut pass,
+            &s,
+            scale,
+            [a, b],
+            scores,
+            opts,
+            None,
+            0..lq,
+            &probs,
+        )?;
+        // The scores are already scaled.
+        let lens = seq_lens_buffer(ctx, opts);
+        encode_softmax(ctx, &mut pass, &s, 1.0, &probs, &lse, opts, lens)?;
+        encode_unfused_output_grads(ctx, &mut pass, &s, opts, &probs, &dprobs, v, d_out, &dv)?;
+        for query_side in [true, false] {
+            let mut params = base_params(&s, scale, opts);
+            let bindings = [
+                bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
+                bind_view(ctx, "b", b, VIEW_K, &mut params)?,
+                bind_tensor(ctx, "w", scores.w)?,
+                bind_tensor(ctx, "bias", scores.bias)?,
+                bind_tensor(ctx, "dS", &dprobs)?,
+                match query_side {
+                    true => bind_view(ctx, "da", &da, VIEW_DQ, &mut params)?,
+                    false => bind_view(ctx, "db", &db, VIEW_DK, &mut params)?,
+                },
+                match query_side {
+                    true => bind_tensor(ctx, "dw shares", &dw_rows)?,
+                    false => Binding {
+                        buffer: ctx.empty_storage_rw(),
+                        offset_bytes: 0,
+                        size_bytes: 8,
+                    },
+                },
+            ];
+            let (rows, other) = if query_side { (lq, lk) } else { (lk, lq) };
+            let grid = set_grid(
+                &mut params,
+                (bb * rows * h * dda).div_ceil(SIMPLE_WG as usize),
+                1,
+            )?;
+            let chunks = loop_chunks(ctx, other, 1, 16, 1);
+            encode_chunks(
+                ctx,
+                &mut pass,
+                "additive_backward_unfused",
+                || with_common(BACKWARD_UNFUSED),
+                &[("WG", SIMPLE_WG), ("QUERY_SIDE", query_side as u32)],
+                &mut params,
+                Shared::NONE,
+                &bindings,
+                grid,
+                &chunks,
+            );
+        }
+        let dw_binding = bind_tensor(ctx, "dw shares", &dw_rows)?;
+        let param_grads = [&grads.dw, &grads.dbias];
+        encode_param_grads(ctx, &mut pass, &s, opts, dw_binding, &da, param_grads)?;
+    }
+    ctx.submit(encoder)?;
+    Ok(grads)
 }

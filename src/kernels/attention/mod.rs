@@ -20,9 +20,10 @@ mod qk_norm;
 mod sinks;
 mod tiled;
 pub use additive::{
-    additive_backward, additive_backward_into, additive_backward_workspace, additive_forward,
-    additive_forward_into, additive_forward_unfused, additive_probabilities, AdditiveGrads,
-    AdditiveScores, ADDITIVE_BACKWARD_STORAGE_BUFFERS, MAX_ADDITIVE_DIM,
+    additive_backward, additive_backward_into, additive_backward_unfused,
+    additive_backward_workspace, additive_forward, additive_forward_into, additive_forward_unfused,
+    additive_probabilities, AdditiveGrads, AdditiveScores, ADDITIVE_BACKWARD_STORAGE_BUFFERS,
+    MAX_ADDITIVE_DIM,
 };
 pub use bias::{attention_bias_backward_into, RelativeBuckets};
 pub use decode::{attention_decode, attention_decode_into, DecodePlan};
@@ -91,6 +92,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("attention_decode", decode::SOURCE),
         ("additive_param_grads", additive::PARAM_GRADS),
         ("additive_scores", additive::SCORES),
+        ("additive_backward_unfused", additive::BACKWARD_UNFUSED),
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
@@ -1703,6 +1705,117 @@ fn encode_backward_core(
 // ---------------------------------------------------------------------------------------------
 // Unfused baseline: scores materialised as [B, H, Lq, Lk].
 
+/// The unfused backward's steps from P (shared with additive attention's): `dP = dO V^T` into
+/// `dprobs`, `dS = P (dP - rowsum(P dP))` in place (the gradient at the scaled scores), and
+/// `dV = sum_g P^T dO` over the query heads of each kv head.
+#[allow(clippy::too_many_arguments)]
+fn encode_unfused_output_grads(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    s: &AttentionShape,
+    opts: &AttentionOptions<'_>,
+    probs: &GpuTensor,
+    dprobs: &GpuTensor,
+    v: &HeadsView,
+    d_out: &HeadsView,
+    dv: &HeadsView,
+) -> Result<()> {
+    let group = s.heads / s.kv_heads;
+    let (b, h, hkv, lq, lk) = (
+        s.batch as u32,
+        s.heads as u32,
+        s.kv_heads as u32,
+        s.q_seq,
+        s.kv_seq,
+    );
+    let (p_rows, p_t_grouped) = probs_operands(s);
+    encode_gemm(
+        ctx,
+        pass,
+        &Gemm {
+            m: lq as u32,
+            n: lk as u32,
+            k: s.head_dim_v as u32,
+            groups: 1,
+            batch: b,
+            heads: h,
+            alpha: 1.0,
+            a: (d_out.buffer(), view_operand(d_out, true, 1)),
+            b: (v.buffer(), view_operand(v, false, group)),
+            c: (dprobs.buffer(), p_rows),
+            epilogue: Epilogue::NONE,
+        },
+    )?;
+    let mut params = base_params(s, 1.0, opts);
+    let grid = set_grid(&mut params, s.batch * s.heads * lq, 1)?;
+    let bindings = [
+        bind_tensor(ctx, "probs", probs)?,
+        bind_tensor(ctx, "dprobs", dprobs)?,
+    ];
+    encode_kernel(
+        ctx,
+        pass,
+        "attention_softmax_backward",
+        || with_common(SOFTMAX_BACKWARD),
+        &[("WG", SIMPLE_WG)],
+        &params,
+        Shared::NONE,
+        &bindings,
+        grid,
+    );
+    encode_gemm(
+        ctx,
+        pass,
+        &Gemm {
+            m: lk as u32,
+            n: s.head_dim_v as u32,
+            k: lq as u32,
+            groups: group as u32,
+            batch: b,
+            heads: hkv,
+            alpha: 1.0,
+            a: (probs.buffer(), p_t_grouped),
+            b: (d_out.buffer(), grouped_operand(d_out, group)),
+            c: (dv.buffer(), view_operand(dv, true, 1)),
+            epilogue: Epilogue::NONE,
+        },
+    )
+}
+
+/// A BSHD view as the B operand summed over the `group` query heads of each kv head.
+fn grouped_operand(view: &HeadsView, group: usize) -> Operand {
+    let mut op = view_operand(view, true, 1);
+    op.stride_g = op.stride_h;
+    op.stride_h *= group as u32;
+    op
+}
+
+/// Operands over the `[B, H, Lq, Lk]` probabilities: P rows (queries) by columns (keys) per query
+/// head, and P^T per kv head summed over the group's query heads.
+fn probs_operands(s: &AttentionShape) -> (Operand, Operand) {
+    let (h, lq, lk) = (s.heads as u32, s.q_seq as u32, s.kv_seq as u32);
+    let group = s.heads / s.kv_heads;
+    let plane = lq * lk;
+    let p_rows = Operand {
+        stride_b: h * plane,
+        stride_h: plane,
+        head_div: 1,
+        stride_row: lk,
+        stride_col: 1,
+        ..Default::default()
+    };
+    let p_t_grouped = Operand {
+        stride_b: h * plane,
+        stride_h: group as u32 * plane,
+        head_div: 1,
+        stride_g: plane,
+        stride_row: 1,
+        stride_col: lk,
+        ..Default::default()
+    };
+    (p_rows, p_t_grouped)
+}
+
 fn scores_shape(ctx: &Context, s: &AttentionShape) -> Result<[usize; 4]> {
     let shape = [s.batch, s.heads, s.q_seq, s.kv_seq];
     let bytes = shape.iter().map(|&d| d as u64).product::<u64>() * 4;
@@ -1936,75 +2049,17 @@ pub fn attention_backward_unfused(
         s.q_seq,
         s.kv_seq,
     );
-    let (dk_dim, dv_dim) = (s.head_dim_qk as u32, s.head_dim_v as u32);
-    let plane = (lq * lk) as u32;
-    // P-layout operand, rows i (queries), columns j (keys), per query head.
-    let p_rows = Operand {
-        stride_b: h * plane,
-        stride_h: plane,
-        head_div: 1,
-        stride_row: lk as u32,
-        stride_col: 1,
-        ..Default::default()
-    };
-    // P^T per kv head, summed over the group's query heads g: rows j, columns i.
-    let p_t_grouped = Operand {
-        stride_b: h * plane,
-        stride_h: group as u32 * plane,
-        head_div: 1,
-        stride_g: plane,
-        stride_row: 1,
-        stride_col: lk as u32,
-        ..Default::default()
-    };
-    let grouped = |view: &HeadsView| {
-        let mut op = view_operand(view, true, 1);
-        op.stride_g = op.stride_h;
-        op.stride_h *= group as u32;
-        op
-    };
+    let dk_dim = s.head_dim_qk as u32;
+    // P rows (queries) by columns (keys) per query head; P^T per kv head over its query heads.
+    let (p_rows, p_t_grouped) = probs_operands(&s);
     let (dq_v, dk_v, dv_v) = (dq.heads()?, dk.heads()?, dv.heads()?);
 
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "attention_backward_unfused");
         encode_probs(ctx, &mut pass, &s, scale, q, k, &probs, &lse, opts, lens)?;
-        // dP = dO V^T
-        encode_gemm(
-            ctx,
-            &mut pass,
-            &Gemm {
-                m: lq as u32,
-                n: lk as u32,
-                k: dv_dim,
-                groups: 1,
-                batch: b,
-                heads: h,
-                alpha: 1.0,
-                a: (d_out.buffer(), view_operand(d_out, true, 1)),
-                b: (v.buffer(), view_operand(v, false, group)),
-                c: (dprobs.buffer(), p_rows),
-                epilogue: Epilogue::NONE,
-            },
-        )?;
-        // dS = P (dP - rowsum(P dP)), in place.
-        let mut params = base_params(&s, scale, opts);
-        let grid = set_grid(&mut params, s.batch * s.heads * lq, 1)?;
-        let bindings = [
-            bind_tensor(ctx, "probs", &probs)?,
-            bind_tensor(ctx, "dprobs", &dprobs)?,
-        ];
-        encode_kernel(
-            ctx,
-            &mut pass,
-            "attention_softmax_backward",
-            || with_common(SOFTMAX_BACKWARD),
-            &[("WG", SIMPLE_WG)],
-            &params,
-            Shared::NONE,
-            &bindings,
-            grid,
-        );
+        // dP, dS in place, dV.
+        encode_unfused_output_grads(ctx, &mut pass, &s, opts, &probs, &dprobs, v, d_out, &dv_v)?;
         // dQ = scale dS K
         encode_gemm(
             ctx,
@@ -2036,26 +2091,8 @@ pub fn attention_backward_unfused(
                 heads: hkv,
                 alpha: scale,
                 a: (dprobs.buffer(), p_t_grouped),
-                b: (q.buffer(), grouped(q)),
+                b: (q.buffer(), grouped_operand(q, group)),
                 c: (dk.buffer(), view_operand(&dk_v, true, 1)),
-                epilogue: Epilogue::NONE,
-            },
-        )?;
-        // dV = sum_g P^T dO
-        encode_gemm(
-            ctx,
-            &mut pass,
-            &Gemm {
-                m: lk as u32,
-                n: dv_dim,
-                k: lq as u32,
-                groups: group as u32,
-                batch: b,
-                heads: hkv,
-                alpha: 1.0,
-                a: (probs.buffer(), p_t_grouped),
-                b: (d_out.buffer(), grouped(d_out)),
-                c: (dv.buffer(), view_operand(&dv_v, true, 1)),
                 epilogue: Epilogue::NONE,
             },
         )?;
