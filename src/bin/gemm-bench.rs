@@ -1,0 +1,200 @@
+//! The GEMMs of a Transformer layer on one adapter: the Linear forward `x W^T` and backward
+//! (`dx = dy W` and `dW = dy^T x`, one recording) of the feed-forward block's two layers and the
+//! attention's fused QKV projection, at the shapes of a training step (`rows` tokens), with GFLOP/s
+//! and the share of the adapter's measured FMA peak. Every case is checked against the f64
+//! reference first.
+//!
+//! ```text
+//! cargo run --release --bin gemm-bench -- [--rows 1024 --d-model 256 --d-ff 1024 --reps 5 --json FILE]
+//! ```
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use wgpu_attention::bench::fma::fma_peak_gflops;
+use wgpu_attention::bench::{measure, Timer};
+use wgpu_attention::kernels::linear::{linear_backward_into, linear_forward_into, LinearGrads};
+use wgpu_attention::reference::compare::{
+    compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
+};
+use wgpu_attention::reference::linear as reference;
+use wgpu_attention::{parse_backends, Context, ContextOptions, Error, GpuTensor};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Transformer-layer GEMMs on any wgpu adapter")]
+struct Cli {
+    /// Back end: vulkan, gl, metal, dx12 (default: WGPU_BACKEND, else all)
+    #[arg(long)]
+    backend: Option<String>,
+    /// Case-insensitive substring of the adapter name (default: WGPU_ADAPTER_NAME)
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Token rows of the activations (batch x sequence length)
+    #[arg(long, default_value_t = 1024)]
+    rows: usize,
+    #[arg(long, default_value_t = 256)]
+    d_model: usize,
+    /// Feed-forward width (default 4 * d_model)
+    #[arg(long)]
+    d_ff: Option<usize>,
+    /// Timed runs per case (after warm-up)
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Write the figures as JSON
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// Deterministic values in [-scale, scale).
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn run(cli: &Cli) -> Result<(), Error> {
+    let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
+    let ctx = Context::new_with(&ContextOptions {
+        backends,
+        adapter_name: cli.adapter.clone(),
+    })?;
+    println!("adapter: {}", ctx.report());
+    let timer = Timer::new(&ctx, false);
+    let peak = fma_peak_gflops(&ctx, &timer)?;
+    let (rows, d) = (cli.rows, cli.d_model);
+    let ff = cli.d_ff.unwrap_or(4 * d);
+    println!(
+        "clock: {}; {} timed runs per case after a warm-up; FMA peak {peak:.1} GFLOP/s (measured)\n",
+        timer.clock().name(),
+        cli.reps
+    );
+    println!("| layer | pass | products | GFLOP | median ms | min-max ms | GFLOP/s | % of FMA peak | validation |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut report = Vec::new();
+    for (name, in_f, out_f) in [
+        ("attention QKV", d, 3 * d),
+        ("feed-forward in", d, ff),
+        ("feed-forward out", ff, d),
+    ] {
+        let x = values(rows * in_f, 1, 1.0);
+        let w = values(out_f * in_f, 2, 1.0 / (in_f as f32).sqrt());
+        let b = values(out_f, 3, 0.1);
+        let dy = values(rows * out_f, 4, 1.0);
+        let xt = GpuTensor::from_slice(&ctx, &x, &[rows, in_f])?;
+        let wt = GpuTensor::from_slice(&ctx, &w, &[out_f, in_f])?;
+        let bt = GpuTensor::from_slice(&ctx, &b, &[out_f])?;
+        let dyt = GpuTensor::from_slice(&ctx, &dy, &[rows, out_f])?;
+        let y = GpuTensor::zeros(&ctx, &[rows, out_f])?;
+        let grads = LinearGrads {
+            dx: GpuTensor::zeros(&ctx, &[rows, in_f])?,
+            d_weight: GpuTensor::zeros(&ctx, &[out_f, in_f])?,
+            d_bias: Some(GpuTensor::zeros(&ctx, &[out_f])?),
+        };
+        let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        let (x64, w64) = (f64s(&x), f64s(&w));
+        let flop = 2.0 * (rows * in_f * out_f) as f64;
+        for pass in ["forward", "backward"] {
+            let record = || -> Result<(), Error> {
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                match pass {
+                    "forward" => linear_forward_into(&ctx, &mut encoder, &xt, &wt, Some(&bt), &y)?,
+                    _ => linear_backward_into(&ctx, &mut encoder, &xt, &wt, &dyt, &grads)?,
+                }
+                ctx.queue().submit([encoder.finish()]);
+                Ok(())
+            };
+            record()?;
+            let worst = match pass {
+                "forward" => {
+                    let r = reference::linear_forward(&x64, &w64, Some(&f64s(&b)), in_f);
+                    compare(&y.to_vec(&ctx)?, &r, FORWARD_ATOL, FORWARD_RTOL)
+                }
+                _ => {
+                    let (rdx, rdw, _) = reference::linear_backward(&x64, &w64, &f64s(&dy), in_f);
+                    let dx = compare(&grads.dx.to_vec(&ctx)?, &rdx, BACKWARD_ATOL, BACKWARD_RTOL);
+                    let dw = compare(
+                        &grads.d_weight.to_vec(&ctx)?,
+                        &rdw,
+                        BACKWARD_ATOL,
+                        BACKWARD_RTOL,
+                    );
+                    if dx.worst_ratio >= dw.worst_ratio {
+                        dx
+                    } else {
+                        dw
+                    }
+                }
+            };
+            let validation = match worst.passed() {
+                true => format!("ok ({:.1}% of tol)", 100.0 * worst.worst_ratio),
+                false => format!("**FAILED** ({:.1}x tol)", worst.worst_ratio),
+            };
+            let samples = measure(&ctx, &timer, cli.reps, record)?;
+            // The backward records dx and dW (two products of the forward's size) and the bias sums.
+            let (products, gflop) = match pass {
+                "forward" => (format!("[{rows}x{in_f}] x [{in_f}x{out_f}]"), flop / 1e9),
+                _ => (
+                    format!(
+                        "[{rows}x{out_f}] x [{out_f}x{in_f}], [{out_f}x{rows}] x [{rows}x{in_f}]"
+                    ),
+                    2.0 * flop / 1e9,
+                ),
+            };
+            let rate = gflop / (samples.median() / 1e3);
+            println!(
+                "| {name} | {pass} | {products} | {gflop:.2} | {:.3} | {:.3}-{:.3} | {rate:.1} | {:.1}% | {validation} |",
+                samples.median(),
+                samples.min(),
+                samples.max(),
+                100.0 * rate / peak
+            );
+            report.push(serde_json::json!({
+                "layer": name, "pass": pass, "rows": rows, "in": in_f, "out": out_f,
+                "gflop": gflop, "times_ms": samples.times_ms, "gflops": rate,
+                "fraction_of_fma_peak": rate / peak, "validation": validation,
+            }));
+            if !worst.passed() {
+                return Err(Error::Device(format!(
+                    "{name} {pass}: validation failed ({validation})"
+                )));
+            }
+        }
+    }
+    if let Some(path) = &cli.json {
+        let doc = serde_json::json!({
+            "adapter": ctx.report().to_string(), "clock": timer.clock().name(),
+            "fma_peak_gflops": peak, "cases": report,
+        });
+        wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&doc).unwrap())?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
+    wgpu_attention::quiet_headless_start_up();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+    };
+    if cli.rows == 0 || cli.d_model == 0 || cli.d_ff == Some(0) || cli.reps == 0 {
+        eprintln!("gemm-bench: rows, d-model, d-ff and reps must be positive");
+        return ExitCode::from(2);
+    }
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gemm-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
