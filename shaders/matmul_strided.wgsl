@@ -1,78 +1,16 @@
-// Batched strided matrix product, the building block of the unfused attention baseline:
-//   C[z, m, n] = alpha * sum_{g < groups} sum_k A[z, g, m, k] * B[z, g, k, n]
-// Batch z = (b, h) with h < heads. Every operand is addressed by strides, so transposes, BSHD head
-// views and the grouped-query head mapping (operand head = h / head_div) are indexing, not copies; the
-// sum over g reduces the query heads that share a kv head in the backward pass.
-// A 16x16 workgroup computes a 64x64 tile of C, each invocation a 4x4 register tile.
-// Epilogues (Linear layers), applied to each element z = alpha * sum (+ C when accumulating) in this
-// order, each saving a pass and a round trip through memory:
-//   bias       z += bias[col]
-//   act grad   z *= act'(pre[i])              (the input gradient through the activation before)
-//   act        pre[i] = z; z = act(z)         (the forward activation; pre is what its backward reads)
-//   residual   z += residual[i]               (the residual connection around a sublayer)
-// with i the element's index in C (pre and residual are laid out as C), act from
-// activation_common.wgsl (prepended by the host).
+// The strided GEMM (after matmul_common.wgsl): a 16x16 workgroup computes a 64x64 tile of C, each
+// invocation a 4x4 register tile.
 // SKINNY (products with a few rows, e.g. a decoding step's tokens): each invocation computes one
 // element of C, 256 consecutive elements per workgroup, no tiles (a 64-row tile would be mostly
 // padding).
-
-struct Operand {
-    offset: u32,
-    stride_b: u32,
-    stride_h: u32,
-    head_div: u32,
-    stride_g: u32,
-    stride_row: u32,
-    stride_col: u32,
-    _pad: u32,
-}
-
-struct GemmParams {
-    m: u32,
-    n: u32,
-    k: u32,
-    groups: u32,
-    heads: u32,
-    tiles_m: u32,
-    tiles_n: u32,
-    grid_x: u32,
-    total_groups: u32,
-    alpha: f32,
-    // 1: add bias[col] to every row of C after scaling (the Linear layer's bias epilogue).
-    has_bias: u32,
-    // 1: add to C instead of overwriting it (a reduction split into several dispatches).
-    accumulate: u32,
-    // An ACT_* code: the activation epilogue (0: none).
-    activation: u32,
-    // 1: the activation epilogue multiplies by act'(pre) instead of applying act.
-    activation_grad: u32,
-    // 1: add residual[i].
-    has_residual: u32,
-    _pad: u32,
-    a: Operand,
-    b: Operand,
-    c: Operand,
-}
 
 const TILE: u32 = 64u;
 const TILE_K: u32 = 16u;
 
 override SKINNY: bool = false;
 
-@group(0) @binding(0) var<uniform> gp: GemmParams;
-@group(0) @binding(1) var<storage, read> a_buf: array<f32>;
-@group(0) @binding(2) var<storage, read> b_buf: array<f32>;
-@group(0) @binding(3) var<storage, read_write> c_buf: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read> residual: array<f32>;
-@group(0) @binding(6) var<storage, read_write> pre: array<f32>;
-
 var<workgroup> a_tile: array<f32, 1024>; // [TILE_K][TILE]: a_tile[kk * TILE + row]
 var<workgroup> b_tile: array<f32, 1024>; // [TILE_K][TILE]: b_tile[kk * TILE + col]
-
-fn base(op: Operand, bi: u32, h: u32, g: u32) -> u32 {
-    return op.offset + bi * op.stride_b + (h / op.head_div) * op.stride_h + g * op.stride_g;
-}
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
@@ -170,30 +108,6 @@ fn skinny(group: u32, lid: u32) {
         }
     }
     store(base(gp.c, bi, h, 0u), row, col, acc);
-}
-
-// One element of C: alpha, bias, accumulate, then the activation and residual epilogues.
-fn store(c_base: u32, row: u32, col: u32, acc: f32) {
-    var value = gp.alpha * acc;
-    if gp.has_bias != 0u {
-        value += bias[col];
-    }
-    let index = c_base + row * gp.c.stride_row + col * gp.c.stride_col;
-    if gp.accumulate != 0u {
-        value += c_buf[index];
-    }
-    if gp.activation != ACT_NONE {
-        if gp.activation_grad != 0u {
-            value *= activation_derivative(gp.activation, pre[index]);
-        } else {
-            pre[index] = value;
-            value = activation_value(gp.activation, value);
-        }
-    }
-    if gp.has_residual != 0u {
-        value += residual[index];
-    }
-    c_buf[index] = value;
 }
 
 // Columns col0 + 16 c (c < 4) of one output row, through store.

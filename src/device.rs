@@ -73,6 +73,7 @@ pub struct Context {
     loop_budget: Option<u32>,
     attention_workgroup: Option<u32>,
     kernel_family: Option<KernelFamily>,
+    gemm_tiles: Option<GemmTiles>,
     /// Grow-only scratch storage of kernels that need a workspace the caller does not pass (the
     /// split-KV partial results of the forward). Dispatches in one queue run in order, so one buffer
     /// serves every call; a larger request replaces it (recorded work keeps the old one alive).
@@ -224,6 +225,40 @@ impl KernelFamily {
         match self {
             Self::CpuDriver => "cpu",
             Self::Gpu => "gpu",
+        }
+    }
+}
+
+/// Output tiles of the strided GEMM (`shaders/matmul_*.wgsl`) for products of at least 128 rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmTiles {
+    /// 64 x 64 per 256-invocation workgroup, 4 x 4 per invocation (`matmul_strided.wgsl`): the
+    /// default on GPUs, the kernel measured on an H100 (BENCHMARKS.md).
+    Square64,
+    /// 128 x 64, 8 x 4 per invocation with vec4 workgroup-memory reads (`matmul_wide.wgsl`): twice
+    /// the multiply-adds per staged value, half the workgroups. The default on CPU drivers, where it
+    /// measured 1.9-2.1x faster on the layer shapes (`gemm-bench`); unmeasured on a GPU, where the
+    /// smaller grid may not fill the machine.
+    Wide128x64,
+}
+
+impl GemmTiles {
+    /// Parses `64x64` or `128x64` (as `WGPU_ATTENTION_GEMM_TILES` and the benches' options).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim() {
+            "64x64" => Ok(Self::Square64),
+            "128x64" => Ok(Self::Wide128x64),
+            other => Err(Error::shape(
+                "gemm tiles",
+                format!("'{other}' is not one: use 64x64 or 128x64"),
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Square64 => "64x64",
+            Self::Wide128x64 => "128x64",
         }
     }
 }
@@ -448,6 +483,7 @@ impl Context {
             loop_budget: is_llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
             attention_workgroup: None,
             kernel_family: None,
+            gemm_tiles: None,
             scratch: Mutex::default(),
             lost,
             uncaptured: Arc::default(),
@@ -458,6 +494,14 @@ impl Context {
             match KernelFamily::parse(&value) {
                 Ok(family) => ctx.kernel_family = Some(family),
                 Err(e) => eprintln!("wgpu-attention: ignoring WGPU_ATTENTION_KERNELS={value}: {e}"),
+            }
+        }
+        if let Ok(value) = std::env::var("WGPU_ATTENTION_GEMM_TILES") {
+            match GemmTiles::parse(&value) {
+                Ok(tiles) => ctx.gemm_tiles = Some(tiles),
+                Err(e) => {
+                    eprintln!("wgpu-attention: ignoring WGPU_ATTENTION_GEMM_TILES={value}: {e}")
+                }
             }
         }
         if let Ok(value) = std::env::var("WGPU_ATTENTION_WORKGROUP") {
@@ -533,6 +577,23 @@ impl Context {
     /// adapter); `None` restores the choice by adapter class.
     pub fn set_kernel_family(&mut self, family: Option<KernelFamily>) {
         self.kernel_family = family;
+    }
+
+    /// The GEMM's output tiles for products of at least 128 rows: the ones set with
+    /// [`Context::set_gemm_tiles`] (or `WGPU_ATTENTION_GEMM_TILES=64x64|128x64`, read when the
+    /// context is created), else [`GemmTiles::Wide128x64`] on CPU drivers and
+    /// [`GemmTiles::Square64`] elsewhere.
+    pub fn gemm_tiles(&self) -> GemmTiles {
+        self.gemm_tiles.unwrap_or(match self.is_cpu() {
+            true => GemmTiles::Wide128x64,
+            false => GemmTiles::Square64,
+        })
+    }
+
+    /// Forces the GEMM's tiles (to compare them on one adapter); `None` restores the choice by
+    /// adapter class.
+    pub fn set_gemm_tiles(&mut self, tiles: Option<GemmTiles>) {
+        self.gemm_tiles = tiles;
     }
 
     /// The scratch buffer `what` (one per purpose, so two kinds of workspace of one call never

@@ -30,7 +30,7 @@ pub mod training;
 
 pub use device::{
     enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport, Context,
-    ContextOptions, KernelFamily, MemoryStats, RecordedCounts,
+    ContextOptions, GemmTiles, KernelFamily, MemoryStats, RecordedCounts,
 };
 pub use error::{Error, Result};
 pub use kernels::attention::{

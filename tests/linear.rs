@@ -1,6 +1,7 @@
 //! Linear layer `y = x W^T + b` on the GPU vs the f64 reference (checked by finite differences):
 //! forward with and without bias, dx, dW, db over odd sizes and a 3-D input; split bias sums; the
-//! activation and residual epilogues (also over split reductions); errors.
+//! activation and residual epilogues (also over split reductions); both GEMM tile shapes
+//! (`GemmTiles`), also on the unfused attention's batched, grouped, transposed products; errors.
 
 mod common;
 
@@ -12,7 +13,10 @@ use wgpu_attention::kernels::linear::{
 };
 use wgpu_attention::reference::elementwise as reference_elementwise;
 use wgpu_attention::reference::linear as reference;
-use wgpu_attention::{Context, Error, GpuTensor};
+use wgpu_attention::{
+    attention_backward_unfused, attention_forward_unfused, AttentionOptions, Context, Error,
+    GemmTiles, GpuTensor,
+};
 
 fn check(backend: &str, ctx: &Context, x_shape: &[usize], out_f: usize, with_bias: bool) {
     let in_f = *x_shape.last().unwrap();
@@ -188,6 +192,71 @@ fn epilogues_match_reference() {
         check_epilogues(backend, ctx, 9, 2000, 7);
         check_epilogues(backend, ctx, 9, 6, 1600);
     });
+}
+
+/// Both GEMM kernels, whichever the adapter picks by default.
+const TILES: [GemmTiles; 2] = [GemmTiles::Square64, GemmTiles::Wide128x64];
+
+#[test]
+fn both_gemm_tiles_match_reference() {
+    for tiles in TILES {
+        let forced = |ctx: &mut Context| ctx.set_gemm_tiles(Some(tiles));
+        for_each_backend_with(forced, check_tiles);
+        // Reductions split into accumulating dispatches under a loop budget.
+        let with_budget = |ctx: &mut Context| {
+            ctx.set_gemm_tiles(Some(tiles));
+            ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET));
+        };
+        for_each_backend_with(with_budget, |backend, ctx| {
+            check_epilogues(backend, ctx, 130, 2000, 7);
+            check_epilogues(backend, ctx, 130, 6, 1600);
+        });
+    }
+}
+
+/// Products of at least 128 rows (dx and the forward; dW has 130 rows in the last shape): partial
+/// tiles, both operand layouts of A and B, the epilogues, and the unfused attention's batched,
+/// grouped (GQA), transposed products with alpha.
+fn check_tiles(backend: &str, ctx: &Context) {
+    for (x_shape, out_f) in [
+        (vec![130, 32], 96),
+        (vec![2, 100, 40], 70),
+        (vec![257, 65], 130),
+    ] {
+        check(backend, ctx, &x_shape, out_f, true);
+    }
+    check_epilogues(backend, ctx, 200, 33, 20);
+    let case = Case::new(1, 130, 140, 4, 2, 24, 40).causal();
+    let [q, k, v, d_out] = case.upload(ctx);
+    let opts = AttentionOptions::new().causal(true);
+    let fwd = attention_forward_unfused(ctx, &q, &k, &v, &opts).unwrap();
+    let (ref_out, _) = case.reference_forward();
+    let tiles = ctx.gemm_tiles().name();
+    let tag = format!("[{backend}] {tiles} unfused {}", case.label());
+    let out = fwd.out.to_vec(ctx).unwrap();
+    assert_close(
+        &format!("{tag} out"),
+        &out,
+        &ref_out,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
+    let g = attention_backward_unfused(ctx, &q, &k, &v, &d_out, &opts).unwrap();
+    let r = case.reference_backward();
+    for (name, gpu, reference) in [
+        ("dq", &g.dq, &r.dq),
+        ("dk", &g.dk, &r.dk),
+        ("dv", &g.dv, &r.dv),
+    ] {
+        let gpu = gpu.to_vec(ctx).unwrap();
+        assert_close(
+            &format!("{tag} {name}"),
+            &gpu,
+            reference,
+            BACKWARD_ATOL,
+            BACKWARD_RTOL,
+        );
+    }
 }
 
 #[test]

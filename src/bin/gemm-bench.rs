@@ -1,11 +1,11 @@
 //! The GEMMs of a Transformer layer on one adapter: the Linear forward `x W^T` and backward
 //! (`dx = dy W` and `dW = dy^T x`, one recording) of the feed-forward block's two layers and the
 //! attention's fused QKV projection, at the shapes of a training step (`rows` tokens), with GFLOP/s
-//! and the share of the adapter's measured FMA peak. Every case is checked against the f64
-//! reference first.
+//! and the share of the adapter's measured FMA peak, for each GEMM tile shape asked for
+//! (`--tiles 64x64,128x64`, see `GemmTiles`). Every case is checked against the f64 reference first.
 //!
 //! ```text
-//! cargo run --release --bin gemm-bench -- [--rows 1024 --d-model 256 --d-ff 1024 --reps 5 --json FILE]
+//! cargo run --release --bin gemm-bench -- [--rows 1024 --d-model 256 --d-ff 1024 --tiles 64x64,128x64 --reps 5 --json FILE]
 //! ```
 
 use std::process::ExitCode;
@@ -18,7 +18,7 @@ use wgpu_attention::reference::compare::{
     compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
 };
 use wgpu_attention::reference::linear as reference;
-use wgpu_attention::{parse_backends, Context, ContextOptions, Error, GpuTensor};
+use wgpu_attention::{parse_backends, Context, ContextOptions, Error, GemmTiles, GpuTensor};
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Transformer-layer GEMMs on any wgpu adapter")]
@@ -37,6 +37,9 @@ struct Cli {
     /// Feed-forward width (default 4 * d_model)
     #[arg(long)]
     d_ff: Option<usize>,
+    /// GEMM output tiles to compare, comma separated: 64x64 (the default kernel), 128x64
+    #[arg(long, value_delimiter = ',', default_value = "64x64,128x64")]
+    tiles: Vec<String>,
     /// Timed runs per case (after warm-up)
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -60,7 +63,12 @@ fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
-    let ctx = Context::new_with(&ContextOptions {
+    let tiles = cli
+        .tiles
+        .iter()
+        .map(|t| GemmTiles::parse(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ctx = Context::new_with(&ContextOptions {
         backends,
         adapter_name: cli.adapter.clone(),
     })?;
@@ -74,27 +82,33 @@ fn run(cli: &Cli) -> Result<(), Error> {
         timer.clock().name(),
         cli.reps
     );
-    println!("| layer | pass | products | GFLOP | median ms | min-max ms | GFLOP/s | % of FMA peak | validation |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| tiles | layer | pass | products | GFLOP | median ms | min-max ms | GFLOP/s | % of FMA peak | validation |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut report = Vec::new();
-    for (name, in_f, out_f) in [
+    let layers = [
         ("attention QKV", d, 3 * d),
         ("feed-forward in", d, ff),
         ("feed-forward out", ff, d),
-    ] {
+    ];
+    for (tile, (name, in_f, out_f)) in tiles
+        .iter()
+        .flat_map(|&t| layers.iter().map(move |&l| (t, l)))
+    {
+        ctx.set_gemm_tiles(Some(tile));
+        let ctx = &ctx;
         let x = values(rows * in_f, 1, 1.0);
         let w = values(out_f * in_f, 2, 1.0 / (in_f as f32).sqrt());
         let b = values(out_f, 3, 0.1);
         let dy = values(rows * out_f, 4, 1.0);
-        let xt = GpuTensor::from_slice(&ctx, &x, &[rows, in_f])?;
-        let wt = GpuTensor::from_slice(&ctx, &w, &[out_f, in_f])?;
-        let bt = GpuTensor::from_slice(&ctx, &b, &[out_f])?;
-        let dyt = GpuTensor::from_slice(&ctx, &dy, &[rows, out_f])?;
-        let y = GpuTensor::zeros(&ctx, &[rows, out_f])?;
+        let xt = GpuTensor::from_slice(ctx, &x, &[rows, in_f])?;
+        let wt = GpuTensor::from_slice(ctx, &w, &[out_f, in_f])?;
+        let bt = GpuTensor::from_slice(ctx, &b, &[out_f])?;
+        let dyt = GpuTensor::from_slice(ctx, &dy, &[rows, out_f])?;
+        let y = GpuTensor::zeros(ctx, &[rows, out_f])?;
         let grads = LinearGrads {
-            dx: GpuTensor::zeros(&ctx, &[rows, in_f])?,
-            d_weight: GpuTensor::zeros(&ctx, &[out_f, in_f])?,
-            d_bias: Some(GpuTensor::zeros(&ctx, &[out_f])?),
+            dx: GpuTensor::zeros(ctx, &[rows, in_f])?,
+            d_weight: GpuTensor::zeros(ctx, &[out_f, in_f])?,
+            d_bias: Some(GpuTensor::zeros(ctx, &[out_f])?),
         };
         let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
         let (x64, w64) = (f64s(&x), f64s(&w));
@@ -103,8 +117,8 @@ fn run(cli: &Cli) -> Result<(), Error> {
             let record = || -> Result<(), Error> {
                 let mut encoder = ctx.device().create_command_encoder(&Default::default());
                 match pass {
-                    "forward" => linear_forward_into(&ctx, &mut encoder, &xt, &wt, Some(&bt), &y)?,
-                    _ => linear_backward_into(&ctx, &mut encoder, &xt, &wt, &dyt, &grads)?,
+                    "forward" => linear_forward_into(ctx, &mut encoder, &xt, &wt, Some(&bt), &y)?,
+                    _ => linear_backward_into(ctx, &mut encoder, &xt, &wt, &dyt, &grads)?,
                 }
                 ctx.queue().submit([encoder.finish()]);
                 Ok(())
@@ -113,13 +127,13 @@ fn run(cli: &Cli) -> Result<(), Error> {
             let worst = match pass {
                 "forward" => {
                     let r = reference::linear_forward(&x64, &w64, Some(&f64s(&b)), in_f);
-                    compare(&y.to_vec(&ctx)?, &r, FORWARD_ATOL, FORWARD_RTOL)
+                    compare(&y.to_vec(ctx)?, &r, FORWARD_ATOL, FORWARD_RTOL)
                 }
                 _ => {
                     let (rdx, rdw, _) = reference::linear_backward(&x64, &w64, &f64s(&dy), in_f);
-                    let dx = compare(&grads.dx.to_vec(&ctx)?, &rdx, BACKWARD_ATOL, BACKWARD_RTOL);
+                    let dx = compare(&grads.dx.to_vec(ctx)?, &rdx, BACKWARD_ATOL, BACKWARD_RTOL);
                     let dw = compare(
-                        &grads.d_weight.to_vec(&ctx)?,
+                        &grads.d_weight.to_vec(ctx)?,
                         &rdw,
                         BACKWARD_ATOL,
                         BACKWARD_RTOL,
@@ -135,7 +149,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 true => format!("ok ({:.1}% of tol)", 100.0 * worst.worst_ratio),
                 false => format!("**FAILED** ({:.1}x tol)", worst.worst_ratio),
             };
-            let samples = measure(&ctx, &timer, cli.reps, record)?;
+            let samples = measure(ctx, &timer, cli.reps, record)?;
             // The backward records dx and dW (two products of the forward's size) and the bias sums.
             let (products, gflop) = match pass {
                 "forward" => (format!("[{rows}x{in_f}] x [{in_f}x{out_f}]"), flop / 1e9),
@@ -148,14 +162,15 @@ fn run(cli: &Cli) -> Result<(), Error> {
             };
             let rate = gflop / (samples.median() / 1e3);
             println!(
-                "| {name} | {pass} | {products} | {gflop:.2} | {:.3} | {:.3}-{:.3} | {rate:.1} | {:.1}% | {validation} |",
+                "| {} | {name} | {pass} | {products} | {gflop:.2} | {:.3} | {:.3}-{:.3} | {rate:.1} | {:.1}% | {validation} |",
+                tile.name(),
                 samples.median(),
                 samples.min(),
                 samples.max(),
                 100.0 * rate / peak
             );
             report.push(serde_json::json!({
-                "layer": name, "pass": pass, "rows": rows, "in": in_f, "out": out_f,
+                "tiles": tile.name(), "layer": name, "pass": pass, "rows": rows, "in": in_f, "out": out_f,
                 "gflop": gflop, "times_ms": samples.times_ms, "gflops": rate,
                 "fraction_of_fma_peak": rate / peak, "validation": validation,
             }));

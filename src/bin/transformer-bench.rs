@@ -15,7 +15,7 @@ use wgpu_attention::bench::{measure, Timer};
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::training::Trainer;
-use wgpu_attention::{parse_backends, Context, ContextOptions, Error};
+use wgpu_attention::{parse_backends, Context, ContextOptions, Error, GemmTiles};
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Transformer training throughput on any wgpu adapter")]
@@ -55,6 +55,9 @@ struct Cli {
     /// Time with the host clock even where GPU timestamps exist
     #[arg(long)]
     wall_clock: bool,
+    /// GEMM output tiles: 64x64 or 128x64 (default: the adapter's, see GemmTiles)
+    #[arg(long)]
+    gemm_tiles: Option<String>,
     /// Write the figures as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -116,11 +119,19 @@ fn family(label: &str) -> &'static str {
 
 fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
-    let ctx = Context::new_with(&ContextOptions {
+    let mut ctx = Context::new_with(&ContextOptions {
         backends,
         adapter_name: cli.adapter.clone(),
     })?;
-    println!("adapter: {}", ctx.report());
+    if let Some(tiles) = &cli.gemm_tiles {
+        ctx.set_gemm_tiles(Some(GemmTiles::parse(tiles)?));
+    }
+    let ctx = ctx;
+    println!(
+        "adapter: {}\nGEMM tiles: {}",
+        ctx.report(),
+        ctx.gemm_tiles().name()
+    );
     let config = TransformerConfig {
         vocab: cli.vocab,
         d_model: cli.d_model,
@@ -269,6 +280,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "config": format!("{config:?}"),
             "shape": format!("{shape:?}"),
             "parameters": params,
+            "gemm_tiles": ctx.gemm_tiles().name(),
             "tensor_memory_mib": memory_mib,
             "clock": timer.clock().name(),
             "tokens_per_batch": tokens,

@@ -2,16 +2,53 @@
 //! baseline and the Linear layer (bias, activation and residual epilogues).
 //! `C[z] = alpha * sum_g A[z, g] · B[z, g]` with every operand addressed by strides.
 
-use crate::device::{grid_2d, Context, StorageBinding};
+use crate::device::{grid_2d, Context, GemmTiles, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::elementwise::Activation;
 
-/// The GEMM shader with the activation functions its epilogues share with the elementwise kernels.
+/// The GEMM shaders, each after the activation functions its epilogues share with the elementwise
+/// kernels and the GEMMs' common header: 64 x 64 tiles (and SKINNY), and 128 x 64 tiles.
 pub(crate) const SOURCE: &str = concat!(
     include_str!("../../shaders/activation_common.wgsl"),
+    include_str!("../../shaders/matmul_common.wgsl"),
     include_str!("../../shaders/matmul_strided.wgsl")
 );
-const TILE: u32 = 64;
+pub(crate) const WIDE_SOURCE: &str = concat!(
+    include_str!("../../shaders/activation_common.wgsl"),
+    include_str!("../../shaders/matmul_common.wgsl"),
+    include_str!("../../shaders/matmul_wide.wgsl")
+);
+
+/// Output tile, shader and loop iterations one invocation runs per 16-deep k tile (the k-tile loop,
+/// the tile loads and the 16 k steps) of one GEMM kernel.
+#[derive(Clone, Copy)]
+struct Kernel {
+    name: &'static str,
+    source: &'static str,
+    tile_m: u32,
+    tile_n: u32,
+    loop_cost_per_k_tile: u64,
+    /// Has the `SKINNY` override (one invocation per element of C for products of a few rows).
+    skinny: bool,
+}
+
+const SQUARE: Kernel = Kernel {
+    name: "matmul_strided",
+    source: SOURCE,
+    tile_m: 64,
+    tile_n: 64,
+    loop_cost_per_k_tile: 1 + 4 + 16,
+    skinny: true,
+};
+
+const WIDE: Kernel = Kernel {
+    name: "matmul_wide",
+    source: WIDE_SOURCE,
+    tile_m: 128,
+    tile_n: 64,
+    loop_cost_per_k_tile: 1 + 8 + 4 + 16,
+    skinny: false,
+};
 
 /// Element addressing of one operand: `offset + b*stride_b + (h/head_div)*stride_h + g*stride_g +
 /// row*stride_row + col*stride_col`.
@@ -100,18 +137,19 @@ impl Epilogue<'_> {
 /// (one valid row in each 64-row tile), and the decoding step 4x less in all with this path.
 const SKINNY_ROWS: u32 = 8;
 
-/// Loop iterations one invocation runs per 16-deep k tile: the k-tile loop itself, the 4 tile loads
-/// and the 16 k steps.
-const LOOP_COST_PER_K_TILE: u64 = 1 + 4 + 16;
-
 /// Records one batched product into `pass`.
 pub(crate) fn encode_gemm(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     g: &Gemm<'_>,
 ) -> Result<()> {
-    let tiles_m = g.m.div_ceil(TILE);
-    let tiles_n = g.n.div_ceil(TILE);
+    // 128-row tiles only where they fill: shorter products keep the 64 x 64 kernel.
+    let kernel = match ctx.gemm_tiles() {
+        GemmTiles::Wide128x64 if g.m >= WIDE.tile_m => WIDE,
+        _ => SQUARE,
+    };
+    let tiles_m = g.m.div_ceil(kernel.tile_m);
+    let tiles_n = g.n.div_ceil(kernel.tile_n);
     let total = (tiles_m as u64) * (tiles_n as u64) * (g.batch as u64) * (g.heads as u64);
     u32::try_from(total).map_err(|_| Error::Unsupported {
         arg: "matmul workgroups",
@@ -123,18 +161,19 @@ pub(crate) fn encode_gemm(
         .loop_budget()
         .is_none_or(|budget| g.groups as u64 * g.k as u64 <= budget as u64);
     if g.m <= SKINNY_ROWS && skinny_fits {
-        return encode_one(ctx, pass, g, false, true);
+        return encode_one(ctx, pass, g, SQUARE, false, true);
     }
     // llvmpipe ends every loop after 65535 iterations per invocation: split the reduction over
     // groups and k into dispatches that accumulate into C. The bias goes into the first, the
     // activation and residual epilogues into the last, once the sum is complete.
     let k_tiles = (g.k as u64).div_ceil(16);
+    let per_k_tile = kernel.loop_cost_per_k_tile;
     let fits = ctx
         .loop_budget()
-        .is_none_or(|budget| g.groups as u64 * k_tiles * LOOP_COST_PER_K_TILE <= budget as u64);
+        .is_none_or(|budget| g.groups as u64 * k_tiles * per_k_tile <= budget as u64);
     if !fits {
         let budget = ctx.loop_budget().unwrap_or(u32::MAX) as u64;
-        let k_chunk = ((budget / LOOP_COST_PER_K_TILE).max(1) * 16).min(g.k as u64) as u32;
+        let k_chunk = ((budget / per_k_tile).max(1) * 16).min(g.k as u64) as u32;
         let mut first = true;
         let chunks = g.groups as usize * (g.k as usize).div_ceil(k_chunk as usize);
         let mut index = 0;
@@ -158,26 +197,27 @@ pub(crate) fn encode_gemm(
                     },
                     ..*g
                 };
-                encode_one(ctx, pass, &part, !first, false)?;
+                encode_one(ctx, pass, &part, kernel, !first, false)?;
                 first = false;
             }
         }
         return Ok(());
     }
-    encode_one(ctx, pass, g, false, false)
+    encode_one(ctx, pass, g, kernel, false, false)
 }
 
 fn encode_one(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     g: &Gemm<'_>,
+    kernel: Kernel,
     accumulate: bool,
     skinny: bool,
 ) -> Result<()> {
     // SKINNY: tiles_n counts groups of 256 elements of C per batch entry.
     let (tiles_m, tiles_n) = match skinny {
         true => (1, (g.m * g.n).div_ceil(256)),
-        false => (g.m.div_ceil(TILE), g.n.div_ceil(TILE)),
+        false => (g.m.div_ceil(kernel.tile_m), g.n.div_ceil(kernel.tile_n)),
     };
     let total = (tiles_m as u64) * (tiles_n as u64) * (g.batch as u64) * (g.heads as u64);
     let total = total as u32;
@@ -207,11 +247,11 @@ fn encode_one(
         b: g.b.1,
         c: g.c.1,
     };
-    let pipeline = ctx.pipeline(
-        "matmul_strided",
-        || SOURCE.to_string(),
-        &[("SKINNY", skinny as u32)],
-    );
+    let constants: &[(&'static str, u32)] = match kernel.skinny {
+        true => &[("SKINNY", skinny as u32)],
+        false => &[],
+    };
+    let pipeline = ctx.pipeline(kernel.name, || kernel.source.to_string(), constants);
     let whole = |binding, buffer| StorageBinding {
         binding,
         buffer,
@@ -233,7 +273,7 @@ fn encode_one(
     ];
     let bind_group = ctx.bind_group(
         &pipeline,
-        "matmul_strided",
+        kernel.name,
         bytemuck::bytes_of(&params),
         &storage,
     );

@@ -110,6 +110,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
             with_common(&additive::with_shared(additive::BACKWARD_DB)),
         ),
         ("matmul_strided", matmul::SOURCE.to_string()),
+        ("matmul_wide", matmul::WIDE_SOURCE.to_string()),
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
     ])
     // The f16 variants of the GPU family (names ending in _f16: no GLSL, GL has no f16).
