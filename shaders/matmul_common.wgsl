@@ -62,6 +62,22 @@ fn base(op: Operand, bi: u32, h: u32, g: u32) -> u32 {
     return op.offset + bi * op.stride_b + (h / op.head_div) * op.stride_h + g * op.stride_g;
 }
 
+// The output tile of workgroup `group` (tiles of tile_m x tile_n, tiles_n per row of tiles, then
+// batch entries): its batch index, head, first row and first column.
+struct Tile {
+    bi: u32,
+    h: u32,
+    m0: u32,
+    n0: u32,
+}
+
+fn tile_of(group: u32, tile_m: u32, tile_n: u32) -> Tile {
+    let tiles = gp.tiles_m * gp.tiles_n;
+    let z = group / tiles;
+    let tile = group % tiles;
+    return Tile(z / gp.heads, z % gp.heads, (tile / gp.tiles_n) * tile_m, (tile % gp.tiles_n) * tile_n);
+}
+
 // One element of C: alpha, bias, accumulate, then the activation and residual epilogues.
 fn store(c_base: u32, row: u32, col: u32, acc: f32) {
     var value = gp.alpha * acc;

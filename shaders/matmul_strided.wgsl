@@ -22,13 +22,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         skinny(group, lid3.y * 16u + lid3.x);
         return;
     }
-    let tiles = gp.tiles_m * gp.tiles_n;
-    let z = group / tiles;
-    let tile = group % tiles;
-    let m0 = (tile / gp.tiles_n) * TILE;
-    let n0 = (tile % gp.tiles_n) * TILE;
-    let bi = z / gp.heads;
-    let h = z % gp.heads;
+    let at = tile_of(group, TILE, TILE);
+    let bi = at.bi;
+    let h = at.h;
+    let m0 = at.m0;
+    let n0 = at.n0;
     let tx = lid3.x;
     let ty = lid3.y;
     let lid = ty * 16u + tx;

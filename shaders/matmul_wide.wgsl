@@ -17,13 +17,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     if group >= gp.total_groups {
         return;
     }
-    let tiles = gp.tiles_m * gp.tiles_n;
-    let z = group / tiles;
-    let tile = group % tiles;
-    let m0 = (tile / gp.tiles_n) * TILE_M;
-    let n0 = (tile % gp.tiles_n) * TILE_N;
-    let bi = z / gp.heads;
-    let h = z % gp.heads;
+    let at = tile_of(group, TILE_M, TILE_N);
+    let bi = at.bi;
+    let h = at.h;
+    let m0 = at.m0;
+    let n0 = at.n0;
     let tx = lid3.x;
     let ty = lid3.y;
     let lid = ty * 16u + tx;

@@ -219,22 +219,7 @@ impl GpuTensor {
     }
 
     pub fn heads(&self) -> Result<HeadsView> {
-        match *self.shape.as_slice() {
-            [b, s, h, d] => Ok(HeadsView {
-                buffer: self.buffer.clone(),
-                dtype: DType::F32,
-                offset: 0,
-                shape: [b, s, h, d],
-                strides: [s * h * d, h * d, d],
-            }),
-            _ => Err(Error::shape(
-                "tensor",
-                format!(
-                    "shape {:?} is not [batch, seq, heads, head_dim]",
-                    self.shape
-                ),
-            )),
-        }
+        HeadsView::contiguous(&self.buffer, DType::F32, &self.shape)
     }
 
     /// Views a `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor, starting at
@@ -377,22 +362,7 @@ impl GpuTensorF16 {
 
     /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
     pub fn heads(&self) -> Result<HeadsView> {
-        let [b, s, h, d] = *self.shape.as_slice() else {
-            return Err(Error::shape(
-                "tensor",
-                format!(
-                    "shape {:?} is not [batch, seq, heads, head_dim]",
-                    self.shape
-                ),
-            ));
-        };
-        Ok(HeadsView {
-            buffer: self.buffer.clone(),
-            dtype: DType::F16,
-            offset: 0,
-            shape: [b, s, h, d],
-            strides: [s * h * d, h * d, d],
-        })
+        HeadsView::contiguous(&self.buffer, DType::F16, &self.shape)
     }
 }
 
@@ -443,6 +413,23 @@ impl HeadsView {
 
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// The whole of a contiguous tensor of `shape` `[batch, seq, heads, head_dim]`.
+    fn contiguous(buffer: &Arc<wgpu::Buffer>, dtype: DType, shape: &[usize]) -> Result<Self> {
+        let [b, s, h, d] = *shape else {
+            return Err(Error::shape(
+                "tensor",
+                format!("shape {shape:?} is not [batch, seq, heads, head_dim]"),
+            ));
+        };
+        Ok(HeadsView {
+            buffer: buffer.clone(),
+            dtype,
+            offset: 0,
+            shape: [b, s, h, d],
+            strides: [s * h * d, h * d, d],
+        })
     }
 
     pub fn shape(&self) -> [usize; 4] {

@@ -10,6 +10,20 @@ use std::time::Instant;
 use crate::device::Context;
 use crate::error::{Error, Result};
 
+/// `n` deterministic values in `[-scale, scale)` from `seed` (xorshift): benchmark inputs that are
+/// the same in every run and on every machine.
+pub fn uniform_values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
 /// How a [`Timer`] measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Clock {

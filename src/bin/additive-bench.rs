@@ -10,7 +10,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use wgpu_attention::bench::{measure, Timer};
+use wgpu_attention::bench::{measure, uniform_values, Timer};
 use wgpu_attention::reference::additive as reference;
 use wgpu_attention::reference::attention::Masks;
 use wgpu_attention::reference::compare::{
@@ -58,19 +58,6 @@ struct Cli {
     json: Option<std::path::PathBuf>,
 }
 
-/// Deterministic values in [-scale, scale).
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
 fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
     let ctx = Context::new_with(&ContextOptions {
@@ -81,8 +68,8 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let timer = Timer::new(&ctx, false);
     let (b, h, da, dv) = (cli.batch, cli.heads, cli.score_dim, cli.head_dim);
     let opts = AttentionOptions::new().causal(cli.causal);
-    let w = GpuTensor::from_slice(&ctx, &values(h * da, 1, 1.0), &[h, da])?;
-    let bias = GpuTensor::from_slice(&ctx, &values(h * da, 2, 0.5), &[h, da])?;
+    let w = GpuTensor::from_slice(&ctx, &uniform_values(h * da, 1, 1.0), &[h, da])?;
+    let bias = GpuTensor::from_slice(&ctx, &uniform_values(h * da, 2, 0.5), &[h, da])?;
     let scores = AdditiveScores { w: &w, bias: &bias };
     println!(
         "B{b} H{h} Da {da} Dv {dv}{}; {} ({} timed runs after warm-up)\n",
@@ -94,10 +81,10 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let mut rows = Vec::new();
     let mut ratios = Vec::new();
     for (n, &l) in cli.lengths.iter().enumerate() {
-        let av = values(b * l * h * da, 3, 1.0);
-        let bv = values(b * l * h * da, 4, 1.0);
-        let vv = values(b * l * h * dv, 5, 1.0);
-        let dov = values(b * l * h * dv, 6, 1.0);
+        let av = uniform_values(b * l * h * da, 3, 1.0);
+        let bv = uniform_values(b * l * h * da, 4, 1.0);
+        let vv = uniform_values(b * l * h * dv, 5, 1.0);
+        let dov = uniform_values(b * l * h * dv, 6, 1.0);
         let a = GpuTensor::from_slice(&ctx, &av, &[b, l, h, da])?.heads()?;
         let k = GpuTensor::from_slice(&ctx, &bv, &[b, l, h, da])?.heads()?;
         let v = GpuTensor::from_slice(&ctx, &vv, &[b, l, h, dv])?.heads()?;
@@ -121,7 +108,10 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 causal: cli.causal,
                 ..Default::default()
             };
-            let (w64, bias64) = (f(&values(h * da, 1, 1.0)), f(&values(h * da, 2, 0.5)));
+            let (w64, bias64) = (
+                f(&uniform_values(h * da, 1, 1.0)),
+                f(&uniform_values(h * da, 2, 0.5)),
+            );
             let (a64, b64, v64) = (f(&av), f(&bv), f(&vv));
             let c = match pass {
                 "forward" => {

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use wgpu_attention::bench::fma::fma_peak_gflops;
-use wgpu_attention::bench::{measure, Timer};
+use wgpu_attention::bench::{measure, uniform_values, Timer};
 use wgpu_attention::kernels::linear::{linear_backward_into, linear_forward_into, LinearGrads};
 use wgpu_attention::reference::compare::{
     compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
@@ -46,19 +46,6 @@ struct Cli {
     /// Write the figures as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
-}
-
-/// Deterministic values in [-scale, scale).
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
 }
 
 fn run(cli: &Cli) -> Result<(), Error> {
@@ -96,10 +83,10 @@ fn run(cli: &Cli) -> Result<(), Error> {
     {
         ctx.set_gemm_tiles(Some(tile));
         let ctx = &ctx;
-        let x = values(rows * in_f, 1, 1.0);
-        let w = values(out_f * in_f, 2, 1.0 / (in_f as f32).sqrt());
-        let b = values(out_f, 3, 0.1);
-        let dy = values(rows * out_f, 4, 1.0);
+        let x = uniform_values(rows * in_f, 1, 1.0);
+        let w = uniform_values(out_f * in_f, 2, 1.0 / (in_f as f32).sqrt());
+        let b = uniform_values(out_f, 3, 0.1);
+        let dy = uniform_values(rows * out_f, 4, 1.0);
         let xt = GpuTensor::from_slice(ctx, &x, &[rows, in_f])?;
         let wt = GpuTensor::from_slice(ctx, &w, &[out_f, in_f])?;
         let bt = GpuTensor::from_slice(ctx, &b, &[out_f])?;

@@ -231,7 +231,7 @@ pub fn additive_forward_unfused(
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_forward_unfused");
-        encode_scores(
+        encode_unfused_probs(
             ctx,
             &mut pass,
             &s,
@@ -239,20 +239,7 @@ pub fn additive_forward_unfused(
             [a, b],
             scores,
             opts,
-            None,
-            0..s.q_seq,
-            &probs,
-        )?;
-        // The scores are already scaled.
-        encode_softmax(
-            ctx,
-            &mut pass,
-            &s,
-            1.0,
-            &probs,
-            &lse,
-            opts,
-            seq_lens_buffer(ctx, opts),
+            [&probs, &lse],
         )?;
         encode_pv(ctx, &mut pass, &s, &probs, v, &out.heads()?)?;
     }
@@ -611,6 +598,36 @@ fn encode_param_grads(
     Ok(())
 }
 
+/// The unfused paths' probabilities: every score materialised into `probs` `[B, H, Lq, Lk]`, then
+/// the masked softmax in place, writing `lse`.
+#[allow(clippy::too_many_arguments)]
+fn encode_unfused_probs(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    s: &AttentionShape,
+    scale: f32,
+    [a, b]: [&HeadsView; 2],
+    scores: AdditiveScores<'_>,
+    opts: &AttentionOptions<'_>,
+    [probs, lse]: [&GpuTensor; 2],
+) -> Result<()> {
+    encode_scores(
+        ctx,
+        pass,
+        s,
+        scale,
+        [a, b],
+        scores,
+        opts,
+        None,
+        0..s.q_seq,
+        probs,
+    )?;
+    // The scores are already scaled.
+    let lens = seq_lens_buffer(ctx, opts);
+    encode_softmax(ctx, pass, s, 1.0, probs, lse, opts, lens)
+}
+
 /// The unfused baseline of [`additive_backward`], for the benchmark: P recomputed and materialised
 /// as `[B, H, Lq, Lk]` (the unfused forward's kernels), `dP = dO V^T` and `dV = P^T dO` as GEMMs,
 /// `dS = P (dP - rowsum(P dP))` by the softmax backward, then da, db and the dw shares from dS with
@@ -651,7 +668,7 @@ pub fn additive_backward_unfused(
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_backward_unfused");
-        encode_scores(
+        encode_unfused_probs(
             ctx,
             &mut pass,
             &s,
@@ -659,13 +676,8 @@ pub fn additive_backward_unfused(
             [a, b],
             scores,
             opts,
-            None,
-            0..lq,
-            &probs,
+            [&probs, &lse],
         )?;
-        // The scores are already scaled.
-        let lens = seq_lens_buffer(ctx, opts);
-        encode_softmax(ctx, &mut pass, &s, 1.0, &probs, &lse, opts, lens)?;
         encode_unfused_output_grads(ctx, &mut pass, &s, opts, &probs, &dprobs, v, d_out, &dv)?;
         for query_side in [true, false] {
             let mut params = base_params(&s, scale, opts);
