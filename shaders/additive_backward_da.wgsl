@@ -77,9 +77,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             if !any(seen) {
                 continue;
             }
+            // Each tanh once: kept for the derivative pass below.
+            var t_row: array<vec4<f32>, MAX_DA>;
             var e = vec4<f32>(0.0);
             for (var c = 0u; c < DA; c++) {
-                e += w_tile[c] * tanh4(own[c], jj, c);
+                let t = tanh4(own[c], jj, c);
+                t_row[c] = t;
+                e += w_tile[c] * t;
             }
             var dp = vec4<f32>(0.0);
             for (var d = 0u; d < DV; d++) {
@@ -90,7 +94,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             // Masked keys (and rows that saw none, lse = -inf) contribute nothing.
             let ds = select(vec4<f32>(0.0), exp(e - lse) * (dp - d_row), seen);
             for (var c = 0u; c < DA; c++) {
-                let t = tanh4(own[c], jj, c);
+                let t = t_row[c];
                 da[c] += dot(ds, w_tile[c] * (1.0 - t * t));
                 dw[c] += params.scale * dot(ds, t);
             }

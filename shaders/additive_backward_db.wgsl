@@ -111,9 +111,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             if !any(seen) {
                 continue;
             }
+            // Each tanh once: kept for the derivative pass below.
+            var t_row: array<vec4<f32>, MAX_DA>;
             var e = vec4<f32>(0.0);
             for (var c = 0u; c < DA; c++) {
-                e += w_tile[c] * tanh4(own[c], ii, c);
+                let t = tanh4(own[c], ii, c);
+                t_row[c] = t;
+                e += w_tile[c] * t;
             }
             // Rows that do not see this key (or saw none, lse = -inf) contribute nothing.
             let p = select(vec4<f32>(0.0), exp(e - lse), seen);
@@ -127,7 +131,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let d_row = vec4<f32>(d_tile[ii], d_tile[ii + 1u], d_tile[ii + 2u], d_tile[ii + 3u]);
             let ds = p * (dp - d_row);
             for (var c = 0u; c < DA; c++) {
-                let t = tanh4(own[c], ii, c);
+                let t = t_row[c];
                 db[c] += dot(ds, w_tile[c] * (1.0 - t * t));
             }
         }
