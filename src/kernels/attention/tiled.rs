@@ -4,7 +4,7 @@
 //! CPU-driver kernels in the parent module; [`Context::kernel_family`] chooses.
 
 use super::*;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub(super) const FORWARD: &str = include_str!("../../../shaders/attention_forward_tiled.wgsl");
 pub(super) const FORWARD_MERGE: &str =
@@ -46,6 +46,7 @@ impl TiledForward {
         let (wg, block_m, block_n) = first_fitting(
             ctx,
             "head_dim (GPU-family forward, workgroup storage)",
+            Tuning::Forward,
             widest,
             candidates,
             |wg, block_m, block_n| {
@@ -105,7 +106,9 @@ impl TiledForward {
         let groups = s.q_seq.div_ceil(self.block_m as usize) * s.batch * s.heads;
         let kv_tiles = s.kv_seq.div_ceil(self.block_n as usize);
         let mut splits = 1;
-        if !ctx.is_cpu() && groups < SPLIT_TARGET_WORKGROUPS {
+        if let Some(tuned) = tuned_splits() {
+            splits = tuned.min(kv_tiles).max(1);
+        } else if !ctx.is_cpu() && groups < SPLIT_TARGET_WORKGROUPS {
             splits = SPLIT_TARGET_WORKGROUPS
                 .div_ceil(groups)
                 .min(kv_tiles / SPLIT_MIN_TILES)
@@ -292,22 +295,102 @@ pub(super) fn encode_split_merge(
     Ok(())
 }
 
-/// The first `(wg, a, b)` candidate whose workgroup memory (`bytes`) and width fit the adapter.
+/// The tiled kernels' shapes and split count can be overridden for tuning on a new GPU (benchmarks
+/// only; the defaults are the measured choices): `WGPU_ATTENTION_TILED_FORWARD=WGxBMxBN`,
+/// `WGPU_ATTENTION_TILED_DKDV=WGxBNxBM`, `WGPU_ATTENTION_TILED_DQ=WGxBMxBN`,
+/// `WGPU_ATTENTION_SPLITS=N`. A shape the kernel cannot take (divisibility, workgroup storage, width)
+/// is reported once on stderr and ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tuning {
+    Forward,
+    DkDv,
+    Dq,
+}
+
+impl Tuning {
+    fn variable(self) -> &'static str {
+        match self {
+            Tuning::Forward => "WGPU_ATTENTION_TILED_FORWARD",
+            Tuning::DkDv => "WGPU_ATTENTION_TILED_DKDV",
+            Tuning::Dq => "WGPU_ATTENTION_TILED_DQ",
+        }
+    }
+
+    /// The override, read once per process.
+    fn shape(self) -> Option<(u32, u32, u32)> {
+        static SHAPES: OnceLock<[Option<(u32, u32, u32)>; 3]> = OnceLock::new();
+        let shapes = SHAPES.get_or_init(|| {
+            [Tuning::Forward, Tuning::DkDv, Tuning::Dq].map(|tuning| {
+                let value = std::env::var(tuning.variable()).ok()?;
+                let parsed: Vec<u32> = value.split('x').filter_map(|n| n.parse().ok()).collect();
+                match parsed[..] {
+                    [wg, a, b] => Some((wg, a, b)),
+                    _ => {
+                        eprintln!(
+                            "wgpu-attention: ignoring {}={value}: expected WGxAxB",
+                            tuning.variable()
+                        );
+                        None
+                    }
+                }
+            })
+        });
+        shapes[self as usize]
+    }
+
+    /// Whether the kernel's register tiling divides evenly: four-row groups of the first block
+    /// (`a`) spread the `wg` invocations over the second block (`b`).
+    fn divides(self, wg: u32, a: u32, b: u32) -> bool {
+        a % 4 == 0 && a > 0 && b > 0 && wg >= a / 4 && wg % (a / 4) == 0 && b % (wg / (a / 4)) == 0
+    }
+}
+
+/// Split-KV workgroups per forward query block, when overridden (`WGPU_ATTENTION_SPLITS`).
+fn tuned_splits() -> Option<usize> {
+    static SPLITS: OnceLock<Option<usize>> = OnceLock::new();
+    *SPLITS.get_or_init(|| {
+        let value = std::env::var("WGPU_ATTENTION_SPLITS").ok()?;
+        let splits = value.parse().ok().filter(|&n| n >= 1);
+        if splits.is_none() {
+            eprintln!(
+                "wgpu-attention: ignoring WGPU_ATTENTION_SPLITS={value}: expected a count >= 1"
+            );
+        }
+        splits
+    })
+}
+
+/// The first `(wg, a, b)` candidate whose workgroup memory (`bytes`) and width fit the adapter,
+/// after the tuning override where one is set and fits.
 fn first_fitting(
     ctx: &Context,
     what: &'static str,
+    tuning: Tuning,
     widest: usize,
     candidates: &[(u32, u32, u32)],
     bytes: impl Fn(u32, u32, u32) -> u32,
 ) -> Result<(u32, u32, u32)> {
     let limits = ctx.limits();
+    let fits = |&(wg, a, b): &(u32, u32, u32)| {
+        bytes(wg, a, b) <= limits.max_compute_workgroup_storage_size
+            && wg <= limits.max_compute_invocations_per_workgroup
+    };
+    if let Some(shape) = tuning.shape() {
+        if fits(&shape) && tuning.divides(shape.0, shape.1, shape.2) {
+            return Ok(shape);
+        }
+        static WARNED: OnceLock<()> = OnceLock::new();
+        WARNED.get_or_init(|| {
+            eprintln!(
+                "wgpu-attention: ignoring {}={shape:?} for head dim {widest}: it does not divide or fit",
+                tuning.variable()
+            )
+        });
+    }
     candidates
         .iter()
         .copied()
-        .find(|&(wg, a, b)| {
-            bytes(wg, a, b) <= limits.max_compute_workgroup_storage_size
-                && wg <= limits.max_compute_invocations_per_workgroup
-        })
+        .find(fits)
         .ok_or(Error::Unsupported {
             arg: what,
             value: widest as u64,
@@ -347,6 +430,7 @@ impl TiledDkDv {
         let (wg, block_n, block_m) = first_fitting(
             ctx,
             "head_dim (GPU-family dK/dV, workgroup storage)",
+            Tuning::DkDv,
             widest,
             candidates,
             |_, bn, bm| 16 * (bn * (ks + vs) + bm * (ks + vs) + 2 * bm * bn / 4) + 8 * bm,
@@ -412,6 +496,7 @@ impl TiledDq {
         let (wg, block_m, block_n) = first_fitting(
             ctx,
             "head_dim (GPU-family dQ, workgroup storage)",
+            Tuning::Dq,
             widest,
             candidates,
             |_, bm, bn| 16 * ((bm + bn) * (ks + vs) + bn * bm / 4),

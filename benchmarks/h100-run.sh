@@ -1,0 +1,50 @@
+#!/bin/bash
+# One device call on the H100: the loader and stripped release binaries travel as .gl/ and
+# .gpu/bundle.tar.xz (see ../shared/GPU.md); every report goes to $OUT. Each step has its own time
+# limit so one slow step cannot lose the others' reports.
+set -u
+for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+[ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+tar -C .gpu -xJf .gpu/bundle.tar.xz
+B=.gpu/bin
+export WGPU_BACKEND=vulkan
+step() { local limit=$1 name=$2; shift 2; echo "== $name ($(date +%T))"; timeout $limit "$@" > $OUT/$name.log 2>&1; echo "   rc $? $(date +%T)"; }
+vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
+# Per-step plan comes from $PLAN (a list of step names) so later calls can pick.
+for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
+  case $s in
+  sweep)
+    for cfg in 128x64x32 64x64x32 256x64x32 128x32x32 64x32x32 128x64x16; do
+      WGPU_ATTENTION_TILED_FORWARD=$cfg step 40 sweep-fwd-$cfg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
+        --lengths 1024,4096 --masks none --passes forward --paths fused --reps 5 --json $OUT/sweep-fwd-$cfg.json
+    done
+    for sp in 1 2 4 8 16; do
+      WGPU_ATTENTION_SPLITS=$sp step 40 sweep-splits-$sp $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
+        --lengths 2048,8192 --masks none,causal --passes forward --paths fused --reps 5 --validate-limit 0 --json $OUT/sweep-splits-$sp.json
+    done ;;
+  suite64)
+    step 150 suite-b1h8d64 $B/attention-bench --kernels gpu --dtypes f32,f16 --batch 1 --heads 8 --head-dim 64 \
+      --lengths 1024,2048,4096,8192,16384 --masks none,causal --passes forward,backward --paths fused,unfused \
+      --reps 5 --json $OUT/h100-gpu-b1h8d64.json --plot $OUT/h100-gpu-b1h8d64.svg ;;
+  suite128)
+    step 200 suite-b4h16d128 $B/attention-bench --kernels gpu --dtypes f32,f16 --batch 4 --heads 16 --head-dim 128 \
+      --lengths 1024,2048,4096,8192 --masks none,causal --passes forward,backward --paths fused,unfused \
+      --reps 3 --json $OUT/h100-gpu-b4h16d128.json ;;
+  cpu64)
+    step 90 cpu-family-b1h8d64 $B/attention-bench --kernels cpu --batch 1 --heads 8 --head-dim 64 \
+      --lengths 1024,2048,4096 --masks none,causal --passes forward,backward --paths fused \
+      --reps 3 --json $OUT/h100-cpu-family-b1h8d64.json ;;
+  gemm)
+    step 60 gemm $B/gemm-bench --reps 10 --json $OUT/h100-gemm.json ;;
+  transformer)
+    for t in 64x64 128x64; do
+      step 60 transformer-$t $B/transformer-bench --reps 10 --gemm-tiles $t --json $OUT/h100-transformer-$t.json
+    done
+    step 60 transformer-lm $B/transformer-bench --decoder-only --seq 256 --reps 10 --json $OUT/h100-transformer-lm.json ;;
+  tests)
+    for t in attention_forward attention_backward attention_f16 linear transformer training; do
+      step 100 test-$t $B/test_$t
+    done ;;
+  esac
+done
+for f in $OUT/*.log; do echo "--- $f"; grep -E "^test result|FAILED|panicked|error|rc " $f | head -5; done
