@@ -1,4 +1,4 @@
-//! Heat maps of what the digit-reversal model of `train_seq2seq` attends to, as SVG files with the
+//! Heat maps of what the digit-reversal model of `train_seq2seq` attends to, as SVG and PNG files with the
 //! tokens on both axes: cross-attention of every head of the last decoder layer (the anti-diagonal
 //! of reversal), decoder self-attention, attention rollout over the encoder, and
 //! gradient-times-attention of the cross-attention. See `model::maps` for what each does and does not
@@ -90,6 +90,131 @@ struct Map<'a> {
     signed: bool,
 }
 
+impl Map<'_> {
+    /// The cell colour of `v`: white at 0, full colour at the map's largest magnitude.
+    fn colour(&self, v: f64) -> [u8; 3] {
+        let scale = self
+            .values
+            .iter()
+            .fold(0.0f64, |a, v| a.max(v.abs()))
+            .max(1e-12);
+        let t = (v.abs() / scale).clamp(0.0, 1.0);
+        let full = if self.signed && v < 0.0 {
+            [33.0, 102.0, 172.0]
+        } else if self.signed {
+            [178.0, 24.0, 43.0]
+        } else {
+            [8.0, 48.0, 107.0]
+        };
+        full.map(|c: f64| (255.0 - t * (255.0 - c)).round() as u8)
+    }
+}
+
+/// An RGB image with 8x8 bitmap text (font8x8), for the PNG versions of the maps.
+struct Canvas {
+    width: usize,
+    height: usize,
+    rgb: Vec<u8>,
+}
+
+impl Canvas {
+    fn new(width: usize, height: usize) -> Self {
+        Self {
+            width,
+            height,
+            rgb: vec![255; width * height * 3],
+        }
+    }
+
+    /// Fills the rectangle, clipped to the image.
+    fn rect(&mut self, x: usize, y: usize, w: usize, h: usize, colour: [u8; 3]) {
+        for row in y.min(self.height)..(y + h).min(self.height) {
+            for col in x.min(self.width)..(x + w).min(self.width) {
+                let i = (row * self.width + col) * 3;
+                self.rgb[i..i + 3].copy_from_slice(&colour);
+            }
+        }
+    }
+
+    /// Black ASCII text with its top-left corner at (x, y), each font pixel `scale` pixels wide.
+    fn text(&mut self, x: usize, y: usize, text: &str, scale: usize) {
+        for (n, c) in text.chars().enumerate() {
+            let glyph = font8x8::legacy::BASIC_LEGACY[(c as usize).min(127)];
+            for (gy, bits) in glyph.iter().enumerate() {
+                for gx in 0..8 {
+                    if bits >> gx & 1 == 1 {
+                        let (px, py) = (x + (n * 8 + gx) * scale, y + gy * scale);
+                        self.rect(px, py, scale, scale, [0, 0, 0]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Width in pixels of `text` at `scale`.
+    fn text_width(text: &str, scale: usize) -> usize {
+        text.chars().count() * 8 * scale
+    }
+
+    fn png(&self) -> Result<Vec<u8>, png::EncodingError> {
+        let mut bytes = Vec::new();
+        let mut encoder = png::Encoder::new(&mut bytes, self.width as u32, self.height as u32);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder.write_header()?;
+        writer.write_image_data(&self.rgb)?;
+        writer.finish()?;
+        Ok(bytes)
+    }
+}
+
+/// The PNG of [`svg`]'s layout: the maps side by side, token labels on both axes (without the
+/// tooltips).
+fn png(title: &str, maps: &[Map<'_>]) -> Result<Vec<u8>, png::EncodingError> {
+    const CELL: usize = 28;
+    const LABEL_SCALE: usize = 2;
+    let label_width = |labels: &[String]| {
+        labels
+            .iter()
+            .map(|l| Canvas::text_width(l, LABEL_SCALE))
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = maps
+        .iter()
+        .map(|m| {
+            let grid = label_width(m.rows) + 6 + CELL * m.cols.len();
+            grid.max(Canvas::text_width(&m.title, 1)) + 24
+        })
+        .collect();
+    let top = 40 + 8 * LABEL_SCALE + 6;
+    let rows = maps.iter().map(|m| m.rows.len()).max().unwrap_or(0);
+    let width = (widths.iter().sum::<usize>() + 16).max(Canvas::text_width(title, 1) + 16);
+    let mut canvas = Canvas::new(width, top + CELL * rows + 16);
+    canvas.text(8, 8, title, 1);
+    let mut x0 = 8;
+    for (m, w) in maps.iter().zip(&widths) {
+        let left = x0 + label_width(m.rows) + 6;
+        canvas.text(left, 26, &m.title, 1);
+        for (j, c) in m.cols.iter().enumerate() {
+            let x = left + CELL * j + CELL / 2 - Canvas::text_width(c, LABEL_SCALE) / 2;
+            canvas.text(x, 40, c, LABEL_SCALE);
+        }
+        for (i, r) in m.rows.iter().enumerate() {
+            let y = top + CELL * i;
+            let label_x = left - 6 - Canvas::text_width(r, LABEL_SCALE);
+            canvas.text(label_x, y + (CELL - 8 * LABEL_SCALE) / 2, r, LABEL_SCALE);
+            for j in 0..m.cols.len() {
+                let colour = m.colour(m.values[i * m.cols.len() + j]);
+                // One white pixel between cells, like the SVG's stroke.
+                canvas.rect(left + CELL * j, y, CELL - 1, CELL - 1, colour);
+            }
+        }
+        x0 += w;
+    }
+    canvas.png()
+}
+
 /// An SVG with the maps side by side, each cell's value in its tooltip.
 fn svg(title: &str, maps: &[Map<'_>]) -> String {
     let cell = 26.0;
@@ -120,11 +245,6 @@ fn svg(title: &str, maps: &[Map<'_>]) -> String {
             r#"<text x="{left}" y="34" font-size="12">{}</text>"#,
             m.title
         );
-        let scale = m
-            .values
-            .iter()
-            .fold(0.0f64, |a, v| a.max(v.abs()))
-            .max(1e-12);
         for (j, c) in m.cols.iter().enumerate() {
             let x = left + cell * (j as f64 + 0.5);
             let _ = writeln!(
@@ -143,15 +263,7 @@ fn svg(title: &str, maps: &[Map<'_>]) -> String {
             );
             for j in 0..m.cols.len() {
                 let v = m.values[i * m.cols.len() + j];
-                let t = (v.abs() / scale).clamp(0.0, 1.0);
-                let fade = |full: f64| (255.0 - t * (255.0 - full)).round() as u8;
-                let (red, green, blue) = if m.signed && v < 0.0 {
-                    (fade(33.0), fade(102.0), fade(172.0))
-                } else if m.signed {
-                    (fade(178.0), fade(24.0), fade(43.0))
-                } else {
-                    (fade(8.0), fade(48.0), fade(107.0))
-                };
+                let [red, green, blue] = m.colour(v);
                 let _ = writeln!(
                     s,
                     r#"<rect x="{}" y="{y}" width="{cell}" height="{cell}" fill="rgb({red},{green},{blue})" stroke="white"><title>{r} -> {}: {v:.4}</title></rect>"#,
@@ -264,13 +376,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
     let (lq, lk) = (MAX_LEN + 1, MAX_LEN);
-    let write = |name: &str, text: String| -> Result<(), Error> {
-        let path = out.join(name);
-        std::fs::write(&path, text)
-            .map_err(|e| Error::Device(format!("{}: {e}", path.display())))?;
-        println!("wrote {}", path.display());
-        Ok(())
-    };
+    // Each figure as SVG (vector, values in tooltips) and PNG.
+    let write =
+        |name: &str, title: &str, maps: &[Map<'_>]| -> Result<(), Box<dyn std::error::Error>> {
+            let image = png(title, maps)?;
+            for (extension, bytes) in [("svg", svg(title, maps).into_bytes()), ("png", image)] {
+                let path = out.join(format!("{name}.{extension}"));
+                std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        };
 
     let cross = trainer
         .model
@@ -286,11 +402,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     write(
-        "cross_attention.svg",
-        svg(
-            "Decoder layer 1 cross-attention (rows: decoder input, columns: source)",
-            &maps,
-        ),
+        "cross_attention",
+        "Decoder layer 1 cross-attention (rows: decoder input, columns: source)",
+        &maps,
     )?;
     // How close the heads come to the anti-diagonal: the weight row i (predicting the digit at
     // source position n - 1 - i) puts on that position.
@@ -313,8 +427,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     write(
-        "decoder_self_attention.svg",
-        svg("Decoder layer 0 self-attention (causal)", &maps),
+        "decoder_self_attention",
+        "Decoder layer 0 self-attention (causal)",
+        &maps,
     )?;
 
     let layers: Vec<Vec<f32>> = (0..config().encoder_layers)
@@ -342,10 +457,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     write(
-        "rollout_and_gradient.svg",
-        svg(
-            "Encoder attention rollout, and gradient x attention of decoder layer 1 cross-attention (mean over heads)",
-            &[
+        "rollout_and_gradient",
+        "Encoder attention rollout, and gradient x attention of decoder layer 1 cross-attention (mean over heads)",
+        &[
                 Map {
                     title: "rollout over 2 encoder layers".into(),
                     rows: &src,
@@ -361,7 +475,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     signed: true,
                 },
             ],
-        ),
     )?;
     Ok(())
 }

@@ -341,7 +341,13 @@ impl Tuning {
     /// Whether the kernel's register tiling divides evenly: four-row groups of the first block
     /// (`a`) spread the `wg` invocations over the second block (`b`).
     fn divides(self, wg: u32, a: u32, b: u32) -> bool {
-        a % 4 == 0 && a > 0 && b > 0 && wg >= a / 4 && wg % (a / 4) == 0 && b % (wg / (a / 4)) == 0
+        let groups = a / 4;
+        a.is_multiple_of(4)
+            && groups > 0
+            && b > 0
+            && wg >= groups
+            && wg.is_multiple_of(groups)
+            && b.is_multiple_of(wg / groups)
     }
 }
 
