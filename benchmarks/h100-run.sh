@@ -18,6 +18,10 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       WGPU_ATTENTION_TILED_FORWARD=$cfg step 40 sweep-fwd-$cfg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
         --lengths 1024,4096 --masks none --passes forward --paths fused --reps 5 --json $OUT/sweep-fwd-$cfg.json
     done
+    for sg in on off; do
+      WGPU_ATTENTION_SUBGROUPS=$sg step 40 sweep-subgroups-$sg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
+        --lengths 2048,4096 --masks none,causal --passes forward --paths fused --dtypes f32,f16 --reps 5 --validate-limit 0 --json $OUT/sweep-subgroups-$sg.json
+    done
     for sp in 1 2 4 8 16; do
       WGPU_ATTENTION_SPLITS=$sp step 40 sweep-splits-$sp $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
         --lengths 2048,8192 --masks none,causal --passes forward --paths fused --reps 5 --validate-limit 0 --json $OUT/sweep-splits-$sp.json

@@ -6,7 +6,9 @@
 // shared staging buffer. Invocation (tr, tc) owns a register micro-tile: four query rows (vec4 lanes)
 // by SK keys of S = Q K^T (keys tc + TC * c), and the same four rows by OC vec4 columns of O
 // (columns tc + TC * c). The TC invocations that share a row group agree on the running row max
-// through workgroup memory each tile; each keeps its own partial row sum, added in a fixed order at
+// each tile (row_group_max: subgroup shuffles where the adapter has a fixed subgroup size,
+// attention_row_max_subgroup.wgsl, else workgroup memory, attention_row_max_workgroup.wgsl; the host
+// appends one); each keeps its own partial row sum, added in a fixed order through workgroup memory at
 // the end. No per-invocation array is head-dim sized.
 //
 // Split-KV: the grid may split each block's key range over `splits` workgroups; each writes its
@@ -57,7 +59,8 @@ var<workgroup> p_tile: array<vec4<f32>, P_TILE>;
 var<workgroup> red: array<vec4<f32>, WG>;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
+    let lid = ids.index;
     let group = linear_group(wg);
     // Uniform per workgroup, so returning here keeps every barrier below in uniform control flow.
     if group >= params.total_groups {
@@ -74,8 +77,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let qlen = q_len(b);
     let kvlen = kv_len(b);
     let row0 = q_block * BM;
-    let tr = lid / TC;
-    let tc = lid % TC;
+    // Row groups never straddle a subgroup where the subgroup path is compiled in.
+    let tr = layout_index(ids) / TC;
+    let tc = layout_index(ids) % TC;
     let rows = vec4<u32>(row0 + tr * 4u) + vec4<u32>(0u, 1u, 2u, 3u);
 
     // Keys [row_start, row_end) are visible to each of the four rows; none for padded rows.
@@ -159,13 +163,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             s[c] = select(vec4<f32>(NEG_BIG), s[c], visible(j, row_start, row_end) & score_visible(s[c]));
             tile_max = max(tile_max, s[c]);
         }
-        red[tc * TR + tr] = tile_max;
-        workgroupBarrier();
-
-        var m_new = m;
-        for (var c = 0u; c < TC; c++) {
-            m_new = max(m_new, red[c * TR + tr]);
-        }
+        let m_new = max(m, row_group_max(tile_max, tr, tc));
         // Both maxima are finite: alpha is 1 while a row has seen no key, 0 when its first arrives.
         let alpha = exp(m - m_new);
         m = m_new;
@@ -184,7 +182,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             acc[2u * MAX_OC + c] *= alpha.z;
             acc[3u * MAX_OC + c] *= alpha.w;
         }
-        // Every invocation is past the score loop (barrier above), so V may replace K.
+        // Every invocation is past the score loop (row_group_max ends with a barrier), so V may
+        // replace K.
         for (var t = lid; t < BN * DV4 * 4u; t += WG) {
             let jj = t / (DV4 * 4u);
             let d = t % (DV4 * 4u);

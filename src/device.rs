@@ -74,6 +74,9 @@ pub struct Context {
     attention_workgroup: Option<u32>,
     kernel_family: Option<KernelFamily>,
     gemm_tiles: Option<GemmTiles>,
+    /// The adapter's fixed subgroup size where the device has `Features::SUBGROUP`.
+    subgroup_size: Option<u32>,
+    subgroups_enabled: bool,
     /// Grow-only scratch storage of kernels that need a workspace the caller does not pass (the
     /// split-KV partial results of the forward). Dispatches in one queue run in order, so one buffer
     /// serves every call; a larger request replaces it (recorded work keeps the old one alive).
@@ -190,8 +193,9 @@ pub struct MemoryStats {
 }
 
 /// Features used when offered; none is required.
-const WANTED_FEATURES: wgpu::Features =
-    wgpu::Features::TIMESTAMP_QUERY.union(wgpu::Features::SHADER_F16);
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
+    .union(wgpu::Features::SHADER_F16)
+    .union(wgpu::Features::SUBGROUP);
 
 /// Workgroup widths the fused attention kernels are written for.
 pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];
@@ -426,6 +430,12 @@ impl Context {
     ) -> Self {
         let limits = device.limits();
         let features = device.features();
+        // Kernels that place invocations by subgroup need its size fixed for the whole device.
+        let subgroup_size = adapter_info.as_ref().and_then(|info| {
+            (features.contains(wgpu::Features::SUBGROUP)
+                && info.subgroup_min_size == info.subgroup_max_size)
+                .then_some(info.subgroup_min_size)
+        });
         let report = match adapter_info {
             Some(info) => AdapterReport {
                 name: info.name,
@@ -484,6 +494,8 @@ impl Context {
             attention_workgroup: None,
             kernel_family: None,
             gemm_tiles: None,
+            subgroup_size,
+            subgroups_enabled: true,
             scratch: Mutex::default(),
             lost,
             uncaptured: Arc::default(),
@@ -502,6 +514,15 @@ impl Context {
                 Err(e) => {
                     eprintln!("wgpu-attention: ignoring WGPU_ATTENTION_GEMM_TILES={value}: {e}")
                 }
+            }
+        }
+        if let Ok(value) = std::env::var("WGPU_ATTENTION_SUBGROUPS") {
+            match value.trim() {
+                "0" | "off" => ctx.subgroups_enabled = false,
+                "1" | "on" => {}
+                _ => eprintln!(
+                    "wgpu-attention: ignoring WGPU_ATTENTION_SUBGROUPS={value}: use on or off"
+                ),
             }
         }
         if let Ok(value) = std::env::var("WGPU_ATTENTION_WORKGROUP") {
@@ -594,6 +615,22 @@ impl Context {
     /// adapter class.
     pub fn set_gemm_tiles(&mut self, tiles: Option<GemmTiles>) {
         self.gemm_tiles = tiles;
+    }
+
+    /// The subgroup size kernels may rely on: `Some` where the device has `Features::SUBGROUP`, its
+    /// adapter reports one fixed size (`subgroup_min_size == subgroup_max_size`: NVIDIA 32,
+    /// lavapipe 8), and subgroup reductions are enabled ([`Context::set_subgroups`], or
+    /// `WGPU_ATTENTION_SUBGROUPS=off` when the context is created). A device wrapped without its
+    /// adapter info has none. Kernels take their workgroup-memory path where this is `None`; both
+    /// paths give the same bits.
+    pub fn subgroup_size(&self) -> Option<u32> {
+        self.subgroup_size.filter(|_| self.subgroups_enabled)
+    }
+
+    /// Enables or disables the kernels' subgroup paths (to compare them with the workgroup-memory
+    /// paths on one adapter).
+    pub fn set_subgroups(&mut self, enabled: bool) {
+        self.subgroups_enabled = enabled;
     }
 
     /// The scratch buffer `what` (one per purpose, so two kinds of workspace of one call never

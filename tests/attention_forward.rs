@@ -8,7 +8,7 @@ use common::*;
 use wgpu_attention::reference::attention as reference;
 use wgpu_attention::{
     attention_forward, attention_forward_into, attention_forward_unfused, attention_probabilities,
-    AttentionOptions, Context, GpuTensor,
+    AttentionOptions, Context, GpuTensor, KernelFamily,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -334,6 +334,48 @@ fn permutation_properties() {
             FORWARD_RTOL,
         );
     });
+}
+
+/// The GPU family's row-group maxima by subgroup shuffles (where the adapter has a fixed subgroup
+/// size: lavapipe's 8) and through workgroup memory give the same bits, both matching the reference.
+#[test]
+fn subgroup_and_workgroup_row_maxima_agree_bitwise() {
+    let cases = [
+        Case::new(1, 37, 130, 4, 2, 40, 24),
+        Case::new(1, 64, 64, 1, 1, 64, 64),
+        Case::new(1, 64, 64, 1, 1, 64, 64).causal(),
+        Case::new(2, 70, 90, 2, 2, 64, 64)
+            .causal()
+            .kv_lens(&[90, 33]),
+    ];
+    let mut runs: Vec<Vec<(String, Vec<f32>, Vec<f32>)>> = Vec::new();
+    for subgroups in [false, true] {
+        let mut results = Vec::new();
+        for_each_backend_with(
+            |ctx| {
+                ctx.set_kernel_family(Some(KernelFamily::Gpu));
+                ctx.set_subgroups(subgroups);
+            },
+            |backend, ctx| {
+                if subgroups {
+                    println!("[{backend}] subgroup size {:?}", ctx.subgroup_size());
+                } else {
+                    assert_eq!(ctx.subgroup_size(), None);
+                }
+                for case in &cases {
+                    let (out, lse) = check(backend, ctx, case, Path::Fused);
+                    results.push((format!("[{backend}] {}", case.label()), out, lse));
+                }
+            },
+        );
+        runs.push(results);
+    }
+    for (without, with) in runs[0].iter().zip(&runs[1]) {
+        assert_eq!(with.0, without.0);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&with.1), bits(&without.1), "{} out", with.0);
+        assert_eq!(bits(&with.2), bits(&without.2), "{} lse", with.0);
+    }
 }
 
 #[test]

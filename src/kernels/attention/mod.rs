@@ -76,7 +76,6 @@ const MAX_BLOCK_N: u32 = 64;
 pub fn shader_sources() -> Vec<(&'static str, String)> {
     [
         ("attention_forward", FORWARD),
-        ("attention_forward_tiled", tiled::FORWARD),
         ("attention_forward_merge", tiled::FORWARD_MERGE),
         ("attention_backward_dkdv_tiled", tiled::BACKWARD_DKDV),
         ("attention_backward_dq_tiled", tiled::BACKWARD_DQ),
@@ -113,15 +112,46 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("matmul_wide", matmul::WIDE_SOURCE.to_string()),
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
     ])
+    // The tiled forward with either row-group maximum, in f32 and f16 (names with "subgroup": no
+    // GLSL, wgpu's GL back end has no subgroups).
+    .chain(
+        [
+            ("attention_forward_tiled", false, DType::F32, DType::F32),
+            (
+                "attention_forward_tiled_subgroup",
+                true,
+                DType::F32,
+                DType::F32,
+            ),
+            ("attention_forward_tiled_f16", false, DType::F16, DType::F16),
+            (
+                "attention_forward_tiled_subgroup_f16",
+                true,
+                DType::F16,
+                DType::F16,
+            ),
+            (
+                "attention_forward_tiled_f16_split",
+                false,
+                DType::F16,
+                DType::F32,
+            ),
+            (
+                "attention_forward_tiled_subgroup_f16_split",
+                true,
+                DType::F16,
+                DType::F32,
+            ),
+        ]
+        .into_iter()
+        .map(|(name, subgroups, input, output)| {
+            let source = tiled::forward_source(subgroups);
+            (name, with_common_typed(&source, input, output))
+        }),
+    )
     // The f16 variants of the GPU family (names ending in _f16: no GLSL, GL has no f16).
     .chain(
         [
-            ("attention_forward_tiled_f16", tiled::FORWARD, DType::F16),
-            (
-                "attention_forward_tiled_f16_split",
-                tiled::FORWARD,
-                DType::F32,
-            ),
             (
                 "attention_backward_dkdv_tiled_f16",
                 tiled::BACKWARD_DKDV,
@@ -1286,6 +1316,9 @@ pub struct ForwardPlan {
     /// Pieces of each row's key range: split-KV workgroups merged by a second kernel (GPU family),
     /// or chunk dispatches under a driver's loop cap (CPU-driver family). 1 is one pass over the keys.
     pub splits: u32,
+    /// Row maxima combined by subgroup shuffles rather than through workgroup memory (GPU family,
+    /// where [`Context::subgroup_size`] allows).
+    pub subgroups: bool,
 }
 
 impl std::fmt::Display for ForwardPlan {
@@ -1298,6 +1331,9 @@ impl std::fmt::Display for ForwardPlan {
             self.block_n,
             self.workgroup
         )?;
+        if self.subgroups {
+            write!(f, " subgroup")?;
+        }
         if self.splits > 1 {
             write!(f, " split {}", self.splits)?;
         }
@@ -1316,6 +1352,7 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
             block_m: config.block_m,
             block_n: config.block_n,
             splits: config.splits(ctx, s) as u32,
+            subgroups: config.subgroups(ctx, s),
         });
     }
     let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
@@ -1326,6 +1363,7 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
         block_m: wg * ROWS,
         block_n,
         splits: forward_chunks(ctx, s, block_n).len() as u32,
+        subgroups: false,
     })
 }
 

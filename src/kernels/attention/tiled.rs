@@ -6,7 +6,18 @@
 use super::*;
 use std::sync::{Arc, OnceLock};
 
-pub(super) const FORWARD: &str = include_str!("../../../shaders/attention_forward_tiled.wgsl");
+const FORWARD: &str = include_str!("../../../shaders/attention_forward_tiled.wgsl");
+const ROW_MAX_WORKGROUP: &str = include_str!("../../../shaders/attention_row_max_workgroup.wgsl");
+const ROW_MAX_SUBGROUP: &str = include_str!("../../../shaders/attention_row_max_subgroup.wgsl");
+
+/// The tiled forward with its row-group maximum: subgroup shuffles or workgroup memory.
+pub(super) fn forward_source(subgroups: bool) -> String {
+    let row_max = match subgroups {
+        true => ROW_MAX_SUBGROUP,
+        false => ROW_MAX_WORKGROUP,
+    };
+    format!("{FORWARD}\n{row_max}")
+}
 pub(super) const FORWARD_MERGE: &str =
     include_str!("../../../shaders/attention_forward_merge.wgsl");
 pub(super) const BACKWARD_DKDV: &str =
@@ -100,6 +111,15 @@ impl TiledForward {
         (per_tile, fixed)
     }
 
+    /// Whether the row maxima take the subgroup path: a row group must be a power-of-two run of
+    /// lanes inside full subgroups.
+    pub fn subgroups(&self, ctx: &Context, s: &AttentionShape) -> bool {
+        let (tc, _, _) = self.per_invocation(s);
+        ctx.subgroup_size().is_some_and(|size| {
+            tc.is_power_of_two() && size.is_multiple_of(tc) && self.wg.is_multiple_of(size)
+        })
+    }
+
     /// Split-KV workgroups per query block: enough to fill a GPU, and as many as the loop budget
     /// needs on llvmpipe.
     pub fn splits(&self, ctx: &Context, s: &AttentionShape) -> usize {
@@ -141,6 +161,7 @@ pub(super) fn encode_forward_tiled(
     let config = TiledForward::choose(ctx, s)?;
     let (_, sk, oc) = config.per_invocation(s);
     let splits = config.splits(ctx, s);
+    let subgroups = config.subgroups(ctx, s);
     let shared = Shared::scores(ctx, opts)?;
     let mut params = base_params(s, scale, opts);
     params.splits = splits as u32;
@@ -172,14 +193,17 @@ pub(super) fn encode_forward_tiled(
     encode_kernel(
         ctx,
         &mut pass,
-        match (dtype, written) {
-            (DType::F32, _) => "attention_forward_tiled",
-            (DType::F16, DType::F16) => "attention_forward_tiled_f16",
-            (DType::F16, DType::F32) => "attention_forward_tiled_f16_split",
+        match (dtype, written, subgroups) {
+            (DType::F32, _, false) => "attention_forward_tiled",
+            (DType::F32, _, true) => "attention_forward_tiled_subgroup",
+            (DType::F16, DType::F16, false) => "attention_forward_tiled_f16",
+            (DType::F16, DType::F16, true) => "attention_forward_tiled_subgroup_f16",
+            (DType::F16, DType::F32, false) => "attention_forward_tiled_f16_split",
+            (DType::F16, DType::F32, true) => "attention_forward_tiled_subgroup_f16_split",
         },
         || {
             let sizes = [("MAX_SK", 4, sk), ("MAX_OC", 16, oc)];
-            sized(FORWARD, &sizes, dtype, written)
+            sized(&forward_source(subgroups), &sizes, dtype, written)
         },
         &constants,
         &params,
@@ -658,4 +682,23 @@ pub(super) fn encode_backward_tiled(
     }
     rel.encode_sums(ctx, encoder, s, opts);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tuning;
+
+    #[test]
+    fn tuning_overrides_must_divide_the_register_tiling() {
+        assert!(Tuning::Forward.divides(128, 64, 32));
+        assert!(Tuning::Forward.divides(256, 64, 32));
+        assert!(Tuning::DkDv.divides(64, 16, 16));
+        // Rows not in groups of four, more row groups than invocations, keys not spread evenly.
+        assert!(!Tuning::Forward.divides(128, 62, 32));
+        assert!(!Tuning::Forward.divides(8, 64, 32));
+        assert!(!Tuning::Forward.divides(128, 64, 12));
+        assert!(!Tuning::Dq.divides(96, 64, 32));
+        assert!(!Tuning::Forward.divides(128, 0, 32));
+        assert!(!Tuning::Forward.divides(128, 64, 0));
+    }
 }
