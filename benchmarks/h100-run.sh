@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call on the H100: the loader and stripped release binaries travel as .gl/ and
+# One device call on the H100 (prepare with benchmarks/h100-bundle.sh): the loader and stripped release binaries travel as .gl/ and
 # .gpu/bundle.tar.xz (see ../shared/GPU.md); every report goes to $OUT. Each step has its own time
 # limit so one slow step cannot lose the others' reports.
 set -u
@@ -39,7 +39,7 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       --lengths 1024,2048,4096 --masks none,causal --passes forward,backward --paths fused \
       --reps 3 --json $OUT/h100-cpu-family-b1h8d64.json ;;
   gemm)
-    step 60 gemm $B/gemm-bench --reps 10 --json $OUT/h100-gemm.json ;;
+    step 60 gemm $B/gemm-bench --reps 10 --f16 --json $OUT/h100-gemm.json ;;
   transformer)
     for t in 64x64 128x64; do
       step 60 transformer-$t $B/transformer-bench --reps 10 --gemm-tiles $t --json $OUT/h100-transformer-$t.json

@@ -51,9 +51,11 @@ struct GemmParams {
 }
 
 @group(0) @binding(0) var<uniform> gp: GemmParams;
-@group(0) @binding(1) var<storage, read> a_buf: array<f32>;
-@group(0) @binding(2) var<storage, read> b_buf: array<f32>;
-@group(0) @binding(3) var<storage, read_write> c_buf: array<f32>;
+// GemmIn (A, B) and GemmOut (C) are f32, or f16 where the adapter has SHADER_F16 (aliased by the host
+// before this header); arithmetic, bias, pre and residual are f32.
+@group(0) @binding(1) var<storage, read> a_buf: array<GemmIn>;
+@group(0) @binding(2) var<storage, read> b_buf: array<GemmIn>;
+@group(0) @binding(3) var<storage, read_write> c_buf: array<GemmOut>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> residual: array<f32>;
 @group(0) @binding(6) var<storage, read_write> pre: array<f32>;
@@ -86,7 +88,7 @@ fn store(c_base: u32, row: u32, col: u32, acc: f32) {
     }
     let index = c_base + row * gp.c.stride_row + col * gp.c.stride_col;
     if gp.accumulate != 0u {
-        value += c_buf[index];
+        value += f32(c_buf[index]);
     }
     if gp.activation != ACT_NONE {
         if gp.activation_grad != 0u {
@@ -99,6 +101,6 @@ fn store(c_base: u32, row: u32, col: u32, acc: f32) {
     if gp.has_residual != 0u {
         value += residual[index];
     }
-    c_buf[index] = value;
+    c_buf[index] = GemmOut(value);
 }
 

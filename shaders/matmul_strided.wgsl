@@ -52,7 +52,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 let row = m0 + a_row;
                 var x = 0.0;
                 if row < gp.m && k0 + a_kk < gp.k {
-                    x = a_buf[a_base + row * gp.a.stride_row + (k0 + a_kk) * gp.a.stride_col];
+                    x = f32(a_buf[a_base + row * gp.a.stride_row + (k0 + a_kk) * gp.a.stride_col]);
                 }
                 a_tile[a_kk * TILE + a_row] = x;
                 let b_k_major = gp.b.stride_row == 1u;
@@ -61,7 +61,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 let col = n0 + b_col;
                 var y = 0.0;
                 if col < gp.n && k0 + b_kk < gp.k {
-                    y = b_buf[b_base + (k0 + b_kk) * gp.b.stride_row + col * gp.b.stride_col];
+                    y = f32(b_buf[b_base + (k0 + b_kk) * gp.b.stride_row + col * gp.b.stride_col]);
                 }
                 b_tile[b_kk * TILE + b_col] = y;
             }
@@ -102,7 +102,7 @@ fn skinny(group: u32, lid: u32) {
         let a_at = base(gp.a, bi, h, g) + row * gp.a.stride_row;
         let b_at = base(gp.b, bi, h, g) + col * gp.b.stride_col;
         for (var k = 0u; k < gp.k; k++) {
-            acc += a_buf[a_at + k * gp.a.stride_col] * b_buf[b_at + k * gp.b.stride_row];
+            acc += f32(a_buf[a_at + k * gp.a.stride_col]) * f32(b_buf[b_at + k * gp.b.stride_row]);
         }
     }
     store(base(gp.c, bi, h, 0u), row, col, acc);

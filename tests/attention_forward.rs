@@ -348,7 +348,9 @@ fn subgroup_and_workgroup_row_maxima_agree_bitwise() {
             .causal()
             .kv_lens(&[90, 33]),
     ];
-    let mut runs: Vec<Vec<(String, Vec<f32>, Vec<f32>)>> = Vec::new();
+    // Per run: (case, O, lse) of every backend and case.
+    type Outputs = Vec<(String, Vec<f32>, Vec<f32>)>;
+    let mut runs: Vec<Outputs> = Vec::new();
     for subgroups in [false, true] {
         let mut results = Vec::new();
         for_each_backend_with(

@@ -1,21 +1,24 @@
 //! Linear layer `y = x W^T + b` on the GPU vs the f64 reference (checked by finite differences):
 //! forward with and without bias, dx, dW, db over odd sizes and a 3-D input; split bias sums; the
 //! activation and residual epilogues (also over split reductions); both GEMM tile shapes
-//! (`GemmTiles`), also on the unfused attention's batched, grouped, transposed products; errors.
+//! (`GemmTiles`), also on the unfused attention's batched, grouped, transposed products; the f16
+//! Linear (f16 storage, f32 arithmetic); errors.
 
 mod common;
 
 use common::*;
+use half::f16;
 use wgpu_attention::kernels::elementwise::Activation;
 use wgpu_attention::kernels::linear::{
     linear_backward, linear_backward_epilogue_into, linear_forward, linear_forward_epilogue_into,
-    Epilogue, LinearGrads,
+    linear_forward_f16, Epilogue, LinearGrads,
 };
+use wgpu_attention::reference::compare::{F16_FORWARD_ATOL, F16_RTOL};
 use wgpu_attention::reference::elementwise as reference_elementwise;
 use wgpu_attention::reference::linear as reference;
 use wgpu_attention::{
     attention_backward_unfused, attention_forward_unfused, AttentionOptions, Context, Error,
-    GemmTiles, GpuTensor,
+    GemmTiles, GpuTensor, GpuTensorF16,
 };
 
 fn check(backend: &str, ctx: &Context, x_shape: &[usize], out_f: usize, with_bias: bool) {
@@ -358,4 +361,70 @@ fn reference_backward_matches_finite_differences() {
         });
         assert!((d - db[i]).abs() < 1e-8, "db[{i}]");
     }
+}
+
+/// `linear_forward_f16` (f16 x, weight and y; f32 arithmetic and bias) against the f64 reference on
+/// the f16-rounded inputs, within one f16 rounding of the result (`F16_RTOL`, `F16_FORWARD_ATOL`).
+fn check_f16(backend: &str, ctx: &Context, x_shape: &[usize], out_f: usize, with_bias: bool) {
+    let in_f = *x_shape.last().unwrap();
+    let rows: usize = x_shape[..x_shape.len() - 1].iter().product();
+    let mut rng = rng((rows * 1000 + in_f * 10 + out_f) as u64 + 16);
+    let round =
+        |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&x| f16::from_f32(x).to_f32()).collect() };
+    let x = round(random(&mut rng, rows * in_f, 1.0));
+    let w = round(random(&mut rng, out_f * in_f, 0.5));
+    let b = random(&mut rng, out_f, 0.5);
+    let xt = GpuTensorF16::from_f32(ctx, &x, x_shape).unwrap();
+    let wt = GpuTensorF16::from_f32(ctx, &w, &[out_f, in_f]).unwrap();
+    let bt = GpuTensor::from_slice(ctx, &b, &[out_f]).unwrap();
+    let y = linear_forward_f16(ctx, &xt, &wt, with_bias.then_some(&bt)).unwrap();
+    let mut y_shape = x_shape.to_vec();
+    *y_shape.last_mut().unwrap() = out_f;
+    assert_eq!(y.shape(), &y_shape[..]);
+    let b64 = to_f64(&b);
+    let ry = reference::linear_forward(
+        &to_f64(&x),
+        &to_f64(&w),
+        with_bias.then_some(&b64[..]),
+        in_f,
+    );
+    let tiles = ctx.gemm_tiles().name();
+    assert_close(
+        &format!("[{backend}] {tiles} f16 linear {x_shape:?} -> {out_f} bias {with_bias}"),
+        &y.to_vec(ctx).unwrap(),
+        &ry,
+        F16_FORWARD_ATOL,
+        F16_RTOL,
+    );
+}
+
+#[test]
+fn f16_linear_matches_reference() {
+    for tiles in TILES {
+        for_each_backend_with(
+            |ctx| ctx.set_gemm_tiles(Some(tiles)),
+            |backend, ctx| {
+                if !ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+                    let xt = GpuTensorF16::zeros(ctx, &[3, 4]).unwrap();
+                    let wt = GpuTensorF16::zeros(ctx, &[5, 4]).unwrap();
+                    let e = linear_forward_f16(ctx, &xt, &wt, None).unwrap_err();
+                    assert!(matches!(e, Error::MissingFeature { .. }), "[{backend}] {e}");
+                    return;
+                }
+                // A decoding step's rows (SKINNY), partial 64- and 128-row tiles, odd widths.
+                check_f16(backend, ctx, &[3, 40], 70, true);
+                check_f16(backend, ctx, &[130, 33], 96, true);
+                check_f16(backend, ctx, &[2, 100, 64], 65, false);
+            },
+        );
+    }
+    // A reduction split into accumulating dispatches under a loop budget.
+    for_each_backend_with(
+        |ctx| ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET)),
+        |backend, ctx| {
+            if ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+                check_f16(backend, ctx, &[130, 2000], 7, true);
+            }
+        },
+    );
 }

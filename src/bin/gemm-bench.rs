@@ -2,10 +2,12 @@
 //! (`dx = dy W` and `dW = dy^T x`, one recording) of the feed-forward block's two layers and the
 //! attention's fused QKV projection, at the shapes of a training step (`rows` tokens), with GFLOP/s
 //! and the share of the adapter's measured FMA peak, for each GEMM tile shape asked for
-//! (`--tiles 64x64,128x64`, see `GemmTiles`). Every case is checked against the f64 reference first.
+//! (`--tiles 64x64,128x64`, see `GemmTiles`); with `--f16`, also the forward with f16 storage
+//! (`linear_forward_f16`: f16 x, W and y, f32 arithmetic). Every case is checked against the f64
+//! reference first.
 //!
 //! ```text
-//! cargo run --release --bin gemm-bench -- [--rows 1024 --d-model 256 --d-ff 1024 --tiles 64x64,128x64 --reps 5 --json FILE]
+//! cargo run --release --bin gemm-bench -- [--rows 1024 --d-model 256 --d-ff 1024 --tiles 64x64,128x64 --f16 --reps 5 --json FILE]
 //! ```
 
 use std::process::ExitCode;
@@ -13,12 +15,16 @@ use std::process::ExitCode;
 use clap::Parser;
 use wgpu_attention::bench::fma::fma_peak_gflops;
 use wgpu_attention::bench::{measure, uniform_values, Timer};
-use wgpu_attention::kernels::linear::{linear_backward_into, linear_forward_into, LinearGrads};
+use wgpu_attention::kernels::linear::{
+    linear_backward_into, linear_forward_f16_into, linear_forward_into, LinearGrads,
+};
 use wgpu_attention::reference::compare::{
-    compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
+    compare, BACKWARD_ATOL, BACKWARD_RTOL, F16_FORWARD_ATOL, F16_RTOL, FORWARD_ATOL, FORWARD_RTOL,
 };
 use wgpu_attention::reference::linear as reference;
-use wgpu_attention::{parse_backends, Context, ContextOptions, Error, GemmTiles, GpuTensor};
+use wgpu_attention::{
+    parse_backends, Context, ContextOptions, Error, GemmTiles, GpuTensor, GpuTensorF16,
+};
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Transformer-layer GEMMs on any wgpu adapter")]
@@ -40,6 +46,9 @@ struct Cli {
     /// GEMM output tiles to compare, comma separated: 64x64 (the default kernel), 128x64
     #[arg(long, value_delimiter = ',', default_value = "64x64,128x64")]
     tiles: Vec<String>,
+    /// Also time the forward with f16 storage (needs SHADER_F16)
+    #[arg(long)]
+    f16: bool,
     /// Timed runs per case (after warm-up)
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -72,6 +81,14 @@ fn run(cli: &Cli) -> Result<(), Error> {
     println!("| tiles | layer | pass | products | GFLOP | median ms | min-max ms | GFLOP/s | % of FMA peak | validation |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut report = Vec::new();
+    let f16 = cli.f16 && ctx.device().features().contains(wgpu::Features::SHADER_F16);
+    if cli.f16 && !f16 {
+        println!("(no SHADER_F16 on this adapter: the f16 forward is skipped)");
+    }
+    let passes: &[&str] = match f16 {
+        true => &["forward", "forward f16", "backward"],
+        false => &["forward", "backward"],
+    };
     let layers = [
         ("attention QKV", d, 3 * d),
         ("feed-forward in", d, ff),
@@ -99,22 +116,41 @@ fn run(cli: &Cli) -> Result<(), Error> {
         };
         let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
         let (x64, w64) = (f64s(&x), f64s(&w));
+        // The f16 case's inputs are the f32 ones rounded; its reference sees the rounded values.
+        let halves = match f16 {
+            true => Some((
+                GpuTensorF16::from_f32(ctx, &x, &[rows, in_f])?,
+                GpuTensorF16::from_f32(ctx, &w, &[out_f, in_f])?,
+                GpuTensorF16::zeros(ctx, &[rows, out_f])?,
+            )),
+            false => None,
+        };
         let flop = 2.0 * (rows * in_f * out_f) as f64;
-        for pass in ["forward", "backward"] {
+        for &pass in passes {
             let record = || -> Result<(), Error> {
                 let mut encoder = ctx.device().create_command_encoder(&Default::default());
-                match pass {
-                    "forward" => linear_forward_into(ctx, &mut encoder, &xt, &wt, Some(&bt), &y)?,
+                match (pass, &halves) {
+                    ("forward", _) => {
+                        linear_forward_into(ctx, &mut encoder, &xt, &wt, Some(&bt), &y)?
+                    }
+                    ("forward f16", Some((x16, w16, y16))) => {
+                        linear_forward_f16_into(ctx, &mut encoder, x16, w16, Some(&bt), y16)?
+                    }
                     _ => linear_backward_into(ctx, &mut encoder, &xt, &wt, &dyt, &grads)?,
                 }
                 ctx.queue().submit([encoder.finish()]);
                 Ok(())
             };
             record()?;
-            let worst = match pass {
-                "forward" => {
+            let worst = match (pass, &halves) {
+                ("forward", _) => {
                     let r = reference::linear_forward(&x64, &w64, Some(&f64s(&b)), in_f);
                     compare(&y.to_vec(ctx)?, &r, FORWARD_ATOL, FORWARD_RTOL)
+                }
+                ("forward f16", Some((x16, w16, y16))) => {
+                    let (x16, w16) = (f64s(&x16.to_vec(ctx)?), f64s(&w16.to_vec(ctx)?));
+                    let r = reference::linear_forward(&x16, &w16, Some(&f64s(&b)), in_f);
+                    compare(&y16.to_vec(ctx)?, &r, F16_FORWARD_ATOL, F16_RTOL)
                 }
                 _ => {
                     let (rdx, rdw, _) = reference::linear_backward(&x64, &w64, &f64s(&dy), in_f);
@@ -139,7 +175,9 @@ fn run(cli: &Cli) -> Result<(), Error> {
             let samples = measure(ctx, &timer, cli.reps, record)?;
             // The backward records dx and dW (two products of the forward's size) and the bias sums.
             let (products, gflop) = match pass {
-                "forward" => (format!("[{rows}x{in_f}] x [{in_f}x{out_f}]"), flop / 1e9),
+                "forward" | "forward f16" => {
+                    (format!("[{rows}x{in_f}] x [{in_f}x{out_f}]"), flop / 1e9)
+                }
                 _ => (
                     format!(
                         "[{rows}x{out_f}] x [{out_f}x{in_f}], [{out_f}x{rows}] x [{rows}x{in_f}]"

@@ -5,25 +5,77 @@
 use crate::device::{grid_2d, Context, GemmTiles, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::elementwise::Activation;
+use crate::tensor::DType;
 
-/// The GEMM shaders, each after the activation functions its epilogues share with the elementwise
-/// kernels and the GEMMs' common header: 64 x 64 tiles (and SKINNY), and 128 x 64 tiles.
-pub(crate) const SOURCE: &str = concat!(
+/// The GEMM shader bodies, each after the activation functions its epilogues share with the
+/// elementwise kernels and the GEMMs' common header: 64 x 64 tiles (and SKINNY), and 128 x 64 tiles.
+/// [`typed_source`] prepends the element types.
+const SOURCE: &str = concat!(
     include_str!("../../shaders/activation_common.wgsl"),
     include_str!("../../shaders/matmul_common.wgsl"),
     include_str!("../../shaders/matmul_strided.wgsl")
 );
-pub(crate) const WIDE_SOURCE: &str = concat!(
+const WIDE_SOURCE: &str = concat!(
     include_str!("../../shaders/activation_common.wgsl"),
     include_str!("../../shaders/matmul_common.wgsl"),
     include_str!("../../shaders/matmul_wide.wgsl")
 );
 
+/// Element types of a GEMM: A and B (`input`), C (`output`). f16 storage needs `SHADER_F16`; the
+/// arithmetic is f32 either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Elements {
+    pub input: DType,
+    pub output: DType,
+}
+
+impl Elements {
+    pub const F32: Elements = Elements {
+        input: DType::F32,
+        output: DType::F32,
+    };
+    pub const F16: Elements = Elements {
+        input: DType::F16,
+        output: DType::F16,
+    };
+    const ALL: [Elements; 2] = [Self::F32, Self::F16];
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|&e| e == self).unwrap_or(0)
+    }
+}
+
+/// A GEMM body with its element types aliased before it (`GemmIn`, `GemmOut`).
+fn typed_source(body: &str, elements: Elements) -> String {
+    let enable = match elements.input == DType::F16 || elements.output == DType::F16 {
+        true => "enable f16;\n",
+        false => "",
+    };
+    format!(
+        "{enable}alias GemmIn = {};\nalias GemmOut = {};\n{body}",
+        elements.input.name(),
+        elements.output.name()
+    )
+}
+
+/// Every GEMM variant by pipeline name, for the shader translation test.
+pub(crate) fn shader_sources() -> Vec<(&'static str, String)> {
+    [SQUARE, WIDE]
+        .iter()
+        .flat_map(|kernel| {
+            Elements::ALL
+                .iter()
+                .map(|&e| (kernel.names[e.index()], typed_source(kernel.source, e)))
+        })
+        .collect()
+}
+
 /// Output tile, shader and loop iterations one invocation runs per 16-deep k tile (the k-tile loop,
 /// the tile loads and the 16 k steps) of one GEMM kernel.
 #[derive(Clone, Copy)]
 struct Kernel {
-    name: &'static str,
+    /// Pipeline names by [`Elements`] (f32, f16).
+    names: [&'static str; 2],
     source: &'static str,
     tile_m: u32,
     tile_n: u32,
@@ -33,7 +85,7 @@ struct Kernel {
 }
 
 const SQUARE: Kernel = Kernel {
-    name: "matmul_strided",
+    names: ["matmul_strided", "matmul_strided_f16"],
     source: SOURCE,
     tile_m: 64,
     tile_n: 64,
@@ -42,7 +94,7 @@ const SQUARE: Kernel = Kernel {
 };
 
 const WIDE: Kernel = Kernel {
-    name: "matmul_wide",
+    names: ["matmul_wide", "matmul_wide_f16"],
     source: WIDE_SOURCE,
     tile_m: 128,
     tile_n: 64,
@@ -103,6 +155,7 @@ pub(crate) struct Gemm<'a> {
     pub b: (&'a wgpu::Buffer, Operand),
     pub c: (&'a wgpu::Buffer, Operand),
     pub epilogue: Epilogue<'a>,
+    pub elements: Elements,
 }
 
 /// What the GEMM applies to each element `z` of `alpha * A·B` before storing it, in this order
@@ -251,7 +304,8 @@ fn encode_one(
         true => &[("SKINNY", skinny as u32)],
         false => &[],
     };
-    let pipeline = ctx.pipeline(kernel.name, || kernel.source.to_string(), constants);
+    let name = kernel.names[g.elements.index()];
+    let pipeline = ctx.pipeline(name, || typed_source(kernel.source, g.elements), constants);
     let whole = |binding, buffer| StorageBinding {
         binding,
         buffer,
@@ -271,12 +325,7 @@ fn encode_one(
                 .map_or(ctx.empty_storage_rw(), |(_, _, pre)| pre),
         ),
     ];
-    let bind_group = ctx.bind_group(
-        &pipeline,
-        kernel.name,
-        bytemuck::bytes_of(&params),
-        &storage,
-    );
+    let bind_group = ctx.bind_group(&pipeline, name, bytemuck::bytes_of(&params), &storage);
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(gx, gy, 1);

@@ -9,7 +9,7 @@
 use crate::device::{grid_2d, Context, KernelFamily, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::loop_chunks;
-use crate::kernels::matmul::{self, encode_gemm, Epilogue, Gemm, Operand};
+use crate::kernels::matmul::{self, encode_gemm, Elements, Epilogue, Gemm, Operand};
 use crate::tensor::{BiasView, DType, GpuTensor, HeadsView, SeqLens};
 
 mod additive;
@@ -108,8 +108,6 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
             "additive_backward_db",
             with_common(&additive::with_shared(additive::BACKWARD_DB)),
         ),
-        ("matmul_strided", matmul::SOURCE.to_string()),
-        ("matmul_wide", matmul::WIDE_SOURCE.to_string()),
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
     ])
     // The tiled forward with either row-group maximum, in f32 and f16 (names with "subgroup": no
@@ -149,6 +147,8 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
             (name, with_common_typed(&source, input, output))
         }),
     )
+    // Every GEMM variant (the unfused attention's, and the Linear layer's).
+    .chain(matmul::shader_sources())
     // The f16 variants of the GPU family (names ending in _f16: no GLSL, GL has no f16).
     .chain(
         [
@@ -1783,6 +1783,7 @@ fn encode_unfused_output_grads(
             b: (v.buffer(), view_operand(v, false, group)),
             c: (dprobs.buffer(), p_rows),
             epilogue: Epilogue::NONE,
+            elements: Elements::F32,
         },
     )?;
     let mut params = base_params(s, 1.0, opts);
@@ -1817,6 +1818,7 @@ fn encode_unfused_output_grads(
             b: (d_out.buffer(), grouped_operand(d_out, group)),
             c: (dv.buffer(), view_operand(dv, true, 1)),
             epilogue: Epilogue::NONE,
+            elements: Elements::F32,
         },
     )
 }
@@ -1920,6 +1922,7 @@ fn encode_probs(
             b: (k.buffer(), view_operand(k, false, group)),
             c: (probs.buffer(), scores_op),
             epilogue: Epilogue::NONE,
+            elements: Elements::F32,
         },
     )?;
     encode_softmax(ctx, pass, s, scale, probs, lse, opts, lens)
@@ -1994,6 +1997,7 @@ fn encode_pv(
             b: (v.buffer(), view_operand(v, true, group)),
             c: (out.buffer(), view_operand(out, true, 1)),
             epilogue: Epilogue::NONE,
+            elements: Elements::F32,
         },
     )
 }
@@ -2115,6 +2119,7 @@ pub fn attention_backward_unfused(
                 b: (k.buffer(), view_operand(k, true, group)),
                 c: (dq.buffer(), view_operand(&dq_v, true, 1)),
                 epilogue: Epilogue::NONE,
+                elements: Elements::F32,
             },
         )?;
         // dK = scale sum_g dS^T Q
@@ -2133,6 +2138,7 @@ pub fn attention_backward_unfused(
                 b: (q.buffer(), grouped_operand(q, group)),
                 c: (dk.buffer(), view_operand(&dk_v, true, 1)),
                 epilogue: Epilogue::NONE,
+                elements: Elements::F32,
             },
         )?;
     }

@@ -1,0 +1,30 @@
+#!/bin/bash
+# Prepares what benchmarks/h100-run.sh needs on the device machine, here (see ../shared/GPU.md): the
+# Vulkan loader packages in .gl/ and the stripped release binaries (benches and the attention, linear,
+# transformer and training tests) in .gpu/bundle.tar.xz, both git-ignored. Then, with the device tool:
+#   run(command="PLAN='sweep suite64 gemm transformer' bash benchmarks/h100-run.sh",
+#       carry=[".gl", ".gpu/bundle.tar.xz"])
+set -eu
+cd "$(dirname "$0")/.."
+mkdir -p .git/info .gl .gpu/bin /tmp/amd64/partial
+for ignored in /.gl/ /.gpu/; do
+  grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude
+done
+if ! ls .gl/libvulkan1_*.deb > /dev/null 2>&1; then
+  o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+  apt-get $o update > /dev/null
+  (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 vulkan-tools)
+fi
+cargo build --release --bins
+tests="attention_forward attention_backward attention_f16 attention_decode linear transformer transformer_layer training additive attention_maps"
+built=$(cargo test --release --no-run 2>&1 | sed -n 's/.*Executable tests\/.*(\(.*\))/\1/p')
+rm -rf .gpu/bin && mkdir -p .gpu/bin
+for b in attention-bench gemm-bench transformer-bench additive-bench generate-bench; do
+  cp target/release/$b .gpu/bin/
+done
+for t in $tests; do
+  cp "$(echo "$built" | grep "/$t-")" .gpu/bin/test_$t
+done
+strip .gpu/bin/*
+tar -C .gpu -cJf .gpu/bundle.tar.xz bin
+ls -la .gpu/bundle.tar.xz
