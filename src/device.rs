@@ -27,6 +27,10 @@ pub struct AdapterReport {
     pub driver_info: String,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
+    /// The cooperative-matrix (tensor core) configurations the adapter lists through wgpu
+    /// (`Adapter::cooperative_matrix_properties`; empty for a device wrapped without its adapter).
+    /// Listed, not enabled: no kernel uses them yet.
+    pub cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
 }
 
 impl fmt::Display for AdapterReport {
@@ -44,7 +48,21 @@ impl fmt::Display for AdapterReport {
             self.limits.max_storage_buffer_binding_size,
             self.limits.max_storage_buffers_per_shader_stage,
             self.features,
-        )
+        )?;
+        if !self.cooperative_matrices.is_empty() {
+            let listed: Vec<String> = self
+                .cooperative_matrices
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}x{}x{} {:?}->{:?}",
+                        c.m_size, c.n_size, c.k_size, c.ab_type, c.cr_type
+                    )
+                })
+                .collect();
+            write!(f, "; cooperative matrices {}", listed.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -399,7 +417,8 @@ impl Context {
                 ..Default::default()
             })
             .await?;
-        let ctx = Self::from_device(device, queue, Some(adapter.get_info()));
+        let mut ctx = Self::from_device(device, queue, Some(adapter.get_info()));
+        ctx.report.cooperative_matrices = adapter.cooperative_matrix_properties();
         // Our device, so our handler: an error no scope caught becomes an `Err` of the next
         // synchronisation instead of wgpu's default panic. A user's device keeps the user's handler.
         let uncaptured = ctx.uncaptured.clone();
@@ -445,6 +464,7 @@ impl Context {
                 driver_info: info.driver_info,
                 limits,
                 features,
+                cooperative_matrices: Vec::new(),
             },
             None => AdapterReport {
                 name: "user device".into(),
@@ -454,6 +474,7 @@ impl Context {
                 driver_info: String::new(),
                 limits,
                 features,
+                cooperative_matrices: Vec::new(),
             },
         };
         let empty = |label| {
