@@ -1,4 +1,4 @@
-//! Inference: incremental generation with a trained [`Transformer`] (decoder-only or
+//! Inference: incremental generation with a trained [`Transformer`](crate::model::Transformer) (decoder-only or
 //! encoder-decoder). A [`Generator`] holds a key/value cache per decoder layer and its own activation
 //! buffers, allocated once, over the model's parameters (shared, not copied: it sees what training
 //! writes). Prompts are fed in chunks (prefill), then one token per sequence per step; each step

@@ -1,0 +1,381 @@
+//! The fused backward: gradient tensors, the entry points, the workspace, and the kernels of both
+//! families after the shared preprocess.
+
+use super::*;
+
+/// dQ, dK, dV of a backward pass, shaped like Q, K, V; `d_sinks [H]` when the options have sinks;
+/// `d_bias` (shaped like the bias view) for a learnable bias; `d_relative [H, buckets]` with
+/// relative buckets whose options name no destination (`relative_buckets_learned` writes there).
+#[derive(Clone, Debug)]
+pub struct AttentionGrads {
+    pub dq: GpuTensor,
+    pub dk: GpuTensor,
+    pub dv: GpuTensor,
+    pub d_sinks: Option<GpuTensor>,
+    pub d_bias: Option<GpuTensor>,
+    pub d_relative: Option<GpuTensor>,
+}
+
+/// Fused attention backward into new tensors, submitted to the queue. `out` and `lse` are the
+/// forward's outputs for the same inputs and options.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    ctx: &Context,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    forward: &AttentionOutput,
+    d_out: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionGrads> {
+    let s = AttentionShape::of(q, k, v)?;
+    check_f32(&[("q", q), ("k", k), ("v", v), ("d_out", d_out)]).map_err(allocating_f16)?;
+    let dq = GpuTensor::uninit(ctx, "dq", &[s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
+    let dk = GpuTensor::uninit(ctx, "dk", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
+    let dv = GpuTensor::uninit(ctx, "dv", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+    let workspace = attention_backward_workspace(ctx, &s)?;
+    // The relative table's gradient, unless the caller named a destination.
+    let d_relative = match (opts.relative, opts.relative_grad) {
+        (Some((buckets, _)), None) => Some(GpuTensor::uninit(
+            ctx,
+            "d_relative",
+            &[s.heads, buckets.buckets],
+        )?),
+        _ => None,
+    };
+    let mut with_grad = *opts;
+    if let Some(grad) = &d_relative {
+        with_grad.relative_grad = Some(grad);
+    }
+    let opts = &with_grad;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    attention_backward_into(
+        ctx,
+        &mut encoder,
+        q,
+        k,
+        v,
+        &forward.out.heads()?,
+        &forward.lse,
+        d_out,
+        &dq.heads()?,
+        &dk.heads()?,
+        &dv.heads()?,
+        &workspace,
+        opts,
+    )?;
+    let d_sinks = match opts.sinks {
+        Some(sinks) => {
+            let d_sinks = GpuTensor::uninit(ctx, "d_sinks", &[s.heads])?;
+            attention_sinks_backward_into(
+                ctx,
+                &mut encoder,
+                &s,
+                sinks,
+                &workspace,
+                &d_sinks,
+                opts,
+            )?;
+            Some(d_sinks)
+        }
+        None => None,
+    };
+    let d_bias = match opts.bias {
+        Some(bias) if bias.learnable => {
+            let grad = GpuTensor::uninit(ctx, "d_bias", &bias.view.shape())?;
+            attention_bias_backward_into(
+                ctx,
+                &mut encoder,
+                q,
+                k,
+                v,
+                d_out,
+                &workspace,
+                &grad,
+                opts,
+            )?;
+            Some(grad)
+        }
+        _ => None,
+    };
+    ctx.submit(encoder)?;
+    Ok(AttentionGrads {
+        dq,
+        dk,
+        dv,
+        d_sinks,
+        d_bias,
+        d_relative,
+    })
+}
+
+/// The scratch tensor [`attention_backward_into`] needs: `(lse, D)` per query row, `[B, H, Lq, 2]`.
+pub fn attention_backward_workspace(ctx: &Context, shape: &AttentionShape) -> Result<GpuTensor> {
+    GpuTensor::uninit(
+        ctx,
+        "attention backward stats",
+        &[shape.batch, shape.heads, shape.q_seq, 2],
+    )
+}
+
+/// Records the fused attention backward into `encoder`: the `D = rowsum(dO * O)` pass, the dK/dV
+/// kernel (parallel over key blocks) and the dQ kernel (parallel over query blocks). No atomics, so
+/// results are bitwise reproducible. `dq`, `dk`, `dv` may be views into one packed gradient buffer.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    d_out: &HeadsView,
+    dq: &HeadsView,
+    dk: &HeadsView,
+    dv: &HeadsView,
+    workspace: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    if !qk_norm::active(opts) {
+        return encode_backward_core(
+            ctx, encoder, q, k, v, out, lse, d_out, dq, dk, dv, workspace, opts,
+        );
+    }
+    // Cosine scores and key clipping: the backward of the transformed Q and K, then dQ and dK
+    // through the transforms, in place (which reads Q and K: they may not share the gradients'
+    // buffers).
+    let s = AttentionShape::of(q, k, v)?;
+    check_options(&s, opts)?;
+    check_distinct(
+        &[("dq", dq.buffer()), ("dk", dk.buffer())],
+        &[q.buffer().as_ref(), k.buffer()],
+    )?;
+    let (q_used, k_used) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
+    encode_backward_core(
+        ctx, encoder, &q_used, &k_used, v, out, lse, d_out, dq, dk, dv, workspace, opts,
+    )?;
+    qk_norm::encode_backward(ctx, encoder, [q, k], [dq, dk], opts)
+}
+
+/// [`attention_backward_into`] of the Q and K the scores are made of.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_backward_core(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    d_out: &HeadsView,
+    dq: &HeadsView,
+    dk: &HeadsView,
+    dv: &HeadsView,
+    workspace: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let s = AttentionShape::of(q, k, v)?;
+    let scale = check_options(&s, opts)?;
+    check_storage_buffer_limit(ctx)?;
+    let views = [
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("out", out),
+        ("d_out", d_out),
+        ("dq", dq),
+        ("dk", dk),
+        ("dv", dv),
+    ];
+    let dtype = common_dtype(ctx, &views, opts)?;
+    check_view_typed("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_view_typed("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
+    check_tensor("workspace", workspace, &[s.batch, s.heads, s.q_seq, 2])?;
+    check_view_typed("dq", dq, [s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
+    check_view_typed("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
+    check_view_typed("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+    let widest = s.head_dim_qk.max(s.head_dim_v);
+    // f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only).
+    let family = match dtype {
+        DType::F16 => KernelFamily::Gpu,
+        DType::F32 => ctx.kernel_family(),
+    };
+    if family == KernelFamily::CpuDriver
+        && !ctx.is_cpu()
+        && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU
+    {
+        return Err(Error::Unsupported {
+            arg: "head_dim (fused backward on a GPU adapter)",
+            value: widest as u64,
+            limit: MAX_FUSED_BACKWARD_HEAD_DIM_GPU as u64,
+            hint: "; use the GPU kernel family (Context::set_kernel_family), attention_backward_unfused, or split the head dimension",
+        });
+    }
+    let inputs = [
+        q.buffer().as_ref(),
+        k.buffer(),
+        v.buffer(),
+        out.buffer(),
+        lse.buffer(),
+        d_out.buffer(),
+    ];
+    check_distinct(
+        &[
+            ("dq", dq.buffer()),
+            ("dk", dk.buffer()),
+            ("dv", dv.buffer()),
+            ("workspace", workspace.buffer()),
+        ],
+        &inputs,
+    )?;
+    if workspace.buffer() == dq.buffer()
+        || workspace.buffer() == dk.buffer()
+        || workspace.buffer() == dv.buffer()
+    {
+        return Err(Error::shape(
+            "workspace",
+            "shares a buffer with a gradient output",
+        ));
+    }
+
+    // The dK/dV loop runs over (query head of the group, query row), flattened.
+    let group_rows = (s.heads / s.kv_heads)
+        .checked_mul(s.q_seq)
+        .filter(|&n| n <= u32::MAX as usize)
+        .ok_or(Error::Unsupported {
+            arg: "q seq * (heads / kv_heads)",
+            value: ((s.heads / s.kv_heads) as u64).saturating_mul(s.q_seq as u64),
+            limit: u32::MAX as u64,
+            hint: "; split the sequence",
+        })?;
+    let lens = seq_lens_buffer(ctx, opts);
+    let shared = Shared::scores(ctx, opts)?;
+    let wg = workgroup_size(ctx, true);
+    let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
+    let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+    // One pass per kernel, so a profile tells the three apart.
+    // 1. stats = (lse, D).
+    {
+        let mut pass = ctx.begin_pass(encoder, "attention_backward_preprocess");
+        let mut params = base_params(&s, scale, opts);
+        let bindings = [
+            bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+            bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
+            bind_tensor(ctx, "lse", lse)?,
+            bind_tensor(ctx, "workspace", workspace)?,
+        ];
+        let rows_total = s.batch * s.heads * s.q_seq;
+        let grid = set_grid(&mut params, rows_total.div_ceil(SIMPLE_WG as usize), 1)?;
+        encode_kernel(
+            ctx,
+            &mut pass,
+            match dtype {
+                DType::F32 => "attention_backward_preprocess",
+                DType::F16 => "attention_backward_preprocess_f16",
+            },
+            || with_common_typed(BACKWARD_PREPROCESS, dtype, DType::F32),
+            &[("WG", SIMPLE_WG)],
+            &params,
+            Shared::lens(lens),
+            &bindings,
+            grid,
+        );
+    }
+    if family == KernelFamily::Gpu {
+        return tiled::encode_backward_tiled(
+            ctx,
+            encoder,
+            &s,
+            scale,
+            [q, k, v, d_out],
+            workspace,
+            [dq, dk, dv],
+            opts,
+            group_rows,
+            dtype,
+        );
+    }
+    // 2. dK, dV: one workgroup per key block of one (batch, kv head).
+    {
+        let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
+        let mut params = base_params(&s, scale, opts);
+        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
+        bindings.push(bind_view(ctx, "dk", dk, VIEW_DK, &mut params)?);
+        bindings.push(bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?);
+        // Even: the kernel steps two query rows at a time.
+        let block_m = (tile_rows(ctx, &s, 8, 64) & !1).max(2);
+        let blocks = s.kv_seq.div_ceil((wg * ROWS) as usize);
+        let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
+        // Per query row: three loops over the head dimension plus the row loop itself.
+        let chunks = loop_chunks(
+            ctx,
+            group_rows,
+            2 * dk4 + dv4 + 8,
+            4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
+            block_m as usize,
+        );
+        encode_chunks(
+            ctx,
+            &mut pass,
+            "attention_backward_dkdv",
+            || with_common_sized(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v)),
+            &[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]],
+            &mut params,
+            shared,
+            &bindings,
+            grid,
+            &chunks,
+        );
+    }
+    // 3. dQ: one workgroup per query block of one (batch, head).
+    let rel = bias::RelativeRows::new(ctx, &s, opts)?;
+    {
+        let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
+        let mut params = base_params(&s, scale, opts);
+        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
+        bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
+        bindings.push(rel.binding());
+        // Even: the kernel steps two keys at a time.
+        let block_n = (tile_rows(ctx, &s, 0, 64) & !1).max(2);
+        let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
+        let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
+        // Per key: three loops over the head dimension plus the key loop itself.
+        let chunks = loop_chunks(
+            ctx,
+            s.kv_seq,
+            2 * dk4 + dv4 + 8,
+            4 * (2 * s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
+            block_n as usize,
+        );
+        encode_chunks(
+            ctx,
+            &mut pass,
+            "attention_backward_dq",
+            || {
+                rel.sized(&with_common_sized(
+                    BACKWARD_DQ,
+                    s.head_dim_qk.max(s.head_dim_v),
+                ))
+            },
+            &[
+                ("WG", wg),
+                ("BLOCK_N", block_n),
+                dims[0],
+                dims[1],
+                rel.constant(),
+            ],
+            &mut params,
+            shared,
+            &bindings,
+            grid,
+            &chunks,
+        );
+    }
+    rel.encode_sums(ctx, encoder, &s, opts);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unfused baseline: scores materialised as [B, H, Lq, Lk].

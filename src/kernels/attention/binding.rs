@@ -1,0 +1,393 @@
+//! What every attention kernel is bound with: the uniform parameters (views, flags, grid), storage
+//! bindings of views and tensors, tile sizes, and the recording of one kernel or its loop chunks.
+
+use super::*;
+
+/// A buffer range bound for one dispatch and the element offset of the view inside it.
+#[derive(Clone, Copy)]
+pub(super) struct Binding<'a> {
+    pub(super) buffer: &'a wgpu::Buffer,
+    pub(super) offset_bytes: u64,
+    pub(super) size_bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(super) struct ViewParams {
+    pub(super) offset: u32,
+    pub(super) stride_b: u32,
+    pub(super) stride_s: u32,
+    pub(super) stride_h: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(super) struct Params {
+    pub(super) batch: u32,
+    pub(super) heads: u32,
+    pub(super) kv_heads: u32,
+    pub(super) q_seq: u32,
+    pub(super) kv_seq: u32,
+    pub(super) dk: u32,
+    pub(super) dv: u32,
+    pub(super) flags: u32,
+    pub(super) scale: f32,
+    pub(super) blocks: u32,
+    pub(super) grid_x: u32,
+    pub(super) total_groups: u32,
+    pub(super) chunk_begin: u32,
+    pub(super) chunk_end: u32,
+    pub(super) accumulate: u32,
+    pub(super) splits: u32,
+    pub(super) softcap: f32,
+    pub(super) window_left: u32,
+    pub(super) window_right: u32,
+    pub(super) bias_offset: u32,
+    pub(super) bias_strides: [u32; 4],
+    pub(super) bias_batch: u32,
+    pub(super) bias_heads: u32,
+    pub(super) rel_buckets: u32,
+    pub(super) rel_exact: u32,
+    pub(super) rel_threshold_vec4s: u32,
+    pub(super) rel_table_stride: u32,
+    pub(super) split_keys: u32,
+    pub(super) pad: u32,
+    pub(super) rel_thresholds: [[u32; 4]; MAX_REL_THRESHOLDS / 4],
+    pub(super) alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
+    pub(super) views: [ViewParams; 8],
+}
+
+pub(super) const VIEW_Q: usize = 0;
+pub(super) const VIEW_K: usize = 1;
+pub(super) const VIEW_V: usize = 2;
+pub(super) const VIEW_O: usize = 3;
+pub(super) const VIEW_DO: usize = 4;
+pub(super) const VIEW_DQ: usize = 5;
+pub(super) const VIEW_DK: usize = 6;
+pub(super) const VIEW_DV: usize = 7;
+
+pub(super) const FLAG_CAUSAL: u32 = 1;
+pub(super) const FLAG_Q_LENS: u32 = 2;
+pub(super) const FLAG_KV_LENS: u32 = 4;
+pub(super) const FLAG_SOFTCAP: u32 = 8;
+pub(super) const FLAG_ALIBI: u32 = 16;
+pub(super) const FLAG_WINDOW: u32 = 32;
+pub(super) const FLAG_BIAS: u32 = 64;
+pub(super) const FLAG_RELATIVE: u32 = 128;
+pub(super) const FLAG_REL_BIDIRECTIONAL: u32 = 256;
+pub(super) const FLAG_ALIBI_SLOPES: u32 = 512;
+pub(super) const FLAG_ALIGN_LENS: u32 = 1024;
+/// Query heads whose ALiBi slopes the parameter block can hold ([`AttentionOptions::alibi_slopes`]).
+pub const MAX_ALIBI_SLOPES: usize = 64;
+
+/// Binding of the score bias or relative table in every kernel that calls `modify_scores`.
+pub(super) const SCORE_BIAS_BINDING: u32 = 15;
+/// Thresholds of log-spaced relative-position buckets the parameter block holds.
+pub(super) const MAX_REL_THRESHOLDS: usize = 32;
+
+/// Binds the smallest aligned range of `view`'s buffer that covers it and records its strides.
+/// The shader's addressing of `view` in a binding that starts at element `binding_start` of its
+/// buffer: offset and strides in elements, each within u32.
+pub(super) fn view_params(
+    arg: &'static str,
+    view: &HeadsView,
+    binding_start: usize,
+) -> Result<ViewParams> {
+    let narrow = |x: usize| {
+        u32::try_from(x).map_err(|_| Error::Unsupported {
+            arg,
+            value: x as u64,
+            limit: u32::MAX as u64,
+            hint: " (offset or stride in elements)",
+        })
+    };
+    let [sb, ss, sh] = view.strides();
+    Ok(ViewParams {
+        offset: narrow(view.offset() - binding_start)?,
+        stride_b: narrow(sb)?,
+        stride_s: narrow(ss)?,
+        stride_h: narrow(sh)?,
+    })
+}
+
+pub(super) fn bind_view<'a>(
+    ctx: &Context,
+    arg: &'static str,
+    view: &'a HeadsView,
+    slot: usize,
+    params: &mut Params,
+) -> Result<Binding<'a>> {
+    let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
+    let element = view.dtype().size();
+    let start_bytes = view.offset() as u64 * element;
+    let offset_bytes = start_bytes / align * align;
+    // Whole words: storage bindings are sized in multiples of 4 bytes (f16 tensors are padded).
+    let end_bytes = (view.end_element() as u64 * element).next_multiple_of(4);
+    let size_bytes = end_bytes.max(offset_bytes + 4) - offset_bytes;
+    check_binding(ctx, arg, size_bytes)?;
+    params.views[slot] = view_params(arg, view, (offset_bytes / element) as usize)?;
+    Ok(Binding {
+        buffer: view.buffer(),
+        offset_bytes,
+        size_bytes,
+    })
+}
+
+pub(super) fn bind_tensor<'a>(
+    ctx: &Context,
+    arg: &'static str,
+    t: &'a GpuTensor,
+) -> Result<Binding<'a>> {
+    let size_bytes = t.size_bytes().max(4);
+    check_binding(ctx, arg, size_bytes)?;
+    Ok(Binding {
+        buffer: t.buffer(),
+        offset_bytes: 0,
+        size_bytes,
+    })
+}
+
+/// The inputs every backward kernel of both families binds, from binding 2 on: Q, K, V, dO and the
+/// (lse, D) stats; the kernel's outputs follow.
+pub(super) fn bind_backward_inputs<'a>(
+    ctx: &Context,
+    params: &mut Params,
+    [q, k, v, d_out]: [&'a HeadsView; 4],
+    stats: &'a GpuTensor,
+) -> Result<Vec<Binding<'a>>> {
+    Ok(vec![
+        bind_view(ctx, "q", q, VIEW_Q, params)?,
+        bind_view(ctx, "k", k, VIEW_K, params)?,
+        bind_view(ctx, "v", v, VIEW_V, params)?,
+        bind_view(ctx, "d_out", d_out, VIEW_DO, params)?,
+        bind_tensor(ctx, "workspace", stats)?,
+    ])
+}
+
+pub(crate) fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
+    let limit = ctx.limits().max_storage_buffer_binding_size;
+    if bytes > limit {
+        return Err(Error::BindingTooLarge { arg, bytes, limit });
+    }
+    Ok(())
+}
+
+/// Rows of Q (forward, dQ) or keys (dK/dV) one invocation owns: one per vec4 lane.
+pub(super) const ROWS: u32 = 4;
+
+/// Invocations per workgroup of the one-row-per-invocation kernels (preprocess, unfused softmax).
+pub(super) const SIMPLE_WG: u32 = 64;
+
+/// Invocations per workgroup of the fused kernels, so a workgroup owns `ROWS * WG` rows (queries in
+/// the forward and dQ, keys in dK/dV). Wide workgroups amortise each staged tile over more rows;
+/// narrow ones put more workgroups in flight. Measured on an H100 (Vulkan, B1 H8 D64, L 512..4096,
+/// BENCHMARKS.md): the forward is fastest at 64 (L=4096: 17.4 ms vs 35.0 at 32 and 78.5 at 16), the
+/// backward at 32 (L=2048: 26.8 ms vs 37.4 at 64 and 57.6 at 16). CPU drivers run a workgroup as SIMD
+/// loops and prefer 64 everywhere. [`Context::set_attention_workgroup`] (or `WGPU_ATTENTION_WORKGROUP`,
+/// read when the context is created) overrides both, for tuning on other adapters.
+pub(super) fn workgroup_size(ctx: &Context, backward: bool) -> u32 {
+    match ctx.attention_workgroup() {
+        Some(wg) => wg,
+        None if backward && !ctx.is_cpu() => 32,
+        None => 64,
+    }
+}
+
+/// Rows of a staged tile that fit the adapter's workgroup storage.
+pub(super) fn tile_rows(
+    ctx: &Context,
+    shape: &AttentionShape,
+    extra_bytes_per_row: u32,
+    max: u32,
+) -> u32 {
+    let dk4 = shape.head_dim_qk.div_ceil(4) as u32;
+    let dv4 = shape.head_dim_v.div_ceil(4) as u32;
+    let per_row = (dk4 + dv4) * 16 + extra_bytes_per_row;
+    (ctx.limits().max_compute_workgroup_storage_size / per_row).clamp(1, max)
+}
+
+pub(super) fn base_params(
+    shape: &AttentionShape,
+    scale: f32,
+    opts: &AttentionOptions<'_>,
+) -> Params {
+    let mut flags = 0;
+    if opts.causal {
+        flags |= FLAG_CAUSAL;
+    }
+    if opts.softcap.is_some() {
+        flags |= FLAG_SOFTCAP;
+    }
+    if opts.alibi {
+        flags |= FLAG_ALIBI;
+    }
+    let mut alibi_slopes = [[0.0; 4]; MAX_ALIBI_SLOPES / 4];
+    if let Some(slopes) = opts.alibi_slopes {
+        flags |= FLAG_ALIBI | FLAG_ALIBI_SLOPES;
+        // check_options kept the count within MAX_ALIBI_SLOPES.
+        for (h, &slope) in slopes.iter().enumerate().take(MAX_ALIBI_SLOPES) {
+            alibi_slopes[h / 4][h % 4] = slope;
+        }
+    }
+    // Window sizes past both lengths change nothing; clamping keeps the kernels' i32 arithmetic exact.
+    let reach = (shape.q_seq + shape.kv_seq) as u32;
+    let (window_left, window_right) = opts.window.map_or((0, 0), |(l, r)| {
+        (l.min(reach as usize) as u32, r.min(reach as usize) as u32)
+    });
+    if opts.window.is_some() {
+        flags |= FLAG_WINDOW;
+    }
+    if let Some(lens) = opts.seq_lens {
+        if lens.q_lens().is_some() {
+            flags |= FLAG_Q_LENS;
+        }
+        if lens.kv_lens().is_some() {
+            flags |= FLAG_KV_LENS;
+        }
+    }
+    let mut params = Params {
+        batch: shape.batch as u32,
+        heads: shape.heads as u32,
+        kv_heads: shape.kv_heads as u32,
+        q_seq: shape.q_seq as u32,
+        kv_seq: shape.kv_seq as u32,
+        dk: shape.head_dim_qk as u32,
+        dv: shape.head_dim_v as u32,
+        flags,
+        scale,
+        softcap: opts.softcap.unwrap_or(0.0),
+        window_left,
+        window_right,
+        alibi_slopes,
+        ..Default::default()
+    };
+    bias::fill_params(&mut params, opts);
+    params
+}
+
+/// Sets the 2-D grid for `blocks` workgroups per (batch, head) group of `groups`.
+pub(super) fn set_grid(params: &mut Params, blocks: usize, groups: usize) -> Result<(u32, u32)> {
+    let total = blocks as u64 * groups as u64;
+    let max = 65535u64 * 65535u64;
+    if total > max {
+        return Err(Error::Unsupported {
+            arg: "workgroups (batch * heads * sequence blocks)",
+            value: total,
+            limit: max,
+            hint: "; split the batch",
+        });
+    }
+    params.blocks = blocks as u32;
+    params.total_groups = total as u32;
+    let (gx, gy) = grid_2d(total as u32);
+    params.grid_x = gx;
+    Ok((gx, gy))
+}
+
+/// The buffer bound as `seq_lens`: the caller's, or the context's empty one (bindings cannot be absent).
+pub(super) fn seq_lens_buffer<'a>(
+    ctx: &'a Context,
+    opts: &AttentionOptions<'a>,
+) -> &'a wgpu::Buffer {
+    opts.seq_lens.map_or(ctx.empty_storage(), SeqLens::buffer)
+}
+
+/// The storage a kernel binds besides its own tensors: the sequence lengths at binding 1 (kernels
+/// that read them) and the score bias at [`SCORE_BIAS_BINDING`] (kernels that call `modify_scores`).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Shared<'a> {
+    pub(super) seq_lens: Option<&'a wgpu::Buffer>,
+    pub(super) score_bias: Option<Binding<'a>>,
+}
+
+impl<'a> Shared<'a> {
+    pub(super) const NONE: Shared<'static> = Shared {
+        seq_lens: None,
+        score_bias: None,
+    };
+
+    pub(super) fn lens(seq_lens: &'a wgpu::Buffer) -> Self {
+        Shared {
+            seq_lens: Some(seq_lens),
+            score_bias: None,
+        }
+    }
+
+    /// What a score kernel binds: the sequence lengths and the bias tensor, the relative table or a
+    /// dummy.
+    pub(super) fn scores(ctx: &'a Context, opts: &AttentionOptions<'a>) -> Result<Self> {
+        Ok(Shared {
+            seq_lens: Some(seq_lens_buffer(ctx, opts)),
+            score_bias: Some(bias::score_bias_binding(ctx, opts)?),
+        })
+    }
+}
+
+/// Records one attention-family kernel: its cached pipeline, the parameter block at binding 0, the
+/// sequence lengths at binding 1 (for kernels that read them) and `bindings` from binding 2 on.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_kernel(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    name: &'static str,
+    source: impl FnOnce() -> String,
+    constants: &[(&'static str, u32)],
+    params: &Params,
+    shared: Shared<'_>,
+    bindings: &[Binding<'_>],
+    grid: (u32, u32),
+) {
+    let pipeline = ctx.pipeline(name, source, constants);
+    let mut storage = Vec::with_capacity(bindings.len() + 2);
+    if let Some(seq_lens) = shared.seq_lens {
+        storage.push(StorageBinding {
+            binding: 1,
+            buffer: seq_lens,
+            offset: 0,
+            size: None,
+        });
+    }
+    if let Some(b) = shared.score_bias {
+        storage.push(StorageBinding {
+            binding: SCORE_BIAS_BINDING,
+            buffer: b.buffer,
+            offset: b.offset_bytes,
+            size: wgpu::BufferSize::new(b.size_bytes),
+        });
+    }
+    storage.extend(bindings.iter().enumerate().map(|(i, b)| StorageBinding {
+        binding: i as u32 + 2,
+        buffer: b.buffer,
+        offset: b.offset_bytes,
+        size: wgpu::BufferSize::new(b.size_bytes),
+    }));
+    let bind_group = ctx.bind_group(&pipeline, name, bytemuck::bytes_of(params), &storage);
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(grid.0, grid.1, 1);
+}
+
+/// Records one dispatch of a kernel per loop chunk (`[begin, end)` ranges from [`loop_chunks`]);
+/// every chunk after the first adds to what the earlier ones wrote.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_chunks(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    name: &'static str,
+    source: impl Fn() -> String,
+    constants: &[(&'static str, u32)],
+    params: &mut Params,
+    shared: Shared<'_>,
+    bindings: &[Binding<'_>],
+    grid: (u32, u32),
+    chunks: &[(u32, u32)],
+) {
+    for (index, &(begin, end)) in chunks.iter().enumerate() {
+        params.chunk_begin = begin;
+        params.chunk_end = end;
+        params.accumulate = (index > 0) as u32;
+        encode_kernel(
+            ctx, pass, name, &source, constants, params, shared, bindings, grid,
+        );
+    }
+}

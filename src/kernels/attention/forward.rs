@@ -1,0 +1,261 @@
+//! The fused forward: output tensors, the entry points, the CPU-driver family's kernel (the GPU
+//! family's is in `tiled`) and the plan each problem gets.
+
+use super::*;
+
+/// O and lse of a forward pass: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]` (`-inf` for rows that see no
+/// key). Both are what [`attention_backward`] needs.
+#[derive(Clone, Debug)]
+pub struct AttentionOutput {
+    pub out: GpuTensor,
+    pub lse: GpuTensor,
+}
+
+impl AttentionOutput {
+    /// New, uninitialised `out [B, Lq, H, Dv]` and `lse [B, H, Lq]` for `s`.
+    pub(super) fn new(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+        Ok(Self {
+            out: GpuTensor::uninit(
+                ctx,
+                "attention out",
+                &[s.batch, s.q_seq, s.heads, s.head_dim_v],
+            )?,
+            lse: GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?,
+        })
+    }
+
+    /// The one-shot form of a forward-like `_into` call: new outputs for `s`, filled by `record`
+    /// and submitted.
+    pub(super) fn recorded(
+        ctx: &Context,
+        s: &AttentionShape,
+        record: impl FnOnce(&mut wgpu::CommandEncoder, &HeadsView, &GpuTensor) -> Result<()>,
+    ) -> Result<Self> {
+        let output = Self::new(ctx, s)?;
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        record(&mut encoder, &output.out.heads()?, &output.lse)?;
+        ctx.submit(encoder)?;
+        Ok(output)
+    }
+}
+
+/// Checks a forward's outputs: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`, neither sharing a buffer with
+/// an input of the call (`inputs`) nor with the other.
+pub(super) fn check_forward_outputs(
+    s: &AttentionShape,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    inputs: &[&wgpu::Buffer],
+) -> Result<()> {
+    check_view_typed("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
+    check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
+    check_distinct(&[("out", out.buffer()), ("lse", lse.buffer())], inputs)?;
+    if out.buffer() == lse.buffer() {
+        return Err(Error::shape("lse", "shares a buffer with out"));
+    }
+    Ok(())
+}
+
+/// Checks `rows` is a non-empty range of the `q_seq` query rows (attention maps).
+pub(super) fn check_rows(rows: &std::ops::Range<usize>, q_seq: usize) -> Result<()> {
+    if rows.start >= rows.end || rows.end > q_seq {
+        return Err(Error::shape(
+            "rows",
+            format!("{rows:?} is not a non-empty range of the {q_seq} query rows"),
+        ));
+    }
+    Ok(())
+}
+
+/// The allocating forms make f32 outputs: point f16 callers at the `_into` forms.
+pub(super) fn allocating_f16(e: Error) -> Error {
+    match e {
+        Error::DType { arg, found, .. } => Error::DType {
+            arg,
+            found,
+            message: "this form allocates f32 outputs; for f16 views record \
+                      attention_forward_into / attention_backward_into with GpuTensorF16 outputs"
+                .into(),
+        },
+        other => other,
+    }
+}
+
+/// Fused attention forward into new tensors, submitted to the queue.
+pub fn attention_forward(
+    ctx: &Context,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionOutput> {
+    let s = AttentionShape::of(q, k, v)?;
+    check_f32(&[("q", q), ("k", k), ("v", v)]).map_err(allocating_f16)?;
+    AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
+        attention_forward_into(ctx, encoder, q, k, v, out, lse, opts)
+    })
+}
+
+/// Records the fused attention forward into `encoder`, writing `out` (a `[B, Lq, H, Dv]` view) and
+/// `lse` (`[B, H, Lq]`). Nothing is recorded if the input is rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let s = AttentionShape::of(q, k, v)?;
+    let scale = check_options(&s, opts)?;
+    let views = [("q", q), ("k", k), ("v", v), ("out", out)];
+    let dtype = common_dtype(ctx, &views, opts)?;
+    check_forward_outputs(&s, out, lse, &[q.buffer(), k.buffer(), v.buffer()])?;
+    if let Some(sinks) = opts.sinks {
+        check_distinct(
+            &[("out", out.buffer()), ("lse", lse.buffer())],
+            &[sinks.buffer()],
+        )?;
+    }
+    // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
+    let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
+    // f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only).
+    if ctx.kernel_family() == KernelFamily::Gpu || dtype == DType::F16 {
+        encode_forward_tiled(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
+    } else {
+        encode_forward_cpu_family(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
+    }
+    match opts.sinks {
+        Some(sinks) => sinks::encode_forward(ctx, encoder, &s, scale, out, lse, sinks, opts),
+        None => Ok(()),
+    }
+}
+
+/// The CPU-driver family's forward: one dispatch per key chunk, each merging into O and lse.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_forward_cpu_family(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    s: &AttentionShape,
+    scale: f32,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
+    let mut params = base_params(s, scale, opts);
+    let bindings = [
+        bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
+        bind_view(ctx, "k", k, VIEW_K, &mut params)?,
+        bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+        bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+        bind_tensor(ctx, "lse", lse)?,
+    ];
+    let wg = workgroup_size(ctx, false);
+    let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
+    let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
+    let chunks = forward_chunks(ctx, s, block_n);
+    let mut pass = ctx.begin_pass(encoder, "attention_forward");
+    let shared = Shared::scores(ctx, opts)?;
+    encode_chunks(
+        ctx,
+        &mut pass,
+        "attention_forward",
+        || with_common_sized(FORWARD, s.head_dim_qk.max(s.head_dim_v)),
+        &[
+            ("WG", wg),
+            ("BLOCK_N", block_n),
+            ("DK", s.head_dim_qk as u32),
+            ("DV", s.head_dim_v as u32),
+        ],
+        &mut params,
+        shared,
+        &bindings,
+        grid,
+        &chunks,
+    );
+    Ok(())
+}
+
+/// How the fused forward runs a problem on a context: what [`attention_forward_into`] records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForwardPlan {
+    pub family: KernelFamily,
+    /// Invocations per workgroup.
+    pub workgroup: u32,
+    /// Query rows per workgroup.
+    pub block_m: u32,
+    /// Keys per staged K/V tile.
+    pub block_n: u32,
+    /// Pieces of each row's key range: split-KV workgroups merged by a second kernel (GPU family),
+    /// or chunk dispatches under a driver's loop cap (CPU-driver family). 1 is one pass over the keys.
+    pub splits: u32,
+    /// Row maxima combined by subgroup shuffles rather than through workgroup memory (GPU family,
+    /// where [`Context::subgroup_size`] allows).
+    pub subgroups: bool,
+}
+
+impl std::fmt::Display for ForwardPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}x{}/{}",
+            self.family.name(),
+            self.block_m,
+            self.block_n,
+            self.workgroup
+        )?;
+        if self.subgroups {
+            write!(f, " subgroup")?;
+        }
+        if self.splits > 1 {
+            write!(f, " split {}", self.splits)?;
+        }
+        Ok(())
+    }
+}
+
+/// The kernel family, tile shape and key split the fused forward uses for `shape` on `ctx`.
+pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<ForwardPlan> {
+    let s = shape;
+    if ctx.kernel_family() == KernelFamily::Gpu {
+        let config = TiledForward::choose(ctx, s)?;
+        return Ok(ForwardPlan {
+            family: KernelFamily::Gpu,
+            workgroup: config.wg,
+            block_m: config.block_m,
+            block_n: config.block_n,
+            splits: config.splits(ctx, s) as u32,
+            subgroups: config.subgroups(ctx, s),
+        });
+    }
+    let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
+    let wg = workgroup_size(ctx, false);
+    Ok(ForwardPlan {
+        family: KernelFamily::CpuDriver,
+        workgroup: wg,
+        block_m: wg * ROWS,
+        block_n,
+        splits: forward_chunks(ctx, s, block_n).len() as u32,
+        subgroups: false,
+    })
+}
+
+/// Key chunks of the CPU-driver forward under the loop budget (one chunk elsewhere).
+pub(super) fn forward_chunks(ctx: &Context, s: &AttentionShape, block_n: u32) -> Vec<(u32, u32)> {
+    let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+    // Per key: the score, exp and P.V loops and their inner loops over the head dimension.
+    loop_chunks(
+        ctx,
+        s.kv_seq,
+        dk4 + dv4 + 8,
+        4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
+        block_n as usize,
+    )
+}

@@ -1,0 +1,346 @@
+//! The sizes of one attention problem (`AttentionShape`) and the checks every entry point runs on
+//! its views, tensors and element types.
+
+use super::*;
+
+/// The sizes of one attention problem, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub q_seq: usize,
+    pub kv_seq: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim_qk: usize,
+    pub head_dim_v: usize,
+}
+
+impl AttentionShape {
+    /// Checks that `q [B, Lq, H, Dk]`, `k [B, Lk, Hkv, Dk]` and `v [B, Lk, Hkv, Dv]` agree.
+    pub fn of(q: &HeadsView, k: &HeadsView, v: &HeadsView) -> Result<Self> {
+        let [b, lq, h, dk] = q.shape();
+        let [kb, lk, hkv, kdk] = k.shape();
+        let [vb, vlk, vhkv, dv] = v.shape();
+        for (arg, value) in [
+            ("q batch", b),
+            ("q seq", lq),
+            ("q heads", h),
+            ("q head_dim", dk),
+            ("k seq", lk),
+            ("k heads", hkv),
+            ("v head_dim", dv),
+        ] {
+            if value == 0 {
+                return Err(Error::shape(
+                    arg,
+                    "is 0; every dimension must be at least 1",
+                ));
+            }
+        }
+        if kb != b || vb != b {
+            return Err(Error::shape(
+                "k/v batch",
+                format!("q has batch {b}, k {kb}, v {vb}; they must be equal"),
+            ));
+        }
+        if vlk != lk {
+            return Err(Error::shape(
+                "v seq",
+                format!("k has {lk} keys but v has {vlk}"),
+            ));
+        }
+        if vhkv != hkv {
+            return Err(Error::shape(
+                "v heads",
+                format!("k has {hkv} heads but v has {vhkv}"),
+            ));
+        }
+        if kdk != dk {
+            return Err(Error::shape(
+                "k head_dim",
+                format!("q has head_dim {dk} but k has {kdk}; Q and K must share Dk"),
+            ));
+        }
+        if h % hkv != 0 {
+            return Err(Error::shape(
+                "k heads",
+                format!("query heads {h} are not a multiple of kv heads {hkv} (H % Hkv must be 0)"),
+            ));
+        }
+        for (arg, value) in [("q/k head_dim", dk), ("v head_dim", dv)] {
+            if value > MAX_HEAD_DIM {
+                return Err(Error::Unsupported {
+                    arg,
+                    value: value as u64,
+                    limit: MAX_HEAD_DIM as u64,
+                    hint: "; split the head dimension or use more heads",
+                });
+            }
+        }
+        for (arg, value) in [("q seq", lq), ("k seq", lk), ("batch", b), ("heads", h)] {
+            if value > i32::MAX as usize {
+                return Err(Error::Unsupported {
+                    arg,
+                    value: value as u64,
+                    limit: i32::MAX as u64,
+                    hint: "",
+                });
+            }
+        }
+        Ok(Self {
+            batch: b,
+            q_seq: lq,
+            kv_seq: lk,
+            heads: h,
+            kv_heads: hkv,
+            head_dim_qk: dk,
+            head_dim_v: dv,
+        })
+    }
+
+    /// Multiply-adds counted as 2 FLOPs: `4 * B * H * Lq * Lk * D` for the forward (two products);
+    /// halved under the causal mask when `Lq == Lk`, as is customary.
+    pub fn forward_flops(&self, causal: bool) -> f64 {
+        let d = (self.head_dim_qk + self.head_dim_v) as f64 / 2.0;
+        let full =
+            4.0 * (self.batch * self.heads) as f64 * self.q_seq as f64 * self.kv_seq as f64 * d;
+        if causal {
+            full / 2.0
+        } else {
+            full
+        }
+    }
+
+    /// Backward FLOPs: five products (S recompute, dV, dP, dQ, dK), 2.5x the forward.
+    pub fn backward_flops(&self, causal: bool) -> f64 {
+        2.5 * self.forward_flops(causal)
+    }
+}
+
+pub(super) fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<f32> {
+    if let Some(lens) = opts.seq_lens {
+        if lens.batch() != shape.batch {
+            return Err(Error::shape(
+                "seq_lens",
+                format!(
+                    "has {} entries but the batch is {}",
+                    lens.batch(),
+                    shape.batch
+                ),
+            ));
+        }
+        for (arg, values, limit) in [
+            ("q_lens", lens.q_lens(), shape.q_seq),
+            ("kv_lens", lens.kv_lens(), shape.kv_seq),
+        ] {
+            if let Some(values) = values {
+                if let Some((b, &len)) =
+                    values.iter().enumerate().find(|(_, &l)| l as usize > limit)
+                {
+                    return Err(Error::shape(
+                        arg,
+                        format!("entry {b} is {len}, beyond the sequence length {limit}"),
+                    ));
+                }
+            }
+        }
+    }
+    let scale = opts
+        .scale
+        .unwrap_or(1.0 / (shape.head_dim_qk as f32).sqrt());
+    let temperature = opts.temperature.unwrap_or(1.0);
+    if !scale.is_finite() {
+        return Err(Error::shape(
+            "scale",
+            format!("is {scale}; it must be finite"),
+        ));
+    }
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(Error::shape(
+            "temperature",
+            format!("is {temperature}; it must be finite and positive"),
+        ));
+    }
+    if let Some(sinks) = opts.sinks {
+        check_tensor("sinks", sinks, &[shape.heads])?;
+    }
+    for (arg, value) in [("cosine", opts.cosine), ("key_norm_clip", opts.key_clip)] {
+        if let Some(x) = value {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(Error::shape(
+                    arg,
+                    format!("is {x}; it must be finite and positive"),
+                ));
+            }
+        }
+    }
+    if (opts.cosine.is_some() || opts.learned_cosine.is_some()) && opts.scale.is_some() {
+        return Err(Error::shape(
+            "scale/cosine",
+            "cosine scores carry their own scale; set one of scale and cosine",
+        ));
+    }
+    if let Some(learned) = opts.learned_cosine {
+        if opts.cosine.is_some() {
+            return Err(Error::shape(
+                "cosine/cosine_learned",
+                "set one cosine scale: fixed (cosine) or learned (cosine_learned)",
+            ));
+        }
+        check_tensor("cosine scale", learned.scale, &[shape.heads])?;
+        check_tensor("cosine scale grad", learned.grad, &[shape.heads])?;
+        if learned.grad.buffer() == learned.scale.buffer() {
+            return Err(Error::shape(
+                "cosine scale grad",
+                "shares a buffer with the scale; write the gradient to a separate tensor",
+            ));
+        }
+    }
+    bias::check(shape, opts)?;
+    if let Some(slopes) = opts.alibi_slopes {
+        if slopes.len() != shape.heads {
+            return Err(Error::shape(
+                "alibi_slopes",
+                format!(
+                    "has {} slopes for {} query heads; give one per head",
+                    slopes.len(),
+                    shape.heads
+                ),
+            ));
+        }
+        if slopes.len() > MAX_ALIBI_SLOPES {
+            return Err(Error::Unsupported {
+                arg: "alibi_slopes (query heads)",
+                value: slopes.len() as u64,
+                limit: MAX_ALIBI_SLOPES as u64,
+                hint: "; use the default geometric slopes (alibi(true)) or fewer heads",
+            });
+        }
+        if let Some(x) = slopes.iter().find(|x| !x.is_finite()) {
+            return Err(Error::shape(
+                "alibi_slopes",
+                format!("contains {x}; every slope must be finite"),
+            ));
+        }
+    }
+    // Cosine scores bring their own scale (a learned one multiplies the queries instead).
+    let scale = match (opts.cosine, opts.learned_cosine) {
+        (_, Some(_)) => 1.0,
+        (Some(cosine), None) => cosine,
+        (None, None) => scale,
+    };
+    if let Some(cap) = opts.softcap {
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(Error::shape(
+                "softcap",
+                format!("is {cap}; it must be finite and positive (e.g. 30 or 50)"),
+            ));
+        }
+    }
+    Ok(scale / temperature)
+}
+
+/// Checks an f32 view's shape: every attention op but the fused forward and backward takes f32.
+pub(super) fn check_view(arg: &'static str, view: &HeadsView, expected: [usize; 4]) -> Result<()> {
+    check_f32(&[(arg, view)])?;
+    check_view_typed(arg, view, expected)
+}
+
+/// Checks a view's shape, whatever its element type.
+pub(super) fn check_view_typed(
+    arg: &'static str,
+    view: &HeadsView,
+    expected: [usize; 4],
+) -> Result<()> {
+    if view.shape() != expected {
+        return Err(Error::shape(
+            arg,
+            format!("has shape {:?}, expected {:?}", view.shape(), expected),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn check_tensor(arg: &'static str, t: &GpuTensor, expected: &[usize]) -> Result<()> {
+    if t.shape() != expected {
+        return Err(Error::shape(
+            arg,
+            format!("has shape {:?}, expected {:?}", t.shape(), expected),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses f16 views in the ops that take only f32.
+pub(crate) fn check_f32(views: &[(&'static str, &HeadsView)]) -> Result<()> {
+    for &(arg, view) in views {
+        if view.dtype() != DType::F32 {
+            return Err(Error::DType {
+                arg,
+                found: view.dtype().name(),
+                message: "this operation takes f32 views; f16 runs in the fused \
+                          attention_forward_into and attention_backward_into"
+                    .into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The element type every view of a fused forward or backward shares. f16 needs `SHADER_F16` and
+/// excludes the options whose kernels read or write Q, K, V or O in f32 (sinks, cosine scores, key
+/// clipping).
+pub(super) fn common_dtype(
+    ctx: &Context,
+    views: &[(&'static str, &HeadsView)],
+    opts: &AttentionOptions<'_>,
+) -> Result<DType> {
+    let (first, dtype) = (views[0].0, views[0].1.dtype());
+    for &(arg, view) in views {
+        if view.dtype() != dtype {
+            return Err(Error::DType {
+                arg,
+                found: view.dtype().name(),
+                message: format!(
+                    "{first} is {}; the views of one call share one element type",
+                    dtype.name()
+                ),
+            });
+        }
+    }
+    if dtype == DType::F16 {
+        if !ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+            return Err(Error::MissingFeature {
+                what: "f16 attention",
+                feature: "SHADER_F16",
+                adapter: ctx.report().name.clone(),
+                hint: "; the GL back end has none: use f32 tensors (GpuTensor) there",
+            });
+        }
+        if opts.sinks.is_some() || qk_norm::active(opts) {
+            return Err(Error::DType {
+                arg: first,
+                found: "f16",
+                message: "attention sinks, cosine scores and key clipping take f32 views".into(),
+            });
+        }
+    }
+    Ok(dtype)
+}
+
+/// Outputs may not share a buffer with any input of the same dispatch (a buffer cannot be read-only
+/// and writable in one dispatch).
+pub(super) fn check_distinct(
+    outputs: &[(&'static str, &wgpu::Buffer)],
+    inputs: &[&wgpu::Buffer],
+) -> Result<()> {
+    for (arg, out) in outputs {
+        if inputs.contains(out) {
+            return Err(Error::shape(
+                arg,
+                "shares a buffer with an input of the same call; write outputs to a separate buffer",
+            ));
+        }
+    }
+    Ok(())
+}
