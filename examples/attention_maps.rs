@@ -7,6 +7,7 @@
 //! ```text
 //! cargo run --release --example train_seq2seq            # trains and saves the model
 //! cargo run --release --example attention_maps -- [--checkpoint PATH] [--digits 3141592] [--out DIR]
+//!     [--cross-layer 1] [--self-layer 0] [--heads 0,1,2,3]
 //! ```
 //!
 //! Without a checkpoint it trains the model itself first (300 steps, a few minutes on a CPU driver).
@@ -171,7 +172,7 @@ impl Canvas {
 /// The PNG of [`svg`]'s layout: the maps side by side, token labels on both axes (without the
 /// tooltips).
 fn png(title: &str, maps: &[Map<'_>]) -> Result<Vec<u8>, png::EncodingError> {
-    const CELL: usize = 28;
+    const CELL: usize = 34;
     const LABEL_SCALE: usize = 2;
     let label_width = |labels: &[String]| {
         labels
@@ -197,8 +198,13 @@ fn png(title: &str, maps: &[Map<'_>]) -> Result<Vec<u8>, png::EncodingError> {
         let left = x0 + label_width(m.rows) + 6;
         canvas.text(left, 26, &m.title, 1);
         for (j, c) in m.cols.iter().enumerate() {
-            let x = left + CELL * j + CELL / 2 - Canvas::text_width(c, LABEL_SCALE) / 2;
-            canvas.text(x, 40, c, LABEL_SCALE);
+            // Labels wider than a cell ("<s>", "</s>") at half size, bottom-aligned.
+            let scale = match Canvas::text_width(c, LABEL_SCALE) < CELL {
+                true => LABEL_SCALE,
+                false => 1,
+            };
+            let x = left + CELL * j + CELL / 2 - Canvas::text_width(c, scale) / 2;
+            canvas.text(x, 40 + 8 * (LABEL_SCALE - scale), c, scale);
         }
         for (i, r) in m.rows.iter().enumerate() {
             let y = top + CELL * i;
@@ -285,12 +291,39 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .bytes()
         .map(|c| DIGIT0 + (c - b'0') as u32)
         .collect();
+    let c = config();
+    // The decoder layers whose cross- and self-attention are drawn, and the heads.
+    let (mut cross_layer, mut self_layer) = (c.decoder_layers - 1, 0);
+    let mut heads: Vec<usize> = (0..c.heads).collect();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let value = args.next().ok_or(format!("{a} needs a value"))?;
+        let layer = |value: &str| -> Result<usize, String> {
+            value
+                .parse()
+                .ok()
+                .filter(|&l| l < c.decoder_layers)
+                .ok_or(format!(
+                    "{a} {value}: the model has decoder layers 0 to {}",
+                    c.decoder_layers - 1
+                ))
+        };
         match a.as_str() {
             "--checkpoint" => checkpoint_path = value.into(),
             "--out" => out = value.into(),
+            "--cross-layer" => cross_layer = layer(&value)?,
+            "--self-layer" => self_layer = layer(&value)?,
+            "--heads" => {
+                heads = value
+                    .split(',')
+                    .map(|h| h.trim().parse().ok().filter(|&h| h < c.heads))
+                    .collect::<Option<Vec<usize>>>()
+                    .filter(|hs| !hs.is_empty())
+                    .ok_or(format!(
+                        "--heads {value}: a comma list of heads 0 to {}",
+                        c.heads - 1
+                    ))?
+            }
             "--digits"
                 if (1..=MAX_LEN).contains(&value.len())
                     && value.bytes().all(|c| c.is_ascii_digit()) =>
@@ -368,7 +401,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let tgt: Vec<String> = batch.tgt_in[..n + 1].iter().map(|&t| label(t)).collect();
     println!("input {}  loss {loss:.4}", src.join(" "));
     std::fs::create_dir_all(&out).map_err(|e| Error::Device(format!("{}: {e}", out.display())))?;
-    let heads = config().heads;
+    let all_heads = c.heads;
     // [1, H, Lq, Lk] padded to the model's lengths: crop to the sequence.
     let crop = |m: &[f32], h: usize, lq: usize, lk: usize, rows: usize, cols: usize| -> Vec<f64> {
         (0..rows)
@@ -390,10 +423,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     let cross = trainer
         .model
-        .attention_map(&ctx, AttentionSite::DecoderCross(1))?
+        .attention_map(&ctx, AttentionSite::DecoderCross(cross_layer))?
         .to_vec(&ctx)?;
-    let maps: Vec<Map> = (0..heads)
-        .map(|h| Map {
+    let maps: Vec<Map> = heads
+        .iter()
+        .map(|&h| Map {
             title: format!("head {h}"),
             rows: &tgt,
             cols: &src,
@@ -403,22 +437,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     write(
         "cross_attention",
-        "Decoder layer 1 cross-attention (rows: decoder input, columns: source)",
+        &format!(
+            "Decoder layer {cross_layer} cross-attention (rows: decoder input, columns: source)"
+        ),
         &maps,
     )?;
     // How close the heads come to the anti-diagonal: the weight row i (predicting the digit at
     // source position n - 1 - i) puts on that position.
-    for (h, m) in maps.iter().enumerate() {
+    for (&h, m) in heads.iter().zip(&maps) {
         let on: f64 = (0..n).map(|i| m.values[i * n + (n - 1 - i)]).sum::<f64>() / n as f64;
         println!("cross-attention head {h}: mean weight on the reversed position {on:.3}");
     }
 
     let dec_self = trainer
         .model
-        .attention_map(&ctx, AttentionSite::DecoderSelf(0))?
+        .attention_map(&ctx, AttentionSite::DecoderSelf(self_layer))?
         .to_vec(&ctx)?;
-    let maps: Vec<Map> = (0..heads)
-        .map(|h| Map {
+    let maps: Vec<Map> = heads
+        .iter()
+        .map(|&h| Map {
             title: format!("head {h}"),
             rows: &tgt,
             cols: &tgt,
@@ -428,7 +465,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     write(
         "decoder_self_attention",
-        "Decoder layer 0 self-attention (causal)",
+        &format!("Decoder layer {self_layer} self-attention (causal)"),
         &maps,
     )?;
 
@@ -440,25 +477,26 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .to_vec(&ctx)
         })
         .collect::<Result<_, _>>()?;
-    let rollout = attention_rollout(&layers, [1, heads, lk])?;
+    let rollout = attention_rollout(&layers, [1, all_heads, lk])?;
     let rollout: Vec<f64> = (0..n)
         .flat_map(|i| (0..n).map(move |j| (i, j)))
         .map(|(i, j)| rollout[i * lk + j])
         .collect();
     let grad = trainer
         .model
-        .gradient_times_attention(&ctx, AttentionSite::DecoderCross(1))?;
+        .gradient_times_attention(&ctx, AttentionSite::DecoderCross(cross_layer))?;
     let grad_mean: Vec<f64> = (0..(n + 1) * n)
         .map(|x| {
-            (0..heads)
-                .map(|h| grad[(h * lq + x / n) * lk + x % n] as f64)
+            heads
+                .iter()
+                .map(|&h| grad[(h * lq + x / n) * lk + x % n] as f64)
                 .sum::<f64>()
-                / heads as f64
+                / heads.len() as f64
         })
         .collect();
     write(
         "rollout_and_gradient",
-        "Encoder attention rollout, and gradient x attention of decoder layer 1 cross-attention (mean over heads)",
+        &format!("Encoder attention rollout, and gradient x attention of decoder layer {cross_layer} cross-attention (mean over the drawn heads)"),
         &[
                 Map {
                     title: "rollout over 2 encoder layers".into(),
