@@ -2,7 +2,8 @@
 // scores e_ij from the query and key projections a [B, Lq, H, Da] (VIEW_Q) and b [B, Lk, H, Da]
 // (VIEW_K), the online softmax over the visible keys (the shared header's masks: causal, per-batch
 // lengths, windows), and O = P V (V [B, Lk, H, Dv], VIEW_V), with the row lse. [Lq, Lk, Da] never
-// exists: each tanh is recomputed where it is used.
+// exists: each tanh is recomputed where it is used. Decoding from a cache (FLAG_ALIGN_LENS,
+// additive_decode_into): rows align on each sequence's own lengths (key_start_in / key_end_in).
 //
 // One invocation per query row, WG rows of one (batch, head) per workgroup; key tiles of TILE keys
 // (their b rows and V rows) staged in workgroup memory. Per tile, the running max m, sum l and
@@ -46,8 +47,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var start = 0u;
     var end = 0u;
     if live {
-        start = key_start(i);
-        end = key_end(i, kvlen);
+        start = key_start_in(b, i);
+        end = key_end_in(b, i, kvlen);
     }
 
     var m = NEG_BIG;
@@ -73,9 +74,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let rows_hi = min(row0 + WG, qlen);
     var kv_hi = 0u;
     if rows_hi > row0 {
-        kv_hi = min(key_end(rows_hi - 1u, kvlen), params.chunk_end);
+        kv_hi = min(key_end_in(b, rows_hi - 1u, kvlen), params.chunk_end);
     }
-    let n_begin = max(params.chunk_begin, key_start(row0) / TILE * TILE);
+    let n_begin = max(params.chunk_begin, key_start_in(b, row0) / TILE * TILE);
     for (var n0 = n_begin; n0 < kv_hi; n0 += TILE) {
         workgroupBarrier();
         stage_keys(n0, kv_hi, b, h, lid);

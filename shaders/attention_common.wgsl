@@ -171,6 +171,16 @@ fn key_start(i: u32) -> u32 {
     return keys_start_at(aligned(i));
 }
 
+// key_start / key_end of row i of batch entry b aligned as row_shift says: on each sequence's
+// lengths when decoding from a cache (FLAG_ALIGN_LENS), else as key_start / key_end.
+fn key_end_in(b: u32, i: u32, kvlen: u32) -> u32 {
+    return keys_end_at(i32(i) + row_shift(b), kvlen);
+}
+
+fn key_start_in(b: u32, i: u32) -> u32 {
+    return keys_start_at(i32(i) + row_shift(b));
+}
+
 // Query rows [query_start(j), query_end(j)) see key j (before per-batch lengths): the inverse of the
 // ranges above, nondecreasing in j.
 fn query_start(j: u32) -> u32 {

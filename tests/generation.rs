@@ -73,6 +73,14 @@ fn configs() -> Vec<(&'static str, TransformerConfig)> {
                 ..config(1)
             },
         ),
+        (
+            "encoder-decoder additive window",
+            TransformerConfig {
+                additive_attention: Some(6),
+                attention_window: Some(4),
+                ..config(1)
+            },
+        ),
     ]
 }
 

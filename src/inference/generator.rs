@@ -97,8 +97,9 @@ enum PassKind {
 
 impl Generator {
     /// A generator over `model`'s parameters for `shape`. Refused: models with cosine scores or
-    /// key-norm clipping (decode attention does not transform cached keys) or additive scores (no
-    /// decode kernel for them), learned position tables shorter than the capacity or source length.
+    /// key-norm clipping (decode attention does not transform cached keys), learned position tables
+    /// shorter than the capacity or source length. Additive-score layers cache their key
+    /// projections and decode with [`crate::kernels::attention::additive_decode_into`].
     pub fn new(ctx: &Context, model: &Transformer, shape: GeneratorShape) -> Result<Self> {
         let c = *model.config();
         let s = shape;
@@ -117,12 +118,11 @@ impl Generator {
         for (arg, set) in [
             ("cosine_scores", c.cosine_scores.is_some()),
             ("key_norm_clip", c.key_norm_clip.is_some()),
-            ("additive_attention", c.additive_attention.is_some()),
         ] {
             if set {
                 return Err(Error::shape(
                     arg,
-                    "models with cosine scores, key-norm clipping or additive scores cannot decode from a cache yet; run Transformer::forward",
+                    "models with cosine scores or key-norm clipping cannot decode from a cache yet; run Transformer::forward",
                 ));
             }
         }
@@ -181,7 +181,16 @@ impl Generator {
         let step = pass(1)?;
         let output = Linear::new(ctx, &mut params, "out", c.d_model, c.vocab)?;
         let head_dim = c.d_model / c.heads;
-        let cache = KvCache::new(ctx, c.decoder_layers, b, s.capacity, c.heads, head_dim)?;
+        // Additive layers cache their key projections b (Da per head) instead of keys.
+        let key_dim = c.additive_attention.unwrap_or(head_dim);
+        let cache = KvCache::with_dims(
+            ctx,
+            c.decoder_layers,
+            b,
+            s.capacity,
+            c.heads,
+            [key_dim, head_dim],
+        )?;
         let zeros = vec![0u32; b];
         let id_bytes = 4 * b as u64;
         Ok(Self {

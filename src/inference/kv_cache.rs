@@ -31,6 +31,19 @@ impl KvCache {
         heads: usize,
         head_dim: usize,
     ) -> Result<Self> {
+        Self::with_dims(ctx, layers, batch, capacity, heads, [head_dim, head_dim])
+    }
+
+    /// [`KvCache::new`] with keys and values of different widths per head, `[key_dim, value_dim]`
+    /// (additive attention caches its key projections `b`, `Da` wide).
+    pub fn with_dims(
+        ctx: &Context,
+        layers: usize,
+        batch: usize,
+        capacity: usize,
+        heads: usize,
+        [key_dim, value_dim]: [usize; 2],
+    ) -> Result<Self> {
         if batch == 0 || capacity == 0 || capacity > i32::MAX as usize {
             return Err(Error::shape(
                 "KvCache",
@@ -39,12 +52,11 @@ impl KvCache {
                 ),
             ));
         }
-        let shape = [batch, capacity, heads, head_dim];
         let layers = (0..layers)
             .map(|_| {
                 Ok([
-                    GpuTensor::zeros(ctx, &shape)?,
-                    GpuTensor::zeros(ctx, &shape)?,
+                    GpuTensor::zeros(ctx, &[batch, capacity, heads, key_dim])?,
+                    GpuTensor::zeros(ctx, &[batch, capacity, heads, value_dim])?,
                 ])
             })
             .collect::<Result<_>>()?;

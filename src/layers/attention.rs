@@ -6,11 +6,11 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{
-    additive_backward_into, additive_backward_workspace, additive_forward_into,
-    additive_probabilities, attention_backward_into, attention_backward_workspace,
-    attention_decode_into, attention_forward_into, attention_probabilities,
-    attention_sinks_backward_into, AdditiveScores, AttentionOptions, AttentionShape,
-    RelativeBuckets,
+    additive_backward_into, additive_backward_workspace, additive_decode_into,
+    additive_forward_into, additive_probabilities, attention_backward_into,
+    attention_backward_workspace, attention_decode_into, attention_forward_into,
+    attention_probabilities, attention_sinks_backward_into, AdditiveScores, AttentionOptions,
+    AttentionShape, RelativeBuckets,
 };
 use crate::kernels::kv_cache::kv_cache_append_into;
 use crate::kernels::linear::Epilogue;
@@ -424,8 +424,10 @@ impl MultiHeadAttention {
 
     /// Decoding: `y = Attention(x)` for new tokens `x [B, L, d]` after each sequence's cached ones
     /// (`lens`: `q_lens` new, `kv_lens` cached including them, see [`SeqLens::check_decode`]).
-    /// Self-attention appends the new keys and values to `cache` (`[B, max_len, H, d/H]` each) and
-    /// attends over it with decode attention (RoPE at each sequence's positions); cross-attention
+    /// Self-attention appends the new keys and values to `cache` (`[B, max_len, H, d/H]` each; keys
+    /// `[B, max_len, H, Da]` of additive scores, which cache their key projections) and attends over
+    /// it with decode attention, or the additive forward aligned per sequence (RoPE at each
+    /// sequence's positions); cross-attention
     /// (`cache` `None`) attends over the memory projected by [`MultiHeadAttention::prepare_memory`],
     /// `lens` giving the new tokens and the memory lengths. `residual` is added to `y`.
     #[allow(clippy::too_many_arguments)]
@@ -440,12 +442,6 @@ impl MultiHeadAttention {
         y: &GpuTensor,
         residual: Option<&GpuTensor>,
     ) -> Result<()> {
-        if self.additive.is_some() {
-            return Err(Error::shape(
-                "additive",
-                "additive-score layers cannot decode from a cache yet; run the full forward",
-            ));
-        }
         let out = self.attn.heads()?;
         let opts = self.options(p, lens);
         match (self.kind, cache) {
@@ -464,10 +460,24 @@ impl MultiHeadAttention {
                     rope_forward_cached_into(ctx, encoder, &q, rope, lens)?;
                     rope_forward_cached_into(ctx, encoder, &k, rope, lens)?;
                 }
+                // Additive layers cache b, their key projections, in place of keys.
                 kv_cache_append_into(ctx, encoder, &k, keys, lens)?;
                 kv_cache_append_into(ctx, encoder, &v, values, lens)?;
                 let (keys, values) = (keys.heads()?, values.heads()?);
-                attention_decode_into(ctx, encoder, &q, &keys, &values, &out, &self.lse, &opts)?;
+                match &self.additive {
+                    Some(add) => {
+                        let scores = AdditiveScores {
+                            w: p.value(add.w),
+                            bias: p.value(add.bias),
+                        };
+                        additive_decode_into(
+                            ctx, encoder, &q, &keys, &values, scores, &out, &self.lse, &opts,
+                        )?
+                    }
+                    None => attention_decode_into(
+                        ctx, encoder, &q, &keys, &values, &out, &self.lse, &opts,
+                    )?,
+                }
             }
             (AttentionKind::Cross, None) => {
                 self.query.forward(ctx, encoder, p, x, &self.proj)?;

@@ -167,6 +167,62 @@ pub fn additive_forward_into(
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    encode_forward(ctx, encoder, [a, b, v], scores, out, lse, opts, false)
+}
+
+/// Additive attention for incremental decoding: new query rows `a [B, L, H, Da]` (`q_lens` per
+/// sequence) against caches `b [B, capacity, H, Da]` and `v [B, capacity, H, Dv]` holding `kv_lens`
+/// keys each, the new ones last. Masks align on each sequence's own lengths, as in
+/// [`super::attention_decode_into`]: query `i` of sequence `s` sits at position
+/// `kv_lens[s] - q_lens[s] + i`. The fused forward kernel with that alignment; results match
+/// [`additive_forward_into`] on the whole sequence.
+#[allow(clippy::too_many_arguments)]
+pub fn additive_decode_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    a: &HeadsView,
+    b_cache: &HeadsView,
+    v_cache: &HeadsView,
+    scores: AdditiveScores<'_>,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let [batch, rows, _, _] = a.shape();
+    let capacity = b_cache.shape()[1];
+    match opts.seq_lens {
+        Some(lens) => lens.check_decode(batch, rows, capacity)?,
+        None => {
+            return Err(Error::shape(
+                "seq_lens",
+                "additive decoding needs SeqLens with q_lens (new queries per sequence) and kv_lens (cached keys per sequence, the new ones included)",
+            ))
+        }
+    };
+    encode_forward(
+        ctx,
+        encoder,
+        [a, b_cache, v_cache],
+        scores,
+        out,
+        lse,
+        opts,
+        true,
+    )
+}
+
+/// Records the fused forward; `aligned`: masks align on each sequence's lengths (decoding).
+#[allow(clippy::too_many_arguments)]
+fn encode_forward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    [a, b, v]: [&HeadsView; 3],
+    scores: AdditiveScores<'_>,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+    aligned: bool,
+) -> Result<()> {
     let (s, scale) = check(a, b, v, scores, opts)?;
     check_f32(&[("out", out)])?;
     let inputs = [
@@ -178,6 +234,9 @@ pub fn additive_forward_into(
     ];
     check_forward_outputs(&s, out, lse, &inputs)?;
     let mut params = base_params(&s, scale, opts);
+    if aligned {
+        params.flags |= FLAG_ALIGN_LENS;
+    }
     let bindings = [
         bind_tensor(ctx, "w", scores.w)?,
         bind_tensor(ctx, "bias", scores.bias)?,

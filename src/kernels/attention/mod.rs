@@ -33,9 +33,9 @@ mod unfused;
 
 pub use additive::{
     additive_backward, additive_backward_into, additive_backward_unfused,
-    additive_backward_workspace, additive_forward, additive_forward_into, additive_forward_unfused,
-    additive_probabilities, AdditiveGrads, AdditiveScores, ADDITIVE_BACKWARD_STORAGE_BUFFERS,
-    MAX_ADDITIVE_DIM,
+    additive_backward_workspace, additive_decode_into, additive_forward, additive_forward_into,
+    additive_forward_unfused, additive_probabilities, AdditiveGrads, AdditiveScores,
+    ADDITIVE_BACKWARD_STORAGE_BUFFERS, MAX_ADDITIVE_DIM,
 };
 pub use backward::*;
 pub use bias::{attention_bias_backward_into, RelativeBuckets};
