@@ -247,24 +247,13 @@ pub fn linear_forward_epilogue_into(
     let mut bound = vec![y, x, weight];
     bound.extend(bias);
     epilogue.check("y", y.shape(), &bound)?;
-    let mut pass = ctx.begin_pass(encoder, "linear_forward");
-    encode_gemm(
+    encode_forward(
         ctx,
-        &mut pass,
-        &Gemm {
-            m: rows as u32,
-            n: out_f as u32,
-            k: in_f as u32,
-            groups: 1,
-            batch: 1,
-            heads: 1,
-            alpha: 1.0,
-            a: (x.buffer(), row_major(in_f)),
-            b: (weight.buffer(), transposed(in_f)),
-            c: (y.buffer(), row_major(out_f)),
-            epilogue: epilogue.gemm(bias, ActivationStep::Forward),
-            elements: Elements::F32,
-        },
+        encoder,
+        (rows, in_f, out_f),
+        [x.buffer(), weight.buffer(), y.buffer()],
+        epilogue.gemm(bias, ActivationStep::Forward),
+        Elements::F32,
     )
 }
 
@@ -321,6 +310,30 @@ pub fn linear_forward_f16_into(
         return Err(Error::shape("y", "shares a buffer with an input"));
     }
     check_binding(ctx, "y", y.size_bytes())?;
+    let epilogue = GemmEpilogue {
+        bias: bias.map(|b| b.buffer().as_ref()),
+        ..GemmEpilogue::NONE
+    };
+    encode_forward(
+        ctx,
+        encoder,
+        (rows, in_f, out_f),
+        [x.buffer(), weight.buffer(), y.buffer()],
+        epilogue,
+        Elements::F16,
+    )
+}
+
+/// Records `y = x W^T` with its epilogue for validated sizes `(rows, in, out)`: the one GEMM of
+/// every Linear forward, in either element type.
+fn encode_forward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    (rows, in_f, out_f): (usize, usize, usize),
+    [x, weight, y]: [&wgpu::Buffer; 3],
+    epilogue: GemmEpilogue<'_>,
+    elements: Elements,
+) -> Result<()> {
     let mut pass = ctx.begin_pass(encoder, "linear_forward");
     encode_gemm(
         ctx,
@@ -333,14 +346,11 @@ pub fn linear_forward_f16_into(
             batch: 1,
             heads: 1,
             alpha: 1.0,
-            a: (x.buffer(), row_major(in_f)),
-            b: (weight.buffer(), transposed(in_f)),
-            c: (y.buffer(), row_major(out_f)),
-            epilogue: GemmEpilogue {
-                bias: bias.map(|b| b.buffer().as_ref()),
-                ..GemmEpilogue::NONE
-            },
-            elements: Elements::F16,
+            a: (x, row_major(in_f)),
+            b: (weight, transposed(in_f)),
+            c: (y, row_major(out_f)),
+            epilogue,
+            elements,
         },
     )
 }
