@@ -74,6 +74,20 @@ fn configs() -> Vec<(&'static str, TransformerConfig)> {
             },
         ),
         (
+            "decoder-only cosine scores",
+            TransformerConfig {
+                cosine_scores: Some(4.0),
+                ..config(0)
+            },
+        ),
+        (
+            "encoder-decoder key-norm clipping",
+            TransformerConfig {
+                key_norm_clip: Some(1.5),
+                ..config(1)
+            },
+        ),
+        (
             "encoder-decoder additive window",
             TransformerConfig {
                 additive_attention: Some(6),
@@ -316,13 +330,6 @@ fn bad_generation_input_is_a_typed_error_and_leaves_the_cache() {
         assert!(e.to_string().contains("decoder-only"), "[{name}] {e}");
         assert_eq!(generator.lens(), before);
         // Configurations the cache cannot serve are refused when the generator is built.
-        let cosine = TransformerConfig {
-            cosine_scores: Some(4.0),
-            ..config(0)
-        };
-        let model = Transformer::new(ctx, cosine, SHAPE, 3).unwrap();
-        let e = Generator::new(ctx, &model, shape).err().unwrap();
-        assert!(e.to_string().contains("cosine"), "[{name}] {e}");
         let learned = TransformerConfig {
             learned_positions: true,
             ..config(0)

@@ -96,10 +96,10 @@ enum PassKind {
 }
 
 impl Generator {
-    /// A generator over `model`'s parameters for `shape`. Refused: models with cosine scores or
-    /// key-norm clipping (decode attention does not transform cached keys), learned position tables
-    /// shorter than the capacity or source length. Additive-score layers cache their key
-    /// projections and decode with [`crate::kernels::attention::additive_decode_into`].
+    /// A generator over `model`'s parameters for `shape`. Refused: learned position tables shorter
+    /// than the capacity or source length. Every score function decodes: additive-score layers cache
+    /// their key projections and decode with [`crate::kernels::attention::additive_decode_into`];
+    /// cosine scores and key clipping transform the cached keys in decode attention.
     pub fn new(ctx: &Context, model: &Transformer, shape: GeneratorShape) -> Result<Self> {
         let c = *model.config();
         let s = shape;
@@ -114,17 +114,6 @@ impl Generator {
                 "GeneratorShape::src_len",
                 "an encoder-decoder model needs a positive source length",
             ));
-        }
-        for (arg, set) in [
-            ("cosine_scores", c.cosine_scores.is_some()),
-            ("key_norm_clip", c.key_norm_clip.is_some()),
-        ] {
-            if set {
-                return Err(Error::shape(
-                    arg,
-                    "models with cosine scores or key-norm clipping cannot decode from a cache yet; run Transformer::forward",
-                ));
-            }
         }
         let learned = c.position_kind() == PositionKind::Learned;
         let trained = model.shape();

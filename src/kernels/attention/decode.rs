@@ -122,9 +122,9 @@ pub fn attention_decode(
 /// `v_cache [B, max_len, Hkv, Dv]`, writing `out` (a `[B, Lq, H, Dv]` view) and `lse`
 /// (`[B, H, Lq]`). `opts.seq_lens` must give `q_lens` (new queries per sequence, at most Lq) and
 /// `kv_lens` (cached keys per sequence including the new ones, at most max_len). Causal, window,
-/// ALiBi, softcap, sinks and relative buckets apply as in [`attention_forward_into`]; an additive
-/// bias tensor, cosine scores and key clipping are refused. Nothing is recorded if the input is
-/// rejected.
+/// ALiBi, softcap, sinks, relative buckets, cosine scores and key clipping apply as in
+/// [`attention_forward_into`] (the last two transform the new queries and the cache into scratch each
+/// call); an additive bias tensor is refused. Nothing is recorded if the input is rejected.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_into(
     ctx: &Context,
@@ -145,20 +145,11 @@ pub fn attention_decode_into(
     ])?;
     let scale = check_options(&s, opts)?;
     let longest = check_decode_lens(&s, opts)?;
-    for (arg, refused) in [
-        ("bias", opts.bias.is_some()),
-        (
-            "cosine",
-            opts.cosine.is_some() || opts.learned_cosine.is_some(),
-        ),
-        ("key_norm_clip", opts.key_clip.is_some()),
-    ] {
-        if refused {
-            return Err(Error::shape(
-                arg,
-                "is not supported by decode attention; transform the keys before they enter the cache, or use attention_forward_into",
-            ));
-        }
+    if opts.bias.is_some() {
+        return Err(Error::shape(
+            "bias",
+            "is not supported by decode attention (its rows would need the cache's positions); use attention_forward_into",
+        ));
     }
     check_forward_outputs(
         &s,
@@ -169,6 +160,10 @@ pub fn attention_decode_into(
     let plan = DecodePlan::new(ctx, &s, longest)?;
     let (own, _) = own_and_phases(plan.rows, &s);
     let shared = Shared::scores(ctx, opts)?;
+    // Cosine scores and key clipping: the new queries and the whole cache transformed into scratch
+    // (O(capacity) per step, the order of the attention itself; the cache keeps raw keys).
+    let (q, k_cache) = qk_norm::encode_inputs(ctx, encoder, q, k_cache, opts)?;
+    let (q, k_cache) = (&q, &k_cache);
     let mut params = base_params(&s, scale, opts);
     params.flags |= FLAG_ALIGN_LENS;
     params.splits = plan.splits as u32;
