@@ -10,7 +10,8 @@ B=.gpu/bin
 export WGPU_BACKEND=vulkan
 step() { local limit=$1 name=$2; shift 2; echo "== $name ($(date +%T))"; timeout $limit "$@" > $OUT/$name.log 2>&1; echo "   rc $? $(date +%T)"; }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
-# Per-step plan comes from $PLAN (a list of step names) so later calls can pick.
+# Per-step plan comes from $PLAN (a list of step names: sweep suite64 suite128 cpu64 gemm transformer
+# generate additive tests) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   sweep)
@@ -45,6 +46,10 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       step 60 transformer-$t $B/transformer-bench --reps 10 --gemm-tiles $t --json $OUT/h100-transformer-$t.json
     done
     step 60 transformer-lm $B/transformer-bench --decoder-only --seq 256 --reps 10 --json $OUT/h100-transformer-lm.json ;;
+  generate)
+    step 120 generate $B/generate-bench --json $OUT/h100-generate.json ;;
+  additive)
+    step 120 additive $B/additive-bench --json $OUT/h100-additive.json ;;
   tests)
     for t in attention_forward attention_backward attention_f16 linear transformer training; do
       step 100 test-$t $B/test_$t
