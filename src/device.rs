@@ -954,6 +954,20 @@ impl Context {
         })
     }
 
+    /// `Err(`[`Error::MissingFeature`]`)` naming `what` unless the device has `SHADER_F16` (f16
+    /// storage); `hint` follows the message (where the f32 path is).
+    pub(crate) fn require_f16(&self, what: &'static str, hint: &'static str) -> Result<()> {
+        match self.device.features().contains(wgpu::Features::SHADER_F16) {
+            true => Ok(()),
+            false => Err(Error::MissingFeature {
+                what,
+                feature: "SHADER_F16",
+                adapter: self.report.name.clone(),
+                hint,
+            }),
+        }
+    }
+
     /// Whether the adapter is a CPU driver (lavapipe, llvmpipe, WARP), which runs workgroups as SIMD
     /// loops on host threads: kernels pick their shapes for it differently.
     pub fn is_cpu(&self) -> bool {

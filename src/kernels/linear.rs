@@ -119,8 +119,9 @@ fn transposed(cols: usize) -> Operand {
     }
 }
 
-fn out_shape(x: &GpuTensor, features: usize) -> Vec<usize> {
-    let mut s = x.shape().to_vec();
+/// The shape of `x`'s Linear output: its last dimension replaced by `features`.
+fn out_shape(x: &[usize], features: usize) -> Vec<usize> {
+    let mut s = x.to_vec();
     *s.last_mut().expect("validated non-empty") = features;
     s
 }
@@ -133,7 +134,7 @@ pub fn linear_forward(
     bias: Option<&GpuTensor>,
 ) -> Result<GpuTensor> {
     let (_, _, out_f) = dims(ctx, x, weight, bias)?;
-    let y = GpuTensor::uninit(ctx, "linear y", &out_shape(x, out_f))?;
+    let y = GpuTensor::uninit(ctx, "linear y", &out_shape(x.shape(), out_f))?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     linear_forward_into(ctx, &mut encoder, x, weight, bias, &y)?;
     ctx.submit(encoder)?;
@@ -229,13 +230,13 @@ pub fn linear_forward_epilogue_into(
     y: &GpuTensor,
 ) -> Result<()> {
     let (rows, in_f, out_f) = dims(ctx, x, weight, bias)?;
-    if y.shape() != out_shape(x, out_f) {
+    if y.shape() != out_shape(x.shape(), out_f) {
         return Err(Error::shape(
             "y",
             format!(
                 "has shape {:?}, expected {:?}",
                 y.shape(),
-                out_shape(x, out_f)
+                out_shape(x.shape(), out_f)
             ),
         ));
     }
@@ -273,9 +274,7 @@ pub fn linear_forward_f16(
         (weight.shape(), weight.size_bytes()),
         bias,
     )?;
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().expect("validated non-empty") = out_f;
-    let y = GpuTensorF16::zeros(ctx, &shape)?;
+    let y = GpuTensorF16::zeros(ctx, &out_shape(x.shape(), out_f))?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     linear_forward_f16_into(ctx, &mut encoder, x, weight, bias, &y)?;
     ctx.submit(encoder)?;
@@ -298,8 +297,7 @@ pub fn linear_forward_f16_into(
         (weight.shape(), weight.size_bytes()),
         bias,
     )?;
-    let mut expected = x.shape().to_vec();
-    *expected.last_mut().expect("validated non-empty") = out_f;
+    let expected = out_shape(x.shape(), out_f);
     if y.shape() != expected {
         return Err(Error::shape(
             "y",
@@ -356,15 +354,10 @@ fn encode_forward(
 }
 
 fn check_f16(ctx: &Context) -> Result<()> {
-    match ctx.device().features().contains(wgpu::Features::SHADER_F16) {
-        true => Ok(()),
-        false => Err(Error::MissingFeature {
-            what: "f16 Linear",
-            feature: "SHADER_F16",
-            adapter: ctx.report().name.clone(),
-            hint: "; the GL back end has none: use f32 tensors and linear_forward there",
-        }),
-    }
+    ctx.require_f16(
+        "f16 Linear",
+        "; the GL back end has none: use f32 tensors and linear_forward there",
+    )
 }
 
 /// dx, dW (and db) of `y = x W^T + b` for the upstream gradient `dy`, into new tensors, submitted.
@@ -416,7 +409,7 @@ pub fn linear_backward_epilogue_into(
 ) -> Result<()> {
     let (rows, in_f, out_f) = dims(ctx, x, weight, None)?;
     let checks = [
-        ("dy", dy.shape().to_vec(), out_shape(x, out_f)),
+        ("dy", dy.shape().to_vec(), out_shape(x.shape(), out_f)),
         ("dx", grads.dx.shape().to_vec(), x.shape().to_vec()),
         (
             "d_weight",

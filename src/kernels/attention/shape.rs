@@ -309,14 +309,10 @@ pub(super) fn common_dtype(
         }
     }
     if dtype == DType::F16 {
-        if !ctx.device().features().contains(wgpu::Features::SHADER_F16) {
-            return Err(Error::MissingFeature {
-                what: "f16 attention",
-                feature: "SHADER_F16",
-                adapter: ctx.report().name.clone(),
-                hint: "; the GL back end has none: use f32 tensors (GpuTensor) there",
-            });
-        }
+        ctx.require_f16(
+            "f16 attention",
+            "; the GL back end has none: use f32 tensors (GpuTensor) there",
+        )?;
         if opts.sinks.is_some() || qk_norm::active(opts) {
             return Err(Error::DType {
                 arg: first,

@@ -409,8 +409,8 @@ fn first_fitting(
         if fits(&shape) && tuning.divides(shape.0, shape.1, shape.2) {
             return Ok(shape);
         }
-        static WARNED: OnceLock<()> = OnceLock::new();
-        WARNED.get_or_init(|| {
+        static WARNED: [OnceLock<()>; 3] = [const { OnceLock::new() }; 3];
+        WARNED[tuning as usize].get_or_init(|| {
             eprintln!(
                 "wgpu-attention: ignoring {}={shape:?} for head dim {widest}: it does not divide or fit",
                 tuning.variable()
