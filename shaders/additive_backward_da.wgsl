@@ -6,6 +6,7 @@
 // d_rows [B, H, Lq] (the key-side kernel reads D; additive_param_grads sums the shares, and da for the
 // bias, in a fixed order). One invocation per query row, key tiles staged as in the forward; the key
 // loop runs over [chunk_begin, chunk_end) and later dispatches (accumulate = 1) add to da and dw_rows.
+// scale * w (da) and scale (dw) multiply the sums over keys once, at the end.
 
 @group(0) @binding(7) var<storage, read> o_buf: array<f32>;
 @group(0) @binding(8) var<storage, read> do_buf: array<f32>;
@@ -31,20 +32,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let live = i < qlen;
     let row = (b * params.heads + h) * params.q_seq + i;
 
-    var own: array<f32, MAX_DA>;
+    var own: array<vec4<f32>, MAX_DA4>;
     var g: array<f32, MAX_DV>;
-    var da: array<f32, MAX_DA>;
-    var dw: array<f32, MAX_DA>;
+    // sum_j ds_ij (1 - t^2) and sum_j ds_ij t: times scale * w and scale at the end.
+    var da: array<vec4<f32>, MAX_DA4>;
+    var dw: array<vec4<f32>, MAX_DA4>;
     var d_row = 0.0;
     var lse = neg_inf();
-    for (var c = 0u; c < DA; c++) {
-        own[c] = 0.0;
-        da[c] = 0.0;
-        dw[c] = 0.0;
+    for (var c4 = 0u; c4 < DA4; c4++) {
+        own[c4] = vec4<f32>(0.0);
+        da[c4] = vec4<f32>(0.0);
+        dw[c4] = vec4<f32>(0.0);
     }
     if live {
-        for (var c = 0u; c < DA; c++) {
-            own[c] = a_rows[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
+        for (var c4 = 0u; c4 < DA4; c4++) {
+            own[c4] = a_plus_bias4(b, i, h, c4);
         }
         for (var d = 0u; d < DV; d++) {
             g[d] = do_buf[view_index(VIEW_DO, b, i, h) + d];
@@ -70,33 +72,31 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
         stage_keys(n0, kv_hi, b, h, lid);
         workgroupBarrier();
-        // Four keys at a time: each own[c], w[c], da[c] and dw[c] access serves all four.
-        for (var jj = 0u; jj < TILE; jj += 4u) {
-            let j = vec4<u32>(n0 + jj) + vec4<u32>(0u, 1u, 2u, 3u);
+        // Four keys per pass over the score dim (additive_common.wgsl).
+        for (var q = 0u; q < TILE / 4u; q++) {
+            let j = vec4<u32>(n0 + 4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
             let seen = (j >= vec4<u32>(start)) & (j < vec4<u32>(end)) & (j < vec4<u32>(kv_hi));
             if !any(seen) {
                 continue;
             }
             // Each tanh once: kept for the derivative pass below.
-            var t_row: array<vec4<f32>, MAX_DA>;
+            var t_row: array<mat4x4<f32>, MAX_DA4>;
             var e = vec4<f32>(0.0);
-            for (var c = 0u; c < DA; c++) {
-                let t = tanh4(own[c], jj, c);
-                t_row[c] = t;
-                e += w_tile[c] * t;
+            for (var c4 = 0u; c4 < DA4; c4++) {
+                let t = tanh_rows(own[c4], 4u * q, c4);
+                t_row[c4] = t;
+                e += w_tile[c4] * t;
             }
             var dp = vec4<f32>(0.0);
             for (var d = 0u; d < DV; d++) {
-                let at = jj * DV + d;
-                let v = vec4<f32>(v_tile[at], v_tile[at + DV], v_tile[at + 2u * DV], v_tile[at + 3u * DV]);
-                dp += g[d] * v;
+                dp += g[d] * v_tile[d * (TILE / 4u) + q];
             }
             // Masked keys (and rows that saw none, lse = -inf) contribute nothing.
             let ds = select(vec4<f32>(0.0), exp(e - lse) * (dp - d_row), seen);
-            for (var c = 0u; c < DA; c++) {
-                let t = t_row[c];
-                da[c] += dot(ds, w_tile[c] * (1.0 - t * t));
-                dw[c] += params.scale * dot(ds, t);
+            for (var c4 = 0u; c4 < DA4; c4++) {
+                let t = t_row[c4];
+                da[c4] += dtanh_rows(t, ds);
+                dw[c4] += t * ds;
             }
         }
     }
@@ -107,13 +107,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let base = view_index(VIEW_DQ, b, i, h);
     let rows_base = ((h * params.batch + b) * params.q_seq + i) * DA;
-    for (var c = 0u; c < DA; c++) {
-        if params.accumulate != 0u {
-            da[c] += da_buf[base + c];
-            dw[c] += dw_rows[rows_base + c];
+    for (var c4 = 0u; c4 < DA4; c4++) {
+        let da4 = w_tile[c4] * da[c4];
+        let dw4 = params.scale * dw[c4];
+        for (var k = 0u; k < 4u; k++) {
+            let c = 4u * c4 + k;
+            if c < DA {
+                var x = da4[k];
+                var y = dw4[k];
+                if params.accumulate != 0u {
+                    x += da_buf[base + c];
+                    y += dw_rows[rows_base + c];
+                }
+                da_buf[base + c] = x;
+                dw_rows[rows_base + c] = y;
+            }
         }
-        da_buf[base + c] = da[c];
-        dw_rows[rows_base + c] = dw[c];
     }
     d_rows[row] = d_row;
 }

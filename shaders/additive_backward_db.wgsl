@@ -4,8 +4,9 @@
 //   dv_j += p dO_i,   ds_ij = p (dO_i . v_j - D_i),   db_j += ds_ij * scale w (1 - t^2)
 // with D_i from additive_backward_da.wgsl (d_rows). db_j is written to VIEW_DK, dv_j to VIEW_DV.
 // One invocation per key, WG keys of one (batch, head) per workgroup; query tiles of TILE rows
-// (a + bias in pair_tile, dO, lse, D and their visible key ranges) staged in workgroup memory. The
+// (a + bias in pair_tile, dO in v_tile, lse, D and their visible key ranges) staged in workgroup memory. The
 // query loop runs over [chunk_begin, chunk_end) and later dispatches (accumulate = 1) add to db and dv.
+// scale * w multiplies the sum over queries once, at the end.
 
 @group(0) @binding(7) var<storage, read> do_buf: array<f32>;
 @group(0) @binding(8) var<storage, read> lse_buf: array<f32>;
@@ -13,7 +14,6 @@
 @group(0) @binding(10) var<storage, read_write> db_buf: array<f32>;
 @group(0) @binding(11) var<storage, read_write> dv_buf: array<f32>;
 
-var<workgroup> g_tile: array<f32, TILE * DV>;
 var<workgroup> lse_tile: array<f32, TILE>;
 var<workgroup> d_tile: array<f32, TILE>;
 var<workgroup> start_tile: array<u32, TILE>;
@@ -35,15 +35,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let j = key0 + lid;
     let live = j < kvlen;
 
-    var own: array<f32, MAX_DA>;
+    var own: array<vec4<f32>, MAX_DA4>;
     var vj: array<f32, MAX_DV>;
-    var db: array<f32, MAX_DA>;
+    // sum_i ds_ij (1 - t^2): times scale * w at the end.
+    var db: array<vec4<f32>, MAX_DA4>;
     var dv: array<f32, MAX_DV>;
-    for (var c = 0u; c < DA; c++) {
-        own[c] = 0.0;
-        db[c] = 0.0;
+    for (var c4 = 0u; c4 < DA4; c4++) {
+        own[c4] = vec4<f32>(0.0);
+        db[c4] = vec4<f32>(0.0);
         if live {
-            own[c] = b_keys[view_index(VIEW_K, b, j, h) + c];
+            own[c4] = b_key4(b, j, h, c4);
         }
     }
     for (var d = 0u; d < DV; d++) {
@@ -65,22 +66,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     for (var m0 = m_begin; m0 < m_end; m0 += TILE) {
         workgroupBarrier();
-        for (var t = lid; t < TILE * DA; t += WG) {
-            let i = m0 + t / DA;
-            let c = t % DA;
-            var x = 0.0;
+        for (var t = lid; t < PAIR_TILE; t += WG) {
+            let i = m0 + t / DA4;
+            var x = vec4<f32>(0.0);
             if i < m_end {
-                x = a_rows[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
+                x = a_plus_bias4(b, i, h, t % DA4);
             }
             pair_tile[t] = x;
         }
+        // dO rows, packed by fours of rows like V in the query-side kernels.
         for (var t = lid; t < TILE * DV; t += WG) {
-            let i = m0 + t / DV;
+            let ii = t / DV;
+            let d = t % DV;
             var x = 0.0;
-            if i < m_end {
-                x = do_buf[view_index(VIEW_DO, b, i, h) + t % DV];
+            if m0 + ii < m_end {
+                x = do_buf[view_index(VIEW_DO, b, m0 + ii, h) + d];
             }
-            g_tile[t] = x;
+            v_tile[d * (TILE / 4u) + ii / 4u][ii % 4u] = x;
         }
         for (var t = lid; t < TILE; t += WG) {
             let i = m0 + t;
@@ -101,8 +103,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             end_tile[t] = e;
         }
         workgroupBarrier();
-        // Four query rows at a time: each own[c], w[c], vj[d], db[c] and dv[d] access serves all four.
-        for (var ii = 0u; ii < TILE; ii += 4u) {
+        // Four query rows per pass over the score dim (additive_common.wgsl).
+        for (var q = 0u; q < TILE / 4u; q++) {
+            let ii = 4u * q;
             let lse = vec4<f32>(lse_tile[ii], lse_tile[ii + 1u], lse_tile[ii + 2u], lse_tile[ii + 3u]);
             let starts = vec4<u32>(start_tile[ii], start_tile[ii + 1u], start_tile[ii + 2u], start_tile[ii + 3u]);
             let ends = vec4<u32>(end_tile[ii], end_tile[ii + 1u], end_tile[ii + 2u], end_tile[ii + 3u]);
@@ -112,27 +115,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 continue;
             }
             // Each tanh once: kept for the derivative pass below.
-            var t_row: array<vec4<f32>, MAX_DA>;
+            var t_row: array<mat4x4<f32>, MAX_DA4>;
             var e = vec4<f32>(0.0);
-            for (var c = 0u; c < DA; c++) {
-                let t = tanh4(own[c], ii, c);
-                t_row[c] = t;
-                e += w_tile[c] * t;
+            for (var c4 = 0u; c4 < DA4; c4++) {
+                let t = tanh_rows(own[c4], ii, c4);
+                t_row[c4] = t;
+                e += w_tile[c4] * t;
             }
             // Rows that do not see this key (or saw none, lse = -inf) contribute nothing.
             let p = select(vec4<f32>(0.0), exp(e - lse), seen);
             var dp = vec4<f32>(0.0);
             for (var d = 0u; d < DV; d++) {
-                let at = ii * DV + d;
-                let g = vec4<f32>(g_tile[at], g_tile[at + DV], g_tile[at + 2u * DV], g_tile[at + 3u * DV]);
+                let g = v_tile[d * (TILE / 4u) + q];
                 dp += g * vj[d];
                 dv[d] += dot(p, g);
             }
             let d_row = vec4<f32>(d_tile[ii], d_tile[ii + 1u], d_tile[ii + 2u], d_tile[ii + 3u]);
             let ds = p * (dp - d_row);
-            for (var c = 0u; c < DA; c++) {
-                let t = t_row[c];
-                db[c] += dot(ds, w_tile[c] * (1.0 - t * t));
+            for (var c4 = 0u; c4 < DA4; c4++) {
+                db[c4] += dtanh_rows(t_row[c4], ds);
             }
         }
     }
@@ -142,11 +143,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         return;
     }
     let b_base = view_index(VIEW_DK, b, j, h);
-    for (var c = 0u; c < DA; c++) {
-        if params.accumulate != 0u {
-            db[c] += db_buf[b_base + c];
+    for (var c4 = 0u; c4 < DA4; c4++) {
+        let db4 = w_tile[c4] * db[c4];
+        for (var k = 0u; k < 4u; k++) {
+            let c = 4u * c4 + k;
+            if c < DA {
+                var x = db4[k];
+                if params.accumulate != 0u {
+                    x += db_buf[b_base + c];
+                }
+                db_buf[b_base + c] = x;
+            }
         }
-        db_buf[b_base + c] = db[c];
     }
     let v_base = view_index(VIEW_DV, b, j, h);
     for (var d = 0u; d < DV; d++) {

@@ -4,16 +4,25 @@
 // and its derivative. Each invocation holds one side of the pair in a private row (`own`: a + bias
 // for query-side kernels, b for the key side), the other side's rows are staged in `pair_tile`, and
 // scale * w is staged in `w_tile`.
+//
+// The score dim is packed in vec4s (DA4 of them per row, zero-padded: a padded component has w = 0
+// and tanh(0) = 0, so it adds nothing), and the kernels step four staged rows at a time: one step
+// takes a vec4 of its own row and of w and four vec4s of staged rows for 16 (pair, component) terms,
+// where a scalar loop over the score dim spent a load of each per term.
 
 override WG: u32 = 64u;
-// Rows of the other side per staged tile.
+// Rows of the other side per staged tile (a multiple of 4).
 override TILE: u32 = 32u;
 override DA: u32 = 64u;
 override DV: u32 = 64u;
+override DA4: u32 = (DA + 3u) / 4u;
+override PAIR_TILE: u32 = TILE * DA4;
+override V_TILE: u32 = TILE / 4u * DV;
 
 // Sizes of the per-invocation arrays; the host writes the pipeline's exact Da and Dv here.
 const MAX_DA: u32 = 128u;
 const MAX_DV: u32 = 128u;
+const MAX_DA4: u32 = (MAX_DA + 3u) / 4u;
 
 // The score vector w and the bias, [H, Da] each.
 @group(0) @binding(2) var<storage, read> w_buf: array<f32>;
@@ -24,71 +33,95 @@ const MAX_DV: u32 = 128u;
 @group(0) @binding(5) var<storage, read> b_keys: array<f32>;
 @group(0) @binding(6) var<storage, read> v_keys: array<f32>;
 
-var<workgroup> pair_tile: array<f32, TILE * DA>;
-var<workgroup> w_tile: array<f32, DA>;
-// The query-side kernels' staged V rows.
-var<workgroup> v_tile: array<f32, TILE * DV>;
+// Staged row r's components 4 c4 .. 4 c4 + 3 at r * DA4 + c4.
+var<workgroup> pair_tile: array<vec4<f32>, PAIR_TILE>;
+var<workgroup> w_tile: array<vec4<f32>, DA4>;
+// Staged value rows, packed by fours of rows: rows 4 q .. 4 q + 3 of value dim d at d * TILE / 4 + q
+// (the query-side kernels' V; the key side stages dO the same way).
+var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
 
 // tanh where every implementation is exact to f32 (some compute it through exp(2x), which overflows).
-fn tanh1(x: f32) -> f32 {
-    return tanh(clamp(x, -15.0, 15.0));
+fn tanh1(x: vec4<f32>) -> vec4<f32> {
+    return tanh(clamp(x, vec4<f32>(-15.0), vec4<f32>(15.0)));
+}
+
+// Components 4 c4 .. 4 c4 + 3 of a + bias (query row i) or of b (key row j), zero past Da.
+fn a_plus_bias4(b: u32, i: u32, h: u32, c4: u32) -> vec4<f32> {
+    let base = view_index(VIEW_Q, b, i, h);
+    var x = vec4<f32>(0.0);
+    for (var k = 0u; k < 4u; k++) {
+        let c = 4u * c4 + k;
+        if c < DA {
+            x[k] = a_rows[base + c] + bias_buf[h * DA + c];
+        }
+    }
+    return x;
+}
+
+fn b_key4(b: u32, j: u32, h: u32, c4: u32) -> vec4<f32> {
+    let base = view_index(VIEW_K, b, j, h);
+    var x = vec4<f32>(0.0);
+    for (var k = 0u; k < 4u; k++) {
+        let c = 4u * c4 + k;
+        if c < DA {
+            x[k] = b_keys[base + c];
+        }
+    }
+    return x;
 }
 
 // scale * w of head h into w_tile (before the first barrier of the tile loop).
 fn stage_w(h: u32, lid: u32) {
-    for (var c = lid; c < DA; c += WG) {
-        w_tile[c] = params.scale * w_buf[h * DA + c];
+    for (var c4 = lid; c4 < DA4; c4 += WG) {
+        var x = vec4<f32>(0.0);
+        for (var k = 0u; k < 4u; k++) {
+            let c = 4u * c4 + k;
+            if c < DA {
+                x[k] = params.scale * w_buf[h * DA + c];
+            }
+        }
+        w_tile[c4] = x;
     }
 }
 
 // Query-side kernels: stage the b and V rows of keys n0 .. n0 + TILE (zeros from kv_hi on) into
 // pair_tile and v_tile. Called between barriers.
 fn stage_keys(n0: u32, kv_hi: u32, b: u32, h: u32, lid: u32) {
-    for (var t = lid; t < TILE * DA; t += WG) {
-        let j = n0 + t / DA;
-        var x = 0.0;
+    for (var t = lid; t < PAIR_TILE; t += WG) {
+        let j = n0 + t / DA4;
+        var x = vec4<f32>(0.0);
         if j < kv_hi {
-            x = b_keys[view_index(VIEW_K, b, j, h) + t % DA];
+            x = b_key4(b, j, h, t % DA4);
         }
         pair_tile[t] = x;
     }
     for (var t = lid; t < TILE * DV; t += WG) {
-        let j = n0 + t / DV;
+        let jj = t / DV;
+        let d = t % DV;
         var x = 0.0;
-        if j < kv_hi {
-            x = v_keys[view_index(VIEW_V, b, j, h) + t % DV];
+        if n0 + jj < kv_hi {
+            x = v_keys[view_index(VIEW_V, b, n0 + jj, h) + d];
         }
-        v_tile[t] = x;
+        v_tile[d * (TILE / 4u) + jj / 4u][jj % 4u] = x;
     }
 }
 
-// e of this invocation's row and staged row r.
-fn additive_score(own: ptr<function, array<f32, MAX_DA>>, r: u32) -> f32 {
-    var e = 0.0;
-    for (var c = 0u; c < DA; c++) {
-        e += w_tile[c] * tanh1((*own)[c] + pair_tile[r * DA + c]);
-    }
-    return e;
-}
-
-// tanh(x + pair_tile[..]) of component c of staged rows r .. r + 3: the kernels step four staged
-// rows at a time, so each load of their own row, of w and of their accumulators serves four pairs.
-fn tanh4(x: f32, r: u32, c: u32) -> vec4<f32> {
-    let at = r * DA + c;
-    return vec4<f32>(
+// The tanh of this invocation's components 4 c4 .. 4 c4 + 3 (x) with staged rows r .. r + 3: column
+// k is row r + k's. Then w * T is the four rows' share of their scores, T * ds their share of
+// sum_k ds_k t_k.
+fn tanh_rows(x: vec4<f32>, r: u32, c4: u32) -> mat4x4<f32> {
+    let at = r * DA4 + c4;
+    return mat4x4<f32>(
         tanh1(x + pair_tile[at]),
-        tanh1(x + pair_tile[at + DA]),
-        tanh1(x + pair_tile[at + 2u * DA]),
-        tanh1(x + pair_tile[at + 3u * DA]),
+        tanh1(x + pair_tile[at + DA4]),
+        tanh1(x + pair_tile[at + 2u * DA4]),
+        tanh1(x + pair_tile[at + 3u * DA4]),
     );
 }
 
-// t_c = tanh(..) of this invocation's row and staged row r, and de/d(a_c) = de/d(b_c) = de/d(bias_c)
-// = scale * w_c (1 - t_c^2), for component c.
-fn additive_t(own: ptr<function, array<f32, MAX_DA>>, r: u32, c: u32) -> f32 {
-    return tanh1((*own)[c] + pair_tile[r * DA + c]);
-}
-
-fn additive_dt(t: f32, c: u32) -> f32 {
-    return w_tile[c] * (1.0 - t * t);
+// sum_k ds_k (1 - t_k^2): the four rows' share of de/dx (times scale * w, which the kernels apply
+// once at the end).
+fn dtanh_rows(t: mat4x4<f32>, ds: vec4<f32>) -> vec4<f32> {
+    return ds.x * (1.0 - t[0] * t[0]) + ds.y * (1.0 - t[1] * t[1]) + ds.z * (1.0 - t[2] * t[2])
+        + ds.w * (1.0 - t[3] * t[3]);
 }

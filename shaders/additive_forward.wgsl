@@ -14,8 +14,8 @@
 // budget is kept by splitting long key ranges over dispatches.
 
 @group(0) @binding(7) var<storage, read_write> o_buf: array<f32>;
-// Size of the per-invocation tile of scores; the host's TILE is at most this.
-const MAX_TILE: u32 = 32u;
+// Size of the per-invocation tile of scores, in fours of keys; the host's TILE is at most 4 x this.
+const MAX_TILE4: u32 = 8u;
 @group(0) @binding(8) var<storage, read_write> lse_buf: array<f32>;
 
 @compute @workgroup_size(WG)
@@ -36,11 +36,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let live = i < qlen;
 
     // The query's a row plus the bias.
-    var own: array<f32, MAX_DA>;
-    for (var c = 0u; c < DA; c++) {
-        own[c] = 0.0;
+    var own: array<vec4<f32>, MAX_DA4>;
+    for (var c4 = 0u; c4 < DA4; c4++) {
+        own[c4] = vec4<f32>(0.0);
         if live {
-            own[c] = a_rows[view_index(VIEW_Q, b, i, h) + c] + bias_buf[h * DA + c];
+            own[c4] = a_plus_bias4(b, i, h, c4);
         }
     }
     stage_w(h, lid);
@@ -83,20 +83,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
         // The tile's scores, then one rescale for the tile's max (not one per key), then P V with
         // each accumulator held across the tile's keys.
-        var p_row: array<f32, MAX_TILE>;
+        var p_row: array<vec4<f32>, MAX_TILE4>;
         var tile_max = NEG_BIG;
-        // Four keys per pass over the score dim: each own[c] and w[c] load serves all four.
-        for (var jj = 0u; jj < TILE; jj += 4u) {
+        // Four keys per pass over the score dim (additive_common.wgsl).
+        for (var q = 0u; q < TILE / 4u; q++) {
             var e = vec4<f32>(0.0);
-            for (var c = 0u; c < DA; c++) {
-                e += w_tile[c] * tanh4(own[c], jj, c);
+            for (var c4 = 0u; c4 < DA4; c4++) {
+                e += w_tile[c4] * tanh_rows(own[c4], 4u * q, c4);
             }
-            let j = vec4<u32>(n0 + jj) + vec4<u32>(0u, 1u, 2u, 3u);
+            let j = vec4<u32>(n0 + 4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
             let seen = (j >= vec4<u32>(start)) & (j < vec4<u32>(end)) & (j < vec4<u32>(kv_hi));
             e = select(vec4<f32>(NEG_BIG), e, seen);
-            for (var k = 0u; k < 4u; k++) {
-                p_row[jj + k] = e[k];
-            }
+            p_row[q] = e;
             tile_max = max(tile_max, max(max(e.x, e.y), max(e.z, e.w)));
         }
         if tile_max > m {
@@ -107,16 +105,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             m = tile_max;
         }
-        for (var jj = 0u; jj < TILE; jj++) {
+        for (var q = 0u; q < TILE / 4u; q++) {
             // Masked keys hold NEG_BIG exactly (a score never reaches it): p = 0.
-            let p = select(0.0, exp(p_row[jj] - m), p_row[jj] > NEG_BIG);
-            p_row[jj] = p;
-            l += p;
+            let e = p_row[q];
+            let p = select(vec4<f32>(0.0), exp(e - m), e > vec4<f32>(NEG_BIG));
+            p_row[q] = p;
+            l += p.x + p.y + p.z + p.w;
         }
         for (var d = 0u; d < DV; d++) {
             var sum = acc[d];
-            for (var jj = 0u; jj < TILE; jj++) {
-                sum += p_row[jj] * v_tile[jj * DV + d];
+            for (var q = 0u; q < TILE / 4u; q++) {
+                sum += dot(p_row[q], v_tile[d * (TILE / 4u) + q]);
             }
             acc[d] = sum;
         }

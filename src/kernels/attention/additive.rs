@@ -29,6 +29,33 @@ pub const ADDITIVE_BACKWARD_STORAGE_BUFFERS: u32 = 12;
 const WG: u32 = 64;
 const TILE: u32 = 32;
 
+/// The fused kernels' loop iterations per invocation (llvmpipe caps their total: `loop_chunks`),
+/// counted from the shaders' loops, the 4-wide loops of the header's helpers included.
+#[derive(Clone, Copy)]
+enum FusedKernel {
+    Forward,
+    BackwardQuerySide,
+    BackwardKeySide,
+}
+
+impl FusedKernel {
+    /// (iterations per row of the other side, fixed iterations) for score dim `da`, value dim `dv`.
+    fn loop_cost(self, da: usize, dv: usize) -> (usize, usize) {
+        let (wg, tile) = (WG as usize, TILE as usize);
+        let da4 = da.div_ceil(4);
+        // Staging the other side's rows (a helper's 4-wide loop per vec4) and the value (or dO) rows.
+        let staging = (tile * da4).div_ceil(wg) * 5 + (tile * dv).div_ceil(wg) + 1;
+        let per_tile = match self {
+            // Scores, the rescale, P, P V.
+            Self::Forward => staging + tile / 4 * (1 + da4) + dv + tile / 4 + dv * (1 + tile / 4),
+            // Scores, dO . v, the derivatives; the key side also stages lse, D and the ranges.
+            Self::BackwardQuerySide => staging + tile / 4 * (1 + 2 * da4 + dv),
+            Self::BackwardKeySide => staging + tile.div_ceil(wg) + tile / 4 * (1 + 2 * da4 + dv),
+        };
+        (per_tile.div_ceil(tile) + 1, 16 * da4 + 4 * dv + 32)
+    }
+}
+
 /// The learned score parameters of additive attention: the score vector `w` and the bias, `[H, Da]`
 /// each.
 #[derive(Clone, Copy, Debug)]
@@ -248,15 +275,8 @@ fn encode_forward(
     ];
     let blocks = s.q_seq.div_ceil(WG as usize);
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-    let (da, dv) = (s.head_dim_qk, s.head_dim_v);
-    let staging = (TILE as usize * (da + dv)).div_ceil(WG as usize) * 2 / TILE as usize;
-    let chunks = loop_chunks(
-        ctx,
-        s.kv_seq,
-        da + dv + staging + 4,
-        da + 2 * dv + 32,
-        TILE as usize,
-    );
+    let (per_key, fixed) = FusedKernel::Forward.loop_cost(s.head_dim_qk, s.head_dim_v);
+    let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, TILE as usize);
     let mut pass = ctx.begin_pass(encoder, "additive_forward");
     encode_chunks(
         ctx,
@@ -558,14 +578,8 @@ pub fn additive_backward_into(
         d_rows,
     ];
     let grid = set_grid(&mut params, lq.div_ceil(WG as usize), bb * h)?;
-    let staging = (TILE as usize * (dda + ddv)).div_ceil(WG as usize) * 2 / TILE as usize;
-    let chunks = loop_chunks(
-        ctx,
-        lk,
-        3 * dda + ddv + staging + 4,
-        3 * dda + 2 * ddv + 32,
-        TILE as usize,
-    );
+    let (per_key, fixed) = FusedKernel::BackwardQuerySide.loop_cost(dda, ddv);
+    let chunks = loop_chunks(ctx, lk, per_key, fixed, TILE as usize);
     encode_chunks(
         ctx,
         &mut pass,
@@ -594,14 +608,8 @@ pub fn additive_backward_into(
         bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
     ];
     let grid = set_grid(&mut params, lk.div_ceil(WG as usize), bb * h)?;
-    let staging = (TILE as usize * (dda + ddv + 4)).div_ceil(WG as usize) / TILE as usize + 1;
-    let chunks = loop_chunks(
-        ctx,
-        lq,
-        3 * dda + 2 * ddv + staging + 4,
-        3 * dda + 3 * ddv + 32,
-        TILE as usize,
-    );
+    let (per_query, fixed) = FusedKernel::BackwardKeySide.loop_cost(dda, ddv);
+    let chunks = loop_chunks(ctx, lq, per_query, fixed, TILE as usize);
     encode_chunks(
         ctx,
         &mut pass,
