@@ -66,11 +66,13 @@ impl fmt::Display for AdapterReport {
     }
 }
 
-/// Cache key of a compiled pipeline: shader name plus its override constants.
+/// Cache key of a compiled pipeline: shader name plus its override constants, and whether it was
+/// compiled with the kernel's relaxed runtime checks.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct PipelineKey {
     shader: &'static str,
     constants: Vec<(&'static str, u32)>,
+    trusted: bool,
 }
 
 /// A GPU device with its queue, adapter report and pipeline cache. Cheap to share behind `Arc`.
@@ -95,6 +97,7 @@ pub struct Context {
     /// The adapter's fixed subgroup size where the device has `Features::SUBGROUP`.
     subgroup_size: Option<u32>,
     subgroups_enabled: bool,
+    trusted_shaders: bool,
     /// Grow-only scratch storage of kernels that need a workspace the caller does not pass (the
     /// split-KV partial results of the forward). Dispatches in one queue run in order, so one buffer
     /// serves every call; a larger request replaces it (recorded work keeps the old one alive).
@@ -517,6 +520,7 @@ impl Context {
             gemm_tiles: None,
             subgroup_size,
             subgroups_enabled: true,
+            trusted_shaders: true,
             scratch: Mutex::default(),
             lost,
             uncaptured: Arc::default(),
@@ -543,6 +547,15 @@ impl Context {
                 "1" | "on" => {}
                 _ => eprintln!(
                     "wgpu-attention: ignoring WGPU_ATTENTION_SUBGROUPS={value}: use on or off"
+                ),
+            }
+        }
+        if let Ok(value) = std::env::var("WGPU_ATTENTION_TRUSTED_SHADERS") {
+            match value.trim() {
+                "0" | "off" => ctx.trusted_shaders = false,
+                "1" | "on" => {}
+                _ => eprintln!(
+                    "wgpu-attention: ignoring WGPU_ATTENTION_TRUSTED_SHADERS={value}: use on or off"
                 ),
             }
         }
@@ -652,6 +665,21 @@ impl Context {
     /// paths on one adapter).
     pub fn set_subgroups(&mut self, enabled: bool) {
         self.subgroups_enabled = enabled;
+    }
+
+    /// Whether the kernels that measured faster without some of wgpu's shader runtime checks (loop
+    /// bounding, index clamps) are compiled without them (`create_shader_module_trusted`). On by
+    /// default; off (`set_trusted_shaders(false)`, or `WGPU_ATTENTION_TRUSTED_SHADERS=off` when the
+    /// context is created) compiles every kernel with all checks, to compare or to rule them out.
+    /// wgpu's GL back end applies no such checks either way.
+    pub fn trusted_shaders(&self) -> bool {
+        self.trusted_shaders
+    }
+
+    /// See [`Context::trusted_shaders`]. Pipelines compiled before keep their checks; later calls
+    /// compile (and cache) the other variant.
+    pub fn set_trusted_shaders(&mut self, trusted: bool) {
+        self.trusted_shaders = trusted;
     }
 
     /// The scratch buffer `what` (one per purpose, so two kinds of workspace of one call never
@@ -776,20 +804,29 @@ impl Context {
         source: impl FnOnce() -> String,
         constants: &[(&'static str, u32)],
     ) -> Arc<wgpu::ComputePipeline> {
+        let relaxed =
+            crate::kernels::relaxed_runtime_checks(shader).filter(|_| self.trusted_shaders);
         let key = PipelineKey {
             shader,
             constants: constants.to_vec(),
+            trusted: relaxed.is_some(),
         };
         let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = cache.get(&key) {
             return p.clone();
         }
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(shader),
-                source: wgpu::ShaderSource::Wgsl(source().into()),
-            });
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(shader),
+            source: wgpu::ShaderSource::Wgsl(source().into()),
+        };
+        let module = match relaxed {
+            // SAFETY: `relaxed_runtime_checks` lists only kernels whose loops all end (bounds from
+            // uniforms, overrides and workgroup ids) and whose array indices stay below the
+            // overrides that size the arrays, as its comments say for each; their tests run them
+            // in this mode on lavapipe.
+            Some(checks) => unsafe { self.device.create_shader_module_trusted(desc, checks) },
+            None => self.device.create_shader_module(desc),
+        };
         let constants_f64: Vec<(&str, f64)> =
             constants.iter().map(|&(k, v)| (k, f64::from(v))).collect();
         let pipeline = self

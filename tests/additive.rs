@@ -259,6 +259,31 @@ fn long_loops_split_into_accumulating_dispatches_bitwise() {
     });
 }
 
+/// The backward kernels compiled without wgpu's runtime checks (`Context::trusted_shaders`, on by
+/// default) give the bits of the fully checked ones.
+#[test]
+fn trusted_and_checked_kernels_agree_bitwise() {
+    let mut runs = Vec::new();
+    for trusted in [false, true] {
+        let mut results = Vec::new();
+        for_each_backend_with(
+            |ctx| ctx.set_trusted_shaders(trusted),
+            |name, ctx| {
+                for case in cases() {
+                    results.push(check(ctx, name, &case));
+                }
+            },
+        );
+        runs.push(results);
+    }
+    for (checked, trusted) in runs[0].iter().zip(&runs[1]) {
+        for (x, y) in checked.iter().zip(trusted) {
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(x), bits(y));
+        }
+    }
+}
+
 #[test]
 fn bad_additive_input_is_a_typed_error() {
     for_each_backend(|name, ctx| {

@@ -380,6 +380,37 @@ fn subgroup_and_workgroup_row_maxima_agree_bitwise() {
     }
 }
 
+/// The forwards compiled without wgpu's loop-bounding counters (`Context::trusted_shaders`, on by
+/// default, so every other test runs them so) give the bits of the fully checked ones.
+#[test]
+fn trusted_and_checked_forwards_agree_bitwise() {
+    let cases = [
+        Case::new(1, 37, 130, 4, 2, 40, 24),
+        Case::new(2, 70, 90, 2, 2, 64, 64)
+            .causal()
+            .kv_lens(&[90, 33]),
+    ];
+    let mut runs: Vec<Vec<(String, Vec<f32>, Vec<f32>)>> = Vec::new();
+    for trusted in [false, true] {
+        let mut results = Vec::new();
+        for_each_family_with(
+            |ctx| ctx.set_trusted_shaders(trusted),
+            |backend, ctx| {
+                for case in &cases {
+                    let (out, lse) = check(backend, ctx, case, Path::Fused);
+                    results.push((format!("[{backend}] {}", case.label()), out, lse));
+                }
+            },
+        );
+        runs.push(results);
+    }
+    for (checked, trusted) in runs[0].iter().zip(&runs[1]) {
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&trusted.1), bits(&checked.1), "{} out", trusted.0);
+        assert_eq!(bits(&trusted.2), bits(&checked.2), "{} lse", trusted.0);
+    }
+}
+
 #[test]
 fn dispatch_beyond_65535_workgroups() {
     for_each_family(|backend, ctx| {

@@ -14,6 +14,11 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
         c.insert("DK".to_string(), dk);
         c.insert("DV".to_string(), dv);
     }
+    // The fused additive kernels: score dim DA (packed in vec4s) and value dim DV.
+    if source.contains("override DA:") {
+        c.insert("DA".to_string(), dk.min(128.0));
+        c.insert("DV".to_string(), dv);
+    }
     c
 }
 

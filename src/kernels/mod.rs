@@ -13,3 +13,27 @@ pub mod matmul;
 pub mod optimizer;
 pub mod rope;
 pub mod sampling;
+
+/// wgpu's shader runtime checks that kernel `name` goes without when the context trusts its
+/// kernels ([`crate::Context::set_trusted_shaders`]), or `None` for all of them. A kernel is listed
+/// only where it measured faster without the checks (lavapipe, BENCHMARKS.md "Shader runtime
+/// checks"; no other back end measured yet) and its tests run it without them on every shape class
+/// they cover; checks that measured no gain stay on.
+pub(crate) fn relaxed_runtime_checks(name: &str) -> Option<wgpu::ShaderRuntimeChecks> {
+    // The fused forwards (both families, f32 and f16): every loop runs to a bound computed from
+    // uniforms, overrides and the workgroup id, so none is infinite; the counters wgpu adds to every
+    // loop cost them 12-24% on lavapipe. Index clamps stay: dropping them gained nothing more.
+    if name == "attention_forward" || name.starts_with("attention_forward_tiled") {
+        let mut checks = wgpu::ShaderRuntimeChecks::checked();
+        checks.force_loop_bounding = false;
+        return Some(checks);
+    }
+    // The fused additive backward: the clamps on its private arrays (indexed by loop counters
+    // bounded by the overrides that size them; the host sizes them from the same Da and Dv and
+    // refuses larger ones) cost it 30% on lavapipe. Storage reads and writes index views the host
+    // checked against their buffers before recording.
+    if name == "additive_backward_da" || name == "additive_backward_db" {
+        return Some(wgpu::ShaderRuntimeChecks::unchecked());
+    }
+    None
+}
