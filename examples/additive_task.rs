@@ -148,7 +148,22 @@ fn make_batch(task: Task, examples: &[(Vec<u32>, u32, u32)]) -> Batch {
     b
 }
 
-fn config(task: Task, layers: usize, heads: usize, additive: bool) -> TransformerConfig {
+/// What to train: the command line.
+struct Setup {
+    task: Task,
+    layers: usize,
+    heads: usize,
+    steps: usize,
+    seed: u64,
+}
+
+fn config(setup: &Setup, additive: bool) -> TransformerConfig {
+    let Setup {
+        task,
+        layers,
+        heads,
+        ..
+    } = *setup;
     TransformerConfig {
         vocab: task.answer0() as usize + task.answers(),
         d_model: 16,
@@ -174,20 +189,19 @@ fn config(task: Task, layers: usize, heads: usize, additive: bool) -> Transforme
 /// Trains one model; returns its held-out accuracy and final training loss.
 fn train_and_evaluate(
     ctx: &Context,
-    task: Task,
-    layers: usize,
-    heads: usize,
+    setup: &Setup,
     additive: bool,
-    steps: usize,
-    seed: u64,
     held_out: &[(Vec<u32>, u32, u32)],
 ) -> Result<(f64, f32), Error> {
+    let Setup {
+        task, steps, seed, ..
+    } = *setup;
     let shape = BatchShape {
         batch: BATCH,
         src_len: 0,
         tgt_len: SEQ,
     };
-    let model = Transformer::new(ctx, config(task, layers, heads, additive), shape, seed)?;
+    let model = Transformer::new(ctx, config(setup, additive), shape, seed)?;
     let mut trainer = Trainer::new(ctx, model, AdamWConfig::default())?;
     let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
     for step in 0..steps {
@@ -232,18 +246,23 @@ fn train_and_evaluate(
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let (mut steps, mut seed, mut task, mut layers, mut heads) =
-        (600usize, 1u64, Task::Rule, 2usize, 4usize);
+    let mut setup = Setup {
+        task: Task::Rule,
+        layers: 2,
+        heads: 4,
+        steps: 600,
+        seed: 1,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let value = args.next().ok_or(format!("{a} needs a value"))?;
         match a.as_str() {
-            "--steps" => steps = value.parse()?,
-            "--seed" => seed = value.parse()?,
-            "--layers" => layers = value.parse()?,
-            "--heads" => heads = value.parse()?,
+            "--steps" => setup.steps = value.parse()?,
+            "--seed" => setup.seed = value.parse()?,
+            "--layers" => setup.layers = value.parse()?,
+            "--heads" => setup.heads = value.parse()?,
             "--task" => {
-                task = match value.as_str() {
+                setup.task = match value.as_str() {
                     "rule" => Task::Rule,
                     "count" => Task::Count,
                     "xor" => Task::Xor,
@@ -256,6 +275,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = Context::new()?;
     println!("adapter: {}", ctx.report());
     let mut rng = Rng(0xC0FFEE);
+    let Setup {
+        task,
+        layers,
+        heads,
+        steps,
+        ..
+    } = setup;
     let held_out: Vec<_> = (0..HELD_OUT).map(|_| rng.example(task)).collect();
     println!(
         "task: {}; decoder-only, d_model 16, {heads} head(s), {layers} layer(s); {steps} steps of {BATCH}; \
@@ -268,8 +294,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut results = Vec::new();
     for additive in [false, true] {
-        let (accuracy, loss) =
-            train_and_evaluate(&ctx, task, layers, heads, additive, steps, seed, &held_out)?;
+        let (accuracy, loss) = train_and_evaluate(&ctx, &setup, additive, &held_out)?;
         results.push((additive, accuracy, loss));
     }
     println!();

@@ -390,7 +390,9 @@ fn trusted_and_checked_forwards_agree_bitwise() {
             .causal()
             .kv_lens(&[90, 33]),
     ];
-    let mut runs: Vec<Vec<(String, Vec<f32>, Vec<f32>)>> = Vec::new();
+    // Per run: (case, O, lse) of every backend, family and case.
+    type Outputs = Vec<(String, Vec<f32>, Vec<f32>)>;
+    let mut runs: Vec<Outputs> = Vec::new();
     for trusted in [false, true] {
         let mut results = Vec::new();
         for_each_family_with(
