@@ -1,7 +1,8 @@
 #!/bin/bash
 # Prepares what benchmarks/h100-run.sh needs on the device machine, here (see ../shared/GPU.md): the
 # Vulkan loader packages in .gl/ and the stripped release binaries (benches and the attention, linear,
-# transformer and training tests) in .gpu/bundle.tar.xz, both git-ignored. Then, with the device tool:
+# transformer and training tests) in .gpu/bundle.tar.xz, both git-ignored. Then, with the device tool,
+# the three calls benchmarks/README.md lists, the first:
 #   run(command="PLAN='sweep suite64 gemm transformer' bash benchmarks/h100-run.sh",
 #       carry=[".gl", ".gpu/bundle.tar.xz"])
 set -eu

@@ -11,7 +11,7 @@ export WGPU_BACKEND=vulkan
 step() { local limit=$1 name=$2; shift 2; echo "== $name ($(date +%T))"; timeout $limit "$@" > $OUT/$name.log 2>&1; echo "   rc $? $(date +%T)"; }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: sweep suite64 suite128 cpu64 gemm transformer
-# generate additive tests) so later calls can pick.
+# trusted generate additive tests) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   sweep)
@@ -23,15 +23,17 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       WGPU_ATTENTION_SUBGROUPS=$sg step 40 sweep-subgroups-$sg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
         --lengths 2048,4096 --masks none,causal --passes forward --paths fused --dtypes f32,f16 --reps 5 --validate-limit 0 --json $OUT/sweep-subgroups-$sg.json
     done
-    for tr in on off; do
-      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 40 sweep-trusted-$tr $B/attention-bench --kernels gpu,cpu --batch 1 --heads 8 --head-dim 64 \
-        --lengths 2048 --masks none,causal --passes forward --paths fused --dtypes f32 --reps 5 --validate-limit 0 --json $OUT/sweep-trusted-$tr.json
-      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 30 sweep-trusted-additive-$tr $B/additive-bench --lengths 1024,4096 --reps 5 \
-        --json $OUT/sweep-trusted-additive-$tr.json
-    done
     for sp in 1 2 4 8 16; do
       WGPU_ATTENTION_SPLITS=$sp step 40 sweep-splits-$sp $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
         --lengths 2048,8192 --masks none,causal --passes forward --paths fused --reps 5 --validate-limit 0 --json $OUT/sweep-splits-$sp.json
+    done ;;
+  trusted)
+    for tr in on off all; do
+      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 60 sweep-trusted-$tr $B/attention-bench --kernels gpu,cpu --batch 1 --heads 8 --head-dim 64 \
+        --lengths 1024,4096 --masks none,causal --passes forward,backward --paths fused --dtypes f32 --reps 5 --json $OUT/sweep-trusted-$tr.json
+      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 30 sweep-trusted-additive-$tr $B/additive-bench --lengths 1024,4096 --reps 5 \
+        --json $OUT/sweep-trusted-additive-$tr.json
+      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 30 sweep-trusted-gemm-$tr $B/gemm-bench --reps 5 --json $OUT/sweep-trusted-gemm-$tr.json
     done ;;
   suite64)
     step 150 suite-b1h8d64 $B/attention-bench --kernels gpu --dtypes f32,f16 --batch 1 --heads 8 --head-dim 64 \

@@ -98,6 +98,9 @@ pub struct Context {
     subgroup_size: Option<u32>,
     subgroups_enabled: bool,
     trusted_shaders: bool,
+    /// `WGPU_ATTENTION_TRUSTED_SHADERS=all`: every kernel without runtime checks, to measure which
+    /// would gain on a new adapter (benchmarks only; results are validated there, not proven).
+    untrusted_measurement: bool,
     /// Grow-only scratch storage of kernels that need a workspace the caller does not pass (the
     /// split-KV partial results of the forward). Dispatches in one queue run in order, so one buffer
     /// serves every call; a larger request replaces it (recorded work keeps the old one alive).
@@ -521,6 +524,7 @@ impl Context {
             subgroup_size,
             subgroups_enabled: true,
             trusted_shaders: true,
+            untrusted_measurement: false,
             scratch: Mutex::default(),
             lost,
             uncaptured: Arc::default(),
@@ -554,8 +558,9 @@ impl Context {
             match value.trim() {
                 "0" | "off" => ctx.trusted_shaders = false,
                 "1" | "on" => {}
+                "all" => ctx.untrusted_measurement = true,
                 _ => eprintln!(
-                    "wgpu-attention: ignoring WGPU_ATTENTION_TRUSTED_SHADERS={value}: use on or off"
+                    "wgpu-attention: ignoring WGPU_ATTENTION_TRUSTED_SHADERS={value}: use on, off or all"
                 ),
             }
         }
@@ -671,7 +676,9 @@ impl Context {
     /// bounding, index clamps) are compiled without them (`create_shader_module_trusted`). On by
     /// default; off (`set_trusted_shaders(false)`, or `WGPU_ATTENTION_TRUSTED_SHADERS=off` when the
     /// context is created) compiles every kernel with all checks, to compare or to rule them out.
-    /// wgpu's GL back end applies no such checks either way.
+    /// wgpu's GL back end applies no such checks either way. `WGPU_ATTENTION_TRUSTED_SHADERS=all`
+    /// compiles every kernel without any check: a benchmark setting, to find the kernels worth
+    /// listing on a new adapter, not a mode the tests prove.
     pub fn trusted_shaders(&self) -> bool {
         self.trusted_shaders
     }
@@ -804,8 +811,11 @@ impl Context {
         source: impl FnOnce() -> String,
         constants: &[(&'static str, u32)],
     ) -> Arc<wgpu::ComputePipeline> {
-        let relaxed =
-            crate::kernels::relaxed_runtime_checks(shader).filter(|_| self.trusted_shaders);
+        let relaxed = if self.untrusted_measurement {
+            Some(wgpu::ShaderRuntimeChecks::unchecked())
+        } else {
+            crate::kernels::relaxed_runtime_checks(shader).filter(|_| self.trusted_shaders)
+        };
         let key = PipelineKey {
             shader,
             constants: constants.to_vec(),
@@ -823,7 +833,8 @@ impl Context {
             // SAFETY: `relaxed_runtime_checks` lists only kernels whose loops all end (bounds from
             // uniforms, overrides and workgroup ids) and whose array indices stay below the
             // overrides that size the arrays, as its comments say for each; their tests run them
-            // in this mode on lavapipe.
+            // in this mode on lavapipe. (`untrusted_measurement` is the benchmarks' opt-in to
+            // measure the others, validated against the reference there.)
             Some(checks) => unsafe { self.device.create_shader_module_trusted(desc, checks) },
             None => self.device.create_shader_module(desc),
         };

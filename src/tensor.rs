@@ -415,6 +415,21 @@ impl HeadsView {
         self.dtype
     }
 
+    /// The first `rows` positions of each sequence (same buffer, offset and strides).
+    pub fn first_rows(&self, rows: usize) -> Result<HeadsView> {
+        let [b, s, h, d] = self.shape;
+        if rows > s {
+            return Err(Error::shape(
+                "rows",
+                format!("is {rows}; the view has {s} positions per sequence"),
+            ));
+        }
+        Ok(HeadsView {
+            shape: [b, rows, h, d],
+            ..self.clone()
+        })
+    }
+
     /// The whole of a contiguous tensor of `shape` `[batch, seq, heads, head_dim]`.
     fn contiguous(buffer: &Arc<wgpu::Buffer>, dtype: DType, shape: &[usize]) -> Result<Self> {
         let [b, s, h, d] = *shape else {

@@ -146,6 +146,15 @@ fn decode_matches_reference_with_score_modifiers() {
             .key_clip(4.0)
             .magnitude(3.0);
         check(ctx, name, &case);
+        // Caches longer than every sequence: only the first max(kv_lens) positions are transformed
+        // and read.
+        let case = decode_case(2, 2, 50, 2, 2, 12, 8)
+            .causal()
+            .q_lens(&[1, 2])
+            .kv_lens(&[17, 30])
+            .cosine_learned(&[5.0, 12.0])
+            .key_clip(0.5);
+        check(ctx, name, &case);
     });
 }
 

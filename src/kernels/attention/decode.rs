@@ -123,8 +123,8 @@ pub fn attention_decode(
 /// (`[B, H, Lq]`). `opts.seq_lens` must give `q_lens` (new queries per sequence, at most Lq) and
 /// `kv_lens` (cached keys per sequence including the new ones, at most max_len). Causal, window,
 /// ALiBi, softcap, sinks, relative buckets, cosine scores and key clipping apply as in
-/// [`attention_forward_into`] (the last two transform the new queries and the cache into scratch each
-/// call); an additive bias tensor is refused. Nothing is recorded if the input is rejected.
+/// [`attention_forward_into`] (the last two transform the new queries and the cache's first
+/// max(kv_lens) positions into scratch each call); an additive bias tensor is refused. Nothing is recorded if the input is rejected.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_into(
     ctx: &Context,
@@ -160,10 +160,19 @@ pub fn attention_decode_into(
     let plan = DecodePlan::new(ctx, &s, longest)?;
     let (own, _) = own_and_phases(plan.rows, &s);
     let shared = Shared::scores(ctx, opts)?;
-    // Cosine scores and key clipping: the new queries and the whole cache transformed into scratch
-    // (O(capacity) per step, the order of the attention itself; the cache keeps raw keys).
-    let (q, k_cache) = qk_norm::encode_inputs(ctx, encoder, q, k_cache, opts)?;
-    let (q, k_cache) = (&q, &k_cache);
+    // Cosine scores and key clipping: the new queries and the cache's first `longest` positions (all
+    // that any sequence reads) transformed into scratch, O(longest) per step like the attention
+    // itself; the cache keeps raw keys. The kernel then reads caches of `longest` positions.
+    let (q, k_cache, v_cache, s) = if qk_norm::transforms(opts) {
+        let k_read = k_cache.first_rows(longest)?;
+        let v_read = v_cache.first_rows(longest)?;
+        let (q, k_read) = qk_norm::encode_inputs(ctx, encoder, q, &k_read, opts)?;
+        let s = AttentionShape::of(&q, &k_read, &v_read)?;
+        (q, k_read, v_read, s)
+    } else {
+        (q.clone(), k_cache.clone(), v_cache.clone(), s)
+    };
+    let (q, k_cache, v_cache) = (&q, &k_cache, &v_cache);
     let mut params = base_params(&s, scale, opts);
     params.flags |= FLAG_ALIGN_LENS;
     params.splits = plan.splits as u32;

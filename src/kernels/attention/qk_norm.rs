@@ -44,6 +44,11 @@ fn key_mode(opts: &AttentionOptions<'_>) -> u32 {
     (query_mode(opts) & NORMALIZE) | if opts.key_clip.is_some() { CLIP } else { 0 }
 }
 
+/// Whether `opts` transform the queries or keys before the scores.
+pub(super) fn transforms(opts: &AttentionOptions<'_>) -> bool {
+    query_mode(opts) != 0 || key_mode(opts) != 0
+}
+
 /// Records one pass of the kernel over the rows of `x`: the transform into `out` (a contiguous
 /// scratch buffer), or the backward in place in the gradient view `grad`. Under SCALE, `scale` is the
 /// per-head scale and the backward writes the rows' gradient shares into `row_shares`.
