@@ -1,0 +1,215 @@
+//! Compiled pipelines (cached by shader and override constants, nothing compiled in the hot path)
+//! and the bind groups of their dispatches (cached across recordings with a [`BindingCache`]).
+
+use super::*;
+
+/// Cache key of a compiled pipeline: shader name plus its override constants, and whether it was
+/// compiled with the kernel's relaxed runtime checks.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(super) struct PipelineKey {
+    shader: &'static str,
+    constants: Vec<(&'static str, u32)>,
+    trusted: bool,
+}
+
+/// One storage binding of a kernel: `size` bytes of `buffer` from `offset` (`None`: to its end).
+pub(crate) struct StorageBinding<'a> {
+    pub binding: u32,
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: Option<wgpu::BufferSize>,
+}
+
+/// A pipeline and the storage it binds: what identifies a dispatch across recordings.
+type BindKey = (
+    wgpu::ComputePipeline,
+    Vec<(u32, wgpu::Buffer, u64, Option<wgpu::BufferSize>)>,
+);
+
+struct BindSlot {
+    uniform: wgpu::Buffer,
+    params: Vec<u8>,
+    bind_group: wgpu::BindGroup,
+}
+
+#[derive(Default)]
+struct BindEntry {
+    slots: Vec<BindSlot>,
+    epoch: u64,
+    used: usize,
+}
+
+/// Bind groups and their uniform parameter blocks, kept across recordings of the same work: a
+/// training loop records the same kernels on the same buffers every step, so after the first step it
+/// creates no bind group and no buffer; parameter blocks whose values change (the optimizer's step
+/// count, chunk bounds) are rewritten in place through the queue. The n-th dispatch of a pipeline on
+/// given buffers within one recording reuses the n-th slot, so one submission never needs one slot
+/// twice. Owned by whoever records repeatedly (`Trainer` does) and lent to the context with
+/// [`Context::with_binding_cache`]; it keeps the buffers it binds alive until it is dropped.
+#[derive(Default)]
+pub struct BindingCache {
+    entries: HashMap<BindKey, BindEntry>,
+    epoch: u64,
+    created: u64,
+    reused: u64,
+}
+
+impl BindingCache {
+    /// Bind groups created (cache misses) and reused (hits) so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.created, self.reused)
+    }
+}
+
+impl Context {
+    /// Number of pipelines compiled so far (a second identical call must not add any).
+    pub fn cached_pipelines(&self) -> usize {
+        self.pipelines.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    /// Returns the cached pipeline for `shader` specialised with `constants`, compiling it once.
+    pub(crate) fn pipeline(
+        &self,
+        shader: &'static str,
+        source: impl FnOnce() -> String,
+        constants: &[(&'static str, u32)],
+    ) -> Arc<wgpu::ComputePipeline> {
+        let relaxed = if self.untrusted_measurement {
+            Some(wgpu::ShaderRuntimeChecks::unchecked())
+        } else {
+            crate::kernels::relaxed_runtime_checks(shader).filter(|_| self.trusted_shaders)
+        };
+        let key = PipelineKey {
+            shader,
+            constants: constants.to_vec(),
+            trusted: relaxed.is_some(),
+        };
+        let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache.get(&key) {
+            return p.clone();
+        }
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(shader),
+            source: wgpu::ShaderSource::Wgsl(source().into()),
+        };
+        let module = match relaxed {
+            // SAFETY: `relaxed_runtime_checks` lists only kernels whose loops all end (bounds from
+            // uniforms, overrides and workgroup ids) and whose array indices stay below the
+            // overrides that size the arrays, as its comments say for each; their tests run them
+            // in this mode on lavapipe. (`untrusted_measurement` is the benchmarks' opt-in to
+            // measure the others, validated against the reference there.)
+            Some(checks) => unsafe { self.device.create_shader_module_trusted(desc, checks) },
+            None => self.device.create_shader_module(desc),
+        };
+        let constants_f64: Vec<(&str, f64)> =
+            constants.iter().map(|&(k, v)| (k, f64::from(v))).collect();
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(shader),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants_f64,
+                    // Every kernel writes its workgroup memory before reading it.
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        let pipeline = Arc::new(pipeline);
+        cache.insert(key, pipeline.clone());
+        pipeline
+    }
+
+    /// Runs `record` with `cache` serving the bind groups of every kernel it records (see
+    /// [`BindingCache`]); without one, each dispatch creates its own.
+    pub fn with_binding_cache<R>(&self, cache: &mut BindingCache, record: impl FnOnce() -> R) -> R {
+        cache.epoch += 1;
+        let lent = std::mem::take(cache);
+        let previous = self
+            .binding_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(lent);
+        let result = record();
+        let mut slot = self.binding_cache.lock().unwrap_or_else(|e| e.into_inner());
+        *cache = std::mem::replace(&mut *slot, previous).unwrap_or_default();
+        result
+    }
+
+    /// The bind group of one dispatch of `pipeline`: its parameter block at binding 0 and `storage`.
+    /// Served from the lent [`BindingCache`] when there is one.
+    pub(crate) fn bind_group(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        label: &str,
+        params: &[u8],
+        storage: &[StorageBinding<'_>],
+    ) -> wgpu::BindGroup {
+        let create = |uniform: &wgpu::Buffer| {
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: uniform.as_entire_binding(),
+            }];
+            entries.extend(storage.iter().map(|s| wgpu::BindGroupEntry {
+                binding: s.binding,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: s.buffer,
+                    offset: s.offset,
+                    size: s.size,
+                }),
+            }));
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            })
+        };
+        let new_uniform = || {
+            use wgpu::util::DeviceExt;
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(label),
+                    contents: params,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                })
+        };
+        let mut guard = self.binding_cache.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(cache) = guard.as_mut() else {
+            return create(&new_uniform());
+        };
+        let key: BindKey = (
+            pipeline.clone(),
+            storage
+                .iter()
+                .map(|s| (s.binding, s.buffer.clone(), s.offset, s.size))
+                .collect(),
+        );
+        let epoch = cache.epoch;
+        let entry = cache.entries.entry(key).or_default();
+        if entry.epoch != epoch {
+            entry.epoch = epoch;
+            entry.used = 0;
+        }
+        let index = entry.used;
+        entry.used += 1;
+        if let Some(slot) = entry.slots.get_mut(index) {
+            if slot.params != params {
+                self.queue.write_buffer(&slot.uniform, 0, params);
+                slot.params = params.to_vec();
+            }
+            cache.reused += 1;
+            return slot.bind_group.clone();
+        }
+        let uniform = new_uniform();
+        let bind_group = create(&uniform);
+        entry.slots.push(BindSlot {
+            uniform,
+            params: params.to_vec(),
+            bind_group: bind_group.clone(),
+        });
+        cache.created += 1;
+        bind_group
+    }
+}

@@ -1,0 +1,194 @@
+//! The settings that choose kernels and their shapes on a context: kernel family, GEMM tiles,
+//! workgroup width, subgroups, trusted shaders and the llvmpipe loop budget.
+
+use super::*;
+
+/// Loop iterations one invocation may run on llvmpipe (lavapipe and GL): Mesa's gallivm stops every
+/// loop of a shader once 65535 iterations have run in total in one invocation, silently, so longer
+/// kernels return wrong results. Kept below that, with room for the kernels' set-up loops.
+pub const LLVMPIPE_LOOP_BUDGET: u32 = 60_000;
+
+/// Workgroup widths the fused attention kernels are written for.
+pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];
+
+/// Which family of fused attention kernels a context runs. Both compute the same results (SPEC.md)
+/// and are tested against the same reference; they differ in shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelFamily {
+    /// Shaped for CPU drivers (lavapipe, llvmpipe): each invocation keeps four rows in vec4 lanes
+    /// with head-dim-sized private arrays, wide workgroups, long loops split under the driver's cap.
+    CpuDriver,
+    /// Shaped for GPUs: small query blocks, Q/K/V tiles in workgroup memory, register micro-tiles,
+    /// split-KV when the grid would leave the GPU idle.
+    Gpu,
+}
+
+impl KernelFamily {
+    /// Parses `cpu` / `cpu-driver` or `gpu` (as `WGPU_ATTENTION_KERNELS` and the bench's `--kernels`).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim().to_lowercase().as_str() {
+            "cpu" | "cpu-driver" => Ok(Self::CpuDriver),
+            "gpu" => Ok(Self::Gpu),
+            other => Err(Error::shape(
+                "kernel family",
+                format!("'{other}' is not one: use cpu or gpu"),
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::CpuDriver => "cpu",
+            Self::Gpu => "gpu",
+        }
+    }
+}
+
+/// Output tiles of the strided GEMM (`shaders/matmul_*.wgsl`) for products of at least 128 rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmTiles {
+    /// 64 x 64 per 256-invocation workgroup, 4 x 4 per invocation (`matmul_strided.wgsl`): the
+    /// default on GPUs, the kernel measured on an H100 (BENCHMARKS.md).
+    Square64,
+    /// 128 x 64, 8 x 4 per invocation with vec4 workgroup-memory reads (`matmul_wide.wgsl`): twice
+    /// the multiply-adds per staged value, half the workgroups. The default on CPU drivers, where it
+    /// measured 1.9-2.1x faster on the layer shapes (`gemm-bench`); unmeasured on a GPU, where the
+    /// smaller grid may not fill the machine.
+    Wide128x64,
+}
+
+impl GemmTiles {
+    /// Parses `64x64` or `128x64` (as `WGPU_ATTENTION_GEMM_TILES` and the benches' options).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim() {
+            "64x64" => Ok(Self::Square64),
+            "128x64" => Ok(Self::Wide128x64),
+            other => Err(Error::shape(
+                "gemm tiles",
+                format!("'{other}' is not one: use 64x64 or 128x64"),
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Square64 => "64x64",
+            Self::Wide128x64 => "128x64",
+        }
+    }
+}
+
+impl Context {
+    /// The most loop iterations one kernel invocation may run, if the driver caps them; kernels whose
+    /// loops would run longer are split into several dispatches that merge their results. Detected
+    /// for llvmpipe ([`LLVMPIPE_LOOP_BUDGET`]); `None` elsewhere.
+    pub fn loop_budget(&self) -> Option<u32> {
+        self.loop_budget
+    }
+
+    /// Overrides the detected loop budget: for a wrapped device whose adapter was not given, or to
+    /// test the split path with a small budget.
+    pub fn set_loop_budget(&mut self, budget: Option<u32>) {
+        self.loop_budget = budget;
+    }
+
+    /// The workgroup width of the fused attention kernels where it is overridden; `None` picks the
+    /// measured default per pass (see `kernels::attention`). Read once from `WGPU_ATTENTION_WORKGROUP`
+    /// when the context is created.
+    pub fn attention_workgroup(&self) -> Option<u32> {
+        self.attention_workgroup
+    }
+
+    /// Overrides the workgroup width of the fused attention kernels (16, 32, 64 or 128 invocations),
+    /// for tuning on an adapter whose best width is not the default; `None` restores the defaults.
+    pub fn set_attention_workgroup(&mut self, width: Option<u32>) -> Result<()> {
+        if let Some(width) = width {
+            if !ATTENTION_WORKGROUPS.contains(&width) {
+                return Err(Error::shape(
+                    "attention workgroup width",
+                    format!(
+                        "{width} is not one the kernels are written for: use 16, 32, 64 or 128"
+                    ),
+                ));
+            }
+            let limit = self.limits().max_compute_invocations_per_workgroup;
+            if width > limit {
+                return Err(Error::Unsupported {
+                    arg: "attention workgroup width",
+                    value: width.into(),
+                    limit: limit.into(),
+                    hint: " (the adapter's invocations per workgroup); use 16, 32, 64 or 128 within it",
+                });
+            }
+        }
+        self.attention_workgroup = width;
+        Ok(())
+    }
+
+    /// The fused attention kernel family this context runs: the one set with
+    /// [`Context::set_kernel_family`] (or `WGPU_ATTENTION_KERNELS=cpu|gpu`, read when the context is
+    /// created), else [`KernelFamily::CpuDriver`] on CPU drivers and [`KernelFamily::Gpu`] elsewhere.
+    pub fn kernel_family(&self) -> KernelFamily {
+        self.kernel_family.unwrap_or(if self.is_cpu() {
+            KernelFamily::CpuDriver
+        } else {
+            KernelFamily::Gpu
+        })
+    }
+
+    /// Forces a kernel family (to test the GPU kernels on a CPU driver, or to compare both on one
+    /// adapter); `None` restores the choice by adapter class.
+    pub fn set_kernel_family(&mut self, family: Option<KernelFamily>) {
+        self.kernel_family = family;
+    }
+
+    /// The GEMM's output tiles for products of at least 128 rows: the ones set with
+    /// [`Context::set_gemm_tiles`] (or `WGPU_ATTENTION_GEMM_TILES=64x64|128x64`, read when the
+    /// context is created), else [`GemmTiles::Wide128x64`] on CPU drivers and
+    /// [`GemmTiles::Square64`] elsewhere.
+    pub fn gemm_tiles(&self) -> GemmTiles {
+        self.gemm_tiles.unwrap_or(match self.is_cpu() {
+            true => GemmTiles::Wide128x64,
+            false => GemmTiles::Square64,
+        })
+    }
+
+    /// Forces the GEMM's tiles (to compare them on one adapter); `None` restores the choice by
+    /// adapter class.
+    pub fn set_gemm_tiles(&mut self, tiles: Option<GemmTiles>) {
+        self.gemm_tiles = tiles;
+    }
+
+    /// The subgroup size kernels may rely on: `Some` where the device has `Features::SUBGROUP`, its
+    /// adapter reports one fixed size (`subgroup_min_size == subgroup_max_size`: NVIDIA 32,
+    /// lavapipe 8), and subgroup reductions are enabled ([`Context::set_subgroups`], or
+    /// `WGPU_ATTENTION_SUBGROUPS=off` when the context is created). A device wrapped without its
+    /// adapter info has none. Kernels take their workgroup-memory path where this is `None`; both
+    /// paths give the same bits.
+    pub fn subgroup_size(&self) -> Option<u32> {
+        self.subgroup_size.filter(|_| self.subgroups_enabled)
+    }
+
+    /// Enables or disables the kernels' subgroup paths (to compare them with the workgroup-memory
+    /// paths on one adapter).
+    pub fn set_subgroups(&mut self, enabled: bool) {
+        self.subgroups_enabled = enabled;
+    }
+
+    /// Whether the kernels that measured faster without some of wgpu's shader runtime checks (loop
+    /// bounding, index clamps) are compiled without them (`create_shader_module_trusted`). On by
+    /// default; off (`set_trusted_shaders(false)`, or `WGPU_ATTENTION_TRUSTED_SHADERS=off` when the
+    /// context is created) compiles every kernel with all checks, to compare or to rule them out.
+    /// wgpu's GL back end applies no such checks either way. `WGPU_ATTENTION_TRUSTED_SHADERS=all`
+    /// compiles every kernel without any check: a benchmark setting, to find the kernels worth
+    /// listing on a new adapter, not a mode the tests prove.
+    pub fn trusted_shaders(&self) -> bool {
+        self.trusted_shaders
+    }
+
+    /// See [`Context::trusted_shaders`]. Pipelines compiled before keep their checks; later calls
+    /// compile (and cache) the other variant.
+    pub fn set_trusted_shaders(&mut self, trusted: bool) {
+        self.trusted_shaders = trusted;
+    }
+}
