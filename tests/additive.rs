@@ -323,88 +323,99 @@ fn bad_additive_input_is_a_typed_error() {
 #[test]
 fn decode_matches_the_full_forward() {
     for_each_backend(|name, ctx| {
-        let (bsz, len, h, da, dv) = (2usize, 7usize, 2usize, 6usize, 5usize);
-        let kv_lens = [7u32, 5];
-        let new = [2u32, 1];
-        let slots = 2usize;
-        let mut r = rng(77);
-        let a = random(&mut r, bsz * len * h * da, 1.0);
-        let b = random(&mut r, bsz * len * h * da, 1.0);
-        let v = random(&mut r, bsz * len * h * dv, 1.0);
-        let w = random(&mut r, h * da, 1.0);
-        let bias = random(&mut r, h * da, 0.5);
-        let wt = GpuTensor::from_slice(ctx, &w, &[h, da]).unwrap();
-        let bt = GpuTensor::from_slice(ctx, &bias, &[h, da]).unwrap();
-        let scores = AdditiveScores { w: &wt, bias: &bt };
-        let upload = |x: &[f32], shape: [usize; 4]| GpuTensor::from_slice(ctx, x, &shape).unwrap();
-        let (at, bt_, vt) = (
-            upload(&a, [bsz, len, h, da]),
-            upload(&b, [bsz, len, h, da]),
-            upload(&v, [bsz, len, h, dv]),
-        );
-        for window in [None, Some((2, 0))] {
-            let full_lens = SeqLens::new(ctx, Some(&kv_lens), Some(&kv_lens)).unwrap();
-            let mut opts = AttentionOptions::new().causal(true).seq_lens(&full_lens);
-            if let Some((left, right)) = window {
-                opts = opts.window(left, right);
-            }
-            let full = additive_forward(
-                ctx,
-                &at.heads().unwrap(),
-                &bt_.heads().unwrap(),
-                &vt.heads().unwrap(),
-                scores,
-                &opts,
-            )
-            .unwrap()
-            .out
-            .to_vec(ctx)
-            .unwrap();
-            // The new rows: the last new[s] positions of each sequence, in slots 0.. of a_new.
-            let mut a_new = vec![0.0f32; bsz * slots * h * da];
-            let mut expected = vec![0.0f64; bsz * slots * h * dv];
-            for s in 0..bsz {
-                for r in 0..new[s] as usize {
-                    let pos = (kv_lens[s] - new[s]) as usize + r;
-                    let (src, dst) = ((s * len + pos) * h * da, (s * slots + r) * h * da);
-                    a_new[dst..dst + h * da].copy_from_slice(&a[src..src + h * da]);
-                    let (src, dst) = ((s * len + pos) * h * dv, (s * slots + r) * h * dv);
-                    for (e, x) in expected[dst..dst + h * dv].iter_mut().zip(&full[src..]) {
-                        *e = *x as f64;
-                    }
+        // One tile of keys; then several, with more value dims than the kernel's workgroup (two per
+        // invocation).
+        decode_case(ctx, name, [7, 5], 6, 5);
+        decode_case(ctx, name, [150, 97], 6, 70);
+    });
+    // Key loops split into accumulating dispatches.
+    for_each_backend_with_loop_budget(300, |name, ctx| decode_case(ctx, name, [150, 97], 6, 70));
+}
+
+/// Decodes the last rows of two sequences of `kv_lens` keys (two new rows, then one) against the
+/// whole caches and compares them with the full forward's rows, with and without a window.
+fn decode_case(ctx: &Context, name: &str, kv_lens: [u32; 2], da: usize, dv: usize) {
+    let (bsz, h) = (2usize, 2usize);
+    let len = kv_lens[0] as usize;
+    let new = [2u32, 1];
+    let slots = 2usize;
+    let mut r = rng(77);
+    let a = random(&mut r, bsz * len * h * da, 1.0);
+    let b = random(&mut r, bsz * len * h * da, 1.0);
+    let v = random(&mut r, bsz * len * h * dv, 1.0);
+    let w = random(&mut r, h * da, 1.0);
+    let bias = random(&mut r, h * da, 0.5);
+    let wt = GpuTensor::from_slice(ctx, &w, &[h, da]).unwrap();
+    let bt = GpuTensor::from_slice(ctx, &bias, &[h, da]).unwrap();
+    let scores = AdditiveScores { w: &wt, bias: &bt };
+    let upload = |x: &[f32], shape: [usize; 4]| GpuTensor::from_slice(ctx, x, &shape).unwrap();
+    let (at, bt_, vt) = (
+        upload(&a, [bsz, len, h, da]),
+        upload(&b, [bsz, len, h, da]),
+        upload(&v, [bsz, len, h, dv]),
+    );
+    for window in [None, Some((2, 0))] {
+        let full_lens = SeqLens::new(ctx, Some(&kv_lens), Some(&kv_lens)).unwrap();
+        let mut opts = AttentionOptions::new().causal(true).seq_lens(&full_lens);
+        if let Some((left, right)) = window {
+            opts = opts.window(left, right);
+        }
+        let full = additive_forward(
+            ctx,
+            &at.heads().unwrap(),
+            &bt_.heads().unwrap(),
+            &vt.heads().unwrap(),
+            scores,
+            &opts,
+        )
+        .unwrap()
+        .out
+        .to_vec(ctx)
+        .unwrap();
+        // The new rows: the last new[s] positions of each sequence, in slots 0.. of a_new.
+        let mut a_new = vec![0.0f32; bsz * slots * h * da];
+        let mut expected = vec![0.0f64; bsz * slots * h * dv];
+        for s in 0..bsz {
+            for r in 0..new[s] as usize {
+                let pos = (kv_lens[s] - new[s]) as usize + r;
+                let (src, dst) = ((s * len + pos) * h * da, (s * slots + r) * h * da);
+                a_new[dst..dst + h * da].copy_from_slice(&a[src..src + h * da]);
+                let (src, dst) = ((s * len + pos) * h * dv, (s * slots + r) * h * dv);
+                for (e, x) in expected[dst..dst + h * dv].iter_mut().zip(&full[src..]) {
+                    *e = *x as f64;
                 }
             }
-            let a_new = upload(&a_new, [bsz, slots, h, da]);
-            let out = GpuTensor::zeros(ctx, &[bsz, slots, h, dv]).unwrap();
-            let lse = GpuTensor::zeros(ctx, &[bsz, h, slots]).unwrap();
-            let lens = SeqLens::new(ctx, Some(&new), Some(&kv_lens)).unwrap();
-            let mut opts = AttentionOptions::new().causal(true).seq_lens(&lens);
-            if let Some((left, right)) = window {
-                opts = opts.window(left, right);
-            }
-            let mut encoder = ctx.device().create_command_encoder(&Default::default());
-            additive_decode_into(
-                ctx,
-                &mut encoder,
-                &a_new.heads().unwrap(),
-                &bt_.heads().unwrap(),
-                &vt.heads().unwrap(),
-                scores,
-                &out.heads().unwrap(),
-                &lse,
-                &opts,
-            )
-            .unwrap();
-            ctx.queue().submit([encoder.finish()]);
-            let got = out.to_vec(ctx).unwrap();
-            // Padded slots (sequence 1's second) are zero in the decode output: compare those too.
-            assert_close(
-                &format!("[{name}] additive decode window {window:?}"),
-                &got,
-                &expected,
-                FORWARD_ATOL,
-                FORWARD_RTOL,
-            );
         }
-    });
+        let a_new = upload(&a_new, [bsz, slots, h, da]);
+        let out = GpuTensor::zeros(ctx, &[bsz, slots, h, dv]).unwrap();
+        let lse = GpuTensor::zeros(ctx, &[bsz, h, slots]).unwrap();
+        let lens = SeqLens::new(ctx, Some(&new), Some(&kv_lens)).unwrap();
+        let mut opts = AttentionOptions::new().causal(true).seq_lens(&lens);
+        if let Some((left, right)) = window {
+            opts = opts.window(left, right);
+        }
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        additive_decode_into(
+            ctx,
+            &mut encoder,
+            &a_new.heads().unwrap(),
+            &bt_.heads().unwrap(),
+            &vt.heads().unwrap(),
+            scores,
+            &out.heads().unwrap(),
+            &lse,
+            &opts,
+        )
+        .unwrap();
+        ctx.queue().submit([encoder.finish()]);
+        let got = out.to_vec(ctx).unwrap();
+        // Padded slots (sequence 1's second) are zero in the decode output: compare those too.
+        assert_close(
+            &format!("[{name}] additive decode {kv_lens:?} Dv {dv} window {window:?}"),
+            &got,
+            &expected,
+            FORWARD_ATOL,
+            FORWARD_RTOL,
+        );
+    }
 }

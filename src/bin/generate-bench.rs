@@ -63,6 +63,10 @@ struct Cli {
     /// query per sequence, every batch size); 0 to skip
     #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
     attention_lengths: Vec<usize>,
+    /// Additive (Bahdanau) self-attention scores with this score dim Da instead of dot products (and
+    /// sinusoidal positions instead of rotary ones)
+    #[arg(long)]
+    additive: Option<usize>,
     /// Print one decoding step's GPU time per compute pass (timestamps)
     #[arg(long)]
     profile: bool,
@@ -92,8 +96,9 @@ fn model(ctx: &Context, cli: &Cli) -> Result<Transformer, Error> {
         attention_sinks: false,
         cosine_scores: None,
         key_norm_clip: None,
-        rope_base: Some(10000.0),
-        additive_attention: None,
+        // Additive scores take no rotary positions (the sinusoidal ones instead).
+        rope_base: cli.additive.is_none().then_some(10000.0),
+        additive_attention: cli.additive,
     };
     // The generator keeps its own buffers; the model's training shape only sizes unused activations.
     let shape = BatchShape {
@@ -287,12 +292,16 @@ fn run(cli: &Cli) -> Result<(), Error> {
     println!("adapter: {}", ctx.report());
     let model = model(&ctx, cli)?;
     println!(
-        "model: decoder-only, d_model {}, {} layers, {} heads, d_ff {}, vocab {}, RoPE; {} parameters",
+        "model: decoder-only, d_model {}, {} layers, {} heads, d_ff {}, vocab {}, {}; {} parameters",
         cli.d_model,
         cli.layers,
         cli.heads,
         cli.d_ff.unwrap_or(4 * cli.d_model),
         cli.vocab,
+        match cli.additive {
+            Some(da) => format!("additive scores (Da {da}), sinusoidal positions"),
+            None => "RoPE".to_string(),
+        },
         model.params.elements()
     );
     println!(

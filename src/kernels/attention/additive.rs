@@ -12,6 +12,7 @@ use super::*;
 
 pub(super) const COMMON: &str = include_str!("../../../shaders/additive_common.wgsl");
 pub(super) const FORWARD: &str = include_str!("../../../shaders/additive_forward.wgsl");
+pub(super) const DECODE: &str = include_str!("../../../shaders/additive_decode.wgsl");
 pub(super) const BACKWARD_DA: &str = include_str!("../../../shaders/additive_backward_da.wgsl");
 pub(super) const BACKWARD_DB: &str = include_str!("../../../shaders/additive_backward_db.wgsl");
 pub(super) const PARAM_GRADS: &str = include_str!("../../../shaders/additive_param_grads.wgsl");
@@ -34,6 +35,7 @@ const TILE: u32 = 32;
 #[derive(Clone, Copy)]
 enum FusedKernel {
     Forward,
+    Decode,
     BackwardQuerySide,
     BackwardKeySide,
 }
@@ -45,12 +47,20 @@ impl FusedKernel {
         let da4 = da.div_ceil(4);
         // Staging the other side's rows (a helper's 4-wide loop per vec4) and the value (or dO) rows.
         let staging = (tile * da4).div_ceil(wg) * 5 + (tile * dv).div_ceil(wg) + 1;
+        if let Self::Decode = self {
+            // Per tile of WG keys (one each): the score, the tile's max and sum, P V for the owned
+            // value dims.
+            let own = dv.div_ceil(wg);
+            let per_tile = 5 * da4 + 2 * wg + own * (wg + 1) + 1;
+            return (per_tile.div_ceil(wg) + 1, 16 * da4 + 4 * own + 32);
+        }
         let per_tile = match self {
             // Scores, the rescale, P, P V.
             Self::Forward => staging + tile / 4 * (1 + da4) + dv + tile / 4 + dv * (1 + tile / 4),
             // Scores, dO . v, the derivatives; the key side also stages lse, D and the ranges.
             Self::BackwardQuerySide => staging + tile / 4 * (1 + 2 * da4 + dv),
             Self::BackwardKeySide => staging + tile.div_ceil(wg) + tile / 4 * (1 + 2 * da4 + dv),
+            Self::Decode => unreachable!("handled above"),
         };
         (per_tile.div_ceil(tile) + 1, 16 * da4 + 4 * dv + 32)
     }
@@ -201,8 +211,9 @@ pub fn additive_forward_into(
 /// sequence) against caches `b [B, capacity, H, Da]` and `v [B, capacity, H, Dv]` holding `kv_lens`
 /// keys each, the new ones last. Masks align on each sequence's own lengths, as in
 /// [`super::attention_decode_into`]: query `i` of sequence `s` sits at position
-/// `kv_lens[s] - q_lens[s] + i`. The fused forward kernel with that alignment; results match
-/// [`additive_forward_into`] on the whole sequence.
+/// `kv_lens[s] - q_lens[s] + i`. Up to 16 rows per sequence, one workgroup per row, its
+/// invocations splitting the cached keys (`shaders/additive_decode.wgsl`); more (a prefill chunk),
+/// the forward kernel. Results match [`additive_forward_into`] on the whole sequence.
 #[allow(clippy::too_many_arguments)]
 pub fn additive_decode_into(
     ctx: &Context,
@@ -273,16 +284,38 @@ fn encode_forward(
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
     ];
-    let blocks = s.q_seq.div_ceil(WG as usize);
+    // Decoding a few rows per sequence (at most a quarter of a workgroup: a step's new tokens, not
+    // a prefill chunk): one workgroup per query row, its invocations splitting the keys, where the
+    // forward's 64-row workgroups would sit mostly idle; otherwise WG rows per workgroup.
+    let (kernel, name, source, blocks, align) = if aligned && s.q_seq * 4 <= WG as usize {
+        (FusedKernel::Decode, "additive_decode", DECODE, s.q_seq, WG)
+    } else {
+        let blocks = s.q_seq.div_ceil(WG as usize);
+        (
+            FusedKernel::Forward,
+            "additive_forward",
+            FORWARD,
+            blocks,
+            TILE,
+        )
+    };
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-    let (per_key, fixed) = FusedKernel::Forward.loop_cost(s.head_dim_qk, s.head_dim_v);
-    let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, TILE as usize);
-    let mut pass = ctx.begin_pass(encoder, "additive_forward");
+    let (per_key, fixed) = kernel.loop_cost(s.head_dim_qk, s.head_dim_v);
+    let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, align as usize);
+    let mut pass = ctx.begin_pass(encoder, name);
     encode_chunks(
         ctx,
         &mut pass,
-        "additive_forward",
-        || sized(FORWARD, &s),
+        name,
+        || {
+            sized(source, &s).replace(
+                "const MAX_OWN: u32 = 2u;",
+                &format!(
+                    "const MAX_OWN: u32 = {}u;",
+                    s.head_dim_v.div_ceil(WG as usize)
+                ),
+            )
+        },
         &constants(&s),
         &mut params,
         Shared::lens(seq_lens_buffer(ctx, opts)),

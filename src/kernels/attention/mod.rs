@@ -121,6 +121,10 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
             with_common(&additive::with_shared(additive::FORWARD)),
         ),
         (
+            "additive_decode",
+            with_common(&additive::with_shared(additive::DECODE)),
+        ),
+        (
             "additive_backward_da",
             with_common(&additive::with_shared(additive::BACKWARD_DA)),
         ),
