@@ -26,9 +26,25 @@ pub const MAX_ADDITIVE_DIM: usize = 128;
 /// two workspace ranges).
 pub const ADDITIVE_BACKWARD_STORAGE_BUFFERS: u32 = 12;
 
-/// Rows (queries or keys) per workgroup, one per invocation, and rows per staged tile.
+/// Rows (queries or keys) per workgroup, one per invocation.
 const WG: u32 = 64;
-const TILE: u32 = 32;
+
+/// Rows of the other side per staged tile: 32, or fewer where the kernels' workgroup memory (its
+/// largest user, the key-side backward: pair rows, value rows, `w`, four per-row scalars) would not
+/// fit the device's limit (Da = Dv = 128 needs 33 KiB at 32 rows; Metal on Apple GPUs offers 32 KiB).
+fn staged_tile(ctx: &Context, s: &AttentionShape) -> u32 {
+    let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
+    tile_for_limit(limit, s.head_dim_qk, s.head_dim_v)
+}
+
+fn tile_for_limit(limit: usize, da: usize, dv: usize) -> u32 {
+    let da4 = da.div_ceil(4);
+    let bytes = |tile: usize| 16 * (tile * da4 + tile / 4 * dv + da4) + 16 * tile;
+    [32, 16]
+        .into_iter()
+        .find(|&t| bytes(t) <= limit)
+        .unwrap_or(8) as u32
+}
 
 /// The fused kernels' loop iterations per invocation (llvmpipe caps their total: `loop_chunks`),
 /// counted from the shaders' loops, the 4-wide loops of the header's helpers included.
@@ -41,9 +57,10 @@ enum FusedKernel {
 }
 
 impl FusedKernel {
-    /// (iterations per row of the other side, fixed iterations) for score dim `da`, value dim `dv`.
-    fn loop_cost(self, da: usize, dv: usize) -> (usize, usize) {
-        let (wg, tile) = (WG as usize, TILE as usize);
+    /// (iterations per row of the other side, fixed iterations) for score dim `da`, value dim `dv`
+    /// and staged tiles of `tile` rows.
+    fn loop_cost(self, da: usize, dv: usize, tile: u32) -> (usize, usize) {
+        let (wg, tile) = (WG as usize, tile as usize);
         let da4 = da.div_ceil(4);
         // Staging the other side's rows (a helper's 4-wide loop per vec4) and the value (or dO) rows.
         let staging = (tile * da4).div_ceil(wg) * 5 + (tile * dv).div_ceil(wg) + 1;
@@ -166,10 +183,10 @@ fn sized(body: &str, s: &AttentionShape) -> String {
     with_common(&text)
 }
 
-fn constants(s: &AttentionShape) -> [(&'static str, u32); 4] {
+fn constants(s: &AttentionShape, tile: u32) -> [(&'static str, u32); 4] {
     [
         ("WG", WG),
-        ("TILE", TILE),
+        ("TILE", tile),
         ("DA", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ]
@@ -287,6 +304,7 @@ fn encode_forward(
     // Decoding a few rows per sequence (at most a quarter of a workgroup: a step's new tokens, not
     // a prefill chunk): one workgroup per query row, its invocations splitting the keys, where the
     // forward's 64-row workgroups would sit mostly idle; otherwise WG rows per workgroup.
+    let tile = staged_tile(ctx, &s);
     let (kernel, name, source, blocks, align) = if aligned && s.q_seq * 4 <= WG as usize {
         (FusedKernel::Decode, "additive_decode", DECODE, s.q_seq, WG)
     } else {
@@ -296,11 +314,11 @@ fn encode_forward(
             "additive_forward",
             FORWARD,
             blocks,
-            TILE,
+            tile,
         )
     };
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-    let (per_key, fixed) = kernel.loop_cost(s.head_dim_qk, s.head_dim_v);
+    let (per_key, fixed) = kernel.loop_cost(s.head_dim_qk, s.head_dim_v, tile);
     let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, align as usize);
     let mut pass = ctx.begin_pass(encoder, name);
     encode_chunks(
@@ -316,7 +334,7 @@ fn encode_forward(
                 ),
             )
         },
-        &constants(&s),
+        &constants(&s, tile),
         &mut params,
         Shared::lens(seq_lens_buffer(ctx, opts)),
         &bindings,
@@ -611,14 +629,15 @@ pub fn additive_backward_into(
         d_rows,
     ];
     let grid = set_grid(&mut params, lq.div_ceil(WG as usize), bb * h)?;
-    let (per_key, fixed) = FusedKernel::BackwardQuerySide.loop_cost(dda, ddv);
-    let chunks = loop_chunks(ctx, lk, per_key, fixed, TILE as usize);
+    let tile = staged_tile(ctx, &s);
+    let (per_key, fixed) = FusedKernel::BackwardQuerySide.loop_cost(dda, ddv, tile);
+    let chunks = loop_chunks(ctx, lk, per_key, fixed, tile as usize);
     encode_chunks(
         ctx,
         &mut pass,
         "additive_backward_da",
         || sized(BACKWARD_DA, &s),
-        &constants(&s),
+        &constants(&s, tile),
         &mut params,
         shared,
         &bindings,
@@ -641,14 +660,14 @@ pub fn additive_backward_into(
         bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
     ];
     let grid = set_grid(&mut params, lk.div_ceil(WG as usize), bb * h)?;
-    let (per_query, fixed) = FusedKernel::BackwardKeySide.loop_cost(dda, ddv);
-    let chunks = loop_chunks(ctx, lq, per_query, fixed, TILE as usize);
+    let (per_query, fixed) = FusedKernel::BackwardKeySide.loop_cost(dda, ddv, tile);
+    let chunks = loop_chunks(ctx, lq, per_query, fixed, tile as usize);
     encode_chunks(
         ctx,
         &mut pass,
         "additive_backward_db",
         || sized(BACKWARD_DB, &s),
-        &constants(&s),
+        &constants(&s, tile),
         &mut params,
         shared,
         &bindings,
@@ -826,4 +845,19 @@ pub fn additive_backward_unfused(
     }
     ctx.submit(encoder)?;
     Ok(grads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tile_for_limit;
+
+    #[test]
+    fn staged_tiles_fit_the_workgroup_memory_limit() {
+        // WebGPU's default 16 KiB, lavapipe's and Apple's 32 KiB, NVIDIA's 48 KiB.
+        assert_eq!(tile_for_limit(49152, 128, 128), 32);
+        assert_eq!(tile_for_limit(32768, 64, 64), 32);
+        assert_eq!(tile_for_limit(32768, 128, 128), 16);
+        assert_eq!(tile_for_limit(16384, 64, 64), 16);
+        assert_eq!(tile_for_limit(16384, 128, 128), 8);
+    }
 }
