@@ -88,9 +88,20 @@ impl Context {
         if let Some(p) = cache.get(&key) {
             return p.clone();
         }
+        let source = source();
+        if cfg!(debug_assertions) {
+            let limit = self.limits().max_compute_workgroup_storage_size as u64;
+            if let Some(bytes) = workgroup_bytes(&source, constants) {
+                assert!(
+                    bytes <= limit,
+                    "kernel {shader} {constants:?} uses {bytes} B of workgroup memory, over the \
+                     device's {limit} B: its host wrapper must size its tiles from the limit"
+                );
+            }
+        }
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader),
-            source: wgpu::ShaderSource::Wgsl(source().into()),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
         };
         let module = match relaxed {
             // SAFETY: `relaxed_runtime_checks` lists only kernels whose loops all end (bounds from
@@ -212,4 +223,40 @@ impl Context {
         cache.created += 1;
         bind_group
     }
+}
+
+/// Bytes of workgroup memory the entry point `main` of `source` uses once `constants` are applied
+/// (naga's layout of each workgroup variable it touches), or `None` if naga cannot tell; wgpu 30
+/// does not check this against the device limit, and lavapipe runs over-limit pipelines anyway.
+fn workgroup_bytes(source: &str, constants: &[(&'static str, u32)]) -> Option<u64> {
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    let module = naga::front::wgsl::parse_str(source).ok()?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+        .validate(&module)
+        .ok()?;
+    let constants: naga::back::PipelineConstants = constants
+        .iter()
+        .map(|&(name, value)| (name.to_string(), f64::from(value)))
+        .collect();
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((naga::ShaderStage::Compute, "main")),
+        &constants,
+    )
+    .ok()?;
+    let entry = module.entry_points.iter().position(|e| e.name == "main")?;
+    let uses = info.get_entry_point(entry);
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).ok()?;
+    Some(
+        module
+            .global_variables
+            .iter()
+            .filter(|(handle, var)| {
+                var.space == naga::AddressSpace::WorkGroup && !uses[*handle].is_empty()
+            })
+            .map(|(_, var)| u64::from(layouter[var.ty].size))
+            .sum(),
+    )
 }
