@@ -156,6 +156,33 @@ fn odd_sizes_and_head_dims() {
     });
 }
 
+/// On a device with WebGPU's default 16 KiB of workgroup storage the GPU family picks tiles that
+/// fit (head dims to 128); wider ones get a typed error naming the bytes needed and the limit.
+#[test]
+fn gpu_family_fits_the_default_workgroup_storage() {
+    for_each_backend_with_storage(16384, |backend, ctx| {
+        for case in [
+            Case::new(1, 19, 23, 2, 1, 40, 24).causal(),
+            Case::new(1, 19, 23, 2, 2, 64, 64),
+            Case::new(1, 9, 11, 1, 1, 128, 128).causal(),
+        ] {
+            check(backend, ctx, &case, Path::Fused);
+        }
+        let wide = Case::new(1, 4, 4, 1, 1, 256, 256);
+        let [q, k, v, d_out] = wide.upload(ctx);
+        let opts = AttentionOptions::new();
+        let e = match attention_forward(ctx, &q, &k, &v, &opts) {
+            Ok(fwd) => attention_backward(ctx, &q, &k, &v, &fwd, &d_out, &opts).unwrap_err(),
+            Err(e) => e,
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("workgroup storage") && text.contains("16384"),
+            "[{backend}] {text}"
+        );
+    });
+}
+
 #[test]
 fn query_and_key_loops_split_into_accumulated_chunks() {
     for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {

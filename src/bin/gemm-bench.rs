@@ -67,6 +67,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let mut ctx = Context::new_with(&ContextOptions {
         backends,
         adapter_name: cli.adapter.clone(),
+        max_workgroup_storage: None,
     })?;
     println!("adapter: {}", ctx.report());
     let timer = Timer::new(&ctx, false);

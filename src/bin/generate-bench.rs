@@ -288,6 +288,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let ctx = Context::new_with(&ContextOptions {
         backends,
         adapter_name: cli.adapter.clone(),
+        max_workgroup_storage: None,
     })?;
     println!("adapter: {}", ctx.report());
     let model = model(&ctx, cli)?;

@@ -122,6 +122,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let mut ctx = Context::new_with(&ContextOptions {
         backends,
         adapter_name: cli.adapter.clone(),
+        max_workgroup_storage: None,
     })?;
     if let Some(tiles) = &cli.gemm_tiles {
         ctx.set_gemm_tiles(Some(GemmTiles::parse(tiles)?));

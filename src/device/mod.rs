@@ -39,6 +39,9 @@ pub struct ContextOptions {
     pub backends: Option<wgpu::Backends>,
     /// Case-insensitive substring of the adapter name. `None`: `WGPU_ADAPTER_NAME`, or any adapter.
     pub adapter_name: Option<String>,
+    /// Request at most this much workgroup storage per workgroup (bytes), to run the kernels as on a
+    /// smaller device (WebGPU's default limit is 16384). `None`: what the adapter offers.
+    pub max_workgroup_storage: Option<u32>,
 }
 
 /// A GPU device with its queue, adapter report and pipeline cache. Cheap to share behind `Arc`.
@@ -145,7 +148,9 @@ impl Context {
         let offered = adapter.limits();
         // Start from the WebGPU defaults and raise what the kernels benefit from to what is offered.
         let mut limits = wgpu::Limits::defaults();
-        limits.max_compute_workgroup_storage_size = offered.max_compute_workgroup_storage_size;
+        limits.max_compute_workgroup_storage_size = offered
+            .max_compute_workgroup_storage_size
+            .min(options.max_workgroup_storage.unwrap_or(u32::MAX));
         limits.max_compute_invocations_per_workgroup =
             offered.max_compute_invocations_per_workgroup;
         limits.max_storage_buffer_binding_size = offered.max_storage_buffer_binding_size;

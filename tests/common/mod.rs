@@ -41,6 +41,7 @@ fn contexts_cell() -> &'static Vec<(String, Arc<Context>)> {
             let opts = ContextOptions {
                 backends: Some(backends),
                 adapter_name: None,
+                max_workgroup_storage: None,
             };
             match Context::new_with(&opts) {
                 Ok(ctx) => {
@@ -116,11 +117,28 @@ pub fn for_each_family_with(configure: impl Fn(&mut Context), mut f: impl FnMut(
 
 /// A new context on the adapter of `shared`.
 fn fresh_context(name: &str, shared: &Context) -> Context {
+    fresh_context_with_storage(name, shared, None)
+}
+
+fn fresh_context_with_storage(name: &str, shared: &Context, storage: Option<u32>) -> Context {
     let opts = ContextOptions {
         backends: Some(wgpu_attention::parse_backends(name).unwrap()),
         adapter_name: Some(shared.report().name.clone()),
+        max_workgroup_storage: storage,
     };
     Context::new_with(&opts).unwrap()
+}
+
+/// Like [`for_each_backend`], on a fresh context of each back end that requested at most `bytes` of
+/// workgroup storage (WebGPU's default is 16384), with the GPU kernel family.
+pub fn for_each_backend_with_storage(bytes: u32, mut f: impl FnMut(&str, &Context)) {
+    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
+        let mut ctx = fresh_context_with_storage(name, shared, Some(bytes));
+        ctx.set_kernel_family(Some(KernelFamily::Gpu));
+        assert!(ctx.limits().max_compute_workgroup_storage_size <= bytes);
+        f(name, &ctx);
+    }
 }
 
 /// The lock of the `index`-th back end under test (see [`for_each_backend`]).

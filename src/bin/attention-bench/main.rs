@@ -100,6 +100,7 @@ fn main() -> ExitCode {
     let ctx = match Context::new_with(&ContextOptions {
         backends,
         adapter_name: cli.adapter.clone(),
+        max_workgroup_storage: None,
     }) {
         Ok(ctx) => ctx,
         Err(e @ Error::NoAdapter { .. }) => {

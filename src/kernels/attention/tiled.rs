@@ -56,7 +56,7 @@ impl TiledForward {
         };
         let (wg, block_m, block_n) = first_fitting(
             ctx,
-            "head_dim (GPU-family forward, workgroup storage)",
+            "workgroup storage of the GPU-family forward",
             Tuning::Forward,
             widest,
             candidates,
@@ -417,16 +417,19 @@ fn first_fitting(
             )
         });
     }
-    candidates
-        .iter()
-        .copied()
-        .find(fits)
-        .ok_or(Error::Unsupported {
+    candidates.iter().copied().find(fits).ok_or_else(|| {
+        let least = candidates
+            .iter()
+            .map(|&(wg, a, b)| bytes(wg, a, b))
+            .min()
+            .unwrap_or(0);
+        Error::Unsupported {
             arg: what,
-            value: widest as u64,
-            limit: 64,
-            hint: " for this adapter's workgroup storage; use the CPU-driver kernels (Context::set_kernel_family)",
-        })
+            value: u64::from(least),
+            limit: u64::from(limits.max_compute_workgroup_storage_size),
+            hint: " (bytes of workgroup storage at this head dim); use the CPU-driver kernels (Context::set_kernel_family) or a device with more workgroup storage",
+        }
+    })
 }
 
 /// Vec4 row strides of staged Q/K and dO/V tiles: odd, for conflict-free column reads.
@@ -449,17 +452,19 @@ struct TiledDkDv {
 impl TiledDkDv {
     fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
+        // The last of each list fits WebGPU's default 16 KiB of workgroup storage (head dims up to
+        // 128).
         let candidates: &[(u32, u32, u32)] = if widest <= 64 {
-            &[(128, 32, 32), (64, 16, 32)]
+            &[(128, 32, 32), (64, 16, 32), (32, 8, 16)]
         } else if widest <= 128 {
-            &[(64, 16, 16), (32, 16, 8)]
+            &[(64, 16, 16), (32, 16, 8), (8, 4, 8)]
         } else {
             &[(16, 8, 8), (8, 4, 8)]
         };
         let (ks, vs) = strides(s);
         let (wg, block_n, block_m) = first_fitting(
             ctx,
-            "head_dim (GPU-family dK/dV, workgroup storage)",
+            "workgroup storage of the GPU-family dK/dV",
             Tuning::DkDv,
             widest,
             candidates,
@@ -515,17 +520,18 @@ struct TiledDq {
 impl TiledDq {
     fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
+        // As for dK/dV, the last of the first two lists fits 16 KiB.
         let candidates: &[(u32, u32, u32)] = if widest <= 64 {
-            &[(128, 32, 32), (128, 32, 16)]
+            &[(128, 32, 32), (128, 32, 16), (32, 16, 8)]
         } else if widest <= 128 {
-            &[(64, 16, 16), (32, 8, 16)]
+            &[(64, 16, 16), (32, 8, 16), (8, 8, 4)]
         } else {
             &[(16, 8, 8), (8, 8, 4)]
         };
         let (ks, vs) = strides(s);
         let (wg, block_m, block_n) = first_fitting(
             ctx,
-            "head_dim (GPU-family dQ, workgroup storage)",
+            "workgroup storage of the GPU-family dQ",
             Tuning::Dq,
             widest,
             candidates,
