@@ -156,8 +156,8 @@ fn odd_sizes_and_head_dims() {
     });
 }
 
-/// On a device with WebGPU's default 16 KiB of workgroup storage the GPU family picks tiles that
-/// fit (head dims to 128); wider ones get a typed error naming the bytes needed and the limit.
+/// On a device with WebGPU's default 16 KiB of workgroup storage the GPU-family backward picks tiles
+/// that fit (head dims to 128); wider ones get a typed error naming the bytes needed and the limit.
 #[test]
 fn gpu_family_fits_the_default_workgroup_storage() {
     for_each_backend_with_storage(16384, |backend, ctx| {

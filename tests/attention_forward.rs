@@ -413,6 +413,20 @@ fn trusted_and_checked_forwards_agree_bitwise() {
     }
 }
 
+/// On a device with WebGPU's default 16 KiB of workgroup storage the GPU-family forward picks tiles
+/// that fit, up to head dim 256.
+#[test]
+fn gpu_family_forward_fits_the_default_workgroup_storage() {
+    for_each_backend_with_storage(16384, |backend, ctx| {
+        check(
+            backend,
+            ctx,
+            &Case::new(1, 9, 13, 2, 1, 256, 200).causal(),
+            Path::Fused,
+        );
+    });
+}
+
 #[test]
 fn dispatch_beyond_65535_workgroups() {
     for_each_family(|backend, ctx| {

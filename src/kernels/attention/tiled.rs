@@ -52,7 +52,8 @@ impl TiledForward {
         } else if widest <= 128 {
             &[(128, 32, 32), (128, 32, 16), (64, 16, 16), (32, 16, 8)]
         } else {
-            &[(64, 16, 16), (32, 16, 8), (16, 16, 4)]
+            // The last fits WebGPU's default 16 KiB of workgroup storage at head dim 256.
+            &[(64, 16, 16), (32, 16, 8), (16, 16, 4), (8, 8, 4)]
         };
         let (wg, block_m, block_n) = first_fitting(
             ctx,
