@@ -64,22 +64,34 @@ impl FusedKernel {
         let da4 = da.div_ceil(4);
         // Staging the other side's rows (a helper's 4-wide loop per vec4) and the value (or dO) rows.
         let staging = (tile * da4).div_ceil(wg) * 5 + (tile * dv).div_ceil(wg) + 1;
-        if let Self::Decode = self {
-            // Per tile of WG keys (one each): the score, the tile's max and sum, P V for the owned
-            // value dims.
-            let own = dv.div_ceil(wg);
-            let per_tile = 5 * da4 + 2 * wg + own * (wg + 1) + 1;
-            return (per_tile.div_ceil(wg) + 1, 16 * da4 + 4 * own + 32);
-        }
-        let per_tile = match self {
+        let fixed = 16 * da4 + 4 * dv + 32;
+        // (iterations per step of the key or query loop, rows that step covers, fixed iterations)
+        let (per_step, rows, fixed) = match self {
             // Scores, the rescale, P, P V.
-            Self::Forward => staging + tile / 4 * (1 + da4) + dv + tile / 4 + dv * (1 + tile / 4),
+            Self::Forward => (
+                staging + tile / 4 * (1 + da4) + dv + tile / 4 + dv * (1 + tile / 4),
+                tile,
+                fixed,
+            ),
+            // One key per invocation and tile of WG: the score, the tile's max and sum, P V for
+            // the owned value dims.
+            Self::Decode => {
+                let own = dv.div_ceil(wg);
+                (
+                    5 * da4 + 2 * wg + own * (wg + 1) + 1,
+                    wg,
+                    16 * da4 + 4 * own + 32,
+                )
+            }
             // Scores, dO . v, the derivatives; the key side also stages lse, D and the ranges.
-            Self::BackwardQuerySide => staging + tile / 4 * (1 + 2 * da4 + dv),
-            Self::BackwardKeySide => staging + tile.div_ceil(wg) + tile / 4 * (1 + 2 * da4 + dv),
-            Self::Decode => unreachable!("handled above"),
+            Self::BackwardQuerySide => (staging + tile / 4 * (1 + 2 * da4 + dv), tile, fixed),
+            Self::BackwardKeySide => (
+                staging + tile.div_ceil(wg) + tile / 4 * (1 + 2 * da4 + dv),
+                tile,
+                fixed,
+            ),
         };
-        (per_tile.div_ceil(tile) + 1, 16 * da4 + 4 * dv + 32)
+        (per_step.div_ceil(rows) + 1, fixed)
     }
 }
 
