@@ -336,6 +336,28 @@ fn permutation_properties() {
     });
 }
 
+/// (case label, O, lse) of fused forwards, per backend (and family) and case.
+type Outputs = Vec<(String, Vec<f32>, Vec<f32>)>;
+
+/// Checks the fused forward of every case against the reference and records its outputs.
+fn record_fused(results: &mut Outputs, backend: &str, ctx: &Context, cases: &[Case]) {
+    for case in cases {
+        let (out, lse) = check(backend, ctx, case, Path::Fused);
+        results.push((format!("[{backend}] {}", case.label()), out, lse));
+    }
+}
+
+/// The two settings' runs of the same cases give the same bits.
+fn assert_same_bits(first: &Outputs, second: &Outputs) {
+    assert_eq!(first.len(), second.len());
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for (a, b) in first.iter().zip(second) {
+        assert_eq!(a.0, b.0);
+        assert_eq!(bits(&b.1), bits(&a.1), "{} out", b.0);
+        assert_eq!(bits(&b.2), bits(&a.2), "{} lse", b.0);
+    }
+}
+
 /// The GPU family's row-group maxima by subgroup shuffles (where the adapter has a fixed subgroup
 /// size: lavapipe's 8) and through workgroup memory give the same bits, both matching the reference.
 #[test]
@@ -348,11 +370,8 @@ fn subgroup_and_workgroup_row_maxima_agree_bitwise() {
             .causal()
             .kv_lens(&[90, 33]),
     ];
-    // Per run: (case, O, lse) of every backend and case.
-    type Outputs = Vec<(String, Vec<f32>, Vec<f32>)>;
-    let mut runs: Vec<Outputs> = Vec::new();
-    for subgroups in [false, true] {
-        let mut results = Vec::new();
+    let runs = [false, true].map(|subgroups| {
+        let mut results = Outputs::new();
         for_each_backend_with(
             |ctx| {
                 ctx.set_kernel_family(Some(KernelFamily::Gpu));
@@ -364,20 +383,12 @@ fn subgroup_and_workgroup_row_maxima_agree_bitwise() {
                 } else {
                     assert_eq!(ctx.subgroup_size(), None);
                 }
-                for case in &cases {
-                    let (out, lse) = check(backend, ctx, case, Path::Fused);
-                    results.push((format!("[{backend}] {}", case.label()), out, lse));
-                }
+                record_fused(&mut results, backend, ctx, &cases);
             },
         );
-        runs.push(results);
-    }
-    for (without, with) in runs[0].iter().zip(&runs[1]) {
-        assert_eq!(with.0, without.0);
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&with.1), bits(&without.1), "{} out", with.0);
-        assert_eq!(bits(&with.2), bits(&without.2), "{} lse", with.0);
-    }
+        results
+    });
+    assert_same_bits(&runs[0], &runs[1]);
 }
 
 /// The forwards compiled without wgpu's loop-bounding counters (`Context::trusted_shaders`, on by
@@ -390,27 +401,15 @@ fn trusted_and_checked_forwards_agree_bitwise() {
             .causal()
             .kv_lens(&[90, 33]),
     ];
-    // Per run: (case, O, lse) of every backend, family and case.
-    type Outputs = Vec<(String, Vec<f32>, Vec<f32>)>;
-    let mut runs: Vec<Outputs> = Vec::new();
-    for trusted in [false, true] {
-        let mut results = Vec::new();
+    let runs = [false, true].map(|trusted| {
+        let mut results = Outputs::new();
         for_each_family_with(
             |ctx| ctx.set_trusted_shaders(trusted),
-            |backend, ctx| {
-                for case in &cases {
-                    let (out, lse) = check(backend, ctx, case, Path::Fused);
-                    results.push((format!("[{backend}] {}", case.label()), out, lse));
-                }
-            },
+            |backend, ctx| record_fused(&mut results, backend, ctx, &cases),
         );
-        runs.push(results);
-    }
-    for (checked, trusted) in runs[0].iter().zip(&runs[1]) {
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&trusted.1), bits(&checked.1), "{} out", trusted.0);
-        assert_eq!(bits(&trusted.2), bits(&checked.2), "{} lse", trusted.0);
-    }
+        results
+    });
+    assert_same_bits(&runs[0], &runs[1]);
 }
 
 /// On a device with WebGPU's default 16 KiB of workgroup storage the GPU-family forward picks tiles
