@@ -257,15 +257,7 @@ pub fn additive_decode_into(
 ) -> Result<()> {
     let [batch, rows, _, _] = a.shape();
     let capacity = b_cache.shape()[1];
-    match opts.seq_lens {
-        Some(lens) => lens.check_decode(batch, rows, capacity)?,
-        None => {
-            return Err(Error::shape(
-                "seq_lens",
-                "additive decoding needs SeqLens with q_lens (new queries per sequence) and kv_lens (cached keys per sequence, the new ones included)",
-            ))
-        }
-    };
+    super::decode::check_decode_lens("additive decoding", [batch, rows, capacity], opts)?;
     encode_forward(
         ctx,
         encoder,

@@ -144,7 +144,7 @@ pub fn attention_decode_into(
         ("out", out),
     ])?;
     let scale = check_options(&s, opts)?;
-    let longest = check_decode_lens(&s, opts)?;
+    let longest = check_decode_lens("decode attention", [s.batch, s.q_seq, s.kv_seq], opts)?;
     if opts.bias.is_some() {
         return Err(Error::shape(
             "bias",
@@ -240,12 +240,18 @@ pub fn attention_decode_into(
 
 /// Checks that the options carry both per-sequence lengths, no query count above its key count;
 /// returns the longest key count.
-fn check_decode_lens(s: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<usize> {
+/// The most cached keys of any sequence, once `opts.seq_lens` is checked for decoding `batch`
+/// sequences of `new_slots` query slots against caches of `capacity` (`what` names the caller).
+pub(super) fn check_decode_lens(
+    what: &str,
+    [batch, new_slots, capacity]: [usize; 3],
+    opts: &AttentionOptions<'_>,
+) -> Result<usize> {
     match opts.seq_lens {
-        Some(lens) => lens.check_decode(s.batch, s.q_seq, s.kv_seq),
+        Some(lens) => lens.check_decode(batch, new_slots, capacity),
         None => Err(Error::shape(
             "seq_lens",
-            "decode attention needs SeqLens with q_lens (new queries per sequence) and kv_lens (cached keys per sequence, the new ones included)",
+            format!("{what} needs SeqLens with q_lens (new queries per sequence) and kv_lens (cached keys per sequence, the new ones included)"),
         )),
     }
 }
