@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::device::{Allocation, Context};
+use crate::device::{Allocation, Context, StorageBinding};
 use crate::error::{Error, Result};
 
 const F32: u64 = std::mem::size_of::<f32>() as u64;
@@ -63,10 +63,61 @@ fn check_fits(
     Ok(())
 }
 
-/// A contiguous f32 tensor on the GPU.
+/// Alignment in elements of a [`GpuTensor`]'s start inside its buffer: 256 bytes, the largest
+/// `min_storage_buffer_offset_alignment` WebGPU allows, so every tensor can be bound on its own on
+/// every adapter.
+pub const TENSOR_ALIGN: usize = 64;
+
+/// The bytes of a buffer that one tensor or view occupies: what a kernel binds, and what the
+/// aliasing checks compare (two tensors in one arena are distinct; in one buffer, overlapping, not).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Region<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl<'a> Region<'a> {
+    /// All of `buffer`.
+    pub fn whole(buffer: &'a wgpu::Buffer) -> Self {
+        Self {
+            buffer,
+            offset: 0,
+            size: buffer.size(),
+        }
+    }
+
+    /// Whether the two share a byte.
+    pub fn overlaps(&self, other: &Region<'_>) -> bool {
+        self.buffer == other.buffer
+            && self.offset < other.offset + other.size
+            && other.offset < self.offset + self.size
+    }
+
+    /// The region bound at `binding`.
+    pub fn bind(&self, binding: u32) -> StorageBinding<'a> {
+        StorageBinding {
+            binding,
+            buffer: self.buffer,
+            offset: self.offset,
+            size: wgpu::BufferSize::new(self.size),
+        }
+    }
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Region<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Region::whole(buffer)
+    }
+}
+
+/// A contiguous f32 tensor on the GPU: its own buffer, or a range of a shared one (a model's
+/// parameter arena, see [`crate::layers::Params`]) starting at a multiple of [`TENSOR_ALIGN`].
 #[derive(Clone, Debug)]
 pub struct GpuTensor {
     buffer: Arc<wgpu::Buffer>,
+    /// First element inside `buffer`.
+    offset: usize,
     shape: Vec<usize>,
     /// Memory accounting of buffers this crate allocated (None for user buffers).
     _allocation: Option<Arc<Allocation>>,
@@ -118,6 +169,7 @@ impl GpuTensor {
         let (buffer, allocation) = ctx.create_buffer(label, bytes, Self::USAGE)?;
         Ok(Self {
             buffer: Arc::new(buffer),
+            offset: 0,
             shape: shape.to_vec(),
             _allocation: Some(Arc::new(allocation)),
         })
@@ -126,6 +178,17 @@ impl GpuTensor {
     /// Wraps a buffer the application owns. It must have `STORAGE` usage (and `COPY_SRC` for
     /// [`GpuTensor::to_vec`]) and hold at least `product(shape)` f32 values.
     pub fn from_buffer(buffer: Arc<wgpu::Buffer>, shape: &[usize]) -> Result<Self> {
+        Self::from_buffer_at(buffer, 0, shape)
+    }
+
+    /// Wraps `product(shape)` f32 values of a buffer the application owns, from element `offset`
+    /// (a multiple of [`TENSOR_ALIGN`], so the tensor can be bound on its own): one tensor of an
+    /// arena the application manages.
+    pub fn from_buffer_at(
+        buffer: Arc<wgpu::Buffer>,
+        offset: usize,
+        shape: &[usize],
+    ) -> Result<Self> {
         let n = element_count("shape", shape)?;
         if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
             return Err(Error::shape(
@@ -133,21 +196,39 @@ impl GpuTensor {
                 format!("usage {:?} lacks STORAGE", buffer.usage()),
             ));
         }
-        if (n as u64) * F32 > buffer.size() {
+        if offset % TENSOR_ALIGN != 0 {
+            return Err(Error::shape(
+                "offset",
+                format!(
+                    "is element {offset}; a tensor must start at a multiple of {TENSOR_ALIGN} \
+                     elements (256 bytes, the storage binding alignment)"
+                ),
+            ));
+        }
+        let end = offset.checked_add(n.max(1));
+        if end.is_none_or(|end| end as u64 * F32 > buffer.size()) {
             return Err(Error::shape(
                 "buffer",
                 format!(
-                    "holds {} bytes but shape {shape:?} needs {}",
+                    "holds {} bytes but shape {shape:?} from element {offset} needs {}",
                     buffer.size(),
-                    n as u64 * F32
+                    (offset as u64 + n.max(1) as u64) * F32
                 ),
             ));
         }
         Ok(Self {
             buffer,
+            offset,
             shape: shape.to_vec(),
             _allocation: None,
         })
+    }
+
+    /// `shape` from element `offset` of `arena`'s buffer, accounted with it (crate arenas).
+    pub(crate) fn view_of(arena: &GpuTensor, offset: usize, shape: &[usize]) -> Result<Self> {
+        let mut t = Self::from_buffer_at(arena.buffer.clone(), arena.offset + offset, shape)?;
+        t._allocation = arena._allocation.clone();
+        Ok(t)
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -162,13 +243,34 @@ impl GpuTensor {
         self.len() == 0
     }
 
+    /// The buffer holding the tensor, from element [`GpuTensor::offset`] on.
     pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
         &self.buffer
+    }
+
+    /// First element of the tensor inside [`GpuTensor::buffer`] (0 unless it is a range of a
+    /// shared buffer).
+    pub fn offset(&self) -> usize {
+        self.offset
     }
 
     /// Size in bytes of the data (not of the backing buffer).
     pub fn size_bytes(&self) -> u64 {
         self.len() as u64 * F32
+    }
+
+    /// The bytes the tensor occupies (at least one element's: a binding is never empty).
+    pub(crate) fn region(&self) -> Region<'_> {
+        Region {
+            buffer: &self.buffer,
+            offset: self.offset as u64 * F32,
+            size: self.len().max(1) as u64 * F32,
+        }
+    }
+
+    /// Whether the two tensors share memory (a kernel may not write one while reading the other).
+    pub fn overlaps(&self, other: &GpuTensor) -> bool {
+        self.region().overlaps(&other.region())
     }
 
     /// Overwrites the tensor's contents with `data` (same length).
@@ -181,8 +283,11 @@ impl GpuTensor {
         }
         ctx.check_lost()?;
         if !data.is_empty() {
-            ctx.queue()
-                .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
+            ctx.queue().write_buffer(
+                &self.buffer,
+                self.offset as u64 * F32,
+                bytemuck::cast_slice(data),
+            );
         }
         Ok(())
     }
@@ -195,7 +300,7 @@ impl GpuTensor {
     /// Reads the tensor back. The future completes once the device has been polled (this function
     /// polls it itself, so awaiting it on any executor works).
     pub async fn to_vec_async(&self, ctx: &Context) -> Result<Vec<f32>> {
-        read_buffer(ctx, &self.buffer, 0, self.len()).await
+        read_buffer(ctx, &self.buffer, self.offset, self.len()).await
     }
 
     /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
@@ -212,14 +317,13 @@ impl GpuTensor {
             ));
         }
         Ok(GpuTensor {
-            buffer: self.buffer.clone(),
             shape: shape.to_vec(),
-            _allocation: self._allocation.clone(),
+            ..self.clone()
         })
     }
 
     pub fn heads(&self) -> Result<HeadsView> {
-        HeadsView::contiguous(&self.buffer, DType::F32, &self.shape)
+        HeadsView::contiguous(&self.buffer, DType::F32, self.offset, &self.shape)
     }
 
     /// Views a `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor, starting at
@@ -243,7 +347,7 @@ impl GpuTensor {
         Ok(HeadsView {
             buffer: self.buffer.clone(),
             dtype: DType::F32,
-            offset: column,
+            offset: self.offset + column,
             shape: [b, s, heads, head_dim],
             strides: [s * width, width, head_dim],
         })
@@ -331,6 +435,11 @@ impl GpuTensorF16 {
         self.len() as u64 * DType::F16.size()
     }
 
+    /// Its whole buffer (an f16 tensor always starts it; binding sizes are whole words).
+    pub(crate) fn region(&self) -> Region<'_> {
+        Region::whole(&self.buffer)
+    }
+
     /// Overwrites the tensor's contents with `data` (same length).
     pub fn write(&self, ctx: &Context, data: &[half::f16]) -> Result<()> {
         if data.len() != self.len() {
@@ -362,7 +471,7 @@ impl GpuTensorF16 {
 
     /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
     pub fn heads(&self) -> Result<HeadsView> {
-        HeadsView::contiguous(&self.buffer, DType::F16, &self.shape)
+        HeadsView::contiguous(&self.buffer, DType::F16, 0, &self.shape)
     }
 }
 
@@ -431,7 +540,12 @@ impl HeadsView {
     }
 
     /// The whole of a contiguous tensor of `shape` `[batch, seq, heads, head_dim]`.
-    fn contiguous(buffer: &Arc<wgpu::Buffer>, dtype: DType, shape: &[usize]) -> Result<Self> {
+    fn contiguous(
+        buffer: &Arc<wgpu::Buffer>,
+        dtype: DType,
+        offset: usize,
+        shape: &[usize],
+    ) -> Result<Self> {
         let [b, s, h, d] = *shape else {
             return Err(Error::shape(
                 "tensor",
@@ -441,7 +555,7 @@ impl HeadsView {
         Ok(HeadsView {
             buffer: buffer.clone(),
             dtype,
-            offset: 0,
+            offset,
             shape: [b, s, h, d],
             strides: [s * h * d, h * d, d],
         })
@@ -461,6 +575,16 @@ impl HeadsView {
 
     pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
         &self.buffer
+    }
+
+    /// The bytes from the view's first element to its last (at least one element's).
+    pub(crate) fn region(&self) -> Region<'_> {
+        let size = self.dtype.size();
+        Region {
+            buffer: &self.buffer,
+            offset: self.offset as u64 * size,
+            size: (self.end_element() - self.offset).max(1) as u64 * size,
+        }
     }
 
     /// One past the last element the view touches (0 for an empty view).
@@ -561,7 +685,12 @@ impl BiasView {
             }
         };
         let [_, h, lq, lk] = shape;
-        Self::new(t.buffer().clone(), 0, shape, [h * lq * lk, lq * lk, lk, 1])
+        Self::new(
+            t.buffer().clone(),
+            t.offset(),
+            shape,
+            [h * lq * lk, lq * lk, lk, 1],
+        )
     }
 
     pub fn shape(&self) -> [usize; 4] {
@@ -577,6 +706,15 @@ impl BiasView {
             }
         }
         strides
+    }
+
+    /// The bytes from the view's first element to its last (at least one element's).
+    pub(crate) fn region(&self) -> Region<'_> {
+        Region {
+            buffer: &self.buffer,
+            offset: self.offset as u64 * F32,
+            size: (self.end_element() - self.offset).max(1) as u64 * F32,
+        }
     }
 
     pub fn offset(&self) -> usize {

@@ -128,7 +128,7 @@ pub fn cross_entropy_forward_into(
         ("row_loss", &out.row_loss, vec![rows]),
         ("row_lse", &out.row_lse, vec![rows]),
     ] {
-        if t.shape() != shape || t.buffer() == logits.buffer() {
+        if t.shape() != shape || t.overlaps(logits) {
             return Err(Error::shape(
                 arg,
                 format!("must be a separate tensor of shape {shape:?}"),
@@ -191,7 +191,7 @@ pub fn cross_entropy_backward_into(
     d_logits: &GpuTensor,
 ) -> Result<()> {
     let p = check(ctx, logits, targets, ignore_index)?;
-    if d_logits.shape() != logits.shape() || d_logits.buffer() == logits.buffer() {
+    if d_logits.shape() != logits.shape() || d_logits.overlaps(logits) {
         return Err(Error::shape(
             "d_logits",
             format!("must be a separate tensor of shape {:?}", logits.shape()),

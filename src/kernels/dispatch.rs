@@ -2,28 +2,28 @@
 //! uniform parameter block at binding 0 and whole tensors from binding 1 on, in one compute pass.
 
 use crate::device::{grid_2d, Context, StorageBinding};
-use crate::tensor::{GpuTensor, GpuTokens};
+use crate::tensor::{GpuTensor, GpuTokens, Region};
 
-/// A whole GPU buffer a simple kernel binds.
+/// What a simple kernel binds: a tensor's range of its buffer, or a whole buffer.
 pub(crate) trait Bindable {
-    fn bound_buffer(&self) -> &wgpu::Buffer;
+    fn bound_region(&self) -> Region<'_>;
 }
 
 impl Bindable for GpuTensor {
-    fn bound_buffer(&self) -> &wgpu::Buffer {
-        self.buffer()
+    fn bound_region(&self) -> Region<'_> {
+        self.region()
     }
 }
 
 impl Bindable for wgpu::Buffer {
-    fn bound_buffer(&self) -> &wgpu::Buffer {
-        self
+    fn bound_region(&self) -> Region<'_> {
+        Region::whole(self)
     }
 }
 
 impl Bindable for GpuTokens {
-    fn bound_buffer(&self) -> &wgpu::Buffer {
-        self.buffer()
+    fn bound_region(&self) -> Region<'_> {
+        Region::whole(self.buffer())
     }
 }
 
@@ -102,12 +102,7 @@ pub(crate) fn encode_in(
     let storage: Vec<StorageBinding<'_>> = buffers
         .iter()
         .enumerate()
-        .map(|(i, t)| StorageBinding {
-            binding: i as u32 + 1,
-            buffer: t.bound_buffer(),
-            offset: 0,
-            size: None,
-        })
+        .map(|(i, t)| t.bound_region().bind(i as u32 + 1))
         .collect();
     let bind_group = ctx.bind_group(&pipeline, name, params, &storage);
     let (gx, gy) = grid_2d(invocations.max(1).div_ceil(WG as usize) as u32);

@@ -76,7 +76,7 @@ fn same_shape(arg: &'static str, t: &GpuTensor, like: &GpuTensor) -> Result<()> 
 }
 
 fn distinct(arg: &'static str, out: &GpuTensor, inputs: &[&GpuTensor]) -> Result<()> {
-    if inputs.iter().any(|t| t.buffer() == out.buffer()) {
+    if inputs.iter().any(|t| t.overlaps(out)) {
         return Err(Error::shape(
             arg,
             "shares a buffer with an input; write to a separate tensor",

@@ -136,7 +136,7 @@ pub fn embedding_forward_into(
 ) -> Result<()> {
     let (vocab, dim) = check_table(ctx, table)?;
     check_tokens(tokens, vocab, dim)?;
-    if out.shape() != shape_with_dim(tokens, dim) || out.buffer() == table.buffer() {
+    if out.shape() != shape_with_dim(tokens, dim) || out.overlaps(table) {
         return Err(Error::shape(
             "out",
             format!(
@@ -205,7 +205,7 @@ pub fn embedding_backward_into(
             ),
         ));
     }
-    if dy.buffer() == d_table.buffer() {
+    if dy.overlaps(d_table) {
         return Err(Error::shape("d_table", "shares a buffer with dy"));
     }
     // One invocation zeroes its column (vocab iterations) and adds tokens; split under a loop budget.
@@ -323,7 +323,7 @@ fn record_positional(
     lens: Option<&SeqLens>,
 ) -> Result<()> {
     let (batch, seq, dim, max_len) = positional_dims(ctx, x, table)?;
-    if y.shape() != x.shape() || [x.buffer(), table.buffer()].contains(&y.buffer()) {
+    if y.shape() != x.shape() || [x, table].iter().any(|t| t.overlaps(y)) {
         return Err(Error::shape(
             "y",
             format!("must be a separate tensor of shape {:?}", x.shape()),
@@ -373,7 +373,7 @@ pub fn positional_backward_into(
     d_table: &GpuTensor,
 ) -> Result<()> {
     let (batch, seq, dim, max_len) = positional_dims(ctx, dy, d_table)?;
-    if dy.buffer() == d_table.buffer() {
+    if dy.overlaps(d_table) {
         return Err(Error::shape("d_table", "shares a buffer with dy"));
     }
     let n = max_len * dim;

@@ -115,8 +115,8 @@ fn check_shape(arg: &'static str, t: &GpuTensor, expected: &[usize]) -> Result<(
 
 fn check_distinct(outputs: &[(&'static str, &GpuTensor)], inputs: &[&GpuTensor]) -> Result<()> {
     for (i, (arg, out)) in outputs.iter().enumerate() {
-        let clash = inputs.iter().any(|t| t.buffer() == out.buffer())
-            || outputs[..i].iter().any(|(_, o)| o.buffer() == out.buffer());
+        let clash = inputs.iter().any(|t| t.overlaps(out))
+            || outputs[..i].iter().any(|(_, o)| o.overlaps(out));
         if clash {
             return Err(Error::shape(
                 arg,

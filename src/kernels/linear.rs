@@ -12,7 +12,7 @@ use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{
     encode_gemm, ActivationStep, Elements, Epilogue as GemmEpilogue, Gemm, Operand,
 };
-use crate::tensor::{GpuTensor, GpuTensorF16};
+use crate::tensor::{GpuTensor, GpuTensorF16, Region};
 
 const COLUMN_SUM: &str = include_str!("../../shaders/column_sum.wgsl");
 
@@ -188,7 +188,7 @@ impl<'a> Epilogue<'a> {
             if bound
                 .iter()
                 .chain(self.residual.as_ref())
-                .any(|t| t.buffer() == pre.buffer())
+                .any(|t| t.overlaps(pre))
             {
                 return Err(Error::shape(
                     "pre",
@@ -196,10 +196,7 @@ impl<'a> Epilogue<'a> {
                 ));
             }
         }
-        if self
-            .residual
-            .is_some_and(|r| r.buffer() == bound[0].buffer())
-        {
+        if self.residual.is_some_and(|r| r.overlaps(bound[0])) {
             return Err(Error::shape(
                 "residual",
                 format!("shares a buffer with {out_arg}; write to a separate tensor"),
@@ -210,11 +207,11 @@ impl<'a> Epilogue<'a> {
 
     fn gemm(&self, bias: Option<&'a GpuTensor>, step: ActivationStep) -> GemmEpilogue<'a> {
         GemmEpilogue {
-            bias: bias.map(|b| b.buffer().as_ref()),
+            bias: bias.map(GpuTensor::region),
             activation: self
                 .activation
-                .map(|(kind, pre)| (kind, step, pre.buffer().as_ref())),
-            residual: self.residual.map(|r| r.buffer().as_ref()),
+                .map(|(kind, pre)| (kind, step, pre.region())),
+            residual: self.residual.map(GpuTensor::region),
         }
     }
 }
@@ -240,9 +237,7 @@ pub fn linear_forward_epilogue_into(
             ),
         ));
     }
-    if [x.buffer(), weight.buffer()].contains(&y.buffer())
-        || bias.is_some_and(|b| b.buffer() == y.buffer())
-    {
+    if [x, weight].into_iter().chain(bias).any(|t| t.overlaps(y)) {
         return Err(Error::shape("y", "shares a buffer with an input"));
     }
     let mut bound = vec![y, x, weight];
@@ -252,7 +247,7 @@ pub fn linear_forward_epilogue_into(
         ctx,
         encoder,
         (rows, in_f, out_f),
-        [x.buffer(), weight.buffer(), y.buffer()],
+        [x.region(), weight.region(), y.region()],
         epilogue.gemm(bias, ActivationStep::Forward),
         Elements::F32,
     )
@@ -304,19 +299,22 @@ pub fn linear_forward_f16_into(
             format!("has shape {:?}, expected {expected:?}", y.shape()),
         ));
     }
-    if [x.buffer(), weight.buffer()].contains(&y.buffer()) {
+    if [x.region(), weight.region()]
+        .iter()
+        .any(|t| t.overlaps(&y.region()))
+    {
         return Err(Error::shape("y", "shares a buffer with an input"));
     }
     check_binding(ctx, "y", y.size_bytes())?;
     let epilogue = GemmEpilogue {
-        bias: bias.map(|b| b.buffer().as_ref()),
+        bias: bias.map(GpuTensor::region),
         ..GemmEpilogue::NONE
     };
     encode_forward(
         ctx,
         encoder,
         (rows, in_f, out_f),
-        [x.buffer(), weight.buffer(), y.buffer()],
+        [x.region(), weight.region(), y.region()],
         epilogue,
         Elements::F16,
     )
@@ -328,7 +326,7 @@ fn encode_forward(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     (rows, in_f, out_f): (usize, usize, usize),
-    [x, weight, y]: [&wgpu::Buffer; 3],
+    [x, weight, y]: [Region<'_>; 3],
     epilogue: GemmEpilogue<'_>,
     elements: Elements,
 ) -> Result<()> {
@@ -433,18 +431,15 @@ pub fn linear_backward_epilogue_into(
             ));
         }
     }
-    let inputs = [x.buffer(), weight.buffer(), dy.buffer()];
+    let inputs = [x, weight, dy];
     let outputs = [
         Some(&grads.dx),
         Some(&grads.d_weight),
         grads.d_bias.as_ref(),
     ];
     for (i, out) in outputs.iter().flatten().enumerate() {
-        if inputs.contains(&out.buffer())
-            || outputs[..i]
-                .iter()
-                .flatten()
-                .any(|o| o.buffer() == out.buffer())
+        if inputs.iter().any(|t| t.overlaps(out))
+            || outputs.iter().flatten().take(i).any(|o| o.overlaps(out))
         {
             return Err(Error::shape(
                 "grads",
@@ -467,9 +462,9 @@ pub fn linear_backward_epilogue_into(
                 batch: 1,
                 heads: 1,
                 alpha: 1.0,
-                a: (dy.buffer(), row_major(out_f)),
-                b: (weight.buffer(), row_major(in_f)),
-                c: (grads.dx.buffer(), row_major(in_f)),
+                a: (dy.region(), row_major(out_f)),
+                b: (weight.region(), row_major(in_f)),
+                c: (grads.dx.region(), row_major(in_f)),
                 epilogue: dx_epilogue.gemm(None, ActivationStep::Grad),
                 elements: Elements::F32,
             },
@@ -486,9 +481,9 @@ pub fn linear_backward_epilogue_into(
                 batch: 1,
                 heads: 1,
                 alpha: 1.0,
-                a: (dy.buffer(), transposed(out_f)),
-                b: (x.buffer(), row_major(in_f)),
-                c: (grads.d_weight.buffer(), row_major(in_f)),
+                a: (dy.region(), transposed(out_f)),
+                b: (x.region(), row_major(in_f)),
+                c: (grads.d_weight.region(), row_major(in_f)),
                 epilogue: GemmEpilogue::NONE,
                 elements: Elements::F32,
             },

@@ -2,10 +2,10 @@
 //! baseline and the Linear layer (bias, activation and residual epilogues).
 //! `C[z] = alpha * sum_g A[z, g] · B[z, g]` with every operand addressed by strides.
 
-use crate::device::{grid_2d, Context, GemmTiles, StorageBinding};
+use crate::device::{grid_2d, Context, GemmTiles};
 use crate::error::{Error, Result};
 use crate::kernels::elementwise::Activation;
-use crate::tensor::DType;
+use crate::tensor::{DType, Region};
 
 /// The GEMM shader bodies, each after the activation functions its epilogues share with the
 /// elementwise kernels and the GEMMs' common header: 64 x 64 tiles (and SKINNY), and 128 x 64 tiles.
@@ -156,9 +156,9 @@ pub(crate) struct Gemm<'a> {
     pub batch: u32,
     pub heads: u32,
     pub alpha: f32,
-    pub a: (&'a wgpu::Buffer, Operand),
-    pub b: (&'a wgpu::Buffer, Operand),
-    pub c: (&'a wgpu::Buffer, Operand),
+    pub a: (Region<'a>, Operand),
+    pub b: (Region<'a>, Operand),
+    pub c: (Region<'a>, Operand),
     pub epilogue: Epilogue<'a>,
     pub elements: Elements,
 }
@@ -168,12 +168,12 @@ pub(crate) struct Gemm<'a> {
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Epilogue<'a> {
     /// `z += bias[col]` (`[n]`).
-    pub bias: Option<&'a wgpu::Buffer>,
+    pub bias: Option<Region<'a>>,
     /// [`ActivationStep::Forward`]: `pre = z; z = act(z)`. [`ActivationStep::Grad`]:
     /// `z *= act'(pre)`.
-    pub activation: Option<(Activation, ActivationStep, &'a wgpu::Buffer)>,
+    pub activation: Option<(Activation, ActivationStep, Region<'a>)>,
     /// `z += residual`.
-    pub residual: Option<&'a wgpu::Buffer>,
+    pub residual: Option<Region<'a>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -311,24 +311,18 @@ fn encode_one(
     };
     let name = kernel.names[g.elements.index()];
     let pipeline = ctx.pipeline(name, || typed_source(kernel.source, g.elements), constants);
-    let whole = |binding, buffer| StorageBinding {
-        binding,
-        buffer,
-        offset: 0,
-        size: None,
-    };
+    let (empty, empty_rw) = (ctx.empty_storage(), ctx.empty_storage_rw());
+    let epilogue = &g.epilogue;
     let storage = [
-        whole(1, g.a.0),
-        whole(2, g.b.0),
-        whole(3, g.c.0),
-        whole(4, g.epilogue.bias.unwrap_or(ctx.empty_storage())),
-        whole(5, g.epilogue.residual.unwrap_or(ctx.empty_storage())),
-        whole(
-            6,
-            g.epilogue
-                .activation
-                .map_or(ctx.empty_storage_rw(), |(_, _, pre)| pre),
-        ),
+        g.a.0.bind(1),
+        g.b.0.bind(2),
+        g.c.0.bind(3),
+        epilogue.bias.unwrap_or(empty.into()).bind(4),
+        epilogue.residual.unwrap_or(empty.into()).bind(5),
+        epilogue
+            .activation
+            .map_or(empty_rw.into(), |(_, _, pre)| pre)
+            .bind(6),
     ];
     let bind_group = ctx.bind_group(&pipeline, name, bytemuck::bytes_of(&params), &storage);
     pass.set_pipeline(&pipeline);

@@ -174,18 +174,8 @@ pub fn sample_into(
     let wg = vocab.next_power_of_two().clamp(32, MAX_WG) as u32;
     let pipeline = ctx.pipeline("sampling", || SAMPLING.to_string(), &[("WG", wg)]);
     let storage = [
-        crate::device::StorageBinding {
-            binding: 1,
-            buffer: logits.bound_buffer(),
-            offset: 0,
-            size: None,
-        },
-        crate::device::StorageBinding {
-            binding: 2,
-            buffer: ids,
-            offset: 0,
-            size: None,
-        },
+        logits.bound_region().bind(1),
+        crate::tensor::Region::whole(ids).bind(2),
     ];
     let bind_group = ctx.bind_group(&pipeline, "sampling", bytemuck::bytes_of(&params), &storage);
     let mut pass = ctx.begin_pass(encoder, "sampling");

@@ -1,10 +1,12 @@
 //! A model's parameters and their gradients: one GPU tensor each, named, allocated once. Layers hold
 //! [`ParamId`]s into a [`Params`] store, so the optimizer and checkpoints see every tensor in one
-//! ordered list and the CPU model can look them up by name.
+//! ordered list and the CPU model can look them up by name. [`Params::pack`] moves the values into
+//! one arena buffer and the gradients into another, so the optimizer updates all of them in one
+//! dispatch.
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::tensor::GpuTensor;
+use crate::tensor::{GpuTensor, TENSOR_ALIGN};
 
 /// Index of a parameter in its [`Params`] store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +30,8 @@ pub struct Params {
     rng: u64,
     /// A store made by [`Params::shared`]: `add` finds existing parameters instead of adding.
     shared: bool,
+    /// Values and gradients are in arenas ([`Params::pack`]).
+    packed: bool,
 }
 
 impl Params {
@@ -41,6 +45,7 @@ impl Params {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407),
             shared: false,
+            packed: false,
         }
     }
 
@@ -55,6 +60,7 @@ impl Params {
             grads: self.grads.clone(),
             rng: self.rng,
             shared: true,
+            packed: self.packed,
         }
     }
 
@@ -98,6 +104,7 @@ impl Params {
         self.values.push(GpuTensor::from_slice(ctx, &data, shape)?);
         self.grads.push(GpuTensor::zeros(ctx, shape)?);
         self.names.push(name);
+        self.packed = false;
         Ok(ParamId(self.names.len() - 1))
     }
 
@@ -141,6 +148,66 @@ impl Params {
     /// Total number of parameter elements.
     pub fn elements(&self) -> usize {
         self.values.iter().map(GpuTensor::len).sum()
+    }
+
+    /// Moves the values into one arena buffer and the gradients into another, each tensor at a
+    /// multiple of [`TENSOR_ALIGN`] elements (bindable on its own; the padding stays zero), so
+    /// [`crate::kernels::optimizer::AdamW`] finds them contiguous and updates every parameter in one
+    /// dispatch. Contents are copied on the GPU and the per-tensor buffers freed. Arenas are split
+    /// where one would exceed the adapter's binding size; a tensor too large for that keeps its own
+    /// buffer. Layers keep their [`ParamId`]s; call it once all parameters are added (a second call
+    /// changes nothing; one after more were added packs them all again).
+    pub fn pack(&mut self, ctx: &Context) -> Result<()> {
+        if self.packed {
+            return Ok(());
+        }
+        let limit = ctx
+            .limits()
+            .max_storage_buffer_binding_size
+            .min(ctx.limits().max_buffer_size);
+        let slot = |t: &GpuTensor| t.len().max(1).next_multiple_of(TENSOR_ALIGN);
+        // Arenas as runs of consecutive tensors `(first, end, elements)`.
+        let mut arenas: Vec<(usize, usize, usize)> = Vec::new();
+        for (i, t) in self.values.iter().enumerate() {
+            let bytes = |elements: usize| elements as u64 * 4;
+            match arenas.last_mut() {
+                Some((_, end, elements)) if *end == i && bytes(*elements + slot(t)) <= limit => {
+                    *end += 1;
+                    *elements += slot(t);
+                }
+                _ if bytes(slot(t)) <= limit => arenas.push((i, i + 1, slot(t))),
+                _ => {}
+            }
+        }
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        for &(first, end, elements) in &arenas {
+            for tensors in [&mut self.values, &mut self.grads] {
+                let arena = GpuTensor::zeros(ctx, &[elements])?;
+                let mut offset = 0;
+                for t in &mut tensors[first..end] {
+                    let moved = GpuTensor::view_of(&arena, offset, t.shape())?;
+                    if !t.is_empty() {
+                        encoder.copy_buffer_to_buffer(
+                            t.buffer(),
+                            t.offset() as u64 * 4,
+                            moved.buffer(),
+                            moved.offset() as u64 * 4,
+                            t.size_bytes(),
+                        );
+                    }
+                    offset += slot(t);
+                    *t = moved;
+                }
+            }
+        }
+        ctx.submit(encoder)?;
+        self.packed = true;
+        Ok(())
+    }
+
+    /// Whether [`Params::pack`] has arranged every tensor added so far.
+    pub fn is_packed(&self) -> bool {
+        self.packed
     }
 
     /// Index of `name`.

@@ -320,6 +320,8 @@ impl Transformer {
             memory_len,
         )?;
         let output = Linear::new(ctx, &mut params, "out", c.d_model, c.vocab)?;
+        // One arena for the values and one for the gradients: AdamW updates all in one dispatch.
+        params.pack(ctx)?;
         let rows = shape.batch * shape.tgt_len;
         let src_lens = vec![shape.src_len as u32; shape.batch];
         let tgt_lens = vec![shape.tgt_len as u32; shape.batch];

@@ -148,8 +148,8 @@ pub fn attention_backward_into(
     let s = AttentionShape::of(q, k, v)?;
     check_options(&s, opts)?;
     check_distinct(
-        &[("dq", dq.buffer()), ("dk", dk.buffer())],
-        &[q.buffer().as_ref(), k.buffer()],
+        &[("dq", dq.region()), ("dk", dk.region())],
+        &[q.region(), k.region()],
     )?;
     let (q_used, k_used) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
     encode_backward_core(
@@ -214,25 +214,25 @@ pub(super) fn encode_backward_core(
         });
     }
     let inputs = [
-        q.buffer().as_ref(),
-        k.buffer(),
-        v.buffer(),
-        out.buffer(),
-        lse.buffer(),
-        d_out.buffer(),
+        q.region(),
+        k.region(),
+        v.region(),
+        out.region(),
+        lse.region(),
+        d_out.region(),
     ];
     check_distinct(
         &[
-            ("dq", dq.buffer()),
-            ("dk", dk.buffer()),
-            ("dv", dv.buffer()),
-            ("workspace", workspace.buffer()),
+            ("dq", dq.region()),
+            ("dk", dk.region()),
+            ("dv", dv.region()),
+            ("workspace", workspace.region()),
         ],
         &inputs,
     )?;
-    if workspace.buffer() == dq.buffer()
-        || workspace.buffer() == dk.buffer()
-        || workspace.buffer() == dv.buffer()
+    if [dq.region(), dk.region(), dv.region()]
+        .iter()
+        .any(|g| g.overlaps(&workspace.region()))
     {
         return Err(Error::shape(
             "workspace",

@@ -172,7 +172,7 @@ pub(super) fn check(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Resu
         check_tensor("relative table", table, &[shape.heads, buckets.buckets])?;
         if let Some(grad) = opts.relative_grad {
             check_tensor("relative table grad", grad, &[shape.heads, buckets.buckets])?;
-            if grad.buffer() == table.buffer() {
+            if grad.overlaps(table) {
                 return Err(Error::shape(
                     "relative table grad",
                     "shares a buffer with the table; write the gradient to a separate tensor",
@@ -357,14 +357,14 @@ pub fn attention_bias_backward_into(
     let [bb, hb, lq, lk] = bias.view.shape();
     check_tensor("d_bias", d_bias, &[bb, hb, lq, lk])?;
     check_distinct(
-        &[("d_bias", d_bias.buffer())],
+        &[("d_bias", d_bias.region())],
         &[
-            q.buffer().as_ref(),
-            k.buffer(),
-            v.buffer(),
-            d_out.buffer(),
-            workspace.buffer(),
-            bias.view.buffer(),
+            q.region(),
+            k.region(),
+            v.region(),
+            d_out.region(),
+            workspace.region(),
+            bias.view.region(),
         ],
     )?;
     let slices = bb * hb;

@@ -142,7 +142,7 @@ pub(super) fn bind_tensor<'a>(
     check_binding(ctx, arg, size_bytes)?;
     Ok(Binding {
         buffer: t.buffer(),
-        offset_bytes: 0,
+        offset_bytes: t.region().offset,
         size_bytes,
     })
 }

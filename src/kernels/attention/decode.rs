@@ -155,7 +155,7 @@ pub fn attention_decode_into(
         &s,
         out,
         lse,
-        &[q.buffer(), k_cache.buffer(), v_cache.buffer()],
+        &[q.region(), k_cache.region(), v_cache.region()],
     )?;
     let plan = DecodePlan::new(ctx, &s, longest)?;
     let (own, _) = own_and_phases(plan.rows, &s);

@@ -45,12 +45,12 @@ pub(super) fn check_forward_outputs(
     s: &AttentionShape,
     out: &HeadsView,
     lse: &GpuTensor,
-    inputs: &[&wgpu::Buffer],
+    inputs: &[Region<'_>],
 ) -> Result<()> {
     check_view_typed("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
-    check_distinct(&[("out", out.buffer()), ("lse", lse.buffer())], inputs)?;
-    if out.buffer() == lse.buffer() {
+    check_distinct(&[("out", out.region()), ("lse", lse.region())], inputs)?;
+    if out.region().overlaps(&lse.region()) {
         return Err(Error::shape("lse", "shares a buffer with out"));
     }
     Ok(())
@@ -113,11 +113,11 @@ pub fn attention_forward_into(
     let scale = check_options(&s, opts)?;
     let views = [("q", q), ("k", k), ("v", v), ("out", out)];
     let dtype = common_dtype(ctx, &views, opts)?;
-    check_forward_outputs(&s, out, lse, &[q.buffer(), k.buffer(), v.buffer()])?;
+    check_forward_outputs(&s, out, lse, &[q.region(), k.region(), v.region()])?;
     if let Some(sinks) = opts.sinks {
         check_distinct(
-            &[("out", out.buffer()), ("lse", lse.buffer())],
-            &[sinks.buffer()],
+            &[("out", out.region()), ("lse", lse.region())],
+            &[sinks.region()],
         )?;
     }
     // Cosine scores and key clipping: the kernels read transformed copies of Q and K.

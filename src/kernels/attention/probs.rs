@@ -54,8 +54,8 @@ pub fn attention_probabilities_into(
     check_rows(&rows, s.q_seq)?;
     check_tensor("out", out, &[s.batch, s.heads, rows.len(), s.kv_seq])?;
     check_distinct(
-        &[("out", out.buffer())],
-        &[q.buffer().as_ref(), k.buffer(), lse.buffer()],
+        &[("out", out.region())],
+        &[q.region(), k.region(), lse.region()],
     )?;
     let elements = out.len();
     if elements > u32::MAX as usize {

@@ -9,6 +9,7 @@
 //! CPU reference: [`crate::reference::attention`] (`Masks::normalize_qk`, `Masks::key_clip`).
 
 use super::*;
+use crate::kernels::dispatch::Bindable;
 use crate::kernels::linear::encode_column_sum;
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_qk_norm.wgsl");
@@ -107,7 +108,7 @@ fn record(
         &[
             x.buffer().as_ref(),
             out,
-            scale.map_or(ctx.empty_storage(), |s| s.buffer().as_ref()),
+            scale.map_or(ctx.empty_storage() as &dyn Bindable, |s| s as &dyn Bindable),
             row_shares.unwrap_or(&unused),
         ],
         rows,

@@ -189,7 +189,7 @@ pub(super) fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>)
         }
         check_tensor("cosine scale", learned.scale, &[shape.heads])?;
         check_tensor("cosine scale grad", learned.grad, &[shape.heads])?;
-        if learned.grad.buffer() == learned.scale.buffer() {
+        if learned.grad.overlaps(learned.scale) {
             return Err(Error::shape(
                 "cosine scale grad",
                 "shares a buffer with the scale; write the gradient to a separate tensor",
@@ -327,11 +327,11 @@ pub(super) fn common_dtype(
 /// Outputs may not share a buffer with any input of the same dispatch (a buffer cannot be read-only
 /// and writable in one dispatch).
 pub(super) fn check_distinct(
-    outputs: &[(&'static str, &wgpu::Buffer)],
-    inputs: &[&wgpu::Buffer],
+    outputs: &[(&'static str, Region<'_>)],
+    inputs: &[Region<'_>],
 ) -> Result<()> {
     for (arg, out) in outputs {
-        if inputs.contains(out) {
+        if inputs.iter().any(|input| input.overlaps(out)) {
             return Err(Error::shape(
                 arg,
                 "shares a buffer with an input of the same call; write outputs to a separate buffer",

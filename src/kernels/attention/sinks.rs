@@ -67,8 +67,8 @@ pub fn attention_sinks_backward_into(
     check_tensor("d_sinks", d_sinks, &[s.heads])?;
     check_tensor("workspace", workspace, &[s.batch, s.heads, s.q_seq, 2])?;
     check_distinct(
-        &[("d_sinks", d_sinks.buffer())],
-        &[sinks.buffer().as_ref(), workspace.buffer()],
+        &[("d_sinks", d_sinks.region())],
+        &[sinks.region(), workspace.region()],
     )?;
     let rows = (s.batch * s.q_seq).div_ceil(BACKWARD_WG as usize);
     if let Some(budget) = ctx.loop_budget() {
