@@ -1,11 +1,15 @@
-// AdamW step (SPEC.md), one invocation per parameter element, with the gradient scaled by the clip
-// factor norm[1] of the grad-norm kernels:
+// AdamW step (SPEC.md), one invocation per parameter element of a group of tensors
+// (optimizer_common.wgsl), with the gradient scaled by the clip factor norm[1] of the grad-norm
+// kernels:
 //   g = grad * scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p = p (1 - lr wd) - lr (m / c1) / (sqrt(v / c2) + eps),   c1 = 1 - b1^t, c2 = 1 - b2^t.
 // Nothing changes once health[0] != 0: a step had a non-finite loss or gradient norm
 // (grad_norm_finalize.wgsl).
 
 struct Params {
+    first: u32,
+    count: u32,
+    // Elements of the group's tensors.
     len: u32,
     grid_x: u32,
     lr: f32,
@@ -16,19 +20,17 @@ struct Params {
     correction1: f32,
     correction2: f32,
     pad0: u32,
-    pad1: u32,
-    pad2: u32,
 }
 
 override WG: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read_write> param: array<f32>;
-@group(0) @binding(2) var<storage, read> grad: array<f32>;
-@group(0) @binding(3) var<storage, read_write> m: array<f32>;
-@group(0) @binding(4) var<storage, read_write> v: array<f32>;
-@group(0) @binding(5) var<storage, read> norm: array<f32>;
-@group(0) @binding(6) var<storage, read> health: array<u32>;
+@group(0) @binding(2) var<storage, read_write> param: array<f32>;
+@group(0) @binding(3) var<storage, read> grad: array<f32>;
+@group(0) @binding(4) var<storage, read_write> m: array<f32>;
+@group(0) @binding(5) var<storage, read_write> v: array<f32>;
+@group(0) @binding(6) var<storage, read> norm: array<f32>;
+@group(0) @binding(7) var<storage, read> health: array<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -36,11 +38,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if i >= params.len || health[0] != 0u {
         return;
     }
-    let g = grad[i] * norm[1];
-    let m_new = params.beta1 * m[i] + (1.0 - params.beta1) * g;
-    let v_new = params.beta2 * v[i] + (1.0 - params.beta2) * g * g;
-    m[i] = m_new;
-    v[i] = v_new;
+    let segment = find_segment(params.first, params.count, i, false);
+    let j = i - segment.start;
+    let p = segment.param + j;
+    let mi = segment.moment + j;
+    let g = grad[segment.grad + j] * norm[1];
+    let m_new = params.beta1 * m[mi] + (1.0 - params.beta1) * g;
+    let v_new = params.beta2 * v[mi] + (1.0 - params.beta2) * g * g;
+    m[mi] = m_new;
+    v[mi] = v_new;
     let update = (m_new / params.correction1) / (sqrt(v_new / params.correction2) + params.eps);
-    param[i] = param[i] * (1.0 - params.lr * params.weight_decay) - params.lr * update;
+    param[p] = param[p] * (1.0 - params.lr * params.weight_decay) - params.lr * update;
 }

@@ -112,7 +112,7 @@ impl<'a> From<&'a wgpu::Buffer> for Region<'a> {
 }
 
 /// A contiguous f32 tensor on the GPU: its own buffer, or a range of a shared one (a model's
-/// parameter arena, see [`crate::layers::Params`]) starting at a multiple of [`TENSOR_ALIGN`].
+/// parameter arena, see [`crate::layers::params::Params`]) starting at a multiple of [`TENSOR_ALIGN`].
 #[derive(Clone, Debug)]
 pub struct GpuTensor {
     buffer: Arc<wgpu::Buffer>,
@@ -352,6 +352,40 @@ impl GpuTensor {
             strides: [s * width, width, head_dim],
         })
     }
+}
+
+/// Zero tensors of `shapes`, packed in order into as few buffers as the adapter can bind whole: each
+/// at a multiple of [`TENSOR_ALIGN`] (the padding stays zero), a new arena begun where the next
+/// tensor would pass `max_storage_buffer_binding_size` (or `max_buffer_size`), and a tensor larger
+/// than that alone in a buffer of its own. A model's parameters, gradients and optimizer moments.
+pub(crate) fn zeros_in_arenas(ctx: &Context, shapes: &[&[usize]]) -> Result<Vec<GpuTensor>> {
+    let limits = ctx.limits();
+    let limit = limits
+        .max_storage_buffer_binding_size
+        .min(limits.max_buffer_size);
+    let mut slots = Vec::with_capacity(shapes.len());
+    for shape in shapes {
+        let len = element_count("shape", shape)?;
+        slots.push(len.max(1).next_multiple_of(TENSOR_ALIGN));
+    }
+    let mut tensors = Vec::with_capacity(shapes.len());
+    let mut first = 0;
+    while first < shapes.len() {
+        // The run of tensors from `first` that fits (at least one).
+        let (mut end, mut elements) = (first + 1, slots[first]);
+        while end < shapes.len() && (elements + slots[end]) as u64 * F32 <= limit {
+            elements += slots[end];
+            end += 1;
+        }
+        let arena = GpuTensor::zeros(ctx, &[elements])?;
+        let mut offset = 0;
+        for (shape, slot) in shapes[first..end].iter().zip(&slots[first..end]) {
+            tensors.push(GpuTensor::view_of(&arena, offset, shape)?);
+            offset += slot;
+        }
+        first = end;
+    }
+    Ok(tensors)
 }
 
 /// A contiguous f16 tensor on the GPU: inputs and outputs of the fused attention in half

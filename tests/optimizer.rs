@@ -1,11 +1,16 @@
 //! AdamW (bias correction, decoupled weight decay, global-norm clipping) on the GPU vs the f64
 //! reference over several steps: parameters, both moments and the gradient norm; typed errors.
+//! Parameters packed in one arena are updated by one dispatch per kernel, bitwise like tensors in
+//! buffers of their own.
 
 mod common;
 
 use common::*;
+use wgpu_attention::device::BindingCache;
 use wgpu_attention::kernels::optimizer::{AdamW, AdamWConfig};
+use wgpu_attention::layers::params::{Init, Params};
 use wgpu_attention::reference::optimizer as reference;
+use wgpu_attention::tensor::TENSOR_ALIGN;
 use wgpu_attention::{Error, GpuTensor};
 
 #[test]
@@ -174,5 +179,197 @@ fn a_non_finite_gradient_norm_skips_this_and_every_later_update() {
         );
         opt.set_steps(ctx, 1).unwrap();
         opt.check_finite(ctx).unwrap();
+    });
+}
+
+/// Bits of every tensor, for bitwise comparisons.
+fn bits(ctx: &wgpu_attention::Context, tensors: &[GpuTensor]) -> Vec<Vec<u32>> {
+    tensors
+        .iter()
+        .map(|t| t.to_vec(ctx).unwrap().iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+#[test]
+fn packed_parameters_take_one_dispatch_per_kernel_and_match_separate_tensors_bitwise() {
+    for_each_backend(|backend, ctx| {
+        // An empty tensor, one of a single element and ones spanning several partial sums
+        // (256 elements each), at aligned offsets with padding between them.
+        let shapes = [
+            vec![5],
+            vec![0],
+            vec![7, 3],
+            vec![2, 300],
+            vec![64],
+            vec![1],
+        ];
+        let n = shapes.len();
+        let store = |ctx| {
+            let mut params = Params::new(7);
+            for (i, s) in shapes.iter().enumerate() {
+                params
+                    .add(ctx, format!("p{i}"), s, Init::Uniform(1.0))
+                    .unwrap();
+            }
+            params.pack(ctx).unwrap();
+            params
+        };
+        let packed = store(ctx);
+        assert!(packed.is_packed());
+        let arena = packed.values()[0].buffer();
+        assert!(packed.values().iter().all(|t| t.buffer() == arena));
+        assert!(packed
+            .values()
+            .iter()
+            .all(|t| t.offset() % TENSOR_ALIGN == 0));
+        let start = bits(ctx, packed.values());
+        // The same values in buffers of their own, and a mix: tensor 3 on its own between two
+        // runs of the arena (three groups).
+        let separate: Vec<GpuTensor> = packed
+            .values()
+            .iter()
+            .map(|t| GpuTensor::from_slice(ctx, &t.to_vec(ctx).unwrap(), t.shape()).unwrap())
+            .collect();
+        let mixed = store(ctx);
+        assert_eq!(bits(ctx, mixed.values()), start, "same seed, same values");
+        let lone = separate[3].clone();
+        let lone = GpuTensor::from_slice(ctx, &lone.to_vec(ctx).unwrap(), lone.shape()).unwrap();
+        let lone_grad = GpuTensor::zeros(ctx, lone.shape()).unwrap();
+        let mixed_values: Vec<&GpuTensor> = (0..n)
+            .map(|i| if i == 3 { &lone } else { &mixed.values()[i] })
+            .collect();
+        let mixed_grads: Vec<&GpuTensor> = (0..n)
+            .map(|i| {
+                if i == 3 {
+                    &lone_grad
+                } else {
+                    &mixed.grads()[i]
+                }
+            })
+            .collect();
+        let separate_grads: Vec<GpuTensor> = shapes
+            .iter()
+            .map(|s| GpuTensor::zeros(ctx, s).unwrap())
+            .collect();
+
+        let config = AdamWConfig {
+            lr: 0.01,
+            weight_decay: 0.1,
+            max_grad_norm: Some(0.5),
+            ..Default::default()
+        };
+        fn refs(ts: &[GpuTensor]) -> Vec<&GpuTensor> {
+            ts.iter().collect()
+        }
+        let runs: [(&str, Vec<&GpuTensor>, Vec<&GpuTensor>, u64); 3] = [
+            ("packed", refs(packed.values()), refs(packed.grads()), 3),
+            (
+                "separate",
+                refs(&separate),
+                refs(&separate_grads),
+                2 * n as u64 + 1,
+            ),
+            ("mixed", mixed_values, mixed_grads, 2 * 3 + 1),
+        ];
+        let mut optimizers: Vec<AdamW> = runs
+            .iter()
+            .map(|(_, params, _, _)| AdamW::new(ctx, config, params).unwrap())
+            .collect();
+        let mut rng = rng(11);
+        for step in 1..=3 {
+            let grads: Vec<Vec<f32>> = shapes
+                .iter()
+                .map(|s| random(&mut rng, s.iter().product(), 1.0))
+                .collect();
+            let mut results = Vec::new();
+            for ((name, params, grad_tensors, dispatches), opt) in runs.iter().zip(&mut optimizers)
+            {
+                for (g, data) in grad_tensors.iter().zip(&grads) {
+                    g.write(ctx, data).unwrap();
+                }
+                let mut cache = BindingCache::default();
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                ctx.with_binding_cache(&mut cache, || {
+                    opt.step_into(ctx, &mut encoder, params, grad_tensors)
+                })
+                .unwrap();
+                ctx.queue().submit([encoder.finish()]);
+                let (created, reused) = cache.counts();
+                assert_eq!(
+                    created + reused,
+                    *dispatches,
+                    "[{backend}] {name}: dispatches of a step"
+                );
+                let values: Vec<GpuTensor> = params.iter().map(|&t| t.clone()).collect();
+                let (m, v) = opt.moments();
+                results.push((
+                    *name,
+                    [
+                        bits(ctx, &values),
+                        bits(ctx, m),
+                        bits(ctx, v),
+                        bits(ctx, std::slice::from_ref(opt.grad_norm())),
+                    ],
+                ));
+            }
+            assert_ne!(
+                results[0].1[0], start,
+                "[{backend}] the step changed nothing"
+            );
+            for (name, result) in &results[1..] {
+                assert!(
+                    *result == results[0].1,
+                    "[{backend}] step {step}: {name} differs from packed"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn tensors_inside_a_shared_buffer_are_checked_and_aliasing_refused() {
+    for_each_backend(|_, ctx| {
+        let (buffer, _) = {
+            let t = GpuTensor::zeros(ctx, &[4 * TENSOR_ALIGN]).unwrap();
+            (t.buffer().clone(), t)
+        };
+        let at = |offset, shape: &[usize]| GpuTensor::from_buffer_at(buffer.clone(), offset, shape);
+        assert!(matches!(
+            at(1, &[4]),
+            Err(Error::Shape { arg: "offset", .. })
+        ));
+        assert!(matches!(
+            at(3 * TENSOR_ALIGN, &[TENSOR_ALIGN + 1]),
+            Err(Error::Shape { arg: "buffer", .. })
+        ));
+        let a = at(0, &[TENSOR_ALIGN]).unwrap();
+        let b = at(TENSOR_ALIGN, &[2, TENSOR_ALIGN]).unwrap();
+        let c = at(2 * TENSOR_ALIGN, &[TENSOR_ALIGN]).unwrap();
+        assert!(!a.overlaps(&b) && b.overlaps(&c) && !a.overlaps(&c));
+        // Writes and reads stay inside each tensor.
+        let data: Vec<f32> = (0..2 * TENSOR_ALIGN).map(|i| i as f32).collect();
+        b.write(ctx, &data).unwrap();
+        assert_eq!(a.to_vec(ctx).unwrap(), vec![0.0; TENSOR_ALIGN]);
+        assert_eq!(c.to_vec(ctx).unwrap(), data[TENSOR_ALIGN..]);
+        assert_eq!(
+            b.reshape(&[2 * TENSOR_ALIGN]).unwrap().to_vec(ctx).unwrap(),
+            data
+        );
+        // The optimizer refuses overlapping parameters and gradients in the parameters' buffer.
+        let mut opt = AdamW::new(ctx, AdamWConfig::default(), &[&b, &c]).unwrap();
+        let grads = [
+            GpuTensor::zeros(ctx, b.shape()).unwrap(),
+            GpuTensor::zeros(ctx, c.shape()).unwrap(),
+        ];
+        assert!(matches!(
+            opt.step(ctx, &[&b, &c], &[&grads[0], &grads[1]]),
+            Err(Error::Shape { arg: "params", .. })
+        ));
+        let mut opt = AdamW::new(ctx, AdamWConfig::default(), &[&a]).unwrap();
+        assert!(matches!(
+            opt.step(ctx, &[&a], &[&c]),
+            Err(Error::Shape { arg: "grads", .. })
+        ));
+        assert_eq!(opt.steps(), 0);
     });
 }

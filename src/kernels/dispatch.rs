@@ -21,6 +21,12 @@ impl Bindable for wgpu::Buffer {
     }
 }
 
+impl Bindable for Region<'_> {
+    fn bound_region(&self) -> Region<'_> {
+        *self
+    }
+}
+
 impl Bindable for GpuTokens {
     fn bound_region(&self) -> Region<'_> {
         Region::whole(self.buffer())

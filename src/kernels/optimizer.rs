@@ -3,6 +3,11 @@
 //! on the GPU in a fixed order; `shaders/adamw.wgsl` updates each parameter with its moments.
 //! CPU reference: [`crate::reference::optimizer`].
 //!
+//! Both the partial sums and the update run over a parameter table (`shaders/optimizer_common.wgsl`):
+//! one dispatch covers every consecutive tensor whose parameters share a buffer and whose gradients
+//! share another, so a model packed by [`crate::layers::params::Params::pack`] is updated by one dispatch
+//! per kernel, and tensors in buffers of their own by one each.
+//!
 //! Non-finite guard: the first step whose gradient norm (or the loss, with
 //! [`AdamW::step_into_guarded`]) is Inf or NaN is latched on the GPU, and from it on every update
 //! is skipped, so the parameters stay those of the last good step without a readback per step;
@@ -11,11 +16,17 @@
 use crate::device::{Allocation, Context};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{encode, encode_in, grid_x};
-use crate::tensor::GpuTensor;
+use crate::tensor::{zeros_in_arenas, GpuTensor, Region};
 
-const NORM_PARTIAL: &str = include_str!("../../shaders/grad_norm_partial.wgsl");
+const NORM_PARTIAL: &str = concat!(
+    include_str!("../../shaders/optimizer_common.wgsl"),
+    include_str!("../../shaders/grad_norm_partial.wgsl")
+);
 const NORM_FINALIZE: &str = include_str!("../../shaders/grad_norm_finalize.wgsl");
-const ADAMW: &str = include_str!("../../shaders/adamw.wgsl");
+const ADAMW: &str = concat!(
+    include_str!("../../shaders/optimizer_common.wgsl"),
+    include_str!("../../shaders/adamw.wgsl")
+);
 /// Elements each invocation of the partial-norm kernel sums (`CHUNK` in the shader).
 const CHUNK: usize = 256;
 
@@ -56,10 +67,12 @@ impl Default for AdamWConfig {
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct PartialParams {
-    len: u32,
-    partial_offset: u32,
+    first: u32,
+    count: u32,
+    partials: u32,
+    partial_base: u32,
     grid_x: u32,
-    pad: u32,
+    pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -76,6 +89,8 @@ struct FinalizeParams {
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct AdamParams {
+    first: u32,
+    count: u32,
     len: u32,
     grid_x: u32,
     lr: f32,
@@ -85,7 +100,153 @@ struct AdamParams {
     weight_decay: f32,
     correction1: f32,
     correction2: f32,
-    pad: [u32; 3],
+    pad: u32,
+}
+
+/// One tensor's row of the parameter table (`Segment` in `shaders/optimizer_common.wgsl`): element
+/// offsets from the start of its group's bindings.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+struct Segment {
+    start: u32,
+    partial_start: u32,
+    param: u32,
+    grad: u32,
+    moment: u32,
+    len: u32,
+    pad: [u32; 2],
+}
+
+/// Consecutive tensors `first..end` updated by one dispatch of each kernel, and the ranges of the
+/// parameter, gradient and moment buffers it binds (every tensor of the group inside them).
+struct Group<'a> {
+    first: usize,
+    end: usize,
+    elements: usize,
+    partials: usize,
+    partial_base: usize,
+    param: Region<'a>,
+    grad: Region<'a>,
+    m: Region<'a>,
+    v: Region<'a>,
+}
+
+/// `region` grown to cover `t`'s bytes (both in one buffer).
+fn cover<'a>(region: Region<'a>, t: Region<'_>) -> Region<'a> {
+    let start = region.offset.min(t.offset);
+    let end = (region.offset + region.size).max(t.offset + t.size);
+    Region {
+        buffer: region.buffer,
+        offset: start,
+        size: end - start,
+    }
+}
+
+/// Parameter tables written so far, by contents: a layout is uploaded once, into a buffer no later
+/// step changes (a step recorded before an earlier one is submitted keeps its own table).
+const CACHED_TABLES: usize = 4;
+
+/// Splits the tensors into runs that one dispatch can update: a new group begins where the
+/// parameter, gradient or moment buffer changes, or where a binding would pass the adapter's
+/// binding size.
+fn groups<'a>(
+    ctx: &Context,
+    params: &[&'a GpuTensor],
+    grads: &[&'a GpuTensor],
+    [m, v]: [&'a [GpuTensor]; 2],
+) -> Vec<Group<'a>> {
+    let limit = ctx.limits().max_storage_buffer_binding_size;
+    let mut groups: Vec<Group<'a>> = Vec::new();
+    let mut partial_base = 0;
+    for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+        let parts = [p.region(), g.region(), m[i].region(), v[i].region()];
+        let partials = g.len().div_ceil(CHUNK);
+        let joins = groups.last().is_some_and(|group| {
+            let bound = [group.param, group.grad, group.m, group.v];
+            bound
+                .iter()
+                .zip(&parts)
+                .all(|(b, t)| b.buffer == t.buffer && cover(*b, *t).size <= limit)
+        });
+        match groups.last_mut() {
+            Some(group) if joins => {
+                group.end = i + 1;
+                group.elements += p.len();
+                group.partials += partials;
+                group.param = cover(group.param, parts[0]);
+                group.grad = cover(group.grad, parts[1]);
+                group.m = cover(group.m, parts[2]);
+                group.v = cover(group.v, parts[3]);
+            }
+            _ => groups.push(Group {
+                first: i,
+                end: i + 1,
+                elements: p.len(),
+                partials,
+                partial_base,
+                param: parts[0],
+                grad: parts[1],
+                m: parts[2],
+                v: parts[3],
+            }),
+        }
+        partial_base += partials;
+    }
+    groups
+}
+
+/// The parameter table of `groups`, uploaded the first time this layout is seen.
+fn table(
+    ctx: &Context,
+    tables: &mut Vec<(Vec<Segment>, wgpu::Buffer, Allocation)>,
+    groups: &[Group<'_>],
+    params: &[&GpuTensor],
+    grads: &[&GpuTensor],
+    m: &[GpuTensor],
+) -> Result<wgpu::Buffer> {
+    let element = |region: Region<'_>, t: &GpuTensor| {
+        (t.region().offset - region.offset) / std::mem::size_of::<f32>() as u64
+    };
+    let mut segments = Vec::with_capacity(params.len());
+    for group in groups {
+        let mut start = 0;
+        let mut partial_start = group.partial_base;
+        for i in group.first..group.end {
+            let len = params[i].len();
+            let offsets = [
+                element(group.param, params[i]),
+                element(group.grad, grads[i]),
+                element(group.m, &m[i]),
+            ];
+            let [param, grad, moment] = offsets.map(|o| o as u32);
+            segments.push(Segment {
+                start: start as u32,
+                partial_start: partial_start as u32,
+                param,
+                grad,
+                moment,
+                len: len as u32,
+                pad: [0; 2],
+            });
+            start += len;
+            partial_start += len.div_ceil(CHUNK);
+        }
+    }
+    if let Some((_, buffer, _)) = tables.iter().find(|(s, _, _)| *s == segments) {
+        return Ok(buffer.clone());
+    }
+    let bytes: &[u8] = bytemuck::cast_slice(&segments);
+    let (buffer, allocation) = ctx.create_buffer(
+        "optimizer table",
+        bytes.len() as u64,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+    )?;
+    ctx.queue().write_buffer(&buffer, 0, bytes);
+    if tables.len() == CACHED_TABLES {
+        tables.remove(0);
+    }
+    tables.push((segments, buffer.clone(), allocation));
+    Ok(buffer)
 }
 
 /// AdamW state for a fixed list of parameter tensors: first and second moments (allocated once), the
@@ -96,6 +257,7 @@ pub struct AdamW {
     step: u32,
     m: Vec<GpuTensor>,
     v: Vec<GpuTensor>,
+    tables: Vec<(Vec<Segment>, wgpu::Buffer, Allocation)>,
     partials: GpuTensor,
     norm: GpuTensor,
     /// `[first non-finite step or 0, what]` (u32; see `grad_norm_finalize.wgsl`).
@@ -145,6 +307,7 @@ impl AdamW {
                 });
             }
         }
+        let shapes: Vec<&[usize]> = params.iter().map(|p| p.shape()).collect();
         let (health, _health_allocation) = ctx.create_buffer(
             "optimizer health",
             8,
@@ -158,14 +321,9 @@ impl AdamW {
             config,
             shapes: params.iter().map(|p| p.shape().to_vec()).collect(),
             step: 0,
-            m: params
-                .iter()
-                .map(|p| GpuTensor::zeros(ctx, p.shape()))
-                .collect::<Result<_>>()?,
-            v: params
-                .iter()
-                .map(|p| GpuTensor::zeros(ctx, p.shape()))
-                .collect::<Result<_>>()?,
+            m: zeros_in_arenas(ctx, &shapes)?,
+            v: zeros_in_arenas(ctx, &shapes)?,
+            tables: Vec::new(),
             partials: GpuTensor::zeros(ctx, &[partials.max(1)])?,
             norm: GpuTensor::zeros(ctx, &[2])?,
         })
@@ -288,26 +446,36 @@ impl AdamW {
                     ),
                 ));
             }
+            // The update binds the parameters writable and the gradients read-only: one buffer
+            // cannot be both in a dispatch, even at disjoint ranges.
             if p.buffer() == g.buffer() {
                 return Err(Error::shape(
                     "grads",
-                    format!("tensor {i} shares the parameter's buffer"),
+                    format!("tensor {i} shares the parameter's buffer; keep gradients in another"),
+                ));
+            }
+            if let Some(k) = params[..i].iter().position(|q| q.overlaps(p)) {
+                return Err(Error::shape(
+                    "params",
+                    format!("tensors {k} and {i} overlap; each would be updated twice"),
                 ));
             }
         }
+        let groups = groups(ctx, params, grads, [&self.m, &self.v]);
+        let table = table(ctx, &mut self.tables, &groups, params, grads, &self.m)?;
         self.step += 1;
         let c = &self.config;
-        // One pass for the partial sums of every tensor and one for every update: the dispatches
-        // of a pass touch disjoint buffers, so none waits for another.
-        let mut offset = 0usize;
+        // One pass for the partial sums and one for the updates: the dispatches of a pass touch
+        // disjoint ranges, so none waits for another.
         let mut pass = ctx.begin_pass(encoder, "grad_norm_partial");
-        for g in grads {
-            let partials = g.len().div_ceil(CHUNK);
+        for group in &groups {
             let p = PartialParams {
-                len: g.len() as u32,
-                partial_offset: offset as u32,
-                grid_x: grid_x(partials),
-                pad: 0,
+                first: group.first as u32,
+                count: (group.end - group.first) as u32,
+                partials: group.partials as u32,
+                partial_base: group.partial_base as u32,
+                grid_x: grid_x(group.partials),
+                pad: [0; 3],
             };
             encode_in(
                 ctx,
@@ -316,14 +484,14 @@ impl AdamW {
                 NORM_PARTIAL,
                 &[("CHUNK", CHUNK as u32)],
                 bytemuck::bytes_of(&p),
-                &[*g, &self.partials],
-                partials,
+                &[&table, &group.grad, &self.partials],
+                group.partials,
             );
-            offset += partials;
         }
         drop(pass);
+        let partials: usize = groups.iter().map(|g| g.partials).sum();
         let f = FinalizeParams {
-            partials: offset as u32,
+            partials: partials as u32,
             clip: c.max_grad_norm.is_some() as u32,
             max_norm: c.max_grad_norm.unwrap_or(0.0),
             step: self.step,
@@ -347,10 +515,12 @@ impl AdamW {
         );
         let t = self.step as f64;
         let mut pass = ctx.begin_pass(encoder, "adamw");
-        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+        for group in &groups {
             let a = AdamParams {
-                len: p.len() as u32,
-                grid_x: grid_x(p.len()),
+                first: group.first as u32,
+                count: (group.end - group.first) as u32,
+                len: group.elements as u32,
+                grid_x: grid_x(group.elements),
                 lr: c.lr,
                 beta1: c.beta1,
                 beta2: c.beta2,
@@ -358,7 +528,7 @@ impl AdamW {
                 weight_decay: c.weight_decay,
                 correction1: (1.0 - (c.beta1 as f64).powf(t)) as f32,
                 correction2: (1.0 - (c.beta2 as f64).powf(t)) as f32,
-                pad: [0; 3],
+                pad: 0,
             };
             encode_in(
                 ctx,
@@ -367,8 +537,16 @@ impl AdamW {
                 ADAMW,
                 &[],
                 bytemuck::bytes_of(&a),
-                &[*p, *g, &self.m[i], &self.v[i], &self.norm, &self.health],
-                p.len(),
+                &[
+                    &table,
+                    &group.param,
+                    &group.grad,
+                    &group.m,
+                    &group.v,
+                    &self.norm,
+                    &self.health,
+                ],
+                group.elements,
             );
         }
         Ok(())

@@ -6,7 +6,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::tensor::{GpuTensor, TENSOR_ALIGN};
+use crate::tensor::{zeros_in_arenas, GpuTensor};
 
 /// Index of a parameter in its [`Params`] store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,56 +151,38 @@ impl Params {
     }
 
     /// Moves the values into one arena buffer and the gradients into another, each tensor at a
-    /// multiple of [`TENSOR_ALIGN`] elements (bindable on its own; the padding stays zero), so
+    /// multiple of [`crate::tensor::TENSOR_ALIGN`] elements (bindable on its own), so
     /// [`crate::kernels::optimizer::AdamW`] finds them contiguous and updates every parameter in one
-    /// dispatch. Contents are copied on the GPU and the per-tensor buffers freed. Arenas are split
-    /// where one would exceed the adapter's binding size; a tensor too large for that keeps its own
-    /// buffer. Layers keep their [`ParamId`]s; call it once all parameters are added (a second call
-    /// changes nothing; one after more were added packs them all again).
+    /// dispatch. Contents are copied on the GPU and the per-tensor buffers freed. A new arena
+    /// begins where one would exceed what the adapter can bind. Layers keep their [`ParamId`]s;
+    /// call it once all parameters are added (a second call changes nothing; one after more were
+    /// added packs them all again).
     pub fn pack(&mut self, ctx: &Context) -> Result<()> {
         if self.packed {
             return Ok(());
         }
-        let limit = ctx
-            .limits()
-            .max_storage_buffer_binding_size
-            .min(ctx.limits().max_buffer_size);
-        let slot = |t: &GpuTensor| t.len().max(1).next_multiple_of(TENSOR_ALIGN);
-        // Arenas as runs of consecutive tensors `(first, end, elements)`.
-        let mut arenas: Vec<(usize, usize, usize)> = Vec::new();
-        for (i, t) in self.values.iter().enumerate() {
-            let bytes = |elements: usize| elements as u64 * 4;
-            match arenas.last_mut() {
-                Some((_, end, elements)) if *end == i && bytes(*elements + slot(t)) <= limit => {
-                    *end += 1;
-                    *elements += slot(t);
-                }
-                _ if bytes(slot(t)) <= limit => arenas.push((i, i + 1, slot(t))),
-                _ => {}
-            }
-        }
+        let shapes: Vec<&[usize]> = self.values.iter().map(GpuTensor::shape).collect();
+        let values = zeros_in_arenas(ctx, &shapes)?;
+        let grads = zeros_in_arenas(ctx, &shapes)?;
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        for &(first, end, elements) in &arenas {
-            for tensors in [&mut self.values, &mut self.grads] {
-                let arena = GpuTensor::zeros(ctx, &[elements])?;
-                let mut offset = 0;
-                for t in &mut tensors[first..end] {
-                    let moved = GpuTensor::view_of(&arena, offset, t.shape())?;
-                    if !t.is_empty() {
-                        encoder.copy_buffer_to_buffer(
-                            t.buffer(),
-                            t.offset() as u64 * 4,
-                            moved.buffer(),
-                            moved.offset() as u64 * 4,
-                            t.size_bytes(),
-                        );
-                    }
-                    offset += slot(t);
-                    *t = moved;
-                }
+        for (old, new) in self
+            .values
+            .iter()
+            .chain(&self.grads)
+            .zip(values.iter().chain(&grads))
+        {
+            if !old.is_empty() {
+                encoder.copy_buffer_to_buffer(
+                    old.buffer(),
+                    old.offset() as u64 * 4,
+                    new.buffer(),
+                    new.offset() as u64 * 4,
+                    old.size_bytes(),
+                );
             }
         }
         ctx.submit(encoder)?;
+        (self.values, self.grads) = (values, grads);
         self.packed = true;
         Ok(())
     }
