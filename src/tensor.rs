@@ -292,6 +292,30 @@ impl GpuTensor {
         Ok(())
     }
 
+    /// Records a copy of `src` (same element count) over this tensor's elements.
+    pub fn copy_from_into(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        src: &GpuTensor,
+    ) -> Result<()> {
+        if src.len() != self.len() {
+            return Err(Error::shape(
+                "src",
+                format!("has {} elements, tensor holds {}", src.len(), self.len()),
+            ));
+        }
+        if !self.is_empty() {
+            encoder.copy_buffer_to_buffer(
+                &src.buffer,
+                src.offset as u64 * F32,
+                &self.buffer,
+                self.offset as u64 * F32,
+                self.size_bytes(),
+            );
+        }
+        Ok(())
+    }
+
     /// Reads the tensor back, blocking until the GPU has finished.
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
         pollster::block_on(self.to_vec_async(ctx))

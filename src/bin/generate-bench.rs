@@ -190,11 +190,11 @@ fn rerun(
         tgt_len: total,
     };
     let mut model = Transformer::new(ctx, *base.config(), shape, 1)?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
     for (dst, src) in model.params.values().iter().zip(base.params.values()) {
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(src.buffer(), 0, dst.buffer(), 0, src.size_bytes());
-        ctx.queue().submit([encoder.finish()]);
+        dst.copy_from_into(&mut encoder, src)?;
     }
+    ctx.queue().submit([encoder.finish()]);
     let mut sequences = prompts(cli, batch);
     let vocab = cli.vocab;
     let start = Instant::now();

@@ -192,20 +192,30 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let tokens = if cli.decoder_only { n } else { 2 * n } as f64;
 
     let (forward_flops, train_flops) = step_flops(&config, &shape);
-    // What one call records (after a first call has built the pipelines and bind groups).
-    let count = |f: &mut dyn FnMut() -> Result<(), Error>| -> Result<(u64, u64), Error> {
-        f()?;
-        let before = ctx.recorded_counts();
-        f()?;
-        let after = ctx.recorded_counts();
+    // What one call records (after a first call has built the pipelines and bind groups): passes,
+    // submissions and dispatches (each dispatch takes one bind group from the trainer's cache).
+    let mut count = |train: bool| -> Result<(u64, u64, u64), Error> {
+        let call = |trainer: &mut Trainer| match train {
+            true => trainer.step(&ctx, &batch),
+            false => trainer.forward(&ctx, &batch),
+        };
+        call(&mut trainer)?;
+        let dispatches = |trainer: &Trainer| {
+            let (created, reused) = trainer.binding_counts();
+            created + reused
+        };
+        let before = (ctx.recorded_counts(), dispatches(&trainer));
+        call(&mut trainer)?;
+        let after = (ctx.recorded_counts(), dispatches(&trainer));
         ctx.synchronize()?;
         Ok((
-            after.passes - before.passes,
-            after.submissions - before.submissions,
+            after.0.passes - before.0.passes,
+            after.0.submissions - before.0.submissions,
+            after.1 - before.1,
         ))
     };
-    let train_counts = count(&mut || trainer.step(&ctx, &batch))?;
-    let forward_counts = count(&mut || trainer.forward(&ctx, &batch))?;
+    let train_counts = count(true)?;
+    let forward_counts = count(false)?;
 
     let timer = Timer::new(&ctx, cli.wall_clock);
     let started = Instant::now();
@@ -219,9 +229,9 @@ fn run(cli: &Cli) -> Result<(), Error> {
         started.elapsed().as_secs_f64()
     );
     println!(
-        "\n| measurement | median ms | min-max ms | tokens/s | GFLOP | GFLOP/s | passes | submissions |\n|---|---|---|---|---|---|---|---|"
+        "\n| measurement | median ms | min-max ms | tokens/s | GFLOP | GFLOP/s | passes | dispatches | submissions |\n|---|---|---|---|---|---|---|---|---|"
     );
-    for (name, s, flops, (passes, submissions)) in [
+    for (name, s, flops, (passes, submissions, dispatches)) in [
         (
             "training step (fwd + bwd + AdamW)",
             &train,
@@ -231,7 +241,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         ("forward only", &forward, forward_flops, forward_counts),
     ] {
         println!(
-            "| {name} | {:.2} | {:.2}-{:.2} | {:.0} | {:.2} | {:.1} | {passes} | {submissions} |",
+            "| {name} | {:.2} | {:.2}-{:.2} | {:.0} | {:.2} | {:.1} | {passes} | {dispatches} | {submissions} |",
             s.median(),
             s.min(),
             s.max(),
@@ -292,9 +302,11 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "train_gflop_per_s": train_flops / 1e9 / (train.median() / 1e3),
             "train_passes": train_counts.0,
             "train_submissions": train_counts.1,
+            "train_dispatches": train_counts.2,
             "forward_gflop": forward_flops / 1e9,
             "forward_passes": forward_counts.0,
             "forward_submissions": forward_counts.1,
+            "forward_dispatches": forward_counts.2,
             "forward_tokens_per_s": tokens / (forward.median() / 1e3),
             "families_ms": families.iter().map(|(f, ms, c)| serde_json::json!({"family": f, "ms": ms, "passes": c})).collect::<Vec<_>>(),
         });

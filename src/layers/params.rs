@@ -171,15 +171,7 @@ impl Params {
             .chain(&self.grads)
             .zip(values.iter().chain(&grads))
         {
-            if !old.is_empty() {
-                encoder.copy_buffer_to_buffer(
-                    old.buffer(),
-                    old.offset() as u64 * 4,
-                    new.buffer(),
-                    new.offset() as u64 * 4,
-                    old.size_bytes(),
-                );
-            }
+            new.copy_from_into(&mut encoder, old)?;
         }
         ctx.submit(encoder)?;
         (self.values, self.grads) = (values, grads);
