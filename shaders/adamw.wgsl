@@ -1,4 +1,4 @@
-// AdamW step (SPEC.md), one invocation per parameter element of a group of tensors
+// AdamW step (SPEC.md), one invocation per RUN elements of a tensor of a group
 // (optimizer_common.wgsl), with the gradient scaled by the clip factor norm[1] of the grad-norm
 // kernels:
 //   g = grad * scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
@@ -9,8 +9,8 @@
 struct Params {
     first: u32,
     count: u32,
-    // Elements of the group's tensors.
-    len: u32,
+    // Runs of RUN elements of the group's tensors (each tensor's last may be shorter).
+    runs: u32,
     grid_x: u32,
     lr: f32,
     beta1: f32,
@@ -23,6 +23,7 @@ struct Params {
 }
 
 override WG: u32 = 64u;
+override RUN: u32 = 4u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read_write> param: array<f32>;
@@ -34,19 +35,23 @@ override WG: u32 = 64u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.y * params.grid_x * WG + gid.x;
-    if i >= params.len || health[0] != 0u {
+    let run = gid.y * params.grid_x * WG + gid.x;
+    if run >= params.runs || health[0] != 0u {
         return;
     }
-    let segment = find_segment(params.first, params.count, i, false);
-    let j = i - segment.start;
-    let p = segment.param + j;
-    let mi = segment.moment + j;
-    let g = grad[segment.grad + j] * norm[1];
-    let m_new = params.beta1 * m[mi] + (1.0 - params.beta1) * g;
-    let v_new = params.beta2 * v[mi] + (1.0 - params.beta2) * g * g;
-    m[mi] = m_new;
-    v[mi] = v_new;
-    let update = (m_new / params.correction1) / (sqrt(v_new / params.correction2) + params.eps);
-    param[p] = param[p] * (1.0 - params.lr * params.weight_decay) - params.lr * update;
+    // RUN consecutive elements of one tensor: one table search for all of them.
+    let segment = find_segment(params.first, params.count, run, false);
+    let begin = (run - segment.start) * RUN;
+    let end = min(begin + RUN, segment.len);
+    for (var j = begin; j < end; j++) {
+        let p = segment.param + j;
+        let mi = segment.moment + j;
+        let g = grad[segment.grad + j] * norm[1];
+        let m_new = params.beta1 * m[mi] + (1.0 - params.beta1) * g;
+        let v_new = params.beta2 * v[mi] + (1.0 - params.beta2) * g * g;
+        m[mi] = m_new;
+        v[mi] = v_new;
+        let update = (m_new / params.correction1) / (sqrt(v_new / params.correction2) + params.eps);
+        param[p] = param[p] * (1.0 - params.lr * params.weight_decay) - params.lr * update;
+    }
 }

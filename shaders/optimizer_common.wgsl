@@ -4,7 +4,7 @@
 // one arena each, are updated by one dispatch.
 
 struct Segment {
-    // The tensor's first element among the group's elements.
+    // The tensor's first run of the update kernel's RUN elements among the group's runs.
     start: u32,
     // Its first partial sum of squares; global, as the norm adds all partials in order.
     partial_start: u32,
@@ -20,8 +20,8 @@ struct Segment {
 @group(0) @binding(1) var<storage, read> table: array<Segment>;
 
 // The last segment of table[first .. first + count) whose key (`start`, or `partial_start` when
-// `partial`) is <= x: the tensor holding element (or partial) x. An empty tensor shares its
-// successor's key, so the search passes over it.
+// `partial`) is <= x: the tensor holding run (or partial) x. An empty tensor shares its successor's
+// key, so the search passes over it.
 fn find_segment(first: u32, count: u32, x: u32, partial: bool) -> Segment {
     var lo = first;
     var hi = first + count - 1u;

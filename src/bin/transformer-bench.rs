@@ -163,8 +163,10 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let mut trainer = Trainer::new(&ctx, model, AdamWConfig::default())?;
     let memory_mib = (ctx.memory().current_bytes - before) as f64 / (1 << 20) as f64;
     let params = trainer.model.params.elements();
+    let tensors = trainer.model.params.len();
     println!(
-        "model: {config:?}\nshape: {shape:?}; {params} parameters; {memory_mib:.1} MiB of tensors"
+        "model: {config:?}\nshape: {shape:?}; {params} parameters in {tensors} tensors; \
+         {memory_mib:.1} MiB of tensors"
     );
 
     // Full-length sequences of deterministic ids in 1..vocab.
@@ -291,6 +293,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "config": format!("{config:?}"),
             "shape": format!("{shape:?}"),
             "parameters": params,
+            "parameter_tensors": tensors,
             "gemm_tiles": ctx.gemm_tiles().name(),
             "tensor_memory_mib": memory_mib,
             "clock": timer.clock().name(),

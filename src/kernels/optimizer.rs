@@ -29,6 +29,9 @@ const ADAMW: &str = concat!(
 );
 /// Elements each invocation of the partial-norm kernel sums (`CHUNK` in the shader).
 const CHUNK: usize = 256;
+/// Elements each invocation of the update kernel steps (`RUN` in the shader): one table search
+/// serves them all.
+const RUN: usize = 4;
 
 /// The optimizer shaders by name, for the naga tests.
 pub fn shader_sources() -> Vec<(&'static str, String)> {
@@ -91,7 +94,7 @@ struct FinalizeParams {
 struct AdamParams {
     first: u32,
     count: u32,
-    len: u32,
+    runs: u32,
     grid_x: u32,
     lr: f32,
     beta1: f32,
@@ -122,7 +125,7 @@ struct Segment {
 struct Group<'a> {
     first: usize,
     end: usize,
-    elements: usize,
+    runs: usize,
     partials: usize,
     partial_base: usize,
     param: Region<'a>,
@@ -171,7 +174,7 @@ fn groups<'a>(
         match groups.last_mut() {
             Some(group) if joins => {
                 group.end = i + 1;
-                group.elements += p.len();
+                group.runs += p.len().div_ceil(RUN);
                 group.partials += partials;
                 group.param = cover(group.param, parts[0]);
                 group.grad = cover(group.grad, parts[1]);
@@ -181,7 +184,7 @@ fn groups<'a>(
             _ => groups.push(Group {
                 first: i,
                 end: i + 1,
-                elements: p.len(),
+                runs: p.len().div_ceil(RUN),
                 partials,
                 partial_base,
                 param: parts[0],
@@ -228,7 +231,7 @@ fn table(
                 len: len as u32,
                 pad: [0; 2],
             });
-            start += len;
+            start += len.div_ceil(RUN);
             partial_start += len.div_ceil(CHUNK);
         }
     }
@@ -519,8 +522,8 @@ impl AdamW {
             let a = AdamParams {
                 first: group.first as u32,
                 count: (group.end - group.first) as u32,
-                len: group.elements as u32,
-                grid_x: grid_x(group.elements),
+                runs: group.runs as u32,
+                grid_x: grid_x(group.runs),
                 lr: c.lr,
                 beta1: c.beta1,
                 beta2: c.beta2,
@@ -535,7 +538,7 @@ impl AdamW {
                 &mut pass,
                 "adamw",
                 ADAMW,
-                &[],
+                &[("RUN", RUN as u32)],
                 bytemuck::bytes_of(&a),
                 &[
                     &table,
@@ -546,7 +549,7 @@ impl AdamW {
                     &self.norm,
                     &self.health,
                 ],
-                group.elements,
+                group.runs,
             );
         }
         Ok(())
