@@ -196,7 +196,7 @@ impl GpuTensor {
                 format!("usage {:?} lacks STORAGE", buffer.usage()),
             ));
         }
-        if offset % TENSOR_ALIGN != 0 {
+        if !offset.is_multiple_of(TENSOR_ALIGN) {
             return Err(Error::shape(
                 "offset",
                 format!(
