@@ -3,11 +3,12 @@
 //! trip); periodic saves resume bitwise; a checkpoint of another configuration, with a tensor
 //! missing, truncated or corrupted is refused with nothing written; a failed save leaves the previous
 //! checkpoint loadable; unwritable paths fail up front; a non-finite step stops every update and
-//! every save; steps allocate no tensor and create no bind group after the first.
+//! every save; steps allocate no tensor and create no bind group after the first; a step is one
+//! compute pass and one submission, bitwise equal to the same step in a pass per kernel.
 
 mod common;
 
-use common::for_each_backend;
+use common::{for_each_backend, fresh_context};
 use std::collections::HashMap;
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
@@ -112,6 +113,48 @@ fn steps_lower_the_loss_without_allocating() {
             "[{backend}] loss {first} -> {last}"
         );
         eprintln!("[{backend}] loss {first:.4} -> {last:.4} in 20 steps");
+    });
+}
+
+#[test]
+fn a_step_is_one_pass_and_equals_a_pass_per_kernel_bitwise() {
+    for_each_backend(|backend, ctx| {
+        let b = batch();
+        let mut one = trainer(ctx, 32);
+        one.step(ctx, &b).unwrap();
+        let before = ctx.recorded_counts();
+        one.step(ctx, &b).unwrap();
+        let after = ctx.recorded_counts();
+        assert_eq!(
+            (
+                after.passes - before.passes,
+                after.submissions - before.submissions
+            ),
+            (1, 1),
+            "[{backend}] passes and submissions of a training step"
+        );
+        // The same steps with a pass per kernel, on a context of the same adapter.
+        let mut separate = fresh_context(backend, ctx);
+        separate.set_pass_per_kernel(true);
+        let mut split = trainer(&separate, 32);
+        split.step(&separate, &b).unwrap();
+        let before = separate.recorded_counts();
+        split.step(&separate, &b).unwrap();
+        let passes = separate.recorded_counts().passes - before.passes;
+        assert!(passes > 20, "[{backend}] {passes} passes per kernel");
+        let bits = |ctx: &Context, t: &Trainer| -> Vec<Vec<u32>> {
+            t.model
+                .params
+                .values()
+                .iter()
+                .chain([t.model.loss()])
+                .map(|x| x.to_vec(ctx).unwrap().iter().map(|v| v.to_bits()).collect())
+                .collect()
+        };
+        assert!(
+            bits(ctx, &one) == bits(&separate, &split),
+            "[{backend}] one pass and a pass per kernel differ"
+        );
     });
 }
 

@@ -26,7 +26,7 @@ pub(crate) use memory::{Allocation, MemoryCounter};
 pub use pipelines::BindingCache;
 use pipelines::PipelineKey;
 pub(crate) use pipelines::StorageBinding;
-use profile::PassProfiler;
+use profile::{PassProfiler, SharedPass};
 pub use profile::{RecordedCounts, MAX_PROFILED_PASSES};
 use report::{backends_from_env, new_instance};
 pub use report::{enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport};
@@ -67,6 +67,8 @@ pub struct Context {
     subgroup_size: Option<u32>,
     subgroups_enabled: bool,
     trusted_shaders: bool,
+    /// Every kernel in a compute pass of its own, even inside [`Context::with_one_pass`].
+    pass_per_kernel: bool,
     /// `WGPU_ATTENTION_TRUSTED_SHADERS=all`: every kernel without runtime checks, to measure which
     /// would gain on a new adapter (benchmarks only; results are validated there, not proven).
     untrusted_measurement: bool,
@@ -81,6 +83,8 @@ pub struct Context {
     /// handler would panic): reported by the next [`Context::synchronize`].
     uncaptured: Arc<Mutex<Option<String>>>,
     profiler: Mutex<Option<PassProfiler>>,
+    /// Open [`Context::with_one_pass`] scopes, by encoder.
+    shared_passes: Mutex<Vec<SharedPass>>,
     binding_cache: Mutex<Option<BindingCache>>,
 }
 
@@ -268,11 +272,13 @@ impl Context {
             subgroup_size,
             subgroups_enabled: true,
             trusted_shaders: true,
+            pass_per_kernel: false,
             untrusted_measurement: false,
             scratch: Mutex::default(),
             lost,
             uncaptured: Arc::default(),
             profiler: Mutex::new(None),
+            shared_passes: Mutex::new(Vec::new()),
             binding_cache: Mutex::new(None),
         };
         if let Ok(value) = std::env::var("WGPU_ATTENTION_KERNELS") {
@@ -305,6 +311,15 @@ impl Context {
                 "all" => ctx.untrusted_measurement = true,
                 _ => eprintln!(
                     "wgpu-attention: ignoring WGPU_ATTENTION_TRUSTED_SHADERS={value}: use on, off or all"
+                ),
+            }
+        }
+        if let Ok(value) = std::env::var("WGPU_ATTENTION_PASS_PER_KERNEL") {
+            match value.trim() {
+                "1" | "on" => ctx.pass_per_kernel = true,
+                "0" | "off" => {}
+                _ => eprintln!(
+                    "wgpu-attention: ignoring WGPU_ATTENTION_PASS_PER_KERNEL={value}: use on or off"
                 ),
             }
         }

@@ -17,6 +17,50 @@ pub(super) struct PassProfiler {
     labels: Vec<&'static str>,
 }
 
+/// The pass of a [`Context::with_one_pass`] scope, begun by its first kernel.
+pub(super) struct SharedPass {
+    encoder: usize,
+    label: &'static str,
+    pass: Option<wgpu::ComputePass<'static>>,
+}
+
+/// An encoder's identity while a scope borrows it (its address cannot change meanwhile).
+fn encoder_key(encoder: &wgpu::CommandEncoder) -> usize {
+    encoder as *const wgpu::CommandEncoder as usize
+}
+
+/// A compute pass the kernels record into: their own, or their scope's shared one (held locked
+/// while a kernel records). Borrows the encoder like the pass it stands for.
+pub(crate) struct Pass<'a> {
+    inner: PassInner<'a>,
+    _encoder: std::marker::PhantomData<&'a mut wgpu::CommandEncoder>,
+}
+
+enum PassInner<'a> {
+    Own(wgpu::ComputePass<'static>),
+    Shared(std::sync::MutexGuard<'a, Vec<SharedPass>>, usize),
+}
+
+impl std::ops::Deref for Pass<'_> {
+    type Target = wgpu::ComputePass<'static>;
+
+    fn deref(&self) -> &Self::Target {
+        match &self.inner {
+            PassInner::Own(pass) => pass,
+            PassInner::Shared(shared, index) => shared[*index].pass.as_ref().expect("begun"),
+        }
+    }
+}
+
+impl std::ops::DerefMut for Pass<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match &mut self.inner {
+            PassInner::Own(pass) => pass,
+            PassInner::Shared(shared, index) => shared[*index].pass.as_mut().expect("begun"),
+        }
+    }
+}
+
 /// Most passes one profile records (two timestamps each; wgpu allows 4096 queries per set).
 pub const MAX_PROFILED_PASSES: u32 = 2048;
 
@@ -42,12 +86,31 @@ impl Context {
         }
     }
 
-    /// Begins a compute pass labelled `label`, with timestamps around it while profiling.
-    pub(crate) fn begin_pass<'e>(
-        &self,
-        encoder: &'e mut wgpu::CommandEncoder,
+    /// Begins a compute pass labelled `label`, with timestamps around it while profiling; inside
+    /// [`Context::with_one_pass`] on the same encoder, continues that scope's pass instead.
+    pub(crate) fn begin_pass<'a>(
+        &'a self,
+        encoder: &'a mut wgpu::CommandEncoder,
         label: &'static str,
-    ) -> wgpu::ComputePass<'e> {
+    ) -> Pass<'a> {
+        let key = encoder_key(encoder);
+        let mut shared = self.shared_passes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(index) = shared.iter().position(|s| s.encoder == key) {
+            if shared[index].pass.is_none() {
+                self.recorded_passes
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(shared[index].label),
+                    timestamp_writes: None,
+                });
+                shared[index].pass = Some(pass.forget_lifetime());
+            }
+            return Pass {
+                inner: PassInner::Shared(shared, index),
+                _encoder: std::marker::PhantomData,
+            };
+        }
+        drop(shared);
         self.recorded_passes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let slot = {
@@ -67,12 +130,61 @@ impl Context {
                 beginning_of_pass_write_index: Some(*index),
                 end_of_pass_write_index: Some(index + 1),
             });
-        encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(label),
             timestamp_writes: writes,
-        })
+        });
+        Pass {
+            inner: PassInner::Own(pass.forget_lifetime()),
+            _encoder: std::marker::PhantomData,
+        }
     }
 
+    /// Runs `record` with every kernel it records into `encoder` sharing one compute pass, named
+    /// `label`: a pass boundary orders nothing that wgpu does not already order between the
+    /// dispatches of a pass (it places a barrier wherever a dispatch uses what an earlier one
+    /// wrote), while each pass costs a GPU and wgpu's recording a fixed price. While profiling, or
+    /// with [`Context::pass_per_kernel`], kernels keep passes of their own. `record` may not record
+    /// commands other than kernels into `encoder` (copies, clears): wgpu refuses them while a pass
+    /// is open. Nested calls on one encoder join the outer pass.
+    pub(crate) fn with_one_pass<R>(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        label: &'static str,
+        record: impl FnOnce(&mut wgpu::CommandEncoder) -> R,
+    ) -> R {
+        let key = encoder_key(encoder);
+        let profiling = self
+            .profiler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        let mut shared = self.shared_passes.lock().unwrap_or_else(|e| e.into_inner());
+        if profiling || self.pass_per_kernel || shared.iter().any(|s| s.encoder == key) {
+            drop(shared);
+            return record(encoder);
+        }
+        shared.push(SharedPass {
+            encoder: key,
+            label,
+            pass: None,
+        });
+        drop(shared);
+        // Ends the pass (unlocking the encoder) however `record` returns, unwinding included.
+        struct EndPass<'c>(&'c Context, usize);
+        impl Drop for EndPass<'_> {
+            fn drop(&mut self) {
+                let mut shared = self
+                    .0
+                    .shared_passes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                shared.retain(|s| s.encoder != self.1);
+            }
+        }
+        let _end = EndPass(self, key);
+        record(encoder)
+    }
     /// Starts timing every compute pass the kernels record (up to [`MAX_PROFILED_PASSES`]), for a
     /// per-kernel breakdown of what is submitted until [`Context::finish_profiling`]. Needs the
     /// `TIMESTAMP_QUERY` feature.

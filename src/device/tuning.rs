@@ -191,4 +191,18 @@ impl Context {
     pub fn set_trusted_shaders(&mut self, trusted: bool) {
         self.trusted_shaders = trusted;
     }
+
+    /// Whether every kernel records a compute pass of its own. Off by default: a model's forward,
+    /// backward and a training step each record one pass (wgpu orders the dispatches of a pass
+    /// itself). On (`set_pass_per_kernel(true)`, or `WGPU_ATTENTION_PASS_PER_KERNEL=on` when the
+    /// context is created) gives GPU debuggers a labelled pass per kernel and measures what the
+    /// passes cost; profiling ([`Context::start_profiling`]) turns it on while it runs.
+    pub fn pass_per_kernel(&self) -> bool {
+        self.pass_per_kernel
+    }
+
+    /// See [`Context::pass_per_kernel`].
+    pub fn set_pass_per_kernel(&mut self, separate: bool) {
+        self.pass_per_kernel = separate;
+    }
 }

@@ -429,8 +429,14 @@ impl Transformer {
         }
     }
 
-    /// Records the forward pass through the loss.
+    /// Records the forward pass through the loss, in one compute pass.
     pub fn forward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+        ctx.with_one_pass(encoder, "transformer forward", |encoder| {
+            self.record_forward(ctx, encoder)
+        })
+    }
+
+    fn record_forward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
         let p = &self.params;
         if let (Some(source), Some(enc)) = (&self.source, &self.encoder) {
             source.forward(ctx, encoder, p)?;
@@ -453,8 +459,14 @@ impl Transformer {
     }
 
     /// Records the backward pass of the mean loss into every parameter gradient (after
-    /// [`Transformer::forward`] in the same or an earlier submission).
+    /// [`Transformer::forward`] in the same or an earlier submission), in one compute pass.
     pub fn backward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+        ctx.with_one_pass(encoder, "transformer backward", |encoder| {
+            self.record_backward(ctx, encoder)
+        })
+    }
+
+    fn record_backward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
         let p = &self.params;
         let ignore = Some(self.config.pad_id);
         cross_entropy_backward_into(

@@ -1,5 +1,5 @@
-//! Training: one step (forward, backward, AdamW) recorded into a single command submission on
-//! buffers allocated once, a guard that stops updating at the first non-finite loss or gradient
+//! Training: one step (forward, backward, AdamW) recorded into one compute pass and one submission
+//! on buffers allocated once, a guard that stops updating at the first non-finite loss or gradient
 //! norm, and atomic safetensors checkpoints of weights and optimizer state with periodic saves.
 
 pub mod checkpoint;
@@ -41,10 +41,13 @@ impl Trainer {
             });
         let (model, optimizer) = (&self.model, &mut self.optimizer);
         ctx.with_binding_cache(&mut self.bindings, || -> Result<()> {
-            model.forward(ctx, &mut encoder)?;
-            model.backward(ctx, &mut encoder)?;
-            let (params, grads) = model.parameters();
-            optimizer.step_into_guarded(ctx, &mut encoder, &params, &grads, model.loss())
+            // Forward, backward and update in one compute pass (see `Context::with_one_pass`).
+            ctx.with_one_pass(&mut encoder, "training step", |encoder| {
+                model.forward(ctx, encoder)?;
+                model.backward(ctx, encoder)?;
+                let (params, grads) = model.parameters();
+                optimizer.step_into_guarded(ctx, encoder, &params, &grads, model.loss())
+            })
         })?;
         ctx.submit(encoder)?;
         Ok(())

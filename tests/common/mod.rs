@@ -115,8 +115,8 @@ pub fn for_each_family_with(configure: impl Fn(&mut Context), mut f: impl FnMut(
     }
 }
 
-/// A new context on the adapter of `shared`.
-fn fresh_context(name: &str, shared: &Context) -> Context {
+/// A new context on the adapter of `shared` (`name`: its back end).
+pub fn fresh_context(name: &str, shared: &Context) -> Context {
     fresh_context_with_storage(name, shared, None)
 }
 
