@@ -36,6 +36,8 @@ pub(crate) struct Pass<'a> {
     _encoder: std::marker::PhantomData<&'a mut wgpu::CommandEncoder>,
 }
 
+// Lives on the stack while a kernel records; boxing the pass would allocate once per kernel.
+#[allow(clippy::large_enum_variant)]
 enum PassInner<'a> {
     Own(wgpu::ComputePass<'static>),
     Shared(std::sync::MutexGuard<'a, Vec<SharedPass>>, usize),
