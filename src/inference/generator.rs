@@ -520,14 +520,16 @@ impl Generator {
             return Ok(());
         };
         let p = &self.params;
-        source.embedding.forward(ctx, encoder, p)?;
-        let x = &source.embedding.x;
-        source.encoder.forward(ctx, encoder, p, x, &source.lens)?;
-        let memory = source.encoder.output(x);
-        self.prefill
-            .decoder
-            .prepare_memory(ctx, encoder, p, memory)?;
-        self.step.decoder.prepare_memory(ctx, encoder, p, memory)
+        ctx.with_one_pass(encoder, "source encoder", |encoder| {
+            source.embedding.forward(ctx, encoder, p)?;
+            let x = &source.embedding.x;
+            source.encoder.forward(ctx, encoder, p, x, &source.lens)?;
+            let memory = source.encoder.output(x);
+            self.prefill
+                .decoder
+                .prepare_memory(ctx, encoder, p, memory)?;
+            self.step.decoder.prepare_memory(ctx, encoder, p, memory)
+        })
     }
 
     /// One pass of the decoder over the tokens already written, each fed sequence's last row into
@@ -546,12 +548,16 @@ impl Generator {
         };
         let p = &self.params;
         let cross = self.source.is_some().then_some(&self.cross_lens);
-        pass.target
-            .forward_cached(ctx, encoder, p, &self.self_lens)?;
         let x = &pass.target.x;
         let caches = self.cache.layers();
-        pass.decoder
-            .forward_cached(ctx, encoder, p, x, &caches, &self.self_lens, cross)?;
+        // The embedding and every decoder layer in one compute pass; the row copies below cannot
+        // be recorded inside one.
+        ctx.with_one_pass(encoder, "decoder layers", |encoder| -> Result<()> {
+            pass.target
+                .forward_cached(ctx, encoder, p, &self.self_lens)?;
+            pass.decoder
+                .forward_cached(ctx, encoder, p, x, &caches, &self.self_lens, cross)
+        })?;
         let h = pass.decoder.output(x);
         let row_bytes = 4 * self.config.d_model as u64;
         for (seq, &n) in new.iter().enumerate() {
