@@ -53,13 +53,18 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     for t in 64x64 128x64; do
       step 60 transformer-$t $B/transformer-bench --reps 10 --gemm-tiles $t --json $OUT/h100-transformer-$t.json
     done
-    step 60 transformer-lm $B/transformer-bench --decoder-only --seq 256 --reps 10 --json $OUT/h100-transformer-lm.json ;;
+    step 60 transformer-lm $B/transformer-bench --decoder-only --seq 256 --reps 10 --json $OUT/h100-transformer-lm.json
+    # What the one-pass recording saves over a pass per kernel (step time and host recording time).
+    WGPU_ATTENTION_PASS_PER_KERNEL=on step 60 transformer-pass-per-kernel $B/transformer-bench --reps 10 \
+      --json $OUT/h100-transformer-pass-per-kernel.json ;;
   generate)
-    step 120 generate $B/generate-bench --json $OUT/h100-generate.json ;;
+    step 120 generate $B/generate-bench --json $OUT/h100-generate.json
+    WGPU_ATTENTION_PASS_PER_KERNEL=on step 120 generate-pass-per-kernel $B/generate-bench --attention-lengths 0 \
+      --json $OUT/h100-generate-pass-per-kernel.json ;;
   additive)
     step 120 additive $B/additive-bench --json $OUT/h100-additive.json ;;
   tests)
-    for t in attention_forward attention_backward attention_f16 linear transformer training; do
+    for t in attention_forward attention_backward attention_f16 linear transformer training optimizer generation; do
       step 100 test-$t $B/test_$t
     done ;;
   esac

@@ -147,9 +147,25 @@ impl Context {
     /// dispatches of a pass (it places a barrier wherever a dispatch uses what an earlier one
     /// wrote), while each pass costs a GPU and wgpu's recording a fixed price. While profiling, or
     /// with [`Context::pass_per_kernel`], kernels keep passes of their own. `record` may not record
-    /// commands other than kernels into `encoder` (copies, clears): wgpu refuses them while a pass
-    /// is open. Nested calls on one encoder join the outer pass.
-    pub(crate) fn with_one_pass<R>(
+    /// commands other than this crate's kernels into `encoder` (copies, clears, passes of your
+    /// own): wgpu refuses them while the pass is open, and reports it as a validation error. Nested
+    /// calls on one encoder join the outer pass. [`crate::model::Transformer`]'s forward and
+    /// backward and [`crate::training::Trainer::step`] record this way.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &wgpu_attention::Context, q: &wgpu_attention::HeadsView,
+    /// #      out: &wgpu_attention::HeadsView, lse: &wgpu_attention::GpuTensor)
+    /// #      -> wgpu_attention::Result<()> {
+    /// use wgpu_attention::{attention_forward_into, AttentionOptions};
+    /// let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    /// ctx.with_one_pass(&mut encoder, "my layers", |encoder| {
+    ///     // Every kernel recorded here shares one compute pass.
+    ///     attention_forward_into(ctx, encoder, q, q, q, out, lse, &AttentionOptions::new())
+    /// })?;
+    /// ctx.queue().submit([encoder.finish()]);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_one_pass<R>(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         label: &'static str,
