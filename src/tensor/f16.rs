@@ -1,0 +1,126 @@
+//! [`GpuTensorF16`]: a contiguous f16 array (attention inputs and outputs, f16 GEMM operands).
+
+use std::sync::Arc;
+
+use super::*;
+
+/// A contiguous f16 tensor on the GPU: inputs and outputs of the fused attention in half
+/// precision (the kernels compute in f32). Other kernels take f32 [`GpuTensor`]s.
+#[derive(Clone, Debug)]
+pub struct GpuTensorF16 {
+    buffer: Arc<wgpu::Buffer>,
+    shape: Vec<usize>,
+    _allocation: Option<Arc<Allocation>>,
+}
+
+impl GpuTensorF16 {
+    /// Uploads `data` as a tensor of `shape`.
+    pub fn from_slice(ctx: &Context, data: &[half::f16], shape: &[usize]) -> Result<Self> {
+        let n = element_count("shape", shape)?;
+        if n != data.len() {
+            return Err(Error::shape(
+                "data",
+                format!("has {} elements but shape {shape:?} needs {n}", data.len()),
+            ));
+        }
+        let t = Self::zeros(ctx, shape)?;
+        t.write(ctx, data)?;
+        Ok(t)
+    }
+
+    /// Rounds `data` to f16 (to nearest even) and uploads it.
+    pub fn from_f32(ctx: &Context, data: &[f32], shape: &[usize]) -> Result<Self> {
+        let halves: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+        Self::from_slice(ctx, &halves, shape)
+    }
+
+    /// A zero-filled tensor of `shape`.
+    pub fn zeros(ctx: &Context, shape: &[usize]) -> Result<Self> {
+        let n = element_count("shape", shape)?;
+        // Whole 4-byte words: storage bindings and copies are sized in them.
+        let bytes = (n.max(2) as u64)
+            .checked_mul(DType::F16.size())
+            .ok_or_else(|| Error::shape("shape", format!("{shape:?} overflows u64 bytes")))?
+            .next_multiple_of(4);
+        let (buffer, allocation) = ctx.create_buffer("f16 tensor", bytes, GpuTensor::USAGE)?;
+        Ok(Self {
+            buffer: Arc::new(buffer),
+            shape: shape.to_vec(),
+            _allocation: Some(Arc::new(allocation)),
+        })
+    }
+
+    /// Wraps a buffer the application owns: `STORAGE` usage (and `COPY_SRC` to read it back), at
+    /// least `product(shape)` f16 values.
+    pub fn from_buffer(buffer: Arc<wgpu::Buffer>, shape: &[usize]) -> Result<Self> {
+        let n = element_count("shape", shape)?;
+        check_fits("buffer", &buffer, DType::F16, n, || {
+            format!("shape {shape:?}")
+        })?;
+        Ok(Self {
+            buffer,
+            shape: shape.to_vec(),
+            _allocation: None,
+        })
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+        &self.buffer
+    }
+
+    /// Size in bytes of the data (not of the backing buffer).
+    pub fn size_bytes(&self) -> u64 {
+        self.len() as u64 * DType::F16.size()
+    }
+
+    /// Its whole buffer (an f16 tensor always starts it; binding sizes are whole words).
+    pub(crate) fn region(&self) -> Region<'_> {
+        Region::whole(&self.buffer)
+    }
+
+    /// Overwrites the tensor's contents with `data` (same length).
+    pub fn write(&self, ctx: &Context, data: &[half::f16]) -> Result<()> {
+        if data.len() != self.len() {
+            return Err(Error::shape(
+                "data",
+                format!("has {} elements, tensor holds {}", data.len(), self.len()),
+            ));
+        }
+        ctx.check_lost()?;
+        if !data.is_empty() {
+            // write_buffer copies whole words: pad an odd count with one zero.
+            let mut words: Vec<half::f16> = data.to_vec();
+            words.resize(data.len().next_multiple_of(2), half::f16::ZERO);
+            ctx.queue()
+                .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&words));
+        }
+        Ok(())
+    }
+
+    /// Reads the tensor back as f16, blocking until the GPU has finished.
+    pub fn to_f16_vec(&self, ctx: &Context) -> Result<Vec<half::f16>> {
+        pollster::block_on(read_f16(ctx, &self.buffer, self.len()))
+    }
+
+    /// Reads the tensor back converted to f32 (exactly).
+    pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        Ok(self.to_f16_vec(ctx)?.into_iter().map(f32::from).collect())
+    }
+
+    /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
+    pub fn heads(&self) -> Result<HeadsView> {
+        HeadsView::contiguous(&self.buffer, DType::F16, 0, &self.shape)
+    }
+}

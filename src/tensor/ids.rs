@@ -1,0 +1,235 @@
+//! Integer data on the GPU: [`GpuTokens`] (token ids, targets) and [`SeqLens`] (per-batch sequence
+//! lengths).
+
+use std::sync::Arc;
+
+use super::*;
+
+/// Integer ids on the GPU (tokens, class targets): a `u32` storage buffer with its shape, and a host
+/// copy so that ops can reject ids beyond a vocabulary before dispatching.
+#[derive(Clone, Debug)]
+pub struct GpuTokens {
+    buffer: Arc<wgpu::Buffer>,
+    shape: Vec<usize>,
+    values: Arc<Vec<u32>>,
+    _allocation: Arc<Allocation>,
+}
+
+impl GpuTokens {
+    pub fn from_slice(ctx: &Context, data: &[u32], shape: &[usize]) -> Result<Self> {
+        let len: usize = shape.iter().product();
+        if len != data.len() || len == 0 {
+            return Err(Error::shape(
+                "tokens",
+                format!(
+                    "{} values for shape {shape:?} ({len} elements, at least 1 needed)",
+                    data.len()
+                ),
+            ));
+        }
+        let (buffer, allocation) = ctx.create_buffer(
+            "tokens",
+            len as u64 * 4,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+        )?;
+        ctx.queue()
+            .write_buffer(&buffer, 0, bytemuck::cast_slice(data));
+        Ok(Self {
+            buffer: Arc::new(buffer),
+            shape: shape.to_vec(),
+            values: Arc::new(data.to_vec()),
+            _allocation: Arc::new(allocation),
+        })
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+        &self.buffer
+    }
+
+    /// Overwrites the ids (same count) through the queue, ahead of work submitted after this call.
+    pub fn write(&mut self, ctx: &Context, data: &[u32]) -> Result<()> {
+        if data.len() != self.len() {
+            return Err(Error::shape(
+                "tokens",
+                format!("{} values for a buffer of {}", data.len(), self.len()),
+            ));
+        }
+        ctx.check_lost()?;
+        ctx.queue()
+            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
+        self.values = Arc::new(data.to_vec());
+        Ok(())
+    }
+
+    /// The first id at or beyond `limit` that is not `ignore`, with its index: what an op with a
+    /// vocabulary or class count of `limit` rejects.
+    pub fn first_out_of_range(&self, limit: u32, ignore: Option<u32>) -> Option<(usize, u32)> {
+        self.values
+            .iter()
+            .copied()
+            .enumerate()
+            .find(|&(_, v)| v >= limit && Some(v) != ignore)
+    }
+}
+
+/// Per-batch valid sequence lengths for padding / variable-length attention, held on the GPU as one
+/// buffer `[q_lens (batch), kv_lens (batch)]` with a host copy for validation.
+#[derive(Clone, Debug)]
+pub struct SeqLens {
+    buffer: Arc<wgpu::Buffer>,
+    q_lens: Option<Vec<u32>>,
+    kv_lens: Option<Vec<u32>>,
+    batch: usize,
+}
+
+impl SeqLens {
+    /// Valid query lengths (`q_lens`, rows past them give O = 0) and/or key lengths (`kv_lens`, keys
+    /// past them are masked), one entry per batch element. At least one must be given.
+    pub fn new(ctx: &Context, q_lens: Option<&[u32]>, kv_lens: Option<&[u32]>) -> Result<Self> {
+        let batch = match (q_lens, kv_lens) {
+            (Some(q), Some(k)) if q.len() != k.len() => {
+                return Err(Error::shape(
+                    "kv_lens",
+                    format!("has {} entries but q_lens has {}", k.len(), q.len()),
+                ))
+            }
+            (Some(q), _) => q.len(),
+            (None, Some(k)) => k.len(),
+            (None, None) => {
+                return Err(Error::shape(
+                    "SeqLens",
+                    "give q_lens, kv_lens or both (or pass no SeqLens at all)",
+                ))
+            }
+        };
+        let mut data = vec![u32::MAX; 2 * batch.max(1)];
+        if let Some(q) = q_lens {
+            data[..batch].copy_from_slice(q);
+        }
+        if let Some(k) = kv_lens {
+            data[batch..2 * batch].copy_from_slice(k);
+        }
+        let buffer = ctx.create_uncounted_buffer(
+            "seq_lens",
+            data.len() as u64 * 4,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        )?;
+        ctx.queue()
+            .write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
+        Ok(Self {
+            buffer: Arc::new(buffer),
+            q_lens: q_lens.map(<[u32]>::to_vec),
+            kv_lens: kv_lens.map(<[u32]>::to_vec),
+            batch,
+        })
+    }
+
+    /// Overwrites the lengths through the queue (no allocation). The same lengths must be given as
+    /// at creation (`Some`/`None` alike) for the same batch.
+    pub fn write(
+        &mut self,
+        ctx: &Context,
+        q_lens: Option<&[u32]>,
+        kv_lens: Option<&[u32]>,
+    ) -> Result<()> {
+        for (arg, new, old) in [
+            ("q_lens", q_lens, self.q_lens.as_deref()),
+            ("kv_lens", kv_lens, self.kv_lens.as_deref()),
+        ] {
+            if new.map(<[u32]>::len) != old.map(<[u32]>::len) {
+                return Err(Error::shape(
+                    arg,
+                    format!(
+                        "has {:?} entries; this SeqLens was created with {:?}",
+                        new.map(<[u32]>::len),
+                        old.map(<[u32]>::len)
+                    ),
+                ));
+            }
+        }
+        let batch = self.batch;
+        let mut data = vec![u32::MAX; 2 * batch.max(1)];
+        if let Some(q) = q_lens {
+            data[..batch].copy_from_slice(q);
+        }
+        if let Some(k) = kv_lens {
+            data[batch..2 * batch].copy_from_slice(k);
+        }
+        ctx.queue()
+            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&data));
+        self.q_lens = q_lens.map(<[u32]>::to_vec);
+        self.kv_lens = kv_lens.map(<[u32]>::to_vec);
+        Ok(())
+    }
+
+    /// Checks lengths that place new tokens at the end of cached sequences (decoding): both given for
+    /// `batch` sequences, `q_lens[b]` (new tokens) at most `new_slots` and at most `kv_lens[b]`
+    /// (tokens cached, the new ones included), which is at most `capacity`. Returns the longest
+    /// `kv_lens` entry.
+    pub fn check_decode(&self, batch: usize, new_slots: usize, capacity: usize) -> Result<usize> {
+        let (Some(q), Some(kv)) = (self.q_lens(), self.kv_lens()) else {
+            return Err(Error::shape(
+                "seq_lens",
+                "decoding needs SeqLens with q_lens (new tokens per sequence) and kv_lens (cached tokens per sequence, the new ones included)",
+            ));
+        };
+        if self.batch != batch {
+            return Err(Error::shape(
+                "seq_lens",
+                format!("has {} entries but the batch is {batch}", self.batch),
+            ));
+        }
+        for b in 0..batch {
+            let (n, len) = (q[b] as usize, kv[b] as usize);
+            if n > new_slots {
+                return Err(Error::shape(
+                    "q_lens",
+                    format!("entry {b} is {n}, beyond the {new_slots} new-token slots"),
+                ));
+            }
+            if n > len {
+                return Err(Error::shape(
+                    "q_lens",
+                    format!("entry {b} is {n} but kv_lens[{b}] is {len}: the new tokens are the last cached positions, so q_lens <= kv_lens"),
+                ));
+            }
+            if len > capacity {
+                return Err(Error::shape(
+                    "kv_lens",
+                    format!("entry {b} is {len}, beyond the capacity {capacity}"),
+                ));
+            }
+        }
+        Ok(kv.iter().copied().max().unwrap_or(0) as usize)
+    }
+
+    pub fn q_lens(&self) -> Option<&[u32]> {
+        self.q_lens.as_deref()
+    }
+
+    pub fn kv_lens(&self) -> Option<&[u32]> {
+        self.kv_lens.as_deref()
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}

@@ -1,0 +1,134 @@
+//! GPU tensors and strided head views.
+//!
+//! A [`GpuTensor`] is a contiguous row-major f32 array in a storage buffer (ours or the user's), a
+//! [`GpuTensorF16`] the same in f16 (attention inputs and outputs where the adapter has
+//! `SHADER_F16`). A [`HeadsView`] reads a `[batch, seq, heads, head_dim]` (BSHD) tensor of either
+//! type out of any buffer by strides, so Q, K and V can live inside one packed `[B, L, 3 * H * D]`
+//! projection: splitting heads is indexing, not a copy.
+//!
+//! `dense.rs` (f32 tensors, arenas), `f16.rs`, `views.rs` (head and bias views), `ids.rs` (token ids,
+//! sequence lengths), `readback.rs`; here the element types, the byte `Region`s kernels bind and
+//! aliasing checks compare, and the shared size checks.
+
+mod dense;
+mod f16;
+mod ids;
+mod readback;
+mod views;
+
+pub(crate) use dense::zeros_in_arenas;
+pub use dense::GpuTensor;
+pub use f16::GpuTensorF16;
+pub use ids::{GpuTokens, SeqLens};
+pub(crate) use readback::{read_buffer, read_f16, read_mapped};
+pub use views::{BiasView, HeadsView};
+
+use crate::device::{Allocation, Context, StorageBinding};
+use crate::error::{Error, Result};
+
+const F32: u64 = std::mem::size_of::<f32>() as u64;
+
+/// Element type of a tensor or view in GPU memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    /// IEEE half precision; kernels that take it compute in f32.
+    F16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+        }
+    }
+}
+
+/// Checks that a view of `buffer` ending at element `end` fits in it and that the buffer can be
+/// bound as storage; `describe` names the view's layout for the message.
+fn check_fits(
+    arg: &'static str,
+    buffer: &wgpu::Buffer,
+    dtype: DType,
+    end: usize,
+    describe: impl FnOnce() -> String,
+) -> Result<()> {
+    let available = (buffer.size() / dtype.size()) as usize;
+    if end > available {
+        return Err(Error::shape(
+            arg,
+            format!(
+                "{} reach element {end} but the buffer holds {available}",
+                describe()
+            ),
+        ));
+    }
+    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::shape(arg, "the buffer lacks STORAGE usage"));
+    }
+    Ok(())
+}
+
+/// Alignment in elements of a [`GpuTensor`]'s start inside its buffer: 256 bytes, the largest
+/// `min_storage_buffer_offset_alignment` WebGPU allows, so every tensor can be bound on its own on
+/// every adapter.
+pub const TENSOR_ALIGN: usize = 64;
+
+/// The bytes of a buffer that one tensor or view occupies: what a kernel binds, and what the
+/// aliasing checks compare (two tensors in one arena are distinct; in one buffer, overlapping, not).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Region<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl<'a> Region<'a> {
+    /// All of `buffer`.
+    pub fn whole(buffer: &'a wgpu::Buffer) -> Self {
+        Self {
+            buffer,
+            offset: 0,
+            size: buffer.size(),
+        }
+    }
+
+    /// Whether the two share a byte.
+    pub fn overlaps(&self, other: &Region<'_>) -> bool {
+        self.buffer == other.buffer
+            && self.offset < other.offset + other.size
+            && other.offset < self.offset + self.size
+    }
+
+    /// The region bound at `binding`.
+    pub fn bind(&self, binding: u32) -> StorageBinding<'a> {
+        StorageBinding {
+            binding,
+            buffer: self.buffer,
+            offset: self.offset,
+            size: wgpu::BufferSize::new(self.size),
+        }
+    }
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Region<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Region::whole(buffer)
+    }
+}
+
+fn element_count(arg: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::shape(arg, format!("shape {shape:?} overflows usize")))
+}

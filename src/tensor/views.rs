@@ -1,0 +1,288 @@
+//! Strided views: [`HeadsView`] (`[batch, seq, heads, head_dim]` of any buffer) and [`BiasView`]
+//! (an additive score bias with broadcast dimensions).
+
+use std::sync::Arc;
+
+use super::*;
+
+/// A strided `[batch, seq, heads, head_dim]` view of an f32 (or f16) buffer with a contiguous
+/// head_dim.
+#[derive(Clone, Debug)]
+pub struct HeadsView {
+    buffer: Arc<wgpu::Buffer>,
+    dtype: DType,
+    offset: usize,
+    shape: [usize; 4],
+    strides: [usize; 3],
+}
+
+impl HeadsView {
+    /// A view of f32 elements with explicit element `offset`, `shape = [batch, seq, heads,
+    /// head_dim]` and `strides = [batch, seq, heads]` (head_dim is contiguous). Checked against the
+    /// buffer size.
+    pub fn new(
+        buffer: Arc<wgpu::Buffer>,
+        offset: usize,
+        shape: [usize; 4],
+        strides: [usize; 3],
+    ) -> Result<Self> {
+        Self::new_typed(buffer, DType::F32, offset, shape, strides)
+    }
+
+    /// [`HeadsView::new`] over elements of `dtype` (offset and strides count elements).
+    pub fn new_typed(
+        buffer: Arc<wgpu::Buffer>,
+        dtype: DType,
+        offset: usize,
+        shape: [usize; 4],
+        strides: [usize; 3],
+    ) -> Result<Self> {
+        let view = Self {
+            buffer,
+            dtype,
+            offset,
+            shape,
+            strides,
+        };
+        check_fits("view", &view.buffer, dtype, view.end_element(), || {
+            format!("offset {offset}, shape {shape:?}, strides {strides:?}")
+        })?;
+        Ok(view)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The first `rows` positions of each sequence (same buffer, offset and strides).
+    pub fn first_rows(&self, rows: usize) -> Result<HeadsView> {
+        let [b, s, h, d] = self.shape;
+        if rows > s {
+            return Err(Error::shape(
+                "rows",
+                format!("is {rows}; the view has {s} positions per sequence"),
+            ));
+        }
+        Ok(HeadsView {
+            shape: [b, rows, h, d],
+            ..self.clone()
+        })
+    }
+
+    /// The whole of a contiguous tensor of `shape` `[batch, seq, heads, head_dim]`.
+    pub(super) fn contiguous(
+        buffer: &Arc<wgpu::Buffer>,
+        dtype: DType,
+        offset: usize,
+        shape: &[usize],
+    ) -> Result<Self> {
+        let [b, s, h, d] = *shape else {
+            return Err(Error::shape(
+                "tensor",
+                format!("shape {shape:?} is not [batch, seq, heads, head_dim]"),
+            ));
+        };
+        Ok(HeadsView {
+            buffer: buffer.clone(),
+            dtype,
+            offset,
+            shape: [b, s, h, d],
+            strides: [s * h * d, h * d, d],
+        })
+    }
+
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+
+    pub fn strides(&self) -> [usize; 3] {
+        self.strides
+    }
+
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+        &self.buffer
+    }
+
+    /// The bytes from the view's first element to its last (at least one element's).
+    pub(crate) fn region(&self) -> Region<'_> {
+        let size = self.dtype.size();
+        Region {
+            buffer: &self.buffer,
+            offset: self.offset as u64 * size,
+            size: (self.end_element() - self.offset).max(1) as u64 * size,
+        }
+    }
+
+    /// One past the last element the view touches (0 for an empty view).
+    pub fn end_element(&self) -> usize {
+        let [b, s, h, d] = self.shape;
+        if b == 0 || s == 0 || h == 0 || d == 0 {
+            return self.offset;
+        }
+        self.offset
+            + (b - 1) * self.strides[0]
+            + (s - 1) * self.strides[1]
+            + (h - 1) * self.strides[2]
+            + d
+    }
+
+    /// Reads the viewed elements back in `[batch, seq, heads, head_dim]` order (f16 converted).
+    pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let end = self.end_element();
+        let all = match self.dtype {
+            DType::F32 => pollster::block_on(read_buffer(ctx, &self.buffer, 0, end))?,
+            DType::F16 => pollster::block_on(read_f16(ctx, &self.buffer, end))?
+                .into_iter()
+                .map(f32::from)
+                .collect(),
+        };
+        let [b, s, h, d] = self.shape;
+        let mut out = Vec::with_capacity(b * s * h * d);
+        for bi in 0..b {
+            for si in 0..s {
+                for hi in 0..h {
+                    let base = self.offset
+                        + bi * self.strides[0]
+                        + si * self.strides[1]
+                        + hi * self.strides[2];
+                    out.extend_from_slice(&all[base..base + d]);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A strided `[batch or 1, heads or 1, Lq, Lk]` view of an f32 buffer: an additive attention-score
+/// bias (`AttentionOptions::bias`). A dimension of size 1 is broadcast over the batch or the query
+/// heads (its stride is ignored); any stride may be 0, so a `[Lq, Lk]` matrix can serve every batch
+/// and head without a copy. The bias gradient has the view's shape, reduced over the broadcast
+/// dimensions.
+#[derive(Clone, Debug)]
+pub struct BiasView {
+    buffer: Arc<wgpu::Buffer>,
+    offset: usize,
+    shape: [usize; 4],
+    strides: [usize; 4],
+}
+
+impl BiasView {
+    /// A view with element `offset`, `shape = [batch or 1, heads or 1, Lq, Lk]` and element
+    /// `strides` for the four dimensions. Checked against the buffer size.
+    pub fn new(
+        buffer: Arc<wgpu::Buffer>,
+        offset: usize,
+        shape: [usize; 4],
+        strides: [usize; 4],
+    ) -> Result<Self> {
+        if shape.contains(&0) {
+            return Err(Error::shape(
+                "bias",
+                format!("shape {shape:?} has a zero dimension"),
+            ));
+        }
+        let view = Self {
+            buffer,
+            offset,
+            shape,
+            strides,
+        };
+        check_fits("bias", &view.buffer, DType::F32, view.end_element(), || {
+            format!("offset {offset}, shape {shape:?}, strides {strides:?}")
+        })?;
+        Ok(view)
+    }
+
+    /// A contiguous tensor of shape `[Lq, Lk]`, `[Hb, Lq, Lk]` or `[Bb, Hb, Lq, Lk]` (missing leading
+    /// dimensions are 1, i.e. broadcast).
+    pub fn of(t: &GpuTensor) -> Result<Self> {
+        let shape = match *t.shape() {
+            [lq, lk] => [1, 1, lq, lk],
+            [h, lq, lk] => [1, h, lq, lk],
+            [b, h, lq, lk] => [b, h, lq, lk],
+            _ => {
+                return Err(Error::shape(
+                    "bias",
+                    format!(
+                        "shape {:?} is not [Lq, Lk], [H, Lq, Lk] or [B, H, Lq, Lk]",
+                        t.shape()
+                    ),
+                ))
+            }
+        };
+        let [_, h, lq, lk] = shape;
+        Self::new(
+            t.buffer().clone(),
+            t.offset(),
+            shape,
+            [h * lq * lk, lq * lk, lk, 1],
+        )
+    }
+
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+
+    /// Element strides, 0 for the broadcast (size-1) dimensions.
+    pub fn strides(&self) -> [usize; 4] {
+        let mut strides = self.strides;
+        for (stride, &n) in strides.iter_mut().zip(&self.shape) {
+            if n == 1 {
+                *stride = 0;
+            }
+        }
+        strides
+    }
+
+    /// The bytes from the view's first element to its last (at least one element's).
+    pub(crate) fn region(&self) -> Region<'_> {
+        Region {
+            buffer: &self.buffer,
+            offset: self.offset as u64 * F32,
+            size: (self.end_element() - self.offset).max(1) as u64 * F32,
+        }
+    }
+
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+        &self.buffer
+    }
+
+    /// One past the last element the view touches.
+    pub fn end_element(&self) -> usize {
+        let strides = self.strides();
+        self.offset
+            + self
+                .shape
+                .iter()
+                .zip(strides)
+                .map(|(&n, s)| (n - 1) * s)
+                .sum::<usize>()
+            + 1
+    }
+
+    /// Reads the viewed elements back in `[batch, heads, Lq, Lk]` order.
+    pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let all = pollster::block_on(read_buffer(ctx, &self.buffer, 0, self.end_element()))?;
+        let [sb, sh, si, sj] = self.strides();
+        let [b, h, lq, lk] = self.shape;
+        let mut out = Vec::with_capacity(b * h * lq * lk);
+        for bi in 0..b {
+            for hi in 0..h {
+                for i in 0..lq {
+                    for j in 0..lk {
+                        out.push(all[self.offset + bi * sb + hi * sh + i * si + j * sj]);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
