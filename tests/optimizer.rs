@@ -1,7 +1,7 @@
 //! AdamW (bias correction, decoupled weight decay, global-norm clipping) on the GPU vs the f64
 //! reference over several steps: parameters, both moments and the gradient norm; typed errors.
-//! Parameters packed in one arena are updated by one dispatch per kernel, bitwise like tensors in
-//! buffers of their own.
+//! Parameters packed in one arena are updated by one dispatch per kernel (arenas end at the device's
+//! binding size), bitwise like tensors in buffers of their own.
 
 mod common;
 
@@ -372,4 +372,96 @@ fn tensors_inside_a_shared_buffer_are_checked_and_aliasing_refused() {
         ));
         assert_eq!(opt.steps(), 0);
     });
+}
+
+/// Arenas end where one would pass the device's storage binding size, and AdamW's groups with them:
+/// on a device limited to 16 KiB bindings, four tensors land in two arenas (1000 + 3000 elements,
+/// then 2000 + 50) and the optimizer takes two dispatches per kernel, bitwise like separate tensors.
+#[test]
+fn arenas_split_at_the_binding_limit_and_update_like_separate_tensors() {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
+    let Some(adapter) = adapters.into_iter().next() else {
+        eprintln!("no Vulkan adapter: skipped");
+        return;
+    };
+    let limit = 16 * 1024;
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_limits: wgpu::Limits {
+            max_storage_buffer_binding_size: limit,
+            ..adapter.limits()
+        },
+        ..Default::default()
+    }))
+    .unwrap();
+    let ctx = &wgpu_attention::Context::from_device(device, queue, Some(adapter.get_info()));
+    let shapes = [vec![1000], vec![3000], vec![2000], vec![50]];
+    let mut params = Params::new(5);
+    for (i, s) in shapes.iter().enumerate() {
+        params
+            .add(ctx, format!("p{i}"), s, Init::Uniform(1.0))
+            .unwrap();
+    }
+    params.pack(ctx).unwrap();
+    let v = params.values();
+    assert!(v[0].buffer() == v[1].buffer() && v[2].buffer() == v[3].buffer());
+    assert!(
+        v[1].buffer() != v[2].buffer(),
+        "one arena would pass {limit} bytes"
+    );
+    assert!(v.iter().all(|t| t.buffer().size() <= limit as u64));
+
+    let separate: Vec<GpuTensor> = v
+        .iter()
+        .map(|t| GpuTensor::from_slice(ctx, &t.to_vec(ctx).unwrap(), t.shape()).unwrap())
+        .collect();
+    let separate_grads: Vec<GpuTensor> = shapes
+        .iter()
+        .map(|s| GpuTensor::zeros(ctx, s).unwrap())
+        .collect();
+    let config = AdamWConfig {
+        lr: 0.01,
+        max_grad_norm: Some(1.0),
+        ..Default::default()
+    };
+    let runs: [(Vec<&GpuTensor>, Vec<&GpuTensor>, u64); 2] = [
+        (
+            v.iter().collect(),
+            params.grads().iter().collect(),
+            2 * 2 + 1,
+        ),
+        (
+            separate.iter().collect(),
+            separate_grads.iter().collect(),
+            2 * 4 + 1,
+        ),
+    ];
+    let mut rng = rng(13);
+    let steps: Vec<Vec<Vec<f32>>> = (0..2)
+        .map(|_| shapes.iter().map(|s| random(&mut rng, s[0], 1.0)).collect())
+        .collect();
+    let mut results = Vec::new();
+    for (values, grads, dispatches) in &runs {
+        let mut opt = AdamW::new(ctx, config, values).unwrap();
+        for (step, grads_host) in steps.iter().enumerate() {
+            for (g, data) in grads.iter().zip(grads_host) {
+                g.write(ctx, data).unwrap();
+            }
+            let mut cache = BindingCache::default();
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            ctx.with_binding_cache(&mut cache, || {
+                opt.step_into(ctx, &mut encoder, values, grads)
+            })
+            .unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            let (created, reused) = cache.counts();
+            assert_eq!(created + reused, *dispatches, "dispatches of step {step}");
+        }
+        let values: Vec<GpuTensor> = values.iter().map(|&t| t.clone()).collect();
+        results.push((bits(ctx, &values), bits(ctx, opt.moments().0)));
+    }
+    assert!(
+        results[0] == results[1],
+        "arenas and separate tensors differ"
+    );
 }
