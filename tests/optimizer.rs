@@ -409,7 +409,7 @@ fn arenas_split_at_the_binding_limit_and_update_like_separate_tensors() {
         v[1].buffer() != v[2].buffer(),
         "one arena would pass {limit} bytes"
     );
-    assert!(v.iter().all(|t| t.buffer().size() <= limit as u64));
+    assert!(v.iter().all(|t| t.buffer().size() <= limit));
 
     let separate: Vec<GpuTensor> = v
         .iter()
