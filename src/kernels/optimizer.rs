@@ -145,8 +145,8 @@ fn cover<'a>(region: Region<'a>, t: Region<'_>) -> Region<'a> {
     }
 }
 
-/// Parameter tables written so far, by contents: a layout is uploaded once, into a buffer no later
-/// step changes (a step recorded before an earlier one is submitted keeps its own table).
+/// Parameter tables (by contents) an optimizer keeps: a layout is uploaded once, into a buffer no
+/// later step rewrites, so a step recorded before an earlier one is submitted keeps its own table.
 const CACHED_TABLES: usize = 4;
 
 /// Splits the tensors into runs that one dispatch can update: a new group begins where the
