@@ -11,6 +11,10 @@
 //   act        pre[i] = z; z = act(z)         (the forward activation; pre is what its backward reads)
 //   residual   z += residual[i]               (the residual connection around a sublayer)
 // with i the element's index in C (pre and residual are laid out as C).
+// ROW_SUMS (a pipeline variant of the tiled kernels) also writes row_sums[m] = sum over g and k of
+// A[0, g, m, k] (batch entry 0, without alpha) from the A tiles the product stages anyway, adding k in
+// order as column_sum.wgsl adds rows: the bias gradient of a Linear layer inside its dW product, one
+// dispatch less. The first column of tiles writes it (adding to it when accumulating).
 
 struct Operand {
     offset: u32,
@@ -59,6 +63,9 @@ struct GemmParams {
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> residual: array<f32>;
 @group(0) @binding(6) var<storage, read_write> pre: array<f32>;
+@group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
+
+override ROW_SUMS: bool = false;
 
 fn base(op: Operand, bi: u32, h: u32, g: u32) -> u32 {
     return op.offset + bi * op.stride_b + (h / op.head_div) * op.stride_h + g * op.stride_g;
@@ -78,6 +85,21 @@ fn tile_of(group: u32, tile_m: u32, tile_n: u32) -> Tile {
     let z = group / tiles;
     let tile = group % tiles;
     return Tile(z / gp.heads, z % gp.heads, (tile / gp.tiles_n) * tile_m, (tile % gp.tiles_n) * tile_n);
+}
+
+// The row sums of four rows of A (rows past m are not written), by the invocation that owns them in
+// the first column of tiles.
+fn store_row_sums(row0: u32, row_step: u32, sums: vec4<f32>) {
+    for (var r = 0u; r < 4u; r++) {
+        let row = row0 + r * row_step;
+        if row < gp.m {
+            var value = sums[r];
+            if gp.accumulate != 0u {
+                value += row_sums[row];
+            }
+            row_sums[row] = value;
+        }
+    }
 }
 
 // One element of C: alpha, bias, accumulate, then the activation and residual epilogues.

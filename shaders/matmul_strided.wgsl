@@ -38,6 +38,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
+    // Rows ty + 16 r of A summed over k (ROW_SUMS).
+    var row_sum = vec4<f32>(0.0);
     for (var g = 0u; g < gp.groups; g++) {
         let a_base = base(gp.a, bi, h, g);
         let b_base = base(gp.b, bi, h, g);
@@ -75,10 +77,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 acc1 += av.y * bv;
                 acc2 += av.z * bv;
                 acc3 += av.w * bv;
+                if ROW_SUMS {
+                    row_sum += av;
+                }
             }
         }
     }
 
+    if ROW_SUMS && n0 == 0u && tx == 0u && at.bi == 0u && at.h == 0u {
+        store_row_sums(m0 + ty, 16u, row_sum);
+    }
     let c_base = base(gp.c, bi, h, 0u);
     store_row(c_base, m0 + ty, n0 + tx, acc0);
     store_row(c_base, m0 + ty + 16u, n0 + tx, acc1);

@@ -36,6 +36,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     var acc5 = vec4<f32>(0.0);
     var acc6 = vec4<f32>(0.0);
     var acc7 = vec4<f32>(0.0);
+    // Rows 8 ty .. 8 ty + 7 of A summed over k (ROW_SUMS).
+    var row_sum_lo = vec4<f32>(0.0);
+    var row_sum_hi = vec4<f32>(0.0);
     let a_k_major = gp.a.stride_col == 1u;
     let b_k_major = gp.b.stride_row == 1u;
     for (var g = 0u; g < gp.groups; g++) {
@@ -76,12 +79,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 acc5 += a_hi.y * bv;
                 acc6 += a_hi.z * bv;
                 acc7 += a_hi.w * bv;
+                if ROW_SUMS {
+                    row_sum_lo += a_lo;
+                    row_sum_hi += a_hi;
+                }
             }
         }
     }
 
-    let c_base = base(gp.c, bi, h, 0u);
     let row0 = m0 + 8u * ty;
+    if ROW_SUMS && n0 == 0u && tx == 0u && bi == 0u && h == 0u {
+        store_row_sums(row0, 1u, row_sum_lo);
+        store_row_sums(row0 + 4u, 1u, row_sum_hi);
+    }
+    let c_base = base(gp.c, bi, h, 0u);
     let col0 = n0 + 4u * tx;
     store_cols(c_base, row0, col0, acc0);
     store_cols(c_base, row0 + 1u, col0, acc1);

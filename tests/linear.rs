@@ -8,6 +8,7 @@ mod common;
 
 use common::*;
 use half::f16;
+use wgpu_attention::device::LLVMPIPE_LOOP_BUDGET;
 use wgpu_attention::kernels::elementwise::Activation;
 use wgpu_attention::kernels::linear::{
     linear_backward, linear_backward_epilogue_into, linear_forward, linear_forward_epilogue_into,
@@ -71,13 +72,31 @@ fn check(backend: &str, ctx: &Context, x_shape: &[usize], out_f: usize, with_bia
     );
     match &g.d_bias {
         Some(db) => {
+            let db = db.to_vec(ctx).unwrap();
             assert_close(
                 &format!("{tag} d_bias"),
-                &db.to_vec(ctx).unwrap(),
+                &db,
                 &rdb,
                 BACKWARD_ATOL,
                 BACKWARD_RTOL,
             );
+            // Summed inside the dW product (or by the column-sum kernel on the SKINNY path), rows
+            // in order from zero: the same bits as that sum on the host, unless a loop budget
+            // split the reduction into dispatches.
+            if ctx.loop_budget().is_none_or(|b| b >= LLVMPIPE_LOOP_BUDGET) {
+                let in_order: Vec<u32> = (0..out_f)
+                    .map(|c| {
+                        (0..rows)
+                            .fold(0.0f32, |s, r| s + dy[r * out_f + c])
+                            .to_bits()
+                    })
+                    .collect();
+                let bits: Vec<u32> = db.iter().map(|x| x.to_bits()).collect();
+                assert!(
+                    bits == in_order,
+                    "{tag}: d_bias is not the in-order row sum"
+                );
+            }
         }
         None => assert!(!with_bias),
     }
@@ -106,8 +125,10 @@ fn matches_reference_over_odd_sizes() {
 fn long_reductions_split_into_accumulated_dispatches() {
     for_each_backend_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
         // 2000 rows > the budget's rows per dispatch: the bias sums and the dW product (k = rows)
-        // are both split into accumulating dispatches.
+        // are both split into accumulating dispatches: the column-sum kernel's (3 outputs, the
+        // SKINNY dW) and the tiled dW product's own row sums (12 outputs).
         check(backend, ctx, &[2000, 5], 3, true);
+        check(backend, ctx, &[2000, 5], 12, true);
     });
 }
 

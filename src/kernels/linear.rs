@@ -10,7 +10,8 @@ use crate::kernels::attention::check_binding;
 use crate::kernels::dispatch::{encode_in, grid_x, loop_chunks, Bindable};
 use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{
-    encode_gemm, ActivationStep, Elements, Epilogue as GemmEpilogue, Gemm, Operand,
+    encode_gemm, takes_skinny_path, ActivationStep, Elements, Epilogue as GemmEpilogue, Gemm,
+    Operand,
 };
 use crate::tensor::{GpuTensor, GpuTensorF16, Region};
 
@@ -346,6 +347,7 @@ fn encode_forward(
             b: (weight, transposed(in_f)),
             c: (y, row_major(out_f)),
             epilogue,
+            row_sums: None,
             elements,
         },
     )
@@ -447,7 +449,32 @@ pub fn linear_backward_epilogue_into(
             ));
         }
     }
-    // dx, dW and db in one pass: independent dispatches reading dy.
+    // dW [out, in] = dy^T [out, rows] . x [rows, in], with db [out] = the row sums of dy^T in the
+    // same dispatch unless the product takes the SKINNY path.
+    let d_weight = Gemm {
+        m: out_f as u32,
+        n: in_f as u32,
+        k: rows as u32,
+        groups: 1,
+        batch: 1,
+        heads: 1,
+        alpha: 1.0,
+        a: (dy.region(), transposed(out_f)),
+        b: (x.region(), row_major(in_f)),
+        c: (grads.d_weight.region(), row_major(in_f)),
+        epilogue: GemmEpilogue::NONE,
+        row_sums: None,
+        elements: Elements::F32,
+    };
+    let fused_bias = grads
+        .d_bias
+        .as_ref()
+        .filter(|_| !takes_skinny_path(ctx, &d_weight));
+    let d_weight = Gemm {
+        row_sums: fused_bias.map(GpuTensor::region),
+        ..d_weight
+    };
+    // dx and dW (and db) in one pass: independent dispatches reading dy.
     let mut pass = ctx.begin_pass(encoder, "linear_backward");
     {
         // dx [rows, in] = dy [rows, out] . W [out, in]
@@ -466,30 +493,13 @@ pub fn linear_backward_epilogue_into(
                 b: (weight.region(), row_major(in_f)),
                 c: (grads.dx.region(), row_major(in_f)),
                 epilogue: dx_epilogue.gemm(None, ActivationStep::Grad),
+                row_sums: None,
                 elements: Elements::F32,
             },
         )?;
-        // dW [out, in] = dy^T [out, rows] . x [rows, in]
-        encode_gemm(
-            ctx,
-            &mut pass,
-            &Gemm {
-                m: out_f as u32,
-                n: in_f as u32,
-                k: rows as u32,
-                groups: 1,
-                batch: 1,
-                heads: 1,
-                alpha: 1.0,
-                a: (dy.region(), transposed(out_f)),
-                b: (x.region(), row_major(in_f)),
-                c: (grads.d_weight.region(), row_major(in_f)),
-                epilogue: GemmEpilogue::NONE,
-                elements: Elements::F32,
-            },
-        )?;
+        encode_gemm(ctx, &mut pass, &d_weight)?;
     }
-    if let Some(db) = &grads.d_bias {
+    if let (Some(db), None) = (&grads.d_bias, fused_bias) {
         encode_column_sum_in(ctx, &mut pass, dy, rows, out_f, db);
     }
     Ok(())

@@ -160,6 +160,9 @@ pub(crate) struct Gemm<'a> {
     pub b: (Region<'a>, Operand),
     pub c: (Region<'a>, Operand),
     pub epilogue: Epilogue<'a>,
+    /// Also `row_sums[m] = sum over g and k of A[0, g, m, k]` (`ROW_SUMS` in the shaders): the bias
+    /// gradient inside the dW product. Not on the SKINNY path ([`takes_skinny_path`]).
+    pub row_sums: Option<Region<'a>>,
     pub elements: Elements,
 }
 
@@ -195,6 +198,14 @@ impl Epilogue<'_> {
 /// (one valid row in each 64-row tile), and the decoding step 4x less in all with this path.
 const SKINNY_ROWS: u32 = 8;
 
+/// Whether `g` runs on the SKINNY path (one invocation per element of C), which has no row sums.
+pub(crate) fn takes_skinny_path(ctx: &Context, g: &Gemm<'_>) -> bool {
+    g.m <= SKINNY_ROWS
+        && ctx
+            .loop_budget()
+            .is_none_or(|budget| g.groups as u64 * g.k as u64 <= budget as u64)
+}
+
 /// Records one batched product into `pass`.
 pub(crate) fn encode_gemm(
     ctx: &Context,
@@ -215,10 +226,13 @@ pub(crate) fn encode_gemm(
         limit: u32::MAX as u64,
         hint: "",
     })?;
-    let skinny_fits = ctx
-        .loop_budget()
-        .is_none_or(|budget| g.groups as u64 * g.k as u64 <= budget as u64);
-    if g.m <= SKINNY_ROWS && skinny_fits {
+    if takes_skinny_path(ctx, g) {
+        if g.row_sums.is_some() {
+            return Err(Error::shape(
+                "row_sums",
+                "the SKINNY GEMM path has no row sums; sum the rows separately",
+            ));
+        }
         return encode_one(ctx, pass, g, SQUARE, false, true);
     }
     // llvmpipe ends every loop after 65535 iterations per invocation: split the reduction over
@@ -305,12 +319,12 @@ fn encode_one(
         b: g.b.1,
         c: g.c.1,
     };
-    let constants: &[(&'static str, u32)] = match kernel.skinny {
-        true => &[("SKINNY", skinny as u32)],
-        false => &[],
-    };
+    let mut constants = vec![("ROW_SUMS", g.row_sums.is_some() as u32)];
+    if kernel.skinny {
+        constants.push(("SKINNY", skinny as u32));
+    }
     let name = kernel.names[g.elements.index()];
-    let pipeline = ctx.pipeline(name, || typed_source(kernel.source, g.elements), constants);
+    let pipeline = ctx.pipeline(name, || typed_source(kernel.source, g.elements), &constants);
     let (empty, empty_rw) = (ctx.empty_storage(), ctx.empty_storage_rw());
     let epilogue = &g.epilogue;
     let storage = [
@@ -323,6 +337,7 @@ fn encode_one(
             .activation
             .map_or(empty_rw.into(), |(_, _, pre)| pre)
             .bind(6),
+        g.row_sums.unwrap_or(empty_rw.into()).bind(7),
     ];
     let bind_group = ctx.bind_group(&pipeline, name, bytemuck::bytes_of(&params), &storage);
     pass.set_pipeline(&pipeline);

@@ -42,6 +42,7 @@ pub(super) fn encode_unfused_output_grads(
             b: (Region::whole(v.buffer()), view_operand(v, false, group)),
             c: (Region::whole(dprobs.buffer()), p_rows),
             epilogue: Epilogue::NONE,
+            row_sums: None,
             elements: Elements::F32,
         },
     )?;
@@ -77,6 +78,7 @@ pub(super) fn encode_unfused_output_grads(
             b: (Region::whole(d_out.buffer()), grouped_operand(d_out, group)),
             c: (Region::whole(dv.buffer()), view_operand(dv, true, 1)),
             epilogue: Epilogue::NONE,
+            row_sums: None,
             elements: Elements::F32,
         },
     )
@@ -185,6 +187,7 @@ pub(super) fn encode_probs(
             b: (Region::whole(k.buffer()), view_operand(k, false, group)),
             c: (Region::whole(probs.buffer()), scores_op),
             epilogue: Epilogue::NONE,
+            row_sums: None,
             elements: Elements::F32,
         },
     )?;
@@ -260,6 +263,7 @@ pub(super) fn encode_pv(
             b: (Region::whole(v.buffer()), view_operand(v, true, group)),
             c: (Region::whole(out.buffer()), view_operand(out, true, 1)),
             epilogue: Epilogue::NONE,
+            row_sums: None,
             elements: Elements::F32,
         },
     )
@@ -382,6 +386,7 @@ pub fn attention_backward_unfused(
                 b: (Region::whole(k.buffer()), view_operand(k, true, group)),
                 c: (Region::whole(dq.buffer()), view_operand(&dq_v, true, 1)),
                 epilogue: Epilogue::NONE,
+                row_sums: None,
                 elements: Elements::F32,
             },
         )?;
@@ -401,6 +406,7 @@ pub fn attention_backward_unfused(
                 b: (Region::whole(q.buffer()), grouped_operand(q, group)),
                 c: (Region::whole(dk.buffer()), view_operand(&dk_v, true, 1)),
                 epilogue: Epilogue::NONE,
+                row_sums: None,
                 elements: Elements::F32,
             },
         )?;
