@@ -77,7 +77,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 acc1 += av.y * bv;
                 acc2 += av.z * bv;
                 acc3 += av.w * bv;
-                if ROW_SUMS {
+                // Only the first column of tiles writes the sums: a workgroup-uniform branch.
+                if ROW_SUMS && n0 == 0u {
                     row_sum += av;
                 }
             }

@@ -79,7 +79,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 acc5 += a_hi.y * bv;
                 acc6 += a_hi.z * bv;
                 acc7 += a_hi.w * bv;
-                if ROW_SUMS {
+                // Only the first column of tiles writes the sums: a workgroup-uniform branch.
+                if ROW_SUMS && n0 == 0u {
                     row_sum_lo += a_lo;
                     row_sum_hi += a_hi;
                 }
