@@ -190,6 +190,29 @@ fn bits(ctx: &wgpu_attention::Context, tensors: &[GpuTensor]) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Writes `data` into `grads`, records one step (each dispatch takes one bind group from a fresh
+/// cache), submits it and returns the number of dispatches.
+fn step_counting_dispatches(
+    ctx: &wgpu_attention::Context,
+    opt: &mut AdamW,
+    params: &[&GpuTensor],
+    grads: &[&GpuTensor],
+    data: &[Vec<f32>],
+) -> u64 {
+    for (g, data) in grads.iter().zip(data) {
+        g.write(ctx, data).unwrap();
+    }
+    let mut cache = BindingCache::default();
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    ctx.with_binding_cache(&mut cache, || {
+        opt.step_into(ctx, &mut encoder, params, grads)
+    })
+    .unwrap();
+    ctx.queue().submit([encoder.finish()]);
+    let (created, reused) = cache.counts();
+    created + reused
+}
+
 #[test]
 fn packed_parameters_take_one_dispatch_per_kernel_and_match_separate_tensors_bitwise() {
     for_each_backend(|backend, ctx| {
@@ -284,19 +307,8 @@ fn packed_parameters_take_one_dispatch_per_kernel_and_match_separate_tensors_bit
             let mut results = Vec::new();
             for ((name, params, grad_tensors, dispatches), opt) in runs.iter().zip(&mut optimizers)
             {
-                for (g, data) in grad_tensors.iter().zip(&grads) {
-                    g.write(ctx, data).unwrap();
-                }
-                let mut cache = BindingCache::default();
-                let mut encoder = ctx.device().create_command_encoder(&Default::default());
-                ctx.with_binding_cache(&mut cache, || {
-                    opt.step_into(ctx, &mut encoder, params, grad_tensors)
-                })
-                .unwrap();
-                ctx.queue().submit([encoder.finish()]);
-                let (created, reused) = cache.counts();
                 assert_eq!(
-                    created + reused,
+                    step_counting_dispatches(ctx, opt, params, grad_tensors, &grads),
                     *dispatches,
                     "[{backend}] {name}: dispatches of a step"
                 );
@@ -444,18 +456,11 @@ fn arenas_split_at_the_binding_limit_and_update_like_separate_tensors() {
     for (values, grads, dispatches) in &runs {
         let mut opt = AdamW::new(ctx, config, values).unwrap();
         for (step, grads_host) in steps.iter().enumerate() {
-            for (g, data) in grads.iter().zip(grads_host) {
-                g.write(ctx, data).unwrap();
-            }
-            let mut cache = BindingCache::default();
-            let mut encoder = ctx.device().create_command_encoder(&Default::default());
-            ctx.with_binding_cache(&mut cache, || {
-                opt.step_into(ctx, &mut encoder, values, grads)
-            })
-            .unwrap();
-            ctx.queue().submit([encoder.finish()]);
-            let (created, reused) = cache.counts();
-            assert_eq!(created + reused, *dispatches, "dispatches of step {step}");
+            assert_eq!(
+                step_counting_dispatches(ctx, &mut opt, values, grads, grads_host),
+                *dispatches,
+                "dispatches of step {step}"
+            );
         }
         let values: Vec<GpuTensor> = values.iter().map(|&t| t.clone()).collect();
         results.push((bits(ctx, &values), bits(ctx, opt.moments().0)));
