@@ -85,7 +85,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         }
     }
 
-    if ROW_SUMS && n0 == 0u && tx == 0u && at.bi == 0u && at.h == 0u {
+    if ROW_SUMS && n0 == 0u && tx == 0u && bi == 0u && h == 0u {
         store_row_sums(m0 + ty, 16u, row_sum);
     }
     let c_base = base(gp.c, bi, h, 0u);

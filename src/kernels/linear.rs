@@ -451,7 +451,7 @@ pub fn linear_backward_epilogue_into(
     }
     // dW [out, in] = dy^T [out, rows] . x [rows, in], with db [out] = the row sums of dy^T in the
     // same dispatch unless the product takes the SKINNY path.
-    let d_weight = Gemm {
+    let mut d_weight = Gemm {
         m: out_f as u32,
         n: in_f as u32,
         k: rows as u32,
@@ -470,10 +470,7 @@ pub fn linear_backward_epilogue_into(
         .d_bias
         .as_ref()
         .filter(|_| !takes_skinny_path(ctx, &d_weight));
-    let d_weight = Gemm {
-        row_sums: fused_bias.map(GpuTensor::region),
-        ..d_weight
-    };
+    d_weight.row_sums = fused_bias.map(GpuTensor::region);
     // dx and dW (and db) in one pass: independent dispatches reading dy.
     let mut pass = ctx.begin_pass(encoder, "linear_backward");
     {

@@ -134,17 +134,6 @@ struct Group<'a> {
     v: Region<'a>,
 }
 
-/// `region` grown to cover `t`'s bytes (both in one buffer).
-fn cover<'a>(region: Region<'a>, t: Region<'_>) -> Region<'a> {
-    let start = region.offset.min(t.offset);
-    let end = (region.offset + region.size).max(t.offset + t.size);
-    Region {
-        buffer: region.buffer,
-        offset: start,
-        size: end - start,
-    }
-}
-
 /// Parameter tables (by contents) an optimizer keeps: a layout is uploaded once, into a buffer no
 /// later step rewrites, so a step recorded before an earlier one is submitted keeps its own table.
 const CACHED_TABLES: usize = 4;
@@ -169,17 +158,17 @@ fn groups<'a>(
             bound
                 .iter()
                 .zip(&parts)
-                .all(|(b, t)| b.buffer == t.buffer && cover(*b, *t).size <= limit)
+                .all(|(b, t)| b.buffer == t.buffer && b.cover(t).size <= limit)
         });
         match groups.last_mut() {
             Some(group) if joins => {
                 group.end = i + 1;
                 group.runs += p.len().div_ceil(RUN);
                 group.partials += partials;
-                group.param = cover(group.param, parts[0]);
-                group.grad = cover(group.grad, parts[1]);
-                group.m = cover(group.m, parts[2]);
-                group.v = cover(group.v, parts[3]);
+                group.param = group.param.cover(&parts[0]);
+                group.grad = group.grad.cover(&parts[1]);
+                group.m = group.m.cover(&parts[2]);
+                group.v = group.v.cover(&parts[3]);
             }
             _ => groups.push(Group {
                 first: i,
@@ -468,8 +457,8 @@ impl AdamW {
         let table = table(ctx, &mut self.tables, &groups, params, grads, &self.m)?;
         self.step += 1;
         let c = &self.config;
-        // One pass for the partial sums and one for the updates: the dispatches of a pass touch
-        // disjoint ranges, so none waits for another.
+        // The partial sums of every group, the norm, then the updates of every group (in the
+        // caller's pass where it records one; wgpu orders the dispatches that share a buffer).
         let mut pass = ctx.begin_pass(encoder, "grad_norm_partial");
         for group in &groups {
             let p = PartialParams {

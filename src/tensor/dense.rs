@@ -146,11 +146,7 @@ impl GpuTensor {
 
     /// The bytes the tensor occupies (at least one element's: a binding is never empty).
     pub(crate) fn region(&self) -> Region<'_> {
-        Region {
-            buffer: &self.buffer,
-            offset: self.offset as u64 * F32,
-            size: self.len().max(1) as u64 * F32,
-        }
+        Region::elements(&self.buffer, self.offset, self.offset + self.len(), F32)
     }
 
     /// Whether the two tensors share memory (a kernel may not write one while reading the other).

@@ -102,11 +102,36 @@ impl<'a> Region<'a> {
         }
     }
 
+    /// Elements `begin .. end` of `element_bytes` each (at least one: a binding is never empty).
+    pub fn elements(
+        buffer: &'a wgpu::Buffer,
+        begin: usize,
+        end: usize,
+        element_bytes: u64,
+    ) -> Self {
+        Self {
+            buffer,
+            offset: begin as u64 * element_bytes,
+            size: (end - begin).max(1) as u64 * element_bytes,
+        }
+    }
+
     /// Whether the two share a byte.
     pub fn overlaps(&self, other: &Region<'_>) -> bool {
         self.buffer == other.buffer
             && self.offset < other.offset + other.size
             && other.offset < self.offset + self.size
+    }
+
+    /// This region grown to cover `other` too (a range of the same buffer).
+    pub fn cover(&self, other: &Region<'_>) -> Region<'a> {
+        let start = self.offset.min(other.offset);
+        let end = (self.offset + self.size).max(other.offset + other.size);
+        Region {
+            buffer: self.buffer,
+            offset: start,
+            size: end - start,
+        }
     }
 
     /// The region bound at `binding`.

@@ -109,12 +109,12 @@ impl HeadsView {
 
     /// The bytes from the view's first element to its last (at least one element's).
     pub(crate) fn region(&self) -> Region<'_> {
-        let size = self.dtype.size();
-        Region {
-            buffer: &self.buffer,
-            offset: self.offset as u64 * size,
-            size: (self.end_element() - self.offset).max(1) as u64 * size,
-        }
+        Region::elements(
+            &self.buffer,
+            self.offset,
+            self.end_element(),
+            self.dtype.size(),
+        )
     }
 
     /// One past the last element the view touches (0 for an empty view).
@@ -240,11 +240,7 @@ impl BiasView {
 
     /// The bytes from the view's first element to its last (at least one element's).
     pub(crate) fn region(&self) -> Region<'_> {
-        Region {
-            buffer: &self.buffer,
-            offset: self.offset as u64 * F32,
-            size: (self.end_element() - self.offset).max(1) as u64 * F32,
-        }
+        Region::elements(&self.buffer, self.offset, self.end_element(), F32)
     }
 
     pub fn offset(&self) -> usize {
