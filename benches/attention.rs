@@ -40,7 +40,7 @@ fn inputs(ctx: &Context, l: usize) -> [HeadsView; 4] {
 }
 
 fn attention(c: &mut Criterion) {
-    let ctx = Context::new().expect("no adapter: see README (prerequisites)");
+    let ctx = Context::from_env().expect("no adapter: see README (prerequisites)");
     eprintln!("adapter: {}", ctx.report().name);
     for causal in [false, true] {
         let opts = AttentionOptions::new().causal(causal);

@@ -273,7 +273,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             _ => return Err(format!("unknown argument {a}; see the example's header").into()),
         }
     }
-    let ctx = Context::new()?;
+    let ctx = Context::from_env()?;
     println!("adapter: {}", ctx.report());
     let mut rng = Rng(0xC0FFEE);
     let Setup {

@@ -79,7 +79,7 @@ fn run(
     d: usize,
     causal: bool,
 ) -> wgpu_attention::Result<bool> {
-    let ctx = Context::new()?;
+    let ctx = Context::from_env()?;
     println!("adapter: {}", ctx.report());
     let n_q = b * l * h * d;
     let n_kv = b * l * hkv * d;

@@ -338,7 +338,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    let ctx = Context::new()?;
+    let ctx = Context::from_env()?;
     println!("adapter: {}", ctx.report());
     let shape = BatchShape {
         batch: 1,

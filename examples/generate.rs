@@ -241,7 +241,7 @@ fn show(tokens: &[u32]) -> String {
 }
 
 fn run(args: &Args) -> Result<(), Error> {
-    let ctx = Context::new()?;
+    let ctx = Context::from_env()?;
     println!("adapter: {}", ctx.report());
     let shape = BatchShape {
         batch: BATCH,

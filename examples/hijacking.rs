@@ -82,7 +82,7 @@ fn main() -> ExitCode {
 }
 
 fn run(a: &Args) -> Result<bool, wgpu_attention::Error> {
-    let ctx = Context::new()?;
+    let ctx = Context::from_env()?;
     println!("adapter: {}", ctx.report().name);
     let (l, d) = (a.seq, a.head_dim);
     // Queries and keys with unit-variance components (norm about sqrt(d)); the planted key is a

@@ -260,7 +260,7 @@ fn learning_rate(peak: f32, step: usize, total: usize) -> f32 {
 fn run(args: &Args) -> Result<f64, Error> {
     // Before anything else: a path that cannot be written fails now, not after training.
     let saver = Checkpointer::new(&args.checkpoint, args.save_every)?;
-    let ctx = Context::new()?;
+    let ctx = Context::from_env()?;
     println!("adapter: {}", ctx.report());
     let config = TransformerConfig {
         vocab: (DIGIT0 + 10) as usize,

@@ -76,6 +76,17 @@ pub enum Error {
         adapter: String,
         hint: &'static str,
     },
+    /// A tensor of another [`crate::Context`] was passed: its buffer lives on another device (or
+    /// another context's memory account).
+    #[error("{arg} was created by another Context; a tensor is usable only with the Context that allocated it (this one runs on {adapter}): create it with this context, or copy its values over")]
+    ForeignTensor { arg: &'static str, adapter: String },
+    /// Two arguments of one call share memory where wgpu or the kernel cannot allow it.
+    #[error("{arg} shares memory with {other}: {rule}")]
+    Aliasing {
+        arg: &'static str,
+        other: &'static str,
+        rule: &'static str,
+    },
     /// A checkpoint could not be written or does not fit the model.
     #[error("checkpoint {0}")]
     Checkpoint(String),

@@ -29,8 +29,9 @@ pub mod tensor;
 pub mod training;
 
 pub use device::{
-    enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport, Context,
-    ContextOptions, GemmTiles, KernelFamily, MemoryStats, RecordedCounts,
+    enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport, Context, ContextId,
+    ContextOptions, GemmTiles, KernelFamily, MemoryStats, RecordedCounts, TiledShape,
+    ENVIRONMENT_VARIABLES,
 };
 pub use error::{Error, Result};
 pub use kernels::attention::{

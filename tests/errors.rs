@@ -406,7 +406,7 @@ fn devices_with_too_few_storage_buffers_are_told_what_to_request() {
     }))
     .unwrap();
     assert_eq!(device.limits().max_storage_buffers_per_shader_stage, 8);
-    let ctx = wgpu_attention::Context::from_device(device, queue, Some(adapter.get_info()));
+    let ctx = wgpu_attention::Context::from_device(device, queue).unwrap();
     let (q, k, v) = views(&ctx, [1, 4, 2, 8], [1, 4, 2, 8], [1, 4, 2, 8]);
     let opts = AttentionOptions::new();
     let fwd = attention_forward(&ctx, &q, &k, &v, &opts).unwrap();

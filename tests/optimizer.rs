@@ -406,7 +406,7 @@ fn arenas_split_at_the_binding_limit_and_update_like_separate_tensors() {
         ..Default::default()
     }))
     .unwrap();
-    let ctx = &wgpu_attention::Context::from_device(device, queue, Some(adapter.get_info()));
+    let ctx = &wgpu_attention::Context::from_device(device, queue).unwrap();
     let shapes = [vec![1000], vec![3000], vec![2000], vec![50]];
     let mut params = Params::new(5);
     for (i, s) in shapes.iter().enumerate() {

@@ -7,7 +7,7 @@ pub mod layer;
 
 use std::time::Instant;
 
-use crate::device::Context;
+use crate::device::{Context, ContextOptions};
 use crate::error::{Error, Result};
 
 /// `n` deterministic values in `[-scale, scale)` from `seed` (xorshift): benchmark inputs that are
@@ -198,10 +198,24 @@ pub fn measure(
     Ok(samples)
 }
 
-/// Writes a bench binary's report (JSON, SVG) to `path` and says so.
+/// The bench binaries' context options: the environment ([`ContextOptions::from_env`]) under the
+/// command line's `--backend` and `--adapter`.
+pub fn bench_options(
+    backends: Option<wgpu::Backends>,
+    adapter: Option<String>,
+) -> Result<ContextOptions> {
+    let mut options = ContextOptions::from_env()?;
+    if backends.is_some() {
+        options.backends = backends;
+    }
+    if adapter.is_some() {
+        options.adapter_name = adapter;
+    }
+    Ok(options)
+}
+
+/// Writes a bench binary's report (JSON, SVG) to `path`.
 pub fn write_report(path: &std::path::Path, text: &str) -> Result<()> {
     std::fs::write(path, text)
-        .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))?;
-    println!("wrote {}", path.display());
-    Ok(())
+        .map_err(|e| Error::Device(format!("writing {}: {e}", path.display())))
 }

@@ -10,7 +10,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use wgpu_attention::bench::{measure, uniform_values, Timer};
+use wgpu_attention::bench::{bench_options, measure, uniform_values, Timer};
 use wgpu_attention::reference::additive as reference;
 use wgpu_attention::reference::attention::Masks;
 use wgpu_attention::reference::compare::{
@@ -18,8 +18,7 @@ use wgpu_attention::reference::compare::{
 };
 use wgpu_attention::{
     additive_backward, additive_backward_unfused, additive_forward, additive_forward_unfused,
-    parse_backends, AdditiveScores, AttentionOptions, AttentionShape, Context, ContextOptions,
-    Error, GpuTensor,
+    parse_backends, AdditiveScores, AttentionOptions, AttentionShape, Context, Error, GpuTensor,
 };
 
 #[derive(Parser, Debug)]
@@ -60,11 +59,7 @@ struct Cli {
 
 fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
-    let ctx = Context::new_with(&ContextOptions {
-        backends,
-        adapter_name: cli.adapter.clone(),
-        max_workgroup_storage: None,
-    })?;
+    let ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
     println!("adapter: {}", ctx.report());
     let timer = Timer::new(&ctx, false);
     let (b, h, da, dv) = (cli.batch, cli.heads, cli.score_dim, cli.head_dim);
@@ -181,6 +176,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
     if let Some(path) = &cli.json {
         let report = serde_json::json!({"adapter": ctx.report().to_string(), "cli": format!("{cli:?}"), "clock": timer.clock().name(), "cases": rows});
         wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
+        println!("wrote {}", path.display());
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use wgpu_attention::bench::fma::fma_peak_gflops;
-use wgpu_attention::bench::{measure, uniform_values, Timer};
+use wgpu_attention::bench::{bench_options, measure, uniform_values, Timer};
 use wgpu_attention::kernels::linear::{
     linear_backward_into, linear_forward_f16_into, linear_forward_into, LinearGrads,
 };
@@ -22,9 +22,7 @@ use wgpu_attention::reference::compare::{
     compare, BACKWARD_ATOL, BACKWARD_RTOL, F16_FORWARD_ATOL, F16_RTOL, FORWARD_ATOL, FORWARD_RTOL,
 };
 use wgpu_attention::reference::linear as reference;
-use wgpu_attention::{
-    parse_backends, Context, ContextOptions, Error, GemmTiles, GpuTensor, GpuTensorF16,
-};
+use wgpu_attention::{parse_backends, Context, Error, GemmTiles, GpuTensor, GpuTensorF16};
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Transformer-layer GEMMs on any wgpu adapter")]
@@ -64,11 +62,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         .iter()
         .map(|t| GemmTiles::parse(t))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut ctx = Context::new_with(&ContextOptions {
-        backends,
-        adapter_name: cli.adapter.clone(),
-        max_workgroup_storage: None,
-    })?;
+    let mut ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
     println!("adapter: {}", ctx.report());
     let timer = Timer::new(&ctx, false);
     let peak = fma_peak_gflops(&ctx, &timer)?;
@@ -213,6 +207,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "fma_peak_gflops": peak, "cases": report,
         });
         wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&doc).unwrap())?;
+        println!("wrote {}", path.display());
     }
     Ok(())
 }

@@ -12,13 +12,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use wgpu_attention::bench::{measure, Timer};
+use wgpu_attention::bench::{bench_options, measure, Timer};
 use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::{
-    attention_decode_into, parse_backends, AttentionOptions, Context, ContextOptions, Error,
-    GpuTensor, SeqLens,
+    attention_decode_into, parse_backends, AttentionOptions, Context, Error, GpuTensor, SeqLens,
 };
 
 #[derive(Parser, Debug)]
@@ -285,11 +284,7 @@ fn attention(
 
 fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
-    let ctx = Context::new_with(&ContextOptions {
-        backends,
-        adapter_name: cli.adapter.clone(),
-        max_workgroup_storage: None,
-    })?;
+    let ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
     println!("adapter: {}", ctx.report());
     let model = model(&ctx, cli)?;
     println!(
@@ -385,6 +380,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             })).collect::<Vec<_>>(),
         });
         wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
+        println!("wrote {}", path.display());
     }
     Ok(())
 }

@@ -11,11 +11,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use wgpu_attention::bench::{measure, Timer};
+use wgpu_attention::bench::{bench_options, measure, Timer};
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::training::Trainer;
-use wgpu_attention::{parse_backends, Context, ContextOptions, Error, GemmTiles};
+use wgpu_attention::{parse_backends, Context, Error, GemmTiles};
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Transformer training throughput on any wgpu adapter")]
@@ -119,11 +119,7 @@ fn family(label: &str) -> &'static str {
 
 fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
-    let mut ctx = Context::new_with(&ContextOptions {
-        backends,
-        adapter_name: cli.adapter.clone(),
-        max_workgroup_storage: None,
-    })?;
+    let mut ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
     if let Some(tiles) = &cli.gemm_tiles {
         ctx.set_gemm_tiles(Some(GemmTiles::parse(tiles)?));
     }
@@ -327,6 +323,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "families_ms": families.iter().map(|(f, ms, c)| serde_json::json!({"family": f, "ms": ms, "passes": c})).collect::<Vec<_>>(),
         });
         wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
+        println!("wrote {}", path.display());
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 
 mod memory;
+mod options;
 mod pipelines;
 mod profile;
 mod report;
@@ -23,29 +24,19 @@ mod tuning;
 
 pub use memory::MemoryStats;
 pub(crate) use memory::{Allocation, MemoryCounter};
+pub use options::{ContextOptions, TiledShape, ENVIRONMENT_VARIABLES};
 pub use pipelines::BindingCache;
 use pipelines::PipelineKey;
 pub(crate) use pipelines::StorageBinding;
 use profile::{PassProfiler, SharedPass};
 pub use profile::{RecordedCounts, MAX_PROFILED_PASSES};
-use report::{backends_from_env, new_instance};
+use report::new_instance;
 pub use report::{enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport};
 pub use tuning::{GemmTiles, KernelFamily, ATTENTION_WORKGROUPS, LLVMPIPE_LOOP_BUDGET};
 
-/// How [`Context::new_with`] picks its adapter.
-#[derive(Clone, Debug, Default)]
-pub struct ContextOptions {
-    /// Back ends to consider. `None`: `WGPU_BACKEND` (vulkan, gl, metal, dx12) or all of them.
-    pub backends: Option<wgpu::Backends>,
-    /// Case-insensitive substring of the adapter name. `None`: `WGPU_ADAPTER_NAME`, or any adapter.
-    pub adapter_name: Option<String>,
-    /// Request at most this much workgroup storage per workgroup (bytes), to run the kernels as on a
-    /// smaller device (WebGPU's default limit is 16384). `None`: what the adapter offers.
-    pub max_workgroup_storage: Option<u32>,
-}
-
 /// A GPU device with its queue, adapter report and pipeline cache. Cheap to share behind `Arc`.
 pub struct Context {
+    id: ContextId,
     device: wgpu::Device,
     queue: wgpu::Queue,
     report: AdapterReport,
@@ -69,9 +60,15 @@ pub struct Context {
     trusted_shaders: bool,
     /// Every kernel in a compute pass of its own, even inside [`Context::with_one_pass`].
     pass_per_kernel: bool,
-    /// `WGPU_ATTENTION_TRUSTED_SHADERS=all`: every kernel without runtime checks, to measure which
-    /// would gain on a new adapter (benchmarks only; results are validated there, not proven).
+    /// [`ContextOptions::unchecked_measurement`]: every kernel without runtime checks, to measure
+    /// which would gain on a new adapter (benchmarks only; results are validated there, not proven).
     untrusted_measurement: bool,
+    /// [`ContextOptions::tiled_shapes`] and [`ContextOptions::forward_splits`].
+    tiled_shapes: [Option<TiledShape>; 3],
+    forward_splits: Option<usize>,
+    /// Whether this context created its device (and so installed its own error and device-lost
+    /// handlers).
+    owns_device: bool,
     /// Grow-only scratch storage of kernels that need a workspace the caller does not pass (the
     /// split-KV partial results of the forward). Dispatches in one queue run in order, so one buffer
     /// serves every call; a larger request replaces it (recorded work keeps the old one alive).
@@ -85,7 +82,18 @@ pub struct Context {
     profiler: Mutex<Option<PassProfiler>>,
     /// Open [`Context::with_one_pass`] scopes, by encoder.
     shared_passes: Mutex<Vec<SharedPass>>,
-    binding_cache: Mutex<Option<BindingCache>>,
+    /// Binding caches lent with [`Context::with_binding_cache`], by the thread that lent them: only
+    /// that thread's recordings use (and fill) a cache.
+    binding_caches: Mutex<Vec<(std::thread::ThreadId, BindingCache)>>,
+}
+
+/// Identifies a [`Context`] (unique within the process); see [`Context::id`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ContextId(u64);
+
+fn next_context_id() -> ContextId {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    ContextId(NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Features used when offered; none is required.
@@ -94,9 +102,17 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
     .union(wgpu::Features::SUBGROUP);
 
 impl Context {
-    /// Creates a device on the default adapter (see [`ContextOptions`] for the environment variables).
+    /// Creates a device on the best adapter (real GPUs before CPU drivers) with the default
+    /// [`ContextOptions`]. Reads no environment variable: see [`Context::from_env`] for that.
     pub fn new() -> Result<Self> {
         Self::new_with(&ContextOptions::default())
+    }
+
+    /// [`Context::new_with`] the options [`ContextOptions::from_env`] reads from the environment
+    /// (`WGPU_BACKEND`, `WGPU_ADAPTER_NAME`, the `WGPU_ATTENTION_*` tuning variables): what the
+    /// crate's binaries, examples and tests use.
+    pub fn from_env() -> Result<Self> {
+        Self::new_with(&ContextOptions::from_env()?)
     }
 
     /// Creates a device on the adapter selected by `options`.
@@ -106,15 +122,8 @@ impl Context {
 
     /// Async form of [`Context::new_with`].
     pub async fn new_async(options: &ContextOptions) -> Result<Self> {
-        let backends = match options.backends {
-            Some(b) => b,
-            None => backends_from_env()?,
-        };
-        let filter = options
-            .adapter_name
-            .clone()
-            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
-            .filter(|f| !f.is_empty());
+        let backends = options.backends.unwrap_or(wgpu::Backends::all());
+        let filter = options.adapter_name.clone().filter(|f| !f.is_empty());
         let instance = new_instance(backends);
         let adapters = instance.enumerate_adapters(backends).await;
         let available = adapters
@@ -171,10 +180,13 @@ impl Context {
                 ..Default::default()
             })
             .await?;
-        let mut ctx = Self::from_device(device, queue, Some(adapter.get_info()));
+        let mut ctx = Self::wrap(device, queue, options, true)?;
         ctx.report.cooperative_matrices = adapter.cooperative_matrix_properties();
-        // Our device, so our handler: an error no scope caught becomes an `Err` of the next
-        // synchronisation instead of wgpu's default panic. A user's device keeps the user's handler.
+        // Our device, so our handlers: an error no scope caught becomes an `Err` of the next
+        // synchronisation instead of wgpu's default panic, and a loss is remembered. A user's device
+        // keeps the user's handlers (see `Context::device_lost_handler`).
+        ctx.device
+            .set_device_lost_callback(ctx.device_lost_handler());
         let uncaptured = ctx.uncaptured.clone();
         ctx.device
             .on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
@@ -185,7 +197,7 @@ impl Context {
                     .filter(|l| !l.is_empty() && *l != "Caused by:")
                     .collect::<Vec<_>>()
                     .join(": ");
-                eprintln!("wgpu-attention: device error: {text}");
+                log::error!("wgpu-attention: device error: {text}");
                 uncaptured
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -194,42 +206,70 @@ impl Context {
         Ok(ctx)
     }
 
-    /// Wraps a device the application already owns. Limits and features are read from the device;
-    /// `adapter_info` only labels reports.
-    pub fn from_device(
+    /// Wraps a device the application already owns, with the default [`ContextOptions`]: see
+    /// [`Context::from_device_with`].
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
+        Self::from_device_with(device, queue, &ContextOptions::default())
+    }
+
+    /// Wraps a device the application already owns. The adapter, limits and features are read from
+    /// the device itself (`Device::adapter_info`, `limits`, `features`); `options` chooses kernels
+    /// (its adapter fields do not apply).
+    ///
+    /// Wrapping has no side effect on the device: the application's uncaptured-error handler and
+    /// device-lost callback stay in place (wgpu keeps one of each per device), no environment
+    /// variable is read, and wgpu's shader runtime checks stay on unless
+    /// [`ContextOptions::trusted_shaders`] asks otherwise. To have [`Context::check_lost`] and
+    /// waits report a lost device, call [`Context::device_lost_handler`]'s closure from the
+    /// application's own callback (or install it as the callback). A wgpu validation error on
+    /// this device goes to the application's handler; the library refuses up front every argument
+    /// wgpu would reject.
+    pub fn from_device_with(
         device: wgpu::Device,
         queue: wgpu::Queue,
-        adapter_info: Option<wgpu::AdapterInfo>,
-    ) -> Self {
+        options: &ContextOptions,
+    ) -> Result<Self> {
+        Self::wrap(device, queue, options, false)
+    }
+
+    /// What the lost-device state of this context needs to hear from wgpu's device-lost callback:
+    /// install the returned closure with `device.set_device_lost_callback`, or call it from the
+    /// application's own callback, so that waits and later calls report [`Error::DeviceLost`]
+    /// with the driver's reason. Contexts that create their device install it themselves.
+    pub fn device_lost_handler(&self) -> impl Fn(wgpu::DeviceLostReason, String) + Send + 'static {
+        let lost = self.lost.clone();
+        move |reason, message| {
+            let text = match message.is_empty() {
+                true => format!("{reason:?}"),
+                false => format!("{reason:?}: {message}"),
+            };
+            log::error!("wgpu-attention: device lost ({text})");
+            *lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
+        }
+    }
+
+    fn wrap(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        options: &ContextOptions,
+        owns_device: bool,
+    ) -> Result<Self> {
         let limits = device.limits();
         let features = device.features();
+        let info = device.adapter_info();
         // Kernels that place invocations by subgroup need its size fixed for the whole device.
-        let subgroup_size = adapter_info.as_ref().and_then(|info| {
-            (features.contains(wgpu::Features::SUBGROUP)
-                && info.subgroup_min_size == info.subgroup_max_size)
-                .then_some(info.subgroup_min_size)
-        });
-        let report = match adapter_info {
-            Some(info) => AdapterReport {
-                name: info.name,
-                backend: info.backend,
-                device_type: info.device_type,
-                driver: info.driver,
-                driver_info: info.driver_info,
-                limits,
-                features,
-                cooperative_matrices: Vec::new(),
-            },
-            None => AdapterReport {
-                name: "user device".into(),
-                backend: wgpu::Backend::Noop,
-                device_type: wgpu::DeviceType::Other,
-                driver: String::new(),
-                driver_info: String::new(),
-                limits,
-                features,
-                cooperative_matrices: Vec::new(),
-            },
+        let subgroup_size = (features.contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size == info.subgroup_max_size)
+            .then_some(info.subgroup_min_size);
+        let report = AdapterReport {
+            name: info.name,
+            backend: info.backend,
+            device_type: info.device_type,
+            driver: info.driver,
+            driver_info: info.driver_info,
+            limits,
+            features,
+            cooperative_matrices: Vec::new(),
         };
         let empty = |label| {
             device.create_buffer(&wgpu::BufferDescriptor {
@@ -240,22 +280,13 @@ impl Context {
             })
         };
         let (empty_storage, empty_storage_rw) = (empty("empty storage"), empty("empty storage rw"));
-        let lost: Arc<Mutex<Option<String>>> = Arc::default();
-        {
-            let lost = lost.clone();
-            device.set_device_lost_callback(move |reason, message| {
-                let text = match message.is_empty() {
-                    true => format!("{reason:?}"),
-                    false => format!("{reason:?}: {message}"),
-                };
-                eprintln!("wgpu-attention: device lost ({text})");
-                *lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
-            });
-        }
-        let is_llvmpipe = [&report.name, &report.driver]
+        // Correctness on llvmpipe depends on this (its silent loop cap), so it comes from the
+        // device's own adapter info, never from an argument the caller may leave out.
+        let is_llvmpipe = [&report.name, &report.driver, &report.driver_info]
             .iter()
             .any(|s| s.to_lowercase().contains("llvmpipe"));
         let mut ctx = Self {
+            id: next_context_id(),
             device,
             queue,
             report,
@@ -267,72 +298,36 @@ impl Context {
             empty_storage_rw,
             loop_budget: is_llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
             attention_workgroup: None,
-            kernel_family: None,
-            gemm_tiles: None,
+            kernel_family: options.kernel_family,
+            gemm_tiles: options.gemm_tiles,
             subgroup_size,
-            subgroups_enabled: true,
-            trusted_shaders: true,
-            pass_per_kernel: false,
-            untrusted_measurement: false,
+            subgroups_enabled: options.subgroups.unwrap_or(true),
+            trusted_shaders: options.trusted_shaders.unwrap_or(owns_device),
+            pass_per_kernel: options.pass_per_kernel,
+            untrusted_measurement: options.unchecked_measurement,
+            tiled_shapes: options.tiled_shapes,
+            forward_splits: options.forward_splits,
+            owns_device,
             scratch: Mutex::default(),
-            lost,
+            lost: Arc::default(),
             uncaptured: Arc::default(),
             profiler: Mutex::new(None),
             shared_passes: Mutex::new(Vec::new()),
-            binding_cache: Mutex::new(None),
+            binding_caches: Mutex::default(),
         };
-        if let Ok(value) = std::env::var("WGPU_ATTENTION_KERNELS") {
-            match KernelFamily::parse(&value) {
-                Ok(family) => ctx.kernel_family = Some(family),
-                Err(e) => eprintln!("wgpu-attention: ignoring WGPU_ATTENTION_KERNELS={value}: {e}"),
-            }
-        }
-        if let Ok(value) = std::env::var("WGPU_ATTENTION_GEMM_TILES") {
-            match GemmTiles::parse(&value) {
-                Ok(tiles) => ctx.gemm_tiles = Some(tiles),
-                Err(e) => {
-                    eprintln!("wgpu-attention: ignoring WGPU_ATTENTION_GEMM_TILES={value}: {e}")
-                }
-            }
-        }
-        if let Ok(value) = std::env::var("WGPU_ATTENTION_SUBGROUPS") {
-            match value.trim() {
-                "0" | "off" => ctx.subgroups_enabled = false,
-                "1" | "on" => {}
-                _ => eprintln!(
-                    "wgpu-attention: ignoring WGPU_ATTENTION_SUBGROUPS={value}: use on or off"
-                ),
-            }
-        }
-        if let Ok(value) = std::env::var("WGPU_ATTENTION_TRUSTED_SHADERS") {
-            match value.trim() {
-                "0" | "off" => ctx.trusted_shaders = false,
-                "1" | "on" => {}
-                "all" => ctx.untrusted_measurement = true,
-                _ => eprintln!(
-                    "wgpu-attention: ignoring WGPU_ATTENTION_TRUSTED_SHADERS={value}: use on, off or all"
-                ),
-            }
-        }
-        if let Ok(value) = std::env::var("WGPU_ATTENTION_PASS_PER_KERNEL") {
-            match value.trim() {
-                "1" | "on" => ctx.pass_per_kernel = true,
-                "0" | "off" => {}
-                _ => eprintln!(
-                    "wgpu-attention: ignoring WGPU_ATTENTION_PASS_PER_KERNEL={value}: use on or off"
-                ),
-            }
-        }
-        if let Ok(value) = std::env::var("WGPU_ATTENTION_WORKGROUP") {
-            let applied = match value.parse::<u32>() {
-                Ok(width) => ctx.set_attention_workgroup(Some(width)),
-                Err(e) => Err(Error::shape("WGPU_ATTENTION_WORKGROUP", e.to_string())),
-            };
-            if let Err(e) = applied {
-                eprintln!("wgpu-attention: ignoring WGPU_ATTENTION_WORKGROUP={value}: {e}");
-            }
-        }
-        ctx
+        ctx.set_attention_workgroup(options.attention_workgroup)?;
+        Ok(ctx)
+    }
+
+    /// This context's identity: tensors it allocates carry it, so a tensor of another context is
+    /// refused by name instead of failing inside wgpu.
+    pub fn id(&self) -> ContextId {
+        self.id
+    }
+
+    /// Whether this context created its device (rather than wrapping the application's).
+    pub fn owns_device(&self) -> bool {
+        self.owns_device
     }
 
     pub fn device(&self) -> &wgpu::Device {

@@ -133,20 +133,41 @@ impl Context {
         pipeline
     }
 
-    /// Runs `record` with `cache` serving the bind groups of every kernel it records (see
-    /// [`BindingCache`]); without one, each dispatch creates its own.
+    /// Runs `record` with `cache` serving the bind groups of every kernel it records on this thread
+    /// (see [`BindingCache`]); without one, each dispatch creates its own. Recordings on other
+    /// threads sharing the context neither use nor fill `cache`, so it holds only its owner's work.
     pub fn with_binding_cache<R>(&self, cache: &mut BindingCache, record: impl FnOnce() -> R) -> R {
         cache.epoch += 1;
-        let lent = std::mem::take(cache);
-        let previous = self
-            .binding_cache
+        let thread = std::thread::current().id();
+        self.binding_caches
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .replace(lent);
-        let result = record();
-        let mut slot = self.binding_cache.lock().unwrap_or_else(|e| e.into_inner());
-        *cache = std::mem::replace(&mut *slot, previous).unwrap_or_default();
-        result
+            .push((thread, std::mem::take(cache)));
+        // Give the cache back even if `record` panics, so a caught panic leaves no stale entry.
+        struct Return<'a> {
+            ctx: &'a Context,
+            thread: std::thread::ThreadId,
+            cache: &'a mut BindingCache,
+        }
+        impl Drop for Return<'_> {
+            fn drop(&mut self) {
+                let mut lent = self
+                    .ctx
+                    .binding_caches
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                // The innermost cache this thread lent is the last of its entries.
+                if let Some(i) = lent.iter().rposition(|(t, _)| *t == self.thread) {
+                    *self.cache = lent.remove(i).1;
+                }
+            }
+        }
+        let _return = Return {
+            ctx: self,
+            thread,
+            cache,
+        };
+        record()
     }
 
     /// The bind group of one dispatch of `pipeline`: its parameter block at binding 0 and `storage`.
@@ -186,8 +207,13 @@ impl Context {
                     usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                 })
         };
-        let mut guard = self.binding_cache.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(cache) = guard.as_mut() else {
+        let thread = std::thread::current().id();
+        let mut guard = self
+            .binding_caches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some((_, cache)) = guard.iter_mut().rev().find(|(t, _)| *t == thread) else {
+            drop(guard);
             return create(&new_uniform());
         };
         let key: BindKey = (

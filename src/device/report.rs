@@ -60,19 +60,9 @@ pub fn parse_backends(name: &str) -> Result<wgpu::Backends> {
     Ok(backends)
 }
 
-pub(super) fn backends_from_env() -> Result<wgpu::Backends> {
-    match std::env::var("WGPU_BACKEND") {
-        Ok(name) if !name.trim().is_empty() => parse_backends(&name),
-        _ => Ok(wgpu::Backends::all()),
-    }
-}
-
-/// Lists the adapters of the given back ends (default: `WGPU_BACKEND` or all).
+/// Lists the adapters of the given back ends (default: all).
 pub fn enumerate_adapters(backends: Option<wgpu::Backends>) -> Result<Vec<wgpu::AdapterInfo>> {
-    let backends = match backends {
-        Some(b) => b,
-        None => backends_from_env()?,
-    };
+    let backends = backends.unwrap_or(wgpu::Backends::all());
     let instance = new_instance(backends);
     let adapters = pollster::block_on(instance.enumerate_adapters(backends));
     Ok(adapters.iter().map(|a| a.get_info()).collect())

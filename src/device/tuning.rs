@@ -93,8 +93,8 @@ impl Context {
     }
 
     /// The workgroup width of the fused attention kernels where it is overridden; `None` picks the
-    /// measured default per pass (see `kernels::attention`). Read once from `WGPU_ATTENTION_WORKGROUP`
-    /// when the context is created.
+    /// measured default per pass (see `kernels::attention`). Set from
+    /// [`ContextOptions::attention_workgroup`] when the context is created.
     pub fn attention_workgroup(&self) -> Option<u32> {
         self.attention_workgroup
     }
@@ -126,8 +126,7 @@ impl Context {
     }
 
     /// The fused attention kernel family this context runs: the one set with
-    /// [`Context::set_kernel_family`] (or `WGPU_ATTENTION_KERNELS=cpu|gpu`, read when the context is
-    /// created), else [`KernelFamily::CpuDriver`] on CPU drivers and [`KernelFamily::Gpu`] elsewhere.
+    /// [`Context::set_kernel_family`] (or [`ContextOptions::kernel_family`]), else [`KernelFamily::CpuDriver`] on CPU drivers and [`KernelFamily::Gpu`] elsewhere.
     pub fn kernel_family(&self) -> KernelFamily {
         self.kernel_family.unwrap_or(if self.is_cpu() {
             KernelFamily::CpuDriver
@@ -143,8 +142,7 @@ impl Context {
     }
 
     /// The GEMM's output tiles for products of at least 128 rows: the ones set with
-    /// [`Context::set_gemm_tiles`] (or `WGPU_ATTENTION_GEMM_TILES=64x64|128x64`, read when the
-    /// context is created), else [`GemmTiles::Wide128x64`] on CPU drivers and
+    /// [`Context::set_gemm_tiles`] (or [`ContextOptions::gemm_tiles`]), else [`GemmTiles::Wide128x64`] on CPU drivers and
     /// [`GemmTiles::Square64`] elsewhere.
     pub fn gemm_tiles(&self) -> GemmTiles {
         self.gemm_tiles.unwrap_or(match self.is_cpu() {
@@ -162,8 +160,7 @@ impl Context {
     /// The subgroup size kernels may rely on: `Some` where the device has `Features::SUBGROUP`, its
     /// adapter reports one fixed size (`subgroup_min_size == subgroup_max_size`: NVIDIA 32,
     /// lavapipe 8), and subgroup reductions are enabled ([`Context::set_subgroups`], or
-    /// `WGPU_ATTENTION_SUBGROUPS=off` when the context is created). A device wrapped without its
-    /// adapter info has none. Kernels take their workgroup-memory path where this is `None`; both
+    /// [`ContextOptions::subgroups`]). Kernels take their workgroup-memory path where this is `None`; both
     /// paths give the same bits.
     pub fn subgroup_size(&self) -> Option<u32> {
         self.subgroup_size.filter(|_| self.subgroups_enabled)
@@ -177,11 +174,12 @@ impl Context {
 
     /// Whether the kernels that measured faster without some of wgpu's shader runtime checks (loop
     /// bounding, index clamps) are compiled without them (`create_shader_module_trusted`). On by
-    /// default; off (`set_trusted_shaders(false)`, or `WGPU_ATTENTION_TRUSTED_SHADERS=off` when the
-    /// context is created) compiles every kernel with all checks, to compare or to rule them out.
-    /// wgpu's GL back end applies no such checks either way. `WGPU_ATTENTION_TRUSTED_SHADERS=all`
-    /// compiles every kernel without any check: a benchmark setting, to find the kernels worth
-    /// listing on a new adapter, not a mode the tests prove.
+    /// default on a device the context created, **off** on a device it wraps
+    /// ([`Context::from_device_with`]) unless [`ContextOptions::trusted_shaders`] turns it on; off
+    /// compiles every kernel with all checks. wgpu's GL back end applies no such checks either
+    /// way. [`ContextOptions::unchecked_measurement`] compiles every kernel without any check: a
+    /// benchmark setting, to find the kernels worth listing on a new adapter, not a mode the
+    /// tests prove.
     pub fn trusted_shaders(&self) -> bool {
         self.trusted_shaders
     }
@@ -194,8 +192,7 @@ impl Context {
 
     /// Whether every kernel records a compute pass of its own. Off by default: a model's forward,
     /// backward and a training step each record one pass (wgpu orders the dispatches of a pass
-    /// itself). On (`set_pass_per_kernel(true)`, or `WGPU_ATTENTION_PASS_PER_KERNEL=on` when the
-    /// context is created) gives GPU debuggers a labelled pass per kernel and measures what the
+    /// itself). On (`set_pass_per_kernel(true)`, or [`ContextOptions::pass_per_kernel`]) gives GPU debuggers a labelled pass per kernel and measures what the
     /// passes cost; profiling ([`Context::start_profiling`]) turns it on while it runs.
     pub fn pass_per_kernel(&self) -> bool {
         self.pass_per_kernel
@@ -204,5 +201,16 @@ impl Context {
     /// See [`Context::pass_per_kernel`].
     pub fn set_pass_per_kernel(&mut self, separate: bool) {
         self.pass_per_kernel = separate;
+    }
+
+    /// The tiled-kernel shape override `index` (forward, dK/dV, dQ) of
+    /// [`ContextOptions::tiled_shapes`].
+    pub(crate) fn tiled_shape(&self, index: usize) -> Option<TiledShape> {
+        self.tiled_shapes[index]
+    }
+
+    /// [`ContextOptions::forward_splits`].
+    pub(crate) fn forward_splits(&self) -> Option<usize> {
+        self.forward_splits
     }
 }

@@ -11,7 +11,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::attention::check_binding;
+use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::{encode, grid_x, loop_chunks};
 use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
 

@@ -5,7 +5,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::attention::check_binding;
+use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::{encode, encode_in, grid_x, loop_chunks};
 use crate::tensor::GpuTensor;
 

@@ -6,7 +6,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::attention::check_binding;
+use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::{encode_in, grid_x, loop_chunks, Bindable};
 use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{

@@ -14,6 +14,8 @@ pub struct GpuTensor {
     shape: Vec<usize>,
     /// Memory accounting of buffers this crate allocated (None for user buffers).
     _allocation: Option<Arc<Allocation>>,
+    /// The context that allocated the buffer (None for user buffers).
+    context: Option<ContextId>,
 }
 impl GpuTensor {
     /// Usage flags of buffers this crate allocates: kernels read and write them, and they can be
@@ -57,6 +59,7 @@ impl GpuTensor {
             offset: 0,
             shape: shape.to_vec(),
             _allocation: Some(Arc::new(allocation)),
+            context: Some(ctx.id()),
         })
     }
 
@@ -106,6 +109,7 @@ impl GpuTensor {
             offset,
             shape: shape.to_vec(),
             _allocation: None,
+            context: None,
         })
     }
 
@@ -113,6 +117,7 @@ impl GpuTensor {
     pub(crate) fn view_of(arena: &GpuTensor, offset: usize, shape: &[usize]) -> Result<Self> {
         let mut t = Self::from_buffer_at(arena.buffer.clone(), arena.offset + offset, shape)?;
         t._allocation = arena._allocation.clone();
+        t.context = arena.context;
         Ok(t)
     }
 
@@ -147,6 +152,13 @@ impl GpuTensor {
     /// The bytes the tensor occupies (at least one element's: a binding is never empty).
     pub(crate) fn region(&self) -> Region<'_> {
         Region::elements(&self.buffer, self.offset, self.offset + self.len(), F32)
+            .of_context(self.context)
+    }
+
+    /// The context that allocated this tensor's buffer (`None` for a buffer the application
+    /// wrapped).
+    pub fn context(&self) -> Option<ContextId> {
+        self.context
     }
 
     /// Whether the two tensors share memory (a kernel may not write one while reading the other).
@@ -228,7 +240,13 @@ impl GpuTensor {
     }
 
     pub fn heads(&self) -> Result<HeadsView> {
-        HeadsView::contiguous(&self.buffer, DType::F32, self.offset, &self.shape)
+        HeadsView::contiguous(
+            &self.buffer,
+            DType::F32,
+            self.offset,
+            &self.shape,
+            self.context,
+        )
     }
 
     /// Views a `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor, starting at
@@ -236,25 +254,16 @@ impl GpuTensor {
     /// `split_heads(0, H, D)`, `split_heads(H * D, H, D)` and `split_heads(2 * H * D, H, D)` are Q,
     /// K and V.
     pub fn split_heads(&self, column: usize, heads: usize, head_dim: usize) -> Result<HeadsView> {
-        let [b, s, width] = *self.shape.as_slice() else {
-            return Err(Error::shape(
-                "tensor",
-                format!("shape {:?} is not [batch, seq, width]", self.shape),
-            ));
-        };
-        let needed = column.saturating_add(heads.saturating_mul(head_dim));
-        if needed > width {
-            return Err(Error::shape(
-                "split_heads",
-                format!("column {column} + heads {heads} * head_dim {head_dim} = {needed} exceeds the width {width}"),
-            ));
-        }
-        HeadsView::new(
-            self.buffer.clone(),
-            self.offset + column,
-            [b, s, heads, head_dim],
-            [s * width, width, head_dim],
-        )
+        let view = split_heads(
+            &self.buffer,
+            DType::F32,
+            self.offset,
+            &self.shape,
+            column,
+            heads,
+            head_dim,
+        )?;
+        Ok(view.of_context(self.context))
     }
 }
 

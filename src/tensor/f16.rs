@@ -11,6 +11,7 @@ pub struct GpuTensorF16 {
     buffer: Arc<wgpu::Buffer>,
     shape: Vec<usize>,
     _allocation: Option<Arc<Allocation>>,
+    context: Option<ContextId>,
 }
 
 impl GpuTensorF16 {
@@ -47,6 +48,7 @@ impl GpuTensorF16 {
             buffer: Arc::new(buffer),
             shape: shape.to_vec(),
             _allocation: Some(Arc::new(allocation)),
+            context: Some(ctx.id()),
         })
     }
 
@@ -61,6 +63,7 @@ impl GpuTensorF16 {
             buffer,
             shape: shape.to_vec(),
             _allocation: None,
+            context: None,
         })
     }
 
@@ -87,7 +90,13 @@ impl GpuTensorF16 {
 
     /// Its whole buffer (an f16 tensor always starts it; binding sizes are whole words).
     pub(crate) fn region(&self) -> Region<'_> {
-        Region::whole(&self.buffer)
+        Region::whole(&self.buffer).of_context(self.context)
+    }
+
+    /// The context that allocated this tensor's buffer (`None` for a buffer the application
+    /// wrapped).
+    pub fn context(&self) -> Option<ContextId> {
+        self.context
     }
 
     /// Overwrites the tensor's contents with `data` (same length).
@@ -121,6 +130,21 @@ impl GpuTensorF16 {
 
     /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
     pub fn heads(&self) -> Result<HeadsView> {
-        HeadsView::contiguous(&self.buffer, DType::F16, 0, &self.shape)
+        HeadsView::contiguous(&self.buffer, DType::F16, 0, &self.shape, self.context)
+    }
+
+    /// Views a `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor from column
+    /// `column` (see [`GpuTensor::split_heads`]): Q, K and V of a packed f16 projection.
+    pub fn split_heads(&self, column: usize, heads: usize, head_dim: usize) -> Result<HeadsView> {
+        let view = split_heads(
+            &self.buffer,
+            DType::F16,
+            0,
+            &self.shape,
+            column,
+            heads,
+            head_dim,
+        )?;
+        Ok(view.of_context(self.context))
     }
 }

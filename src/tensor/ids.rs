@@ -6,13 +6,15 @@ use std::sync::Arc;
 use super::*;
 
 /// Integer ids on the GPU (tokens, class targets): a `u32` storage buffer with its shape, and a host
-/// copy so that ops can reject ids beyond a vocabulary before dispatching.
+/// copy so that ops can reject ids beyond a vocabulary before dispatching. Clones share the buffer
+/// and the host copy, so a [`GpuTokens::write`] through one is what every clone validates.
 #[derive(Clone, Debug)]
 pub struct GpuTokens {
     buffer: Arc<wgpu::Buffer>,
     shape: Vec<usize>,
-    values: Arc<Vec<u32>>,
+    values: Arc<std::sync::Mutex<Vec<u32>>>,
     _allocation: Arc<Allocation>,
+    context: ContextId,
 }
 
 impl GpuTokens {
@@ -39,8 +41,9 @@ impl GpuTokens {
         Ok(Self {
             buffer: Arc::new(buffer),
             shape: shape.to_vec(),
-            values: Arc::new(data.to_vec()),
+            values: Arc::new(std::sync::Mutex::new(data.to_vec())),
             _allocation: Arc::new(allocation),
+            context: ctx.id(),
         })
     }
 
@@ -60,6 +63,11 @@ impl GpuTokens {
         &self.buffer
     }
 
+    /// The buffer as a read-only argument of a call (its context, for the aliasing checks).
+    pub(crate) fn region(&self) -> Region<'_> {
+        Region::whole(&self.buffer).of_context(Some(self.context))
+    }
+
     /// Overwrites the ids (same count) through the queue, ahead of work submitted after this call.
     pub fn write(&mut self, ctx: &Context, data: &[u32]) -> Result<()> {
         if data.len() != self.len() {
@@ -69,9 +77,11 @@ impl GpuTokens {
             ));
         }
         ctx.check_lost()?;
+        // Under the lock, so the host copy and the queued write change together.
+        let mut values = self.values.lock().unwrap_or_else(|e| e.into_inner());
         ctx.queue()
             .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
-        self.values = Arc::new(data.to_vec());
+        values.copy_from_slice(data);
         Ok(())
     }
 
@@ -79,6 +89,8 @@ impl GpuTokens {
     /// vocabulary or class count of `limit` rejects.
     pub fn first_out_of_range(&self, limit: u32, ignore: Option<u32>) -> Option<(usize, u32)> {
         self.values
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .copied()
             .enumerate()
@@ -88,9 +100,14 @@ impl GpuTokens {
 
 /// Per-batch valid sequence lengths for padding / variable-length attention, held on the GPU as one
 /// buffer `[q_lens (batch), kv_lens (batch)]` with a host copy for validation.
-#[derive(Clone, Debug)]
+///
+/// Not `Clone`, and [`SeqLens::write`] takes `&mut self`: the host copy every call validates is
+/// always the one the kernels read (a shared buffer with two host copies could go stale). Share
+/// one behind a reference; create a second with [`SeqLens::new`].
+#[derive(Debug)]
 pub struct SeqLens {
-    buffer: Arc<wgpu::Buffer>,
+    buffer: wgpu::Buffer,
+    context: ContextId,
     q_lens: Option<Vec<u32>>,
     kv_lens: Option<Vec<u32>>,
     batch: usize,
@@ -131,7 +148,8 @@ impl SeqLens {
         ctx.queue()
             .write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
         Ok(Self {
-            buffer: Arc::new(buffer),
+            buffer,
+            context: ctx.id(),
             q_lens: q_lens.map(<[u32]>::to_vec),
             kv_lens: kv_lens.map(<[u32]>::to_vec),
             batch,
@@ -231,5 +249,10 @@ impl SeqLens {
 
     pub(crate) fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
+    }
+
+    /// The buffer as a read-only argument of a call (its context, for the aliasing checks).
+    pub(crate) fn region(&self) -> Region<'_> {
+        Region::whole(&self.buffer).of_context(Some(self.context))
     }
 }

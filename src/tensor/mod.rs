@@ -23,7 +23,7 @@ pub use ids::{GpuTokens, SeqLens};
 pub(crate) use readback::{read_buffer, read_f16, read_mapped};
 pub use views::{BiasView, HeadsView};
 
-use crate::device::{Allocation, Context, StorageBinding};
+use crate::device::{Allocation, Context, ContextId, StorageBinding};
 use crate::error::{Error, Result};
 
 const F32: u64 = std::mem::size_of::<f32>() as u64;
@@ -72,6 +72,20 @@ fn check_fits(
             ),
         ));
     }
+    // Storage bindings (and queue writes) are whole 4-byte words: an f16 view ending inside the
+    // buffer's last half word would be bound past its end.
+    let bound = (end as u64 * dtype.size()).next_multiple_of(4);
+    if bound > buffer.size() {
+        return Err(Error::shape(
+            arg,
+            format!(
+                "{} end at byte {}, and bindings are whole 4-byte words ({bound} bytes), but the                  buffer has {}: pad the buffer to a multiple of 4 bytes",
+                describe(),
+                end as u64 * dtype.size(),
+                buffer.size()
+            ),
+        ));
+    }
     if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
         return Err(Error::shape(arg, "the buffer lacks STORAGE usage"));
     }
@@ -90,6 +104,8 @@ pub(crate) struct Region<'a> {
     pub buffer: &'a wgpu::Buffer,
     pub offset: u64,
     pub size: u64,
+    /// The context that allocated the buffer (`None`: a buffer the application wrapped).
+    pub context: Option<ContextId>,
 }
 
 impl<'a> Region<'a> {
@@ -99,6 +115,7 @@ impl<'a> Region<'a> {
             buffer,
             offset: 0,
             size: buffer.size(),
+            context: None,
         }
     }
 
@@ -113,7 +130,13 @@ impl<'a> Region<'a> {
             buffer,
             offset: begin as u64 * element_bytes,
             size: (end - begin).max(1) as u64 * element_bytes,
+            context: None,
         }
+    }
+
+    /// This region, of a buffer `context` allocated.
+    pub fn of_context(self, context: Option<ContextId>) -> Self {
+        Self { context, ..self }
     }
 
     /// Whether the two share a byte.
@@ -131,6 +154,7 @@ impl<'a> Region<'a> {
             buffer: self.buffer,
             offset: start,
             size: end - start,
+            context: self.context,
         }
     }
 
@@ -149,6 +173,39 @@ impl<'a> From<&'a wgpu::Buffer> for Region<'a> {
     fn from(buffer: &'a wgpu::Buffer) -> Self {
         Region::whole(buffer)
     }
+}
+
+/// The `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor from `column`
+/// (`GpuTensor::split_heads`, `GpuTensorF16::split_heads`).
+fn split_heads(
+    buffer: &std::sync::Arc<wgpu::Buffer>,
+    dtype: DType,
+    offset: usize,
+    shape: &[usize],
+    column: usize,
+    heads: usize,
+    head_dim: usize,
+) -> Result<HeadsView> {
+    let [b, s, width] = *shape else {
+        return Err(Error::shape(
+            "tensor",
+            format!("shape {shape:?} is not [batch, seq, width]"),
+        ));
+    };
+    let needed = column.saturating_add(heads.saturating_mul(head_dim));
+    if needed > width {
+        return Err(Error::shape(
+            "split_heads",
+            format!("column {column} + heads {heads} * head_dim {head_dim} = {needed} exceeds the width {width}"),
+        ));
+    }
+    HeadsView::new_typed(
+        buffer.clone(),
+        dtype,
+        offset + column,
+        [b, s, heads, head_dim],
+        [s * width, width, head_dim],
+    )
 }
 
 fn element_count(arg: &'static str, shape: &[usize]) -> Result<usize> {

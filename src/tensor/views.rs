@@ -14,6 +14,8 @@ pub struct HeadsView {
     offset: usize,
     shape: [usize; 4],
     strides: [usize; 3],
+    /// The context that allocated the buffer (None for a buffer the application wrapped).
+    context: Option<ContextId>,
 }
 
 impl HeadsView {
@@ -37,17 +39,30 @@ impl HeadsView {
         shape: [usize; 4],
         strides: [usize; 3],
     ) -> Result<Self> {
-        let view = Self {
+        let describe = || format!("offset {offset}, shape {shape:?}, strides {strides:?}");
+        // Every element index a kernel or readback computes is below this end, so checking it
+        // once (without wrapping) keeps all later arithmetic in range.
+        let end = view_end(offset, &shape, &strides, shape[3])
+            .ok_or_else(|| Error::shape("view", format!("{} overflow usize", describe())))?;
+        check_fits("view", &buffer, dtype, end, describe)?;
+        Ok(Self {
             buffer,
             dtype,
             offset,
             shape,
             strides,
-        };
-        check_fits("view", &view.buffer, dtype, view.end_element(), || {
-            format!("offset {offset}, shape {shape:?}, strides {strides:?}")
-        })?;
-        Ok(view)
+            context: None,
+        })
+    }
+
+    /// This view, of a buffer `context` allocated.
+    pub(super) fn of_context(self, context: Option<ContextId>) -> Self {
+        Self { context, ..self }
+    }
+
+    /// The context that allocated the viewed buffer (`None` for a buffer the application wrapped).
+    pub fn context(&self) -> Option<ContextId> {
+        self.context
     }
 
     pub fn dtype(&self) -> DType {
@@ -75,6 +90,7 @@ impl HeadsView {
         dtype: DType,
         offset: usize,
         shape: &[usize],
+        context: Option<ContextId>,
     ) -> Result<Self> {
         let [b, s, h, d] = *shape else {
             return Err(Error::shape(
@@ -88,6 +104,7 @@ impl HeadsView {
             offset,
             shape: [b, s, h, d],
             strides: [s * h * d, h * d, d],
+            context,
         })
     }
 
@@ -115,6 +132,7 @@ impl HeadsView {
             self.end_element(),
             self.dtype.size(),
         )
+        .of_context(self.context)
     }
 
     /// One past the last element the view touches (0 for an empty view).
@@ -168,6 +186,7 @@ pub struct BiasView {
     offset: usize,
     shape: [usize; 4],
     strides: [usize; 4],
+    context: Option<ContextId>,
 }
 
 impl BiasView {
@@ -190,10 +209,14 @@ impl BiasView {
             offset,
             shape,
             strides,
+            context: None,
         };
-        check_fits("bias", &view.buffer, DType::F32, view.end_element(), || {
-            format!("offset {offset}, shape {shape:?}, strides {strides:?}")
-        })?;
+        let describe = || format!("offset {offset}, shape {shape:?}, strides {strides:?}");
+        let [sb, sh, si, sj] = view.strides();
+        let end = view_end(offset, &[shape[0], shape[1], shape[2]], &[sb, sh, si], 1)
+            .and_then(|end| end.checked_add((shape[3] - 1).checked_mul(sj)?))
+            .ok_or_else(|| Error::shape("bias", format!("{} overflow usize", describe())))?;
+        check_fits("bias", &view.buffer, DType::F32, end, describe)?;
         Ok(view)
     }
 
@@ -215,12 +238,21 @@ impl BiasView {
             }
         };
         let [_, h, lq, lk] = shape;
-        Self::new(
+        let view = Self::new(
             t.buffer().clone(),
             t.offset(),
             shape,
             [h * lq * lk, lq * lk, lk, 1],
-        )
+        )?;
+        Ok(Self {
+            context: t.context(),
+            ..view
+        })
+    }
+
+    /// The context that allocated the viewed buffer (`None` for a buffer the application wrapped).
+    pub fn context(&self) -> Option<ContextId> {
+        self.context
     }
 
     pub fn shape(&self) -> [usize; 4] {
@@ -241,6 +273,7 @@ impl BiasView {
     /// The bytes from the view's first element to its last (at least one element's).
     pub(crate) fn region(&self) -> Region<'_> {
         Region::elements(&self.buffer, self.offset, self.end_element(), F32)
+            .of_context(self.context)
     }
 
     pub fn offset(&self) -> usize {
@@ -281,4 +314,19 @@ impl BiasView {
         }
         Ok(out)
     }
+}
+
+/// One past the last element of a view from `offset` with three strided dimensions of `shape`
+/// and `last` contiguous elements, or `None` if that overflows (an empty view ends at `offset`).
+fn view_end(offset: usize, shape: &[usize], strides: &[usize], last: usize) -> Option<usize> {
+    if shape.contains(&0) || last == 0 {
+        return Some(offset);
+    }
+    shape
+        .iter()
+        .zip(strides)
+        .try_fold(offset, |end, (&n, &stride)| {
+            end.checked_add((n - 1).checked_mul(stride)?)
+        })?
+        .checked_add(last)
 }

@@ -38,11 +38,7 @@ fn contexts_cell() -> &'static Vec<(String, Arc<Context>)> {
         for name in backends_under_test() {
             let backends = wgpu_attention::parse_backends(&name)
                 .unwrap_or_else(|e| panic!("WGPU_ATTENTION_TEST_BACKENDS: {e}"));
-            let opts = ContextOptions {
-                backends: Some(backends),
-                adapter_name: None,
-                max_workgroup_storage: None,
-            };
+            let opts = ContextOptions::from_env().unwrap().backends(backends);
             match Context::new_with(&opts) {
                 Ok(ctx) => {
                     eprintln!("[{name}] {}", ctx.report().name);
@@ -121,11 +117,11 @@ pub fn fresh_context(name: &str, shared: &Context) -> Context {
 }
 
 fn fresh_context_with_storage(name: &str, shared: &Context, storage: Option<u32>) -> Context {
-    let opts = ContextOptions {
-        backends: Some(wgpu_attention::parse_backends(name).unwrap()),
-        adapter_name: Some(shared.report().name.clone()),
-        max_workgroup_storage: storage,
-    };
+    let mut opts = ContextOptions::from_env()
+        .unwrap()
+        .backends(wgpu_attention::parse_backends(name).unwrap())
+        .adapter_name(shared.report().name.clone());
+    opts.max_workgroup_storage = storage;
     Context::new_with(&opts).unwrap()
 }
 

@@ -23,7 +23,7 @@ use clap::{Parser, ValueEnum};
 use serde_json::{json, Value};
 use wgpu_attention::bench::fma::fma_peak_gflops;
 use wgpu_attention::bench::layer::LayerCase;
-use wgpu_attention::bench::{measure, Samples, Timer};
+use wgpu_attention::bench::{bench_options, measure, Samples, Timer};
 use wgpu_attention::reference::attention::{self as reference, Bias, Masks};
 use wgpu_attention::reference::compare::{
     compare, BACKWARD_ATOL, BACKWARD_RTOL, F16_BACKWARD_ATOL, F16_FORWARD_ATOL, F16_RTOL,
@@ -36,8 +36,8 @@ use wgpu_attention::{
     attention_backward_into, attention_backward_unfused, attention_backward_workspace,
     attention_bias_backward_into, attention_forward_into, attention_forward_plan,
     attention_forward_unfused, attention_sinks_backward_into, enumerate_adapters, parse_backends,
-    AttentionOptions, AttentionShape, BiasView, Context, ContextOptions, DType, Error, GpuTensor,
-    GpuTensorF16, HeadsView, KernelFamily, RelativeBuckets, SeqLens,
+    AttentionOptions, AttentionShape, BiasView, Context, DType, Error, GpuTensor, GpuTensorF16,
+    HeadsView, KernelFamily, RelativeBuckets, SeqLens,
 };
 
 use cases::*;
@@ -97,11 +97,8 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(e) => return usage_error(e),
     };
-    let ctx = match Context::new_with(&ContextOptions {
-        backends,
-        adapter_name: cli.adapter.clone(),
-        max_workgroup_storage: None,
-    }) {
+    let ctx = match bench_options(backends, cli.adapter.clone()).and_then(|o| Context::new_with(&o))
+    {
         Ok(ctx) => ctx,
         Err(e @ Error::NoAdapter { .. }) => {
             let arg = if cli.adapter.is_some() {
@@ -219,9 +216,11 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
             path,
             &serde_json::to_string_pretty(&doc).unwrap_or_default(),
         )?;
+        println!("wrote {}", path.display());
     }
     if let Some(path) = &cli.plot {
         wgpu_attention::bench::write_report(path, &svg_plot(&results))?;
+        println!("wrote {}", path.display());
     }
     if failed.is_empty() {
         Ok(true)

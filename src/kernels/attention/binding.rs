@@ -164,14 +164,6 @@ pub(super) fn bind_backward_inputs<'a>(
     ])
 }
 
-pub(crate) fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
-    let limit = ctx.limits().max_storage_buffer_binding_size;
-    if bytes > limit {
-        return Err(Error::BindingTooLarge { arg, bytes, limit });
-    }
-    Ok(())
-}
-
 /// Rows of Q (forward, dQ) or keys (dK/dV) one invocation owns: one per vec4 lane.
 pub(super) const ROWS: u32 = 4;
 

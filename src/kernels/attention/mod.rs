@@ -31,6 +31,8 @@ mod sinks;
 mod tiled;
 mod unfused;
 
+pub(crate) use crate::kernels::arguments::check_binding;
+use crate::kernels::arguments::{check_call, check_context};
 pub use additive::{
     additive_backward, additive_backward_into, additive_backward_unfused,
     additive_backward_workspace, additive_decode_into, additive_forward, additive_forward_into,
@@ -39,7 +41,6 @@ pub use additive::{
 };
 pub use backward::*;
 pub use bias::{attention_bias_backward_into, RelativeBuckets};
-pub(crate) use binding::check_binding;
 pub use binding::MAX_ALIBI_SLOPES;
 use binding::*;
 pub use decode::{attention_decode, attention_decode_into, DecodePlan};

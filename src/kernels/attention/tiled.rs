@@ -127,7 +127,7 @@ impl TiledForward {
         let groups = s.q_seq.div_ceil(self.block_m as usize) * s.batch * s.heads;
         let kv_tiles = s.kv_seq.div_ceil(self.block_n as usize);
         let mut splits = 1;
-        if let Some(tuned) = tuned_splits() {
+        if let Some(tuned) = ctx.forward_splits() {
             splits = tuned.min(kv_tiles).max(1);
         } else if !ctx.is_cpu() && groups < SPLIT_TARGET_WORKGROUPS {
             splits = SPLIT_TARGET_WORKGROUPS
@@ -321,10 +321,10 @@ pub(super) fn encode_split_merge(
 }
 
 /// The tiled kernels' shapes and split count can be overridden for tuning on a new GPU (benchmarks
-/// only; the defaults are the measured choices): `WGPU_ATTENTION_TILED_FORWARD=WGxBMxBN`,
-/// `WGPU_ATTENTION_TILED_DKDV=WGxBNxBM`, `WGPU_ATTENTION_TILED_DQ=WGxBMxBN`,
-/// `WGPU_ATTENTION_SPLITS=N`. A shape the kernel cannot take (divisibility, workgroup storage, width)
-/// is reported once on stderr and ignored.
+/// only; the defaults are the measured choices): [`crate::ContextOptions::tiled_shapes`] and
+/// [`crate::ContextOptions::forward_splits`] (`WGPU_ATTENTION_TILED_*` and `WGPU_ATTENTION_SPLITS`
+/// through `ContextOptions::from_env`). A shape the kernel cannot take (divisibility, workgroup
+/// storage, width) is logged once and ignored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tuning {
     Forward,
@@ -333,34 +333,12 @@ enum Tuning {
 }
 
 impl Tuning {
-    fn variable(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
-            Tuning::Forward => "WGPU_ATTENTION_TILED_FORWARD",
-            Tuning::DkDv => "WGPU_ATTENTION_TILED_DKDV",
-            Tuning::Dq => "WGPU_ATTENTION_TILED_DQ",
+            Tuning::Forward => "tiled forward",
+            Tuning::DkDv => "tiled dK/dV",
+            Tuning::Dq => "tiled dQ",
         }
-    }
-
-    /// The override, read once per process.
-    fn shape(self) -> Option<(u32, u32, u32)> {
-        static SHAPES: OnceLock<[Option<(u32, u32, u32)>; 3]> = OnceLock::new();
-        let shapes = SHAPES.get_or_init(|| {
-            [Tuning::Forward, Tuning::DkDv, Tuning::Dq].map(|tuning| {
-                let value = std::env::var(tuning.variable()).ok()?;
-                let parsed: Vec<u32> = value.split('x').filter_map(|n| n.parse().ok()).collect();
-                match parsed[..] {
-                    [wg, a, b] => Some((wg, a, b)),
-                    _ => {
-                        eprintln!(
-                            "wgpu-attention: ignoring {}={value}: expected WGxAxB",
-                            tuning.variable()
-                        );
-                        None
-                    }
-                }
-            })
-        });
-        shapes[self as usize]
     }
 
     /// Whether the kernel's register tiling divides evenly: four-row groups of the first block
@@ -374,21 +352,6 @@ impl Tuning {
             && wg.is_multiple_of(groups)
             && b.is_multiple_of(wg / groups)
     }
-}
-
-/// Split-KV workgroups per forward query block, when overridden (`WGPU_ATTENTION_SPLITS`).
-fn tuned_splits() -> Option<usize> {
-    static SPLITS: OnceLock<Option<usize>> = OnceLock::new();
-    *SPLITS.get_or_init(|| {
-        let value = std::env::var("WGPU_ATTENTION_SPLITS").ok()?;
-        let splits = value.parse().ok().filter(|&n| n >= 1);
-        if splits.is_none() {
-            eprintln!(
-                "wgpu-attention: ignoring WGPU_ATTENTION_SPLITS={value}: expected a count >= 1"
-            );
-        }
-        splits
-    })
 }
 
 /// The first `(wg, a, b)` candidate whose workgroup memory (`bytes`) and width fit the adapter,
@@ -406,15 +369,15 @@ fn first_fitting(
         bytes(wg, a, b) <= limits.max_compute_workgroup_storage_size
             && wg <= limits.max_compute_invocations_per_workgroup
     };
-    if let Some(shape) = tuning.shape() {
+    if let Some(shape) = ctx.tiled_shape(tuning as usize) {
         if fits(&shape) && tuning.divides(shape.0, shape.1, shape.2) {
             return Ok(shape);
         }
         static WARNED: [OnceLock<()>; 3] = [const { OnceLock::new() }; 3];
         WARNED[tuning as usize].get_or_init(|| {
-            eprintln!(
-                "wgpu-attention: ignoring {}={shape:?} for head dim {widest}: it does not divide or fit",
-                tuning.variable()
+            log::warn!(
+                "wgpu-attention: ignoring the {} shape {shape:?} for head dim {widest}: it does not divide or fit",
+                tuning.name()
             )
         });
     }

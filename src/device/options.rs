@@ -1,0 +1,221 @@
+//! [`ContextOptions`]: how a context picks its adapter and its kernels. The library reads no
+//! environment variable on its own; [`ContextOptions::from_env`] is the explicit opt-in (the crate's
+//! binaries, examples and tests use it).
+
+use super::*;
+
+/// A tiled-kernel shape override `(workgroup invocations, first block, second block)`: the GPU
+/// family's forward (`WG x BM x BN`), dK/dV (`WG x BN x BM`) and dQ (`WG x BM x BN`) kernels.
+pub type TiledShape = (u32, u32, u32);
+
+/// How a [`Context`] picks its adapter (when it creates the device) and its kernels.
+///
+/// Build it with [`ContextOptions::new`] (or `default()`) and the builder methods; fields stay public
+/// for reading and for setting one at a time. `#[non_exhaustive]`: adding a field breaks no caller.
+/// Nothing here comes from the environment unless [`ContextOptions::from_env`] is asked to read it.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ContextOptions {
+    /// Back ends to consider when creating a device. `None`: all of them.
+    pub backends: Option<wgpu::Backends>,
+    /// Case-insensitive substring of the adapter name. `None`: any adapter (real GPUs first).
+    pub adapter_name: Option<String>,
+    /// Request at most this much workgroup storage per workgroup (bytes), to run the kernels as on a
+    /// smaller device (WebGPU's default limit is 16384). `None`: what the adapter offers.
+    pub max_workgroup_storage: Option<u32>,
+    /// The fused attention kernel family ([`Context::set_kernel_family`]). `None`: by adapter class.
+    pub kernel_family: Option<KernelFamily>,
+    /// The GEMM's output tiles ([`Context::set_gemm_tiles`]). `None`: by adapter class.
+    pub gemm_tiles: Option<GemmTiles>,
+    /// Workgroup width of the CPU-driver attention kernels ([`Context::set_attention_workgroup`]).
+    pub attention_workgroup: Option<u32>,
+    /// Whether kernels may use subgroup operations where the device offers them. `None`: yes.
+    pub subgroups: Option<bool>,
+    /// Whether the kernels listed as safe are compiled without wgpu's shader runtime checks
+    /// ([`Context::trusted_shaders`]). `None`: on for a device the context creates, **off** for a
+    /// device handed to [`Context::from_device_with`] (the library never relaxes checks on a
+    /// device it does not own unless asked).
+    pub trusted_shaders: Option<bool>,
+    /// Compile *every* kernel without runtime checks: a benchmark setting to find the kernels worth
+    /// listing on a new adapter, not a mode the tests prove. Off by default.
+    pub unchecked_measurement: bool,
+    /// Every kernel in a compute pass of its own ([`Context::set_pass_per_kernel`]). Off by default.
+    pub pass_per_kernel: bool,
+    /// Shape overrides of the GPU family's tiled forward, dK/dV and dQ kernels, for tuning on a new
+    /// GPU; a shape a kernel cannot take (divisibility, workgroup storage, width) is logged and
+    /// ignored. `None`: the measured defaults.
+    pub tiled_shapes: [Option<TiledShape>; 3],
+    /// Split-KV workgroups per forward query block of the GPU family. `None`: chosen per problem.
+    pub forward_splits: Option<usize>,
+}
+
+/// The environment variables [`ContextOptions::from_env`] reads, with what each sets.
+pub const ENVIRONMENT_VARIABLES: [(&str, &str); 12] = [
+    (
+        "WGPU_BACKEND",
+        "backends: vulkan, gl, metal, dx12 (comma-separated)",
+    ),
+    ("WGPU_ADAPTER_NAME", "adapter_name"),
+    ("WGPU_ATTENTION_KERNELS", "kernel_family: cpu or gpu"),
+    ("WGPU_ATTENTION_GEMM_TILES", "gemm_tiles: 64x64 or 128x64"),
+    (
+        "WGPU_ATTENTION_WORKGROUP",
+        "attention_workgroup: 16, 32, 64 or 128",
+    ),
+    ("WGPU_ATTENTION_SUBGROUPS", "subgroups: on or off"),
+    (
+        "WGPU_ATTENTION_TRUSTED_SHADERS",
+        "trusted_shaders: on or off; all sets unchecked_measurement",
+    ),
+    (
+        "WGPU_ATTENTION_PASS_PER_KERNEL",
+        "pass_per_kernel: on or off",
+    ),
+    ("WGPU_ATTENTION_TILED_FORWARD", "tiled_shapes[0]: WGxBMxBN"),
+    ("WGPU_ATTENTION_TILED_DKDV", "tiled_shapes[1]: WGxBNxBM"),
+    ("WGPU_ATTENTION_TILED_DQ", "tiled_shapes[2]: WGxBMxBN"),
+    ("WGPU_ATTENTION_SPLITS", "forward_splits: a count >= 1"),
+];
+
+impl ContextOptions {
+    /// The defaults: any adapter, kernels chosen by adapter class, no environment read.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The defaults overridden by the environment variables listed in [`ENVIRONMENT_VARIABLES`]:
+    /// the opt-in for programs that want to be tuned from outside (the crate's binaries, examples
+    /// and tests use it). An unparsable back-end name is an error; any other unparsable value is
+    /// logged (`log::warn!`) and ignored.
+    pub fn from_env() -> Result<Self> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let ignore = |name: &str, value: &str, why: &dyn fmt::Display| {
+            log::warn!("wgpu-attention: ignoring {name}={value}: {why}");
+        };
+        let on_off = |name: &str| -> Option<bool> {
+            let value = var(name)?;
+            match value.trim() {
+                "1" | "on" => Some(true),
+                "0" | "off" => Some(false),
+                _ => {
+                    ignore(name, &value, &"use on or off");
+                    None
+                }
+            }
+        };
+        let mut options = Self::new();
+        if let Some(name) = var("WGPU_BACKEND") {
+            options.backends = Some(parse_backends(&name)?);
+        }
+        options.adapter_name = var("WGPU_ADAPTER_NAME");
+        if let Some(value) = var("WGPU_ATTENTION_KERNELS") {
+            match KernelFamily::parse(&value) {
+                Ok(family) => options.kernel_family = Some(family),
+                Err(e) => ignore("WGPU_ATTENTION_KERNELS", &value, &e),
+            }
+        }
+        if let Some(value) = var("WGPU_ATTENTION_GEMM_TILES") {
+            match GemmTiles::parse(&value) {
+                Ok(tiles) => options.gemm_tiles = Some(tiles),
+                Err(e) => ignore("WGPU_ATTENTION_GEMM_TILES", &value, &e),
+            }
+        }
+        if let Some(value) = var("WGPU_ATTENTION_WORKGROUP") {
+            match value.trim().parse::<u32>() {
+                Ok(width) if ATTENTION_WORKGROUPS.contains(&width) => {
+                    options.attention_workgroup = Some(width)
+                }
+                _ => ignore("WGPU_ATTENTION_WORKGROUP", &value, &"use 16, 32, 64 or 128"),
+            }
+        }
+        options.subgroups = on_off("WGPU_ATTENTION_SUBGROUPS");
+        if let Some(value) = var("WGPU_ATTENTION_TRUSTED_SHADERS") {
+            match value.trim() {
+                "1" | "on" => options.trusted_shaders = Some(true),
+                "0" | "off" => options.trusted_shaders = Some(false),
+                "all" => options.unchecked_measurement = true,
+                _ => ignore(
+                    "WGPU_ATTENTION_TRUSTED_SHADERS",
+                    &value,
+                    &"use on, off or all",
+                ),
+            }
+        }
+        options.pass_per_kernel = on_off("WGPU_ATTENTION_PASS_PER_KERNEL").unwrap_or(false);
+        let tiled = [
+            "WGPU_ATTENTION_TILED_FORWARD",
+            "WGPU_ATTENTION_TILED_DKDV",
+            "WGPU_ATTENTION_TILED_DQ",
+        ];
+        for (slot, name) in options.tiled_shapes.iter_mut().zip(tiled) {
+            if let Some(value) = var(name) {
+                let parsed: Vec<u32> = value.split('x').filter_map(|n| n.parse().ok()).collect();
+                match parsed[..] {
+                    [wg, a, b] => *slot = Some((wg, a, b)),
+                    _ => ignore(name, &value, &"expected WGxAxB"),
+                }
+            }
+        }
+        if let Some(value) = var("WGPU_ATTENTION_SPLITS") {
+            match value.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => options.forward_splits = Some(n),
+                _ => ignore("WGPU_ATTENTION_SPLITS", &value, &"expected a count >= 1"),
+            }
+        }
+        Ok(options)
+    }
+
+    /// Sets [`ContextOptions::backends`].
+    pub fn backends(mut self, backends: wgpu::Backends) -> Self {
+        self.backends = Some(backends);
+        self
+    }
+
+    /// Sets [`ContextOptions::adapter_name`].
+    pub fn adapter_name(mut self, name: impl Into<String>) -> Self {
+        self.adapter_name = Some(name.into());
+        self
+    }
+
+    /// Sets [`ContextOptions::max_workgroup_storage`].
+    pub fn max_workgroup_storage(mut self, bytes: u32) -> Self {
+        self.max_workgroup_storage = Some(bytes);
+        self
+    }
+
+    /// Sets [`ContextOptions::kernel_family`].
+    pub fn kernel_family(mut self, family: KernelFamily) -> Self {
+        self.kernel_family = Some(family);
+        self
+    }
+
+    /// Sets [`ContextOptions::gemm_tiles`].
+    pub fn gemm_tiles(mut self, tiles: GemmTiles) -> Self {
+        self.gemm_tiles = Some(tiles);
+        self
+    }
+
+    /// Sets [`ContextOptions::attention_workgroup`] (checked when the context is created).
+    pub fn attention_workgroup(mut self, width: u32) -> Self {
+        self.attention_workgroup = Some(width);
+        self
+    }
+
+    /// Sets [`ContextOptions::subgroups`].
+    pub fn subgroups(mut self, enabled: bool) -> Self {
+        self.subgroups = Some(enabled);
+        self
+    }
+
+    /// Sets [`ContextOptions::trusted_shaders`].
+    pub fn trusted_shaders(mut self, trusted: bool) -> Self {
+        self.trusted_shaders = Some(trusted);
+        self
+    }
+
+    /// Sets [`ContextOptions::pass_per_kernel`].
+    pub fn pass_per_kernel(mut self, separate: bool) -> Self {
+        self.pass_per_kernel = separate;
+        self
+    }
+}
