@@ -13,7 +13,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::tensor::Region;
+use crate::tensor::{GpuTensor, Region};
 
 /// Refuses a storage binding of `bytes` over the device's limit.
 pub(crate) fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
@@ -67,4 +67,16 @@ pub(crate) fn check_call(
         }
     }
     Ok(())
+}
+
+/// [`check_call`] on whole tensors.
+pub(crate) fn check_tensors(
+    ctx: &Context,
+    outputs: &[(&'static str, &GpuTensor)],
+    inputs: &[(&'static str, &GpuTensor)],
+) -> Result<()> {
+    fn regions<'a>(args: &[(&'static str, &'a GpuTensor)]) -> Vec<(&'static str, Region<'a>)> {
+        args.iter().map(|(arg, t)| (*arg, t.region())).collect()
+    }
+    check_call(ctx, &regions(outputs), &regions(inputs))
 }

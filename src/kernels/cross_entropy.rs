@@ -4,7 +4,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::attention::check_binding;
+use crate::kernels::arguments::{check_binding, check_call};
 use crate::kernels::dispatch::{encode, grid_x};
 use crate::tensor::{GpuTensor, GpuTokens};
 
@@ -128,7 +128,12 @@ pub fn cross_entropy_forward_into(
         ("row_loss", &out.row_loss, vec![rows]),
         ("row_lse", &out.row_lse, vec![rows]),
     ] {
-        if t.shape() != shape || t.overlaps(logits) {
+        check_call(
+            ctx,
+            &[(arg, t.region())],
+            &[("logits", logits.region()), ("targets", targets.region())],
+        )?;
+        if t.shape() != shape {
             return Err(Error::shape(
                 arg,
                 format!("must be a separate tensor of shape {shape:?}"),
@@ -191,7 +196,12 @@ pub fn cross_entropy_backward_into(
     d_logits: &GpuTensor,
 ) -> Result<()> {
     let p = check(ctx, logits, targets, ignore_index)?;
-    if d_logits.shape() != logits.shape() || d_logits.overlaps(logits) {
+    check_call(
+        ctx,
+        &[("d_logits", d_logits.region())],
+        &[("logits", logits.region()), ("targets", targets.region())],
+    )?;
+    if d_logits.shape() != logits.shape() {
         return Err(Error::shape(
             "d_logits",
             format!("must be a separate tensor of shape {:?}", logits.shape()),

@@ -75,14 +75,13 @@ fn same_shape(arg: &'static str, t: &GpuTensor, like: &GpuTensor) -> Result<()> 
     Ok(())
 }
 
-fn distinct(arg: &'static str, out: &GpuTensor, inputs: &[&GpuTensor]) -> Result<()> {
-    if inputs.iter().any(|t| t.overlaps(out)) {
-        return Err(Error::shape(
-            arg,
-            "shares a buffer with an input; write to a separate tensor",
-        ));
-    }
-    Ok(())
+fn distinct(
+    ctx: &Context,
+    arg: &'static str,
+    out: &GpuTensor,
+    inputs: &[(&'static str, &GpuTensor)],
+) -> Result<()> {
+    crate::kernels::arguments::check_tensors(ctx, &[(arg, out)], inputs)
 }
 
 /// `y = f(x)` into a new tensor, submitted.
@@ -103,7 +102,7 @@ pub fn activation_forward_into(
 ) -> Result<()> {
     let p = params(ctx, "x", x)?;
     same_shape("y", y, x)?;
-    distinct("y", y, &[x])?;
+    distinct(ctx, "y", y, &[("x", x)])?;
     encode(
         ctx,
         encoder,
@@ -142,7 +141,7 @@ pub fn activation_backward_into(
     let p = params(ctx, "x", x)?;
     same_shape("dy", dy, x)?;
     same_shape("dx", dx, x)?;
-    distinct("dx", dx, &[x, dy])?;
+    distinct(ctx, "dx", dx, &[("x", x), ("dy", dy)])?;
     encode(
         ctx,
         encoder,
@@ -175,7 +174,7 @@ pub fn add_into(
     let p = params(ctx, "a", a)?;
     same_shape("b", b, a)?;
     same_shape("out", out, a)?;
-    distinct("out", out, &[a, b])?;
+    distinct(ctx, "out", out, &[("a", a), ("b", b)])?;
     encode(
         ctx,
         encoder,

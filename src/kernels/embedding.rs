@@ -11,7 +11,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::arguments::check_binding;
+use crate::kernels::arguments::{check_binding, check_call};
 use crate::kernels::dispatch::{encode, grid_x, loop_chunks};
 use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
 
@@ -136,7 +136,12 @@ pub fn embedding_forward_into(
 ) -> Result<()> {
     let (vocab, dim) = check_table(ctx, table)?;
     check_tokens(tokens, vocab, dim)?;
-    if out.shape() != shape_with_dim(tokens, dim) || out.overlaps(table) {
+    check_call(
+        ctx,
+        &[("out", out.region())],
+        &[("table", table.region()), ("tokens", tokens.region())],
+    )?;
+    if out.shape() != shape_with_dim(tokens, dim) {
         return Err(Error::shape(
             "out",
             format!(
@@ -205,9 +210,11 @@ pub fn embedding_backward_into(
             ),
         ));
     }
-    if dy.overlaps(d_table) {
-        return Err(Error::shape("d_table", "shares a buffer with dy"));
-    }
+    check_call(
+        ctx,
+        &[("d_table", d_table.region())],
+        &[("dy", dy.region()), ("tokens", tokens.region())],
+    )?;
     // One invocation zeroes its column (vocab iterations) and adds tokens; split under a loop budget.
     if let Some(budget) = ctx.loop_budget() {
         if (budget as usize) <= vocab + 16 {
@@ -323,7 +330,10 @@ fn record_positional(
     lens: Option<&SeqLens>,
 ) -> Result<()> {
     let (batch, seq, dim, max_len) = positional_dims(ctx, x, table)?;
-    if y.shape() != x.shape() || [x, table].iter().any(|t| t.overlaps(y)) {
+    let mut inputs = vec![("x", x.region()), ("table", table.region())];
+    inputs.extend(lens.map(|l| ("seq_lens", l.region())));
+    check_call(ctx, &[("y", y.region())], &inputs)?;
+    if y.shape() != x.shape() {
         return Err(Error::shape(
             "y",
             format!("must be a separate tensor of shape {:?}", x.shape()),
@@ -373,9 +383,11 @@ pub fn positional_backward_into(
     d_table: &GpuTensor,
 ) -> Result<()> {
     let (batch, seq, dim, max_len) = positional_dims(ctx, dy, d_table)?;
-    if dy.overlaps(d_table) {
-        return Err(Error::shape("d_table", "shares a buffer with dy"));
-    }
+    check_call(
+        ctx,
+        &[("d_table", d_table.region())],
+        &[("dy", dy.region())],
+    )?;
     let n = max_len * dim;
     let p = PositionalParams {
         batch: batch as u32,

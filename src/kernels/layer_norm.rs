@@ -5,7 +5,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::arguments::check_binding;
+use crate::kernels::arguments::{check_binding, check_tensors};
 use crate::kernels::dispatch::{encode, encode_in, grid_x, loop_chunks};
 use crate::tensor::GpuTensor;
 
@@ -113,20 +113,6 @@ fn check_shape(arg: &'static str, t: &GpuTensor, expected: &[usize]) -> Result<(
     Ok(())
 }
 
-fn check_distinct(outputs: &[(&'static str, &GpuTensor)], inputs: &[&GpuTensor]) -> Result<()> {
-    for (i, (arg, out)) in outputs.iter().enumerate() {
-        let clash = inputs.iter().any(|t| t.overlaps(out))
-            || outputs[..i].iter().any(|(_, o)| o.overlaps(out));
-        if clash {
-            return Err(Error::shape(
-                arg,
-                "shares a buffer with another argument of the same call; outputs need their own buffers",
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// LayerNorm of `x [.., cols]` into new tensors, submitted.
 pub fn layer_norm_forward(
     ctx: &Context,
@@ -168,7 +154,11 @@ pub fn layer_norm_forward_into(
             format!("is {eps}; it must be finite and >= 0"),
         ));
     }
-    check_distinct(&[("y", y), ("stats", stats)], &[x, gamma, beta])?;
+    check_tensors(
+        ctx,
+        &[("y", y), ("stats", stats)],
+        &[("x", x), ("gamma", gamma), ("beta", beta)],
+    )?;
     let params = RowParams {
         rows: rows as u32,
         cols: cols as u32,
@@ -263,9 +253,10 @@ pub fn layer_norm_backward_add_into(
     if let Some(r) = residual {
         check_shape("residual", r, x.shape())?;
     }
-    let mut inputs = vec![x, gamma, stats, dy];
-    inputs.extend(residual);
-    check_distinct(
+    let mut inputs = vec![("x", x), ("gamma", gamma), ("stats", stats), ("dy", dy)];
+    inputs.extend(residual.map(|r| ("residual", r)));
+    check_tensors(
+        ctx,
         &[("dx", dx), ("d_gamma", d_gamma), ("d_beta", d_beta)],
         &inputs,
     )?;

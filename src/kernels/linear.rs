@@ -6,7 +6,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::arguments::check_binding;
+use crate::kernels::arguments::{check_binding, check_call, check_tensors};
 use crate::kernels::dispatch::{encode_in, grid_x, loop_chunks, Bindable};
 use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{
@@ -189,7 +189,7 @@ impl<'a> Epilogue<'a> {
             if bound
                 .iter()
                 .chain(self.residual.as_ref())
-                .any(|t| t.overlaps(pre))
+                .any(|t| t.buffer() == pre.buffer())
             {
                 return Err(Error::shape(
                     "pre",
@@ -197,7 +197,10 @@ impl<'a> Epilogue<'a> {
                 ));
             }
         }
-        if self.residual.is_some_and(|r| r.overlaps(bound[0])) {
+        if self
+            .residual
+            .is_some_and(|r| r.buffer() == bound[0].buffer())
+        {
             return Err(Error::shape(
                 "residual",
                 format!("shares a buffer with {out_arg}; write to a separate tensor"),
@@ -238,9 +241,9 @@ pub fn linear_forward_epilogue_into(
             ),
         ));
     }
-    if [x, weight].into_iter().chain(bias).any(|t| t.overlaps(y)) {
-        return Err(Error::shape("y", "shares a buffer with an input"));
-    }
+    let mut inputs = vec![("x", x), ("weight", weight)];
+    inputs.extend(bias.map(|b| ("bias", b)));
+    check_tensors(ctx, &[("y", y)], &inputs)?;
     let mut bound = vec![y, x, weight];
     bound.extend(bias);
     epilogue.check("y", y.shape(), &bound)?;
@@ -300,12 +303,11 @@ pub fn linear_forward_f16_into(
             format!("has shape {:?}, expected {expected:?}", y.shape()),
         ));
     }
-    if [x.region(), weight.region()]
-        .iter()
-        .any(|t| t.overlaps(&y.region()))
-    {
-        return Err(Error::shape("y", "shares a buffer with an input"));
-    }
+    check_call(
+        ctx,
+        &[("y", y.region())],
+        &[("x", x.region()), ("weight", weight.region())],
+    )?;
     check_binding(ctx, "y", y.size_bytes())?;
     let epilogue = GemmEpilogue {
         bias: bias.map(GpuTensor::region),
@@ -433,22 +435,9 @@ pub fn linear_backward_epilogue_into(
             ));
         }
     }
-    let inputs = [x, weight, dy];
-    let outputs = [
-        Some(&grads.dx),
-        Some(&grads.d_weight),
-        grads.d_bias.as_ref(),
-    ];
-    for (i, out) in outputs.iter().flatten().enumerate() {
-        if inputs.iter().any(|t| t.overlaps(out))
-            || outputs.iter().flatten().take(i).any(|o| o.overlaps(out))
-        {
-            return Err(Error::shape(
-                "grads",
-                "share a buffer with an input or with each other",
-            ));
-        }
-    }
+    let mut outputs = vec![("dx", &grads.dx), ("d_weight", &grads.d_weight)];
+    outputs.extend(grads.d_bias.as_ref().map(|db| ("d_bias", db)));
+    check_tensors(ctx, &outputs, &[("x", x), ("weight", weight), ("dy", dy)])?;
     // dW [out, in] = dy^T [out, rows] . x [rows, in], with db [out] = the row sums of dy^T in the
     // same dispatch unless the product takes the SKINNY path.
     let mut d_weight = Gemm {

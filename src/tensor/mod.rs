@@ -106,6 +106,33 @@ pub(crate) struct Region<'a> {
     pub size: u64,
     /// The context that allocated the buffer (`None`: a buffer the application wrapped).
     pub context: Option<ContextId>,
+    /// Where the region is a strided view made of rows: which bytes of each row it touches, so
+    /// that views interleaved in one buffer (Q, K and V of a packed projection) count as disjoint.
+    pub rows: Option<RowLayout>,
+}
+
+/// The bytes a row-structured view touches in each row of its buffer: `heads` runs of `width`
+/// bytes, `head_stride` apart, from byte `first` of a row of `row_stride` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RowLayout {
+    pub row_stride: u64,
+    pub first: u64,
+    pub head_stride: u64,
+    pub heads: u64,
+    pub width: u64,
+}
+
+impl RowLayout {
+    /// Whether two views with this row stride touch a common byte of some row.
+    fn columns_meet(&self, other: &RowLayout) -> bool {
+        (0..self.heads).any(|i| {
+            let a = self.first + i * self.head_stride;
+            (0..other.heads).any(|j| {
+                let b = other.first + j * other.head_stride;
+                a < b + other.width && b < a + self.width
+            })
+        })
+    }
 }
 
 impl<'a> Region<'a> {
@@ -116,6 +143,7 @@ impl<'a> Region<'a> {
             offset: 0,
             size: buffer.size(),
             context: None,
+            rows: None,
         }
     }
 
@@ -131,6 +159,7 @@ impl<'a> Region<'a> {
             offset: begin as u64 * element_bytes,
             size: (end - begin).max(1) as u64 * element_bytes,
             context: None,
+            rows: None,
         }
     }
 
@@ -139,11 +168,16 @@ impl<'a> Region<'a> {
         Self { context, ..self }
     }
 
-    /// Whether the two share a byte.
+    /// Whether the two share a byte: their ranges meet and, for two row-structured views of one
+    /// row stride, so do the bytes they touch in a row.
     pub fn overlaps(&self, other: &Region<'_>) -> bool {
-        self.buffer == other.buffer
+        let ranges_meet = self.buffer == other.buffer
             && self.offset < other.offset + other.size
-            && other.offset < self.offset + self.size
+            && other.offset < self.offset + self.size;
+        match (&self.rows, &other.rows) {
+            (Some(a), Some(b)) if ranges_meet && a.row_stride == b.row_stride => a.columns_meet(b),
+            _ => ranges_meet,
+        }
     }
 
     /// This region grown to cover `other` too (a range of the same buffer).
@@ -155,6 +189,7 @@ impl<'a> Region<'a> {
             offset: start,
             size: end - start,
             context: self.context,
+            rows: None,
         }
     }
 

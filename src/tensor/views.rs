@@ -126,13 +126,41 @@ impl HeadsView {
 
     /// The bytes from the view's first element to its last (at least one element's).
     pub(crate) fn region(&self) -> Region<'_> {
-        Region::elements(
+        let region = Region::elements(
             &self.buffer,
             self.offset,
             self.end_element(),
             self.dtype.size(),
         )
-        .of_context(self.context)
+        .of_context(self.context);
+        Region {
+            rows: self.row_layout(),
+            ..region
+        }
+    }
+
+    /// The view's bytes per row of its buffer, where it is made of rows: every batch starts a
+    /// whole number of rows later (`stride_b % stride_s == 0`) and a position's heads fit in one
+    /// row (no wrap into the next).
+    fn row_layout(&self) -> Option<RowLayout> {
+        let [sb, ss, sh] = self.strides;
+        let [_, _, h, d] = self.shape;
+        if self.shape.contains(&0) {
+            return None;
+        }
+        let footprint = (h - 1).checked_mul(sh)?.checked_add(d)?;
+        let first = self.offset % ss.max(1);
+        if ss == 0 || !sb.is_multiple_of(ss) || first + footprint > ss || (h > 1 && sh < d) {
+            return None;
+        }
+        let bytes = self.dtype.size();
+        Some(RowLayout {
+            row_stride: ss as u64 * bytes,
+            first: first as u64 * bytes,
+            head_stride: sh as u64 * bytes,
+            heads: h as u64,
+            width: d as u64 * bytes,
+        })
     }
 
     /// One past the last element the view touches (0 for an empty view).

@@ -117,6 +117,7 @@ pub struct AdditiveGrads {
 /// Checks the views, the score parameters and the options; returns the shape and the scale
 /// (`opts.scale`, default 1, divided by the temperature).
 fn check(
+    ctx: &Context,
     a: &HeadsView,
     b: &HeadsView,
     v: &HeadsView,
@@ -125,6 +126,16 @@ fn check(
 ) -> Result<(AttentionShape, f32)> {
     let s = AttentionShape::of(a, b, v)?;
     check_f32(&[("a", a), ("b", b), ("v", v)])?;
+    check_context(
+        ctx,
+        &[
+            ("a", a.region()),
+            ("b", b.region()),
+            ("v", v.region()),
+            ("w", scores.w.region()),
+            ("bias", scores.bias.region()),
+        ],
+    )?;
     if s.kv_heads != s.heads {
         return Err(Error::shape(
             "b heads",
@@ -172,7 +183,7 @@ fn check(
         scale: Some(opts.scale.unwrap_or(1.0)),
         ..*opts
     };
-    let scale = check_options(&s, &unscaled)?;
+    let scale = check_options(ctx, &s, &unscaled)?;
     Ok((s, scale))
 }
 
@@ -213,7 +224,7 @@ pub fn additive_forward(
     scores: AdditiveScores<'_>,
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionOutput> {
-    let (s, _) = check(a, b, v, scores, opts)?;
+    let (s, _) = check(ctx, a, b, v, scores, opts)?;
     AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
         additive_forward_into(ctx, encoder, a, b, v, scores, out, lse, opts)
     })
@@ -282,16 +293,16 @@ fn encode_forward(
     opts: &AttentionOptions<'_>,
     aligned: bool,
 ) -> Result<()> {
-    let (s, scale) = check(a, b, v, scores, opts)?;
+    let (s, scale) = check(ctx, a, b, v, scores, opts)?;
     check_f32(&[("out", out)])?;
     let inputs = [
-        a.region(),
-        b.region(),
-        v.region(),
-        scores.w.region(),
-        scores.bias.region(),
+        ("a", a.region()),
+        ("b", b.region()),
+        ("v", v.region()),
+        ("w", scores.w.region()),
+        ("bias", scores.bias.region()),
     ];
-    check_forward_outputs(&s, out, lse, &inputs)?;
+    check_forward_outputs(ctx, &s, out, lse, &inputs, opts)?;
     let mut params = base_params(&s, scale, opts);
     if aligned {
         params.flags |= FLAG_ALIGN_LENS;
@@ -359,7 +370,7 @@ pub fn additive_forward_unfused(
     scores: AdditiveScores<'_>,
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionOutput> {
-    let (s, scale) = check(a, b, v, scores, opts)?;
+    let (s, scale) = check(ctx, a, b, v, scores, opts)?;
     let probs = GpuTensor::uninit(ctx, "additive scores", &scores_shape(ctx, &s)?)?;
     let AttentionOutput { out, lse } = AttentionOutput::new(ctx, &s)?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
@@ -394,7 +405,7 @@ pub fn additive_probabilities(
     rows: std::ops::Range<usize>,
 ) -> Result<GpuTensor> {
     // V plays no part; b stands in for it in the shape check.
-    let (s, scale) = check(a, b, b, scores, opts)?;
+    let (s, scale) = check(ctx, a, b, b, scores, opts)?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
     check_rows(&rows, s.q_seq)?;
     let out = GpuTensor::uninit(
@@ -494,7 +505,7 @@ pub fn additive_backward(
     d_out: &HeadsView,
     opts: &AttentionOptions<'_>,
 ) -> Result<AdditiveGrads> {
-    let (s, _) = check(a, b, v, scores, opts)?;
+    let (s, _) = check(ctx, a, b, v, scores, opts)?;
     let (bb, lq, lk, h) = (s.batch, s.q_seq, s.kv_seq, s.heads);
     let grads = AdditiveGrads {
         da: GpuTensor::uninit(ctx, "additive da", &[bb, lq, h, s.head_dim_qk])?,
@@ -550,7 +561,7 @@ pub fn additive_backward_into(
     workspace: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let (s, scale) = check(a, b, v, scores, opts)?;
+    let (s, scale) = check(ctx, a, b, v, scores, opts)?;
     let have = ctx.limits().max_storage_buffers_per_shader_stage;
     if have < ADDITIVE_BACKWARD_STORAGE_BUFFERS {
         return Err(Error::shape(
@@ -578,30 +589,27 @@ pub fn additive_backward_into(
     check_tensor("dbias", dbias, &[h, dda])?;
     let rows = bb * h * lq;
     check_tensor("workspace", workspace, &[workspace_len(&s)])?;
-    let inputs = [
-        a.region(),
-        b.region(),
-        v.region(),
-        out.region(),
-        d_out.region(),
-        lse.region(),
-        scores.w.region(),
-        scores.bias.region(),
+    let mut inputs = vec![
+        ("a", a.region()),
+        ("b", b.region()),
+        ("v", v.region()),
+        ("out", out.region()),
+        ("d_out", d_out.region()),
+        ("lse", lse.region()),
+        ("w", scores.w.region()),
+        ("bias", scores.bias.region()),
     ];
+    // The first kernel writes the workspace, which the gradient kernels then read.
+    check_distinct(ctx, opts, &[("workspace", workspace.region())], &inputs)?;
+    inputs.push(("workspace", workspace.region()));
     let outputs = [
         ("da", da.region()),
         ("db", db.region()),
         ("dv", dv.region()),
         ("dw", dw.region()),
         ("dbias", dbias.region()),
-        ("workspace", workspace.region()),
     ];
-    check_distinct(&outputs, &inputs)?;
-    for (n, (arg, x)) in outputs.iter().enumerate() {
-        if outputs[..n].iter().any(|(_, y)| y.overlaps(x)) && !matches!(*arg, "db" | "dv") {
-            return Err(Error::shape(arg, "shares a buffer with another gradient"));
-        }
-    }
+    check_distinct(ctx, opts, &outputs, &inputs)?;
     let d_bytes = rows as u64 * 4;
     let dw_offset = rows.div_ceil(64) as u64 * 256;
     let d_rows = Binding {
@@ -765,7 +773,7 @@ pub fn additive_backward_unfused(
     d_out: &HeadsView,
     opts: &AttentionOptions<'_>,
 ) -> Result<AdditiveGrads> {
-    let (s, scale) = check(a, b, v, scores, opts)?;
+    let (s, scale) = check(ctx, a, b, v, scores, opts)?;
     let (bb, lq, lk, h, dda, ddv) = (
         s.batch,
         s.q_seq,

@@ -146,10 +146,12 @@ pub fn attention_backward_into(
     // through the transforms, in place (which reads Q and K: they may not share the gradients'
     // buffers).
     let s = AttentionShape::of(q, k, v)?;
-    check_options(&s, opts)?;
+    check_options(ctx, &s, opts)?;
     check_distinct(
+        ctx,
+        opts,
         &[("dq", dq.region()), ("dk", dk.region())],
-        &[q.region(), k.region()],
+        &[("q", q.region()), ("k", k.region())],
     )?;
     let (q_used, k_used) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
     encode_backward_core(
@@ -176,7 +178,7 @@ pub(super) fn encode_backward_core(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
-    let scale = check_options(&s, opts)?;
+    let scale = check_options(ctx, &s, opts)?;
     check_storage_buffer_limit(ctx)?;
     let views = [
         ("q", q),
@@ -213,32 +215,27 @@ pub(super) fn encode_backward_core(
             hint: "; use the GPU kernel family (Context::set_kernel_family), attention_backward_unfused, or split the head dimension",
         });
     }
-    let inputs = [
-        q.region(),
-        k.region(),
-        v.region(),
-        out.region(),
-        lse.region(),
-        d_out.region(),
+    let mut inputs = vec![
+        ("q", q.region()),
+        ("k", k.region()),
+        ("v", v.region()),
+        ("out", out.region()),
+        ("lse", lse.region()),
+        ("d_out", d_out.region()),
     ];
+    // The preprocess writes the workspace from O and dO; the gradient kernels then read it.
+    check_distinct(ctx, opts, &[("workspace", workspace.region())], &inputs)?;
+    inputs.push(("workspace", workspace.region()));
     check_distinct(
+        ctx,
+        opts,
         &[
             ("dq", dq.region()),
             ("dk", dk.region()),
             ("dv", dv.region()),
-            ("workspace", workspace.region()),
         ],
         &inputs,
     )?;
-    if [dq.region(), dk.region(), dv.region()]
-        .iter()
-        .any(|g| g.overlaps(&workspace.region()))
-    {
-        return Err(Error::shape(
-            "workspace",
-            "shares a buffer with a gradient output",
-        ));
-    }
 
     // The dK/dV loop runs over (query head of the group, query row), flattened.
     let group_rows = (s.heads / s.kv_heads)

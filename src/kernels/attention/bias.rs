@@ -345,7 +345,7 @@ pub fn attention_bias_backward_into(
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
     check_f32(&[("q", q), ("k", k), ("v", v)])?;
-    let scale = check_options(&s, opts)?;
+    let scale = check_options(ctx, &s, opts)?;
     check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_tensor("workspace", workspace, &[s.batch, s.heads, s.q_seq, 2])?;
     let Some(bias) = opts.bias else {
@@ -357,14 +357,15 @@ pub fn attention_bias_backward_into(
     let [bb, hb, lq, lk] = bias.view.shape();
     check_tensor("d_bias", d_bias, &[bb, hb, lq, lk])?;
     check_distinct(
+        ctx,
+        opts,
         &[("d_bias", d_bias.region())],
         &[
-            q.region(),
-            k.region(),
-            v.region(),
-            d_out.region(),
-            workspace.region(),
-            bias.view.region(),
+            ("q", q.region()),
+            ("k", k.region()),
+            ("v", v.region()),
+            ("d_out", d_out.region()),
+            ("workspace", workspace.region()),
         ],
     )?;
     let slices = bb * hb;

@@ -143,7 +143,7 @@ pub fn attention_decode_into(
         ("v_cache", v_cache),
         ("out", out),
     ])?;
-    let scale = check_options(&s, opts)?;
+    let scale = check_options(ctx, &s, opts)?;
     let longest = check_decode_lens("decode attention", [s.batch, s.q_seq, s.kv_seq], opts)?;
     if opts.bias.is_some() {
         return Err(Error::shape(
@@ -152,10 +152,16 @@ pub fn attention_decode_into(
         ));
     }
     check_forward_outputs(
+        ctx,
         &s,
         out,
         lse,
-        &[q.region(), k_cache.region(), v_cache.region()],
+        &[
+            ("q", q.region()),
+            ("k_cache", k_cache.region()),
+            ("v_cache", v_cache.region()),
+        ],
+        opts,
     )?;
     let plan = DecodePlan::new(ctx, &s, longest)?;
     let (own, _) = own_and_phases(plan.rows, &s);

@@ -40,20 +40,23 @@ impl AttentionOutput {
 }
 
 /// Checks a forward's outputs: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`, neither sharing a buffer with
-/// an input of the call (`inputs`) nor with the other.
-pub(super) fn check_forward_outputs(
+/// an input of the call (`inputs`, and the tensors of `opts`) nor overlapping the other.
+pub(super) fn check_forward_outputs<'a>(
+    ctx: &Context,
     s: &AttentionShape,
     out: &HeadsView,
     lse: &GpuTensor,
-    inputs: &[Region<'_>],
+    inputs: &[(&'static str, Region<'a>)],
+    opts: &AttentionOptions<'a>,
 ) -> Result<()> {
     check_view_typed("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
-    check_distinct(&[("out", out.region()), ("lse", lse.region())], inputs)?;
-    if out.region().overlaps(&lse.region()) {
-        return Err(Error::shape("lse", "shares a buffer with out"));
-    }
-    Ok(())
+    check_distinct(
+        ctx,
+        opts,
+        &[("out", out.region()), ("lse", lse.region())],
+        inputs,
+    )
 }
 
 /// Checks `rows` is a non-empty range of the `q_seq` query rows (attention maps).
@@ -110,16 +113,17 @@ pub fn attention_forward_into(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
-    let scale = check_options(&s, opts)?;
+    let scale = check_options(ctx, &s, opts)?;
     let views = [("q", q), ("k", k), ("v", v), ("out", out)];
     let dtype = common_dtype(ctx, &views, opts)?;
-    check_forward_outputs(&s, out, lse, &[q.region(), k.region(), v.region()])?;
-    if let Some(sinks) = opts.sinks {
-        check_distinct(
-            &[("out", out.region()), ("lse", lse.region())],
-            &[sinks.region()],
-        )?;
-    }
+    check_forward_outputs(
+        ctx,
+        &s,
+        out,
+        lse,
+        &[("q", q.region()), ("k", k.region()), ("v", v.region())],
+        opts,
+    )?;
     // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
     let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
     // f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only).

@@ -49,13 +49,15 @@ pub fn attention_probabilities_into(
     // V plays no part; K stands in for it in the shape check.
     let s = AttentionShape::of(q, k, k)?;
     check_f32(&[("q", q), ("k", k)])?;
-    let scale = check_options(&s, opts)?;
+    let scale = check_options(ctx, &s, opts)?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
     check_rows(&rows, s.q_seq)?;
     check_tensor("out", out, &[s.batch, s.heads, rows.len(), s.kv_seq])?;
     check_distinct(
+        ctx,
+        opts,
         &[("out", out.region())],
-        &[q.region(), k.region(), lse.region()],
+        &[("q", q.region()), ("k", k.region()), ("lse", lse.region())],
     )?;
     let elements = out.len();
     if elements > u32::MAX as usize {

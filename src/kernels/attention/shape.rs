@@ -117,7 +117,18 @@ impl AttentionShape {
     }
 }
 
-pub(super) fn check_options(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<f32> {
+pub(super) fn check_options(
+    ctx: &Context,
+    shape: &AttentionShape,
+    opts: &AttentionOptions<'_>,
+) -> Result<f32> {
+    check_context(ctx, &option_inputs(opts))?;
+    if let Some(learned) = opts.learned_cosine {
+        check_context(ctx, &[("cosine scale grad", learned.grad.region())])?;
+    }
+    if let Some(grad) = opts.relative_grad {
+        check_context(ctx, &[("relative_grad", grad.region())])?;
+    }
     if let Some(lens) = opts.seq_lens {
         if lens.batch() != shape.batch {
             return Err(Error::shape(
@@ -324,19 +335,38 @@ pub(super) fn common_dtype(
     Ok(dtype)
 }
 
-/// Outputs may not share a buffer with any input of the same dispatch (a buffer cannot be read-only
-/// and writable in one dispatch).
-pub(super) fn check_distinct(
-    outputs: &[(&'static str, Region<'_>)],
-    inputs: &[Region<'_>],
-) -> Result<()> {
-    for (arg, out) in outputs {
-        if inputs.iter().any(|input| input.overlaps(out)) {
-            return Err(Error::shape(
-                arg,
-                "shares a buffer with an input of the same call; write outputs to a separate buffer",
-            ));
-        }
+/// The tensors `opts` makes every score kernel read: sequence lengths, score bias, relative table,
+/// sinks and the learned cosine scale.
+pub(super) fn option_inputs<'a>(opts: &AttentionOptions<'a>) -> Vec<(&'static str, Region<'a>)> {
+    let mut inputs = Vec::new();
+    if let Some(lens) = opts.seq_lens {
+        inputs.push(("seq_lens", lens.region()));
     }
-    Ok(())
+    if let Some(bias) = opts.bias {
+        inputs.push(("bias", bias.view.region()));
+    }
+    if let Some((_, table)) = opts.relative {
+        inputs.push(("relative table", table.region()));
+    }
+    if let Some(sinks) = opts.sinks {
+        inputs.push(("sinks", sinks.region()));
+    }
+    if let Some(learned) = opts.learned_cosine {
+        inputs.push(("cosine scale", learned.scale.region()));
+    }
+    inputs
+}
+
+/// The aliasing rules of one attention call (`kernels::arguments::check_call`): `outputs` share
+/// no buffer with `inputs` nor with the tensors the options bind, and do not overlap each other;
+/// every tensor belongs to `ctx`.
+pub(super) fn check_distinct<'a>(
+    ctx: &Context,
+    opts: &AttentionOptions<'a>,
+    outputs: &[(&'static str, Region<'_>)],
+    inputs: &[(&'static str, Region<'a>)],
+) -> Result<()> {
+    let mut all = option_inputs(opts);
+    all.extend_from_slice(inputs);
+    check_call(ctx, outputs, &all)
 }

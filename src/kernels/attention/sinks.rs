@@ -62,13 +62,15 @@ pub fn attention_sinks_backward_into(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let s = shape;
-    let scale = check_options(s, opts)?;
+    let scale = check_options(ctx, s, opts)?;
     check_tensor("sinks", sinks, &[s.heads])?;
     check_tensor("d_sinks", d_sinks, &[s.heads])?;
     check_tensor("workspace", workspace, &[s.batch, s.heads, s.q_seq, 2])?;
     check_distinct(
+        ctx,
+        opts,
         &[("d_sinks", d_sinks.region())],
-        &[sinks.region(), workspace.region()],
+        &[("sinks", sinks.region()), ("workspace", workspace.region())],
     )?;
     let rows = (s.batch * s.q_seq).div_ceil(BACKWARD_WG as usize);
     if let Some(budget) = ctx.loop_budget() {

@@ -271,6 +271,8 @@ pub(super) fn encode_pv(
 
 pub(super) fn unfused_checks(ctx: &Context, views: &[(&'static str, &HeadsView)]) -> Result<()> {
     check_f32(views)?;
+    let regions: Vec<_> = views.iter().map(|(arg, v)| (*arg, v.region())).collect();
+    check_context(ctx, &regions)?;
     for (arg, v) in views {
         check_whole_binding(ctx, arg, v.buffer())?;
         if v.end_element() > u32::MAX as usize {
@@ -296,7 +298,7 @@ pub fn attention_forward_unfused(
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionOutput> {
     let s = AttentionShape::of(q, k, v)?;
-    let scale = check_options(&s, opts)?;
+    let scale = check_options(ctx, &s, opts)?;
     unfused_modifier_check(opts)?;
     unfused_checks(ctx, &[("q", q), ("k", k), ("v", v)])?;
     let probs = GpuTensor::uninit(ctx, "probs", &scores_shape(ctx, &s)?)?;
@@ -336,7 +338,7 @@ pub fn attention_backward_unfused(
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionGrads> {
     let s = AttentionShape::of(q, k, v)?;
-    let scale = check_options(&s, opts)?;
+    let scale = check_options(ctx, &s, opts)?;
     unfused_modifier_check(opts)?;
     check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     unfused_checks(ctx, &[("q", q), ("k", k), ("v", v), ("d_out", d_out)])?;
