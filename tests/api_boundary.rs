@@ -1,0 +1,323 @@
+//! The API boundary (issue 26): mistakes a user embedding the library can make get a typed error
+//! before anything is recorded (never `Ok` and then a wgpu error in the user's `queue.submit`), and
+//! wrapping a user's device has no side effect on it.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+
+use common::*;
+use wgpu_attention::device::{BindingCache, LLVMPIPE_LOOP_BUDGET};
+use wgpu_attention::kernels::embedding::embedding_forward;
+use wgpu_attention::{
+    attention_backward_into, attention_backward_workspace, attention_forward,
+    attention_forward_into, AttentionOptions, AttentionShape, Context, DType, Error, GpuTensor,
+    GpuTokens, HeadsView,
+};
+
+fn encoder(ctx: &Context) -> wgpu::CommandEncoder {
+    ctx.device().create_command_encoder(&Default::default())
+}
+
+/// A storage buffer of `bytes` the application created itself.
+fn user_buffer(ctx: &Context, bytes: u64) -> Arc<wgpu::Buffer> {
+    Arc::new(ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("user buffer"),
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    }))
+}
+
+/// An output in the buffer of an input, at a disjoint range: wgpu tracks usage per buffer, so this
+/// used to return `Ok` and fail at submit ("conflicting usages"). Now a typed error naming both.
+#[test]
+fn an_output_in_the_buffer_of_an_input_is_refused() {
+    for_each_backend(|_, ctx| {
+        let (b, l, h, d) = (1, 4, 2, 8);
+        let n = b * l * h * d;
+        // Q, K, V and then O, side by side in one packed buffer [B, L, 4 * H * D].
+        let packed = GpuTensor::zeros(ctx, &[b, l, 4 * h * d]).unwrap();
+        let [q, k, v, out] = [0, 1, 2, 3].map(|i| packed.split_heads(i * h * d, h, d).unwrap());
+        let lse = GpuTensor::zeros(ctx, &[b, h, l]).unwrap();
+        let mut enc = encoder(ctx);
+        let err = attention_forward_into(
+            ctx,
+            &mut enc,
+            &q,
+            &k,
+            &v,
+            &out,
+            &lse,
+            &AttentionOptions::new(),
+        )
+        .expect_err("out shares the buffer of q");
+        assert!(
+            matches!(
+                err,
+                Error::Aliasing {
+                    arg: "out",
+                    other: "q",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("per buffer"), "{err}");
+        // The same with a buffer the application owns, wrapped at two aligned ranges.
+        let buffer = user_buffer(ctx, 2 * 256 * (n as u64 * 4).div_ceil(256));
+        let stride = (n * 4).div_ceil(256) * 64;
+        let x = GpuTensor::from_buffer_at(buffer.clone(), 0, &[b, l, h, d]).unwrap();
+        let y = GpuTensor::from_buffer_at(buffer, stride, &[b, l, h, d]).unwrap();
+        let err = attention_forward_into(
+            ctx,
+            &mut enc,
+            &x.heads().unwrap(),
+            &x.heads().unwrap(),
+            &x.heads().unwrap(),
+            &y.heads().unwrap(),
+            &lse,
+            &AttentionOptions::new(),
+        )
+        .expect_err("out shares the buffer of q");
+        assert!(matches!(err, Error::Aliasing { arg: "out", .. }), "{err}");
+        // Nothing was recorded: the encoder finishes and submits cleanly.
+        ctx.queue().submit([enc.finish()]);
+        ctx.synchronize().unwrap();
+    });
+}
+
+/// Gradients written over each other (the same tensor as dk and dv) used to be `Ok`; packed
+/// gradients at interleaved columns of one buffer (a dQKV projection) stay allowed.
+#[test]
+fn overlapping_gradient_outputs_are_refused_and_packed_ones_run() {
+    for_each_backend(|_, ctx| {
+        let (b, l, h, d) = (1, 4, 2, 8);
+        let make = || {
+            GpuTensor::zeros(ctx, &[b, l, h, d])
+                .unwrap()
+                .heads()
+                .unwrap()
+        };
+        let (q, k, v, d_out) = (make(), make(), make(), make());
+        let opts = AttentionOptions::new();
+        let fwd = attention_forward(ctx, &q, &k, &v, &opts).unwrap();
+        let shape = AttentionShape::of(&q, &k, &v).unwrap();
+        let workspace = attention_backward_workspace(ctx, &shape).unwrap();
+        let (dq, dkv) = (make(), make());
+        let out = fwd.out.heads().unwrap();
+        let mut enc = encoder(ctx);
+        let err = attention_backward_into(
+            ctx, &mut enc, &q, &k, &v, &out, &fwd.lse, &d_out, &dq, &dkv, &dkv, &workspace, &opts,
+        )
+        .expect_err("dk and dv are one tensor");
+        assert!(
+            matches!(
+                err,
+                Error::Aliasing {
+                    arg: "dv",
+                    other: "dk",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = attention_backward_into(
+            ctx, &mut enc, &q, &k, &v, &out, &fwd.lse, &d_out, &dq, &dq, &dq, &workspace, &opts,
+        )
+        .expect_err("dq, dk and dv are one tensor");
+        assert!(matches!(err, Error::Aliasing { arg: "dk", .. }), "{err}");
+        // The packed layout: dQ, dK and dV at columns 0, HD and 2HD of [B, L, 3HD].
+        let packed = GpuTensor::zeros(ctx, &[b, l, 3 * h * d]).unwrap();
+        let [dq, dk, dv] = [0, 1, 2].map(|i| packed.split_heads(i * h * d, h, d).unwrap());
+        attention_backward_into(
+            ctx, &mut enc, &q, &k, &v, &out, &fwd.lse, &d_out, &dq, &dk, &dv, &workspace, &opts,
+        )
+        .unwrap();
+        ctx.queue().submit([enc.finish()]);
+        ctx.synchronize().unwrap();
+    });
+}
+
+/// A tensor of another context: a typed error that says so (it used to read "shares a buffer
+/// with an input", or fail in wgpu with "device doesn't match").
+#[test]
+fn tensors_of_another_context_are_refused_by_name() {
+    for_each_backend(|name, ctx| {
+        let other = fresh_context(name, ctx);
+        let mine = GpuTensor::zeros(ctx, &[1, 4, 2, 8])
+            .unwrap()
+            .heads()
+            .unwrap();
+        let theirs = GpuTensor::zeros(&other, &[1, 4, 2, 8])
+            .unwrap()
+            .heads()
+            .unwrap();
+        let err = attention_forward(ctx, &mine, &theirs, &mine, &AttentionOptions::new())
+            .expect_err("k belongs to another context");
+        assert!(
+            matches!(err, Error::ForeignTensor { arg: "k", .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("another Context"), "{err}");
+        let tokens = GpuTokens::from_slice(&other, &[0, 1], &[2]).unwrap();
+        let table = GpuTensor::zeros(ctx, &[4, 8]).unwrap();
+        let err = embedding_forward(ctx, &tokens, &table).expect_err("tokens of another context");
+        assert!(
+            matches!(err, Error::ForeignTensor { arg: "tokens", .. }),
+            "{err}"
+        );
+    });
+}
+
+/// Views whose arithmetic overflows, and f16 views whose whole-word binding would pass the
+/// buffer's end, are refused when they are made (both used to be accepted).
+#[test]
+fn views_are_checked_without_wrapping_and_in_whole_words() {
+    for_each_backend(|_, ctx| {
+        let buffer = user_buffer(ctx, 4096);
+        let err = HeadsView::new(buffer.clone(), usize::MAX - 10, [1, 1, 1, 16], [16, 16, 16])
+            .expect_err("offset past usize");
+        assert!(err.to_string().contains("overflow"), "{err}");
+        let err = HeadsView::new(buffer.clone(), 0, [3, 1, 1, 4], [usize::MAX / 2, 4, 4])
+            .expect_err("stride past usize");
+        assert!(err.to_string().contains("overflow"), "{err}");
+        // Three f16 values are 6 bytes; a binding of them is 8.
+        let six = user_buffer(ctx, 6);
+        let err = HeadsView::new_typed(six.clone(), DType::F16, 0, [1, 1, 1, 3], [3, 3, 3])
+            .expect_err("binding of 8 bytes over a 6-byte buffer");
+        assert!(err.to_string().contains("4-byte words"), "{err}");
+        assert!(wgpu_attention::GpuTensorF16::from_buffer(six, &[3]).is_err());
+        let eight = user_buffer(ctx, 8);
+        HeadsView::new_typed(eight, DType::F16, 0, [1, 1, 1, 3], [3, 3, 3]).unwrap();
+    });
+}
+
+/// Clones of a token tensor share their host copy: ids written through one are the ones every
+/// clone validates (a clone used to keep validating the ids it was made with).
+#[test]
+fn token_clones_validate_what_the_kernels_read() {
+    for_each_backend(|_, ctx| {
+        let mut tokens = GpuTokens::from_slice(ctx, &[0, 1], &[2]).unwrap();
+        let clone = tokens.clone();
+        let table = GpuTensor::zeros(ctx, &[4, 8]).unwrap();
+        embedding_forward(ctx, &clone, &table).unwrap();
+        tokens.write(ctx, &[1000, 1]).unwrap();
+        let err = embedding_forward(ctx, &clone, &table).expect_err("id 1000 of a vocabulary of 4");
+        assert!(err.to_string().contains("1000"), "{err}");
+        ctx.synchronize().unwrap();
+    });
+}
+
+/// A user's Vulkan device (lavapipe where CI runs), as an application creates it.
+fn user_device() -> Option<(wgpu::Device, wgpu::Queue, wgpu::AdapterInfo)> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let adapter = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN))
+        .into_iter()
+        .next()?;
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_limits: adapter.limits(),
+        ..Default::default()
+    }))
+    .ok()?;
+    Some((device, queue, adapter.get_info()))
+}
+
+/// Wrapping a device leaves the application's device-lost callback in place (the library used to
+/// replace it), and the context learns of a loss through the handler the application chains.
+/// What the kernels need of the adapter comes from the device itself: the llvmpipe loop budget
+/// (silently wrong results without it) no longer depends on an `adapter_info` argument.
+#[test]
+fn wrapping_a_device_has_no_side_effect() {
+    let Some((device, queue, info)) = user_device() else {
+        eprintln!("no Vulkan adapter: skipped");
+        return;
+    };
+    let app_saw_loss = Arc::new(AtomicBool::new(false));
+    let ctx = Arc::new(Context::from_device(device.clone(), queue).unwrap());
+    assert_eq!(ctx.report().name, info.name);
+    if info.name.to_lowercase().contains("llvmpipe") {
+        assert_eq!(ctx.loop_budget(), Some(LLVMPIPE_LOOP_BUDGET));
+    }
+    // Runtime checks stay on for a device the library does not own.
+    assert!(!ctx.trusted_shaders());
+    assert!(!ctx.owns_device());
+    {
+        // The application installs its callback after wrapping and chains the context's handler.
+        let (seen, chained) = (app_saw_loss.clone(), ctx.device_lost_handler());
+        device.set_device_lost_callback(move |reason, message| {
+            seen.store(true, Ordering::SeqCst);
+            chained(reason, message);
+        });
+    }
+    let q = GpuTensor::zeros(&ctx, &[1, 4, 2, 8])
+        .unwrap()
+        .heads()
+        .unwrap();
+    attention_forward(&ctx, &q, &q, &q, &AttentionOptions::new()).unwrap();
+    ctx.synchronize().unwrap();
+    device.destroy();
+    let _ = device.poll(wgpu::PollType::wait_indefinitely());
+    assert!(
+        app_saw_loss.load(Ordering::SeqCst),
+        "the app's callback ran"
+    );
+    assert!(matches!(ctx.check_lost(), Err(Error::DeviceLost(_))));
+}
+
+/// A binding cache lent on one thread holds only that thread's work: another thread recording on
+/// the same context meanwhile neither uses nor fills it (it used to, growing the trainer's cache
+/// with unrelated bind groups and keeping their buffers alive).
+#[test]
+fn a_binding_cache_holds_only_its_owners_work() {
+    for_each_backend(|name, shared| {
+        let ctx = fresh_context(name, shared);
+        let q = GpuTensor::zeros(&ctx, &[1, 4, 2, 8])
+            .unwrap()
+            .heads()
+            .unwrap();
+        let opts = AttentionOptions::new();
+        let (out, lse) = (
+            GpuTensor::zeros(&ctx, &[1, 4, 2, 8]).unwrap(),
+            GpuTensor::zeros(&ctx, &[1, 2, 4]).unwrap(),
+        );
+        // The owner records into the same outputs every step; the other thread allocates its own.
+        let record = |ctx: &Context| {
+            let mut enc = encoder(ctx);
+            let out = out.heads().unwrap();
+            attention_forward_into(ctx, &mut enc, &q, &q, &q, &out, &lse, &opts).unwrap();
+            ctx.queue().submit([enc.finish()]);
+        };
+        let other = |ctx: &Context| {
+            attention_forward(ctx, &q, &q, &q, &opts).unwrap();
+        };
+        // What one forward creates, alone.
+        let mut alone = BindingCache::default();
+        ctx.with_binding_cache(&mut alone, || record(&ctx));
+        let (per_call, _) = alone.counts();
+        assert!(per_call > 0);
+
+        let mut owned = BindingCache::default();
+        let (lent, other_done) = (Barrier::new(2), Barrier::new(2));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                lent.wait();
+                for _ in 0..5 {
+                    other(&ctx);
+                }
+                other_done.wait();
+            });
+            ctx.with_binding_cache(&mut owned, || {
+                lent.wait();
+                other_done.wait();
+                record(&ctx)
+            });
+        });
+        assert_eq!(owned.counts(), (per_call, 0));
+        // Reused, not grown, on the next step.
+        ctx.with_binding_cache(&mut owned, || record(&ctx));
+        assert_eq!(owned.counts(), (per_call, per_call));
+        ctx.synchronize().unwrap();
+    });
+}
