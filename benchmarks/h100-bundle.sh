@@ -16,7 +16,7 @@ if ! ls .gl/libvulkan1_*.deb > /dev/null 2>&1; then
   apt-get $o update > /dev/null
   (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 vulkan-tools)
 fi
-cargo build --release --bins
+cargo build --release --features cli --bins
 tests="attention_forward attention_backward attention_f16 attention_decode linear transformer transformer_layer training optimizer generation additive attention_maps"
 built=$(cargo test --release --no-run 2>&1 | sed -n 's/.*Executable tests\/.*(\(.*\))/\1/p')
 rm -rf .gpu/bin && mkdir -p .gpu/bin

@@ -246,33 +246,37 @@ fn train_and_evaluate(
     Ok((correct as f64 / held_out.len() as f64, loss))
 }
 
+/// Trains the same small decoder with dot-product and with additive attention on one task and
+/// compares their held-out accuracy.
+#[derive(clap::Parser)]
+#[command(name = "additive_task", about)]
+struct Cli {
+    /// The task: rule, count or xor.
+    #[arg(long, default_value = "rule", value_parser = ["rule", "count", "xor"])]
+    task: String,
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    #[arg(long, default_value_t = 600)]
+    steps: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let mut setup = Setup {
-        task: Task::Rule,
-        layers: 2,
-        heads: 4,
-        steps: 600,
-        seed: 1,
+    let cli = <Cli as clap::Parser>::parse();
+    let setup = Setup {
+        task: match cli.task.as_str() {
+            "count" => Task::Count,
+            "xor" => Task::Xor,
+            _ => Task::Rule,
+        },
+        layers: cli.layers,
+        heads: cli.heads,
+        steps: cli.steps,
+        seed: cli.seed,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let value = args.next().ok_or(format!("{a} needs a value"))?;
-        match a.as_str() {
-            "--steps" => setup.steps = value.parse()?,
-            "--seed" => setup.seed = value.parse()?,
-            "--layers" => setup.layers = value.parse()?,
-            "--heads" => setup.heads = value.parse()?,
-            "--task" => {
-                setup.task = match value.as_str() {
-                    "rule" => Task::Rule,
-                    "count" => Task::Count,
-                    "xor" => Task::Xor,
-                    _ => return Err(format!("--task {value}: use rule, count or xor").into()),
-                }
-            }
-            _ => return Err(format!("unknown argument {a}; see the example's header").into()),
-        }
-    }
     let ctx = Context::from_env()?;
     println!("adapter: {}", ctx.report());
     let mut rng = Rng(0xC0FFEE);

@@ -13,36 +13,34 @@ use wgpu_attention::{
     attention_backward, attention_forward, AttentionOptions, AttentionShape, Context, GpuTensor,
 };
 
+/// Fused attention forward and backward on the default adapter, checked against the CPU
+/// reference: prints the adapter, the worst errors and the times.
+#[derive(clap::Parser)]
+#[command(name = "attention", about)]
+struct Args {
+    #[arg(long, default_value_t = 2)]
+    batch: usize,
+    /// Sequence length (queries and keys).
+    #[arg(long, default_value_t = 256)]
+    seq: usize,
+    /// Query heads.
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than --heads).
+    #[arg(long, default_value_t = 2)]
+    kv_heads: usize,
+    #[arg(long, default_value_t = 64)]
+    head_dim: usize,
+    /// Causal mask.
+    #[arg(long)]
+    causal: bool,
+}
+
 fn main() -> ExitCode {
     // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
     wgpu_attention::quiet_headless_start_up();
-    let (mut b, mut l, mut h, mut hkv, mut d, mut causal) =
-        (2usize, 256usize, 8usize, 2usize, 64usize, false);
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut num = |name: &str| -> usize {
-            match args.next().and_then(|v| v.parse().ok()) {
-                Some(v) => v,
-                None => {
-                    eprintln!("{name} needs a positive integer");
-                    std::process::exit(2)
-                }
-            }
-        };
-        match a.as_str() {
-            "--batch" => b = num("--batch"),
-            "--seq" => l = num("--seq"),
-            "--heads" => h = num("--heads"),
-            "--kv-heads" => hkv = num("--kv-heads"),
-            "--head-dim" => d = num("--head-dim"),
-            "--causal" => causal = true,
-            other => {
-                eprintln!("unknown argument {other:?}: use --batch, --seq, --heads, --kv-heads, --head-dim, --causal");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    match run(b, l, h, hkv, d, causal) {
+    let a = <Args as clap::Parser>::parse();
+    match run(a.batch, a.seq, a.heads, a.kv_heads, a.head_dim, a.causal) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

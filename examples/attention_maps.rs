@@ -284,60 +284,63 @@ fn svg(title: &str, maps: &[Map<'_>]) -> String {
     s
 }
 
+/// Draws a trained reversal model's attention maps (cross- and self-attention of chosen decoder
+/// layers and heads) as SVG and PNG heat maps with token labels.
+#[derive(clap::Parser)]
+#[command(name = "attention_maps", about)]
+struct Cli {
+    /// The checkpoint of `train_seq2seq` to draw.
+    #[arg(long, default_value = "target/train_seq2seq.safetensors")]
+    checkpoint: PathBuf,
+    /// Directory of the pictures.
+    #[arg(long, default_value = "target/attention_maps")]
+    out: PathBuf,
+    /// Decoder layer of the cross-attention maps (default: the last).
+    #[arg(long)]
+    cross_layer: Option<usize>,
+    /// Decoder layer of the self-attention maps.
+    #[arg(long, default_value_t = 0)]
+    self_layer: usize,
+    /// Comma list of heads to draw (default: all).
+    #[arg(long)]
+    heads: Option<String>,
+    /// The digits to reverse (1 to 8 of them).
+    #[arg(long, default_value = "3141592")]
+    digits: String,
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let mut checkpoint_path = PathBuf::from("target/train_seq2seq.safetensors");
-    let mut out = PathBuf::from("target/attention_maps");
-    let mut digits: Vec<u32> = "3141592"
-        .bytes()
-        .map(|c| DIGIT0 + (c - b'0') as u32)
-        .collect();
+    let cli = <Cli as clap::Parser>::parse();
+    let (checkpoint_path, out) = (cli.checkpoint, cli.out);
     let c = config();
-    // The decoder layers whose cross- and self-attention are drawn, and the heads.
-    let (mut cross_layer, mut self_layer) = (c.decoder_layers - 1, 0);
-    let mut heads: Vec<usize> = (0..c.heads).collect();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let value = args.next().ok_or(format!("{a} needs a value"))?;
-        let layer = |value: &str| -> Result<usize, String> {
-            value
-                .parse()
-                .ok()
-                .filter(|&l| l < c.decoder_layers)
-                .ok_or(format!(
-                    "{a} {value}: the model has decoder layers 0 to {}",
-                    c.decoder_layers - 1
-                ))
-        };
-        match a.as_str() {
-            "--checkpoint" => checkpoint_path = value.into(),
-            "--out" => out = value.into(),
-            "--cross-layer" => cross_layer = layer(&value)?,
-            "--self-layer" => self_layer = layer(&value)?,
-            "--heads" => {
-                heads = value
-                    .split(',')
-                    .map(|h| h.trim().parse().ok().filter(|&h| h < c.heads))
-                    .collect::<Option<Vec<usize>>>()
-                    .filter(|hs| !hs.is_empty())
-                    .ok_or(format!(
-                        "--heads {value}: a comma list of heads 0 to {}",
-                        c.heads - 1
-                    ))?
-            }
-            "--digits"
-                if (1..=MAX_LEN).contains(&value.len())
-                    && value.bytes().all(|c| c.is_ascii_digit()) =>
-            {
-                digits = value.bytes().map(|c| DIGIT0 + (c - b'0') as u32).collect()
-            }
-            _ => {
-                return Err(format!(
-                    "{a} {value}: see the example's header (--digits takes 1 to {MAX_LEN} digits)"
-                )
-                .into())
-            }
-        }
+    let layer = |flag: &str, l: usize| -> Result<usize, String> {
+        (l < c.decoder_layers).then_some(l).ok_or(format!(
+            "{flag} {l}: the model has decoder layers 0 to {}",
+            c.decoder_layers - 1
+        ))
+    };
+    let cross_layer = layer(
+        "--cross-layer",
+        cli.cross_layer.unwrap_or(c.decoder_layers - 1),
+    )?;
+    let self_layer = layer("--self-layer", cli.self_layer)?;
+    let heads: Vec<usize> = match &cli.heads {
+        None => (0..c.heads).collect(),
+        Some(value) => value
+            .split(',')
+            .map(|h| h.trim().parse().ok().filter(|&h| h < c.heads))
+            .collect::<Option<Vec<usize>>>()
+            .filter(|hs| !hs.is_empty())
+            .ok_or(format!(
+                "--heads {value}: a comma list of heads 0 to {}",
+                c.heads - 1
+            ))?,
+    };
+    let value = &cli.digits;
+    if !((1..=MAX_LEN).contains(&value.len()) && value.bytes().all(|c| c.is_ascii_digit())) {
+        return Err(format!("--digits {value}: give 1 to {MAX_LEN} digits").into());
     }
+    let digits: Vec<u32> = value.bytes().map(|c| DIGIT0 + (c - b'0') as u32).collect();
     let ctx = Context::from_env()?;
     println!("adapter: {}", ctx.report());
     let shape = BatchShape {

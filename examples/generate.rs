@@ -33,42 +33,27 @@ const SEQ: usize = 2 * MAX_LEN + 2;
 const BATCH: usize = 64;
 const EVAL_PROMPTS: usize = 256;
 
+/// Trains a small decoder-only model to reverse digit strings (or loads it) and generates with the
+/// KV cache: greedy, sampled and batched decoding.
+#[derive(clap::Parser)]
+#[command(name = "generate", about)]
 struct Args {
+    /// Training steps when not loading.
+    #[arg(long, default_value_t = 500)]
     steps: usize,
+    /// Seed of training and sampling.
+    #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The checkpoint file (safetensors).
+    #[arg(long, default_value = "target/generate.safetensors")]
     checkpoint: PathBuf,
+    /// Load the checkpoint instead of training.
+    #[arg(long)]
     load: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        steps: 500,
-        seed: 1,
-        checkpoint: PathBuf::from("target/generate.safetensors"),
-        load: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let mut number = |flag: &str| {
-            it.next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or(format!("{flag} needs a number"))
-        };
-        match a.as_str() {
-            "--steps" => args.steps = number("--steps")? as usize,
-            "--seed" => args.seed = number("--seed")?,
-            "--checkpoint" => {
-                args.checkpoint = it.next().ok_or("--checkpoint needs a path")?.into()
-            }
-            "--load" => args.load = true,
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; see the example's header"
-                ))
-            }
-        }
-    }
-    Ok(args)
+    Ok(<Args as clap::Parser>::parse())
 }
 
 /// xorshift64*, seeded per use.

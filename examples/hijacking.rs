@@ -14,35 +14,28 @@ use std::process::ExitCode;
 use wgpu_attention::reference::attention as reference;
 use wgpu_attention::{attention_forward, AttentionOptions, AttentionShape, Context, GpuTensor};
 
+/// Plants one key of large norm among ordinary keys and shows how much attention it takes.
+#[derive(clap::Parser)]
+#[command(name = "hijacking", about)]
 struct Args {
+    /// Keys in the sequence (at least 2).
+    #[arg(long, default_value_t = 128)]
     seq: usize,
+    /// Head dimension.
+    #[arg(long, default_value_t = 64)]
     head_dim: usize,
+    /// Norm of the planted key (positive).
+    #[arg(long, default_value_t = 40.0)]
     norm: f32,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args {
-        seq: 128,
-        head_dim: 64,
-        norm: 40.0,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        let bad = || format!("{flag}: {value:?} is not a positive number");
-        match flag.as_str() {
-            "--seq" => a.seq = value.parse().map_err(|_| bad())?,
-            "--head-dim" => a.head_dim = value.parse().map_err(|_| bad())?,
-            "--norm" => a.norm = value.parse().map_err(|_| bad())?,
-            _ => {
-                return Err(format!(
-                    "unknown argument {flag:?}: use --seq, --head-dim, --norm"
-                ))
-            }
-        }
-    }
+    let a = <Args as clap::Parser>::parse();
     if a.seq < 2 || a.head_dim == 0 || !(a.norm.is_finite() && a.norm > 0.0) {
-        return Err("--seq must be at least 2, --head-dim and --norm positive".into());
+        return Err(format!(
+            "--seq {} must be at least 2, --head-dim {} and --norm {} positive",
+            a.seq, a.head_dim, a.norm
+        ));
     }
     Ok(a)
 }

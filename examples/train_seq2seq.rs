@@ -40,58 +40,58 @@ const MAX_LEN: usize = 10;
 const BATCH: usize = 64;
 const EVAL_SEQUENCES: usize = 512;
 
+/// Trains a small encoder-decoder Transformer to reverse digit strings on the GPU, saving
+/// checkpoints, then evaluates it by greedy decoding with the KV cache.
+#[derive(clap::Parser)]
+#[command(name = "train_seq2seq", about)]
 struct Args {
+    /// Optimizer steps to train for.
+    #[arg(long, default_value_t = 400)]
     steps: usize,
+    /// The checkpoint file (safetensors).
+    #[arg(long, default_value = "target/train_seq2seq.safetensors")]
     checkpoint: PathBuf,
+    /// Save a checkpoint every N steps (and at the end).
+    #[arg(long, default_value_t = 100)]
     save_every: u32,
+    /// Continue from the checkpoint's last save.
+    #[arg(long)]
     resume: bool,
+    /// Start a new run over an existing checkpoint (without it, an existing file is refused).
+    #[arg(long)]
+    overwrite: bool,
+    /// Only evaluate the saved checkpoint (implies --resume).
+    #[arg(long)]
     eval_only: bool,
+    /// Also decode by re-running the whole model for every token (no cache), and compare.
+    #[arg(long)]
     eval_rerun: bool,
+    /// Seed of the training batches.
+    #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Peak learning rate of the warm-up and cosine schedule (positive).
+    #[arg(long = "lr", default_value_t = 2e-3, allow_negative_numbers = true, value_parser = positive)]
     peak_lr: f32,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        steps: 400,
-        checkpoint: PathBuf::from("target/train_seq2seq.safetensors"),
-        save_every: 100,
-        resume: false,
-        eval_only: false,
-        eval_rerun: false,
-        seed: 1,
-        peak_lr: 2e-3,
-    };
-    let mut it = std::env::args().skip(1);
-    fn number<T: std::str::FromStr>(
-        it: &mut impl Iterator<Item = String>,
-        flag: &str,
-    ) -> Result<T, String> {
-        it.next()
-            .and_then(|v| v.parse().ok())
-            .ok_or(format!("{flag} needs a number"))
+/// A positive, finite number, or a message with the value given.
+fn positive(value: &str) -> Result<f32, String> {
+    match value.parse::<f32>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(_) => Err(format!("{value} is not a positive finite number")),
+        Err(e) => Err(format!("{value:?} is not a number ({e})")),
     }
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--steps" => args.steps = number(&mut it, "--steps")?,
-            "--save-every" => args.save_every = number(&mut it, "--save-every")?,
-            "--seed" => args.seed = number(&mut it, "--seed")?,
-            "--lr" => args.peak_lr = number(&mut it, "--lr")?,
-            "--checkpoint" => {
-                args.checkpoint = it.next().ok_or("--checkpoint needs a path")?.into()
-            }
-            "--resume" => args.resume = true,
-            "--eval-rerun" => args.eval_rerun = true,
-            "--eval-only" => {
-                args.eval_only = true;
-                args.resume = true;
-            }
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; see the example's header"
-                ))
-            }
-        }
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = <Args as clap::Parser>::parse();
+    args.resume |= args.eval_only;
+    if !args.resume && !args.overwrite && args.checkpoint.exists() {
+        return Err(format!(
+            "{} exists: pass --resume to continue that run, or --overwrite to start a new one \
+             over it",
+            args.checkpoint.display()
+        ));
     }
     Ok(args)
 }

@@ -57,7 +57,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     stage_w(h, lid);
     var start = 0u;
     var end = 0u;
-    if live && lse > NEG_BIG {
+    if live && not_masked(lse) {
         start = key_start(i);
         end = key_end(i, kvlen);
     }
@@ -82,8 +82,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             // Each tanh once: kept for the derivative pass below.
             var t_row: array<mat4x4<f32>, MAX_DA4>;
             var e = vec4<f32>(0.0);
+            let all_seen = all(seen);
             for (var c4 = 0u; c4 < DA4; c4++) {
-                let t = tanh_rows(own[c4], 4u * q, c4);
+                var t = tanh_rows(own[c4], 4u * q, c4);
+                if !all_seen {
+                    t = mask_pairs(t, seen);
+                }
                 t_row[c4] = t;
                 e += w_tile[c4] * t;
             }

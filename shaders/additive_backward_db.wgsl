@@ -110,15 +110,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let starts = vec4<u32>(start_tile[ii], start_tile[ii + 1u], start_tile[ii + 2u], start_tile[ii + 3u]);
             let ends = vec4<u32>(end_tile[ii], end_tile[ii + 1u], end_tile[ii + 2u], end_tile[ii + 3u]);
             let jv = vec4<u32>(j);
-            let seen = vec4<bool>(live) & (jv >= starts) & (jv < ends) & (lse > vec4<f32>(NEG_BIG));
+            let seen = vec4<bool>(live) & (jv >= starts) & (jv < ends) & score_visible(lse);
             if !any(seen) {
                 continue;
             }
             // Each tanh once: kept for the derivative pass below.
             var t_row: array<mat4x4<f32>, MAX_DA4>;
             var e = vec4<f32>(0.0);
+            let all_seen = all(seen);
             for (var c4 = 0u; c4 < DA4; c4++) {
-                let t = tanh_rows(own[c4], ii, c4);
+                var t = tanh_rows(own[c4], ii, c4);
+                if !all_seen {
+                    t = mask_pairs(t, seen);
+                }
                 t_row[c4] = t;
                 e += w_tile[c4] * t;
             }
@@ -126,12 +130,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let p = select(vec4<f32>(0.0), exp(e - lse), seen);
             var dp = vec4<f32>(0.0);
             for (var d = 0u; d < DV; d++) {
-                let g = v_tile[d * (TILE / 4u) + q];
+                // dO of rows that do not see this key is not read (a NaN there is not theirs).
+                let g = select(vec4<f32>(0.0), v_tile[d * (TILE / 4u) + q], seen);
                 dp += g * vj[d];
                 dv[d] += dot(p, g);
             }
             let d_row = vec4<f32>(d_tile[ii], d_tile[ii + 1u], d_tile[ii + 2u], d_tile[ii + 3u]);
-            let ds = p * (dp - d_row);
+            let ds = select(vec4<f32>(0.0), p * (dp - d_row), seen);
             for (var c4 = 0u; c4 < DA4; c4++) {
                 db[c4] += dtanh_rows(t_row[c4], ds);
             }

@@ -41,8 +41,9 @@ var<workgroup> w_tile: array<vec4<f32>, DA4>;
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
 
 // tanh where every implementation is exact to f32 (some compute it through exp(2x), which overflows).
+// NaN passes through (clamp's result for NaN is undefined).
 fn tanh1(x: vec4<f32>) -> vec4<f32> {
-    return tanh(clamp(x, vec4<f32>(-15.0), vec4<f32>(15.0)));
+    return select(tanh(clamp(x, vec4<f32>(-15.0), vec4<f32>(15.0))), x, is_nan(x));
 }
 
 // Components 4 c4 .. 4 c4 + 3 of a + bias (query row i) or of b (key row j), zero past Da.
@@ -116,6 +117,18 @@ fn tanh_rows(x: vec4<f32>, r: u32, c4: u32) -> mat4x4<f32> {
         tanh1(x + pair_tile[at + DA4]),
         tanh1(x + pair_tile[at + 2u * DA4]),
         tanh1(x + pair_tile[at + 3u * DA4]),
+    );
+}
+
+// The columns of t (four pairs) whose pair is masked set to 0: a NaN in the key or query row of a
+// pair the row does not see must not reach it through a product with its zero weight.
+fn mask_pairs(t: mat4x4<f32>, keep: vec4<bool>) -> mat4x4<f32> {
+    let zero = vec4<f32>(0.0);
+    return mat4x4<f32>(
+        select(zero, t[0], keep.x),
+        select(zero, t[1], keep.y),
+        select(zero, t[2], keep.z),
+        select(zero, t[3], keep.w),
     );
 }
 

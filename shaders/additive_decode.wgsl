@@ -61,7 +61,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     if params.accumulate != 0u && live {
         let lse = lse_buf[row];
-        if lse > NEG_BIG {
+        if not_masked(lse) {
             m = lse;
             l = 1.0;
             for (var k = 0u; k < MAX_OWN; k++) {
@@ -117,7 +117,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
 
     // Padded rows (and rows that see no key) get O = 0, lse = -inf.
-    let seen = l > 0.0;
+    let seen = row_seen(vec4<f32>(l)).x;
     for (var k = 0u; k < MAX_OWN; k++) {
         let d = lid + k * WG;
         if d < DV {

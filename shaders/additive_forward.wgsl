@@ -60,7 +60,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let row = (b * params.heads + h) * params.q_seq + i;
     if params.accumulate != 0u && live {
         let lse = lse_buf[row];
-        if lse > NEG_BIG {
+        if not_masked(lse) {
             m = lse;
             l = 1.0;
             for (var d = 0u; d < DV; d++) {
@@ -84,6 +84,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         // The tile's scores, then one rescale for the tile's max (not one per key), then P V with
         // each accumulator held across the tile's keys.
         var p_row: array<vec4<f32>, MAX_TILE4>;
+        // Which of each four keys the row sees: the P V product skips the others' values.
+        var keep_row: array<vec4<bool>, MAX_TILE4>;
         var tile_max = NEG_BIG;
         // Four keys per pass over the score dim (additive_common.wgsl).
         for (var q = 0u; q < TILE / 4u; q++) {
@@ -95,6 +97,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let seen = (j >= vec4<u32>(start)) & (j < vec4<u32>(end)) & (j < vec4<u32>(kv_hi));
             e = select(vec4<f32>(NEG_BIG), e, seen);
             p_row[q] = e;
+            keep_row[q] = seen;
             tile_max = max(tile_max, max(max(e.x, e.y), max(e.z, e.w)));
         }
         if tile_max > m {
@@ -106,16 +109,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             m = tile_max;
         }
         for (var q = 0u; q < TILE / 4u; q++) {
-            // Masked keys hold NEG_BIG exactly (a score never reaches it): p = 0.
+            // Masked keys hold NEG_BIG exactly (a score never reaches it): p = 0. A NaN score
+            // counts (score_visible): it reaches the row.
             let e = p_row[q];
-            let p = select(vec4<f32>(0.0), exp(e - m), e > vec4<f32>(NEG_BIG));
+            let p = select(vec4<f32>(0.0), exp(e - m), score_visible(e));
             p_row[q] = p;
             l += p.x + p.y + p.z + p.w;
         }
         for (var d = 0u; d < DV; d++) {
             var sum = acc[d];
             for (var q = 0u; q < TILE / 4u; q++) {
-                sum += dot(p_row[q], v_tile[d * (TILE / 4u) + q]);
+                let v = select(vec4<f32>(0.0), v_tile[d * (TILE / 4u) + q], keep_row[q]);
+                sum += dot(p_row[q], v);
             }
             acc[d] = sum;
         }
@@ -125,7 +130,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if i >= params.q_seq {
         return;
     }
-    let seen = l > 0.0;
+    let seen = row_seen(vec4<f32>(l)).x;
     for (var d = 0u; d < DV; d++) {
         o_buf[view_index(VIEW_O, b, i, h) + d] = select(0.0, acc[d] / l, seen);
     }

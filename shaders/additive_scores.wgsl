@@ -39,7 +39,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if PROBS {
         var p = 0.0;
         let lse = lse_buf[(b * params.heads + h) * params.q_seq + i];
-        if i < q_len(b) && j >= key_start(i) && j < key_end(i, kv_len(b)) && lse > NEG_BIG {
+        if i < q_len(b) && j >= key_start(i) && j < key_end(i, kv_len(b)) && not_masked(lse) {
             p = exp(e - lse);
         }
         e = p;

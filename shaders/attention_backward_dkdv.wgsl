@@ -172,6 +172,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     & vec4<bool>(ib < m_tile) & score_visible(x_b);
                 let p_b = select(vec4<f32>(0.0), exp(x_b - st_b.x), row_b);
                 // dP and dV need the same dO rows and P is known: one pass over them serves both.
+                // Keys a row masks skip its dO and Q rows (a NaN there is not theirs).
+                let all_seen = all(row_a & row_b);
                 var dp_a = vec4<f32>(0.0);
                 var dp_b = vec4<f32>(0.0);
                 for (var d4 = 0u; d4 < DV4; d4++) {
@@ -184,21 +186,41 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     let v3 = vt[d + 3u];
                     dp_a += v0 * oa.x + v1 * oa.y + v2 * oa.z + v3 * oa.w;
                     dp_b += v0 * ob.x + v1 * ob.y + v2 * ob.z + v3 * ob.w;
-                    dv[d] += p_a * oa.x + p_b * ob.x;
-                    dv[d + 1u] += p_a * oa.y + p_b * ob.y;
-                    dv[d + 2u] += p_a * oa.z + p_b * ob.z;
-                    dv[d + 3u] += p_a * oa.w + p_b * ob.w;
+                    if all_seen {
+                        dv[d] += p_a * oa.x + p_b * ob.x;
+                        dv[d + 1u] += p_a * oa.y + p_b * ob.y;
+                        dv[d + 2u] += p_a * oa.z + p_b * ob.z;
+                        dv[d + 3u] += p_a * oa.w + p_b * ob.w;
+                    } else {
+                        dv[d] += masked_product(p_a, oa.x, row_a) + masked_product(p_b, ob.x, row_b);
+                        dv[d + 1u] += masked_product(p_a, oa.y, row_a) + masked_product(p_b, ob.y, row_b);
+                        dv[d + 2u] += masked_product(p_a, oa.z, row_a) + masked_product(p_b, ob.z, row_b);
+                        dv[d + 3u] += masked_product(p_a, oa.w, row_a) + masked_product(p_b, ob.w, row_b);
+                    }
                 }
-                let ds_a = p_a * (dp_a - st_a.y) * score_grad(s_a);
-                let ds_b = p_b * (dp_b - st_b.y) * score_grad(s_b);
-                for (var d4 = 0u; d4 < DK4; d4++) {
-                    let qa = q_tile[ia * DK4 + d4];
-                    let qb = q_tile[ib * DK4 + d4];
-                    let d = d4 * 4u;
-                    dk[d] += ds_a * qa.x + ds_b * qb.x;
-                    dk[d + 1u] += ds_a * qa.y + ds_b * qb.y;
-                    dk[d + 2u] += ds_a * qa.z + ds_b * qb.z;
-                    dk[d + 3u] += ds_a * qa.w + ds_b * qb.w;
+                let zero = vec4<f32>(0.0);
+                let ds_a = select(zero, p_a * (dp_a - st_a.y) * score_grad(s_a), row_a);
+                let ds_b = select(zero, p_b * (dp_b - st_b.y) * score_grad(s_b), row_b);
+                if all_seen {
+                    for (var d4 = 0u; d4 < DK4; d4++) {
+                        let qa = q_tile[ia * DK4 + d4];
+                        let qb = q_tile[ib * DK4 + d4];
+                        let d = d4 * 4u;
+                        dk[d] += ds_a * qa.x + ds_b * qb.x;
+                        dk[d + 1u] += ds_a * qa.y + ds_b * qb.y;
+                        dk[d + 2u] += ds_a * qa.z + ds_b * qb.z;
+                        dk[d + 3u] += ds_a * qa.w + ds_b * qb.w;
+                    }
+                } else if any(row_a | row_b) {
+                    for (var d4 = 0u; d4 < DK4; d4++) {
+                        let qa = q_tile[ia * DK4 + d4];
+                        let qb = q_tile[ib * DK4 + d4];
+                        let d = d4 * 4u;
+                        dk[d] += masked_product(ds_a, qa.x, row_a) + masked_product(ds_b, qb.x, row_b);
+                        dk[d + 1u] += masked_product(ds_a, qa.y, row_a) + masked_product(ds_b, qb.y, row_b);
+                        dk[d + 2u] += masked_product(ds_a, qa.z, row_a) + masked_product(ds_b, qb.z, row_b);
+                        dk[d + 3u] += masked_product(ds_a, qa.w, row_a) + masked_product(ds_b, qb.w, row_b);
+                    }
                 }
             }
         }

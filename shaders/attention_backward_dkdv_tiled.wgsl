@@ -202,15 +202,45 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let lse = select(0.0, stat.x, end > start);
                 let x = modify_scores(st[c], vec4<u32>(i), keys, b, h);
                 let seen = (keys >= vec4<u32>(start)) & (keys < vec4<u32>(end)) & score_visible(x);
-                let p = select(vec4<f32>(0.0), exp(x - lse), seen);
+                // Masked pairs hold masked_p: the products below skip their dO and Q rows (a NaN
+                // in a row that does not see the key is not the key's).
+                let p = select(vec4<f32>(masked_p()), exp(x - lse), seen);
                 pt_tile[ii * TK + tk] = p;
-                dst_tile[ii * TK + tk] = p * (dpt[c] - stat.y) * score_grad(st[c]);
+                dst_tile[ii * TK + tk] =
+                    select(vec4<f32>(0.0), p * (dpt[c] - stat.y) * score_grad(st[c]), seen);
             }
             workgroupBarrier();
 
             for (var ii = 0u; ii < BM; ii++) {
                 let p = pt_tile[ii * TK + tk];
                 let ds = dst_tile[ii * TK + tk];
+                let keep = p_visible(p);
+                if !all(keep) {
+                    if any(keep) {
+                        let zero = vec4<f32>(0.0);
+                        for (var c = 0u; c < OCV; c++) {
+                            let d4 = tq + TQ * c;
+                            if TQ * OCV == DV4 || d4 < DV4 {
+                                let ox = do_tile[ii * VS + d4];
+                                dv[c] += select(zero, p.x * ox, keep.x);
+                                dv[MAX_OCV + c] += select(zero, p.y * ox, keep.y);
+                                dv[2u * MAX_OCV + c] += select(zero, p.z * ox, keep.z);
+                                dv[3u * MAX_OCV + c] += select(zero, p.w * ox, keep.w);
+                            }
+                        }
+                        for (var c = 0u; c < OCK; c++) {
+                            let d4 = tq + TQ * c;
+                            if TQ * OCK == DK4 || d4 < DK4 {
+                                let qx = q_tile[ii * KS + d4];
+                                dk[c] += select(zero, ds.x * qx, keep.x);
+                                dk[MAX_OCK + c] += select(zero, ds.y * qx, keep.y);
+                                dk[2u * MAX_OCK + c] += select(zero, ds.z * qx, keep.z);
+                                dk[3u * MAX_OCK + c] += select(zero, ds.w * qx, keep.w);
+                            }
+                        }
+                    }
+                    continue;
+                }
                 for (var c = 0u; c < OCV; c++) {
                     let d4 = tq + TQ * c;
                     if TQ * OCV == DV4 || d4 < DV4 {

@@ -171,10 +171,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let p_a = select(vec4<f32>(0.0), exp(x_a - lse), key_a);
             let key_b = visible(n0 + jb, row_start, row_end) & vec4<bool>(jb < n_tile) & score_visible(x_b);
             let p_b = select(vec4<f32>(0.0), exp(x_b - lse), key_b);
-            let d_score_a = p_a * (dp_a - delta);
-            let d_score_b = p_b * (dp_b - delta);
-            let ds_a = d_score_a * score_grad(s_a);
-            let ds_b = d_score_b * score_grad(s_b);
+            // Masked pairs contribute exactly 0, whatever their dP or score holds (a NaN in a key
+            // or value the row does not see is not the row's).
+            let zero = vec4<f32>(0.0);
+            let d_score_a = select(zero, p_a * (dp_a - delta), key_a);
+            let d_score_b = select(zero, p_b * (dp_b - delta), key_b);
+            let ds_a = select(zero, d_score_a * score_grad(s_a), key_a);
+            let ds_b = select(zero, d_score_b * score_grad(s_b), key_b);
             if REL_BUCKETS > 0u {
                 for (var r = 0u; r < 4u; r++) {
                     let delta_a = i32(n0 + ja) - aligned(rows[r]);
@@ -184,14 +187,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     rel[u_b][r] += d_score_b[r];
                 }
             }
-            for (var d4 = 0u; d4 < DK4; d4++) {
-                let ka = k_tile[ja * DK4 + d4];
-                let kb = k_tile[jb * DK4 + d4];
-                let d = d4 * 4u;
-                dq[d] += ds_a * ka.x + ds_b * kb.x;
-                dq[d + 1u] += ds_a * ka.y + ds_b * kb.y;
-                dq[d + 2u] += ds_a * ka.z + ds_b * kb.z;
-                dq[d + 3u] += ds_a * ka.w + ds_b * kb.w;
+            if all(key_a & key_b) {
+                for (var d4 = 0u; d4 < DK4; d4++) {
+                    let ka = k_tile[ja * DK4 + d4];
+                    let kb = k_tile[jb * DK4 + d4];
+                    let d = d4 * 4u;
+                    dq[d] += ds_a * ka.x + ds_b * kb.x;
+                    dq[d + 1u] += ds_a * ka.y + ds_b * kb.y;
+                    dq[d + 2u] += ds_a * ka.z + ds_b * kb.z;
+                    dq[d + 3u] += ds_a * ka.w + ds_b * kb.w;
+                }
+            } else if any(key_a | key_b) {
+                // Rows that mask a key skip its K.
+                for (var d4 = 0u; d4 < DK4; d4++) {
+                    let ka = k_tile[ja * DK4 + d4];
+                    let kb = k_tile[jb * DK4 + d4];
+                    let d = d4 * 4u;
+                    dq[d] += masked_product(ds_a, ka.x, key_a) + masked_product(ds_b, kb.x, key_b);
+                    dq[d + 1u] += masked_product(ds_a, ka.y, key_a) + masked_product(ds_b, kb.y, key_b);
+                    dq[d + 2u] += masked_product(ds_a, ka.z, key_a) + masked_product(ds_b, kb.z, key_b);
+                    dq[d + 3u] += masked_product(ds_a, ka.w, key_a) + masked_product(ds_b, kb.w, key_b);
+                }
             }
         }
     }

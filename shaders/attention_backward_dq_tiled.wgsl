@@ -190,8 +190,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             // Keys past this dispatch's chunk are staged as zeros; they count in a later chunk.
             let seen = visible(j, row_start, row_end) & score_visible(x) & vec4<bool>(j < n_end);
             let p = select(vec4<f32>(0.0), exp(x - lse), seen);
-            let d_score = p * (dp[c] - delta);
-            ds_tile[(tc + TC * c) * TR + tr] = d_score * score_grad(s[c]);
+            // Masked pairs: 0 for the relative table, masked_p in ds_tile so the dQ product
+            // skips their K (a NaN in a key the row does not see is not the row's).
+            let d_score = select(vec4<f32>(0.0), p * (dp[c] - delta), seen);
+            ds_tile[(tc + TC * c) * TR + tr] =
+                select(vec4<f32>(masked_p()), d_score * score_grad(s[c]), seen);
             if REL_BUCKETS > 0u {
                 for (var r = 0u; r < 4u; r++) {
                     let u = relative_bucket(i32(j) - aligned(rows[r]));
@@ -203,14 +206,29 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 
         for (var jj = 0u; jj < BN; jj++) {
             let ds = ds_tile[jj * TR + tr];
-            for (var c = 0u; c < OC; c++) {
-                let d4 = tc + TC * c;
-                if TC * OC == DK4 || d4 < DK4 {
-                    let kx = k_tile[jj * KS + d4];
-                    dq[c] += ds.x * kx;
-                    dq[MAX_OC + c] += ds.y * kx;
-                    dq[2u * MAX_OC + c] += ds.z * kx;
-                    dq[3u * MAX_OC + c] += ds.w * kx;
+            let keep = p_visible(ds);
+            if all(keep) {
+                for (var c = 0u; c < OC; c++) {
+                    let d4 = tc + TC * c;
+                    if TC * OC == DK4 || d4 < DK4 {
+                        let kx = k_tile[jj * KS + d4];
+                        dq[c] += ds.x * kx;
+                        dq[MAX_OC + c] += ds.y * kx;
+                        dq[2u * MAX_OC + c] += ds.z * kx;
+                        dq[3u * MAX_OC + c] += ds.w * kx;
+                    }
+                }
+            } else if any(keep) {
+                let zero = vec4<f32>(0.0);
+                for (var c = 0u; c < OC; c++) {
+                    let d4 = tc + TC * c;
+                    if TC * OC == DK4 || d4 < DK4 {
+                        let kx = k_tile[jj * KS + d4];
+                        dq[c] += select(zero, ds.x * kx, keep.x);
+                        dq[MAX_OC + c] += select(zero, ds.y * kx, keep.y);
+                        dq[2u * MAX_OC + c] += select(zero, ds.z * kx, keep.z);
+                        dq[3u * MAX_OC + c] += select(zero, ds.w * kx, keep.w);
+                    }
                 }
             }
         }

@@ -144,7 +144,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     row_end[r] = key_end(rows[r], kvlen);
                     if row_end[r] > row_start[r] {
                         let st = stats[(b * params.heads + h) * params.q_seq + rows[r]];
-                        lse[r] = select(0.0, st.x, st.x > NEG_BIG);
+                        lse[r] = select(0.0, st.x, not_masked(st.x));
                         delta[r] = st.y;
                     }
                 }
@@ -163,7 +163,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let x = modify_scores(params.scale * s[c], rows, vec4<u32>(j), b, h);
                 let seen = visible(j, row_start, row_end) & score_visible(x);
                 let p = select(vec4<f32>(0.0), exp(x - lse), seen);
-                acc[c] += p * (dp[c] - delta);
+                // Masked pairs add exactly 0, whatever their dP holds.
+                acc[c] += select(vec4<f32>(0.0), p * (dp[c] - delta), seen);
             }
         }
 

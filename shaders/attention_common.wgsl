@@ -253,10 +253,46 @@ fn score_bias_terms(rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f3
     return t;
 }
 
-// Whether each modified score counts: false where a -inf bias masked it. A comparison, not inf
-// arithmetic, decides.
+// Whether each modified score counts: false where a -inf bias masked it (or where it is the
+// NEG_BIG sentinel of a masked pair). A NaN score counts: NaN reaches the rows that see it
+// (SPEC.md, "NaN and infinity"), never reads as a masked pair. A comparison, not inf arithmetic,
+// decides.
 fn score_visible(x: vec4<f32>) -> vec4<bool> {
-    return x > vec4<f32>(NEG_BIG);
+    return (x > vec4<f32>(NEG_BIG)) | is_nan(x);
+}
+
+// score_visible of one value: a score, a running max or a row's lse (-inf for rows that saw no
+// key; NaN for rows a NaN reached).
+fn not_masked(x: f32) -> bool {
+    return score_visible(vec4<f32>(x)).x;
+}
+
+// Whether a row saw a key, from its softmax denominator l: l > 0, or NaN where a NaN reached it.
+fn row_seen(l: vec4<f32>) -> vec4<bool> {
+    return (l > vec4<f32>(0.0)) | is_nan(l);
+}
+
+// NaN test on the bits: drivers may assume float comparisons see no NaN (no SPIR-V float
+// controls are requested) and fold x != x to false; integer tests they keep.
+fn is_nan(x: vec4<f32>) -> vec4<bool> {
+    return (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+}
+
+// The probability of a masked pair: -0.0, which exp never returns (a visible pair whose p
+// underflows is +0.0). Products with a masked pair's p are skipped, so a NaN or infinity in a
+// key, value, query or output gradient the pair does not see cannot reach the row as 0 * NaN.
+fn masked_p() -> f32 {
+    return bitcast<f32>(0x80000000u);
+}
+
+// Which of four probabilities belong to visible pairs (not masked_p).
+fn p_visible(p: vec4<f32>) -> vec4<bool> {
+    return bitcast<vec4<u32>>(p) != vec4<u32>(0x80000000u);
+}
+
+// p * x for the visible pairs, 0 for the masked ones (see masked_p).
+fn masked_product(p: vec4<f32>, x: f32, keep: vec4<bool>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), p * x, keep);
 }
 
 // T5's bucket of the relative position delta = key - aligned query position (Raffel et al. 2020):
@@ -293,9 +329,10 @@ fn score_grad(s: vec4<f32>) -> vec4<f32> {
 }
 
 // tanh whose argument stays where every implementation is exact to f32 (tanh(15) rounds to 1);
-// some compute tanh through exp(2x), which overflows to inf / inf for large |x|.
+// some compute tanh through exp(2x), which overflows to inf / inf for large |x|. NaN passes through
+// (clamp's result for NaN is undefined), so a NaN score stays NaN under softcap.
 fn capped_tanh(x: vec4<f32>) -> vec4<f32> {
-    return tanh(clamp(x, vec4<f32>(-15.0), vec4<f32>(15.0)));
+    return select(tanh(clamp(x, vec4<f32>(-15.0), vec4<f32>(15.0))), x, is_nan(x));
 }
 
 // ALiBi slope of query head h: the caller's (FLAG_ALIBI_SLOPES), or Press et al. 2022's: for n = H a

@@ -175,7 +175,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var sum = 0.0;
             for (var jj = 0u; jj < WG; jj++) {
                 let x = s_tile[base + jj];
-                let p = select(0.0, exp(x - m_new), x > NEG_BIG);
+                // masked_p for masked keys: the product below skips them.
+                let p = select(masked_p(), exp(x - m_new), not_masked(x));
                 s_tile[base + jj] = p;
                 sum += p;
             }
@@ -194,7 +195,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 var a = acc[o] * alpha_tile[r];
                 for (var jj = kg; jj < keys; jj += KG) {
                     let p = s_tile[r * WG + jj];
-                    a += p * load4_v(view_index(VIEW_V, b, n0 + jj, g), 4u * c);
+                    // A key this row masks is not read (a NaN in its value is not the row's).
+                    if p_visible(vec4<f32>(p)).x {
+                        a += p * load4_v(view_index(VIEW_V, b, n0 + jj, g), 4u * c);
+                    }
                 }
                 acc[o] = a;
             }
@@ -230,7 +234,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         let i = row_query(fr);
         let h = row_head(fr, g);
-        let seen = m_tile[r] > NEG_BIG;
+        let seen = row_seen(vec4<f32>(l_tile[r])).x;
         let out = select(vec4<f32>(0.0), a / l_tile[r], seen);
         let c = item % DV4;
         let base = view_index(VIEW_O, b_out, i, h);

@@ -148,8 +148,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let alpha = exp(m - m_new);
         var row_sum = vec4<f32>(0.0);
         for (var jj = 0u; jj < n_tile; jj++) {
-            // Masked scores are NEG_BIG exactly, so score_visible tells them apart.
-            let e = select(vec4<f32>(0.0), exp(p[jj] - m_new), score_visible(p[jj]));
+            // Masked scores are NEG_BIG exactly, so score_visible tells them apart; their p is
+            // masked_p, so the products below skip them.
+            let e = select(vec4<f32>(masked_p()), exp(p[jj] - m_new), score_visible(p[jj]));
             p[jj] = e;
             row_sum += e;
         }
@@ -164,13 +165,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         for (var jj = 0u; jj < n_tile; jj++) {
             let pj = p[jj];
-            for (var d4 = 0u; d4 < DV4; d4++) {
-                let vx = v_tile[jj * DV4 + d4];
-                let d = d4 * 4u;
-                acc[d] += pj * vx.x;
-                acc[d + 1u] += pj * vx.y;
-                acc[d + 2u] += pj * vx.z;
-                acc[d + 3u] += pj * vx.w;
+            let keep = p_visible(pj);
+            if all(keep) {
+                for (var d4 = 0u; d4 < DV4; d4++) {
+                    let vx = v_tile[jj * DV4 + d4];
+                    let d = d4 * 4u;
+                    acc[d] += pj * vx.x;
+                    acc[d + 1u] += pj * vx.y;
+                    acc[d + 2u] += pj * vx.z;
+                    acc[d + 3u] += pj * vx.w;
+                }
+            } else if any(keep) {
+                // Rows that mask this key skip its value (a NaN there is not theirs).
+                for (var d4 = 0u; d4 < DV4; d4++) {
+                    let vx = v_tile[jj * DV4 + d4];
+                    let d = d4 * 4u;
+                    acc[d] += masked_product(pj, vx.x, keep);
+                    acc[d + 1u] += masked_product(pj, vx.y, keep);
+                    acc[d + 2u] += masked_product(pj, vx.z, keep);
+                    acc[d + 3u] += masked_product(pj, vx.w, keep);
+                }
             }
         }
     }
@@ -202,7 +216,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if !first_chunk {
             // Split-softmax merge with the chunks before: weights exp(lse_k - lse_total).
             let lse_prev = lse_buf[lse_index];
-            if lse_prev > NEG_BIG {
+            if not_masked(lse_prev) {
                 let top = max(lse_prev, lse_chunk);
                 let e_prev = exp(lse_prev - top);
                 let e_chunk = exp(lse_chunk - top);

@@ -27,16 +27,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let rows = params.batch * params.heads * params.q_seq;
     let row = (b * params.heads + h) * params.q_seq + i;
 
+    // A NaN lse (a NaN reached the row in that split) counts as seen and makes the result NaN.
     var top = NEG_BIG;
+    var seen = false;
     for (var s = 0u; s < params.splits; s++) {
-        top = max(top, lse_part[s * rows + row]);
+        let lse_s = lse_part[s * rows + row];
+        top = max(top, lse_s);
+        seen = seen || not_masked(lse_s);
     }
     var total = 0.0;
     var o = 0.0;
-    if top > NEG_BIG {
+    if seen {
         for (var s = 0u; s < params.splits; s++) {
             let lse_s = lse_part[s * rows + row];
-            if lse_s > NEG_BIG {
+            if not_masked(lse_s) {
                 let w = exp(lse_s - top);
                 total += w;
                 o += w * o_part[s * params.batch * per_batch + index];
@@ -46,6 +50,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     o_buf[view_index(VIEW_O, b, i, h) + d] = OutElem(o);
     if d == 0u {
-        lse_buf[row] = select(neg_inf(), top + log(total), top > NEG_BIG);
+        lse_buf[row] = select(neg_inf(), top + log(total), seen);
     }
 }

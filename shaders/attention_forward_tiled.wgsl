@@ -170,8 +170,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         var row_sum = vec4<f32>(0.0);
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
-            // Masked scores are NEG_BIG exactly, so score_visible tells them apart.
-            let p = select(vec4<f32>(0.0), exp(s[c] - m_new), score_visible(s[c]));
+            // Masked scores are NEG_BIG exactly, so score_visible tells them apart; their p is
+            // masked_p, so the products below skip them.
+            let p = select(vec4<f32>(masked_p()), exp(s[c] - m_new), score_visible(s[c]));
             p_tile[(tc + TC * c) * TR + tr] = p;
             row_sum += p;
         }
@@ -198,14 +199,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
 
         for (var jj = 0u; jj < BN; jj++) {
             let p = p_tile[jj * TR + tr];
-            for (var c = 0u; c < OC; c++) {
-                let d4 = tc + TC * c;
-                if TC * OC == DV4 || d4 < DV4 {
-                    let vx = kv_tile[jj * KVS + d4];
-                    acc[c] += p.x * vx;
-                    acc[MAX_OC + c] += p.y * vx;
-                    acc[2u * MAX_OC + c] += p.z * vx;
-                    acc[3u * MAX_OC + c] += p.w * vx;
+            let keep = p_visible(p);
+            if all(keep) {
+                for (var c = 0u; c < OC; c++) {
+                    let d4 = tc + TC * c;
+                    if TC * OC == DV4 || d4 < DV4 {
+                        let vx = kv_tile[jj * KVS + d4];
+                        acc[c] += p.x * vx;
+                        acc[MAX_OC + c] += p.y * vx;
+                        acc[2u * MAX_OC + c] += p.z * vx;
+                        acc[3u * MAX_OC + c] += p.w * vx;
+                    }
+                }
+            } else if any(keep) {
+                // Rows that mask this key skip its value (a NaN there is not theirs).
+                let zero = vec4<f32>(0.0);
+                for (var c = 0u; c < OC; c++) {
+                    let d4 = tc + TC * c;
+                    if TC * OC == DV4 || d4 < DV4 {
+                        let vx = kv_tile[jj * KVS + d4];
+                        acc[c] += select(zero, p.x * vx, keep.x);
+                        acc[MAX_OC + c] += select(zero, p.y * vx, keep.y);
+                        acc[2u * MAX_OC + c] += select(zero, p.z * vx, keep.z);
+                        acc[3u * MAX_OC + c] += select(zero, p.w * vx, keep.w);
+                    }
                 }
             }
         }
@@ -228,7 +245,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         }
         // l > 0 iff the row saw a key (its largest term is exp(0) = 1). Otherwise, and for padded
         // rows: O = 0, lse = -inf (SPEC.md).
-        let seen = i < qlen && l_row[r] > 0.0;
+        let seen = i < qlen && row_seen(l_row)[r];
         let inv_l = select(0.0, 1.0 / l_row[r], seen);
         if tc == 0u {
             let lse_index = (out_b * params.heads + h) * params.q_seq + i;

@@ -36,7 +36,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         let x = modify_scores(vec4<f32>(params.scale * dot), vec4<u32>(i), vec4<u32>(j), b, h).x;
         let lse = lse_buf[(b * params.heads + h) * params.q_seq + i];
-        if x > NEG_BIG && lse > NEG_BIG {
+        if not_masked(x) && not_masked(lse) {
             p = exp(x - lse);
         }
     }

@@ -18,7 +18,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let lse = lse_buf[row];
     // -inf (no visible key) compares below the finite sentinel; nothing is subtracted from it.
-    if !(lse > NEG_BIG) {
+    if !not_masked(lse) {
         return;
     }
     let i = row % params.q_seq;

@@ -25,7 +25,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let i = t % params.q_seq;
         let st = stats[(b * params.heads + h) * params.q_seq + i];
         // Rows that see no key (lse = -inf) hold no sink probability.
-        if st.x > NEG_BIG {
+        if not_masked(st.x) {
             sum -= exp(sink - st.x) * st.y;
         }
     }

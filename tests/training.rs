@@ -508,11 +508,13 @@ fn configurations_are_compared_field_by_field() {
         let expected = values(ctx, &t);
         let json = serde_json::to_value(config(32)).unwrap();
 
-        // A checkpoint from before a field existed loads with the field's default ...
+        // A checkpoint from before a field existed (version 2: its checksum covers the tensor
+        // data only) loads with the field's default ...
         with_metadata(&path, &edited, |meta| {
             let mut c = json.clone();
             c.as_object_mut().unwrap().remove("learned_positions");
             meta.insert("config".into(), c.to_string());
+            meta.insert("format_version".into(), "2".into());
         });
         let mut r = trainer(ctx, 32);
         checkpoint::load(ctx, &mut r, &edited).unwrap();
@@ -562,11 +564,40 @@ fn configurations_are_compared_field_by_field() {
         checkpoint::load(ctx, &mut v1, &edited).unwrap();
         assert_eq!(values(ctx, &v1), expected, "[{backend}] version 1");
 
+        // Version 3 checksums the header: an edited step count (which would make a resumed run
+        // skip steps) or configuration is refused, the trainer untouched.
+        let fresh = values(ctx, &trainer(ctx, 32));
+        for (field, value) in [("adam_steps", "90"), ("config", "")] {
+            with_metadata(&path, &edited, |meta| {
+                let value = match field {
+                    "config" => {
+                        let mut c = json.clone();
+                        c.as_object_mut().unwrap().remove("learned_positions");
+                        c.to_string()
+                    }
+                    _ => value.to_string(),
+                };
+                meta.insert(field.into(), value);
+            });
+            let mut f = trainer(ctx, 32);
+            let err = checkpoint::load(ctx, &mut f, &edited).unwrap_err();
+            assert!(
+                err.to_string().contains("edited"),
+                "[{backend}] {field}: {err}"
+            );
+            assert_eq!(
+                values(ctx, &f),
+                fresh,
+                "[{backend}] {field}: a refused load wrote"
+            );
+            assert_eq!(f.optimizer.steps(), 0, "[{backend}] {field}");
+        }
+
         with_metadata(&path, &edited, |meta| {
-            meta.insert("format_version".into(), "3".into());
+            meta.insert("format_version".into(), "4".into());
         });
         let err = checkpoint::load(ctx, &mut r, &edited).unwrap_err();
-        assert!(err.to_string().contains("version 3"), "[{backend}] {err}");
+        assert!(err.to_string().contains("version 4"), "[{backend}] {err}");
         std::fs::remove_file(&path).ok();
         std::fs::remove_file(&edited).ok();
     });

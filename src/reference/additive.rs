@@ -57,12 +57,14 @@ pub fn additive_forward(
                             .then(|| score(s, a, b, w, bias, masks.scale, (bi, h, i, j)).1)
                     })
                     .collect();
+                // NaN scores are ignored by the max but make the row seen (SPEC.md, "NaN and
+                // infinity"): they reach lse and O through the sum.
                 let top = e
                     .iter()
                     .flatten()
                     .copied()
                     .fold(f64::NEG_INFINITY, f64::max);
-                if top == f64::NEG_INFINITY {
+                if e.iter().flatten().all(|&x| x == f64::NEG_INFINITY) {
                     continue;
                 }
                 let row_lse = top

@@ -277,7 +277,10 @@ fn forward_of_transformed(
             let hk = h / group;
             for i in 0..s.q_seq {
                 let qi = &q[idx(s.q_seq, s.heads, dk, b, i, h)..][..dk];
+                // The largest score ignores NaN (f64::max); a visible NaN score still makes the row
+                // seen, and reaches its lse and O through the sum (SPEC.md, "NaN and infinity").
                 let mut max = f64::NEG_INFINITY;
+                let mut seen = false;
                 for (j, score) in scores.iter_mut().enumerate() {
                     *score = if masks.visible(s, b, i, j) {
                         let kj = &k[idx(s.kv_seq, s.kv_heads, dk, b, j, hk)..][..dk];
@@ -287,13 +290,18 @@ fn forward_of_transformed(
                         f64::NEG_INFINITY
                     };
                     max = max.max(*score);
+                    seen |= *score != f64::NEG_INFINITY;
                 }
-                if max == f64::NEG_INFINITY {
+                if !seen {
                     continue;
                 }
                 let sink = masks.sinks.as_ref().map(|sinks| sinks[h]);
                 let top = sink.map_or(max, |x| max.max(x));
-                let sum: f64 = scores.iter().map(|&x| (x - top).exp()).sum::<f64>()
+                let sum: f64 = scores
+                    .iter()
+                    .filter(|&&x| x != f64::NEG_INFINITY)
+                    .map(|&x| (x - top).exp())
+                    .sum::<f64>()
                     + sink.map_or(0.0, |x| (x - top).exp());
                 let row_lse = top + sum.ln();
                 lse[(b * s.heads + h) * s.q_seq + i] = row_lse;

@@ -1,6 +1,7 @@
 //! Checkpoints as safetensors: every parameter (`param.<name>`), the AdamW moments
 //! (`adam_m.<name>`, `adam_v.<name>`), and metadata: the format and its version, the model
-//! configuration as JSON, the optimizer's step count and a CRC-32 of the tensor data.
+//! configuration as JSON, the optimizer's step count and a CRC-32 of all of them: every header
+//! field (format, version, configuration, step count) and the tensor data.
 //!
 //! A checkpoint is either the old file or the new one, never half of each: [`save`] writes a
 //! temporary file beside the target, flushes it to disk and renames it over the target. It refuses to
@@ -24,9 +25,24 @@ use crate::tensor::GpuTensor;
 use crate::training::Trainer;
 
 const FORMAT: &str = "wgpu-attention transformer checkpoint";
-/// Version 2: configuration as JSON, CRC-32 of the data. Version 1 (configuration as Rust `Debug`
-/// text, no checksum) is still read.
-const FORMAT_VERSION: u32 = 2;
+/// Version 3: the CRC-32 covers the header fields too (an edited step count or configuration is
+/// refused). Version 2 (CRC-32 of the tensor data only) and version 1 (configuration as Rust
+/// `Debug` text, no checksum) are still read.
+const FORMAT_VERSION: u32 = 3;
+/// The header fields version 3's checksum covers, in the order they are hashed.
+const CHECKED_FIELDS: [&str; 4] = ["format", "format_version", "config", "adam_steps"];
+
+/// Feeds header fields to the checksum: each name and value with its length, so no two different
+/// headers hash the same bytes.
+fn hash_fields(hasher: &mut crc32fast::Hasher, field: impl Fn(&str) -> String) {
+    for name in CHECKED_FIELDS {
+        let value = field(name);
+        for part in [name, value.as_str()] {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part.as_bytes());
+        }
+    }
+}
 const FORMAT_V1: &str = "wgpu-attention transformer checkpoint v1";
 
 fn error(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -119,8 +135,19 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 /// gradient norm.
 pub fn save(ctx: &Context, trainer: &Trainer, path: &Path) -> Result<()> {
     trainer.check_finite(ctx)?;
+    let config = serde_json::to_string(trainer.model.config()).map_err(|e| error(path, e))?;
+    let mut metadata = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("format_version".to_string(), FORMAT_VERSION.to_string()),
+        ("config".to_string(), config),
+        (
+            "adam_steps".to_string(),
+            trainer.optimizer.steps().to_string(),
+        ),
+    ]);
     let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut crc = crc32fast::Hasher::new();
+    hash_fields(&mut crc, |name| metadata[name].clone());
     for (name, t) in tensors(trainer) {
         let bytes = bytemuck::cast_slice::<f32, u8>(&t.to_vec(ctx)?).to_vec();
         crc.update(&bytes);
@@ -134,17 +161,7 @@ pub fn save(ctx: &Context, trainer: &Trainer, path: &Path) -> Result<()> {
                 .map_err(|e| error(path, e))
         })
         .collect::<Result<Vec<_>>>()?;
-    let config = serde_json::to_string(trainer.model.config()).map_err(|e| error(path, e))?;
-    let metadata = HashMap::from([
-        ("format".to_string(), FORMAT.to_string()),
-        ("format_version".to_string(), FORMAT_VERSION.to_string()),
-        ("config".to_string(), config),
-        (
-            "adam_steps".to_string(),
-            trainer.optimizer.steps().to_string(),
-        ),
-        ("crc32".to_string(), format!("{:08x}", crc.finalize())),
-    ]);
+    metadata.insert("crc32".to_string(), format!("{:08x}", crc.finalize()));
     let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| error(path, e))?;
     write_atomically(path, &bytes)
 }
@@ -214,8 +231,12 @@ pub fn load(ctx: &Context, trainer: &mut Trainer, path: &Path) -> Result<()> {
     let file = SafeTensors::deserialize(&bytes).map_err(corrupt)?;
     let meta = header.metadata().clone().unwrap_or_default();
     let field = |key: &str| meta.get(key).map(String::as_str).unwrap_or("(missing)");
+    let mut hasher = crc32fast::Hasher::new();
     let (saved_config, crc) = match (field("format"), field("format_version")) {
-        (FORMAT, version) if version == FORMAT_VERSION.to_string() => {
+        (FORMAT, version) if version == "2" || version == FORMAT_VERSION.to_string() => {
+            if version != "2" {
+                hash_fields(&mut hasher, |name| field(name).to_string());
+            }
             let config = serde_json::from_str(field("config"))
                 .map_err(|e| error(path, format!("has an unreadable configuration: {e}")))?;
             let crc = u32::from_str_radix(field("crc32"), 16)
@@ -257,7 +278,6 @@ pub fn load(ctx: &Context, trainer: &mut Trainer, path: &Path) -> Result<()> {
     let targets = tensors(trainer);
     // Validate everything before writing anything.
     let mut data = Vec::with_capacity(targets.len());
-    let mut hasher = crc32fast::Hasher::new();
     for (name, t) in &targets {
         let view = file
             .tensor(name)
@@ -306,8 +326,8 @@ pub fn load(ctx: &Context, trainer: &mut Trainer, path: &Path) -> Result<()> {
             return Err(error(
                 path,
                 format!(
-                    "is corrupt: its tensor data has CRC-32 {actual:08x}, saved as \
-                     {expected:08x}; load an earlier checkpoint"
+                    "is corrupt or was edited: its header fields and tensor data have CRC-32 \
+                     {actual:08x}, saved as {expected:08x}; load an earlier checkpoint"
                 ),
             ));
         }

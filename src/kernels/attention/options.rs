@@ -66,35 +66,46 @@ pub struct ScoreBias<'a> {
 }
 
 impl<'a> AttentionOptions<'a> {
+    /// No mask, no modifier, scale `1 / sqrt(Dk)`.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// The score scale (default `1 / sqrt(Dk)`); must be finite.
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
         self
     }
 
+    /// Softmax temperature `t > 0`: the score is `(scale / t) * q.k`. It divides the scale only:
+    /// ALiBi, the bias, the relative-bucket term and sink logits are not divided by it.
     pub fn temperature(mut self, temperature: f32) -> Self {
         self.temperature = Some(temperature);
         self
     }
 
+    /// The causal mask, bottom-right aligned: key `j` is visible to query `i` iff
+    /// `j <= i + (Lk - Lq)`.
     pub fn causal(mut self, causal: bool) -> Self {
         self.causal = causal;
         self
     }
 
+    /// Per-batch valid query and key lengths (padding, variable-length batches).
     pub fn seq_lens(mut self, seq_lens: &'a SeqLens) -> Self {
         self.seq_lens = Some(seq_lens);
         self
     }
 
+    /// Softcap `cap * tanh(s / cap)` of the scaled (and tempered) dot-product score, applied
+    /// before ALiBi, the bias and the relative-bucket term, which are added uncapped. Sink logits
+    /// are not capped. `cap` must be finite and positive.
     pub fn softcap(mut self, cap: f32) -> Self {
         self.softcap = Some(cap);
         self
     }
 
+    /// ALiBi with Press et al.'s geometric slopes (after softcap, before the bias).
     pub fn alibi(mut self, alibi: bool) -> Self {
         self.alibi = alibi;
         self
@@ -108,9 +119,10 @@ impl<'a> AttentionOptions<'a> {
         self
     }
 
-    /// Sliding window of `left` keys before and `right` after each query's aligned position
-    /// (`window(w - 1, 0)` with `causal(true)`: the last `w` keys, as Mistral and Gemma 2).
-    /// Cosine-similarity scores times `scale` (e.g. 10-30: unit vectors' dot products lie in [-1, 1]).
+    /// Cosine-similarity scores times `scale` (e.g. 10-30: unit vectors' dot products lie in
+    /// [-1, 1]). Each q and k row is normalised as `x / max(|x|, 1e-6)` (PyTorch's
+    /// `F.normalize` with `eps = 1e-6`), so a zero row stays zero. The temperature still divides
+    /// `scale`; set `cosine` or `scale`, not both.
     pub fn cosine(mut self, scale: f32) -> Self {
         self.cosine = Some(scale);
         self
@@ -118,7 +130,8 @@ impl<'a> AttentionOptions<'a> {
 
     /// Cosine-similarity scores times a learned scale per query head, read on the GPU from `scale`
     /// (`[H]`, e.g. 10 to 30 at first; Swin V2's logit scale): `s = scale[h] * cos(q, k)`. The
-    /// backward writes `dL/dscale` into `grad` (`[H]`), summed over rows in a fixed order.
+    /// backward writes (overwrites, not adds to) `dL/dscale` into `grad` (`[H]`), summed over rows
+    /// in a fixed order.
     pub fn cosine_learned(mut self, scale: &'a GpuTensor, grad: &'a GpuTensor) -> Self {
         self.learned_cosine = Some(LearnedScale { scale, grad });
         self
@@ -130,11 +143,15 @@ impl<'a> AttentionOptions<'a> {
         self
     }
 
+    /// Attention sinks `[H]`: one logit per query head added to every row's softmax denominator
+    /// as it is (neither tempered nor softcapped), with no value.
     pub fn sinks(mut self, sinks: &'a GpuTensor) -> Self {
         self.sinks = Some(sinks);
         self
     }
 
+    /// Sliding window of `left` keys before and `right` after each query's aligned position
+    /// (`window(w - 1, 0)` with `causal(true)`: the last `w` keys, as Mistral and Gemma 2).
     pub fn window(mut self, left: usize, right: usize) -> Self {
         self.window = Some((left, right));
         self
@@ -152,7 +169,8 @@ impl<'a> AttentionOptions<'a> {
     }
 
     /// A constant additive score bias (an arbitrary mask: `-inf` hides a pair, `0` keeps it):
-    /// no gradient is computed for it.
+    /// no gradient is computed for it. A modified score at or below `-3e38` counts as masked, as
+    /// `-inf` does.
     pub fn constant_bias(mut self, bias: &'a BiasView) -> Self {
         self.bias = Some(ScoreBias {
             view: bias,
@@ -172,7 +190,8 @@ impl<'a> AttentionOptions<'a> {
 
     /// [`AttentionOptions::relative_buckets`] with a learned table: the backward's dQ kernels sum
     /// each query row's `p (dP - D)` per bucket as they go, and their row shares are added per
-    /// (head, bucket) in a fixed order into `grad` (`[H, buckets]`).
+    /// (head, bucket) in a fixed order and written into `grad` (`[H, buckets]`; overwritten, not
+    /// added to). The relative term is added after softcap and ALiBi, uncapped.
     pub fn relative_buckets_learned(
         mut self,
         buckets: RelativeBuckets,
