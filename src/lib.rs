@@ -25,6 +25,7 @@ pub mod kernels;
 pub mod layers;
 pub mod model;
 pub mod reference;
+pub mod spec;
 pub mod tensor;
 pub mod training;
 

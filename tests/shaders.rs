@@ -24,17 +24,7 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
 
 #[test]
 fn every_shader_validates_and_translates_to_all_back_ends() {
-    let mut sources = wgpu_attention::kernels::attention::shader_sources();
-    sources.extend(wgpu_attention::bench::fma::shader_sources());
-    sources.extend(wgpu_attention::kernels::layer_norm::shader_sources());
-    sources.extend(wgpu_attention::kernels::elementwise::shader_sources());
-    sources.extend(wgpu_attention::kernels::cross_entropy::shader_sources());
-    sources.extend(wgpu_attention::kernels::optimizer::shader_sources());
-    sources.extend(wgpu_attention::kernels::linear::shader_sources());
-    sources.extend(wgpu_attention::kernels::embedding::shader_sources());
-    sources.extend(wgpu_attention::kernels::rope::shader_sources());
-    sources.extend(wgpu_attention::kernels::kv_cache::shader_sources());
-    sources.extend(wgpu_attention::kernels::sampling::shader_sources());
+    let sources = wgpu_attention::kernels::shaders::all();
     assert!(sources.len() >= 8);
     for (name, source) in &sources {
         let module = naga::front::wgsl::parse_str(source)

@@ -26,13 +26,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// A pointwise nonlinearity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Activation {
-    Relu,
-    /// GELU, tanh approximation.
-    Gelu,
-}
+pub use crate::spec::Activation;
 
 impl Activation {
     /// The `ACT_*` code of `activation_common.wgsl`.

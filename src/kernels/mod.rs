@@ -14,6 +14,7 @@ pub mod matmul;
 pub mod optimizer;
 pub mod rope;
 pub mod sampling;
+pub mod shaders;
 
 /// wgpu's shader runtime checks that kernel `name` goes without when the context trusts its
 /// kernels ([`crate::Context::set_trusted_shaders`]), or `None` for all of them. A kernel is listed

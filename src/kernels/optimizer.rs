@@ -42,30 +42,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// AdamW hyper-parameters.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWConfig {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    /// Clip the global gradient norm to this value; `None` does not clip.
-    pub max_grad_norm: Option<f32>,
-}
-
-impl Default for AdamWConfig {
-    fn default() -> Self {
-        Self {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            max_grad_norm: None,
-        }
-    }
-}
+pub use crate::spec::AdamWConfig;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]

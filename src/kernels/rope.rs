@@ -9,8 +9,7 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::check_binding;
 use crate::kernels::dispatch::{encode, grid_x};
-use crate::reference::rope::rope_angle;
-pub use crate::reference::rope::RopeLayout;
+pub use crate::spec::RopeLayout;
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
 const ROPE: &str = include_str!("../../shaders/rope.wgsl");
@@ -83,7 +82,7 @@ impl RopeTable {
         let mut values = vec![0.0f32; 2 * max_positions * pairs];
         for p in 0..max_positions {
             for k in 0..pairs {
-                let (s, c) = rope_angle(p, k, base, rotary_dim).sin_cos();
+                let (s, c) = angle(p, k, base, rotary_dim).sin_cos();
                 values[p * pairs + k] = c as f32;
                 values[(max_positions + p) * pairs + k] = s as f32;
             }
@@ -221,4 +220,10 @@ fn record(
         invocations,
     );
     Ok(())
+}
+
+/// The rotation angle of pair `k` at position `p`, `p * base^(-2k / rotary_dim)` (the host's
+/// statement; the reference has its own).
+fn angle(p: usize, k: usize, base: f64, rotary_dim: usize) -> f64 {
+    p as f64 * base.powf(-2.0 * k as f64 / rotary_dim as f64)
 }

@@ -5,8 +5,8 @@
 //! ([`Masks::visible`]: causal, per-batch lengths, windows); `masks.scale` is `scale`.
 //! GPU counterpart: [`crate::kernels::attention::additive_forward`] and `additive_backward`.
 
-use crate::kernels::attention::AttentionShape;
 use crate::reference::attention::Masks;
+use crate::spec::AttentionShape;
 
 fn idx(seq: usize, heads: usize, dim: usize, b: usize, t: usize, h: usize) -> usize {
     ((b * seq + t) * heads + h) * dim

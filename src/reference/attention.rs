@@ -4,7 +4,7 @@
 //! Tensors are contiguous BSHD: q `[B, Lq, H, Dk]`, k `[B, Lk, Hkv, Dk]`, v `[B, Lk, Hkv, Dv]`,
 //! out `[B, Lq, H, Dv]`, lse `[B, H, Lq]`. GPU counterpart: [`crate::kernels::attention`].
 
-use crate::kernels::attention::AttentionShape;
+use crate::spec::AttentionShape;
 
 /// Masks, scale and score modifiers of a reference call (the final scale, temperature applied).
 #[derive(Clone, Debug, Default)]
@@ -53,13 +53,8 @@ impl Bias {
     }
 }
 
-/// T5 relative-position buckets: `buckets` in all, distances up to `max_distance` log-spaced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RelativeConfig {
-    pub buckets: usize,
-    pub max_distance: usize,
-    pub bidirectional: bool,
-}
+/// T5 relative-position buckets (the contract's type, [`crate::spec::RelativeBuckets`]).
+pub use crate::spec::RelativeBuckets as RelativeConfig;
 
 /// T5's bucket of the relative position `delta = j - (i + Lk - Lq)` (key minus aligned query
 /// position; Raffel et al. 2020, as Hugging Face's `T5Attention._relative_position_bucket`

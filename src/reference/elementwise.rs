@@ -1,7 +1,7 @@
 //! Elementwise ops (SPEC.md), f64: activations and their derivatives, the residual sum. Ground truth
 //! of `shaders/activation_*.wgsl` and `shaders/add.wgsl`.
 
-use crate::kernels::elementwise::Activation;
+use crate::spec::Activation;
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 

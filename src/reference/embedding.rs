@@ -1,5 +1,19 @@
 //! Token embedding and positional encoding (SPEC.md), f64: ground truth of `kernels::embedding`.
 
+/// The sinusoidal positions of "Attention Is All You Need", `[max_len, dim]`:
+/// `PE[l, 2i] = sin(l / 10000^(2i / dim))`, `PE[l, 2i + 1] = cos(l / 10000^(2i / dim))`, each
+/// rounded to f32 as the model stores its table.
+pub fn sinusoidal_positions(max_len: usize, dim: usize) -> Vec<f64> {
+    (0..max_len * dim)
+        .map(|n| {
+            let (l, c) = (n / dim, n % dim);
+            let angle = l as f64 / 10000f64.powf((c - c % 2) as f64 / dim as f64);
+            let value = if c % 2 == 0 { angle.sin() } else { angle.cos() };
+            f64::from(value as f32)
+        })
+        .collect()
+}
+
 pub fn embedding_forward(tokens: &[u32], table: &[f64], dim: usize) -> Vec<f64> {
     tokens
         .iter()

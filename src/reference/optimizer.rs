@@ -1,7 +1,7 @@
 //! AdamW with bias correction and global-norm clipping (SPEC.md), f64: ground truth of
 //! `shaders/adamw.wgsl` and `shaders/grad_norm_*.wgsl`.
 
-use crate::kernels::optimizer::AdamWConfig;
+use crate::spec::AdamWConfig;
 
 /// One AdamW step over a list of tensors at step `t` (1-based); returns (global grad norm, scale).
 /// A step whose gradient norm is not finite changes nothing (the GPU optimizer also skips every

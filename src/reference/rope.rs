@@ -1,13 +1,7 @@
 //! CPU reference for rotary position embeddings (RoFormer), in f64. GPU counterpart:
 //! [`crate::kernels::rope`].
 
-/// How the rotated dims are paired: `(2k, 2k + 1)` (GPT-J, RoFormer) or `(k, k + rotary_dim / 2)`
-/// (GPT-NeoX, LLaMA).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum RopeLayout {
-    Interleaved,
-    Half,
-}
+pub use crate::spec::RopeLayout;
 
 /// The rotation angle of pair `k` at position `p`: `p * base^(-2k / rotary_dim)`.
 pub fn rope_angle(p: usize, k: usize, base: f64, rotary_dim: usize) -> f64 {

@@ -1,6 +1,6 @@
 //! CPU reference for token sampling, in f64. GPU counterpart: [`crate::kernels::sampling`].
 
-use crate::kernels::sampling::Sampling;
+use crate::spec::Sampling;
 
 /// PCG hash (Jarzynski and Olano 2020), as the shader computes it.
 pub fn pcg(v: u32) -> u32 {

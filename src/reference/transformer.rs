@@ -4,20 +4,20 @@
 
 use std::collections::HashMap;
 
-use crate::kernels::attention::AttentionShape;
-use crate::kernels::elementwise::Activation;
-use crate::kernels::embedding::sinusoidal_table;
 use crate::model::transformer::{Batch, BatchShape, TransformerConfig};
 use crate::reference::additive::{additive_backward, additive_forward};
 use crate::reference::attention::{attention_backward, attention_forward, Masks, RelativeConfig};
 use crate::reference::cross_entropy::cross_entropy;
 use crate::reference::elementwise::{activation_backward, activation_forward, add};
+use crate::reference::embedding::sinusoidal_positions;
 use crate::reference::embedding::{
     embedding_backward, embedding_forward, positional_backward, positional_forward,
 };
 use crate::reference::layer_norm::{layer_norm_backward, layer_norm_forward};
 use crate::reference::linear::{linear_backward, linear_forward};
 use crate::reference::rope::{rope, RopeLayout};
+use crate::spec::Activation;
+use crate::spec::AttentionShape;
 
 const LN_EPS: f64 = 1e-5;
 
@@ -187,7 +187,7 @@ impl<'a> Model<'a> {
             relative: modified.and_then(|c| c.relative_buckets).map(|r| {
                 let config = RelativeConfig {
                     bidirectional: r.bidirectional && !causal,
-                    ..r.reference()
+                    ..r
                 };
                 (config, self.p(&format!("{name}.relative")).to_vec())
             }),
@@ -526,10 +526,7 @@ impl<'a> Model<'a> {
         if self.c.learned_positions {
             self.p(&format!("{name}.pos")).to_vec()
         } else {
-            sinusoidal_table(len, self.d())
-                .iter()
-                .map(|&v| f64::from(v))
-                .collect()
+            sinusoidal_positions(len, self.d())
         }
     }
 

@@ -8,12 +8,12 @@
 //! Attn(h) = attention(q, k, v) Wo^T + bo with [q k v] = h Wqkv^T + bqkv;  FF(h) = GELU(h W1^T + b1) W2^T + b2
 //! ```
 
-use crate::kernels::attention::AttentionShape;
-use crate::kernels::elementwise::Activation;
 use crate::reference::attention::{attention_backward, attention_forward, Masks};
 use crate::reference::elementwise::{activation_backward, activation_forward, add};
 use crate::reference::layer_norm::{layer_norm_backward, layer_norm_forward};
 use crate::reference::linear::{linear_backward, linear_forward};
+use crate::spec::Activation;
+use crate::spec::AttentionShape;
 
 const LN_EPS: f64 = 1e-5;
 

@@ -518,7 +518,7 @@ impl Case {
             }),
             relative: self
                 .relative
-                .map(|r| (r.reference(), to_f64(&self.table_values().unwrap()))),
+                .map(|r| (r, to_f64(&self.table_values().unwrap()))),
         }
     }
 

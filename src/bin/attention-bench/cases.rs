@@ -191,7 +191,7 @@ pub(crate) fn run_problem(
         relative: inputs
             .relative
             .as_ref()
-            .map(|(buckets, _, values, _)| (buckets.reference(), f64s(values))),
+            .map(|(buckets, _, values, _)| (*buckets, f64s(values))),
         sinks: inputs.sinks.as_ref().map(|(_, values, _)| f64s(values)),
         normalize_qk: p.modifier == Modifier::Cosine,
         key_clip: (p.modifier == Modifier::Clip).then(|| (p.dk as f64).sqrt()),

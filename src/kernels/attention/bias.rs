@@ -3,11 +3,10 @@
 //! (`shaders/attention_common.wgsl`). The bias's gradient comes from
 //! `shaders/attention_bias_backward.wgsl`; the relative table's from the dQ kernels of both families,
 //! which sum each query row's share per bucket as they go ([`RelativeRows`]), then `column_sum.wgsl`.
-//! CPU reference: [`crate::reference::attention`] (`Bias`, [`relative_position_bucket`]).
+//! CPU reference: [`crate::reference::attention`] (`Bias`, `relative_position_bucket`).
 
 use super::*;
 use crate::kernels::linear::encode_column_sum;
-use crate::reference::attention::{relative_position_bucket, RelativeConfig};
 
 pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention_bias_backward.wgsl");
 
@@ -16,44 +15,31 @@ const TILE: usize = 32;
 /// Invocations of the gradient kernel.
 const BACKWARD_WG: u32 = 64;
 
-/// T5 relative-position buckets (Raffel et al. 2020): `buckets` in all (half per direction when
-/// `bidirectional`); in each direction distances below a quarter (half, one-directional) of the
-/// buckets get one each and larger ones log-spaced buckets up to `max_distance`, beyond which they
-/// share the last. T5 uses `RelativeBuckets::new(32, 128, true)` in the encoder and
-/// `(32, 128, false)` in the decoder's self-attention.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RelativeBuckets {
-    pub buckets: usize,
-    pub max_distance: usize,
-    pub bidirectional: bool,
-}
-
 impl RelativeBuckets {
     /// Most buckets per direction: the kernels keep the log-spaced buckets' thresholds in their
     /// parameter block (32 of them).
     pub const MAX_PER_DIRECTION: usize = 66;
 
-    pub fn new(buckets: usize, max_distance: usize, bidirectional: bool) -> Self {
-        Self {
-            buckets,
-            max_distance,
-            bidirectional,
-        }
-    }
-
-    /// The bucket of the relative position `delta = key - aligned query position`.
+    /// The bucket of the relative position `delta = key - aligned query position`, as Hugging
+    /// Face's `T5Attention._relative_position_bucket` computes it (the log in f32): the host's
+    /// statement of the rule, from which the kernels' thresholds come. The reference states it
+    /// separately (`reference::attention::relative_position_bucket`); a test compares the two at
+    /// every distance.
     pub fn bucket(&self, delta: i64) -> usize {
-        relative_position_bucket(delta, self.reference())
-    }
-
-    /// The same configuration for the CPU reference.
-    pub fn reference(&self) -> RelativeConfig {
-        RelativeConfig {
-            buckets: self.buckets,
-            max_distance: self.max_distance,
-            bidirectional: self.bidirectional,
+        let (half, offset, n) = match self.bidirectional {
+            true => {
+                let half = self.buckets / 2;
+                (half, if delta > 0 { half } else { 0 }, delta.unsigned_abs())
+            }
+            false => (self.buckets, 0, (-delta).max(0) as u64),
+        };
+        let exact = half / 2;
+        if (n as usize) < exact {
+            return offset + n as usize;
         }
+        let ratio = ((self.max_distance as f64 / exact as f64).ln()) as f32;
+        let log_spaced = (n as f32 / exact as f32).ln() / ratio * (half - exact) as f32;
+        offset + (exact + log_spaced as usize).min(half - 1)
     }
 
     fn per_direction(&self) -> usize {
@@ -423,8 +409,9 @@ pub fn attention_bias_backward_into(
 mod tests {
     use super::RelativeBuckets;
 
-    /// The kernels' rule (exact below `exact`, then `exact + #{thresholds <= n}`) gives the
-    /// reference's bucket at every distance, for T5's tables and small odd ones.
+    /// The kernels' rule (exact below `exact`, then `exact + #{thresholds <= n}`) gives the host's
+    /// bucket, and the host's statement of T5's rule the reference's (stated separately), at
+    /// every distance, for T5's tables and small odd ones.
     #[test]
     fn thresholds_reproduce_every_bucket() {
         for buckets in [
@@ -450,6 +437,9 @@ mod tests {
                     offset + exact + thresholds.iter().filter(|&&t| t as usize <= n).count()
                 };
                 assert_eq!(kernel, buckets.bucket(delta), "{buckets:?} delta {delta}");
+                let reference =
+                    crate::reference::attention::relative_position_bucket(delta, buckets);
+                assert_eq!(kernel, reference, "{buckets:?} delta {delta}: reference");
             }
         }
     }

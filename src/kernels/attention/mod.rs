@@ -14,7 +14,7 @@
 use crate::device::{grid_2d, Context, KernelFamily, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::loop_chunks;
-use crate::kernels::matmul::{self, encode_gemm, Elements, Epilogue, Gemm, Operand};
+use crate::kernels::matmul::{encode_gemm, Elements, Epilogue, Gemm, Operand};
 use crate::tensor::{BiasView, DType, GpuTensor, HeadsView, Region, SeqLens};
 
 mod additive;
@@ -33,6 +33,7 @@ mod unfused;
 
 pub(crate) use crate::kernels::arguments::check_binding;
 use crate::kernels::arguments::{check_call, check_context};
+pub use crate::spec::{AttentionShape, RelativeBuckets};
 pub use additive::{
     additive_backward, additive_backward_into, additive_backward_unfused,
     additive_backward_workspace, additive_decode_into, additive_forward, additive_forward_into,
@@ -40,14 +41,14 @@ pub use additive::{
     ADDITIVE_BACKWARD_STORAGE_BUFFERS, MAX_ADDITIVE_DIM,
 };
 pub use backward::*;
-pub use bias::{attention_bias_backward_into, RelativeBuckets};
+pub use bias::attention_bias_backward_into;
 pub use binding::MAX_ALIBI_SLOPES;
 use binding::*;
 pub use decode::{attention_decode, attention_decode_into, DecodePlan};
 pub use forward::*;
 pub use options::*;
 pub use probs::{attention_probabilities, attention_probabilities_into};
-pub use shape::*;
+pub(crate) use shape::*;
 pub use sinks::attention_sinks_backward_into;
 use tiled::{encode_forward_tiled, TiledForward};
 pub use unfused::*;
@@ -93,7 +94,7 @@ fn check_storage_buffer_limit(ctx: &Context) -> Result<()> {
 const MAX_BLOCK_N: u32 = 64;
 
 /// Every attention shader with the common header prepended, by name: what the pipelines compile and
-/// what the naga tests validate and translate.
+/// what the naga tests validate and translate (with every other kernel's: [`crate::kernels::shaders`]).
 pub fn shader_sources() -> Vec<(&'static str, String)> {
     [
         ("attention_forward", FORWARD),
@@ -172,8 +173,6 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
             (name, with_common_typed(&source, input, output))
         }),
     )
-    // Every GEMM variant (the unfused attention's, and the Linear layer's).
-    .chain(matmul::shader_sources())
     // The f16 variants of the GPU family (names ending in _f16: no GLSL, GL has no f16).
     .chain(
         [

@@ -3,18 +3,6 @@
 
 use super::*;
 
-/// The sizes of one attention problem, validated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttentionShape {
-    pub batch: usize,
-    pub q_seq: usize,
-    pub kv_seq: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim_qk: usize,
-    pub head_dim_v: usize,
-}
-
 impl AttentionShape {
     /// Checks that `q [B, Lq, H, Dk]`, `k [B, Lk, Hkv, Dk]` and `v [B, Lk, Hkv, Dv]` agree.
     pub fn of(q: &HeadsView, k: &HeadsView, v: &HeadsView) -> Result<Self> {
@@ -96,24 +84,6 @@ impl AttentionShape {
             head_dim_qk: dk,
             head_dim_v: dv,
         })
-    }
-
-    /// Multiply-adds counted as 2 FLOPs: `4 * B * H * Lq * Lk * D` for the forward (two products);
-    /// halved under the causal mask when `Lq == Lk`, as is customary.
-    pub fn forward_flops(&self, causal: bool) -> f64 {
-        let d = (self.head_dim_qk + self.head_dim_v) as f64 / 2.0;
-        let full =
-            4.0 * (self.batch * self.heads) as f64 * self.q_seq as f64 * self.kv_seq as f64 * d;
-        if causal {
-            full / 2.0
-        } else {
-            full
-        }
-    }
-
-    /// Backward FLOPs: five products (S recompute, dV, dP, dQ, dK), 2.5x the forward.
-    pub fn backward_flops(&self, causal: bool) -> f64 {
-        2.5 * self.forward_flops(causal)
     }
 }
 

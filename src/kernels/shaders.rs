@@ -1,0 +1,22 @@
+//! Every kernel's WGSL source, by name, as its pipelines compile it (headers prepended, before
+//! override constants): what `tests/shaders.rs` validates and translates to SPIR-V, MSL, HLSL and
+//! GLSL, so a Metal or DX12 error is caught on any machine.
+
+/// The sources of every kernel family, the benchmark's FMA kernel included.
+pub fn all() -> Vec<(&'static str, String)> {
+    let families: [fn() -> Vec<(&'static str, String)>; 12] = [
+        super::attention::shader_sources,
+        super::matmul::shader_sources,
+        super::linear::shader_sources,
+        super::layer_norm::shader_sources,
+        super::elementwise::shader_sources,
+        super::cross_entropy::shader_sources,
+        super::optimizer::shader_sources,
+        super::embedding::shader_sources,
+        super::rope::shader_sources,
+        super::kv_cache::shader_sources,
+        super::sampling::shader_sources,
+        crate::bench::fma::shader_sources,
+    ];
+    families.into_iter().flat_map(|sources| sources()).collect()
+}

@@ -1,0 +1,202 @@
+//! The contract's plain types (SPEC.md): problem sizes and configurations that the kernels, the
+//! layers and the CPU reference all name. Data and its validation only: no GPU code, and none of
+//! either side's arithmetic, so the reference can check the kernels without sharing their code.
+
+use crate::error::{Error, Result};
+
+/// The sizes of one attention problem, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Batch size B.
+    pub batch: usize,
+    /// Query rows Lq.
+    pub q_seq: usize,
+    /// Keys Lk.
+    pub kv_seq: usize,
+    /// Query heads H.
+    pub heads: usize,
+    /// Key/value heads Hkv (H % Hkv == 0).
+    pub kv_heads: usize,
+    /// Query/key head dim Dk.
+    pub head_dim_qk: usize,
+    /// Value head dim Dv.
+    pub head_dim_v: usize,
+}
+
+impl AttentionShape {
+    /// Multiply-adds counted as 2 FLOPs: `4 * B * H * Lq * Lk * D` for the forward (two products);
+    /// halved under the causal mask when `Lq == Lk`, as is customary.
+    pub fn forward_flops(&self, causal: bool) -> f64 {
+        let d = (self.head_dim_qk + self.head_dim_v) as f64 / 2.0;
+        let full =
+            4.0 * (self.batch * self.heads) as f64 * self.q_seq as f64 * self.kv_seq as f64 * d;
+        if causal {
+            full / 2.0
+        } else {
+            full
+        }
+    }
+
+    /// Backward FLOPs: five products (S recompute, dV, dP, dQ, dK), 2.5x the forward.
+    pub fn backward_flops(&self, causal: bool) -> f64 {
+        2.5 * self.forward_flops(causal)
+    }
+}
+
+/// T5 relative-position buckets (Raffel et al. 2020): `buckets` in all (half per direction when
+/// `bidirectional`); in each direction distances below a quarter (half, one-directional) of the
+/// buckets get one each and larger ones log-spaced buckets up to `max_distance`, beyond which they
+/// share the last. T5 uses `RelativeBuckets::new(32, 128, true)` in the encoder and
+/// `(32, 128, false)` in the decoder's self-attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelativeBuckets {
+    /// Buckets in all (both directions of a bidirectional table).
+    pub buckets: usize,
+    /// Distances at and past this share the last bucket of their direction.
+    pub max_distance: usize,
+    /// Keys after the query get buckets of their own (encoders); otherwise only keys before it
+    /// count (causal decoders).
+    pub bidirectional: bool,
+}
+
+impl RelativeBuckets {
+    /// `buckets` in all, log-spaced up to `max_distance`; `bidirectional` for encoders.
+    pub fn new(buckets: usize, max_distance: usize, bidirectional: bool) -> Self {
+        Self {
+            buckets,
+            max_distance,
+            bidirectional,
+        }
+    }
+}
+
+/// How the rotated dims are paired: `(2k, 2k + 1)` (GPT-J, RoFormer) or `(k, k + rotary_dim / 2)`
+/// (GPT-NeoX, LLaMA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum RopeLayout {
+    /// Pairs `(2k, 2k + 1)`.
+    Interleaved,
+    /// Pairs `(k, k + rotary_dim / 2)`.
+    Half,
+}
+
+/// A pointwise nonlinearity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU, tanh approximation.
+    Gelu,
+}
+
+/// AdamW hyper-parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Added to the second moment's square root.
+    pub eps: f32,
+    /// Decoupled weight decay (applied to the parameter, times lr).
+    pub weight_decay: f32,
+    /// Clip the global gradient norm to this value; `None` does not clip.
+    pub max_grad_norm: Option<f32>,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            max_grad_norm: None,
+        }
+    }
+}
+
+/// How a token is chosen from a row of logits.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Sampling {
+    /// 0 chooses the arg max (greedy); otherwise softmax(logits / temperature).
+    pub temperature: f32,
+    /// Keep only the ids whose probability is at least the k-th largest (ties kept).
+    pub top_k: Option<usize>,
+    /// Keep only the most probable ids whose probabilities add up to at least `top_p` (nucleus
+    /// sampling; ties at the boundary kept).
+    pub top_p: Option<f32>,
+    /// Seeds the draws; draw `n` of row `b` uses random numbers of `(seed, n, b)`.
+    pub seed: u64,
+}
+
+impl Sampling {
+    /// The arg max.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+        }
+    }
+
+    /// Softmax sampling at `temperature` with `seed`.
+    pub fn temperature(temperature: f32, seed: u64) -> Self {
+        Self {
+            temperature,
+            top_k: None,
+            top_p: None,
+            seed,
+        }
+    }
+
+    /// Keeps the `k` most probable ids (ties at the k-th kept).
+    pub fn top_k(mut self, k: usize) -> Self {
+        self.top_k = Some(k);
+        self
+    }
+
+    /// Keeps the most probable ids whose probabilities add up to at least `p`.
+    pub fn top_p(mut self, p: f32) -> Self {
+        self.top_p = Some(p);
+        self
+    }
+
+    /// Checks the options.
+    pub fn check(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(Error::shape(
+                "temperature",
+                format!(
+                    "is {}; it must be finite and at least 0 (0 is greedy)",
+                    self.temperature
+                ),
+            ));
+        }
+        if self.top_k == Some(0) {
+            return Err(Error::shape(
+                "top_k",
+                "is 0; keep at least one id (or None for all)",
+            ));
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(Error::shape(
+                    "top_p",
+                    format!("is {p}; it must be in (0, 1]"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Greedy: temperature 0 or a single id kept.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == Some(1)
+    }
+}
