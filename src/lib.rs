@@ -47,3 +47,8 @@ pub use kernels::attention::{
     LearnedScale, RelativeBuckets, ScoreBias,
 };
 pub use tensor::{BiasView, DType, GpuTensor, GpuTensorF16, GpuTokens, HeadsView, SeqLens};
+
+/// The README's code, compiled as doc tests (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

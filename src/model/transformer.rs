@@ -83,7 +83,37 @@ pub struct TransformerConfig {
     pub additive_attention: Option<usize>,
 }
 
+impl Default for TransformerConfig {
+    /// A small encoder-decoder (the examples' size): vocabulary 256, d_model 64, 4 heads, d_ff 256,
+    /// 2 encoder and 2 decoder layers, pre-LN, sinusoidal positions, pad id 0, no score modifier.
+    /// Set the fields that differ: `TransformerConfig { vocab: 13, ..Default::default() }`.
+    fn default() -> Self {
+        Self {
+            vocab: 256,
+            d_model: 64,
+            heads: 4,
+            d_ff: 256,
+            encoder_layers: 2,
+            decoder_layers: 2,
+            pre_ln: true,
+            learned_positions: false,
+            pad_id: 0,
+            attention_softcap: None,
+            alibi: false,
+            attention_window: None,
+            relative_buckets: None,
+            attention_sinks: false,
+            cosine_scores: None,
+            key_norm_clip: None,
+            rope_base: None,
+            additive_attention: None,
+        }
+    }
+}
+
 impl TransformerConfig {
+    /// Whether the model has an encoder (`encoder_layers > 0`); otherwise it is a decoder-only
+    /// language model.
     pub fn has_encoder(&self) -> bool {
         self.encoder_layers > 0
     }

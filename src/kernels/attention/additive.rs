@@ -124,6 +124,13 @@ fn check(
     scores: AdditiveScores<'_>,
     opts: &AttentionOptions<'_>,
 ) -> Result<(AttentionShape, f32)> {
+    let (da, db) = (a.shape()[3], b.shape()[3]);
+    if da != db {
+        return Err(Error::shape(
+            "b score dim",
+            format!("a has score dim {da} but b has {db}; the query and key projections share it"),
+        ));
+    }
     let s = AttentionShape::of(a, b, v)?;
     check_f32(&[("a", a), ("b", b), ("v", v)])?;
     check_context(

@@ -61,8 +61,9 @@ impl RelativeBuckets {
             return Err(Error::shape(
                 "relative_buckets",
                 format!(
-                    "{} buckets: at least {need}{}",
+                    "{} bucket{}: at least {need}{}",
                     self.buckets,
+                    if self.buckets == 1 { "" } else { "s" },
                     if self.bidirectional {
                         ", and an even number (half per direction)"
                     } else {
@@ -132,13 +133,17 @@ pub(super) fn check(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Resu
             || lq != shape.q_seq
             || lk != shape.kv_seq
         {
+            let broadcast = |n: usize| match n {
+                1 => "1".to_string(),
+                n => format!("{n} or 1"),
+            };
             return Err(Error::shape(
                 "bias",
                 format!(
-                    "has shape {:?}; expected [{} or 1, {} or 1, {}, {}] (batch, query heads, Lq, Lk)",
+                    "has shape {:?}; expected [{}, {}, {}, {}] (batch, query heads, Lq, Lk)",
                     bias.view.shape(),
-                    shape.batch,
-                    shape.heads,
+                    broadcast(shape.batch),
+                    broadcast(shape.heads),
                     shape.q_seq,
                     shape.kv_seq
                 ),
