@@ -8,12 +8,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
+/// Everything a call can refuse or report. Each variant names the argument, the value and the
+/// limit, so the caller knows what to change; `#[non_exhaustive]`.
 pub enum Error {
     /// No adapter matched the requested back ends and name filter.
     #[error("no GPU adapter found (back ends {backends}, name filter {filter:?}); available: {available}. On a machine without a GPU install a CPU driver: apt-get install mesa-vulkan-drivers")]
     NoAdapter {
+        /// The back ends searched.
         backends: String,
+        /// The adapter-name filter, if any.
         filter: Option<String>,
+        /// The adapters that were found.
         available: String,
     },
     /// `WGPU_BACKEND` or an explicit back-end name was not recognised.
@@ -24,20 +29,32 @@ pub enum Error {
     RequestDevice(#[from] wgpu::RequestDeviceError),
     /// A shape argument does not fit the operation.
     #[error("{arg}: {message}")]
-    Shape { arg: &'static str, message: String },
+    Shape {
+        /// The argument.
+        arg: &'static str,
+        /// What is wrong with it, with the values.
+        message: String,
+    },
     /// A dimension is larger than this engine or the adapter supports.
     #[error("{arg} = {value} exceeds the supported maximum {limit}{hint}")]
     Unsupported {
+        /// The argument or dimension.
         arg: &'static str,
+        /// The value given.
         value: u64,
+        /// The largest supported value.
         limit: u64,
+        /// What to do instead (may be empty).
         hint: &'static str,
     },
     /// A buffer binding would exceed the adapter's `max_storage_buffer_binding_size`.
     #[error("{arg} needs a {bytes}-byte storage binding but the adapter allows at most {limit} bytes (max_storage_buffer_binding_size); reduce batch, heads or sequence length, or use the fused path")]
     BindingTooLarge {
+        /// The argument bound.
         arg: &'static str,
+        /// The binding's size.
         bytes: u64,
+        /// The device's `max_storage_buffer_binding_size`.
         limit: u64,
     },
     /// The device reported an error (validation, internal) while running our commands.
@@ -46,8 +63,11 @@ pub enum Error {
     /// The device refused an allocation: the GPU (or the host memory of a CPU driver) is full.
     #[error("out of GPU memory allocating {bytes} bytes for {what} ({allocated} bytes already allocated by this context); use a smaller batch or sequence length, drop tensors you no longer need, or choose a GPU with more memory")]
     OutOfMemory {
+        /// What was being allocated.
         what: &'static str,
+        /// The refused allocation's size.
         bytes: u64,
+        /// Bytes this context already held.
         allocated: u64,
     },
     /// The device was lost (driver reset, GPU removed, `Device::destroy`); nothing more can run on it.
@@ -57,34 +77,52 @@ pub enum Error {
     /// changes nothing, so the parameters are those after the last good step.
     #[error("training step {step}: non-finite {what}; the optimizer skipped this step and every later one, so the parameters are those after step {last_good}. Resume from the last checkpoint with a lower learning rate, or enable gradient clipping")]
     NonFinite {
+        /// The step whose loss or gradient norm was not finite.
         step: u32,
+        /// The last step whose results were kept.
         last_good: u32,
+        /// `loss` or `gradient norm`.
         what: &'static str,
     },
     /// A tensor's element type does not fit the operation.
     #[error("{arg} is {found}: {message}")]
     DType {
+        /// The argument.
         arg: &'static str,
+        /// Its element type.
         found: &'static str,
+        /// Which types the operation takes.
         message: String,
     },
     /// The operation needs a device feature this device lacks.
     #[error("{what} needs the device feature {feature}, which {adapter} does not offer (or the device was created without it){hint}")]
     MissingFeature {
+        /// The operation.
         what: &'static str,
+        /// The wgpu feature it needs.
         feature: &'static str,
+        /// The adapter's name.
         adapter: String,
+        /// Where the alternative is (may be empty).
         hint: &'static str,
     },
     /// A tensor of another [`crate::Context`] was passed: its buffer lives on another device (or
     /// another context's memory account).
     #[error("{arg} was created by another Context; a tensor is usable only with the Context that allocated it (this one runs on {adapter}): create it with this context, or copy its values over")]
-    ForeignTensor { arg: &'static str, adapter: String },
+    ForeignTensor {
+        /// The argument.
+        arg: &'static str,
+        /// The adapter of the context called.
+        adapter: String,
+    },
     /// Two arguments of one call share memory where wgpu or the kernel cannot allow it.
     #[error("{arg} shares memory with {other}: {rule}")]
     Aliasing {
+        /// The argument refused.
         arg: &'static str,
+        /// The argument it shares memory with.
         other: &'static str,
+        /// The rule it breaks and what to do.
         rule: &'static str,
     },
     /// A checkpoint could not be written or does not fit the model.

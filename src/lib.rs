@@ -17,6 +17,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod device;
 pub mod error;

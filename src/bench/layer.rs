@@ -13,7 +13,10 @@ use crate::tensor::{GpuTensor, SeqLens};
 /// The layer's parameter prefix.
 const NAME: &str = "layer";
 
+/// One encoder layer, its parameters, inputs and output gradient, ready to run forward and backward
+/// (the layer benchmark and its validation).
 pub struct LayerCase {
+    /// The layer's sizes and score options.
     pub config: TransformerLayerConfig,
     params: Params,
     layer: EncoderLayer,
@@ -24,7 +27,9 @@ pub struct LayerCase {
 
 /// What one forward and backward produced, read back in the reference's order.
 pub struct LayerResults {
+    /// The layer's output `[B, L, d_model]`.
     pub y: Vec<f32>,
+    /// The gradient at the layer's input.
     pub dx: Vec<f32>,
     /// Parameter gradients, in [`param_shapes`] order.
     pub grads: Vec<Vec<f32>>,

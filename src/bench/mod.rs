@@ -34,6 +34,7 @@ pub enum Clock {
 }
 
 impl Clock {
+    /// How the clock is described in reports.
     pub fn name(self) -> &'static str {
         match self {
             Clock::Timestamps => "GPU timestamps",
@@ -98,6 +99,7 @@ impl Timer {
         }
     }
 
+    /// The clock this timer uses.
     pub fn clock(&self) -> Clock {
         self.clock
     }
@@ -140,6 +142,7 @@ impl Timer {
 /// Repeated measurements of one case, in milliseconds.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Samples {
+    /// One time per repetition, in milliseconds, in the order measured.
     pub times_ms: Vec<f64>,
 }
 
@@ -150,6 +153,7 @@ impl Samples {
         t
     }
 
+    /// The median time (the mean of the two middle ones for an even count); 0 without samples.
     pub fn median(&self) -> f64 {
         let t = self.sorted();
         match t.len() {
@@ -159,10 +163,12 @@ impl Samples {
         }
     }
 
+    /// The shortest time.
     pub fn min(&self) -> f64 {
         self.sorted().first().copied().unwrap_or(f64::NAN)
     }
 
+    /// The longest time.
     pub fn max(&self) -> f64 {
         self.sorted().last().copied().unwrap_or(f64::NAN)
     }

@@ -29,7 +29,9 @@ impl Drop for Allocation {
 /// Current and peak bytes of tensors allocated through a [`Context`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryStats {
+    /// Bytes of the live buffers this context allocated.
     pub current_bytes: u64,
+    /// The most bytes live at once since the context was created or `reset_peak_memory`.
     pub peak_bytes: u64,
 }
 

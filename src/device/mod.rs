@@ -330,18 +330,22 @@ impl Context {
         self.owns_device
     }
 
+    /// The wgpu device (the application's, for a context made with `from_device`).
     pub fn device(&self) -> &wgpu::Device {
         &self.device
     }
 
+    /// The device's queue.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
     }
 
+    /// What the adapter is and offers: name, back end, driver, limits, features.
     pub fn report(&self) -> &AdapterReport {
         &self.report
     }
 
+    /// The device's limits (what the kernels size their tiles and bindings from).
     pub fn limits(&self) -> &wgpu::Limits {
         &self.report.limits
     }

@@ -6,7 +6,9 @@ use super::*;
 /// See [`Context::recorded_counts`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecordedCounts {
+    /// Compute passes begun.
     pub passes: u64,
+    /// Command buffers submitted.
     pub submissions: u64,
 }
 

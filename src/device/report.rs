@@ -5,12 +5,19 @@ use super::*;
 /// What the context runs on, for logs and benchmark reports.
 #[derive(Clone, Debug)]
 pub struct AdapterReport {
+    /// The adapter's name.
     pub name: String,
+    /// Its back end (Vulkan, Metal, DX12, GL).
     pub backend: wgpu::Backend,
+    /// Discrete, integrated, virtual, CPU or other.
     pub device_type: wgpu::DeviceType,
+    /// The driver's name.
     pub driver: String,
+    /// The driver's version text.
     pub driver_info: String,
+    /// The device's limits.
     pub limits: wgpu::Limits,
+    /// The device's enabled features.
     pub features: wgpu::Features,
     /// The cooperative-matrix (tensor core) configurations the adapter lists through wgpu
     /// (`Adapter::cooperative_matrix_properties`; empty for a device wrapped without its adapter).

@@ -36,6 +36,7 @@ impl KernelFamily {
         }
     }
 
+    /// The family's name, as `parse` reads it.
     pub fn name(self) -> &'static str {
         match self {
             Self::CpuDriver => "cpu",
@@ -70,6 +71,7 @@ impl GemmTiles {
         }
     }
 
+    /// The tiles' name, as `parse` reads it.
     pub fn name(self) -> &'static str {
         match self {
             Self::Square64 => "64x64",

@@ -30,7 +30,9 @@ pub struct GeneratorShape {
 /// What [`Generator::generate`] does after the prompts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GenerateOptions {
+    /// The most tokens generated per sequence.
     pub max_new_tokens: usize,
+    /// How each token is chosen.
     pub sampling: Sampling,
     /// A sequence ends after generating this id (e.g. EOS).
     pub stop: Option<u32>,
@@ -40,12 +42,17 @@ pub struct GenerateOptions {
 /// how long the two phases took (wall clock, the device synchronised).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Generated {
+    /// Each sequence's generated ids (the stop id included when met).
     pub tokens: Vec<Vec<u32>>,
+    /// Prompt tokens fed in the prefill.
     pub prefill_tokens: usize,
+    /// Seconds the prefill took.
     pub prefill_seconds: f64,
     /// Tokens fed by decoding steps (each step feeds every unfinished sequence its last sample).
     pub decode_tokens: usize,
+    /// Seconds the decoding steps took.
     pub decode_seconds: f64,
+    /// Decoding steps run.
     pub decode_steps: usize,
 }
 
@@ -65,6 +72,9 @@ struct Source {
     lens_host: Vec<u32>,
 }
 
+/// Generates from a model through a key/value cache: prefill in chunks, then one token per sequence
+/// per step, sampled on the GPU. Shares the model's parameters (training updates are seen) and
+/// allocates everything once.
 pub struct Generator {
     config: TransformerConfig,
     shape: GeneratorShape,
@@ -217,6 +227,7 @@ impl Generator {
         self.bindings.counts()
     }
 
+    /// The batch, capacity and chunk sizes it was built for.
     pub fn shape(&self) -> &GeneratorShape {
         &self.shape
     }
@@ -226,6 +237,7 @@ impl Generator {
         self.cache.lens()
     }
 
+    /// The key/value cache and each sequence's length.
     pub fn cache(&self) -> &KvCache {
         &self.cache
     }

@@ -8,6 +8,8 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::tensor::GpuTensor;
 
+/// Per decoder layer, the keys and values of every cached position, `[batch, capacity, kv heads,
+/// head_dim]`, and each sequence's cached length.
 pub struct KvCache {
     layers: Vec<[GpuTensor; 2]>,
     lens: Vec<u32>,
@@ -17,7 +19,9 @@ pub struct KvCache {
 /// The lengths of one step: new tokens per sequence and cached tokens including them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepLens {
+    /// New tokens per sequence this step.
     pub new: Vec<u32>,
+    /// Cached tokens per sequence after this step, the new ones included.
     pub total: Vec<u32>,
 }
 
@@ -67,10 +71,12 @@ impl KvCache {
         })
     }
 
+    /// Sequences the cache holds.
     pub fn batch(&self) -> usize {
         self.lens.len()
     }
 
+    /// Positions each sequence can hold.
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -34,8 +34,11 @@ struct Params {
 /// loss and lse `[rows]`.
 #[derive(Clone, Debug)]
 pub struct CrossEntropyOutput {
+    /// `[mean loss, counted targets]`.
     pub loss: GpuTensor,
+    /// Each row's loss (0 for ignored targets).
     pub row_loss: GpuTensor,
+    /// Each row's log-sum-exp, what the backward needs.
     pub row_lse: GpuTensor,
 }
 
@@ -113,6 +116,8 @@ pub fn cross_entropy_forward(
     Ok(out)
 }
 
+/// Records the loss of `logits [rows, classes]` against `targets` into `out` (see
+/// `cross_entropy_forward`).
 pub fn cross_entropy_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -186,6 +191,8 @@ pub fn cross_entropy_backward(
     Ok(d_logits)
 }
 
+/// Records `d_logits = (softmax(logits) - onehot(target)) / counted` for the targets that count, 0
+/// for ignored ones.
 pub fn cross_entropy_backward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,

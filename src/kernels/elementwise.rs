@@ -87,6 +87,7 @@ pub fn activation_forward(ctx: &Context, kind: Activation, x: &GpuTensor) -> Res
     Ok(y)
 }
 
+/// Records `y = act(x)` elementwise.
 pub fn activation_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -124,6 +125,7 @@ pub fn activation_backward(
     Ok(dx)
 }
 
+/// Records `dx = act'(x) * dy` elementwise.
 pub fn activation_backward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -158,6 +160,7 @@ pub fn add(ctx: &Context, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
     Ok(out)
 }
 
+/// Records `out = a + b` elementwise (same shapes).
 pub fn add_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,

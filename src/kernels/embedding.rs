@@ -127,6 +127,7 @@ pub fn embedding_forward(
     Ok(out)
 }
 
+/// Records `out = table[tokens]` (`tokens.shape() + [dim]`).
 pub fn embedding_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -376,6 +377,8 @@ pub fn positional_backward(ctx: &Context, dy: &GpuTensor, max_len: usize) -> Res
     Ok(d_table)
 }
 
+/// Records the positional table's gradient: `dy [B, L, dim]` summed over the batch into `d_table
+/// [max_len, dim]` rows `0..L` (in batch order).
 pub fn positional_backward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,

@@ -55,14 +55,20 @@ struct ColumnParams {
 /// y and the saved `(mean, rstd)` per row, `[rows, 2]`.
 #[derive(Clone, Debug)]
 pub struct LayerNormOutput {
+    /// The normalised output, shaped like `x`.
     pub y: GpuTensor,
+    /// Per row `(mean, 1 / sqrt(var + eps))`, what the backward needs.
     pub stats: GpuTensor,
 }
 
 #[derive(Clone, Debug)]
+/// Gradients of a LayerNorm.
 pub struct LayerNormGrads {
+    /// At the input.
     pub dx: GpuTensor,
+    /// Of the scale `gamma`.
     pub d_gamma: GpuTensor,
+    /// Of the shift `beta`.
     pub d_beta: GpuTensor,
 }
 

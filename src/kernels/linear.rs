@@ -37,8 +37,11 @@ struct ColumnParams {
 /// Gradients of a Linear layer; `d_bias` when it has a bias.
 #[derive(Clone, Debug)]
 pub struct LinearGrads {
+    /// At the input, `[rows, in]`.
     pub dx: GpuTensor,
+    /// Of the weight, `[out, in]`.
     pub d_weight: GpuTensor,
+    /// Of the bias, `[out]` (when the layer has one).
     pub d_bias: Option<GpuTensor>,
 }
 
@@ -142,6 +145,7 @@ pub fn linear_forward(
     Ok(y)
 }
 
+/// Records `y = x W^T + b` (`W [out, in]`) into `y`.
 pub fn linear_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -161,7 +165,9 @@ pub fn linear_forward_into(
 /// `pre` and `residual` have the shape of the output (`y`, or `dx`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Epilogue<'a> {
+    /// Apply this activation to the output, keeping the pre-activation in the tensor given.
     pub activation: Option<(Activation, &'a GpuTensor)>,
+    /// Add this tensor (same shape as the output) to the result.
     pub residual: Option<&'a GpuTensor>,
 }
 

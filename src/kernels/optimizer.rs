@@ -298,6 +298,7 @@ impl AdamW {
         })
     }
 
+    /// The hyper-parameters it steps with.
     pub fn config(&self) -> &AdamWConfig {
         &self.config
     }

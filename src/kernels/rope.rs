@@ -44,9 +44,13 @@ struct RopeParams {
 #[derive(Clone, Debug)]
 pub struct RopeTable {
     table: GpuTensor,
+    /// The angle base (10000 in RoFormer and LLaMA).
     pub base: f64,
+    /// Leading dims of each head that rotate (even, at most the head dim).
     pub rotary_dim: usize,
+    /// How the rotated dims are paired.
     pub layout: RopeLayout,
+    /// Positions the table covers.
     pub max_positions: usize,
 }
 

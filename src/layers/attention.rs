@@ -29,12 +29,19 @@ use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 /// key-norm clipping, and rotary position embeddings of Q and K (before all of the above).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ScoreOptions {
+    /// Score softcap.
     pub softcap: Option<f32>,
+    /// ALiBi with the geometric slopes.
     pub alibi: bool,
+    /// Sliding window (keys on each side; before only, when causal).
     pub window: Option<usize>,
+    /// T5 relative-position buckets with a learned table.
     pub relative: Option<RelativeBuckets>,
+    /// Learned attention sinks.
     pub sinks: bool,
+    /// Cosine scores with a learned per-head scale starting at this value.
     pub cosine: Option<f32>,
+    /// Key-norm clipping.
     pub key_clip: Option<f32>,
     /// Rotary position embeddings of Q and K with this base (half layout, every head dim).
     pub rope_base: Option<f32>,
@@ -86,10 +93,17 @@ struct Additive {
 /// Self-attention (optionally causal) or cross-attention over a memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKind {
-    SelfAttention { causal: bool },
+    /// Queries, keys and values from the input.
+    SelfAttention {
+        /// With the causal mask (decoders).
+        causal: bool,
+    },
+    /// Cross-attention: queries from the input, keys and values from a memory (the encoder output).
     Cross,
 }
 
+/// Multi-head attention: the Q, K, V projections (one fused projection for self-attention), the
+/// fused attention kernel with the layer's masks and score options, and the output projection.
 pub struct MultiHeadAttention {
     kind: AttentionKind,
     name: String,
@@ -110,6 +124,7 @@ pub struct MultiHeadAttention {
     pub query: Linear,
     /// Cross only: the fused KV projection of the memory.
     pub key_value: Option<Linear>,
+    /// The output projection.
     pub output: Linear,
     /// `[B, Lq, 3d]` (self) or `[B, Lq, d]` (cross), and its gradient.
     proj: GpuTensor,

@@ -19,6 +19,8 @@ struct Cross {
     d_memory: GpuTensor,
 }
 
+/// A decoder layer: causal self-attention, cross-attention over the encoder output (encoder-decoder
+/// models), then the feed-forward block, each in a residual block.
 pub struct DecoderLayer {
     self_attention: MultiHeadAttention,
     self_block: Residual,
@@ -31,12 +33,15 @@ pub struct DecoderLayer {
 /// (self-attention) and queries against the encoder's (cross-attention), and the encoder output.
 #[derive(Clone, Copy)]
 pub struct DecoderInputs<'a> {
+    /// The decoder's own sequence lengths (self-attention).
     pub self_lens: &'a SeqLens,
     /// The encoder output and the cross-attention lengths; `None` for a decoder-only model.
     pub memory: Option<(&'a GpuTensor, &'a SeqLens)>,
 }
 
 impl DecoderLayer {
+    /// Adds the layer's parameters under `name` and allocates its buffers for `rows = [batch,
+    /// seq]`; `cross` adds cross-attention.
     pub fn new(
         ctx: &Context,
         params: &mut Params,
@@ -295,6 +300,7 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// Adds the layers' parameters and allocates their buffers.
     pub fn new(
         ctx: &Context,
         params: &mut Params,
@@ -348,6 +354,7 @@ impl Decoder {
         }
     }
 
+    /// Records every layer's forward from `x`.
     pub fn forward(
         &self,
         ctx: &Context,
@@ -403,6 +410,7 @@ impl Decoder {
         Ok(())
     }
 
+    /// Records every layer's backward for `dy` at the output, after a forward from the same `x`.
     pub fn backward(
         &self,
         ctx: &Context,

@@ -30,6 +30,8 @@ enum Positions {
     Rotary,
 }
 
+/// Token embedding (scaled by sqrt(d_model)) plus positions (sinusoidal or learned; none with
+/// rotary attention), with its backward.
 pub struct Embedding {
     table: ParamId,
     positions: Positions,

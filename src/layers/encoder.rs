@@ -11,6 +11,8 @@ use crate::layers::residual::Residual;
 use crate::layers::stack::{Stack, StackConfig, StackLayer};
 use crate::tensor::{GpuTensor, SeqLens};
 
+/// An encoder layer: bidirectional self-attention with key padding, then the feed-forward block,
+/// each in a residual block.
 pub struct EncoderLayer {
     attention: MultiHeadAttention,
     feed_forward: FeedForward,
@@ -19,6 +21,8 @@ pub struct EncoderLayer {
 }
 
 impl EncoderLayer {
+    /// Adds the layer's parameters under `name` and allocates its buffers for `rows = [batch,
+    /// seq]`.
     pub fn new(
         ctx: &Context,
         params: &mut Params,

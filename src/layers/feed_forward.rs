@@ -10,8 +10,11 @@ use crate::layers::linear::Linear;
 use crate::layers::params::Params;
 use crate::tensor::GpuTensor;
 
+/// `FFN(x) = GELU(x W1^T + b1) W2^T + b2`, with its backward.
 pub struct FeedForward {
+    /// `W1 [d_ff, d_model]`, `b1`.
     pub input: Linear,
+    /// `W2 [d_model, d_ff]`, `b2`.
     pub output: Linear,
     /// `x W1^T + b1` and its GELU, `[batch, seq, d_ff]`.
     hidden: GpuTensor,
@@ -20,6 +23,8 @@ pub struct FeedForward {
 }
 
 impl FeedForward {
+    /// Adds `{name}.input.*` and `{name}.output.*` and allocates the hidden buffers for `rows =
+    /// [batch, seq]`.
     pub fn new(
         ctx: &Context,
         params: &mut Params,

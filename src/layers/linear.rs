@@ -9,8 +9,11 @@ use crate::kernels::linear::{
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::GpuTensor;
 
+/// A linear layer's parameters: `weight [out, in]` and `bias [out]`.
 pub struct Linear {
+    /// `[out, in]`.
     pub weight: ParamId,
+    /// `[out]`.
     pub bias: ParamId,
 }
 
@@ -35,6 +38,7 @@ impl Linear {
         })
     }
 
+    /// Records `y = x W^T + b`.
     pub fn forward(
         &self,
         ctx: &Context,

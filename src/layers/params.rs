@@ -15,8 +15,11 @@ pub struct ParamId(usize);
 /// How a parameter starts.
 #[derive(Clone, Copy, Debug)]
 pub enum Init {
+    /// All zeros.
     Zeros,
+    /// All ones.
     Ones,
+    /// Every element this value.
     Constant(f32),
     /// Uniform in `[-bound, bound]`.
     Uniform(f32),
@@ -117,30 +120,37 @@ impl Params {
         ((self.rng >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
+    /// The parameter's values.
     pub fn value(&self, id: ParamId) -> &GpuTensor {
         &self.values[id.0]
     }
 
+    /// The parameter's gradient.
     pub fn grad(&self, id: ParamId) -> &GpuTensor {
         &self.grads[id.0]
     }
 
+    /// Every parameter's name, in the order added.
     pub fn names(&self) -> &[String] {
         &self.names
     }
 
+    /// Every parameter's values, in the order added.
     pub fn values(&self) -> &[GpuTensor] {
         &self.values
     }
 
+    /// Every parameter's gradient, in the order added.
     pub fn grads(&self) -> &[GpuTensor] {
         &self.grads
     }
 
+    /// How many parameter tensors there are.
     pub fn len(&self) -> usize {
         self.names.len()
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
     }

@@ -16,15 +16,19 @@ use crate::kernels::layer_norm::{layer_norm_backward_add_into, layer_norm_forwar
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::GpuTensor;
 
+/// LayerNorm's epsilon (SPEC.md).
 pub const LN_EPS: f32 = 1e-5;
 
 /// LayerNorm parameters `{name}.gamma` (ones) and `{name}.beta` (zeros).
 pub struct LayerNorm {
+    /// The scale, ones at first.
     pub gamma: ParamId,
+    /// The shift, zeros at first.
     pub beta: ParamId,
 }
 
 impl LayerNorm {
+    /// Adds `{name}.gamma` and `{name}.beta` of `d_model` elements.
     pub fn new(ctx: &Context, params: &mut Params, name: &str, d_model: usize) -> Result<Self> {
         Ok(Self {
             gamma: params.add(ctx, format!("{name}.gamma"), &[d_model], Init::Ones)?,
@@ -33,6 +37,7 @@ impl LayerNorm {
     }
 
     #[allow(clippy::too_many_arguments)]
+    /// Records `y = LN(x)`, keeping the row statistics in `stats`.
     pub fn forward(
         &self,
         ctx: &Context,
@@ -65,20 +70,26 @@ impl LayerNorm {
     }
 }
 
+/// A sublayer with its residual connection and LayerNorm: pre-LN `y = x + F(LN(x))` or post-LN `y =
+/// LN(x + F(x))`.
 pub struct Residual {
     pre_ln: bool,
+    /// The block's LayerNorm.
     pub norm: LayerNorm,
     /// Pre-LN: `LN(x)`, the sublayer's input. Post-LN: `x + F(x)`, what LN normalises.
     mid: GpuTensor,
     stats: GpuTensor,
     /// The block's output and input gradient.
     pub y: GpuTensor,
+    /// The gradient at the block's input.
     pub dx: GpuTensor,
     /// Pre-LN: the gradient at the sublayer's input. Post-LN: at the LayerNorm's input.
     d_mid: GpuTensor,
 }
 
 impl Residual {
+    /// Adds the LayerNorm's parameters under `name` and allocates the block's buffers for `rows =
+    /// [batch, seq]`.
     pub fn new(
         ctx: &Context,
         params: &mut Params,

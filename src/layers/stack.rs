@@ -12,11 +12,17 @@ use crate::tensor::GpuTensor;
 /// Sizes shared by the layers of a stack, and the score modifiers of their self-attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StackConfig {
+    /// Model width.
     pub d_model: usize,
+    /// Attention heads.
     pub heads: usize,
+    /// Feed-forward width.
     pub d_ff: usize,
+    /// Layers in the stack.
     pub layers: usize,
+    /// Pre-LN (with a final LayerNorm) or post-LN.
     pub pre_ln: bool,
+    /// Self-attention score options of every layer.
     pub scores: ScoreOptions,
     /// The longest sequence the layers see, in positions (the size of rotary tables; a decoding
     /// stack's is its cache capacity).
@@ -34,6 +40,7 @@ pub trait StackLayer {
     /// The gradient at the input after the last [`StackLayer::backward`].
     fn d_input(&self) -> &GpuTensor;
 
+    /// Records the layer's forward from `x` into its own output buffer.
     fn forward(
         &self,
         ctx: &Context,
@@ -57,6 +64,7 @@ pub trait StackLayer {
 
 /// Layers, then a final LayerNorm when pre-LN.
 pub struct Stack<L> {
+    /// The layers, input first.
     pub layers: Vec<L>,
     final_norm: Option<FinalNorm>,
 }
@@ -107,6 +115,7 @@ impl<L: StackLayer> Stack<L> {
         }
     }
 
+    /// Records every layer's forward from `x`, then the final LayerNorm (pre-LN).
     pub fn forward(
         &self,
         ctx: &Context,

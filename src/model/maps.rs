@@ -23,8 +23,11 @@ use crate::tensor::{GpuTensor, SeqLens};
 /// self-attention or decoder cross-attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionSite {
+    /// Self-attention of encoder layer `n`.
     EncoderSelf(usize),
+    /// Self-attention of decoder layer `n`.
     DecoderSelf(usize),
+    /// Cross-attention of decoder layer `n`.
     DecoderCross(usize),
 }
 

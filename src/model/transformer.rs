@@ -35,12 +35,17 @@ use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
 pub struct TransformerConfig {
     /// Token ids are `0..vocab`, shared by source and target.
     pub vocab: usize,
+    /// Model width.
     pub d_model: usize,
+    /// Attention heads (`d_model % heads == 0`).
     pub heads: usize,
+    /// Feed-forward width.
     pub d_ff: usize,
     /// `0` builds the decoder-only language model.
     pub encoder_layers: usize,
+    /// Decoder layers.
     pub decoder_layers: usize,
+    /// Pre-LN blocks (with a final LayerNorm per stack) or post-LN.
     pub pre_ln: bool,
     /// Learned position tables instead of the fixed sinusoidal one (default false).
     #[serde(default)]
@@ -273,27 +278,36 @@ impl TransformerConfig {
 /// The padded batch shape a model is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchShape {
+    /// Sequences per batch.
     pub batch: usize,
     /// Source length (ignored by the decoder-only model).
     pub src_len: usize,
+    /// Decoder length.
     pub tgt_len: usize,
 }
 
 /// One batch, padded to the model's [`BatchShape`] (row-major `[batch, len]`).
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
+    /// Source ids `[batch, src_len]` (encoder-decoder models).
     pub src: Vec<u32>,
+    /// Each source's length.
     pub src_lens: Vec<u32>,
     /// Decoder input (e.g. BOS followed by the target) and the ids it must predict, position by
     /// position; `pad_id` where there is nothing to predict.
     pub tgt_in: Vec<u32>,
+    /// The ids the decoder must predict, `[batch, tgt_len]`.
     pub tgt_out: Vec<u32>,
+    /// Each target's length.
     pub tgt_lens: Vec<u32>,
 }
 
+/// An encoder-decoder Transformer, or a decoder-only language model, with its forward, backward and
+/// loss on the GPU, for one fixed batch shape (all buffers allocated once).
 pub struct Transformer {
     config: TransformerConfig,
     shape: BatchShape,
+    /// Every parameter and its gradient, in two arenas.
     pub params: Params,
     source: Option<Embedding>,
     target: Embedding,
@@ -379,10 +393,12 @@ impl Transformer {
         })
     }
 
+    /// The hyper-parameters.
     pub fn config(&self) -> &TransformerConfig {
         &self.config
     }
 
+    /// The batch shape its buffers hold.
     pub fn shape(&self) -> &BatchShape {
         &self.shape
     }

@@ -94,10 +94,15 @@ pub fn additive_forward(
 /// `dbias` `[H, Da]`.
 #[derive(Clone, Debug)]
 pub struct AdditiveGrads {
+    /// Of the query projection `a`.
     pub da: Vec<f64>,
+    /// Of the key projection `b`.
     pub db: Vec<f64>,
+    /// Of the values.
     pub dv: Vec<f64>,
+    /// Of the score vector `w`.
     pub dw: Vec<f64>,
+    /// Of the bias.
     pub dbias: Vec<f64>,
 }
 

@@ -9,9 +9,13 @@ use crate::spec::AttentionShape;
 /// Masks, scale and score modifiers of a reference call (the final scale, temperature applied).
 #[derive(Clone, Debug, Default)]
 pub struct Masks {
+    /// The score scale (already divided by the temperature).
     pub scale: f64,
+    /// The causal mask.
     pub causal: bool,
+    /// Valid query rows per batch entry.
     pub q_lens: Option<Vec<u32>>,
+    /// Valid keys per batch entry.
     pub kv_lens: Option<Vec<u32>>,
     /// `cap * tanh(s / cap)` of the scaled score.
     pub softcap: Option<f64>,
@@ -41,8 +45,11 @@ pub struct Masks {
 /// A contiguous `[bb, hb, Lq, Lk]` bias, `bb` 1 or B and `hb` 1 or H (1 broadcasts).
 #[derive(Clone, Debug)]
 pub struct Bias {
+    /// Contiguous `[bb, hb, Lq, Lk]` values.
     pub values: Vec<f64>,
+    /// `bb`: 1 (broadcast) or B.
     pub batch: usize,
+    /// `hb`: 1 (broadcast) or H.
     pub heads: usize,
 }
 
@@ -406,11 +413,17 @@ pub fn attention_decode(
 /// `drelative` the table's `[H, buckets]`.
 #[derive(Clone, Debug)]
 pub struct Grads {
+    /// `[B, Lq, H, Dk]`.
     pub dq: Vec<f64>,
+    /// `[B, Lk, Hkv, Dk]`.
     pub dk: Vec<f64>,
+    /// `[B, Lk, Hkv, Dv]`.
     pub dv: Vec<f64>,
+    /// Of the sinks `[H]`.
     pub dsinks: Vec<f64>,
+    /// Of the bias (its shape).
     pub dbias: Vec<f64>,
+    /// Of the relative table `[H, buckets]`.
     pub drelative: Vec<f64>,
     /// The learned cosine scales' gradient `[H]` (empty without them).
     pub dcosine: Vec<f64>,

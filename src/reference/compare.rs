@@ -3,9 +3,11 @@
 
 /// Forward (O, lse): `|gpu - ref| <= atol * max(1, max|ref|) + rtol * |ref|`.
 pub const FORWARD_RTOL: f64 = 1e-4;
+/// Forward absolute tolerance against the f64 reference.
 pub const FORWARD_ATOL: f64 = 1e-5;
 /// Backward (dQ, dK, dV).
 pub const BACKWARD_RTOL: f64 = 1e-3;
+/// Backward absolute tolerance.
 pub const BACKWARD_ATOL: f64 = 1e-4;
 /// f16 storage (inputs rounded to f16 before the reference sees them; f32 arithmetic on the GPU):
 /// an f16 output is one rounding (unit roundoff 2^-11) from the f32 result, so `rtol = 2^-10`
@@ -14,7 +16,9 @@ pub const BACKWARD_ATOL: f64 = 1e-4;
 /// `D = rowsum(dO * O)` is computed from the f16-rounded O (a relative error up to 2^-11 in D, which
 /// enters dQ and dK at the scale of the largest dS terms). lse stays f32 (the forward tolerances).
 pub const F16_RTOL: f64 = 1.0 / 1024.0;
+/// Forward absolute tolerance of f16 inputs and outputs (one f16 rounding of values near 1).
 pub const F16_FORWARD_ATOL: f64 = 1.0 / 4096.0;
+/// Backward absolute tolerance of f16 inputs and gradients.
 pub const F16_BACKWARD_ATOL: f64 = 1.0 / 512.0;
 
 /// The worst element of a comparison.
@@ -30,6 +34,7 @@ pub struct Comparison {
 }
 
 impl Comparison {
+    /// Whether every element was within tolerance.
     pub fn passed(&self) -> bool {
         self.worst_ratio <= 1.0
     }

@@ -5,6 +5,7 @@ use crate::spec::Activation;
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
+/// `act(x)` elementwise.
 pub fn activation_forward(kind: Activation, x: &[f64]) -> Vec<f64> {
     x.iter()
         .map(|&v| match kind {
@@ -16,6 +17,7 @@ pub fn activation_forward(kind: Activation, x: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// `act'(x) * dy` elementwise.
 pub fn activation_backward(kind: Activation, x: &[f64], dy: &[f64]) -> Vec<f64> {
     x.iter()
         .zip(dy)
@@ -39,6 +41,7 @@ pub fn activation_backward(kind: Activation, x: &[f64], dy: &[f64]) -> Vec<f64> 
         .collect()
 }
 
+/// `a + b` elementwise.
 pub fn add(a: &[f64], b: &[f64]) -> Vec<f64> {
     a.iter().zip(b).map(|(x, y)| x + y).collect()
 }

@@ -14,6 +14,7 @@ pub fn sinusoidal_positions(max_len: usize, dim: usize) -> Vec<f64> {
         .collect()
 }
 
+/// `table[tokens]`, each row `dim` wide.
 pub fn embedding_forward(tokens: &[u32], table: &[f64], dim: usize) -> Vec<f64> {
     tokens
         .iter()
@@ -25,6 +26,7 @@ pub fn embedding_forward(tokens: &[u32], table: &[f64], dim: usize) -> Vec<f64> 
         .collect()
 }
 
+/// The table's gradient: `dy` rows summed per token id.
 pub fn embedding_backward(tokens: &[u32], dy: &[f64], vocab: usize, dim: usize) -> Vec<f64> {
     let mut d = vec![0.0; vocab * dim];
     for (i, &t) in tokens.iter().enumerate() {

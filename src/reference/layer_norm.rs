@@ -27,11 +27,15 @@ pub fn layer_norm_forward(
 /// Gradients of a LayerNorm.
 #[derive(Clone, Debug)]
 pub struct LayerNormGrads {
+    /// At the input.
     pub dx: Vec<f64>,
+    /// Of the scale.
     pub d_gamma: Vec<f64>,
+    /// Of the shift.
     pub d_beta: Vec<f64>,
 }
 
+/// LayerNorm's backward over rows of `dim`, from the input and `dy`.
 pub fn layer_norm_backward(
     x: &[f64],
     gamma: &[f64],

@@ -30,6 +30,7 @@ pub struct Output {
     pub logits: Vec<f64>,
     /// Mean cross-entropy over the non-padding targets.
     pub loss: f64,
+    /// Every parameter's gradient, by name.
     pub grads: ParamMap,
 }
 

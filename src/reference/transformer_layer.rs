@@ -20,9 +20,13 @@ const LN_EPS: f64 = 1e-5;
 /// Sizes of a layer; `causal` masks its self-attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TransformerLayerConfig {
+    /// Model width.
     pub d_model: usize,
+    /// Attention heads.
     pub heads: usize,
+    /// Feed-forward width.
     pub d_ff: usize,
+    /// Causal self-attention.
     pub causal: bool,
     /// LayerNorm before each sub-block (pre-LN) or after each residual sum (post-LN).
     pub pre_ln: bool,

@@ -121,14 +121,17 @@ impl GpuTensor {
         Ok(t)
     }
 
+    /// The tensor's shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
+    /// Its element count.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Whether it has no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -239,6 +242,7 @@ impl GpuTensor {
         })
     }
 
+    /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
     pub fn heads(&self) -> Result<HeadsView> {
         HeadsView::contiguous(
             &self.buffer,

@@ -67,18 +67,22 @@ impl GpuTensorF16 {
         })
     }
 
+    /// The tensor's shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
+    /// Its element count.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Whether it has no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The buffer holding it (from byte 0).
     pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
         &self.buffer
     }

@@ -18,6 +18,7 @@ pub struct GpuTokens {
 }
 
 impl GpuTokens {
+    /// Uploads `data` (at least one id) as ids of `shape`.
     pub fn from_slice(ctx: &Context, data: &[u32], shape: &[usize]) -> Result<Self> {
         let len: usize = shape.iter().product();
         if len != data.len() || len == 0 {
@@ -47,18 +48,22 @@ impl GpuTokens {
         })
     }
 
+    /// The ids' shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
+    /// Their count.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Whether there is none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The buffer holding them.
     pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
         &self.buffer
     }
@@ -235,14 +240,17 @@ impl SeqLens {
         Ok(kv.iter().copied().max().unwrap_or(0) as usize)
     }
 
+    /// Valid query rows per batch entry, if given.
     pub fn q_lens(&self) -> Option<&[u32]> {
         self.q_lens.as_deref()
     }
 
+    /// Valid keys per batch entry, if given.
     pub fn kv_lens(&self) -> Option<&[u32]> {
         self.kv_lens.as_deref()
     }
 
+    /// Batch entries.
     pub fn batch(&self) -> usize {
         self.batch
     }

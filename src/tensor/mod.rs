@@ -31,6 +31,7 @@ const F32: u64 = std::mem::size_of::<f32>() as u64;
 /// Element type of a tensor or view in GPU memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE single precision.
     F32,
     /// IEEE half precision; kernels that take it compute in f32.
     F16,
@@ -45,6 +46,7 @@ impl DType {
         }
     }
 
+    /// `f32` or `f16`.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",

@@ -65,6 +65,7 @@ impl HeadsView {
         self.context
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -108,18 +109,22 @@ impl HeadsView {
         })
     }
 
+    /// `[batch, seq, heads, head_dim]`.
     pub fn shape(&self) -> [usize; 4] {
         self.shape
     }
 
+    /// Element strides of batch, sequence and head (head_dim is contiguous).
     pub fn strides(&self) -> [usize; 3] {
         self.strides
     }
 
+    /// The first element's index in the buffer.
     pub fn offset(&self) -> usize {
         self.offset
     }
 
+    /// The viewed buffer.
     pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
         &self.buffer
     }
@@ -283,6 +288,7 @@ impl BiasView {
         self.context
     }
 
+    /// `[batch or 1, heads or 1, Lq, Lk]`.
     pub fn shape(&self) -> [usize; 4] {
         self.shape
     }
@@ -304,10 +310,12 @@ impl BiasView {
             .of_context(self.context)
     }
 
+    /// The first element's index in the buffer.
     pub fn offset(&self) -> usize {
         self.offset
     }
 
+    /// The viewed buffer.
     pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
         &self.buffer
     }

@@ -365,6 +365,7 @@ impl Checkpointer {
         Ok(Self { path, every })
     }
 
+    /// The checkpoint file.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -9,14 +9,19 @@ use crate::error::Result;
 use crate::kernels::optimizer::{AdamW, AdamWConfig};
 use crate::model::transformer::{Batch, Transformer};
 
+/// A model and its AdamW optimizer: one `step` records the forward, the backward and the update in
+/// one compute pass and one submission.
 pub struct Trainer {
+    /// The model trained.
     pub model: Transformer,
+    /// Its optimizer (moments, step count, learning rate).
     pub optimizer: AdamW,
     /// Bind groups and parameter blocks of the recorded kernels, reused from the second step on.
     bindings: BindingCache,
 }
 
 impl Trainer {
+    /// An optimizer with `config` over every parameter of `model`.
     pub fn new(ctx: &Context, model: Transformer, config: AdamWConfig) -> Result<Self> {
         let optimizer = AdamW::new(
             ctx,

@@ -99,7 +99,9 @@ impl FusedKernel {
 /// each.
 #[derive(Clone, Copy, Debug)]
 pub struct AdditiveScores<'a> {
+    /// The score vector `w [H, Da]`.
     pub w: &'a GpuTensor,
+    /// The bias added to the query projection, `[H, Da]`.
     pub bias: &'a GpuTensor,
 }
 
@@ -107,10 +109,15 @@ pub struct AdditiveScores<'a> {
 /// `[H, Da]`.
 #[derive(Clone, Debug)]
 pub struct AdditiveGrads {
+    /// Gradient of the query projection `a`.
     pub da: GpuTensor,
+    /// Gradient of the key projection `b`.
     pub db: GpuTensor,
+    /// Gradient of the values.
     pub dv: GpuTensor,
+    /// Gradient of the score vector `w`.
     pub dw: GpuTensor,
+    /// Gradient of the bias.
     pub dbias: GpuTensor,
 }
 

@@ -8,11 +8,17 @@ use super::*;
 /// relative buckets whose options name no destination (`relative_buckets_learned` writes there).
 #[derive(Clone, Debug)]
 pub struct AttentionGrads {
+    /// `[B, Lq, H, Dk]`.
     pub dq: GpuTensor,
+    /// `[B, Lk, Hkv, Dk]`, summed over the query heads of each kv head.
     pub dk: GpuTensor,
+    /// `[B, Lk, Hkv, Dv]`, summed likewise.
     pub dv: GpuTensor,
+    /// The sinks' gradient `[H]`, with sinks.
     pub d_sinks: Option<GpuTensor>,
+    /// The bias's gradient (its view's shape, reduced over broadcast dims), with a learnable bias.
     pub d_bias: Option<GpuTensor>,
+    /// The relative table's gradient `[H, buckets]`, with relative buckets.
     pub d_relative: Option<GpuTensor>,
 }
 

@@ -34,9 +34,13 @@ const SPLIT_MIN_KEYS: usize = 256;
 /// `split_keys` keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodePlan {
+    /// Query rows (query heads of a group times new tokens) one workgroup owns.
     pub rows: usize,
+    /// Workgroups per (sequence, kv head) over those rows.
     pub blocks: usize,
+    /// Split-KV slices of the key range (1: no merge).
     pub splits: usize,
+    /// Keys per slice.
     pub split_keys: usize,
 }
 

@@ -7,7 +7,9 @@ use super::*;
 /// key). Both are what [`attention_backward`] needs.
 #[derive(Clone, Debug)]
 pub struct AttentionOutput {
+    /// `[B, Lq, H, Dv]`.
     pub out: GpuTensor,
+    /// The row log-sum-exp `[B, H, Lq]` (`-inf` for rows that see no key), what the backward needs.
     pub lse: GpuTensor,
 }
 
@@ -190,6 +192,7 @@ pub(super) fn encode_forward_cpu_family(
 /// How the fused forward runs a problem on a context: what [`attention_forward_into`] records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ForwardPlan {
+    /// The kernel family the plan runs.
     pub family: KernelFamily,
     /// Invocations per workgroup.
     pub workgroup: u32,

@@ -53,13 +53,16 @@ pub struct AttentionOptions<'a> {
 /// A learned per-head cosine-score scale `[H]` and the tensor its gradient is written to.
 #[derive(Clone, Copy, Debug)]
 pub struct LearnedScale<'a> {
+    /// The scale per query head `[H]`.
     pub scale: &'a GpuTensor,
+    /// Where the backward writes its gradient `[H]`.
     pub grad: &'a GpuTensor,
 }
 
 /// An additive score bias and whether its gradient is wanted.
 #[derive(Clone, Copy, Debug)]
 pub struct ScoreBias<'a> {
+    /// The bias view `[B or 1, H or 1, Lq, Lk]`.
     pub view: &'a BiasView,
     /// False for a constant mask: no `d_bias` is computed.
     pub learnable: bool,
