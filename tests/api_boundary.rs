@@ -21,13 +21,13 @@ fn encoder(ctx: &Context) -> wgpu::CommandEncoder {
 }
 
 /// A storage buffer of `bytes` the application created itself.
-fn user_buffer(ctx: &Context, bytes: u64) -> Arc<wgpu::Buffer> {
-    Arc::new(ctx.device().create_buffer(&wgpu::BufferDescriptor {
+fn user_buffer(ctx: &Context, bytes: u64) -> wgpu::Buffer {
+    ctx.device().create_buffer(&wgpu::BufferDescriptor {
         label: Some("user buffer"),
         size: bytes,
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
-    }))
+    })
 }
 
 /// An output in the buffer of an input, at a disjoint range: wgpu tracks usage per buffer, so this

@@ -38,11 +38,7 @@ pub struct MemoryStats {
 impl Context {
     /// The scratch buffer `what` (one per purpose, so two kinds of workspace of one call never
     /// alias), at least `bytes`, counted in [`Context::memory`]. See `scratch` above.
-    pub(crate) fn scratch_buffer(
-        &self,
-        what: &'static str,
-        bytes: u64,
-    ) -> Result<Arc<wgpu::Buffer>> {
+    pub(crate) fn scratch_buffer(&self, what: &'static str, bytes: u64) -> Result<wgpu::Buffer> {
         let mut slots = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((buffer, _)) = slots.get(what).filter(|(b, _)| b.size() >= bytes) {
             return Ok(buffer.clone());
@@ -51,7 +47,7 @@ impl Context {
         let cap = self.limits().max_storage_buffer_binding_size.max(bytes);
         let size = bytes.max(256).next_power_of_two().min(cap).div_ceil(4) * 4;
         let (buffer, allocation) = self.create_buffer(what, size, wgpu::BufferUsages::STORAGE)?;
-        let buffer = Arc::new(buffer);
+
         slots.insert(what, (buffer.clone(), allocation));
         Ok(buffer)
     }

@@ -72,7 +72,7 @@ pub struct Context {
     /// Grow-only scratch storage of kernels that need a workspace the caller does not pass (the
     /// split-KV partial results of the forward). Dispatches in one queue run in order, so one buffer
     /// serves every call; a larger request replaces it (recorded work keeps the old one alive).
-    scratch: Mutex<HashMap<&'static str, (Arc<wgpu::Buffer>, Allocation)>>,
+    scratch: Mutex<HashMap<&'static str, (wgpu::Buffer, Allocation)>>,
     /// Why the device was lost, once it has been: later waits report it instead of hanging or
     /// panicking inside wgpu.
     lost: Arc<Mutex<Option<String>>>,

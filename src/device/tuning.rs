@@ -49,7 +49,7 @@ impl KernelFamily {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GemmTiles {
     /// 64 x 64 per 256-invocation workgroup, 4 x 4 per invocation (`matmul_strided.wgsl`): the
-    /// default on GPUs, the kernel measured on an H100 (BENCHMARKS.md).
+    /// default on GPUs, the kernel measured on an H100 (benchmarks/HISTORY.md).
     Square64,
     /// 128 x 64, 8 x 4 per invocation with vec4 workgroup-memory reads (`matmul_wide.wgsl`): twice
     /// the multiply-adds per staged value, half the workgroups. The default on CPU drivers, where it

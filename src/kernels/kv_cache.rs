@@ -64,7 +64,7 @@ pub fn kv_cache_append_into(
         ));
     }
     lens.check_decode(b, l, max_len)?;
-    if new.buffer().as_ref() == cache.buffer().as_ref() {
+    if new.buffer() == cache.buffer() {
         return Err(Error::shape("cache", "shares a buffer with the new rows"));
     }
     check_binding(ctx, "kv cache", cache.size_bytes())?;
@@ -99,11 +99,7 @@ pub fn kv_cache_append_into(
         APPEND,
         &[],
         bytemuck::bytes_of(&params),
-        &[
-            new.buffer().as_ref(),
-            cache.buffer().as_ref(),
-            lens.buffer(),
-        ],
+        &[new.buffer(), cache.buffer(), lens.buffer()],
         n,
     );
     Ok(())

@@ -18,7 +18,7 @@ pub mod shaders;
 
 /// wgpu's shader runtime checks that kernel `name` goes without when the context trusts its
 /// kernels ([`crate::Context::set_trusted_shaders`]), or `None` for all of them. A kernel is listed
-/// only where it measured faster without the checks (lavapipe, BENCHMARKS.md "Shader runtime
+/// only where it measured faster without the checks (lavapipe, benchmarks/HISTORY.md "Shader runtime
 /// checks"; no other back end measured yet) and its tests run it without them on every shape class
 /// they cover; checks that measured no gain stay on.
 pub(crate) fn relaxed_runtime_checks(name: &str) -> Option<wgpu::ShaderRuntimeChecks> {

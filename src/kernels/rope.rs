@@ -220,7 +220,7 @@ fn record(
         ROPE,
         &[],
         bytemuck::bytes_of(&params),
-        &[table.table.buffer().as_ref(), x.buffer().as_ref(), lens],
+        &[table.table.buffer(), x.buffer(), lens],
         invocations,
     );
     Ok(())

@@ -8,7 +8,7 @@ use super::*;
 /// parameter arena, see [`crate::layers::params::Params`]) starting at a multiple of [`TENSOR_ALIGN`].
 #[derive(Clone, Debug)]
 pub struct GpuTensor {
-    buffer: Arc<wgpu::Buffer>,
+    buffer: wgpu::Buffer,
     /// First element inside `buffer`.
     offset: usize,
     shape: Vec<usize>,
@@ -55,7 +55,7 @@ impl GpuTensor {
             .ok_or_else(|| Error::shape("shape", format!("{shape:?} overflows u64 bytes")))?;
         let (buffer, allocation) = ctx.create_buffer(label, bytes, Self::USAGE)?;
         Ok(Self {
-            buffer: Arc::new(buffer),
+            buffer,
             offset: 0,
             shape: shape.to_vec(),
             _allocation: Some(Arc::new(allocation)),
@@ -65,18 +65,14 @@ impl GpuTensor {
 
     /// Wraps a buffer the application owns. It must have `STORAGE` usage (and `COPY_SRC` for
     /// [`GpuTensor::to_vec`]) and hold at least `product(shape)` f32 values.
-    pub fn from_buffer(buffer: Arc<wgpu::Buffer>, shape: &[usize]) -> Result<Self> {
+    pub fn from_buffer(buffer: wgpu::Buffer, shape: &[usize]) -> Result<Self> {
         Self::from_buffer_at(buffer, 0, shape)
     }
 
     /// Wraps `product(shape)` f32 values of a buffer the application owns, from element `offset`
     /// (a multiple of [`TENSOR_ALIGN`], so the tensor can be bound on its own): one tensor of an
     /// arena the application manages.
-    pub fn from_buffer_at(
-        buffer: Arc<wgpu::Buffer>,
-        offset: usize,
-        shape: &[usize],
-    ) -> Result<Self> {
+    pub fn from_buffer_at(buffer: wgpu::Buffer, offset: usize, shape: &[usize]) -> Result<Self> {
         let n = element_count("shape", shape)?;
         if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
             return Err(Error::shape(
@@ -137,7 +133,7 @@ impl GpuTensor {
     }
 
     /// The buffer holding the tensor, from element [`GpuTensor::offset`] on.
-    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+    pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
 

@@ -8,7 +8,7 @@ use super::*;
 /// precision (the kernels compute in f32). Other kernels take f32 [`GpuTensor`]s.
 #[derive(Clone, Debug)]
 pub struct GpuTensorF16 {
-    buffer: Arc<wgpu::Buffer>,
+    buffer: wgpu::Buffer,
     shape: Vec<usize>,
     _allocation: Option<Arc<Allocation>>,
     context: Option<ContextId>,
@@ -45,7 +45,7 @@ impl GpuTensorF16 {
             .next_multiple_of(4);
         let (buffer, allocation) = ctx.create_buffer("f16 tensor", bytes, GpuTensor::USAGE)?;
         Ok(Self {
-            buffer: Arc::new(buffer),
+            buffer,
             shape: shape.to_vec(),
             _allocation: Some(Arc::new(allocation)),
             context: Some(ctx.id()),
@@ -54,7 +54,7 @@ impl GpuTensorF16 {
 
     /// Wraps a buffer the application owns: `STORAGE` usage (and `COPY_SRC` to read it back), at
     /// least `product(shape)` f16 values.
-    pub fn from_buffer(buffer: Arc<wgpu::Buffer>, shape: &[usize]) -> Result<Self> {
+    pub fn from_buffer(buffer: wgpu::Buffer, shape: &[usize]) -> Result<Self> {
         let n = element_count("shape", shape)?;
         check_fits("buffer", &buffer, DType::F16, n, || {
             format!("shape {shape:?}")
@@ -83,7 +83,7 @@ impl GpuTensorF16 {
     }
 
     /// The buffer holding it (from byte 0).
-    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+    pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
 

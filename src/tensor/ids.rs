@@ -10,7 +10,7 @@ use super::*;
 /// and the host copy, so a [`GpuTokens::write`] through one is what every clone validates.
 #[derive(Clone, Debug)]
 pub struct GpuTokens {
-    buffer: Arc<wgpu::Buffer>,
+    buffer: wgpu::Buffer,
     shape: Vec<usize>,
     values: Arc<std::sync::Mutex<Vec<u32>>>,
     _allocation: Arc<Allocation>,
@@ -40,7 +40,7 @@ impl GpuTokens {
         ctx.queue()
             .write_buffer(&buffer, 0, bytemuck::cast_slice(data));
         Ok(Self {
-            buffer: Arc::new(buffer),
+            buffer,
             shape: shape.to_vec(),
             values: Arc::new(std::sync::Mutex::new(data.to_vec())),
             _allocation: Arc::new(allocation),
@@ -64,7 +64,7 @@ impl GpuTokens {
     }
 
     /// The buffer holding them.
-    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+    pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
 

@@ -215,7 +215,7 @@ impl<'a> From<&'a wgpu::Buffer> for Region<'a> {
 /// The `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor from `column`
 /// (`GpuTensor::split_heads`, `GpuTensorF16::split_heads`).
 fn split_heads(
-    buffer: &std::sync::Arc<wgpu::Buffer>,
+    buffer: &wgpu::Buffer,
     dtype: DType,
     offset: usize,
     shape: &[usize],

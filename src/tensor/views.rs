@@ -1,15 +1,13 @@
 //! Strided views: [`HeadsView`] (`[batch, seq, heads, head_dim]` of any buffer) and [`BiasView`]
 //! (an additive score bias with broadcast dimensions).
 
-use std::sync::Arc;
-
 use super::*;
 
 /// A strided `[batch, seq, heads, head_dim]` view of an f32 (or f16) buffer with a contiguous
 /// head_dim.
 #[derive(Clone, Debug)]
 pub struct HeadsView {
-    buffer: Arc<wgpu::Buffer>,
+    buffer: wgpu::Buffer,
     dtype: DType,
     offset: usize,
     shape: [usize; 4],
@@ -23,7 +21,7 @@ impl HeadsView {
     /// head_dim]` and `strides = [batch, seq, heads]` (head_dim is contiguous). Checked against the
     /// buffer size.
     pub fn new(
-        buffer: Arc<wgpu::Buffer>,
+        buffer: wgpu::Buffer,
         offset: usize,
         shape: [usize; 4],
         strides: [usize; 3],
@@ -33,7 +31,7 @@ impl HeadsView {
 
     /// [`HeadsView::new`] over elements of `dtype` (offset and strides count elements).
     pub fn new_typed(
-        buffer: Arc<wgpu::Buffer>,
+        buffer: wgpu::Buffer,
         dtype: DType,
         offset: usize,
         shape: [usize; 4],
@@ -87,7 +85,7 @@ impl HeadsView {
 
     /// The whole of a contiguous tensor of `shape` `[batch, seq, heads, head_dim]`.
     pub(super) fn contiguous(
-        buffer: &Arc<wgpu::Buffer>,
+        buffer: &wgpu::Buffer,
         dtype: DType,
         offset: usize,
         shape: &[usize],
@@ -125,7 +123,7 @@ impl HeadsView {
     }
 
     /// The viewed buffer.
-    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+    pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
 
@@ -215,7 +213,7 @@ impl HeadsView {
 /// dimensions.
 #[derive(Clone, Debug)]
 pub struct BiasView {
-    buffer: Arc<wgpu::Buffer>,
+    buffer: wgpu::Buffer,
     offset: usize,
     shape: [usize; 4],
     strides: [usize; 4],
@@ -226,7 +224,7 @@ impl BiasView {
     /// A view with element `offset`, `shape = [batch or 1, heads or 1, Lq, Lk]` and element
     /// `strides` for the four dimensions. Checked against the buffer size.
     pub fn new(
-        buffer: Arc<wgpu::Buffer>,
+        buffer: wgpu::Buffer,
         offset: usize,
         shape: [usize; 4],
         strides: [usize; 4],
@@ -316,7 +314,7 @@ impl BiasView {
     }
 
     /// The viewed buffer.
-    pub fn buffer(&self) -> &Arc<wgpu::Buffer> {
+    pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
 

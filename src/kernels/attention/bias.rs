@@ -183,7 +183,7 @@ pub(super) fn check(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Resu
 /// (`[B * Lq, H * buckets]`, the context's scratch), or a dummy binding when no gradient is wanted.
 pub(super) struct RelativeRows {
     buckets: usize,
-    buffer: std::sync::Arc<wgpu::Buffer>,
+    buffer: wgpu::Buffer,
     bytes: u64,
 }
 
@@ -245,7 +245,7 @@ impl RelativeRows {
             encode_column_sum(
                 ctx,
                 encoder,
-                self.buffer.as_ref(),
+                &self.buffer,
                 rows,
                 s.heads * self.buckets,
                 grad,
@@ -256,7 +256,7 @@ impl RelativeRows {
 
 /// A 4-byte writable storage buffer for bindings a dispatch does not use (a buffer cannot be bound
 /// read-only and writable in one dispatch, so it is not the context's read-only dummy).
-pub(super) fn unused_writable(ctx: &Context) -> Result<std::sync::Arc<wgpu::Buffer>> {
+pub(super) fn unused_writable(ctx: &Context) -> Result<wgpu::Buffer> {
     ctx.scratch_buffer("attention unused writable binding", 4)
 }
 

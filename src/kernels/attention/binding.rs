@@ -173,7 +173,7 @@ pub(super) const SIMPLE_WG: u32 = 64;
 /// Invocations per workgroup of the fused kernels, so a workgroup owns `ROWS * WG` rows (queries in
 /// the forward and dQ, keys in dK/dV). Wide workgroups amortise each staged tile over more rows;
 /// narrow ones put more workgroups in flight. Measured on an H100 (Vulkan, B1 H8 D64, L 512..4096,
-/// BENCHMARKS.md): the forward is fastest at 64 (L=4096: 17.4 ms vs 35.0 at 32 and 78.5 at 16), the
+/// benchmarks/HISTORY.md): the forward is fastest at 64 (L=4096: 17.4 ms vs 35.0 at 32 and 78.5 at 16), the
 /// backward at 32 (L=2048: 26.8 ms vs 37.4 at 64 and 57.6 at 16). CPU drivers run a workgroup as SIMD
 /// loops and prefer 64 everywhere. [`Context::set_attention_workgroup`] (or `WGPU_ATTENTION_WORKGROUP`,
 /// read when the context is created) overrides both, for tuning on other adapters.

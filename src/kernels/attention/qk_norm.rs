@@ -72,7 +72,7 @@ fn record(
     } else {
         "q/k output"
     };
-    for (arg, buffer) in [("q/k", x.buffer().as_ref()), (out_arg, out)] {
+    for (arg, buffer) in [("q/k", x.buffer()), (out_arg, out)] {
         check_binding(ctx, arg, buffer.size())?;
     }
     let params = NormParams {
@@ -106,7 +106,7 @@ fn record(
         &[("BACKWARD", grad.is_some() as u32)],
         bytemuck::bytes_of(&params),
         &[
-            x.buffer().as_ref(),
+            x.buffer(),
             out,
             scale.map_or(ctx.empty_storage() as &dyn Bindable, |s| s as &dyn Bindable),
             row_shares.unwrap_or(&unused),
@@ -172,7 +172,7 @@ pub(super) fn encode_backward(
     for (x, grad, mode) in [(q, dq, query_mode(opts)), (k, dk, key_mode(opts))] {
         if mode != 0 {
             let scale = opts.learned_cosine.filter(|_| mode & SCALE != 0);
-            let shares = row_dots.as_deref().filter(|_| scale.is_some());
+            let shares = row_dots.as_ref().filter(|_| scale.is_some());
             record(
                 ctx,
                 encoder,
@@ -188,7 +188,7 @@ pub(super) fn encode_backward(
     }
     if let (Some(c), Some(dots)) = (opts.learned_cosine, &row_dots) {
         // Rows are (batch, position, head): a [B * Lq, H] matrix whose column sums are dL/ds.
-        encode_column_sum(ctx, encoder, dots.as_ref(), b * lq, h, c.grad);
+        encode_column_sum(ctx, encoder, dots, b * lq, h, c.grad);
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! CPU-driver kernels in the parent module; [`Context::kernel_family`] chooses.
 
 use super::*;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 const FORWARD: &str = include_str!("../../../shaders/attention_forward_tiled.wgsl");
 const ROW_MAX_WORKGROUP: &str = include_str!("../../../shaders/attention_row_max_workgroup.wgsl");
@@ -223,7 +223,7 @@ pub(super) fn encode_forward_tiled(
 /// The scratch buffer holding split-KV partial results: O `[splits * B, Lq, H, Dv]` (contiguous) and
 /// lse `[splits * B, H, Lq]` at `lse_offset`.
 pub(super) struct SplitScratch {
-    buffer: Arc<wgpu::Buffer>,
+    buffer: wgpu::Buffer,
     o_bytes: u64,
     lse_offset: u64,
     lse_bytes: u64,
