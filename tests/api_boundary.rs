@@ -13,7 +13,7 @@ use wgpu_attention::kernels::embedding::embedding_forward;
 use wgpu_attention::{
     attention_backward_into, attention_backward_workspace, attention_forward,
     attention_forward_into, AttentionOptions, AttentionShape, Context, DType, Error, GpuTensor,
-    GpuTokens, HeadsView,
+    GpuTensorF16, GpuTokens, HeadsView,
 };
 
 fn encoder(ctx: &Context) -> wgpu::CommandEncoder {
@@ -319,5 +319,73 @@ fn a_binding_cache_holds_only_its_owners_work() {
         ctx.with_binding_cache(&mut owned, || record(&ctx));
         assert_eq!(owned.counts(), (per_call, per_call));
         ctx.synchronize().unwrap();
+    });
+}
+
+/// f16 tensors as ranges of an application's arena (`from_buffer_at`) and split out of a packed
+/// projection (`split_heads`), as f32 tensors can be.
+#[test]
+fn f16_tensors_in_an_arena_and_split_into_heads() {
+    for_each_backend(|name, ctx| {
+        if !ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+            eprintln!("[{name}] no SHADER_F16: skipped");
+            return;
+        }
+        let arena = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("f16 arena"),
+            size: 512 + 8,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let err = GpuTensorF16::from_buffer_at(arena.clone(), 64, &[3]).expect_err("unaligned");
+        assert!(err.to_string().contains("256 bytes"), "{err}");
+        let a = GpuTensorF16::from_buffer_at(arena.clone(), 0, &[5]).unwrap();
+        let b = GpuTensorF16::from_buffer_at(arena.clone(), 128, &[3]).unwrap();
+        let c = GpuTensorF16::from_buffer_at(arena.clone(), 256, &[3]).unwrap();
+        let values = |x: &[f32]| {
+            x.iter()
+                .map(|&v| half::f16::from_f32(v))
+                .collect::<Vec<_>>()
+        };
+        a.write(ctx, &values(&[1.0, 2.0, 3.0, 4.0, 5.0])).unwrap();
+        b.write(ctx, &values(&[6.0, 7.0, 8.0])).unwrap();
+        c.write(ctx, &values(&[9.0, 10.0, 11.0])).unwrap();
+        assert_eq!(a.to_vec(ctx).unwrap(), [1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(b.to_vec(ctx).unwrap(), [6.0, 7.0, 8.0]);
+        assert_eq!(c.to_vec(ctx).unwrap(), [9.0, 10.0, 11.0]);
+        // Q, K and V split out of one packed f16 projection give what separate tensors give.
+        let (l, h, d) = (5, 2, 8);
+        let mut r = rng(3);
+        let packed_values = random(&mut r, l * 3 * h * d, 1.0);
+        let packed = GpuTensorF16::from_f32(ctx, &packed_values, &[1, l, 3 * h * d]).unwrap();
+        let [q, k, v] = [0, 1, 2].map(|i| packed.split_heads(i * h * d, h, d).unwrap());
+        let opts = AttentionOptions::new().causal(true);
+        let out = |q: &HeadsView, k: &HeadsView, v: &HeadsView| {
+            let o = GpuTensorF16::zeros(ctx, &[1, l, h, d]).unwrap();
+            let lse = GpuTensor::zeros(ctx, &[1, h, l]).unwrap();
+            let mut enc = encoder(ctx);
+            attention_forward_into(ctx, &mut enc, q, k, v, &o.heads().unwrap(), &lse, &opts)
+                .unwrap();
+            ctx.queue().submit([enc.finish()]);
+            o.to_vec(ctx).unwrap()
+        };
+        let column = |i: usize| -> Vec<f32> {
+            packed_values
+                .chunks(3 * h * d)
+                .flat_map(|row| row[i * h * d..(i + 1) * h * d].to_vec())
+                .collect()
+        };
+        let separate = [0, 1, 2].map(|i| {
+            GpuTensorF16::from_f32(ctx, &column(i), &[1, l, h, d])
+                .unwrap()
+                .heads()
+                .unwrap()
+        });
+        assert_eq!(
+            out(&q, &k, &v),
+            out(&separate[0], &separate[1], &separate[2])
+        );
     });
 }

@@ -9,6 +9,8 @@ use super::*;
 #[derive(Clone, Debug)]
 pub struct GpuTensorF16 {
     buffer: wgpu::Buffer,
+    /// First element inside `buffer` (a multiple of `2 * TENSOR_ALIGN`: 256 bytes).
+    offset: usize,
     shape: Vec<usize>,
     _allocation: Option<Arc<Allocation>>,
     context: Option<ContextId>,
@@ -46,6 +48,7 @@ impl GpuTensorF16 {
         let (buffer, allocation) = ctx.create_buffer("f16 tensor", bytes, GpuTensor::USAGE)?;
         Ok(Self {
             buffer,
+            offset: 0,
             shape: shape.to_vec(),
             _allocation: Some(Arc::new(allocation)),
             context: Some(ctx.id()),
@@ -55,12 +58,33 @@ impl GpuTensorF16 {
     /// Wraps a buffer the application owns: `STORAGE` usage (and `COPY_SRC` to read it back), at
     /// least `product(shape)` f16 values.
     pub fn from_buffer(buffer: wgpu::Buffer, shape: &[usize]) -> Result<Self> {
+        Self::from_buffer_at(buffer, 0, shape)
+    }
+
+    /// Wraps `product(shape)` f16 values of a buffer the application owns from element `offset`,
+    /// a multiple of `2 * TENSOR_ALIGN` (256 bytes, so the tensor binds on its own): one tensor of
+    /// an arena. The buffer must hold the tensor's last 4-byte word.
+    pub fn from_buffer_at(buffer: wgpu::Buffer, offset: usize, shape: &[usize]) -> Result<Self> {
         let n = element_count("shape", shape)?;
-        check_fits("buffer", &buffer, DType::F16, n, || {
-            format!("shape {shape:?}")
+        if !offset.is_multiple_of(2 * TENSOR_ALIGN) {
+            return Err(Error::shape(
+                "offset",
+                format!(
+                    "is element {offset}; an f16 tensor must start at a multiple of {} elements \
+                     (256 bytes, the storage binding alignment)",
+                    2 * TENSOR_ALIGN
+                ),
+            ));
+        }
+        let end = offset
+            .checked_add(n)
+            .ok_or_else(|| Error::shape("offset", format!("{offset} + {n} overflows usize")))?;
+        check_fits("buffer", &buffer, DType::F16, end.max(offset + 2), || {
+            format!("shape {shape:?} from element {offset}")
         })?;
         Ok(Self {
             buffer,
+            offset,
             shape: shape.to_vec(),
             _allocation: None,
             context: None,
@@ -92,9 +116,21 @@ impl GpuTensorF16 {
         self.len() as u64 * DType::F16.size()
     }
 
-    /// Its whole buffer (an f16 tensor always starts it; binding sizes are whole words).
+    /// Its bytes, in whole 4-byte words (binding sizes are).
     pub(crate) fn region(&self) -> Region<'_> {
-        Region::whole(&self.buffer).of_context(self.context)
+        let words = self.len().max(2).next_multiple_of(2);
+        Region::elements(
+            &self.buffer,
+            self.offset,
+            self.offset + words,
+            DType::F16.size(),
+        )
+        .of_context(self.context)
+    }
+
+    /// First element of the tensor inside [`GpuTensorF16::buffer`].
+    pub fn offset(&self) -> usize {
+        self.offset
     }
 
     /// The context that allocated this tensor's buffer (`None` for a buffer the application
@@ -116,15 +152,18 @@ impl GpuTensorF16 {
             // write_buffer copies whole words: pad an odd count with one zero.
             let mut words: Vec<half::f16> = data.to_vec();
             words.resize(data.len().next_multiple_of(2), half::f16::ZERO);
-            ctx.queue()
-                .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&words));
+            ctx.queue().write_buffer(
+                &self.buffer,
+                self.offset as u64 * DType::F16.size(),
+                bytemuck::cast_slice(&words),
+            );
         }
         Ok(())
     }
 
     /// Reads the tensor back as f16, blocking until the GPU has finished.
     pub fn to_f16_vec(&self, ctx: &Context) -> Result<Vec<half::f16>> {
-        pollster::block_on(read_f16(ctx, &self.buffer, self.len()))
+        pollster::block_on(read_f16(ctx, &self.buffer, self.offset, self.len()))
     }
 
     /// Reads the tensor back converted to f32 (exactly).
@@ -134,7 +173,13 @@ impl GpuTensorF16 {
 
     /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
     pub fn heads(&self) -> Result<HeadsView> {
-        HeadsView::contiguous(&self.buffer, DType::F16, 0, &self.shape, self.context)
+        HeadsView::contiguous(
+            &self.buffer,
+            DType::F16,
+            self.offset,
+            &self.shape,
+            self.context,
+        )
     }
 
     /// Views a `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor from column
@@ -143,7 +188,7 @@ impl GpuTensorF16 {
         let view = split_heads(
             &self.buffer,
             DType::F16,
-            0,
+            self.offset,
             &self.shape,
             column,
             heads,

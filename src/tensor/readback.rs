@@ -32,16 +32,17 @@ pub(crate) async fn read_buffer(
     read_mapped(ctx, &staging).await
 }
 
-/// Reads the first `len` f16 elements of `buffer` (whole words are copied).
+/// Reads `len` f16 elements of `buffer` from element `offset` (even; whole words are copied).
 pub(crate) async fn read_f16(
     ctx: &Context,
     buffer: &wgpu::Buffer,
+    offset: usize,
     len: usize,
 ) -> Result<Vec<half::f16>> {
     if len == 0 {
         return Ok(Vec::new());
     }
-    let words = read_buffer(ctx, buffer, 0, len.div_ceil(2)).await?;
+    let words = read_buffer(ctx, buffer, offset / 2, len.div_ceil(2)).await?;
     let mut halves: Vec<half::f16> = bytemuck::cast_slice(&words).to_vec();
     halves.truncate(len);
     Ok(halves)

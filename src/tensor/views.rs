@@ -184,7 +184,7 @@ impl HeadsView {
         let end = self.end_element();
         let all = match self.dtype {
             DType::F32 => pollster::block_on(read_buffer(ctx, &self.buffer, 0, end))?,
-            DType::F16 => pollster::block_on(read_f16(ctx, &self.buffer, end))?
+            DType::F16 => pollster::block_on(read_f16(ctx, &self.buffer, 0, end))?
                 .into_iter()
                 .map(f32::from)
                 .collect(),
