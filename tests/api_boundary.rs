@@ -389,3 +389,34 @@ fn f16_tensors_in_an_arena_and_split_into_heads() {
         );
     });
 }
+
+/// The forward without an lse of the caller's (inference) writes the same O, bitwise.
+#[test]
+fn the_forward_without_lse_writes_the_same_output() {
+    for_each_family(|_, ctx| {
+        let mut r = rng(11);
+        let shape = [2, 7, 2, 8];
+        let make = |r: &mut _| upload(ctx, &random(r, 2 * 7 * 2 * 8, 1.0), shape);
+        let (q, k, v) = (make(&mut r), make(&mut r), make(&mut r));
+        let opts = AttentionOptions::new().causal(true);
+        let full = attention_forward(ctx, &q, &k, &v, &opts).unwrap();
+        let out = GpuTensor::zeros(ctx, &shape).unwrap();
+        let mut enc = encoder(ctx);
+        wgpu_attention::attention_forward_out_into(
+            ctx,
+            &mut enc,
+            &q,
+            &k,
+            &v,
+            &out.heads().unwrap(),
+            &opts,
+        )
+        .unwrap();
+        ctx.queue().submit([enc.finish()]);
+        let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        assert_eq!(
+            bits(out.to_vec(ctx).unwrap()),
+            bits(full.out.to_vec(ctx).unwrap())
+        );
+    });
+}

@@ -2,9 +2,12 @@
 //! override constants): what `tests/shaders.rs` validates and translates to SPIR-V, MSL, HLSL and
 //! GLSL, so a Metal or DX12 error is caught on any machine.
 
+/// Named WGSL sources, as each kernel module lists them.
+type Sources = Vec<(&'static str, String)>;
+
 /// The sources of every kernel family, the benchmark's FMA kernel included.
-pub fn all() -> Vec<(&'static str, String)> {
-    let families: [fn() -> Vec<(&'static str, String)>; 12] = [
+pub fn all() -> Sources {
+    let families: [fn() -> Sources; 12] = [
         super::attention::shader_sources,
         super::matmul::shader_sources,
         super::linear::shader_sources,

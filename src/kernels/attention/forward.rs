@@ -101,6 +101,32 @@ pub fn attention_forward(
     })
 }
 
+/// [`attention_forward_into`] for callers that want O only (inference): the row log-sum-exp goes to
+/// a scratch buffer the context keeps (allocated once, grown when a larger problem needs it)
+/// instead of a tensor of the caller's. Bitwise the same `out`.
+pub fn attention_forward_out_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let s = AttentionShape::of(q, k, v)?;
+    let rows = [s.batch, s.heads, s.q_seq];
+    let bytes = rows
+        .iter()
+        .try_fold(4u64, |acc, &n| acc.checked_mul(n as u64))
+        .ok_or_else(|| Error::shape("lse", format!("{rows:?} f32 values overflow u64 bytes")))?;
+    check_binding(ctx, "lse (scratch)", bytes)?;
+    let lse = GpuTensor::from_buffer(
+        ctx.scratch_buffer("attention lse (not kept)", bytes)?,
+        &rows,
+    )?;
+    attention_forward_into(ctx, encoder, q, k, v, out, &lse, opts)
+}
+
 /// Records the fused attention forward into `encoder`, writing `out` (a `[B, Lq, H, Dv]` view) and
 /// `lse` (`[B, H, Lq]`). Nothing is recorded if the input is rejected.
 #[allow(clippy::too_many_arguments)]
