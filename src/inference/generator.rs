@@ -38,6 +38,18 @@ pub struct GenerateOptions {
     pub stop: Option<u32>,
 }
 
+impl Default for GenerateOptions {
+    /// 64 new tokens, greedy, no stop id: set the fields that differ with
+    /// `GenerateOptions { stop: Some(eos), ..Default::default() }`.
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 64,
+            sampling: Sampling::greedy(),
+            stop: None,
+        }
+    }
+}
+
 /// The tokens [`Generator::generate`] produced per sequence (the stop id included when met), and
 /// how long the two phases took (wall clock, the device synchronised).
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -29,6 +29,7 @@ const FORMAT: &str = "wgpu-attention transformer checkpoint";
 /// refused). Version 2 (CRC-32 of the tensor data only) and version 1 (configuration as Rust
 /// `Debug` text, no checksum) are still read.
 const FORMAT_VERSION: u32 = 3;
+const FORMAT_V1: &str = "wgpu-attention transformer checkpoint v1";
 /// The header fields version 3's checksum covers, in the order they are hashed.
 const CHECKED_FIELDS: [&str; 4] = ["format", "format_version", "config", "adam_steps"];
 
@@ -43,7 +44,6 @@ fn hash_fields(hasher: &mut crc32fast::Hasher, field: impl Fn(&str) -> String) {
         }
     }
 }
-const FORMAT_V1: &str = "wgpu-attention transformer checkpoint v1";
 
 fn error(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Checkpoint(format!("{}: {e}", path.display()))
