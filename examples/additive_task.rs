@@ -249,7 +249,7 @@ fn train_and_evaluate(
 /// Trains the same small decoder with dot-product and with additive attention on one task and
 /// compares their held-out accuracy.
 #[derive(clap::Parser)]
-#[command(name = "additive_task", about)]
+#[command(name = "additive_task")]
 struct Cli {
     /// The task: rule, count or xor.
     #[arg(long, default_value = "rule", value_parser = ["rule", "count", "xor"])]

@@ -16,7 +16,7 @@ use wgpu_attention::{
 /// Fused attention forward and backward on the default adapter, checked against the CPU
 /// reference: prints the adapter, the worst errors and the times.
 #[derive(clap::Parser)]
-#[command(name = "attention", about)]
+#[command(name = "attention")]
 struct Args {
     #[arg(long, default_value_t = 2)]
     batch: usize,

@@ -287,7 +287,7 @@ fn svg(title: &str, maps: &[Map<'_>]) -> String {
 /// Draws a trained reversal model's attention maps (cross- and self-attention of chosen decoder
 /// layers and heads) as SVG and PNG heat maps with token labels.
 #[derive(clap::Parser)]
-#[command(name = "attention_maps", about)]
+#[command(name = "attention_maps")]
 struct Cli {
     /// The checkpoint of `train_seq2seq` to draw.
     #[arg(long, default_value = "target/train_seq2seq.safetensors")]

@@ -36,7 +36,7 @@ const EVAL_PROMPTS: usize = 256;
 /// Trains a small decoder-only model to reverse digit strings (or loads it) and generates with the
 /// KV cache: greedy, sampled and batched decoding.
 #[derive(clap::Parser)]
-#[command(name = "generate", about)]
+#[command(name = "generate")]
 struct Args {
     /// Training steps when not loading.
     #[arg(long, default_value_t = 500)]

@@ -16,7 +16,7 @@ use wgpu_attention::{attention_forward, AttentionOptions, AttentionShape, Contex
 
 /// Plants one key of large norm among ordinary keys and shows how much attention it takes.
 #[derive(clap::Parser)]
-#[command(name = "hijacking", about)]
+#[command(name = "hijacking")]
 struct Args {
     /// Keys in the sequence (at least 2).
     #[arg(long, default_value_t = 128)]

@@ -43,7 +43,7 @@ const EVAL_SEQUENCES: usize = 512;
 /// Trains a small encoder-decoder Transformer to reverse digit strings on the GPU, saving
 /// checkpoints, then evaluates it by greedy decoding with the KV cache.
 #[derive(clap::Parser)]
-#[command(name = "train_seq2seq", about)]
+#[command(name = "train_seq2seq")]
 struct Args {
     /// Optimizer steps to train for.
     #[arg(long, default_value_t = 400)]
