@@ -173,17 +173,9 @@ fn config(setup: &Setup, additive: bool) -> TransformerConfig {
         encoder_layers: 0,
         decoder_layers: layers,
         pre_ln: true,
-        learned_positions: false,
         pad_id: PAD,
-        attention_softcap: None,
-        alibi: false,
-        attention_window: None,
-        relative_buckets: None,
-        attention_sinks: false,
-        cosine_scores: None,
-        key_norm_clip: None,
-        rope_base: None,
         additive_attention: additive.then_some(4),
+        ..TransformerConfig::default()
     }
 }
 

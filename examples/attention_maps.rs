@@ -38,17 +38,8 @@ fn config() -> TransformerConfig {
         encoder_layers: 2,
         decoder_layers: 2,
         pre_ln: true,
-        learned_positions: false,
         pad_id: PAD,
-        attention_softcap: None,
-        alibi: false,
-        attention_window: None,
-        relative_buckets: None,
-        attention_sinks: false,
-        cosine_scores: None,
-        key_norm_clip: None,
-        rope_base: None,
-        additive_attention: None,
+        ..TransformerConfig::default()
     }
 }
 

@@ -112,17 +112,9 @@ fn config() -> TransformerConfig {
         encoder_layers: 0,
         decoder_layers: 2,
         pre_ln: true,
-        learned_positions: false,
         pad_id: PAD,
-        attention_softcap: None,
-        alibi: false,
-        attention_window: None,
-        relative_buckets: None,
-        attention_sinks: false,
-        cosine_scores: None,
-        key_norm_clip: None,
         rope_base: Some(10000.0),
-        additive_attention: None,
+        ..TransformerConfig::default()
     }
 }
 

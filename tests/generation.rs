@@ -31,17 +31,8 @@ fn config(encoder_layers: usize) -> TransformerConfig {
         encoder_layers,
         decoder_layers: 2,
         pre_ln: true,
-        learned_positions: false,
         pad_id: PAD,
-        attention_softcap: None,
-        alibi: false,
-        attention_window: None,
-        relative_buckets: None,
-        attention_sinks: false,
-        cosine_scores: None,
-        key_norm_clip: None,
-        rope_base: None,
-        additive_attention: None,
+        ..TransformerConfig::default()
     }
 }
 

@@ -26,17 +26,7 @@ fn config(d_ff: usize) -> TransformerConfig {
         encoder_layers: 1,
         decoder_layers: 1,
         pre_ln: true,
-        learned_positions: false,
-        pad_id: 0,
-        attention_softcap: None,
-        alibi: false,
-        attention_window: None,
-        relative_buckets: None,
-        attention_sinks: false,
-        cosine_scores: None,
-        key_norm_clip: None,
-        rope_base: None,
-        additive_attention: None,
+        ..TransformerConfig::default()
     }
 }
 

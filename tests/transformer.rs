@@ -25,15 +25,7 @@ fn config(encoder_layers: usize, pre_ln: bool, learned_positions: bool) -> Trans
         pre_ln,
         learned_positions,
         pad_id: PAD,
-        attention_softcap: None,
-        alibi: false,
-        attention_window: None,
-        relative_buckets: None,
-        attention_sinks: false,
-        cosine_scores: None,
-        key_norm_clip: None,
-        rope_base: None,
-        additive_attention: None,
+        ..TransformerConfig::default()
     }
 }
 

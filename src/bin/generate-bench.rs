@@ -86,18 +86,10 @@ fn model(ctx: &Context, cli: &Cli) -> Result<Transformer, Error> {
         encoder_layers: 0,
         decoder_layers: cli.layers,
         pre_ln: true,
-        learned_positions: false,
-        pad_id: 0,
-        attention_softcap: None,
-        alibi: false,
-        attention_window: None,
-        relative_buckets: None,
-        attention_sinks: false,
-        cosine_scores: None,
-        key_norm_clip: None,
         // Additive scores take no rotary positions (the sinusoidal ones instead).
         rope_base: cli.additive.is_none().then_some(10000.0),
         additive_attention: cli.additive,
+        ..TransformerConfig::default()
     };
     // The generator keeps its own buffers; the model's training shape only sizes unused activations.
     let shape = BatchShape {

@@ -137,17 +137,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         encoder_layers: if cli.decoder_only { 0 } else { cli.layers },
         decoder_layers: cli.layers,
         pre_ln: !cli.post_ln,
-        learned_positions: false,
-        pad_id: 0,
-        attention_softcap: None,
-        alibi: false,
-        attention_window: None,
-        relative_buckets: None,
-        attention_sinks: false,
-        cosine_scores: None,
-        key_norm_clip: None,
-        rope_base: None,
-        additive_attention: None,
+        ..TransformerConfig::default()
     };
     let shape = BatchShape {
         batch: cli.batch,
