@@ -85,6 +85,10 @@ pub struct Context {
     /// Binding caches lent with [`Context::with_binding_cache`], by the thread that lent them: only
     /// that thread's recordings use (and fill) a cache.
     binding_caches: Mutex<Vec<(std::thread::ThreadId, BindingCache)>>,
+    /// Debug builds: each pipeline's read-write storage bindings, to assert that no dispatch binds a
+    /// buffer read-write and read-only at once (a usage conflict the argument checks must have
+    /// refused before recording).
+    read_write_bindings: Mutex<HashMap<wgpu::ComputePipeline, Vec<u32>>>,
 }
 
 /// Identifies a [`Context`] (unique within the process); see [`Context::id`].
@@ -314,6 +318,7 @@ impl Context {
             profiler: Mutex::new(None),
             shared_passes: Mutex::new(Vec::new()),
             binding_caches: Mutex::default(),
+            read_write_bindings: Mutex::default(),
         };
         ctx.set_attention_workgroup(options.attention_workgroup)?;
         Ok(ctx)

@@ -89,6 +89,7 @@ impl Context {
             return p.clone();
         }
         let source = source();
+        let read_write = cfg!(debug_assertions).then(|| read_write_bindings(&source));
         if cfg!(debug_assertions) {
             let limit = self.limits().max_compute_workgroup_storage_size as u64;
             if let Some(bytes) = workgroup_bytes(&source, constants) {
@@ -128,6 +129,12 @@ impl Context {
                 },
                 cache: None,
             });
+        if let Some(bindings) = read_write {
+            self.read_write_bindings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(pipeline.clone(), bindings);
+        }
         let pipeline = Arc::new(pipeline);
         cache.insert(key, pipeline.clone());
         pipeline
@@ -179,6 +186,9 @@ impl Context {
         params: &[u8],
         storage: &[StorageBinding<'_>],
     ) -> wgpu::BindGroup {
+        if cfg!(debug_assertions) {
+            self.assert_no_usage_conflict(pipeline, label, storage);
+        }
         let create = |uniform: &wgpu::Buffer| {
             let mut entries = vec![wgpu::BindGroupEntry {
                 binding: 0,
@@ -249,6 +259,52 @@ impl Context {
         cache.created += 1;
         bind_group
     }
+}
+
+impl Context {
+    /// Debug builds' safety net under `kernels::arguments`: a buffer bound read-write and read-only
+    /// in one dispatch is a usage conflict wgpu reports inside the user's `queue.submit`; every
+    /// entry point must have refused the call with a typed error before recording. A panic here
+    /// names the kernel whose checks missed a case.
+    fn assert_no_usage_conflict(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        label: &str,
+        storage: &[StorageBinding<'_>],
+    ) {
+        let known = self
+            .read_write_bindings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some(read_write) = known.get(pipeline) else {
+            return;
+        };
+        for written in storage.iter().filter(|s| read_write.contains(&s.binding)) {
+            if let Some(read) = storage
+                .iter()
+                .find(|s| !read_write.contains(&s.binding) && s.buffer == written.buffer)
+            {
+                panic!(
+                    "kernel {label}: one buffer bound read-write at binding {} and read-only at \
+                     binding {}: wgpu would reject this dispatch; its host wrapper must refuse the \
+                     call first (kernels::arguments)",
+                    written.binding, read.binding
+                );
+            }
+        }
+    }
+}
+
+/// The `@binding` numbers of `source`'s `var<storage, read_write>` declarations.
+fn read_write_bindings(source: &str) -> Vec<u32> {
+    source
+        .lines()
+        .filter(|line| line.contains("var<storage, read_write>"))
+        .filter_map(|line| {
+            let rest = &line[line.find("@binding(")? + "@binding(".len()..];
+            rest[..rest.find(')')?].trim().parse().ok()
+        })
+        .collect()
 }
 
 /// Bytes of workgroup memory the entry point `main` of `source` uses once `constants` are applied

@@ -64,9 +64,11 @@ pub fn kv_cache_append_into(
         ));
     }
     lens.check_decode(b, l, max_len)?;
-    if new.buffer() == cache.buffer() {
-        return Err(Error::shape("cache", "shares a buffer with the new rows"));
-    }
+    crate::kernels::arguments::check_call(
+        ctx,
+        &[("cache", cache.region())],
+        &[("new", new.region()), ("seq_lens", lens.region())],
+    )?;
     check_binding(ctx, "kv cache", cache.size_bytes())?;
     check_binding(ctx, "new kv rows", new.buffer().size())?;
     let narrow = |v: usize| {

@@ -183,6 +183,9 @@ fn record(
             (0, Some(lens))
         }
     };
+    let mut inputs = vec![("rope table", table.table.region())];
+    inputs.extend(lens.map(|l| ("seq_lens", l.region())));
+    crate::kernels::arguments::check_call(ctx, &[("x", x.region())], &inputs)?;
     check_binding(ctx, "rope x", x.buffer().size())?;
     let narrow = |v: usize| {
         u32::try_from(v).map_err(|_| Error::Unsupported {

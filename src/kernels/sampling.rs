@@ -51,6 +51,11 @@ pub fn sample_into(
     ids: &wgpu::Buffer,
 ) -> Result<()> {
     sampling.check()?;
+    crate::kernels::arguments::check_call(
+        ctx,
+        &[("ids", crate::tensor::Region::whole(ids))],
+        &[("logits", logits.region())],
+    )?;
     let &[batch, vocab] = logits.shape() else {
         return Err(Error::shape(
             "logits",
