@@ -254,6 +254,8 @@ impl AdamW {
         if config.beta1 >= 1.0 || config.beta2 >= 1.0 {
             return Err(Error::shape("beta1/beta2", "must be below 1"));
         }
+        let regions: Vec<_> = params.iter().map(|p| ("params", p.region())).collect();
+        crate::kernels::arguments::check_context(ctx, &regions)?;
         if let Some(n) = config.max_grad_norm {
             if !(n.is_finite() && n > 0.0) {
                 return Err(Error::shape(
@@ -393,6 +395,11 @@ impl AdamW {
         grads: &[&GpuTensor],
         loss: Option<&GpuTensor>,
     ) -> Result<()> {
+        let regions: Vec<_> = (params.iter().map(|p| ("params", p.region())))
+            .chain(grads.iter().map(|g| ("grads", g.region())))
+            .chain(loss.map(|l| ("loss", l.region())))
+            .collect();
+        crate::kernels::arguments::check_context(ctx, &regions)?;
         if params.len() != self.shapes.len() || grads.len() != self.shapes.len() {
             return Err(Error::shape(
                 "params/grads",
