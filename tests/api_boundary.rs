@@ -318,7 +318,25 @@ fn a_binding_cache_holds_only_its_owners_work() {
         // Reused, not grown, on the next step.
         ctx.with_binding_cache(&mut owned, || record(&ctx));
         assert_eq!(owned.counts(), (per_call, per_call));
+        // A long run beside another thread: the cache stays at one bind group, and the memory the
+        // context holds returns to the same figure after every round (nothing kept alive).
         ctx.synchronize().unwrap();
+        let steady = ctx.memory().current_bytes;
+        for round in 0..20 {
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    for _ in 0..3 {
+                        other(&ctx);
+                    }
+                });
+                for _ in 0..3 {
+                    ctx.with_binding_cache(&mut owned, || record(&ctx));
+                }
+            });
+            ctx.synchronize().unwrap();
+            assert_eq!(owned.counts().0, per_call, "round {round}");
+            assert_eq!(ctx.memory().current_bytes, steady, "round {round}");
+        }
     });
 }
 
