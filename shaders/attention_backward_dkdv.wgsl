@@ -176,22 +176,33 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let all_seen = all(row_a & row_b);
                 var dp_a = vec4<f32>(0.0);
                 var dp_b = vec4<f32>(0.0);
-                for (var d4 = 0u; d4 < DV4; d4++) {
-                    let oa = do_tile[ia * DV4 + d4];
-                    let ob = do_tile[ib * DV4 + d4];
-                    let d = d4 * 4u;
-                    let v0 = vt[d];
-                    let v1 = vt[d + 1u];
-                    let v2 = vt[d + 2u];
-                    let v3 = vt[d + 3u];
-                    dp_a += v0 * oa.x + v1 * oa.y + v2 * oa.z + v3 * oa.w;
-                    dp_b += v0 * ob.x + v1 * ob.y + v2 * ob.z + v3 * ob.w;
-                    if all_seen {
+                if all_seen {
+                    for (var d4 = 0u; d4 < DV4; d4++) {
+                        let oa = do_tile[ia * DV4 + d4];
+                        let ob = do_tile[ib * DV4 + d4];
+                        let d = d4 * 4u;
+                        let v0 = vt[d];
+                        let v1 = vt[d + 1u];
+                        let v2 = vt[d + 2u];
+                        let v3 = vt[d + 3u];
+                        dp_a += v0 * oa.x + v1 * oa.y + v2 * oa.z + v3 * oa.w;
+                        dp_b += v0 * ob.x + v1 * ob.y + v2 * ob.z + v3 * ob.w;
                         dv[d] += p_a * oa.x + p_b * ob.x;
                         dv[d + 1u] += p_a * oa.y + p_b * ob.y;
                         dv[d + 2u] += p_a * oa.z + p_b * ob.z;
                         dv[d + 3u] += p_a * oa.w + p_b * ob.w;
-                    } else {
+                    }
+                } else {
+                    for (var d4 = 0u; d4 < DV4; d4++) {
+                        let oa = do_tile[ia * DV4 + d4];
+                        let ob = do_tile[ib * DV4 + d4];
+                        let d = d4 * 4u;
+                        let v0 = vt[d];
+                        let v1 = vt[d + 1u];
+                        let v2 = vt[d + 2u];
+                        let v3 = vt[d + 3u];
+                        dp_a += v0 * oa.x + v1 * oa.y + v2 * oa.z + v3 * oa.w;
+                        dp_b += v0 * ob.x + v1 * ob.y + v2 * ob.z + v3 * ob.w;
                         dv[d] += masked_product(p_a, oa.x, row_a) + masked_product(p_b, ob.x, row_b);
                         dv[d + 1u] += masked_product(p_a, oa.y, row_a) + masked_product(p_b, ob.y, row_b);
                         dv[d + 2u] += masked_product(p_a, oa.z, row_a) + masked_product(p_b, ob.z, row_b);
