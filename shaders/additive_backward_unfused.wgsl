@@ -1,7 +1,7 @@
 // Unfused additive attention backward, its last step (after attention_common.wgsl): from the
 // materialised dS = dL/de [B, H, Lq, Lk] (attention_softmax_backward.wgsl over P and dP = dO V^T),
 // the projections' gradients, each t = tanh(a_i + b_j + bias) recomputed per pair (with the clamp of
-// additive_common.wgsl's tanh1):
+// attention_common.wgsl's capped_tanh):
 //   QUERY_SIDE:  da_ic = scale w_c sum_j dS_ij (1 - t_ijc^2),   dw_rows[h, b, i, c] = scale sum_j dS_ij t_ijc
 //   key side:    db_jc = scale w_c sum_i dS_ij (1 - t_ijc^2)
 // Masked pairs have dS = 0 (P = 0 there), so no mask is applied here. One invocation per

@@ -40,12 +40,6 @@ var<workgroup> w_tile: array<vec4<f32>, DA4>;
 // (the query-side kernels' V; the key side stages dO the same way).
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
 
-// tanh where every implementation is exact to f32 (some compute it through exp(2x), which overflows).
-// NaN passes through (clamp's result for NaN is undefined).
-fn tanh1(x: vec4<f32>) -> vec4<f32> {
-    return select(tanh(clamp(x, vec4<f32>(-15.0), vec4<f32>(15.0))), x, is_nan(x));
-}
-
 // Components 4 c4 .. 4 c4 + 3 of a + bias (query row i) or of b (key row j), zero past Da.
 fn a_plus_bias4(b: u32, i: u32, h: u32, c4: u32) -> vec4<f32> {
     let base = view_index(VIEW_Q, b, i, h);
@@ -113,10 +107,10 @@ fn stage_keys(n0: u32, kv_hi: u32, b: u32, h: u32, lid: u32) {
 fn tanh_rows(x: vec4<f32>, r: u32, c4: u32) -> mat4x4<f32> {
     let at = r * DA4 + c4;
     return mat4x4<f32>(
-        tanh1(x + pair_tile[at]),
-        tanh1(x + pair_tile[at + DA4]),
-        tanh1(x + pair_tile[at + 2u * DA4]),
-        tanh1(x + pair_tile[at + 3u * DA4]),
+        capped_tanh(x + pair_tile[at]),
+        capped_tanh(x + pair_tile[at + DA4]),
+        capped_tanh(x + pair_tile[at + 2u * DA4]),
+        capped_tanh(x + pair_tile[at + 3u * DA4]),
     );
 }
 

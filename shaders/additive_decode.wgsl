@@ -80,7 +80,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if j < end {
             e = 0.0;
             for (var c4 = 0u; c4 < DA4; c4++) {
-                e += dot(w_tile[c4], tanh1(a_tile[c4] + b_key4(b, j, h, c4)));
+                e += dot(w_tile[c4], capped_tanh(a_tile[c4] + b_key4(b, j, h, c4)));
             }
         }
         e_tile[lid] = e;
