@@ -128,16 +128,26 @@ pub fn cross_entropy_forward_into(
 ) -> Result<()> {
     let p = check(ctx, logits, targets, ignore_index)?;
     let rows = p.rows as usize;
+    let inputs = [("logits", logits.region()), ("targets", targets.region())];
+    check_call(
+        ctx,
+        &[
+            ("row_loss", out.row_loss.region()),
+            ("row_lse", out.row_lse.region()),
+        ],
+        &inputs,
+    )?;
+    // The reduction reads the row losses it sums into `loss`.
+    check_call(
+        ctx,
+        &[("loss", out.loss.region())],
+        &[inputs[0], inputs[1], ("row_loss", out.row_loss.region())],
+    )?;
     for (arg, t, shape) in [
         ("loss", &out.loss, vec![2]),
         ("row_loss", &out.row_loss, vec![rows]),
         ("row_lse", &out.row_lse, vec![rows]),
     ] {
-        check_call(
-            ctx,
-            &[(arg, t.region())],
-            &[("logits", logits.region()), ("targets", targets.region())],
-        )?;
         if t.shape() != shape {
             return Err(Error::shape(
                 arg,

@@ -3,7 +3,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::attention::check_binding;
+use crate::kernels::arguments::{check_binding, check_tensors};
 use crate::kernels::dispatch::{encode, grid_x};
 use crate::tensor::GpuTensor;
 
@@ -69,15 +69,6 @@ fn same_shape(arg: &'static str, t: &GpuTensor, like: &GpuTensor) -> Result<()> 
     Ok(())
 }
 
-fn distinct(
-    ctx: &Context,
-    arg: &'static str,
-    out: &GpuTensor,
-    inputs: &[(&'static str, &GpuTensor)],
-) -> Result<()> {
-    crate::kernels::arguments::check_tensors(ctx, &[(arg, out)], inputs)
-}
-
 /// `y = f(x)` into a new tensor, submitted.
 pub fn activation_forward(ctx: &Context, kind: Activation, x: &GpuTensor) -> Result<GpuTensor> {
     let y = GpuTensor::uninit(ctx, "activation y", x.shape())?;
@@ -97,7 +88,7 @@ pub fn activation_forward_into(
 ) -> Result<()> {
     let p = params(ctx, "x", x)?;
     same_shape("y", y, x)?;
-    distinct(ctx, "y", y, &[("x", x)])?;
+    check_tensors(ctx, &[("y", y)], &[("x", x)])?;
     encode(
         ctx,
         encoder,
@@ -137,7 +128,7 @@ pub fn activation_backward_into(
     let p = params(ctx, "x", x)?;
     same_shape("dy", dy, x)?;
     same_shape("dx", dx, x)?;
-    distinct(ctx, "dx", dx, &[("x", x), ("dy", dy)])?;
+    check_tensors(ctx, &[("dx", dx)], &[("x", x), ("dy", dy)])?;
     encode(
         ctx,
         encoder,
@@ -171,7 +162,7 @@ pub fn add_into(
     let p = params(ctx, "a", a)?;
     same_shape("b", b, a)?;
     same_shape("out", out, a)?;
-    distinct(ctx, "out", out, &[("a", a), ("b", b)])?;
+    check_tensors(ctx, &[("out", out)], &[("a", a), ("b", b)])?;
     encode(
         ctx,
         encoder,

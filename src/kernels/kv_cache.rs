@@ -5,7 +5,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::attention::check_binding;
+use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::{encode, grid_x};
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 

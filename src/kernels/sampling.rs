@@ -5,7 +5,7 @@
 
 use crate::device::{grid_2d, Context};
 use crate::error::{Error, Result};
-use crate::kernels::attention::check_binding;
+use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::Bindable;
 use crate::tensor::GpuTensor;
 

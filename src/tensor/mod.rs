@@ -81,7 +81,8 @@ fn check_fits(
         return Err(Error::shape(
             arg,
             format!(
-                "{} end at byte {}, and bindings are whole 4-byte words ({bound} bytes), but the                  buffer has {}: pad the buffer to a multiple of 4 bytes",
+                "{} end at byte {}, and bindings are whole 4-byte words ({bound} bytes), but the \
+                 buffer has {}: pad the buffer to a multiple of 4 bytes",
                 describe(),
                 end as u64 * dtype.size(),
                 buffer.size()

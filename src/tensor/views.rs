@@ -40,7 +40,7 @@ impl HeadsView {
         let describe = || format!("offset {offset}, shape {shape:?}, strides {strides:?}");
         // Every element index a kernel or readback computes is below this end, so checking it
         // once (without wrapping) keeps all later arithmetic in range.
-        let end = view_end(offset, &shape, &strides, shape[3])
+        let end = view_end(offset, &shape[..3], &strides, shape[3])
             .ok_or_else(|| Error::shape("view", format!("{} overflow usize", describe())))?;
         check_fits("view", &buffer, dtype, end, describe)?;
         Ok(Self {
@@ -168,15 +168,8 @@ impl HeadsView {
 
     /// One past the last element the view touches (0 for an empty view).
     pub fn end_element(&self) -> usize {
-        let [b, s, h, d] = self.shape;
-        if b == 0 || s == 0 || h == 0 || d == 0 {
-            return self.offset;
-        }
-        self.offset
-            + (b - 1) * self.strides[0]
-            + (s - 1) * self.strides[1]
-            + (h - 1) * self.strides[2]
-            + d
+        view_end(self.offset, &self.shape[..3], &self.strides, self.shape[3])
+            .expect("a view's end is checked when the view is made")
     }
 
     /// Reads the viewed elements back in `[batch, seq, heads, head_dim]` order (f16 converted).
@@ -243,9 +236,7 @@ impl BiasView {
             context: None,
         };
         let describe = || format!("offset {offset}, shape {shape:?}, strides {strides:?}");
-        let [sb, sh, si, sj] = view.strides();
-        let end = view_end(offset, &[shape[0], shape[1], shape[2]], &[sb, sh, si], 1)
-            .and_then(|end| end.checked_add((shape[3] - 1).checked_mul(sj)?))
+        let end = view_end(offset, &shape, &view.strides(), 1)
             .ok_or_else(|| Error::shape("bias", format!("{} overflow usize", describe())))?;
         check_fits("bias", &view.buffer, DType::F32, end, describe)?;
         Ok(view)
@@ -320,15 +311,8 @@ impl BiasView {
 
     /// One past the last element the view touches.
     pub fn end_element(&self) -> usize {
-        let strides = self.strides();
-        self.offset
-            + self
-                .shape
-                .iter()
-                .zip(strides)
-                .map(|(&n, s)| (n - 1) * s)
-                .sum::<usize>()
-            + 1
+        view_end(self.offset, &self.shape, &self.strides(), 1)
+            .expect("a view's end is checked when the view is made")
     }
 
     /// Reads the viewed elements back in `[batch, heads, Lq, Lk]` order.
@@ -350,8 +334,8 @@ impl BiasView {
     }
 }
 
-/// One past the last element of a view from `offset` with three strided dimensions of `shape`
-/// and `last` contiguous elements, or `None` if that overflows (an empty view ends at `offset`).
+/// One past the last element of a view from `offset` with strided dimensions `shape` and `last`
+/// contiguous elements, or `None` if that overflows (an empty view ends at `offset`).
 fn view_end(offset: usize, shape: &[usize], strides: &[usize], last: usize) -> Option<usize> {
     if shape.contains(&0) || last == 0 {
         return Some(offset);

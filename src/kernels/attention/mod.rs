@@ -31,7 +31,7 @@ mod sinks;
 mod tiled;
 mod unfused;
 
-pub(crate) use crate::kernels::arguments::check_binding;
+use crate::kernels::arguments::check_binding;
 use crate::kernels::arguments::{check_call, check_context};
 pub use crate::spec::{AttentionShape, RelativeBuckets};
 pub use additive::{

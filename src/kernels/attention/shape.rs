@@ -92,13 +92,13 @@ pub(super) fn check_options(
     shape: &AttentionShape,
     opts: &AttentionOptions<'_>,
 ) -> Result<f32> {
-    check_context(ctx, &option_inputs(opts))?;
-    if let Some(learned) = opts.learned_cosine {
-        check_context(ctx, &[("cosine scale grad", learned.grad.region())])?;
-    }
-    if let Some(grad) = opts.relative_grad {
-        check_context(ctx, &[("relative_grad", grad.region())])?;
-    }
+    let mut tensors = option_inputs(opts);
+    tensors.extend(
+        opts.learned_cosine
+            .map(|l| ("cosine scale grad", l.grad.region())),
+    );
+    tensors.extend(opts.relative_grad.map(|g| ("relative_grad", g.region())));
+    check_context(ctx, &tensors)?;
     if let Some(lens) = opts.seq_lens {
         if lens.batch() != shape.batch {
             return Err(Error::shape(
