@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
+mod dump;
 mod memory;
 mod options;
 mod pipelines;
@@ -89,6 +90,8 @@ pub struct Context {
     /// buffer read-write and read-only at once (a usage conflict the argument checks must have
     /// refused before recording).
     read_write_bindings: Mutex<HashMap<wgpu::ComputePipeline, Vec<u32>>>,
+    /// [`ContextOptions::dump_pipelines`].
+    pipeline_dump: Option<dump::PipelineDump>,
 }
 
 /// Identifies a [`Context`] (unique within the process); see [`Context::id`].
@@ -319,6 +322,7 @@ impl Context {
             shared_passes: Mutex::new(Vec::new()),
             binding_caches: Mutex::default(),
             read_write_bindings: Mutex::default(),
+            pipeline_dump: options.dump_pipelines.as_deref().map(dump::PipelineDump::new),
         };
         ctx.set_attention_workgroup(options.attention_workgroup)?;
         Ok(ctx)

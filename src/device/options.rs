@@ -47,10 +47,18 @@ pub struct ContextOptions {
     pub tiled_shapes: [Option<TiledShape>; 3],
     /// Split-KV workgroups per forward query block of the GPU family. `None`: chosen per problem.
     pub forward_splits: Option<usize>,
+    /// Write every pipeline the context compiles to this directory (created if missing), as
+    /// `<label>.wgsl` (the source handed to wgpu, before override constants) and `<label>.json`
+    /// (`label`, `entry_point`, `constants`, `runtime_checks`): what
+    /// `shared/tools/gpu-compile-report` and offline compilers read. With
+    /// [`crate::kernels::attention::attention_precompile`], [`crate::training::Trainer::precompile`] or
+    /// [`crate::inference::Generator::precompile`] a whole kernel set is written without running it. A write that
+    /// fails is logged once and never fails a kernel. `None`: no dump.
+    pub dump_pipelines: Option<std::path::PathBuf>,
 }
 
 /// The environment variables [`ContextOptions::from_env`] reads, with what each sets.
-pub const ENVIRONMENT_VARIABLES: [(&str, &str); 12] = [
+pub const ENVIRONMENT_VARIABLES: [(&str, &str); 13] = [
     (
         "WGPU_BACKEND",
         "backends: vulkan, gl, metal, dx12 (comma-separated)",
@@ -75,6 +83,10 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 12] = [
     ("WGPU_ATTENTION_TILED_DKDV", "tiled_shapes[1]: WGxBNxBM"),
     ("WGPU_ATTENTION_TILED_DQ", "tiled_shapes[2]: WGxBMxBN"),
     ("WGPU_ATTENTION_SPLITS", "forward_splits: a count >= 1"),
+    (
+        "WGPU_ATTENTION_DUMP_PIPELINES",
+        "dump_pipelines: a directory to write every compiled pipeline to",
+    ),
 ];
 
 impl ContextOptions {
@@ -162,6 +174,7 @@ impl ContextOptions {
                 _ => ignore("WGPU_ATTENTION_SPLITS", &value, &"expected a count >= 1"),
             }
         }
+        options.dump_pipelines = var("WGPU_ATTENTION_DUMP_PIPELINES").map(Into::into);
         Ok(options)
     }
 
@@ -210,6 +223,12 @@ impl ContextOptions {
     /// Sets [`ContextOptions::trusted_shaders`].
     pub fn trusted_shaders(mut self, trusted: bool) -> Self {
         self.trusted_shaders = Some(trusted);
+        self
+    }
+
+    /// Sets [`ContextOptions::dump_pipelines`].
+    pub fn dump_pipelines(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.dump_pipelines = Some(dir.into());
         self
     }
 

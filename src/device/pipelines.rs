@@ -1,6 +1,7 @@
 //! Compiled pipelines (cached by shader and override constants, nothing compiled in the hot path)
 //! and the bind groups of their dispatches (cached across recordings with a [`BindingCache`]).
 
+use super::dump::runtime_checks_name;
 use super::*;
 
 /// Cache key of a compiled pipeline: shader name plus its override constants, and whether it was
@@ -100,8 +101,13 @@ impl Context {
                 );
             }
         }
+        let label = crate::kernels::pipeline_label(shader, constants);
+        if let Some(dump) = &self.pipeline_dump {
+            // Before compiling, so a kernel the driver rejects is in the dump too.
+            dump.write(&label, &source, constants, runtime_checks_name(relaxed.as_ref()));
+        }
         let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(shader),
+            label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         };
         let module = match relaxed {
@@ -118,7 +124,7 @@ impl Context {
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(shader),
+                label: Some(&label),
                 layout: None,
                 module: &module,
                 entry_point: Some("main"),

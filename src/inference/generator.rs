@@ -279,6 +279,30 @@ impl Generator {
         self.step_then(ctx, tokens, None).map(|_| ())
     }
 
+    /// Compiles every pipeline [`Generator::prefill`], [`Generator::step`] and
+    /// [`Generator::sample`] (with `sampling`) use, without running them: the source encoder, a
+    /// prefill chunk, a decoding step and the sampler are recorded into a command buffer that is
+    /// never submitted, so the cache, the logits and the draw count are unchanged. Returns how many
+    /// pipelines were newly compiled. With [`crate::ContextOptions::dump_pipelines`] this writes the
+    /// decoding kernel set to disk.
+    pub fn precompile(&mut self, ctx: &Context, sampling: &Sampling) -> Result<usize> {
+        let before = ctx.cached_pipelines();
+        let mut encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("generator precompile (never submitted)"),
+            });
+        let b = self.shape.batch;
+        // No binding cache: its slots belong to submitted recordings.
+        self.record_source(ctx, &mut encoder)?;
+        let chunk = vec![self.shape.prefill_chunk as u32; b];
+        self.record_pass(ctx, &mut encoder, PassKind::Prefill, &chunk, true)?;
+        self.record_pass(ctx, &mut encoder, PassKind::Step, &vec![1; b], true)?;
+        self.record_sample(ctx, &mut encoder, sampling, self.draws)?;
+        drop(encoder);
+        Ok(ctx.cached_pipelines() - before)
+    }
+
     /// Samples one token per sequence from [`Generator::logits`] on the GPU; only the ids are read
     /// back.
     pub fn sample(&mut self, ctx: &Context, sampling: &Sampling) -> Result<Vec<u32>> {

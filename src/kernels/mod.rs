@@ -16,6 +16,28 @@ pub mod rope;
 pub mod sampling;
 pub mod shaders;
 
+/// The CPU-driver family's fused attention kernels (the GPU family's are the `_tiled` ones).
+const CPU_FAMILY_KERNELS: [&str; 3] = [
+    "attention_forward",
+    "attention_backward_dq",
+    "attention_backward_dkdv",
+];
+
+/// The readable, unique label of kernel `name` specialised with `constants`: the op's name first,
+/// `_cpu` after the CPU-driver family's kernels (and only theirs), then each override constant as
+/// `-NAMEvalue` (`attention_forward_tiled_f16-WG128-BM64-BN64-DK64-DV64`). What the pipeline is
+/// called in wgpu's messages and captures, and the file name of its dump.
+pub(crate) fn pipeline_label(name: &str, constants: &[(&str, u32)]) -> String {
+    let mut label = name.to_string();
+    if CPU_FAMILY_KERNELS.contains(&name) {
+        label.push_str("_cpu");
+    }
+    for (constant, value) in constants {
+        label.push_str(&format!("-{constant}{value}"));
+    }
+    label
+}
+
 /// wgpu's shader runtime checks that kernel `name` goes without when the context trusts its
 /// kernels ([`crate::Context::set_trusted_shaders`]), or `None` for all of them. A kernel is listed
 /// only where it measured faster without the checks (lavapipe, benchmarks/HISTORY.md "Shader runtime

@@ -387,6 +387,22 @@ impl AdamW {
         self.record_step(ctx, encoder, params, grads, Some(loss))
     }
 
+    /// Records [`AdamW::step_into_guarded`] for ahead-of-time compilation: the recording is never
+    /// submitted, so the step count is left as it was.
+    pub(crate) fn record_unsubmitted_step(
+        &mut self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        params: &[&GpuTensor],
+        grads: &[&GpuTensor],
+        loss: &GpuTensor,
+    ) -> Result<()> {
+        let step = self.step;
+        let recorded = self.record_step(ctx, encoder, params, grads, Some(loss));
+        self.step = step;
+        recorded
+    }
+
     fn record_step(
         &mut self,
         ctx: &Context,

@@ -58,6 +58,29 @@ impl Trainer {
         Ok(())
     }
 
+    /// Compiles every pipeline a [`Trainer::step`] at the model's batch shape uses, without running
+    /// one: the step is recorded into a command buffer that is never submitted, so weights, moments
+    /// and the step count are unchanged. Returns how many pipelines were newly compiled. With
+    /// [`crate::ContextOptions::dump_pipelines`] this writes the training kernel set to disk.
+    pub fn precompile(&mut self, ctx: &Context) -> Result<usize> {
+        let before = ctx.cached_pipelines();
+        let mut encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("training step precompile (never submitted)"),
+            });
+        let (model, optimizer) = (&self.model, &mut self.optimizer);
+        // No binding cache: its slots belong to submitted recordings.
+        ctx.with_one_pass(&mut encoder, "training step", |encoder| {
+            model.forward(ctx, encoder)?;
+            model.backward(ctx, encoder)?;
+            let (params, grads) = model.parameters();
+            optimizer.record_unsubmitted_step(ctx, encoder, &params, &grads, model.loss())
+        })?;
+        drop(encoder);
+        Ok(ctx.cached_pipelines() - before)
+    }
+
     /// `Err(`[`crate::Error::NonFinite`]`)` if a step since the last checkpoint load had a non-finite
     /// loss or gradient norm (from then on the optimizer changes nothing). Waits for submitted steps.
     pub fn check_finite(&self, ctx: &Context) -> Result<()> {

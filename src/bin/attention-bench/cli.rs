@@ -204,6 +204,12 @@ pub(crate) struct Cli {
     /// Write an SVG chart of GFLOP/s against sequence length per variant.
     #[arg(long)]
     pub(crate) plot: Option<std::path::PathBuf>,
+    /// Build every fused-path pipeline the run would use, for each problem, kernel family and pass,
+    /// and exit without running or validating anything (with WGPU_ATTENTION_DUMP_PIPELINES=DIR,
+    /// this writes the suite's kernel set for gpu-compile-report). The unfused baseline and the
+    /// layer case are not built (transformer-bench --compile-only builds the layer kernels).
+    #[arg(long)]
+    pub(crate) compile_only: bool,
     /// Print ratios against an earlier --json report.
     #[arg(long)]
     pub(crate) compare: Option<std::path::PathBuf>,

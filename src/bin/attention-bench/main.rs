@@ -13,6 +13,7 @@
 
 mod cases;
 mod cli;
+mod compile;
 mod problem;
 mod report;
 
@@ -42,6 +43,7 @@ use wgpu_attention::{
 
 use cases::*;
 use cli::*;
+use compile::compile_only;
 use problem::*;
 use report::*;
 
@@ -123,6 +125,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Result<bool> {
+    if cli.compile_only {
+        return compile_only(cli, ctx, problems);
+    }
     let timer = Timer::new(ctx, cli.wall_clock);
     let reps = reps(cli);
     let report = ctx.report();

@@ -14,6 +14,13 @@ pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention_bias_
 const TILE: usize = 32;
 /// Invocations of the gradient kernel.
 const BACKWARD_WG: u32 = 64;
+/// The backward kernel's only specialisation: its pipeline is the same for every problem.
+const BACKWARD_CONSTANTS: [(&str, u32); 1] = [("WG", BACKWARD_WG)];
+
+/// Compiles the backward kernel's pipeline ([`super::attention_precompile`]).
+pub(super) fn precompile_backward(ctx: &Context) {
+    ctx.pipeline("attention_bias_backward", || with_common(BACKWARD), &BACKWARD_CONSTANTS);
+}
 
 impl RelativeBuckets {
     /// Most buckets per direction: the kernels keep the log-spaced buckets' thresholds in their
@@ -400,7 +407,7 @@ pub fn attention_bias_backward_into(
         &mut pass,
         "attention_bias_backward",
         || with_common(BACKWARD),
-        &[("WG", BACKWARD_WG)],
+        &BACKWARD_CONSTANTS,
         &mut params,
         Shared::scores(ctx, opts)?,
         &bindings,

@@ -12,6 +12,13 @@ pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention_sinks
 
 /// Invocations of the sink-gradient workgroup (a power of two: the reduction is a tree).
 const BACKWARD_WG: u32 = 64;
+/// The backward kernel's only specialisation: its pipeline is the same for every problem.
+const BACKWARD_CONSTANTS: [(&str, u32); 1] = [("WG", BACKWARD_WG)];
+
+/// Compiles the backward kernel's pipeline ([`super::attention_precompile`]).
+pub(super) fn precompile_backward(ctx: &Context) {
+    ctx.pipeline("attention_sinks_backward", || with_common(BACKWARD), &BACKWARD_CONSTANTS);
+}
 
 /// Records the sink pass over `out` and `lse` after the forward.
 #[allow(clippy::too_many_arguments)]
@@ -96,7 +103,7 @@ pub fn attention_sinks_backward_into(
         &mut pass,
         "attention_sinks_backward",
         || with_common(BACKWARD),
-        &[("WG", BACKWARD_WG)],
+        &BACKWARD_CONSTANTS,
         &params,
         // Padded rows are known by their lse = -inf: no lengths bound.
         Shared::NONE,
