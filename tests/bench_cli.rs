@@ -157,3 +157,56 @@ fn tiny_run_writes_validated_json_plot_and_compares() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn compile_only_dumps_the_suite_without_running_it() {
+    let dir = std::env::temp_dir().join(format!("attention-bench-dump-{}", std::process::id()));
+    common::for_each_backend(|backend, _ctx| {
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = bench()
+            .args(["--backend", backend, "--compile-only", "--quick"])
+            .args(["--lengths", "64", "--heads", "2", "--head-dim", "8"])
+            .args(["--kernels", "cpu,gpu", "--modifiers", "none,bias,sinks"])
+            .env("WGPU_ATTENTION_DUMP_PIPELINES", &dir)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{backend}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // No case was timed or validated: no table, no FMA peak.
+        assert!(!stdout.contains("GFLOP/s"), "{backend}: {stdout}");
+        let built: usize = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("built ")?.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{backend}: no count in {stdout}"));
+        let dumped: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "wgsl"))
+            .collect();
+        assert!(built > 0, "{backend}: {stdout}");
+        assert_eq!(dumped.len(), built, "{backend}: {stdout}");
+        assert!(
+            dumped.iter().all(|p| p.with_extension("json").exists()),
+            "{backend}"
+        );
+        let names: Vec<String> = dumped
+            .iter()
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .collect();
+        for wanted in [
+            "attention_forward_cpu-",
+            "attention_forward_tiled",
+            "attention_bias_backward",
+        ] {
+            assert!(
+                names.iter().any(|n| n.starts_with(wanted)),
+                "{backend}: {wanted} in {names:?}"
+            );
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}

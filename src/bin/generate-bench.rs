@@ -75,6 +75,10 @@ struct Cli {
     /// Write the figures as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Build every pipeline of prefill, decoding and sampling at each batch size and exit without
+    /// running them (with WGPU_ATTENTION_DUMP_PIPELINES=DIR, this writes the decoding kernel set)
+    #[arg(long)]
+    compile_only: bool,
 }
 
 fn model(ctx: &Context, cli: &Cli) -> Result<Transformer, Error> {
@@ -296,6 +300,22 @@ fn run(cli: &Cli) -> Result<(), Error> {
         "generation: prompt {} tokens (prefill chunks of {}), {} new tokens greedy, cache capacity {}",
         cli.prompt, cli.prefill_chunk, cli.new_tokens, cli.context
     );
+    if cli.compile_only {
+        let started = std::time::Instant::now();
+        for &batch in &cli.batches {
+            let shape = GeneratorShape {
+                batch,
+                capacity: cli.context,
+                prefill_chunk: cli.prefill_chunk,
+                src_len: 0,
+            };
+            let built =
+                Generator::new(&ctx, &model, shape)?.precompile(&ctx, &Sampling::greedy())?;
+            println!("batch {batch}: built {built} new pipelines");
+        }
+        println!("in {:.1} s", started.elapsed().as_secs_f64());
+        return Ok(());
+    }
     let mut figures = Vec::new();
     for &batch in &cli.batches {
         let f = cached(&ctx, cli, &model, batch)?;

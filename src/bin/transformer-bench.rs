@@ -49,6 +49,9 @@ struct Cli {
     /// Post-LN instead of pre-LN
     #[arg(long)]
     post_ln: bool,
+    /// Additive (Bahdanau) attention of this score width instead of dot-product attention
+    #[arg(long)]
+    additive: Option<usize>,
     /// Timed runs of each measurement (after warm-up)
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -61,6 +64,10 @@ struct Cli {
     /// Write the figures as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Build every pipeline of a training step and exit without running one (with
+    /// WGPU_ATTENTION_DUMP_PIPELINES=DIR, this writes the training kernel set)
+    #[arg(long)]
+    compile_only: bool,
 }
 
 /// Floating-point operations of the GEMMs and attention of one forward and of one training step
@@ -137,6 +144,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         encoder_layers: if cli.decoder_only { 0 } else { cli.layers },
         decoder_layers: cli.layers,
         pre_ln: !cli.post_ln,
+        additive_attention: cli.additive,
         ..TransformerConfig::default()
     };
     let shape = BatchShape {
@@ -147,6 +155,15 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let before = ctx.memory().current_bytes;
     let model = Transformer::new(&ctx, config, shape, 1)?;
     let mut trainer = Trainer::new(&ctx, model, AdamWConfig::default())?;
+    if cli.compile_only {
+        let started = std::time::Instant::now();
+        let built = trainer.precompile(&ctx)?;
+        println!(
+            "built {built} pipelines of a training step in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     let memory_mib = (ctx.memory().current_bytes - before) as f64 / (1 << 20) as f64;
     let params = trainer.model.params.elements();
     let tensors = trainer.model.params.len();

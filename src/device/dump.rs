@@ -57,7 +57,8 @@ impl PipelineDump {
         let written = std::fs::create_dir_all(&self.dir)
             .and_then(|()| std::fs::write(self.dir.join(format!("{label}.wgsl")), source))
             .and_then(|()| {
-                let text = serde_json::to_string_pretty(&description).map_err(std::io::Error::other)?;
+                let text =
+                    serde_json::to_string_pretty(&description).map_err(std::io::Error::other)?;
                 std::fs::write(self.dir.join(format!("{label}.json")), text + "\n")
             });
         if let Err(e) = written {

@@ -322,7 +322,10 @@ impl Context {
             shared_passes: Mutex::new(Vec::new()),
             binding_caches: Mutex::default(),
             read_write_bindings: Mutex::default(),
-            pipeline_dump: options.dump_pipelines.as_deref().map(dump::PipelineDump::new),
+            pipeline_dump: options
+                .dump_pipelines
+                .as_deref()
+                .map(dump::PipelineDump::new),
         };
         ctx.set_attention_workgroup(options.attention_workgroup)?;
         Ok(ctx)

@@ -104,7 +104,12 @@ impl Context {
         let label = crate::kernels::pipeline_label(shader, constants);
         if let Some(dump) = &self.pipeline_dump {
             // Before compiling, so a kernel the driver rejects is in the dump too.
-            dump.write(&label, &source, constants, runtime_checks_name(relaxed.as_ref()));
+            dump.write(
+                &label,
+                &source,
+                constants,
+                runtime_checks_name(relaxed.as_ref()),
+            );
         }
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&label),

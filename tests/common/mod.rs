@@ -117,12 +117,36 @@ pub fn fresh_context(name: &str, shared: &Context) -> Context {
 }
 
 fn fresh_context_with_storage(name: &str, shared: &Context, storage: Option<u32>) -> Context {
-    let mut opts = ContextOptions::from_env()
+    fresh_context_with_options(name, shared, |mut opts| {
+        opts.max_workgroup_storage = storage;
+        opts
+    })
+}
+
+/// A new context on the adapter of `shared` (`name`: its back end), with options `adjust` changed.
+pub fn fresh_context_with_options(
+    name: &str,
+    shared: &Context,
+    adjust: impl FnOnce(ContextOptions) -> ContextOptions,
+) -> Context {
+    let opts = ContextOptions::from_env()
         .unwrap()
         .backends(wgpu_attention::parse_backends(name).unwrap())
         .adapter_name(shared.report().name.clone());
-    opts.max_workgroup_storage = storage;
-    Context::new_with(&opts).unwrap()
+    Context::new_with(&adjust(opts)).unwrap()
+}
+
+/// Like [`for_each_backend`], on a fresh context of each back end made with options `adjust`
+/// changed (given the back end's name).
+pub fn for_each_backend_with_options(
+    adjust: impl Fn(&str, ContextOptions) -> ContextOptions,
+    mut f: impl FnMut(&str, &Context),
+) {
+    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
+        let ctx = fresh_context_with_options(name, shared, |opts| adjust(name, opts));
+        f(name, &ctx);
+    }
 }
 
 /// Like [`for_each_backend`], on a fresh context of each back end that requested at most `bytes` of

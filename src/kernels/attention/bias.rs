@@ -19,7 +19,11 @@ const BACKWARD_CONSTANTS: [(&str, u32); 1] = [("WG", BACKWARD_WG)];
 
 /// Compiles the backward kernel's pipeline ([`super::attention_precompile`]).
 pub(super) fn precompile_backward(ctx: &Context) {
-    ctx.pipeline("attention_bias_backward", || with_common(BACKWARD), &BACKWARD_CONSTANTS);
+    ctx.pipeline(
+        "attention_bias_backward",
+        || with_common(BACKWARD),
+        &BACKWARD_CONSTANTS,
+    );
 }
 
 impl RelativeBuckets {

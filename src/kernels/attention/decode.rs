@@ -21,6 +21,10 @@ const WG: u32 = 64;
 const MAX_ROWS: usize = 64;
 /// O items (row, vec4 column) one invocation accumulates at most (`MAX_OWN`).
 const MAX_OWN: usize = 16;
+/// Private floats an invocation may keep in its score and accumulator arrays (`ROWS + 4 * OWN`):
+/// beyond 64 the kernel needs more than the 128 VGPRs RDNA3 gives a wave64 invocation and spills
+/// (RADV, gfx1100: 40 rows x Dv 64 spills, 32 rows does not; BENCHMARKS.md "Compiler statistics").
+const MAX_PRIVATE_FLOATS: usize = 64;
 /// Workgroups a decode grid should reach before split-KV stops paying: four per SM of an H100 on
 /// GPUs; on CPU drivers, a few per core (llvmpipe runs a workgroup on one thread: one sequence and
 /// KV head alone would use one core of many).
@@ -51,9 +55,12 @@ impl DecodePlan {
         let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
         let bytes = |rows: usize| rows * (dk4 * 16 + WG as usize * 4 + 12) + WG as usize * 16;
         let storage = ctx.limits().max_compute_workgroup_storage_size as usize;
+        let private = |rows: usize| rows + 4 * (rows * dv4).div_ceil(WG as usize);
         let cap = (1..=MAX_ROWS.min(MAX_OWN * WG as usize / dv4))
             .rev()
-            .find(|&rows| bytes(rows) <= storage)
+            .find(|&rows| {
+                bytes(rows) <= storage && (rows == 1 || private(rows) <= MAX_PRIVATE_FLOATS)
+            })
             .ok_or(Error::Unsupported {
                 arg: "head_dim (decode attention, workgroup storage)",
                 value: s.head_dim_qk as u64,

@@ -50,9 +50,11 @@ pub fn attention_precompile(
     );
     let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq])?;
     let (q, k, v, out) = (q.heads()?, k.heads()?, v.heads()?, out.heads()?);
-    let mut encoder = ctx.device().create_command_encoder(&wgpu::CommandEncoderDescriptor {
-        label: Some("attention precompile (never submitted)"),
-    });
+    let mut encoder = ctx
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("attention precompile (never submitted)"),
+        });
     attention_forward_into(ctx, &mut encoder, &q, &k, &v, &out, &lse, opts)?;
     if passes == AttentionPasses::ForwardBackward {
         let (d_out, dq, dk, dv) = (
@@ -66,9 +68,7 @@ pub fn attention_precompile(
         // A learned relative table needs somewhere to put its gradient, as the allocating call
         // provides one.
         let d_relative = match (opts.relative, opts.relative_grad) {
-            (Some((buckets, _)), None) => {
-                Some(GpuTensor::zeros(ctx, &[s.heads, buckets.buckets])?)
-            }
+            (Some((buckets, _)), None) => Some(GpuTensor::zeros(ctx, &[s.heads, buckets.buckets])?),
             _ => None,
         };
         let mut with_grad = *opts;

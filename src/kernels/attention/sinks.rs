@@ -17,7 +17,11 @@ const BACKWARD_CONSTANTS: [(&str, u32); 1] = [("WG", BACKWARD_WG)];
 
 /// Compiles the backward kernel's pipeline ([`super::attention_precompile`]).
 pub(super) fn precompile_backward(ctx: &Context) {
-    ctx.pipeline("attention_sinks_backward", || with_common(BACKWARD), &BACKWARD_CONSTANTS);
+    ctx.pipeline(
+        "attention_sinks_backward",
+        || with_common(BACKWARD),
+        &BACKWARD_CONSTANTS,
+    );
 }
 
 /// Records the sink pass over `out` and `lse` after the forward.

@@ -1,0 +1,384 @@
+//! Ahead-of-time compilation and pipeline dumps: `attention_precompile`, `Trainer::precompile` and
+//! `Generator::precompile` build every pipeline the real calls then use (those compile nothing),
+//! change no state, and a context with `dump_pipelines` writes each compiled pipeline as a
+//! self-contained `<label>.wgsl` + `<label>.json` pair that naga validates and specialises.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::kernels::optimizer::AdamWConfig;
+use wgpu_attention::kernels::sampling::Sampling;
+use wgpu_attention::model::transformer::{Batch, BatchShape, Transformer, TransformerConfig};
+use wgpu_attention::training::Trainer;
+use wgpu_attention::{
+    attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
+    attention_forward_into, attention_precompile, attention_sinks_backward_into, AttentionOptions,
+    AttentionPasses, AttentionShape, BiasView, Context, DType, GpuTensor, GpuTensorF16,
+    KernelFamily, RelativeBuckets,
+};
+
+fn dump_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "wgpu-attention-{}-dump-{}",
+        std::process::id(),
+        name.replace('/', "-")
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The fused kernels' names by family: CPU-driver labels are `<op>_cpu-...` (and only theirs say
+/// cpu), the GPU family's `<op>_tiled...`. f16 runs the GPU family on every context.
+fn check_family_labels(labels: &[String], family: KernelFamily) {
+    let fused = [
+        "attention_forward",
+        "attention_backward_dq",
+        "attention_backward_dkdv",
+    ];
+    let mut cpu = 0;
+    for label in labels {
+        let op = label.split('-').next().unwrap();
+        let is_fused = fused
+            .iter()
+            .any(|f| op.starts_with(f) && !op.contains("merge"));
+        if !is_fused {
+            assert!(
+                !label.contains("cpu"),
+                "{label}: only CPU-driver kernels say cpu"
+            );
+        } else if fused.iter().any(|f| op == format!("{f}_cpu")) {
+            cpu += 1;
+        } else {
+            assert!(op.contains("_tiled") && !label.contains("cpu"), "{label}");
+        }
+    }
+    match family {
+        KernelFamily::CpuDriver => assert!(cpu >= 3, "{labels:?}"),
+        KernelFamily::Gpu => assert_eq!(cpu, 0, "{labels:?}"),
+    }
+}
+
+/// Reads a dump: each pipeline's label, source and constants, after checking the pair is complete,
+/// named by its label, and what gpu-compile-report reads; each source is validated by naga with
+/// its constants applied, as wgpu compiles it.
+fn read_dump(dir: &Path) -> Vec<String> {
+    let mut labels = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            assert!(
+                path.with_extension("wgsl").exists(),
+                "{path:?} has no source"
+            );
+            continue;
+        }
+        assert!(path.extension().is_some_and(|e| e == "wgsl"), "{path:?}");
+        let stem = path.file_stem().unwrap().to_str().unwrap().to_string();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path.with_extension("json")).unwrap())
+                .unwrap();
+        assert_eq!(json["label"], stem.as_str());
+        assert_eq!(json["entry_point"], "main");
+        assert!(
+            ["checked", "noloop", "unchecked"].contains(&json["runtime_checks"].as_str().unwrap()),
+            "{json}"
+        );
+        let constants: BTreeMap<String, f64> = json["constants"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+            .collect();
+        for (name, value) in &constants {
+            assert!(stem.contains(&format!("-{name}{value}")), "{stem}: {name}");
+        }
+        let source = std::fs::read_to_string(&path).unwrap();
+        let module = naga::front::wgsl::parse_str(&source)
+            .unwrap_or_else(|e| panic!("{stem}: {}", e.emit_to_string(&source)));
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{stem}: {e:?}"));
+        let constants: naga::back::PipelineConstants = constants.into_iter().collect();
+        naga::back::pipeline_constants::process_overrides(
+            &module,
+            &info,
+            Some((naga::ShaderStage::Compute, "main")),
+            &constants,
+        )
+        .unwrap_or_else(|e| panic!("{stem}: {e:?}"));
+        labels.push(stem);
+    }
+    labels.sort();
+    labels
+}
+
+#[test]
+fn precompiled_attention_calls_compile_nothing_and_every_pipeline_is_dumped() {
+    let s = AttentionShape {
+        batch: 2,
+        q_seq: 9,
+        kv_seq: 11,
+        heads: 4,
+        kv_heads: 2,
+        head_dim_qk: 8,
+        head_dim_v: 12,
+    };
+    for family in [KernelFamily::CpuDriver, KernelFamily::Gpu] {
+        let dirs = std::sync::Mutex::new(Vec::new());
+        for_each_backend_with_options(
+            |name, opts| {
+                let dir = dump_dir(&format!("{name}-{}", family.name()));
+                dirs.lock().unwrap().push(dir.clone());
+                opts.kernel_family(family).dump_pipelines(dir)
+            },
+            |name, ctx| {
+                let dir = dirs.lock().unwrap().last().unwrap().clone();
+                run_precompiled_calls(name, ctx, &s, family);
+                let labels = read_dump(&dir);
+                assert_eq!(labels.len(), ctx.cached_pipelines(), "{name}: {labels:?}");
+                check_family_labels(&labels, family);
+                // The options' gradient kernels and the f16 kernels are in the set.
+                for wanted in ["attention_bias_backward", "attention_sinks_backward"] {
+                    assert!(
+                        labels.iter().any(|l| l.starts_with(wanted)),
+                        "{name}: {wanted}"
+                    );
+                }
+                assert_eq!(
+                    labels.iter().any(|l| l.contains("_f16")),
+                    has_f16(ctx),
+                    "{name}"
+                );
+                std::fs::remove_dir_all(&dir).unwrap();
+            },
+        );
+    }
+}
+
+fn has_f16(ctx: &Context) -> bool {
+    ctx.device().features().contains(wgpu::Features::SHADER_F16)
+}
+
+/// Precompiles, then records the real calls: they compile nothing new.
+fn run_precompiled_calls(name: &str, ctx: &Context, s: &AttentionShape, family: KernelFamily) {
+    let name = format!("{name}/{}", family.name());
+    let h = s.heads;
+    let bias_t = GpuTensor::zeros(ctx, &[h, s.q_seq, s.kv_seq]).unwrap();
+    let bias = BiasView::of(&bias_t).unwrap();
+    let sinks = GpuTensor::zeros(ctx, &[h]).unwrap();
+    let table = GpuTensor::zeros(ctx, &[h, 8]).unwrap();
+    let table_grad = GpuTensor::zeros(ctx, &[h, 8]).unwrap();
+    let buckets = RelativeBuckets::new(8, 16, true);
+    let with_bias = AttentionOptions::new()
+        .causal(true)
+        .bias(&bias)
+        .sinks(&sinks);
+    let with_relative = AttentionOptions::new()
+        .softcap(5.0)
+        .relative_buckets_learned(buckets, &table, &table_grad);
+    let f16 = AttentionOptions::new().window(3, 2);
+    let mut cases = vec![(DType::F32, with_bias), (DType::F32, with_relative)];
+    if has_f16(ctx) {
+        cases.push((DType::F16, f16));
+    }
+    let before = ctx.cached_pipelines();
+    let mut built = 0;
+    for (dtype, opts) in &cases {
+        built += attention_precompile(ctx, s, *dtype, opts, AttentionPasses::ForwardBackward)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    assert!(built > 0, "{name}");
+    assert_eq!(ctx.cached_pipelines(), before + built, "{name}");
+    // Again: all cached.
+    for (dtype, opts) in &cases {
+        let again = attention_precompile(ctx, s, *dtype, opts, AttentionPasses::ForwardBackward);
+        assert_eq!(again.unwrap(), 0, "{name}");
+    }
+    let compiled = ctx.cached_pipelines();
+    let heads = |shape: [usize; 4], dtype: DType| match dtype {
+        DType::F32 => GpuTensor::zeros(ctx, &shape).unwrap().heads().unwrap(),
+        DType::F16 => GpuTensorF16::zeros(ctx, &shape).unwrap().heads().unwrap(),
+    };
+    for (dtype, opts) in &cases {
+        let (dtype, opts) = (*dtype, *opts);
+        let q = heads([s.batch, s.q_seq, h, s.head_dim_qk], dtype);
+        let k = heads([s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk], dtype);
+        let v = heads([s.batch, s.kv_seq, s.kv_heads, s.head_dim_v], dtype);
+        let [out, d_out] = [0, 1].map(|_| heads([s.batch, s.q_seq, h, s.head_dim_v], dtype));
+        let dq = heads([s.batch, s.q_seq, h, s.head_dim_qk], dtype);
+        let dk = heads([s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk], dtype);
+        let dv = heads([s.batch, s.kv_seq, s.kv_heads, s.head_dim_v], dtype);
+        let lse = GpuTensor::zeros(ctx, &[s.batch, h, s.q_seq]).unwrap();
+        let workspace = attention_backward_workspace(ctx, s).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        attention_forward_into(ctx, &mut encoder, &q, &k, &v, &out, &lse, &opts).unwrap();
+        attention_backward_into(
+            ctx,
+            &mut encoder,
+            &q,
+            &k,
+            &v,
+            &out,
+            &lse,
+            &d_out,
+            &dq,
+            &dk,
+            &dv,
+            &workspace,
+            &opts,
+        )
+        .unwrap();
+        if opts.bias.is_some() {
+            let d_bias = GpuTensor::zeros(ctx, &[1, h, s.q_seq, s.kv_seq]).unwrap();
+            attention_bias_backward_into(
+                ctx,
+                &mut encoder,
+                &q,
+                &k,
+                &v,
+                &d_out,
+                &workspace,
+                &d_bias,
+                &opts,
+            )
+            .unwrap();
+        }
+        if let Some(sinks) = opts.sinks {
+            let d_sinks = GpuTensor::zeros(ctx, &[h]).unwrap();
+            attention_sinks_backward_into(ctx, &mut encoder, s, sinks, &workspace, &d_sinks, &opts)
+                .unwrap();
+        }
+        ctx.queue().submit([encoder.finish()]);
+    }
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        ctx.cached_pipelines(),
+        compiled,
+        "{name}: a real call compiled a pipeline precompile did not"
+    );
+}
+
+fn model_config() -> TransformerConfig {
+    TransformerConfig {
+        vocab: 9,
+        d_model: 16,
+        heads: 2,
+        d_ff: 24,
+        encoder_layers: 1,
+        decoder_layers: 1,
+        pre_ln: true,
+        attention_sinks: true,
+        ..TransformerConfig::default()
+    }
+}
+
+#[test]
+fn trainer_and_generator_precompile_their_steps_and_change_nothing() {
+    let shape = BatchShape {
+        batch: 2,
+        src_len: 5,
+        tgt_len: 4,
+    };
+    let batch = Batch {
+        src: vec![3, 4, 5, 6, 7, 8, 3, 0, 0, 0],
+        src_lens: vec![5, 2],
+        tgt_in: vec![1, 7, 6, 5, 1, 3, 0, 0],
+        tgt_out: vec![7, 6, 5, 4, 3, 8, 0, 0],
+        tgt_lens: vec![4, 2],
+    };
+    let adam = AdamWConfig {
+        lr: 1e-2,
+        ..Default::default()
+    };
+    for_each_backend(|name, shared| {
+        // Two fresh contexts: one trains after precompiling, one without; the steps agree bitwise.
+        let trained = [true, false].map(|precompile| {
+            let ctx = fresh_context(name, shared);
+            let model = Transformer::new(&ctx, model_config(), shape, 3).unwrap();
+            let mut trainer = Trainer::new(&ctx, model, adam).unwrap();
+            if precompile {
+                let built = trainer.precompile(&ctx).unwrap();
+                assert!(built > 0 && built == ctx.cached_pipelines(), "{name}");
+                assert_eq!(trainer.optimizer.steps(), 0, "{name}");
+            }
+            let compiled = ctx.cached_pipelines();
+            trainer.step(&ctx, &batch).unwrap();
+            trainer.step(&ctx, &batch).unwrap();
+            if precompile {
+                assert_eq!(ctx.cached_pipelines(), compiled, "{name}: a step compiled");
+            }
+            trainer.model.loss().to_vec(&ctx).unwrap()
+        });
+        assert_eq!(
+            trained[0], trained[1],
+            "{name}: precompile changed training"
+        );
+
+        let generated = [true, false].map(|precompile| {
+            let ctx = fresh_context(name, shared);
+            let config = TransformerConfig {
+                encoder_layers: 0,
+                rope_base: Some(10000.0),
+                ..model_config()
+            };
+            let model = Transformer::new(&ctx, config, shape, 3).unwrap();
+            let gen_shape = GeneratorShape {
+                batch: 2,
+                capacity: 12,
+                prefill_chunk: 3,
+                src_len: 0,
+            };
+            let mut generator = Generator::new(&ctx, &model, gen_shape).unwrap();
+            let sampling = Sampling::greedy();
+            if precompile {
+                assert!(generator.precompile(&ctx, &sampling).unwrap() > 0, "{name}");
+            }
+            let compiled = ctx.cached_pipelines();
+            let options = GenerateOptions {
+                max_new_tokens: 4,
+                sampling,
+                stop: None,
+            };
+            let out = generator
+                .generate(&ctx, &[vec![1, 2, 3, 4], vec![5]], None, &options)
+                .unwrap();
+            if precompile {
+                assert_eq!(
+                    ctx.cached_pipelines(),
+                    compiled,
+                    "{name}: decoding compiled"
+                );
+            }
+            out.tokens
+        });
+        assert_eq!(
+            generated[0], generated[1],
+            "{name}: precompile changed decoding"
+        );
+    });
+}
+
+#[test]
+fn an_unwritable_dump_directory_never_fails_a_kernel() {
+    let file =
+        std::env::temp_dir().join(format!("wgpu-attention-{}-not-a-dir", std::process::id()));
+    std::fs::write(&file, b"a file, not a directory").unwrap();
+    let dump = file.clone();
+    for_each_backend_with_options(
+        |_, opts| opts.dump_pipelines(dump.join("below")),
+        |name, ctx| {
+            let x = GpuTensor::from_slice(ctx, &[1.0; 8], &[1, 2, 1, 4]).unwrap();
+            let x = x.heads().unwrap();
+            let out = wgpu_attention::attention_forward(ctx, &x, &x, &x, &AttentionOptions::new());
+            assert!(out.is_ok(), "{name}: {:?}", out.err());
+        },
+    );
+    std::fs::remove_file(&file).unwrap();
+}
