@@ -30,6 +30,17 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> (Vec<f32>, Ve
     let out = fwd.out.to_vec(ctx).unwrap();
     let lse = fwd.lse.to_vec(ctx).unwrap();
     let (ref_out, ref_lse) = case.reference_forward();
+    let (atol, rtol) = match path {
+        // The tensor-core family's f16 rounding of Q and K moves each score by up to |s| 2^-10:
+        // its tolerance grows with the inputs' magnitude (scores of order magnitude^2).
+        Path::Fused if ctx.kernel_family() == KernelFamily::Coop => {
+            let (atol, rtol) = forward_tolerances(ctx);
+            let growth = f64::from(case.magnitude.max(1.0));
+            (atol * growth, rtol * growth)
+        }
+        Path::Fused => forward_tolerances(ctx),
+        Path::Unfused => (FORWARD_ATOL, FORWARD_RTOL),
+    };
     let tag = format!(
         "[{backend}] {} forward {}",
         if path == Path::Fused {
@@ -39,26 +50,14 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> (Vec<f32>, Ve
         },
         case.label()
     );
-    assert_close(
-        &format!("{tag} out"),
-        &out,
-        &ref_out,
-        FORWARD_ATOL,
-        FORWARD_RTOL,
-    );
-    assert_close(
-        &format!("{tag} lse"),
-        &lse,
-        &ref_lse,
-        FORWARD_ATOL,
-        FORWARD_RTOL,
-    );
+    assert_close(&format!("{tag} out"), &out, &ref_out, atol, rtol);
+    assert_close(&format!("{tag} lse"), &lse, &ref_lse, atol, rtol);
     (out, lse)
 }
 
 #[test]
 fn odd_sizes_and_head_dims() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         for case in &odd_size_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -67,7 +66,7 @@ fn odd_sizes_and_head_dims() {
 
 #[test]
 fn key_loop_split_into_merged_chunks() {
-    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+    for_each_forward_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
         for case in &split_loop_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -76,7 +75,7 @@ fn key_loop_split_into_merged_chunks() {
 
 #[test]
 fn masks_and_their_combinations() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         for case in &mask_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -85,7 +84,7 @@ fn masks_and_their_combinations() {
 
 #[test]
 fn score_modifiers_softcap_and_alibi() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         for case in &score_modifier_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -94,7 +93,7 @@ fn score_modifiers_softcap_and_alibi() {
 
 #[test]
 fn attention_sinks() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         for case in &sink_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -103,7 +102,7 @@ fn attention_sinks() {
 
 #[test]
 fn bias_tensors_and_relative_buckets() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         for case in &bias_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -112,7 +111,7 @@ fn bias_tensors_and_relative_buckets() {
 
 #[test]
 fn cosine_scores_and_key_norm_clipping() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         for case in &qk_norm_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -121,7 +120,7 @@ fn cosine_scores_and_key_norm_clipping() {
 
 #[test]
 fn sliding_windows() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         for case in &window_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -129,7 +128,7 @@ fn sliding_windows() {
     // Chunked loops and split-KV with a window, softcap, ALiBi and sinks at once (one set of fresh
     // contexts for all of them: each costs compile time on a cold shader cache); and the unfused
     // baseline, which has windows too.
-    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+    for_each_forward_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
         let case = Case::new(2, 129, 200, 4, 2, 40, 40)
             .causal()
             .window(30, 0)
@@ -149,7 +148,7 @@ fn sliding_windows() {
 
 #[test]
 fn grouped_and_multi_query_heads_and_distinct_value_dim() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         for case in &grouped_head_cases() {
             check(backend, ctx, case, Path::Fused);
         }
@@ -158,7 +157,7 @@ fn grouped_and_multi_query_heads_and_distinct_value_dim() {
 
 #[test]
 fn large_logits_and_temperature() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         // Inputs of magnitude 8 with D = 64: |s| reaches well above 80, where exp overflows f32.
         let case = Case::new(1, 65, 65, 2, 2, 64, 64).magnitude(8.0);
         let (q, k, _, _) = case.data();
@@ -195,7 +194,7 @@ fn large_logits_and_temperature() {
 
 #[test]
 fn fully_masked_rows_are_zero_with_lse_minus_inf() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         let cases = [
             // Batch 1 has no valid key at all.
             Case::new(2, 9, 9, 2, 2, 16, 16).kv_lens(&[9, 0]),
@@ -235,7 +234,7 @@ fn unfused_path_matches_reference() {
 
 #[test]
 fn packed_qkv_views_and_strided_output() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         let (b, l, h, d) = (2, 33, 4, 40);
         let width = 3 * h * d;
         let mut r = rng(11);
@@ -269,19 +268,20 @@ fn packed_qkv_views_and_strided_output() {
             &case.masks(),
         );
         let tag = format!("[{backend}] packed qkv");
+        let (atol, rtol) = forward_tolerances(ctx);
         assert_close(
             &format!("{tag} out"),
             &out.to_vec(ctx).unwrap(),
             &ref_out,
-            FORWARD_ATOL,
-            FORWARD_RTOL,
+            atol,
+            rtol,
         );
         assert_close(
             &format!("{tag} lse"),
             &lse.to_vec(ctx).unwrap(),
             &ref_lse,
-            FORWARD_ATOL,
-            FORWARD_RTOL,
+            atol,
+            rtol,
         );
         // The untouched half of the output buffer is still zero.
         let all = out_buf.to_vec(ctx).unwrap();
@@ -293,7 +293,7 @@ fn packed_qkv_views_and_strided_output() {
 
 #[test]
 fn permutation_properties() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         let case = Case::new(1, 33, 47, 2, 2, 40, 24);
         let (q, k, v, _) = case.data();
         let run = |q: &[f32], k: &[f32], v: &[f32]| {
@@ -304,6 +304,7 @@ fn permutation_properties() {
             f.out.to_vec(ctx).unwrap()
         };
         let base = run(&q, &k, &v);
+        let (atol, rtol) = forward_tolerances(ctx);
         // Permute keys and values together (a fixed pseudo-random permutation of rows).
         let perm: Vec<usize> = (0..case.lk).map(|j| (j * 17 + 5) % case.lk).collect();
         let permute = |x: &[f32], rows: &[usize], width: usize| -> Vec<f32> {
@@ -318,10 +319,12 @@ fn permutation_properties() {
             &format!("[{backend}] key/value permutation"),
             &out_kv,
             &to_f64(&base),
-            FORWARD_ATOL,
-            FORWARD_RTOL,
+            atol,
+            rtol,
         );
-        assert!(w.abs < 1e-5);
+        // Only the order of f32 sums changes (the tensor-core family also rounds P against another
+        // running max).
+        assert!(w.abs < atol.min(1e-5) || ctx.kernel_family() == KernelFamily::Coop);
         // Permuting queries permutes the output rows.
         let qperm: Vec<usize> = (0..case.lq).map(|i| (i * 7 + 3) % case.lq).collect();
         let out_q = run(&permute(&q, &qperm, 2 * case.dk), &k, &v);
@@ -330,8 +333,8 @@ fn permutation_properties() {
             &format!("[{backend}] query permutation"),
             &out_q,
             &to_f64(&expected),
-            FORWARD_ATOL,
-            FORWARD_RTOL,
+            atol,
+            rtol,
         );
     });
 }
@@ -428,7 +431,7 @@ fn gpu_family_forward_fits_the_default_workgroup_storage() {
 
 #[test]
 fn dispatch_beyond_65535_workgroups() {
-    for_each_family(|backend, ctx| {
+    for_each_forward_family(|backend, ctx| {
         // B * H = 70_000 (batch, head) pairs with one query block each.
         let case = Case::new(70, 2, 3, 1000, 1000, 4, 4);
         check(backend, ctx, &case, Path::Fused);

@@ -53,13 +53,25 @@ fn check_family_labels(labels: &[String], family: KernelFamily) {
         } else if fused.iter().any(|f| op == format!("{f}_cpu")) {
             cpu += 1;
         } else {
-            assert!(op.contains("_tiled") && !label.contains("cpu"), "{label}");
+            assert!(
+                (op.contains("_tiled") || op.contains("_coop")) && !label.contains("cpu"),
+                "{label}"
+            );
         }
     }
     match family {
         KernelFamily::CpuDriver => assert!(cpu >= 3, "{labels:?}"),
-        KernelFamily::Gpu => assert_eq!(cpu, 0, "{labels:?}"),
+        _ => assert_eq!(cpu, 0, "{labels:?}"),
     }
+    // Tensor-core labels say coop, and portable for the portable build (no CI adapter has
+    // cooperative matrices).
+    let coop: Vec<_> = labels.iter().filter(|l| l.contains("coop")).collect();
+    assert_eq!(coop.is_empty(), family != KernelFamily::Coop, "{labels:?}");
+    assert!(
+        coop.iter()
+            .all(|l| l.starts_with("attention_forward_coop_portable")),
+        "{coop:?}"
+    );
 }
 
 /// Reads a dump: each pipeline's label, source and constants, after checking the pair is complete,
@@ -130,7 +142,11 @@ fn precompiled_attention_calls_compile_nothing_and_every_pipeline_is_dumped() {
         head_dim_qk: 8,
         head_dim_v: 12,
     };
-    for family in [KernelFamily::CpuDriver, KernelFamily::Gpu] {
+    for family in [
+        KernelFamily::CpuDriver,
+        KernelFamily::Gpu,
+        KernelFamily::Coop,
+    ] {
         let dirs = std::sync::Mutex::new(Vec::new());
         for_each_backend_with_options(
             |name, opts| {

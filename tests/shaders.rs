@@ -26,6 +26,7 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
 fn every_shader_validates_and_translates_to_all_back_ends() {
     let sources = wgpu_attention::kernels::shaders::all();
     assert!(sources.len() >= 8);
+    let mut translated_coop = 0;
     for (name, source) in &sources {
         let module = naga::front::wgsl::parse_str(source)
             .unwrap_or_else(|e| panic!("{name}: WGSL parse error:\n{}", e.emit_to_string(source)));
@@ -71,6 +72,19 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
                     .unwrap_or_else(|e| panic!("{tag}: MSL: {e}"));
                 assert!(msl_src.contains("kernel"));
 
+                // naga writes cooperative matrices to SPIR-V and MSL only (Vulkan and Metal are
+                // where tensor cores are reachable through wgpu).
+                if name.contains("_coop") && !name.contains("portable") {
+                    // OpCapability CooperativeMatrixKHR (6022), and Metal's simdgroup matrices.
+                    let capability = words.windows(2).any(|w| w == [(2 << 16) | 17, 6022]);
+                    assert!(capability, "{tag}: no cooperative matrices in the SPIR-V");
+                    assert!(
+                        msl_src.contains("simdgroup"),
+                        "{tag}: no simdgroup matrices in MSL"
+                    );
+                    translated_coop += 1;
+                    continue;
+                }
                 let hlsl_options = hlsl::Options {
                     shader_model: hlsl::ShaderModel::V6_2,
                     ..Default::default()
@@ -116,4 +130,6 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
             }
         }
     }
+    // The tensor-core build of the coop forward (f32, f16, f16 split) at every head dim.
+    assert_eq!(translated_coop, 3 * HEAD_DIMS.len());
 }

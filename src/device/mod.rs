@@ -92,6 +92,8 @@ pub struct Context {
     read_write_bindings: Mutex<HashMap<wgpu::ComputePipeline, Vec<u32>>>,
     /// [`ContextOptions::dump_pipelines`].
     pipeline_dump: Option<dump::PipelineDump>,
+    /// Kernels qualified (or refused) on this device at their first use, by name.
+    qualified: Mutex<HashMap<&'static str, bool>>,
 }
 
 /// Identifies a [`Context`] (unique within the process); see [`Context::id`].
@@ -106,6 +108,7 @@ fn next_context_id() -> ContextId {
 /// Features used when offered; none is required.
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
     .union(wgpu::Features::SHADER_F16)
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
     .union(wgpu::Features::SUBGROUP);
 
 impl Context {
@@ -184,6 +187,10 @@ impl Context {
                 label: Some("wgpu-attention"),
                 required_features: features,
                 required_limits: limits,
+                // SAFETY: the one experimental feature requested is cooperative matrices, and no
+                // kernel uses them before it has matched the GPU family's result on this device
+                // (`kernels::attention::matrix_build`), as wgpu does not check a configuration.
+                experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
                 ..Default::default()
             })
             .await?;
@@ -326,9 +333,22 @@ impl Context {
                 .dump_pipelines
                 .as_deref()
                 .map(dump::PipelineDump::new),
+            qualified: Mutex::default(),
         };
         ctx.set_attention_workgroup(options.attention_workgroup)?;
         Ok(ctx)
+    }
+
+    /// Whether kernel `name` qualified on this device, if it has been tried.
+    pub(crate) fn qualification(&self, name: &'static str) -> Option<bool> {
+        let qualified = self.qualified.lock().unwrap_or_else(|e| e.into_inner());
+        qualified.get(name).copied()
+    }
+
+    /// Records whether kernel `name` qualified on this device.
+    pub(crate) fn set_qualification(&self, name: &'static str, passed: bool) {
+        let mut qualified = self.qualified.lock().unwrap_or_else(|e| e.into_inner());
+        qualified.insert(name, passed);
     }
 
     /// This context's identity: tensors it allocates carry it, so a tensor of another context is

@@ -14,6 +14,7 @@ pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];
 /// Which family of fused attention kernels a context runs. Both compute the same results (SPEC.md)
 /// and are tested against the same reference; they differ in shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum KernelFamily {
     /// Shaped for CPU drivers (lavapipe, llvmpipe): each invocation keeps four rows in vec4 lanes
     /// with head-dim-sized private arrays, wide workgroups, long loops split under the driver's cap.
@@ -21,6 +22,11 @@ pub enum KernelFamily {
     /// Shaped for GPUs: small query blocks, Q/K/V tiles in workgroup memory, register micro-tiles,
     /// split-KV when the grid would leave the GPU idle.
     Gpu,
+    /// Tensor cores: the forward's two products as 16x16 f16 tile multiply-adds with f32
+    /// accumulation (wgpu's cooperative matrices where the device offers and passes them, else the
+    /// same tiles in ordinary arithmetic; `kernels::attention::matrix_build` says which). Inputs are
+    /// rounded to f16, so results have f16 accuracy. The backward runs the GPU family's kernels.
+    Coop,
 }
 
 impl KernelFamily {
@@ -29,9 +35,10 @@ impl KernelFamily {
         match name.trim().to_lowercase().as_str() {
             "cpu" | "cpu-driver" => Ok(Self::CpuDriver),
             "gpu" => Ok(Self::Gpu),
+            "coop" => Ok(Self::Coop),
             other => Err(Error::shape(
                 "kernel family",
-                format!("'{other}' is not one: use cpu or gpu"),
+                format!("'{other}' is not one: use cpu, gpu or coop"),
             )),
         }
     }
@@ -41,6 +48,7 @@ impl KernelFamily {
         match self {
             Self::CpuDriver => "cpu",
             Self::Gpu => "gpu",
+            Self::Coop => "coop",
         }
     }
 }

@@ -21,6 +21,14 @@ pub const F16_FORWARD_ATOL: f64 = 1.0 / 4096.0;
 /// Backward absolute tolerance of f16 inputs and gradients.
 pub const F16_BACKWARD_ATOL: f64 = 1.0 / 512.0;
 
+/// The tensor-core kernel family ([`crate::KernelFamily::Coop`]) on f32 inputs: Q (scaled), K, V and
+/// P are rounded to f16 (unit roundoff 2^-11) before the tile products, which the reference does
+/// not do; each rounding moves a score or an output by up to 2^-11 relatively, and a handful add up
+/// in O and lse, so `2^-8` (a factor 2 over four roundings), relative and of the largest value.
+pub const TENSOR_CORE_RTOL: f64 = 1.0 / 256.0;
+/// Absolute tolerance of the tensor-core family (of the largest `|value|`, at least 1).
+pub const TENSOR_CORE_ATOL: f64 = 1.0 / 256.0;
+
 /// The worst element of a comparison.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Comparison {

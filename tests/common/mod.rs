@@ -73,6 +73,61 @@ pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
 /// family is forced on CPU drivers so that CI proves it on lavapipe and llvmpipe).
 pub const FAMILIES: [KernelFamily; 2] = [KernelFamily::CpuDriver, KernelFamily::Gpu];
 
+/// The families of the forward tests: the tensor-core family (its portable build here) too. Its
+/// backward is the GPU family's.
+pub const FORWARD_FAMILIES: [KernelFamily; 3] = [
+    KernelFamily::CpuDriver,
+    KernelFamily::Gpu,
+    KernelFamily::Coop,
+];
+
+/// The forward tolerances of `ctx`'s kernel family `(atol, rtol)`: f32's, or the tensor-core
+/// family's (inputs rounded to f16).
+pub fn forward_tolerances(ctx: &Context) -> (f64, f64) {
+    match ctx.kernel_family() {
+        KernelFamily::Coop => (
+            wgpu_attention::reference::compare::TENSOR_CORE_ATOL,
+            wgpu_attention::reference::compare::TENSOR_CORE_RTOL,
+        ),
+        _ => (FORWARD_ATOL, FORWARD_RTOL),
+    }
+}
+
+/// Runs `f` once per back end under test and forward kernel family ([`FORWARD_FAMILIES`]).
+pub fn for_each_forward_family(mut f: impl FnMut(&str, &Context)) {
+    for_each_family(&mut f);
+    for (name, index, ctx) in coop_contexts() {
+        let _guard = backend_lock(*index);
+        f(name, ctx);
+    }
+}
+
+/// [`for_each_forward_family`] on fresh contexts whose loop budget is `budget`.
+pub fn for_each_forward_family_with_loop_budget(budget: u32, mut f: impl FnMut(&str, &Context)) {
+    for_each_family_with_loop_budget(budget, &mut f);
+    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
+        let mut ctx = fresh_context(name, shared);
+        ctx.set_kernel_family(Some(KernelFamily::Coop));
+        ctx.set_loop_budget(Some(budget));
+        f(&format!("{name}/coop"), &ctx);
+    }
+}
+
+/// Contexts of every back end under test with the tensor-core family, created once.
+fn coop_contexts() -> &'static Vec<(String, usize, Arc<Context>)> {
+    static CONTEXTS: OnceLock<Vec<(String, usize, Arc<Context>)>> = OnceLock::new();
+    CONTEXTS.get_or_init(|| {
+        let mut out = Vec::new();
+        for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+            let mut ctx = fresh_context(name, shared);
+            ctx.set_kernel_family(Some(KernelFamily::Coop));
+            out.push((format!("{name}/coop"), index, Arc::new(ctx)));
+        }
+        out
+    })
+}
+
 /// Contexts of every back end under test, one per kernel family, created once.
 fn family_contexts() -> &'static Vec<(String, usize, Arc<Context>)> {
     static CONTEXTS: OnceLock<Vec<(String, usize, Arc<Context>)>> = OnceLock::new();

@@ -40,6 +40,9 @@ pub(crate) enum Kernels {
     Cpu,
     /// The GPU family (tiles in workgroup memory, register micro-tiles, split-KV).
     Gpu,
+    /// The tensor-core family (16x16 f16 tile multiply-adds; the portable build where the adapter
+    /// has no cooperative matrices). f16 accuracy.
+    Coop,
 }
 
 impl Kernels {
@@ -47,6 +50,7 @@ impl Kernels {
         match self {
             Kernels::Cpu => KernelFamily::CpuDriver,
             Kernels::Gpu => KernelFamily::Gpu,
+            Kernels::Coop => KernelFamily::Coop,
         }
     }
 }

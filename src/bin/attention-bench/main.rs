@@ -28,7 +28,7 @@ use wgpu_attention::bench::{bench_options, measure, Samples, Timer};
 use wgpu_attention::reference::attention::{self as reference, Bias, Masks};
 use wgpu_attention::reference::compare::{
     compare, BACKWARD_ATOL, BACKWARD_RTOL, F16_BACKWARD_ATOL, F16_FORWARD_ATOL, F16_RTOL,
-    FORWARD_ATOL, FORWARD_RTOL,
+    FORWARD_ATOL, FORWARD_RTOL, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL,
 };
 use wgpu_attention::reference::transformer_layer::{
     self as reference_layer, TransformerLayerConfig,

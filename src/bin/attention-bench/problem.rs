@@ -38,7 +38,7 @@ impl Problem {
         )
     }
 
-    /// The (path, kernel family) runs of this problem: f16 runs only the fused GPU family.
+    /// The (path, kernel family) runs of this problem: f16 runs the GPU family for the CPU-driver one.
     pub(crate) fn runs(
         &self,
         paths: &[PathKind],
@@ -47,8 +47,17 @@ impl Problem {
         let mut runs = Vec::new();
         for &path in paths {
             match path {
+                // f16 runs the GPU family in place of the CPU-driver one (which is f32 only).
                 PathKind::Fused if self.dtype == DType::F16 => {
-                    runs.push((path, Some(KernelFamily::Gpu)))
+                    for &family in families {
+                        let family = match family {
+                            KernelFamily::CpuDriver => KernelFamily::Gpu,
+                            other => other,
+                        };
+                        if !runs.contains(&(path, Some(family))) {
+                            runs.push((path, Some(family)));
+                        }
+                    }
                 }
                 PathKind::Fused => runs.extend(families.iter().map(|&f| (path, Some(f)))),
                 // The unfused baseline has no score modifiers and no f16.

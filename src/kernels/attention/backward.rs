@@ -205,10 +205,11 @@ pub(super) fn encode_backward_core(
     check_view_typed("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
     check_view_typed("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
     let widest = s.head_dim_qk.max(s.head_dim_v);
-    // f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only).
-    let family = match dtype {
-        DType::F16 => KernelFamily::Gpu,
-        DType::F32 => ctx.kernel_family(),
+    // f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only), and so does
+    // the tensor-core family's backward.
+    let family = match (dtype, ctx.kernel_family()) {
+        (DType::F32, KernelFamily::CpuDriver) => KernelFamily::CpuDriver,
+        _ => KernelFamily::Gpu,
     };
     if family == KernelFamily::CpuDriver
         && !ctx.is_cpu()

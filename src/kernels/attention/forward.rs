@@ -154,11 +154,18 @@ pub fn attention_forward_into(
     )?;
     // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
     let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
-    // f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only).
-    if ctx.kernel_family() == KernelFamily::Gpu || dtype == DType::F16 {
-        encode_forward_tiled(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
-    } else {
+    let coop = match ctx.kernel_family() {
+        KernelFamily::Coop => coop::CoopForward::choose(ctx, &s)?,
+        _ => None,
+    };
+    if let Some(config) = coop {
+        coop::encode_forward_coop(ctx, encoder, config, &s, scale, &q, &k, v, out, lse, opts)?;
+    } else if ctx.kernel_family() == KernelFamily::CpuDriver && dtype == DType::F32 {
         encode_forward_cpu_family(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
+    } else {
+        // The GPU family; also f16 on every adapter (the CPU-driver kernels are f32 only), and the
+        // tensor-core family's problems whose tiles exceed the workgroup storage.
+        encode_forward_tiled(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
     }
     match opts.sinks {
         Some(sinks) => sinks::encode_forward(ctx, encoder, &s, scale, out, lse, sinks, opts),
@@ -232,6 +239,8 @@ pub struct ForwardPlan {
     /// Row maxima combined by subgroup shuffles rather than through workgroup memory (GPU family,
     /// where [`Context::subgroup_size`] allows).
     pub subgroups: bool,
+    /// The tensor-core family's matrix build (`None` for the other families).
+    pub matrix: Option<MatrixBuild>,
 }
 
 impl std::fmt::Display for ForwardPlan {
@@ -247,6 +256,9 @@ impl std::fmt::Display for ForwardPlan {
         if self.subgroups {
             write!(f, " subgroup")?;
         }
+        if let Some(matrix) = self.matrix {
+            write!(f, " {}", matrix.name())?;
+        }
         if self.splits > 1 {
             write!(f, " split {}", self.splits)?;
         }
@@ -254,10 +266,27 @@ impl std::fmt::Display for ForwardPlan {
     }
 }
 
-/// The kernel family, tile shape and key split the fused forward uses for `shape` on `ctx`.
+/// The kernel family, tile shape and key split the fused forward uses for `shape` on `ctx` (f32
+/// inputs; f16 ones run the GPU family where the CPU-driver family is set). Under the tensor-core
+/// family this decides, at the first call, which matrix build the device runs.
 pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<ForwardPlan> {
     let s = shape;
-    if ctx.kernel_family() == KernelFamily::Gpu {
+    let coop = match ctx.kernel_family() {
+        KernelFamily::Coop => coop::CoopForward::choose(ctx, s)?,
+        _ => None,
+    };
+    if let Some(config) = coop {
+        return Ok(ForwardPlan {
+            family: KernelFamily::Coop,
+            workgroup: config.wg,
+            block_m: 16,
+            block_n: 16,
+            splits: config.splits(ctx, s) as u32,
+            subgroups: false,
+            matrix: Some(config.build),
+        });
+    }
+    if ctx.kernel_family() != KernelFamily::CpuDriver {
         let config = TiledForward::choose(ctx, s)?;
         return Ok(ForwardPlan {
             family: KernelFamily::Gpu,
@@ -266,6 +295,7 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
             block_n: config.block_n,
             splits: config.splits(ctx, s) as u32,
             subgroups: config.subgroups(ctx, s),
+            matrix: None,
         });
     }
     let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
@@ -277,6 +307,7 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
         block_n,
         splits: forward_chunks(ctx, s, block_n).len() as u32,
         subgroups: false,
+        matrix: None,
     })
 }
 

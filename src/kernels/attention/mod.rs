@@ -21,6 +21,7 @@ mod additive;
 mod backward;
 mod bias;
 mod binding;
+mod coop;
 mod decode;
 mod forward;
 mod options;
@@ -45,6 +46,7 @@ pub use backward::*;
 pub use bias::attention_bias_backward_into;
 pub use binding::MAX_ALIBI_SLOPES;
 use binding::*;
+pub use coop::{matrix_build, MatrixBuild};
 pub use decode::{attention_decode, attention_decode_into, DecodePlan};
 pub use forward::*;
 pub use options::*;
@@ -191,6 +193,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ]
         .into_iter()
         .map(|(name, body, output)| (name, with_common_typed(body, DType::F16, output)))
+        .chain(coop::shader_sources())
         .chain([
             (
                 "attention_forward_merge_f16",

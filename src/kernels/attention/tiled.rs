@@ -37,9 +37,9 @@ pub(super) struct TiledForward {
 /// Workgroups a forward grid should have before split-KV stops paying: about four resident
 /// workgroups on each of an H100's 132 SMs. Smaller GPUs are oversubscribed a little, which costs
 /// only the merge.
-const SPLIT_TARGET_WORKGROUPS: usize = 528;
+pub(super) const SPLIT_TARGET_WORKGROUPS: usize = 528;
 /// Fewest key tiles a split covers, so the partial results and their merge stay a small fraction.
-const SPLIT_MIN_TILES: usize = 4;
+pub(super) const SPLIT_MIN_TILES: usize = 4;
 
 impl TiledForward {
     /// The first candidate (largest first) that fits the adapter's workgroup storage and width. The

@@ -1,0 +1,240 @@
+// Fused attention forward on tensor cores (SPEC.md): the "coop" kernel family. Same problem, masks,
+// modifiers, NaN rules and outputs as attention_forward_tiled.wgsl; the two products run as 16x16
+// tile multiply-adds through the matrix interface the host appends (matrix_coop.wgsl: cooperative
+// matrices; matrix_portable.wgsl: the same in ordinary arithmetic, for adapters without them).
+//
+// A workgroup is one subgroup (WG: the adapter's subgroup size in the tensor-core build) and owns a
+// block of BM = 16 query rows of one (batch, head). Q is staged once, scaled and rounded to MatElem;
+// then per tile of BN = 16 keys: K and V staged (MatElem), S = Q K^T as DKP / 16 multiply-adds,
+// stored to workgroup memory for the online softmax (masks and modifiers from the shared header,
+// one invocation per row), P rounded to MatElem (the row sums add the rounded values, so O is
+// normalised by what was multiplied), then P V as DVP / 16 multiply-adds into a scratch tile that
+// the invocations add into O (workgroup memory, rescaled by each row's alpha). A product skips
+// nothing, and 0 x NaN is NaN: a tile whose V holds a non-finite value takes P V in scalar
+// arithmetic that skips masked keys, so such a value reaches only the rows that see its key.
+// Split-KV and the causal tile range as in the tiled forward (its merge kernel combines splits).
+
+override WG: u32 = 32u;
+override DK: u32 = 64u;
+override DV: u32 = 64u;
+// Head dims rounded up to whole tiles (the padding is staged as zeros).
+override DKP: u32 = (DK + 15u) / 16u * 16u;
+override DVP: u32 = (DV + 15u) / 16u * 16u;
+const BM: u32 = 16u;
+const BN: u32 = 16u;
+
+@group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
+@group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
+@group(0) @binding(4) var<storage, read> v_buf: array<InElem>;
+@group(0) @binding(5) var<storage, read_write> o_buf: array<OutElem>;
+@group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
+
+// MatElem tiles (the multiply-adds' inputs): Q [BM x DKP], K [BN x DKP], V [BN x DVP], P [BM x BN].
+override K_AT: u32 = BM * DKP;
+override V_AT: u32 = K_AT + BN * DKP;
+override P_AT: u32 = V_AT + BN * DVP;
+override MAT_MEM: u32 = P_AT + BM * BN;
+var<workgroup> mat_mem: array<MatElem, MAT_MEM>;
+// f32 tiles: S [BM x BN], the tile's P V [BM x DVP] and O [BM x DVP].
+override PV_AT: u32 = BM * BN;
+override O_AT: u32 = PV_AT + BM * DVP;
+override ACC_MEM: u32 = O_AT + BM * DVP;
+var<workgroup> acc_mem: array<f32, ACC_MEM>;
+// Each row's running max and sum, and its rescale factor for the current tile.
+var<workgroup> row_m: array<f32, BM>;
+var<workgroup> row_l: array<f32, BM>;
+var<workgroup> row_alpha: array<f32, BM>;
+// Whether the staged V tile holds a non-finite value.
+var<workgroup> v_bad: atomic<u32>;
+var<workgroup> v_bad_tile: u32;
+
+fn finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let group = linear_group(wg);
+    // Uniform per workgroup, so returning here keeps every barrier and tile call uniform.
+    if group >= params.total_groups {
+        return;
+    }
+    mat_init(lid);
+    // Longest rows first under the causal mask: the last query block is the heaviest.
+    let q_block = params.blocks - 1u - group % params.blocks;
+    let rest = group / params.blocks;
+    let bh = rest % (params.batch * params.heads);
+    let split = rest / (params.batch * params.heads);
+    let b = bh / params.heads;
+    let h = bh % params.heads;
+    let h_kv = h / (params.heads / params.kv_heads);
+    let qlen = q_len(b);
+    let kvlen = kv_len(b);
+    let row0 = q_block * BM;
+
+    for (var t = lid; t < BM * DKP; t += WG) {
+        let i = row0 + t / DKP;
+        let d = t % DKP;
+        var x = 0.0;
+        if i < qlen && d < DK {
+            x = f32(q_buf[view_index(VIEW_Q, b, i, h) + d]) * params.scale;
+        }
+        mat_mem[t] = MatElem(x);
+    }
+    for (var t = lid; t < BM * DVP; t += WG) {
+        acc_mem[O_AT + t] = 0.0;
+    }
+    for (var r = lid; r < BM; r += WG) {
+        row_m[r] = NEG_BIG;
+        row_l[r] = 0.0;
+    }
+
+    // This workgroup's key tiles: its split's share of those from the block's first row's window
+    // start to the last valid row's end.
+    let rows_hi = min(row0 + BM, qlen);
+    var kv_hi = 0u;
+    if rows_hi > row0 {
+        kv_hi = key_end(rows_hi - 1u, kvlen);
+    }
+    let n_tiles = (kv_hi + BN - 1u) / BN;
+    let first_tile = min(key_start(row0) / BN, n_tiles);
+    let per_split = (n_tiles - first_tile + params.splits - 1u) / params.splits;
+    let tile_begin = first_tile + min(split * per_split, n_tiles - first_tile);
+    let tile_end = min(tile_begin + per_split, n_tiles);
+
+    for (var tile = tile_begin; tile < tile_end; tile++) {
+        let n0 = tile * BN;
+        if lid == 0u {
+            atomicStore(&v_bad, 0u);
+        }
+        workgroupBarrier();
+        for (var t = lid; t < BN * DKP; t += WG) {
+            let j = n0 + t / DKP;
+            let d = t % DKP;
+            var x = 0.0;
+            if j < kv_hi && d < DK {
+                x = f32(k_buf[view_index(VIEW_K, b, j, h_kv) + d]);
+            }
+            mat_mem[K_AT + t] = MatElem(x);
+        }
+        var bad = false;
+        for (var t = lid; t < BN * DVP; t += WG) {
+            let j = n0 + t / DVP;
+            let d = t % DVP;
+            var x = 0.0;
+            if j < kv_hi && d < DV {
+                x = f32(v_buf[view_index(VIEW_V, b, j, h_kv) + d]);
+            }
+            let staged = MatElem(x);
+            bad = bad || !finite(f32(staged));
+            mat_mem[V_AT + t] = staged;
+        }
+        if bad {
+            atomicOr(&v_bad, 1u);
+        }
+        workgroupBarrier();
+
+        // S = Q K^T, then the online softmax of its rows.
+        var s = mat_zero();
+        for (var d0 = 0u; d0 < DKP; d0 += 16u) {
+            s = mat_mma(mat_load_a(d0, DKP), mat_load_b_transposed(K_AT + d0, DKP), s);
+        }
+        mat_store(s, 0u, BN);
+        if lid == 0u {
+            v_bad_tile = atomicLoad(&v_bad);
+        }
+        workgroupBarrier();
+        for (var r = lid; r < BM; r += WG) {
+            let i = row0 + r;
+            var start = 0u;
+            var end = 0u;
+            if i < qlen {
+                start = key_start(i);
+                end = min(key_end(i, kvlen), kv_hi);
+            }
+            var e: array<vec4<f32>, 4>;
+            var tile_max = NEG_BIG;
+            for (var q = 0u; q < 4u; q++) {
+                let j = vec4<u32>(n0 + 4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
+                let raw = vec4<f32>(
+                    acc_mem[r * BN + 4u * q],
+                    acc_mem[r * BN + 4u * q + 1u],
+                    acc_mem[r * BN + 4u * q + 2u],
+                    acc_mem[r * BN + 4u * q + 3u],
+                );
+                let x = modify_scores(raw, vec4<u32>(i), j, b, h);
+                let seen = (j >= vec4<u32>(start)) & (j < vec4<u32>(end)) & score_visible(x);
+                e[q] = select(vec4<f32>(NEG_BIG), x, seen);
+                tile_max = max(tile_max, max(max(e[q].x, e[q].y), max(e[q].z, e[q].w)));
+            }
+            let m = row_m[r];
+            // Both maxima are finite: alpha is 1 while a row has seen no key, 0 when its first arrives.
+            let m_new = max(m, tile_max);
+            let alpha = exp(m - m_new);
+            var sum = 0.0;
+            for (var q = 0u; q < 4u; q++) {
+                // Masked scores are NEG_BIG exactly; their p is masked_p (the scalar P V skips them).
+                let p = select(vec4<f32>(masked_p()), exp(e[q] - m_new), score_visible(e[q]));
+                for (var c = 0u; c < 4u; c++) {
+                    let rounded = MatElem(p[c]);
+                    mat_mem[P_AT + r * BN + 4u * q + c] = rounded;
+                    sum += f32(rounded);
+                }
+            }
+            row_m[r] = m_new;
+            row_l[r] = row_l[r] * alpha + sum;
+            row_alpha[r] = alpha;
+        }
+        // Uniform: every invocation of the workgroup takes the same branch below.
+        let scalar_pv = workgroupUniformLoad(&v_bad_tile) != 0u;
+
+        // The tile's P V into PV_AT, then O = alpha O + P V.
+        if scalar_pv {
+            for (var t = lid; t < BM * DVP; t += WG) {
+                let r = t / DVP;
+                let d = t % DVP;
+                var sum = 0.0;
+                for (var jj = 0u; jj < BN; jj++) {
+                    let p = f32(mat_mem[P_AT + r * BN + jj]);
+                    // A key this row masks is not read (a NaN in its value is not the row's).
+                    if p_visible(vec4<f32>(p)).x {
+                        sum += p * f32(mat_mem[V_AT + jj * DVP + d]);
+                    }
+                }
+                acc_mem[PV_AT + t] = sum;
+            }
+        } else {
+            let p = mat_load_a(P_AT, BN);
+            for (var c0 = 0u; c0 < DVP; c0 += 16u) {
+                mat_store(mat_mma(p, mat_load_b(V_AT + c0, DVP), mat_zero()), PV_AT + c0, DVP);
+            }
+        }
+        workgroupBarrier();
+        for (var t = lid; t < BM * DVP; t += WG) {
+            acc_mem[O_AT + t] = acc_mem[O_AT + t] * row_alpha[t / DVP] + acc_mem[PV_AT + t];
+        }
+    }
+    workgroupBarrier();
+
+    let out_b = split * params.batch + b;
+    for (var r = lid; r < BM; r += WG) {
+        let i = row0 + r;
+        if i < params.q_seq {
+            // l > 0 iff the row saw a key. Otherwise, and for padded rows: lse = -inf (SPEC.md).
+            let seen = i < qlen && row_seen(vec4<f32>(row_l[r])).x;
+            let lse_index = (out_b * params.heads + h) * params.q_seq + i;
+            lse_buf[lse_index] = select(neg_inf(), row_m[r] + log(row_l[r]), seen);
+        }
+    }
+    for (var t = lid; t < BM * DVP; t += WG) {
+        let r = t / DVP;
+        let d = t % DVP;
+        let i = row0 + r;
+        if i < params.q_seq && d < DV {
+            let l = row_l[r];
+            let seen = i < qlen && row_seen(vec4<f32>(l)).x;
+            let o = select(0.0, acc_mem[O_AT + t] / l, seen);
+            o_buf[view_index(VIEW_O, out_b, i, h) + d] = OutElem(o);
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! The tensor-core kernel family of the fused forward ([`KernelFamily::Coop`],
+//! `shaders/attention_forward_coop.wgsl`): S = Q K^T and P V as 16x16 tile multiply-adds through a
+//! small matrix interface with two builds, wgpu's cooperative matrices (`matrix_coop.wgsl`) and
+//! ordinary arithmetic (`matrix_portable.wgsl`, which runs on any adapter, so every test proves the
+//! kernel's tiling, masks, modifiers and softmax). The tensor-core build is used only on a device that
+//! lists the f16 16x16x16 configuration with f32 accumulation and whose result on a small problem
+//! matches the GPU family's (wgpu does not check a configuration, and an unlisted one computes
+//! garbage); otherwise the portable build runs and one log line says why. Inputs are rounded to f16
+//! (MatElem) in workgroup memory where the device has f16, so the family promises f16 accuracy for
+//! every input type. The backward runs the GPU family's kernels.
+
+use super::*;
+use tiled::{encode_split_merge, split_scratch};
+
+const FORWARD: &str = include_str!("../../../shaders/attention_forward_coop.wgsl");
+const MATRIX_COOP: &str = include_str!("../../../shaders/matrix_coop.wgsl");
+const MATRIX_PORTABLE: &str = include_str!("../../../shaders/matrix_portable.wgsl");
+
+/// Query rows per workgroup and keys per tile (`BM`, `BN` in the shader): one 16x16 tile each.
+const TILE: usize = 16;
+/// Workgroup of the portable build (the tensor-core build's is the subgroup size).
+const PORTABLE_WG: u32 = 16;
+
+/// How the tensor-core family's matrix interface is built on a context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MatrixBuild {
+    /// wgpu's cooperative matrices (tensor cores), f16 16x16 tiles with f32 accumulation.
+    Cooperative,
+    /// The same tiles in ordinary arithmetic: any adapter, not fast.
+    Portable,
+}
+
+impl MatrixBuild {
+    /// `coop` or `portable`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cooperative => "coop",
+            Self::Portable => "portable",
+        }
+    }
+}
+
+/// The element type of the staged tiles: f16 where the device has it (what tensor cores take).
+fn mat_elem(ctx: &Context) -> DType {
+    match ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+        true => DType::F16,
+        false => DType::F32,
+    }
+}
+
+/// Shape of one coop forward pipeline on a context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct CoopForward {
+    pub build: MatrixBuild,
+    pub wg: u32,
+}
+
+impl CoopForward {
+    /// The build and workgroup `ctx` runs the family with (qualifying the tensor-core build on the
+    /// device at first use), or `None` if the problem's tiles do not fit the workgroup storage (the
+    /// GPU family then runs it).
+    pub fn choose(ctx: &Context, s: &AttentionShape) -> Result<Option<Self>> {
+        let build = matrix_build(ctx)?;
+        let wg = match build {
+            MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(PORTABLE_WG),
+            MatrixBuild::Portable => PORTABLE_WG,
+        };
+        let config = Self { build, wg };
+        let fits = config.workgroup_bytes(ctx, s)
+            <= u64::from(ctx.limits().max_compute_workgroup_storage_size);
+        Ok(fits.then_some(config))
+    }
+
+    /// Workgroup memory: Q, K, V and P tiles in MatElem, S, P V and O in f32, three row values.
+    fn workgroup_bytes(&self, ctx: &Context, s: &AttentionShape) -> u64 {
+        let (dkp, dvp) = padded(s);
+        let elem = mat_elem(ctx).size();
+        let mat = (TILE * dkp + TILE * dkp + TILE * dvp + TILE * TILE) as u64 * elem;
+        let acc = (TILE * TILE + 2 * TILE * dvp + 3 * TILE + 2) as u64 * 4;
+        mat.next_multiple_of(4) + acc
+    }
+
+    /// Accumulator elements each invocation owns (`MAT_SLOTS` of the portable build).
+    fn slots(&self) -> u32 {
+        (TILE * TILE) as u32 / self.wg.min(256)
+    }
+
+    /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
+    /// nothing were unrolled (for llvmpipe's loop budget; the portable build's tile products are
+    /// the bulk).
+    fn loop_cost(&self, s: &AttentionShape) -> (usize, usize) {
+        let (dkp, dvp) = padded(s);
+        let (wg, slots) = (self.wg as usize, self.slots().max(1) as usize);
+        let products = (dkp + dvp) / TILE * slots * (TILE + 2);
+        let rows = TILE.div_ceil(wg);
+        let per_tile = TILE * (dkp + dvp) / wg
+            + products
+            + rows * 24
+            + (TILE * dvp).div_ceil(wg) * (TILE + 2)
+            + 16;
+        let fixed = TILE * (dkp + 3 * dvp) / wg + rows * 4 + 64;
+        (per_tile, fixed)
+    }
+
+    /// Split-KV workgroups per query block: enough to fill a GPU, and as many as the loop budget
+    /// needs on llvmpipe.
+    pub fn splits(&self, ctx: &Context, s: &AttentionShape) -> usize {
+        let groups = s.q_seq.div_ceil(TILE) * s.batch * s.heads;
+        let kv_tiles = s.kv_seq.div_ceil(TILE);
+        let mut splits = 1;
+        if let Some(tuned) = ctx.forward_splits() {
+            splits = tuned.min(kv_tiles).max(1);
+        } else if !ctx.is_cpu() && groups < tiled::SPLIT_TARGET_WORKGROUPS {
+            splits = tiled::SPLIT_TARGET_WORKGROUPS
+                .div_ceil(groups)
+                .min(kv_tiles / tiled::SPLIT_MIN_TILES)
+                .max(1);
+        }
+        if let Some(budget) = ctx.loop_budget() {
+            let (per_tile, fixed) = self.loop_cost(s);
+            let max_tiles = ((budget as usize).saturating_sub(fixed) / per_tile).max(1);
+            splits = splits.max(kv_tiles.div_ceil(max_tiles));
+        }
+        splits
+    }
+}
+
+/// Head dims rounded up to whole tiles.
+fn padded(s: &AttentionShape) -> (usize, usize) {
+    (
+        s.head_dim_qk.div_ceil(TILE) * TILE,
+        s.head_dim_v.div_ceil(TILE) * TILE,
+    )
+}
+
+/// The kernel's source: enables first, the element types, the common header, the kernel, then the
+/// matrix interface of `build`, with the portable build's accumulator sized for `slots`.
+fn source(build: MatrixBuild, input: DType, output: DType, mat: DType, slots: u32) -> String {
+    let f16 = [input, output, mat].contains(&DType::F16);
+    let mut text = String::new();
+    if f16 {
+        text.push_str("enable f16;\n");
+    }
+    let matrix = match build {
+        MatrixBuild::Cooperative => {
+            text.push_str("enable wgpu_cooperative_matrix;\n");
+            MATRIX_COOP.replace("enable wgpu_cooperative_matrix;", "")
+        }
+        MatrixBuild::Portable => MATRIX_PORTABLE.replace(
+            "const MAT_SLOTS: u32 = 256u;",
+            &format!("const MAT_SLOTS: u32 = {slots}u;"),
+        ),
+    };
+    let (i, o, m) = (input.name(), output.name(), mat.name());
+    text.push_str(&format!(
+        "alias InElem = {i};\nalias OutElem = {o};\nalias MatElem = {m};\n{COMMON}\n{FORWARD}\n{matrix}"
+    ));
+    text
+}
+
+/// The pipeline's name: `coop` in every one, `portable` in the portable build's, then the input
+/// type, `_split` for f32 partial outputs of f16 inputs, and `_f16tiles` for f32 inputs staged as
+/// f16 by the portable build (every name with f16 in it needs the device's f16).
+fn kernel_name(build: MatrixBuild, input: DType, written: DType, mat: DType) -> &'static str {
+    use DType::{F16, F32};
+    use MatrixBuild::{Cooperative, Portable};
+    match (build, input, written, mat) {
+        (Cooperative, F32, _, _) => "attention_forward_coop",
+        (Cooperative, F16, F16, _) => "attention_forward_coop_f16",
+        (Cooperative, F16, F32, _) => "attention_forward_coop_f16_split",
+        (Portable, F32, _, F16) => "attention_forward_coop_portable_f16tiles",
+        (Portable, F32, _, F32) => "attention_forward_coop_portable",
+        (Portable, F16, F16, _) => "attention_forward_coop_portable_f16",
+        (Portable, F16, F32, _) => "attention_forward_coop_portable_f16_split",
+    }
+}
+
+/// Every source the family compiles, for the naga translation tests (`kernels::shaders::all`).
+pub(super) fn shader_sources() -> Vec<(&'static str, String)> {
+    use DType::{F16, F32};
+    let mut sources = Vec::new();
+    for build in [MatrixBuild::Cooperative, MatrixBuild::Portable] {
+        for (input, written, mat) in [(F32, F32, F16), (F16, F16, F16), (F16, F32, F16)] {
+            let name = kernel_name(build, input, written, mat);
+            sources.push((name, source(build, input, written, mat, 16)));
+        }
+    }
+    let name = kernel_name(MatrixBuild::Portable, F32, F32, F32);
+    sources.push((name, source(MatrixBuild::Portable, F32, F32, F32, 16)));
+    sources
+}
+
+/// Records the tensor-core family's forward with `config`, and the split-KV merge when split.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_forward_coop(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    config: CoopForward,
+    s: &AttentionShape,
+    scale: f32,
+    q: &HeadsView,
+    k: &HeadsView,
+    v: &HeadsView,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let splits = config.splits(ctx, s);
+    let shared = Shared::scores(ctx, opts)?;
+    let mut params = base_params(s, scale, opts);
+    params.splits = splits as u32;
+    let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
+    let k_binding = bind_view(ctx, "k", k, VIEW_K, &mut params)?;
+    let v_binding = bind_view(ctx, "v", v, VIEW_V, &mut params)?;
+    let blocks = s.q_seq.div_ceil(TILE);
+    let grid = set_grid(&mut params, blocks, splits * s.batch * s.heads)?;
+    let dtype = q.dtype();
+    let mat = mat_elem(ctx);
+    let mut pass = ctx.begin_pass(encoder, "attention_forward");
+    let scratch = split_scratch(ctx, s, splits)?;
+    // Split partial results stay f32 until the merge.
+    let written = if scratch.is_some() { DType::F32 } else { dtype };
+    let partials = scratch.as_ref().map(|scratch| scratch.bind(&mut params));
+    let [o_binding, lse_binding] = match partials {
+        Some(partials) => partials,
+        None => [
+            bind_view(ctx, "out", out, VIEW_O, &mut params)?,
+            bind_tensor(ctx, "lse", lse)?,
+        ],
+    };
+    let slots = config.slots();
+    encode_kernel(
+        ctx,
+        &mut pass,
+        kernel_name(config.build, dtype, written, mat),
+        || source(config.build, dtype, written, mat, slots),
+        &[
+            ("WG", config.wg),
+            ("DK", s.head_dim_qk as u32),
+            ("DV", s.head_dim_v as u32),
+        ],
+        &params,
+        shared,
+        &[q_binding, k_binding, v_binding, o_binding, lse_binding],
+        grid,
+    );
+    match partials {
+        Some(partials) => {
+            encode_split_merge(ctx, &mut pass, s, scale, opts, splits, partials, out, lse)
+        }
+        None => Ok(()),
+    }
+}
+
+/// The configuration the tensor-core build needs from the adapter's list.
+fn listed(ctx: &Context) -> bool {
+    ctx.report().cooperative_matrices.iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    })
+}
+
+/// The matrix build `ctx` uses, decided once per context: the tensor-core build where the device
+/// offers it, lists the configuration, and its result on a small problem matches the GPU family's.
+pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
+    const KEY: &str = "attention_forward_coop";
+    if let Some(cooperative) = ctx.qualification(KEY) {
+        return Ok(match cooperative {
+            true => MatrixBuild::Cooperative,
+            false => MatrixBuild::Portable,
+        });
+    }
+    let features = ctx.device().features();
+    let why_not = if !features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        Some("the device has no cooperative matrices".to_string())
+    } else if !features.contains(wgpu::Features::SHADER_F16) {
+        Some("the device has no f16".to_string())
+    } else if ctx.subgroup_size().is_none() {
+        Some("the adapter reports no fixed subgroup size".to_string())
+    } else if !listed(ctx) {
+        Some(format!(
+            "the adapter does not list f16 16x16x16 with f32 accumulation (it lists {:?})",
+            ctx.report().cooperative_matrices
+        ))
+    } else {
+        match qualify(ctx) {
+            Ok(None) => None,
+            Ok(Some(mismatch)) => Some(mismatch),
+            Err(e) => Some(format!("its qualification failed: {e}")),
+        }
+    };
+    let cooperative = why_not.is_none();
+    match &why_not {
+        Some(why) => log::info!(
+            "wgpu-attention: the tensor-core attention runs its portable build on {}: {why}",
+            ctx.report().name
+        ),
+        None => log::info!(
+            "wgpu-attention: the tensor-core attention runs on cooperative matrices on {}",
+            ctx.report().name
+        ),
+    }
+    ctx.set_qualification(KEY, cooperative);
+    Ok(match cooperative {
+        true => MatrixBuild::Cooperative,
+        false => MatrixBuild::Portable,
+    })
+}
+
+/// Runs the tensor-core build on a small causal problem (two query blocks, several key tiles,
+/// head dim 64) and compares it with the GPU family's forward on the same device: `None` if O and
+/// lse agree within f16 accuracy, else what differed.
+fn qualify(ctx: &Context) -> Result<Option<String>> {
+    let s = AttentionShape {
+        batch: 1,
+        q_seq: 40,
+        kv_seq: 72,
+        heads: 2,
+        kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    // Deterministic values in [-1, 1).
+    let values = |n: usize, seed: u32| -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    };
+    let tensor = |seq: usize, seed: u32| {
+        GpuTensor::from_slice(ctx, &values(seq * 2 * 64, seed), &[1, seq, 2, 64])
+    };
+    let (q, k, v) = (tensor(40, 1)?, tensor(72, 2)?, tensor(72, 3)?);
+    let (q, k, v) = (q.heads()?, k.heads()?, v.heads()?);
+    let opts = AttentionOptions::new().causal(true);
+    let scale = check_options(ctx, &s, &opts)?;
+    let config = CoopForward {
+        build: MatrixBuild::Cooperative,
+        wg: ctx.subgroup_size().unwrap_or(PORTABLE_WG),
+    };
+    let run = |coop: bool| -> Result<(Vec<f32>, Vec<f32>)> {
+        let output = AttentionOutput::new(ctx, &s)?;
+        let out = output.out.heads()?;
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        match coop {
+            true => encode_forward_coop(
+                ctx,
+                &mut encoder,
+                config,
+                &s,
+                scale,
+                &q,
+                &k,
+                &v,
+                &out,
+                &output.lse,
+                &opts,
+            )?,
+            false => encode_forward_tiled(
+                ctx,
+                &mut encoder,
+                &s,
+                scale,
+                &q,
+                &k,
+                &v,
+                &out,
+                &output.lse,
+                &opts,
+            )?,
+        }
+        ctx.submit(encoder)?;
+        Ok((output.out.to_vec(ctx)?, output.lse.to_vec(ctx)?))
+    };
+    let (coop, tiled) = (run(true)?, run(false)?);
+    let worst = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| match x == y {
+                true => 0.0,
+                false if x.is_finite() && y.is_finite() => (x - y).abs(),
+                false => f32::INFINITY,
+            })
+            .fold(0.0f32, f32::max)
+    };
+    // Inputs rounded to f16 (relative 2^-11) against f32: O within 1e-2, lse within 2e-2.
+    let (o_err, lse_err) = (worst(&coop.0, &tiled.0), worst(&coop.1, &tiled.1));
+    Ok((o_err > 1e-2 || lse_err > 2e-2).then(|| {
+        format!("on a test problem its O differs by {o_err:e} and its lse by {lse_err:e} from the GPU family's")
+    }))
+}
