@@ -9,9 +9,10 @@
 // The key loop runs over [chunk_begin, chunk_end); later chunks add to dQ.
 //
 // With REL_BUCKETS > 0 (learned relative-position buckets) it also writes each query row's
-// gradient of the relative table, d_score = p (dP - D) summed per bucket over the row's keys (keys
-// in order per invocation, then the TC invocations of a row group in order): rel_rows
-// [B * Lq, H * REL_BUCKETS], whose column sums (in row order) are the table's gradient.
+// gradient of the relative table, d_score = p (dP - D) summed per bucket over the row's keys in key
+// order: rel_rows [B * Lq, H * REL_BUCKETS], whose column sums (in row order) are the table's
+// gradient. The sums live in workgroup memory, each row's added by one invocation after every tile
+// (a bucket is known only at run time, and a private array indexed by it is scratch memory on GPUs).
 
 override WG: u32 = 128u;
 override BM: u32 = 32u;
@@ -32,13 +33,15 @@ override DO_TILE: u32 = BM * VS;
 override K_TILE: u32 = BN * KS;
 override V_TILE: u32 = BN * VS;
 override DS_TILE: u32 = BN * TR;
-// Buckets of the learned relative table whose gradient this pipeline accumulates (0: none).
+// Buckets of the learned relative table whose gradient this pipeline accumulates (0: none), and the
+// workgroup memory that takes: each row's bucket sums, the tile's d_score (one element without).
 override REL_BUCKETS: u32 = 0u;
+override REL_SUMS: u32 = BM * REL_BUCKETS + 1u;
+override REL_DS_TILE: u32 = min(REL_BUCKETS, 1u) * (DS_TILE - 1u) + 1u;
 
 // Sizes of the per-invocation arrays; the host writes the pipeline's exact values here.
 const MAX_SK: u32 = 4u;
 const MAX_OC: u32 = 16u;
-const MAX_REL: u32 = 132u;
 
 // InElem / OutElem: the element types of the inputs and outputs (f32, or f16 with SHADER_F16),
 // aliased by the host before the common header; arithmetic is f32.
@@ -56,6 +59,10 @@ var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
 // dS of the tile: [key * TR + tr] = the four rows of row group tr.
 var<workgroup> ds_tile: array<vec4<f32>, DS_TILE>;
+// Relative buckets: row r's sum for bucket u at r * REL_BUCKETS + u, and the tile's d_score laid out
+// as ds_tile.
+var<workgroup> rel_sums: array<f32, REL_SUMS>;
+var<workgroup> rel_ds_tile: array<vec4<f32>, REL_DS_TILE>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -118,10 +125,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var c = 0u; c < 4u * OC; c++) {
         dq[c] = vec4<f32>(0.0);
     }
-    // Per bucket, this invocation's share of its four rows' relative-table gradient.
-    var rel: array<vec4<f32>, MAX_REL>;
-    for (var u = 0u; u < REL_BUCKETS; u++) {
-        rel[u] = vec4<f32>(0.0);
+    // Ordered before their first use by the key loop's barriers.
+    for (var t = lid; t < BM * REL_BUCKETS; t += WG) {
+        rel_sums[t] = 0.0;
     }
 
     // Keys visible to any row of the block: from its first row's window start to its last valid
@@ -196,13 +202,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             ds_tile[(tc + TC * c) * TR + tr] =
                 select(vec4<f32>(masked_p()), d_score * score_grad(s[c]), seen);
             if REL_BUCKETS > 0u {
-                for (var r = 0u; r < 4u; r++) {
-                    let u = relative_bucket(i32(j) - aligned(rows[r]));
-                    rel[u][r] += d_score[r];
-                }
+                rel_ds_tile[(tc + TC * c) * TR + tr] = d_score;
             }
         }
         workgroupBarrier();
+        if REL_BUCKETS > 0u {
+            // Each row's keys in order, added by the invocation that owns the row's sums (masked
+            // pairs and keys past the chunk have d_score 0).
+            for (var r = lid; r < BM; r += WG) {
+                let p = aligned(row0 + r);
+                for (var jj = 0u; jj < BN; jj++) {
+                    let u = relative_bucket(i32(n0 + jj) - p);
+                    rel_sums[r * REL_BUCKETS + u] += rel_ds_tile[jj * TR + r / 4u][r % 4u];
+                }
+            }
+        }
 
         for (var jj = 0u; jj < BN; jj++) {
             let ds = ds_tile[jj * TR + tr];
@@ -235,27 +249,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
 
     let accumulate = params.accumulate != 0u;
-    // Relative-table rows: the TC shares of each row group added in order (ds_tile has >= WG slots).
-    for (var u = 0u; u < REL_BUCKETS; u++) {
-        workgroupBarrier();
-        ds_tile[tc * TR + tr] = rel[u];
-        workgroupBarrier();
-        if tc == 0u {
-            var sum = vec4<f32>(0.0);
-            for (var c = 0u; c < TC; c++) {
-                sum += ds_tile[c * TR + tr];
+    // Relative-table rows: each row's bucket sums, added to an earlier chunk's.
+    workgroupBarrier();
+    // (Never divided by zero: without buckets the loop is empty, but the divisor must be valid.)
+    let buckets = max(REL_BUCKETS, 1u);
+    for (var t = lid; t < BM * REL_BUCKETS; t += WG) {
+        let i = row0 + t / buckets;
+        if i < params.q_seq {
+            let index = ((b * params.q_seq + i) * params.heads + h) * REL_BUCKETS + t % buckets;
+            var x = rel_sums[t];
+            if accumulate {
+                x += rel_rows[index];
             }
-            for (var r = 0u; r < 4u; r++) {
-                let i = rows[r];
-                if i < params.q_seq {
-                    let index = ((b * params.q_seq + i) * params.heads + h) * REL_BUCKETS + u;
-                    var x = sum[r];
-                    if accumulate {
-                        x += rel_rows[index];
-                    }
-                    rel_rows[index] = x;
-                }
-            }
+            rel_rows[index] = x;
         }
     }
     for (var r = 0u; r < 4u; r++) {

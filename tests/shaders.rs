@@ -53,7 +53,7 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
                     Some((naga::ShaderStage::Compute, "main")),
                     &constants,
                 )
-                .unwrap_or_else(|e| panic!("{name}: overrides: {e}"));
+                .unwrap_or_else(|e| panic!("{name}: overrides: {e:?}"));
                 let tag = format!("{name} (DK {dk}, DV {dv})");
 
                 let words = spv::write_vec(&module, &info, &spv::Options::default(), None)

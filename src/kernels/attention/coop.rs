@@ -279,6 +279,12 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
         Some("the device has no f16".to_string())
     } else if ctx.subgroup_size().is_none() {
         Some("the adapter reports no fixed subgroup size".to_string())
+    } else if !ctx.owns_device() {
+        Some(
+            "the device was handed over without its adapter, whose list of configurations wgpu \
+             keeps (and an unlisted one computes garbage)"
+                .to_string(),
+        )
     } else if !listed(ctx) {
         Some(format!(
             "the adapter does not list f16 16x16x16 with f32 accumulation (it lists {:?})",

@@ -479,14 +479,17 @@ struct TiledDq {
     wg: u32,
     block_m: u32,
     block_n: u32,
+    /// Relative-table buckets whose gradient the kernel sums (0: none).
+    rel_buckets: u32,
 }
 
 impl TiledDq {
-    fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+    fn choose(ctx: &Context, s: &AttentionShape, rel_buckets: u32) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
         // As for dK/dV, the last of the first two lists fits 16 KiB.
+        // (64, 16, 16) is for learned relative buckets at D <= 64 on 32 KiB (their sums take 6 KiB).
         let candidates: &[(u32, u32, u32)] = if widest <= 64 {
-            &[(128, 32, 32), (128, 32, 16), (32, 16, 8)]
+            &[(128, 32, 32), (128, 32, 16), (64, 16, 16), (32, 16, 8)]
         } else if widest <= 128 {
             &[(64, 16, 16), (32, 8, 16), (8, 8, 4)]
         } else {
@@ -499,12 +502,19 @@ impl TiledDq {
             Tuning::Dq,
             widest,
             candidates,
-            |_, bm, bn| 16 * ((bm + bn) * (ks + vs) + bn * bm / 4),
+            |_, bm, bn| {
+                // Q, dO, K, V and dS tiles; with relative buckets, each row's bucket sums and the
+                // tile's d_score.
+                let rel_sums = 4 * (bm * rel_buckets + 1);
+                let rel_ds = 16 * if rel_buckets > 0 { bn * bm / 4 } else { 1 };
+                16 * ((bm + bn) * (ks + vs) + bn * bm / 4) + rel_sums + rel_ds
+            },
         )?;
         Ok(Self {
             wg,
             block_m,
             block_n,
+            rel_buckets,
         })
     }
 
@@ -527,13 +537,22 @@ impl TiledDq {
             self.block_m as usize,
             self.block_n as usize,
         );
+        // The owners of the rows' relative sums add each key of the tile (`rows` rows each).
+        let rel = self.rel_buckets as usize;
+        let rel_per_tile = if rel > 0 {
+            bm.div_ceil(wg) * (bn * 12 + 1)
+        } else {
+            0
+        };
         let per_tile = (bn * 4 * (dk4 + dv4)).div_ceil(wg)
             + 2
             + (dk4 + dv4) * (sk + 1)
             + 2 * sk
             + bn * (oc + 1)
+            + rel_per_tile
             + 8;
-        let fixed = (bm * 4 * (dk4 + dv4)).div_ceil(wg) + 4 + 5 * 4 * oc + 64;
+        let fixed =
+            (bm * 4 * (dk4 + dv4)).div_ceil(wg) + 4 + 5 * 4 * oc + 2 * (bm * rel).div_ceil(wg) + 64;
         (per_tile.div_ceil(bn) + 1, fixed)
     }
 }
@@ -613,7 +632,7 @@ pub(super) fn encode_backward_tiled(
     }
     let rel = bias::RelativeRows::new(ctx, s, opts)?;
     {
-        let config = TiledDq::choose(ctx, s)?;
+        let config = TiledDq::choose(ctx, s, rel.constant().1)?;
         let (sk, oc) = config.per_invocation(s);
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
         let mut params = base_params(s, scale, opts);
@@ -633,7 +652,7 @@ pub(super) fn encode_backward_tiled(
             },
             || {
                 let sizes = [("MAX_SK", 4, sk), ("MAX_OC", 16, oc)];
-                rel.sized(&sized(BACKWARD_DQ, &sizes, dtype, dtype))
+                sized(BACKWARD_DQ, &sizes, dtype, dtype)
             },
             &[
                 ("WG", config.wg),
