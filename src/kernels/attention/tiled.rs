@@ -421,7 +421,9 @@ impl TiledDkDv {
         let candidates: &[(u32, u32, u32)] = if widest <= 64 {
             &[(128, 32, 32), (64, 16, 32), (32, 8, 16)]
         } else if widest <= 128 {
-            &[(64, 16, 16), (32, 16, 8), (8, 4, 8)]
+            // (32, 8, 16) before (32, 16, 8): two keys' dK and dV rows per invocation instead of
+            // four, 64 floats where 128 spilled on RDNA3 (RADV gfx1100; BENCHMARKS.md).
+            &[(64, 16, 16), (32, 8, 16), (32, 16, 8), (8, 4, 8)]
         } else {
             &[(16, 8, 8), (8, 4, 8)]
         };
