@@ -10,15 +10,17 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::kernels::attention::MatrixBuild;
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::transformer::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::training::Trainer;
 use wgpu_attention::{
-    attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
-    attention_forward_into, attention_precompile, attention_sinks_backward_into, AttentionOptions,
-    AttentionPasses, AttentionShape, BiasView, Context, DType, GpuTensor, GpuTensorF16,
-    KernelFamily, RelativeBuckets,
+    attention_backward_family, attention_backward_into, attention_backward_workspace,
+    attention_bias_backward_into, attention_forward_into, attention_forward_plan,
+    attention_precompile, attention_sinks_backward_into, AttentionOptions, AttentionPasses,
+    AttentionShape, BiasView, Context, DType, GpuTensor, GpuTensorF16, KernelFamily,
+    RelativeBuckets,
 };
 
 fn dump_dir(name: &str) -> PathBuf {
@@ -204,6 +206,26 @@ fn run_precompiled_calls(name: &str, ctx: &Context, s: &AttentionShape, family: 
     if has_f16(ctx) {
         cases.push((DType::F16, f16));
     }
+    // What the context reports it runs: the tensor-core family's portable build here (no CI adapter
+    // has cooperative matrices), and the GPU family's backward for it.
+    let plan = attention_forward_plan(ctx, s).unwrap();
+    assert_eq!(plan.family, family, "{name}");
+    let portable = (family == KernelFamily::Coop).then_some(MatrixBuild::Portable);
+    assert_eq!(plan.matrix, portable, "{name}");
+    let backward = match family {
+        KernelFamily::CpuDriver => KernelFamily::CpuDriver,
+        _ => KernelFamily::Gpu,
+    };
+    assert_eq!(
+        attention_backward_family(ctx, DType::F32),
+        backward,
+        "{name}"
+    );
+    assert_eq!(
+        attention_backward_family(ctx, DType::F16),
+        KernelFamily::Gpu,
+        "{name}"
+    );
     let before = ctx.cached_pipelines();
     let mut built = 0;
     for (dtype, opts) in &cases {

@@ -124,6 +124,16 @@ pub fn attention_backward_workspace(ctx: &Context, shape: &AttentionShape) -> Re
     )
 }
 
+/// The kernel family the fused backward runs on `ctx` for `dtype` views: the context's, except that
+/// f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only) and so does the
+/// tensor-core family's backward (its forward is the only tensor-core kernel).
+pub fn attention_backward_family(ctx: &Context, dtype: DType) -> KernelFamily {
+    match (dtype, ctx.kernel_family()) {
+        (DType::F32, KernelFamily::CpuDriver) => KernelFamily::CpuDriver,
+        _ => KernelFamily::Gpu,
+    }
+}
+
 /// Records the fused attention backward into `encoder`: the `D = rowsum(dO * O)` pass, the dK/dV
 /// kernel (parallel over key blocks) and the dQ kernel (parallel over query blocks). No atomics, so
 /// results are bitwise reproducible. `dq`, `dk`, `dv` may be views into one packed gradient buffer.
@@ -205,12 +215,7 @@ pub(super) fn encode_backward_core(
     check_view_typed("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
     check_view_typed("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
     let widest = s.head_dim_qk.max(s.head_dim_v);
-    // f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only), and so does
-    // the tensor-core family's backward.
-    let family = match (dtype, ctx.kernel_family()) {
-        (DType::F32, KernelFamily::CpuDriver) => KernelFamily::CpuDriver,
-        _ => KernelFamily::Gpu,
-    };
+    let family = attention_backward_family(ctx, dtype);
     if family == KernelFamily::CpuDriver
         && !ctx.is_cpu()
         && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU
