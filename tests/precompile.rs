@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
-use wgpu_attention::kernels::attention::MatrixBuild;
+use wgpu_attention::kernels::attention::{qualify_matrix_build, MatrixBuild};
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::transformer::{Batch, BatchShape, Transformer, TransformerConfig};

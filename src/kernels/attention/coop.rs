@@ -291,7 +291,7 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
             ctx.report().cooperative_matrices
         ))
     } else {
-        match qualify(ctx) {
+        match qualify_matrix_build(ctx, MatrixBuild::Cooperative) {
             Ok(None) => None,
             Ok(Some(mismatch)) => Some(mismatch),
             Err(e) => Some(format!("its qualification failed: {e}")),
@@ -315,10 +315,11 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
     })
 }
 
-/// Runs the tensor-core build on a small causal problem (two query blocks, several key tiles,
-/// head dim 64) and compares it with the GPU family's forward on the same device: `None` if O and
-/// lse agree within f16 accuracy, else what differed.
-fn qualify(ctx: &Context) -> Result<Option<String>> {
+/// The qualification [`matrix_build`] runs before it uses the tensor-core build on a device: the
+/// tensor-core forward with `build` on a small causal problem (three query blocks, five key tiles,
+/// head dim 64) against the GPU family's forward on the same device. `None` if O and lse agree within
+/// f16 accuracy, else what differed. (The tests run it with the portable build.)
+pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<String>> {
     let s = AttentionShape {
         batch: 1,
         q_seq: 40,
@@ -348,8 +349,11 @@ fn qualify(ctx: &Context) -> Result<Option<String>> {
     let opts = AttentionOptions::new().causal(true);
     let scale = check_options(ctx, &s, &opts)?;
     let config = CoopForward {
-        build: MatrixBuild::Cooperative,
-        wg: ctx.subgroup_size().unwrap_or(PORTABLE_WG),
+        build,
+        wg: match build {
+            MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(PORTABLE_WG),
+            MatrixBuild::Portable => PORTABLE_WG,
+        },
     };
     let run = |coop: bool| -> Result<(Vec<f32>, Vec<f32>)> {
         let output = AttentionOutput::new(ctx, &s)?;

@@ -46,7 +46,7 @@ pub use backward::*;
 pub use bias::attention_bias_backward_into;
 pub use binding::MAX_ALIBI_SLOPES;
 use binding::*;
-pub use coop::{matrix_build, MatrixBuild};
+pub use coop::{matrix_build, qualify_matrix_build, MatrixBuild};
 pub use decode::{attention_decode, attention_decode_into, DecodePlan};
 pub use forward::*;
 pub use options::*;
