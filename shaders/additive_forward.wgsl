@@ -6,17 +6,25 @@
 // additive_decode_into): rows align on each sequence's own lengths (key_start_in / key_end_in).
 //
 // One invocation per query row, WG rows of one (batch, head) per workgroup; key tiles of TILE keys
-// (their b rows and V rows) staged in workgroup memory. Per tile, the running max m, sum l and
-// accumulator are rescaled once (when the tile's max exceeds m), then the tile's P V is added with
-// each accumulator element held across the tile's keys (one exp per key). The key loop runs
+// (their b rows and V rows) staged in workgroup memory. Four keys at a time: their scores, a rescale
+// of the running max m, sum l and accumulator when they raise m (rarely, once the row's largest
+// scores are behind it), then their share of P V. No per-invocation array holds a tile: what an
+// invocation keeps is its accumulator (Dv) and, where the host finds room (OWN_IN_WORKGROUP), not
+// even its own a + bias row, which then sits in workgroup memory (a wave64 invocation on RDNA3 has
+// 128 registers; the row in registers spilled them at Da = Dv = 64). The key loop runs
 // over [chunk_begin, chunk_end): a dispatch with accumulate = 1 resumes from the O and lse an earlier
 // dispatch wrote (O normalised with lse is the state m = lse, l = 1, acc = O), so llvmpipe's loop
 // budget is kept by splitting long key ranges over dispatches.
 
 @group(0) @binding(7) var<storage, read_write> o_buf: array<f32>;
-// Size of the per-invocation tile of scores, in fours of keys; the host's TILE is at most 4 x this.
-const MAX_TILE4: u32 = 8u;
 @group(0) @binding(8) var<storage, read_write> lse_buf: array<f32>;
+
+// 1: each invocation's a + bias row in own_tile (row stride OWN_S vec4s, odd: conflict-free), 0: in a
+// private array (own_tile is then one element).
+override OWN_IN_WORKGROUP: u32 = 0u;
+override OWN_S: u32 = DA4 | 1u;
+override OWN_TILE: u32 = OWN_IN_WORKGROUP * (WG * OWN_S - 1u) + 1u;
+var<workgroup> own_tile: array<vec4<f32>, OWN_TILE>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -35,12 +43,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let i = row0 + lid;
     let live = i < qlen;
 
-    // The query's a row plus the bias.
+    // The query's a row plus the bias (read before the key loop's first barrier).
     var own: array<vec4<f32>, MAX_DA4>;
     for (var c4 = 0u; c4 < DA4; c4++) {
-        own[c4] = vec4<f32>(0.0);
+        var x = vec4<f32>(0.0);
         if live {
-            own[c4] = a_plus_bias4(b, i, h, c4);
+            x = a_plus_bias4(b, i, h, c4);
+        }
+        if OWN_IN_WORKGROUP != 0u {
+            own_tile[lid * OWN_S + c4] = x;
+        } else {
+            own[c4] = x;
         }
     }
     stage_w(h, lid);
@@ -81,48 +94,40 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
         stage_keys(n0, kv_hi, b, h, lid);
         workgroupBarrier();
-        // The tile's scores, then one rescale for the tile's max (not one per key), then P V with
-        // each accumulator held across the tile's keys.
-        var p_row: array<vec4<f32>, MAX_TILE4>;
-        // Which of each four keys the row sees: the P V product skips the others' values.
-        var keep_row: array<vec4<bool>, MAX_TILE4>;
-        var tile_max = NEG_BIG;
-        // Four keys per pass over the score dim (additive_common.wgsl).
         for (var q = 0u; q < TILE / 4u; q++) {
+            // Four keys' scores (additive_common.wgsl), masked pairs NEG_BIG exactly (a score
+            // never reaches it).
             var e = vec4<f32>(0.0);
             for (var c4 = 0u; c4 < DA4; c4++) {
-                e += w_tile[c4] * tanh_rows(own[c4], 4u * q, c4);
+                var x: vec4<f32>;
+                if OWN_IN_WORKGROUP != 0u {
+                    x = own_tile[lid * OWN_S + c4];
+                } else {
+                    x = own[c4];
+                }
+                e += w_tile[c4] * tanh_rows(x, 4u * q, c4);
             }
             let j = vec4<u32>(n0 + 4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
             let seen = (j >= vec4<u32>(start)) & (j < vec4<u32>(end)) & (j < vec4<u32>(kv_hi));
             e = select(vec4<f32>(NEG_BIG), e, seen);
-            p_row[q] = e;
-            keep_row[q] = seen;
-            tile_max = max(tile_max, max(max(e.x, e.y), max(e.z, e.w)));
-        }
-        if tile_max > m {
-            let alpha = exp(m - tile_max);
-            l *= alpha;
-            for (var d = 0u; d < DV; d++) {
-                acc[d] *= alpha;
+            let group_max = max(max(e.x, e.y), max(e.z, e.w));
+            if group_max > m {
+                let alpha = exp(m - group_max);
+                l *= alpha;
+                for (var d = 0u; d < DV; d++) {
+                    acc[d] *= alpha;
+                }
+                m = group_max;
             }
-            m = tile_max;
-        }
-        for (var q = 0u; q < TILE / 4u; q++) {
-            // Masked keys hold NEG_BIG exactly (a score never reaches it): p = 0. A NaN score
-            // counts (score_visible): it reaches the row.
-            let e = p_row[q];
-            let p = select(vec4<f32>(0.0), exp(e - m), score_visible(e));
-            p_row[q] = p;
+            // A NaN score counts (score_visible): it reaches the row. Masked keys get masked_p,
+            // and their values are not read (a NaN there is not the row's).
+            let p = select(vec4<f32>(masked_p()), exp(e - m), score_visible(e));
             l += p.x + p.y + p.z + p.w;
-        }
-        for (var d = 0u; d < DV; d++) {
-            var sum = acc[d];
-            for (var q = 0u; q < TILE / 4u; q++) {
-                let v = select(vec4<f32>(0.0), v_tile[d * (TILE / 4u) + q], keep_row[q]);
-                sum += dot(p_row[q], v);
+            let keep = p_visible(p);
+            for (var d = 0u; d < DV; d++) {
+                let v = select(vec4<f32>(0.0), v_tile[d * (TILE / 4u) + q], keep);
+                acc[d] += dot(p, v);
             }
-            acc[d] = sum;
         }
     }
 

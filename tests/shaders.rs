@@ -14,10 +14,14 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
         c.insert("DK".to_string(), dk);
         c.insert("DV".to_string(), dv);
     }
-    // The fused additive kernels: score dim DA (packed in vec4s) and value dim DV.
+    // The fused additive kernels: score dim DA (packed in vec4s) and value dim DV; the forward's
+    // rows in workgroup memory at the head dims where the host puts them there.
     if source.contains("override DA:") {
         c.insert("DA".to_string(), dk.min(128.0));
         c.insert("DV".to_string(), dv);
+    }
+    if source.contains("override OWN_IN_WORKGROUP:") && dk <= 64.0 {
+        c.insert("OWN_IN_WORKGROUP".to_string(), 1.0);
     }
     c
 }

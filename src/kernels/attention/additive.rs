@@ -37,6 +37,21 @@ fn staged_tile(ctx: &Context, s: &AttentionShape) -> u32 {
     tile_for_limit(limit, s.head_dim_qk, s.head_dim_v)
 }
 
+/// The forward's staged tile and whether its rows of `a + bias` fit in workgroup memory beside it
+/// (`OWN_IN_WORKGROUP`: 64 registers fewer per invocation at Da = 64, which RDNA3 needs to run the
+/// kernel without spilling): the largest tile of 32 or 16 rows that leaves room for them, else the
+/// shared tile with the rows in registers.
+fn forward_tile(ctx: &Context, s: &AttentionShape) -> (u32, bool) {
+    let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
+    let da4 = s.head_dim_qk.div_ceil(4);
+    let own = 16 * WG as usize * (da4 | 1);
+    let bytes = |tile: usize| 16 * (tile * da4 + tile / 4 * s.head_dim_v + da4) + own;
+    match [32, 16].into_iter().find(|&t| bytes(t) <= limit) {
+        Some(tile) => (tile as u32, true),
+        None => (staged_tile(ctx, s), false),
+    }
+}
+
 fn tile_for_limit(limit: usize, da: usize, dv: usize) -> u32 {
     let da4 = da.div_ceil(4);
     let bytes = |tile: usize| 16 * (tile * da4 + tile / 4 * dv + da4) + 16 * tile;
@@ -67,12 +82,8 @@ impl FusedKernel {
         let fixed = 16 * da4 + 4 * dv + 32;
         // (iterations per step of the key or query loop, rows that step covers, fixed iterations)
         let (per_step, rows, fixed) = match self {
-            // Scores, the rescale, P, P V.
-            Self::Forward => (
-                staging + tile / 4 * (1 + da4) + dv + tile / 4 + dv * (1 + tile / 4),
-                tile,
-                fixed,
-            ),
+            // Per four keys: the scores, a rescale (at worst every time), P V.
+            Self::Forward => (staging + tile / 4 * (2 + da4 + 2 * dv), tile, fixed),
             // One key per invocation and tile of WG: the score, the tile's max and sum, P V for
             // the owned value dims.
             Self::Decode => {
@@ -333,19 +344,23 @@ fn encode_forward(
     // Decoding a few rows per sequence (at most a quarter of a workgroup: a step's new tokens, not
     // a prefill chunk): one workgroup per query row, its invocations splitting the keys, where the
     // forward's 64-row workgroups would sit mostly idle; otherwise WG rows per workgroup.
-    let tile = staged_tile(ctx, &s);
-    let (kernel, name, source, blocks, align) = if aligned && s.q_seq * 4 <= WG as usize {
-        (FusedKernel::Decode, "additive_decode", DECODE, s.q_seq, WG)
-    } else {
-        let blocks = s.q_seq.div_ceil(WG as usize);
-        (
-            FusedKernel::Forward,
-            "additive_forward",
-            FORWARD,
-            blocks,
-            tile,
-        )
+    let decoding = aligned && s.q_seq * 4 <= WG as usize;
+    let (tile, own_in_workgroup) = match decoding {
+        true => (staged_tile(ctx, &s), false),
+        false => forward_tile(ctx, &s),
     };
+    let (kernel, name, source, blocks, align) = match decoding {
+        true => (FusedKernel::Decode, "additive_decode", DECODE, s.q_seq, WG),
+        false => {
+            let blocks = s.q_seq.div_ceil(WG as usize);
+            let kernel = FusedKernel::Forward;
+            (kernel, "additive_forward", FORWARD, blocks, tile)
+        }
+    };
+    let mut constants = constants(&s, tile).to_vec();
+    if !decoding {
+        constants.push(("OWN_IN_WORKGROUP", own_in_workgroup as u32));
+    }
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
     let (per_key, fixed) = kernel.loop_cost(s.head_dim_qk, s.head_dim_v, tile);
     let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, align as usize);
@@ -363,7 +378,7 @@ fn encode_forward(
                 ),
             )
         },
-        &constants(&s, tile),
+        &constants,
         &mut params,
         Shared::lens(seq_lens_buffer(ctx, opts)),
         &bindings,
