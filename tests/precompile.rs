@@ -226,6 +226,11 @@ fn run_precompiled_calls(name: &str, ctx: &Context, s: &AttentionShape, family: 
         KernelFamily::Gpu,
         "{name}"
     );
+    // The qualification a device with cooperative matrices runs, here with the portable build.
+    if family == KernelFamily::Coop {
+        let mismatch = qualify_matrix_build(ctx, MatrixBuild::Portable).unwrap();
+        assert_eq!(mismatch, None, "{name}");
+    }
     let before = ctx.cached_pipelines();
     let mut built = 0;
     for (dtype, opts) in &cases {
