@@ -112,6 +112,53 @@ fn linear_group(wg: vec3<u32>) -> u32 {
     return wg.y * params.grid_x + wg.x;
 }
 
+// What one workgroup of a split-KV forward (the GPU and tensor-core families) owns: a query block
+// (numbered from the last: under the causal mask the last block has the longest rows, so the heaviest
+// are scheduled first), a split of its key range, a batch and a head (and the head's K/V head).
+struct ForwardBlock {
+    q_block: u32,
+    split: u32,
+    b: u32,
+    h: u32,
+    h_kv: u32,
+}
+
+fn forward_block(group: u32) -> ForwardBlock {
+    let rest = group / params.blocks;
+    let bh = rest % (params.batch * params.heads);
+    let h = bh % params.heads;
+    return ForwardBlock(
+        params.blocks - 1u - group % params.blocks,
+        rest / (params.batch * params.heads),
+        bh / params.heads,
+        h,
+        h / (params.heads / params.kv_heads),
+    );
+}
+
+// The key tiles [begin, end) (of `tile` keys) that a split-KV forward workgroup visits for query
+// rows row0 .. row0 + rows of a sequence with qlen queries and kvlen keys: its split's share of the
+// tiles from the first row's window start to the last valid row's end (kv_hi), which masks are
+// monotone in the row.
+struct KeyTiles {
+    begin: u32,
+    end: u32,
+    kv_hi: u32,
+}
+
+fn split_key_tiles(row0: u32, rows: u32, tile: u32, split: u32, qlen: u32, kvlen: u32) -> KeyTiles {
+    let rows_hi = min(row0 + rows, qlen);
+    var kv_hi = 0u;
+    if rows_hi > row0 {
+        kv_hi = key_end(rows_hi - 1u, kvlen);
+    }
+    let n_tiles = (kv_hi + tile - 1u) / tile;
+    let first_tile = min(key_start(row0) / tile, n_tiles);
+    let per_split = (n_tiles - first_tile + params.splits - 1u) / params.splits;
+    let begin = first_tile + min(split * per_split, n_tiles - first_tile);
+    return KeyTiles(begin, min(begin + per_split, n_tiles), kv_hi);
+}
+
 fn q_len(b: u32) -> u32 {
     if (params.flags & FLAG_Q_LENS) != 0u {
         return min(seq_lens[b], params.q_seq);

@@ -60,14 +60,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         return;
     }
     mat_init(lid);
-    // Longest rows first under the causal mask: the last query block is the heaviest.
-    let q_block = params.blocks - 1u - group % params.blocks;
-    let rest = group / params.blocks;
-    let bh = rest % (params.batch * params.heads);
-    let split = rest / (params.batch * params.heads);
-    let b = bh / params.heads;
-    let h = bh % params.heads;
-    let h_kv = h / (params.heads / params.kv_heads);
+    let block = forward_block(group);
+    let q_block = block.q_block;
+    let split = block.split;
+    let b = block.b;
+    let h = block.h;
+    let h_kv = block.h_kv;
     let qlen = q_len(b);
     let kvlen = kv_len(b);
     let row0 = q_block * BM;
@@ -89,20 +87,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         row_l[r] = 0.0;
     }
 
-    // This workgroup's key tiles: its split's share of those from the block's first row's window
-    // start to the last valid row's end.
-    let rows_hi = min(row0 + BM, qlen);
-    var kv_hi = 0u;
-    if rows_hi > row0 {
-        kv_hi = key_end(rows_hi - 1u, kvlen);
-    }
-    let n_tiles = (kv_hi + BN - 1u) / BN;
-    let first_tile = min(key_start(row0) / BN, n_tiles);
-    let per_split = (n_tiles - first_tile + params.splits - 1u) / params.splits;
-    let tile_begin = first_tile + min(split * per_split, n_tiles - first_tile);
-    let tile_end = min(tile_begin + per_split, n_tiles);
+    let tiles = split_key_tiles(row0, BM, BN, split, qlen, kvlen);
+    let kv_hi = tiles.kv_hi;
 
-    for (var tile = tile_begin; tile < tile_end; tile++) {
+    for (var tile = tiles.begin; tile < tiles.end; tile++) {
         let n0 = tile * BN;
         if lid == 0u {
             atomicStore(&v_bad, 0u);

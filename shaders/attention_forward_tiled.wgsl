@@ -66,14 +66,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
     if group >= params.total_groups {
         return;
     }
-    // Longest rows first under the causal mask: the last query block is the heaviest.
-    let q_block = params.blocks - 1u - group % params.blocks;
-    let rest = group / params.blocks;
-    let bh = rest % (params.batch * params.heads);
-    let split = rest / (params.batch * params.heads);
-    let b = bh / params.heads;
-    let h = bh % params.heads;
-    let h_kv = h / (params.heads / params.kv_heads);
+    let block = forward_block(group);
+    let q_block = block.q_block;
+    let split = block.split;
+    let b = block.b;
+    let h = block.h;
+    let h_kv = block.h_kv;
     let qlen = q_len(b);
     let kvlen = kv_len(b);
     let row0 = q_block * BM;
@@ -103,18 +101,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         q_tile[r * QS + d / 4u][d % 4u] = x;
     }
 
-    // This workgroup's key tiles: its split's share of those from the block's first row's window
-    // start to the last valid row's end.
-    let rows_hi = min(row0 + BM, qlen);
-    var kv_hi = 0u;
-    if rows_hi > row0 {
-        kv_hi = key_end(rows_hi - 1u, kvlen);
-    }
-    let n_tiles = (kv_hi + BN - 1u) / BN;
-    let first_tile = min(key_start(row0) / BN, n_tiles);
-    let per_split = (n_tiles - first_tile + params.splits - 1u) / params.splits;
-    let tile_begin = first_tile + min(split * per_split, n_tiles - first_tile);
-    let tile_end = min(tile_begin + per_split, n_tiles);
+    let tiles = split_key_tiles(row0, BM, BN, split, qlen, kvlen);
+    let kv_hi = tiles.kv_hi;
 
     var m = vec4<f32>(NEG_BIG);
     // This invocation's share of the row sums (its SK keys of every tile).
@@ -125,7 +113,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         acc[c] = vec4<f32>(0.0);
     }
 
-    for (var tile = tile_begin; tile < tile_end; tile++) {
+    for (var tile = tiles.begin; tile < tiles.end; tile++) {
         let n0 = tile * BN;
         workgroupBarrier();
         for (var t = lid; t < BN * DK4 * 4u; t += WG) {

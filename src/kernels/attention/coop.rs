@@ -10,7 +10,7 @@
 //! every input type. The backward runs the GPU family's kernels.
 
 use super::*;
-use tiled::{encode_split_merge, split_scratch};
+use tiled::{encode_split_forward, SplitForwardKernel};
 
 const FORWARD: &str = include_str!("../../../shaders/attention_forward_coop.wgsl");
 const MATRIX_COOP: &str = include_str!("../../../shaders/matrix_coop.wgsl");
@@ -206,51 +206,19 @@ pub(super) fn encode_forward_coop(
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let splits = config.splits(ctx, s);
-    let shared = Shared::scores(ctx, opts)?;
-    let mut params = base_params(s, scale, opts);
-    params.splits = splits as u32;
-    let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
-    let k_binding = bind_view(ctx, "k", k, VIEW_K, &mut params)?;
-    let v_binding = bind_view(ctx, "v", v, VIEW_V, &mut params)?;
-    let blocks = s.q_seq.div_ceil(TILE);
-    let grid = set_grid(&mut params, blocks, splits * s.batch * s.heads)?;
-    let dtype = q.dtype();
-    let mat = mat_elem(ctx);
-    let mut pass = ctx.begin_pass(encoder, "attention_forward");
-    let scratch = split_scratch(ctx, s, splits)?;
-    // Split partial results stay f32 until the merge.
-    let written = if scratch.is_some() { DType::F32 } else { dtype };
-    let partials = scratch.as_ref().map(|scratch| scratch.bind(&mut params));
-    let [o_binding, lse_binding] = match partials {
-        Some(partials) => partials,
-        None => [
-            bind_view(ctx, "out", out, VIEW_O, &mut params)?,
-            bind_tensor(ctx, "lse", lse)?,
-        ],
-    };
-    let slots = config.slots();
-    encode_kernel(
-        ctx,
-        &mut pass,
-        kernel_name(config.build, dtype, written, mat),
-        || source(config.build, dtype, written, mat, slots),
-        &[
+    let (mat, slots) = (mat_elem(ctx), config.slots());
+    let kernel = SplitForwardKernel {
+        block_m: TILE,
+        splits: config.splits(ctx, s),
+        name: &|dtype, written| kernel_name(config.build, dtype, written, mat),
+        source: &|dtype, written| source(config.build, dtype, written, mat, slots),
+        constants: &[
             ("WG", config.wg),
             ("DK", s.head_dim_qk as u32),
             ("DV", s.head_dim_v as u32),
         ],
-        &params,
-        shared,
-        &[q_binding, k_binding, v_binding, o_binding, lse_binding],
-        grid,
-    );
-    match partials {
-        Some(partials) => {
-            encode_split_merge(ctx, &mut pass, s, scale, opts, splits, partials, out, lse)
-        }
-        None => Ok(()),
-    }
+    };
+    encode_split_forward(ctx, encoder, &kernel, s, scale, [q, k, v], out, lse, opts)
 }
 
 /// The configuration the tensor-core build needs from the adapter's list.
@@ -356,37 +324,11 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
         },
     };
     let run = |coop: bool| -> Result<(Vec<f32>, Vec<f32>)> {
-        let output = AttentionOutput::new(ctx, &s)?;
-        let out = output.out.heads()?;
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        match coop {
-            true => encode_forward_coop(
-                ctx,
-                &mut encoder,
-                config,
-                &s,
-                scale,
-                &q,
-                &k,
-                &v,
-                &out,
-                &output.lse,
-                &opts,
-            )?,
-            false => encode_forward_tiled(
-                ctx,
-                &mut encoder,
-                &s,
-                scale,
-                &q,
-                &k,
-                &v,
-                &out,
-                &output.lse,
-                &opts,
-            )?,
-        }
-        ctx.submit(encoder)?;
+        let (q, k, v) = (&q, &k, &v);
+        let output = AttentionOutput::recorded(ctx, &s, |encoder, out, lse| match coop {
+            true => encode_forward_coop(ctx, encoder, config, &s, scale, q, k, v, out, lse, &opts),
+            false => encode_forward_tiled(ctx, encoder, &s, scale, q, k, v, out, lse, &opts),
+        })?;
         Ok((output.out.to_vec(ctx)?, output.lse.to_vec(ctx)?))
     };
     let (coop, tiled) = (run(true)?, run(false)?);

@@ -161,23 +161,66 @@ pub(super) fn encode_forward_tiled(
 ) -> Result<()> {
     let config = TiledForward::choose(ctx, s)?;
     let (_, sk, oc) = config.per_invocation(s);
-    let splits = config.splits(ctx, s);
     let subgroups = config.subgroups(ctx, s);
+    let kernel = SplitForwardKernel {
+        block_m: config.block_m as usize,
+        splits: config.splits(ctx, s),
+        name: &|dtype, written| match (dtype, written, subgroups) {
+            (DType::F32, _, false) => "attention_forward_tiled",
+            (DType::F32, _, true) => "attention_forward_tiled_subgroup",
+            (DType::F16, DType::F16, false) => "attention_forward_tiled_f16",
+            (DType::F16, DType::F16, true) => "attention_forward_tiled_subgroup_f16",
+            (DType::F16, DType::F32, false) => "attention_forward_tiled_f16_split",
+            (DType::F16, DType::F32, true) => "attention_forward_tiled_subgroup_f16_split",
+        },
+        source: &|dtype, written| {
+            let sizes = [("MAX_SK", 4, sk), ("MAX_OC", 16, oc)];
+            sized(&forward_source(subgroups), &sizes, dtype, written)
+        },
+        constants: &[
+            ("WG", config.wg),
+            ("BM", config.block_m),
+            ("BN", config.block_n),
+            ("DK", s.head_dim_qk as u32),
+            ("DV", s.head_dim_v as u32),
+        ],
+    };
+    encode_split_forward(ctx, encoder, &kernel, s, scale, [q, k, v], out, lse, opts)
+}
+
+/// A split-KV forward kernel of the GPU or tensor-core family: its query block, key splits, and its
+/// pipeline name, source and constants for (input type, type it writes: f32 partials when split).
+pub(super) struct SplitForwardKernel<'a> {
+    pub block_m: usize,
+    pub splits: usize,
+    pub name: &'a dyn Fn(DType, DType) -> &'static str,
+    pub source: &'a dyn Fn(DType, DType) -> String,
+    pub constants: &'a [(&'static str, u32)],
+}
+
+/// Records a split-KV forward `kernel` (the parameter block, Q/K/V, O and lse or the partial
+/// results in the context's scratch buffer when split) and the merge of its splits.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_split_forward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    kernel: &SplitForwardKernel<'_>,
+    s: &AttentionShape,
+    scale: f32,
+    [q, k, v]: [&HeadsView; 3],
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let splits = kernel.splits;
     let shared = Shared::scores(ctx, opts)?;
     let mut params = base_params(s, scale, opts);
     params.splits = splits as u32;
     let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
     let k_binding = bind_view(ctx, "k", k, VIEW_K, &mut params)?;
     let v_binding = bind_view(ctx, "v", v, VIEW_V, &mut params)?;
-    let blocks = s.q_seq.div_ceil(config.block_m as usize);
+    let blocks = s.q_seq.div_ceil(kernel.block_m);
     let grid = set_grid(&mut params, blocks, splits * s.batch * s.heads)?;
-    let constants = [
-        ("WG", config.wg),
-        ("BM", config.block_m),
-        ("BN", config.block_n),
-        ("DK", s.head_dim_qk as u32),
-        ("DV", s.head_dim_v as u32),
-    ];
     let dtype = q.dtype();
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
     let scratch = split_scratch(ctx, s, splits)?;
@@ -194,19 +237,9 @@ pub(super) fn encode_forward_tiled(
     encode_kernel(
         ctx,
         &mut pass,
-        match (dtype, written, subgroups) {
-            (DType::F32, _, false) => "attention_forward_tiled",
-            (DType::F32, _, true) => "attention_forward_tiled_subgroup",
-            (DType::F16, DType::F16, false) => "attention_forward_tiled_f16",
-            (DType::F16, DType::F16, true) => "attention_forward_tiled_subgroup_f16",
-            (DType::F16, DType::F32, false) => "attention_forward_tiled_f16_split",
-            (DType::F16, DType::F32, true) => "attention_forward_tiled_subgroup_f16_split",
-        },
-        || {
-            let sizes = [("MAX_SK", 4, sk), ("MAX_OC", 16, oc)];
-            sized(&forward_source(subgroups), &sizes, dtype, written)
-        },
-        &constants,
+        (kernel.name)(dtype, written),
+        || (kernel.source)(dtype, written),
+        kernel.constants,
         &params,
         shared,
         &[q_binding, k_binding, v_binding, o_binding, lse_binding],
