@@ -10,10 +10,32 @@ B=.gpu/bin
 export WGPU_BACKEND=vulkan
 step() { local limit=$1 name=$2; shift 2; echo "== $name ($(date +%T))"; timeout $limit "$@" > $OUT/$name.log 2>&1; echo "   rc $? $(date +%T)"; }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
-# Per-step plan comes from $PLAN (a list of step names: sweep suite64 suite128 cpu64 gemm transformer
-# trusted generate additive tests) so later calls can pick.
+# Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
+# transformer trusted generate additive tests) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
+  dump)
+    # Every pipeline the GPU suite, a training step and a decoding step build, with the shapes this
+    # GPU's limits choose: brought back in $OUT/dump.tar.xz, compiled here for AMD chips with
+    # ../shared/tools/gpu-compile-report (RADV), which cannot run on the GPU machine.
+    export WGPU_ATTENTION_DUMP_PIPELINES=/tmp/dump
+    step 60 dump-suite $B/attention-bench --compile-only --suite gpu --kernels gpu,coop --dtypes f32,f16 \
+      --modifiers none,softcap,alibi,softcap-alibi,bias,relative,sinks,cosine,clip
+    for a in "" "--additive 64"; do
+      WGPU_ATTENTION_KERNELS=gpu step 30 dump-train${a:+-additive} $B/transformer-bench --compile-only $a
+      WGPU_ATTENTION_KERNELS=gpu step 30 dump-decode${a:+-additive} $B/generate-bench --compile-only $a
+    done
+    unset WGPU_ATTENTION_DUMP_PIPELINES
+    tar -C /tmp -cJf $OUT/dump.tar.xz dump ;;
+  coop)
+    # The tensor-core family: which build the device qualifies (the report's kernel column), its speed and
+    # accuracy against the GPU family in f16 and f32.
+    step 150 coop-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
+      --head-dim 64 --lengths 1024,2048,4096,8192 --masks none,causal --passes forward,backward --paths fused \
+      --reps 5 --json $OUT/h100-coop-b1h8d64.json
+    step 150 coop-b4h16d128 $B/attention-bench --kernels gpu,coop --dtypes f16 --batch 4 --heads 16 --head-dim 128 \
+      --lengths 1024,2048,4096 --masks none,causal --passes forward --paths fused --reps 3 \
+      --json $OUT/h100-coop-b4h16d128.json ;;
   sweep)
     for cfg in 128x64x32 64x64x32 256x64x32 128x32x32 64x32x32 128x64x16; do
       WGPU_ATTENTION_TILED_FORWARD=$cfg step 40 sweep-fwd-$cfg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
