@@ -30,6 +30,9 @@ fn the_environment_is_read_only_when_asked() {
     log::set_max_level(log::LevelFilter::Warn);
     // SAFETY (edition 2021: safe, but racy with threads reading the environment): this binary
     // runs this one test, on one thread, before it creates any context.
+    let dump = std::env::temp_dir().join(format!("wgpu-attention-{}-env-dump", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dump);
+    std::env::set_var("WGPU_ATTENTION_DUMP_PIPELINES", &dump);
     for (name, value) in [
         ("WGPU_ATTENTION_KERNELS", "gpu"),
         ("WGPU_ATTENTION_TRUSTED_SHADERS", "all"),
@@ -49,6 +52,7 @@ fn the_environment_is_read_only_when_asked() {
     assert_eq!(asked.kernel_family, Some(KernelFamily::Gpu));
     assert!(asked.unchecked_measurement && asked.pass_per_kernel);
     assert_eq!(asked.subgroups, None);
+    assert_eq!(asked.dump_pipelines.as_deref(), Some(dump.as_path()));
     let warnings = LOGGER.0.lock().unwrap().clone();
     assert!(
         warnings
@@ -74,6 +78,14 @@ fn the_environment_is_read_only_when_asked() {
     assert_eq!(ctx.kernel_family(), by_class);
     assert!(!ctx.pass_per_kernel());
     assert!(ctx.trusted_shaders(), "on by default for a device it owns");
+    let forward = |ctx: &Context| {
+        let x = wgpu_attention::GpuTensor::from_slice(ctx, &[0.5; 8], &[1, 2, 1, 4]).unwrap();
+        let x = x.heads().unwrap();
+        let opts = wgpu_attention::AttentionOptions::new();
+        wgpu_attention::attention_forward(ctx, &x, &x, &x, &opts).unwrap();
+    };
+    forward(&ctx);
+    assert!(!dump.exists(), "pipelines dumped without being asked");
     let wrapped = Context::from_device(ctx.device().clone(), ctx.queue().clone()).unwrap();
     assert_eq!(wrapped.kernel_family(), by_class);
     assert!(!wrapped.pass_per_kernel());
@@ -91,4 +103,8 @@ fn the_environment_is_read_only_when_asked() {
     .unwrap();
     assert_eq!(tuned.kernel_family(), KernelFamily::Gpu);
     assert!(tuned.pass_per_kernel());
+    forward(&tuned);
+    let dumped = std::fs::read_dir(&dump).map_or(0, |d| d.count());
+    assert!(dumped >= 2, "asked to dump, {dumped} files in {dump:?}");
+    std::fs::remove_dir_all(&dump).unwrap();
 }
