@@ -40,14 +40,14 @@ pub use error::{Error, Result};
 pub use kernels::attention::{
     additive_backward, additive_backward_into, additive_backward_unfused,
     additive_backward_workspace, additive_forward, additive_forward_into, additive_forward_unfused,
-    additive_probabilities, attention_backward, attention_backward_family, attention_backward_into,
-    attention_backward_unfused, attention_backward_workspace, attention_bias_backward_into,
-    attention_decode, attention_decode_into, attention_forward, attention_forward_into,
-    attention_forward_out_into, attention_forward_plan, attention_forward_unfused,
-    attention_precompile, attention_probabilities, attention_probabilities_into,
-    attention_sinks_backward_into, AdditiveGrads, AdditiveScores, AttentionGrads, AttentionOptions,
-    AttentionOutput, AttentionPasses, AttentionShape, DecodePlan, ForwardPlan, LearnedScale,
-    RelativeBuckets, ScoreBias,
+    additive_precompile, additive_probabilities, attention_backward, attention_backward_family,
+    attention_backward_into, attention_backward_unfused, attention_backward_workspace,
+    attention_bias_backward_into, attention_decode, attention_decode_into, attention_forward,
+    attention_forward_into, attention_forward_out_into, attention_forward_plan,
+    attention_forward_unfused, attention_precompile, attention_probabilities,
+    attention_probabilities_into, attention_sinks_backward_into, AdditiveGrads, AdditiveScores,
+    AttentionGrads, AttentionOptions, AttentionOutput, AttentionPasses, AttentionShape, DecodePlan,
+    ForwardPlan, LearnedScale, RelativeBuckets, ScoreBias,
 };
 pub use tensor::{BiasView, DType, GpuTensor, GpuTensorF16, GpuTokens, HeadsView, SeqLens};
 

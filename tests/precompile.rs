@@ -16,9 +16,10 @@ use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::transformer::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::training::Trainer;
 use wgpu_attention::{
-    attention_backward_family, attention_backward_into, attention_backward_workspace,
-    attention_bias_backward_into, attention_forward_into, attention_forward_plan,
-    attention_precompile, attention_sinks_backward_into, AttentionOptions, AttentionPasses,
+    additive_backward, additive_forward, additive_precompile, attention_backward_family,
+    attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
+    attention_forward_into, attention_forward_plan, attention_precompile,
+    attention_sinks_backward_into, AdditiveScores, AttentionOptions, AttentionPasses,
     AttentionShape, BiasView, Context, DType, GpuTensor, GpuTensorF16, KernelFamily,
     RelativeBuckets,
 };
@@ -424,4 +425,43 @@ fn an_unwritable_dump_directory_never_fails_a_kernel() {
         },
     );
     std::fs::remove_file(&file).unwrap();
+}
+
+#[test]
+fn precompiled_additive_calls_compile_nothing() {
+    let s = AttentionShape {
+        batch: 2,
+        q_seq: 9,
+        kv_seq: 70,
+        heads: 2,
+        kv_heads: 2,
+        head_dim_qk: 12,
+        head_dim_v: 8,
+    };
+    for_each_backend(|name, shared| {
+        let ctx = fresh_context(name, shared);
+        let opts = AttentionOptions::new().causal(true);
+        let built = additive_precompile(&ctx, &s, &opts, AttentionPasses::ForwardBackward).unwrap();
+        assert!(built > 0 && built == ctx.cached_pipelines(), "{name}");
+        let heads = |seq: usize, dim: usize| {
+            GpuTensor::zeros(&ctx, &[s.batch, seq, s.heads, dim])
+                .unwrap()
+                .heads()
+                .unwrap()
+        };
+        let (a, b, v) = (heads(9, 12), heads(70, 12), heads(70, 8));
+        let w = GpuTensor::zeros(&ctx, &[2, 12]).unwrap();
+        let bias = GpuTensor::zeros(&ctx, &[2, 12]).unwrap();
+        let scores = AdditiveScores { w: &w, bias: &bias };
+        let forward = additive_forward(&ctx, &a, &b, &v, scores, &opts).unwrap();
+        let d_out = heads(9, 8);
+        let out = forward.out.heads().unwrap();
+        additive_backward(&ctx, &a, &b, &v, scores, &out, &forward.lse, &d_out, &opts).unwrap();
+        ctx.synchronize().unwrap();
+        assert_eq!(
+            ctx.cached_pipelines(),
+            built,
+            "{name}: a real call compiled"
+        );
+    });
 }

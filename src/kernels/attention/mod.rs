@@ -50,7 +50,7 @@ pub use coop::{matrix_build, qualify_matrix_build, MatrixBuild};
 pub use decode::{attention_decode, attention_decode_into, DecodePlan};
 pub use forward::*;
 pub use options::*;
-pub use precompile::{attention_precompile, AttentionPasses};
+pub use precompile::{additive_precompile, attention_precompile, AttentionPasses};
 pub use probs::{attention_probabilities, attention_probabilities_into};
 pub(crate) use shape::*;
 pub use sinks::attention_sinks_backward_into;
