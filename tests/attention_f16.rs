@@ -10,10 +10,12 @@ use common::*;
 use half::f16;
 use wgpu_attention::kernels::attention::{attention_backward_workspace, attention_decode};
 use wgpu_attention::reference::attention as reference;
-use wgpu_attention::reference::compare::{F16_BACKWARD_ATOL, F16_FORWARD_ATOL, F16_RTOL};
+use wgpu_attention::reference::compare::{
+    F16_BACKWARD_ATOL, F16_FORWARD_ATOL, F16_RTOL, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL,
+};
 use wgpu_attention::{
     attention_backward_into, attention_forward, attention_forward_into, AttentionOptions, Context,
-    DType, Error, GpuTensor, GpuTensorF16, HeadsView,
+    DType, Error, GpuTensor, GpuTensorF16, HeadsView, KernelFamily,
 };
 
 fn has_f16(ctx: &Context) -> bool {
@@ -92,21 +94,35 @@ fn check(backend: &str, ctx: &Context, case: &Case) {
     );
     let tag = format!("[{backend}] f16 {}", case.label());
     let read = |t: &GpuTensorF16| t.to_vec(ctx).unwrap();
+    // The tensor-core family also rounds P to f16 (its backward starts from that forward).
+    let coop = ctx.kernel_family() == KernelFamily::Coop;
+    let (out_atol, out_rtol, lse_atol, lse_rtol, grad_atol, grad_rtol) = match coop {
+        true => (
+            TENSOR_CORE_ATOL,
+            TENSOR_CORE_RTOL,
+            TENSOR_CORE_ATOL,
+            TENSOR_CORE_RTOL,
+            TENSOR_CORE_ATOL.max(F16_BACKWARD_ATOL),
+            TENSOR_CORE_RTOL,
+        ),
+        false => (
+            F16_FORWARD_ATOL,
+            F16_RTOL,
+            FORWARD_ATOL,
+            FORWARD_RTOL,
+            F16_BACKWARD_ATOL,
+            F16_RTOL,
+        ),
+    };
     assert_close(
         &format!("{tag} out"),
         &read(&out),
         &ref_out,
-        F16_FORWARD_ATOL,
-        F16_RTOL,
+        out_atol,
+        out_rtol,
     );
     let lse = lse.to_vec(ctx).unwrap();
-    assert_close(
-        &format!("{tag} lse"),
-        &lse,
-        &ref_lse,
-        FORWARD_ATOL,
-        FORWARD_RTOL,
-    );
+    assert_close(&format!("{tag} lse"), &lse, &ref_lse, lse_atol, lse_rtol);
     for (name, gpu, r) in [
         ("dq", &grads[0], &g.dq),
         ("dk", &grads[1], &g.dk),
@@ -116,8 +132,8 @@ fn check(backend: &str, ctx: &Context, case: &Case) {
             &format!("{tag} {name}"),
             &read(gpu),
             r,
-            F16_BACKWARD_ATOL,
-            F16_RTOL,
+            grad_atol,
+            grad_rtol,
         );
     }
 }
@@ -164,6 +180,34 @@ fn split_keys_and_loop_chunks() {
         }
         check(backend, ctx, &Case::new(2, 65, 200, 4, 2, 64, 32).causal());
     });
+}
+
+#[test]
+fn tensor_core_family_reads_and_writes_f16() {
+    // Its portable build here: f16 Q, K, V staged as f16 tiles, f16 O (f32 partials when split).
+    for_each_backend_with(
+        |ctx| ctx.set_kernel_family(Some(KernelFamily::Coop)),
+        |backend, ctx| {
+            if !has_f16(ctx) {
+                return;
+            }
+            for case in &cases()[1..] {
+                check(backend, ctx, case);
+            }
+        },
+    );
+    for_each_backend_with(
+        |ctx| {
+            ctx.set_kernel_family(Some(KernelFamily::Coop));
+            ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET));
+        },
+        |backend, ctx| {
+            if !has_f16(ctx) {
+                return;
+            }
+            check(backend, ctx, &Case::new(2, 65, 200, 4, 2, 64, 32).causal());
+        },
+    );
 }
 
 #[test]
