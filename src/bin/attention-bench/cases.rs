@@ -134,10 +134,10 @@ pub(crate) fn run_problem(
             inputs.bias = Some((BiasView::of(&t)?, values, GpuTensor::zeros(ctx, &shape)?));
         }
         Modifier::Relative => {
-            let buckets = RelativeBuckets::new(32, 128, !p.causal());
-            let values = random(h * 32, 6);
-            let table = GpuTensor::from_slice(ctx, &values, &[h, 32])?;
-            let grad = GpuTensor::zeros(ctx, &[h, 32])?;
+            let buckets = p.relative_buckets();
+            let values = random(h * RELATIVE_BUCKETS, 6);
+            let table = GpuTensor::from_slice(ctx, &values, &[h, RELATIVE_BUCKETS])?;
+            let grad = GpuTensor::zeros(ctx, &[h, RELATIVE_BUCKETS])?;
             inputs.relative = Some((buckets, table, values, grad));
         }
         Modifier::Sinks => {
@@ -149,33 +149,15 @@ pub(crate) fn run_problem(
     }
     let inputs = inputs;
     let shape = AttentionShape::of(&inputs.q, &inputs.k, &inputs.v)?;
-    let mut opts = AttentionOptions::new()
-        .causal(p.causal())
-        .alibi(p.modifier.alibi());
-    if let Some(cap) = p.modifier.softcap() {
-        opts = opts.softcap(cap);
-    }
-    if let Some(w) = p.window {
-        opts = opts.window(w, 0);
-    }
-    if let Some(lens) = &inputs.seq_lens {
-        opts = opts.seq_lens(lens);
-    }
-    if let Some((bias, _, _)) = &inputs.bias {
-        opts = opts.bias(bias);
-    }
-    if let Some((buckets, table, _, grad)) = &inputs.relative {
-        opts = opts.relative_buckets_learned(*buckets, table, grad);
-    }
-    if let Some((sinks, _, _)) = &inputs.sinks {
-        opts = opts.sinks(sinks);
-    }
-    if p.modifier == Modifier::Cosine {
-        opts = opts.cosine(COSINE_SCALE);
-    }
-    if p.modifier == Modifier::Clip {
-        opts = opts.key_norm_clip((p.dk as f32).sqrt());
-    }
+    let opts = p.options(OptionTensors {
+        seq_lens: inputs.seq_lens.as_ref(),
+        bias: inputs.bias.as_ref().map(|(view, _, _)| view),
+        relative: inputs
+            .relative
+            .as_ref()
+            .map(|(_, table, _, grad)| (table, grad)),
+        sinks: inputs.sinks.as_ref().map(|(sinks, _, _)| sinks),
+    });
     let validate = p.macs() <= validate_limit;
     let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     let masks = Masks {

@@ -69,31 +69,14 @@ fn compile_problem(
         .transpose()?;
     let one = GpuTensor::zeros(ctx, &[1])?;
     let bias = BiasView::new(one.buffer().clone(), 0, [1, h, p.q_len, p.kv_len], [0; 4])?;
-    let table = GpuTensor::zeros(ctx, &[h, 32])?;
-    let table_grad = GpuTensor::zeros(ctx, &[h, 32])?;
+    let table = GpuTensor::zeros(ctx, &[h, RELATIVE_BUCKETS])?;
+    let table_grad = GpuTensor::zeros(ctx, &[h, RELATIVE_BUCKETS])?;
     let sinks = GpuTensor::zeros(ctx, &[h])?;
-    let mut opts = AttentionOptions::new()
-        .causal(p.causal())
-        .alibi(p.modifier.alibi());
-    if let Some(cap) = p.modifier.softcap() {
-        opts = opts.softcap(cap);
-    }
-    if let Some(w) = p.window {
-        opts = opts.window(w, 0);
-    }
-    if let Some(lens) = &seq_lens {
-        opts = opts.seq_lens(lens);
-    }
-    match p.modifier {
-        Modifier::Bias => opts = opts.bias(&bias),
-        Modifier::Relative => {
-            let buckets = RelativeBuckets::new(32, 128, !p.causal());
-            opts = opts.relative_buckets_learned(buckets, &table, &table_grad);
-        }
-        Modifier::Sinks => opts = opts.sinks(&sinks),
-        Modifier::Cosine => opts = opts.cosine(COSINE_SCALE),
-        Modifier::Clip => opts = opts.key_norm_clip((p.dk as f32).sqrt()),
-        _ => {}
-    }
+    let opts = p.options(OptionTensors {
+        seq_lens: seq_lens.as_ref(),
+        bias: Some(&bias),
+        relative: Some((&table, &table_grad)),
+        sinks: Some(&sinks),
+    });
     attention_precompile(ctx, &shape, p.dtype, &opts, passes)
 }

@@ -114,9 +114,57 @@ impl Problem {
         })
     }
 
+    /// The T5 relative buckets of the `relative` modifier: 32 buckets to distance 128, one-directional
+    /// when causal.
+    pub(crate) fn relative_buckets(&self) -> RelativeBuckets {
+        RelativeBuckets::new(RELATIVE_BUCKETS, 128, !self.causal())
+    }
+
+    /// The attention options of this problem over the tensors its mask and modifier need (those
+    /// it does not need may be `None`): what a timed run and `--compile-only` both pass.
+    pub(crate) fn options<'a>(&self, tensors: OptionTensors<'a>) -> AttentionOptions<'a> {
+        let mut opts = AttentionOptions::new()
+            .causal(self.causal())
+            .alibi(self.modifier.alibi());
+        if let Some(cap) = self.modifier.softcap() {
+            opts = opts.softcap(cap);
+        }
+        if let Some(w) = self.window {
+            opts = opts.window(w, 0);
+        }
+        if let Some(lens) = tensors.seq_lens {
+            opts = opts.seq_lens(lens);
+        }
+        match self.modifier {
+            Modifier::Bias => opts = opts.bias(tensors.bias.expect("a bias view")),
+            Modifier::Relative => {
+                let (table, grad) = tensors.relative.expect("a relative table and its gradient");
+                opts = opts.relative_buckets_learned(self.relative_buckets(), table, grad);
+            }
+            Modifier::Sinks => opts = opts.sinks(tensors.sinks.expect("sink logits")),
+            Modifier::Cosine => opts = opts.cosine(COSINE_SCALE),
+            Modifier::Clip => opts = opts.key_norm_clip((self.dk as f32).sqrt()),
+            _ => {}
+        }
+        opts
+    }
+
     pub(crate) fn macs(&self) -> u64 {
         (self.batch * self.heads * self.q_len * self.kv_len * self.dk.max(self.dv)) as u64
     }
+}
+
+/// Buckets of the `relative` modifier's table.
+pub(crate) const RELATIVE_BUCKETS: usize = 32;
+
+/// The tensors a problem's options borrow (see [`Problem::options`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct OptionTensors<'a> {
+    pub(crate) seq_lens: Option<&'a SeqLens>,
+    pub(crate) bias: Option<&'a BiasView>,
+    /// The relative table and where its gradient goes.
+    pub(crate) relative: Option<(&'a GpuTensor, &'a GpuTensor)>,
+    pub(crate) sinks: Option<&'a GpuTensor>,
 }
 
 pub(crate) fn mask_name(m: Mask) -> &'static str {
