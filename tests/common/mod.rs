@@ -94,50 +94,35 @@ pub fn forward_tolerances(ctx: &Context) -> (f64, f64) {
 }
 
 /// Runs `f` once per back end under test and forward kernel family ([`FORWARD_FAMILIES`]).
-pub fn for_each_forward_family(mut f: impl FnMut(&str, &Context)) {
-    for_each_family(&mut f);
-    for (name, index, ctx) in coop_contexts() {
-        let _guard = backend_lock(*index);
-        f(name, ctx);
-    }
+pub fn for_each_forward_family(f: impl FnMut(&str, &Context)) {
+    each_family(&FORWARD_FAMILIES, f);
 }
 
 /// [`for_each_forward_family`] on fresh contexts whose loop budget is `budget`.
-pub fn for_each_forward_family_with_loop_budget(budget: u32, mut f: impl FnMut(&str, &Context)) {
-    for_each_family_with_loop_budget(budget, &mut f);
-    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-        let _guard = backend_lock(index);
-        let mut ctx = fresh_context(name, shared);
-        ctx.set_kernel_family(Some(KernelFamily::Coop));
-        ctx.set_loop_budget(Some(budget));
-        f(&format!("{name}/coop"), &ctx);
-    }
+pub fn for_each_forward_family_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
+    each_family_with(
+        &FORWARD_FAMILIES,
+        |ctx| ctx.set_loop_budget(Some(budget)),
+        f,
+    );
 }
 
-/// Contexts of every back end under test with the tensor-core family, created once.
-fn coop_contexts() -> &'static Vec<(String, usize, Arc<Context>)> {
-    static CONTEXTS: OnceLock<Vec<(String, usize, Arc<Context>)>> = OnceLock::new();
+/// A shared context of one back end and kernel family: `(backend/family, back end index, family,
+/// context)`.
+type FamilyContext = (String, usize, KernelFamily, Arc<Context>);
+
+/// Contexts of every back end under test, one per kernel family of [`FORWARD_FAMILIES`], created
+/// once.
+fn family_contexts() -> &'static Vec<FamilyContext> {
+    static CONTEXTS: OnceLock<Vec<FamilyContext>> = OnceLock::new();
     CONTEXTS.get_or_init(|| {
         let mut out = Vec::new();
         for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-            let mut ctx = fresh_context(name, shared);
-            ctx.set_kernel_family(Some(KernelFamily::Coop));
-            out.push((format!("{name}/coop"), index, Arc::new(ctx)));
-        }
-        out
-    })
-}
-
-/// Contexts of every back end under test, one per kernel family, created once.
-fn family_contexts() -> &'static Vec<(String, usize, Arc<Context>)> {
-    static CONTEXTS: OnceLock<Vec<(String, usize, Arc<Context>)>> = OnceLock::new();
-    CONTEXTS.get_or_init(|| {
-        let mut out = Vec::new();
-        for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-            for family in FAMILIES {
+            for family in FORWARD_FAMILIES {
                 let mut ctx = fresh_context(name, shared);
                 ctx.set_kernel_family(Some(family));
-                out.push((format!("{name}/{}", family.name()), index, Arc::new(ctx)));
+                let label = format!("{name}/{}", family.name());
+                out.push((label, index, family, Arc::new(ctx)));
             }
         }
         out
@@ -146,18 +131,34 @@ fn family_contexts() -> &'static Vec<(String, usize, Arc<Context>)> {
 
 /// Runs `f` once per back end under test and fused attention kernel family; the name passed is
 /// `backend/family`.
-pub fn for_each_family(mut f: impl FnMut(&str, &Context)) {
-    for (name, index, ctx) in family_contexts() {
-        let _guard = backend_lock(*index);
-        f(name, ctx);
+pub fn for_each_family(f: impl FnMut(&str, &Context)) {
+    each_family(&FAMILIES, f);
+}
+
+/// Runs `f` on the shared context of every back end and each of `families`.
+fn each_family(families: &[KernelFamily], mut f: impl FnMut(&str, &Context)) {
+    for (name, index, family, ctx) in family_contexts() {
+        if families.contains(family) {
+            let _guard = backend_lock(*index);
+            f(name, ctx);
+        }
     }
 }
 
 /// Like [`for_each_family`], on fresh contexts that `configure` has adjusted.
-pub fn for_each_family_with(configure: impl Fn(&mut Context), mut f: impl FnMut(&str, &Context)) {
+pub fn for_each_family_with(configure: impl Fn(&mut Context), f: impl FnMut(&str, &Context)) {
+    each_family_with(&FAMILIES, configure, f);
+}
+
+/// Runs `f` on a fresh context of every back end and each of `families`, adjusted by `configure`.
+fn each_family_with(
+    families: &[KernelFamily],
+    configure: impl Fn(&mut Context),
+    mut f: impl FnMut(&str, &Context),
+) {
     for (index, (name, shared)) in contexts_cell().iter().enumerate() {
         let _guard = backend_lock(index);
-        for family in FAMILIES {
+        for &family in families {
             let mut ctx = fresh_context(name, shared);
             ctx.set_kernel_family(Some(family));
             configure(&mut ctx);
