@@ -43,22 +43,27 @@ fn staged_tile(ctx: &Context, s: &AttentionShape) -> u32 {
 /// shared tile with the rows in registers.
 fn forward_tile(ctx: &Context, s: &AttentionShape) -> (u32, bool) {
     let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
-    let da4 = s.head_dim_qk.div_ceil(4);
-    let own = 16 * WG as usize * (da4 | 1);
-    let bytes = |tile: usize| 16 * (tile * da4 + tile / 4 * s.head_dim_v + da4) + own;
-    match [32, 16].into_iter().find(|&t| bytes(t) <= limit) {
-        Some(tile) => (tile as u32, true),
+    let own = 16 * WG as usize * (s.head_dim_qk.div_ceil(4) | 1);
+    match largest_tile(limit, s.head_dim_qk, s.head_dim_v, |_| own) {
+        Some(tile) => (tile, true),
         None => (staged_tile(ctx, s), false),
     }
 }
 
 fn tile_for_limit(limit: usize, da: usize, dv: usize) -> u32 {
+    // The key side's four per-row scalars.
+    largest_tile(limit, da, dv, |tile| 16 * tile).unwrap_or(8)
+}
+
+/// The largest staged tile of 32 or 16 rows whose workgroup memory (the staged pair rows, value rows
+/// and `w` of `additive_common.wgsl`, plus a kernel's `extra` bytes) fits `limit` bytes.
+fn largest_tile(limit: usize, da: usize, dv: usize, extra: impl Fn(usize) -> usize) -> Option<u32> {
     let da4 = da.div_ceil(4);
-    let bytes = |tile: usize| 16 * (tile * da4 + tile / 4 * dv + da4) + 16 * tile;
+    let bytes = |tile: usize| 16 * (tile * da4 + tile / 4 * dv + da4) + extra(tile);
     [32, 16]
         .into_iter()
         .find(|&t| bytes(t) <= limit)
-        .unwrap_or(8) as u32
+        .map(|t| t as u32)
 }
 
 /// The fused kernels' loop iterations per invocation (llvmpipe caps their total: `loop_chunks`),
