@@ -143,9 +143,10 @@ fn source(build: MatrixBuild, input: DType, output: DType, mat: DType, slots: u3
         text.push_str("enable f16;\n");
     }
     let matrix = match build {
+        // The directive must precede every declaration; the interface's file only names it.
         MatrixBuild::Cooperative => {
             text.push_str("enable wgpu_cooperative_matrix;\n");
-            MATRIX_COOP.replace("enable wgpu_cooperative_matrix;", "")
+            MATRIX_COOP.to_string()
         }
         MatrixBuild::Portable => MATRIX_PORTABLE.replace(
             "const MAT_SLOTS: u32 = 256u;",
