@@ -58,9 +58,12 @@ pub(super) struct CoopForward {
 
 impl CoopForward {
     /// The build and workgroup `ctx` runs the family with (qualifying the tensor-core build on the
-    /// device at first use), or `None` if the problem's tiles do not fit the workgroup storage (the
-    /// GPU family then runs it).
+    /// device at first use), or `None` where the context runs another family or the problem's tiles
+    /// do not fit the workgroup storage (the GPU family then runs it).
     pub fn choose(ctx: &Context, s: &AttentionShape) -> Result<Option<Self>> {
+        if ctx.kernel_family() != KernelFamily::Coop {
+            return Ok(None);
+        }
         let build = matrix_build(ctx)?;
         let wg = match build {
             MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(PORTABLE_WG),

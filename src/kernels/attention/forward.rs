@@ -154,11 +154,7 @@ pub fn attention_forward_into(
     )?;
     // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
     let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
-    let coop = match ctx.kernel_family() {
-        KernelFamily::Coop => coop::CoopForward::choose(ctx, &s)?,
-        _ => None,
-    };
-    if let Some(config) = coop {
+    if let Some(config) = coop::CoopForward::choose(ctx, &s)? {
         coop::encode_forward_coop(ctx, encoder, config, &s, scale, &q, &k, v, out, lse, opts)?;
     } else if ctx.kernel_family() == KernelFamily::CpuDriver && dtype == DType::F32 {
         encode_forward_cpu_family(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
@@ -271,11 +267,7 @@ impl std::fmt::Display for ForwardPlan {
 /// family this decides, at the first call, which matrix build the device runs.
 pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<ForwardPlan> {
     let s = shape;
-    let coop = match ctx.kernel_family() {
-        KernelFamily::Coop => coop::CoopForward::choose(ctx, s)?,
-        _ => None,
-    };
-    if let Some(config) = coop {
+    if let Some(config) = coop::CoopForward::choose(ctx, s)? {
         return Ok(ForwardPlan {
             family: KernelFamily::Coop,
             workgroup: config.wg,
