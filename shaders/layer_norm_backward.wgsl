@@ -1,7 +1,8 @@
 // LayerNorm backward, input gradient (SPEC.md): with xhat = (x - mean) * rstd and g = dy * gamma,
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))  (+ residual, the gradient of a residual
 // connection around the LayerNorm, added here instead of in a pass of its own),
-// from the (mean, rstd) the forward saved. One invocation per row.
+// from the (mean, rstd) the forward saved. One invocation per row. CENTERED = false is RMSNorm's
+// (mean 0, and no mean(g) term: dx = rstd * (g - xhat * mean(g * xhat))).
 
 struct Params {
     rows: u32,
@@ -12,6 +13,7 @@ struct Params {
 }
 
 override WG: u32 = 64u;
+override CENTERED: bool = true;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -37,7 +39,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         sum_g += g;
         sum_gx += g * (x[base + c] - st.x) * st.y;
     }
-    let mean_g = sum_g / n;
+    let mean_g = select(0.0, sum_g / n, CENTERED);
     let mean_gx = sum_gx / n;
     for (var c = 0u; c < params.cols; c++) {
         let xhat = (x[base + c] - st.x) * st.y;

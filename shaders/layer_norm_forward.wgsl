@@ -1,6 +1,7 @@
 // LayerNorm forward (SPEC.md): over the last dimension of `rows x cols`,
 //   y = (x - mean) * rstd * gamma + beta,   rstd = 1 / sqrt(var + eps),   var the biased variance,
-// saving (mean, rstd) per row for the backward. One invocation per row: two passes over the row
+// saving (mean, rstd) per row for the backward. CENTERED = false is RMSNorm (LLaMA's):
+//   y = x * rstd * gamma,   rstd = 1 / sqrt(mean(x^2) + eps),   saved as (0, rstd), beta unread. One invocation per row: two passes over the row
 // (mean, then the centred variance, which is exact where E[x^2] - mean^2 would cancel), then the
 // output. Loop iterations stay 3 * cols per invocation (the host caps cols under llvmpipe's loop cap).
 
@@ -12,6 +13,7 @@ struct Params {
 }
 
 override WG: u32 = 64u;
+override CENTERED: bool = true;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -29,8 +31,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let base = row * params.cols;
     let n = f32(params.cols);
     var sum = 0.0;
-    for (var c = 0u; c < params.cols; c++) {
-        sum += x[base + c];
+    if CENTERED {
+        for (var c = 0u; c < params.cols; c++) {
+            sum += x[base + c];
+        }
     }
     let mean = sum / n;
     var sq = 0.0;
@@ -40,7 +44,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let rstd = inverseSqrt(sq / n + params.eps);
     for (var c = 0u; c < params.cols; c++) {
-        y[base + c] = (x[base + c] - mean) * rstd * gamma[c] + beta[c];
+        var v = (x[base + c] - mean) * rstd * gamma[c];
+        if CENTERED {
+            v += beta[c];
+        }
+        y[base + c] = v;
     }
     stats[row] = vec2<f32>(mean, rstd);
 }

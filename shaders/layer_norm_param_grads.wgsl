@@ -1,7 +1,8 @@
 // LayerNorm backward, parameter gradients (SPEC.md): dgamma = sum over rows of dy * xhat,
 // dbeta = sum over rows of dy. One invocation per column sums the rows [row_begin, row_end) in order:
 // deterministic, no atomics. The host splits long row ranges into several dispatches (llvmpipe's loop
-// cap); every dispatch after the first adds to the sums (accumulate = 1).
+// cap); every dispatch after the first adds to the sums (accumulate = 1). CENTERED = false is
+// RMSNorm's: no shift, so d_beta is not written (the host may bind d_gamma there).
 
 struct Params {
     rows: u32,
@@ -15,6 +16,7 @@ struct Params {
 }
 
 override WG: u32 = 64u;
+override CENTERED: bool = true;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -39,8 +41,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     if params.accumulate != 0u {
         dg += d_gamma[col];
-        db += d_beta[col];
     }
     d_gamma[col] = dg;
-    d_beta[col] = db;
+    if CENTERED {
+        if params.accumulate != 0u {
+            db += d_beta[col];
+        }
+        d_beta[col] = db;
+    }
 }

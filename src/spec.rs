@@ -82,12 +82,96 @@ pub enum RopeLayout {
 }
 
 /// A pointwise nonlinearity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub enum Activation {
     /// `max(x, 0)`.
     Relu,
-    /// GELU, tanh approximation.
+    /// GELU, tanh approximation (GPT-2's `gelu_new`, PyTorch's `gelu(approximate="tanh")`).
     Gelu,
+    /// SiLU (swish), `x * sigmoid(x)`: LLaMA's gate in SwiGLU.
+    Silu,
+}
+
+/// The normalisation in a model's residual blocks and at the end of a pre-LN stack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub enum Norm {
+    /// `(x - mean) / sqrt(var + eps) * gamma + beta` (`{name}.gamma`, `{name}.beta`).
+    #[default]
+    LayerNorm,
+    /// `x / sqrt(mean(x^2) + eps) * gamma` (LLaMA's; `{name}.gamma` only).
+    RmsNorm,
+}
+
+/// How rotary frequencies are stretched for contexts longer than a model was trained on (Hugging
+/// Face's `rope_scaling`). Each pair's inverse frequency `inv = base^(-2k / rotary_dim)` becomes:
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub enum RopeScaling {
+    /// `inv / factor`: positions interpolated linearly (`"linear"`).
+    Linear {
+        /// Above 1.
+        factor: f32,
+    },
+    /// LLaMA 3.1's (`"llama3"`): with wavelength `w = 2 pi / inv`, `inv` where `w` is below
+    /// `original / high_freq_factor`, `inv / factor` where it is above `original /
+    /// low_freq_factor`, and between them the blend `(1 - s) inv / factor + s inv`, `s = (original /
+    /// w - low_freq_factor) / (high_freq_factor - low_freq_factor)`.
+    Llama3 {
+        /// Above 1.
+        factor: f32,
+        /// Below `high_freq_factor`.
+        low_freq_factor: f32,
+        /// Above `low_freq_factor`.
+        high_freq_factor: f32,
+        /// The context length the model was trained on.
+        original_max_positions: usize,
+    },
+}
+
+impl RopeScaling {
+    /// Checks the factors (see each variant).
+    pub fn check(&self) -> Result<()> {
+        let positive = |arg: &'static str, x: f32| {
+            if x.is_finite() && x > 0.0 {
+                Ok(())
+            } else {
+                Err(Error::shape(
+                    arg,
+                    format!("is {x}; it must be finite and positive"),
+                ))
+            }
+        };
+        match *self {
+            RopeScaling::Linear { factor } => positive("rope_scaling.factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_positions,
+            } => {
+                positive("rope_scaling.factor", factor)?;
+                positive("rope_scaling.low_freq_factor", low_freq_factor)?;
+                positive("rope_scaling.high_freq_factor", high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(Error::shape(
+                        "rope_scaling.high_freq_factor",
+                        format!(
+                            "is {high_freq_factor}; it must exceed low_freq_factor {low_freq_factor}"
+                        ),
+                    ));
+                }
+                if original_max_positions == 0 {
+                    return Err(Error::shape(
+                        "rope_scaling.original_max_position_embeddings",
+                        "must be positive",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// AdamW hyper-parameters.

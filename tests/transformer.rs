@@ -8,6 +8,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::{assert_close, for_each_backend, to_f64, BACKWARD_ATOL, BACKWARD_RTOL};
+use wgpu_attention::model::transformer::{Activation, Norm, RopeScaling};
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::reference::transformer::{self as reference, ParamMap};
 use wgpu_attention::{Context, RelativeBuckets};
@@ -69,6 +70,55 @@ fn with_additive(c: TransformerConfig) -> TransformerConfig {
 fn with_rope(c: TransformerConfig) -> TransformerConfig {
     TransformerConfig {
         rope_base: Some(10000.0),
+        learned_positions: false,
+        ..c
+    }
+}
+
+/// GPT-2's blocks: learned positions in a table longer than the batch, tanh-GELU, tied
+/// embeddings, no output bias.
+fn gpt2_like(c: TransformerConfig) -> TransformerConfig {
+    TransformerConfig {
+        learned_positions: true,
+        max_positions: Some(9),
+        tied_embeddings: true,
+        output_bias: false,
+        ..c
+    }
+}
+
+/// LLaMA's blocks: RMSNorm, SwiGLU, no biases, grouped key/value heads, rotary embeddings with
+/// LLaMA 3's frequency scaling (one pair of each head unscaled, one blended, two scaled).
+fn llama_like(c: TransformerConfig) -> TransformerConfig {
+    TransformerConfig {
+        norm: Norm::RmsNorm,
+        norm_eps: 1e-6,
+        activation: Activation::Silu,
+        gated_feed_forward: true,
+        bias: false,
+        output_bias: false,
+        kv_heads: Some(2),
+        rope_base: Some(10000.0),
+        rope_scaling: Some(RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_positions: 64,
+        }),
+        learned_positions: false,
+        ..c
+    }
+}
+
+/// GeGLU with biases, RMSNorm and one key/value head (MQA), linear rope scaling.
+fn geglu_mqa(c: TransformerConfig) -> TransformerConfig {
+    TransformerConfig {
+        norm: Norm::RmsNorm,
+        activation: Activation::Gelu,
+        gated_feed_forward: true,
+        kv_heads: Some(1),
+        rope_base: Some(500.0),
+        rope_scaling: Some(RopeScaling::Linear { factor: 2.0 }),
         learned_positions: false,
         ..c
     }
@@ -232,7 +282,23 @@ fn decoder_only_with_learned_positions_matches_cpu_model() {
     });
 }
 
-/// Central differences of the CPU model's loss for a few elements of every parameter.
+/// The blocks published checkpoints are made of: GPT-2's and LLaMA's, and GeGLU with MQA in an
+/// encoder-decoder (cross-attention keeps its full heads).
+#[test]
+fn checkpoint_architectures_match_cpu_model() {
+    for_each_backend(|backend, ctx| {
+        check_against_cpu(backend, ctx, gpt2_like(config(0, true, false)), "gpt2-like");
+        check_against_cpu(
+            backend,
+            ctx,
+            llama_like(config(0, true, false)),
+            "llama-like",
+        );
+        let c = geglu_mqa(config(2, true, false));
+        check_against_cpu(backend, ctx, c, "enc-dec geglu+mqa+rms");
+    });
+}
+
 #[test]
 fn score_modifiers_in_the_model_match_cpu_model() {
     for_each_backend(|backend, ctx| {
@@ -286,6 +352,7 @@ fn additive_scores_refuse_dot_product_terms() {
     });
 }
 
+/// Central differences of the CPU model's loss for a few elements of every parameter.
 #[test]
 fn cpu_model_gradients_match_finite_differences() {
     for c in [
@@ -296,6 +363,9 @@ fn cpu_model_gradients_match_finite_differences() {
         with_learned_score_terms(config(1, false, false), true),
         with_rope(config(1, true, false)),
         with_additive(config(1, true, false)),
+        gpt2_like(config(0, true, false)),
+        llama_like(config(0, true, false)),
+        geglu_mqa(config(1, false, false)),
     ] {
         let ctx_free_params = {
             // Parameters drawn like the GPU model's, without a GPU: the names and shapes come from a

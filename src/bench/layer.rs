@@ -53,6 +53,10 @@ impl LayerCase {
             d_ff: config.d_ff,
             layers: 1,
             pre_ln: config.pre_ln,
+            norm: Default::default(),
+            feed_forward: Default::default(),
+            kv_heads: config.heads,
+            bias: true,
             scores: Default::default(),
             positions: seq,
         };

@@ -140,7 +140,10 @@ impl Generator {
         let learned = c.position_kind() == PositionKind::Learned;
         let trained = model.shape();
         let (src_positions, tgt_positions) = match learned {
-            true => (trained.src_len, trained.tgt_len),
+            true => (
+                c.position_rows(trained.src_len),
+                c.position_rows(trained.tgt_len),
+            ),
             false => (s.src_len, s.capacity),
         };
         if learned && s.capacity > tgt_positions {
@@ -188,9 +191,9 @@ impl Generator {
                 rows,
             })
         };
-        let prefill = pass(s.prefill_chunk)?;
+        let mut prefill = pass(s.prefill_chunk)?;
         let step = pass(1)?;
-        let output = Linear::new(ctx, &mut params, "out", c.d_model, c.vocab)?;
+        let output = c.output_head(ctx, &mut params, &mut prefill.target)?;
         let head_dim = c.d_model / c.heads;
         // Additive layers cache their key projections b (Da per head) instead of keys.
         let key_dim = c.additive_attention.unwrap_or(head_dim);
@@ -199,7 +202,7 @@ impl Generator {
             c.decoder_layers,
             b,
             s.capacity,
-            c.heads,
+            c.kv_heads(),
             [key_dim, head_dim],
         )?;
         let zeros = vec![0u32; b];

@@ -1,5 +1,6 @@
-//! Elementwise ops: activations (`shaders/activation_{forward,backward}.wgsl`, ReLU and tanh-GELU)
-//! and the residual sum (`shaders/add.wgsl`). CPU reference: [`crate::reference::elementwise`].
+//! Elementwise ops: activations (`shaders/activation_{forward,backward}.wgsl`: ReLU, tanh-GELU, SiLU),
+//! gated activations (`shaders/gated_activation_{forward,backward}.wgsl`: SwiGLU, GeGLU) and the
+//! residual sum (`shaders/add.wgsl`). CPU reference: [`crate::reference::elementwise`].
 
 use crate::device::Context;
 use crate::error::{Error, Result};
@@ -16,6 +17,14 @@ const ACTIVATION_BACKWARD: &str = concat!(
     include_str!("../../shaders/activation_backward.wgsl")
 );
 const ADD: &str = include_str!("../../shaders/add.wgsl");
+const GATED_FORWARD: &str = concat!(
+    include_str!("../../shaders/activation_common.wgsl"),
+    include_str!("../../shaders/gated_activation_forward.wgsl")
+);
+const GATED_BACKWARD: &str = concat!(
+    include_str!("../../shaders/activation_common.wgsl"),
+    include_str!("../../shaders/gated_activation_backward.wgsl")
+);
 
 /// The elementwise shaders by name, for the naga tests.
 pub fn shader_sources() -> Vec<(&'static str, String)> {
@@ -23,6 +32,8 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("activation_forward", ACTIVATION_FORWARD.to_string()),
         ("activation_backward", ACTIVATION_BACKWARD.to_string()),
         ("add", ADD.to_string()),
+        ("gated_activation_forward", GATED_FORWARD.to_string()),
+        ("gated_activation_backward", GATED_BACKWARD.to_string()),
     ]
 }
 
@@ -34,6 +45,7 @@ impl Activation {
         match self {
             Activation::Relu => 1,
             Activation::Gelu => 2,
+            Activation::Silu => 3,
         }
     }
 }
@@ -172,6 +184,108 @@ pub fn add_into(
         bytemuck::bytes_of(&p),
         &[a, b, out],
         a.len(),
+    );
+    Ok(())
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct GatedParams {
+    rows: u32,
+    width: u32,
+    grid_x: u32,
+    pad: u32,
+}
+
+/// Rows and the gated width `F` of `gate_up [.., 2 F]`, and the shape of `y [.., F]`.
+fn gated_shape(ctx: &Context, gate_up: &GpuTensor) -> Result<(GatedParams, Vec<usize>)> {
+    let last = *gate_up.shape().last().unwrap_or(&0);
+    if last == 0 || !last.is_multiple_of(2) || gate_up.len() > u32::MAX as usize {
+        return Err(Error::shape(
+            "gate_up",
+            format!(
+                "has shape {:?}; its last dim must be 2 F > 0 (gate then up), under 2^32 elements",
+                gate_up.shape()
+            ),
+        ));
+    }
+    check_binding(ctx, "gate_up", gate_up.size_bytes())?;
+    let width = last / 2;
+    let rows = gate_up.len() / last;
+    let mut shape = gate_up.shape().to_vec();
+    *shape.last_mut().expect("non-empty shape") = width;
+    let params = GatedParams {
+        rows: rows as u32,
+        width: width as u32,
+        grid_x: grid_x(rows * width),
+        pad: 0,
+    };
+    Ok((params, shape))
+}
+
+/// Records the gated activation `y = act(gate) * up` of a gated feed-forward block (SwiGLU with
+/// [`Activation::Silu`], GeGLU with [`Activation::Gelu`]): each row of `gate_up [.., 2 F]` is the
+/// gate projection then the up projection; `y` is `[.., F]`.
+pub fn gated_activation_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    kind: Activation,
+    gate_up: &GpuTensor,
+    y: &GpuTensor,
+) -> Result<()> {
+    let (p, y_shape) = gated_shape(ctx, gate_up)?;
+    if y.shape() != y_shape {
+        return Err(Error::shape(
+            "y",
+            format!("has shape {:?}, expected {y_shape:?}", y.shape()),
+        ));
+    }
+    check_tensors(ctx, &[("y", y)], &[("gate_up", gate_up)])?;
+    encode(
+        ctx,
+        encoder,
+        "gated_activation_forward",
+        GATED_FORWARD,
+        &[("ACTIVATION", kind.code())],
+        bytemuck::bytes_of(&p),
+        &[gate_up, y],
+        y.len(),
+    );
+    Ok(())
+}
+
+/// Records the backward of [`gated_activation_forward_into`]: `d_gate = dy * up * act'(gate)` and
+/// `d_up = dy * act(gate)` into `d_gate_up`, laid out as `gate_up`.
+pub fn gated_activation_backward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    kind: Activation,
+    gate_up: &GpuTensor,
+    dy: &GpuTensor,
+    d_gate_up: &GpuTensor,
+) -> Result<()> {
+    let (p, y_shape) = gated_shape(ctx, gate_up)?;
+    if dy.shape() != y_shape {
+        return Err(Error::shape(
+            "dy",
+            format!("has shape {:?}, expected {y_shape:?}", dy.shape()),
+        ));
+    }
+    same_shape("d_gate_up", d_gate_up, gate_up)?;
+    check_tensors(
+        ctx,
+        &[("d_gate_up", d_gate_up)],
+        &[("gate_up", gate_up), ("dy", dy)],
+    )?;
+    encode(
+        ctx,
+        encoder,
+        "gated_activation_backward",
+        GATED_BACKWARD,
+        &[("ACTIVATION", kind.code())],
+        bytemuck::bytes_of(&p),
+        &[gate_up, dy, d_gate_up],
+        dy.len(),
     );
     Ok(())
 }

@@ -199,6 +199,29 @@ pub fn embedding_backward_into(
     dy: &GpuTensor,
     d_table: &GpuTensor,
 ) -> Result<()> {
+    record_embedding_backward(ctx, encoder, tokens, dy, d_table, false)
+}
+
+/// [`embedding_backward_into`] adding to the gradient already in `d_table` instead of overwriting
+/// it: a table that is also the output head's weight (tied embeddings) receives both gradients.
+pub fn embedding_backward_add_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    tokens: &GpuTokens,
+    dy: &GpuTensor,
+    d_table: &GpuTensor,
+) -> Result<()> {
+    record_embedding_backward(ctx, encoder, tokens, dy, d_table, true)
+}
+
+fn record_embedding_backward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    tokens: &GpuTokens,
+    dy: &GpuTensor,
+    d_table: &GpuTensor,
+    add: bool,
+) -> Result<()> {
     let (vocab, dim) = check_table(ctx, d_table)?;
     check_tokens(tokens, vocab, dim)?;
     if dy.shape() != shape_with_dim(tokens, dim) {
@@ -236,7 +259,7 @@ pub fn embedding_backward_into(
             grid_x: grid_x(dim),
             token_begin: begin,
             token_end: end,
-            accumulate: (index > 0) as u32,
+            accumulate: (add || index > 0) as u32,
             pad: 0,
         };
         encode(

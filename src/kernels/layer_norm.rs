@@ -1,7 +1,9 @@
 //! LayerNorm over the last dimension (SPEC.md): `shaders/layer_norm_forward.wgsl` writes y and the
 //! per-row `(mean, rstd)`; the backward is `layer_norm_backward.wgsl` (dx, one invocation per row) and
 //! `layer_norm_param_grads.wgsl` (dgamma, dbeta, one invocation per column summing rows in order, so
-//! deterministic without atomics). CPU reference: [`crate::reference::layer_norm`].
+//! deterministic without atomics). RMSNorm (LLaMA's: no centring, no shift) is the same kernels with
+//! `CENTERED = false`: [`rms_norm_forward_into`], [`rms_norm_backward_add_into`].
+//! CPU reference: [`crate::reference::layer_norm`].
 
 use crate::device::Context;
 use crate::error::{Error, Result};
@@ -149,9 +151,41 @@ pub fn layer_norm_forward_into(
     y: &GpuTensor,
     stats: &GpuTensor,
 ) -> Result<()> {
+    norm_forward_into(ctx, encoder, x, gamma, Some(beta), eps, y, stats)
+}
+
+/// Records the RMSNorm forward `y = x / sqrt(mean(x^2) + eps) * gamma` (LLaMA's): `y` shaped like
+/// `x`, `stats [rows, 2]` holding `(0, rstd)` per row. Nothing is recorded if the input is rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    gamma: &GpuTensor,
+    eps: f32,
+    y: &GpuTensor,
+    stats: &GpuTensor,
+) -> Result<()> {
+    norm_forward_into(ctx, encoder, x, gamma, None, eps, y, stats)
+}
+
+/// LayerNorm (`beta` given) or RMSNorm (`None`).
+#[allow(clippy::too_many_arguments)]
+fn norm_forward_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    gamma: &GpuTensor,
+    beta: Option<&GpuTensor>,
+    eps: f32,
+    y: &GpuTensor,
+    stats: &GpuTensor,
+) -> Result<()> {
     let (rows, cols) = rows_cols(ctx, x)?;
     check_shape("gamma", gamma, &[cols])?;
-    check_shape("beta", beta, &[cols])?;
+    if let Some(beta) = beta {
+        check_shape("beta", beta, &[cols])?;
+    }
     check_shape("y", y, x.shape())?;
     check_shape("stats", stats, &[rows, 2])?;
     if !(eps.is_finite() && eps >= 0.0) {
@@ -160,25 +194,24 @@ pub fn layer_norm_forward_into(
             format!("is {eps}; it must be finite and >= 0"),
         ));
     }
-    check_tensors(
-        ctx,
-        &[("y", y), ("stats", stats)],
-        &[("x", x), ("gamma", gamma), ("beta", beta)],
-    )?;
+    let mut inputs = vec![("x", x), ("gamma", gamma)];
+    inputs.extend(beta.map(|b| ("beta", b)));
+    check_tensors(ctx, &[("y", y), ("stats", stats)], &inputs)?;
     let params = RowParams {
         rows: rows as u32,
         cols: cols as u32,
         eps,
         grid_x: grid_x(rows),
     };
+    // RMSNorm binds gamma where beta would be; the shader does not read it.
     encode(
         ctx,
         encoder,
         "layer_norm_forward",
         FORWARD,
-        &[],
+        &[("CENTERED", beta.is_some() as u32)],
         bytemuck::bytes_of(&params),
-        &[x, gamma, beta, y, stats],
+        &[x, gamma, beta.unwrap_or(gamma), y, stats],
         rows,
     );
     Ok(())
@@ -249,23 +282,66 @@ pub fn layer_norm_backward_add_into(
     grads: [&GpuTensor; 3],
 ) -> Result<()> {
     let [dx, d_gamma, d_beta] = grads;
+    norm_backward_add_into(
+        ctx,
+        encoder,
+        x,
+        gamma,
+        stats,
+        dy,
+        residual,
+        [dx, d_gamma],
+        Some(d_beta),
+    )
+}
+
+/// The RMSNorm backward (after [`rms_norm_forward_into`], whose `stats` it reads) with `dx =
+/// RMSNorm'(dy) + residual`; `grads` are `[dx, d_gamma]` (overwritten).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_backward_add_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    gamma: &GpuTensor,
+    stats: &GpuTensor,
+    dy: &GpuTensor,
+    residual: Option<&GpuTensor>,
+    grads: [&GpuTensor; 2],
+) -> Result<()> {
+    norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, residual, grads, None)
+}
+
+/// LayerNorm's backward (`d_beta` given) or RMSNorm's (`None`).
+#[allow(clippy::too_many_arguments)]
+fn norm_backward_add_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    gamma: &GpuTensor,
+    stats: &GpuTensor,
+    dy: &GpuTensor,
+    residual: Option<&GpuTensor>,
+    [dx, d_gamma]: [&GpuTensor; 2],
+    d_beta: Option<&GpuTensor>,
+) -> Result<()> {
     let (rows, cols) = rows_cols(ctx, x)?;
     check_shape("gamma", gamma, &[cols])?;
     check_shape("stats", stats, &[rows, 2])?;
     check_shape("dy", dy, x.shape())?;
     check_shape("dx", dx, x.shape())?;
     check_shape("d_gamma", d_gamma, &[cols])?;
-    check_shape("d_beta", d_beta, &[cols])?;
+    if let Some(d_beta) = d_beta {
+        check_shape("d_beta", d_beta, &[cols])?;
+    }
     if let Some(r) = residual {
         check_shape("residual", r, x.shape())?;
     }
     let mut inputs = vec![("x", x), ("gamma", gamma), ("stats", stats), ("dy", dy)];
     inputs.extend(residual.map(|r| ("residual", r)));
-    check_tensors(
-        ctx,
-        &[("dx", dx), ("d_gamma", d_gamma), ("d_beta", d_beta)],
-        &inputs,
-    )?;
+    let mut outputs = vec![("dx", dx), ("d_gamma", d_gamma)];
+    outputs.extend(d_beta.map(|d| ("d_beta", d)));
+    check_tensors(ctx, &outputs, &inputs)?;
+    let centered = [("CENTERED", d_beta.is_some() as u32)];
     let params = BackwardParams {
         rows: rows as u32,
         cols: cols as u32,
@@ -279,12 +355,13 @@ pub fn layer_norm_backward_add_into(
         &mut pass,
         "layer_norm_backward",
         BACKWARD,
-        &[],
+        &centered,
         bytemuck::bytes_of(&params),
         &[x, gamma, stats, dy, dx, residual.unwrap_or(dy)],
         rows,
     );
-    // Each column sums its rows in order; long row ranges are split under a loop budget.
+    // Each column sums its rows in order; long row ranges are split under a loop budget. RMSNorm
+    // binds d_gamma where d_beta would be (the shader writes only d_gamma then).
     for (index, (begin, end)) in loop_chunks(ctx, rows, 1, 16, 1).into_iter().enumerate() {
         let params = ColumnParams {
             rows: rows as u32,
@@ -300,9 +377,9 @@ pub fn layer_norm_backward_add_into(
             &mut pass,
             "layer_norm_param_grads",
             PARAM_GRADS,
-            &[],
+            &centered,
             bytemuck::bytes_of(&params),
-            &[x, stats, dy, d_gamma, d_beta],
+            &[x, stats, dy, d_gamma, d_beta.unwrap_or(d_gamma)],
             cols,
         );
     }

@@ -9,7 +9,7 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::{encode, grid_x};
-pub use crate::spec::RopeLayout;
+pub use crate::spec::{RopeLayout, RopeScaling};
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
 const ROPE: &str = include_str!("../../shaders/rope.wgsl");
@@ -52,6 +52,8 @@ pub struct RopeTable {
     pub layout: RopeLayout,
     /// Positions the table covers.
     pub max_positions: usize,
+    /// How the frequencies are stretched, if they are.
+    pub scaling: Option<RopeScaling>,
 }
 
 impl RopeTable {
@@ -64,6 +66,22 @@ impl RopeTable {
         layout: RopeLayout,
         max_positions: usize,
     ) -> Result<Self> {
+        Self::scaled(ctx, base, rotary_dim, layout, None, max_positions)
+    }
+
+    /// [`RopeTable::new`] with the frequencies stretched by `scaling` (Hugging Face's
+    /// `rope_scaling`: `linear`, `llama3`).
+    pub fn scaled(
+        ctx: &Context,
+        base: f64,
+        rotary_dim: usize,
+        layout: RopeLayout,
+        scaling: Option<RopeScaling>,
+        max_positions: usize,
+    ) -> Result<Self> {
+        if let Some(scaling) = scaling {
+            scaling.check()?;
+        }
         if !(base.is_finite() && base > 1.0) {
             return Err(Error::shape(
                 "rope base",
@@ -86,7 +104,7 @@ impl RopeTable {
         let mut values = vec![0.0f32; 2 * max_positions * pairs];
         for p in 0..max_positions {
             for k in 0..pairs {
-                let (s, c) = angle(p, k, base, rotary_dim).sin_cos();
+                let (s, c) = (p as f64 * frequency(k, base, rotary_dim, scaling)).sin_cos();
                 values[p * pairs + k] = c as f32;
                 values[(max_positions + p) * pairs + k] = s as f32;
             }
@@ -97,6 +115,7 @@ impl RopeTable {
             rotary_dim,
             layout,
             max_positions,
+            scaling,
         })
     }
 }
@@ -229,8 +248,31 @@ fn record(
     Ok(())
 }
 
-/// The rotation angle of pair `k` at position `p`, `p * base^(-2k / rotary_dim)` (the host's
+/// The angular frequency of pair `k`, `base^(-2k / rotary_dim)` stretched by `scaling` (the host's
 /// statement; the reference has its own).
-fn angle(p: usize, k: usize, base: f64, rotary_dim: usize) -> f64 {
-    p as f64 * base.powf(-2.0 * k as f64 / rotary_dim as f64)
+fn frequency(k: usize, base: f64, rotary_dim: usize, scaling: Option<RopeScaling>) -> f64 {
+    let inv = base.powf(-2.0 * k as f64 / rotary_dim as f64);
+    match scaling {
+        None => inv,
+        Some(RopeScaling::Linear { factor }) => inv / f64::from(factor),
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_positions,
+        }) => {
+            let wavelength = std::f64::consts::TAU / inv;
+            let original = original_max_positions as f64;
+            let (low, high) = (f64::from(low_freq_factor), f64::from(high_freq_factor));
+            let scaled = inv / f64::from(factor);
+            if wavelength < original / high {
+                inv
+            } else if wavelength > original / low {
+                scaled
+            } else {
+                let smooth = (original / wavelength - low) / (high - low);
+                (1.0 - smooth) * scaled + smooth * inv
+            }
+        }
+    }
 }

@@ -15,10 +15,12 @@ use crate::kernels::attention::{
 use crate::kernels::kv_cache::kv_cache_append_into;
 use crate::kernels::linear::Epilogue;
 use crate::kernels::rope::{
-    rope_backward_into, rope_forward_cached_into, rope_forward_into, RopeLayout, RopeTable,
+    rope_backward_into, rope_forward_cached_into, rope_forward_into, RopeLayout, RopeScaling,
+    RopeTable,
 };
 use crate::layers::linear::Linear;
 use crate::layers::params::{Init, ParamId, Params};
+use crate::layers::stack::StackConfig;
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 
 /// Score modifiers of a self-attention layer (see [`AttentionOptions`]): softcap, ALiBi, a
@@ -45,6 +47,8 @@ pub struct ScoreOptions {
     pub key_clip: Option<f32>,
     /// Rotary position embeddings of Q and K with this base (half layout, every head dim).
     pub rope_base: Option<f32>,
+    /// How the rotary frequencies are stretched (with `rope_base`).
+    pub rope_scaling: Option<RopeScaling>,
     /// Additive (Bahdanau) scores instead of dot products, with this score dim per head: the fused
     /// projection gives `a` and `b` (`[.., H, Da]` each) instead of Q and K, and the layer learns
     /// `{name}.additive_w` and `{name}.additive_bias` (`[H, Da]`). Excludes every other score term
@@ -119,6 +123,8 @@ pub struct MultiHeadAttention {
     additive: Option<Additive>,
     shape: AttentionShape,
     heads: usize,
+    /// Self-attention's key and value heads (`heads` in cross-attention).
+    kv_heads: usize,
     d_model: usize,
     /// Self: the fused QKV projection. Cross: the Q projection.
     pub query: Linear,
@@ -140,53 +146,73 @@ pub struct MultiHeadAttention {
 }
 
 impl MultiHeadAttention {
-    /// `rows = [batch, query length]`, `memory_len` the key length of cross-attention; `additive`
-    /// (self-attention only) the score dim of additive scores (see [`ScoreOptions::additive`]).
-    #[allow(clippy::too_many_arguments)]
+    /// A layer of stack `c` (width, heads, key/value heads, biases, additive scores) for `rows =
+    /// [batch, query length]`, `memory_len` the key length of cross-attention. Self-attention's
+    /// fused projection is `[Q; K; V]` with `kv_heads` key and value heads (GQA); cross-attention
+    /// has as many key and value heads as query heads and dot-product scores.
     pub fn new(
         ctx: &Context,
         params: &mut Params,
         name: &str,
         kind: AttentionKind,
-        d_model: usize,
-        heads: usize,
+        c: &StackConfig,
         rows: [usize; 2],
         memory_len: usize,
-        additive: Option<usize>,
     ) -> Result<Self> {
+        let (d_model, heads) = (c.d_model, c.heads);
+        let self_attention = matches!(kind, AttentionKind::SelfAttention { .. });
+        let additive = c.scores.additive.filter(|_| self_attention);
+        let kv_heads = if self_attention { c.kv_heads } else { heads };
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(Error::shape(
+                "kv_heads",
+                format!("is {kv_heads}; it must divide the {heads} query heads"),
+            ));
+        }
+        if additive.is_some() && kv_heads != heads {
+            return Err(Error::shape(
+                "kv_heads",
+                "additive scores have one key projection per query head; grouped heads are for dot products",
+            ));
+        }
         let [b, lq] = rows;
         let hd = d_model / heads;
         // Width of the projections that meet in the scores: Q and K, or additive's a and b.
-        let qk = heads * additive.unwrap_or(hd);
-        let (query, key_value, proj_width) = match kind {
+        let qk_dim = additive.unwrap_or(hd);
+        let proj_width = heads * qk_dim + kv_heads * (qk_dim + hd);
+        let (query, key_value) = match kind {
             AttentionKind::SelfAttention { .. } => (
-                Linear::new(
+                Linear::with_bias(
                     ctx,
                     params,
                     &format!("{name}.qkv"),
                     d_model,
-                    2 * qk + d_model,
+                    proj_width,
+                    c.bias,
                 )?,
                 None,
-                2 * qk + d_model,
             ),
-            AttentionKind::Cross if additive.is_some() => return Err(Error::shape(
-                "additive",
-                "additive scores are built for self-attention; cross-attention keeps dot products",
-            )),
             AttentionKind::Cross => (
-                Linear::new(ctx, params, &format!("{name}.q"), d_model, d_model)?,
-                Some(Linear::new(
+                Linear::with_bias(ctx, params, &format!("{name}.q"), d_model, d_model, c.bias)?,
+                Some(Linear::with_bias(
                     ctx,
                     params,
                     &format!("{name}.kv"),
                     d_model,
                     2 * d_model,
+                    c.bias,
                 )?),
-                d_model,
             ),
         };
-        let output = Linear::new(ctx, params, &format!("{name}.out"), d_model, d_model)?;
+        let proj_width = if self_attention { proj_width } else { d_model };
+        let output = Linear::with_bias(
+            ctx,
+            params,
+            &format!("{name}.out"),
+            d_model,
+            d_model,
+            c.bias,
+        )?;
         let lk = if kind == AttentionKind::Cross {
             memory_len
         } else {
@@ -198,8 +224,8 @@ impl MultiHeadAttention {
             q_seq: lq,
             kv_seq: lk,
             heads,
-            kv_heads: heads,
-            head_dim_qk: additive.unwrap_or(hd),
+            kv_heads,
+            head_dim_qk: qk_dim,
             head_dim_v: hd,
         };
         let additive = match additive {
@@ -243,6 +269,7 @@ impl MultiHeadAttention {
             additive,
             shape,
             heads,
+            kv_heads,
             d_model,
             query,
             key_value,
@@ -264,14 +291,14 @@ impl MultiHeadAttention {
 
     /// Q, K, V views of `proj` (and `kv_proj` for cross-attention); with additive scores, a, b, V.
     fn split(&self, proj: &GpuTensor, kv_proj: Option<&GpuTensor>) -> Result<[HeadsView; 3]> {
-        let (h, d) = (self.heads, self.d_model);
+        let (h, kv, d) = (self.heads, self.kv_heads, self.d_model);
         let hd = d / h;
         let qk = self.additive.as_ref().map_or(hd, |a| a.dim);
         Ok(match kv_proj {
             None => [
                 proj.split_heads(0, h, qk)?,
-                proj.split_heads(h * qk, h, qk)?,
-                proj.split_heads(2 * h * qk, h, hd)?,
+                proj.split_heads(h * qk, kv, qk)?,
+                proj.split_heads(h * qk + kv * qk, kv, hd)?,
             ],
             Some(kv) => [
                 proj.split_heads(0, h, hd)?,
@@ -323,11 +350,12 @@ impl MultiHeadAttention {
         }
         if let Some(base) = scores.rope_base {
             let hd = self.d_model / h;
-            self.rope = Some(RopeTable::new(
+            self.rope = Some(RopeTable::scaled(
                 ctx,
                 base.into(),
                 hd,
                 RopeLayout::Half,
+                scores.rope_scaling,
                 positions,
             )?);
         }

@@ -58,6 +58,7 @@ impl DecoderLayer {
                 c.d_model,
                 rows,
                 c.pre_ln,
+                c.norm,
             )
         };
         let self_block = block(params, "ln1")?;
@@ -66,11 +67,9 @@ impl DecoderLayer {
             params,
             &format!("{name}.self_attn"),
             AttentionKind::SelfAttention { causal: true },
-            c.d_model,
-            c.heads,
+            c,
             rows,
             rows[1],
-            c.scores.additive,
         )?
         .with_scores(ctx, params, c.scores, c.positions)?;
         let cross = match memory_len {
@@ -81,11 +80,9 @@ impl DecoderLayer {
                     params,
                     &format!("{name}.cross_attn"),
                     AttentionKind::Cross,
-                    c.d_model,
-                    c.heads,
+                    c,
                     rows,
                     mem,
-                    None,
                 )?,
                 d_memory: GpuTensor::zeros(ctx, &[rows[0], mem, c.d_model])?,
             }),
@@ -103,6 +100,8 @@ impl DecoderLayer {
                 c.d_model,
                 c.d_ff,
                 rows,
+                c.feed_forward,
+                c.bias,
             )?,
         })
     }

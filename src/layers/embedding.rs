@@ -7,8 +7,9 @@
 use crate::device::Context;
 use crate::error::Result;
 use crate::kernels::embedding::{
-    embedding_backward_into, embedding_forward_into, positional_backward_into,
-    positional_forward_cached_into, positional_forward_into, sinusoidal_table,
+    embedding_backward_add_into, embedding_backward_into, embedding_forward_into,
+    positional_backward_into, positional_forward_cached_into, positional_forward_into,
+    sinusoidal_table,
 };
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
@@ -34,6 +35,8 @@ enum Positions {
 /// rotary attention), with its backward.
 pub struct Embedding {
     table: ParamId,
+    /// The table is also the output head's weight, whose backward runs first: add to its gradient.
+    tied: bool,
     positions: Positions,
     /// `[batch, seq]` token ids, written by the caller.
     pub tokens: GpuTokens,
@@ -80,11 +83,23 @@ impl Embedding {
         let shape = [rows[0], rows[1], d_model];
         Ok(Self {
             table,
+            tied: false,
             positions,
             tokens: GpuTokens::from_slice(ctx, &vec![pad_id; rows[0] * rows[1]], &rows)?,
             embedded: GpuTensor::zeros(ctx, &shape)?,
             x: GpuTensor::zeros(ctx, &shape)?,
         })
+    }
+
+    /// The token table `{name}.embed [vocab, d_model]`.
+    pub fn table(&self) -> ParamId {
+        self.table
+    }
+
+    /// Marks the table as shared with an output head ([`crate::layers::linear::Linear::tied`]) whose
+    /// backward runs before this layer's: the backward then adds to the table's gradient.
+    pub fn tie_output(&mut self) {
+        self.tied = true;
     }
 
     fn position_table<'a>(&'a self, p: &'a Params) -> Option<&'a GpuTensor> {
@@ -145,7 +160,12 @@ impl Embedding {
         p: &Params,
         dx: &GpuTensor,
     ) -> Result<()> {
-        embedding_backward_into(ctx, encoder, &self.tokens, dx, p.grad(self.table))?;
+        let d_table = p.grad(self.table);
+        if self.tied {
+            embedding_backward_add_into(ctx, encoder, &self.tokens, dx, d_table)?;
+        } else {
+            embedding_backward_into(ctx, encoder, &self.tokens, dx, d_table)?;
+        }
         if let Positions::Learned(id) = &self.positions {
             positional_backward_into(ctx, encoder, dx, p.grad(*id))?;
         }

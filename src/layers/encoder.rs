@@ -52,17 +52,16 @@ impl EncoderLayer {
                 c.d_model,
                 rows,
                 c.pre_ln,
+                c.norm,
             )?,
             attention: MultiHeadAttention::new(
                 ctx,
                 params,
                 &format!("{name}.attn"),
                 kind,
-                c.d_model,
-                c.heads,
+                c,
                 rows,
                 rows[1],
-                c.scores.additive,
             )?
             .with_scores(ctx, params, c.scores, c.positions)?,
             feed_forward_block: Residual::new(
@@ -72,6 +71,7 @@ impl EncoderLayer {
                 c.d_model,
                 rows,
                 c.pre_ln,
+                c.norm,
             )?,
             feed_forward: FeedForward::new(
                 ctx,
@@ -80,6 +80,8 @@ impl EncoderLayer {
                 c.d_model,
                 c.d_ff,
                 rows,
+                c.feed_forward,
+                c.bias,
             )?,
         })
     }

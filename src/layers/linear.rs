@@ -1,5 +1,7 @@
 //! Linear layer `y = x W^T + b`: parameters in a [`Params`] store, recorded with
-//! [`crate::kernels::linear`]. Weights start uniform in `+-1/sqrt(in)`, biases at zero.
+//! [`crate::kernels::linear`]. Weights start uniform in `+-1/sqrt(in)`, biases at zero. A layer may
+//! have no bias (LLaMA's), or borrow its weight from another layer (an output head tied to the token
+//! embedding).
 
 use crate::device::Context;
 use crate::error::Result;
@@ -9,12 +11,12 @@ use crate::kernels::linear::{
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::GpuTensor;
 
-/// A linear layer's parameters: `weight [out, in]` and `bias [out]`.
+/// A linear layer's parameters: `weight [out, in]` and `bias [out]` (if it has one).
 pub struct Linear {
     /// `[out, in]`.
     pub weight: ParamId,
     /// `[out]`.
-    pub bias: ParamId,
+    pub bias: Option<ParamId>,
 }
 
 impl Linear {
@@ -26,6 +28,18 @@ impl Linear {
         in_features: usize,
         out_features: usize,
     ) -> Result<Self> {
+        Self::with_bias(ctx, params, name, in_features, out_features, true)
+    }
+
+    /// Adds `{name}.weight [out, in]` and, if `bias`, `{name}.bias [out]`.
+    pub fn with_bias(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+    ) -> Result<Self> {
         let bound = 1.0 / (in_features as f32).sqrt();
         Ok(Self {
             weight: params.add(
@@ -34,7 +48,28 @@ impl Linear {
                 &[out_features, in_features],
                 Init::Uniform(bound),
             )?,
-            bias: params.add(ctx, format!("{name}.bias"), &[out_features], Init::Zeros)?,
+            bias: bias
+                .then(|| params.add(ctx, format!("{name}.bias"), &[out_features], Init::Zeros))
+                .transpose()?,
+        })
+    }
+
+    /// A layer whose weight is another's parameter (`weight`, `[out, in]`), with a bias of its own
+    /// `{name}.bias` if `bias`. Its backward overwrites the weight's gradient: the owner's backward
+    /// must run after it and add to it (see [`crate::layers::embedding::Embedding`]).
+    pub fn tied(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        weight: ParamId,
+        bias: bool,
+    ) -> Result<Self> {
+        let out_features = params.value(weight).shape()[0];
+        Ok(Self {
+            weight,
+            bias: bias
+                .then(|| params.add(ctx, format!("{name}.bias"), &[out_features], Init::Zeros))
+                .transpose()?,
         })
     }
 
@@ -60,8 +95,8 @@ impl Linear {
         epilogue: Epilogue<'_>,
         y: &GpuTensor,
     ) -> Result<()> {
-        let (w, b) = (p.value(self.weight), p.value(self.bias));
-        linear_forward_epilogue_into(ctx, encoder, x, w, Some(b), epilogue, y)
+        let (w, b) = (p.value(self.weight), self.bias.map(|b| p.value(b)));
+        linear_forward_epilogue_into(ctx, encoder, x, w, b, epilogue, y)
     }
 
     /// Writes `dx` and the weight and bias gradients.
@@ -92,7 +127,7 @@ impl Linear {
         let grads = LinearGrads {
             dx: dx.clone(),
             d_weight: p.grad(self.weight).clone(),
-            d_bias: Some(p.grad(self.bias).clone()),
+            d_bias: self.bias.map(|b| p.grad(b).clone()),
         };
         let w = p.value(self.weight);
         linear_backward_epilogue_into(ctx, encoder, x, w, dy, &grads, dx_epilogue)

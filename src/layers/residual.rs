@@ -12,27 +12,68 @@
 
 use crate::device::Context;
 use crate::error::Result;
-use crate::kernels::layer_norm::{layer_norm_backward_add_into, layer_norm_forward_into};
+use crate::kernels::layer_norm::{
+    layer_norm_backward_add_into, layer_norm_forward_into, rms_norm_backward_add_into,
+    rms_norm_forward_into,
+};
 use crate::layers::params::{Init, ParamId, Params};
+pub use crate::spec::Norm;
 use crate::tensor::GpuTensor;
 
 /// LayerNorm's epsilon (SPEC.md).
 pub const LN_EPS: f32 = 1e-5;
 
-/// LayerNorm parameters `{name}.gamma` (ones) and `{name}.beta` (zeros).
+/// Which normalisation a block uses, and its epsilon.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormConfig {
+    /// LayerNorm or RMSNorm.
+    pub kind: Norm,
+    /// Added to the variance (or mean square) under the square root.
+    pub eps: f32,
+}
+
+impl Default for NormConfig {
+    /// LayerNorm with [`LN_EPS`].
+    fn default() -> Self {
+        Self {
+            kind: Norm::LayerNorm,
+            eps: LN_EPS,
+        }
+    }
+}
+
+/// LayerNorm parameters `{name}.gamma` (ones) and `{name}.beta` (zeros); RMSNorm has no `beta`.
 pub struct LayerNorm {
     /// The scale, ones at first.
     pub gamma: ParamId,
-    /// The shift, zeros at first.
-    pub beta: ParamId,
+    /// The shift, zeros at first; `None` for RMSNorm.
+    pub beta: Option<ParamId>,
+    eps: f32,
 }
 
 impl LayerNorm {
     /// Adds `{name}.gamma` and `{name}.beta` of `d_model` elements.
     pub fn new(ctx: &Context, params: &mut Params, name: &str, d_model: usize) -> Result<Self> {
+        Self::with_config(ctx, params, name, d_model, NormConfig::default())
+    }
+
+    /// Adds `{name}.gamma` (and `{name}.beta` for LayerNorm) of `d_model` elements.
+    pub fn with_config(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        d_model: usize,
+        norm: NormConfig,
+    ) -> Result<Self> {
         Ok(Self {
             gamma: params.add(ctx, format!("{name}.gamma"), &[d_model], Init::Ones)?,
-            beta: params.add(ctx, format!("{name}.beta"), &[d_model], Init::Zeros)?,
+            beta: match norm.kind {
+                Norm::LayerNorm => {
+                    Some(params.add(ctx, format!("{name}.beta"), &[d_model], Init::Zeros)?)
+                }
+                Norm::RmsNorm => None,
+            },
+            eps: norm.eps,
         })
     }
 
@@ -47,8 +88,11 @@ impl LayerNorm {
         y: &GpuTensor,
         stats: &GpuTensor,
     ) -> Result<()> {
-        let (g, b) = (p.value(self.gamma), p.value(self.beta));
-        layer_norm_forward_into(ctx, encoder, x, g, b, LN_EPS, y, stats)
+        let g = p.value(self.gamma);
+        match self.beta {
+            Some(b) => layer_norm_forward_into(ctx, encoder, x, g, p.value(b), self.eps, y, stats),
+            None => rms_norm_forward_into(ctx, encoder, x, g, self.eps, y, stats),
+        }
     }
 
     /// `dx = LN'(dy) + residual` and the parameter gradients.
@@ -64,9 +108,18 @@ impl LayerNorm {
         residual: Option<&GpuTensor>,
         dx: &GpuTensor,
     ) -> Result<()> {
-        let grads = [dx, p.grad(self.gamma), p.grad(self.beta)];
         let gamma = p.value(self.gamma);
-        layer_norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, residual, grads)
+        let d_gamma = p.grad(self.gamma);
+        match self.beta {
+            Some(b) => {
+                let grads = [dx, d_gamma, p.grad(b)];
+                layer_norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, residual, grads)
+            }
+            None => {
+                let grads = [dx, d_gamma];
+                rms_norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, residual, grads)
+            }
+        }
     }
 }
 
@@ -88,7 +141,7 @@ pub struct Residual {
 }
 
 impl Residual {
-    /// Adds the LayerNorm's parameters under `name` and allocates the block's buffers for `rows =
+    /// Adds the norm's parameters under `name` and allocates the block's buffers for `rows =
     /// [batch, seq]`.
     pub fn new(
         ctx: &Context,
@@ -97,12 +150,13 @@ impl Residual {
         d_model: usize,
         rows: [usize; 2],
         pre_ln: bool,
+        norm: NormConfig,
     ) -> Result<Self> {
         let shape = [rows[0], rows[1], d_model];
         let t = || GpuTensor::zeros(ctx, &shape);
         Ok(Self {
             pre_ln,
-            norm: LayerNorm::new(ctx, params, name, d_model)?,
+            norm: LayerNorm::with_config(ctx, params, name, d_model, norm)?,
             mid: t()?,
             stats: GpuTensor::zeros(ctx, &[rows[0] * rows[1], 2])?,
             y: t()?,

@@ -1,12 +1,13 @@
-//! A stack of layers (the encoder's, the decoder's) with the final LayerNorm a pre-LN stack ends
+//! A stack of layers (the encoder's, the decoder's) with the final norm a pre-LN stack ends
 //! with: forward through the layers in order, backward in reverse, each layer reading the previous
 //! layer's output buffer and leaving its input gradient in its own.
 
 use crate::device::Context;
 use crate::error::Result;
 use crate::layers::attention::ScoreOptions;
+use crate::layers::feed_forward::FeedForwardConfig;
 use crate::layers::params::Params;
-use crate::layers::residual::LayerNorm;
+use crate::layers::residual::{LayerNorm, NormConfig};
 use crate::tensor::GpuTensor;
 
 /// Sizes shared by the layers of a stack, and the score modifiers of their self-attention.
@@ -22,6 +23,14 @@ pub struct StackConfig {
     pub layers: usize,
     /// Pre-LN (with a final LayerNorm) or post-LN.
     pub pre_ln: bool,
+    /// The blocks' normalisation (LayerNorm or RMSNorm) and its epsilon.
+    pub norm: NormConfig,
+    /// The feed-forward block: activation, gated or not.
+    pub feed_forward: FeedForwardConfig,
+    /// Key and value heads of self-attention (GQA when below `heads`; `heads` for multi-head).
+    pub kv_heads: usize,
+    /// Biases in the attention and feed-forward projections.
+    pub bias: bool,
     /// Self-attention score options of every layer.
     pub scores: ScoreOptions,
     /// The longest sequence the layers see, in positions (the size of rotary tables; a decoding
@@ -84,7 +93,7 @@ impl<L: StackLayer> Stack<L> {
             .collect::<Result<Vec<_>>>()?;
         let final_norm = c
             .pre_ln
-            .then(|| FinalNorm::new(ctx, params, &format!("{name}.norm"), c.d_model, rows))
+            .then(|| FinalNorm::new(ctx, params, &format!("{name}.norm"), c, rows))
             .transpose()?;
         Ok(Self { layers, final_norm })
     }
@@ -184,12 +193,12 @@ impl FinalNorm {
         ctx: &Context,
         params: &mut Params,
         name: &str,
-        d_model: usize,
+        c: &StackConfig,
         rows: [usize; 2],
     ) -> Result<Self> {
-        let shape = [rows[0], rows[1], d_model];
+        let shape = [rows[0], rows[1], c.d_model];
         Ok(Self {
-            norm: LayerNorm::new(ctx, params, name, d_model)?,
+            norm: LayerNorm::with_config(ctx, params, name, c.d_model, c.norm)?,
             y: GpuTensor::zeros(ctx, &shape)?,
             stats: GpuTensor::zeros(ctx, &[rows[0] * rows[1], 2])?,
             dx: GpuTensor::zeros(ctx, &shape)?,

@@ -22,9 +22,12 @@ use crate::layers::attention::ScoreOptions;
 use crate::layers::decoder::{Decoder, DecoderInputs};
 use crate::layers::embedding::{Embedding, PositionKind};
 use crate::layers::encoder::Encoder;
+use crate::layers::feed_forward::FeedForwardConfig;
 use crate::layers::linear::Linear;
 use crate::layers::params::Params;
+use crate::layers::residual::{NormConfig, LN_EPS};
 use crate::layers::stack::StackConfig;
+pub use crate::spec::{Activation, Norm, RopeScaling};
 use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
 
 /// The model's hyper-parameters, stored in checkpoints as JSON. A field added after checkpoint format
@@ -86,6 +89,52 @@ pub struct TransformerConfig {
     /// none).
     #[serde(default)]
     pub additive_attention: Option<usize>,
+    /// The blocks' and stacks' normalisation: LayerNorm (default) or RMSNorm (LLaMA).
+    #[serde(default)]
+    pub norm: Norm,
+    /// The norms' epsilon (default 1e-5).
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f32,
+    /// The feed-forward nonlinearity (default GELU in its tanh form, GPT-2's).
+    #[serde(default = "default_activation")]
+    pub activation: Activation,
+    /// Gated feed-forward blocks, `(act(x Wg^T) * x Wu^T) W2^T` (SwiGLU with SiLU, LLaMA's; GeGLU
+    /// with GELU); `d_ff` is the width of the gate (default false).
+    #[serde(default)]
+    pub gated_feed_forward: bool,
+    /// Biases in the attention and feed-forward projections (default true; LLaMA has none).
+    #[serde(default = "default_true")]
+    pub bias: bool,
+    /// A bias in the output head (default true; GPT-2 and LLaMA have none).
+    #[serde(default = "default_true")]
+    pub output_bias: bool,
+    /// The output head's weight is the target token embedding `tgt.embed` (GPT-2's tied
+    /// embeddings; the head then has no `out.weight`; default false).
+    #[serde(default)]
+    pub tied_embeddings: bool,
+    /// Key and value heads of self-attention: grouped-query attention when below `heads`, which it
+    /// must divide (default: `heads`).
+    #[serde(default)]
+    pub kv_heads: Option<usize>,
+    /// How the rotary frequencies are stretched (needs `rope_base`; default none).
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScaling>,
+    /// Rows of the learned position tables (GPT-2's `n_positions`); batches and decoding may use
+    /// up to this many positions (default: the lengths the model is built for).
+    #[serde(default)]
+    pub max_positions: Option<usize>,
+}
+
+fn default_norm_eps() -> f32 {
+    LN_EPS
+}
+
+fn default_activation() -> Activation {
+    Activation::Gelu
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl Default for TransformerConfig {
@@ -112,6 +161,16 @@ impl Default for TransformerConfig {
             key_norm_clip: None,
             rope_base: None,
             additive_attention: None,
+            norm: Norm::LayerNorm,
+            norm_eps: LN_EPS,
+            activation: Activation::Gelu,
+            gated_feed_forward: false,
+            bias: true,
+            output_bias: true,
+            tied_embeddings: false,
+            kv_heads: None,
+            rope_scaling: None,
+            max_positions: None,
         }
     }
 }
@@ -130,6 +189,38 @@ impl TransformerConfig {
             (None, true) => PositionKind::Learned,
             (None, false) => PositionKind::Sinusoidal,
         }
+    }
+
+    /// Key and value heads of self-attention.
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads.unwrap_or(self.heads)
+    }
+
+    /// The rows of a learned position table for sequences of up to `len` positions.
+    pub fn position_rows(&self, len: usize) -> usize {
+        self.max_positions.unwrap_or(len)
+    }
+
+    /// The output head `out` (`out.weight [vocab, d_model]`, or `target`'s table when the
+    /// embeddings are tied, and `out.bias` if `output_bias`).
+    pub(crate) fn output_head(
+        &self,
+        ctx: &Context,
+        params: &mut Params,
+        target: &mut Embedding,
+    ) -> Result<Linear> {
+        if self.tied_embeddings {
+            target.tie_output();
+            return Linear::tied(ctx, params, "out", target.table(), self.output_bias);
+        }
+        Linear::with_bias(
+            ctx,
+            params,
+            "out",
+            self.d_model,
+            self.vocab,
+            self.output_bias,
+        )
     }
 
     /// The input layer `{name}.embed` (+ `{name}.pos`) for `rows` tokens, its position table
@@ -167,6 +258,7 @@ impl TransformerConfig {
             cosine: self.cosine_scores,
             key_clip: self.key_norm_clip,
             rope_base: self.rope_base,
+            rope_scaling: self.rope_scaling,
             additive: self.additive_attention,
         }
     }
@@ -179,6 +271,16 @@ impl TransformerConfig {
             d_ff: self.d_ff,
             layers,
             pre_ln: self.pre_ln,
+            norm: NormConfig {
+                kind: self.norm,
+                eps: self.norm_eps,
+            },
+            feed_forward: FeedForwardConfig {
+                activation: self.activation,
+                gated: self.gated_feed_forward,
+            },
+            kv_heads: self.kv_heads(),
+            bias: self.bias,
             scores: self.scores(),
             positions,
         }
@@ -265,6 +367,42 @@ impl TransformerConfig {
                 ),
             ));
         }
+        let kv = c.kv_heads();
+        if kv == 0 || !c.heads.is_multiple_of(kv) {
+            return Err(Error::shape(
+                "kv_heads",
+                format!("is {kv}; it must divide the {} query heads", c.heads),
+            ));
+        }
+        if kv != c.heads && c.additive_attention.is_some() {
+            return Err(Error::shape(
+                "kv_heads",
+                "grouped key/value heads are for dot-product scores, not additive_attention",
+            ));
+        }
+        if !(c.norm_eps.is_finite() && c.norm_eps >= 0.0) {
+            return Err(Error::shape(
+                "norm_eps",
+                format!("is {}; it must be finite and >= 0", c.norm_eps),
+            ));
+        }
+        if let Some(scaling) = c.rope_scaling {
+            if c.rope_base.is_none() {
+                return Err(Error::shape(
+                    "rope_scaling",
+                    "stretches rotary frequencies; set rope_base too",
+                ));
+            }
+            scaling.check()?;
+        }
+        if let Some(rows) = c.max_positions {
+            if rows == 0 || c.position_kind() != PositionKind::Learned {
+                return Err(Error::shape(
+                    "max_positions",
+                    format!("is {rows}; it sizes learned position tables (learned_positions) and must be positive"),
+                ));
+            }
+        }
         if c.pad_id as usize >= c.vocab {
             return Err(Error::shape(
                 "pad_id",
@@ -342,11 +480,31 @@ impl Transformer {
         let c = &config;
         let mut params = Params::new(seed);
         let (src_rows, tgt_rows) = ([shape.batch, shape.src_len], [shape.batch, shape.tgt_len]);
+        for (arg, len) in [("src_len", shape.src_len), ("tgt_len", shape.tgt_len)] {
+            if len > c.position_rows(len) {
+                return Err(Error::shape(
+                    arg,
+                    format!(
+                        "is {len}; the learned position tables have {} rows (max_positions)",
+                        c.position_rows(len)
+                    ),
+                ));
+            }
+        }
         let source = c
             .has_encoder()
-            .then(|| c.embedding(ctx, &mut params, "src", src_rows, shape.src_len))
+            .then(|| {
+                let positions = c.position_rows(shape.src_len);
+                c.embedding(ctx, &mut params, "src", src_rows, positions)
+            })
             .transpose()?;
-        let target = c.embedding(ctx, &mut params, "tgt", tgt_rows, shape.tgt_len)?;
+        let mut target = c.embedding(
+            ctx,
+            &mut params,
+            "tgt",
+            tgt_rows,
+            c.position_rows(shape.tgt_len),
+        )?;
         let encoder = c
             .has_encoder()
             .then(|| {
@@ -363,7 +521,7 @@ impl Transformer {
             tgt_rows,
             memory_len,
         )?;
-        let output = Linear::new(ctx, &mut params, "out", c.d_model, c.vocab)?;
+        let output = c.output_head(ctx, &mut params, &mut target)?;
         // One arena for the values and one for the gradients: AdamW updates all in one dispatch.
         params.pack(ctx)?;
         let rows = shape.batch * shape.tgt_len;

@@ -1,4 +1,4 @@
-//! LayerNorm over the last dimension (SPEC.md), f64: the ground truth of
+//! LayerNorm and RMSNorm over the last dimension (SPEC.md), f64: the ground truth of
 //! `shaders/layer_norm_*.wgsl`.
 
 /// `y` and the per-row `(mean, rstd)` of `x [rows, cols]`.
@@ -63,4 +63,37 @@ pub fn layer_norm_backward(
         }
     }
     g
+}
+
+/// RMSNorm of `x [rows, cols]`: `x / sqrt(mean(x^2) + eps) * gamma`.
+pub fn rms_norm_forward(x: &[f64], gamma: &[f64], cols: usize, eps: f64) -> Vec<f64> {
+    x.chunks(cols)
+        .flat_map(|row| {
+            let rstd = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / cols as f64 + eps).sqrt();
+            row.iter().zip(gamma).map(move |(v, g)| v * rstd * g)
+        })
+        .collect()
+}
+
+/// RMSNorm's backward: `(dx, d_gamma)`.
+pub fn rms_norm_backward(
+    x: &[f64],
+    gamma: &[f64],
+    dy: &[f64],
+    cols: usize,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut dx = vec![0.0; x.len()];
+    let mut d_gamma = vec![0.0; cols];
+    for (r, row) in x.chunks(cols).enumerate() {
+        let dyr = &dy[r * cols..(r + 1) * cols];
+        let rstd = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / cols as f64 + eps).sqrt();
+        // y_c = x_c r g_c with r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / n.
+        let dot = (0..cols).map(|c| dyr[c] * gamma[c] * row[c]).sum::<f64>();
+        for c in 0..cols {
+            dx[r * cols + c] = rstd * dyr[c] * gamma[c] - rstd.powi(3) * row[c] * dot / cols as f64;
+            d_gamma[c] += dyr[c] * row[c] * rstd;
+        }
+    }
+    (dx, d_gamma)
 }

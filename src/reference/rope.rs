@@ -1,11 +1,49 @@
 //! CPU reference for rotary position embeddings (RoFormer), in f64. GPU counterpart:
 //! [`crate::kernels::rope`].
 
-pub use crate::spec::RopeLayout;
+pub use crate::spec::{RopeLayout, RopeScaling};
 
 /// The rotation angle of pair `k` at position `p`: `p * base^(-2k / rotary_dim)`.
 pub fn rope_angle(p: usize, k: usize, base: f64, rotary_dim: usize) -> f64 {
-    p as f64 * base.powf(-2.0 * k as f64 / rotary_dim as f64)
+    rope_angle_scaled(p, k, base, rotary_dim, None)
+}
+
+/// [`rope_angle`] with the pair's frequency stretched by `scaling` (see [`RopeScaling`]).
+pub fn rope_angle_scaled(
+    p: usize,
+    k: usize,
+    base: f64,
+    rotary_dim: usize,
+    scaling: Option<RopeScaling>,
+) -> f64 {
+    let inv = base.powf(-2.0 * k as f64 / rotary_dim as f64);
+    let inv = match scaling {
+        None => inv,
+        Some(RopeScaling::Linear { factor }) => inv / factor as f64,
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_positions,
+        }) => {
+            let (factor, low, high) = (
+                factor as f64,
+                low_freq_factor as f64,
+                high_freq_factor as f64,
+            );
+            let original = original_max_positions as f64;
+            let wavelength = 2.0 * std::f64::consts::PI / inv;
+            if wavelength < original / high {
+                inv
+            } else if wavelength > original / low {
+                inv / factor
+            } else {
+                let s = (original / wavelength - low) / (high - low);
+                (1.0 - s) * inv / factor + s * inv
+            }
+        }
+    };
+    p as f64 * inv
 }
 
 /// Rotates the first `rotary_dim` dims of every row of a contiguous `[B, L, H, D]` tensor by the angles
@@ -13,10 +51,25 @@ pub fn rope_angle(p: usize, k: usize, base: f64, rotary_dim: usize) -> f64 {
 #[allow(clippy::too_many_arguments)]
 pub fn rope(
     x: &[f64],
+    shape: [usize; 4],
+    base: f64,
+    rotary_dim: usize,
+    layout: RopeLayout,
+    offset: usize,
+    sign: f64,
+) -> Vec<f64> {
+    rope_scaled(x, shape, base, rotary_dim, layout, None, offset, sign)
+}
+
+/// [`rope`] with the frequencies stretched by `scaling`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_scaled(
+    x: &[f64],
     [b, l, h, d]: [usize; 4],
     base: f64,
     rotary_dim: usize,
     layout: RopeLayout,
+    scaling: Option<RopeScaling>,
     offset: usize,
     sign: f64,
 ) -> Vec<f64> {
@@ -31,7 +84,7 @@ pub fn rope(
                         RopeLayout::Interleaved => (row + 2 * k, row + 2 * k + 1),
                         RopeLayout::Half => (row + k, row + k + pairs),
                     };
-                    let angle = sign * rope_angle(offset + li, k, base, rotary_dim);
+                    let angle = sign * rope_angle_scaled(offset + li, k, base, rotary_dim, scaling);
                     let (s, c) = angle.sin_cos();
                     y[i1] = x[i1] * c - x[i2] * s;
                     y[i2] = x[i1] * s + x[i2] * c;

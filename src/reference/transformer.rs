@@ -8,18 +8,20 @@ use crate::model::transformer::{Batch, BatchShape, TransformerConfig};
 use crate::reference::additive::{additive_backward, additive_forward};
 use crate::reference::attention::{attention_backward, attention_forward, Masks, RelativeConfig};
 use crate::reference::cross_entropy::cross_entropy;
-use crate::reference::elementwise::{activation_backward, activation_forward, add};
+use crate::reference::elementwise::{
+    activation_backward, activation_forward, add, gated_activation_backward,
+    gated_activation_forward,
+};
 use crate::reference::embedding::sinusoidal_positions;
 use crate::reference::embedding::{
     embedding_backward, embedding_forward, positional_backward, positional_forward,
 };
-use crate::reference::layer_norm::{layer_norm_backward, layer_norm_forward};
+use crate::reference::layer_norm::{
+    layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward,
+};
 use crate::reference::linear::{linear_backward, linear_forward};
-use crate::reference::rope::{rope, RopeLayout};
-use crate::spec::Activation;
-use crate::spec::AttentionShape;
-
-const LN_EPS: f64 = 1e-5;
+use crate::reference::rope::{rope_scaled, RopeLayout};
+use crate::spec::{AttentionShape, Norm};
 
 /// Parameters by name (as in `Params::names`).
 pub type ParamMap = HashMap<String, Vec<f64>>;
@@ -121,45 +123,92 @@ impl<'a> Model<'a> {
         self.c.d_model
     }
 
+    /// The weight of linear layer `name`: the target embedding for a tied output head.
+    fn weight_name(&self, name: &str) -> String {
+        match name {
+            "out" if self.c.tied_embeddings => "tgt.embed".to_string(),
+            _ => format!("{name}.weight"),
+        }
+    }
+
+    /// Whether linear layer `name` has a bias.
+    fn has_bias(&self, name: &str) -> bool {
+        match name {
+            "out" => self.c.output_bias,
+            _ => self.c.bias,
+        }
+    }
+
     fn linear(&self, name: &str, x: &[f64], in_f: usize) -> Vec<f64> {
-        linear_forward(
-            x,
-            self.p(&format!("{name}.weight")),
-            Some(self.p(&format!("{name}.bias"))),
-            in_f,
-        )
+        let bias = self.has_bias(name).then(|| self.p(&format!("{name}.bias")));
+        linear_forward(x, self.p(&self.weight_name(name)), bias, in_f)
     }
 
     fn linear_back(&mut self, name: &str, x: &[f64], dy: &[f64], in_f: usize) -> Vec<f64> {
-        let (dx, dw, db) = linear_backward(x, self.p(&format!("{name}.weight")), dy, in_f);
-        self.acc(&format!("{name}.weight"), dw);
-        self.acc(&format!("{name}.bias"), db);
+        let weight = self.weight_name(name);
+        let (dx, dw, db) = linear_backward(x, self.p(&weight), dy, in_f);
+        self.acc(&weight, dw);
+        if self.has_bias(name) {
+            self.acc(&format!("{name}.bias"), db);
+        }
         dx
     }
 
     fn layer_norm(&self, name: &str, x: &[f64]) -> Vec<f64> {
-        let (g, b) = (
-            self.p(&format!("{name}.gamma")),
-            self.p(&format!("{name}.beta")),
-        );
-        layer_norm_forward(x, g, b, self.d(), LN_EPS).0
+        let (g, eps) = (self.p(&format!("{name}.gamma")), self.c.norm_eps as f64);
+        match self.c.norm {
+            Norm::LayerNorm => {
+                let b = self.p(&format!("{name}.beta"));
+                layer_norm_forward(x, g, b, self.d(), eps).0
+            }
+            Norm::RmsNorm => rms_norm_forward(x, g, self.d(), eps),
+        }
     }
 
     fn layer_norm_back(&mut self, name: &str, x: &[f64], dy: &[f64]) -> Vec<f64> {
-        let g = layer_norm_backward(x, self.p(&format!("{name}.gamma")), dy, self.d(), LN_EPS);
-        self.acc(&format!("{name}.gamma"), g.d_gamma);
-        self.acc(&format!("{name}.beta"), g.d_beta);
-        g.dx
+        let (g, eps) = (self.p(&format!("{name}.gamma")), self.c.norm_eps as f64);
+        match self.c.norm {
+            Norm::LayerNorm => {
+                let g = layer_norm_backward(x, g, dy, self.d(), eps);
+                self.acc(&format!("{name}.gamma"), g.d_gamma);
+                self.acc(&format!("{name}.beta"), g.d_beta);
+                g.dx
+            }
+            Norm::RmsNorm => {
+                let (dx, d_gamma) = rms_norm_backward(x, g, dy, self.d(), eps);
+                self.acc(&format!("{name}.gamma"), d_gamma);
+                dx
+            }
+        }
     }
 
-    fn attention_shape(&self, q: Rows, kv: Rows) -> AttentionShape {
+    /// Key and value heads of an attention sublayer: the configuration's in self-attention.
+    fn kv_heads(&self, self_attention: bool) -> usize {
+        if self_attention {
+            self.c.kv_heads()
+        } else {
+            self.c.heads
+        }
+    }
+
+    /// `act(x W1^T + b1)`, or the gated `act(gate) * up`, and the hidden pre-activation.
+    fn ff_hidden(&self, name: &str, x: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let h = self.linear(&format!("{name}.in"), x, self.d());
+        let a = match self.c.gated_feed_forward {
+            true => gated_activation_forward(self.c.activation, &h, self.c.d_ff),
+            false => activation_forward(self.c.activation, &h),
+        };
+        (h, a)
+    }
+
+    fn attention_shape(&self, q: Rows, kv: Rows, self_attention: bool) -> AttentionShape {
         let h = self.c.heads;
         AttentionShape {
             batch: self.s.batch,
             q_seq: q.len,
             kv_seq: kv.len,
             heads: h,
-            kv_heads: h,
+            kv_heads: self.kv_heads(self_attention),
             head_dim_qk: self.d() / h,
             head_dim_v: self.d() / h,
         }
@@ -214,11 +263,16 @@ impl<'a> Model<'a> {
         )
     }
 
-    /// Width of self-attention's Q and K (or additive a and b) projections: `d`, or `H * Da`.
-    fn qk_width(&self) -> usize {
-        self.c
-            .additive_attention
-            .map_or(self.d(), |da| self.c.heads * da)
+    /// Width of self-attention's Q and K (or additive a and b) projections per head: `d / H`, or
+    /// `Da`.
+    fn qk_dim(&self) -> usize {
+        self.c.additive_attention.unwrap_or(self.d() / self.c.heads)
+    }
+
+    /// Widths of self-attention's Q (or a), K (or b) and V projections.
+    fn qkv_widths(&self) -> [usize; 3] {
+        let (h, kv, hd) = (self.c.heads, self.c.kv_heads(), self.d() / self.c.heads);
+        [h * self.qk_dim(), kv * self.qk_dim(), kv * hd]
     }
 
     /// Q, K, V (each `[B, L, d]` = `[B, L, H, d/H]`) of an attention sublayer.
@@ -229,16 +283,15 @@ impl<'a> Model<'a> {
                 let qkv = self.linear(&format!("{name}.qkv"), x, d);
                 let len = x.len() / (self.s.batch * d);
                 // Q and K, or additive attention's a and b, then V.
-                let qk = self.qk_width();
-                let width = 2 * qk + d;
-                [(0, qk), (qk, qk), (2 * qk, d)].map(|(from, w)| {
-                    let part = columns(&qkv, width, from, w);
-                    if from < 2 * qk {
-                        self.rotate(&part, len, 1.0)
-                    } else {
-                        part
-                    }
-                })
+                let [wq, wk, wv] = self.qkv_widths();
+                let width = wq + wk + wv;
+                let q = columns(&qkv, width, 0, wq);
+                let k = columns(&qkv, width, wq, wk);
+                [
+                    self.rotate(&q, len, 1.0),
+                    self.rotate(&k, len, 1.0),
+                    columns(&qkv, width, wq + wk, wv),
+                ]
             }
             Sub::Cross { name } => {
                 let kv = self.linear(&format!("{name}.kv"), memory, d);
@@ -256,8 +309,7 @@ impl<'a> Model<'a> {
         let d = self.d();
         match sub {
             Sub::FeedForward { name } => {
-                let h = self.linear(&format!("{name}.in"), x, d);
-                let a = activation_forward(Activation::Gelu, &h);
+                let (_, a) = self.ff_hidden(name, x);
                 self.linear(&format!("{name}.out"), &a, self.c.d_ff)
             }
             Sub::SelfAttention { name, .. } | Sub::Cross { name } => {
@@ -266,7 +318,7 @@ impl<'a> Model<'a> {
                     _ => (mem, false, false),
                 };
                 let [q, k, v] = self.qkv(sub, x, memory);
-                let shape = self.attention_shape(rows, kv_rows);
+                let shape = self.attention_shape(rows, kv_rows, self_attention);
                 let masks = self.masks(name, rows, kv_rows, causal, self_attention);
                 let out = match (self_attention, self.c.additive_attention) {
                     (true, Some(da)) => {
@@ -297,10 +349,13 @@ impl<'a> Model<'a> {
         let d = self.d();
         match sub {
             Sub::FeedForward { name } => {
-                let h = self.linear(&format!("{name}.in"), x, d);
-                let a = activation_forward(Activation::Gelu, &h);
+                let (h, a) = self.ff_hidden(name, x);
                 let d_a = self.linear_back(&format!("{name}.out"), &a, dy, self.c.d_ff);
-                let d_h = activation_backward(Activation::Gelu, &h, &d_a);
+                let (act, f) = (self.c.activation, self.c.d_ff);
+                let d_h = match self.c.gated_feed_forward {
+                    true => gated_activation_backward(act, &h, &d_a, f),
+                    false => activation_backward(act, &h, &d_a),
+                };
                 (self.linear_back(&format!("{name}.in"), x, &d_h, d), None)
             }
             Sub::SelfAttention { name, causal } if self.c.additive_attention.is_some() => {
@@ -308,7 +363,7 @@ impl<'a> Model<'a> {
                 let [a, b, v] = self.qkv(sub, x, memory);
                 let shape = AttentionShape {
                     head_dim_qk: da,
-                    ..self.attention_shape(rows, rows)
+                    ..self.attention_shape(rows, rows, true)
                 };
                 let masks = additive_masks(self.masks(name, rows, rows, *causal, true));
                 let (w, bias) = self.additive_params(name);
@@ -318,13 +373,12 @@ impl<'a> Model<'a> {
                 let g = additive_backward(&shape, &a, &b, &v, &w, &bias, &d_out, &masks);
                 self.acc(&format!("{name}.additive_w"), g.dw);
                 self.acc(&format!("{name}.additive_bias"), g.dbias);
-                let qk = self.qk_width();
-                let d_qkv = concat_widths(&[&g.da, &g.db, &g.dv], &[qk, qk, d]);
+                let d_qkv = concat_widths(&[&g.da, &g.db, &g.dv], &self.qkv_widths());
                 (self.linear_back(&format!("{name}.qkv"), x, &d_qkv, d), None)
             }
             Sub::SelfAttention { name, causal } => {
                 let [q, k, v] = self.qkv(sub, x, memory);
-                let shape = self.attention_shape(rows, rows);
+                let shape = self.attention_shape(rows, rows, true);
                 let masks = self.masks(name, rows, rows, *causal, true);
                 let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
                 let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
@@ -340,12 +394,12 @@ impl<'a> Model<'a> {
                 }
                 let len = x.len() / (self.s.batch * d);
                 let (dq, dk) = (self.rotate(&g.dq, len, -1.0), self.rotate(&g.dk, len, -1.0));
-                let d_qkv = concat_columns(&[&dq, &dk, &g.dv], d);
+                let d_qkv = concat_widths(&[&dq, &dk, &g.dv], &self.qkv_widths());
                 (self.linear_back(&format!("{name}.qkv"), x, &d_qkv, d), None)
             }
             Sub::Cross { name } => {
                 let [q, k, v] = self.qkv(sub, x, memory);
-                let shape = self.attention_shape(rows, mem);
+                let shape = self.attention_shape(rows, mem, false);
                 let masks = self.masks(name, rows, mem, false, false);
                 let (out, _) = attention_forward(&shape, &q, &k, &v, &masks);
                 let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
@@ -506,18 +560,20 @@ impl<'a> Model<'a> {
         positional_forward(&e, &self.positions(name, len), len, d)
     }
 
-    /// Rotary embeddings of self-attention Q or K `[B, L, H, d/H]` (`sign` -1: the backward).
+    /// Rotary embeddings of self-attention Q or K `[B, L, heads, d/H]` (`sign` -1: the backward).
     fn rotate(&self, x: &[f64], len: usize, sign: f64) -> Vec<f64> {
         let Some(base) = self.c.rope_base else {
             return x.to_vec();
         };
-        let (h, hd) = (self.c.heads, self.d() / self.c.heads);
-        rope(
+        let hd = self.d() / self.c.heads;
+        let heads = x.len() / (self.s.batch * len * hd);
+        rope_scaled(
             x,
-            [self.s.batch, len, h, hd],
+            [self.s.batch, len, heads, hd],
             base.into(),
             hd,
             RopeLayout::Half,
+            self.c.rope_scaling,
             0,
             sign,
         )
@@ -536,7 +592,7 @@ impl<'a> Model<'a> {
         let g = embedding_backward(tokens, dx, self.c.vocab, d);
         self.acc(&format!("{name}.embed"), g);
         if self.c.learned_positions && self.c.rope_base.is_none() {
-            let g = positional_backward(dx, len, d, len);
+            let g = positional_backward(dx, len, d, self.c.position_rows(len));
             self.acc(&format!("{name}.pos"), g);
         }
     }
