@@ -131,6 +131,67 @@ pub enum Error {
     /// Mapping a buffer for readback failed.
     #[error("buffer readback failed: {0}")]
     Readback(String),
+    /// A Hugging Face model directory could not be read, or describes a model this engine would not
+    /// compute exactly as `transformers` does (see [`crate::model::pretrained`]).
+    #[error("model {dir}: {problem}")]
+    Pretrained {
+        /// The model directory.
+        dir: String,
+        /// What is wrong.
+        problem: PretrainedProblem,
+    },
+}
+
+/// Why a Hugging Face model directory was refused ([`Error::Pretrained`]).
+#[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum PretrainedProblem {
+    /// A file is missing, unreadable or malformed.
+    #[error("{file}: {message}")]
+    File {
+        /// The file, relative to the model directory.
+        file: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// `config.json`'s `model_type` is not one this engine maps.
+    #[error("model_type {0:?} is not supported; supported: gpt2, llama")]
+    UnknownArchitecture(String),
+    /// A `config.json` option this engine does not implement (or not with this value): loading
+    /// anyway would compute something other than what `transformers` computes.
+    #[error("config.json option {option} = {value} is not supported: {reason}")]
+    UnsupportedOption {
+        /// The option's name.
+        option: String,
+        /// Its value, as JSON.
+        value: String,
+        /// What is supported instead.
+        reason: String,
+    },
+    /// A tensor the model needs is in no weight file.
+    #[error("tensor {0} is missing from the weight files")]
+    MissingTensor(String),
+    /// A weight file holds a tensor the model has no place for.
+    #[error("tensor {0} is not part of this architecture's model; the checkpoint does not match config.json")]
+    UnexpectedTensor(String),
+    /// A tensor's shape differs from what `config.json` implies.
+    #[error("tensor {name} has shape {found:?}; config.json implies {expected:?}")]
+    TensorShape {
+        /// The tensor.
+        name: String,
+        /// Its shape in the file.
+        found: Vec<usize>,
+        /// The shape the configuration needs.
+        expected: Vec<usize>,
+    },
+    /// A tensor's element type is not f32, f16 or bf16.
+    #[error("tensor {name} is {dtype}; weights must be F32, F16 or BF16")]
+    TensorDtype {
+        /// The tensor.
+        name: String,
+        /// Its element type.
+        dtype: String,
+    },
 }
 
 impl Error {

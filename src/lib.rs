@@ -36,7 +36,7 @@ pub use device::{
     ContextOptions, GemmTiles, KernelFamily, MemoryStats, RecordedCounts, TiledShape,
     ENVIRONMENT_VARIABLES,
 };
-pub use error::{Error, Result};
+pub use error::{Error, PretrainedProblem, Result};
 pub use kernels::attention::{
     additive_backward, additive_backward_into, additive_backward_unfused,
     additive_backward_workspace, additive_forward, additive_forward_into, additive_forward_unfused,

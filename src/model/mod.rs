@@ -2,6 +2,7 @@
 //! language-model configuration. The CPU counterpart is [`crate::reference::transformer`].
 
 pub mod maps;
+pub mod pretrained;
 pub mod transformer;
 
 pub use maps::{attention_rollout, AttentionSite};
