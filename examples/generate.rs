@@ -9,6 +9,14 @@
 //!
 //! The trained model is saved to `--checkpoint` (default `target/generate.safetensors`); `--load`
 //! generates from that checkpoint without training.
+//!
+//! With `--model DIR` it instead continues `--prompt` with a published model (a Hugging Face
+//! directory: `config.json`, safetensors weights, `tokenizer.json`), streaming the text:
+//!
+//! ```text
+//! cargo run --release --example generate -- --model DIR --prompt "Once upon a time" \
+//!     [--max-new-tokens N] [--temperature T --top-k K --top-p P] [--seed S]
+//! ```
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -50,6 +58,115 @@ struct Args {
     /// Load the checkpoint instead of training.
     #[arg(long)]
     load: bool,
+    /// A Hugging Face model directory to continue `--prompt` with (no training).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The text to continue (with `--model`).
+    #[arg(long, default_value = "The")]
+    prompt: String,
+    /// Tokens to generate (with `--model`).
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Sampling temperature (with `--model`; 0 is greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep the k likeliest tokens (with `--temperature`).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Keep the smallest set of tokens with this probability (with `--temperature`).
+    #[arg(long)]
+    top_p: Option<f32>,
+}
+
+/// Continues `--prompt` with the model in `--model`, printing tokens as they are generated.
+fn run_pretrained(args: &Args, dir: &std::path::Path) -> Result<(), String> {
+    use std::io::Write;
+    use wgpu_attention::model::pretrained::Pretrained;
+    let ctx = Context::new().map_err(|e| e.to_string())?;
+    let checkpoint = Pretrained::open(dir).map_err(|e| e.to_string())?;
+    let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
+        .map_err(|e| format!("{}: {e}", dir.join("tokenizer.json").display()))?;
+    let mut ids = tokenizer
+        .encode(args.prompt.as_str(), true)
+        .map_err(|e| e.to_string())?
+        .get_ids()
+        .to_vec();
+    if ids.is_empty() {
+        ids.extend(checkpoint.bos_token_id());
+    }
+    let capacity = ids.len() + args.max_new_tokens;
+    // The model's own batch shape is the smallest: generation builds its own buffers.
+    let one = BatchShape {
+        batch: 1,
+        src_len: 0,
+        tgt_len: 1,
+    };
+    let model = checkpoint.model(&ctx, one).map_err(|e| e.to_string())?;
+    let shape = GeneratorShape {
+        batch: 1,
+        capacity,
+        prefill_chunk: ids.len().min(256),
+        src_len: 0,
+    };
+    let mut generator = Generator::new(&ctx, &model, shape).map_err(|e| e.to_string())?;
+    let mut sampling = match args.temperature {
+        t if t > 0.0 => Sampling::temperature(t, args.seed),
+        _ => Sampling::greedy(),
+    };
+    if let Some(k) = args.top_k {
+        sampling = sampling.top_k(k);
+    }
+    if let Some(p) = args.top_p {
+        sampling = sampling.top_p(p);
+    }
+    println!(
+        "{:?} model, {} layers, d_model {}, on {}",
+        checkpoint.architecture(),
+        checkpoint.config().decoder_layers,
+        checkpoint.config().d_model,
+        ctx.report().name
+    );
+    print!("{}", args.prompt);
+    let start = Instant::now();
+    generator
+        .prefill(&ctx, std::slice::from_ref(&ids), None)
+        .map_err(|e| e.to_string())?;
+    let prefill = start.elapsed().as_secs_f64();
+    let (mut text, mut generated) = (String::new(), Vec::new());
+    let start = Instant::now();
+    for _ in 0..args.max_new_tokens {
+        let id = generator
+            .sample(&ctx, &sampling)
+            .map_err(|e| e.to_string())?[0];
+        if Some(id) == checkpoint.eos_token_id() {
+            break;
+        }
+        generated.push(id);
+        // Decode the whole continuation each time: byte-level tokens may complete a character late.
+        let now = tokenizer
+            .decode(&generated, true)
+            .map_err(|e| e.to_string())?;
+        print!("{}", now.strip_prefix(text.as_str()).unwrap_or(&now));
+        std::io::stdout().flush().ok();
+        text = now;
+        if generated.len() + ids.len() >= capacity {
+            break;
+        }
+        generator
+            .step(&ctx, &[Some(id)])
+            .map_err(|e| e.to_string())?;
+    }
+    let decode = start.elapsed().as_secs_f64();
+    println!(
+        "\n\nprompt {} tokens in {:.3} s ({:.1} tokens/s), {} new tokens in {:.3} s ({:.1} tokens/s)",
+        ids.len(),
+        prefill,
+        ids.len() as f64 / prefill,
+        generated.len(),
+        decode,
+        generated.len() as f64 / decode.max(1e-9)
+    );
+    Ok(())
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -332,6 +449,13 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(dir) = &args.model {
+        if let Err(e) = run_pretrained(&args, dir) {
+            eprintln!("generate: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = run(&args) {
         eprintln!("generate: {e}");
         std::process::exit(1);
