@@ -6,6 +6,7 @@
 //! ```text
 //! cargo run --release --bin generate-bench -- [--d-model 512 --layers 8 --heads 8 --context 2048
 //!     --prompt 512 --new-tokens 128 --batches 1,8 --rerun --attention-lengths 1024,2048]
+//! cargo run --release --bin generate-bench -- --model DIR [--context ...]   # a published model
 //! ```
 
 use std::process::ExitCode;
@@ -15,6 +16,7 @@ use clap::Parser;
 use wgpu_attention::bench::{bench_options, measure, Timer};
 use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention::kernels::sampling::Sampling;
+use wgpu_attention::model::pretrained::Pretrained;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::{
     attention_decode_into, parse_backends, AttentionOptions, Context, Error, GpuTensor, SeqLens,
@@ -75,6 +77,11 @@ struct Cli {
     /// Write the figures as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// A Hugging Face model directory (config.json and safetensors weights) to measure instead of a
+    /// randomly initialised model (--d-model, --layers, --heads, --d-ff, --vocab, --additive are
+    /// then ignored)
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
     /// Build every pipeline of prefill, decoding and sampling at each batch size and exit without
     /// running them (with WGPU_ATTENTION_DUMP_PIPELINES=DIR, this writes the decoding kernel set)
     #[arg(long)]
@@ -82,6 +89,15 @@ struct Cli {
 }
 
 fn model(ctx: &Context, cli: &Cli) -> Result<Transformer, Error> {
+    // The generator keeps its own buffers; the model's training shape only sizes unused activations.
+    let shape = BatchShape {
+        batch: 1,
+        src_len: 1,
+        tgt_len: 1,
+    };
+    if let Some(dir) = &cli.model {
+        return Pretrained::open(dir)?.model(ctx, shape);
+    }
     let config = TransformerConfig {
         vocab: cli.vocab,
         d_model: cli.d_model,
@@ -95,21 +111,15 @@ fn model(ctx: &Context, cli: &Cli) -> Result<Transformer, Error> {
         additive_attention: cli.additive,
         ..TransformerConfig::default()
     };
-    // The generator keeps its own buffers; the model's training shape only sizes unused activations.
-    let shape = BatchShape {
-        batch: 1,
-        src_len: 1,
-        tgt_len: 1,
-    };
     Transformer::new(ctx, config, shape, 1)
 }
 
 /// Deterministic prompt ids in 1..vocab.
-fn prompts(cli: &Cli, batch: usize) -> Vec<Vec<u32>> {
+fn prompts(cli: &Cli, vocab: usize, batch: usize) -> Vec<Vec<u32>> {
     (0..batch)
         .map(|b| {
             (0..cli.prompt)
-                .map(|i| 1 + ((i * 7919 + b * 104729) % (cli.vocab - 1)) as u32)
+                .map(|i| 1 + ((i * 7919 + b * 104729) % (vocab - 1)) as u32)
                 .collect()
         })
         .collect()
@@ -143,7 +153,7 @@ fn cached(
         sampling: Sampling::greedy(),
         stop: None,
     };
-    let prompts = prompts(cli, batch);
+    let prompts = prompts(cli, model.config().vocab, batch);
     // A first run compiles every pipeline; the second is measured.
     generator.generate(ctx, &prompts, None, &options)?;
     let out = generator.generate(ctx, &prompts, None, &options)?;
@@ -190,8 +200,8 @@ fn rerun(
         dst.copy_from_into(&mut encoder, src)?;
     }
     ctx.queue().submit([encoder.finish()]);
-    let mut sequences = prompts(cli, batch);
-    let vocab = cli.vocab;
+    let vocab = base.config().vocab;
+    let mut sequences = prompts(cli, vocab, batch);
     let start = Instant::now();
     for _ in 0..cli.new_tokens {
         let len = sequences[0].len();
@@ -283,16 +293,21 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
     println!("adapter: {}", ctx.report());
     let model = model(&ctx, cli)?;
+    let c = model.config();
     println!(
-        "model: decoder-only, d_model {}, {} layers, {} heads, d_ff {}, vocab {}, {}; {} parameters",
-        cli.d_model,
-        cli.layers,
-        cli.heads,
-        cli.d_ff.unwrap_or(4 * cli.d_model),
-        cli.vocab,
-        match cli.additive {
-            Some(da) => format!("additive scores (Da {da}), sinusoidal positions"),
-            None => "RoPE".to_string(),
+        "model: {}decoder-only, d_model {}, {} layers, {} heads ({} key/value), d_ff {}, vocab {}, {}; {} parameters",
+        cli.model
+            .as_ref()
+            .map_or(String::new(), |dir| format!("{} ", dir.display())),
+        c.d_model,
+        c.decoder_layers,
+        c.heads,
+        c.kv_heads(),
+        c.d_ff,
+        c.vocab,
+        match (c.additive_attention, c.position_kind()) {
+            (Some(da), _) => format!("additive scores (Da {da}), sinusoidal positions"),
+            (None, kind) => format!("{kind:?} positions"),
         },
         model.params.elements()
     );

@@ -21,7 +21,8 @@ pub struct GeneratorShape {
     pub batch: usize,
     /// Tokens a sequence can hold, prompt and generated (the cache's capacity).
     pub capacity: usize,
-    /// Prompt tokens per sequence fed in one prefill pass; longer prompts take several.
+    /// Prompt tokens per sequence fed in one prefill pass; longer prompts take several (at most
+    /// `capacity` are used).
     pub prefill_chunk: usize,
     /// Longest source (encoder-decoder models; ignored by decoder-only ones).
     pub src_len: usize,
@@ -124,6 +125,11 @@ impl Generator {
     /// cosine scores and key clipping transform the cached keys in decode attention.
     pub fn new(ctx: &Context, model: &Transformer, shape: GeneratorShape) -> Result<Self> {
         let c = *model.config();
+        // A chunk longer than the cache never fills: size the prefill pass by what it can hold.
+        let shape = GeneratorShape {
+            prefill_chunk: shape.prefill_chunk.min(shape.capacity),
+            ..shape
+        };
         let s = shape;
         if s.batch == 0 || s.capacity == 0 || s.prefill_chunk == 0 {
             return Err(Error::shape(
