@@ -1,4 +1,4 @@
-//! LayerNorm forward and backward on the GPU vs the f64 reference (itself checked by finite
+//! LayerNorm and RMSNorm forward and backward on the GPU vs the f64 reference (itself checked by finite
 //! differences here), on every back end under test; the residual sum of the backward; the split
 //! column reduction; typed errors.
 
@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use wgpu_attention::kernels::layer_norm::{
     layer_norm_backward, layer_norm_backward_add_into, layer_norm_forward,
+    rms_norm_backward_add_into, rms_norm_forward_into,
 };
 use wgpu_attention::reference::layer_norm as reference;
 use wgpu_attention::{Context, Error, GpuTensor};
@@ -217,4 +218,120 @@ fn bad_input_is_a_typed_error() {
             Err(Error::Shape { arg: "dy", .. })
         ));
     });
+}
+
+/// RMSNorm (the same kernels, uncentred): y, the saved (0, rstd), dx with and without the residual,
+/// and d_gamma, over odd shapes and an offset input (which RMSNorm does not remove).
+#[test]
+fn rms_norm_matches_reference() {
+    for_each_backend(|backend, ctx| {
+        for (i, shape) in shapes().into_iter().enumerate() {
+            let d = data(&shape, if i % 2 == 0 { 0.0 } else { 3.0 }, 40 + i as u64);
+            let cols = *shape.last().unwrap();
+            let rows = d.x.len() / cols;
+            let up = |v: &[f32], shape: &[usize]| GpuTensor::from_slice(ctx, v, shape).unwrap();
+            let (x, gamma, dy) = (up(&d.x, &shape), up(&d.gamma, &[cols]), up(&d.dy, &shape));
+            let y = GpuTensor::zeros(ctx, &shape).unwrap();
+            let stats = GpuTensor::zeros(ctx, &[rows, 2]).unwrap();
+            let (dx, dx_add, dg) = (
+                GpuTensor::zeros(ctx, &shape).unwrap(),
+                GpuTensor::zeros(ctx, &shape).unwrap(),
+                GpuTensor::zeros(ctx, &[cols]).unwrap(),
+            );
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            rms_norm_forward_into(ctx, &mut encoder, &x, &gamma, EPS, &y, &stats).unwrap();
+            rms_norm_backward_add_into(
+                ctx,
+                &mut encoder,
+                &x,
+                &gamma,
+                &stats,
+                &dy,
+                None,
+                [&dx, &dg],
+            )
+            .unwrap();
+            let dg2 = GpuTensor::zeros(ctx, &[cols]).unwrap();
+            rms_norm_backward_add_into(
+                ctx,
+                &mut encoder,
+                &x,
+                &gamma,
+                &stats,
+                &dy,
+                Some(&dy),
+                [&dx_add, &dg2],
+            )
+            .unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            let (x64, g64, dy64) = (to_f64(&d.x), to_f64(&d.gamma), to_f64(&d.dy));
+            let ry = reference::rms_norm_forward(&x64, &g64, cols, EPS as f64);
+            let (rdx, rdg) = reference::rms_norm_backward(&x64, &g64, &dy64, cols, EPS as f64);
+            let rdx_add: Vec<f64> = rdx.iter().zip(&dy64).map(|(a, b)| a + b).collect();
+            let tag = format!("[{backend}] rms_norm {shape:?}");
+            let y_gpu = y.to_vec(ctx).unwrap();
+            assert_close(&format!("{tag} y"), &y_gpu, &ry, FORWARD_ATOL, FORWARD_RTOL);
+            let means: Vec<f32> = stats
+                .to_vec(ctx)
+                .unwrap()
+                .iter()
+                .step_by(2)
+                .copied()
+                .collect();
+            assert!(
+                means.iter().all(|&m| m == 0.0),
+                "{tag}: RMSNorm saves mean 0"
+            );
+            for (name, gpu, r) in [
+                ("dx", &dx, &rdx),
+                ("dx + residual", &dx_add, &rdx_add),
+                ("d_gamma", &dg, &rdg),
+                ("d_gamma (second call)", &dg2, &rdg),
+            ] {
+                let got = gpu.to_vec(ctx).unwrap();
+                assert_close(
+                    &format!("{tag} {name}"),
+                    &got,
+                    r,
+                    BACKWARD_ATOL,
+                    BACKWARD_RTOL,
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn reference_rms_norm_backward_matches_finite_differences() {
+    let cols = 5;
+    let d = data(&[3, cols], 0.7, 9);
+    let (x, gamma, dy) = (to_f64(&d.x), to_f64(&d.gamma), to_f64(&d.dy));
+    let loss = |x: &[f64], gamma: &[f64]| -> f64 {
+        let y = reference::rms_norm_forward(x, gamma, cols, 1e-5);
+        y.iter().zip(&dy).map(|(a, b)| a * b).sum()
+    };
+    let (dx, dg) = reference::rms_norm_backward(&x, &gamma, &dy, cols, 1e-5);
+    let h = 1e-6;
+    for i in 0..x.len() {
+        let (mut p, mut m) = (x.clone(), x.clone());
+        p[i] += h;
+        m[i] -= h;
+        let fd = (loss(&p, &gamma) - loss(&m, &gamma)) / (2.0 * h);
+        assert!(
+            (fd - dx[i]).abs() < 1e-7,
+            "dx[{i}]: fd {fd}, analytic {}",
+            dx[i]
+        );
+    }
+    for i in 0..cols {
+        let (mut p, mut m) = (gamma.clone(), gamma.clone());
+        p[i] += h;
+        m[i] -= h;
+        let fd = (loss(&x, &p) - loss(&x, &m)) / (2.0 * h);
+        assert!(
+            (fd - dg[i]).abs() < 1e-7,
+            "d_gamma[{i}]: fd {fd}, analytic {}",
+            dg[i]
+        );
+    }
 }

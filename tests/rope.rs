@@ -1,12 +1,14 @@
 //! Rotary position embeddings on the GPU vs the f64 reference (both layouts, partial rotary, a
 //! strided view inside a packed QKV buffer, position offsets, a long-position table), the backward
-//! (in place, the inverse rotation) likewise, the reference against finite differences, and typed
-//! errors.
+//! (in place, the inverse rotation) likewise, frequency scaling (linear, LLaMA 3), the reference
+//! against finite differences, and typed errors.
 
 mod common;
 
 use common::*;
-use wgpu_attention::kernels::rope::{rope_backward_into, rope_forward_into, RopeLayout, RopeTable};
+use wgpu_attention::kernels::rope::{
+    rope_backward_into, rope_forward_into, RopeLayout, RopeScaling, RopeTable,
+};
 use wgpu_attention::reference::rope as reference;
 use wgpu_attention::{Context, Error, GpuTensor, HeadsView};
 
@@ -188,5 +190,75 @@ fn bad_rope_arguments_are_typed_errors() {
             m.contains("offset 2 + length 3 exceeds") && m.contains("4 positions"),
             "{m}"
         );
+    });
+}
+
+/// Scaled frequencies (Hugging Face's `rope_scaling`): linear, and LLaMA 3's with a head dim whose
+/// pairs fall in all three bands (kept, blended, divided), forward and backward.
+#[test]
+fn scaled_frequencies_match_reference() {
+    let llama3 = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_positions: 64,
+    };
+    let linear = RopeScaling::Linear { factor: 2.5 };
+    for_each_backend(|backend, ctx| {
+        for (scaling, base) in [(llama3, 10000.0), (linear, 500.0)] {
+            let shape = [2, 9, 2, 16];
+            let n: usize = shape.iter().product();
+            let x = random(&mut rng(5), n, 1.0);
+            let t = GpuTensor::from_slice(ctx, &x, &shape).unwrap();
+            let view = t.heads().unwrap();
+            let table =
+                RopeTable::scaled(ctx, base, 16, RopeLayout::Half, Some(scaling), 40).unwrap();
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            rope_forward_into(ctx, &mut encoder, &view, &table, 30).unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            let expected = reference::rope_scaled(
+                &to_f64(&x),
+                shape,
+                base,
+                16,
+                RopeLayout::Half,
+                Some(scaling),
+                30,
+                1.0,
+            );
+            let tag = format!("[{backend}] {scaling:?}");
+            assert_close(
+                &tag,
+                &view.to_vec(ctx).unwrap(),
+                &expected,
+                FORWARD_ATOL,
+                FORWARD_RTOL,
+            );
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            rope_backward_into(ctx, &mut encoder, &view, &table, 30).unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            assert_close(
+                &format!("{tag} back"),
+                &view.to_vec(ctx).unwrap(),
+                &to_f64(&x),
+                FORWARD_ATOL,
+                FORWARD_RTOL,
+            );
+        }
+        // The three LLaMA 3 bands at head dim 16, base 10000, original length 64: pair 0's
+        // wavelength 6.3 is kept, pair 2's (63) blended, pair 7's (2.0e4) divided by 8.
+        let angle = |k| reference::rope_angle_scaled(1, k, 10000.0, 16, Some(llama3));
+        let plain = |k| reference::rope_angle(1, k, 10000.0, 16);
+        assert_eq!(angle(0), plain(0));
+        assert!(angle(2) < plain(2) && angle(2) > plain(2) / 8.0);
+        assert!((angle(7) - plain(7) / 8.0).abs() < 1e-15);
+        let bad = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 4.0,
+            high_freq_factor: 1.0,
+            original_max_positions: 64,
+        };
+        let err = RopeTable::scaled(ctx, 10000.0, 16, RopeLayout::Half, Some(bad), 8);
+        assert!(matches!(err, Err(Error::Shape { .. })), "{err:?}");
     });
 }
