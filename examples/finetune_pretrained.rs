@@ -55,7 +55,7 @@ struct Args {
 
 fn run(args: &Args) -> Result<(), String> {
     let err = |e: wgpu_attention::Error| e.to_string();
-    let ctx = Context::new().map_err(err)?;
+    let ctx = Context::from_env().map_err(err)?;
     let checkpoint = Pretrained::open(&args.model).map_err(err)?;
     let tokenizer = tokenizers::Tokenizer::from_file(args.model.join("tokenizer.json"))
         .map_err(|e| format!("tokenizer.json: {e}"))?;

@@ -82,7 +82,7 @@ struct Args {
 fn run_pretrained(args: &Args, dir: &std::path::Path) -> Result<(), String> {
     use std::io::Write;
     use wgpu_attention::model::pretrained::Pretrained;
-    let ctx = Context::new().map_err(|e| e.to_string())?;
+    let ctx = Context::from_env().map_err(|e| e.to_string())?;
     let checkpoint = Pretrained::open(dir).map_err(|e| e.to_string())?;
     let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
         .map_err(|e| format!("{}: {e}", dir.join("tokenizer.json").display()))?;
