@@ -15,6 +15,8 @@ which moves its logits by up to 5e-3).
     /tmp/hf/bin/python scripts/hf_fixtures.py --check DIR NAME
         # loads a model the engine saved (DIR) with transformers and compares its logits with
         # fixture NAME's model after the same fine-tuning (see tests/hf_checkpoints.rs)
+    /tmp/hf/bin/python scripts/hf_fixtures.py --smollm-shaped DIR
+        # a random model of SmolLM-135M's configuration (135M parameters, bf16) for benchmarks
 """
 
 import argparse
@@ -167,10 +169,24 @@ def check(saved, name):
     return err
 
 
+def smollm_shaped(out):
+    """SmolLM-135M's configuration with random weights: a real-sized model without a download."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                         bos_token_id=0, eos_token_id=0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", nargs=2, metavar=("DIR", "NAME"))
+    ap.add_argument("--smollm-shaped", metavar="DIR")
     a = ap.parse_args()
+    if a.smollm_shaped:
+        sys.exit(smollm_shaped(a.smollm_shaped))
     if a.check:
         sys.exit(0 if check(*a.check) < 1e-3 else 1)
     make()

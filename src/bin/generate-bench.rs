@@ -158,17 +158,12 @@ fn cached(
     generator.generate(ctx, &prompts, None, &options)?;
     let out = generator.generate(ctx, &prompts, None, &options)?;
     if cli.profile {
+        ctx.start_profiling()?;
         generator.prefill(ctx, &prompts, None)?;
+        print_profile(&format!("the prefill at batch {batch}"), ctx.finish_profiling()?);
         ctx.start_profiling()?;
         generator.step(ctx, &vec![Some(1); batch])?;
-        let mut passes = ctx.finish_profiling()?;
-        let total: f64 = passes.iter().map(|p| p.1).sum();
-        let count = passes.len();
-        passes.sort_by(|a, b| b.1.total_cmp(&a.1));
-        println!("\none decoding step at batch {batch}: {count} passes, {total:.2} ms of GPU time; the longest:");
-        for (label, ms) in passes.iter().take(8) {
-            println!("  {label:<28} {ms:.3} ms");
-        }
+        print_profile(&format!("one decoding step at batch {batch}"), ctx.finish_profiling()?);
     }
     Ok(GenerationFigures {
         batch,
@@ -178,6 +173,27 @@ fn cached(
         seconds: out.prefill_seconds + out.decode_seconds,
         generated: out.tokens,
     })
+}
+
+/// GPU time per compute pass, summed by label, the longest first.
+fn print_profile(what: &str, passes: Vec<(&'static str, f64)>) {
+    let total: f64 = passes.iter().map(|p| p.1).sum();
+    let count = passes.len();
+    let mut by_label: Vec<(&str, f64, usize)> = Vec::new();
+    for (label, ms) in passes {
+        match by_label.iter_mut().find(|(l, _, _)| *l == label) {
+            Some(entry) => {
+                entry.1 += ms;
+                entry.2 += 1;
+            }
+            None => by_label.push((label, ms, 1)),
+        }
+    }
+    by_label.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!("\n{what}: {count} passes, {total:.2} ms of GPU time; by kernel, the longest:");
+    for (label, ms, n) in by_label.iter().take(8) {
+        println!("  {label:<28} {ms:9.3} ms in {n} passes");
+    }
 }
 
 /// Greedy generation by re-running the whole forward over the prompt and the tokens so far for
