@@ -76,9 +76,9 @@ def fixtures():
         (
             "gpt2-tied",
             GPT2LMHeadModel,
-            GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=4, initializer_range=0.2,
+            GPT2Config(n_positions=64, n_embd=64, n_layer=2, n_head=4, initializer_range=0.2,
                        **common),
-            torch.float32,
+            torch.float16,
             None,
         ),
         (
@@ -98,13 +98,13 @@ def fixtures():
         (
             "llama-tied",
             LlamaForCausalLM,
-            LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+            LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
                         rms_norm_eps=1e-5, tie_word_embeddings=True, initializer_range=0.2,
                         rope_parameters={"rope_type": "linear", "rope_theta": 500.0,
                                          "factor": 2.0},
                         **common),
-            torch.float16,
+            torch.float32,
             None,
         ),
     ]

@@ -320,7 +320,7 @@ fn mismatched_weights_are_refused() {
         );
         // An untied model needs lm_head.weight.
         edit_config(&dir, |m| {
-            m.insert("intermediate_size".into(), 48.into());
+            m.insert("intermediate_size".into(), 96.into());
             m.insert("tie_word_embeddings".into(), false.into());
         });
         let err = Pretrained::open(&dir)

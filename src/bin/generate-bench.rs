@@ -160,10 +160,16 @@ fn cached(
     if cli.profile {
         ctx.start_profiling()?;
         generator.prefill(ctx, &prompts, None)?;
-        print_profile(&format!("the prefill at batch {batch}"), ctx.finish_profiling()?);
+        print_profile(
+            &format!("the prefill at batch {batch}"),
+            ctx.finish_profiling()?,
+        );
         ctx.start_profiling()?;
         generator.step(ctx, &vec![Some(1); batch])?;
-        print_profile(&format!("one decoding step at batch {batch}"), ctx.finish_profiling()?);
+        print_profile(
+            &format!("one decoding step at batch {batch}"),
+            ctx.finish_profiling()?,
+        );
     }
     Ok(GenerationFigures {
         batch,
