@@ -82,6 +82,13 @@ const IGNORED: &[&str] = &[
     "_attn_implementation_autoset",
     // GPT-2's upcast of attention to f32 under mixed precision: the engine computes in f32.
     "reorder_and_upcast_attn",
+    // Training-time memory saving; the same result.
+    "gradient_checkpointing",
+    "keys_to_ignore_at_inference",
+    // Written by nanotron's LLaMA exports (SmolLM2); transformers' LlamaConfig does not read them
+    // and always rotates halves, as the engine does.
+    "is_llama_config",
+    "rope_interleaved",
 ];
 
 /// `config.json`'s keys, each marked once read.
