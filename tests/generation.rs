@@ -11,6 +11,7 @@ use common::{assert_close, for_each_backend, rng, FORWARD_ATOL, FORWARD_RTOL};
 use rand::Rng;
 use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention::kernels::sampling::Sampling;
+use wgpu_attention::model::transformer::{Activation, Norm, RopeScaling};
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::{Context, RelativeBuckets};
 
@@ -76,6 +77,36 @@ fn configs() -> Vec<(&'static str, TransformerConfig)> {
             TransformerConfig {
                 key_norm_clip: Some(1.5),
                 ..config(1)
+            },
+        ),
+        (
+            "decoder-only LLaMA blocks: GQA, RMSNorm, SwiGLU, no biases, llama3 rope",
+            TransformerConfig {
+                heads: 4,
+                kv_heads: Some(2),
+                norm: Norm::RmsNorm,
+                activation: Activation::Silu,
+                gated_feed_forward: true,
+                bias: false,
+                output_bias: false,
+                rope_base: Some(10000.0),
+                rope_scaling: Some(RopeScaling::Llama3 {
+                    factor: 4.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_positions: 16,
+                }),
+                ..config(0)
+            },
+        ),
+        (
+            "decoder-only GPT-2 blocks: tied, a longer learned position table",
+            TransformerConfig {
+                learned_positions: true,
+                max_positions: Some(24),
+                tied_embeddings: true,
+                output_bias: false,
+                ..config(0)
             },
         ),
         (

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 
+use wgpu_attention::model::transformer::{Activation, Norm, RopeScaling};
 use wgpu_attention::training::checkpoint::{self, Checkpointer};
 use wgpu_attention::training::Trainer;
 use wgpu_attention::{Context, Error};
@@ -148,30 +149,54 @@ fn a_step_is_one_pass_and_equals_a_pass_per_kernel_bitwise() {
     });
 }
 
+/// The model-zoo blocks in a checkpoint: grouped key/value heads, RMSNorm, SwiGLU, no biases, tied
+/// embeddings and scaled rotary frequencies, in an encoder-decoder.
+fn llama_blocks() -> TransformerConfig {
+    TransformerConfig {
+        kv_heads: Some(1),
+        norm: Norm::RmsNorm,
+        activation: Activation::Silu,
+        gated_feed_forward: true,
+        bias: false,
+        output_bias: false,
+        tied_embeddings: true,
+        rope_base: Some(500.0),
+        rope_scaling: Some(RopeScaling::Linear { factor: 2.0 }),
+        ..config(32)
+    }
+}
+
 #[test]
 fn checkpoint_round_trip_resumes_exactly() {
     for_each_backend(|backend, ctx| {
-        let b = batch();
-        let path = temp(&format!("{backend}-resume.safetensors"));
-        let mut a = trainer(ctx, 32);
-        for _ in 0..3 {
+        for (name, c) in [("default", config(32)), ("llama blocks", llama_blocks())] {
+            let b = batch();
+            let path = temp(&format!("{backend}-resume.safetensors"));
+            let adam = AdamWConfig {
+                lr: 1e-2,
+                ..Default::default()
+            };
+            let mut a =
+                Trainer::new(ctx, Transformer::new(ctx, c, SHAPE, 3).unwrap(), adam).unwrap();
+            for _ in 0..3 {
+                a.step(ctx, &b).unwrap();
+            }
+            checkpoint::save(ctx, &a, &path).unwrap();
             a.step(ctx, &b).unwrap();
-        }
-        checkpoint::save(ctx, &a, &path).unwrap();
-        a.step(ctx, &b).unwrap();
 
-        // A fresh trainer (other initial weights) resumed from the checkpoint takes the same step.
-        let model = Transformer::new(ctx, config(32), SHAPE, 99).unwrap();
-        let mut r = Trainer::new(ctx, model, *a.optimizer.config()).unwrap();
-        checkpoint::load(ctx, &mut r, &path).unwrap();
-        assert_eq!(r.optimizer.steps(), 3, "[{backend}] step count");
-        r.step(ctx, &b).unwrap();
-        assert_eq!(
-            values(ctx, &a),
-            values(ctx, &r),
-            "[{backend}] resumed step differs"
-        );
-        std::fs::remove_file(&path).ok();
+            // A fresh trainer (other initial weights) resumed from the checkpoint takes the same step.
+            let model = Transformer::new(ctx, c, SHAPE, 99).unwrap();
+            let mut r = Trainer::new(ctx, model, *a.optimizer.config()).unwrap();
+            checkpoint::load(ctx, &mut r, &path).unwrap();
+            assert_eq!(r.optimizer.steps(), 3, "[{backend}] {name}: step count");
+            r.step(ctx, &b).unwrap();
+            assert_eq!(
+                values(ctx, &a),
+                values(ctx, &r),
+                "[{backend}] {name}: resumed step differs"
+            );
+            std::fs::remove_file(&path).ok();
+        }
     });
 }
 
