@@ -95,20 +95,15 @@ fn run_pretrained(args: &Args, dir: &std::path::Path) -> Result<(), String> {
         ids.extend(checkpoint.bos_token_id());
     }
     let capacity = ids.len() + args.max_new_tokens;
-    // The model's own batch shape is the smallest: generation builds its own buffers.
-    let one = BatchShape {
-        batch: 1,
-        src_len: 0,
-        tgt_len: 1,
-    };
-    let model = checkpoint.model(&ctx, one).map_err(|e| e.to_string())?;
     let shape = GeneratorShape {
         batch: 1,
         capacity,
         prefill_chunk: ids.len().min(256),
         src_len: 0,
     };
-    let mut generator = Generator::new(&ctx, &model, shape).map_err(|e| e.to_string())?;
+    // The weights alone (no gradients or training buffers): decoding needs nothing else.
+    let mut generator =
+        Generator::from_pretrained(&ctx, &checkpoint, shape).map_err(|e| e.to_string())?;
     let mut sampling = match args.temperature {
         t if t > 0.0 => Sampling::temperature(t, args.seed),
         _ => Sampling::greedy(),

@@ -159,13 +159,32 @@ fn cached_decoding_matches_transformers() {
                 prefill_chunk: 4,
                 src_len: 0,
             };
-            let shape = BatchShape {
-                batch: 1,
-                src_len: 0,
-                tgt_len: capacity,
-            };
-            let model = checkpoint.model(ctx, shape).unwrap();
-            let mut generator = Generator::new(ctx, &model, gen_shape).unwrap();
+            // The weights alone, no training buffers: the same tokens, under half the memory of a
+            // model with a generator over it.
+            let before = ctx.memory().current_bytes;
+            let mut generator = Generator::from_pretrained(ctx, &checkpoint, gen_shape).unwrap();
+            let inference_bytes = ctx.memory().current_bytes - before;
+            let model = checkpoint
+                .model(
+                    ctx,
+                    BatchShape {
+                        batch: 1,
+                        src_len: 0,
+                        tgt_len: 1,
+                    },
+                )
+                .unwrap();
+            let with_model = Generator::new(ctx, &model, gen_shape).unwrap();
+            let training_bytes = ctx.memory().current_bytes - before - inference_bytes;
+            drop(with_model);
+            let params: u64 = model.params.values().iter().map(|v| v.size_bytes()).sum();
+            eprintln!(
+                "[{backend}] {name}: generator from the checkpoint {inference_bytes} B, model and generator {training_bytes} B (parameters {params} B)"
+            );
+            assert!(
+                inference_bytes + params <= training_bytes,
+                "[{backend}] {name}"
+            );
             let options = GenerateOptions {
                 max_new_tokens: e.greedy.len(),
                 ..Default::default()

@@ -11,6 +11,7 @@ use crate::layers::embedding::{Embedding, PositionKind};
 use crate::layers::encoder::Encoder;
 use crate::layers::linear::Linear;
 use crate::layers::params::Params;
+use crate::model::pretrained::Pretrained;
 use crate::model::transformer::{Transformer, TransformerConfig};
 use crate::tensor::{read_mapped, GpuTensor, SeqLens};
 
@@ -125,6 +126,49 @@ impl Generator {
     /// cosine scores and key clipping transform the cached keys in decode attention.
     pub fn new(ctx: &Context, model: &Transformer, shape: GeneratorShape) -> Result<Self> {
         let c = *model.config();
+        let trained = model.shape();
+        let positions = match c.position_kind() {
+            PositionKind::Learned => [
+                c.position_rows(trained.src_len),
+                c.position_rows(trained.tgt_len),
+            ],
+            _ => [shape.src_len, shape.capacity],
+        };
+        Self::build(ctx, c, model.params.shared(), positions, shape)
+    }
+
+    /// A generator with a published checkpoint's weights and nothing else: its parameters are
+    /// values only ([`Params::for_inference`]: no gradients, no optimizer arenas, no training
+    /// activations), half the memory of [`Pretrained::model`] with a generator over it. The way to
+    /// run a published model that is not trained further.
+    pub fn from_pretrained(
+        ctx: &Context,
+        checkpoint: &Pretrained,
+        shape: GeneratorShape,
+    ) -> Result<Self> {
+        let c = *checkpoint.config();
+        // Learned position tables have max_positions rows (GPT-2's n_positions).
+        let rows = [
+            c.position_rows(shape.src_len),
+            c.position_rows(shape.capacity),
+        ];
+        let generator = Self::build(ctx, c, Params::for_inference(), rows, shape)?;
+        checkpoint.load_params(ctx, &generator.params)?;
+        Ok(generator)
+    }
+
+    /// A generator of configuration `c` over `params`: a store shared with a model (whose
+    /// parameters the layers find by name), or an empty [`Params::for_inference`] store the layers
+    /// add their parameters to (the caller then loads the weights). `positions` are the rows of
+    /// the source and target position tables (learned positions; the others are sized here).
+    fn build(
+        ctx: &Context,
+        c: TransformerConfig,
+        mut params: Params,
+        [src_positions, tgt_positions]: [usize; 2],
+        shape: GeneratorShape,
+    ) -> Result<Self> {
+        c.validate()?;
         // A chunk longer than the cache never fills: size the prefill pass by what it can hold.
         let shape = GeneratorShape {
             prefill_chunk: shape.prefill_chunk.min(shape.capacity),
@@ -144,12 +188,8 @@ impl Generator {
             ));
         }
         let learned = c.position_kind() == PositionKind::Learned;
-        let trained = model.shape();
         let (src_positions, tgt_positions) = match learned {
-            true => (
-                c.position_rows(trained.src_len),
-                c.position_rows(trained.tgt_len),
-            ),
+            true => (src_positions, tgt_positions),
             false => (s.src_len, s.capacity),
         };
         if learned && s.capacity > tgt_positions {
@@ -170,7 +210,6 @@ impl Generator {
                 ),
             ));
         }
-        let mut params = model.params.shared();
         let b = s.batch;
         let source = match c.has_encoder() {
             true => {
@@ -189,17 +228,20 @@ impl Generator {
             false => None,
         };
         let memory_len = c.has_encoder().then_some(s.src_len);
-        let mut pass = |rows: usize| -> Result<Pass> {
+        let pass = |params: &mut Params, rows: usize| -> Result<Pass> {
             let stack = c.stack(c.decoder_layers, s.capacity);
             Ok(Pass {
-                target: c.embedding(ctx, &mut params, "tgt", [b, rows], tgt_positions)?,
-                decoder: Decoder::new(ctx, &mut params, "dec", &stack, [b, rows], memory_len)?,
+                target: c.embedding(ctx, params, "tgt", [b, rows], tgt_positions)?,
+                decoder: Decoder::new(ctx, params, "dec", &stack, [b, rows], memory_len)?,
                 rows,
             })
         };
-        let mut prefill = pass(s.prefill_chunk)?;
-        let step = pass(1)?;
+        // The prefill pass and the output head add every parameter to a store of their own; the
+        // step pass then finds them.
+        let mut prefill = pass(&mut params, s.prefill_chunk)?;
         let output = c.output_head(ctx, &mut params, &mut prefill.target)?;
+        let mut params = params.shared();
+        let step = pass(&mut params, 1)?;
         let head_dim = c.d_model / c.heads;
         // Additive layers cache their key projections b (Da per head) instead of keys.
         let key_dim = c.additive_attention.unwrap_or(head_dim);

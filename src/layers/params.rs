@@ -35,6 +35,8 @@ pub struct Params {
     shared: bool,
     /// Values and gradients are in arenas ([`Params::pack`]).
     packed: bool,
+    /// A store made by [`Params::for_inference`]: values only, zero at first, no gradients.
+    inference: bool,
 }
 
 impl Params {
@@ -49,7 +51,24 @@ impl Params {
                 .wrapping_add(1442695040888963407),
             shared: false,
             packed: false,
+            inference: false,
         }
+    }
+
+    /// A store for weights loaded from elsewhere and only run forward (decoding a published
+    /// checkpoint): [`Params::add`] allocates the values zeroed (no initialisation drawn) and no
+    /// gradient, halving the memory of a trainable store. Its [`Params::grad`] answers with the
+    /// value: the forward passes that name a gradient (learned score terms) only read their values.
+    pub fn for_inference() -> Self {
+        Self {
+            inference: true,
+            ..Self::new(0)
+        }
+    }
+
+    /// Whether this store keeps gradients (not one made by [`Params::for_inference`]).
+    pub fn has_grads(&self) -> bool {
+        !self.inference
     }
 
     /// A store over the same tensors (the GPU buffers are shared, not copied) whose
@@ -64,6 +83,7 @@ impl Params {
             rng: self.rng,
             shared: true,
             packed: self.packed,
+            inference: self.inference,
         }
     }
 
@@ -97,6 +117,11 @@ impl Params {
         if self.names.contains(&name) {
             return Err(Error::shape("param", format!("{name} is defined twice")));
         }
+        if self.inference {
+            self.values.push(GpuTensor::zeros(ctx, shape)?);
+            self.names.push(name);
+            return Ok(ParamId(self.names.len() - 1));
+        }
         let n: usize = shape.iter().product();
         let data: Vec<f32> = match init {
             Init::Zeros => vec![0.0; n],
@@ -125,9 +150,12 @@ impl Params {
         &self.values[id.0]
     }
 
-    /// The parameter's gradient.
+    /// The parameter's gradient (its value in a [`Params::for_inference`] store).
     pub fn grad(&self, id: ParamId) -> &GpuTensor {
-        &self.grads[id.0]
+        match self.inference {
+            true => &self.values[id.0],
+            false => &self.grads[id.0],
+        }
     }
 
     /// Every parameter's name, in the order added.
@@ -140,7 +168,7 @@ impl Params {
         &self.values
     }
 
-    /// Every parameter's gradient, in the order added.
+    /// Every parameter's gradient, in the order added (none in a [`Params::for_inference`] store).
     pub fn grads(&self) -> &[GpuTensor] {
         &self.grads
     }
@@ -168,7 +196,8 @@ impl Params {
     /// call it once all parameters are added (a second call changes nothing; one after more were
     /// added packs them all again).
     pub fn pack(&mut self, ctx: &Context) -> Result<()> {
-        if self.packed {
+        // An inference store has no optimizer to serve and keeps its tensors where they are.
+        if self.packed || self.inference {
             return Ok(());
         }
         let shapes: Vec<&[usize]> = self.values.iter().map(GpuTensor::shape).collect();

@@ -286,7 +286,7 @@ impl TransformerConfig {
         }
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let c = self;
         if c.vocab == 0 || c.d_model == 0 || c.d_ff == 0 || c.decoder_layers == 0 {
             return Err(Error::shape(

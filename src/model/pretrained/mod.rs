@@ -29,6 +29,7 @@ pub use config::Architecture;
 
 use crate::device::Context;
 use crate::error::{Error, PretrainedProblem, Result};
+use crate::layers::params::Params;
 use crate::model::transformer::{BatchShape, Transformer, TransformerConfig};
 use files::{file_error, WeightFiles};
 use names::Source;
@@ -135,20 +136,26 @@ impl Pretrained {
         }
     }
 
-    /// Checks every engine parameter of `model` against the files (present, right shape, right
-    /// element type) and every file tensor against the model (none left over).
-    fn plan(&self, model: &Transformer) -> Result<Plan> {
-        if model.config() != &self.config {
+    /// Loads the weights into `params`, the parameters of layers built for this checkpoint's
+    /// configuration by another level (an inference-only store of a generator).
+    pub(crate) fn load_params(&self, ctx: &Context, params: &Params) -> Result<()> {
+        let plan = self.plan(&self.config, params)?;
+        self.write(ctx, plan, params)
+    }
+
+    /// Checks every engine parameter in `params` (of a model of configuration `config`) against the
+    /// files (present, right shape, right element type) and every file tensor against the model
+    /// (none left over).
+    fn plan(&self, config: &TransformerConfig, params: &Params) -> Result<Plan> {
+        if config != &self.config {
             return Err(Error::shape(
                 "model",
                 format!(
-                    "has configuration {:?}; this checkpoint's is {:?}",
-                    model.config(),
+                    "has configuration {config:?}; this checkpoint's is {:?}",
                     self.config
                 ),
             ));
         }
-        let params = &model.params;
         let mut used = BTreeSet::new();
         let mut sources = Vec::new();
         for (i, (name, value)) in params.names().iter().zip(params.values()).enumerate() {
@@ -214,8 +221,13 @@ impl Pretrained {
     /// is checked before anything is written, then each parameter is converted and uploaded in turn
     /// (host memory holds one tensor at a time).
     pub fn load_weights(&self, ctx: &Context, model: &Transformer) -> Result<()> {
-        let plan = self.plan(model)?;
-        let values = model.params.values();
+        let plan = self.plan(model.config(), &model.params)?;
+        self.write(ctx, plan, &model.params)
+    }
+
+    /// Converts and uploads each planned parameter in turn.
+    fn write(&self, ctx: &Context, plan: Plan, params: &Params) -> Result<()> {
+        let values = params.values();
         for (i, source) in plan.sources {
             let parts = source
                 .tensors
@@ -239,7 +251,7 @@ impl Pretrained {
     /// beside this checkpoint. `transformers`' `from_pretrained` loads the result.
     pub fn save(&self, ctx: &Context, model: &Transformer, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
-        let plan = self.plan(model)?;
+        let plan = self.plan(model.config(), &model.params)?;
         let io = |file: &str, e: &dyn std::fmt::Display| Error::Pretrained {
             dir: dir.display().to_string(),
             problem: file_error(file, e),
