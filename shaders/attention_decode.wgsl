@@ -18,6 +18,10 @@
 //            P[r][j] V[j] over the tile's keys j = kg, kg + KG, ...; the KG phase sums are added in
 //            kg order at the end (no atomics, deterministic).
 // No per-invocation array is head-dim sized.
+//
+// Paged caches (PAGE > 0): K and V are pools [1, blocks * PAGE, Hkv, D] shared by every sequence; key
+// j of sequence b is pool row block_table[b * TABLE_STRIDE + j / PAGE] * PAGE + j % PAGE. Block ids
+// are checked on the host; the clamp only keeps a stale table from reading past the pool.
 
 override WG: u32 = 64u;
 override ROWS: u32 = 4u;
@@ -31,6 +35,14 @@ override LANES: u32 = min(ITEMS, WG);
 override KG: u32 = WG / LANES;
 override OWN: u32 = (ITEMS + WG - 1u) / WG;
 
+// Rows per cache block (0: a contiguous cache [B, max_len, Hkv, D]), block ids per sequence in the
+// table, and blocks in the pool.
+override PAGE: u32 = 0u;
+override TABLE_STRIDE: u32 = 1u;
+override POOL_BLOCKS: u32 = 1u;
+// PAGE as a divisor (never 0, which a constant division would reject even where unused).
+override PAGE_ROWS: u32 = max(PAGE, 1u);
+
 // Sizes of the per-invocation arrays; the host writes the pipeline's exact ROWS and OWN here.
 const MAX_ROWS: u32 = 64u;
 const MAX_OWN: u32 = 16u;
@@ -40,6 +52,8 @@ const MAX_OWN: u32 = 16u;
 @group(0) @binding(4) var<storage, read> v_buf: array<f32>;
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
+// The paged cache's block table [B, TABLE_STRIDE] (PAGE > 0; another read-only buffer otherwise).
+@group(0) @binding(7) var<storage, read> block_table: array<u32>;
 
 var<workgroup> q_tile: array<vec4<f32>, ROWS * DK4>;
 // Scores, then P, of the tile: s_tile[r * WG + key].
@@ -58,6 +72,15 @@ fn row_query(fr: u32) -> u32 {
 
 fn row_head(fr: u32, g: u32) -> u32 {
     return g * (params.heads / params.kv_heads) + fr / params.q_seq;
+}
+
+// Element index of key (or value) j of sequence b, KV head g, in the cache.
+fn cache_index(view: u32, b: u32, j: u32, g: u32) -> u32 {
+    if PAGE == 0u {
+        return view_index(view, b, j, g);
+    }
+    let block = min(block_table[b * TABLE_STRIDE + j / PAGE_ROWS], POOL_BLOCKS - 1u);
+    return view_index(view, 0u, block * PAGE_ROWS + j % PAGE_ROWS, g);
 }
 
 // Elements d..d+3 of a row at element `base`, zero past `dim` (views need not be vec4 aligned).
@@ -139,7 +162,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         workgroupBarrier();
         if j < end {
-            let kj = view_index(VIEW_K, b, j, g);
+            let kj = cache_index(VIEW_K, b, j, g);
             for (var d4 = 0u; d4 < DK4; d4++) {
                 let k4 = load4_k(kj, 4u * d4);
                 for (var r = 0u; r < ROWS; r++) {
@@ -197,7 +220,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     let p = s_tile[r * WG + jj];
                     // A key this row masks is not read (a NaN in its value is not the row's).
                     if p_visible(vec4<f32>(p)).x {
-                        a += p * load4_v(view_index(VIEW_V, b, n0 + jj, g), 4u * c);
+                        a += p * load4_v(cache_index(VIEW_V, b, n0 + jj, g), 4u * c);
                     }
                 }
                 acc[o] = a;

@@ -131,6 +131,16 @@ pub enum Error {
     /// Mapping a buffer for readback failed.
     #[error("buffer readback failed: {0}")]
     Readback(String),
+    /// A paged key/value cache has too few free blocks for a step; nothing was changed.
+    #[error("the paged KV cache needs {needed} free blocks for this step but has {free} of {total}; remove finished sequences, or build the cache with more blocks")]
+    KvCacheFull {
+        /// Blocks the step needs (new pages and copies of shared ones).
+        needed: usize,
+        /// Blocks free.
+        free: usize,
+        /// Blocks in the pool.
+        total: usize,
+    },
     /// A Hugging Face model directory could not be read, or describes a model this engine would not
     /// compute exactly as `transformers` does (see [`crate::model::pretrained`]).
     #[error("model {dir}: {problem}")]

@@ -6,10 +6,13 @@
 //! costs one pass over the cache instead of a forward over the whole sequence. Only the last
 //! position's logits are computed, tokens are sampled on the GPU, and only their ids are read back.
 //! The encoder runs once per source, and every decoder layer projects its cross-attention keys and
-//! values once.
+//! values once. A [`PagedKvCache`] holds many sequences' keys and values in shared pools of
+//! fixed-size blocks (join, leave, fork with copy-on-write).
 
 mod generator;
 pub mod kv_cache;
+pub mod paged_cache;
 
 pub use generator::{GenerateOptions, Generated, Generator, GeneratorShape};
 pub use kv_cache::{KvCache, StepLens};
+pub use paged_cache::{PagedKvCache, PagedKvCacheConfig};

@@ -1,4 +1,5 @@
-//! CPU reference for the key/value cache append. GPU counterpart: [`crate::kernels::kv_cache`].
+//! CPU reference for the key/value cache append and the paged cache's layout. GPU counterpart:
+//! [`crate::kernels::kv_cache`].
 
 /// Copies row `l < q_lens[b]` of `new [B, L, H, D]` (contiguous) to position
 /// `kv_lens[b] - q_lens[b] + l` of `cache [B, max_len, H, D]`.
@@ -17,4 +18,15 @@ pub fn kv_cache_append(
             cache[(bi * max_len + start + li) * h * d..][..h * d].copy_from_slice(from);
         }
     }
+}
+
+/// The first `len` positions of a paged sequence, `[len, row]` contiguous: position `p` is row
+/// `blocks[p / page] * page + p % page` of `pool` (`row` values per row).
+pub fn gather_paged(pool: &[f64], blocks: &[u32], page: usize, len: usize, row: usize) -> Vec<f64> {
+    (0..len)
+        .flat_map(|p| {
+            let at = (blocks[p / page] as usize * page + p % page) * row;
+            pool[at..at + row].iter().copied()
+        })
+        .collect()
 }

@@ -11,6 +11,7 @@
 
 use super::tiled::{encode_split_merge, split_scratch};
 use super::*;
+use crate::kernels::kv_cache::BlockTable;
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_decode.wgsl");
 
@@ -148,6 +149,64 @@ pub fn attention_decode_into(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let s = AttentionShape::of(q, k_cache, v_cache)?;
+    decode_into(ctx, encoder, q, [k_cache, v_cache], None, s, out, lse, opts)
+}
+
+/// [`attention_decode_into`] against a paged cache: `k_pool [1, pool rows, Hkv, Dk]` and `v_pool
+/// [1, pool rows, Hkv, Dv]` read through `table` (one row per sequence of `q`; key `j` of sequence
+/// `b` is pool row `table[b][j / page] * page + j % page`), `kv_lens` at most the table's
+/// capacity. Every mask and modifier of the contiguous cache applies but cosine scores and key
+/// clipping (which transform the cache), refused with a typed error.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_paged_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k_pool: &HeadsView,
+    v_pool: &HeadsView,
+    table: &BlockTable,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let s = AttentionShape::paged(q, k_pool, v_pool, table.pool_rows(), table.capacity())?;
+    if table.slots() != s.batch {
+        return Err(Error::shape(
+            "block table",
+            format!("has {} sequences; q has {}", table.slots(), s.batch),
+        ));
+    }
+    if qk_norm::transforms(opts) {
+        return Err(Error::shape(
+            "opts",
+            "cosine scores and key-norm clipping transform the cached keys; a paged cache does not support them",
+        ));
+    }
+    decode_into(
+        ctx,
+        encoder,
+        q,
+        [k_pool, v_pool],
+        Some(table),
+        s,
+        out,
+        lse,
+        opts,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    [k_cache, v_cache]: [&HeadsView; 2],
+    table: Option<&BlockTable>,
+    s: AttentionShape,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
     check_f32(&[
         ("q", q),
         ("k_cache", k_cache),
@@ -207,6 +266,24 @@ pub fn attention_decode_into(
             bind_tensor(ctx, "lse", lse)?,
         ],
     };
+    let mut constants = vec![
+        ("WG", WG),
+        ("ROWS", plan.rows as u32),
+        ("DK", s.head_dim_qk as u32),
+        ("DV", s.head_dim_v as u32),
+    ];
+    // A contiguous cache binds Q where the block table would be (the shader does not read it).
+    let table_binding = match table {
+        Some(t) => {
+            constants.extend(t.constants());
+            Binding {
+                buffer: t.buffer(),
+                offset_bytes: 0,
+                size_bytes: t.buffer().size(),
+            }
+        }
+        None => q_binding,
+    };
     let mut pass = ctx.begin_pass(encoder, "attention_decode");
     encode_kernel(
         ctx,
@@ -224,15 +301,17 @@ pub fn attention_decode_into(
                 );
             with_common(&sized)
         },
-        &[
-            ("WG", WG),
-            ("ROWS", plan.rows as u32),
-            ("DK", s.head_dim_qk as u32),
-            ("DV", s.head_dim_v as u32),
-        ],
+        &constants,
         &params,
         shared,
-        &[q_binding, k_binding, v_binding, o_binding, lse_binding],
+        &[
+            q_binding,
+            k_binding,
+            v_binding,
+            o_binding,
+            lse_binding,
+            table_binding,
+        ],
         grid,
     );
     if let Some(partials) = partials {

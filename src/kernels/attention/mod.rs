@@ -47,7 +47,9 @@ pub use bias::attention_bias_backward_into;
 pub use binding::MAX_ALIBI_SLOPES;
 use binding::*;
 pub use coop::{matrix_build, qualify_matrix_build, MatrixBuild};
-pub use decode::{attention_decode, attention_decode_into, DecodePlan};
+pub use decode::{
+    attention_decode, attention_decode_into, attention_decode_paged_into, DecodePlan,
+};
 pub use forward::*;
 pub use options::*;
 pub use precompile::{additive_precompile, attention_precompile, AttentionPasses};

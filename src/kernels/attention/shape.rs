@@ -6,9 +6,44 @@ use super::*;
 impl AttentionShape {
     /// Checks that `q [B, Lq, H, Dk]`, `k [B, Lk, Hkv, Dk]` and `v [B, Lk, Hkv, Dv]` agree.
     pub fn of(q: &HeadsView, k: &HeadsView, v: &HeadsView) -> Result<Self> {
-        let [b, lq, h, dk] = q.shape();
-        let [kb, lk, hkv, kdk] = k.shape();
-        let [vb, vlk, vhkv, dv] = v.shape();
+        Self::of_dims(q.shape(), k.shape(), v.shape())
+    }
+
+    /// The problem of queries `q` against a paged cache: pools `k_pool`, `v_pool` `[1, pool rows,
+    /// Hkv, D]` read through a block table that gives each of `q`'s sequences `capacity` positions.
+    pub(crate) fn paged(
+        q: &HeadsView,
+        k_pool: &HeadsView,
+        v_pool: &HeadsView,
+        pool_rows: usize,
+        capacity: usize,
+    ) -> Result<Self> {
+        let b = q.shape()[0];
+        let mut logical = [[0; 4]; 2];
+        for (i, (arg, pool)) in [("k_pool", k_pool), ("v_pool", v_pool)]
+            .into_iter()
+            .enumerate()
+        {
+            let [pb, rows, heads, dim] = pool.shape();
+            if pb != 1 || rows != pool_rows {
+                return Err(Error::shape(
+                    arg,
+                    format!(
+                        "has shape {:?}; the block table's pool needs [1, {pool_rows}, kv heads, head_dim]",
+                        pool.shape()
+                    ),
+                ));
+            }
+            logical[i] = [b, capacity, heads, dim];
+        }
+        Self::of_dims(q.shape(), logical[0], logical[1])
+    }
+
+    fn of_dims(
+        [b, lq, h, dk]: [usize; 4],
+        [kb, lk, hkv, kdk]: [usize; 4],
+        [vb, vlk, vhkv, dv]: [usize; 4],
+    ) -> Result<Self> {
         for (arg, value) in [
             ("q batch", b),
             ("q seq", lq),

@@ -1,0 +1,361 @@
+//! The paged key/value cache: decode attention and the cache append through a block table against
+//! the f64 reference (GQA, ragged lengths, several queries per sequence, every decoding modifier,
+//! split-KV), with the unused pool blocks holding NaN to prove they are never read; and the cache's
+//! book-keeping: blocks as tokens arrive, forks sharing a prefix with copy-on-write at the first
+//! divergent block, removal and truncation freeing blocks, a full pool refused with nothing changed.
+
+mod common;
+
+use common::*;
+use rand::seq::SliceRandom;
+use wgpu_attention::inference::{PagedKvCache, PagedKvCacheConfig};
+use wgpu_attention::kernels::kv_cache::{kv_cache_append_paged_into, BlockTable};
+use wgpu_attention::reference::attention::{self as reference, Masks};
+use wgpu_attention::reference::kv_cache::gather_paged;
+use wgpu_attention::{attention_decode_paged_into, Context, Error, GpuTensor, SeqLens};
+
+/// A random placement of each sequence's `ceil(cap / page)` blocks in a pool with `spare` more
+/// blocks than needed: `[batch, stride]` ids, distinct, shuffled.
+fn placement(batch: usize, stride: usize, spare: usize, seed: u64) -> (Vec<u32>, usize) {
+    let pool = batch * stride + spare;
+    let mut ids: Vec<u32> = (0..pool as u32).collect();
+    ids.shuffle(&mut rng(seed));
+    (ids[..batch * stride].to_vec(), pool)
+}
+
+/// Scatters `cache [B, cap, H, D]` into a pool `[pool * page, H, D]` by `table`; every other row NaN.
+fn scatter(
+    cache: &[f32],
+    [b, cap, h, d]: [usize; 4],
+    table: &[u32],
+    page: usize,
+    pool: usize,
+) -> Vec<f32> {
+    let stride = cap.div_ceil(page);
+    let row = h * d;
+    let mut out = vec![f32::NAN; pool * page * row];
+    for bi in 0..b {
+        for p in 0..cap {
+            let at = (table[bi * stride + p / page] as usize * page + p % page) * row;
+            out[at..at + row].copy_from_slice(&cache[(bi * cap + p) * row..][..row]);
+        }
+    }
+    out
+}
+
+/// Decode attention for `case` through a paged cache of `page`-row blocks, against the reference.
+fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize) {
+    let s = case.shape();
+    let (q, k, v, _) = case.data();
+    let stride = s.kv_seq.div_ceil(page);
+    let (ids, pool) = placement(s.batch, stride, 3, 7);
+    let mut table = BlockTable::new(ctx, s.batch, stride, page, pool).unwrap();
+    table.write(ctx, &ids).unwrap();
+    let [qv, _, _, _] = case.upload(ctx);
+    let k_pool = scatter(
+        &k,
+        [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk],
+        &ids,
+        page,
+        pool,
+    );
+    let v_pool = scatter(
+        &v,
+        [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v],
+        &ids,
+        page,
+        pool,
+    );
+    let k_pool = upload(ctx, &k_pool, [1, pool * page, s.kv_heads, s.head_dim_qk]);
+    let v_pool = upload(ctx, &v_pool, [1, pool * page, s.kv_heads, s.head_dim_v]);
+    let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v]).unwrap();
+    let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq]).unwrap();
+    let buffers = case.buffers(ctx);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let opts = case.options(&buffers);
+    attention_decode_paged_into(
+        ctx,
+        &mut encoder,
+        &qv,
+        &k_pool,
+        &v_pool,
+        &table,
+        &out.heads().unwrap(),
+        &lse,
+        &opts,
+    )
+    .unwrap();
+    ctx.queue().submit([encoder.finish()]);
+    let masks = Masks {
+        q_lens: None,
+        kv_lens: None,
+        ..case.masks()
+    };
+    let (q_lens, kv_lens) = (case.q_lens.clone().unwrap(), case.kv_lens.clone().unwrap());
+    let (ref_out, ref_lse) = reference::attention_decode(
+        &s,
+        &to_f64(&q),
+        &to_f64(&k),
+        &to_f64(&v),
+        &q_lens,
+        &kv_lens,
+        &masks,
+    );
+    let what = format!("[{name}] paged decode, page {page}, {}", case.label());
+    assert_close(
+        &format!("{what} out"),
+        &out.to_vec(ctx).unwrap(),
+        &ref_out,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
+    let lse = lse.to_vec(ctx).unwrap();
+    for (n, (&g, &r)) in lse.iter().zip(&ref_lse).enumerate() {
+        let ok = match r == f64::NEG_INFINITY {
+            true => g == f32::NEG_INFINITY,
+            false => (g as f64 - r).abs() <= FORWARD_ATOL + FORWARD_RTOL * r.abs(),
+        };
+        assert!(ok, "{what} lse[{n}]: {g} vs {r}");
+    }
+}
+
+#[test]
+fn paged_decode_matches_reference() {
+    for_each_backend(|name, ctx| {
+        // GQA, ragged lengths (one past a 64-key tile), several new queries, blocks of 16 and of 5.
+        for page in [16, 5] {
+            let case = Case::new(3, 3, 70, 4, 2, 16, 16)
+                .causal()
+                .q_lens(&[1, 3, 2])
+                .kv_lens(&[70, 5, 33]);
+            check_paged(ctx, name, &case, page);
+        }
+        // The decoding modifiers, Dk != Dv.
+        let case = Case::new(2, 2, 90, 2, 2, 24, 16)
+            .causal()
+            .q_lens(&[2, 1])
+            .kv_lens(&[90, 41])
+            .window(20, 0)
+            .alibi()
+            .softcap(5.0)
+            .sinks(&[0.5, -1.0])
+            .magnitude(3.0);
+        check_paged(ctx, name, &case, 8);
+        let case = Case::new(2, 2, 70, 4, 2, 16, 16)
+            .causal()
+            .q_lens(&[2, 1])
+            .kv_lens(&[70, 3])
+            .relative(8, 32, false);
+        check_paged(ctx, name, &case, 16);
+    });
+    // Split-KV (a small loop budget forces several key splits and their merge).
+    for_each_backend_with_loop_budget(3000, |name, ctx| {
+        let case = Case::new(1, 1, 300, 2, 1, 16, 16)
+            .causal()
+            .q_lens(&[1])
+            .kv_lens(&[300]);
+        check_paged(ctx, name, &case, 32);
+    });
+}
+
+#[test]
+fn paged_append_writes_through_the_table() {
+    for_each_backend(|name, ctx| {
+        let (b, l, h, d, page) = (2, 3, 2, 4, 4);
+        let stride = 3;
+        let (ids, pool) = placement(b, stride, 2, 11);
+        let mut table = BlockTable::new(ctx, b, stride, page, pool).unwrap();
+        table.write(ctx, &ids).unwrap();
+        let new = random(&mut rng(3), b * l * h * d, 1.0);
+        let pool_t = GpuTensor::zeros(ctx, &[pool * page, h, d]).unwrap();
+        // Sequence 0 adds 3 tokens after 2 (positions 2..5, across a block boundary); sequence 1
+        // adds 2 after 7.
+        let lens = SeqLens::new(ctx, Some(&[3, 2]), Some(&[5, 9])).unwrap();
+        let new_t = upload(ctx, &new, [b, l, h, d]);
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        kv_cache_append_paged_into(ctx, &mut encoder, &new_t, &pool_t, &table, &lens).unwrap();
+        ctx.queue().submit([encoder.finish()]);
+        let got = pool_t.to_vec(ctx).unwrap();
+        let row = h * d;
+        for (bi, (start, count)) in [(2, 3), (7, 2)].into_iter().enumerate() {
+            let gathered = gather_paged(
+                &to_f64(&got),
+                &ids[bi * stride..][..stride],
+                page,
+                start + count,
+                row,
+            );
+            for li in 0..count {
+                let want = &new[(bi * l + li) * row..][..row];
+                let have = &gathered[(start + li) * row..][..row];
+                assert!(
+                    want.iter().zip(have).all(|(&w, &g)| w as f64 == g),
+                    "[{name}] sequence {bi} position {}",
+                    start + li
+                );
+            }
+        }
+        // A table for another batch, and ids past the pool, are refused.
+        let other = BlockTable::new(ctx, 3, stride, page, pool).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let err = kv_cache_append_paged_into(ctx, &mut encoder, &new_t, &pool_t, &other, &lens);
+        assert!(
+            matches!(
+                err,
+                Err(Error::Shape {
+                    arg: "block table",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        let err = table.write(ctx, &vec![pool as u32; b * stride]);
+        assert!(
+            matches!(
+                err,
+                Err(Error::Shape {
+                    arg: "block table",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    });
+}
+
+/// Appends `count` tokens of recognisable values (`seq * 1000 + position`) to each fed slot.
+fn feed(ctx: &Context, cache: &mut PagedKvCache, new: &[u32], tag: &[f32]) {
+    let slots = new.len();
+    let l = *new.iter().max().unwrap() as usize;
+    let c = *cache.config();
+    let (h, d) = (c.kv_heads, c.dims[0]);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let step = cache.prepare(ctx, &mut encoder, new).unwrap();
+    let mut rows = vec![0.0f32; slots * l.max(1) * h * d];
+    for (s, &n) in new.iter().enumerate() {
+        for li in 0..n as usize {
+            let position = step.total[s] as usize - n as usize + li;
+            let value = tag[s] * 1000.0 + position as f32;
+            rows[(s * l.max(1) + li) * h * d..][..h * d].fill(value);
+        }
+    }
+    let view = upload(ctx, &rows, [slots, l.max(1), h, d]);
+    let lens = SeqLens::new(ctx, Some(&step.new), Some(&step.total)).unwrap();
+    for [k, v] in cache.layers() {
+        kv_cache_append_paged_into(ctx, &mut encoder, &view, k, cache.table(), &lens).unwrap();
+        kv_cache_append_paged_into(ctx, &mut encoder, &view, v, cache.table(), &lens).unwrap();
+    }
+    ctx.queue().submit([encoder.finish()]);
+    cache.advance(&step);
+}
+
+/// Slot `slot`'s cached values (one per position) in layer 0's keys.
+fn contents(ctx: &Context, cache: &PagedKvCache, slot: usize) -> Vec<f32> {
+    let c = *cache.config();
+    let row = c.kv_heads * c.dims[0];
+    let pool = to_f64(&cache.layers()[0][0].to_vec(ctx).unwrap());
+    let len = cache.len(slot).unwrap();
+    gather_paged(&pool, cache.blocks(slot).unwrap(), c.page, len, row)
+        .chunks(row)
+        .map(|r| r[0] as f32)
+        .collect()
+}
+
+#[test]
+fn sequences_fork_with_copy_on_write_and_free_their_blocks() {
+    for_each_backend(|name, ctx| {
+        let config = PagedKvCacheConfig::new(2, 1, 4, 4, 8, 3, 16);
+        let mut cache = PagedKvCache::new(ctx, config).unwrap();
+        let a = cache.add_sequence().unwrap();
+        // A 6-token prompt: two blocks, the second half full.
+        feed(ctx, &mut cache, &[6, 0, 0], &[1.0, 0.0, 0.0]);
+        assert_eq!(cache.free_blocks(), 6, "[{name}] blocks follow the tokens");
+        // The fork shares both blocks: nothing is copied or allocated.
+        let b = cache.fork(a).unwrap();
+        assert_eq!(cache.free_blocks(), 6);
+        assert_eq!(cache.blocks(a), cache.blocks(b));
+        // Both continue differently: each copies the shared, half-full block before writing.
+        feed(ctx, &mut cache, &[1, 1, 0], &[1.0, 2.0, 0.0]);
+        let (ba, bb) = (
+            cache.blocks(a).unwrap().to_vec(),
+            cache.blocks(b).unwrap().to_vec(),
+        );
+        assert_eq!(ba[0], bb[0], "[{name}] the full first block stays shared");
+        assert_ne!(ba[1], bb[1], "[{name}] the divergent block is copied");
+        let prefix: Vec<f32> = (0..6).map(|p| 1000.0 + p as f32).collect();
+        let mut want_a = prefix.clone();
+        want_a.push(1006.0);
+        let mut want_b = prefix.clone();
+        want_b.push(2006.0);
+        assert_eq!(contents(ctx, &cache, a), want_a, "[{name}] parent");
+        assert_eq!(contents(ctx, &cache, b), want_b, "[{name}] fork");
+        // Removing the parent frees only what the fork does not hold.
+        let free = cache.free_blocks();
+        cache.remove(a).unwrap();
+        assert_eq!(
+            cache.free_blocks(),
+            free + 1,
+            "[{name}] the shared prefix block stays"
+        );
+        assert_eq!(contents(ctx, &cache, b), want_b);
+        // Truncating (a rejected draft) frees blocks past the kept tokens.
+        feed(ctx, &mut cache, &[0, 6, 0], &[0.0, 2.0, 0.0]);
+        let free = cache.free_blocks();
+        cache.truncate(b, 5).unwrap();
+        assert_eq!(
+            cache.free_blocks(),
+            free + 2,
+            "[{name}] 13 tokens in 4 blocks -> 5 in 2"
+        );
+        assert_eq!(contents(ctx, &cache, b), prefix[..5].to_vec());
+    });
+}
+
+#[test]
+fn a_full_pool_is_refused_and_nothing_changes() {
+    for_each_backend(|_, ctx| {
+        let config = PagedKvCacheConfig::new(1, 1, 4, 4, 3, 2, 32);
+        let mut cache = PagedKvCache::new(ctx, config).unwrap();
+        let a = cache.add_sequence().unwrap();
+        let b = cache.add_sequence().unwrap();
+        feed(ctx, &mut cache, &[8, 0], &[1.0, 0.0]);
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let err = cache.prepare(ctx, &mut encoder, &[1, 5]);
+        assert!(
+            matches!(
+                err,
+                Err(Error::KvCacheFull {
+                    needed: 3,
+                    free: 1,
+                    total: 3
+                })
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            (cache.len(a), cache.len(b), cache.free_blocks()),
+            (Some(8), Some(0), 1)
+        );
+        // Past max_len, an empty slot fed, the wrong slot count: typed errors too.
+        for new in [[25, 0].as_slice(), &[0, 40], &[1]] {
+            assert!(cache.prepare(ctx, &mut encoder, new).is_err(), "{new:?}");
+        }
+        cache.remove(b).unwrap();
+        let err = cache.prepare(ctx, &mut encoder, &[0, 1]);
+        assert!(matches!(err, Err(Error::Shape { .. })), "{err:?}");
+        assert!(cache.fork(b).is_err());
+    });
+}
+
+/// The reference gather against a direct construction (the layout the kernels read).
+#[test]
+fn reference_gather_follows_the_table() {
+    let (page, row) = (2, 3);
+    let pool: Vec<f64> = (0..4 * page * row).map(|i| i as f64).collect();
+    let got = gather_paged(&pool, &[3, 1], page, 3, row);
+    let want: Vec<f64> = [6, 7, 2]
+        .iter()
+        .flat_map(|&r| (0..row).map(move |c| (r * row + c) as f64))
+        .collect();
+    assert_eq!(got, want);
+}
