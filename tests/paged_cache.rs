@@ -229,8 +229,8 @@ fn feed(ctx: &Context, cache: &mut PagedKvCache, new: &[u32], tag: &[f32]) {
     let l = *new.iter().max().unwrap() as usize;
     let c = *cache.config();
     let (h, d) = (c.kv_heads, c.dims[0]);
+    let step = cache.prepare(ctx, new).unwrap();
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    let step = cache.prepare(ctx, &mut encoder, new).unwrap();
     let mut rows = vec![0.0f32; slots * l.max(1) * h * d];
     for (s, &n) in new.iter().enumerate() {
         for li in 0..n as usize {
@@ -266,12 +266,13 @@ fn sequences_fork_with_copy_on_write_and_free_their_blocks() {
     for_each_backend(|name, ctx| {
         let config = PagedKvCacheConfig::new(2, 1, 4, 4, 8, 3, 16);
         let mut cache = PagedKvCache::new(ctx, config).unwrap();
-        let a = cache.add_sequence().unwrap();
+        let (a, b) = (0, 1);
+        cache.add_sequence(a).unwrap();
         // A 6-token prompt: two blocks, the second half full.
         feed(ctx, &mut cache, &[6, 0, 0], &[1.0, 0.0, 0.0]);
         assert_eq!(cache.free_blocks(), 6, "[{name}] blocks follow the tokens");
         // The fork shares both blocks: nothing is copied or allocated.
-        let b = cache.fork(a).unwrap();
+        cache.fork(a, b).unwrap();
         assert_eq!(cache.free_blocks(), 6);
         assert_eq!(cache.blocks(a), cache.blocks(b));
         // Both continue differently: each copies the shared, half-full block before writing.
@@ -316,11 +317,11 @@ fn a_full_pool_is_refused_and_nothing_changes() {
     for_each_backend(|_, ctx| {
         let config = PagedKvCacheConfig::new(1, 1, 4, 4, 3, 2, 32);
         let mut cache = PagedKvCache::new(ctx, config).unwrap();
-        let a = cache.add_sequence().unwrap();
-        let b = cache.add_sequence().unwrap();
+        let (a, b) = (0, 1);
+        cache.add_sequence(a).unwrap();
+        cache.add_sequence(b).unwrap();
         feed(ctx, &mut cache, &[8, 0], &[1.0, 0.0]);
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        let err = cache.prepare(ctx, &mut encoder, &[1, 5]);
+        let err = cache.prepare(ctx, &[1, 5]);
         assert!(
             matches!(
                 err,
@@ -338,12 +339,16 @@ fn a_full_pool_is_refused_and_nothing_changes() {
         );
         // Past max_len, an empty slot fed, the wrong slot count: typed errors too.
         for new in [[25, 0].as_slice(), &[0, 40], &[1]] {
-            assert!(cache.prepare(ctx, &mut encoder, new).is_err(), "{new:?}");
+            assert!(cache.prepare(ctx, new).is_err(), "{new:?}");
         }
         cache.remove(b).unwrap();
-        let err = cache.prepare(ctx, &mut encoder, &[0, 1]);
+        let err = cache.prepare(ctx, &[0, 1]);
         assert!(matches!(err, Err(Error::Shape { .. })), "{err:?}");
-        assert!(cache.fork(b).is_err());
+        // Forks need a sequence to continue and an empty slot to start in.
+        assert!(cache.fork(b, b).is_err());
+        assert!(cache.fork(a, a).is_err());
+        assert!(cache.add_sequence(a).is_err());
+        assert!(cache.add_sequence(7).is_err());
     });
 }
 

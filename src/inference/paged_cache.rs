@@ -170,36 +170,47 @@ impl PagedKvCache {
             })
     }
 
-    fn empty_slot(&self) -> Result<usize> {
-        self.slots.iter().position(Option::is_none).ok_or_else(|| {
-            Error::shape(
-                "slots",
-                format!(
-                    "all {} slots hold sequences; remove one, or build the cache with more",
-                    self.slots.len()
-                ),
-            )
-        })
+    fn check_empty(&self, arg: &'static str, slot: usize) -> Result<()> {
+        match self.slots.get(slot) {
+            Some(None) => Ok(()),
+            Some(Some(_)) => Err(Error::shape(
+                arg,
+                format!("slot {slot} holds a sequence; remove it first"),
+            )),
+            None => Err(Error::shape(
+                arg,
+                format!("slot {slot} is past the cache's {} slots", self.slots.len()),
+            )),
+        }
     }
 
-    /// Starts an empty sequence; returns its slot.
-    pub fn add_sequence(&mut self) -> Result<usize> {
-        let slot = self.empty_slot()?;
+    /// Starts an empty sequence in slot `slot` (which must be empty).
+    pub fn add_sequence(&mut self, slot: usize) -> Result<()> {
+        self.check_empty("slot", slot)?;
         self.slots[slot] = Some(Sequence::default());
-        Ok(slot)
+        Ok(())
     }
 
-    /// Starts a sequence that continues slot `parent`'s: it shares every cached block (nothing is
-    /// copied now; a shared block is copied when either sequence first writes into it). Returns
-    /// the new slot.
-    pub fn fork(&mut self, parent: usize) -> Result<usize> {
+    /// Starts a sequence in the empty slot `child` that continues slot `parent`'s: it shares every
+    /// cached block (nothing is copied now; a shared block is copied when either sequence first
+    /// writes into it).
+    pub fn fork(&mut self, parent: usize, child: usize) -> Result<()> {
         let sequence = self.sequence("parent", parent)?.clone();
-        let slot = self.empty_slot()?;
+        self.check_empty("child", child)?;
         for &b in &sequence.blocks {
             self.refs[b as usize] += 1;
         }
-        self.slots[slot] = Some(sequence);
-        Ok(slot)
+        self.slots[child] = Some(sequence);
+        Ok(())
+    }
+
+    /// Ends every sequence (every block becomes free).
+    pub fn clear(&mut self) {
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].is_some() {
+                self.remove(slot).expect("the slot holds a sequence");
+            }
+        }
     }
 
     /// Ends slot `slot`'s sequence; blocks no other sequence holds become free.
@@ -238,17 +249,13 @@ impl PagedKvCache {
     }
 
     /// Prepares a step that adds `new[slot]` tokens to each slot (0 for slots not fed; every fed
-    /// slot must hold a sequence): gives each sequence the blocks its new tokens fall in, records
-    /// into `encoder` the copy of every shared block a sequence will write into (copy-on-write),
-    /// and uploads the table. Returns the step's lengths for the kernels' [`crate::SeqLens`];
-    /// [`PagedKvCache::advance`] records them once the step is recorded. Checked first: on error
-    /// (a slot past its `max_len`, too few free blocks) nothing changes.
-    pub fn prepare(
-        &mut self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        new: &[u32],
-    ) -> Result<StepLens> {
+    /// slot must hold a sequence): gives each sequence the blocks its new tokens fall in, copies
+    /// every shared block a sequence will write into (copy-on-write, submitted here, so the cache
+    /// stays whole whatever happens to the step), and uploads the table. Returns the step's lengths
+    /// for the kernels' [`crate::SeqLens`]; [`PagedKvCache::advance`] records them once the step
+    /// is. Checked first: on error (a slot past its `max_len`, too few free blocks) nothing
+    /// changes.
+    pub fn prepare(&mut self, ctx: &Context, new: &[u32]) -> Result<StepLens> {
         let (page, max_len) = (self.config.page, self.config.max_len);
         if new.len() != self.slots.len() {
             return Err(Error::shape(
@@ -268,12 +275,14 @@ impl PagedKvCache {
             let len = match (&self.slots[slot], n) {
                 (_, 0) => self.len(slot).unwrap_or(0),
                 (Some(s), _) => s.len,
-                (None, _) => return Err(Error::shape(
-                    "new tokens",
-                    format!(
+                (None, _) => {
+                    return Err(Error::shape(
+                        "new tokens",
+                        format!(
                         "slot {slot} is given {n} tokens but holds no sequence; add_sequence first"
                     ),
-                )),
+                    ))
+                }
             };
             if len + n > max_len {
                 return Err(Error::shape(
@@ -295,6 +304,8 @@ impl PagedKvCache {
                 total: self.config.pool_blocks,
             });
         }
+        let mut copies = ctx.device().create_command_encoder(&Default::default());
+        let mut copied = false;
         for (slot, &n) in new.iter().enumerate() {
             if n == 0 {
                 continue;
@@ -304,7 +315,8 @@ impl PagedKvCache {
                 let last = s.blocks.len() - 1;
                 let old = s.blocks[last];
                 let copy = self.free.pop().expect("counted");
-                self.copy_block(encoder, old, copy)?;
+                self.copy_block(&mut copies, old, copy);
+                copied = true;
                 self.refs[old as usize] -= 1;
                 self.refs[copy as usize] = 1;
                 self.slots[slot].as_mut().expect("checked").blocks[last] = copy;
@@ -315,6 +327,9 @@ impl PagedKvCache {
                 self.refs[b as usize] = 1;
                 self.slots[slot].as_mut().expect("checked").blocks.push(b);
             }
+        }
+        if copied {
+            ctx.submit(copies)?;
         }
         self.upload(ctx)?;
         Ok(StepLens {
@@ -341,7 +356,7 @@ impl PagedKvCache {
 
     /// Records the copy of block `from` to block `to` in every pool (through the staging block:
     /// a buffer cannot be copied onto itself).
-    fn copy_block(&self, encoder: &mut wgpu::CommandEncoder, from: u32, to: u32) -> Result<()> {
+    fn copy_block(&self, encoder: &mut wgpu::CommandEncoder, from: u32, to: u32) {
         for pools in &self.layers {
             for (pool, staging) in pools.iter().zip(&self.staging) {
                 let bytes = staging.size_bytes();
@@ -362,7 +377,6 @@ impl PagedKvCache {
                 );
             }
         }
-        Ok(())
     }
 
     fn upload(&mut self, ctx: &Context) -> Result<()> {
