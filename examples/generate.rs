@@ -21,7 +21,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::inference::{CacheLayout, GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
@@ -103,7 +103,8 @@ fn run_pretrained(args: &Args, dir: &std::path::Path) -> Result<(), String> {
     };
     // The weights alone (no gradients or training buffers): decoding needs nothing else.
     let mut generator =
-        Generator::from_pretrained(&ctx, &checkpoint, shape).map_err(|e| e.to_string())?;
+        Generator::from_pretrained(&ctx, &checkpoint, shape, CacheLayout::Contiguous)
+            .map_err(|e| e.to_string())?;
     let mut sampling = match args.temperature {
         t if t > 0.0 => Sampling::temperature(t, args.seed),
         _ => Sampling::greedy(),

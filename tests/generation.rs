@@ -9,7 +9,7 @@ mod common;
 
 use common::{assert_close, for_each_backend, rng, FORWARD_ATOL, FORWARD_RTOL};
 use rand::Rng;
-use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::inference::{CacheLayout, GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::transformer::{Activation, Norm, RopeScaling};
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
@@ -173,74 +173,184 @@ fn full_logits(
     model.logits().to_vec(ctx).unwrap()
 }
 
+/// The cache layouts a configuration decodes with: contiguous, and paged in blocks of 2 tokens
+/// unless its scores transform the cache (cosine, key clipping) or are additive.
+fn layouts(c: &TransformerConfig) -> Vec<CacheLayout> {
+    let mut layouts = vec![CacheLayout::Contiguous];
+    if c.cosine_scores.is_none() && c.key_norm_clip.is_none() && c.additive_attention.is_none() {
+        layouts.push(CacheLayout::Paged {
+            page: 2,
+            pool_blocks: 3 * SHAPE.tgt_len.div_ceil(2),
+        });
+    }
+    layouts
+}
+
 #[test]
 fn cached_decoding_matches_the_full_forward_at_every_step() {
     let target_lens = [9, 6, 8];
     let prompt_lens = [5, 2, 3];
     for_each_backend(|name, ctx| {
         for (n, (label, c)) in configs().into_iter().enumerate() {
-            let mut model = Transformer::new(ctx, c, SHAPE, 20 + n as u64).unwrap();
-            let targets = sequences(30 + n as u64, &target_lens, SHAPE.tgt_len);
-            let sources = sequences(40 + n as u64, &[7, 4, 6], SHAPE.src_len);
-            let full = full_logits(ctx, &mut model, &targets, &sources);
-            let shape = GeneratorShape {
-                batch: 3,
-                capacity: SHAPE.tgt_len,
-                prefill_chunk: 4,
-                src_len: SHAPE.src_len,
-            };
-            let mut generator = Generator::new(ctx, &model, shape).unwrap();
-            let prompts: Vec<Vec<u32>> = targets
-                .iter()
-                .zip(prompt_lens)
-                .map(|(t, p)| t[..p].to_vec())
-                .collect();
-            let srcs = c.has_encoder().then_some(sources.as_slice());
-            generator.prefill(ctx, &prompts, srcs).unwrap();
-            let mut lens: Vec<usize> = prompt_lens.to_vec();
-            let mut previous = vec![0.0f32; 3 * VOCAB];
-            let mut fed = [true; 3];
-            let mut step = 0;
-            loop {
-                assert_eq!(
-                    generator.lens(),
-                    lens.iter().map(|&l| l as u32).collect::<Vec<_>>()
-                );
+            for layout in layouts(&c) {
+                let label = format!("{label} {layout:?}");
+                let mut model = Transformer::new(ctx, c, SHAPE, 20 + n as u64).unwrap();
+                let targets = sequences(30 + n as u64, &target_lens, SHAPE.tgt_len);
+                let sources = sequences(40 + n as u64, &[7, 4, 6], SHAPE.src_len);
+                let full = full_logits(ctx, &mut model, &targets, &sources);
+                let shape = GeneratorShape {
+                    batch: 3,
+                    capacity: SHAPE.tgt_len,
+                    prefill_chunk: 4,
+                    src_len: SHAPE.src_len,
+                };
+                let mut generator = Generator::with_layout(ctx, &model, shape, layout).unwrap();
+                let prompts: Vec<Vec<u32>> = targets
+                    .iter()
+                    .zip(prompt_lens)
+                    .map(|(t, p)| t[..p].to_vec())
+                    .collect();
+                let srcs = c.has_encoder().then_some(sources.as_slice());
+                generator.prefill(ctx, &prompts, srcs).unwrap();
+                let mut lens: Vec<usize> = prompt_lens.to_vec();
+                let mut previous = vec![0.0f32; 3 * VOCAB];
+                let mut fed = [true; 3];
+                let mut step = 0;
+                loop {
+                    assert_eq!(
+                        generator.lens(),
+                        lens.iter().map(|&l| l as u32).collect::<Vec<_>>()
+                    );
+                    let got = generator.logits().to_vec(ctx).unwrap();
+                    for b in 0..3 {
+                        let row = &got[b * VOCAB..][..VOCAB];
+                        let at = lens[b] - 1;
+                        let expected: Vec<f64> = full[(b * SHAPE.tgt_len + at) * VOCAB..][..VOCAB]
+                            .iter()
+                            .map(|&x| x as f64)
+                            .collect();
+                        assert_close(
+                            &format!("[{name}] {label} step {step} sequence {b} (position {at})"),
+                            row,
+                            &expected,
+                            FORWARD_ATOL,
+                            FORWARD_RTOL,
+                        );
+                        if !fed[b] {
+                            // A finished sequence took no token and kept its logits.
+                            assert_eq!(row, &previous[b * VOCAB..][..VOCAB]);
+                        }
+                    }
+                    previous = got;
+                    if (0..3).all(|b| lens[b] >= target_lens[b]) {
+                        break;
+                    }
+                    let feed: Vec<Option<u32>> = (0..3)
+                        .map(|b| (lens[b] < target_lens[b]).then(|| targets[b][lens[b]]))
+                        .collect();
+                    generator.step(ctx, &feed).unwrap();
+                    for b in 0..3 {
+                        fed[b] = feed[b].is_some();
+                        lens[b] += fed[b] as usize;
+                    }
+                    step += 1;
+                }
+            }
+        }
+    });
+}
+
+/// Continuous batching over a paged cache: a finished sequence is released (its blocks freed)
+/// and a new request admitted into its slot while the others keep decoding, and a sequence forked
+/// into another slot shares its prefix; every slot's logits equal the full forward of its own
+/// tokens.
+#[test]
+fn paged_generation_admits_releases_and_forks() {
+    for_each_backend(|name, ctx| {
+        let (label, c) = configs()
+            .into_iter()
+            .find(|(l, _)| l.starts_with("decoder-only LLaMA"))
+            .unwrap();
+        let mut model = Transformer::new(ctx, c, SHAPE, 5).unwrap();
+        let seqs = sequences(6, &[9, 9, 9, 9], SHAPE.tgt_len);
+        // The full forward of three sequences at a time.
+        let full = |model: &mut Transformer, rows: [&Vec<u32>; 3]| {
+            full_logits(ctx, model, &rows.map(|r| r.clone()), &[])
+        };
+        let shape = GeneratorShape {
+            batch: 3,
+            capacity: SHAPE.tgt_len,
+            prefill_chunk: 3,
+            src_len: 0,
+        };
+        let layout = CacheLayout::Paged {
+            page: 2,
+            pool_blocks: 14,
+        };
+        let mut generator = Generator::with_layout(ctx, &model, shape, layout).unwrap();
+        let check =
+            |generator: &Generator, expected: &[Vec<f32>; 3], lens: [usize; 3], what: &str| {
                 let got = generator.logits().to_vec(ctx).unwrap();
                 for b in 0..3 {
                     let row = &got[b * VOCAB..][..VOCAB];
-                    let at = lens[b] - 1;
-                    let expected: Vec<f64> = full[(b * SHAPE.tgt_len + at) * VOCAB..][..VOCAB]
+                    let want: Vec<f64> = expected[b][(b * SHAPE.tgt_len + lens[b] - 1) * VOCAB..]
+                        [..VOCAB]
                         .iter()
                         .map(|&x| x as f64)
                         .collect();
-                    assert_close(
-                        &format!("[{name}] {label} step {step} sequence {b} (position {at})"),
-                        row,
-                        &expected,
-                        FORWARD_ATOL,
-                        FORWARD_RTOL,
-                    );
-                    if !fed[b] {
-                        // A finished sequence took no token and kept its logits.
-                        assert_eq!(row, &previous[b * VOCAB..][..VOCAB]);
-                    }
+                    let tag = format!("[{name}] {label} {what}, slot {b}");
+                    assert_close(&tag, row, &want, FORWARD_ATOL, FORWARD_RTOL);
                 }
-                previous = got;
-                if (0..3).all(|b| lens[b] >= target_lens[b]) {
-                    break;
-                }
-                let feed: Vec<Option<u32>> = (0..3)
-                    .map(|b| (lens[b] < target_lens[b]).then(|| targets[b][lens[b]]))
-                    .collect();
-                generator.step(ctx, &feed).unwrap();
-                for b in 0..3 {
-                    fed[b] = feed[b].is_some();
-                    lens[b] += fed[b] as usize;
-                }
-                step += 1;
-            }
+            };
+        let prompts: Vec<Vec<u32>> = (0..3).map(|b| seqs[b][..4].to_vec()).collect();
+        generator.prefill(ctx, &prompts, None).unwrap();
+        let all = full(&mut model, [&seqs[0], &seqs[1], &seqs[2]]);
+        let expected = [all.clone(), all.clone(), all.clone()];
+        check(&generator, &expected, [4, 4, 4], "after the prefill");
+        let free = generator.paged_cache().unwrap().free_blocks();
+        assert_eq!(free, 14 - 3 * 2, "[{name}] blocks follow the tokens");
+        // Slot 1 finishes: its blocks are freed; a new request (sequence 3) is admitted there.
+        generator.release(1).unwrap();
+        assert_eq!(generator.paged_cache().unwrap().free_blocks(), free + 2);
+        assert_eq!(generator.lens(), &[4, 0, 4]);
+        generator.admit(ctx, 1, &seqs[3][..5]).unwrap();
+        assert_eq!(generator.lens(), &[4, 5, 4]);
+        let now = full(&mut model, [&seqs[0], &seqs[3], &seqs[2]]);
+        let expected = [now.clone(), now.clone(), now.clone()];
+        check(
+            &generator,
+            &expected,
+            [4, 5, 4],
+            "after admitting a request",
+        );
+        // All three decode a step.
+        let feed = [Some(seqs[0][4]), Some(seqs[3][5]), Some(seqs[2][4])];
+        generator.step(ctx, &feed).unwrap();
+        check(&generator, &expected, [5, 6, 5], "a step later");
+        // Slot 0 forks into slot 2 (which ends): the two continue with different tokens; the shared
+        // half-full block is copied at the first write.
+        generator.fork(0, 2).unwrap();
+        let mut branch = seqs[0].clone();
+        branch[5] = (seqs[0][5] % (VOCAB as u32 - 1)) + 1;
+        if branch[5] == seqs[0][5] {
+            branch[5] = branch[5] % (VOCAB as u32 - 1) + 1;
         }
+        generator
+            .step(ctx, &[Some(seqs[0][5]), None, Some(branch[5])])
+            .unwrap();
+        let forked = full(&mut model, [&seqs[0], &seqs[3], &branch]);
+        let expected = [forked.clone(), now.clone(), forked.clone()];
+        check(&generator, &expected, [6, 6, 6], "after the fork");
+        let cache = generator.paged_cache().unwrap();
+        assert_eq!(
+            cache.blocks(0).unwrap()[..2],
+            cache.blocks(2).unwrap()[..2],
+            "[{name}] the full prefix blocks stay shared"
+        );
+        // Forks need a paged cache; admitting into a busy slot is refused.
+        let mut contiguous = Generator::new(ctx, &model, shape).unwrap();
+        assert!(contiguous.fork(0, 1).is_err());
+        assert!(generator.admit(ctx, 0, &seqs[3][..2]).is_err());
     });
 }
 

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::for_each_backend;
-use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::inference::{CacheLayout, GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::model::pretrained::{Architecture, Pretrained};
 use wgpu_attention::model::{Batch, BatchShape};
@@ -162,7 +162,9 @@ fn cached_decoding_matches_transformers() {
             // The weights alone, no training buffers: the same tokens, under half the memory of a
             // model with a generator over it.
             let before = ctx.memory().current_bytes;
-            let mut generator = Generator::from_pretrained(ctx, &checkpoint, gen_shape).unwrap();
+            let layout = CacheLayout::Contiguous;
+            let mut generator =
+                Generator::from_pretrained(ctx, &checkpoint, gen_shape, layout).unwrap();
             let inference_bytes = ctx.memory().current_bytes - before;
             let model = checkpoint
                 .model(
@@ -193,6 +195,20 @@ fn cached_decoding_matches_transformers() {
                 .generate(ctx, std::slice::from_ref(&e.prompt_ids), None, &options)
                 .unwrap();
             assert_eq!(out.tokens[0], e.greedy, "[{backend}] {name}: greedy tokens");
+            // The same through a paged cache of 4-token blocks.
+            let paged = CacheLayout::Paged {
+                page: 4,
+                pool_blocks: capacity.div_ceil(4),
+            };
+            let mut generator =
+                Generator::from_pretrained(ctx, &checkpoint, gen_shape, paged).unwrap();
+            let out = generator
+                .generate(ctx, std::slice::from_ref(&e.prompt_ids), None, &options)
+                .unwrap();
+            assert_eq!(
+                out.tokens[0], e.greedy,
+                "[{backend}] {name}: greedy tokens, paged"
+            );
         }
     });
 }

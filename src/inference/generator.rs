@@ -5,7 +5,9 @@ use std::time::Instant;
 use crate::device::{BindingCache, Context};
 use crate::error::{Error, Result};
 use crate::inference::kv_cache::{KvCache, StepLens};
+use crate::inference::paged_cache::{PagedKvCache, PagedKvCacheConfig};
 use crate::kernels::sampling::{sample_into, Sampling};
+use crate::layers::attention::LayerCache;
 use crate::layers::decoder::Decoder;
 use crate::layers::embedding::{Embedding, PositionKind};
 use crate::layers::encoder::Encoder;
@@ -70,6 +72,89 @@ pub struct Generated {
     pub decode_steps: usize,
 }
 
+/// How a generator's key/value cache is laid out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CacheLayout {
+    /// Per layer `[batch, capacity, Hkv, D]`: every sequence's whole capacity reserved.
+    #[default]
+    Contiguous,
+    /// Per layer pools of `pool_blocks` blocks of `page` tokens shared by the sequences, memory
+    /// in use growing with the tokens cached ([`PagedKvCache`]); sequences fork without copying
+    /// ([`Generator::fork`]).
+    Paged {
+        /// Tokens per block.
+        page: usize,
+        /// Blocks in each pool.
+        pool_blocks: usize,
+    },
+}
+
+/// The generator's cache in either layout.
+enum Cache {
+    Contiguous(KvCache),
+    Paged(PagedKvCache),
+}
+
+impl Cache {
+    fn lens(&self) -> Vec<u32> {
+        match self {
+            Cache::Contiguous(c) => c.lens().to_vec(),
+            Cache::Paged(c) => c.lens(),
+        }
+    }
+
+    /// A step's lengths (paged: its blocks allocated, shared ones copied).
+    fn step(&mut self, ctx: &Context, new: &[u32]) -> Result<StepLens> {
+        match self {
+            Cache::Contiguous(c) => c.step(new),
+            Cache::Paged(c) => c.prepare(ctx, new),
+        }
+    }
+
+    fn advance(&mut self, step: &StepLens) {
+        match self {
+            Cache::Contiguous(c) => c.advance(step),
+            Cache::Paged(c) => c.advance(step),
+        }
+    }
+
+    /// Forgets every sequence; each slot then holds an empty one.
+    fn clear(&mut self) {
+        match self {
+            Cache::Contiguous(c) => c.clear(),
+            Cache::Paged(c) => {
+                c.clear();
+                for slot in 0..c.config().slots {
+                    c.add_sequence(slot).expect("cleared");
+                }
+            }
+        }
+    }
+
+    /// Forgets slot `slot`'s sequence; the slot then holds an empty one.
+    fn release(&mut self, slot: usize) -> Result<()> {
+        match self {
+            Cache::Contiguous(c) => c.reset(slot),
+            Cache::Paged(c) => {
+                c.remove(slot)?;
+                c.add_sequence(slot)
+            }
+        }
+    }
+
+    fn layers(&self) -> Vec<LayerCache<'_>> {
+        match self {
+            Cache::Contiguous(c) => c.layers().into_iter().map(LayerCache::Contiguous).collect(),
+            Cache::Paged(c) => c
+                .layers()
+                .iter()
+                .map(|[k, v]| LayerCache::Paged([k, v], c.table()))
+                .collect(),
+        }
+    }
+}
+
 /// One set of decoder buffers: the prefill pass (`prefill_chunk` rows per sequence) or the decoding
 /// step (one row).
 struct Pass {
@@ -97,7 +182,9 @@ pub struct Generator {
     prefill: Pass,
     step: Pass,
     output: Linear,
-    cache: KvCache,
+    cache: Cache,
+    /// Tokens cached per sequence (the cache's, kept for [`Generator::lens`]).
+    lens: Vec<u32>,
     /// New tokens and cached tokens including them, per sequence, for the current pass.
     self_lens: SeqLens,
     /// New tokens and source lengths (encoder-decoder).
@@ -134,17 +221,45 @@ impl Generator {
             ],
             _ => [shape.src_len, shape.capacity],
         };
-        Self::build(ctx, c, model.params.shared(), positions, shape)
+        Self::build(
+            ctx,
+            c,
+            model.params.shared(),
+            positions,
+            shape,
+            CacheLayout::Contiguous,
+        )
+    }
+
+    /// [`Generator::new`] with the cache in `layout` (a paged one for many sequences of varied
+    /// lengths: memory follows the tokens, sequences join, leave and fork).
+    pub fn with_layout(
+        ctx: &Context,
+        model: &Transformer,
+        shape: GeneratorShape,
+        layout: CacheLayout,
+    ) -> Result<Self> {
+        let c = *model.config();
+        let trained = model.shape();
+        let positions = match c.position_kind() {
+            PositionKind::Learned => [
+                c.position_rows(trained.src_len),
+                c.position_rows(trained.tgt_len),
+            ],
+            _ => [shape.src_len, shape.capacity],
+        };
+        Self::build(ctx, c, model.params.shared(), positions, shape, layout)
     }
 
     /// A generator with a published checkpoint's weights and nothing else: its parameters are
     /// values only ([`Params::for_inference`]: no gradients, no optimizer arenas, no training
     /// activations), half the memory of [`Pretrained::model`] with a generator over it. The way to
-    /// run a published model that is not trained further.
+    /// run a published model that is not trained further; `layout` as [`Generator::with_layout`].
     pub fn from_pretrained(
         ctx: &Context,
         checkpoint: &Pretrained,
         shape: GeneratorShape,
+        layout: CacheLayout,
     ) -> Result<Self> {
         let c = *checkpoint.config();
         // Learned position tables have max_positions rows (GPT-2's n_positions).
@@ -152,7 +267,7 @@ impl Generator {
             c.position_rows(shape.src_len),
             c.position_rows(shape.capacity),
         ];
-        let generator = Self::build(ctx, c, Params::for_inference(), rows, shape)?;
+        let generator = Self::build(ctx, c, Params::for_inference(), rows, shape, layout)?;
         checkpoint.load_params(ctx, &generator.params)?;
         Ok(generator)
     }
@@ -167,6 +282,7 @@ impl Generator {
         mut params: Params,
         [src_positions, tgt_positions]: [usize; 2],
         shape: GeneratorShape,
+        layout: CacheLayout,
     ) -> Result<Self> {
         c.validate()?;
         // A chunk longer than the cache never fills: size the prefill pass by what it can hold.
@@ -245,14 +361,37 @@ impl Generator {
         let head_dim = c.d_model / c.heads;
         // Additive layers cache their key projections b (Da per head) instead of keys.
         let key_dim = c.additive_attention.unwrap_or(head_dim);
-        let cache = KvCache::with_dims(
-            ctx,
-            c.decoder_layers,
-            b,
-            s.capacity,
-            c.kv_heads(),
-            [key_dim, head_dim],
-        )?;
+        let cache = match layout {
+            CacheLayout::Contiguous => Cache::Contiguous(KvCache::with_dims(
+                ctx,
+                c.decoder_layers,
+                b,
+                s.capacity,
+                c.kv_heads(),
+                [key_dim, head_dim],
+            )?),
+            CacheLayout::Paged { page, pool_blocks } => {
+                if c.additive_attention.is_some() {
+                    return Err(Error::shape(
+                        "layout",
+                        "additive scores decode from a contiguous cache; a paged one is not supported",
+                    ));
+                }
+                let mut config = PagedKvCacheConfig::new(
+                    c.decoder_layers,
+                    c.kv_heads(),
+                    head_dim,
+                    page,
+                    pool_blocks,
+                    b,
+                    s.capacity,
+                );
+                config.dims = [key_dim, head_dim];
+                let mut cache = Cache::Paged(PagedKvCache::new(ctx, config)?);
+                cache.clear();
+                cache
+            }
+        };
         let zeros = vec![0u32; b];
         let id_bytes = 4 * b as u64;
         Ok(Self {
@@ -263,6 +402,7 @@ impl Generator {
             prefill,
             step,
             output,
+            lens: vec![0; b],
             cache,
             self_lens: SeqLens::new(ctx, Some(&zeros), Some(&zeros))?,
             cross_lens: SeqLens::new(ctx, Some(&zeros), Some(&zeros))?,
@@ -297,12 +437,95 @@ impl Generator {
 
     /// Tokens cached per sequence.
     pub fn lens(&self) -> &[u32] {
-        self.cache.lens()
+        &self.lens
     }
 
-    /// The key/value cache and each sequence's length.
-    pub fn cache(&self) -> &KvCache {
-        &self.cache
+    /// The contiguous key/value cache and each sequence's length (`None` for a paged cache).
+    pub fn cache(&self) -> Option<&KvCache> {
+        match &self.cache {
+            Cache::Contiguous(c) => Some(c),
+            Cache::Paged(_) => None,
+        }
+    }
+
+    /// The paged key/value cache (`None` for a contiguous one).
+    pub fn paged_cache(&self) -> Option<&PagedKvCache> {
+        match &self.cache {
+            Cache::Paged(c) => Some(c),
+            Cache::Contiguous(_) => None,
+        }
+    }
+
+    /// Ends slot `slot`'s sequence (a finished request): its cache is forgotten (a paged cache's
+    /// blocks freed) and it takes no tokens until [`Generator::admit`] starts another there.
+    pub fn release(&mut self, slot: usize) -> Result<()> {
+        if slot >= self.shape.batch {
+            return Err(Error::shape(
+                "slot",
+                format!("is {slot}; the generator has {} slots", self.shape.batch),
+            ));
+        }
+        self.cache.release(slot)?;
+        self.lens = self.cache.lens();
+        Ok(())
+    }
+
+    /// Starts a new sequence in the empty slot `slot` (released, or never fed) while the others
+    /// keep their caches (continuous batching): feeds `prompt` in prefill chunks; the slot's
+    /// logits are then its last token's, the others' unchanged. Decoder-only models. Checked
+    /// first: on error nothing changes.
+    pub fn admit(&mut self, ctx: &Context, slot: usize, prompt: &[u32]) -> Result<()> {
+        let b = self.shape.batch;
+        if self.source.is_some() {
+            return Err(Error::shape(
+                "admit",
+                "starts decoder-only sequences; an encoder-decoder model prefills all with prefill",
+            ));
+        }
+        if slot >= b || self.lens[slot] != 0 {
+            return Err(Error::shape(
+                "slot",
+                format!("is {slot}; it must be one of the {b} slots and empty (release it first)"),
+            ));
+        }
+        if prompt.is_empty() || prompt.len() > self.shape.capacity {
+            return Err(Error::shape(
+                "prompt",
+                format!(
+                    "has {} tokens; it needs 1 to the capacity {}",
+                    prompt.len(),
+                    self.shape.capacity
+                ),
+            ));
+        }
+        self.check_ids("prompt", prompt)?;
+        let mut prompts = vec![Vec::new(); b];
+        prompts[slot] = prompt.to_vec();
+        self.feed_prompts(ctx, &prompts, None).map(|_| ())
+    }
+
+    /// Starts in slot `child` a sequence that continues slot `parent`'s (beams, parallel samples,
+    /// a shared system prompt): with a paged cache the two share every cached block until one
+    /// writes into a shared block, which is then copied. `child`'s previous sequence ends; its
+    /// logits stay as they were until it is fed. Paged caches only.
+    pub fn fork(&mut self, parent: usize, child: usize) -> Result<()> {
+        let b = self.shape.batch;
+        if parent >= b || child >= b || parent == child {
+            return Err(Error::shape(
+                "fork",
+                format!("parent {parent} and child {child} must be two of the {b} slots"),
+            ));
+        }
+        let Cache::Paged(cache) = &mut self.cache else {
+            return Err(Error::shape(
+                "fork",
+                "shares cached blocks; build the generator with CacheLayout::Paged",
+            ));
+        };
+        cache.remove(child)?;
+        cache.fork(parent, child)?;
+        self.lens = self.cache.lens();
+        Ok(())
     }
 
     /// `[batch, vocab]` logits of each sequence's last fed token (after [`Generator::prefill`] or
@@ -402,7 +625,7 @@ impl Generator {
                     continue;
                 }
                 out.tokens[seq].push(id);
-                let full = self.cache.lens()[seq] as usize >= self.shape.capacity;
+                let full = self.lens[seq] as usize >= self.shape.capacity;
                 if Some(id) == options.stop
                     || out.tokens[seq].len() >= options.max_new_tokens
                     || full
@@ -500,6 +723,7 @@ impl Generator {
         }
 
         self.cache.clear();
+        self.lens = self.cache.lens();
         if let (Some(source), Some(sources)) = (&mut self.source, sources) {
             let pad = self.config.pad_id;
             let mut tokens = vec![pad; b * s.src_len];
@@ -520,7 +744,18 @@ impl Generator {
             recorded?;
             ctx.submit(encoder)?;
         }
-        let chunk = s.prefill_chunk;
+        self.feed_prompts(ctx, prompts, sampling)
+    }
+
+    /// Feeds each slot its prompt (none for an empty one) in prefill chunks; the last chunk
+    /// computes the logits (and samples, with `sampling`).
+    fn feed_prompts(
+        &mut self,
+        ctx: &Context,
+        prompts: &[Vec<u32>],
+        sampling: Option<&Sampling>,
+    ) -> Result<Option<Vec<u32>>> {
+        let (b, chunk) = (self.shape.batch, self.shape.prefill_chunk);
         let mut fed = vec![0usize; b];
         let mut ids = None;
         while fed.iter().zip(prompts).any(|(&f, p)| f < p.len()) {
@@ -580,7 +815,7 @@ impl Generator {
         logits: bool,
         sampling: Option<&Sampling>,
     ) -> Result<Option<Vec<u32>>> {
-        let step: StepLens = self.cache.step(new)?;
+        let step: StepLens = self.cache.step(ctx, new)?;
         let pass = match kind {
             PassKind::Prefill => &mut self.prefill,
             PassKind::Step => &mut self.step,
@@ -607,6 +842,7 @@ impl Generator {
         }
         ctx.submit(encoder)?;
         self.cache.advance(&step);
+        self.lens = self.cache.lens();
         match sampling {
             Some(_) => self.read_ids(ctx).map(Some),
             None => Ok(None),

@@ -141,4 +141,18 @@ impl KvCache {
     pub fn clear(&mut self) {
         self.lens.fill(0);
     }
+
+    /// Forgets sequence `b` (its rows are overwritten by its next tokens).
+    pub fn reset(&mut self, b: usize) -> Result<()> {
+        match self.lens.get_mut(b) {
+            Some(len) => {
+                *len = 0;
+                Ok(())
+            }
+            None => Err(Error::shape(
+                "sequence",
+                format!("is {b}; the cache holds {}", self.lens.len()),
+            )),
+        }
+    }
 }

@@ -13,6 +13,6 @@ mod generator;
 pub mod kv_cache;
 pub mod paged_cache;
 
-pub use generator::{GenerateOptions, Generated, Generator, GeneratorShape};
+pub use generator::{CacheLayout, GenerateOptions, Generated, Generator, GeneratorShape};
 pub use kv_cache::{KvCache, StepLens};
 pub use paged_cache::{PagedKvCache, PagedKvCacheConfig};

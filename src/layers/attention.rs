@@ -5,6 +5,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
+use crate::kernels::attention::attention_decode_paged_into;
 use crate::kernels::attention::{
     additive_backward_into, additive_backward_workspace, additive_decode_into,
     additive_forward_into, additive_probabilities, attention_backward_into,
@@ -12,7 +13,7 @@ use crate::kernels::attention::{
     attention_probabilities, attention_sinks_backward_into, AdditiveScores, AttentionOptions,
     AttentionShape, RelativeBuckets,
 };
-use crate::kernels::kv_cache::kv_cache_append_into;
+use crate::kernels::kv_cache::{kv_cache_append_into, kv_cache_append_paged_into, BlockTable};
 use crate::kernels::linear::Epilogue;
 use crate::kernels::rope::{
     rope_backward_into, rope_forward_cached_into, rope_forward_into, RopeLayout, RopeScaling,
@@ -83,6 +84,26 @@ fn self_shape(
         kv_heads: heads,
         head_dim_qk: dim,
         head_dim_v: head_dim,
+    }
+}
+
+/// A self-attention layer's key/value cache when decoding.
+#[derive(Clone, Copy)]
+pub enum LayerCache<'a> {
+    /// Keys and values `[B, max_len, Hkv, D]`, one row of each per sequence.
+    Contiguous([&'a GpuTensor; 2]),
+    /// Key and value pools `[blocks * page, Hkv, D]` shared by the sequences, read and written
+    /// through a block table (see [`crate::inference::PagedKvCache`]).
+    Paged([&'a GpuTensor; 2], &'a BlockTable),
+}
+
+impl LayerCache<'_> {
+    /// The positions a sequence can hold.
+    fn capacity(&self) -> usize {
+        match self {
+            LayerCache::Contiguous([keys, _]) => keys.shape().get(1).copied().unwrap_or(0),
+            LayerCache::Paged(_, table) => table.capacity(),
+        }
     }
 }
 
@@ -467,12 +488,13 @@ impl MultiHeadAttention {
 
     /// Decoding: `y = Attention(x)` for new tokens `x [B, L, d]` after each sequence's cached ones
     /// (`lens`: `q_lens` new, `kv_lens` cached including them, see [`SeqLens::check_decode`]).
-    /// Self-attention appends the new keys and values to `cache` (`[B, max_len, H, d/H]` each; keys
-    /// `[B, max_len, H, Da]` of additive scores, which cache their key projections) and attends over
-    /// it with decode attention, or the additive forward aligned per sequence (RoPE at each
-    /// sequence's positions); cross-attention
-    /// (`cache` `None`) attends over the memory projected by [`MultiHeadAttention::prepare_memory`],
-    /// `lens` giving the new tokens and the memory lengths. `residual` is added to `y`.
+    /// Self-attention appends the new keys and values to `cache` (contiguous `[B, max_len, Hkv,
+    /// d/H]` each, or paged pools with their block table; keys `[.., Da]` of additive scores, which
+    /// cache their key projections, contiguous only) and attends over it with decode attention, or
+    /// the additive forward aligned per sequence (RoPE at each sequence's positions);
+    /// cross-attention (`cache` `None`) attends over the memory projected by
+    /// [`MultiHeadAttention::prepare_memory`], `lens` giving the new tokens and the memory lengths.
+    /// `residual` is added to `y`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(
         &self,
@@ -480,7 +502,7 @@ impl MultiHeadAttention {
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
         x: &GpuTensor,
-        cache: Option<[&GpuTensor; 2]>,
+        cache: Option<LayerCache<'_>>,
         lens: &SeqLens,
         y: &GpuTensor,
         residual: Option<&GpuTensor>,
@@ -488,38 +510,60 @@ impl MultiHeadAttention {
         let out = self.attn.heads()?;
         let opts = self.options(p, lens);
         match (self.kind, cache) {
-            (AttentionKind::SelfAttention { .. }, Some([keys, values])) => {
+            (AttentionKind::SelfAttention { .. }, Some(cache)) => {
                 let &[b, l, _] = x.shape() else {
                     return Err(Error::shape(
                         "x",
                         format!("has shape {:?}; expected [batch, seq, d_model]", x.shape()),
                     ));
                 };
-                let capacity = keys.shape().get(1).copied().unwrap_or(0);
-                lens.check_decode(b, l, capacity)?;
+                lens.check_decode(b, l, cache.capacity())?;
+                if let (LayerCache::Paged(..), Some(_)) = (cache, &self.additive) {
+                    return Err(Error::shape(
+                        "cache",
+                        "additive scores decode from a contiguous cache; a paged one is not supported",
+                    ));
+                }
                 self.query.forward(ctx, encoder, p, x, &self.proj)?;
                 let [q, k, v] = self.split(&self.proj, None)?;
                 if let Some(rope) = &self.rope {
                     rope_forward_cached_into(ctx, encoder, &q, rope, lens)?;
                     rope_forward_cached_into(ctx, encoder, &k, rope, lens)?;
                 }
-                // Additive layers cache b, their key projections, in place of keys.
-                kv_cache_append_into(ctx, encoder, &k, keys, lens)?;
-                kv_cache_append_into(ctx, encoder, &v, values, lens)?;
-                let (keys, values) = (keys.heads()?, values.heads()?);
-                match &self.additive {
-                    Some(add) => {
-                        let scores = AdditiveScores {
-                            w: p.value(add.w),
-                            bias: p.value(add.bias),
-                        };
-                        additive_decode_into(
-                            ctx, encoder, &q, &keys, &values, scores, &out, &self.lse, &opts,
-                        )?
+                match cache {
+                    LayerCache::Contiguous([keys, values]) => {
+                        // Additive layers cache b, their key projections, in place of keys.
+                        kv_cache_append_into(ctx, encoder, &k, keys, lens)?;
+                        kv_cache_append_into(ctx, encoder, &v, values, lens)?;
+                        let (keys, values) = (keys.heads()?, values.heads()?);
+                        match &self.additive {
+                            Some(add) => {
+                                let scores = AdditiveScores {
+                                    w: p.value(add.w),
+                                    bias: p.value(add.bias),
+                                };
+                                additive_decode_into(
+                                    ctx, encoder, &q, &keys, &values, scores, &out, &self.lse,
+                                    &opts,
+                                )?
+                            }
+                            None => attention_decode_into(
+                                ctx, encoder, &q, &keys, &values, &out, &self.lse, &opts,
+                            )?,
+                        }
                     }
-                    None => attention_decode_into(
-                        ctx, encoder, &q, &keys, &values, &out, &self.lse, &opts,
-                    )?,
+                    LayerCache::Paged([keys, values], table) => {
+                        kv_cache_append_paged_into(ctx, encoder, &k, keys, table, lens)?;
+                        kv_cache_append_paged_into(ctx, encoder, &v, values, table, lens)?;
+                        let pool = |t: &GpuTensor| -> Result<HeadsView> {
+                            let s = t.shape();
+                            t.reshape(&[1, s[0], s[1], s[2]])?.heads()
+                        };
+                        let (keys, values) = (pool(keys)?, pool(values)?);
+                        attention_decode_paged_into(
+                            ctx, encoder, &q, &keys, &values, table, &out, &self.lse, &opts,
+                        )?;
+                    }
                 }
             }
             (AttentionKind::Cross, None) => {

@@ -5,7 +5,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::elementwise::add_into;
-use crate::layers::attention::{AttentionKind, MultiHeadAttention};
+use crate::layers::attention::{AttentionKind, LayerCache, MultiHeadAttention};
 use crate::layers::feed_forward::FeedForward;
 use crate::layers::params::Params;
 use crate::layers::residual::Residual;
@@ -144,7 +144,7 @@ impl DecoderLayer {
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
         x: &GpuTensor,
-        cache: [&GpuTensor; 2],
+        cache: LayerCache<'_>,
         self_lens: &SeqLens,
         cross_lens: Option<&SeqLens>,
     ) -> Result<()> {
@@ -375,7 +375,7 @@ impl Decoder {
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
         x: &GpuTensor,
-        caches: &[[&GpuTensor; 2]],
+        caches: &[LayerCache<'_>],
         self_lens: &SeqLens,
         cross_lens: Option<&SeqLens>,
     ) -> Result<()> {
