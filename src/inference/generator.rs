@@ -93,7 +93,7 @@ pub enum CacheLayout {
 /// The generator's cache in either layout.
 enum Cache {
     Contiguous(KvCache),
-    Paged(PagedKvCache),
+    Paged(Box<PagedKvCache>),
 }
 
 impl Cache {
@@ -387,7 +387,7 @@ impl Generator {
                     s.capacity,
                 );
                 config.dims = [key_dim, head_dim];
-                let mut cache = Cache::Paged(PagedKvCache::new(ctx, config)?);
+                let mut cache = Cache::Paged(Box::new(PagedKvCache::new(ctx, config)?));
                 cache.clear();
                 cache
             }
