@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use wgpu_attention::bench::{bench_options, measure, Timer};
-use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::inference::{CacheLayout, GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::pretrained::Pretrained;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
@@ -77,6 +77,10 @@ struct Cli {
     /// Write the figures as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Also generate through a paged cache of blocks of this many tokens (the pool sized to the
+    /// run's tokens), beside the contiguous cache
+    #[arg(long)]
+    page: Option<usize>,
     /// A Hugging Face model directory (config.json and safetensors weights) to measure instead of a
     /// randomly initialised model (--d-model, --layers, --heads, --d-ff, --vocab, --additive are
     /// then ignored)
@@ -127,6 +131,10 @@ fn prompts(cli: &Cli, vocab: usize, batch: usize) -> Vec<Vec<u32>> {
 
 struct GenerationFigures {
     batch: usize,
+    /// "contiguous" or "paged N".
+    layout: String,
+    /// Bytes of the key/value cache.
+    cache_bytes: u64,
     prefill_tokens_per_s: f64,
     decode_tokens_per_s: f64,
     decode_ms_per_step: f64,
@@ -140,6 +148,7 @@ fn cached(
     cli: &Cli,
     model: &Transformer,
     batch: usize,
+    page: Option<usize>,
 ) -> Result<GenerationFigures, Error> {
     let shape = GeneratorShape {
         batch,
@@ -147,7 +156,21 @@ fn cached(
         prefill_chunk: cli.prefill_chunk,
         src_len: 0,
     };
-    let mut generator = Generator::new(ctx, model, shape)?;
+    // A paged pool holds what the run caches (every sequence's prompt and new tokens), not
+    // batch x context.
+    let layout = match page {
+        Some(page) => CacheLayout::Paged {
+            page,
+            pool_blocks: batch * (cli.prompt + cli.new_tokens).div_ceil(page),
+        },
+        None => CacheLayout::Contiguous,
+    };
+    let mut generator = Generator::with_layout(ctx, model, shape, layout)?;
+    let cache_bytes = match (generator.cache(), generator.paged_cache()) {
+        (Some(c), _) => c.bytes(),
+        (_, Some(c)) => c.bytes(),
+        _ => 0,
+    };
     let options = GenerateOptions {
         max_new_tokens: cli.new_tokens,
         sampling: Sampling::greedy(),
@@ -173,6 +196,8 @@ fn cached(
     }
     Ok(GenerationFigures {
         batch,
+        layout: page.map_or("contiguous".into(), |p| format!("paged {p}")),
+        cache_bytes,
         prefill_tokens_per_s: out.prefill_tokens as f64 / out.prefill_seconds,
         decode_tokens_per_s: out.decode_tokens as f64 / out.decode_seconds,
         decode_ms_per_step: out.decode_seconds * 1e3 / out.decode_steps.max(1) as f64,
@@ -355,16 +380,30 @@ fn run(cli: &Cli) -> Result<(), Error> {
     }
     let mut figures = Vec::new();
     for &batch in &cli.batches {
-        let f = cached(&ctx, cli, &model, batch)?;
-        figures.push(f);
+        let contiguous = cached(&ctx, cli, &model, batch, None)?;
+        if let Some(page) = cli.page {
+            let paged = cached(&ctx, cli, &model, batch, Some(page))?;
+            if paged.generated != contiguous.generated {
+                println!("warning: batch {batch}: the paged cache generated other tokens than the contiguous one");
+            }
+            figures.push(contiguous);
+            figures.push(paged);
+        } else {
+            figures.push(contiguous);
+        }
     }
     println!(
-        "\n| batch | prefill tokens/s | decode tokens/s | ms per decode step |\n|---|---|---|---|"
+        "\n| batch | cache | cache MB | prefill tokens/s | decode tokens/s | ms per decode step |\n|---|---|---|---|---|---|"
     );
     for f in &figures {
         println!(
-            "| {} | {:.0} | {:.1} | {:.2} |",
-            f.batch, f.prefill_tokens_per_s, f.decode_tokens_per_s, f.decode_ms_per_step
+            "| {} | {} | {:.1} | {:.0} | {:.1} | {:.2} |",
+            f.batch,
+            f.layout,
+            f.cache_bytes as f64 / 1e6,
+            f.prefill_tokens_per_s,
+            f.decode_tokens_per_s,
+            f.decode_ms_per_step
         );
     }
     let mut rerun_figures = None;
@@ -415,6 +454,8 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "cli": format!("{cli:?}"),
             "generation": figures.iter().map(|f| serde_json::json!({
                 "batch": f.batch,
+                "cache": f.layout,
+                "cache_bytes": f.cache_bytes,
                 "prefill_tokens_per_s": f.prefill_tokens_per_s,
                 "decode_tokens_per_s": f.decode_tokens_per_s,
                 "decode_ms_per_step": f.decode_ms_per_step,

@@ -135,6 +135,14 @@ impl PagedKvCache {
         &self.table
     }
 
+    /// Bytes of the pools.
+    pub fn bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|[k, v]| k.size_bytes() + v.size_bytes())
+            .sum()
+    }
+
     /// Blocks no sequence holds.
     pub fn free_blocks(&self) -> usize {
         self.free.len()
