@@ -9,7 +9,9 @@ mod common;
 
 use common::{assert_close, for_each_backend, rng, FORWARD_ATOL, FORWARD_RTOL};
 use rand::Rng;
-use wgpu_attention::inference::{CacheLayout, GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::inference::{
+    CacheLayout, Finish, GenerateOptions, Generator, GeneratorShape, Request, Server, Token,
+};
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::transformer::{Activation, Norm, RopeScaling};
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
@@ -473,5 +475,98 @@ fn bad_generation_input_is_a_typed_error_and_leaves_the_cache() {
         };
         let e = Generator::new(ctx, &model, long).err().unwrap();
         assert!(e.to_string().contains("learned"), "[{name}] {e}");
+    });
+}
+
+/// The serving loop: requests arriving over time, with their own token limits and stop ids, more
+/// requests than slots, over a paged cache: each request's streamed tokens are those of greedy
+/// generation of its prompt alone, in order, the last one marked with why it ended.
+#[test]
+fn server_streams_each_request_as_if_it_ran_alone() {
+    for_each_backend(|name, ctx| {
+        let (_, c) = configs()
+            .into_iter()
+            .find(|(l, _)| l.starts_with("decoder-only LLaMA"))
+            .unwrap();
+        let model = Transformer::new(ctx, c, SHAPE, 8).unwrap();
+        let capacity = SHAPE.tgt_len;
+        let prompts = sequences(9, &[3, 2, 4, 1, 3], capacity);
+        let limits = [4, 6, 3, 5, 2];
+        // Request 2 stops at its second greedy token.
+        let alone = |prompt: &[u32], max_new_tokens: usize, stop: Option<u32>| {
+            let shape = GeneratorShape {
+                batch: 1,
+                capacity,
+                prefill_chunk: 4,
+                src_len: 0,
+            };
+            let mut g = Generator::new(ctx, &model, shape).unwrap();
+            let options = GenerateOptions {
+                max_new_tokens,
+                stop,
+                ..Default::default()
+            };
+            g.generate(ctx, &[prompt.to_vec()], None, &options)
+                .unwrap()
+                .tokens[0]
+                .clone()
+        };
+        let stop2 = alone(&prompts[2], 3, None)[1];
+        let shape = GeneratorShape {
+            batch: 2,
+            capacity,
+            prefill_chunk: 2,
+            src_len: 0,
+        };
+        let layout = CacheLayout::Paged {
+            page: 2,
+            pool_blocks: 10,
+        };
+        let generator = Generator::with_layout(ctx, &model, shape, layout).unwrap();
+        let mut server = Server::new(generator).unwrap();
+        let request = |i: usize| {
+            let r = Request::new(prompts[i].clone(), limits[i]);
+            if i == 2 {
+                r.stop(stop2)
+            } else {
+                r
+            }
+        };
+        let mut streamed: Vec<Vec<Token>> = vec![Vec::new(); 5];
+        for i in 0..2 {
+            assert_eq!(server.submit(request(i)).unwrap(), i as u64);
+        }
+        let mut round = 0;
+        while !server.is_idle() || round < 3 {
+            // Three more arrive while the first two decode.
+            if (1..=3).contains(&round) {
+                server.submit(request(round + 1)).unwrap();
+            }
+            server
+                .step(ctx, |t| streamed[t.request as usize].push(t))
+                .unwrap();
+            assert!(server.in_flight() <= 2);
+            round += 1;
+        }
+        for i in 0..5 {
+            let stop = (i == 2).then_some(stop2);
+            let want = alone(&prompts[i], limits[i], stop);
+            let got: Vec<u32> = streamed[i].iter().map(|t| t.id).collect();
+            assert_eq!(got, want, "[{name}] request {i}");
+            let indices: Vec<usize> = streamed[i].iter().map(|t| t.index).collect();
+            assert_eq!(indices, (0..want.len()).collect::<Vec<_>>());
+            let finish = streamed[i].last().unwrap().finished;
+            let expected = if i == 2 { Finish::Stop } else { Finish::Length };
+            assert_eq!(finish, Some(expected), "[{name}] request {i}");
+            assert!(streamed[i][..want.len() - 1]
+                .iter()
+                .all(|t| t.finished.is_none()));
+        }
+        // Every block is free again.
+        assert_eq!(server.generator().paged_cache().unwrap().free_blocks(), 10);
+        // Refused at submission: an empty prompt, one filling the capacity, an id past the vocabulary.
+        for prompt in [vec![], vec![1; capacity], vec![VOCAB as u32]] {
+            assert!(server.submit(Request::new(prompt, 1)).is_err());
+        }
     });
 }

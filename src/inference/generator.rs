@@ -430,6 +430,11 @@ impl Generator {
         self.bindings.counts()
     }
 
+    /// The model configuration it decodes.
+    pub fn config(&self) -> &TransformerConfig {
+        &self.config
+    }
+
     /// The batch, capacity and chunk sizes it was built for.
     pub fn shape(&self) -> &GeneratorShape {
         &self.shape
