@@ -128,7 +128,12 @@ fn run(args: &Args) -> Result<(), wgpu_attention::Error> {
     for r in 0..args.requests {
         let (f, d) = (first[r].unwrap_or(f64::NAN), done[r].unwrap_or(f64::NAN));
         ttft.push(f - submitted[r]);
-        println!("| {r} | {:.3} | {:.3} | {:.3} |", submitted[r], f - submitted[r], d);
+        println!(
+            "| {r} | {:.3} | {:.3} | {:.3} |",
+            submitted[r],
+            f - submitted[r],
+            d
+        );
     }
     ttft.sort_by(f64::total_cmp);
     println!(

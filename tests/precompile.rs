@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::inference::{CacheLayout, GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention::kernels::attention::{qualify_matrix_build, MatrixBuild};
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::kernels::sampling::Sampling;
@@ -365,47 +365,54 @@ fn trainer_and_generator_precompile_their_steps_and_change_nothing() {
             "{name}: precompile changed training"
         );
 
-        let generated = [true, false].map(|precompile| {
-            let ctx = fresh_context(name, shared);
-            let config = TransformerConfig {
-                encoder_layers: 0,
-                rope_base: Some(10000.0),
-                ..model_config()
-            };
-            let model = Transformer::new(&ctx, config, shape, 3).unwrap();
-            let gen_shape = GeneratorShape {
-                batch: 2,
-                capacity: 12,
-                prefill_chunk: 3,
-                src_len: 0,
-            };
-            let mut generator = Generator::new(&ctx, &model, gen_shape).unwrap();
-            let sampling = Sampling::greedy();
-            if precompile {
-                assert!(generator.precompile(&ctx, &sampling).unwrap() > 0, "{name}");
-            }
-            let compiled = ctx.cached_pipelines();
-            let options = GenerateOptions {
-                max_new_tokens: 4,
-                sampling,
-                stop: None,
-            };
-            let out = generator
-                .generate(&ctx, &[vec![1, 2, 3, 4], vec![5]], None, &options)
-                .unwrap();
-            if precompile {
-                assert_eq!(
-                    ctx.cached_pipelines(),
-                    compiled,
-                    "{name}: decoding compiled"
-                );
-            }
-            out.tokens
-        });
-        assert_eq!(
-            generated[0], generated[1],
-            "{name}: precompile changed decoding"
-        );
+        let paged = CacheLayout::Paged {
+            page: 4,
+            pool_blocks: 6,
+        };
+        for layout in [CacheLayout::Contiguous, paged] {
+            let generated = [true, false].map(|precompile| {
+                let ctx = fresh_context(name, shared);
+                let config = TransformerConfig {
+                    encoder_layers: 0,
+                    rope_base: Some(10000.0),
+                    ..model_config()
+                };
+                let model = Transformer::new(&ctx, config, shape, 3).unwrap();
+                let gen_shape = GeneratorShape {
+                    batch: 2,
+                    capacity: 12,
+                    prefill_chunk: 3,
+                    src_len: 0,
+                };
+                let mut generator =
+                    Generator::with_layout(&ctx, &model, gen_shape, layout).unwrap();
+                let sampling = Sampling::greedy();
+                if precompile {
+                    assert!(generator.precompile(&ctx, &sampling).unwrap() > 0, "{name}");
+                }
+                let compiled = ctx.cached_pipelines();
+                let options = GenerateOptions {
+                    max_new_tokens: 4,
+                    sampling,
+                    stop: None,
+                };
+                let out = generator
+                    .generate(&ctx, &[vec![1, 2, 3, 4], vec![5]], None, &options)
+                    .unwrap();
+                if precompile {
+                    assert_eq!(
+                        ctx.cached_pipelines(),
+                        compiled,
+                        "{name} {layout:?}: decoding compiled"
+                    );
+                }
+                out.tokens
+            });
+            assert_eq!(
+                generated[0], generated[1],
+                "{name} {layout:?}: precompile changed decoding"
+            );
+        }
     });
 }
 
