@@ -203,8 +203,12 @@ impl PagedKvCache {
     /// cached block (nothing is copied now; a shared block is copied when either sequence first
     /// writes into it).
     pub fn fork(&mut self, parent: usize, child: usize) -> Result<()> {
-        let sequence = self.sequence("parent", parent)?.clone();
+        let mut sequence = self.sequence("parent", parent)?.clone();
         self.check_empty("child", child)?;
+        // Only the blocks holding tokens are shared: one the parent holds ahead of its tokens (a
+        // step prepared but never recorded) stays its own, so the only shared block either writes
+        // into is a partly filled last one, which `prepare` copies.
+        sequence.blocks.truncate(sequence.len.div_ceil(self.config.page));
         for &b in &sequence.blocks {
             self.refs[b as usize] += 1;
         }
