@@ -364,3 +364,32 @@ fn reference_gather_follows_the_table() {
         .collect();
     assert_eq!(got, want);
 }
+
+/// A step prepared but never recorded leaves blocks allocated ahead of the tokens; a fork then
+/// shares only the blocks holding tokens, so neither sequence writes into the other's.
+#[test]
+fn a_fork_after_an_unrecorded_step_keeps_the_sequences_apart() {
+    for_each_backend(|name, ctx| {
+        let config = PagedKvCacheConfig::new(1, 1, 4, 4, 8, 2, 16);
+        let mut cache = PagedKvCache::new(ctx, config).unwrap();
+        cache.add_sequence(0).unwrap();
+        feed(ctx, &mut cache, &[4, 0], &[1.0, 0.0]);
+        // Prepared (a fifth block allocated for positions 4..8) but the step never ran.
+        cache.prepare(ctx, &[3, 0]).unwrap();
+        assert_eq!(cache.blocks(0).unwrap().len(), 2);
+        cache.fork(0, 1).unwrap();
+        assert_eq!(
+            cache.blocks(1).unwrap().len(),
+            1,
+            "[{name}] only the full block is shared"
+        );
+        feed(ctx, &mut cache, &[2, 2], &[1.0, 2.0]);
+        let prefix: Vec<f32> = (0..4).map(|p| 1000.0 + p as f32).collect();
+        let mut want0 = prefix.clone();
+        want0.extend([1004.0, 1005.0]);
+        let mut want1 = prefix;
+        want1.extend([2004.0, 2005.0]);
+        assert_eq!(contents(ctx, &cache, 0), want0, "[{name}] parent");
+        assert_eq!(contents(ctx, &cache, 1), want1, "[{name}] fork");
+    });
+}

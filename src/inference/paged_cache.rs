@@ -208,7 +208,9 @@ impl PagedKvCache {
         // Only the blocks holding tokens are shared: one the parent holds ahead of its tokens (a
         // step prepared but never recorded) stays its own, so the only shared block either writes
         // into is a partly filled last one, which `prepare` copies.
-        sequence.blocks.truncate(sequence.len.div_ceil(self.config.page));
+        sequence
+            .blocks
+            .truncate(sequence.len.div_ceil(self.config.page));
         for &b in &sequence.blocks {
             self.refs[b as usize] += 1;
         }
