@@ -80,7 +80,7 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     WGPU_ATTENTION_PASS_PER_KERNEL=on step 60 transformer-pass-per-kernel $B/transformer-bench --reps 10 \
       --json $OUT/h100-transformer-pass-per-kernel.json ;;
   generate)
-    step 120 generate $B/generate-bench --json $OUT/h100-generate.json
+    step 120 generate $B/generate-bench --page 16 --json $OUT/h100-generate.json
     WGPU_ATTENTION_PASS_PER_KERNEL=on step 120 generate-pass-per-kernel $B/generate-bench --attention-lengths 0 \
       --json $OUT/h100-generate-pass-per-kernel.json ;;
   additive)

@@ -86,8 +86,8 @@ struct Cli {
     /// then ignored)
     #[arg(long)]
     model: Option<std::path::PathBuf>,
-    /// Build every pipeline of prefill, decoding and sampling at each batch size and exit without
-    /// running them (with WGPU_ATTENTION_DUMP_PIPELINES=DIR, this writes the decoding kernel set)
+    /// Build every pipeline of prefill, decoding and sampling at each batch size (and with a paged
+    /// cache, with --page) and exit without running them (with WGPU_ATTENTION_DUMP_PIPELINES=DIR, this writes the decoding kernel set)
     #[arg(long)]
     compile_only: bool,
 }
@@ -374,6 +374,15 @@ fn run(cli: &Cli) -> Result<(), Error> {
             let built =
                 Generator::new(&ctx, &model, shape)?.precompile(&ctx, &Sampling::greedy())?;
             println!("batch {batch}: built {built} new pipelines");
+            if let Some(page) = cli.page {
+                let layout = CacheLayout::Paged {
+                    page,
+                    pool_blocks: batch * cli.context.div_ceil(page),
+                };
+                let built = Generator::with_layout(&ctx, &model, shape, layout)?
+                    .precompile(&ctx, &Sampling::greedy())?;
+                println!("batch {batch}, paged cache: built {built} new pipelines");
+            }
         }
         println!("in {:.1} s", started.elapsed().as_secs_f64());
         return Ok(());
