@@ -10,6 +10,9 @@
 // order is the values' order): 32 count or sum reductions each, in a fixed order. The draw:
 // u = hash(seed, draw, row) in [0, 1), point = u * (kept mass); the id where the running sum of
 // kept p_j in id order passes the point (a workgroup prefix over contiguous id chunks).
+//
+// PER_ROW: each row's settings (greedy, top-k, top-p, temperature, seed) come from `rows[row]`
+// instead of the parameter block (requests of a serving batch with their own settings).
 
 struct Params {
     batch: u32,
@@ -26,11 +29,27 @@ struct Params {
     pad: u32,
 }
 
+// The settings of one row.
+struct RowSampling {
+    greedy: u32,
+    top_k: u32,
+    top_p: f32,
+    inv_temperature: f32,
+    seed_lo: u32,
+    seed_hi: u32,
+    pad0: u32,
+    pad1: u32,
+}
+
 override WG: u32 = 256u;
+override PER_ROW: bool = false;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;
+// [B] settings, 8 words each as RowSampling (PER_ROW; another read-only buffer otherwise: words, so
+// any buffer is big enough to stand in).
+@group(0) @binding(3) var<storage, read> rows: array<u32>;
 
 var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_u: array<u32, WG>;
@@ -43,8 +62,8 @@ fn pcg(v: u32) -> u32 {
     return (word >> 22u) ^ word;
 }
 
-fn uniform01(row: u32) -> f32 {
-    let h = pcg(params.seed_lo ^ pcg(params.seed_hi ^ pcg(params.draw_lo ^ pcg(params.draw_hi ^ pcg(row)))));
+fn uniform01(row: u32, seed_lo: u32, seed_hi: u32) -> f32 {
+    let h = pcg(seed_lo ^ pcg(seed_hi ^ pcg(params.draw_lo ^ pcg(params.draw_hi ^ pcg(row)))));
     return f32(h >> 8u) / 16777216.0;
 }
 
@@ -82,6 +101,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let base = row * params.vocab;
     let v = params.vocab;
+    var cfg = RowSampling(params.greedy, params.top_k, params.top_p, params.inv_temperature, params.seed_lo, params.seed_hi, 0u, 0u);
+    if PER_ROW {
+        let w = row * 8u;
+        cfg = RowSampling(rows[w], rows[w + 1u], bitcast<f32>(rows[w + 2u]), bitcast<f32>(rows[w + 3u]), rows[w + 4u], rows[w + 5u], 0u, 0u);
+    }
 
     // Max and arg max (lowest id among ties).
     var best = -3.0e38;
@@ -110,7 +134,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     workgroupBarrier();
     let top = red_f[0];
     let arg_max = red_u[0];
-    if params.greedy != 0u {
+    if cfg.greedy != 0u {
         if lid == 0u {
             ids[row] = arg_max;
         }
@@ -120,7 +144,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // Top-k threshold: the largest bit pattern T with count(bits(p_j) >= T) >= k (bits(0) when k
     // covers the whole row).
     var threshold = 0u;
-    if params.top_k < v {
+    if cfg.top_k < v {
         var lo = 0u;
         var hi = bitcast<u32>(1.0) + 1u;
         // Invariant: count(>= lo) >= k, count(>= hi) < k.
@@ -128,10 +152,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let mid = lo + (hi - lo) / 2u;
             var count = 0u;
             for (var j = lid; j < v; j += WG) {
-                let p = exp((logits[base + j] - top) * params.inv_temperature);
+                let p = exp((logits[base + j] - top) * cfg.inv_temperature);
                 count += select(0u, 1u, bitcast<u32>(p) >= mid);
             }
-            if sum_u(lid, count) >= params.top_k {
+            if sum_u(lid, count) >= cfg.top_k {
                 lo = mid;
             } else {
                 hi = mid;
@@ -139,13 +163,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         threshold = lo;
     }
-    if params.top_p < 1.0 {
+    if cfg.top_p < 1.0 {
         var kept = 0.0;
         for (var j = lid; j < v; j += WG) {
-            let p = exp((logits[base + j] - top) * params.inv_temperature);
+            let p = exp((logits[base + j] - top) * cfg.inv_temperature);
             kept += select(0.0, p, bitcast<u32>(p) >= threshold);
         }
-        let goal = params.top_p * sum_f(lid, kept);
+        let goal = cfg.top_p * sum_f(lid, kept);
         // Invariant: mass(>= lo) >= goal, mass(>= hi) < goal.
         var lo = threshold;
         var hi = bitcast<u32>(1.0) + 1u;
@@ -153,7 +177,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let mid = lo + (hi - lo) / 2u;
             var mass = 0.0;
             for (var j = lid; j < v; j += WG) {
-                let p = exp((logits[base + j] - top) * params.inv_temperature);
+                let p = exp((logits[base + j] - top) * cfg.inv_temperature);
                 mass += select(0.0, p, bitcast<u32>(p) >= mid);
             }
             if sum_f(lid, mass) >= goal {
@@ -172,7 +196,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var own = 0.0;
     var last_kept = 0xffffffffu;
     for (var j = first; j < end; j++) {
-        let p = exp((logits[base + j] - top) * params.inv_temperature);
+        let p = exp((logits[base + j] - top) * cfg.inv_temperature);
         if p > 0.0 && bitcast<u32>(p) >= threshold {
             own += p;
             last_kept = j;
@@ -194,13 +218,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     workgroupBarrier();
     let total = bitcast<f32>(red_u[0]);
-    let point = uniform01(row) * total;
+    let point = uniform01(row, cfg.seed_lo, cfg.seed_hi) * total;
     let prefix = red_f[lid];
     if own > 0.0 && point >= prefix && point < prefix + own {
         var running = prefix;
         var pick = last_kept;
         for (var j = first; j < end; j++) {
-            let p = exp((logits[base + j] - top) * params.inv_temperature);
+            let p = exp((logits[base + j] - top) * cfg.inv_temperature);
             if p > 0.0 && bitcast<u32>(p) >= threshold {
                 running += p;
                 if running > point {

@@ -154,3 +154,74 @@ fn bad_sampling_options_are_typed_errors() {
         assert!(e.contains("logits"), "[{name}] {e}");
     });
 }
+
+/// Per-row settings (a serving batch): each row draws exactly what the whole-batch sampler with
+/// that row's setting draws for it, greedy, temperature, top-k and top-p mixed in one pass.
+#[test]
+fn per_row_settings_draw_what_each_setting_draws() {
+    use wgpu_attention::kernels::sampling::{sample_into, sample_rows_into, SamplingRows};
+    for_each_backend(|name, ctx| {
+        let (batch, vocab) = (4, 37);
+        let logits: Vec<f32> = random(&mut rng(12), batch * vocab, 3.0);
+        let logits = GpuTensor::from_slice(ctx, &logits, &[batch, vocab]).unwrap();
+        let settings = [
+            Sampling::greedy(),
+            Sampling::temperature(0.7, 5),
+            Sampling::temperature(1.3, 9).top_k(4),
+            Sampling::temperature(1.0, 2).top_p(0.8),
+        ];
+        let ids_buffer = || {
+            ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: 4 * batch as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        };
+        let read = |ids: &wgpu::Buffer| -> Vec<u32> {
+            let staging = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: 4 * batch as u64,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            encoder.copy_buffer_to_buffer(ids, 0, &staging, 0, 4 * batch as u64);
+            ctx.queue().submit([encoder.finish()]);
+            staging
+                .slice(..)
+                .map_async(wgpu::MapMode::Read, |r| r.unwrap());
+            ctx.device()
+                .poll(wgpu::PollType::wait_indefinitely())
+                .unwrap();
+            let view = staging.slice(..).get_mapped_range().unwrap();
+            let out: Vec<u32> = bytemuck::cast_slice(&view).to_vec();
+            out
+        };
+        for draw in [0u64, 7] {
+            let mut rows = SamplingRows::new(ctx, batch).unwrap();
+            rows.write(ctx, &settings).unwrap();
+            let per_row = ids_buffer();
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            sample_rows_into(ctx, &mut encoder, &logits, &rows, draw, &per_row).unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            let got = read(&per_row);
+            for (row, setting) in settings.iter().enumerate() {
+                let whole = ids_buffer();
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                sample_into(ctx, &mut encoder, &logits, setting, draw, &whole).unwrap();
+                ctx.queue().submit([encoder.finish()]);
+                assert_eq!(
+                    got[row],
+                    read(&whole)[row],
+                    "[{name}] draw {draw} row {row}"
+                );
+            }
+        }
+        let mut rows = SamplingRows::new(ctx, batch).unwrap();
+        assert!(rows.write(ctx, &settings[..2]).is_err());
+        assert!(rows
+            .write(ctx, &[Sampling::temperature(-1.0, 0); 4])
+            .is_err());
+    });
+}

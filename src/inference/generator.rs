@@ -6,7 +6,7 @@ use crate::device::{BindingCache, Context};
 use crate::error::{Error, Result};
 use crate::inference::kv_cache::{KvCache, StepLens};
 use crate::inference::paged_cache::{PagedKvCache, PagedKvCacheConfig};
-use crate::kernels::sampling::{sample_into, Sampling};
+use crate::kernels::sampling::{sample_into, sample_rows_into, Sampling, SamplingRows};
 use crate::layers::attention::LayerCache;
 use crate::layers::decoder::Decoder;
 use crate::layers::embedding::{Embedding, PositionKind};
@@ -196,6 +196,8 @@ pub struct Generator {
     ids_staging: wgpu::Buffer,
     /// Sampling draws so far: each draw uses fresh random numbers.
     draws: u64,
+    /// Per-sequence settings for [`Generator::sample_each`].
+    rows: SamplingRows,
     /// Bind groups and parameter blocks of every recording, reused from step to step.
     bindings: BindingCache,
 }
@@ -419,6 +421,7 @@ impl Generator {
                 wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             )?,
             draws: 0,
+            rows: SamplingRows::new(ctx, b)?,
             bindings: BindingCache::default(),
         })
     }
@@ -558,8 +561,8 @@ impl Generator {
         self.step_then(ctx, tokens, None).map(|_| ())
     }
 
-    /// Compiles every pipeline [`Generator::prefill`], [`Generator::step`] and
-    /// [`Generator::sample`] (with `sampling`) use, without running them: the source encoder, a
+    /// Compiles every pipeline [`Generator::prefill`], [`Generator::step`],
+    /// [`Generator::sample`] (with `sampling`) and [`Generator::sample_each`] use, without running them: the source encoder, a
     /// prefill chunk, a decoding step and the sampler are recorded into a command buffer that is
     /// never submitted, so the cache, the logits and the draw count are unchanged. Returns how many
     /// pipelines were newly compiled. With [`crate::ContextOptions::dump_pipelines`] this writes the
@@ -578,6 +581,8 @@ impl Generator {
         self.record_pass(ctx, &mut encoder, PassKind::Prefill, &chunk, true)?;
         self.record_pass(ctx, &mut encoder, PassKind::Step, &vec![1; b], true)?;
         self.record_sample(ctx, &mut encoder, sampling, self.draws)?;
+        // The per-sequence sampler of `sample_each` (a serving batch) too.
+        sample_rows_into(ctx, &mut encoder, &self.logits, &self.rows, self.draws, &self.ids)?;
         drop(encoder);
         Ok(ctx.cached_pipelines() - before)
     }
@@ -592,6 +597,26 @@ impl Generator {
         });
         self.bindings = bindings;
         recorded?;
+        self.draws += 1;
+        ctx.submit(encoder)?;
+        self.read_ids(ctx)
+    }
+
+    /// [`Generator::sample`] with each sequence's own settings (`samplings[b]` for sequence `b`:
+    /// the requests of a serving batch), in one pass; sequence `b` draws what
+    /// [`Generator::sample`] with its setting would draw.
+    pub fn sample_each(&mut self, ctx: &Context, samplings: &[Sampling]) -> Result<Vec<u32>> {
+        self.rows.write(ctx, samplings)?;
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        sample_rows_into(
+            ctx,
+            &mut encoder,
+            &self.logits,
+            &self.rows,
+            self.draws,
+            &self.ids,
+        )?;
+        encoder.copy_buffer_to_buffer(&self.ids, 0, &self.ids_staging, 0, self.ids.size());
         self.draws += 1;
         ctx.submit(encoder)?;
         self.read_ids(ctx)

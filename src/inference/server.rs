@@ -162,7 +162,7 @@ impl Server {
 
     /// One round: admits queued requests into free slots (each prompt prefilled while the others
     /// keep their caches), samples every request in flight its next token with its own settings
-    /// (one GPU sampling pass per distinct setting), streams them to `on_token`, ends finished
+    /// (one GPU sampling pass for all), streams them to `on_token`, ends finished
     /// requests (freeing their slots and cache), and feeds the others one decoding step.
     pub fn step(&mut self, ctx: &Context, mut on_token: impl FnMut(Token)) -> Result<()> {
         for slot in 0..self.slots.len() {
@@ -182,25 +182,23 @@ impl Server {
         if self.in_flight() == 0 {
             return Ok(());
         }
-        // Sample: one pass per distinct setting, each request taking its own row.
-        let mut chosen = vec![None; self.slots.len()];
-        let mut settings: Vec<Sampling> = Vec::new();
-        for active in self.slots.iter().flatten() {
-            if !settings.contains(&active.request.sampling) {
-                settings.push(active.request.sampling);
-            }
-        }
-        for sampling in &settings {
-            let ids = self.generator.sample(ctx, sampling)?;
-            for (slot, active) in self.slots.iter().enumerate() {
-                if active
-                    .as_ref()
-                    .is_some_and(|a| a.request.sampling == *sampling)
-                {
-                    chosen[slot] = Some(ids[slot]);
-                }
-            }
-        }
+        // Sample every slot in one pass, each with its request's settings (free slots greedy,
+        // their draws unused).
+        let settings: Vec<Sampling> = self
+            .slots
+            .iter()
+            .map(|a| {
+                a.as_ref()
+                    .map_or(Sampling::greedy(), |a| a.request.sampling)
+            })
+            .collect();
+        let ids = self.generator.sample_each(ctx, &settings)?;
+        let chosen: Vec<Option<u32>> = self
+            .slots
+            .iter()
+            .zip(&ids)
+            .map(|(a, &id)| a.as_ref().map(|_| id))
+            .collect();
         let capacity = self.generator.shape().capacity;
         let mut feed = vec![None; self.slots.len()];
         for slot in 0..self.slots.len() {

@@ -39,6 +39,81 @@ struct SamplingParams {
     pad: u32,
 }
 
+/// One row's settings as the shader reads them.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RowSampling {
+    greedy: u32,
+    top_k: u32,
+    top_p: f32,
+    inv_temperature: f32,
+    seed_lo: u32,
+    seed_hi: u32,
+    pad: [u32; 2],
+}
+
+impl RowSampling {
+    fn of(sampling: &Sampling) -> Self {
+        Self {
+            greedy: sampling.is_greedy() as u32,
+            top_k: sampling
+                .top_k
+                .map_or(u32::MAX, |k| k.min(u32::MAX as usize) as u32),
+            top_p: sampling.top_p.unwrap_or(1.0),
+            inv_temperature: if sampling.is_greedy() {
+                0.0
+            } else {
+                1.0 / sampling.temperature
+            },
+            seed_lo: sampling.seed as u32,
+            seed_hi: (sampling.seed >> 32) as u32,
+            pad: [0; 2],
+        }
+    }
+}
+
+/// Per-row sampling settings on the GPU, for [`sample_rows_into`]: a serving batch whose
+/// requests each choose their tokens their own way. Allocated once for `rows` rows; written
+/// before each use.
+pub struct SamplingRows {
+    buffer: wgpu::Buffer,
+    rows: usize,
+}
+
+impl SamplingRows {
+    /// Room for `rows` rows' settings (greedy at first).
+    pub fn new(ctx: &Context, rows: usize) -> Result<Self> {
+        if rows == 0 {
+            return Err(Error::shape("rows", "is 0; it must be at least 1"));
+        }
+        let buffer = ctx.create_uncounted_buffer(
+            "per-row sampling settings",
+            (rows * std::mem::size_of::<RowSampling>()) as u64,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        )?;
+        let mut out = Self { buffer, rows };
+        out.write(ctx, &vec![Sampling::greedy(); rows])?;
+        Ok(out)
+    }
+
+    /// Sets every row's settings (each checked first: on error nothing is written).
+    pub fn write(&mut self, ctx: &Context, samplings: &[Sampling]) -> Result<()> {
+        if samplings.len() != self.rows {
+            return Err(Error::shape(
+                "samplings",
+                format!("has {} entries for {} rows", samplings.len(), self.rows),
+            ));
+        }
+        for s in samplings {
+            s.check()?;
+        }
+        let rows: Vec<RowSampling> = samplings.iter().map(RowSampling::of).collect();
+        ctx.queue()
+            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&rows));
+        Ok(())
+    }
+}
+
 /// Records the choice of one id per row of `logits [B, V]` into `ids` (a buffer of at least `B`
 /// u32, with `STORAGE` usage), using the random numbers of draw number `draw`. Nothing is recorded
 /// if the input is rejected.
@@ -51,6 +126,49 @@ pub fn sample_into(
     ids: &wgpu::Buffer,
 ) -> Result<()> {
     sampling.check()?;
+    record(ctx, encoder, logits, sampling, None, draw, ids)
+}
+
+/// [`sample_into`] with each row's settings from `rows` (one per row of `logits`): row `b` draws
+/// exactly what [`sample_into`] with `rows`' setting `b` draws for it.
+pub fn sample_rows_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    logits: &GpuTensor,
+    rows: &SamplingRows,
+    draw: u64,
+    ids: &wgpu::Buffer,
+) -> Result<()> {
+    let batch = logits.shape().first().copied().unwrap_or(0);
+    if rows.rows != batch {
+        return Err(Error::shape(
+            "rows",
+            format!(
+                "has settings for {} rows; the logits have {batch}",
+                rows.rows
+            ),
+        ));
+    }
+    record(
+        ctx,
+        encoder,
+        logits,
+        &Sampling::greedy(),
+        Some(rows),
+        draw,
+        ids,
+    )
+}
+
+fn record(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    logits: &GpuTensor,
+    sampling: &Sampling,
+    per_row: Option<&SamplingRows>,
+    draw: u64,
+    ids: &wgpu::Buffer,
+) -> Result<()> {
     crate::kernels::arguments::check_call(
         ctx,
         &[("ids", crate::tensor::Region::whole(ids))],
@@ -79,31 +197,33 @@ pub fn sample_into(
     }
     check_binding(ctx, "logits", logits.size_bytes())?;
     let (gx, gy) = grid_2d(batch as u32);
+    let row = RowSampling::of(sampling);
     let params = SamplingParams {
         batch: batch as u32,
         vocab: vocab as u32,
-        greedy: sampling.is_greedy() as u32,
-        top_k: sampling
-            .top_k
-            .map_or(u32::MAX, |k| k.min(u32::MAX as usize) as u32),
-        top_p: sampling.top_p.unwrap_or(1.0),
-        inv_temperature: if sampling.is_greedy() {
-            0.0
-        } else {
-            1.0 / sampling.temperature
-        },
-        seed_lo: sampling.seed as u32,
-        seed_hi: (sampling.seed >> 32) as u32,
+        greedy: row.greedy,
+        top_k: row.top_k,
+        top_p: row.top_p,
+        inv_temperature: row.inv_temperature,
+        seed_lo: row.seed_lo,
+        seed_hi: row.seed_hi,
         draw_lo: draw as u32,
         draw_hi: (draw >> 32) as u32,
         grid_x: gx,
         pad: 0,
     };
     let wg = vocab.next_power_of_two().clamp(32, MAX_WG) as u32;
-    let pipeline = ctx.pipeline("sampling", || SAMPLING.to_string(), &[("WG", wg)]);
+    let constants = [("WG", wg), ("PER_ROW", per_row.is_some() as u32)];
+    let pipeline = ctx.pipeline("sampling", || SAMPLING.to_string(), &constants);
+    // Without per-row settings the logits stand where they would be (the shader does not read them).
+    let rows_region = match per_row {
+        Some(r) => crate::tensor::Region::whole(&r.buffer),
+        None => logits.bound_region(),
+    };
     let storage = [
         logits.bound_region().bind(1),
         crate::tensor::Region::whole(ids).bind(2),
+        rows_region.bind(3),
     ];
     let bind_group = ctx.bind_group(&pipeline, "sampling", bytemuck::bytes_of(&params), &storage);
     let mut pass = ctx.begin_pass(encoder, "sampling");
