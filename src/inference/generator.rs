@@ -561,9 +561,10 @@ impl Generator {
         self.step_then(ctx, tokens, None).map(|_| ())
     }
 
-    /// Compiles every pipeline [`Generator::prefill`], [`Generator::step`],
-    /// [`Generator::sample`] (with `sampling`) and [`Generator::sample_each`] use, without running them: the source encoder, a
-    /// prefill chunk, a decoding step and the sampler are recorded into a command buffer that is
+    /// Compiles every pipeline [`Generator::prefill`], [`Generator::step`], [`Generator::sample`]
+    /// (with `sampling`) and [`Generator::sample_each`] use, without running them: the source
+    /// encoder, a prefill chunk, a decoding step and the samplers are recorded into a command
+    /// buffer that is
     /// never submitted, so the cache, the logits and the draw count are unchanged. Returns how many
     /// pipelines were newly compiled. With [`crate::ContextOptions::dump_pipelines`] this writes the
     /// decoding kernel set to disk.
@@ -582,7 +583,14 @@ impl Generator {
         self.record_pass(ctx, &mut encoder, PassKind::Step, &vec![1; b], true)?;
         self.record_sample(ctx, &mut encoder, sampling, self.draws)?;
         // The per-sequence sampler of `sample_each` (a serving batch) too.
-        sample_rows_into(ctx, &mut encoder, &self.logits, &self.rows, self.draws, &self.ids)?;
+        sample_rows_into(
+            ctx,
+            &mut encoder,
+            &self.logits,
+            &self.rows,
+            self.draws,
+            &self.ids,
+        )?;
         drop(encoder);
         Ok(ctx.cached_pipelines() - before)
     }
