@@ -564,10 +564,9 @@ impl Generator {
     /// Compiles every pipeline [`Generator::prefill`], [`Generator::step`], [`Generator::sample`]
     /// (with `sampling`) and [`Generator::sample_each`] use, without running them: the source
     /// encoder, a prefill chunk, a decoding step and the samplers are recorded into a command
-    /// buffer that is
-    /// never submitted, so the cache, the logits and the draw count are unchanged. Returns how many
-    /// pipelines were newly compiled. With [`crate::ContextOptions::dump_pipelines`] this writes the
-    /// decoding kernel set to disk.
+    /// buffer that is never submitted, so the cache, the logits and the draw count are unchanged.
+    /// Returns how many pipelines were newly compiled. With
+    /// [`crate::ContextOptions::dump_pipelines`] this writes the decoding kernel set to disk.
     pub fn precompile(&mut self, ctx: &Context, sampling: &Sampling) -> Result<usize> {
         let before = ctx.cached_pipelines();
         let mut encoder = ctx
