@@ -1,7 +1,8 @@
 //! Serves generation requests arriving over time with continuous batching over a paged KV cache
 //! ([`Server`]): requests queue, are admitted into free slots while the others decode, stream their
 //! tokens, and free their slot and cache blocks when done. Reports each request's time to first
-//! token and the throughput.
+//! token and the throughput. Every other request samples (temperature and top-k, its own seed), the
+//! others are greedy: each request keeps its own settings in one shared sampling pass.
 //!
 //! ```text
 //! cargo run --release --example serve -- [--model DIR] [--requests 12] [--slots 4]
@@ -14,6 +15,7 @@
 use std::time::Instant;
 
 use wgpu_attention::inference::{CacheLayout, Generator, GeneratorShape, Request, Server};
+use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::pretrained::Pretrained;
 use wgpu_attention::model::transformer::{Activation, Norm};
 use wgpu_attention::model::{BatchShape, Transformer, TransformerConfig};
@@ -106,7 +108,14 @@ fn run(args: &Args) -> Result<(), wgpu_attention::Error> {
             let prompt = (0..args.prompt + n)
                 .map(|i| 1 + ((i * 7919 + n * 104729) as u32) % (vocab - 1))
                 .collect();
-            server.submit(Request::new(prompt, args.max_new_tokens))?;
+            // Every other request samples (temperature 0.8, top-k 40, its own seed); the rest are
+            // greedy: one sampling pass serves both.
+            let request = Request::new(prompt, args.max_new_tokens);
+            let request = match n % 2 {
+                0 => request,
+                _ => request.sampling(Sampling::temperature(0.8, n as u64).top_k(40)),
+            };
+            server.submit(request)?;
             submitted.push(start.elapsed().as_secs_f64());
             first.push(None);
             done.push(None);
