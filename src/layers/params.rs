@@ -37,6 +37,8 @@ pub struct Params {
     packed: bool,
     /// A store made by [`Params::for_inference`]: values only, zero at first, no gradients.
     inference: bool,
+    /// Values start at zero whatever their [`Init`] ([`Params::zeroed`], [`Params::for_inference`]).
+    zeroed: bool,
 }
 
 impl Params {
@@ -52,6 +54,16 @@ impl Params {
             shared: false,
             packed: false,
             inference: false,
+            zeroed: false,
+        }
+    }
+
+    /// A trainable store whose values start at zero whatever the layers ask for: weights are
+    /// loaded into it right after (a published checkpoint), so nothing is drawn or uploaded.
+    pub fn zeroed() -> Self {
+        Self {
+            zeroed: true,
+            ..Self::new(0)
         }
     }
 
@@ -62,6 +74,7 @@ impl Params {
     pub fn for_inference() -> Self {
         Self {
             inference: true,
+            zeroed: true,
             ..Self::new(0)
         }
     }
@@ -84,6 +97,7 @@ impl Params {
             shared: true,
             packed: self.packed,
             inference: self.inference,
+            zeroed: self.zeroed,
         }
     }
 
@@ -117,9 +131,13 @@ impl Params {
         if self.names.contains(&name) {
             return Err(Error::shape("param", format!("{name} is defined twice")));
         }
-        if self.inference {
+        if self.zeroed {
             self.values.push(GpuTensor::zeros(ctx, shape)?);
+            if !self.inference {
+                self.grads.push(GpuTensor::zeros(ctx, shape)?);
+            }
             self.names.push(name);
+            self.packed = false;
             return Ok(ParamId(self.names.len() - 1));
         }
         let n: usize = shape.iter().product();

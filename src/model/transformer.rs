@@ -470,6 +470,25 @@ impl Transformer {
         shape: BatchShape,
         seed: u64,
     ) -> Result<Self> {
+        Self::with_params(ctx, config, shape, Params::new(seed))
+    }
+
+    /// A model whose parameters start at zero, for weights loaded right after (a published
+    /// checkpoint): no initialisation is drawn on the host or uploaded.
+    pub(crate) fn for_loading(
+        ctx: &Context,
+        config: TransformerConfig,
+        shape: BatchShape,
+    ) -> Result<Self> {
+        Self::with_params(ctx, config, shape, Params::zeroed())
+    }
+
+    fn with_params(
+        ctx: &Context,
+        config: TransformerConfig,
+        shape: BatchShape,
+        mut params: Params,
+    ) -> Result<Self> {
         config.validate()?;
         if shape.batch == 0 || shape.tgt_len == 0 || (config.has_encoder() && shape.src_len == 0) {
             return Err(Error::shape(
@@ -478,7 +497,6 @@ impl Transformer {
             ));
         }
         let c = &config;
-        let mut params = Params::new(seed);
         let (src_rows, tgt_rows) = ([shape.batch, shape.src_len], [shape.batch, shape.tgt_len]);
         for (arg, len) in [("src_len", shape.src_len), ("tgt_len", shape.tgt_len)] {
             if len > c.position_rows(len) {

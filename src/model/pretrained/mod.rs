@@ -124,7 +124,7 @@ impl Pretrained {
     /// Builds the model for batches of `shape` (`tgt_len` at most the learned position table's
     /// rows for GPT-2) and loads the weights into it.
     pub fn model(&self, ctx: &Context, shape: BatchShape) -> Result<Transformer> {
-        let model = Transformer::new(ctx, self.config, shape, 0)?;
+        let model = Transformer::for_loading(ctx, self.config, shape)?;
         self.load_weights(ctx, &model)?;
         Ok(model)
     }
