@@ -97,9 +97,9 @@ enum Cache {
 }
 
 impl Cache {
-    fn lens(&self) -> Vec<u32> {
+    fn lens(&self) -> &[u32] {
         match self {
-            Cache::Contiguous(c) => c.lens().to_vec(),
+            Cache::Contiguous(c) => c.lens(),
             Cache::Paged(c) => c.lens(),
         }
     }
@@ -183,8 +183,6 @@ pub struct Generator {
     step: Pass,
     output: Linear,
     cache: Cache,
-    /// Tokens cached per sequence (the cache's, kept for [`Generator::lens`]).
-    lens: Vec<u32>,
     /// New tokens and cached tokens including them, per sequence, for the current pass.
     self_lens: SeqLens,
     /// New tokens and source lengths (encoder-decoder).
@@ -214,23 +212,7 @@ impl Generator {
     /// their key projections and decode with [`crate::kernels::attention::additive_decode_into`];
     /// cosine scores and key clipping transform the cached keys in decode attention.
     pub fn new(ctx: &Context, model: &Transformer, shape: GeneratorShape) -> Result<Self> {
-        let c = *model.config();
-        let trained = model.shape();
-        let positions = match c.position_kind() {
-            PositionKind::Learned => [
-                c.position_rows(trained.src_len),
-                c.position_rows(trained.tgt_len),
-            ],
-            _ => [shape.src_len, shape.capacity],
-        };
-        Self::build(
-            ctx,
-            c,
-            model.params.shared(),
-            positions,
-            shape,
-            CacheLayout::Contiguous,
-        )
+        Self::with_layout(ctx, model, shape, CacheLayout::Contiguous)
     }
 
     /// [`Generator::new`] with the cache in `layout` (a paged one for many sequences of varied
@@ -242,15 +224,13 @@ impl Generator {
         layout: CacheLayout,
     ) -> Result<Self> {
         let c = *model.config();
+        // The model's learned position tables are as long as its training lengths.
         let trained = model.shape();
-        let positions = match c.position_kind() {
-            PositionKind::Learned => [
-                c.position_rows(trained.src_len),
-                c.position_rows(trained.tgt_len),
-            ],
-            _ => [shape.src_len, shape.capacity],
-        };
-        Self::build(ctx, c, model.params.shared(), positions, shape, layout)
+        let rows = [
+            c.position_rows(trained.src_len),
+            c.position_rows(trained.tgt_len),
+        ];
+        Self::build(ctx, c, model.params.shared(), rows, shape, layout)
     }
 
     /// A generator with a published checkpoint's weights and nothing else: its parameters are
@@ -276,8 +256,9 @@ impl Generator {
 
     /// A generator of configuration `c` over `params`: a store shared with a model (whose
     /// parameters the layers find by name), or an empty [`Params::for_inference`] store the layers
-    /// add their parameters to (the caller then loads the weights). `positions` are the rows of
-    /// the source and target position tables (learned positions; the others are sized here).
+    /// add their parameters to (the caller then loads the weights). `[src_positions,
+    /// tgt_positions]` are the rows of learned source and target position tables (other
+    /// positions are sized here).
     fn build(
         ctx: &Context,
         c: TransformerConfig,
@@ -404,7 +385,6 @@ impl Generator {
             prefill,
             step,
             output,
-            lens: vec![0; b],
             cache,
             self_lens: SeqLens::new(ctx, Some(&zeros), Some(&zeros))?,
             cross_lens: SeqLens::new(ctx, Some(&zeros), Some(&zeros))?,
@@ -445,7 +425,7 @@ impl Generator {
 
     /// Tokens cached per sequence.
     pub fn lens(&self) -> &[u32] {
-        &self.lens
+        self.cache.lens()
     }
 
     /// The contiguous key/value cache and each sequence's length (`None` for a paged cache).
@@ -474,7 +454,6 @@ impl Generator {
             ));
         }
         self.cache.release(slot)?;
-        self.lens = self.cache.lens();
         Ok(())
     }
 
@@ -490,7 +469,7 @@ impl Generator {
                 "starts decoder-only sequences; an encoder-decoder model prefills all with prefill",
             ));
         }
-        if slot >= b || self.lens[slot] != 0 {
+        if slot >= b || self.lens()[slot] != 0 {
             return Err(Error::shape(
                 "slot",
                 format!("is {slot}; it must be one of the {b} slots and empty (release it first)"),
@@ -532,7 +511,6 @@ impl Generator {
         };
         cache.remove(child)?;
         cache.fork(parent, child)?;
-        self.lens = self.cache.lens();
         Ok(())
     }
 
@@ -662,7 +640,7 @@ impl Generator {
                     continue;
                 }
                 out.tokens[seq].push(id);
-                let full = self.lens[seq] as usize >= self.shape.capacity;
+                let full = self.lens()[seq] as usize >= self.shape.capacity;
                 if Some(id) == options.stop
                     || out.tokens[seq].len() >= options.max_new_tokens
                     || full
@@ -760,7 +738,6 @@ impl Generator {
         }
 
         self.cache.clear();
-        self.lens = self.cache.lens();
         if let (Some(source), Some(sources)) = (&mut self.source, sources) {
             let pad = self.config.pad_id;
             let mut tokens = vec![pad; b * s.src_len];
@@ -879,7 +856,6 @@ impl Generator {
         }
         ctx.submit(encoder)?;
         self.cache.advance(&step);
-        self.lens = self.cache.lens();
         match sampling {
             Some(_) => self.read_ids(ctx).map(Some),
             None => Ok(None),

@@ -57,13 +57,6 @@ impl PagedKvCacheConfig {
     }
 }
 
-/// One sequence's blocks, in order, and its cached length.
-#[derive(Clone, Debug, Default)]
-struct Sequence {
-    blocks: Vec<u32>,
-    len: usize,
-}
-
 /// Key and value pools per layer, the block table, and the host's record of blocks and sequences.
 pub struct PagedKvCache {
     config: PagedKvCacheConfig,
@@ -74,7 +67,10 @@ pub struct PagedKvCache {
     refs: Vec<u32>,
     /// Unused blocks, the next one last.
     free: Vec<u32>,
-    slots: Vec<Option<Sequence>>,
+    /// Each slot's blocks, in order (`None`: no sequence).
+    slots: Vec<Option<Vec<u32>>>,
+    /// Tokens cached per slot (0 for empty slots).
+    lens: Vec<u32>,
     /// One block of keys and of values, where copy-on-write stages a shared block.
     staging: [GpuTensor; 2],
 }
@@ -116,6 +112,7 @@ impl PagedKvCache {
             refs: vec![0; c.pool_blocks],
             free: (0..c.pool_blocks as u32).rev().collect(),
             slots: vec![None; c.slots],
+            lens: vec![0; c.slots],
             staging,
         })
     }
@@ -150,32 +147,27 @@ impl PagedKvCache {
 
     /// Tokens cached in slot `slot`, or `None` if it holds no sequence.
     pub fn len(&self, slot: usize) -> Option<usize> {
-        self.slots.get(slot)?.as_ref().map(|s| s.len)
+        self.slots.get(slot)?.as_ref()?;
+        Some(self.lens[slot] as usize)
     }
 
     /// Tokens cached per slot (0 for empty slots).
-    pub fn lens(&self) -> Vec<u32> {
-        self.slots
-            .iter()
-            .map(|s| s.as_ref().map_or(0, |s| s.len as u32))
-            .collect()
+    pub fn lens(&self) -> &[u32] {
+        &self.lens
     }
 
     /// Slot `slot`'s blocks, in order (`None` if it holds no sequence).
     pub fn blocks(&self, slot: usize) -> Option<&[u32]> {
-        self.slots.get(slot)?.as_ref().map(|s| s.blocks.as_slice())
+        self.slots.get(slot)?.as_deref()
     }
 
-    fn sequence(&self, arg: &'static str, slot: usize) -> Result<&Sequence> {
-        self.slots
-            .get(slot)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| {
-                Error::shape(
-                    arg,
-                    format!("slot {slot} holds no sequence ({} slots)", self.slots.len()),
-                )
-            })
+    fn sequence(&self, arg: &'static str, slot: usize) -> Result<&[u32]> {
+        self.blocks(slot).ok_or_else(|| {
+            Error::shape(
+                arg,
+                format!("slot {slot} holds no sequence ({} slots)", self.slots.len()),
+            )
+        })
     }
 
     fn check_empty(&self, arg: &'static str, slot: usize) -> Result<()> {
@@ -195,7 +187,8 @@ impl PagedKvCache {
     /// Starts an empty sequence in slot `slot` (which must be empty).
     pub fn add_sequence(&mut self, slot: usize) -> Result<()> {
         self.check_empty("slot", slot)?;
-        self.slots[slot] = Some(Sequence::default());
+        self.slots[slot] = Some(Vec::new());
+        self.lens[slot] = 0;
         Ok(())
     }
 
@@ -203,18 +196,18 @@ impl PagedKvCache {
     /// cached block (nothing is copied now; a shared block is copied when either sequence first
     /// writes into it).
     pub fn fork(&mut self, parent: usize, child: usize) -> Result<()> {
-        let mut sequence = self.sequence("parent", parent)?.clone();
         self.check_empty("child", child)?;
         // Only the blocks holding tokens are shared: one the parent holds ahead of its tokens (a
         // step prepared but never recorded) stays its own, so the only shared block either writes
         // into is a partly filled last one, which `prepare` copies.
-        sequence
-            .blocks
-            .truncate(sequence.len.div_ceil(self.config.page));
-        for &b in &sequence.blocks {
+        let len = self.lens[parent];
+        let held = (len as usize).div_ceil(self.config.page);
+        let blocks = self.sequence("parent", parent)?[..held].to_vec();
+        for &b in &blocks {
             self.refs[b as usize] += 1;
         }
-        self.slots[child] = Some(sequence);
+        self.slots[child] = Some(blocks);
+        self.lens[child] = len;
         Ok(())
     }
 
@@ -227,38 +220,40 @@ impl PagedKvCache {
         }
     }
 
-    /// Ends slot `slot`'s sequence; blocks no other sequence holds become free.
-    pub fn remove(&mut self, slot: usize) -> Result<()> {
-        self.sequence("slot", slot)?;
-        let sequence = self.slots[slot].take().expect("checked");
-        for b in sequence.blocks.into_iter().rev() {
+    /// Drops one sequence's hold on `blocks`; those no sequence holds any more become free.
+    fn release(&mut self, blocks: impl DoubleEndedIterator<Item = u32>) {
+        for b in blocks.rev() {
             self.refs[b as usize] -= 1;
             if self.refs[b as usize] == 0 {
                 self.free.push(b);
             }
         }
+    }
+
+    /// Ends slot `slot`'s sequence; blocks no other sequence holds become free.
+    pub fn remove(&mut self, slot: usize) -> Result<()> {
+        self.sequence("slot", slot)?;
+        let blocks = self.slots[slot].take().expect("checked");
+        self.lens[slot] = 0;
+        self.release(blocks.into_iter());
         Ok(())
     }
 
     /// Rolls slot `slot` back to its first `len` tokens (a rejected speculative draft), freeing
     /// the blocks past them.
     pub fn truncate(&mut self, slot: usize, len: usize) -> Result<()> {
-        let page = self.config.page;
-        let sequence = self.sequence("slot", slot)?;
-        if len > sequence.len {
+        self.sequence("slot", slot)?;
+        let held = self.lens[slot] as usize;
+        if len > held {
             return Err(Error::shape(
                 "len",
-                format!("is {len}; slot {slot} holds only {} tokens", sequence.len),
+                format!("is {len}; slot {slot} holds only {held} tokens"),
             ));
         }
-        let sequence = self.slots[slot].as_mut().expect("checked");
-        for b in sequence.blocks.drain(len.div_ceil(page)..).rev() {
-            self.refs[b as usize] -= 1;
-            if self.refs[b as usize] == 0 {
-                self.free.push(b);
-            }
-        }
-        sequence.len = len;
+        let blocks = self.slots[slot].as_mut().expect("checked");
+        let past: Vec<u32> = blocks.drain(len.div_ceil(self.config.page)..).collect();
+        self.release(past.into_iter());
+        self.lens[slot] = len as u32;
         Ok(())
     }
 
@@ -285,19 +280,15 @@ impl PagedKvCache {
         let mut needed = 0;
         let mut total = Vec::with_capacity(new.len());
         for (slot, &n) in new.iter().enumerate() {
-            let n = n as usize;
-            let len = match (&self.slots[slot], n) {
-                (_, 0) => self.len(slot).unwrap_or(0),
-                (Some(s), _) => s.len,
-                (None, _) => {
-                    return Err(Error::shape(
-                        "new tokens",
-                        format!(
+            let (len, n) = (self.lens[slot] as usize, n as usize);
+            if n > 0 && self.slots[slot].is_none() {
+                return Err(Error::shape(
+                    "new tokens",
+                    format!(
                         "slot {slot} is given {n} tokens but holds no sequence; add_sequence first"
                     ),
-                    ))
-                }
-            };
+                ));
+            }
             if len + n > max_len {
                 return Err(Error::shape(
                     "sequence length",
@@ -306,9 +297,10 @@ impl PagedKvCache {
             }
             total.push((len + n) as u32);
             if n > 0 {
-                let s = self.slots[slot].as_ref().expect("checked");
-                needed += (len + n).div_ceil(page) - s.blocks.len();
-                needed += self.shared_tail(s) as usize;
+                // Blocks held ahead by a step never recorded count towards the new ones.
+                let held = self.slots[slot].as_ref().expect("checked").len();
+                needed += (len + n).div_ceil(page).saturating_sub(held);
+                needed += self.shared_tail(slot) as usize;
             }
         }
         if needed > self.free.len() {
@@ -324,22 +316,22 @@ impl PagedKvCache {
             if n == 0 {
                 continue;
             }
-            let s = self.slots[slot].as_ref().expect("checked");
-            if self.shared_tail(s) {
-                let last = s.blocks.len() - 1;
-                let old = s.blocks[last];
+            if self.shared_tail(slot) {
+                let blocks = self.slots[slot].as_ref().expect("checked");
+                let last = blocks.len() - 1;
+                let old = blocks[last];
                 let copy = self.free.pop().expect("counted");
                 self.copy_block(&mut copies, old, copy);
                 copied = true;
                 self.refs[old as usize] -= 1;
                 self.refs[copy as usize] = 1;
-                self.slots[slot].as_mut().expect("checked").blocks[last] = copy;
+                self.slots[slot].as_mut().expect("checked")[last] = copy;
             }
             let want = (total[slot] as usize).div_ceil(page);
-            while self.slots[slot].as_ref().expect("checked").blocks.len() < want {
+            while self.slots[slot].as_ref().expect("checked").len() < want {
                 let b = self.free.pop().expect("counted");
                 self.refs[b as usize] = 1;
-                self.slots[slot].as_mut().expect("checked").blocks.push(b);
+                self.slots[slot].as_mut().expect("checked").push(b);
             }
         }
         if copied {
@@ -355,17 +347,20 @@ impl PagedKvCache {
     /// Records that a prepared step's tokens are in the cache.
     pub fn advance(&mut self, step: &StepLens) {
         for (slot, &total) in step.total.iter().enumerate() {
-            if let Some(s) = self.slots[slot].as_mut() {
-                s.len = total as usize;
+            if self.slots[slot].is_some() {
+                self.lens[slot] = total;
             }
         }
     }
 
-    /// Whether a sequence's last block is partly filled and shared (its next token would write
+    /// Whether slot `slot`'s last block is partly filled and shared (its next token would write
     /// into a block another sequence reads).
-    fn shared_tail(&self, s: &Sequence) -> bool {
-        !s.len.is_multiple_of(self.config.page)
-            && s.blocks.last().is_some_and(|&b| self.refs[b as usize] > 1)
+    fn shared_tail(&self, slot: usize) -> bool {
+        !(self.lens[slot] as usize).is_multiple_of(self.config.page)
+            && self.slots[slot]
+                .as_ref()
+                .and_then(|b| b.last())
+                .is_some_and(|&b| self.refs[b as usize] > 1)
     }
 
     /// Records the copy of block `from` to block `to` in every pool (through the staging block:
@@ -396,9 +391,9 @@ impl PagedKvCache {
     fn upload(&mut self, ctx: &Context) -> Result<()> {
         let stride = self.table.stride();
         let mut ids = vec![0u32; self.slots.len() * stride];
-        for (slot, s) in self.slots.iter().enumerate() {
-            if let Some(s) = s {
-                ids[slot * stride..][..s.blocks.len()].copy_from_slice(&s.blocks);
+        for (slot, blocks) in self.slots.iter().enumerate() {
+            if let Some(blocks) = blocks {
+                ids[slot * stride..][..blocks.len()].copy_from_slice(blocks);
             }
         }
         self.table.write(ctx, &ids)
