@@ -14,22 +14,7 @@
 // PER_ROW: each row's settings (greedy, top-k, top-p, temperature, seed) come from `rows[row]`
 // instead of the parameter block (requests of a serving batch with their own settings).
 
-struct Params {
-    batch: u32,
-    vocab: u32,
-    greedy: u32,
-    top_k: u32,
-    top_p: f32,
-    inv_temperature: f32,
-    seed_lo: u32,
-    seed_hi: u32,
-    draw_lo: u32,
-    draw_hi: u32,
-    grid_x: u32,
-    pad: u32,
-}
-
-// The settings of one row.
+// One row's settings: the whole batch's in the parameter block, or each row's (PER_ROW).
 struct RowSampling {
     greedy: u32,
     top_k: u32,
@@ -39,6 +24,18 @@ struct RowSampling {
     seed_hi: u32,
     pad0: u32,
     pad1: u32,
+}
+
+struct Params {
+    batch: u32,
+    vocab: u32,
+    draw_lo: u32,
+    draw_hi: u32,
+    grid_x: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+    row: RowSampling,
 }
 
 override WG: u32 = 256u;
@@ -101,7 +98,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let base = row * params.vocab;
     let v = params.vocab;
-    var cfg = RowSampling(params.greedy, params.top_k, params.top_p, params.inv_temperature, params.seed_lo, params.seed_hi, 0u, 0u);
+    var cfg = params.row;
     if PER_ROW {
         let w = row * 8u;
         cfg = RowSampling(rows[w], rows[w + 1u], bitcast<f32>(rows[w + 2u]), bitcast<f32>(rows[w + 3u]), rows[w + 4u], rows[w + 5u], 0u, 0u);

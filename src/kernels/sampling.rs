@@ -27,16 +27,12 @@ pub use crate::spec::Sampling;
 struct SamplingParams {
     batch: u32,
     vocab: u32,
-    greedy: u32,
-    top_k: u32,
-    top_p: f32,
-    inv_temperature: f32,
-    seed_lo: u32,
-    seed_hi: u32,
     draw_lo: u32,
     draw_hi: u32,
     grid_x: u32,
-    pad: u32,
+    pad: [u32; 3],
+    /// The whole batch's settings (unread with per-row settings).
+    row: RowSampling,
 }
 
 /// One row's settings as the shader reads them.
@@ -197,20 +193,14 @@ fn record(
     }
     check_binding(ctx, "logits", logits.size_bytes())?;
     let (gx, gy) = grid_2d(batch as u32);
-    let row = RowSampling::of(sampling);
     let params = SamplingParams {
         batch: batch as u32,
         vocab: vocab as u32,
-        greedy: row.greedy,
-        top_k: row.top_k,
-        top_p: row.top_p,
-        inv_temperature: row.inv_temperature,
-        seed_lo: row.seed_lo,
-        seed_hi: row.seed_hi,
         draw_lo: draw as u32,
         draw_hi: (draw >> 32) as u32,
         grid_x: gx,
-        pad: 0,
+        pad: [0; 3],
+        row: RowSampling::of(sampling),
     };
     let wg = vocab.next_power_of_two().clamp(32, MAX_WG) as u32;
     let constants = [("WG", wg), ("PER_ROW", per_row.is_some() as u32)];
