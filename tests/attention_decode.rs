@@ -55,17 +55,7 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<f32> {
         FORWARD_RTOL,
     );
     let lse = out.lse.to_vec(ctx).unwrap();
-    for (n, (&g, &r)) in lse.iter().zip(&ref_lse).enumerate() {
-        if r == f64::NEG_INFINITY {
-            assert_eq!(g, f32::NEG_INFINITY, "{what} lse[{n}]: {g}, expected -inf");
-        } else {
-            let err = (g as f64 - r).abs();
-            assert!(
-                err <= FORWARD_ATOL + FORWARD_RTOL * r.abs(),
-                "{what} lse[{n}]: {g} vs {r}"
-            );
-        }
-    }
+    assert_lse_close(&what, &lse, &ref_lse, FORWARD_ATOL, FORWARD_RTOL);
     o
 }
 

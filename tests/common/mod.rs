@@ -256,6 +256,19 @@ pub fn random(rng: &mut SmallRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-scale..scale)).collect()
 }
 
+/// Log-sum-exp rows against the reference: a row that sees no key is -inf on both sides exactly,
+/// the others within `atol + rtol |ref|`.
+pub fn assert_lse_close(what: &str, got: &[f32], reference: &[f64], atol: f64, rtol: f64) {
+    assert_eq!(got.len(), reference.len(), "{what}: lse length");
+    for (n, (&g, &r)) in got.iter().zip(reference).enumerate() {
+        let ok = match r == f64::NEG_INFINITY {
+            true => g == f32::NEG_INFINITY,
+            false => (g as f64 - r).abs() <= atol + rtol * r.abs(),
+        };
+        assert!(ok, "{what} lse[{n}]: {g} vs {r}");
+    }
+}
+
 pub fn to_f64(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64).collect()
 }
