@@ -389,7 +389,11 @@ fn a_fork_after_an_unrecorded_step_keeps_the_sequences_apart() {
         cache.prepare(ctx, &[7, 0]).unwrap();
         let held = cache.blocks(0).unwrap().len();
         feed(ctx, &mut cache, &[1, 0], &[1.0, 0.0]);
-        assert_eq!(cache.blocks(0).unwrap().len(), held, "[{name}] no block allocated");
+        assert_eq!(
+            cache.blocks(0).unwrap().len(),
+            held,
+            "[{name}] no block allocated"
+        );
         want0.push(1006.0);
         assert_eq!(contents(ctx, &cache, 0), want0, "[{name}] parent after");
     });

@@ -50,7 +50,15 @@ pub struct Pretrained {
 
 /// Where each engine parameter's values come from, checked against the files.
 struct Plan {
-    sources: Vec<(usize, Source)>,
+    sources: Vec<Planned>,
+}
+
+/// One engine parameter (its index in the store), its checkpoint tensors, and each tensor's rows
+/// (its first dimension: where it sits in a stacked parameter).
+struct Planned {
+    param: usize,
+    source: Source,
+    rows: Vec<usize>,
 }
 
 impl Pretrained {
@@ -166,7 +174,7 @@ impl Pretrained {
                 ))));
             };
             let expected = value.shape().to_vec();
-            let mut rows = 0;
+            let mut part_rows = Vec::with_capacity(source.tensors.len());
             for t in &source.tensors {
                 let shape = self
                     .files
@@ -194,9 +202,10 @@ impl Pretrained {
                     want[0] = shape.first().copied().unwrap_or(0);
                     return Err(wrong(want));
                 }
-                rows += shape.first().copied().unwrap_or(0);
+                part_rows.push(shape.first().copied().unwrap_or(0));
                 used.insert(t.clone());
             }
+            let rows: usize = part_rows.iter().sum();
             if source.tensors.len() > 1 && rows != expected[0] {
                 return Err(self.fail(PretrainedProblem::TensorShape {
                     name: source.tensors.join(" + "),
@@ -204,7 +213,11 @@ impl Pretrained {
                     expected: vec![expected[0]],
                 }));
             }
-            sources.push((i, source));
+            sources.push(Planned {
+                param: i,
+                source,
+                rows: part_rows,
+            });
         }
         let tied = self.config.tied_embeddings;
         if let Some(extra) = self
@@ -228,19 +241,19 @@ impl Pretrained {
     /// Converts and uploads each planned parameter in turn.
     fn write(&self, ctx: &Context, plan: Plan, params: &Params) -> Result<()> {
         let values = params.values();
-        for (i, source) in plan.sources {
+        for Planned { param, source, .. } in plan.sources {
             let parts = source
                 .tensors
                 .iter()
                 .map(|t| self.files.read(t).map_err(|p| self.fail(p)))
                 .collect::<Result<Vec<_>>>()?;
             let data = if source.transposed {
-                let shape = values[i].shape();
+                let shape = values[param].shape();
                 transpose(&parts[0], shape[1], shape[0])
             } else {
                 parts.concat()
             };
-            values[i].write(ctx, &data)?;
+            values[param].write(ctx, &data)?;
         }
         Ok(())
     }
@@ -259,9 +272,14 @@ impl Pretrained {
         std::fs::create_dir_all(dir).map_err(|e| io("", &e))?;
         let values = model.params.values();
         let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
-        for (i, source) in plan.sources {
-            let data = values[i].to_vec(ctx)?;
-            let shape = values[i].shape().to_vec();
+        for Planned {
+            param,
+            source,
+            rows: part_rows,
+        } in plan.sources
+        {
+            let data = values[param].to_vec(ctx)?;
+            let shape = values[param].shape().to_vec();
             // GPT-2 keeps its body prefix; a LLaMA body always has one.
             let name = |t: &str| match (self.architecture, self.prefix.as_str()) {
                 (Architecture::Llama, "") if !t.starts_with("lm_head") => format!("model.{t}"),
@@ -275,13 +293,7 @@ impl Pretrained {
             }
             let cols: usize = shape[1..].iter().product();
             let mut row = 0;
-            for t in &source.tensors {
-                let rows = self
-                    .files
-                    .shape(t)
-                    .ok()
-                    .flatten()
-                    .map_or(shape[0], |s| s[0]);
+            for (t, &rows) in source.tensors.iter().zip(&part_rows) {
                 let part = &data[row * cols..(row + rows) * cols];
                 let mut part_shape = shape.clone();
                 part_shape[0] = rows;
