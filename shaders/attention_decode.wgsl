@@ -19,6 +19,11 @@
 //            kg order at the end (no atomics, deterministic).
 // No per-invocation array is head-dim sized.
 //
+// Int8 caches (INT8): each row of one KV head is D / 4 words of four int8 and its scale as f32 bits
+// (kv_cache_append_int8.wgsl writes them; the view's head_dim is D / 4 + 1 words). Dequantised in
+// registers: a score is the scale times q . unpack(k), a P V term P times the value row's scale
+// (staged per tile) times unpack(v). D is a multiple of 4.
+//
 // Paged caches (PAGE > 0): K and V are pools [1, blocks * PAGE, Hkv, D] shared by every sequence; key
 // j of sequence b is pool row block_table[b * TABLE_STRIDE + j / PAGE] * PAGE + j % PAGE. Block ids
 // are checked on the host; the clamp only keeps a stale table from reading past the pool.
@@ -42,14 +47,17 @@ override TABLE_STRIDE: u32 = 1u;
 override POOL_BLOCKS: u32 = 1u;
 // PAGE as a divisor (never 0, which a constant division would reject even where unused).
 override PAGE_ROWS: u32 = max(PAGE, 1u);
+// K and V rows are int8 with a scale (DK and DV multiples of 4).
+override INT8: bool = false;
 
 // Sizes of the per-invocation arrays; the host writes the pipeline's exact ROWS and OWN here.
 const MAX_ROWS: u32 = 64u;
 const MAX_OWN: u32 = 16u;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> k_buf: array<f32>;
-@group(0) @binding(4) var<storage, read> v_buf: array<f32>;
+// f32 values, or with INT8 packed words and scales (read as bits either way).
+@group(0) @binding(3) var<storage, read> k_buf: array<u32>;
+@group(0) @binding(4) var<storage, read> v_buf: array<u32>;
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
 // The paged cache's block table [B, TABLE_STRIDE] (PAGE > 0; another read-only buffer otherwise).
@@ -64,6 +72,8 @@ var<workgroup> m_tile: array<f32, ROWS>;
 var<workgroup> l_tile: array<f32, ROWS>;
 // Key-phase partial sums of O, red[kg * LANES + lane].
 var<workgroup> red: array<vec4<f32>, WG>;
+// INT8: the scale of each of the tile's value rows.
+var<workgroup> v_scale: array<f32, WG>;
 
 // The query row and head of flattened row fr of KV head g; q_seq past the last row.
 fn row_query(fr: u32) -> u32 {
@@ -83,22 +93,29 @@ fn cache_index(view: u32, b: u32, j: u32, g: u32) -> u32 {
     return view_index(view, 0u, block * PAGE_ROWS + j % PAGE_ROWS, g);
 }
 
-// Elements d..d+3 of a row at element `base`, zero past `dim` (views need not be vec4 aligned).
+// Elements d..d+3 of a row at element (word) `base`, zero past `dim` (f32 views need not be vec4
+// aligned); INT8: unscaled, the row's scale applied by the caller.
 fn load4_k(base: u32, d: u32) -> vec4<f32> {
+    if INT8 {
+        return unpack4x8snorm(k_buf[base + d / 4u]);
+    }
     var x = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
         if d + e < DK {
-            x[e] = k_buf[base + d + e];
+            x[e] = bitcast<f32>(k_buf[base + d + e]);
         }
     }
     return x;
 }
 
 fn load4_v(base: u32, d: u32) -> vec4<f32> {
+    if INT8 {
+        return unpack4x8snorm(v_buf[base + d / 4u]);
+    }
     var x = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
         if d + e < DV {
-            x[e] = v_buf[base + d + e];
+            x[e] = bitcast<f32>(v_buf[base + d + e]);
         }
     }
     return x;
@@ -169,6 +186,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     s[r] += dot(q_tile[r * DK4 + d4], k4);
                 }
             }
+            if INT8 {
+                let k_scale = bitcast<f32>(k_buf[kj + DK4]);
+                for (var r = 0u; r < ROWS; r++) {
+                    s[r] *= k_scale;
+                }
+            }
+        }
+        if INT8 {
+            var scale = 0.0;
+            if j < end {
+                scale = bitcast<f32>(v_buf[cache_index(VIEW_V, b, j, g) + DV4]);
+            }
+            v_scale[lid] = scale;
         }
         for (var r = 0u; r < ROWS; r++) {
             let fr = row0 + r;
@@ -220,7 +250,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     let p = s_tile[r * WG + jj];
                     // A key this row masks is not read (a NaN in its value is not the row's).
                     if p_visible(vec4<f32>(p)).x {
-                        a += p * load4_v(cache_index(VIEW_V, b, n0 + jj, g), 4u * c);
+                        var w = p;
+                        if INT8 {
+                            w *= v_scale[jj];
+                        }
+                        a += w * load4_v(cache_index(VIEW_V, b, n0 + jj, g), 4u * c);
                     }
                 }
                 acc[o] = a;

@@ -8,7 +8,11 @@ mod common;
 
 use common::*;
 use wgpu_attention::reference::attention::{self as reference, Masks};
-use wgpu_attention::{attention_decode, AttentionOptions, BiasView, Context, GpuTensor, SeqLens};
+use wgpu_attention::reference::kv_cache::dequantize_int8_rows;
+use wgpu_attention::{
+    attention_decode, attention_decode_int8_into, AttentionOptions, BiasView, Context, GpuTensor,
+    GpuTensorQ8, SeqLens,
+};
 
 /// A decode problem: `lq` query slots, a cache of `lk` (capacity) with per-sequence lengths.
 fn decode_case(
@@ -57,6 +61,69 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<f32> {
     let lse = out.lse.to_vec(ctx).unwrap();
     assert_lse_close(&what, &lse, &ref_lse, FORWARD_ATOL, FORWARD_RTOL);
     o
+}
+
+/// Decode attention for `case` over an int8 cache: against the reference over the values the cache
+/// holds (the kernel's own error, at the f32 tolerances), and against the reference over the f32
+/// keys and values (the quantisation's error); returns the latter's largest output error.
+fn check_int8(ctx: &Context, name: &str, case: &Case) -> f64 {
+    let s = case.shape();
+    let (q, k, v, _) = case.data();
+    let [qv, _, _, _] = case.upload(ctx);
+    let cache = |x: &[f32], d: usize| {
+        GpuTensorQ8::from_f32(ctx, x, &[s.batch, s.kv_seq, s.kv_heads, d]).unwrap()
+    };
+    let (kq, vq) = (cache(&k, s.head_dim_qk), cache(&v, s.head_dim_v));
+    let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v]).unwrap();
+    let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq]).unwrap();
+    let buffers = case.buffers(ctx);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    attention_decode_int8_into(
+        ctx,
+        &mut encoder,
+        &qv,
+        &kq,
+        &vq,
+        None,
+        &out.heads().unwrap(),
+        &lse,
+        &case.options(&buffers),
+    )
+    .unwrap();
+    ctx.queue().submit([encoder.finish()]);
+    let masks = Masks {
+        q_lens: None,
+        kv_lens: None,
+        ..case.masks()
+    };
+    let (q_lens, kv_lens) = (case.q_lens.clone().unwrap(), case.kv_lens.clone().unwrap());
+    let reference_over = |k: &[f64], v: &[f64]| {
+        reference::attention_decode(&s, &to_f64(&q), k, v, &q_lens, &kv_lens, &masks)
+    };
+    let stored = |t: &GpuTensorQ8, d: usize| dequantize_int8_rows(&t.to_words(ctx).unwrap(), d);
+    let (ref_out, ref_lse) =
+        reference_over(&stored(&kq, s.head_dim_qk), &stored(&vq, s.head_dim_v));
+    let what = format!("[{name}] int8 decode {}", case.label());
+    let o = out.to_vec(ctx).unwrap();
+    assert_close(
+        &format!("{what} out"),
+        &o,
+        &ref_out,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
+    assert_lse_close(
+        &what,
+        &lse.to_vec(ctx).unwrap(),
+        &ref_lse,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
+    let (f32_out, _) = reference_over(&to_f64(&k), &to_f64(&v));
+    o.iter()
+        .zip(&f32_out)
+        .map(|(&a, &b)| (a as f64 - b).abs())
+        .fold(0.0, f64::max)
 }
 
 /// GQA (4 query heads on 2 KV heads), three sequences of different lengths (one past a 64-key tile,
@@ -145,6 +212,59 @@ fn decode_matches_reference_with_score_modifiers() {
             .cosine_learned(&[5.0, 12.0])
             .key_clip(0.5);
         check(ctx, name, &case);
+    });
+}
+
+#[test]
+fn int8_cache_decode_matches_reference() {
+    for_each_backend(|name, ctx| {
+        // The kernel dequantises exactly what the cache holds; the quantisation itself moves the
+        // outputs of these unit-scale problems by well under 1% (values within max|row| / 254).
+        let err = check_int8(ctx, name, &gqa_case());
+        assert!(err < 2e-2, "[{name}] int8 against f32 cache: {err}");
+        let case = decode_case(2, 2, 90, 2, 2, 24, 16)
+            .causal()
+            .q_lens(&[2, 1])
+            .kv_lens(&[90, 41])
+            .window(20, 0)
+            .alibi()
+            .softcap(5.0)
+            .sinks(&[0.5, -1.0])
+            .magnitude(3.0);
+        let err2 = check_int8(ctx, name, &case);
+        assert!(err2 < 5e-2, "[{name}] int8 against f32 cache: {err2}");
+        eprintln!("[{name}] int8 cache, largest output error against the f32 cache: {err:.2e}, {err2:.2e}");
+        // Cosine scores and key clipping transform cached keys: refused for int8 caches.
+        let (s, buffers) = (gqa_case().shape(), gqa_case().cosine(10.0));
+        let q = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, 16]).unwrap();
+        let kq = GpuTensorQ8::zeros(ctx, &[s.batch, s.kv_seq, s.kv_heads, 16]).unwrap();
+        let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, 16]).unwrap();
+        let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq]).unwrap();
+        let bufs = buffers.buffers(ctx);
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let err = attention_decode_int8_into(
+            ctx,
+            &mut encoder,
+            &q.heads().unwrap(),
+            &kq,
+            &kq,
+            None,
+            &out.heads().unwrap(),
+            &lse,
+            &buffers.options(&bufs),
+        );
+        assert!(
+            matches!(err, Err(wgpu_attention::Error::Shape { arg: "opts", .. })),
+            "{err:?}"
+        );
+    });
+    // Split-KV over an int8 cache.
+    for_each_backend_with_loop_budget(3000, |name, ctx| {
+        let case = decode_case(1, 1, 300, 2, 1, 16, 16)
+            .causal()
+            .q_lens(&[1])
+            .kv_lens(&[300]);
+        check_int8(ctx, name, &case);
     });
 }
 

@@ -7,10 +7,10 @@ mod common;
 
 use common::*;
 use wgpu_attention::kernels::embedding::{positional_forward_cached_into, sinusoidal_table};
-use wgpu_attention::kernels::kv_cache::kv_cache_append_into;
+use wgpu_attention::kernels::kv_cache::{kv_cache_append_int8_into, kv_cache_append_into};
 use wgpu_attention::kernels::rope::{rope_forward_cached_into, RopeLayout, RopeTable};
 use wgpu_attention::reference::{embedding, kv_cache, rope};
-use wgpu_attention::{Context, GpuTensor, HeadsView, SeqLens};
+use wgpu_attention::{Context, GpuTensor, GpuTensorQ8, HeadsView, SeqLens};
 
 /// New tokens per sequence and cached tokens including them, for a batch of three.
 const Q_LENS: [u32; 3] = [2, 0, 3];
@@ -70,6 +70,65 @@ fn append_copies_new_rows_after_each_sequence() {
         let wrong = GpuTensor::zeros(ctx, &[b, max_len, h, d + 1]).unwrap();
         let e = kv_cache_append_into(ctx, &mut encoder, &view, &wrong, &lens).unwrap_err();
         assert!(e.to_string().contains("cache"), "[{name}] {e}");
+    });
+}
+
+#[test]
+fn int8_append_quantises_each_new_row_after_its_cache() {
+    let ([b, l, h, d], max_len) = ([3, 3, 2, 8], 10);
+    let words = d / 4 + 1;
+    for_each_backend(|name, ctx| {
+        let mut r = rng(5);
+        let mut proj = random(&mut r, b * l * 3 * h * d, 2.0);
+        // Sequence 0, new row 1, head 1 of the V columns holds a NaN: its scale is stored NaN.
+        proj[3 * h * d + 2 * h * d + d + 3] = f32::NAN;
+        let proj_t = GpuTensor::from_slice(ctx, &proj, &[b, l, 3 * h * d]).unwrap();
+        let view = proj_t.split_heads(2 * h * d, h, d).unwrap();
+        let before = random(&mut r, b * max_len * h * d, 1.0);
+        let cache = GpuTensorQ8::from_f32(ctx, &before, &[b, max_len, h, d]).unwrap();
+        let old = cache.to_words(ctx).unwrap();
+        let lens = SeqLens::new(ctx, Some(&Q_LENS), Some(&KV_LENS)).unwrap();
+        submit(ctx, |e| {
+            kv_cache_append_int8_into(ctx, e, &view, &cache, None, &lens).unwrap()
+        });
+        // The reference quantises the new rows and places their words as the f32 append places
+        // values (words are exact in f64).
+        let new = kv_cache::quantize_int8_rows(&to_f64(&view.to_vec(ctx).unwrap()), d);
+        let as_f64 = |w: &[u32]| w.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        let mut expected = as_f64(&old);
+        kv_cache::kv_cache_append(
+            &mut expected,
+            max_len,
+            &as_f64(&new),
+            [b, l, h, words],
+            &Q_LENS,
+            &KV_LENS,
+        );
+        let got = cache.to_words(ctx).unwrap();
+        let mut nan_rows = 0;
+        for (row, (g, e)) in got.chunks(words).zip(expected.chunks(words)).enumerate() {
+            let (gs, es) = (f32::from_bits(g[d / 4]), f32::from_bits(e[d / 4] as u32));
+            nan_rows += gs.is_nan() as usize;
+            // Scales are max |x|: exact (NaN for the row holding a NaN).
+            assert!(
+                gs == es || (gs.is_nan() && es.is_nan()),
+                "[{name}] row {row}: scale {gs} != {es}"
+            );
+            // Values round x / s: a reciprocal on the GPU may move a tie by one step.
+            for (gw, ew) in g[..d / 4].iter().zip(&e[..d / 4]) {
+                for i in 0..4 {
+                    let (gq, eq) = (
+                        (gw >> (8 * i)) as u8 as i8,
+                        ((*ew as u32) >> (8 * i)) as u8 as i8,
+                    );
+                    assert!(
+                        (gq as i32 - eq as i32).abs() <= 1,
+                        "[{name}] row {row}: int8 {gq} != {eq}"
+                    );
+                }
+            }
+        }
+        assert_eq!(nan_rows, 1, "[{name}] the NaN row's scale");
     });
 }
 

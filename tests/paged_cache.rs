@@ -8,11 +8,14 @@ mod common;
 
 use common::*;
 use rand::seq::SliceRandom;
-use wgpu_attention::inference::{PagedKvCache, PagedKvCacheConfig};
+use wgpu_attention::inference::{KvFormat, PagedKvCache, PagedKvCacheConfig};
 use wgpu_attention::kernels::kv_cache::{kv_cache_append_paged_into, BlockTable};
 use wgpu_attention::reference::attention::{self as reference, Masks};
-use wgpu_attention::reference::kv_cache::gather_paged;
-use wgpu_attention::{attention_decode_paged_into, Context, Error, GpuTensor, SeqLens};
+use wgpu_attention::reference::kv_cache::{dequantize_int8_rows, gather_paged};
+use wgpu_attention::{
+    attention_decode_int8_into, attention_decode_paged_into, Context, Error, GpuTensor,
+    GpuTensorQ8, SeqLens,
+};
 
 /// A random placement of each sequence's `ceil(cap / page)` blocks in a pool with `spare` more
 /// blocks than needed: `[batch, stride]` ids, distinct, shuffled.
@@ -43,8 +46,9 @@ fn scatter(
     out
 }
 
-/// Decode attention for `case` through a paged cache of `page`-row blocks, against the reference.
-fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize) {
+/// Decode attention for `case` through a paged cache of `page`-row blocks (f32, or int8 when
+/// `int8`), against the reference (for int8, over the values the pools hold).
+fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize, int8: bool) {
     let s = case.shape();
     let (q, k, v, _) = case.data();
     let stride = s.kv_seq.div_ceil(page);
@@ -52,56 +56,79 @@ fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize) {
     let mut table = BlockTable::new(ctx, s.batch, stride, page, pool).unwrap();
     table.write(ctx, &ids).unwrap();
     let [qv, _, _, _] = case.upload(ctx);
-    let k_pool = scatter(
-        &k,
-        [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk],
-        &ids,
-        page,
-        pool,
-    );
-    let v_pool = scatter(
-        &v,
-        [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v],
-        &ids,
-        page,
-        pool,
-    );
-    let k_pool = upload(ctx, &k_pool, [1, pool * page, s.kv_heads, s.head_dim_qk]);
-    let v_pool = upload(ctx, &v_pool, [1, pool * page, s.kv_heads, s.head_dim_v]);
+    let dims = [s.head_dim_qk, s.head_dim_v];
+    let pools = [&k, &v].map(|x| x.as_slice());
+    let pools: Vec<Vec<f32>> = pools
+        .iter()
+        .zip(dims)
+        .map(|(x, d)| scatter(x, [s.batch, s.kv_seq, s.kv_heads, d], &ids, page, pool))
+        .collect();
     let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v]).unwrap();
     let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq]).unwrap();
     let buffers = case.buffers(ctx);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let opts = case.options(&buffers);
-    attention_decode_paged_into(
-        ctx,
-        &mut encoder,
-        &qv,
-        &k_pool,
-        &v_pool,
-        &table,
-        &out.heads().unwrap(),
-        &lse,
-        &opts,
-    )
-    .unwrap();
-    ctx.queue().submit([encoder.finish()]);
+    let out_view = out.heads().unwrap();
+    // The keys and values the reference attends over: the cache's, or what the int8 pools hold
+    // gathered back through the table.
+    let (k_ref, v_ref) = if int8 {
+        let [k_pool, v_pool] = [0, 1].map(|i| {
+            GpuTensorQ8::from_f32(ctx, &pools[i], &[pool * page, s.kv_heads, dims[i]]).unwrap()
+        });
+        attention_decode_int8_into(
+            ctx,
+            &mut encoder,
+            &qv,
+            &k_pool,
+            &v_pool,
+            Some(&table),
+            &out_view,
+            &lse,
+            &opts,
+        )
+        .unwrap();
+        let held = |t: &GpuTensorQ8, d: usize| -> Vec<f64> {
+            let values = dequantize_int8_rows(&t.to_words(ctx).unwrap(), d);
+            (0..s.batch)
+                .flat_map(|b| {
+                    let blocks = &ids[b * stride..][..stride];
+                    gather_paged(&values, blocks, page, s.kv_seq, s.kv_heads * d)
+                })
+                .collect()
+        };
+        ctx.queue().submit([encoder.finish()]);
+        (held(&k_pool, dims[0]), held(&v_pool, dims[1]))
+    } else {
+        let [k_pool, v_pool] =
+            [0, 1].map(|i| upload(ctx, &pools[i], [1, pool * page, s.kv_heads, dims[i]]));
+        attention_decode_paged_into(
+            ctx,
+            &mut encoder,
+            &qv,
+            &k_pool,
+            &v_pool,
+            &table,
+            &out_view,
+            &lse,
+            &opts,
+        )
+        .unwrap();
+        ctx.queue().submit([encoder.finish()]);
+        (to_f64(&k), to_f64(&v))
+    };
     let masks = Masks {
         q_lens: None,
         kv_lens: None,
         ..case.masks()
     };
     let (q_lens, kv_lens) = (case.q_lens.clone().unwrap(), case.kv_lens.clone().unwrap());
-    let (ref_out, ref_lse) = reference::attention_decode(
-        &s,
-        &to_f64(&q),
-        &to_f64(&k),
-        &to_f64(&v),
-        &q_lens,
-        &kv_lens,
-        &masks,
+    let (ref_out, ref_lse) =
+        reference::attention_decode(&s, &to_f64(&q), &k_ref, &v_ref, &q_lens, &kv_lens, &masks);
+    let format = if int8 { "int8" } else { "f32" };
+    let what = format!(
+        "[{name}] paged {format} decode, page {page}, {}",
+        case.label()
     );
-    let what = format!("[{name}] paged decode, page {page}, {}", case.label());
     assert_close(
         &format!("{what} out"),
         &out.to_vec(ctx).unwrap(),
@@ -122,7 +149,7 @@ fn paged_decode_matches_reference() {
                 .causal()
                 .q_lens(&[1, 3, 2])
                 .kv_lens(&[70, 5, 33]);
-            check_paged(ctx, name, &case, page);
+            check_paged(ctx, name, &case, page, false);
         }
         // The decoding modifiers, Dk != Dv.
         let case = Case::new(2, 2, 90, 2, 2, 24, 16)
@@ -134,13 +161,14 @@ fn paged_decode_matches_reference() {
             .softcap(5.0)
             .sinks(&[0.5, -1.0])
             .magnitude(3.0);
-        check_paged(ctx, name, &case, 8);
+        check_paged(ctx, name, &case, 8, false);
+        check_paged(ctx, name, &case, 8, true);
         let case = Case::new(2, 2, 70, 4, 2, 16, 16)
             .causal()
             .q_lens(&[2, 1])
             .kv_lens(&[70, 3])
             .relative(8, 32, false);
-        check_paged(ctx, name, &case, 16);
+        check_paged(ctx, name, &case, 16, false);
     });
     // Split-KV (a small loop budget forces several key splits and their merge).
     for_each_backend_with_loop_budget(3000, |name, ctx| {
@@ -148,7 +176,8 @@ fn paged_decode_matches_reference() {
             .causal()
             .q_lens(&[1])
             .kv_lens(&[300]);
-        check_paged(ctx, name, &case, 32);
+        check_paged(ctx, name, &case, 32, false);
+        check_paged(ctx, name, &case, 32, true);
     });
 }
 
@@ -236,8 +265,10 @@ fn feed(ctx: &Context, cache: &mut PagedKvCache, new: &[u32], tag: &[f32]) {
     let view = upload(ctx, &rows, [slots, l.max(1), h, d]);
     let lens = SeqLens::new(ctx, Some(&step.new), Some(&step.total)).unwrap();
     for [k, v] in cache.layers() {
-        kv_cache_append_paged_into(ctx, &mut encoder, &view, k, cache.table(), &lens).unwrap();
-        kv_cache_append_paged_into(ctx, &mut encoder, &view, v, cache.table(), &lens).unwrap();
+        for t in [k, v] {
+            t.append_into(ctx, &mut encoder, &view, Some(cache.table()), &lens)
+                .unwrap();
+        }
     }
     ctx.queue().submit([encoder.finish()]);
     cache.advance(&step);
@@ -257,52 +288,57 @@ fn contents(ctx: &Context, cache: &PagedKvCache, slot: usize) -> Vec<f32> {
 
 #[test]
 fn sequences_fork_with_copy_on_write_and_free_their_blocks() {
+    // Rows of one repeated value are exact in int8 too (each is its row's scale), so the same
+    // contents are expected of both formats: copy-on-write moves int8 words and scales whole.
     for_each_backend(|name, ctx| {
-        let config = PagedKvCacheConfig::new(2, 1, 4, 4, 8, 3, 16);
-        let mut cache = PagedKvCache::new(ctx, config).unwrap();
-        let (a, b) = (0, 1);
-        cache.add_sequence(a).unwrap();
-        // A 6-token prompt: two blocks, the second half full.
-        feed(ctx, &mut cache, &[6, 0, 0], &[1.0, 0.0, 0.0]);
-        assert_eq!(cache.free_blocks(), 6, "[{name}] blocks follow the tokens");
-        // The fork shares both blocks: nothing is copied or allocated.
-        cache.fork(a, b).unwrap();
-        assert_eq!(cache.free_blocks(), 6);
-        assert_eq!(cache.blocks(a), cache.blocks(b));
-        // Both continue differently: each copies the shared, half-full block before writing.
-        feed(ctx, &mut cache, &[1, 1, 0], &[1.0, 2.0, 0.0]);
-        let (ba, bb) = (
-            cache.blocks(a).unwrap().to_vec(),
-            cache.blocks(b).unwrap().to_vec(),
-        );
-        assert_eq!(ba[0], bb[0], "[{name}] the full first block stays shared");
-        assert_ne!(ba[1], bb[1], "[{name}] the divergent block is copied");
-        let prefix: Vec<f32> = (0..6).map(|p| 1000.0 + p as f32).collect();
-        let mut want_a = prefix.clone();
-        want_a.push(1006.0);
-        let mut want_b = prefix.clone();
-        want_b.push(2006.0);
-        assert_eq!(contents(ctx, &cache, a), want_a, "[{name}] parent");
-        assert_eq!(contents(ctx, &cache, b), want_b, "[{name}] fork");
-        // Removing the parent frees only what the fork does not hold.
-        let free = cache.free_blocks();
-        cache.remove(a).unwrap();
-        assert_eq!(
-            cache.free_blocks(),
-            free + 1,
-            "[{name}] the shared prefix block stays"
-        );
-        assert_eq!(contents(ctx, &cache, b), want_b);
-        // Truncating (a rejected draft) frees blocks past the kept tokens.
-        feed(ctx, &mut cache, &[0, 6, 0], &[0.0, 2.0, 0.0]);
-        let free = cache.free_blocks();
-        cache.truncate(b, 5).unwrap();
-        assert_eq!(
-            cache.free_blocks(),
-            free + 2,
-            "[{name}] 13 tokens in 4 blocks -> 5 in 2"
-        );
-        assert_eq!(contents(ctx, &cache, b), prefix[..5].to_vec());
+        for format in [KvFormat::F32, KvFormat::Int8] {
+            let name = &format!("{name} {}", format.name());
+            let config = PagedKvCacheConfig::new(2, 1, 4, 4, 8, 3, 16).with_format(format);
+            let mut cache = PagedKvCache::new(ctx, config).unwrap();
+            let (a, b) = (0, 1);
+            cache.add_sequence(a).unwrap();
+            // A 6-token prompt: two blocks, the second half full.
+            feed(ctx, &mut cache, &[6, 0, 0], &[1.0, 0.0, 0.0]);
+            assert_eq!(cache.free_blocks(), 6, "[{name}] blocks follow the tokens");
+            // The fork shares both blocks: nothing is copied or allocated.
+            cache.fork(a, b).unwrap();
+            assert_eq!(cache.free_blocks(), 6);
+            assert_eq!(cache.blocks(a), cache.blocks(b));
+            // Both continue differently: each copies the shared, half-full block before writing.
+            feed(ctx, &mut cache, &[1, 1, 0], &[1.0, 2.0, 0.0]);
+            let (ba, bb) = (
+                cache.blocks(a).unwrap().to_vec(),
+                cache.blocks(b).unwrap().to_vec(),
+            );
+            assert_eq!(ba[0], bb[0], "[{name}] the full first block stays shared");
+            assert_ne!(ba[1], bb[1], "[{name}] the divergent block is copied");
+            let prefix: Vec<f32> = (0..6).map(|p| 1000.0 + p as f32).collect();
+            let mut want_a = prefix.clone();
+            want_a.push(1006.0);
+            let mut want_b = prefix.clone();
+            want_b.push(2006.0);
+            assert_eq!(contents(ctx, &cache, a), want_a, "[{name}] parent");
+            assert_eq!(contents(ctx, &cache, b), want_b, "[{name}] fork");
+            // Removing the parent frees only what the fork does not hold.
+            let free = cache.free_blocks();
+            cache.remove(a).unwrap();
+            assert_eq!(
+                cache.free_blocks(),
+                free + 1,
+                "[{name}] the shared prefix block stays"
+            );
+            assert_eq!(contents(ctx, &cache, b), want_b);
+            // Truncating (a rejected draft) frees blocks past the kept tokens.
+            feed(ctx, &mut cache, &[0, 6, 0], &[0.0, 2.0, 0.0]);
+            let free = cache.free_blocks();
+            cache.truncate(b, 5).unwrap();
+            assert_eq!(
+                cache.free_blocks(),
+                free + 2,
+                "[{name}] 13 tokens in 4 blocks -> 5 in 2"
+            );
+            assert_eq!(contents(ctx, &cache, b), prefix[..5].to_vec());
+        }
     });
 }
 

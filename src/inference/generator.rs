@@ -6,6 +6,7 @@ use crate::device::{BindingCache, Context};
 use crate::error::{Error, Result};
 use crate::inference::kv_cache::{KvCache, StepLens};
 use crate::inference::paged_cache::{PagedKvCache, PagedKvCacheConfig};
+use crate::kernels::kv_cache::KvFormat;
 use crate::kernels::sampling::{sample_into, sample_rows_into, Sampling, SamplingRows};
 use crate::layers::attention::LayerCache;
 use crate::layers::decoder::Decoder;
@@ -88,6 +89,39 @@ pub enum CacheLayout {
         /// Blocks in each pool.
         pool_blocks: usize,
     },
+}
+
+/// A generator's key/value cache: its layout and storage format. A [`CacheLayout`] converts into
+/// one with f32 storage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheConfig {
+    /// Contiguous or paged.
+    pub layout: CacheLayout,
+    /// f32, or int8 with a scale per token and head (dequantised in the decode kernel; not for
+    /// additive scores, cosine scores or key clipping).
+    pub format: KvFormat,
+}
+
+impl CacheConfig {
+    /// `layout` with f32 storage.
+    pub fn new(layout: CacheLayout) -> Self {
+        Self {
+            layout,
+            format: KvFormat::F32,
+        }
+    }
+
+    /// The same layout storing keys and values in `format`.
+    pub fn with_format(self, format: KvFormat) -> Self {
+        Self { format, ..self }
+    }
+}
+
+impl From<CacheLayout> for CacheConfig {
+    fn from(layout: CacheLayout) -> Self {
+        Self::new(layout)
+    }
 }
 
 /// The generator's cache in either layout.
@@ -216,12 +250,13 @@ impl Generator {
     }
 
     /// [`Generator::new`] with the cache in `layout` (a paged one for many sequences of varied
-    /// lengths: memory follows the tokens, sequences join, leave and fork).
+    /// lengths: memory follows the tokens, sequences join, leave and fork), and with a
+    /// [`CacheConfig`] in its storage format (int8: 3.76x less memory at head_dim 64).
     pub fn with_layout(
         ctx: &Context,
         model: &Transformer,
         shape: GeneratorShape,
-        layout: CacheLayout,
+        layout: impl Into<CacheConfig>,
     ) -> Result<Self> {
         let c = *model.config();
         // The model's learned position tables are as long as its training lengths.
@@ -230,7 +265,7 @@ impl Generator {
             c.position_rows(trained.src_len),
             c.position_rows(trained.tgt_len),
         ];
-        Self::build(ctx, c, model.params.shared(), rows, shape, layout)
+        Self::build(ctx, c, model.params.shared(), rows, shape, layout.into())
     }
 
     /// A generator with a published checkpoint's weights and nothing else: its parameters are
@@ -241,7 +276,7 @@ impl Generator {
         ctx: &Context,
         checkpoint: &Pretrained,
         shape: GeneratorShape,
-        layout: CacheLayout,
+        layout: impl Into<CacheConfig>,
     ) -> Result<Self> {
         let c = *checkpoint.config();
         // Learned position tables have max_positions rows (GPT-2's n_positions).
@@ -249,7 +284,7 @@ impl Generator {
             c.position_rows(shape.src_len),
             c.position_rows(shape.capacity),
         ];
-        let generator = Self::build(ctx, c, Params::for_inference(), rows, shape, layout)?;
+        let generator = Self::build(ctx, c, Params::for_inference(), rows, shape, layout.into())?;
         checkpoint.load_params(ctx, &generator.params)?;
         Ok(generator)
     }
@@ -265,7 +300,7 @@ impl Generator {
         mut params: Params,
         [src_positions, tgt_positions]: [usize; 2],
         shape: GeneratorShape,
-        layout: CacheLayout,
+        cache: CacheConfig,
     ) -> Result<Self> {
         c.validate()?;
         // A chunk longer than the cache never fills: size the prefill pass by what it can hold.
@@ -344,14 +379,25 @@ impl Generator {
         let head_dim = c.d_model / c.heads;
         // Additive layers cache their key projections b (Da per head) instead of keys.
         let key_dim = c.additive_attention.unwrap_or(head_dim);
-        let cache = match layout {
-            CacheLayout::Contiguous => Cache::Contiguous(KvCache::with_dims(
+        if cache.format == KvFormat::Int8 {
+            let scores = c.scores();
+            if scores.additive.is_some() || scores.cosine.is_some() || scores.key_clip.is_some() {
+                return Err(Error::shape(
+                    "cache format",
+                    "int8 caches are read by the dot-product decode kernel as stored; additive scores, cosine scores and key clipping need an f32 cache",
+                ));
+            }
+        }
+        let format = cache.format;
+        let cache = match cache.layout {
+            CacheLayout::Contiguous => Cache::Contiguous(KvCache::with_format(
                 ctx,
                 c.decoder_layers,
                 b,
                 s.capacity,
                 c.kv_heads(),
                 [key_dim, head_dim],
+                format,
             )?),
             CacheLayout::Paged { page, pool_blocks } => {
                 if c.additive_attention.is_some() {
@@ -370,7 +416,10 @@ impl Generator {
                     s.capacity,
                 );
                 config.dims = [key_dim, head_dim];
-                let mut cache = Cache::Paged(Box::new(PagedKvCache::new(ctx, config)?));
+                let mut cache = Cache::Paged(Box::new(PagedKvCache::new(
+                    ctx,
+                    config.with_format(format),
+                )?));
                 cache.clear();
                 cache
             }

@@ -6,12 +6,12 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::tensor::GpuTensor;
+use crate::kernels::kv_cache::{KvFormat, KvStorage};
 
 /// Per decoder layer, the keys and values of every cached position, `[batch, capacity, kv heads,
-/// head_dim]`, and each sequence's cached length.
+/// head_dim]` (f32 or int8), and each sequence's cached length.
 pub struct KvCache {
-    layers: Vec<[GpuTensor; 2]>,
+    layers: Vec<[KvStorage; 2]>,
     lens: Vec<u32>,
     capacity: usize,
 }
@@ -46,7 +46,21 @@ impl KvCache {
         batch: usize,
         capacity: usize,
         heads: usize,
+        dims: [usize; 2],
+    ) -> Result<Self> {
+        Self::with_format(ctx, layers, batch, capacity, heads, dims, KvFormat::F32)
+    }
+
+    /// [`KvCache::with_dims`] storing keys and values in `format` (int8: head dimensions a
+    /// multiple of 4).
+    pub fn with_format(
+        ctx: &Context,
+        layers: usize,
+        batch: usize,
+        capacity: usize,
+        heads: usize,
         [key_dim, value_dim]: [usize; 2],
+        format: KvFormat,
     ) -> Result<Self> {
         if batch == 0 || capacity == 0 || capacity > i32::MAX as usize {
             return Err(Error::shape(
@@ -59,8 +73,8 @@ impl KvCache {
         let layers = (0..layers)
             .map(|_| {
                 Ok([
-                    GpuTensor::zeros(ctx, &[batch, capacity, heads, key_dim])?,
-                    GpuTensor::zeros(ctx, &[batch, capacity, heads, value_dim])?,
+                    KvStorage::zeros(ctx, &[batch, capacity, heads, key_dim], format)?,
+                    KvStorage::zeros(ctx, &[batch, capacity, heads, value_dim], format)?,
                 ])
             })
             .collect::<Result<_>>()?;
@@ -87,7 +101,7 @@ impl KvCache {
     }
 
     /// Every layer's (keys, values).
-    pub fn layers(&self) -> Vec<[&GpuTensor; 2]> {
+    pub fn layers(&self) -> Vec<[&KvStorage; 2]> {
         self.layers.iter().map(|[k, v]| [k, v]).collect()
     }
 

@@ -14,7 +14,10 @@ pub mod kv_cache;
 pub mod paged_cache;
 pub mod server;
 
-pub use generator::{CacheLayout, GenerateOptions, Generated, Generator, GeneratorShape};
+pub use crate::kernels::kv_cache::KvFormat;
+pub use generator::{
+    CacheConfig, CacheLayout, GenerateOptions, Generated, Generator, GeneratorShape,
+};
 pub use kv_cache::{KvCache, StepLens};
 pub use paged_cache::{PagedKvCache, PagedKvCacheConfig};
 pub use server::{Finish, Request, Server, Token};

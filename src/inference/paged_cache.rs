@@ -10,8 +10,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::inference::kv_cache::StepLens;
-use crate::kernels::kv_cache::BlockTable;
-use crate::tensor::GpuTensor;
+use crate::kernels::kv_cache::{BlockTable, KvFormat, KvStorage};
 
 /// The sizes of a [`PagedKvCache`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +30,9 @@ pub struct PagedKvCacheConfig {
     pub slots: usize,
     /// The most tokens one sequence can hold.
     pub max_len: usize,
+    /// How the pools store keys and values (f32 unless set; int8 needs dims that are multiples
+    /// of 4).
+    pub format: KvFormat,
 }
 
 impl PagedKvCacheConfig {
@@ -53,7 +55,13 @@ impl PagedKvCacheConfig {
             pool_blocks,
             slots,
             max_len,
+            format: KvFormat::F32,
         }
+    }
+
+    /// The same sizes with the pools stored in `format`.
+    pub fn with_format(self, format: KvFormat) -> Self {
+        Self { format, ..self }
     }
 }
 
@@ -61,7 +69,7 @@ impl PagedKvCacheConfig {
 pub struct PagedKvCache {
     config: PagedKvCacheConfig,
     /// Per layer, keys `[pool_blocks * page, kv_heads, key_dim]` and values likewise.
-    layers: Vec<[GpuTensor; 2]>,
+    layers: Vec<[KvStorage; 2]>,
     table: BlockTable,
     /// Sequences holding each block.
     refs: Vec<u32>,
@@ -72,7 +80,7 @@ pub struct PagedKvCache {
     /// Tokens cached per slot (0 for empty slots).
     lens: Vec<u32>,
     /// One block of keys and of values, where copy-on-write stages a shared block.
-    staging: [GpuTensor; 2],
+    staging: [KvStorage; 2],
 }
 
 impl PagedKvCache {
@@ -96,14 +104,14 @@ impl PagedKvCache {
         let layers = (0..c.layers)
             .map(|_| {
                 Ok([
-                    GpuTensor::zeros(ctx, &[rows, c.kv_heads, c.dims[0]])?,
-                    GpuTensor::zeros(ctx, &[rows, c.kv_heads, c.dims[1]])?,
+                    KvStorage::zeros(ctx, &[rows, c.kv_heads, c.dims[0]], c.format)?,
+                    KvStorage::zeros(ctx, &[rows, c.kv_heads, c.dims[1]], c.format)?,
                 ])
             })
             .collect::<Result<_>>()?;
         let staging = [
-            GpuTensor::zeros(ctx, &[c.page, c.kv_heads, c.dims[0]])?,
-            GpuTensor::zeros(ctx, &[c.page, c.kv_heads, c.dims[1]])?,
+            KvStorage::zeros(ctx, &[c.page, c.kv_heads, c.dims[0]], c.format)?,
+            KvStorage::zeros(ctx, &[c.page, c.kv_heads, c.dims[1]], c.format)?,
         ];
         Ok(Self {
             config: c,
@@ -123,7 +131,7 @@ impl PagedKvCache {
     }
 
     /// Every layer's key and value pools, `[pool_blocks * page, kv_heads, dim]`.
-    pub fn layers(&self) -> &[[GpuTensor; 2]] {
+    pub fn layers(&self) -> &[[KvStorage; 2]] {
         &self.layers
     }
 
@@ -368,6 +376,7 @@ impl PagedKvCache {
     fn copy_block(&self, encoder: &mut wgpu::CommandEncoder, from: u32, to: u32) {
         for pools in &self.layers {
             for (pool, staging) in pools.iter().zip(&self.staging) {
+                let (pool, staging) = (pool.words(), staging.words());
                 let bytes = staging.size_bytes();
                 let at = |block: u32| pool.region().offset + block as u64 * bytes;
                 encoder.copy_buffer_to_buffer(

@@ -9,13 +9,23 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::{encode, grid_x};
-use crate::tensor::{GpuTensor, GpuTokens, HeadsView, SeqLens};
+use crate::tensor::{GpuTensor, GpuTensorQ8, GpuTokens, HeadsView, SeqLens};
 
-const APPEND: &str = include_str!("../../shaders/kv_cache_append.wgsl");
+const APPEND: &str = concat!(
+    include_str!("../../shaders/kv_cache_common.wgsl"),
+    include_str!("../../shaders/kv_cache_append.wgsl")
+);
+const APPEND_INT8: &str = concat!(
+    include_str!("../../shaders/kv_cache_common.wgsl"),
+    include_str!("../../shaders/kv_cache_append_int8.wgsl")
+);
 
-/// The append shader by name, for the naga tests.
+/// The append shaders by name, for the naga tests.
 pub fn shader_sources() -> Vec<(&'static str, String)> {
-    vec![("kv_cache_append", APPEND.to_string())]
+    vec![
+        ("kv_cache_append", APPEND.to_string()),
+        ("kv_cache_append_int8", APPEND_INT8.to_string()),
+    ]
 }
 
 #[repr(C)]
@@ -144,6 +154,110 @@ impl BlockTable {
     }
 }
 
+/// How a key/value cache stores its values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KvFormat {
+    /// f32, as computed.
+    #[default]
+    F32,
+    /// int8 with one f32 scale per token and head ([`GpuTensorQ8`]), dequantised inside the decode
+    /// kernel: `4 + 4 / D` bytes per value instead of 4 (3.76x smaller at head_dim 64); head
+    /// dimensions a multiple of 4.
+    Int8,
+}
+
+impl KvFormat {
+    /// `"f32"` or `"int8"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::F32 => "f32",
+            KvFormat::Int8 => "int8",
+        }
+    }
+}
+
+/// A key or value cache (or paged pool) in either [`KvFormat`].
+#[non_exhaustive]
+pub enum KvStorage {
+    /// f32 values.
+    F32(GpuTensor),
+    /// int8 values with per-row scales.
+    Int8(GpuTensorQ8),
+}
+
+impl KvStorage {
+    /// Zeros of `shape` (`[.., head_dim]`) in `format`.
+    pub fn zeros(ctx: &Context, shape: &[usize], format: KvFormat) -> Result<Self> {
+        Ok(match format {
+            KvFormat::F32 => KvStorage::F32(GpuTensor::zeros(ctx, shape)?),
+            KvFormat::Int8 => KvStorage::Int8(GpuTensorQ8::zeros(ctx, shape)?),
+        })
+    }
+
+    /// The storage format.
+    pub fn format(&self) -> KvFormat {
+        match self {
+            KvStorage::F32(_) => KvFormat::F32,
+            KvStorage::Int8(_) => KvFormat::Int8,
+        }
+    }
+
+    /// The logical shape (values).
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            KvStorage::F32(t) => t.shape(),
+            KvStorage::Int8(t) => t.shape(),
+        }
+    }
+
+    /// Bytes of storage (scales included).
+    pub fn size_bytes(&self) -> u64 {
+        match self {
+            KvStorage::F32(t) => t.size_bytes(),
+            KvStorage::Int8(t) => t.size_bytes(),
+        }
+    }
+
+    /// The values held (blocking; int8 dequantised).
+    pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        match self {
+            KvStorage::F32(t) => t.to_vec(ctx),
+            KvStorage::Int8(t) => t.to_vec(ctx),
+        }
+    }
+
+    /// The storage words (f32 values or int8 words and scales), for copies that move whole rows.
+    pub(crate) fn words(&self) -> &GpuTensor {
+        match self {
+            KvStorage::F32(t) => t,
+            KvStorage::Int8(t) => t.words(),
+        }
+    }
+
+    /// Records the append of `new` (see [`kv_cache_append_into`]) into this cache, or with `table`
+    /// into this paged pool ([`kv_cache_append_paged_into`]).
+    pub fn append_into(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        new: &HeadsView,
+        table: Option<&BlockTable>,
+        lens: &SeqLens,
+    ) -> Result<()> {
+        append(ctx, encoder, new, self.into(), table, lens)
+    }
+}
+
+impl<'a> From<&'a KvStorage> for Storage<'a> {
+    fn from(s: &'a KvStorage) -> Self {
+        match s {
+            KvStorage::F32(t) => Storage::F32(t),
+            KvStorage::Int8(t) => Storage::Int8(t),
+        }
+    }
+}
+
 /// Records the copy of `new [B, L, H, D]` into `cache [B, max_len, H, D]`: row `l < q_lens[b]` of
 /// sequence `b` to position `kv_lens[b] - q_lens[b] + l` (`lens` as [`SeqLens::check_decode`]
 /// describes: `kv_lens` counts the new rows). Nothing is recorded if the input is rejected.
@@ -154,7 +268,7 @@ pub fn kv_cache_append_into(
     cache: &GpuTensor,
     lens: &SeqLens,
 ) -> Result<()> {
-    append(ctx, encoder, new, cache, None, lens)
+    append(ctx, encoder, new, Storage::F32(cache), None, lens)
 }
 
 /// [`kv_cache_append_into`] into a paged pool `[pool_blocks * page, H, D]` through `table` (one
@@ -169,27 +283,66 @@ pub fn kv_cache_append_paged_into(
     table: &BlockTable,
     lens: &SeqLens,
 ) -> Result<()> {
-    append(ctx, encoder, new, pool, Some(table), lens)
+    append(ctx, encoder, new, Storage::F32(pool), Some(table), lens)
+}
+
+/// [`kv_cache_append_into`] into an int8 cache: `cache [B, max_len, H, D]`, or with `table` a
+/// paged pool `[pool_blocks * page, H, D]`. Each new row of each head is quantised to int8 with its
+/// own scale (see [`GpuTensorQ8`]); `D` is a multiple of 4.
+pub fn kv_cache_append_int8_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    new: &HeadsView,
+    cache: &GpuTensorQ8,
+    table: Option<&BlockTable>,
+    lens: &SeqLens,
+) -> Result<()> {
+    append(ctx, encoder, new, Storage::Int8(cache), table, lens)
+}
+
+/// A cache's storage in either format.
+#[derive(Clone, Copy)]
+enum Storage<'a> {
+    F32(&'a GpuTensor),
+    Int8(&'a GpuTensorQ8),
+}
+
+impl<'a> Storage<'a> {
+    fn shape(&self) -> &[usize] {
+        match self {
+            Storage::F32(t) => t.shape(),
+            Storage::Int8(t) => t.shape(),
+        }
+    }
+
+    /// The buffer's words as the kernel binds them.
+    fn words(&self) -> &'a GpuTensor {
+        match *self {
+            Storage::F32(t) => t,
+            Storage::Int8(t) => t.words(),
+        }
+    }
 }
 
 fn append(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     new: &HeadsView,
-    cache: &GpuTensor,
+    storage: Storage<'_>,
     table: Option<&BlockTable>,
     lens: &SeqLens,
 ) -> Result<()> {
+    let cache = storage.words();
     crate::kernels::attention::check_f32(&[("new", new)])?;
     let [b, l, h, d] = new.shape();
     let max_len = match table {
         None => {
-            let &[cb, max_len, ch, cd] = cache.shape() else {
+            let &[cb, max_len, ch, cd] = storage.shape() else {
                 return Err(Error::shape(
                     "cache",
                     format!(
                         "has shape {:?}; expected [batch, max_len, heads, head_dim]",
-                        cache.shape()
+                        storage.shape()
                     ),
                 ));
             };
@@ -198,7 +351,7 @@ fn append(
                     "cache",
                     format!(
                         "has shape {:?}; the new rows {:?} need [{b}, max_len, {h}, {d}]",
-                        cache.shape(),
+                        storage.shape(),
                         new.shape()
                     ),
                 ));
@@ -207,12 +360,12 @@ fn append(
         }
         Some(t) => {
             let expected = [t.pool_rows(), h, d];
-            if cache.shape() != expected {
+            if storage.shape() != expected {
                 return Err(Error::shape(
                     "pool",
                     format!(
                         "has shape {:?}; the table's pool and the new rows {:?} need {expected:?}",
-                        cache.shape(),
+                        storage.shape(),
                         new.shape()
                     ),
                 ));
@@ -243,7 +396,11 @@ fn append(
         })
     };
     let [sb, ss, sh] = new.strides();
-    let n = b * l * h * d;
+    // One invocation per element (f32), or per row of one head (int8: the row's scale first).
+    let (name, source, n) = match storage {
+        Storage::F32(_) => ("kv_cache_append", APPEND, b * l * h * d),
+        Storage::Int8(_) => ("kv_cache_append_int8", APPEND_INT8, b * l * h),
+    };
     let params = AppendParams {
         batch: b as u32,
         seq: l as u32,
@@ -265,8 +422,8 @@ fn append(
     encode(
         ctx,
         encoder,
-        "kv_cache_append",
-        APPEND,
+        name,
+        source,
         &constants,
         bytemuck::bytes_of(&params),
         &[new.buffer(), cache.buffer(), lens.buffer(), table_buffer],

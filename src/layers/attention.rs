@@ -5,7 +5,6 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::attention::attention_decode_paged_into;
 use crate::kernels::attention::{
     additive_backward_into, additive_backward_workspace, additive_decode_into,
     additive_forward_into, additive_probabilities, attention_backward_into,
@@ -13,7 +12,8 @@ use crate::kernels::attention::{
     attention_probabilities, attention_sinks_backward_into, AdditiveScores, AttentionOptions,
     AttentionShape, RelativeBuckets,
 };
-use crate::kernels::kv_cache::{kv_cache_append_into, kv_cache_append_paged_into, BlockTable};
+use crate::kernels::attention::{attention_decode_int8_into, attention_decode_paged_into};
+use crate::kernels::kv_cache::{BlockTable, KvFormat, KvStorage};
 use crate::kernels::linear::Epilogue;
 use crate::kernels::rope::{
     rope_backward_into, rope_forward_cached_into, rope_forward_into, RopeLayout, RopeScaling,
@@ -87,22 +87,31 @@ fn self_shape(
     }
 }
 
-/// A self-attention layer's key/value cache when decoding.
+/// A self-attention layer's key/value cache when decoding (keys and values in one [`KvFormat`]).
 #[derive(Clone, Copy)]
+#[non_exhaustive]
 pub enum LayerCache<'a> {
     /// Keys and values `[B, max_len, Hkv, D]`, one row of each per sequence.
-    Contiguous([&'a GpuTensor; 2]),
+    Contiguous([&'a KvStorage; 2]),
     /// Key and value pools `[blocks * page, Hkv, D]` shared by the sequences, read and written
     /// through a block table (see [`crate::inference::PagedKvCache`]).
-    Paged([&'a GpuTensor; 2], &'a BlockTable),
+    Paged([&'a KvStorage; 2], &'a BlockTable),
 }
 
-impl LayerCache<'_> {
+impl<'a> LayerCache<'a> {
     /// The positions a sequence can hold.
     fn capacity(&self) -> usize {
         match self {
             LayerCache::Contiguous([keys, _]) => keys.shape().get(1).copied().unwrap_or(0),
             LayerCache::Paged(_, table) => table.capacity(),
+        }
+    }
+
+    /// Keys, values and the block table of a paged cache.
+    fn parts(&self) -> ([&'a KvStorage; 2], Option<&'a BlockTable>) {
+        match *self {
+            LayerCache::Contiguous(kv) => (kv, None),
+            LayerCache::Paged(kv, table) => (kv, Some(table)),
         }
     }
 }
@@ -518,10 +527,11 @@ impl MultiHeadAttention {
                     ));
                 };
                 lens.check_decode(b, l, cache.capacity())?;
-                if let (LayerCache::Paged(..), Some(_)) = (cache, &self.additive) {
+                let ([keys, values], table) = cache.parts();
+                if self.additive.is_some() && (table.is_some() || keys.format() != KvFormat::F32) {
                     return Err(Error::shape(
                         "cache",
-                        "additive scores decode from a contiguous cache; a paged one is not supported",
+                        "additive scores decode from a contiguous f32 cache; a paged or int8 one is not supported",
                     ));
                 }
                 self.query.forward(ctx, encoder, p, x, &self.proj)?;
@@ -530,39 +540,55 @@ impl MultiHeadAttention {
                     rope_forward_cached_into(ctx, encoder, &q, rope, lens)?;
                     rope_forward_cached_into(ctx, encoder, &k, rope, lens)?;
                 }
-                match cache {
-                    LayerCache::Contiguous([keys, values]) => {
-                        // Additive layers cache b, their key projections, in place of keys.
-                        kv_cache_append_into(ctx, encoder, &k, keys, lens)?;
-                        kv_cache_append_into(ctx, encoder, &v, values, lens)?;
+                // Additive layers cache b, their key projections, in place of keys.
+                keys.append_into(ctx, encoder, &k, table, lens)?;
+                values.append_into(ctx, encoder, &v, table, lens)?;
+                // Paged pools [rows, Hkv, D] are read as [1, rows, Hkv, D].
+                let view = |t: &GpuTensor| -> Result<HeadsView> {
+                    match table {
+                        None => t.heads(),
+                        Some(_) => {
+                            let s = t.shape();
+                            t.reshape(&[1, s[0], s[1], s[2]])?.heads()
+                        }
+                    }
+                };
+                match ([keys, values], &self.additive) {
+                    ([KvStorage::F32(keys), KvStorage::F32(values)], Some(add)) => {
+                        let scores = AdditiveScores {
+                            w: p.value(add.w),
+                            bias: p.value(add.bias),
+                        };
                         let (keys, values) = (keys.heads()?, values.heads()?);
-                        match &self.additive {
-                            Some(add) => {
-                                let scores = AdditiveScores {
-                                    w: p.value(add.w),
-                                    bias: p.value(add.bias),
-                                };
-                                additive_decode_into(
-                                    ctx, encoder, &q, &keys, &values, scores, &out, &self.lse,
-                                    &opts,
-                                )?
-                            }
+                        additive_decode_into(
+                            ctx, encoder, &q, &keys, &values, scores, &out, &self.lse, &opts,
+                        )?
+                    }
+                    ([KvStorage::F32(keys), KvStorage::F32(values)], None) => {
+                        let (keys, values) = (view(keys)?, view(values)?);
+                        match table {
                             None => attention_decode_into(
                                 ctx, encoder, &q, &keys, &values, &out, &self.lse, &opts,
                             )?,
+                            Some(table) => attention_decode_paged_into(
+                                ctx, encoder, &q, &keys, &values, table, &out, &self.lse, &opts,
+                            )?,
                         }
                     }
-                    LayerCache::Paged([keys, values], table) => {
-                        kv_cache_append_paged_into(ctx, encoder, &k, keys, table, lens)?;
-                        kv_cache_append_paged_into(ctx, encoder, &v, values, table, lens)?;
-                        let pool = |t: &GpuTensor| -> Result<HeadsView> {
-                            let s = t.shape();
-                            t.reshape(&[1, s[0], s[1], s[2]])?.heads()
-                        };
-                        let (keys, values) = (pool(keys)?, pool(values)?);
-                        attention_decode_paged_into(
-                            ctx, encoder, &q, &keys, &values, table, &out, &self.lse, &opts,
-                        )?;
+                    ([KvStorage::Int8(keys), KvStorage::Int8(values)], _) => {
+                        attention_decode_int8_into(
+                            ctx, encoder, &q, keys, values, table, &out, &self.lse, &opts,
+                        )?
+                    }
+                    _ => {
+                        return Err(Error::shape(
+                            "cache",
+                            format!(
+                                "keys are {} and values {}; a cache stores both in one format",
+                                keys.format().name(),
+                                values.format().name()
+                            ),
+                        ))
                     }
                 }
             }

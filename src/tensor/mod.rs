@@ -13,6 +13,7 @@
 mod dense;
 mod f16;
 mod ids;
+mod q8;
 mod readback;
 mod views;
 
@@ -20,6 +21,8 @@ pub(crate) use dense::zeros_in_arenas;
 pub use dense::GpuTensor;
 pub use f16::GpuTensorF16;
 pub use ids::{GpuTokens, SeqLens};
+pub(crate) use q8::row_words;
+pub use q8::GpuTensorQ8;
 pub(crate) use readback::{read_buffer, read_f16, read_mapped};
 pub use views::{BiasView, HeadsView};
 

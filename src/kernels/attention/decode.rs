@@ -12,6 +12,7 @@
 use super::tiled::{encode_split_merge, split_scratch};
 use super::*;
 use crate::kernels::kv_cache::BlockTable;
+use crate::tensor::GpuTensorQ8;
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_decode.wgsl");
 
@@ -149,7 +150,18 @@ pub fn attention_decode_into(
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let s = AttentionShape::of(q, k_cache, v_cache)?;
-    decode_into(ctx, encoder, q, [k_cache, v_cache], None, s, out, lse, opts)
+    decode_into(
+        ctx,
+        encoder,
+        q,
+        [k_cache, v_cache],
+        None,
+        false,
+        s,
+        out,
+        lse,
+        opts,
+    )
 }
 
 /// [`attention_decode_into`] against a paged cache: `k_pool [1, pool rows, Hkv, Dk]` and `v_pool
@@ -169,30 +181,118 @@ pub fn attention_decode_paged_into(
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let s = AttentionShape::paged(q, k_pool, v_pool, table.pool_rows(), table.capacity())?;
-    if table.slots() != s.batch {
-        return Err(Error::shape(
-            "block table",
-            format!("has {} sequences; q has {}", table.slots(), s.batch),
-        ));
-    }
-    if qk_norm::transforms(opts) {
-        return Err(Error::shape(
-            "opts",
-            "cosine scores and key-norm clipping transform the cached keys; a paged cache does not support them",
-        ));
-    }
+    let s = AttentionShape::paged(
+        q,
+        k_pool.shape(),
+        v_pool.shape(),
+        table.pool_rows(),
+        table.capacity(),
+    )?;
+    check_table(table, &s)?;
+    refuse_transforms(opts, "a paged cache")?;
     decode_into(
         ctx,
         encoder,
         q,
         [k_pool, v_pool],
         Some(table),
+        false,
         s,
         out,
         lse,
         opts,
     )
+}
+
+/// [`attention_decode_into`] against an int8 cache (see [`GpuTensorQ8`]), dequantised inside the
+/// kernel: `k_cache [B, max_len, Hkv, Dk]` and `v_cache [B, max_len, Hkv, Dv]`, or with `table`
+/// the pools `[pool rows, Hkv, D]` of a paged cache read through it (as
+/// [`attention_decode_paged_into`]). Every mask and modifier applies but cosine scores and key
+/// clipping, refused with a typed error. Against the f32 cache of the same keys and values each
+/// cached value moves by at most `max |row| / 254`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_int8_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    k_cache: &GpuTensorQ8,
+    v_cache: &GpuTensorQ8,
+    table: Option<&BlockTable>,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let dims = |arg: &'static str, t: &GpuTensorQ8, paged: bool| -> Result<[usize; 4]> {
+        match (t.shape(), paged) {
+            (&[b, l, h, d], false) => Ok([b, l, h, d]),
+            (&[rows, h, d], true) => Ok([1, rows, h, d]),
+            (shape, _) => Err(Error::shape(
+                arg,
+                format!(
+                    "has shape {shape:?}; expected {}",
+                    match paged {
+                        false => "[batch, max_len, kv heads, head_dim]",
+                        true => "[pool rows, kv heads, head_dim] (a paged pool)",
+                    }
+                ),
+            )),
+        }
+    };
+    let paged = table.is_some();
+    let (k_dims, v_dims) = (
+        dims("k_cache", k_cache, paged)?,
+        dims("v_cache", v_cache, paged)?,
+    );
+    let s = match table {
+        None => AttentionShape::of_dims(q.shape(), k_dims, v_dims)?,
+        Some(t) => {
+            let s = AttentionShape::paged(q, k_dims, v_dims, t.pool_rows(), t.capacity())?;
+            check_table(t, &s)?;
+            s
+        }
+    };
+    refuse_transforms(opts, "an int8 cache")?;
+    // The kernel reads words: rows of D / 4 + 1 of them, the view's head_dim.
+    let words = |t: &GpuTensorQ8, [b, l, h, _]: [usize; 4]| {
+        t.words()
+            .reshape(&[b, l, h, crate::tensor::row_words(t.row_len())])?
+            .heads()
+    };
+    let (k_words, v_words) = (words(k_cache, k_dims)?, words(v_cache, v_dims)?);
+    decode_into(
+        ctx,
+        encoder,
+        q,
+        [&k_words, &v_words],
+        table,
+        true,
+        s,
+        out,
+        lse,
+        opts,
+    )
+}
+
+fn check_table(table: &BlockTable, s: &AttentionShape) -> Result<()> {
+    if table.slots() != s.batch {
+        return Err(Error::shape(
+            "block table",
+            format!("has {} sequences; q has {}", table.slots(), s.batch),
+        ));
+    }
+    Ok(())
+}
+
+/// Cosine scores and key clipping transform the cached keys into an f32 scratch copy, which only a
+/// contiguous f32 cache has.
+fn refuse_transforms(opts: &AttentionOptions<'_>, cache: &str) -> Result<()> {
+    if qk_norm::transforms(opts) {
+        return Err(Error::shape(
+            "opts",
+            format!("cosine scores and key-norm clipping transform the cached keys; {cache} does not support them"),
+        ));
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -202,6 +302,7 @@ fn decode_into(
     q: &HeadsView,
     [k_cache, v_cache]: [&HeadsView; 2],
     table: Option<&BlockTable>,
+    int8: bool,
     s: AttentionShape,
     out: &HeadsView,
     lse: &GpuTensor,
@@ -272,6 +373,9 @@ fn decode_into(
         ("DK", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ];
+    if int8 {
+        constants.push(("INT8", 1));
+    }
     // A contiguous cache binds Q where the block table would be (the shader does not read it).
     let table_binding = match table {
         Some(t) => {

@@ -48,7 +48,8 @@ pub use binding::MAX_ALIBI_SLOPES;
 use binding::*;
 pub use coop::{matrix_build, qualify_matrix_build, MatrixBuild};
 pub use decode::{
-    attention_decode, attention_decode_into, attention_decode_paged_into, DecodePlan,
+    attention_decode, attention_decode_int8_into, attention_decode_into,
+    attention_decode_paged_into, DecodePlan,
 };
 pub use forward::*;
 pub use options::*;

@@ -10,11 +10,12 @@ impl AttentionShape {
     }
 
     /// The problem of queries `q` against a paged cache: pools `k_pool`, `v_pool` `[1, pool rows,
-    /// Hkv, D]` read through a block table that gives each of `q`'s sequences `capacity` positions.
+    /// Hkv, D]` (shapes, in values) read through a block table that gives each of `q`'s sequences
+    /// `capacity` positions.
     pub(crate) fn paged(
         q: &HeadsView,
-        k_pool: &HeadsView,
-        v_pool: &HeadsView,
+        k_pool: [usize; 4],
+        v_pool: [usize; 4],
         pool_rows: usize,
         capacity: usize,
     ) -> Result<Self> {
@@ -24,13 +25,12 @@ impl AttentionShape {
             .into_iter()
             .enumerate()
         {
-            let [pb, rows, heads, dim] = pool.shape();
+            let [pb, rows, heads, dim] = pool;
             if pb != 1 || rows != pool_rows {
                 return Err(Error::shape(
                     arg,
                     format!(
-                        "has shape {:?}; the block table's pool needs [1, {pool_rows}, kv heads, head_dim]",
-                        pool.shape()
+                        "has shape {pool:?}; the block table's pool needs [1, {pool_rows}, kv heads, head_dim]"
                     ),
                 ));
             }
@@ -39,7 +39,7 @@ impl AttentionShape {
         Self::of_dims(q.shape(), logical[0], logical[1])
     }
 
-    fn of_dims(
+    pub(crate) fn of_dims(
         [b, lq, h, dk]: [usize; 4],
         [kb, lk, hkv, kdk]: [usize; 4],
         [vb, vlk, vhkv, dv]: [usize; 4],

@@ -1,0 +1,57 @@
+// Shared by the key/value cache appends (kv_cache_append.wgsl into f32 caches,
+// kv_cache_append_int8.wgsl into int8 ones): the parameters, the lengths and block table, and where
+// each new row goes. The new keys (or values) of a step are a strided [B, L, H, D] view (the K or V
+// columns of a projection); row l < q_len[b] of sequence b goes to position kv_len[b] - q_len[b] + l
+// (lens = [q_lens, kv_lens] of SeqLens, kv_lens counting the new tokens); rows past q_len[b] are
+// padding and are not copied.
+//
+// Paged caches (PAGE > 0): the cache is a pool [1, blocks * PAGE, H, D] and position p of sequence b
+// is pool row block_table[b * TABLE_STRIDE + p / PAGE] * PAGE + p % PAGE (ids checked on the host,
+// clamped here only against a stale table).
+
+struct Params {
+    batch: u32,
+    seq: u32,
+    heads: u32,
+    dim: u32,
+    max_len: u32,
+    grid_x: u32,
+    view_offset: u32,
+    stride_b: u32,
+    stride_s: u32,
+    stride_h: u32,
+    pad0: u32,
+    pad1: u32,
+}
+
+override WG: u32 = 64u;
+override PAGE: u32 = 0u;
+override TABLE_STRIDE: u32 = 1u;
+override POOL_BLOCKS: u32 = 1u;
+// PAGE as a divisor (never 0, which a constant division would reject even where unused).
+override PAGE_ROWS: u32 = max(PAGE, 1u);
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> new_rows: array<f32>;
+@group(0) @binding(3) var<storage, read> lens: array<u32>;
+// [B, TABLE_STRIDE] block ids (PAGE > 0; another read-only buffer otherwise).
+@group(0) @binding(4) var<storage, read> block_table: array<u32>;
+
+// Whether new row l of sequence b is one of its q_len[b] new tokens (the others are padding).
+fn is_new_row(b: u32, l: u32) -> bool {
+    return l < lens[b];
+}
+
+// The cache row (of the [B * max_len] rows, or the pool's) that new row l of sequence b fills.
+fn cache_row(b: u32, l: u32) -> u32 {
+    let p = lens[params.batch + b] - lens[b] + l;
+    if PAGE > 0u {
+        return min(block_table[b * TABLE_STRIDE + p / PAGE_ROWS], POOL_BLOCKS - 1u) * PAGE_ROWS + p % PAGE_ROWS;
+    }
+    return b * params.max_len + p;
+}
+
+// Element index of value 0 of new row l of sequence b, head h.
+fn new_row_start(b: u32, l: u32, h: u32) -> u32 {
+    return params.view_offset + b * params.stride_b + l * params.stride_s + h * params.stride_h;
+}
