@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example serve -- [--model DIR] [--requests 12] [--slots 4]
-//!     [--arrive-every 2] [--prompt 24] [--max-new-tokens 32] [--page 16]
+//!     [--arrive-every 2] [--prompt 24] [--max-new-tokens 32] [--page 16] [--int8]
 //! ```
 //!
 //! Without `--model`, a randomly initialised LLaMA-style model (d 256, 4 layers, 8 heads over 2 KV
@@ -14,7 +14,9 @@
 
 use std::time::Instant;
 
-use wgpu_attention::inference::{CacheLayout, Generator, GeneratorShape, Request, Server};
+use wgpu_attention::inference::{
+    CacheConfig, CacheLayout, Generator, GeneratorShape, KvFormat, Request, Server,
+};
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::pretrained::Pretrained;
 use wgpu_attention::model::transformer::{Activation, Norm};
@@ -45,6 +47,9 @@ struct Args {
     /// Tokens per cache block.
     #[arg(long, default_value_t = 16)]
     page: usize,
+    /// Store the cache in int8 (one scale per token and head): 3.76x less memory at head_dim 64.
+    #[arg(long)]
+    int8: bool,
 }
 
 fn run(args: &Args) -> Result<(), wgpu_attention::Error> {
@@ -57,10 +62,14 @@ fn run(args: &Args) -> Result<(), wgpu_attention::Error> {
         src_len: 0,
     };
     // The pool holds what the slots can have in flight, not slots x capacity.
-    let layout = CacheLayout::Paged {
+    let layout = CacheConfig::new(CacheLayout::Paged {
         page: args.page,
         pool_blocks: args.slots * capacity.div_ceil(args.page),
-    };
+    })
+    .with_format(match args.int8 {
+        true => KvFormat::Int8,
+        false => KvFormat::F32,
+    });
     let generator = match &args.model {
         Some(dir) => Generator::from_pretrained(&ctx, &Pretrained::open(dir)?, shape, layout)?,
         None => {

@@ -24,6 +24,12 @@
 // registers: a score is the scale times q . unpack(k), a P V term P times the value row's scale
 // (staged per tile) times unpack(v). D is a multiple of 4.
 //
+// Tree steps (TREE, speculative decoding's drafts): the new rows of a sequence are a tree
+// (SeqLens::with_trees: after the lengths, each row's depth, then its ancestors as a bit mask). Row
+// i sits at position prefix + depth(i) (prefix = kv_len - q_len) and sees the cached keys and the
+// new rows among its ancestors (itself included); new row n's key sits at prefix + depth(n). Masks
+// and modifiers see those positions.
+//
 // Paged caches (PAGE > 0): K and V are pools [1, blocks * PAGE, Hkv, D] shared by every sequence; key
 // j of sequence b is pool row block_table[b * TABLE_STRIDE + j / PAGE] * PAGE + j % PAGE. Block ids
 // are checked on the host; the clamp only keeps a stale table from reading past the pool.
@@ -49,6 +55,8 @@ override POOL_BLOCKS: u32 = 1u;
 override PAGE_ROWS: u32 = max(PAGE, 1u);
 // K and V rows are int8 with a scale (DK and DV multiples of 4).
 override INT8: bool = false;
+// The new rows are draft trees (seq_lens holds their depths and ancestors).
+override TREE: bool = false;
 
 // Sizes of the per-invocation arrays; the host writes the pipeline's exact ROWS and OWN here.
 const MAX_ROWS: u32 = 64u;
@@ -82,6 +90,15 @@ fn row_query(fr: u32) -> u32 {
 
 fn row_head(fr: u32, g: u32) -> u32 {
     return g * (params.heads / params.kv_heads) + fr / params.q_seq;
+}
+
+// Tree steps: new row i's depth, and its ancestors (itself included) as bits over the new rows.
+fn tree_depth(b: u32, i: u32) -> u32 {
+    return seq_lens[2u * params.batch + b * params.q_seq + i];
+}
+
+fn tree_ancestors(b: u32, i: u32) -> u32 {
+    return seq_lens[2u * params.batch + (params.batch + b) * params.q_seq + i];
 }
 
 // Element index of key (or value) j of sequence b, KV head g, in the cache.
@@ -205,9 +222,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let i = row_query(fr);
             var x = NEG_BIG;
             if j < end && fr < total_rows && i < qlen {
-                let p = i32(i) + shift;
-                if j >= keys_start_at(p) && j < keys_end_at(p, kvlen) {
-                    let y = modify_scores(vec4<f32>(s[r]), vec4<u32>(i), vec4<u32>(j), b, row_head(fr, g)).x;
+                // The query's and the key's positions (before the shift): their indices, or in a
+                // tree step their depths, new keys visible to their descendants only.
+                var q_pos = i;
+                var k_pos = j;
+                var in_tree = true;
+                if TREE {
+                    q_pos = tree_depth(b, i);
+                    let prefix = kvlen - qlen;
+                    if j >= prefix {
+                        k_pos = prefix + tree_depth(b, j - prefix);
+                        in_tree = ((tree_ancestors(b, i) >> (j - prefix)) & 1u) != 0u;
+                    }
+                }
+                let p = i32(q_pos) + shift;
+                if in_tree && k_pos >= keys_start_at(p) && k_pos < keys_end_at(p, kvlen) {
+                    let y = modify_scores(vec4<f32>(s[r]), vec4<u32>(q_pos), vec4<u32>(k_pos), b, row_head(fr, g)).x;
                     // Masked scores are NEG_BIG exactly, so score_visible tells them apart.
                     x = select(NEG_BIG, y, score_visible(vec4<f32>(y)).x);
                 }

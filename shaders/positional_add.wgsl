@@ -1,7 +1,9 @@
 // Positional encoding forward: y[b, l, c] = x[b, l, c] + table[l, c] for a [max_len, dim] table,
 // sinusoidal (computed once on the host in f64) or learned. The backward to x is the identity.
 // PER_SEQUENCE positions (decoding from a cache): row l of sequence b sits at kv_len[b] - q_len[b] + l,
-// its new tokens being the last of its kv_len[b] (the [q_lens, kv_lens] buffer of SeqLens).
+// its new tokens being the last of its kv_len[b] (the [q_lens, kv_lens] buffer of SeqLens); in a
+// tree step (per_sequence 2, SeqLens::with_trees) at kv_len[b] - q_len[b] + depth(l), the depths
+// following the lengths in the same buffer.
 
 struct Params {
     batch: u32,
@@ -33,7 +35,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if params.per_sequence != 0u {
         let b = i / (params.seq * params.dim);
         // Rows past a sequence's new tokens are padding: any in-table position serves.
-        p = min(lens[params.batch + b] - min(lens[b], lens[params.batch + b]) + l, params.max_len - 1u);
+        var row = l;
+        if params.per_sequence == 2u && l < lens[b] {
+            row = lens[2u * params.batch + b * params.seq + l];
+        }
+        p = min(lens[params.batch + b] - min(lens[b], lens[params.batch + b]) + row, params.max_len - 1u);
     }
     y[i] = x[i] + table[p * params.dim + c];
 }

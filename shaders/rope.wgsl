@@ -7,8 +7,9 @@
 // applied to the gradient, in place too. cos and sin come from a [max_positions, rotary_dim / 2]
 // table computed in f64 on the host, so large positions keep full f32 accuracy.
 // PER_SEQUENCE positions (decoding from a cache): row l of sequence b sits at kv_len[b] - q_len[b] + l,
-// its new tokens being the last of its kv_len[b] (the [q_lens, kv_lens] buffer of SeqLens).
-// One invocation per (row, pair).
+// its new tokens being the last of its kv_len[b] (the [q_lens, kv_lens] buffer of SeqLens); in a
+// tree step (per_sequence 2, SeqLens::with_trees) at kv_len[b] - q_len[b] + depth(l), the depths
+// following the lengths in the same buffer. One invocation per (row, pair).
 
 struct Params {
     batch: u32,
@@ -39,6 +40,14 @@ override WG: u32 = 64u;
 // Per-sequence lengths [q_lens (batch), kv_lens (batch)] when per_sequence; a dummy otherwise.
 @group(0) @binding(3) var<storage, read> lens: array<u32>;
 
+// Row l's offset after the cached tokens: l, or in a tree step its depth.
+fn tree_row(b: u32, l: u32) -> u32 {
+    if params.per_sequence == 2u && l < lens[b] {
+        return lens[2u * params.batch + b * params.seq + l];
+    }
+    return l;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.y * params.grid_x * WG + gid.x;
@@ -53,7 +62,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var p = params.offset + l;
     if params.per_sequence != 0u {
         // Rows past a sequence's new tokens are padding: any in-table position serves.
-        p = min(lens[params.batch + b] - min(lens[b], lens[params.batch + b]) + l, params.max_positions - 1u);
+        p = min(lens[params.batch + b] - min(lens[b], lens[params.batch + b]) + tree_row(b, l), params.max_positions - 1u);
     }
     let c = table[p * params.pairs + k];
     let s = params.sign * table[(params.max_positions + p) * params.pairs + k];

@@ -268,6 +268,139 @@ fn int8_cache_decode_matches_reference() {
     });
 }
 
+/// Tree steps (speculative decoding's drafts): each new row's output equals plain decoding of the
+/// sequence its path spells (the cached keys, then its ancestors' keys in order, itself last), with
+/// positions, and so ALiBi and windows, following depths; padding slots give zero rows.
+#[test]
+fn tree_decode_matches_each_path_decoded_as_a_sequence() {
+    let (slots, cap, h, hkv, d) = (6, 40, 4, 2, 16);
+    // Sequence 0: 20 cached tokens and a branching tree; sequence 1: 7 and a chain of 3.
+    let parents: Vec<Vec<Option<usize>>> = vec![
+        vec![None, Some(0), Some(0), Some(1), Some(2), Some(1)],
+        vec![None, Some(0), Some(1)],
+    ];
+    let kv_lens = [26u32, 10];
+    for_each_backend(|name, ctx| {
+        for case in [
+            Case::new(2, slots, cap, h, hkv, d, d).causal(),
+            Case::new(2, slots, cap, h, hkv, d, d)
+                .causal()
+                .alibi()
+                .window(21, 0)
+                .softcap(4.0)
+                .sinks(&[0.5, -1.0, 0.0, 1.0])
+                .magnitude(2.0),
+        ] {
+            let case = case.q_lens(&[6, 3]).kv_lens(&kv_lens);
+            let (q, k, v, _) = case.data();
+            let [qv, kv, vv, _] = case.upload(ctx);
+            let buffers = case.buffers(ctx);
+            let trees = SeqLens::with_trees(ctx, &kv_lens, slots, &parents).unwrap();
+            let opts = case.options(&buffers).seq_lens(&trees);
+            let out = attention_decode(ctx, &qv, &kv, &vv, &opts).unwrap();
+            let (o, lse) = (out.out.to_vec(ctx).unwrap(), out.lse.to_vec(ctx).unwrap());
+            let masks = Masks {
+                q_lens: None,
+                kv_lens: None,
+                ..case.masks()
+            };
+            for (b, rows) in parents.iter().enumerate() {
+                let prefix = kv_lens[b] as usize - rows.len();
+                for i in 0..slots {
+                    let (o_row, lse_row): (Vec<f32>, Vec<f32>) = (
+                        o[(b * slots + i) * h * d..][..h * d].to_vec(),
+                        (0..h).map(|hh| lse[(b * h + hh) * slots + i]).collect(),
+                    );
+                    if i >= rows.len() {
+                        assert!(o_row.iter().all(|&x| x == 0.0), "[{name}] padding row");
+                        continue;
+                    }
+                    // Row i's path, root first.
+                    let mut path = vec![i];
+                    while let Some(p) = rows[*path.last().unwrap()] {
+                        path.push(p);
+                    }
+                    path.reverse();
+                    let keys: Vec<usize> =
+                        (0..prefix).chain(path.iter().map(|n| prefix + n)).collect();
+                    let gather = |x: &[f32]| -> Vec<f64> {
+                        keys.iter()
+                            .flat_map(|&j| x[(b * cap + j) * hkv * d..][..hkv * d].iter())
+                            .map(|&x| x as f64)
+                            .collect()
+                    };
+                    let one = Case::new(1, 1, keys.len(), h, hkv, d, d).shape();
+                    let query = to_f64(&q[(b * slots + i) * h * d..][..h * d]);
+                    let len = keys.len() as u32;
+                    let (ref_o, ref_lse) = reference::attention_decode(
+                        &one,
+                        &query,
+                        &gather(&k),
+                        &gather(&v),
+                        &[1],
+                        &[len],
+                        &masks,
+                    );
+                    let what =
+                        format!("[{name}] tree decode {} sequence {b} row {i}", case.label());
+                    assert_close(
+                        &format!("{what} out"),
+                        &o_row,
+                        &ref_o,
+                        FORWARD_ATOL,
+                        FORWARD_RTOL,
+                    );
+                    assert_lse_close(&what, &lse_row, &ref_lse, FORWARD_ATOL, FORWARD_RTOL);
+                }
+            }
+        }
+        // Trees are read by decode attention only, for as many rows as its queries have.
+        let case = gqa_case();
+        let [qv, kv, vv, _] = case.upload(ctx);
+        let trees = SeqLens::with_trees(
+            ctx,
+            &[70, 5, 33],
+            3,
+            &[vec![None], vec![None, Some(0)], vec![]],
+        )
+        .unwrap();
+        let opts = AttentionOptions::new().causal(true).seq_lens(&trees);
+        let err = wgpu_attention::attention_forward(ctx, &qv, &kv, &vv, &opts);
+        assert!(
+            matches!(
+                err,
+                Err(wgpu_attention::Error::Shape {
+                    arg: "seq_lens",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        let four =
+            SeqLens::with_trees(ctx, &[70, 5, 33], 4, &[vec![None], vec![None], vec![]]).unwrap();
+        let err = attention_decode(ctx, &qv, &kv, &vv, &opts.seq_lens(&four));
+        assert!(
+            matches!(
+                err,
+                Err(wgpu_attention::Error::Shape {
+                    arg: "seq_lens",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        // A parent after its child is refused.
+        let err = SeqLens::with_trees(ctx, &[9], 2, &[vec![Some(1), None]]);
+        assert!(
+            matches!(
+                err,
+                Err(wgpu_attention::Error::Shape { arg: "parents", .. })
+            ),
+            "{err:?}"
+        );
+    });
+}
+
 #[test]
 fn decode_split_kv_merges_in_a_fixed_order() {
     // A small loop budget forces several key splits and the merge; reruns are bitwise equal.

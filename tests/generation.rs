@@ -10,7 +10,8 @@ mod common;
 use common::{assert_close, for_each_backend, rng, FORWARD_ATOL, FORWARD_RTOL};
 use rand::Rng;
 use wgpu_attention::inference::{
-    CacheLayout, Finish, GenerateOptions, Generator, GeneratorShape, Request, Server, Token,
+    CacheConfig, CacheLayout, Draft, Finish, GenerateOptions, Generator, GeneratorShape, KvFormat,
+    Request, Server, Token,
 };
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::transformer::{Activation, Norm, RopeScaling};
@@ -568,5 +569,157 @@ fn server_streams_each_request_as_if_it_ran_alone() {
         for prompt in [vec![], vec![1; capacity], vec![VOCAB as u32]] {
             assert!(server.submit(Request::new(prompt, 1)).is_err());
         }
+    });
+}
+
+/// Speculative decoding: drafts verified in one pass each (trees whose kept path is not their first
+/// rows, so the cache's rows move; chains all right and all wrong; two sequences with different
+/// drafts in one pass) give exactly the tokens of plain greedy decoding with the same cache, for
+/// every score function that decodes with tree masks (RoPE, ALiBi and windows at depth positions,
+/// learned positions, relative buckets, cosine scores, key clipping, encoder-decoder), through
+/// contiguous, paged and int8 caches. Additive scores are refused.
+#[test]
+fn verified_drafts_give_the_tokens_of_plain_greedy_decoding() {
+    const NEW: usize = 8;
+    let model_shape = BatchShape {
+        batch: 2,
+        src_len: 7,
+        tgt_len: 24,
+    };
+    for_each_backend(|name, ctx| {
+        for (n, (label, c)) in configs().into_iter().enumerate() {
+            let mut model = Transformer::new(ctx, c, model_shape, 70 + n as u64).unwrap();
+            let prompts = vec![vec![3, 5, 7], vec![2, 9]];
+            let sources = vec![vec![1, 4, 6, 8], vec![2, 2, 5]];
+            let srcs = c.has_encoder().then_some(sources.as_slice());
+            let shape = GeneratorShape {
+                batch: 2,
+                capacity: 24,
+                prefill_chunk: 8,
+                src_len: 7,
+            };
+            if c.additive_attention.is_some() {
+                let mut g = Generator::new(ctx, &model, shape).unwrap();
+                g.prefill(ctx, &prompts, srcs).unwrap();
+                let drafts = [Some(Draft::chain(1, &[2])), None];
+                assert!(g.verify(ctx, &drafts).is_err(), "[{name}] {label}");
+                continue;
+            }
+            let mut caches: Vec<CacheConfig> =
+                layouts(&c).into_iter().map(CacheConfig::from).collect();
+            if c.cosine_scores.is_none() && c.key_norm_clip.is_none() {
+                caches.push(CacheConfig::default().with_format(KvFormat::Int8));
+            }
+            for cache in caches {
+                let what = format!("[{name}] {label} {cache:?}");
+                let options = GenerateOptions {
+                    max_new_tokens: NEW,
+                    ..Default::default()
+                };
+                let plain = Generator::with_layout(ctx, &model, shape, cache)
+                    .unwrap()
+                    .generate(ctx, &prompts, srcs, &options)
+                    .unwrap()
+                    .tokens;
+                let mut g = Generator::with_layout(ctx, &model, shape, cache).unwrap();
+                g.prefill(ctx, &prompts, srcs).unwrap();
+                let first = g.sample(ctx, &Sampling::greedy()).unwrap();
+                let mut out: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+                let mut round = 0;
+                while out.iter().any(|o| o.len() < NEW) {
+                    let drafts: Vec<Option<Draft>> = (0..2)
+                        .map(|b| {
+                            if out[b].len() >= NEW {
+                                return None;
+                            }
+                            let k = out[b].len() - 1;
+                            let next = out[b][k];
+                            // The plain tokens after the pending one, and a wrong guess for each.
+                            let t = |i: usize| plain[b].get(k + i).copied().unwrap_or(1);
+                            let wrong = |x: u32| (x + 1) % VOCAB as u32;
+                            Some(match (round + b) % 3 {
+                                // Kept path: rows 0, 2, 3 (rows 2 and 3 move to 1 and 2).
+                                0 => Draft::tree(
+                                    vec![next, wrong(t(1)), t(1), t(2), t(2), wrong(t(3))],
+                                    vec![None, Some(0), Some(0), Some(2), Some(1), Some(3)],
+                                )
+                                .unwrap(),
+                                1 => Draft::chain(next, &[wrong(t(1)), t(2)]),
+                                _ => Draft::chain(next, &[t(1), t(2), t(3)]),
+                            })
+                        })
+                        .collect();
+                    let before: Vec<u32> = g.lens().to_vec();
+                    let got = g.verify(ctx, &drafts).unwrap();
+                    for b in 0..2 {
+                        if drafts[b].is_none() {
+                            assert_eq!(g.lens()[b], before[b], "{what}: an idle sequence");
+                            continue;
+                        }
+                        // The root and the kept guesses are cached; the last token is pending.
+                        assert_eq!(
+                            g.lens()[b] as usize,
+                            before[b] as usize + got[b].len(),
+                            "{what}"
+                        );
+                        out[b].extend(&got[b]);
+                    }
+                    // Each kept path end's logits are the full forward's at its position.
+                    if cache.format == KvFormat::F32 {
+                        let fed: Vec<Vec<u32>> = (0..2)
+                            .map(|b| {
+                                let mut fed = prompts[b].clone();
+                                fed.extend(&out[b][..out[b].len() - 1]);
+                                fed
+                            })
+                            .collect();
+                        let full = full_logits(ctx, &mut model, &fed, &sources);
+                        let logits = g.logits().to_vec(ctx).unwrap();
+                        for b in 0..2 {
+                            assert_eq!(g.lens()[b] as usize, fed[b].len(), "{what}");
+                            let at = (b * model_shape.tgt_len + fed[b].len() - 1) * VOCAB;
+                            let expected: Vec<f64> =
+                                full[at..at + VOCAB].iter().map(|&x| x as f64).collect();
+                            assert_close(
+                                &format!("{what} round {round} sequence {b}"),
+                                &logits[b * VOCAB..][..VOCAB],
+                                &expected,
+                                FORWARD_ATOL,
+                                FORWARD_RTOL,
+                            );
+                        }
+                    }
+                    round += 1;
+                }
+                for b in 0..2 {
+                    assert_eq!(out[b][..NEW], plain[b][..], "{what}: sequence {b}");
+                }
+                // The pending token's logits are the generator's: greedy sampling repeats it.
+                let again = g.sample(ctx, &Sampling::greedy()).unwrap();
+                for b in 0..2 {
+                    assert_eq!(again[b], *out[b].last().unwrap(), "{what}: sequence {b}");
+                }
+            }
+        }
+        // Drafts are validated before anything runs: the cache is unchanged.
+        let model = Transformer::new(ctx, configs()[0].1, model_shape, 5).unwrap();
+        let shape = GeneratorShape {
+            batch: 2,
+            capacity: 24,
+            prefill_chunk: 4,
+            src_len: 0,
+        };
+        let mut g = Generator::new(ctx, &model, shape).unwrap();
+        g.prefill(ctx, &[vec![1, 2], vec![3]], None).unwrap();
+        for drafts in [
+            vec![Some(Draft::chain(1, &[2, 3, 4, 5])), None],
+            vec![Some(Draft::chain(VOCAB as u32, &[])), None],
+            vec![None],
+        ] {
+            assert!(g.verify(ctx, &drafts).is_err(), "[{name}] {drafts:?}");
+            assert_eq!(g.lens(), &[2, 1]);
+        }
+        assert!(Draft::tree(vec![1, 2], vec![None, None]).is_err());
+        assert!(Draft::tree(vec![1, 2], vec![Some(1), None]).is_err());
     });
 }

@@ -1,7 +1,8 @@
 //! Inference throughput of a decoder-only language model on one adapter: prefill and decode tokens/s
 //! of cached generation ([`Generator`]) per batch size, the same generation by re-running the full
 //! forward for every new token (the baseline the cache replaces), and the decode attention kernel's
-//! achieved bandwidth against a buffer copy of the same bytes.
+//! achieved bandwidth against a buffer copy of the same bytes; with `--page` and `--int8`, paged
+//! and int8 caches beside the contiguous f32 one.
 //!
 //! ```text
 //! cargo run --release --bin generate-bench -- [--d-model 512 --layers 8 --heads 8 --context 2048
@@ -14,12 +15,15 @@ use std::time::Instant;
 
 use clap::Parser;
 use wgpu_attention::bench::{bench_options, measure, Timer};
-use wgpu_attention::inference::{CacheLayout, GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention::inference::{
+    CacheConfig, CacheLayout, GenerateOptions, Generator, GeneratorShape, KvFormat,
+};
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::pretrained::Pretrained;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::{
-    attention_decode_into, parse_backends, AttentionOptions, Context, Error, GpuTensor, SeqLens,
+    attention_decode_int8_into, attention_decode_into, parse_backends, AttentionOptions, Context,
+    Error, GpuTensor, GpuTensorQ8, SeqLens,
 };
 
 #[derive(Parser, Debug)]
@@ -81,6 +85,10 @@ struct Cli {
     /// run's tokens), beside the contiguous cache
     #[arg(long)]
     page: Option<usize>,
+    /// Also generate from int8 key/value caches (each layout measured), and time decode attention
+    /// over an int8 cache beside the f32 one
+    #[arg(long)]
+    int8: bool,
     /// A Hugging Face model directory (config.json and safetensors weights) to measure instead of a
     /// randomly initialised model (--d-model, --layers, --heads, --d-ff, --vocab, --additive are
     /// then ignored)
@@ -131,7 +139,7 @@ fn prompts(cli: &Cli, vocab: usize, batch: usize) -> Vec<Vec<u32>> {
 
 struct GenerationFigures {
     batch: usize,
-    /// "contiguous" or "paged N".
+    /// "contiguous" or "paged N", then "f32" or "int8".
     layout: String,
     /// Bytes of the key/value cache.
     cache_bytes: u64,
@@ -149,6 +157,7 @@ fn cached(
     model: &Transformer,
     batch: usize,
     page: Option<usize>,
+    format: KvFormat,
 ) -> Result<GenerationFigures, Error> {
     let shape = GeneratorShape {
         batch,
@@ -165,7 +174,8 @@ fn cached(
         },
         None => CacheLayout::Contiguous,
     };
-    let mut generator = Generator::with_layout(ctx, model, shape, layout)?;
+    let cache = CacheConfig::new(layout).with_format(format);
+    let mut generator = Generator::with_layout(ctx, model, shape, cache)?;
     let cache_bytes = match (generator.cache(), generator.paged_cache()) {
         (Some(c), _) => c.bytes(),
         (_, Some(c)) => c.bytes(),
@@ -196,7 +206,11 @@ fn cached(
     }
     Ok(GenerationFigures {
         batch,
-        layout: page.map_or("contiguous".into(), |p| format!("paged {p}")),
+        layout: format!(
+            "{} {}",
+            page.map_or("contiguous".into(), |p| format!("paged {p}")),
+            format.name()
+        ),
         cache_bytes,
         prefill_tokens_per_s: out.prefill_tokens as f64 / out.prefill_seconds,
         decode_tokens_per_s: out.decode_tokens as f64 / out.decode_seconds,
@@ -286,20 +300,22 @@ fn rerun(
 
 struct AttentionFigures {
     batch: usize,
+    format: KvFormat,
     cache_len: usize,
     decode_ms: f64,
     decode_gb_s: f64,
     copy_gb_s: f64,
 }
 
-/// Decode attention over a full cache of `len` keys (one new query per sequence) against a copy of
-/// the cache's K and V bytes.
+/// Decode attention over a full cache of `len` keys (one new query per sequence) in `format`,
+/// against a copy of the cache's K and V bytes.
 fn attention(
     ctx: &Context,
     cli: &Cli,
     timer: &Timer,
     batch: usize,
     len: usize,
+    format: KvFormat,
 ) -> Result<AttentionFigures, Error> {
     let (h, hkv, d) = (cli.heads, (cli.heads / 4).max(1), 64);
     let q = GpuTensor::zeros(ctx, &[batch, 1, h, d])?;
@@ -310,15 +326,31 @@ fn attention(
     let lens = SeqLens::new(ctx, Some(&vec![1; batch]), Some(&vec![len as u32; batch]))?;
     let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
     let (qv, kv, vv, ov) = (q.heads()?, k.heads()?, v.heads()?, out.heads()?);
+    let (k8, v8) = match format {
+        KvFormat::Int8 => (
+            Some(GpuTensorQ8::zeros(ctx, &[batch, len, hkv, d])?),
+            Some(GpuTensorQ8::zeros(ctx, &[batch, len, hkv, d])?),
+        ),
+        _ => (None, None),
+    };
     let decode = measure(ctx, timer, cli.reps, || {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        attention_decode_into(ctx, &mut encoder, &qv, &kv, &vv, &ov, &lse, &opts)?;
+        match (&k8, &v8) {
+            (Some(k8), Some(v8)) => {
+                attention_decode_int8_into(ctx, &mut encoder, &qv, k8, v8, None, &ov, &lse, &opts)?
+            }
+            _ => attention_decode_into(ctx, &mut encoder, &qv, &kv, &vv, &ov, &lse, &opts)?,
+        }
         ctx.queue().submit([encoder.finish()]);
         Ok(())
     })?;
-    let bytes = (k.size_bytes() + v.size_bytes()) as f64;
-    let src = GpuTensor::zeros(ctx, &[2 * batch * len * hkv * d])?;
-    let dst = GpuTensor::zeros(ctx, &[2 * batch * len * hkv * d])?;
+    let bytes = match (&k8, &v8) {
+        (Some(k8), Some(v8)) => (k8.size_bytes() + v8.size_bytes()) as f64,
+        _ => (k.size_bytes() + v.size_bytes()) as f64,
+    };
+    let words = (bytes / 4.0) as usize;
+    let src = GpuTensor::zeros(ctx, &[words])?;
+    let dst = GpuTensor::zeros(ctx, &[words])?;
     let copy = measure(ctx, timer, cli.reps, || {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(src.buffer(), 0, dst.buffer(), 0, src.size_bytes());
@@ -328,6 +360,7 @@ fn attention(
     // A copy reads and writes each byte; decode attention reads K and V once.
     Ok(AttentionFigures {
         batch,
+        format,
         cache_len: len,
         decode_ms: decode.median(),
         decode_gb_s: bytes / (decode.median() * 1e6),
@@ -362,6 +395,10 @@ fn run(cli: &Cli) -> Result<(), Error> {
         "generation: prompt {} tokens (prefill chunks of {}), {} new tokens greedy, cache capacity {}",
         cli.prompt, cli.prefill_chunk, cli.new_tokens, cli.context
     );
+    let formats: &[KvFormat] = match cli.int8 {
+        true => &[KvFormat::F32, KvFormat::Int8],
+        false => &[KvFormat::F32],
+    };
     if cli.compile_only {
         let started = std::time::Instant::now();
         for &batch in &cli.batches {
@@ -371,34 +408,56 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 prefill_chunk: cli.prefill_chunk,
                 src_len: 0,
             };
-            let built =
-                Generator::new(&ctx, &model, shape)?.precompile(&ctx, &Sampling::greedy())?;
-            println!("batch {batch}: built {built} new pipelines");
-            if let Some(page) = cli.page {
-                let layout = CacheLayout::Paged {
-                    page,
-                    pool_blocks: batch * cli.context.div_ceil(page),
-                };
-                let built = Generator::with_layout(&ctx, &model, shape, layout)?
-                    .precompile(&ctx, &Sampling::greedy())?;
-                println!("batch {batch}, paged cache: built {built} new pipelines");
+            let pages = [None].into_iter().chain(cli.page.map(Some));
+            for page in pages {
+                for &format in formats {
+                    let layout = match page {
+                        Some(page) => CacheLayout::Paged {
+                            page,
+                            pool_blocks: batch * cli.context.div_ceil(page),
+                        },
+                        None => CacheLayout::Contiguous,
+                    };
+                    let cache = CacheConfig::new(layout).with_format(format);
+                    let built = Generator::with_layout(&ctx, &model, shape, cache)?
+                        .precompile(&ctx, &Sampling::greedy())?;
+                    println!(
+                        "batch {batch}, {layout:?} {} cache: built {built} new pipelines",
+                        format.name()
+                    );
+                }
             }
         }
         println!("in {:.1} s", started.elapsed().as_secs_f64());
         return Ok(());
     }
     let mut figures = Vec::new();
+    let pages = [None].into_iter().chain(cli.page.map(Some));
     for &batch in &cli.batches {
-        let contiguous = cached(&ctx, cli, &model, batch, None)?;
-        if let Some(page) = cli.page {
-            let paged = cached(&ctx, cli, &model, batch, Some(page))?;
-            if paged.generated != contiguous.generated {
-                println!("warning: batch {batch}: the paged cache generated other tokens than the contiguous one");
+        let mut baseline: Option<Vec<Vec<u32>>> = None;
+        for page in pages.clone() {
+            for &format in formats {
+                let f = cached(&ctx, cli, &model, batch, page, format)?;
+                match &baseline {
+                    None => baseline = Some(f.generated.clone()),
+                    Some(tokens) => {
+                        let same = f
+                            .generated
+                            .iter()
+                            .zip(tokens)
+                            .map(|(a, b)| a.iter().zip(b).take_while(|(x, y)| x == y).count());
+                        let same: usize = same.sum();
+                        let all: usize = tokens.iter().map(Vec::len).sum();
+                        if same != all {
+                            println!(
+                                "note: batch {batch}, {} cache: {same} of {all} greedy tokens equal the contiguous f32 cache's before the sequences diverge",
+                                f.layout
+                            );
+                        }
+                    }
+                }
+                figures.push(f);
             }
-            figures.push(contiguous);
-            figures.push(paged);
-        } else {
-            figures.push(contiguous);
         }
     }
     println!(
@@ -434,7 +493,9 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let mut attention_figures = Vec::new();
     for &len in cli.attention_lengths.iter().filter(|&&l| l > 0) {
         for &batch in &cli.batches {
-            attention_figures.push(attention(&ctx, cli, &timer, batch, len)?);
+            for &format in formats {
+                attention_figures.push(attention(&ctx, cli, &timer, batch, len, format)?);
+            }
         }
     }
     if !attention_figures.is_empty() {
@@ -444,11 +505,12 @@ fn run(cli: &Cli) -> Result<(), Error> {
             (cli.heads / 4).max(1),
             timer.clock().name()
         );
-        println!("| batch | cache length | ms | K+V read GB/s | copy GB/s | share of copy |\n|---|---|---|---|---|---|");
+        println!("| batch | cache | cache length | ms | K+V read GB/s | copy GB/s | share of copy |\n|---|---|---|---|---|---|---|");
         for a in &attention_figures {
             println!(
-                "| {} | {} | {:.3} | {:.1} | {:.1} | {:.0}% |",
+                "| {} | {} | {} | {:.3} | {:.1} | {:.1} | {:.0}% |",
                 a.batch,
+                a.format.name(),
                 a.cache_len,
                 a.decode_ms,
                 a.decode_gb_s,
@@ -474,7 +536,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 "speedup": cached / rerun, "same_tokens": same,
             })),
             "decode_attention": attention_figures.iter().map(|a| serde_json::json!({
-                "batch": a.batch, "cache_len": a.cache_len, "ms": a.decode_ms,
+                "batch": a.batch, "format": a.format.name(), "cache_len": a.cache_len, "ms": a.decode_ms,
                 "gb_s": a.decode_gb_s, "copy_gb_s": a.copy_gb_s,
             })).collect::<Vec<_>>(),
         });

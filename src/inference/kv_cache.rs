@@ -12,6 +12,8 @@ use crate::kernels::kv_cache::{KvFormat, KvStorage};
 /// head_dim]` (f32 or int8), and each sequence's cached length.
 pub struct KvCache {
     layers: Vec<[KvStorage; 2]>,
+    /// One position of keys and of values, where a row move stages its row.
+    staging: [KvStorage; 2],
     lens: Vec<u32>,
     capacity: usize,
 }
@@ -80,6 +82,10 @@ impl KvCache {
             .collect::<Result<_>>()?;
         Ok(Self {
             layers,
+            staging: [
+                KvStorage::zeros(ctx, &[1, heads, key_dim], format)?,
+                KvStorage::zeros(ctx, &[1, heads, value_dim], format)?,
+            ],
             lens: vec![0; batch],
             capacity,
         })
@@ -169,4 +175,60 @@ impl KvCache {
             )),
         }
     }
+
+    /// Keeps the first `len` tokens of sequence `b` (a rejected draft's rows are overwritten by the
+    /// next tokens).
+    pub fn truncate(&mut self, b: usize, len: usize) -> Result<()> {
+        match self.lens.get_mut(b) {
+            Some(held) if len <= *held as usize => {
+                *held = len as u32;
+                Ok(())
+            }
+            Some(held) => Err(Error::shape(
+                "len",
+                format!("is {len}; sequence {b} holds only {held} tokens"),
+            )),
+            None => Err(Error::shape(
+                "sequence",
+                format!("is {b}; the cache holds {}", self.lens.len()),
+            )),
+        }
+    }
+
+    /// Records, for every layer, the copy of sequence `b`'s keys and values at each position
+    /// `from` to position `to` (`moves` in order; positions below the capacity).
+    pub(crate) fn move_rows(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        b: usize,
+        moves: &[(usize, usize)],
+    ) {
+        let row = |p: usize| b * self.capacity + p;
+        for pair in &self.layers {
+            for (cache, staging) in pair.iter().zip(&self.staging) {
+                for &(from, to) in moves {
+                    copy_row(encoder, cache, staging, row(from), row(to));
+                }
+            }
+        }
+    }
+}
+
+/// Records the copy of row `from` of `cache` (storage `[rows, heads, dim]` or `[batch, len, heads,
+/// dim]`, a row being one position's heads) to row `to`, through the first row of `staging`: a
+/// buffer cannot be copied onto itself.
+pub(crate) fn copy_row(
+    encoder: &mut wgpu::CommandEncoder,
+    cache: &KvStorage,
+    staging: &KvStorage,
+    from: usize,
+    to: usize,
+) {
+    let (cache, staging) = (cache.words(), staging.words());
+    let shape = cache.shape();
+    let bytes = 4 * (shape[shape.len() - 2] * shape[shape.len() - 1]) as u64;
+    let at = |row: usize| cache.region().offset + row as u64 * bytes;
+    let stage = staging.region().offset;
+    encoder.copy_buffer_to_buffer(cache.buffer(), at(from), staging.buffer(), stage, bytes);
+    encoder.copy_buffer_to_buffer(staging.buffer(), stage, cache.buffer(), at(to), bytes);
 }

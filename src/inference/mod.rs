@@ -16,7 +16,7 @@ pub mod server;
 
 pub use crate::kernels::kv_cache::KvFormat;
 pub use generator::{
-    CacheConfig, CacheLayout, GenerateOptions, Generated, Generator, GeneratorShape,
+    CacheConfig, CacheLayout, Draft, GenerateOptions, Generated, Generator, GeneratorShape,
 };
 pub use kv_cache::{KvCache, StepLens};
 pub use paged_cache::{PagedKvCache, PagedKvCacheConfig};

@@ -9,7 +9,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::inference::kv_cache::StepLens;
+use crate::inference::kv_cache::{copy_row, StepLens};
 use crate::kernels::kv_cache::{BlockTable, KvFormat, KvStorage};
 
 /// The sizes of a [`PagedKvCache`].
@@ -395,6 +395,28 @@ impl PagedKvCache {
                 );
             }
         }
+    }
+
+    /// Records, for every layer, the copy of slot `slot`'s keys and values at each position `from`
+    /// to position `to` (`moves` in order; positions the slot holds, in blocks it owns alone, as
+    /// after [`PagedKvCache::prepare`] for them).
+    pub(crate) fn move_rows(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        slot: usize,
+        moves: &[(usize, usize)],
+    ) -> Result<()> {
+        let blocks = self.sequence("slot", slot)?;
+        let page = self.config.page;
+        let row = |p: usize| blocks[p / page] as usize * page + p % page;
+        for pools in &self.layers {
+            for (pool, staging) in pools.iter().zip(&self.staging) {
+                for &(from, to) in moves {
+                    copy_row(encoder, pool, staging, row(from), row(to));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn upload(&mut self, ctx: &Context) -> Result<()> {

@@ -373,7 +373,11 @@ fn record_positional(
         dim: dim as u32,
         grid_x: grid_x(n),
         max_len: max_len as u32,
-        per_sequence: lens.is_some() as u32,
+        // 2: a tree step, rows at their depths.
+        per_sequence: match lens {
+            Some(lens) => 1 + lens.check_tree_slots(seq)? as u32,
+            None => 0,
+        },
         pad: [0; 2],
     };
     let lens = lens.map_or(ctx.empty_storage(), SeqLens::buffer);

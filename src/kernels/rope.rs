@@ -231,7 +231,11 @@ fn record(
         stride_s: narrow(ss)?,
         stride_h: narrow(sh)?,
         max_positions: table.max_positions as u32,
-        per_sequence: lens.is_some() as u32,
+        // 2: a tree step, rows at their depths.
+        per_sequence: match lens {
+            Some(lens) => 1 + lens.check_tree_slots(l)? as u32,
+            None => 0,
+        },
         pad: [0; 2],
     };
     let lens = lens.map_or(ctx.empty_storage(), SeqLens::buffer);

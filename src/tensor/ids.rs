@@ -116,6 +116,19 @@ pub struct SeqLens {
     q_lens: Option<Vec<u32>>,
     kv_lens: Option<Vec<u32>>,
     batch: usize,
+    tree: Option<TreeRows>,
+}
+
+/// The most rows one draft tree of [`SeqLens::with_trees`] holds (one bit each in an ancestor mask).
+pub const MAX_TREE_ROWS: usize = 32;
+
+/// The new rows of a tree step: per sequence, `slots` rows, each row's depth below the cached
+/// tokens and its ancestors (itself included) as a bit mask over the rows.
+#[derive(Debug, Clone)]
+struct TreeRows {
+    slots: usize,
+    depths: Vec<u32>,
+    ancestors: Vec<u32>,
 }
 
 impl SeqLens {
@@ -158,7 +171,110 @@ impl SeqLens {
             q_lens: q_lens.map(<[u32]>::to_vec),
             kv_lens: kv_lens.map(<[u32]>::to_vec),
             batch,
+            tree: None,
         })
+    }
+
+    /// The lengths of a step that feeds each sequence a tree of new tokens (speculative decoding's
+    /// drafts): `parents[b][i]` is the parent row of new row `i` of sequence `b` (`None`: a root,
+    /// following the cached tokens directly), always an earlier row, at most [`MAX_TREE_ROWS`] rows
+    /// per sequence, in `slots` row slots. Sequence `b` holds `kv_lens[b]` tokens including its
+    /// `parents[b].len()` new ones, which the cache stores in row order; row `i` sits at position
+    /// `kv_lens[b] - parents[b].len() + depth(i)` (rotary and learned positions, ALiBi, windows and
+    /// relative buckets follow it) and attends to the cached tokens and to its ancestors and itself
+    /// only. A tree has at most 32 rows (one bit each in its rows' ancestor masks). Decode attention, rotary embeddings and positional tables read the trees.
+    pub fn with_trees(
+        ctx: &Context,
+        kv_lens: &[u32],
+        slots: usize,
+        parents: &[Vec<Option<usize>>],
+    ) -> Result<Self> {
+        if parents.len() != kv_lens.len() {
+            return Err(Error::shape(
+                "parents",
+                format!(
+                    "has {} trees for {} sequences",
+                    parents.len(),
+                    kv_lens.len()
+                ),
+            ));
+        }
+        if slots == 0 {
+            return Err(Error::shape("slots", "is 0; a tree step has row slots"));
+        }
+        let batch = kv_lens.len();
+        let mut tree = TreeRows {
+            slots,
+            depths: vec![0; batch * slots],
+            ancestors: vec![0; batch * slots],
+        };
+        for (b, rows) in parents.iter().enumerate() {
+            if rows.len() > slots.min(MAX_TREE_ROWS) {
+                return Err(Error::shape(
+                    "parents",
+                    format!(
+                        "tree {b} has {} rows, beyond the {slots} slots or {MAX_TREE_ROWS}",
+                        rows.len()
+                    ),
+                ));
+            }
+            for (i, &parent) in rows.iter().enumerate() {
+                let (depth, ancestors) = match parent {
+                    None => (0, 0),
+                    Some(p) if p < i => (
+                        tree.depths[b * slots + p] + 1,
+                        tree.ancestors[b * slots + p],
+                    ),
+                    Some(p) => {
+                        return Err(Error::shape(
+                            "parents",
+                            format!("row {i} of tree {b} names row {p} as its parent; a parent is an earlier row"),
+                        ))
+                    }
+                };
+                tree.depths[b * slots + i] = depth;
+                tree.ancestors[b * slots + i] = ancestors | 1 << i;
+            }
+        }
+        let q_lens: Vec<u32> = parents.iter().map(|rows| rows.len() as u32).collect();
+        let mut lens = Self::new(ctx, Some(&q_lens), Some(kv_lens))?;
+        let mut data = vec![0u32; 2 * batch + 2 * batch * slots];
+        data[..batch].copy_from_slice(&q_lens);
+        data[batch..2 * batch].copy_from_slice(kv_lens);
+        data[2 * batch..][..batch * slots].copy_from_slice(&tree.depths);
+        data[2 * batch + batch * slots..].copy_from_slice(&tree.ancestors);
+        lens.buffer = ctx.create_uncounted_buffer(
+            "seq_lens (trees)",
+            data.len() as u64 * 4,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        )?;
+        ctx.queue()
+            .write_buffer(&lens.buffer, 0, bytemuck::cast_slice(&data));
+        lens.tree = Some(tree);
+        Ok(lens)
+    }
+
+    /// The row slots per sequence of a tree step ([`SeqLens::with_trees`]), `None` otherwise.
+    pub fn tree_slots(&self) -> Option<usize> {
+        self.tree.as_ref().map(|t| t.slots)
+    }
+
+    /// Each new row's depth below the cached tokens, `[batch, slots]`, for a tree step.
+    pub fn tree_depths(&self) -> Option<&[u32]> {
+        self.tree.as_ref().map(|t| t.depths.as_slice())
+    }
+
+    /// Checks that a kernel over `slots` new rows per sequence can read this step's trees (none,
+    /// or trees of `slots` row slots).
+    pub(crate) fn check_tree_slots(&self, slots: usize) -> Result<bool> {
+        match self.tree_slots() {
+            None => Ok(false),
+            Some(s) if s == slots => Ok(true),
+            Some(s) => Err(Error::shape(
+                "seq_lens",
+                format!("holds trees of {s} row slots; the new rows have {slots}"),
+            )),
+        }
     }
 
     /// Overwrites the lengths through the queue (no allocation). The same lengths must be given as
@@ -183,6 +299,12 @@ impl SeqLens {
                     ),
                 ));
             }
+        }
+        if self.tree.is_some() {
+            return Err(Error::shape(
+                "seq_lens",
+                "holds draft trees; build a new one with SeqLens::with_trees",
+            ));
         }
         let batch = self.batch;
         let mut data = vec![u32::MAX; 2 * batch.max(1)];

@@ -314,7 +314,7 @@ fn decode_into(
         ("v_cache", v_cache),
         ("out", out),
     ])?;
-    let scale = check_options(ctx, &s, opts)?;
+    let scale = check_options_with(ctx, &s, opts, true)?;
     let longest = check_decode_lens("decode attention", [s.batch, s.q_seq, s.kv_seq], opts)?;
     if opts.bias.is_some() {
         return Err(Error::shape(
@@ -375,6 +375,10 @@ fn decode_into(
     ];
     if int8 {
         constants.push(("INT8", 1));
+    }
+    // Checked to match the queries' rows in check_options_with.
+    if opts.seq_lens.and_then(|l| l.tree_slots()).is_some() {
+        constants.push(("TREE", 1));
     }
     // A contiguous cache binds Q where the block table would be (the shader does not read it).
     let table_binding = match table {

@@ -127,6 +127,31 @@ pub(super) fn check_options(
     shape: &AttentionShape,
     opts: &AttentionOptions<'_>,
 ) -> Result<f32> {
+    check_options_with(ctx, shape, opts, false)
+}
+
+/// [`check_options`] for a kernel that reads draft trees from `opts.seq_lens` when `trees` (decode
+/// attention); the others refuse them.
+pub(super) fn check_options_with(
+    ctx: &Context,
+    shape: &AttentionShape,
+    opts: &AttentionOptions<'_>,
+    trees: bool,
+) -> Result<f32> {
+    if let Some(slots) = opts.seq_lens.and_then(|l| l.tree_slots()) {
+        if !trees || slots != shape.q_seq {
+            return Err(Error::shape(
+                "seq_lens",
+                format!(
+                    "holds draft trees of {slots} rows; {}",
+                    match trees {
+                        true => format!("the queries have {} rows", shape.q_seq),
+                        false => "only decode attention reads trees".into(),
+                    }
+                ),
+            ));
+        }
+    }
     let mut tensors = option_inputs(opts);
     tensors.extend(
         opts.learned_cosine

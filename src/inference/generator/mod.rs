@@ -1,5 +1,9 @@
 //! The [`Generator`]: prefill, decoding steps, sampling and the generation loop.
 
+mod speculative;
+
+pub use speculative::Draft;
+
 use std::time::Instant;
 
 use crate::device::{BindingCache, Context};
@@ -232,6 +236,8 @@ pub struct Generator {
     rows: SamplingRows,
     /// Bind groups and parameter blocks of every recording, reused from step to step.
     bindings: BindingCache,
+    /// Every draft row's logits and greedy token, allocated by the first [`Generator::verify`].
+    verify: Option<speculative::VerifyBuffers>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -452,6 +458,7 @@ impl Generator {
             draws: 0,
             rows: SamplingRows::new(ctx, b)?,
             bindings: BindingCache::default(),
+            verify: None,
         })
     }
 
@@ -939,6 +946,19 @@ impl Generator {
         new: &[u32],
         logits: bool,
     ) -> Result<()> {
+        self.record_pass_with(ctx, encoder, kind, new, logits, &self.self_lens)
+    }
+
+    /// [`Generator::record_pass`] with the decoder's lengths `lens` (a tree step's).
+    fn record_pass_with(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        kind: PassKind,
+        new: &[u32],
+        logits: bool,
+        lens: &SeqLens,
+    ) -> Result<()> {
         let pass = match kind {
             PassKind::Prefill => &self.prefill,
             PassKind::Step => &self.step,
@@ -950,10 +970,9 @@ impl Generator {
         // The embedding and every decoder layer in one compute pass; the row copies below cannot
         // be recorded inside one.
         ctx.with_one_pass(encoder, "decoder layers", |encoder| -> Result<()> {
-            pass.target
-                .forward_cached(ctx, encoder, p, &self.self_lens)?;
+            pass.target.forward_cached(ctx, encoder, p, lens)?;
             pass.decoder
-                .forward_cached(ctx, encoder, p, x, &caches, &self.self_lens, cross)
+                .forward_cached(ctx, encoder, p, x, &caches, lens, cross)
         })?;
         let h = pass.decoder.output(x);
         let row_bytes = 4 * self.config.d_model as u64;
