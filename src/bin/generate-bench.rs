@@ -16,7 +16,7 @@ use std::time::Instant;
 use clap::Parser;
 use wgpu_attention::bench::{bench_options, measure, Timer};
 use wgpu_attention::inference::{
-    CacheConfig, CacheLayout, GenerateOptions, Generator, GeneratorShape, KvFormat,
+    CacheConfig, CacheLayout, Draft, GenerateOptions, Generator, GeneratorShape, KvFormat,
 };
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::pretrained::Pretrained;
@@ -89,6 +89,11 @@ struct Cli {
     /// over an int8 cache beside the f32 one
     #[arg(long)]
     int8: bool,
+    /// Also generate by speculative decoding (greedy, contiguous f32 cache) with chains of this
+    /// many guesses verified per pass: guesses that are the plain run's tokens (every one kept: the
+    /// upper bound) and guesses that never match (none kept: verification's overhead)
+    #[arg(long)]
+    speculate: Option<usize>,
     /// A Hugging Face model directory (config.json and safetensors weights) to measure instead of a
     /// randomly initialised model (--d-model, --layers, --heads, --d-ff, --vocab, --additive are
     /// then ignored)
@@ -368,6 +373,93 @@ fn attention(
     })
 }
 
+struct SpeculativeFigures {
+    batch: usize,
+    guesses: usize,
+    /// Guesses were the plain run's tokens (all kept) or never matched (none kept).
+    oracle: bool,
+    tokens_per_s: f64,
+    passes: usize,
+    /// Tokens each sequence gained per verification pass, on average.
+    tokens_per_pass: f64,
+    same_tokens: bool,
+}
+
+/// Greedy speculative decoding after the prefill: chains of `guesses` verified per pass, the
+/// guesses the plain run's next tokens (`oracle`) or tokens that never match; decode tokens/s over
+/// the verification passes (the prefill not counted, as in the plain figures' decode rate).
+fn speculative(
+    ctx: &Context,
+    cli: &Cli,
+    model: &Transformer,
+    batch: usize,
+    guesses: usize,
+    plain: &[Vec<u32>],
+    oracle: bool,
+) -> Result<SpeculativeFigures, Error> {
+    let shape = GeneratorShape {
+        batch,
+        capacity: cli.context,
+        prefill_chunk: cli.prefill_chunk.max(guesses + 1),
+        src_len: 0,
+    };
+    let mut generator = Generator::new(ctx, model, shape)?;
+    let prompts = prompts(cli, model.config().vocab, batch);
+    let vocab = model.config().vocab as u32;
+    let mut run = || -> Result<(f64, usize, Vec<Vec<u32>>), Error> {
+        generator.prefill(ctx, &prompts, None)?;
+        let first = generator.sample(ctx, &Sampling::greedy())?;
+        let mut out: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+        let start = Instant::now();
+        let mut passes = 0;
+        while out.iter().any(|o| o.len() < cli.new_tokens) {
+            let drafts: Vec<Option<Draft>> = out
+                .iter()
+                .enumerate()
+                .map(|(b, o)| {
+                    (o.len() < cli.new_tokens).then(|| {
+                        let k = o.len() - 1;
+                        let chain: Vec<u32> = (1..=guesses)
+                            .map(|i| {
+                                let t = plain[b].get(k + i).copied().unwrap_or(0);
+                                if oracle {
+                                    t
+                                } else {
+                                    (t + 1) % vocab
+                                }
+                            })
+                            .collect();
+                        Draft::chain(o[k], &chain)
+                    })
+                })
+                .collect();
+            let got = generator.verify(ctx, &drafts)?;
+            for (o, g) in out.iter_mut().zip(got) {
+                o.extend(g);
+            }
+            passes += 1;
+        }
+        Ok((start.elapsed().as_secs_f64(), passes, out))
+    };
+    // A first run compiles the verification pipelines; the second is measured.
+    run()?;
+    let (seconds, passes, out) = run()?;
+    let gained: usize = out.iter().map(|o| o.len() - 1).sum();
+    let same = out
+        .iter()
+        .zip(plain)
+        .all(|(o, p)| o.len() >= p.len() && o[..p.len()] == p[..]);
+    Ok(SpeculativeFigures {
+        batch,
+        guesses,
+        oracle,
+        tokens_per_s: gained as f64 / seconds,
+        passes,
+        tokens_per_pass: gained as f64 / (passes * batch) as f64,
+        same_tokens: same,
+    })
+}
+
 fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
     let ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
@@ -474,6 +566,33 @@ fn run(cli: &Cli) -> Result<(), Error> {
             f.decode_ms_per_step
         );
     }
+    let mut speculative_figures = Vec::new();
+    if let Some(guesses) = cli.speculate {
+        for f in figures.iter().filter(|f| f.layout == "contiguous f32") {
+            for oracle in [true, false] {
+                let s = speculative(&ctx, cli, &model, f.batch, guesses, &f.generated, oracle)?;
+                speculative_figures.push((s, f.decode_tokens_per_s));
+            }
+        }
+        println!(
+            "\nspeculative decoding, chains of {guesses} guesses (greedy, contiguous f32 cache):\n\n| batch | guesses | tokens per pass | passes | decode tokens/s | vs plain decoding | same tokens |\n|---|---|---|---|---|---|---|"
+        );
+        for (s, plain) in &speculative_figures {
+            println!(
+                "| {} | {} | {:.2} | {} | {:.1} | {:.2}x | {} |",
+                s.batch,
+                match s.oracle {
+                    true => "the plain run's (all kept)",
+                    false => "never matching (none kept)",
+                },
+                s.tokens_per_pass,
+                s.passes,
+                s.tokens_per_s,
+                s.tokens_per_s / plain,
+                s.same_tokens
+            );
+        }
+    }
     let mut rerun_figures = None;
     if cli.rerun {
         let batch = cli.batches[0];
@@ -535,6 +654,12 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 "batch": batch, "rerun_tokens_per_s": rerun, "cached_tokens_per_s": cached,
                 "speedup": cached / rerun, "same_tokens": same,
             })),
+            "speculative": speculative_figures.iter().map(|(s, plain)| serde_json::json!({
+                "batch": s.batch, "guesses": s.guesses, "oracle": s.oracle,
+                "tokens_per_s": s.tokens_per_s, "passes": s.passes,
+                "tokens_per_pass": s.tokens_per_pass, "plain_decode_tokens_per_s": plain,
+                "same_tokens": s.same_tokens,
+            })).collect::<Vec<_>>(),
             "decode_attention": attention_figures.iter().map(|a| serde_json::json!({
                 "batch": a.batch, "format": a.format.name(), "cache_len": a.cache_len, "ms": a.decode_ms,
                 "gb_s": a.decode_gb_s, "copy_gb_s": a.copy_gb_s,

@@ -119,6 +119,70 @@ pub struct SeqLens {
     tree: Option<TreeRows>,
 }
 
+/// The buffer of a tree step, `[q_lens, kv_lens, depths [batch, slots], ancestors [batch, slots]]`,
+/// and its parts, checked (see [`SeqLens::with_trees`]).
+fn tree_data(
+    kv_lens: &[u32],
+    slots: usize,
+    parents: &[Vec<Option<usize>>],
+) -> Result<(Vec<u32>, TreeRows, Vec<u32>)> {
+    if parents.len() != kv_lens.len() {
+        return Err(Error::shape(
+            "parents",
+            format!(
+                "has {} trees for {} sequences",
+                parents.len(),
+                kv_lens.len()
+            ),
+        ));
+    }
+    if slots == 0 {
+        return Err(Error::shape("slots", "is 0; a tree step has row slots"));
+    }
+    let batch = kv_lens.len();
+    let mut tree = TreeRows {
+        slots,
+        depths: vec![0; batch * slots],
+        ancestors: vec![0; batch * slots],
+    };
+    for (b, rows) in parents.iter().enumerate() {
+        if rows.len() > slots.min(MAX_TREE_ROWS) || rows.len() > kv_lens[b] as usize {
+            return Err(Error::shape(
+                "parents",
+                format!(
+                    "tree {b} has {} rows, beyond the {slots} slots, {MAX_TREE_ROWS}, or kv_lens[{b}] = {}",
+                    rows.len(),
+                    kv_lens[b]
+                ),
+            ));
+        }
+        for (i, &parent) in rows.iter().enumerate() {
+            let (depth, ancestors) = match parent {
+                None => (0, 0),
+                Some(p) if p < i => (
+                    tree.depths[b * slots + p] + 1,
+                    tree.ancestors[b * slots + p],
+                ),
+                Some(p) => {
+                    return Err(Error::shape(
+                        "parents",
+                        format!("row {i} of tree {b} names row {p} as its parent; a parent is an earlier row"),
+                    ))
+                }
+            };
+            tree.depths[b * slots + i] = depth;
+            tree.ancestors[b * slots + i] = ancestors | 1 << i;
+        }
+    }
+    let q_lens: Vec<u32> = parents.iter().map(|rows| rows.len() as u32).collect();
+    let mut data = Vec::with_capacity(2 * batch + 2 * batch * slots);
+    data.extend(&q_lens);
+    data.extend(kv_lens);
+    data.extend(&tree.depths);
+    data.extend(&tree.ancestors);
+    Ok((q_lens, tree, data))
+}
+
 /// The most rows one draft tree of [`SeqLens::with_trees`] holds (one bit each in an ancestor mask).
 pub const MAX_TREE_ROWS: usize = 32;
 
@@ -189,69 +253,64 @@ impl SeqLens {
         slots: usize,
         parents: &[Vec<Option<usize>>],
     ) -> Result<Self> {
-        if parents.len() != kv_lens.len() {
-            return Err(Error::shape(
-                "parents",
-                format!(
-                    "has {} trees for {} sequences",
-                    parents.len(),
-                    kv_lens.len()
-                ),
-            ));
-        }
-        if slots == 0 {
-            return Err(Error::shape("slots", "is 0; a tree step has row slots"));
-        }
-        let batch = kv_lens.len();
-        let mut tree = TreeRows {
-            slots,
-            depths: vec![0; batch * slots],
-            ancestors: vec![0; batch * slots],
-        };
-        for (b, rows) in parents.iter().enumerate() {
-            if rows.len() > slots.min(MAX_TREE_ROWS) {
-                return Err(Error::shape(
-                    "parents",
-                    format!(
-                        "tree {b} has {} rows, beyond the {slots} slots or {MAX_TREE_ROWS}",
-                        rows.len()
-                    ),
-                ));
-            }
-            for (i, &parent) in rows.iter().enumerate() {
-                let (depth, ancestors) = match parent {
-                    None => (0, 0),
-                    Some(p) if p < i => (
-                        tree.depths[b * slots + p] + 1,
-                        tree.ancestors[b * slots + p],
-                    ),
-                    Some(p) => {
-                        return Err(Error::shape(
-                            "parents",
-                            format!("row {i} of tree {b} names row {p} as its parent; a parent is an earlier row"),
-                        ))
-                    }
-                };
-                tree.depths[b * slots + i] = depth;
-                tree.ancestors[b * slots + i] = ancestors | 1 << i;
-            }
-        }
-        let q_lens: Vec<u32> = parents.iter().map(|rows| rows.len() as u32).collect();
-        let mut lens = Self::new(ctx, Some(&q_lens), Some(kv_lens))?;
-        let mut data = vec![0u32; 2 * batch + 2 * batch * slots];
-        data[..batch].copy_from_slice(&q_lens);
-        data[batch..2 * batch].copy_from_slice(kv_lens);
-        data[2 * batch..][..batch * slots].copy_from_slice(&tree.depths);
-        data[2 * batch + batch * slots..].copy_from_slice(&tree.ancestors);
-        lens.buffer = ctx.create_uncounted_buffer(
+        let (q_lens, tree, data) = tree_data(kv_lens, slots, parents)?;
+        let buffer = ctx.create_uncounted_buffer(
             "seq_lens (trees)",
             data.len() as u64 * 4,
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
         )?;
         ctx.queue()
-            .write_buffer(&lens.buffer, 0, bytemuck::cast_slice(&data));
-        lens.tree = Some(tree);
-        Ok(lens)
+            .write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
+        Ok(Self {
+            buffer,
+            context: ctx.id(),
+            q_lens: Some(q_lens),
+            kv_lens: Some(kv_lens.to_vec()),
+            batch: kv_lens.len(),
+            tree: Some(tree),
+        })
+    }
+
+    /// Overwrites a tree step's lengths and trees through the queue (no allocation): as many
+    /// sequences and row slots as at creation ([`SeqLens::with_trees`]).
+    pub fn write_trees(
+        &mut self,
+        ctx: &Context,
+        kv_lens: &[u32],
+        parents: &[Vec<Option<usize>>],
+    ) -> Result<()> {
+        let Some(slots) = self.tree_slots() else {
+            return Err(Error::shape(
+                "seq_lens",
+                "holds no trees; build one with SeqLens::with_trees",
+            ));
+        };
+        if kv_lens.len() != self.batch {
+            return Err(Error::shape(
+                "kv_lens",
+                format!(
+                    "has {} entries; this SeqLens holds {}",
+                    kv_lens.len(),
+                    self.batch
+                ),
+            ));
+        }
+        let (q_lens, tree, data) = tree_data(kv_lens, slots, parents)?;
+        ctx.queue()
+            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&data));
+        self.q_lens = Some(q_lens);
+        self.kv_lens = Some(kv_lens.to_vec());
+        self.tree = Some(tree);
+        Ok(())
+    }
+
+    /// Checks trees as [`SeqLens::with_trees`] would, without allocating.
+    pub fn check_trees(
+        kv_lens: &[u32],
+        slots: usize,
+        parents: &[Vec<Option<usize>>],
+    ) -> Result<()> {
+        tree_data(kv_lens, slots, parents).map(|_| ())
     }
 
     /// The row slots per sequence of a tree step ([`SeqLens::with_trees`]), `None` otherwise.

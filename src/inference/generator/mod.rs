@@ -130,7 +130,7 @@ impl From<CacheLayout> for CacheConfig {
 
 /// The generator's cache in either layout.
 enum Cache {
-    Contiguous(KvCache),
+    Contiguous(Box<KvCache>),
     Paged(Box<PagedKvCache>),
 }
 
@@ -236,14 +236,41 @@ pub struct Generator {
     rows: SamplingRows,
     /// Bind groups and parameter blocks of every recording, reused from step to step.
     bindings: BindingCache,
-    /// Every draft row's logits and greedy token, allocated by the first [`Generator::verify`].
+    /// The verification pass and every draft row's logits and greedy token, allocated by the
+    /// first [`Generator::verify`] (again for larger drafts).
     verify: Option<speculative::VerifyBuffers>,
+    /// Rows of the target position table (learned positions).
+    tgt_positions: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PassKind {
     Prefill,
     Step,
+    /// Speculative decoding's drafts ([`Generator::verify`]).
+    Verify,
+}
+
+impl Pass {
+    /// The embedding and decoder buffers of `rows` new rows per sequence, over the parameters of
+    /// `params` (found by name when already there).
+    fn new(
+        ctx: &Context,
+        c: &TransformerConfig,
+        params: &mut Params,
+        s: &GeneratorShape,
+        rows: usize,
+        tgt_positions: usize,
+    ) -> Result<Self> {
+        let stack = c.stack(c.decoder_layers, s.capacity);
+        let memory_len = c.has_encoder().then_some(s.src_len);
+        let b = s.batch;
+        Ok(Pass {
+            target: c.embedding(ctx, params, "tgt", [b, rows], tgt_positions)?,
+            decoder: Decoder::new(ctx, params, "dec", &stack, [b, rows], memory_len)?,
+            rows,
+        })
+    }
 }
 
 impl Generator {
@@ -367,15 +394,8 @@ impl Generator {
             }
             false => None,
         };
-        let memory_len = c.has_encoder().then_some(s.src_len);
-        let pass = |params: &mut Params, rows: usize| -> Result<Pass> {
-            let stack = c.stack(c.decoder_layers, s.capacity);
-            Ok(Pass {
-                target: c.embedding(ctx, params, "tgt", [b, rows], tgt_positions)?,
-                decoder: Decoder::new(ctx, params, "dec", &stack, [b, rows], memory_len)?,
-                rows,
-            })
-        };
+        let pass =
+            |params: &mut Params, rows: usize| Pass::new(ctx, &c, params, &s, rows, tgt_positions);
         // The prefill pass and the output head add every parameter to a store of their own; the
         // step pass then finds them.
         let mut prefill = pass(&mut params, s.prefill_chunk)?;
@@ -396,7 +416,7 @@ impl Generator {
         }
         let format = cache.format;
         let cache = match cache.layout {
-            CacheLayout::Contiguous => Cache::Contiguous(KvCache::with_format(
+            CacheLayout::Contiguous => Cache::Contiguous(Box::new(KvCache::with_format(
                 ctx,
                 c.decoder_layers,
                 b,
@@ -404,7 +424,7 @@ impl Generator {
                 c.kv_heads(),
                 [key_dim, head_dim],
                 format,
-            )?),
+            )?)),
             CacheLayout::Paged { page, pool_blocks } => {
                 if c.additive_attention.is_some() {
                     return Err(Error::shape(
@@ -459,6 +479,7 @@ impl Generator {
             rows: SamplingRows::new(ctx, b)?,
             bindings: BindingCache::default(),
             verify: None,
+            tgt_positions,
         })
     }
 
@@ -886,10 +907,7 @@ impl Generator {
         sampling: Option<&Sampling>,
     ) -> Result<Option<Vec<u32>>> {
         let step: StepLens = self.cache.step(ctx, new)?;
-        let pass = match kind {
-            PassKind::Prefill => &mut self.prefill,
-            PassKind::Step => &mut self.step,
-        };
+        let pass = self.pass_mut(kind);
         pass.target.tokens.write(ctx, tokens)?;
         self.self_lens
             .write(ctx, Some(&step.new), Some(&step.total))?;
@@ -918,6 +936,28 @@ impl Generator {
         }
     }
 
+    fn pass_mut(&mut self, kind: PassKind) -> &mut Pass {
+        match kind {
+            PassKind::Prefill => &mut self.prefill,
+            PassKind::Step => &mut self.step,
+            PassKind::Verify => match &mut self.verify {
+                Some(v) => &mut v.pass,
+                None => &mut self.step,
+            },
+        }
+    }
+
+    fn pass(&self, kind: PassKind) -> &Pass {
+        match kind {
+            PassKind::Prefill => &self.prefill,
+            PassKind::Step => &self.step,
+            PassKind::Verify => match &self.verify {
+                Some(v) => &v.pass,
+                None => &self.step,
+            },
+        }
+    }
+
     /// The encoder over the sources, and every decoder layer's cross-attention keys and values.
     fn record_source(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
         let Some(source) = &self.source else {
@@ -932,6 +972,9 @@ impl Generator {
             self.prefill
                 .decoder
                 .prepare_memory(ctx, encoder, p, memory)?;
+            if let Some(v) = &self.verify {
+                v.pass.decoder.prepare_memory(ctx, encoder, p, memory)?;
+            }
             self.step.decoder.prepare_memory(ctx, encoder, p, memory)
         })
     }
@@ -959,10 +1002,7 @@ impl Generator {
         logits: bool,
         lens: &SeqLens,
     ) -> Result<()> {
-        let pass = match kind {
-            PassKind::Prefill => &self.prefill,
-            PassKind::Step => &self.step,
-        };
+        let pass = self.pass(kind);
         let p = &self.params;
         let cross = self.source.is_some().then_some(&self.cross_lens);
         let x = &pass.target.x;

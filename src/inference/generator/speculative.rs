@@ -6,7 +6,7 @@
 //! consecutive positions, the others are dropped. Greedy output is that of plain decoding, a token
 //! per agreed draft row faster.
 
-use super::{Cache, Generator, PassKind};
+use super::{Cache, Generator, Pass, PassKind};
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::sampling::{sample_into, Sampling};
@@ -71,8 +71,12 @@ impl Draft {
     }
 }
 
-/// The rows of every draft: their decoder outputs, logits and greedy tokens.
+/// The verification pass (`pass.rows` draft rows per sequence: the smallest power of two, at least
+/// 4, that held the drafts so far), its tree lengths, and every draft row's decoder output, logits
+/// and greedy token.
 pub(super) struct VerifyBuffers {
+    pub(super) pass: Pass,
+    trees: SeqLens,
     rows: GpuTensor,
     logits: GpuTensor,
     ids: wgpu::Buffer,
@@ -85,10 +89,11 @@ impl Generator {
     /// along which each row is the model's greedy token after its parent, and rolls the cache back
     /// to the root and that path. Returns per sequence the kept guesses followed by the model's
     /// greedy token after them (the next draft's root; [`Generator::logits`] are that token's
-    /// logits, as after a step). Drafts are at most 32 rows and `prefill_chunk`; validated first:
-    /// on error the cache is unchanged.
+    /// logits, as after a step). Drafts are at most 32 rows; the pass runs as many rows per
+    /// sequence as the smallest power of two (at least 4) that holds them. Validated first: on
+    /// error the cache is unchanged.
     pub fn verify(&mut self, ctx: &Context, drafts: &[Option<Draft>]) -> Result<Vec<Vec<u32>>> {
-        let (b, slots) = (self.shape.batch, self.shape.prefill_chunk);
+        let b = self.shape.batch;
         if drafts.len() != b {
             return Err(Error::shape(
                 "drafts",
@@ -101,56 +106,37 @@ impl Generator {
                 "additive scores decode without tree masks; verify drafts with dot-product attention",
             ));
         }
-        let width = slots.min(MAX_TREE_ROWS);
-        for (seq, draft) in drafts.iter().enumerate() {
-            if let Some(d) = draft {
-                if d.tokens.len() > width {
-                    return Err(Error::shape(
-                        "drafts",
-                        format!(
-                            "draft {seq} has {} rows; at most {width} (32 and the prefill chunk)",
-                            d.tokens.len()
-                        ),
-                    ));
-                }
-                self.check_ids("drafts", &d.tokens)?;
-            }
+        for draft in drafts.iter().flatten() {
+            self.check_ids("drafts", &draft.tokens)?;
         }
         let new: Vec<u32> = drafts
             .iter()
             .map(|d| d.as_ref().map_or(0, |d| d.tokens.len() as u32))
             .collect();
-        let step = self.cache.step(ctx, &new)?;
         let parents: Vec<Vec<Option<usize>>> = drafts
             .iter()
             .map(|d| d.as_ref().map_or(Vec::new(), |d| d.parents.clone()))
             .collect();
-        let trees = SeqLens::with_trees(ctx, &step.total, slots, &parents)?;
+        // Checked before the cache changes (a paged cache's step allocates blocks).
+        let mut total = self.lens().to_vec();
+        for (t, &n) in total.iter_mut().zip(&new) {
+            *t += n;
+        }
+        let widest = new.iter().copied().max().unwrap_or(0) as usize;
+        let slots = widest.next_power_of_two().clamp(4, MAX_TREE_ROWS);
+        SeqLens::check_trees(&total, slots, &parents)?;
+        self.verify_buffers(ctx, slots)?;
+        let step = self.cache.step(ctx, &new)?;
+        let v = self.verify.as_mut().expect("allocated above");
+        v.trees.write_trees(ctx, &step.total, &parents)?;
+        let slots = v.pass.rows;
         let mut tokens = vec![self.config.pad_id; b * slots];
         for (seq, draft) in drafts.iter().enumerate() {
             if let Some(d) = draft {
                 tokens[seq * slots..][..d.tokens.len()].copy_from_slice(&d.tokens);
             }
         }
-        if self.verify.is_none() {
-            let rows = b * MAX_TREE_ROWS;
-            let id_bytes = 4 * rows as u64;
-            self.verify = Some(VerifyBuffers {
-                rows: GpuTensor::zeros(ctx, &[rows, self.config.d_model])?,
-                logits: GpuTensor::zeros(ctx, &[rows, self.config.vocab])?,
-                ids: ctx.create_uncounted_buffer(
-                    "draft ids",
-                    id_bytes,
-                    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-                )?,
-                staging: ctx.create_uncounted_buffer(
-                    "draft ids readback",
-                    id_bytes,
-                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                )?,
-            });
-        }
-        self.prefill.target.tokens.write(ctx, &tokens)?;
+        v.pass.target.tokens.write(ctx, &tokens)?;
         if let Some(source) = &self.source {
             self.cross_lens
                 .write(ctx, Some(&step.new), Some(&source.lens_host))?;
@@ -158,7 +144,7 @@ impl Generator {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         let mut bindings = std::mem::take(&mut self.bindings);
         let recorded = ctx.with_binding_cache(&mut bindings, || {
-            self.record_verify(ctx, &mut encoder, &new, &trees)
+            self.record_verify(ctx, &mut encoder, &new)
         });
         self.bindings = bindings;
         recorded?;
@@ -218,24 +204,71 @@ impl Generator {
         Ok(out)
     }
 
-    /// The prefill pass over the drafts under `trees`, every draft row's decoder output copied out,
-    /// the output layer over them, and each row's greedy token into the readback buffer.
+    /// Allocates the verification pass and buffers for drafts of up to `slots` rows (kept while
+    /// they hold the drafts; the source's memory prepared for a new pass).
+    fn verify_buffers(&mut self, ctx: &Context, slots: usize) -> Result<()> {
+        if self.verify.as_ref().is_some_and(|v| v.pass.rows >= slots) {
+            return Ok(());
+        }
+        let b = self.shape.batch;
+        let mut params = self.params.shared();
+        let pass = Pass::new(
+            ctx,
+            &self.config,
+            &mut params,
+            &self.shape,
+            slots,
+            self.tgt_positions,
+        )?;
+        let rows = b * MAX_TREE_ROWS;
+        let id_bytes = 4 * rows as u64;
+        let zeros = vec![0; b];
+        self.verify = Some(VerifyBuffers {
+            pass,
+            trees: SeqLens::with_trees(ctx, &zeros, slots, &vec![Vec::new(); b])?,
+            rows: GpuTensor::zeros(ctx, &[rows, self.config.d_model])?,
+            logits: GpuTensor::zeros(ctx, &[rows, self.config.vocab])?,
+            ids: ctx.create_uncounted_buffer(
+                "draft ids",
+                id_bytes,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            )?,
+            staging: ctx.create_uncounted_buffer(
+                "draft ids readback",
+                id_bytes,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )?,
+        });
+        // Encoder-decoder models: the new pass's cross-attention keys and values of the sources.
+        if let Some(source) = &self.source {
+            let v = self.verify.as_ref().expect("allocated above");
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            let memory = source.encoder.output(&source.embedding.x);
+            v.pass
+                .decoder
+                .prepare_memory(ctx, &mut encoder, &self.params, memory)?;
+            ctx.submit(encoder)?;
+        }
+        Ok(())
+    }
+
+    /// The verification pass over the drafts under their trees, every draft row's decoder output
+    /// copied out, the output layer over them, and each row's greedy token into the readback buffer.
     fn record_verify(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         new: &[u32],
-        trees: &SeqLens,
     ) -> Result<()> {
         let v = self.verify.as_ref().expect("allocated by verify");
-        self.record_pass_with(ctx, encoder, PassKind::Prefill, new, false, trees)?;
-        let h = self.prefill.decoder.output(&self.prefill.target.x);
+        self.record_pass_with(ctx, encoder, PassKind::Verify, new, false, &v.trees)?;
+        let h = v.pass.decoder.output(&v.pass.target.x);
         let row_bytes = 4 * self.config.d_model as u64;
         for (seq, &n) in new.iter().enumerate() {
             if n > 0 {
                 encoder.copy_buffer_to_buffer(
                     h.buffer(),
-                    (seq * self.prefill.rows) as u64 * row_bytes,
+                    (seq * v.pass.rows) as u64 * row_bytes,
                     v.rows.buffer(),
                     (seq * MAX_TREE_ROWS) as u64 * row_bytes,
                     n as u64 * row_bytes,
