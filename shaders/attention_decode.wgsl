@@ -57,6 +57,8 @@ override PAGE_ROWS: u32 = max(PAGE, 1u);
 override INT8: bool = false;
 // The new rows are draft trees (seq_lens holds their depths and ancestors).
 override TREE: bool = false;
+// Value scales staged per tile: WG with INT8, a placeholder otherwise (no LDS for f32 caches).
+override V_SCALES: u32 = select(1u, WG, INT8);
 
 // Sizes of the per-invocation arrays; the host writes the pipeline's exact ROWS and OWN here.
 const MAX_ROWS: u32 = 64u;
@@ -81,7 +83,7 @@ var<workgroup> l_tile: array<f32, ROWS>;
 // Key-phase partial sums of O, red[kg * LANES + lane].
 var<workgroup> red: array<vec4<f32>, WG>;
 // INT8: the scale of each of the tile's value rows.
-var<workgroup> v_scale: array<f32, WG>;
+var<workgroup> v_scale: array<f32, V_SCALES>;
 
 // The query row and head of flattened row fr of KV head g; q_seq past the last row.
 fn row_query(fr: u32) -> u32 {

@@ -20,6 +20,12 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
         c.insert("DA".to_string(), dk.min(128.0));
         c.insert("DV".to_string(), dv);
     }
+    // Decode attention over an int8 cache under a tree mask at one of the grid's head dims (the
+    // f32 cache at the others).
+    if source.contains("override INT8:") && dk == 40.0 {
+        c.insert("INT8".to_string(), 1.0);
+        c.insert("TREE".to_string(), 1.0);
+    }
     if source.contains("override OWN_IN_WORKGROUP:") && dk <= 64.0 {
         c.insert("OWN_IN_WORKGROUP".to_string(), 1.0);
     }
