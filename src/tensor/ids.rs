@@ -246,7 +246,8 @@ impl SeqLens {
     /// `parents[b].len()` new ones, which the cache stores in row order; row `i` sits at position
     /// `kv_lens[b] - parents[b].len() + depth(i)` (rotary and learned positions, ALiBi, windows and
     /// relative buckets follow it) and attends to the cached tokens and to its ancestors and itself
-    /// only. A tree has at most 32 rows (one bit each in its rows' ancestor masks). Decode attention, rotary embeddings and positional tables read the trees.
+    /// only. A tree has at most 32 rows (one bit each in its rows' ancestor masks). Decode
+    /// attention, rotary embeddings and positional tables read the trees; other kernels refuse them.
     pub fn with_trees(
         ctx: &Context,
         kv_lens: &[u32],
