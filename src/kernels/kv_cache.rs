@@ -205,10 +205,7 @@ impl KvStorage {
 
     /// The logical shape (values).
     pub fn shape(&self) -> &[usize] {
-        match self {
-            KvStorage::F32(t) => t.shape(),
-            KvStorage::Int8(t) => t.shape(),
-        }
+        Storage::from(self).shape()
     }
 
     /// Bytes of storage (scales included).
@@ -229,10 +226,7 @@ impl KvStorage {
 
     /// The storage words (f32 values or int8 words and scales), for copies that move whole rows.
     pub(crate) fn words(&self) -> &GpuTensor {
-        match self {
-            KvStorage::F32(t) => t,
-            KvStorage::Int8(t) => t.words(),
-        }
+        Storage::from(self).words()
     }
 
     /// Records the append of `new` (see [`kv_cache_append_into`]) into this cache, or with `table`
@@ -308,8 +302,8 @@ enum Storage<'a> {
 }
 
 impl<'a> Storage<'a> {
-    fn shape(&self) -> &[usize] {
-        match self {
+    fn shape(&self) -> &'a [usize] {
+        match *self {
             Storage::F32(t) => t.shape(),
             Storage::Int8(t) => t.shape(),
         }

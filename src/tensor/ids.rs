@@ -119,6 +119,31 @@ pub struct SeqLens {
     tree: Option<TreeRows>,
 }
 
+/// The lengths buffer `[q_lens, kv_lens]` of `batch` sequences (`u32::MAX` where not given: no
+/// limit).
+fn lens_data(batch: usize, q_lens: Option<&[u32]>, kv_lens: Option<&[u32]>) -> Vec<u32> {
+    let mut data = vec![u32::MAX; 2 * batch.max(1)];
+    if let Some(q) = q_lens {
+        data[..batch].copy_from_slice(q);
+    }
+    if let Some(k) = kv_lens {
+        data[batch..2 * batch].copy_from_slice(k);
+    }
+    data
+}
+
+/// A storage buffer holding `data`, rewritable through the queue.
+fn upload(ctx: &Context, label: &'static str, data: &[u32]) -> Result<wgpu::Buffer> {
+    let buffer = ctx.create_uncounted_buffer(
+        label,
+        data.len() as u64 * 4,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+    )?;
+    ctx.queue()
+        .write_buffer(&buffer, 0, bytemuck::cast_slice(data));
+    Ok(buffer)
+}
+
 /// The buffer of a tree step, `[q_lens, kv_lens, depths [batch, slots], ancestors [batch, slots]]`,
 /// and its parts, checked (see [`SeqLens::with_trees`]).
 fn tree_data(
@@ -215,20 +240,7 @@ impl SeqLens {
                 ))
             }
         };
-        let mut data = vec![u32::MAX; 2 * batch.max(1)];
-        if let Some(q) = q_lens {
-            data[..batch].copy_from_slice(q);
-        }
-        if let Some(k) = kv_lens {
-            data[batch..2 * batch].copy_from_slice(k);
-        }
-        let buffer = ctx.create_uncounted_buffer(
-            "seq_lens",
-            data.len() as u64 * 4,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-        )?;
-        ctx.queue()
-            .write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
+        let buffer = upload(ctx, "seq_lens", &lens_data(batch, q_lens, kv_lens))?;
         Ok(Self {
             buffer,
             context: ctx.id(),
@@ -255,13 +267,7 @@ impl SeqLens {
         parents: &[Vec<Option<usize>>],
     ) -> Result<Self> {
         let (q_lens, tree, data) = tree_data(kv_lens, slots, parents)?;
-        let buffer = ctx.create_uncounted_buffer(
-            "seq_lens (trees)",
-            data.len() as u64 * 4,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-        )?;
-        ctx.queue()
-            .write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
+        let buffer = upload(ctx, "seq_lens (trees)", &data)?;
         Ok(Self {
             buffer,
             context: ctx.id(),
@@ -366,14 +372,7 @@ impl SeqLens {
                 "holds draft trees; build a new one with SeqLens::with_trees",
             ));
         }
-        let batch = self.batch;
-        let mut data = vec![u32::MAX; 2 * batch.max(1)];
-        if let Some(q) = q_lens {
-            data[..batch].copy_from_slice(q);
-        }
-        if let Some(k) = kv_lens {
-            data[batch..2 * batch].copy_from_slice(k);
-        }
+        let data = lens_data(self.batch, q_lens, kv_lens);
         ctx.queue()
             .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&data));
         self.q_lens = q_lens.map(<[u32]>::to_vec);
