@@ -240,16 +240,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let accumulate = params.accumulate != 0u;
     for (var r = 0u; r < 4u; r++) {
         let j = cols[r];
-        if j >= params.kv_seq {
-            continue;
-        }
-        let k_base = view_index(VIEW_DK, b, j, h_kv);
-        for (var d = 0u; d < DK; d++) {
-            var g = dk[d][r] * params.scale;
-            if accumulate {
-                g += dk_buf[k_base + d];
+        if row_stored(VIEW_DK, b, j) {
+            let k_base = view_index(VIEW_DK, b, j, h_kv);
+            for (var d = 0u; d < DK; d++) {
+                var g = dk[d][r] * params.scale;
+                if accumulate {
+                    g += dk_buf[k_base + d];
+                }
+                dk_buf[k_base + d] = g;
             }
-            dk_buf[k_base + d] = g;
+        }
+        if !row_stored(VIEW_DV, b, j) {
+            continue;
         }
         let v_base = view_index(VIEW_DV, b, j, h_kv);
         for (var d = 0u; d < DV; d++) {

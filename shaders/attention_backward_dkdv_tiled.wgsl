@@ -268,23 +268,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let accumulate = params.accumulate != 0u;
     for (var r = 0u; r < 4u; r++) {
         let j = keys[r];
-        if j >= params.kv_seq {
-            continue;
-        }
-        let k_base = view_index(VIEW_DK, b, j, h_kv);
-        for (var c = 0u; c < OCK; c++) {
-            let d4 = tq + TQ * c;
-            let g = dk[r * MAX_OCK + c] * params.scale;
-            for (var e = 0u; e < 4u; e++) {
-                let d = d4 * 4u + e;
-                if d < DK {
-                    var x = g[e];
-                    if accumulate {
-                        x += f32(dk_buf[k_base + d]);
+        if row_stored(VIEW_DK, b, j) {
+            let k_base = view_index(VIEW_DK, b, j, h_kv);
+            for (var c = 0u; c < OCK; c++) {
+                let d4 = tq + TQ * c;
+                let g = dk[r * MAX_OCK + c] * params.scale;
+                for (var e = 0u; e < 4u; e++) {
+                    let d = d4 * 4u + e;
+                    if d < DK {
+                        var x = g[e];
+                        if accumulate {
+                            x += f32(dk_buf[k_base + d]);
+                        }
+                        dk_buf[k_base + d] = OutElem(x);
                     }
-                    dk_buf[k_base + d] = OutElem(x);
                 }
             }
+        }
+        if !row_stored(VIEW_DV, b, j) {
+            continue;
         }
         let v_base = view_index(VIEW_DV, b, j, h_kv);
         for (var c = 0u; c < OCV; c++) {

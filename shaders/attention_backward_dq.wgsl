@@ -225,6 +225,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             rel_rows[rel_base + u] = x;
         }
+        if !row_stored(VIEW_DQ, b, i) {
+            continue;
+        }
         let base = view_index(VIEW_DQ, b, i, h);
         for (var d = 0u; d < DK; d++) {
             var g = dq[d][r] * params.scale;

@@ -266,7 +266,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     for (var r = 0u; r < 4u; r++) {
         let i = rows[r];
-        if i >= params.q_seq {
+        if !row_stored(VIEW_DQ, b, i) {
             continue;
         }
         let base = view_index(VIEW_DQ, b, i, h);

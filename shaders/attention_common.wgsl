@@ -60,7 +60,8 @@ struct Params {
     rel_table_stride: u32,
     // Decode attention: keys per split-KV slice.
     split_keys: u32,
-    pad1: u32,
+    // Packed views, one bit per view (1 << VIEW_*): see view_index.
+    packed_views: u32,
     rel_thresholds: array<vec4<u32>, 8>,
     // Per-head ALiBi slopes (FLAG_ALIBI_SLOPES), slope of head h at [h / 4][h % 4].
     alibi_slopes: array<vec4<f32>, 16>,
@@ -93,7 +94,8 @@ const FLAG_ALIGN_LENS: u32 = 1024u;
 const NEG_BIG: f32 = -3.0e38;
 
 @group(0) @binding(0) var<uniform> params: Params;
-// Per-batch valid lengths: q_len[b] at [b], kv_len[b] at [batch + b]. A 1-element dummy when unused.
+// Per-batch valid lengths: q_len[b] at [b], kv_len[b] at [batch + b]; for packed batches the first
+// rows, q_start[b] at [2 batch + b] and kv_start[b] at [3 batch + b]. A 1-element dummy when unused.
 @group(0) @binding(1) var<storage, read> seq_lens: array<u32>;
 // The additive score bias (FLAG_BIAS) or the relative-position table (FLAG_RELATIVE); a dummy
 // otherwise. Bound by every kernel that calls modify_scores.
@@ -103,9 +105,35 @@ fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
 }
 
+// The views of the key side (K, V and their gradients); the others are of the query side.
+const KEY_SIDE_VIEWS: u32 = (1u << VIEW_K) | (1u << VIEW_V) | (1u << VIEW_DK) | (1u << VIEW_DV);
+
+fn key_side(view: u32) -> bool {
+    return ((KEY_SIDE_VIEWS >> view) & 1u) != 0u;
+}
+
+fn view_packed(view: u32) -> bool {
+    return ((params.packed_views >> view) & 1u) != 0u;
+}
+
+// A packed view (FlashAttention's varlen layout) holds the sequences one after another: sequence b's
+// position s is row start(b) + s of a [rows, heads, dim] tensor, its starts in seq_lens.
 fn view_index(view: u32, b: u32, s: u32, h: u32) -> u32 {
     let v = params.views[view];
-    return v.offset + b * v.stride_b + s * v.stride_s + h * v.stride_h;
+    var first = b * v.stride_b;
+    if view_packed(view) {
+        first = seq_lens[(2u + u32(key_side(view))) * params.batch + b] * v.stride_s;
+    }
+    return v.offset + first + s * v.stride_s + h * v.stride_h;
+}
+
+// Whether a kernel may write position s of sequence b in a view: one of the view's positions, and in
+// a packed view one of the sequence's own (the rows after them are the next sequence's).
+fn row_stored(view: u32, b: u32, s: u32) -> bool {
+    if view_packed(view) {
+        return s < select(q_len(b), kv_len(b), key_side(view));
+    }
+    return s < select(params.q_seq, params.kv_seq, key_side(view));
 }
 
 fn linear_group(wg: vec3<u32>) -> u32 {

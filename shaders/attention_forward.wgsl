@@ -202,8 +202,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             // Padded rows and rows with no visible key: O = 0, lse = -inf (SPEC.md); a later chunk
             // without keys for the row leaves the merged result alone.
             if first_chunk {
-                for (var d = 0u; d < DV; d++) {
-                    o_buf[base + d] = 0.0;
+                if row_stored(VIEW_O, b, i) {
+                    for (var d = 0u; d < DV; d++) {
+                        o_buf[base + d] = 0.0;
+                    }
                 }
                 lse_buf[lse_index] = neg_inf();
             }

@@ -218,7 +218,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let r = t / DVP;
         let d = t % DVP;
         let i = row0 + r;
-        if i < params.q_seq && d < DV {
+        if row_stored(VIEW_O, out_b, i) && d < DV {
             let l = row_l[r];
             let seen = i < qlen && row_seen(vec4<f32>(l)).x;
             let o = select(0.0, acc_mem[O_AT + t] / l, seen);

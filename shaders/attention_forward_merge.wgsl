@@ -48,7 +48,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         o /= total;
     }
-    o_buf[view_index(VIEW_O, b, i, h) + d] = OutElem(o);
+    if row_stored(VIEW_O, b, i) {
+        o_buf[view_index(VIEW_O, b, i, h) + d] = OutElem(o);
+    }
     if d == 0u {
         lse_buf[row] = select(neg_inf(), top + log(total), seen);
     }

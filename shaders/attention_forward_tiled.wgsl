@@ -239,6 +239,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
             let lse_index = (out_b * params.heads + h) * params.q_seq + i;
             lse_buf[lse_index] = select(neg_inf(), m[r] + log(l_row[r]), seen);
         }
+        if !row_stored(VIEW_O, out_b, i) {
+            continue;
+        }
         let base = view_index(VIEW_O, out_b, i, h);
         for (var c = 0u; c < OC; c++) {
             let d4 = tc + TC * c;

@@ -51,7 +51,8 @@ pub use kernels::attention::{
     RelativeBuckets, ScoreBias,
 };
 pub use tensor::{
-    BiasView, DType, GpuTensor, GpuTensorF16, GpuTensorQ8, GpuTokens, HeadsView, SeqLens,
+    BiasView, DType, GpuTensor, GpuTensorF16, GpuTensorQ8, GpuTokens, HeadsView, PackedSide,
+    SeqLens,
 };
 
 /// The README's code, compiled as doc tests (`cargo test --doc`).

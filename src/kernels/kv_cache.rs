@@ -381,6 +381,7 @@ fn append(
     )?;
     check_binding(ctx, "kv cache", cache.size_bytes())?;
     check_binding(ctx, "new kv rows", new.buffer().size())?;
+    crate::kernels::attention::refuse_packed(&[("new", new)], "the KV-cache append")?;
     let narrow = |v: usize| {
         u32::try_from(v).map_err(|_| Error::Unsupported {
             arg: "new kv rows (offset or stride in elements)",

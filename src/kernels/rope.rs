@@ -206,6 +206,7 @@ fn record(
     inputs.extend(lens.map(|l| ("seq_lens", l.region())));
     crate::kernels::arguments::check_call(ctx, &[("x", x.region())], &inputs)?;
     check_binding(ctx, "rope x", x.buffer().size())?;
+    crate::kernels::attention::refuse_packed(&[("x", x)], "rope")?;
     let narrow = |v: usize| {
         u32::try_from(v).map_err(|_| Error::Unsupported {
             arg: "rope view (offset or stride in elements)",

@@ -117,6 +117,23 @@ pub struct SeqLens {
     kv_lens: Option<Vec<u32>>,
     batch: usize,
     tree: Option<TreeRows>,
+    /// A packed batch's first rows, `[q_starts, kv_starts]` ([`SeqLens::packed`]).
+    starts: Option<[Vec<u32>; 2]>,
+}
+
+/// The first row of each sequence packed one after another (exclusive prefix sums: FlashAttention's
+/// `cu_seqlens` without the final total), checked to fit u32.
+fn packed_starts(arg: &'static str, lens: &[u32]) -> Result<Vec<u32>> {
+    let mut next = 0u32;
+    lens.iter()
+        .map(|&len| {
+            let start = next;
+            next = next
+                .checked_add(len)
+                .ok_or_else(|| Error::shape(arg, format!("sum to more than {} rows", u32::MAX)))?;
+            Ok(start)
+        })
+        .collect()
 }
 
 /// The lengths buffer `[q_lens, kv_lens]` of `batch` sequences (`u32::MAX` where not given: no
@@ -248,7 +265,73 @@ impl SeqLens {
             kv_lens: kv_lens.map(<[u32]>::to_vec),
             batch,
             tree: None,
+            starts: None,
         })
+    }
+
+    /// The lengths of a packed variable-length batch (FlashAttention's varlen layout): sequence `b`
+    /// has `q_lens[b]` queries in rows `q_starts[b] ..` of `[total_q, heads, head_dim]` tensors (Q, O
+    /// and their gradients) and `kv_lens[b]` keys in rows `kv_starts[b] ..` of `[total_kv, ...]`
+    /// ones (K, V, dK, dV), the starts being the sums of the lengths before (a sequence may be
+    /// empty). Make the views with [`HeadsView::packed`] and pass these lengths as
+    /// `AttentionOptions::seq_lens`. Position-dependent masks (causal, windows, ALiBi, relative
+    /// buckets) align a sequence's queries and keys at their first rows, so they need
+    /// `q_lens == kv_lens` (self-attention).
+    pub fn packed(ctx: &Context, q_lens: &[u32], kv_lens: &[u32]) -> Result<Self> {
+        if q_lens.len() != kv_lens.len() || q_lens.is_empty() {
+            return Err(Error::shape(
+                "kv_lens",
+                format!(
+                    "has {} entries and q_lens {}; a packed batch gives both, one per sequence",
+                    kv_lens.len(),
+                    q_lens.len()
+                ),
+            ));
+        }
+        let starts = [
+            packed_starts("q_lens", q_lens)?,
+            packed_starts("kv_lens", kv_lens)?,
+        ];
+        let mut data = lens_data(q_lens.len(), Some(q_lens), Some(kv_lens));
+        data.extend(starts.iter().flatten());
+        let buffer = upload(ctx, "seq_lens (packed)", &data)?;
+        Ok(Self {
+            buffer,
+            context: ctx.id(),
+            q_lens: Some(q_lens.to_vec()),
+            kv_lens: Some(kv_lens.to_vec()),
+            batch: q_lens.len(),
+            tree: None,
+            starts: Some(starts),
+        })
+    }
+
+    /// A packed batch's first rows of each sequence on `side` ([`SeqLens::packed`]); `None` for
+    /// padded lengths.
+    pub fn packed_starts(&self, side: PackedSide) -> Option<&[u32]> {
+        let [q, kv] = self.starts.as_ref()?;
+        Some(match side {
+            PackedSide::Queries => q,
+            PackedSide::Keys => kv,
+        })
+    }
+
+    /// The rows a packed batch's tensors of `side` hold: the sum of its lengths (0 for padded
+    /// lengths).
+    pub fn packed_total(&self, side: PackedSide) -> usize {
+        let lens = match side {
+            PackedSide::Queries => self.q_lens(),
+            PackedSide::Keys => self.kv_lens(),
+        };
+        match (&self.starts, lens) {
+            (Some(_), Some(lens)) => lens.iter().map(|&l| l as usize).sum(),
+            _ => 0,
+        }
+    }
+
+    /// Whether these are a packed batch's lengths ([`SeqLens::packed`]).
+    pub fn is_packed(&self) -> bool {
+        self.starts.is_some()
     }
 
     /// The lengths of a step that feeds each sequence a tree of new tokens (speculative decoding's
@@ -275,6 +358,7 @@ impl SeqLens {
             kv_lens: Some(kv_lens.to_vec()),
             batch: kv_lens.len(),
             tree: Some(tree),
+            starts: None,
         })
     }
 
@@ -344,7 +428,9 @@ impl SeqLens {
     }
 
     /// Overwrites the lengths through the queue (no allocation). The same lengths must be given as
-    /// at creation (`Some`/`None` alike) for the same batch.
+    /// at creation (`Some`/`None` alike) for the same batch; packed lengths get their new starts
+    /// (views made for the old ones keep their shapes: make new ones if a sequence grew past the
+    /// longest).
     pub fn write(
         &mut self,
         ctx: &Context,
@@ -372,7 +458,12 @@ impl SeqLens {
                 "holds draft trees; build a new one with SeqLens::with_trees",
             ));
         }
-        let data = lens_data(self.batch, q_lens, kv_lens);
+        let mut data = lens_data(self.batch, q_lens, kv_lens);
+        if let (Some(_), Some(q), Some(kv)) = (&self.starts, q_lens, kv_lens) {
+            let starts = [packed_starts("q_lens", q)?, packed_starts("kv_lens", kv)?];
+            data.extend(starts.iter().flatten());
+            self.starts = Some(starts);
+        }
         ctx.queue()
             .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&data));
         self.q_lens = q_lens.map(<[u32]>::to_vec);

@@ -24,7 +24,7 @@ pub use ids::{GpuTokens, SeqLens, MAX_TREE_ROWS};
 pub(crate) use q8::row_words;
 pub use q8::GpuTensorQ8;
 pub(crate) use readback::{read_buffer, read_f16, read_mapped};
-pub use views::{BiasView, HeadsView};
+pub use views::{BiasView, HeadsView, PackedSide};
 
 use crate::device::{Allocation, Context, ContextId, StorageBinding};
 use crate::error::{Error, Result};

@@ -14,6 +14,18 @@ pub struct HeadsView {
     strides: [usize; 3],
     /// The context that allocated the buffer (None for a buffer the application wrapped).
     context: Option<ContextId>,
+    /// For a packed view ([`HeadsView::packed`]), the rows of its `[rows, heads, head_dim]` tensor.
+    packed_rows: Option<usize>,
+}
+
+/// Which lengths and starts of a packed batch ([`SeqLens::packed`]) a packed view follows: the
+/// queries' (Q, O and their gradients) or the keys' (K, V and theirs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedSide {
+    /// `q_lens` and `q_starts`.
+    Queries,
+    /// `kv_lens` and `kv_starts`.
+    Keys,
 }
 
 impl HeadsView {
@@ -50,7 +62,70 @@ impl HeadsView {
             shape,
             strides,
             context: None,
+            packed_rows: None,
         })
+    }
+
+    /// A packed variable-length batch (FlashAttention's varlen layout) over this `[1, rows, heads,
+    /// head_dim]` view: the sequences of `lens` one after another, sequence `b` in rows
+    /// `starts[b] .. starts[b] + lens[b]` of `side` ([`SeqLens::packed`]). The result has the logical
+    /// shape `[batch, longest, heads, head_dim]` the attention entry points check, and they read and
+    /// write only each sequence's own rows: no padding is stored and none is computed past the
+    /// lengths. Pass the same `lens` as `AttentionOptions::seq_lens`. The fused forward and backward
+    /// take packed views; other kernels refuse them. A view of a fused projection works too:
+    /// `split_heads` of a `[1, rows, 3 * H * D]` tensor.
+    pub fn packed(&self, lens: &SeqLens, side: PackedSide) -> Result<HeadsView> {
+        let [b, rows, h, d] = self.shape;
+        if self.packed_rows.is_some() || b != 1 {
+            return Err(Error::shape(
+                "view",
+                format!(
+                    "has shape {:?}; a packed batch is made from a [1, rows, heads, head_dim] view",
+                    self.shape
+                ),
+            ));
+        }
+        let Some(starts) = lens.packed_starts(side) else {
+            return Err(Error::shape(
+                "lens",
+                "are not packed; build them with SeqLens::packed",
+            ));
+        };
+        let lengths = match side {
+            PackedSide::Queries => lens.q_lens(),
+            PackedSide::Keys => lens.kv_lens(),
+        }
+        .expect("packed lengths hold both sides");
+        let total = lens.packed_total(side);
+        if total > rows {
+            return Err(Error::shape(
+                "view",
+                format!("has {rows} rows; the packed {side:?} of the lengths need {total}"),
+            ));
+        }
+        let longest = lengths.iter().copied().max().unwrap_or(0).max(1) as usize;
+        debug_assert_eq!(starts.len(), lens.batch());
+        Ok(HeadsView {
+            shape: [lens.batch(), longest, h, d],
+            strides: [0, self.strides[1], self.strides[2]],
+            packed_rows: Some(rows),
+            ..self.clone()
+        })
+    }
+
+    /// The rows of a packed view's `[rows, heads, head_dim]` tensor ([`HeadsView::packed`]), `None`
+    /// for a padded view.
+    pub fn packed_rows(&self) -> Option<usize> {
+        self.packed_rows
+    }
+
+    /// The shape the view spans in its buffer: `[batch, seq, heads, head_dim]`, or a packed view's
+    /// `[1, rows, heads, head_dim]`.
+    fn stored_shape(&self) -> [usize; 4] {
+        match self.packed_rows {
+            Some(rows) => [1, rows, self.shape[2], self.shape[3]],
+            None => self.shape,
+        }
     }
 
     /// This view, of a buffer `context` allocated.
@@ -68,9 +143,16 @@ impl HeadsView {
         self.dtype
     }
 
-    /// The first `rows` positions of each sequence (same buffer, offset and strides).
+    /// The first `rows` positions of each sequence (same buffer, offset and strides); not of a
+    /// packed view.
     pub fn first_rows(&self, rows: usize) -> Result<HeadsView> {
         let [b, s, h, d] = self.shape;
+        if self.packed_rows.is_some() {
+            return Err(Error::shape(
+                "view",
+                "is packed; its sequences' rows are set by their lengths",
+            ));
+        }
         if rows > s {
             return Err(Error::shape(
                 "rows",
@@ -104,15 +186,17 @@ impl HeadsView {
             shape: [b, s, h, d],
             strides: [s * h * d, h * d, d],
             context,
+            packed_rows: None,
         })
     }
 
-    /// `[batch, seq, heads, head_dim]`.
+    /// `[batch, seq, heads, head_dim]` (of a packed view: `seq` is the longest sequence's length).
     pub fn shape(&self) -> [usize; 4] {
         self.shape
     }
 
-    /// Element strides of batch, sequence and head (head_dim is contiguous).
+    /// Element strides of batch, sequence and head (head_dim is contiguous); a packed view's batch
+    /// stride is 0 (its sequences start where their lengths put them).
     pub fn strides(&self) -> [usize; 3] {
         self.strides
     }
@@ -148,7 +232,7 @@ impl HeadsView {
     fn row_layout(&self) -> Option<RowLayout> {
         let [sb, ss, sh] = self.strides;
         let [_, _, h, d] = self.shape;
-        if self.shape.contains(&0) {
+        if self.stored_shape().contains(&0) {
             return None;
         }
         let footprint = (h - 1).checked_mul(sh)?.checked_add(d)?;
@@ -168,11 +252,13 @@ impl HeadsView {
 
     /// One past the last element the view touches (0 for an empty view).
     pub fn end_element(&self) -> usize {
-        view_end(self.offset, &self.shape[..3], &self.strides, self.shape[3])
+        let shape = self.stored_shape();
+        view_end(self.offset, &shape[..3], &self.strides, shape[3])
             .expect("a view's end is checked when the view is made")
     }
 
-    /// Reads the viewed elements back in `[batch, seq, heads, head_dim]` order (f16 converted).
+    /// Reads the viewed elements back in `[batch, seq, heads, head_dim]` order (f16 converted); a
+    /// packed view's as `[rows, heads, head_dim]`.
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
         let end = self.end_element();
         let all = match self.dtype {
@@ -182,7 +268,7 @@ impl HeadsView {
                 .map(f32::from)
                 .collect(),
         };
-        let [b, s, h, d] = self.shape;
+        let [b, s, h, d] = self.stored_shape();
         let mut out = Vec::with_capacity(b * s * h * d);
         for bi in 0..b {
             for si in 0..s {

@@ -156,6 +156,7 @@ fn check(
     }
     let s = AttentionShape::of(a, b, v)?;
     check_f32(&[("a", a), ("b", b), ("v", v)])?;
+    refuse_packed(&[("a", a), ("b", b), ("v", v)], "additive attention")?;
     check_context(
         ctx,
         &[
@@ -332,6 +333,7 @@ fn encode_forward(
         ("w", scores.w.region()),
         ("bias", scores.bias.region()),
     ];
+    refuse_packed(&[("out", out)], "additive attention")?;
     check_forward_outputs(ctx, &s, out, lse, &inputs, opts)?;
     let mut params = base_params(&s, scale, opts);
     if aligned {
@@ -755,7 +757,7 @@ fn encode_param_grads(
         || with_common(PARAM_GRADS),
         &[("WG", SIMPLE_WG)],
         &mut params,
-        Shared::NONE,
+        Shared::lens(seq_lens_buffer(ctx, opts)),
         &bindings,
         grid,
         &chunks,
@@ -879,7 +881,7 @@ pub fn additive_backward_unfused(
                 || with_common(BACKWARD_UNFUSED),
                 &[("WG", SIMPLE_WG), ("QUERY_SIDE", query_side as u32)],
                 &mut params,
-                Shared::NONE,
+                Shared::lens(seq_lens_buffer(ctx, opts)),
                 &bindings,
                 grid,
                 &chunks,

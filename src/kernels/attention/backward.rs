@@ -8,9 +8,9 @@ use super::*;
 /// relative buckets whose options name no destination (`relative_buckets_learned` writes there).
 #[derive(Clone, Debug)]
 pub struct AttentionGrads {
-    /// `[B, Lq, H, Dk]`.
+    /// `[B, Lq, H, Dk]` (packed `[rows, H, Dk]` where Q is: [`HeadsView::packed`]).
     pub dq: GpuTensor,
-    /// `[B, Lk, Hkv, Dk]`, summed over the query heads of each kv head.
+    /// `[B, Lk, Hkv, Dk]` (packed where K is), summed over the query heads of each kv head.
     pub dk: GpuTensor,
     /// `[B, Lk, Hkv, Dv]`, summed likewise.
     pub dv: GpuTensor,
@@ -36,9 +36,10 @@ pub fn attention_backward(
 ) -> Result<AttentionGrads> {
     let s = AttentionShape::of(q, k, v)?;
     check_f32(&[("q", q), ("k", k), ("v", v), ("d_out", d_out)]).map_err(allocating_f16)?;
-    let dq = GpuTensor::uninit(ctx, "dq", &[s.batch, s.q_seq, s.heads, s.head_dim_qk])?;
-    let dk = GpuTensor::uninit(ctx, "dk", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
-    let dv = GpuTensor::uninit(ctx, "dv", &[s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
+    use PackedSide::{Keys, Queries};
+    let (dq, dq_view) = output_like(ctx, "dq", q, Queries, [s.heads, s.head_dim_qk], opts)?;
+    let (dk, dk_view) = output_like(ctx, "dk", k, Keys, [s.kv_heads, s.head_dim_qk], opts)?;
+    let (dv, dv_view) = output_like(ctx, "dv", v, Keys, [s.kv_heads, s.head_dim_v], opts)?;
     let workspace = attention_backward_workspace(ctx, &s)?;
     // The relative table's gradient, unless the caller named a destination.
     let d_relative = match (opts.relative, opts.relative_grad) {
@@ -61,12 +62,12 @@ pub fn attention_backward(
         q,
         k,
         v,
-        &forward.out.heads()?,
+        &view_like(&forward.out, q, Queries, opts)?,
         &forward.lse,
         d_out,
-        &dq.heads()?,
-        &dk.heads()?,
-        &dv.heads()?,
+        &dq_view,
+        &dk_view,
+        &dv_view,
         &workspace,
         opts,
     )?;
@@ -153,6 +154,20 @@ pub fn attention_backward_into(
     workspace: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    use PackedSide::{Keys, Queries};
+    check_packed(
+        &[
+            ("q", q, Queries),
+            ("k", k, Keys),
+            ("v", v, Keys),
+            ("out", out, Queries),
+            ("d_out", d_out, Queries),
+            ("dq", dq, Queries),
+            ("dk", dk, Keys),
+            ("dv", dv, Keys),
+        ],
+        opts,
+    )?;
     if !qk_norm::active(opts) {
         return encode_backward_core(
             ctx, encoder, q, k, v, out, lse, d_out, dq, dk, dv, workspace, opts,

@@ -51,7 +51,8 @@ pub(super) struct Params {
     pub(super) rel_threshold_vec4s: u32,
     pub(super) rel_table_stride: u32,
     pub(super) split_keys: u32,
-    pub(super) pad: u32,
+    /// One bit per packed view (`1 << VIEW_*`), whose sequences start at the rows in `seq_lens`.
+    pub(super) packed_views: u32,
     pub(super) rel_thresholds: [[u32; 4]; MAX_REL_THRESHOLDS / 4],
     pub(super) alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
     pub(super) views: [ViewParams; 8],
@@ -126,6 +127,9 @@ pub(super) fn bind_view<'a>(
     let size_bytes = end_bytes.max(offset_bytes + 4) - offset_bytes;
     check_binding(ctx, arg, size_bytes)?;
     params.views[slot] = view_params(arg, view, (offset_bytes / element) as usize)?;
+    if view.packed_rows().is_some() {
+        params.packed_views |= 1 << slot;
+    }
     Ok(Binding {
         buffer: view.buffer(),
         offset_bytes,

@@ -322,6 +322,15 @@ fn decode_into(
             "is not supported by decode attention (its rows would need the cache's positions); use attention_forward_into",
         ));
     }
+    refuse_packed(
+        &[
+            ("q", q),
+            ("k_cache", k_cache),
+            ("v_cache", v_cache),
+            ("out", out),
+        ],
+        "decode attention",
+    )?;
     check_forward_outputs(
         ctx,
         &s,

@@ -7,7 +7,7 @@ use super::*;
 /// key). Both are what [`attention_backward`] needs.
 #[derive(Clone, Debug)]
 pub struct AttentionOutput {
-    /// `[B, Lq, H, Dv]`.
+    /// `[B, Lq, H, Dv]`; `[rows, H, Dv]` packed like Q where Q is packed ([`HeadsView::packed`]).
     pub out: GpuTensor,
     /// The row log-sum-exp `[B, H, Lq]` (`-inf` for rows that see no key), what the backward needs.
     pub lse: GpuTensor,
@@ -96,9 +96,19 @@ pub fn attention_forward(
 ) -> Result<AttentionOutput> {
     let s = AttentionShape::of(q, k, v)?;
     check_f32(&[("q", q), ("k", k), ("v", v)]).map_err(allocating_f16)?;
-    AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
-        attention_forward_into(ctx, encoder, q, k, v, out, lse, opts)
-    })
+    let (out, out_view) = output_like(
+        ctx,
+        "attention out",
+        q,
+        PackedSide::Queries,
+        [s.heads, s.head_dim_v],
+        opts,
+    )?;
+    let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    attention_forward_into(ctx, &mut encoder, q, k, v, &out_view, &lse, opts)?;
+    ctx.submit(encoder)?;
+    Ok(AttentionOutput { out, lse })
 }
 
 /// [`attention_forward_into`] for callers that want O only (inference): the row log-sum-exp goes to
@@ -142,6 +152,16 @@ pub fn attention_forward_into(
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(ctx, &s, opts)?;
+    use PackedSide::{Keys, Queries};
+    check_packed(
+        &[
+            ("q", q, Queries),
+            ("k", k, Keys),
+            ("v", v, Keys),
+            ("out", out, Queries),
+        ],
+        opts,
+    )?;
     let views = [("q", q), ("k", k), ("v", v), ("out", out)];
     let dtype = common_dtype(ctx, &views, opts)?;
     check_forward_outputs(

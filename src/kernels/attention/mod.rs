@@ -15,7 +15,7 @@ use crate::device::{grid_2d, Context, KernelFamily, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::matmul::{encode_gemm, Elements, Epilogue, Gemm, Operand};
-use crate::tensor::{BiasView, DType, GpuTensor, HeadsView, Region, SeqLens};
+use crate::tensor::{BiasView, DType, GpuTensor, HeadsView, PackedSide, Region, SeqLens};
 
 mod additive;
 mod backward;

@@ -49,6 +49,7 @@ pub fn attention_probabilities_into(
     // V plays no part; K stands in for it in the shape check.
     let s = AttentionShape::of(q, k, k)?;
     check_f32(&[("q", q), ("k", k)])?;
+    refuse_packed(&[("q", q), ("k", k)], "attention_probabilities")?;
     let scale = check_options(ctx, &s, opts)?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
     check_rows(&rows, s.q_seq)?;

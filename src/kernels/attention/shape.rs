@@ -281,9 +281,11 @@ pub(super) fn check_options_with(
     Ok(scale / temperature)
 }
 
-/// Checks an f32 view's shape: every attention op but the fused forward and backward takes f32.
+/// Checks an f32 view's shape: every attention op but the fused forward and backward takes f32, and
+/// padded views.
 pub(super) fn check_view(arg: &'static str, view: &HeadsView, expected: [usize; 4]) -> Result<()> {
     check_f32(&[(arg, view)])?;
+    refuse_packed(&[(arg, view)], "this operation")?;
     check_view_typed(arg, view, expected)
 }
 
@@ -399,4 +401,104 @@ pub(super) fn check_distinct<'a>(
     let mut all = option_inputs(opts);
     all.extend_from_slice(inputs);
     check_call(ctx, outputs, &all)
+}
+
+/// Checks the packed views of a fused forward or backward ([`HeadsView::packed`]) against the call's
+/// lengths: packed ones (`SeqLens::packed`) whose sequences fit each view's rows, and masks that
+/// align queries and keys at a sequence's first rows only where its queries are its keys.
+pub(super) fn check_packed(
+    views: &[(&'static str, &HeadsView, PackedSide)],
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    if views
+        .iter()
+        .all(|(_, view, _)| view.packed_rows().is_none())
+    {
+        return Ok(());
+    }
+    let lens = packed_lens(opts)?;
+    for &(arg, view, side) in views {
+        if let Some(rows) = view.packed_rows() {
+            let total = lens.packed_total(side);
+            if total > rows {
+                return Err(Error::shape(
+                    arg,
+                    format!("has {rows} packed rows; the lengths' sequences need {total}"),
+                ));
+            }
+        }
+    }
+    let positional = opts.causal || opts.window.is_some() || opts.alibi || opts.relative.is_some();
+    if positional && lens.q_lens() != lens.kv_lens() {
+        return Err(Error::shape(
+            "seq_lens",
+            "packed lengths with q_lens != kv_lens: causal masks, windows, ALiBi and relative \
+             buckets align each sequence's queries and keys at their first rows, so they need \
+             q_lens == kv_lens (self-attention)",
+        ));
+    }
+    if qk_norm::active(opts) {
+        return Err(Error::shape(
+            "cosine/key_norm_clip",
+            "cosine scores and key clipping take padded views; packed views are not supported there",
+        ));
+    }
+    Ok(())
+}
+
+/// The packed lengths a call with packed views needs (`opts.seq_lens`).
+fn packed_lens<'a>(opts: &AttentionOptions<'a>) -> Result<&'a SeqLens> {
+    opts.seq_lens.filter(|lens| lens.is_packed()).ok_or_else(|| {
+        Error::shape(
+            "seq_lens",
+            "packed views need the packed batch's lengths: pass the SeqLens::packed the views were made with",
+        )
+    })
+}
+
+/// A new f32 output tensor laid out like the view `like` of `side`: `[rows, heads, dim]` packed as
+/// `like` is (by `opts.seq_lens`), or `[batch, seq, heads, dim]`; with its view.
+pub(super) fn output_like(
+    ctx: &Context,
+    label: &'static str,
+    like: &HeadsView,
+    side: PackedSide,
+    [heads, dim]: [usize; 2],
+    opts: &AttentionOptions<'_>,
+) -> Result<(GpuTensor, HeadsView)> {
+    let [batch, seq, _, _] = like.shape();
+    let shape = match like.packed_rows() {
+        Some(rows) => vec![rows, heads, dim],
+        None => vec![batch, seq, heads, dim],
+    };
+    let t = GpuTensor::uninit(ctx, label, &shape)?;
+    let view = view_like(&t, like, side, opts)?;
+    Ok((t, view))
+}
+
+/// The view of `t` (from [`output_like`]) laid out like `like`.
+pub(super) fn view_like(
+    t: &GpuTensor,
+    like: &HeadsView,
+    side: PackedSide,
+    opts: &AttentionOptions<'_>,
+) -> Result<HeadsView> {
+    match like.packed_rows() {
+        Some(_) => t.packed_heads(packed_lens(opts)?, side),
+        None => t.heads(),
+    }
+}
+
+/// Refuses packed views in the kernels that read padded ones only (`what` names them).
+pub(crate) fn refuse_packed(views: &[(&'static str, &HeadsView)], what: &str) -> Result<()> {
+    match views.iter().find(|(_, view)| view.packed_rows().is_some()) {
+        Some(&(arg, _)) => Err(Error::shape(
+            arg,
+            format!(
+                "is packed; {what} takes padded [batch, seq, heads, head_dim] views (the fused \
+                 attention forward and backward take packed ones)"
+            ),
+        )),
+        None => Ok(()),
+    }
 }

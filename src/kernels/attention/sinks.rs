@@ -52,8 +52,8 @@ pub(super) fn encode_forward(
         || with_common(FORWARD),
         &[("WG", SIMPLE_WG)],
         &params,
-        // Padded rows are known by their lse = -inf: no lengths bound.
-        Shared::NONE,
+        // Padded rows are known by their lse = -inf; the lengths locate a packed O's rows.
+        Shared::lens(seq_lens_buffer(ctx, opts)),
         &bindings,
         grid,
     );

@@ -346,7 +346,7 @@ pub(super) fn encode_split_merge(
         || with_common_typed(FORWARD_MERGE, DType::F32, out.dtype()),
         &[("WG", SIMPLE_WG)],
         &merge,
-        Shared::NONE,
+        Shared::lens(seq_lens_buffer(ctx, opts)),
         &bindings,
         grid,
     );

@@ -300,6 +300,7 @@ pub fn attention_forward_unfused(
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(ctx, &s, opts)?;
     unfused_modifier_check(opts)?;
+    refuse_packed(&[("q", q), ("k", k), ("v", v)], "the unfused attention")?;
     unfused_checks(ctx, &[("q", q), ("k", k), ("v", v)])?;
     let probs = GpuTensor::uninit(ctx, "probs", &scores_shape(ctx, &s)?)?;
     let AttentionOutput { out, lse } = AttentionOutput::new(ctx, &s)?;
@@ -340,6 +341,7 @@ pub fn attention_backward_unfused(
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(ctx, &s, opts)?;
     unfused_modifier_check(opts)?;
+    refuse_packed(&[("q", q), ("k", k), ("v", v)], "the unfused attention")?;
     check_view("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     unfused_checks(ctx, &[("q", q), ("k", k), ("v", v), ("d_out", d_out)])?;
     let shape = scores_shape(ctx, &s)?;
