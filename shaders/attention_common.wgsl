@@ -60,7 +60,7 @@ struct Params {
     rel_table_stride: u32,
     // Decode attention: keys per split-KV slice.
     split_keys: u32,
-    // Packed views, one bit per view (1 << VIEW_*): see view_index.
+    // The host's record of PACKED_VIEWS (the kernels read the constant).
     packed_views: u32,
     rel_thresholds: array<vec4<u32>, 8>,
     // Per-head ALiBi slopes (FLAG_ALIBI_SLOPES), slope of head h at [h / 4][h % 4].
@@ -112,8 +112,12 @@ fn key_side(view: u32) -> bool {
     return ((KEY_SIDE_VIEWS >> view) & 1u) != 0u;
 }
 
+// Packed views, one bit per view (1 << VIEW_*): see view_index. A pipeline constant, so that the
+// padded kernels compile exactly as without packing (no per-row test of the layout).
+override PACKED_VIEWS: u32 = 0u;
+
 fn view_packed(view: u32) -> bool {
-    return ((params.packed_views >> view) & 1u) != 0u;
+    return ((PACKED_VIEWS >> view) & 1u) != 0u;
 }
 
 // A packed view (FlashAttention's varlen layout) holds the sequences one after another: sequence b's

@@ -31,6 +31,32 @@ impl Outputs {
         }
     }
 
+    /// Zeros of a `[B, L, heads, dim]` output, or of its packed `[rows, heads, dim]` form where the
+    /// problem is packed (by `lens`, on `side`).
+    pub(crate) fn zeros_like(
+        ctx: &Context,
+        [batch, len, heads, dim]: [usize; 4],
+        packed: Option<(&SeqLens, PackedSide)>,
+        dtype: DType,
+    ) -> wgpu_attention::Result<Self> {
+        match packed {
+            Some((lens, side)) => Self::zeros(ctx, &[lens.packed_total(side), heads, dim], dtype),
+            None => Self::zeros(ctx, &[batch, len, heads, dim], dtype),
+        }
+    }
+
+    /// The output's view: packed by `lens` on `side` where given.
+    pub(crate) fn view(
+        &self,
+        packed: Option<(&SeqLens, PackedSide)>,
+    ) -> wgpu_attention::Result<HeadsView> {
+        match (self, packed) {
+            (_, None) => self.heads(),
+            (Outputs::F32(t), Some((lens, side))) => t.packed_heads(lens, side),
+            (Outputs::F16(t), Some((lens, side))) => t.packed_heads(lens, side),
+        }
+    }
+
     pub(crate) fn to_vec(&self, ctx: &Context) -> wgpu_attention::Result<Vec<f32>> {
         match self {
             Outputs::F32(t) => t.to_vec(ctx),
@@ -104,21 +130,36 @@ pub(crate) fn run_problem(
         round(random(n_kv * p.dv, 3)),
         round(random(n_q * p.dv, 4)),
     ];
-    let up = |data: &[f32], l: usize, h: usize, d: usize| match p.dtype {
-        DType::F32 => GpuTensor::from_slice(ctx, data, &[p.batch, l, h, d]).and_then(|t| t.heads()),
-        DType::F16 => {
-            GpuTensorF16::from_f32(ctx, data, &[p.batch, l, h, d]).and_then(|t| t.heads())
+    let seq_lens = p.seq_lens(ctx)?;
+    // Padded [B, L, h, d] tensors, or, for packed problems, each sequence's rows one after another.
+    let up = |data: &[f32], l: usize, h: usize, d: usize, side| {
+        let (shape, data) = match (p.packed(), &seq_lens) {
+            (true, Some(lens)) => {
+                let lens = lens_of(lens, side);
+                let packed = pack_rows(data, lens, l, h * d);
+                (vec![packed.len() / (h * d), h, d], packed)
+            }
+            _ => (vec![p.batch, l, h, d], data.to_vec()),
+        };
+        let packing = seq_lens.as_ref().filter(|_| p.packed());
+        match p.dtype {
+            DType::F32 => GpuTensor::from_slice(ctx, &data, &shape).and_then(|t| match packing {
+                Some(lens) => t.packed_heads(lens, side),
+                None => t.heads(),
+            }),
+            DType::F16 => GpuTensorF16::from_f32(ctx, &data, &shape).and_then(|t| match packing {
+                Some(lens) => t.packed_heads(lens, side),
+                None => t.heads(),
+            }),
         }
     };
+    use PackedSide::{Keys, Queries};
     let inputs = Inputs {
-        q: up(&host[0], p.q_len, p.heads, p.dk)?,
-        k: up(&host[1], p.kv_len, p.kv_heads, p.dk)?,
-        v: up(&host[2], p.kv_len, p.kv_heads, p.dv)?,
-        d_out: up(&host[3], p.q_len, p.heads, p.dv)?,
-        seq_lens: p
-            .kv_lens()
-            .map(|kv| SeqLens::new(ctx, None, Some(&kv)))
-            .transpose()?,
+        q: up(&host[0], p.q_len, p.heads, p.dk, Queries)?,
+        k: up(&host[1], p.kv_len, p.kv_heads, p.dk, Keys)?,
+        v: up(&host[2], p.kv_len, p.kv_heads, p.dv, Keys)?,
+        d_out: up(&host[3], p.q_len, p.heads, p.dv, Queries)?,
+        seq_lens,
         host,
         bias: None,
         relative: None,
@@ -178,7 +219,7 @@ pub(crate) fn run_problem(
         normalize_qk: p.modifier == Modifier::Cosine,
         key_clip: (p.modifier == Modifier::Clip).then(|| (p.dk as f64).sqrt()),
         causal: p.causal(),
-        q_lens: None,
+        q_lens: p.q_lens(),
         kv_lens: p.kv_lens(),
         softcap: p.modifier.softcap().map(f64::from),
         alibi: p.modifier.alibi(),
@@ -204,6 +245,22 @@ pub(crate) fn run_problem(
             &masks,
         )
     });
+    // A packed problem's outputs hold the sequences' rows only (lse stays [B, H, Lq]).
+    let (reference_forward, reference_backward) = match (&inputs.seq_lens, p.packed()) {
+        (Some(lens), true) => {
+            let (q_lens, kv_lens) = (lens_of(lens, Queries), lens_of(lens, Keys));
+            let forward = reference_forward
+                .map(|(out, lse)| (pack_rows(&out, q_lens, p.q_len, p.heads * p.dv), lse));
+            let backward = reference_backward.map(|mut g| {
+                g.dq = pack_rows(&g.dq, q_lens, p.q_len, p.heads * p.dk);
+                g.dk = pack_rows(&g.dk, kv_lens, p.kv_len, p.kv_heads * p.dk);
+                g.dv = pack_rows(&g.dv, kv_lens, p.kv_len, p.kv_heads * p.dv);
+                g
+            });
+            (forward, backward)
+        }
+        _ => (reference_forward, reference_backward),
+    };
 
     let mut results = Vec::new();
     if paths.contains(&PathKind::Unfused) && p.modifier != Modifier::None {
@@ -230,7 +287,7 @@ pub(crate) fn run_problem(
         };
         for &pass in passes {
             let layer = pass == Pass::Layer;
-            if layer && (path != PathKind::Fused || !with_layer) {
+            if layer && (path != PathKind::Fused || !with_layer || p.packed()) {
                 continue;
             }
             let id = format!("{} {} {}", pass.name(), path_label, p.label());
@@ -371,7 +428,19 @@ pub(crate) fn run_case(
     ctx.reset_peak_memory();
     let base = ctx.memory().current_bytes;
     // Outputs of the fused path are allocated once and reused by every run.
-    let out = Outputs::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v], p.dtype)?;
+    let packing = |side| {
+        x.seq_lens
+            .as_ref()
+            .filter(|_| p.packed())
+            .map(|l| (l, side))
+    };
+    let (queries, keys) = (packing(PackedSide::Queries), packing(PackedSide::Keys));
+    let out = Outputs::zeros_like(
+        ctx,
+        [s.batch, s.q_seq, s.heads, s.head_dim_v],
+        queries,
+        p.dtype,
+    )?;
     let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq])?;
     let (mut forward_atol, mut forward_rtol, mut backward_atol, mut backward_rtol) = match p.dtype {
         DType::F32 => (FORWARD_ATOL, FORWARD_RTOL, BACKWARD_ATOL, BACKWARD_RTOL),
@@ -393,7 +462,7 @@ pub(crate) fn run_case(
             &x.q,
             &x.k,
             &x.v,
-            &out.heads()?,
+            &out.view(queries)?,
             &lse,
             opts,
         )?;
@@ -446,11 +515,12 @@ pub(crate) fn run_case(
         Pass::Backward | Pass::Layer => {
             gflop = p.counted_flops(s.backward_flops(causal), s.backward_flops(false)) / 1e9;
             fused_forward()?;
-            let dq = Outputs::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_qk], p.dtype)?;
+            let dq_shape = [s.batch, s.q_seq, s.heads, s.head_dim_qk];
+            let dq = Outputs::zeros_like(ctx, dq_shape, queries, p.dtype)?;
             let dk_shape = [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk];
-            let dk = Outputs::zeros(ctx, &dk_shape, p.dtype)?;
+            let dk = Outputs::zeros_like(ctx, dk_shape, keys, p.dtype)?;
             let dv_shape = [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v];
-            let dv = Outputs::zeros(ctx, &dv_shape, p.dtype)?;
+            let dv = Outputs::zeros_like(ctx, dv_shape, keys, p.dtype)?;
             let workspace = attention_backward_workspace(ctx, s)?;
             let grads = match path {
                 PathKind::Fused => {
@@ -462,12 +532,12 @@ pub(crate) fn run_case(
                             &x.q,
                             &x.k,
                             &x.v,
-                            &out.heads()?,
+                            &out.view(queries)?,
                             &lse,
                             &x.d_out,
-                            &dq.heads()?,
-                            &dk.heads()?,
-                            &dv.heads()?,
+                            &dq.view(queries)?,
+                            &dk.view(keys)?,
+                            &dv.view(keys)?,
                             &workspace,
                             opts,
                         )?;
@@ -548,6 +618,25 @@ pub(crate) fn run_case(
         peak_bytes,
         validation,
     })
+}
+
+/// The lengths of a packed batch's `side`.
+fn lens_of(lens: &SeqLens, side: PackedSide) -> &[u32] {
+    match side {
+        PackedSide::Queries => lens.q_lens(),
+        PackedSide::Keys => lens.kv_lens(),
+    }
+    .expect("packed lengths hold both sides")
+}
+
+/// The first `lens[b]` rows (of `width` values) of each sequence of padded `[B, seq, width]` data,
+/// one sequence after another.
+fn pack_rows<T: Copy>(data: &[T], lens: &[u32], seq: usize, width: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(lens.iter().sum::<u32>() as usize * width);
+    for (b, &len) in lens.iter().enumerate() {
+        out.extend_from_slice(&data[b * seq * width..][..len as usize * width]);
+    }
+    out
 }
 
 pub(crate) fn random(n: usize, seed: u32) -> Vec<f32> {

@@ -62,6 +62,14 @@ pub(crate) enum Mask {
     /// Per-batch key lengths: batch b keeps Lk * (4 - b % 4) / 4 keys.
     Padding,
     CausalPadding,
+    /// A variable-length batch, padded: sequence b has L * (4 - b % 4) / 4 queries and keys
+    /// (`q_lens` and `kv_lens`; needs Lq = Lk).
+    Varlen,
+    CausalVarlen,
+    /// The same sequences packed one after another (`SeqLens::packed`, `[rows, H, D]` tensors, no
+    /// padding rows): compare with `varlen` in one run. Fused path only.
+    Packed,
+    CausalPacked,
 }
 
 /// Score modifiers of a case (fused path only; the unfused baseline has none).

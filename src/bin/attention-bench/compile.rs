@@ -63,10 +63,7 @@ fn compile_problem(
         head_dim_qk: p.dk,
         head_dim_v: p.dv,
     };
-    let seq_lens = p
-        .kv_lens()
-        .map(|kv| SeqLens::new(ctx, None, Some(&kv)))
-        .transpose()?;
+    let seq_lens = p.seq_lens(ctx)?;
     let one = GpuTensor::zeros(ctx, &[1])?;
     let bias = BiasView::new(one.buffer().clone(), 0, [1, h, p.q_len, p.kv_len], [0; 4])?;
     let table = GpuTensor::zeros(ctx, &[h, RELATIVE_BUCKETS])?;

@@ -38,7 +38,7 @@ use wgpu_attention::{
     attention_bias_backward_into, attention_forward_into, attention_forward_plan,
     attention_forward_unfused, attention_sinks_backward_into, enumerate_adapters, parse_backends,
     AttentionOptions, AttentionShape, BiasView, Context, DType, Error, GpuTensor, GpuTensorF16,
-    HeadsView, KernelFamily, RelativeBuckets, SeqLens,
+    HeadsView, KernelFamily, PackedSide, RelativeBuckets, SeqLens,
 };
 
 use cases::*;

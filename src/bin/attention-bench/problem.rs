@@ -60,8 +60,8 @@ impl Problem {
                     }
                 }
                 PathKind::Fused => runs.extend(families.iter().map(|&f| (path, Some(f)))),
-                // The unfused baseline has no score modifiers and no f16.
-                PathKind::Unfused if self.modifier != Modifier::None => {}
+                // The unfused baseline has no score modifiers, no f16 and no packed batches.
+                PathKind::Unfused if self.modifier != Modifier::None || self.packed() => {}
                 PathKind::Unfused if self.dtype == DType::F16 => {}
                 PathKind::Unfused => runs.push((path, None)),
             }
@@ -72,6 +72,12 @@ impl Problem {
     /// FLOPs of the case: `masked` (the customary count, causal halved), or under a window `full` times
     /// the fraction of (query, key) pairs the window leaves, so GFLOP/s counts only work that exists.
     pub(crate) fn counted_flops(&self, masked: f64, full: f64) -> f64 {
+        // Variable lengths: the pairs of each sequence's own queries and keys.
+        if let (Some(q), Some(kv)) = (self.q_lens(), self.kv_lens()) {
+            let pairs: usize = q.iter().zip(&kv).map(|(&a, &b)| (a * b) as usize).sum();
+            let share = pairs as f64 / (self.batch * self.q_len * self.kv_len) as f64;
+            return masked * share;
+        }
         let Some(w) = self.window else {
             return masked;
         };
@@ -103,15 +109,45 @@ impl Problem {
     }
 
     pub(crate) fn causal(&self) -> bool {
-        matches!(self.mask, Mask::Causal | Mask::CausalPadding)
+        matches!(
+            self.mask,
+            Mask::Causal | Mask::CausalPadding | Mask::CausalVarlen | Mask::CausalPacked
+        )
+    }
+
+    /// Whether the sequences are packed (`packed` masks): `[rows, H, D]` tensors.
+    pub(crate) fn packed(&self) -> bool {
+        matches!(self.mask, Mask::Packed | Mask::CausalPacked)
+    }
+
+    /// Per-sequence query lengths (variable-length and packed batches).
+    pub(crate) fn q_lens(&self) -> Option<Vec<u32>> {
+        let varlen = matches!(
+            self.mask,
+            Mask::Varlen | Mask::CausalVarlen | Mask::Packed | Mask::CausalPacked
+        );
+        varlen.then(|| self.quarter_lens(self.q_len))
     }
 
     pub(crate) fn kv_lens(&self) -> Option<Vec<u32>> {
-        matches!(self.mask, Mask::Padding | Mask::CausalPadding).then(|| {
-            (0..self.batch)
-                .map(|b| (self.kv_len * (4 - b % 4) / 4).max(1) as u32)
-                .collect()
-        })
+        (self.mask != Mask::None && self.mask != Mask::Causal)
+            .then(|| self.quarter_lens(self.kv_len))
+    }
+
+    /// `len * (4 - b % 4) / 4` for sequence b (at least 1).
+    fn quarter_lens(&self, len: usize) -> Vec<u32> {
+        (0..self.batch)
+            .map(|b| (len * (4 - b % 4) / 4).max(1) as u32)
+            .collect()
+    }
+
+    /// The problem's lengths on the GPU: packed, query and key, or key lengths, per its mask.
+    pub(crate) fn seq_lens(&self, ctx: &Context) -> wgpu_attention::Result<Option<SeqLens>> {
+        match (self.q_lens(), self.kv_lens()) {
+            (Some(q), Some(kv)) if self.packed() => SeqLens::packed(ctx, &q, &kv).map(Some),
+            (None, None) => Ok(None),
+            (q, kv) => SeqLens::new(ctx, q.as_deref(), kv.as_deref()).map(Some),
+        }
     }
 
     /// The T5 relative buckets of the `relative` modifier: 32 buckets to distance 128, one-directional
@@ -173,6 +209,10 @@ pub(crate) fn mask_name(m: Mask) -> &'static str {
         Mask::Causal => "causal",
         Mask::Padding => "padding",
         Mask::CausalPadding => "causal+padding",
+        Mask::Varlen => "varlen",
+        Mask::CausalVarlen => "causal+varlen",
+        Mask::Packed => "packed",
+        Mask::CausalPacked => "causal+packed",
     }
 }
 
@@ -208,6 +248,19 @@ pub(crate) fn problems(cli: &Cli) -> std::result::Result<Vec<Problem>, String> {
                 kv.len(),
                 lengths.len()
             ));
+        }
+        let varlen = [
+            Mask::Varlen,
+            Mask::CausalVarlen,
+            Mask::Packed,
+            Mask::CausalPacked,
+        ];
+        if masks.iter().any(|m| varlen.contains(m)) && kv != &lengths {
+            return Err(
+                "--masks varlen and packed: each sequence's queries are its keys, so \
+                        --kv-lengths must equal --lengths"
+                    .into(),
+            );
         }
     }
     for (arg, v) in [

@@ -84,6 +84,37 @@ pub(crate) fn print_table(results: &[CaseResult], peak: f64) {
             println!("{l}");
         }
     }
+    // Packed against padded: the same sequences, `packed` against `varlen` masks.
+    let mut packed = Vec::new();
+    for r in results.iter().filter(|r| r.problem.packed()) {
+        let padded_mask = match r.problem.mask {
+            Mask::CausalPacked => Mask::CausalVarlen,
+            _ => Mask::Varlen,
+        };
+        let padded = Problem {
+            mask: padded_mask,
+            ..r.problem.clone()
+        };
+        let (pass, path) = (r.pass.name(), &r.path_label);
+        let times = (
+            find(format!("{pass} {path} {}", r.problem.label())),
+            find(format!("{pass} {path} {}", padded.label())),
+        );
+        if let (Some(p), Some(v)) = times {
+            packed.push(format!(
+                "| {pass} | {path} | {} | {:.2}x |",
+                r.problem.label(),
+                v / p
+            ));
+        }
+    }
+    if !packed.is_empty() {
+        println!("\n| pass | path | problem | packed speed-up over padded (varlen) |");
+        println!("|---|---|---|---|");
+        for l in packed {
+            println!("{l}");
+        }
+    }
 }
 
 /// The checked-out revision, `-dirty` when the tree has uncommitted changes.

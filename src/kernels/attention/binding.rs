@@ -51,7 +51,8 @@ pub(super) struct Params {
     pub(super) rel_threshold_vec4s: u32,
     pub(super) rel_table_stride: u32,
     pub(super) split_keys: u32,
-    /// One bit per packed view (`1 << VIEW_*`), whose sequences start at the rows in `seq_lens`.
+    /// One bit per packed view (`1 << VIEW_*`), whose sequences start at the rows in `seq_lens`:
+    /// [`encode_kernel`] specialises the pipeline with it (`PACKED_VIEWS`).
     pub(super) packed_views: u32,
     pub(super) rel_thresholds: [[u32; 4]; MAX_REL_THRESHOLDS / 4],
     pub(super) alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
@@ -333,7 +334,14 @@ pub(super) fn encode_kernel(
     bindings: &[Binding<'_>],
     grid: (u32, u32),
 ) {
-    let pipeline = ctx.pipeline(name, source, constants);
+    let pipeline = match params.packed_views {
+        0 => ctx.pipeline(name, source, constants),
+        packed => {
+            let mut specialised = constants.to_vec();
+            specialised.push(("PACKED_VIEWS", packed));
+            ctx.pipeline(name, source, &specialised)
+        }
+    };
     let mut storage = Vec::with_capacity(bindings.len() + 2);
     if let Some(seq_lens) = shared.seq_lens {
         storage.push(StorageBinding {
