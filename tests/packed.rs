@@ -7,8 +7,6 @@ mod common;
 
 use common::*;
 use wgpu_attention::kernels::attention::attention_decode;
-use wgpu_attention::kernels::rope::{rope_forward_into, RopeTable};
-use wgpu_attention::spec::RopeLayout;
 use wgpu_attention::{
     attention_backward, attention_backward_into, attention_backward_workspace, attention_forward,
     attention_forward_into, attention_forward_plan, AttentionOptions, Context, GpuTensor,
@@ -355,9 +353,14 @@ fn misuse_is_refused_with_typed_errors() {
             attention_decode(ctx, &x, &x, &x, &AttentionOptions::new().seq_lens(&lens)),
         );
         assert!(message.contains("is packed"), "{message}");
-        let table = RopeTable::new(ctx, 10_000.0, 8, RopeLayout::Half, 8).unwrap();
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        let message = refused(backend, rope_forward_into(ctx, &mut encoder, &x, &table, 0));
-        assert!(message.contains("is packed"), "{message}");
+        // A view packed on one side passed where the other is read.
+        let message = refused(
+            backend,
+            attention_forward(ctx, &x, &x, &x, &AttentionOptions::new().seq_lens(&lens)),
+        );
+        assert!(
+            message.contains("packed on the lengths' Queries"),
+            "{message}"
+        );
     });
 }

@@ -262,3 +262,88 @@ fn scaled_frequencies_match_reference() {
         assert!(matches!(err, Err(Error::Shape { .. })), "{err:?}");
     });
 }
+
+/// A packed view (`SeqLens::packed`): each sequence's rows rotate at their own positions (offset +
+/// row within the sequence), as the reference rotates the padded batch, forward and backward; the
+/// rows after the last sequence (and no other) are left alone.
+#[test]
+fn packed_views_rotate_each_sequence_from_its_first_row() {
+    use wgpu_attention::kernels::rope::{rope_backward_packed_into, rope_forward_packed_into};
+    use wgpu_attention::{PackedSide, SeqLens};
+    for_each_backend(|backend, ctx| {
+        let (q_lens, kv_lens) = ([3u32, 0, 6], [2u32, 5, 1]);
+        let (heads, dim, offset, longest) = (2, 8, 4, 6);
+        let lens = SeqLens::packed(ctx, &q_lens, &kv_lens).unwrap();
+        let table = RopeTable::new(ctx, 10000.0, dim, RopeLayout::Half, offset + longest).unwrap();
+        for (side, seq_lens) in [(PackedSide::Queries, q_lens), (PackedSide::Keys, kv_lens)] {
+            let total = seq_lens.iter().sum::<u32>() as usize;
+            let width = heads * dim;
+            let data = random(&mut rng(5), (total + 2) * width, 1.0);
+            // The padded batch the packed rows come from, rotated by the reference.
+            let mut padded = vec![0.0f64; seq_lens.len() * longest * width];
+            let mut row = 0;
+            for (b, &len) in seq_lens.iter().enumerate() {
+                for l in 0..len as usize {
+                    for c in 0..width {
+                        padded[(b * longest + l) * width + c] = data[(row + l) * width + c] as f64;
+                    }
+                }
+                row += len as usize;
+            }
+            let shape = [seq_lens.len(), longest, heads, dim];
+            for sign in [1.0, -1.0] {
+                let rotated =
+                    reference::rope(&padded, shape, 10000.0, dim, RopeLayout::Half, offset, sign);
+                let mut expected: Vec<f64> = Vec::new();
+                for (b, &len) in seq_lens.iter().enumerate() {
+                    expected.extend(&rotated[b * longest * width..][..len as usize * width]);
+                }
+                expected.extend(data[total * width..].iter().map(|&x| x as f64));
+                let t = GpuTensor::from_slice(ctx, &data, &[total + 2, heads, dim]).unwrap();
+                let view = t.packed_heads(&lens, side).unwrap();
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                match sign > 0.0 {
+                    true => {
+                        rope_forward_packed_into(ctx, &mut encoder, &view, &table, &lens, offset)
+                    }
+                    false => {
+                        rope_backward_packed_into(ctx, &mut encoder, &view, &table, &lens, offset)
+                    }
+                }
+                .unwrap();
+                ctx.queue().submit([encoder.finish()]);
+                let got = t.to_vec(ctx).unwrap();
+                assert_close(
+                    &format!("[{backend}] packed rope {side:?} sign {sign}"),
+                    &got,
+                    &expected,
+                    1e-6,
+                    1e-6,
+                );
+                assert_eq!(
+                    got[total * width..],
+                    data[total * width..],
+                    "[{backend}] margin"
+                );
+            }
+        }
+        // A packed view needs its lengths; a padded one refuses them.
+        let t = GpuTensor::zeros(ctx, &[9, heads, dim]).unwrap();
+        let view = t.packed_heads(&lens, PackedSide::Queries).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let m = rope_forward_into(ctx, &mut encoder, &view, &table, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("rope_forward_packed_into"), "{m}");
+        let other = SeqLens::packed(ctx, &[3, 6], &[3, 6]).unwrap();
+        let m = rope_forward_packed_into(ctx, &mut encoder, &view, &table, &other, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("packed for 3 sequences"), "{m}");
+        let padded = t.reshape(&[1, 9, heads, dim]).unwrap().heads().unwrap();
+        let m = rope_forward_packed_into(ctx, &mut encoder, &padded, &table, &lens, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("not packed"), "{m}");
+    });
+}

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::{encode, grid_x};
 pub use crate::spec::{RopeLayout, RopeScaling};
-use crate::tensor::{GpuTensor, HeadsView, SeqLens};
+use crate::tensor::{GpuTensor, HeadsView, PackedSide, SeqLens};
 
 const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 
@@ -36,7 +36,8 @@ struct RopeParams {
     stride_h: u32,
     max_positions: u32,
     per_sequence: u32,
-    pad: [u32; 2],
+    packed_side: u32,
+    pad: u32,
 }
 
 /// The cos and sin of every (position, pair) angle `p * base^(-2k / rotary_dim)` for positions below
@@ -127,6 +128,8 @@ enum Positions<'a> {
     From(usize),
     /// Row `l` of sequence `b` at `kv_lens[b] - q_lens[b] + l`: new tokens after a cache.
     AfterCached(&'a SeqLens),
+    /// A packed view's row `l` of sequence `b` at `offset + l` (`SeqLens::packed`).
+    Packed(&'a SeqLens, usize),
 }
 
 /// Records the rotation of `x` (`[B, L, H, D]`, any strides) in place, positions `offset..offset + L`.
@@ -150,6 +153,39 @@ pub fn rope_backward_into(
     offset: usize,
 ) -> Result<()> {
     record(ctx, encoder, dx, table, Positions::From(offset), -1.0)
+}
+
+/// Records the rotation of a packed view ([`HeadsView::packed`]) in place: each sequence's rows at
+/// positions `offset..offset + len`, as a padded view's (`lens`: the packed lengths the view was
+/// made with). The rows of other sequences are not touched.
+pub fn rope_forward_packed_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &HeadsView,
+    table: &RopeTable,
+    lens: &SeqLens,
+    offset: usize,
+) -> Result<()> {
+    record(ctx, encoder, x, table, Positions::Packed(lens, offset), 1.0)
+}
+
+/// The backward of [`rope_forward_packed_into`], in place.
+pub fn rope_backward_packed_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dx: &HeadsView,
+    table: &RopeTable,
+    lens: &SeqLens,
+    offset: usize,
+) -> Result<()> {
+    record(
+        ctx,
+        encoder,
+        dx,
+        table,
+        Positions::Packed(lens, offset),
+        -1.0,
+    )
 }
 
 /// Records the rotation of new tokens in place when decoding: row `l` of sequence `b` sits at
@@ -184,8 +220,27 @@ fn record(
             ),
         ));
     }
+    let packed = match (x.packed_side(), positions) {
+        (None, Positions::Packed(..)) => {
+            return Err(Error::shape(
+                "x",
+                "is not packed; rotate a padded view with rope_forward_into",
+            ))
+        }
+        (Some(_), Positions::From(_) | Positions::AfterCached(_)) => {
+            return Err(Error::shape(
+                "x",
+                "is packed; rotate it with rope_forward_packed_into and its lengths",
+            ))
+        }
+        (Some(side), Positions::Packed(lens, _)) => {
+            crate::kernels::attention::check_packed_view("x", x, lens)?;
+            Some(side)
+        }
+        (None, _) => None,
+    };
     let (offset, lens) = match positions {
-        Positions::From(offset) => {
+        Positions::From(offset) | Positions::Packed(_, offset) => {
             if offset + l > table.max_positions {
                 return Err(Error::shape(
                     "rope positions",
@@ -195,7 +250,11 @@ fn record(
                     ),
                 ));
             }
-            (offset, None)
+            let lens = match positions {
+                Positions::Packed(lens, _) => Some(lens),
+                _ => None,
+            };
+            (offset, lens)
         }
         Positions::AfterCached(lens) => {
             lens.check_decode(b, l, table.max_positions)?;
@@ -206,7 +265,6 @@ fn record(
     inputs.extend(lens.map(|l| ("seq_lens", l.region())));
     crate::kernels::arguments::check_call(ctx, &[("x", x.region())], &inputs)?;
     check_binding(ctx, "rope x", x.buffer().size())?;
-    crate::kernels::attention::refuse_packed(&[("x", x)], "rope")?;
     let narrow = |v: usize| {
         u32::try_from(v).map_err(|_| Error::Unsupported {
             arg: "rope view (offset or stride in elements)",
@@ -232,12 +290,14 @@ fn record(
         stride_s: narrow(ss)?,
         stride_h: narrow(sh)?,
         max_positions: table.max_positions as u32,
-        // 2: a tree step, rows at their depths.
-        per_sequence: match lens {
-            Some(lens) => 1 + lens.check_tree_slots(l)? as u32,
-            None => 0,
+        // 2: a tree step, rows at their depths; 3: a packed view.
+        per_sequence: match (packed, lens) {
+            (Some(_), _) => 3,
+            (None, Some(lens)) => 1 + lens.check_tree_slots(l)? as u32,
+            (None, None) => 0,
         },
-        pad: [0; 2],
+        packed_side: (packed == Some(PackedSide::Keys)) as u32,
+        pad: 0,
     };
     let lens = lens.map_or(ctx.empty_storage(), SeqLens::buffer);
     encode(

@@ -14,8 +14,9 @@ pub struct HeadsView {
     strides: [usize; 3],
     /// The context that allocated the buffer (None for a buffer the application wrapped).
     context: Option<ContextId>,
-    /// For a packed view ([`HeadsView::packed`]), the rows of its `[rows, heads, head_dim]` tensor.
-    packed_rows: Option<usize>,
+    /// For a packed view ([`HeadsView::packed`]), the rows of its `[rows, heads, head_dim]` tensor
+    /// and the side of the lengths it follows.
+    packed: Option<(usize, PackedSide)>,
 }
 
 /// Which lengths and starts of a packed batch ([`SeqLens::packed`]) a packed view follows: the
@@ -62,7 +63,7 @@ impl HeadsView {
             shape,
             strides,
             context: None,
-            packed_rows: None,
+            packed: None,
         })
     }
 
@@ -76,7 +77,7 @@ impl HeadsView {
     /// `split_heads` of a `[1, rows, 3 * H * D]` tensor.
     pub fn packed(&self, lens: &SeqLens, side: PackedSide) -> Result<HeadsView> {
         let [b, rows, h, d] = self.shape;
-        if self.packed_rows.is_some() || b != 1 {
+        if self.packed.is_some() || b != 1 {
             return Err(Error::shape(
                 "view",
                 format!(
@@ -108,7 +109,7 @@ impl HeadsView {
         Ok(HeadsView {
             shape: [lens.batch(), longest, h, d],
             strides: [0, self.strides[1], self.strides[2]],
-            packed_rows: Some(rows),
+            packed: Some((rows, side)),
             ..self.clone()
         })
     }
@@ -116,14 +117,20 @@ impl HeadsView {
     /// The rows of a packed view's `[rows, heads, head_dim]` tensor ([`HeadsView::packed`]), `None`
     /// for a padded view.
     pub fn packed_rows(&self) -> Option<usize> {
-        self.packed_rows
+        self.packed.map(|(rows, _)| rows)
+    }
+
+    /// The side of the lengths a packed view follows ([`HeadsView::packed`]), `None` for a padded
+    /// view.
+    pub fn packed_side(&self) -> Option<PackedSide> {
+        self.packed.map(|(_, side)| side)
     }
 
     /// The shape the view spans in its buffer: `[batch, seq, heads, head_dim]`, or a packed view's
     /// `[1, rows, heads, head_dim]`.
     fn stored_shape(&self) -> [usize; 4] {
-        match self.packed_rows {
-            Some(rows) => [1, rows, self.shape[2], self.shape[3]],
+        match self.packed {
+            Some((rows, _)) => [1, rows, self.shape[2], self.shape[3]],
             None => self.shape,
         }
     }
@@ -147,7 +154,7 @@ impl HeadsView {
     /// packed view.
     pub fn first_rows(&self, rows: usize) -> Result<HeadsView> {
         let [b, s, h, d] = self.shape;
-        if self.packed_rows.is_some() {
+        if self.packed.is_some() {
             return Err(Error::shape(
                 "view",
                 "is packed; its sequences' rows are set by their lengths",
@@ -186,7 +193,7 @@ impl HeadsView {
             shape: [b, s, h, d],
             strides: [s * h * d, h * d, d],
             context,
-            packed_rows: None,
+            packed: None,
         })
     }
 

@@ -418,15 +418,13 @@ pub(super) fn check_packed(
     }
     let lens = packed_lens(opts)?;
     for &(arg, view, side) in views {
-        if let Some(rows) = view.packed_rows() {
-            let total = lens.packed_total(side);
-            if total > rows {
-                return Err(Error::shape(
-                    arg,
-                    format!("has {rows} packed rows; the lengths' sequences need {total}"),
-                ));
-            }
+        if let Some(packed) = view.packed_side().filter(|&packed| packed != side) {
+            return Err(Error::shape(
+                arg,
+                format!("is packed on the lengths' {packed:?}; it takes the {side:?}' rows"),
+            ));
         }
+        check_packed_view(arg, view, lens)?;
     }
     let positional = opts.causal || opts.window.is_some() || opts.alibi || opts.relative.is_some();
     if positional && lens.q_lens() != lens.kv_lens() {
@@ -448,12 +446,16 @@ pub(super) fn check_packed(
 
 /// The packed lengths a call with packed views needs (`opts.seq_lens`).
 fn packed_lens<'a>(opts: &AttentionOptions<'a>) -> Result<&'a SeqLens> {
-    opts.seq_lens.filter(|lens| lens.is_packed()).ok_or_else(|| {
-        Error::shape(
-            "seq_lens",
-            "packed views need the packed batch's lengths: pass the SeqLens::packed the views were made with",
-        )
-    })
+    opts.seq_lens
+        .filter(|lens| lens.is_packed())
+        .ok_or_else(packed_lens_missing)
+}
+
+fn packed_lens_missing() -> Error {
+    Error::shape(
+        "seq_lens",
+        "packed views need the packed batch's lengths: pass the SeqLens::packed the views were made with",
+    )
 }
 
 /// A new f32 output tensor laid out like the view `like` of `side`: `[rows, heads, dim]` packed as
@@ -487,6 +489,35 @@ pub(super) fn view_like(
         Some(_) => t.packed_heads(packed_lens(opts)?, side),
         None => t.heads(),
     }
+}
+
+/// Checks a packed view against the packed lengths `lens` a kernel reads it by: the same sequences,
+/// each within the view's longest, all within its rows.
+pub(crate) fn check_packed_view(arg: &'static str, view: &HeadsView, lens: &SeqLens) -> Result<()> {
+    let (Some(rows), Some(side)) = (view.packed_rows(), view.packed_side()) else {
+        return Ok(());
+    };
+    if !lens.is_packed() {
+        return Err(packed_lens_missing());
+    }
+    let [batch, longest, _, _] = view.shape();
+    let lengths = match side {
+        PackedSide::Queries => lens.q_lens(),
+        PackedSide::Keys => lens.kv_lens(),
+    }
+    .unwrap_or(&[]);
+    let total = lens.packed_total(side);
+    if batch != lens.batch() || lengths.iter().any(|&l| l as usize > longest) || total > rows {
+        return Err(Error::shape(
+            arg,
+            format!(
+                "is packed for {batch} sequences of at most {longest} rows in {rows} rows; the \
+                 lengths have {} sequences, {total} rows ({side:?}: {lengths:?})",
+                lens.batch()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses packed views in the kernels that read padded ones only (`what` names them).
