@@ -326,10 +326,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let seen = row_seen(vec4<f32>(l_tile[r])).x;
         let out = select(vec4<f32>(0.0), a / l_tile[r], seen);
         let c = item % DV4;
-        let base = view_index(VIEW_O, b_out, i, h);
-        for (var e = 0u; e < 4u; e++) {
-            if 4u * c + e < DV {
-                o_buf[base + 4u * c + e] = out[e];
+        // A packed O holds the sequence's own rows only (the next sequence's follow).
+        if row_stored(VIEW_O, b_out, i) {
+            let base = view_index(VIEW_O, b_out, i, h);
+            for (var e = 0u; e < 4u; e++) {
+                if 4u * c + e < DV {
+                    o_buf[base + 4u * c + e] = out[e];
+                }
             }
         }
         if c == 0u {

@@ -3,7 +3,8 @@
 // each new row goes. The new keys (or values) of a step are a strided [B, L, H, D] view (the K or V
 // columns of a projection); row l < q_len[b] of sequence b goes to position kv_len[b] - q_len[b] + l
 // (lens = [q_lens, kv_lens] of SeqLens, kv_lens counting the new tokens); rows past q_len[b] are
-// padding and are not copied.
+// padding and are not copied. Packed new rows (a packed prefill, SeqLens::packed): sequence b's new
+// rows are rows q_start[b] .. of a [rows, H, D] tensor, the starts after the lengths in lens.
 //
 // Paged caches (PAGE > 0): the cache is a pool [1, blocks * PAGE, H, D] and position p of sequence b
 // is pool row block_table[b * TABLE_STRIDE + p / PAGE] * PAGE + p % PAGE (ids checked on the host,
@@ -20,7 +21,8 @@ struct Params {
     stride_b: u32,
     stride_s: u32,
     stride_h: u32,
-    pad0: u32,
+    // 1: the new rows are packed (see above).
+    packed: u32,
     pad1: u32,
 }
 
@@ -53,5 +55,9 @@ fn cache_row(b: u32, l: u32) -> u32 {
 
 // Element index of value 0 of new row l of sequence b, head h.
 fn new_row_start(b: u32, l: u32, h: u32) -> u32 {
-    return params.view_offset + b * params.stride_b + l * params.stride_s + h * params.stride_h;
+    var first = b * params.stride_b;
+    if params.packed != 0u {
+        first = lens[2u * params.batch + b] * params.stride_s;
+    }
+    return params.view_offset + first + l * params.stride_s + h * params.stride_h;
 }

@@ -9,9 +9,9 @@
 // PER_SEQUENCE positions (decoding from a cache): row l of sequence b sits at kv_len[b] - q_len[b] + l,
 // its new tokens being the last of its kv_len[b] (the [q_lens, kv_lens] buffer of SeqLens); in a
 // tree step (per_sequence 2, SeqLens::with_trees) at kv_len[b] - q_len[b] + depth(l), the depths
-// following the lengths in the same buffer. A packed view (per_sequence 3, SeqLens::packed): row l
-// of sequence b sits at offset + l and is row start[b] + l of the tensor; the rows past the
-// sequence's length are the next sequence's and are left alone. One invocation per (row, pair).
+// following the lengths in the same buffer. A packed view (SeqLens::packed): row l of sequence b is
+// row start[b] + l of the tensor; the rows past the sequence's length are the next sequence's and
+// are left alone. One invocation per (row, pair).
 
 struct Params {
     batch: u32,
@@ -29,8 +29,8 @@ struct Params {
     stride_h: u32,
     max_positions: u32,
     per_sequence: u32,
-    // A packed view's side of the lengths: 0 queries, 1 keys.
-    packed_side: u32,
+    // A packed view: 0 none, 1 on the queries' lengths, 2 on the keys'.
+    packed: u32,
     pad2: u32,
 }
 
@@ -64,12 +64,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let b = row / (params.heads * params.seq);
     var p = params.offset + l;
     var first = b * params.stride_b;
-    if params.per_sequence == 3u {
-        if l >= lens[params.packed_side * params.batch + b] {
+    if params.packed != 0u {
+        let side = params.packed - 1u;
+        if l >= lens[side * params.batch + b] {
             return;
         }
-        first = lens[(2u + params.packed_side) * params.batch + b] * params.stride_s;
-    } else if params.per_sequence != 0u {
+        first = lens[(2u + side) * params.batch + b] * params.stride_s;
+    }
+    if params.per_sequence != 0u {
         // Rows past a sequence's new tokens are padding: any in-table position serves.
         p = min(lens[params.batch + b] - min(lens[b], lens[params.batch + b]) + tree_row(b, l), params.max_positions - 1u);
     }

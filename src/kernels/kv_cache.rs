@@ -41,7 +41,8 @@ struct AppendParams {
     stride_b: u32,
     stride_s: u32,
     stride_h: u32,
-    pad: [u32; 2],
+    packed: u32,
+    pad: u32,
 }
 
 /// The block table of a paged key/value cache on the GPU: for each of `slots` sequences, `stride`
@@ -381,7 +382,8 @@ fn append(
     )?;
     check_binding(ctx, "kv cache", cache.size_bytes())?;
     check_binding(ctx, "new kv rows", new.buffer().size())?;
-    crate::kernels::attention::refuse_packed(&[("new", new)], "the KV-cache append")?;
+    // Packed new rows (a packed prefill) follow the queries' side of the packed lengths.
+    crate::kernels::attention::check_packed_queries(&[("new", new)], Some(lens))?;
     let narrow = |v: usize| {
         u32::try_from(v).map_err(|_| Error::Unsupported {
             arg: "new kv rows (offset or stride in elements)",
@@ -407,7 +409,8 @@ fn append(
         stride_b: narrow(sb)?,
         stride_s: narrow(ss)?,
         stride_h: narrow(sh)?,
-        pad: [0; 2],
+        packed: new.packed_side().is_some() as u32,
+        pad: 0,
     };
     // A contiguous cache binds the lengths where the table would be (the shader does not read it).
     let (constants, table_buffer) = match table {

@@ -36,7 +36,7 @@ struct RopeParams {
     stride_h: u32,
     max_positions: u32,
     per_sequence: u32,
-    packed_side: u32,
+    packed: u32,
     pad: u32,
 }
 
@@ -190,7 +190,8 @@ pub fn rope_backward_packed_into(
 
 /// Records the rotation of new tokens in place when decoding: row `l` of sequence `b` sits at
 /// `kv_lens[b] - q_lens[b] + l` (`lens` as [`SeqLens::check_decode`] describes; rows past
-/// `q_lens[b]` are rotated as padding).
+/// `q_lens[b]` are rotated as padding). New rows packed on the queries' side of packed lengths (a
+/// packed prefill) are rotated likewise, each sequence's own only.
 pub fn rope_forward_cached_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -227,7 +228,7 @@ fn record(
                 "is not packed; rotate a padded view with rope_forward_into",
             ))
         }
-        (Some(_), Positions::From(_) | Positions::AfterCached(_)) => {
+        (Some(_), Positions::From(_)) => {
             return Err(Error::shape(
                 "x",
                 "is packed; rotate it with rope_forward_packed_into and its lengths",
@@ -235,6 +236,11 @@ fn record(
         }
         (Some(side), Positions::Packed(lens, _)) => {
             crate::kernels::attention::check_packed_view("x", x, lens)?;
+            Some(side)
+        }
+        // New tokens after a cache, packed: a packed prefill.
+        (Some(side), Positions::AfterCached(lens)) => {
+            crate::kernels::attention::check_packed_queries(&[("x", x)], Some(lens))?;
             Some(side)
         }
         (None, _) => None,
@@ -290,13 +296,16 @@ fn record(
         stride_s: narrow(ss)?,
         stride_h: narrow(sh)?,
         max_positions: table.max_positions as u32,
-        // 2: a tree step, rows at their depths; 3: a packed view.
-        per_sequence: match (packed, lens) {
-            (Some(_), _) => 3,
-            (None, Some(lens)) => 1 + lens.check_tree_slots(l)? as u32,
-            (None, None) => 0,
+        // 2: a tree step, rows at their depths.
+        per_sequence: match (positions, lens) {
+            (Positions::AfterCached(_), Some(lens)) => 1 + lens.check_tree_slots(l)? as u32,
+            _ => 0,
         },
-        packed_side: (packed == Some(PackedSide::Keys)) as u32,
+        packed: match packed {
+            None => 0,
+            Some(PackedSide::Queries) => 1,
+            Some(PackedSide::Keys) => 2,
+        },
         pad: 0,
     };
     let lens = lens.map_or(ctx.empty_storage(), SeqLens::buffer);

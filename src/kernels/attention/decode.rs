@@ -323,14 +323,16 @@ fn decode_into(
         ));
     }
     refuse_packed(
-        &[
-            ("q", q),
-            ("k_cache", k_cache),
-            ("v_cache", v_cache),
-            ("out", out),
-        ],
-        "decode attention",
+        &[("k_cache", k_cache), ("v_cache", v_cache)],
+        "decode attention's caches",
     )?;
+    if check_packed_queries(&[("q", q), ("out", out)], opts.seq_lens)? && qk_norm::transforms(opts)
+    {
+        return Err(Error::shape(
+            "cosine/key_norm_clip",
+            "cosine scores and key clipping take padded new rows",
+        ));
+    }
     check_forward_outputs(
         ctx,
         &s,

@@ -451,7 +451,7 @@ fn packed_lens<'a>(opts: &AttentionOptions<'a>) -> Result<&'a SeqLens> {
         .ok_or_else(packed_lens_missing)
 }
 
-fn packed_lens_missing() -> Error {
+pub(super) fn packed_lens_missing() -> Error {
     Error::shape(
         "seq_lens",
         "packed views need the packed batch's lengths: pass the SeqLens::packed the views were made with",
@@ -518,6 +518,34 @@ pub(crate) fn check_packed_view(arg: &'static str, view: &HeadsView, lens: &SeqL
         ));
     }
     Ok(())
+}
+
+/// Checks packed new rows of a decoding step (a packed prefill: each sequence's new tokens one
+/// after another, packed on the queries' side of `lens`: `q_lens` new, `kv_lens` cached); returns
+/// whether any view is packed.
+pub(crate) fn check_packed_queries(
+    views: &[(&'static str, &HeadsView)],
+    lens: Option<&SeqLens>,
+) -> Result<bool> {
+    let mut packed = false;
+    for &(arg, view) in views {
+        match (view.packed_side(), lens) {
+            (None, _) => {}
+            (Some(PackedSide::Keys), _) => {
+                return Err(Error::shape(
+                    arg,
+                    "is packed on the keys' lengths; new rows are packed on the queries' (q_lens: \
+                     the new tokens of each sequence)",
+                ))
+            }
+            (Some(PackedSide::Queries), None) => return Err(packed_lens_missing()),
+            (Some(PackedSide::Queries), Some(lens)) => {
+                check_packed_view(arg, view, lens)?;
+                packed = true;
+            }
+        }
+    }
+    Ok(packed)
 }
 
 /// Refuses packed views in the kernels that read padded ones only (`what` names them).
