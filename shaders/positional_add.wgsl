@@ -3,7 +3,9 @@
 // PER_SEQUENCE positions (decoding from a cache): row l of sequence b sits at kv_len[b] - q_len[b] + l,
 // its new tokens being the last of its kv_len[b] (the [q_lens, kv_lens] buffer of SeqLens); in a
 // tree step (per_sequence 2, SeqLens::with_trees) at kv_len[b] - q_len[b] + depth(l), the depths
-// following the lengths in the same buffer.
+// following the lengths in the same buffer. A packed batch (per_sequence 3, SeqLens::packed, x
+// [1, rows, dim]): row r belongs to the sequence b whose rows start[b] .. start[b] + q_len[b] hold
+// it and sits at position r - start[b]; rows after every sequence get no position (y = x).
 
 struct Params {
     batch: u32,
@@ -26,13 +28,34 @@ override WG: u32 = 64u;
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.y * params.grid_x * WG + gid.x;
-    if i >= params.batch * params.seq * params.dim {
+    // A packed batch is one [1, rows, dim] tensor of `batch` sequences.
+    let sequences = select(params.batch, 1u, params.per_sequence == 3u);
+    if i >= sequences * params.seq * params.dim {
         return;
     }
     let c = i % params.dim;
     let l = (i / params.dim) % params.seq;
     var p = l;
-    if params.per_sequence != 0u {
+    if params.per_sequence == 3u {
+        // The last sequence starting at or before row l (starts ascend; empty sequences share the
+        // next one's start, and holding no rows they are never the one found with l inside).
+        var lo = 0u;
+        var hi = params.batch;
+        while hi - lo > 1u {
+            let mid = (lo + hi) / 2u;
+            if lens[2u * params.batch + mid] <= l {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let position = l - lens[2u * params.batch + lo];
+        if position >= lens[lo] {
+            y[i] = x[i];
+            return;
+        }
+        p = min(position, params.max_len - 1u);
+    } else if params.per_sequence != 0u {
         let b = i / (params.seq * params.dim);
         // Rows past a sequence's new tokens are padding: any in-table position serves.
         var row = l;

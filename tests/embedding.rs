@@ -106,6 +106,60 @@ fn positional_encodings_match_reference() {
     });
 }
 
+/// A packed batch (`SeqLens::packed`, `x [1, rows, dim]`): each sequence from position 0 at its first
+/// row (empty sequences included), rows after them unchanged; the table gradient gathers each
+/// sequence's rows.
+#[test]
+fn packed_positions_match_reference() {
+    use wgpu_attention::kernels::embedding::{
+        positional_backward_packed_into, positional_forward_packed_into,
+    };
+    use wgpu_attention::SeqLens;
+    for_each_backend(|backend, ctx| {
+        let (lens, rows, dim, max_len) = ([5u32, 0, 7, 1, 0], 16, 8, 9);
+        let packed = SeqLens::packed(ctx, &lens, &lens).unwrap();
+        let mut rng = rng(4);
+        let x = random(&mut rng, rows * dim, 1.0);
+        let dy = random(&mut rng, rows * dim, 1.0);
+        let table = random(&mut rng, max_len * dim, 0.1);
+        let xt = GpuTensor::from_slice(ctx, &x, &[1, rows, dim]).unwrap();
+        let dyt = GpuTensor::from_slice(ctx, &dy, &[1, rows, dim]).unwrap();
+        let tt = GpuTensor::from_slice(ctx, &table, &[max_len, dim]).unwrap();
+        let y = GpuTensor::zeros(ctx, &[1, rows, dim]).unwrap();
+        let d_table = GpuTensor::zeros(ctx, &[max_len, dim]).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        positional_forward_packed_into(ctx, &mut encoder, &xt, &tt, &y, &packed).unwrap();
+        positional_backward_packed_into(ctx, &mut encoder, &dyt, &d_table, &packed).unwrap();
+        ctx.queue().submit([encoder.finish()]);
+        assert_close(
+            &format!("[{backend}] packed positions y"),
+            &y.to_vec(ctx).unwrap(),
+            &reference::positional_forward_packed(&to_f64(&x), &to_f64(&table), &lens, dim),
+            FORWARD_ATOL,
+            FORWARD_RTOL,
+        );
+        assert_close(
+            &format!("[{backend}] packed positions d_table"),
+            &d_table.to_vec(ctx).unwrap(),
+            &reference::positional_backward_packed(&to_f64(&dy), &lens, dim, max_len),
+            BACKWARD_ATOL,
+            BACKWARD_RTOL,
+        );
+        // Sequences past the table, or more rows than the tensor holds, are refused.
+        let long = SeqLens::packed(ctx, &[10], &[10]).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let m = positional_forward_packed_into(ctx, &mut encoder, &xt, &tt, &y, &long)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("beyond the table's 9 positions"), "{m}");
+        let many = SeqLens::packed(ctx, &[9, 9], &[9, 9]).unwrap();
+        let m = positional_forward_packed_into(ctx, &mut encoder, &xt, &tt, &y, &many)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("lengths' 18"), "{m}");
+    });
+}
+
 #[test]
 fn bad_ids_and_lengths_are_typed_errors() {
     for_each_backend(|_, ctx| {

@@ -13,7 +13,7 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_call};
 use crate::kernels::dispatch::{encode, grid_x, loop_chunks};
-use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
+use crate::tensor::{GpuTensor, GpuTokens, PackedSide, SeqLens};
 
 const EMBEDDING_FORWARD: &str = include_str!("../../shaders/embedding_forward.wgsl");
 const EMBEDDING_BACKWARD: &str = include_str!("../../shaders/embedding_backward.wgsl");
@@ -277,10 +277,13 @@ fn record_embedding_backward(
 }
 
 /// (batch, seq, dim, max_len) of `x [batch, seq, dim]` against `table [max_len, dim]`.
+/// `(batch, seq, dim, max_len)` of a positional op over `x [batch, seq, dim]` and a table of
+/// `max_len` positions; `seq` within them unless `packed` (whose sequences are checked instead).
 fn positional_dims(
     ctx: &Context,
     x: &GpuTensor,
     table: &GpuTensor,
+    packed: bool,
 ) -> Result<(usize, usize, usize, usize)> {
     let (max_len, dim) = check_table(ctx, table)?;
     let &[batch, seq, x_dim] = x.shape() else {
@@ -289,7 +292,7 @@ fn positional_dims(
             format!("has shape {:?}; expected [batch, seq, dim]", x.shape()),
         ));
     };
-    if x_dim != dim || seq > max_len || batch == 0 || seq == 0 {
+    if x_dim != dim || (seq > max_len && !packed) || batch == 0 || seq == 0 {
         return Err(Error::shape(
             "x",
             format!(
@@ -328,7 +331,32 @@ pub fn positional_forward_into(
     table: &GpuTensor,
     y: &GpuTensor,
 ) -> Result<()> {
-    record_positional(ctx, encoder, x, table, y, None)
+    record_positional(ctx, encoder, x, table, y, Positions::Rows)
+}
+
+/// Records `y = x + table[positions]` for a packed batch (`x [1, rows, dim]`, `lens` from
+/// [`SeqLens::packed`]): each sequence's rows at positions `0..len` from its first row; rows after
+/// every sequence get no position (`y = x`).
+pub fn positional_forward_packed_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    table: &GpuTensor,
+    y: &GpuTensor,
+    lens: &SeqLens,
+) -> Result<()> {
+    record_positional(ctx, encoder, x, table, y, Positions::Packed(lens))
+}
+
+/// Where the rows of a positional op sit.
+#[derive(Clone, Copy)]
+enum Positions<'a> {
+    /// Row `l` of every sequence at `l`.
+    Rows,
+    /// New tokens after a cache (see [`positional_forward_cached_into`]).
+    AfterCached(&'a SeqLens),
+    /// A packed batch's rows (see [`positional_forward_packed_into`]).
+    Packed(&'a SeqLens),
 }
 
 /// Records `y = x + table[positions]` for new tokens when decoding: row `l` of sequence `b` sits at
@@ -342,7 +370,7 @@ pub fn positional_forward_cached_into(
     y: &GpuTensor,
     lens: &SeqLens,
 ) -> Result<()> {
-    record_positional(ctx, encoder, x, table, y, Some(lens))
+    record_positional(ctx, encoder, x, table, y, Positions::AfterCached(lens))
 }
 
 fn record_positional(
@@ -351,9 +379,14 @@ fn record_positional(
     x: &GpuTensor,
     table: &GpuTensor,
     y: &GpuTensor,
-    lens: Option<&SeqLens>,
+    positions: Positions<'_>,
 ) -> Result<()> {
-    let (batch, seq, dim, max_len) = positional_dims(ctx, x, table)?;
+    let packed = matches!(positions, Positions::Packed(_));
+    let (batch, seq, dim, max_len) = positional_dims(ctx, x, table, packed)?;
+    let lens = match positions {
+        Positions::Rows => None,
+        Positions::AfterCached(lens) | Positions::Packed(lens) => Some(lens),
+    };
     let mut inputs = vec![("x", x.region()), ("table", table.region())];
     inputs.extend(lens.map(|l| ("seq_lens", l.region())));
     check_call(ctx, &[("y", y.region())], &inputs)?;
@@ -363,9 +396,15 @@ fn record_positional(
             format!("must be a separate tensor of shape {:?}", x.shape()),
         ));
     }
-    if let Some(lens) = lens {
-        lens.check_decode(batch, seq, max_len)?;
-    }
+    let (batch, per_sequence) = match positions {
+        Positions::Rows => (batch, 0),
+        Positions::AfterCached(lens) => {
+            lens.check_decode(batch, seq, max_len)?;
+            // 2: a tree step, rows at their depths.
+            (batch, 1 + lens.check_tree_slots(seq)? as u32)
+        }
+        Positions::Packed(lens) => (check_packed_rows(ctx, lens, batch, seq, max_len)?, 3),
+    };
     let n = x.len();
     let p = PositionalParams {
         batch: batch as u32,
@@ -373,11 +412,7 @@ fn record_positional(
         dim: dim as u32,
         grid_x: grid_x(n),
         max_len: max_len as u32,
-        // 2: a tree step, rows at their depths.
-        per_sequence: match lens {
-            Some(lens) => 1 + lens.check_tree_slots(seq)? as u32,
-            None => 0,
-        },
+        per_sequence,
         pad: [0; 2],
     };
     let lens = lens.map_or(ctx.empty_storage(), SeqLens::buffer);
@@ -412,12 +447,37 @@ pub fn positional_backward_into(
     dy: &GpuTensor,
     d_table: &GpuTensor,
 ) -> Result<()> {
-    let (batch, seq, dim, max_len) = positional_dims(ctx, dy, d_table)?;
-    check_call(
-        ctx,
-        &[("d_table", d_table.region())],
-        &[("dy", dy.region())],
-    )?;
+    record_positional_backward(ctx, encoder, dy, d_table, None)
+}
+
+/// [`positional_backward_into`] of a packed batch (`dy [1, rows, dim]`, `lens` from
+/// [`SeqLens::packed`]): row `l` of the table gathers row `l` of every sequence that has one, in
+/// sequence order.
+pub fn positional_backward_packed_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dy: &GpuTensor,
+    d_table: &GpuTensor,
+    lens: &SeqLens,
+) -> Result<()> {
+    record_positional_backward(ctx, encoder, dy, d_table, Some(lens))
+}
+
+fn record_positional_backward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dy: &GpuTensor,
+    d_table: &GpuTensor,
+    packed: Option<&SeqLens>,
+) -> Result<()> {
+    let (batch, seq, dim, max_len) = positional_dims(ctx, dy, d_table, packed.is_some())?;
+    let mut inputs = vec![("dy", dy.region())];
+    inputs.extend(packed.map(|l| ("seq_lens", l.region())));
+    check_call(ctx, &[("d_table", d_table.region())], &inputs)?;
+    let batch = match packed {
+        Some(lens) => check_packed_rows(ctx, lens, batch, seq, max_len)?,
+        None => batch,
+    };
     let n = max_len * dim;
     let p = PositionalParams {
         batch: batch as u32,
@@ -425,9 +485,10 @@ pub fn positional_backward_into(
         dim: dim as u32,
         grid_x: grid_x(n),
         max_len: max_len as u32,
-        per_sequence: 0,
+        per_sequence: if packed.is_some() { 3 } else { 0 },
         pad: [0; 2],
     };
+    let lens = packed.map_or(ctx.empty_storage(), SeqLens::buffer);
     encode(
         ctx,
         encoder,
@@ -435,8 +496,53 @@ pub fn positional_backward_into(
         POSITIONAL_BACKWARD,
         &[],
         bytemuck::bytes_of(&p),
-        &[dy, d_table],
+        &[dy, d_table, lens],
         n,
     );
     Ok(())
+}
+
+/// Checks packed lengths for a positional op over `[1, rows, dim]` rows: packed, within the rows,
+/// every sequence within the table's `max_len` positions; returns the sequence count (the loop the
+/// backward runs, within a driver's loop cap).
+fn check_packed_rows(
+    ctx: &Context,
+    lens: &SeqLens,
+    batch: usize,
+    rows: usize,
+    max_len: usize,
+) -> Result<usize> {
+    let q_lens = match (lens.is_packed(), lens.q_lens()) {
+        (true, Some(q)) => q,
+        _ => {
+            return Err(Error::shape(
+                "seq_lens",
+                "are not packed; build them with SeqLens::packed",
+            ))
+        }
+    };
+    let total = lens.packed_total(PackedSide::Queries);
+    if batch != 1 || total > rows {
+        return Err(Error::shape(
+            "x",
+            format!("has {batch} x {rows} rows; a packed batch is one [1, rows, dim] of at least the lengths' {total}"),
+        ));
+    }
+    if let Some((b, &len)) = q_lens.iter().enumerate().find(|(_, &l)| l as usize > max_len) {
+        return Err(Error::shape(
+            "seq_lens",
+            format!("sequence {b} has {len} rows, beyond the table's {max_len} positions"),
+        ));
+    }
+    if let Some(budget) = ctx.loop_budget() {
+        if q_lens.len() > budget as usize {
+            return Err(Error::Unsupported {
+                arg: "sequences",
+                value: q_lens.len() as u64,
+                limit: budget as u64,
+                hint: " on this driver (llvmpipe loop cap)",
+            });
+        }
+    }
+    Ok(q_lens.len())
 }

@@ -75,3 +75,34 @@ pub fn positional_forward_cached(
     }
     y
 }
+
+/// [`positional_forward`] of a packed batch: `x [rows, dim]` holds the sequences of `lens` one after
+/// another, each at positions `0..len`; rows after them get no position.
+pub fn positional_forward_packed(x: &[f64], table: &[f64], lens: &[u32], dim: usize) -> Vec<f64> {
+    let mut y = x.to_vec();
+    let mut row = 0;
+    for &len in lens {
+        for l in 0..len as usize {
+            for c in 0..dim {
+                y[(row + l) * dim + c] += table[l * dim + c];
+            }
+        }
+        row += len as usize;
+    }
+    y
+}
+
+/// [`positional_backward`] of a packed batch: table row `l` sums row `l` of every sequence.
+pub fn positional_backward_packed(dy: &[f64], lens: &[u32], dim: usize, max_len: usize) -> Vec<f64> {
+    let mut d = vec![0.0; max_len * dim];
+    let mut row = 0;
+    for &len in lens {
+        for l in 0..len as usize {
+            for c in 0..dim {
+                d[l * dim + c] += dy[(row + l) * dim + c];
+            }
+        }
+        row += len as usize;
+    }
+    d
+}
