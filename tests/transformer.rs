@@ -507,3 +507,113 @@ fn rope_and_learned_positions_are_exclusive() {
         assert!(err.to_string().contains("rope_base"), "{err}");
     });
 }
+
+/// A packed decoder-only model (`Transformer::packed`: sequences one after another, no padding
+/// between them) computes what the padded model with the same parameters computes: the logits of
+/// every real row, the loss and every parameter gradient, with learned positions and with rotary
+/// embeddings and grouped heads.
+#[test]
+fn packed_batches_match_padded_batches() {
+    use wgpu_attention::model::PackedShape;
+    for_each_backend(|backend, ctx| {
+        for (what, c) in [
+            // A table longer than both models' rows, so that both draw the same parameters.
+            (
+                "learned positions",
+                TransformerConfig {
+                    max_positions: Some(16),
+                    ..config(0, true, true)
+                },
+            ),
+            ("rope, GQA", llama_like(config(0, true, false))),
+        ] {
+            let tgt_lens = [5u32, 2, 4];
+            let padded_batch = batch(5, [1, 1, 1], tgt_lens);
+            let mut padded = Transformer::new(ctx, c, SHAPE, 7).unwrap();
+            // The same sequences packed, in 13 rows (2 left over) for up to 4 sequences.
+            let rows = 13;
+            let mut packed =
+                Transformer::packed(ctx, c, PackedShape { sequences: 4, rows }, 7).unwrap();
+            let pack = |ids: &[u32]| {
+                let mut out: Vec<u32> = (0..3)
+                    .flat_map(|b| ids[b * SHAPE.tgt_len..][..tgt_lens[b] as usize].to_vec())
+                    .collect();
+                out.resize(rows, PAD);
+                out
+            };
+            let packed_batch = Batch {
+                tgt_in: pack(&padded_batch.tgt_in),
+                tgt_out: pack(&padded_batch.tgt_out),
+                tgt_lens: tgt_lens.to_vec(),
+                ..Batch::default()
+            };
+            let (logits, loss, grads) = run(ctx, &mut padded, &padded_batch);
+            let (p_logits, p_loss, p_grads) = run(ctx, &mut packed, &packed_batch);
+            let tag = format!("[{backend}] packed, {what}");
+            assert_close(&format!("{tag} loss"), &p_loss, &to_f64(&loss), 1e-6, 1e-5);
+            let vocab = c.vocab;
+            let mut row = 0;
+            for (b, &len) in tgt_lens.iter().enumerate() {
+                let len = len as usize;
+                assert_close(
+                    &format!("{tag} logits of sequence {b}"),
+                    &p_logits[row * vocab..][..len * vocab],
+                    &to_f64(&logits[b * SHAPE.tgt_len * vocab..][..len * vocab]),
+                    1e-6,
+                    1e-5,
+                );
+                row += len;
+            }
+            assert_eq!(grads.len(), p_grads.len());
+            for (name, g) in &grads {
+                assert_close(
+                    &format!("{tag} grad {name}"),
+                    &p_grads[name],
+                    &to_f64(g),
+                    BACKWARD_ATOL,
+                    BACKWARD_RTOL,
+                );
+            }
+        }
+        // Too many sequences or rows, and real targets after the sequences, are refused.
+        let c = config(0, true, true);
+        let mut packed = Transformer::packed(
+            ctx,
+            c,
+            PackedShape {
+                sequences: 2,
+                rows: 6,
+            },
+            7,
+        )
+        .unwrap();
+        let b = |lens: &[u32], out_tail: u32| Batch {
+            tgt_in: vec![1; 6],
+            tgt_out: [vec![1; 5], vec![out_tail]].concat(),
+            tgt_lens: lens.to_vec(),
+            ..Batch::default()
+        };
+        for (lens, tail, expect) in [
+            (&[1u32, 1, 1][..], PAD, "up to 2 sequences"),
+            (&[4, 3][..], PAD, "up to 2 sequences in 6 rows"),
+            (&[3, 2][..], 1, "after the packed sequences"),
+        ] {
+            let m = packed
+                .set_batch(ctx, &b(lens, tail))
+                .unwrap_err()
+                .to_string();
+            assert!(m.contains(expect), "{m}");
+        }
+        packed.set_batch(ctx, &b(&[3, 2], PAD)).unwrap();
+        assert!(Transformer::packed(
+            ctx,
+            config(1, true, true),
+            PackedShape {
+                sequences: 2,
+                rows: 6
+            },
+            7
+        )
+        .is_err());
+    });
+}

@@ -59,6 +59,7 @@ impl LayerCase {
             bias: true,
             scores: Default::default(),
             positions: seq,
+            packed_sequences: None,
         };
         let mut params = Params::new(seed);
         let rows = [batch, seq];

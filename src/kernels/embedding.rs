@@ -528,7 +528,11 @@ fn check_packed_rows(
             format!("has {batch} x {rows} rows; a packed batch is one [1, rows, dim] of at least the lengths' {total}"),
         ));
     }
-    if let Some((b, &len)) = q_lens.iter().enumerate().find(|(_, &l)| l as usize > max_len) {
+    if let Some((b, &len)) = q_lens
+        .iter()
+        .enumerate()
+        .find(|(_, &l)| l as usize > max_len)
+    {
         return Err(Error::shape(
             "seq_lens",
             format!("sequence {b} has {len} rows, beyond the table's {max_len} positions"),

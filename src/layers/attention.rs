@@ -7,22 +7,21 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{
     additive_backward_into, additive_backward_workspace, additive_decode_into,
-    additive_forward_into, additive_probabilities, attention_backward_into,
-    attention_backward_workspace, attention_decode_into, attention_forward_into,
-    attention_probabilities, attention_sinks_backward_into, AdditiveScores, AttentionOptions,
-    AttentionShape, RelativeBuckets,
+    additive_forward_into, additive_probabilities, attention_backward_into, attention_decode_into,
+    attention_forward_into, attention_probabilities, attention_sinks_backward_into, AdditiveScores,
+    AttentionOptions, AttentionShape, RelativeBuckets,
 };
 use crate::kernels::attention::{attention_decode_int8_into, attention_decode_paged_into};
 use crate::kernels::kv_cache::{BlockTable, KvFormat, KvStorage};
 use crate::kernels::linear::Epilogue;
 use crate::kernels::rope::{
-    rope_backward_into, rope_forward_cached_into, rope_forward_into, RopeLayout, RopeScaling,
-    RopeTable,
+    rope_backward_into, rope_backward_packed_into, rope_forward_cached_into, rope_forward_into,
+    rope_forward_packed_into, RopeLayout, RopeScaling, RopeTable,
 };
 use crate::layers::linear::Linear;
 use crate::layers::params::{Init, ParamId, Params};
 use crate::layers::stack::StackConfig;
-use crate::tensor::{GpuTensor, HeadsView, SeqLens};
+use crate::tensor::{GpuTensor, HeadsView, PackedSide, SeqLens};
 
 /// Score modifiers of a self-attention layer (see [`AttentionOptions`]): softcap, ALiBi, a
 /// sliding window of `window` keys on each side (only before the query when causal), T5
@@ -173,6 +172,18 @@ pub struct MultiHeadAttention {
     lse: GpuTensor,
     d_attn: GpuTensor,
     workspace: GpuTensor,
+    /// Sequences a packed batch may hold (`StackConfig::packed_sequences`): lse and the workspace
+    /// are sized for them.
+    packed_sequences: Option<usize>,
+}
+
+/// Where one call's attention reads and writes: the padded layout, or for packed lengths each
+/// sequence's rows of the layer's buffers and the leading part of lse and the workspace.
+struct CallLayout<'a> {
+    packed: Option<&'a SeqLens>,
+    lse: GpuTensor,
+    workspace: GpuTensor,
+    shape: AttentionShape,
 }
 
 impl MultiHeadAttention {
@@ -249,6 +260,19 @@ impl MultiHeadAttention {
             lq
         };
         let kv = |w| GpuTensor::zeros(ctx, &[b, lk, w]);
+        if let Some(sequences) = c.packed_sequences {
+            if !self_attention || additive.is_some() || b != 1 || sequences == 0 {
+                return Err(Error::shape(
+                    "packed_sequences",
+                    format!(
+                        "is {sequences}; packed batches are for dot-product self-attention over one \
+                         row of sequences (batch 1, at least one sequence), not {kind:?} with batch {b}"
+                    ),
+                ));
+            }
+        }
+        // lse and the backward's workspace hold a packed batch's [sequences, H, longest] rows.
+        let stat_rows = c.packed_sequences.unwrap_or(b);
         let shape = AttentionShape {
             batch: b,
             q_seq: lq,
@@ -313,9 +337,10 @@ impl MultiHeadAttention {
                 .then(|| kv(2 * d_model))
                 .transpose()?,
             attn: GpuTensor::zeros(ctx, &[b, lq, heads, hd])?,
-            lse: GpuTensor::zeros(ctx, &[b, heads, lq])?,
+            lse: GpuTensor::zeros(ctx, &[stat_rows, heads, lq])?,
             d_attn: GpuTensor::zeros(ctx, &[b, lq, heads, hd])?,
-            workspace: attention_backward_workspace(ctx, &shape)?,
+            workspace: GpuTensor::zeros(ctx, &[stat_rows, heads, lq, 2])?,
+            packed_sequences: c.packed_sequences,
         })
     }
 
@@ -429,6 +454,104 @@ impl MultiHeadAttention {
         opts
     }
 
+    /// The layout of a call with `lens`: packed lengths need a layer built for packed batches and
+    /// select each sequence's rows; others use the padded buffers as they are.
+    fn layout<'a>(&self, lens: &'a SeqLens) -> Result<CallLayout<'a>> {
+        let s = self.shape;
+        if !lens.is_packed() {
+            return Ok(CallLayout {
+                packed: None,
+                lse: self.padded_lse()?,
+                workspace: GpuTensor::view_of(&self.workspace, 0, &[s.batch, s.heads, s.q_seq, 2])?,
+                shape: s,
+            });
+        }
+        let capacity = self.packed_sequences.unwrap_or(0);
+        let longest =
+            |l: Option<&[u32]>| l.into_iter().flatten().copied().max().unwrap_or(0).max(1);
+        let (q_seq, kv_seq) = (
+            longest(lens.q_lens()) as usize,
+            longest(lens.kv_lens()) as usize,
+        );
+        if lens.batch() > capacity || q_seq.max(kv_seq) > s.q_seq {
+            return Err(Error::shape(
+                "seq_lens",
+                format!(
+                    "hold {} packed sequences of up to {} rows; layer {} takes up to {capacity} \
+                     sequences (StackConfig::packed_sequences) of up to {} rows",
+                    lens.batch(),
+                    q_seq.max(kv_seq),
+                    self.name,
+                    s.q_seq
+                ),
+            ));
+        }
+        let n = lens.batch();
+        Ok(CallLayout {
+            packed: Some(lens),
+            lse: GpuTensor::view_of(&self.lse, 0, &[n, s.heads, q_seq])?,
+            workspace: GpuTensor::view_of(&self.workspace, 0, &[n, s.heads, q_seq, 2])?,
+            shape: AttentionShape {
+                batch: n,
+                q_seq,
+                kv_seq,
+                ..s
+            },
+        })
+    }
+
+    /// lse of the padded layout, `[B, H, Lq]`.
+    fn padded_lse(&self) -> Result<GpuTensor> {
+        let s = self.shape;
+        GpuTensor::view_of(&self.lse, 0, &[s.batch, s.heads, s.q_seq])
+    }
+
+    /// `view` of the layer's buffers as `layout` reads it (packed on `side`, or as it is).
+    fn place(view: HeadsView, side: PackedSide, layout: &CallLayout<'_>) -> Result<HeadsView> {
+        match layout.packed {
+            Some(lens) => view.packed(lens, side),
+            None => Ok(view),
+        }
+    }
+
+    /// Q, K, V of `proj` (and `kv_proj`) placed by `layout`.
+    fn placed_split(
+        &self,
+        proj: &GpuTensor,
+        kv_proj: Option<&GpuTensor>,
+        layout: &CallLayout<'_>,
+    ) -> Result<[HeadsView; 3]> {
+        let [q, k, v] = self.split(proj, kv_proj)?;
+        Ok([
+            Self::place(q, PackedSide::Queries, layout)?,
+            Self::place(k, PackedSide::Keys, layout)?,
+            Self::place(v, PackedSide::Keys, layout)?,
+        ])
+    }
+
+    /// Rotates Q and K (or dQ and dK, `backward`) in place, at each sequence's positions.
+    fn rotate(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        [q, k]: [&HeadsView; 2],
+        layout: &CallLayout<'_>,
+        backward: bool,
+    ) -> Result<()> {
+        let Some(rope) = &self.rope else {
+            return Ok(());
+        };
+        for x in [q, k] {
+            match (layout.packed, backward) {
+                (None, false) => rope_forward_into(ctx, encoder, x, rope, 0)?,
+                (None, true) => rope_backward_into(ctx, encoder, x, rope, 0)?,
+                (Some(lens), false) => rope_forward_packed_into(ctx, encoder, x, rope, lens, 0)?,
+                (Some(lens), true) => rope_backward_packed_into(ctx, encoder, x, rope, lens, 0)?,
+            }
+        }
+        Ok(())
+    }
+
     fn flat(&self, t: &GpuTensor) -> Result<GpuTensor> {
         let s = t.shape();
         t.reshape(&[s[0], s[1], self.d_model])
@@ -452,12 +575,11 @@ impl MultiHeadAttention {
         if let (Some(kv), Some(kv_proj), Some(memory)) = (&self.key_value, &self.kv_proj, memory) {
             kv.forward(ctx, encoder, p, memory, kv_proj)?;
         }
-        let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
-        if let Some(rope) = &self.rope {
-            rope_forward_into(ctx, encoder, &q, rope, 0)?;
-            rope_forward_into(ctx, encoder, &k, rope, 0)?;
-        }
-        let out = self.attn.heads()?;
+        let layout = self.layout(lens)?;
+        let [q, k, v] = self.placed_split(&self.proj, self.kv_proj.as_ref(), &layout)?;
+        self.rotate(ctx, encoder, [&q, &k], &layout, false)?;
+        let out = Self::place(self.attn.heads()?, PackedSide::Queries, &layout)?;
+        let lse = &layout.lse;
         let opts = self.options(p, lens);
         match &self.additive {
             Some(add) => {
@@ -465,9 +587,9 @@ impl MultiHeadAttention {
                     w: p.value(add.w),
                     bias: p.value(add.bias),
                 };
-                additive_forward_into(ctx, encoder, &q, &k, &v, scores, &out, &self.lse, &opts)?;
+                additive_forward_into(ctx, encoder, &q, &k, &v, scores, &out, lse, &opts)?;
             }
-            None => attention_forward_into(ctx, encoder, &q, &k, &v, &out, &self.lse, &opts)?,
+            None => attention_forward_into(ctx, encoder, &q, &k, &v, &out, lse, &opts)?,
         }
         let add = Epilogue {
             activation: None,
@@ -518,6 +640,7 @@ impl MultiHeadAttention {
     ) -> Result<()> {
         let out = self.attn.heads()?;
         let opts = self.options(p, lens);
+        let lse = &self.padded_lse()?;
         match (self.kind, cache) {
             (AttentionKind::SelfAttention { .. }, Some(cache)) => {
                 let &[b, l, _] = x.shape() else {
@@ -561,23 +684,23 @@ impl MultiHeadAttention {
                         };
                         let (keys, values) = (keys.heads()?, values.heads()?);
                         additive_decode_into(
-                            ctx, encoder, &q, &keys, &values, scores, &out, &self.lse, &opts,
+                            ctx, encoder, &q, &keys, &values, scores, &out, lse, &opts,
                         )?
                     }
                     ([KvStorage::F32(keys), KvStorage::F32(values)], None) => {
                         let (keys, values) = (view(keys)?, view(values)?);
                         match table {
                             None => attention_decode_into(
-                                ctx, encoder, &q, &keys, &values, &out, &self.lse, &opts,
+                                ctx, encoder, &q, &keys, &values, &out, lse, &opts,
                             )?,
                             Some(table) => attention_decode_paged_into(
-                                ctx, encoder, &q, &keys, &values, table, &out, &self.lse, &opts,
+                                ctx, encoder, &q, &keys, &values, table, &out, lse, &opts,
                             )?,
                         }
                     }
                     ([KvStorage::Int8(keys), KvStorage::Int8(values)], _) => {
                         attention_decode_int8_into(
-                            ctx, encoder, &q, keys, values, table, &out, &self.lse, &opts,
+                            ctx, encoder, &q, keys, values, table, &out, lse, &opts,
                         )?
                     }
                     _ => {
@@ -595,7 +718,7 @@ impl MultiHeadAttention {
             (AttentionKind::Cross, None) => {
                 self.query.forward(ctx, encoder, p, x, &self.proj)?;
                 let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
-                attention_forward_into(ctx, encoder, &q, &k, &v, &out, &self.lse, &opts)?;
+                attention_forward_into(ctx, encoder, &q, &k, &v, &out, lse, &opts)?;
             }
             _ => {
                 return Err(Error::shape(
@@ -623,15 +746,16 @@ impl MultiHeadAttention {
         rows: std::ops::Range<usize>,
     ) -> Result<GpuTensor> {
         let [q, k, _] = self.split(&self.proj, self.kv_proj.as_ref())?;
+        let lse = &self.padded_lse()?;
         if let Some(add) = &self.additive {
             let scores = AdditiveScores {
                 w: p.value(add.w),
                 bias: p.value(add.bias),
             };
             let opts = self.options(p, lens);
-            return additive_probabilities(ctx, &q, &k, &self.lse, scores, &opts, rows);
+            return additive_probabilities(ctx, &q, &k, lse, scores, &opts, rows);
         }
-        attention_probabilities(ctx, &q, &k, &self.lse, &self.options(p, lens), rows)
+        attention_probabilities(ctx, &q, &k, lse, &self.options(p, lens), rows)
     }
 
     /// The values `[B, Lk, H, d/H]` of the last forward, and the gradient at the attention output
@@ -671,8 +795,11 @@ impl MultiHeadAttention {
         let d_attn = self.flat(&self.d_attn)?;
         self.output
             .backward(ctx, encoder, p, &self.flat(&self.attn)?, dy, &d_attn)?;
-        let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
-        let [dq, dk, dv] = self.split(&self.d_proj, self.d_kv_proj.as_ref())?;
+        let layout = self.layout(lens)?;
+        let [q, k, v] = self.placed_split(&self.proj, self.kv_proj.as_ref(), &layout)?;
+        let [dq, dk, dv] = self.placed_split(&self.d_proj, self.d_kv_proj.as_ref(), &layout)?;
+        let out = Self::place(self.attn.heads()?, PackedSide::Queries, &layout)?;
+        let d_out = Self::place(self.d_attn.heads()?, PackedSide::Queries, &layout)?;
         // The relative table's and the cosine scale's gradients are written by the backward itself.
         let opts = self.options(p, lens);
         if let Some(add) = &self.additive {
@@ -685,9 +812,9 @@ impl MultiHeadAttention {
                 encoder,
                 [&q, &k, &v],
                 scores,
-                &self.attn.heads()?,
-                &self.lse,
-                &self.d_attn.heads()?,
+                &out,
+                &layout.lse,
+                &d_out,
                 [&dq, &dk, &dv],
                 [p.grad(add.w), p.grad(add.bias)],
                 &add.workspace,
@@ -703,27 +830,24 @@ impl MultiHeadAttention {
             &q,
             &k,
             &v,
-            &self.attn.heads()?,
-            &self.lse,
-            &self.d_attn.heads()?,
+            &out,
+            &layout.lse,
+            &d_out,
             &dq,
             &dk,
             &dv,
-            &self.workspace,
+            &layout.workspace,
             &opts,
         )?;
-        if let Some(rope) = &self.rope {
-            rope_backward_into(ctx, encoder, &dq, rope, 0)?;
-            rope_backward_into(ctx, encoder, &dk, rope, 0)?;
-        }
+        self.rotate(ctx, encoder, [&dq, &dk], &layout, true)?;
         if let Some(id) = self.sinks {
             let (sinks, d_sinks) = (p.value(id), p.grad(id));
             attention_sinks_backward_into(
                 ctx,
                 encoder,
-                &self.shape,
+                &layout.shape,
                 sinks,
-                &self.workspace,
+                &layout.workspace,
                 d_sinks,
                 &opts,
             )?;

@@ -8,8 +8,8 @@ use crate::device::Context;
 use crate::error::Result;
 use crate::kernels::embedding::{
     embedding_backward_add_into, embedding_backward_into, embedding_forward_into,
-    positional_backward_into, positional_forward_cached_into, positional_forward_into,
-    sinusoidal_table,
+    positional_backward_into, positional_backward_packed_into, positional_forward_cached_into,
+    positional_forward_into, positional_forward_packed_into, sinusoidal_table,
 };
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
@@ -29,6 +29,17 @@ enum Positions {
     Table(GpuTensor),
     Learned(ParamId),
     Rotary,
+}
+
+/// Where an embedding's rows sit.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// Row `l` of each sequence at position `l`.
+    Padded,
+    /// New tokens after a cache.
+    AfterCached(&'a SeqLens),
+    /// A packed batch's sequences.
+    Packed(&'a SeqLens),
 }
 
 /// Token embedding (scaled by sqrt(d_model)) plus positions (sinusoidal or learned; none with
@@ -117,7 +128,19 @@ impl Embedding {
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
     ) -> Result<()> {
-        self.record(ctx, encoder, p, None)
+        self.record(ctx, encoder, p, Rows::Padded)
+    }
+
+    /// `x = E[tokens] + P[position]` for a packed batch (`lens` from `SeqLens::packed`, the layer's
+    /// rows a batch of 1): each sequence's rows from position 0 at its first row.
+    pub fn forward_packed(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        lens: &SeqLens,
+    ) -> Result<()> {
+        self.record(ctx, encoder, p, Rows::Packed(lens))
     }
 
     /// `x = E[tokens] + P[position]` for new tokens after a cache: row `l` of sequence `b` at
@@ -129,7 +152,7 @@ impl Embedding {
         p: &Params,
         lens: &SeqLens,
     ) -> Result<()> {
-        self.record(ctx, encoder, p, Some(lens))
+        self.record(ctx, encoder, p, Rows::AfterCached(lens))
     }
 
     fn record(
@@ -137,17 +160,21 @@ impl Embedding {
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         p: &Params,
-        lens: Option<&SeqLens>,
+        rows: Rows<'_>,
     ) -> Result<()> {
         let embed = p.value(self.table);
         let Some(table) = self.position_table(p) else {
             return embedding_forward_into(ctx, encoder, &self.tokens, embed, &self.x);
         };
         embedding_forward_into(ctx, encoder, &self.tokens, embed, &self.embedded)?;
-        match lens {
-            None => positional_forward_into(ctx, encoder, &self.embedded, table, &self.x),
-            Some(lens) => {
-                positional_forward_cached_into(ctx, encoder, &self.embedded, table, &self.x, lens)
+        let (embedded, x) = (&self.embedded, &self.x);
+        match rows {
+            Rows::Padded => positional_forward_into(ctx, encoder, embedded, table, x),
+            Rows::AfterCached(lens) => {
+                positional_forward_cached_into(ctx, encoder, embedded, table, x, lens)
+            }
+            Rows::Packed(lens) => {
+                positional_forward_packed_into(ctx, encoder, embedded, table, x, lens)
             }
         }
     }
@@ -160,6 +187,29 @@ impl Embedding {
         p: &Params,
         dx: &GpuTensor,
     ) -> Result<()> {
+        self.record_backward(ctx, encoder, p, dx, None)
+    }
+
+    /// [`Embedding::backward`] of [`Embedding::forward_packed`].
+    pub fn backward_packed(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        dx: &GpuTensor,
+        lens: &SeqLens,
+    ) -> Result<()> {
+        self.record_backward(ctx, encoder, p, dx, Some(lens))
+    }
+
+    fn record_backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        dx: &GpuTensor,
+        packed: Option<&SeqLens>,
+    ) -> Result<()> {
         let d_table = p.grad(self.table);
         if self.tied {
             embedding_backward_add_into(ctx, encoder, &self.tokens, dx, d_table)?;
@@ -167,7 +217,10 @@ impl Embedding {
             embedding_backward_into(ctx, encoder, &self.tokens, dx, d_table)?;
         }
         if let Positions::Learned(id) = &self.positions {
-            positional_backward_into(ctx, encoder, dx, p.grad(*id))?;
+            match packed {
+                None => positional_backward_into(ctx, encoder, dx, p.grad(*id))?,
+                Some(lens) => positional_backward_packed_into(ctx, encoder, dx, p.grad(*id), lens)?,
+            }
         }
         Ok(())
     }

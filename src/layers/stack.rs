@@ -36,6 +36,10 @@ pub struct StackConfig {
     /// The longest sequence the layers see, in positions (the size of rotary tables; a decoding
     /// stack's is its cache capacity).
     pub positions: usize,
+    /// Packed variable-length batches: the layers' rows (a batch of 1) hold up to this many
+    /// sequences one after another (`SeqLens::packed` lengths select the layout per call). `None`:
+    /// padded batches only.
+    pub packed_sequences: Option<usize>,
 }
 
 /// A layer a [`Stack`] can hold: `[rows, d_model]` in, the same out, into buffers the layer owns.

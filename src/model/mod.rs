@@ -6,4 +6,4 @@ pub mod pretrained;
 pub mod transformer;
 
 pub use maps::{attention_rollout, AttentionSite};
-pub use transformer::{Batch, BatchShape, Transformer, TransformerConfig};
+pub use transformer::{Batch, BatchShape, PackedShape, Transformer, TransformerConfig};

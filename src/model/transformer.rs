@@ -283,6 +283,7 @@ impl TransformerConfig {
             bias: self.bias,
             scores: self.scores(),
             positions,
+            packed_sequences: None,
         }
     }
 
@@ -424,7 +425,42 @@ pub struct BatchShape {
     pub tgt_len: usize,
 }
 
-/// One batch, padded to the model's [`BatchShape`] (row-major `[batch, len]`).
+/// A packed batch's lengths as the model's lengths buffer holds them: the batch's `lens` (at most
+/// `sequences`, summing to at most `rows`), the rows after them as one more sequence, empty ones to
+/// fill.
+fn packed_lens(lens: &[u32], sequences: usize, rows: usize) -> Result<Vec<u32>> {
+    let used: u64 = lens.iter().map(|&l| l as u64).sum();
+    if lens.len() > sequences || used > rows as u64 {
+        return Err(Error::shape(
+            "tgt_lens",
+            format!(
+                "has {} sequences of {used} rows; the packed model takes up to {sequences} \
+                 sequences in {rows} rows",
+                lens.len()
+            ),
+        ));
+    }
+    let mut all = lens.to_vec();
+    all.resize(sequences, 0);
+    all.push(rows as u32 - used as u32);
+    Ok(all)
+}
+
+/// The packed batch shape a decoder-only model is built for ([`Transformer::packed`]): up to
+/// `sequences` sequences of any lengths one after another in `rows` token rows, no padding between
+/// them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedShape {
+    /// The most sequences one batch packs.
+    pub sequences: usize,
+    /// Token rows per batch (the sequences' lengths sum to at most this).
+    pub rows: usize,
+}
+
+/// One batch, padded to the model's [`BatchShape`] (row-major `[batch, len]`); for a packed model
+/// ([`Transformer::packed`]), `tgt_in` and `tgt_out` are its `rows` tokens with the sequences one
+/// after another, `tgt_lens` their lengths (at most `sequences` of them), and the rows after the
+/// sequences hold `pad_id` targets.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     /// Source ids `[batch, src_len]` (encoder-decoder models).
@@ -460,9 +496,46 @@ pub struct Transformer {
     loss: CrossEntropyOutput,
     d_logits: GpuTensor,
     d_decoder_out: GpuTensor,
+    /// A packed model's sequences per batch ([`Transformer::packed`]).
+    packed: Option<usize>,
 }
 
 impl Transformer {
+    /// A decoder-only model for packed batches ([`PackedShape`]): its layers run over the batch's
+    /// rows as one sequence of `rows` tokens, and attention, positions and rotary embeddings follow
+    /// each packed sequence (`SeqLens::packed`), so no padding rows are stored or computed between
+    /// sequences (the rows after the last one form one more sequence whose targets are `pad_id`).
+    /// Logits, loss and gradients are those of the same sequences in a padded batch. The
+    /// parameters are drawn from `seed` as [`Transformer::new`] draws them.
+    pub fn packed(
+        ctx: &Context,
+        config: TransformerConfig,
+        shape: PackedShape,
+        seed: u64,
+    ) -> Result<Self> {
+        if config.has_encoder() || shape.sequences == 0 || shape.rows == 0 {
+            return Err(Error::shape(
+                "PackedShape",
+                format!(
+                    "{shape:?}: packed batches are for decoder-only models, with at least one \
+                     sequence and one row"
+                ),
+            ));
+        }
+        let padded = BatchShape {
+            batch: 1,
+            src_len: 0,
+            tgt_len: shape.rows,
+        };
+        Self::build(
+            ctx,
+            config,
+            padded,
+            Params::new(seed),
+            Some(shape.sequences),
+        )
+    }
+
     /// Builds the model with parameters drawn from `seed`, for batches of `shape`.
     pub fn new(
         ctx: &Context,
@@ -487,7 +560,19 @@ impl Transformer {
         ctx: &Context,
         config: TransformerConfig,
         shape: BatchShape,
+        params: Params,
+    ) -> Result<Self> {
+        Self::build(ctx, config, shape, params, None)
+    }
+
+    /// The model over `shape`, or with `packed` a packed model of up to that many sequences in
+    /// `shape.tgt_len` rows (one more holds the rows after them).
+    fn build(
+        ctx: &Context,
+        config: TransformerConfig,
+        shape: BatchShape,
         mut params: Params,
+        packed: Option<usize>,
     ) -> Result<Self> {
         config.validate()?;
         if shape.batch == 0 || shape.tgt_len == 0 || (config.has_encoder() && shape.src_len == 0) {
@@ -531,11 +616,15 @@ impl Transformer {
             })
             .transpose()?;
         let memory_len = c.has_encoder().then_some(shape.src_len);
+        let decoder_stack = StackConfig {
+            packed_sequences: packed.map(|n| n + 1),
+            ..c.stack(c.decoder_layers, shape.tgt_len)
+        };
         let decoder = Decoder::new(
             ctx,
             &mut params,
             "dec",
-            &c.stack(c.decoder_layers, shape.tgt_len),
+            &decoder_stack,
             tgt_rows,
             memory_len,
         )?;
@@ -545,9 +634,18 @@ impl Transformer {
         let rows = shape.batch * shape.tgt_len;
         let src_lens = vec![shape.src_len as u32; shape.batch];
         let tgt_lens = vec![shape.tgt_len as u32; shape.batch];
+        let decoder_lens = match packed {
+            // Until the first batch: one sequence of every row, the others empty.
+            Some(n) => {
+                let mut lens = vec![0; n + 1];
+                lens[0] = shape.tgt_len as u32;
+                SeqLens::packed(ctx, &lens, &lens)?
+            }
+            None => SeqLens::new(ctx, Some(&tgt_lens), Some(&tgt_lens))?,
+        };
         Ok(Self {
             encoder_lens: SeqLens::new(ctx, Some(&src_lens), Some(&src_lens))?,
-            decoder_lens: SeqLens::new(ctx, Some(&tgt_lens), Some(&tgt_lens))?,
+            decoder_lens,
             cross_lens: SeqLens::new(ctx, Some(&tgt_lens), Some(&src_lens))?,
             targets: GpuTokens::from_slice(ctx, &vec![c.pad_id; rows], &[rows])?,
             logits: GpuTensor::zeros(ctx, &[rows, c.vocab])?,
@@ -558,6 +656,7 @@ impl Transformer {
             },
             d_logits: GpuTensor::zeros(ctx, &[rows, c.vocab])?,
             d_decoder_out: GpuTensor::zeros(ctx, &[shape.batch, shape.tgt_len, c.d_model])?,
+            packed,
             config,
             shape,
             params,
@@ -617,9 +716,28 @@ impl Transformer {
         let tokens = s.batch * s.tgt_len;
         check_len("tgt_in", &batch.tgt_in, tokens)?;
         check_len("tgt_out", &batch.tgt_out, tokens)?;
-        check_len("tgt_lens", &batch.tgt_lens, s.batch)?;
         check_ids("tgt_in", &batch.tgt_in)?;
         check_ids("tgt_out", &batch.tgt_out)?;
+        if let Some(sequences) = self.packed {
+            let lens = packed_lens(&batch.tgt_lens, sequences, s.tgt_len)?;
+            let used = s.tgt_len - *lens.last().expect("one more than the sequences") as usize;
+            if let Some(i) = batch.tgt_out[used..].iter().position(|&t| t != c.pad_id) {
+                return Err(Error::shape(
+                    "tgt_out",
+                    format!(
+                        "row {} is after the packed sequences ({used} rows) but its target is {}, \
+                         not pad_id {}",
+                        used + i,
+                        batch.tgt_out[used + i],
+                        c.pad_id
+                    ),
+                ));
+            }
+            self.target.tokens.write(ctx, &batch.tgt_in)?;
+            self.targets.write(ctx, &batch.tgt_out)?;
+            return self.decoder_lens.write(ctx, Some(&lens), Some(&lens));
+        }
+        check_len("tgt_lens", &batch.tgt_lens, s.batch)?;
         check_lens("tgt_lens", &batch.tgt_lens, s.tgt_len)?;
         if c.has_encoder() {
             check_len("src", &batch.src, s.batch * s.src_len)?;
@@ -638,6 +756,11 @@ impl Transformer {
             self.cross_lens.write(ctx, tgt, src)?;
         }
         Ok(())
+    }
+
+    /// A packed model's sequences per batch ([`Transformer::packed`]), `None` for a padded one.
+    pub fn packed_sequences(&self) -> Option<usize> {
+        self.packed
     }
 
     fn decoder_inputs(&self) -> DecoderInputs<'_> {
@@ -664,7 +787,12 @@ impl Transformer {
             source.forward(ctx, encoder, p)?;
             enc.forward(ctx, encoder, p, &source.x, &self.encoder_lens)?;
         }
-        self.target.forward(ctx, encoder, p)?;
+        match self.packed {
+            Some(_) => self
+                .target
+                .forward_packed(ctx, encoder, p, &self.decoder_lens)?,
+            None => self.target.forward(ctx, encoder, p)?,
+        }
         self.decoder
             .forward(ctx, encoder, p, &self.target.x, self.decoder_inputs())?;
         let h = self.flat_rows(self.decoder.output(&self.target.x))?;
@@ -718,8 +846,14 @@ impl Transformer {
             self.decoder_inputs(),
             d_dec_out,
         )?;
-        self.target
-            .backward(ctx, encoder, p, self.decoder.d_input(d_dec_out))?;
+        let d_target = self.decoder.d_input(d_dec_out);
+        match self.packed {
+            Some(_) => {
+                self.target
+                    .backward_packed(ctx, encoder, p, d_target, &self.decoder_lens)?
+            }
+            None => self.target.backward(ctx, encoder, p, d_target)?,
+        }
         if let (Some(source), Some(enc), Some(d_memory)) =
             (&self.source, &self.encoder, self.decoder.d_memory())
         {

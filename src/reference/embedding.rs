@@ -93,7 +93,12 @@ pub fn positional_forward_packed(x: &[f64], table: &[f64], lens: &[u32], dim: us
 }
 
 /// [`positional_backward`] of a packed batch: table row `l` sums row `l` of every sequence.
-pub fn positional_backward_packed(dy: &[f64], lens: &[u32], dim: usize, max_len: usize) -> Vec<f64> {
+pub fn positional_backward_packed(
+    dy: &[f64],
+    lens: &[u32],
+    dim: usize,
+    max_len: usize,
+) -> Vec<f64> {
     let mut d = vec![0.0; max_len * dim];
     let mut row = 0;
     for &len in lens {
