@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! cargo run --release --bin transformer-bench -- [--d-model 256 --heads 8 --layers 4 --seq 128 --batch 8]
+//! cargo run --release --bin transformer-bench -- --varlen [--seq 256 --batch 8]   # packed vs padded
 //! ```
 
 use std::process::ExitCode;
@@ -13,7 +14,7 @@ use std::time::Instant;
 use clap::Parser;
 use wgpu_attention::bench::{bench_options, measure, Timer};
 use wgpu_attention::kernels::optimizer::AdamWConfig;
-use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
+use wgpu_attention::model::{Batch, BatchShape, PackedShape, Transformer, TransformerConfig};
 use wgpu_attention::training::Trainer;
 use wgpu_attention::{parse_backends, Context, Error, GemmTiles};
 
@@ -68,6 +69,11 @@ struct Cli {
     /// WGPU_ATTENTION_DUMP_PIPELINES=DIR, this writes the training kernel set)
     #[arg(long)]
     compile_only: bool,
+    /// Variable-length sequences (decoder-only): sequence b has seq * (4 - b % 4) / 4 tokens; the
+    /// same batch is trained padded (`Transformer::new`) and packed (`Transformer::packed`), both
+    /// measured in this run
+    #[arg(long)]
+    varlen: bool,
 }
 
 /// Floating-point operations of the GEMMs and attention of one forward and of one training step
@@ -141,12 +147,19 @@ fn run(cli: &Cli) -> Result<(), Error> {
         d_model: cli.d_model,
         heads: cli.heads,
         d_ff: cli.d_ff.unwrap_or(4 * cli.d_model),
-        encoder_layers: if cli.decoder_only { 0 } else { cli.layers },
+        encoder_layers: if cli.decoder_only || cli.varlen {
+            0
+        } else {
+            cli.layers
+        },
         decoder_layers: cli.layers,
         pre_ln: !cli.post_ln,
         additive_attention: cli.additive,
         ..TransformerConfig::default()
     };
+    if cli.varlen {
+        return run_varlen(cli, &ctx, config);
+    }
     let shape = BatchShape {
         batch: cli.batch,
         src_len: cli.seq,
@@ -328,6 +341,127 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "forward_dispatches": forward_counts.2,
             "forward_tokens_per_s": tokens / (forward.median() / 1e3),
             "families_ms": families.iter().map(|(f, ms, c)| serde_json::json!({"family": f, "ms": ms, "passes": c})).collect::<Vec<_>>(),
+        });
+        wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--varlen`: the same variable-length sequences trained padded and packed, in one run.
+fn run_varlen(cli: &Cli, ctx: &Context, config: TransformerConfig) -> Result<(), Error> {
+    let lens: Vec<u32> = (0..cli.batch)
+        .map(|b| (cli.seq * (4 - b % 4) / 4).max(1) as u32)
+        .collect();
+    let rows: usize = lens.iter().map(|&l| l as usize).sum();
+    let id = |i: usize, salt: usize| 1 + ((i * 7919 + salt * 104729) % (cli.vocab - 1)) as u32;
+    // Padded: sequence b in row b, pad_id after its length.
+    let padded_ids = |salt: usize| -> Vec<u32> {
+        (0..cli.batch * cli.seq)
+            .map(|i| match (i % cli.seq) < lens[i / cli.seq] as usize {
+                true => id(i, salt),
+                false => config.pad_id,
+            })
+            .collect()
+    };
+    let (tgt_in, tgt_out) = (padded_ids(2), padded_ids(3));
+    let padded_batch = Batch {
+        tgt_in: tgt_in.clone(),
+        tgt_out: tgt_out.clone(),
+        tgt_lens: lens.clone(),
+        ..Batch::default()
+    };
+    let pack = |ids: &[u32]| -> Vec<u32> {
+        (0..cli.batch)
+            .flat_map(|b| ids[b * cli.seq..][..lens[b] as usize].to_vec())
+            .collect()
+    };
+    let packed_batch = Batch {
+        tgt_in: pack(&tgt_in),
+        tgt_out: pack(&tgt_out),
+        tgt_lens: lens.clone(),
+        ..Batch::default()
+    };
+    let shape = BatchShape {
+        batch: cli.batch,
+        src_len: 0,
+        tgt_len: cli.seq,
+    };
+    let packed_shape = PackedShape {
+        sequences: cli.batch,
+        rows,
+    };
+    println!(
+        "model: {config:?}\nsequences: {lens:?}: {rows} tokens, padded to {} ({:.0}% padding)",
+        cli.batch * cli.seq,
+        100.0 * (1.0 - rows as f64 / (cli.batch * cli.seq) as f64)
+    );
+    let timer = Timer::new(ctx, cli.wall_clock);
+    let mut results = Vec::new();
+    for (layout, packed) in [("padded", false), ("packed", true)] {
+        let before = ctx.memory().current_bytes;
+        let (model, batch) = match packed {
+            false => (Transformer::new(ctx, config, shape, 1)?, &padded_batch),
+            true => (
+                Transformer::packed(ctx, config, packed_shape, 1)?,
+                &packed_batch,
+            ),
+        };
+        let mut trainer = Trainer::new(ctx, model, AdamWConfig::default())?;
+        let memory_mib = (ctx.memory().current_bytes - before) as f64 / (1 << 20) as f64;
+        // The loss of the initial parameters (both layouts draw the same): the two must agree.
+        trainer.forward(ctx, batch)?;
+        let loss = trainer.model.loss().to_vec(ctx)?[0];
+        let train = measure(ctx, &timer, cli.reps, || trainer.step(ctx, batch))?;
+        let forward = measure(ctx, &timer, cli.reps, || trainer.forward(ctx, batch))?;
+        results.push((layout, train, forward, memory_mib, loss));
+    }
+    println!(
+        "clock: {}; {} timed runs each after warm-up\n\n| layout | training step ms (median, min-max) | forward ms | real tokens/s (step) | tensor MiB | initial loss |\n|---|---|---|---|---|---|",
+        timer.clock().name(),
+        cli.reps
+    );
+    for (layout, train, forward, memory_mib, loss) in &results {
+        println!(
+            "| {layout} | {:.2} ({:.2}-{:.2}) | {:.2} | {:.0} | {memory_mib:.1} | {loss:.4} |",
+            train.median(),
+            train.min(),
+            train.max(),
+            forward.median(),
+            rows as f64 / (train.median() / 1e3),
+        );
+    }
+    let (padded, packed) = (&results[0], &results[1]);
+    if (padded.4 - packed.4).abs() > 1e-4 * padded.4.abs().max(1.0) {
+        // A failed check is a failed run (exit code 1), as attention-bench's validation is.
+        eprintln!(
+            "transformer-bench: VALIDATION FAILED: the packed model's initial loss {} differs from \
+             the padded one's {}",
+            packed.4, padded.4
+        );
+        std::process::exit(1);
+    }
+    println!(
+        "packed over padded: training step {:.2}x, forward {:.2}x, memory {:.2}x",
+        padded.1.median() / packed.1.median(),
+        padded.2.median() / packed.2.median(),
+        packed.3 / padded.3
+    );
+    if let Some(path) = &cli.json {
+        let report = serde_json::json!({
+            "adapter": ctx.report().to_string(),
+            "config": format!("{config:?}"),
+            "lens": lens,
+            "tokens": rows,
+            "padded_tokens": cli.batch * cli.seq,
+            "clock": timer.clock().name(),
+            "layouts": results.iter().map(|(layout, train, forward, memory_mib, loss)| serde_json::json!({
+                "layout": layout,
+                "train_step_ms": train.times_ms,
+                "forward_ms": forward.times_ms,
+                "tensor_memory_mib": memory_mib,
+                "loss": loss,
+            })).collect::<Vec<_>>(),
         });
         wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
         println!("wrote {}", path.display());
