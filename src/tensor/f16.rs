@@ -174,17 +174,11 @@ impl GpuTensorF16 {
     /// A packed variable-length batch over this `[rows, heads, head_dim]` tensor: the sequences of
     /// `lens` one after another ([`HeadsView::packed`], [`SeqLens::packed`]).
     pub fn packed_heads(&self, lens: &SeqLens, side: PackedSide) -> Result<HeadsView> {
-        let [rows, heads, dim] = *self.shape.as_slice() else {
-            return Err(Error::shape(
-                "tensor",
-                format!("shape {:?} is not [rows, heads, head_dim]", self.shape),
-            ));
-        };
-        HeadsView::contiguous(
+        HeadsView::packed_tensor(
             &self.buffer,
             DType::F16,
             self.offset,
-            &[1, rows, heads, dim],
+            &self.shape,
             self.context,
         )?
         .packed(lens, side)

@@ -197,6 +197,24 @@ impl HeadsView {
         })
     }
 
+    /// The whole of a contiguous `[rows, heads, head_dim]` tensor as a `[1, rows, heads, head_dim]`
+    /// view, to be packed ([`HeadsView::packed`]).
+    pub(super) fn packed_tensor(
+        buffer: &wgpu::Buffer,
+        dtype: DType,
+        offset: usize,
+        shape: &[usize],
+        context: Option<ContextId>,
+    ) -> Result<Self> {
+        let [rows, heads, dim] = *shape else {
+            return Err(Error::shape(
+                "tensor",
+                format!("shape {shape:?} is not [rows, heads, head_dim]"),
+            ));
+        };
+        Self::contiguous(buffer, dtype, offset, &[1, rows, heads, dim], context)
+    }
+
     /// `[batch, seq, heads, head_dim]` (of a packed view: `seq` is the longest sequence's length).
     pub fn shape(&self) -> [usize; 4] {
         self.shape
