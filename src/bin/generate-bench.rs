@@ -22,8 +22,9 @@ use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::pretrained::Pretrained;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::{
-    attention_decode_int8_into, attention_decode_into, parse_backends, AttentionOptions, Context,
-    Error, GpuTensor, GpuTensorQ8, SeqLens,
+    attention_decode_int8_into, attention_decode_into, attention_forward_into,
+    attention_forward_plan, parse_backends, AttentionOptions, AttentionShape, Context, Error,
+    GpuTensor, GpuTensorQ8, SeqLens,
 };
 
 #[derive(Parser, Debug)]
@@ -68,6 +69,12 @@ struct Cli {
     /// query per sequence, every batch size); 0 to skip
     #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
     attention_lengths: Vec<usize>,
+    /// Prefill-shaped attention: prompt lengths P (H = heads, Hkv = heads / 4, D = 64, P new
+    /// causal queries per sequence over their own P keys, every batch size), run by the decode
+    /// kernel (what prefill uses) and by the fused forward (staged K/V tiles) on the same tensors;
+    /// 0 to skip
+    #[arg(long, value_delimiter = ',', default_value = "256")]
+    prefill_attention: Vec<usize>,
     /// Additive (Bahdanau) self-attention scores with this score dim Da instead of dot products (and
     /// sinusoidal positions instead of rotary ones)
     #[arg(long)]
@@ -373,6 +380,90 @@ fn attention(
     })
 }
 
+struct PrefillFigures {
+    batch: usize,
+    prompt: usize,
+    decode_kernel_ms: f64,
+    forward_kernel_ms: f64,
+    forward_plan: String,
+}
+
+/// Prefill-shaped attention: `prompt` causal queries per sequence over their own keys, through the
+/// decode kernel (as a prefill over an empty cache runs) and the fused forward, same tensors; the
+/// two outputs are checked to agree.
+fn prefill_attention(
+    ctx: &Context,
+    cli: &Cli,
+    timer: &Timer,
+    batch: usize,
+    prompt: usize,
+) -> Result<PrefillFigures, Error> {
+    let (h, hkv, d) = (cli.heads, (cli.heads / 4).max(1), 64);
+    let values = |n: usize, salt: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7919 + salt * 104729) % 2001) as f32 / 1000.0) - 1.0)
+            .collect()
+    };
+    let q = GpuTensor::from_slice(
+        ctx,
+        &values(batch * prompt * h * d, 1),
+        &[batch, prompt, h, d],
+    )?;
+    let k = GpuTensor::from_slice(
+        ctx,
+        &values(batch * prompt * hkv * d, 2),
+        &[batch, prompt, hkv, d],
+    )?;
+    let v = GpuTensor::from_slice(
+        ctx,
+        &values(batch * prompt * hkv * d, 3),
+        &[batch, prompt, hkv, d],
+    )?;
+    let outputs = || -> Result<(GpuTensor, GpuTensor), Error> {
+        Ok((
+            GpuTensor::zeros(ctx, &[batch, prompt, h, d])?,
+            GpuTensor::zeros(ctx, &[batch, h, prompt])?,
+        ))
+    };
+    let (decode_out, decode_lse) = outputs()?;
+    let (forward_out, forward_lse) = outputs()?;
+    let full = vec![prompt as u32; batch];
+    let lens = SeqLens::new(ctx, Some(&full), Some(&full))?;
+    let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
+    let (qv, kv, vv) = (q.heads()?, k.heads()?, v.heads()?);
+    let decode = measure(ctx, timer, cli.reps, || {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let out = decode_out.heads()?;
+        attention_decode_into(ctx, &mut encoder, &qv, &kv, &vv, &out, &decode_lse, &opts)?;
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    let forward = measure(ctx, timer, cli.reps, || {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let out = forward_out.heads()?;
+        attention_forward_into(ctx, &mut encoder, &qv, &kv, &vv, &out, &forward_lse, &opts)?;
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    let (a, b) = (decode_out.to_vec(ctx)?, forward_out.to_vec(ctx)?);
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    if !(worst <= 1e-4) {
+        eprintln!("generate-bench: VALIDATION FAILED: prefill attention, decode and forward kernels differ by {worst}");
+        std::process::exit(1);
+    }
+    Ok(PrefillFigures {
+        batch,
+        prompt,
+        decode_kernel_ms: decode.median(),
+        forward_kernel_ms: forward.median(),
+        forward_plan: attention_forward_plan(ctx, &AttentionShape::of(&qv, &kv, &vv)?)?.to_string(),
+    })
+}
+
 struct SpeculativeFigures {
     batch: usize,
     guesses: usize,
@@ -638,10 +729,41 @@ fn run(cli: &Cli) -> Result<(), Error> {
             );
         }
     }
+    let mut prefill_figures = Vec::new();
+    for &prompt in cli.prefill_attention.iter().filter(|&&p| p > 0) {
+        for &batch in &cli.batches {
+            prefill_figures.push(prefill_attention(&ctx, cli, &timer, batch, prompt)?);
+        }
+    }
+    if !prefill_figures.is_empty() {
+        println!(
+            "\nprefill-shaped attention, H {} / Hkv {}, D 64, causal, prompt = keys ({}); outputs \
+             of the two kernels checked to agree:\n",
+            cli.heads,
+            (cli.heads / 4).max(1),
+            timer.clock().name()
+        );
+        println!("| batch | prompt | decode kernel ms | fused forward ms | forward plan | decode / forward |\n|---|---|---|---|---|---|");
+        for p in &prefill_figures {
+            println!(
+                "| {} | {} | {:.2} | {:.2} | {} | {:.2}x |",
+                p.batch,
+                p.prompt,
+                p.decode_kernel_ms,
+                p.forward_kernel_ms,
+                p.forward_plan,
+                p.decode_kernel_ms / p.forward_kernel_ms
+            );
+        }
+    }
     if let Some(path) = &cli.json {
         let report = serde_json::json!({
             "adapter": ctx.report().to_string(),
             "cli": format!("{cli:?}"),
+            "prefill_attention": prefill_figures.iter().map(|p| serde_json::json!({
+                "batch": p.batch, "prompt": p.prompt, "decode_kernel_ms": p.decode_kernel_ms,
+                "forward_kernel_ms": p.forward_kernel_ms, "forward_plan": p.forward_plan,
+            })).collect::<Vec<_>>(),
             "generation": figures.iter().map(|f| serde_json::json!({
                 "batch": f.batch,
                 "cache": f.layout,
