@@ -178,14 +178,14 @@ struct KeyTiles {
     kv_hi: u32,
 }
 
-fn split_key_tiles(row0: u32, rows: u32, tile: u32, split: u32, qlen: u32, kvlen: u32) -> KeyTiles {
+fn split_key_tiles(b: u32, row0: u32, rows: u32, tile: u32, split: u32, qlen: u32, kvlen: u32) -> KeyTiles {
     let rows_hi = min(row0 + rows, qlen);
     var kv_hi = 0u;
     if rows_hi > row0 {
-        kv_hi = key_end(rows_hi - 1u, kvlen);
+        kv_hi = key_end_in(b, rows_hi - 1u, kvlen);
     }
     let n_tiles = (kv_hi + tile - 1u) / tile;
-    let first_tile = min(key_start(row0) / tile, n_tiles);
+    let first_tile = min(key_start_in(b, row0) / tile, n_tiles);
     let per_split = (n_tiles - first_tile + params.splits - 1u) / params.splits;
     let begin = first_tile + min(split * per_split, n_tiles - first_tile);
     return KeyTiles(begin, min(begin + per_split, n_tiles), kv_hi);
@@ -251,7 +251,8 @@ fn key_start(i: u32) -> u32 {
 }
 
 // key_start / key_end of row i of batch entry b aligned as row_shift says: on each sequence's
-// lengths when decoding from a cache (FLAG_ALIGN_LENS), else as key_start / key_end.
+// lengths when decoding from a cache (FLAG_ALIGN_LENS: the decode and additive kernels, and the
+// forward kernels when they serve a prefill), else as key_start / key_end.
 fn key_end_in(b: u32, i: u32, kvlen: u32) -> u32 {
     return keys_end_at(i32(i) + row_shift(b), kvlen);
 }

@@ -85,8 +85,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var r = 0u; r < 4u; r++) {
         let i = rows[r];
         if i < qlen {
-            row_start[r] = key_start(i);
-            row_end[r] = key_end(i, kvlen);
+            row_start[r] = key_start_in(b, i);
+            row_end[r] = key_end_in(b, i, kvlen);
             let base = view_index(VIEW_Q, b, i, h);
             for (var d = 0u; d < DK; d++) {
                 qt[d][r] = q_buf[base + d] * params.scale;
@@ -98,11 +98,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let rows_hi = min(row0 + WG * 4u, qlen);
     var kv_hi = 0u;
     if rows_hi > row0 {
-        kv_hi = key_end(rows_hi - 1u, kvlen);
+        kv_hi = key_end_in(b, rows_hi - 1u, kvlen);
     }
     let n_end = min(kv_hi, params.chunk_end);
     // Keys before the block's first row's window are skipped.
-    let n_begin = max(params.chunk_begin, key_start(row0));
+    let n_begin = max(params.chunk_begin, key_start_in(b, row0));
 
     var m = vec4<f32>(NEG_BIG);
     var l = vec4<f32>(0.0);

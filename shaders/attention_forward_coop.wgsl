@@ -87,7 +87,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         row_l[r] = 0.0;
     }
 
-    let tiles = split_key_tiles(row0, BM, BN, split, qlen, kvlen);
+    let tiles = split_key_tiles(b, row0, BM, BN, split, qlen, kvlen);
     let kv_hi = tiles.kv_hi;
 
     for (var tile = tiles.begin; tile < tiles.end; tile++) {
@@ -137,8 +137,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var start = 0u;
             var end = 0u;
             if i < qlen {
-                start = key_start(i);
-                end = min(key_end(i, kvlen), kv_hi);
+                start = key_start_in(b, i);
+                end = min(key_end_in(b, i, kvlen), kv_hi);
             }
             var e: array<vec4<f32>, 4>;
             var tile_max = NEG_BIG;

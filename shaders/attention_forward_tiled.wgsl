@@ -85,8 +85,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
     var row_end = vec4<u32>(0u);
     for (var r = 0u; r < 4u; r++) {
         if rows[r] < qlen {
-            row_start[r] = key_start(rows[r]);
-            row_end[r] = key_end(rows[r], kvlen);
+            row_start[r] = key_start_in(b, rows[r]);
+            row_end[r] = key_end_in(b, rows[r], kvlen);
         }
     }
 
@@ -101,7 +101,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         q_tile[r * QS + d / 4u][d % 4u] = x;
     }
 
-    let tiles = split_key_tiles(row0, BM, BN, split, qlen, kvlen);
+    let tiles = split_key_tiles(b, row0, BM, BN, split, qlen, kvlen);
     let kv_hi = tiles.kv_hi;
 
     var m = vec4<f32>(NEG_BIG);

@@ -160,6 +160,48 @@ fn decode_matches_reference_with_gqa_and_ragged_lengths() {
     });
 }
 
+/// Prefill-shaped steps (at least `PREFILL_FORWARD_ROWS` new rows) run on the fused forward kernels
+/// of both families, aligned on each sequence's lengths: new prompts, prompts after a cached prefix,
+/// sequences with no new rows, with the modifiers that follow positions (window, ALiBi, relative
+/// buckets), sinks and cosine scores.
+#[test]
+fn prefill_steps_on_the_forward_kernels_match_reference() {
+    use wgpu_attention::kernels::attention::PREFILL_FORWARD_ROWS;
+    let rows = PREFILL_FORWARD_ROWS;
+    for_each_family(|name, ctx| {
+        check(
+            ctx,
+            name,
+            &decode_case(3, rows, 100, 4, 2, 16, 16)
+                .causal()
+                .q_lens(&[rows as u32, 40, 0])
+                .kv_lens(&[rows as u32, 100, 9]),
+        );
+        check(
+            ctx,
+            name,
+            &decode_case(2, rows, 90, 4, 2, 16, 16)
+                .causal()
+                .q_lens(&[rows as u32, 17])
+                .kv_lens(&[90, 17])
+                .window(20, 0)
+                .alibi()
+                .sinks(&[0.5, -1.0, 0.25, 0.0])
+                .relative(8, 32, false),
+        );
+        check(
+            ctx,
+            name,
+            &decode_case(2, rows, 80, 4, 2, 16, 16)
+                .causal()
+                .q_lens(&[rows as u32, 5])
+                .kv_lens(&[80, 70])
+                .cosine(10.0)
+                .magnitude(4.0),
+        );
+    });
+}
+
 #[test]
 fn decode_matches_reference_with_score_modifiers() {
     for_each_backend(|name, ctx| {

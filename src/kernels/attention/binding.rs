@@ -234,6 +234,9 @@ pub(super) fn base_params(
     if opts.window.is_some() {
         flags |= FLAG_WINDOW;
     }
+    if opts.align_lens {
+        flags |= FLAG_ALIGN_LENS;
+    }
     if let Some(lens) = opts.seq_lens {
         if lens.q_lens().is_some() {
             flags |= FLAG_Q_LENS;

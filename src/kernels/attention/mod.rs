@@ -49,7 +49,7 @@ use binding::*;
 pub use coop::{matrix_build, qualify_matrix_build, MatrixBuild};
 pub use decode::{
     attention_decode, attention_decode_int8_into, attention_decode_into,
-    attention_decode_paged_into, DecodePlan,
+    attention_decode_paged_into, DecodePlan, PREFILL_FORWARD_ROWS,
 };
 pub use forward::*;
 pub use options::*;

@@ -48,6 +48,10 @@ pub struct AttentionOptions<'a> {
     /// Where the backward writes the relative table's gradient `[H, buckets]` (see
     /// [`AttentionOptions::relative_buckets_learned`]).
     pub relative_grad: Option<&'a GpuTensor>,
+    /// Masks and positions aligned on each sequence's lengths (`kv_len - q_len + i`, decoding
+    /// from a cache) instead of the tensor lengths: set by decode attention when its prefill runs
+    /// on the forward kernels.
+    pub(crate) align_lens: bool,
 }
 
 /// A learned per-head cosine-score scale `[H]` and the tensor its gradient is written to.

@@ -427,7 +427,8 @@ pub(super) fn check_packed(
         check_packed_view(arg, view, lens)?;
     }
     let positional = opts.causal || opts.window.is_some() || opts.alibi || opts.relative.is_some();
-    if positional && lens.q_lens() != lens.kv_lens() {
+    // Decoding aligns each sequence's queries as its last keys, whatever the lengths.
+    if positional && lens.q_lens() != lens.kv_lens() && !opts.align_lens {
         return Err(Error::shape(
             "seq_lens",
             "packed lengths with q_lens != kv_lens: causal masks, windows, ALiBi and relative \
