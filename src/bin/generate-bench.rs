@@ -70,9 +70,10 @@ struct Cli {
     #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
     attention_lengths: Vec<usize>,
     /// Prefill-shaped attention: prompt lengths P (H = heads, Hkv = heads / 4, D = 64, P new
-    /// causal queries per sequence over their own P keys, every batch size), run by the decode
-    /// kernel (what prefill uses) and by the fused forward (staged K/V tiles) on the same tensors;
-    /// 0 to skip
+    /// causal queries per sequence over their own P keys, every batch size), run by
+    /// `attention_decode_into` (what prefill calls: the decode kernel below PREFILL_FORWARD_ROWS
+    /// new rows, the fused forward from there) and by the fused forward directly, on the same
+    /// tensors; 0 to skip
     #[arg(long, value_delimiter = ',', default_value = "256")]
     prefill_attention: Vec<usize>,
     /// Additive (Bahdanau) self-attention scores with this score dim Da instead of dot products (and
@@ -388,9 +389,9 @@ struct PrefillFigures {
     forward_plan: String,
 }
 
-/// Prefill-shaped attention: `prompt` causal queries per sequence over their own keys, through the
-/// decode kernel (as a prefill over an empty cache runs) and the fused forward, same tensors; the
-/// two outputs are checked to agree.
+/// Prefill-shaped attention: `prompt` causal queries per sequence over their own keys, through
+/// `attention_decode_into` (as a prefill over an empty cache runs) and the fused forward, same
+/// tensors; the two outputs are checked to agree.
 fn prefill_attention(
     ctx: &Context,
     cli: &Cli,
@@ -743,7 +744,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             (cli.heads / 4).max(1),
             timer.clock().name()
         );
-        println!("| batch | prompt | decode kernel ms | fused forward ms | forward plan | decode / forward |\n|---|---|---|---|---|---|");
+        println!("| batch | prompt | attention_decode_into ms | fused forward ms | forward plan | decode / forward |\n|---|---|---|---|---|---|");
         for p in &prefill_figures {
             println!(
                 "| {} | {} | {:.2} | {:.2} | {} | {:.2}x |",
