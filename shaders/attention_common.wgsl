@@ -169,23 +169,23 @@ fn forward_block(group: u32) -> ForwardBlock {
 }
 
 // The key tiles [begin, end) (of `tile` keys) that a split-KV forward workgroup visits for query
-// rows row0 .. row0 + rows of a sequence with qlen queries and kvlen keys: its split's share of the
-// tiles from the first row's window start to the last valid row's end (kv_hi), which masks are
-// monotone in the row.
+// rows row0 .. row0 + rows (row i at key position i + shift, see row_shift) of a sequence with qlen
+// queries and kvlen keys: its split's share of the tiles from the first row's window start to the
+// last valid row's end (kv_hi), which masks are monotone in the row.
 struct KeyTiles {
     begin: u32,
     end: u32,
     kv_hi: u32,
 }
 
-fn split_key_tiles(b: u32, row0: u32, rows: u32, tile: u32, split: u32, qlen: u32, kvlen: u32) -> KeyTiles {
+fn split_key_tiles(shift: i32, row0: u32, rows: u32, tile: u32, split: u32, qlen: u32, kvlen: u32) -> KeyTiles {
     let rows_hi = min(row0 + rows, qlen);
     var kv_hi = 0u;
     if rows_hi > row0 {
-        kv_hi = key_end_in(b, rows_hi - 1u, kvlen);
+        kv_hi = keys_end_at(i32(rows_hi - 1u) + shift, kvlen);
     }
     let n_tiles = (kv_hi + tile - 1u) / tile;
-    let first_tile = min(key_start_in(b, row0) / tile, n_tiles);
+    let first_tile = min(keys_start_at(i32(row0) + shift) / tile, n_tiles);
     let per_split = (n_tiles - first_tile + params.splits - 1u) / params.splits;
     let begin = first_tile + min(split * per_split, n_tiles - first_tile);
     return KeyTiles(begin, min(begin + per_split, n_tiles), kv_hi);

@@ -67,6 +67,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let h_kv = h / (params.heads / params.kv_heads);
     let qlen = q_len(b);
     let kvlen = kv_len(b);
+    // Row i sits at key position i + shift (see row_shift).
+    let shift = row_shift(b);
     let row0 = q_block * WG * 4u;
     let rows = vec4<u32>(row0 + lid) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
 
@@ -85,8 +87,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var r = 0u; r < 4u; r++) {
         let i = rows[r];
         if i < qlen {
-            row_start[r] = key_start_in(b, i);
-            row_end[r] = key_end_in(b, i, kvlen);
+            row_start[r] = keys_start_at(i32(i) + shift);
+            row_end[r] = keys_end_at(i32(i) + shift, kvlen);
             let base = view_index(VIEW_Q, b, i, h);
             for (var d = 0u; d < DK; d++) {
                 qt[d][r] = q_buf[base + d] * params.scale;
@@ -98,11 +100,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let rows_hi = min(row0 + WG * 4u, qlen);
     var kv_hi = 0u;
     if rows_hi > row0 {
-        kv_hi = key_end_in(b, rows_hi - 1u, kvlen);
+        kv_hi = keys_end_at(i32(rows_hi - 1u) + shift, kvlen);
     }
     let n_end = min(kv_hi, params.chunk_end);
     // Keys before the block's first row's window are skipped.
-    let n_begin = max(params.chunk_begin, key_start_in(b, row0));
+    let n_begin = max(params.chunk_begin, keys_start_at(i32(row0) + shift));
 
     var m = vec4<f32>(NEG_BIG);
     var l = vec4<f32>(0.0);

@@ -68,6 +68,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let h_kv = block.h_kv;
     let qlen = q_len(b);
     let kvlen = kv_len(b);
+    // Row i sits at key position i + shift (see row_shift).
+    let shift = row_shift(b);
     let row0 = q_block * BM;
 
     for (var t = lid; t < BM * DKP; t += WG) {
@@ -87,7 +89,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         row_l[r] = 0.0;
     }
 
-    let tiles = split_key_tiles(b, row0, BM, BN, split, qlen, kvlen);
+    let tiles = split_key_tiles(shift, row0, BM, BN, split, qlen, kvlen);
     let kv_hi = tiles.kv_hi;
 
     for (var tile = tiles.begin; tile < tiles.end; tile++) {
@@ -137,8 +139,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var start = 0u;
             var end = 0u;
             if i < qlen {
-                start = key_start_in(b, i);
-                end = min(key_end_in(b, i, kvlen), kv_hi);
+                start = keys_start_at(i32(i) + shift);
+                end = min(keys_end_at(i32(i) + shift, kvlen), kv_hi);
             }
             var e: array<vec4<f32>, 4>;
             var tile_max = NEG_BIG;

@@ -74,6 +74,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
     let h_kv = block.h_kv;
     let qlen = q_len(b);
     let kvlen = kv_len(b);
+    // Row i sits at key position i + shift (see row_shift).
+    let shift = row_shift(b);
     let row0 = q_block * BM;
     // Row groups never straddle a subgroup where the subgroup path is compiled in.
     let tr = layout_index(ids) / TC;
@@ -85,8 +87,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
     var row_end = vec4<u32>(0u);
     for (var r = 0u; r < 4u; r++) {
         if rows[r] < qlen {
-            row_start[r] = key_start_in(b, rows[r]);
-            row_end[r] = key_end_in(b, rows[r], kvlen);
+            row_start[r] = keys_start_at(i32(rows[r]) + shift);
+            row_end[r] = keys_end_at(i32(rows[r]) + shift, kvlen);
         }
     }
 
@@ -101,7 +103,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         q_tile[r * QS + d / 4u][d % 4u] = x;
     }
 
-    let tiles = split_key_tiles(b, row0, BM, BN, split, qlen, kvlen);
+    let tiles = split_key_tiles(shift, row0, BM, BN, split, qlen, kvlen);
     let kv_hi = tiles.kv_hi;
 
     var m = vec4<f32>(NEG_BIG);
