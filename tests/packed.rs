@@ -373,107 +373,114 @@ fn misuse_is_refused_with_typed_errors() {
 #[test]
 fn packed_prefill_through_the_cache_equals_the_padded_step() {
     use wgpu_attention::kernels::attention::attention_decode_into;
+    use wgpu_attention::kernels::attention::PREFILL_FORWARD_ROWS;
     use wgpu_attention::kernels::kv_cache::{kv_cache_append_int8_into, kv_cache_append_into};
     use wgpu_attention::kernels::rope::{rope_forward_cached_into, RopeTable};
     use wgpu_attention::spec::RopeLayout;
     use wgpu_attention::GpuTensorQ8;
+    let long = PREFILL_FORWARD_ROWS as u32;
+    // A few new rows (the decode kernel), and a prompt chunk long enough for the forward kernels.
     for_each_backend(|backend, ctx| {
-        let (h, hkv, d, capacity) = (4, 2, 16, 24);
-        let before = [5u32, 0, 2];
-        let new = [4u32, 3, 0];
-        let kv_lens: Vec<u32> = before.iter().zip(&new).map(|(a, b)| a + b).collect();
-        let (b, longest) = (new.len(), 4);
-        let total = new.iter().sum::<u32>() as usize;
-        let mut r = rng(11);
-        let q = random(&mut r, b * longest * h * d, 1.0);
-        let k = random(&mut r, b * longest * hkv * d, 1.0);
-        let v = random(&mut r, b * longest * hkv * d, 1.0);
-        let cached_k = random(&mut r, b * capacity * hkv * d, 1.0);
-        let cached_v = random(&mut r, b * capacity * hkv * d, 1.0);
-        let table = RopeTable::new(ctx, 10000.0, d, RopeLayout::Half, capacity).unwrap();
+        for (new, capacity) in [([4u32, 3, 0], 24), ([long, 20, 0], 80)] {
+            let (h, hkv, d) = (4, 2, 16);
+            let before = [5u32, 0, 2];
+            let kv_lens: Vec<u32> = before.iter().zip(&new).map(|(a, b)| a + b).collect();
+            let (b, longest) = (new.len(), new[0] as usize);
+            let total = new.iter().sum::<u32>() as usize;
+            let mut r = rng(11);
+            let q = random(&mut r, b * longest * h * d, 1.0);
+            let k = random(&mut r, b * longest * hkv * d, 1.0);
+            let v = random(&mut r, b * longest * hkv * d, 1.0);
+            let cached_k = random(&mut r, b * capacity * hkv * d, 1.0);
+            let cached_v = random(&mut r, b * capacity * hkv * d, 1.0);
+            let table = RopeTable::new(ctx, 10000.0, d, RopeLayout::Half, capacity).unwrap();
 
-        // One prefill step, padded or packed: returns O (the sequences' rows, then the margin), the
-        // caches after the append, and the int8 cache's words.
-        let step = |packed: bool| {
-            let lens = match packed {
-                true => SeqLens::packed(ctx, &new, &kv_lens).unwrap(),
-                false => SeqLens::new(ctx, Some(&new), Some(&kv_lens)).unwrap(),
+            // One prefill step, padded or packed: returns O (the sequences' rows, then the margin), the
+            // caches after the append, and the int8 cache's words.
+            let step = |packed: bool| {
+                let lens = match packed {
+                    true => SeqLens::packed(ctx, &new, &kv_lens).unwrap(),
+                    false => SeqLens::new(ctx, Some(&new), Some(&kv_lens)).unwrap(),
+                };
+                let upload = |data: &[f32], heads: usize| match packed {
+                    true => {
+                        let rows = pack(data, &new, longest, heads * d, MARGIN, f32::NAN);
+                        let t =
+                            GpuTensor::from_slice(ctx, &rows, &[total + MARGIN, heads, d]).unwrap();
+                        let view = t.packed_heads(&lens, PackedSide::Queries).unwrap();
+                        (t, view)
+                    }
+                    false => {
+                        let t = GpuTensor::from_slice(ctx, data, &[b, longest, heads, d]).unwrap();
+                        let view = t.heads().unwrap();
+                        (t, view)
+                    }
+                };
+                let (_q, qv) = upload(&q, h);
+                let (_k, kv) = upload(&k, hkv);
+                let (_v, vv) = upload(&v, hkv);
+                let (out, out_view) = match packed {
+                    true => {
+                        let t = GpuTensor::from_slice(
+                            ctx,
+                            &vec![SENTINEL; (total + MARGIN) * h * d],
+                            &[total + MARGIN, h, d],
+                        )
+                        .unwrap();
+                        let view = t.packed_heads(&lens, PackedSide::Queries).unwrap();
+                        (t, view)
+                    }
+                    false => {
+                        let t = GpuTensor::zeros(ctx, &[b, longest, h, d]).unwrap();
+                        let view = t.heads().unwrap();
+                        (t, view)
+                    }
+                };
+                let cache_k =
+                    GpuTensor::from_slice(ctx, &cached_k, &[b, capacity, hkv, d]).unwrap();
+                let cache_v =
+                    GpuTensor::from_slice(ctx, &cached_v, &[b, capacity, hkv, d]).unwrap();
+                let cache_q8 = GpuTensorQ8::zeros(ctx, &[b, capacity, hkv, d]).unwrap();
+                let lse = GpuTensor::zeros(ctx, &[b, h, longest]).unwrap();
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                rope_forward_cached_into(ctx, &mut encoder, &qv, &table, &lens).unwrap();
+                rope_forward_cached_into(ctx, &mut encoder, &kv, &table, &lens).unwrap();
+                kv_cache_append_into(ctx, &mut encoder, &kv, &cache_k, &lens).unwrap();
+                kv_cache_append_into(ctx, &mut encoder, &vv, &cache_v, &lens).unwrap();
+                kv_cache_append_int8_into(ctx, &mut encoder, &kv, &cache_q8, None, &lens).unwrap();
+                let (kc, vc) = (cache_k.heads().unwrap(), cache_v.heads().unwrap());
+                let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
+                attention_decode_into(ctx, &mut encoder, &qv, &kc, &vc, &out_view, &lse, &opts)
+                    .unwrap_or_else(|e| panic!("[{backend}] packed {packed}: {e}"));
+                ctx.queue().submit([encoder.finish()]);
+                let out = out.to_vec(ctx).unwrap();
+                let out = match packed {
+                    true => out,
+                    false => pack(&out, &new, longest, h * d, 0, 0.0),
+                };
+                (
+                    out,
+                    cache_k.to_vec(ctx).unwrap(),
+                    cache_v.to_vec(ctx).unwrap(),
+                    cache_q8.to_words(ctx).unwrap(),
+                )
             };
-            let upload = |data: &[f32], heads: usize| match packed {
-                true => {
-                    let rows = pack(data, &new, longest, heads * d, MARGIN, f32::NAN);
-                    let t = GpuTensor::from_slice(ctx, &rows, &[total + MARGIN, heads, d]).unwrap();
-                    let view = t.packed_heads(&lens, PackedSide::Queries).unwrap();
-                    (t, view)
-                }
-                false => {
-                    let t = GpuTensor::from_slice(ctx, data, &[b, longest, heads, d]).unwrap();
-                    let view = t.heads().unwrap();
-                    (t, view)
-                }
-            };
-            let (_q, qv) = upload(&q, h);
-            let (_k, kv) = upload(&k, hkv);
-            let (_v, vv) = upload(&v, hkv);
-            let (out, out_view) = match packed {
-                true => {
-                    let t = GpuTensor::from_slice(
-                        ctx,
-                        &vec![SENTINEL; (total + MARGIN) * h * d],
-                        &[total + MARGIN, h, d],
-                    )
-                    .unwrap();
-                    let view = t.packed_heads(&lens, PackedSide::Queries).unwrap();
-                    (t, view)
-                }
-                false => {
-                    let t = GpuTensor::zeros(ctx, &[b, longest, h, d]).unwrap();
-                    let view = t.heads().unwrap();
-                    (t, view)
-                }
-            };
-            let cache_k = GpuTensor::from_slice(ctx, &cached_k, &[b, capacity, hkv, d]).unwrap();
-            let cache_v = GpuTensor::from_slice(ctx, &cached_v, &[b, capacity, hkv, d]).unwrap();
-            let cache_q8 = GpuTensorQ8::zeros(ctx, &[b, capacity, hkv, d]).unwrap();
-            let lse = GpuTensor::zeros(ctx, &[b, h, longest]).unwrap();
-            let mut encoder = ctx.device().create_command_encoder(&Default::default());
-            rope_forward_cached_into(ctx, &mut encoder, &qv, &table, &lens).unwrap();
-            rope_forward_cached_into(ctx, &mut encoder, &kv, &table, &lens).unwrap();
-            kv_cache_append_into(ctx, &mut encoder, &kv, &cache_k, &lens).unwrap();
-            kv_cache_append_into(ctx, &mut encoder, &vv, &cache_v, &lens).unwrap();
-            kv_cache_append_int8_into(ctx, &mut encoder, &kv, &cache_q8, None, &lens).unwrap();
-            let (kc, vc) = (cache_k.heads().unwrap(), cache_v.heads().unwrap());
-            let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
-            attention_decode_into(ctx, &mut encoder, &qv, &kc, &vc, &out_view, &lse, &opts)
-                .unwrap_or_else(|e| panic!("[{backend}] packed {packed}: {e}"));
-            ctx.queue().submit([encoder.finish()]);
-            let out = out.to_vec(ctx).unwrap();
-            let out = match packed {
-                true => out,
-                false => pack(&out, &new, longest, h * d, 0, 0.0),
-            };
-            (
-                out,
-                cache_k.to_vec(ctx).unwrap(),
-                cache_v.to_vec(ctx).unwrap(),
-                cache_q8.to_words(ctx).unwrap(),
-            )
-        };
-        let padded = step(false);
-        let packed = step(true);
-        let rows = total * h * d;
-        assert_eq!(
-            bits(&packed.0[..rows]),
-            bits(&padded.0),
-            "[{backend}] prefill out"
-        );
-        assert!(
-            packed.0[rows..].iter().all(|&x| x == SENTINEL),
-            "[{backend}] out written past the packed rows"
-        );
-        assert_eq!(bits(&packed.1), bits(&padded.1), "[{backend}] k cache");
-        assert_eq!(bits(&packed.2), bits(&padded.2), "[{backend}] v cache");
-        assert_eq!(packed.3, padded.3, "[{backend}] int8 k cache");
-        assert!(padded.0.iter().any(|&x| x != 0.0));
+            let padded = step(false);
+            let packed = step(true);
+            let rows = total * h * d;
+            assert_eq!(
+                bits(&packed.0[..rows]),
+                bits(&padded.0),
+                "[{backend}] prefill out"
+            );
+            assert!(
+                packed.0[rows..].iter().all(|&x| x == SENTINEL),
+                "[{backend}] out written past the packed rows"
+            );
+            assert_eq!(bits(&packed.1), bits(&padded.1), "[{backend}] k cache");
+            assert_eq!(bits(&packed.2), bits(&padded.2), "[{backend}] v cache");
+            assert_eq!(packed.3, padded.3, "[{backend}] int8 k cache");
+            assert!(padded.0.iter().any(|&x| x != 0.0));
+        }
     });
 }
