@@ -278,7 +278,13 @@ impl SeqLens {
     /// buckets) align a sequence's queries and keys at their first rows, so they need
     /// `q_lens == kv_lens` (self-attention).
     pub fn packed(ctx: &Context, q_lens: &[u32], kv_lens: &[u32]) -> Result<Self> {
-        if q_lens.len() != kv_lens.len() || q_lens.is_empty() {
+        if q_lens.is_empty() {
+            return Err(Error::shape(
+                "q_lens",
+                "is empty; a packed batch has at least one sequence",
+            ));
+        }
+        if q_lens.len() != kv_lens.len() {
             return Err(Error::shape(
                 "kv_lens",
                 format!(
