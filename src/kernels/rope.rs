@@ -245,28 +245,26 @@ fn record(
         }
         (None, _) => None,
     };
+    // Rows from an offset (padded or packed) fit the table whole; new tokens after a cache by their
+    // lengths.
     let (offset, lens) = match positions {
-        Positions::From(offset) | Positions::Packed(_, offset) => {
-            if offset + l > table.max_positions {
-                return Err(Error::shape(
-                    "rope positions",
-                    format!(
-                        "offset {offset} + length {l} exceeds the table's {} positions; build the RopeTable with more",
-                        table.max_positions
-                    ),
-                ));
-            }
-            let lens = match positions {
-                Positions::Packed(lens, _) => Some(lens),
-                _ => None,
-            };
-            (offset, lens)
-        }
+        Positions::From(offset) => (Some(offset), None),
+        Positions::Packed(lens, offset) => (Some(offset), Some(lens)),
         Positions::AfterCached(lens) => {
             lens.check_decode(b, l, table.max_positions)?;
-            (0, Some(lens))
+            (None, Some(lens))
         }
     };
+    if let Some(offset) = offset.filter(|offset| offset + l > table.max_positions) {
+        return Err(Error::shape(
+            "rope positions",
+            format!(
+                "offset {offset} + length {l} exceeds the table's {} positions; build the RopeTable with more",
+                table.max_positions
+            ),
+        ));
+    }
+    let offset = offset.unwrap_or(0);
     let mut inputs = vec![("rope table", table.table.region())];
     inputs.extend(lens.map(|l| ("seq_lens", l.region())));
     crate::kernels::arguments::check_call(ctx, &[("x", x.region())], &inputs)?;

@@ -7,9 +7,10 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{
     additive_backward_into, additive_backward_workspace, additive_decode_into,
-    additive_forward_into, additive_probabilities, attention_backward_into, attention_decode_into,
-    attention_forward_into, attention_probabilities, attention_sinks_backward_into, AdditiveScores,
-    AttentionOptions, AttentionShape, RelativeBuckets,
+    additive_forward_into, additive_probabilities, attention_backward_into,
+    attention_backward_workspace, attention_decode_into, attention_forward_into,
+    attention_probabilities, attention_sinks_backward_into, AdditiveScores, AttentionOptions,
+    AttentionShape, RelativeBuckets,
 };
 use crate::kernels::attention::{attention_decode_int8_into, attention_decode_paged_into};
 use crate::kernels::kv_cache::{BlockTable, KvFormat, KvStorage};
@@ -339,7 +340,13 @@ impl MultiHeadAttention {
             attn: GpuTensor::zeros(ctx, &[b, lq, heads, hd])?,
             lse: GpuTensor::zeros(ctx, &[stat_rows, heads, lq])?,
             d_attn: GpuTensor::zeros(ctx, &[b, lq, heads, hd])?,
-            workspace: GpuTensor::zeros(ctx, &[stat_rows, heads, lq, 2])?,
+            workspace: attention_backward_workspace(
+                ctx,
+                &AttentionShape {
+                    batch: stat_rows,
+                    ..shape
+                },
+            )?,
             packed_sequences: c.packed_sequences,
         })
     }

@@ -136,6 +136,17 @@ fn packed_starts(arg: &'static str, lens: &[u32]) -> Result<Vec<u32>> {
         .collect()
 }
 
+/// The lengths buffer of a packed batch, `[q_lens, kv_lens, q_starts, kv_starts]`, and its starts.
+fn packed_data(q_lens: &[u32], kv_lens: &[u32]) -> Result<(Vec<u32>, [Vec<u32>; 2])> {
+    let starts = [
+        packed_starts("q_lens", q_lens)?,
+        packed_starts("kv_lens", kv_lens)?,
+    ];
+    let mut data = lens_data(q_lens.len(), Some(q_lens), Some(kv_lens));
+    data.extend(starts.iter().flatten());
+    Ok((data, starts))
+}
+
 /// The lengths buffer `[q_lens, kv_lens]` of `batch` sequences (`u32::MAX` where not given: no
 /// limit).
 fn lens_data(batch: usize, q_lens: Option<&[u32]>, kv_lens: Option<&[u32]>) -> Vec<u32> {
@@ -294,12 +305,7 @@ impl SeqLens {
                 ),
             ));
         }
-        let starts = [
-            packed_starts("q_lens", q_lens)?,
-            packed_starts("kv_lens", kv_lens)?,
-        ];
-        let mut data = lens_data(q_lens.len(), Some(q_lens), Some(kv_lens));
-        data.extend(starts.iter().flatten());
+        let (data, starts) = packed_data(q_lens, kv_lens)?;
         let buffer = upload(ctx, "seq_lens (packed)", &data)?;
         Ok(Self {
             buffer,
@@ -322,14 +328,18 @@ impl SeqLens {
         })
     }
 
+    /// The lengths of `side`: `q_lens` for the queries, `kv_lens` for the keys, if given.
+    pub fn lens(&self, side: PackedSide) -> Option<&[u32]> {
+        match side {
+            PackedSide::Queries => self.q_lens(),
+            PackedSide::Keys => self.kv_lens(),
+        }
+    }
+
     /// The rows a packed batch's tensors of `side` hold: the sum of its lengths (0 for padded
     /// lengths).
     pub fn packed_total(&self, side: PackedSide) -> usize {
-        let lens = match side {
-            PackedSide::Queries => self.q_lens(),
-            PackedSide::Keys => self.kv_lens(),
-        };
-        match (&self.starts, lens) {
+        match (&self.starts, self.lens(side)) {
             (Some(_), Some(lens)) => lens.iter().map(|&l| l as usize).sum(),
             _ => 0,
         }
@@ -464,12 +474,14 @@ impl SeqLens {
                 "holds draft trees; build a new one with SeqLens::with_trees",
             ));
         }
-        let mut data = lens_data(self.batch, q_lens, kv_lens);
-        if let (Some(_), Some(q), Some(kv)) = (&self.starts, q_lens, kv_lens) {
-            let starts = [packed_starts("q_lens", q)?, packed_starts("kv_lens", kv)?];
-            data.extend(starts.iter().flatten());
-            self.starts = Some(starts);
-        }
+        let data = match (&self.starts, q_lens, kv_lens) {
+            (Some(_), Some(q), Some(kv)) => {
+                let (data, starts) = packed_data(q, kv)?;
+                self.starts = Some(starts);
+                data
+            }
+            _ => lens_data(self.batch, q_lens, kv_lens),
+        };
         ctx.queue()
             .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&data));
         self.q_lens = q_lens.map(<[u32]>::to_vec);

@@ -92,11 +92,7 @@ impl HeadsView {
                 "are not packed; build them with SeqLens::packed",
             ));
         };
-        let lengths = match side {
-            PackedSide::Queries => lens.q_lens(),
-            PackedSide::Keys => lens.kv_lens(),
-        }
-        .expect("packed lengths hold both sides");
+        let lengths = lens.lens(side).expect("packed lengths hold both sides");
         let total = lens.packed_total(side);
         if total > rows {
             return Err(Error::shape(

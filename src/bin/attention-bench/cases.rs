@@ -622,11 +622,7 @@ pub(crate) fn run_case(
 
 /// The lengths of a packed batch's `side`.
 fn lens_of(lens: &SeqLens, side: PackedSide) -> &[u32] {
-    match side {
-        PackedSide::Queries => lens.q_lens(),
-        PackedSide::Keys => lens.kv_lens(),
-    }
-    .expect("packed lengths hold both sides")
+    lens.lens(side).expect("packed lengths hold both sides")
 }
 
 /// The first `lens[b]` rows (of `width` values) of each sequence of padded `[B, seq, width]` data,

@@ -502,11 +502,7 @@ pub(crate) fn check_packed_view(arg: &'static str, view: &HeadsView, lens: &SeqL
         return Err(packed_lens_missing());
     }
     let [batch, longest, _, _] = view.shape();
-    let lengths = match side {
-        PackedSide::Queries => lens.q_lens(),
-        PackedSide::Keys => lens.kv_lens(),
-    }
-    .unwrap_or(&[]);
+    let lengths = lens.lens(side).unwrap_or(&[]);
     let total = lens.packed_total(side);
     if batch != lens.batch() || lengths.iter().any(|&l| l as usize > longest) || total > rows {
         return Err(Error::shape(
