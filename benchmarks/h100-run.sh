@@ -11,7 +11,7 @@ export WGPU_BACKEND=vulkan
 step() { local limit=$1 name=$2; shift 2; echo "== $name ($(date +%T))"; timeout $limit "$@" > $OUT/$name.log 2>&1; echo "   rc $? $(date +%T)"; }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive tests) so later calls can pick.
+# transformer trusted generate additive tests, and the shorter coop64 sweepfwd transformer1 tests-core) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -27,6 +27,21 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     done
     unset WGPU_ATTENTION_DUMP_PIPELINES
     tar -C /tmp -cJf $OUT/dump.tar.xz dump ;;
+  coop64)
+    step 120 coop-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
+      --head-dim 64 --lengths 1024,4096,8192 --masks none,causal --passes forward,backward --paths fused \
+      --reps 5 --json $OUT/h100-coop-b1h8d64.json ;;
+  sweepfwd)
+    for cfg in 128x64x32 64x64x32 256x64x32 128x32x32 64x32x32 128x64x16; do
+      WGPU_ATTENTION_TILED_FORWARD=$cfg step 25 sweep-fwd-$cfg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
+        --lengths 4096 --masks none --passes forward --paths fused --reps 5 --validate-limit 0 --json $OUT/sweep-fwd-$cfg.json
+    done ;;
+  transformer1)
+    step 60 transformer $B/transformer-bench --reps 10 --json $OUT/h100-transformer.json ;;
+  tests-core)
+    for t in attention_forward attention_backward training; do
+      WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-$t $B/test_$t
+    done ;;
   coop)
     # The tensor-core family: which build the device qualifies (the report's kernel column), its speed and
     # accuracy against the GPU family in f16 and f32.
@@ -87,7 +102,7 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     step 120 additive $B/additive-bench --json $OUT/h100-additive.json ;;
   tests)
     for t in attention_forward attention_backward attention_f16 linear transformer training optimizer generation; do
-      step 100 test-$t $B/test_$t
+      WGPU_ATTENTION_TEST_BACKENDS=vulkan step 100 test-$t $B/test_$t
     done ;;
   esac
 done
