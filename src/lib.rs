@@ -33,8 +33,8 @@ pub mod training;
 
 pub use device::{
     enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport, Context, ContextId,
-    ContextOptions, GemmTiles, KernelFamily, MemoryStats, RecordedCounts, TiledShape,
-    ENVIRONMENT_VARIABLES,
+    ContextOptions, GemmTiles, KernelFamily, MemoryStats, Qualification, RecordedCounts,
+    TiledShape, ENVIRONMENT_VARIABLES,
 };
 pub use error::{Error, PretrainedProblem, Result};
 pub use kernels::attention::{

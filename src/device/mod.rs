@@ -64,6 +64,8 @@ pub struct Context {
     /// [`ContextOptions::unchecked_measurement`]: every kernel without runtime checks, to measure
     /// which would gain on a new adapter (benchmarks only; results are validated there, not proven).
     untrusted_measurement: bool,
+    /// [`ContextOptions::unbounded_loops_measurement`]: every kernel without loop counters.
+    unbounded_loops_measurement: bool,
     /// [`ContextOptions::tiled_shapes`] and [`ContextOptions::forward_splits`].
     tiled_shapes: [Option<TiledShape>; 3],
     forward_splits: Option<usize>,
@@ -93,7 +95,21 @@ pub struct Context {
     /// [`ContextOptions::dump_pipelines`].
     pipeline_dump: Option<dump::PipelineDump>,
     /// Kernels qualified (or refused) on this device at their first use, by name.
-    qualified: Mutex<HashMap<&'static str, bool>>,
+    qualified: Mutex<HashMap<&'static str, Qualification>>,
+}
+
+/// The outcome of a kernel's qualification on a device ([`Context::qualifications`]): a kernel
+/// that wgpu cannot check against the adapter (the tensor-core attention) runs a small problem
+/// against another family at its first use, and is used only if it passes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Qualification {
+    /// The kernel, e.g. `attention_forward_coop`.
+    pub kernel: &'static str,
+    /// Whether it qualified (and so runs).
+    pub passed: bool,
+    /// Why it did not, or what it runs on: the reason the context also logs.
+    pub detail: String,
 }
 
 /// Identifies a [`Context`] (unique within the process); see [`Context::id`].
@@ -319,6 +335,7 @@ impl Context {
             trusted_shaders: options.trusted_shaders.unwrap_or(owns_device),
             pass_per_kernel: options.pass_per_kernel,
             untrusted_measurement: options.unchecked_measurement,
+            unbounded_loops_measurement: options.unbounded_loops_measurement,
             tiled_shapes: options.tiled_shapes,
             forward_splits: options.forward_splits,
             owns_device,
@@ -342,13 +359,27 @@ impl Context {
     /// Whether kernel `name` qualified on this device, if it has been tried.
     pub(crate) fn qualification(&self, name: &'static str) -> Option<bool> {
         let qualified = self.qualified.lock().unwrap_or_else(|e| e.into_inner());
-        qualified.get(name).copied()
+        qualified.get(name).map(|q| q.passed)
     }
 
-    /// Records whether kernel `name` qualified on this device.
-    pub(crate) fn set_qualification(&self, name: &'static str, passed: bool) {
+    /// Records whether kernel `name` qualified on this device, and why.
+    pub(crate) fn set_qualification(&self, name: &'static str, passed: bool, detail: String) {
         let mut qualified = self.qualified.lock().unwrap_or_else(|e| e.into_inner());
-        qualified.insert(name, passed);
+        let outcome = Qualification {
+            kernel: name,
+            passed,
+            detail,
+        };
+        qualified.insert(name, outcome);
+    }
+
+    /// The kernels qualified (or refused) on this device so far, by name, each with its reason:
+    /// what a benchmark report should show next to a kernel family that did not run as asked.
+    pub fn qualifications(&self) -> Vec<Qualification> {
+        let qualified = self.qualified.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<Qualification> = qualified.values().cloned().collect();
+        all.sort_by_key(|q| q.kernel);
+        all
     }
 
     /// This context's identity: tensors it allocates carry it, so a tensor of another context is

@@ -39,6 +39,10 @@ pub struct ContextOptions {
     /// Compile *every* kernel without runtime checks: a benchmark setting to find the kernels worth
     /// listing on a new adapter, not a mode the tests prove. Off by default.
     pub unchecked_measurement: bool,
+    /// Compile *every* kernel without wgpu's loop counters, index clamps kept: the benchmark
+    /// setting that tells the two kinds of check apart (`unchecked_measurement` drops both). Off by
+    /// default.
+    pub unbounded_loops_measurement: bool,
     /// Every kernel in a compute pass of its own ([`Context::set_pass_per_kernel`]). Off by default.
     pub pass_per_kernel: bool,
     /// Shape overrides of the GPU family's tiled forward, dK/dV and dQ kernels, for tuning on a new
@@ -73,7 +77,7 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 13] = [
     ("WGPU_ATTENTION_SUBGROUPS", "subgroups: on or off"),
     (
         "WGPU_ATTENTION_TRUSTED_SHADERS",
-        "trusted_shaders: on or off; all sets unchecked_measurement",
+        "trusted_shaders: on or off; all sets unchecked_measurement, noloop unbounded_loops_measurement",
     ),
     (
         "WGPU_ATTENTION_PASS_PER_KERNEL",
@@ -146,10 +150,11 @@ impl ContextOptions {
                 "1" | "on" => options.trusted_shaders = Some(true),
                 "0" | "off" => options.trusted_shaders = Some(false),
                 "all" => options.unchecked_measurement = true,
+                "noloop" => options.unbounded_loops_measurement = true,
                 _ => ignore(
                     "WGPU_ATTENTION_TRUSTED_SHADERS",
                     &value,
-                    &"use on, off or all",
+                    &"use on, off, noloop or all",
                 ),
             }
         }

@@ -77,6 +77,10 @@ impl Context {
     ) -> Arc<wgpu::ComputePipeline> {
         let relaxed = if self.untrusted_measurement {
             Some(wgpu::ShaderRuntimeChecks::unchecked())
+        } else if self.unbounded_loops_measurement {
+            let mut checks = wgpu::ShaderRuntimeChecks::checked();
+            checks.force_loop_bounding = false;
+            Some(checks)
         } else {
             crate::kernels::relaxed_runtime_checks(shader).filter(|_| self.trusted_shaders)
         };

@@ -189,7 +189,7 @@ impl Context {
     /// compiles every kernel with all checks. wgpu's GL back end applies no such checks either
     /// way. [`ContextOptions::unchecked_measurement`] compiles every kernel without any check: a
     /// benchmark setting, to find the kernels worth listing on a new adapter, not a mode the
-    /// tests prove.
+    /// tests prove; [`ContextOptions::unbounded_loops_measurement`] drops only the loop counters.
     pub fn trusted_shaders(&self) -> bool {
         self.trusted_shaders
     }

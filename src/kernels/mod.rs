@@ -41,13 +41,23 @@ pub(crate) fn pipeline_label(name: &str, constants: &[(&str, u32)]) -> String {
 /// wgpu's shader runtime checks that kernel `name` goes without when the context trusts its
 /// kernels ([`crate::Context::set_trusted_shaders`]), or `None` for all of them. A kernel is listed
 /// only where it measured faster without the checks (lavapipe, benchmarks/HISTORY.md "Shader runtime
-/// checks"; no other back end measured yet) and its tests run it without them on every shape class
+/// checks"; an NVIDIA H200, BENCHMARKS.md) and its tests run it without them on every shape class
 /// they cover; checks that measured no gain stay on.
 pub(crate) fn relaxed_runtime_checks(name: &str) -> Option<wgpu::ShaderRuntimeChecks> {
     // The fused forwards (both families, f32 and f16): every loop runs to a bound computed from
     // uniforms, overrides and the workgroup id, so none is infinite; the counters wgpu adds to every
     // loop cost them 12-24% on lavapipe. Index clamps stay: dropping them gained nothing more.
-    if name == "attention_forward" || name.starts_with("attention_forward_tiled") {
+    // The fused backward's dQ and dK/dV kernels (both families, f32 and f16) likewise: their key and
+    // query loops end at bounds from uniforms (lengths the host checked below 2^31, chunk ranges),
+    // and every other loop at an override. On an NVIDIA H200 every kernel without checks ran the
+    // GPU-family backward 2.7x faster (B1 H8 D64 L4096: 45.3 -> 16.7 ms, causal 24.4 -> 9.1;
+    // benchmarks/h200-2026-11-26/sweep-trusted-*.json), where the forwards had gained 2.8x from the
+    // loop counters alone and 4% more from the clamps; on lavapipe neither check cost them anything.
+    if name == "attention_forward"
+        || name.starts_with("attention_forward_tiled")
+        || name.starts_with("attention_backward_dq")
+        || name.starts_with("attention_backward_dkdv")
+    {
         let mut checks = wgpu::ShaderRuntimeChecks::checked();
         checks.force_loop_bounding = false;
         return Some(checks);

@@ -195,6 +195,10 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
     progress.finish();
 
     print_table(&results, peak);
+    // Why a family ran another build than asked (the tensor-core attention's portable fallback).
+    for q in ctx.qualifications() {
+        println!("qualification: {} {}", q.kernel, q.detail);
+    }
     let failed: Vec<&CaseResult> = results
         .iter()
         .filter(|r| {

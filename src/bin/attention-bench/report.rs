@@ -198,6 +198,9 @@ pub(crate) fn report_json(
             },
             "loop_budget": ctx.loop_budget(),
         },
+        "qualifications": ctx.qualifications().iter().map(|q| json!({
+            "kernel": q.kernel, "passed": q.passed, "detail": q.detail,
+        })).collect::<Vec<_>>(),
         "clock": timer.clock().name(),
         "reps": reps,
         "fma_peak_gflops": peak,

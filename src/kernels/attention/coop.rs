@@ -270,17 +270,18 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
         }
     };
     let cooperative = why_not.is_none();
-    match &why_not {
-        Some(why) => log::info!(
-            "wgpu-attention: the tensor-core attention runs its portable build on {}: {why}",
+    let detail = match &why_not {
+        Some(why) => format!(
+            "the tensor-core attention runs its portable build on {}: {why}",
             ctx.report().name
         ),
-        None => log::info!(
-            "wgpu-attention: the tensor-core attention runs on cooperative matrices on {}",
+        None => format!(
+            "the tensor-core attention runs on cooperative matrices on {}",
             ctx.report().name
         ),
-    }
-    ctx.set_qualification(KEY, cooperative);
+    };
+    log::info!("wgpu-attention: {detail}");
+    ctx.set_qualification(KEY, cooperative, detail);
     Ok(match cooperative {
         true => MatrixBuild::Cooperative,
         false => MatrixBuild::Portable,
@@ -349,6 +350,29 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
     // Inputs rounded to f16 (relative 2^-11) against f32: O within 1e-2, lse within 2e-2.
     let (o_err, lse_err) = (worst(&coop.0, &tiled.0), worst(&coop.1, &tiled.1));
     Ok((o_err > 1e-2 || lse_err > 2e-2).then(|| {
-        format!("on a test problem its O differs by {o_err:e} and its lse by {lse_err:e} from the GPU family's")
+        // What a reader of a report needs to tell a layout mistake from a precision one.
+        let off = coop
+            .0
+            .iter()
+            .zip(&tiled.0)
+            .filter(|(x, y)| !((*x - *y).abs() <= 1e-2));
+        let first = coop
+            .0
+            .iter()
+            .zip(&tiled.0)
+            .position(|(x, y)| !((x - y).abs() <= 1e-2));
+        let first = first.map_or(String::new(), |i| {
+            format!(
+                "; first at element {i} of [40, 2, 64]: {} against {}",
+                coop.0[i], tiled.0[i]
+            )
+        });
+        let zeros = coop.0.iter().filter(|x| **x == 0.0).count();
+        format!(
+            "on a test problem its O differs by {o_err:e} and its lse by {lse_err:e} from the GPU \
+             family's ({} of {} O elements off, {zeros} zero{first})",
+            off.count(),
+            coop.0.len()
+        )
     }))
 }
