@@ -48,7 +48,11 @@ impl TiledForward {
     pub fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
         let candidates: &[(u32, u32, u32)] = if widest <= 64 {
-            &[(128, 64, 32), (128, 64, 16), (64, 32, 16), (32, 16, 8)]
+            // 256 invocations on a 64 x 32 tile first: 1.19x (L 4096) and 1.14x (L 1024) the 128-wide
+            // tile on an H200, and on RADV 88 VGPRs and 8 waves per SIMD instead of 104 and 4
+            // (BENCHMARKS.md, "NVIDIA H200"). It needs 38 KiB of workgroup storage at head dim 64,
+            // so lavapipe (32 KiB) runs it only at smaller head dims.
+            &[(256, 64, 32), (128, 64, 32), (128, 64, 16), (64, 32, 16), (32, 16, 8)]
         } else if widest <= 128 {
             &[(128, 32, 32), (128, 32, 16), (64, 16, 16), (32, 16, 8)]
         } else {
