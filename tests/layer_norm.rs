@@ -1,6 +1,6 @@
 //! LayerNorm and RMSNorm forward and backward on the GPU vs the f64 reference (itself checked by finite
-//! differences here), on every back end under test; the residual sum of the backward; the split
-//! column reduction; typed errors.
+//! differences here), on every back end under test and both kernel families (a row per invocation,
+//! a row per workgroup); the residual sum of the backward; the split column reduction; typed errors.
 
 mod common;
 
@@ -52,6 +52,23 @@ fn check(backend: &str, ctx: &Context, d: &Data) {
     );
     let fwd = layer_norm_forward(ctx, &x, &gamma, &beta, EPS).unwrap();
     let grads = layer_norm_backward(ctx, &x, &gamma, &fwd.stats, &dy).unwrap();
+    // Deterministic: a second run gives the same bits (both families sum in a fixed order).
+    let again = layer_norm_backward(ctx, &x, &gamma, &fwd.stats, &dy).unwrap();
+    for (name, a, b) in [
+        ("dx", &grads.dx, &again.dx),
+        ("d_gamma", &grads.d_gamma, &again.d_gamma),
+        ("d_beta", &grads.d_beta, &again.d_beta),
+    ] {
+        let bits = |t: &GpuTensor| -> Vec<u32> {
+            t.to_vec(ctx).unwrap().iter().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(
+            bits(a),
+            bits(b),
+            "[{backend}] {name} of {:?} not deterministic",
+            d.shape
+        );
+    }
     let (ry, rstats) = reference::layer_norm_forward(
         &to_f64(&d.x),
         &to_f64(&d.gamma),
@@ -129,7 +146,7 @@ fn shapes() -> Vec<Vec<usize>> {
 
 #[test]
 fn matches_reference_over_odd_shapes() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         for (i, shape) in shapes().iter().enumerate() {
             check(backend, ctx, &data(shape, 0.0, i as u64));
         }
@@ -139,15 +156,17 @@ fn matches_reference_over_odd_shapes() {
 #[test]
 fn large_mean_small_variance_is_exact() {
     // The centred two-pass variance keeps full precision where E[x^2] - mean^2 would cancel.
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         check(backend, ctx, &data(&[9, 48], 100.0, 7));
     });
 }
 
 #[test]
 fn column_sums_split_into_accumulated_dispatches() {
-    for_each_backend_with_loop_budget(24, |backend, ctx| {
-        check(backend, ctx, &data(&[33, 5], 0.0, 11));
+    // 200 rows: 25 dispatches of 8 rows in the CPU-driver family, 7 blocks of partial sums added in
+    // two dispatches in the GPU family.
+    for_each_family_with_loop_budget(24, |backend, ctx| {
+        check(backend, ctx, &data(&[200, 5], 0.0, 11));
     });
 }
 
@@ -224,7 +243,7 @@ fn bad_input_is_a_typed_error() {
 /// and d_gamma, over odd shapes and an offset input (which RMSNorm does not remove).
 #[test]
 fn rms_norm_matches_reference() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         for (i, shape) in shapes().into_iter().enumerate() {
             let d = data(&shape, if i % 2 == 0 { 0.0 } else { 3.0 }, 40 + i as u64);
             let cols = *shape.last().unwrap();

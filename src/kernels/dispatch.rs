@@ -102,6 +102,25 @@ pub(crate) fn encode_in(
     buffers: &[&dyn Bindable],
     invocations: usize,
 ) {
+    let workgroups = invocations.max(1).div_ceil(WG as usize) as u32;
+    encode_workgroups_in(
+        ctx, pass, name, source, constants, params, buffers, workgroups,
+    );
+}
+
+/// [`encode_in`] over `workgroups` workgroups of [`WG`] invocations, for kernels that give a
+/// workgroup one row (laid out as [`grid_2d`]; the shader's `grid_x` is its first value).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn encode_workgroups_in(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    name: &'static str,
+    source: &'static str,
+    constants: &[(&'static str, u32)],
+    params: &[u8],
+    buffers: &[&dyn Bindable],
+    workgroups: u32,
+) {
     let mut all_constants = vec![("WG", WG)];
     all_constants.extend_from_slice(constants);
     let pipeline = ctx.pipeline(name, || source.to_string(), &all_constants);
@@ -111,7 +130,7 @@ pub(crate) fn encode_in(
         .map(|(i, t)| t.bound_region().bind(i as u32 + 1))
         .collect();
     let bind_group = ctx.bind_group(&pipeline, name, params, &storage);
-    let (gx, gy) = grid_2d(invocations.max(1).div_ceil(WG as usize) as u32);
+    let (gx, gy) = grid_2d(workgroups.max(1));
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(gx, gy, 1);

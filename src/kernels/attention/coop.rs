@@ -10,6 +10,7 @@
 //! every input type. The backward runs the GPU family's kernels.
 
 use super::*;
+use std::cmp::Ordering;
 use tiled::{encode_split_forward, SplitForwardKernel};
 
 const FORWARD: &str = include_str!("../../../shaders/attention_forward_coop.wgsl");
@@ -351,16 +352,16 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
     let (o_err, lse_err) = (worst(&coop.0, &tiled.0), worst(&coop.1, &tiled.1));
     Ok((o_err > 1e-2 || lse_err > 2e-2).then(|| {
         // What a reader of a report needs to tell a layout mistake from a precision one.
-        let off = coop
-            .0
-            .iter()
-            .zip(&tiled.0)
-            .filter(|(x, y)| !((*x - *y).abs() <= 1e-2));
-        let first = coop
-            .0
-            .iter()
-            .zip(&tiled.0)
-            .position(|(x, y)| !((x - y).abs() <= 1e-2));
+        // NaN counts as off.
+        let is_off = |x: f32, y: f32| {
+            (x - y)
+                .abs()
+                .partial_cmp(&1e-2)
+                .is_none_or(|o| o == Ordering::Greater)
+        };
+        let pairs = || coop.0.iter().zip(&tiled.0);
+        let off = pairs().filter(|(x, y)| is_off(**x, **y));
+        let first = pairs().position(|(x, y)| is_off(*x, *y));
         let first = first.map_or(String::new(), |i| {
             format!(
                 "; first at element {i} of [40, 2, 64]: {} against {}",

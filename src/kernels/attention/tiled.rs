@@ -52,7 +52,13 @@ impl TiledForward {
             // tile on an H200, and on RADV 88 VGPRs and 8 waves per SIMD instead of 104 and 4
             // (BENCHMARKS.md, "NVIDIA H200"). It needs 38 KiB of workgroup storage at head dim 64,
             // so lavapipe (32 KiB) runs it only at smaller head dims.
-            &[(256, 64, 32), (128, 64, 32), (128, 64, 16), (64, 32, 16), (32, 16, 8)]
+            &[
+                (256, 64, 32),
+                (128, 64, 32),
+                (128, 64, 16),
+                (64, 32, 16),
+                (32, 16, 8),
+            ]
         } else if widest <= 128 {
             &[(128, 32, 32), (128, 32, 16), (64, 16, 16), (32, 16, 8)]
         } else {
