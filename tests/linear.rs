@@ -104,7 +104,9 @@ fn check(backend: &str, ctx: &Context, x_shape: &[usize], out_f: usize, with_bia
 
 #[test]
 fn matches_reference_over_odd_sizes() {
-    for_each_backend(|backend, ctx| {
+    // Both families: the SKINNY path has a form per family (an element per invocation, k split
+    // over lanes).
+    for_each_family(|backend, ctx| {
         for (x_shape, out_f) in [
             (vec![1, 1], 1),
             (vec![7, 5], 3),
@@ -123,7 +125,7 @@ fn matches_reference_over_odd_sizes() {
 
 #[test]
 fn long_reductions_split_into_accumulated_dispatches() {
-    for_each_backend_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
         // 2000 rows > the budget's rows per dispatch: the bias sums and the dW product (k = rows)
         // are both split into accumulating dispatches: the column-sum kernel's (3 outputs, the
         // SKINNY dW) and the tiled dW product's own row sums (12 outputs).
@@ -204,7 +206,7 @@ fn check_epilogues(backend: &str, ctx: &Context, rows: usize, in_f: usize, out_f
 
 #[test]
 fn epilogues_match_reference() {
-    for_each_backend(|backend, ctx| {
+    for_each_family(|backend, ctx| {
         // Tiled, with partial tiles, and SKINNY (3 rows).
         for (rows, in_f, out_f) in [(70, 33, 20), (3, 40, 300)] {
             check_epilogues(backend, ctx, rows, in_f, out_f);
@@ -212,7 +214,7 @@ fn epilogues_match_reference() {
     });
     // Reductions split into accumulating dispatches (forward k = 2000, backward k = 1600): the
     // activation and residual apply once, after the last.
-    for_each_backend_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
+    for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
         check_epilogues(backend, ctx, 9, 2000, 7);
         check_epilogues(backend, ctx, 9, 6, 1600);
     });
@@ -422,7 +424,7 @@ fn check_f16(backend: &str, ctx: &Context, x_shape: &[usize], out_f: usize, with
 #[test]
 fn f16_linear_matches_reference() {
     for tiles in TILES {
-        for_each_backend_with(
+        for_each_family_with(
             |ctx| ctx.set_gemm_tiles(Some(tiles)),
             |backend, ctx| {
                 if !ctx.device().features().contains(wgpu::Features::SHADER_F16) {

@@ -2,7 +2,7 @@
 //! baseline and the Linear layer (bias, activation and residual epilogues).
 //! `C[z] = alpha * sum_g A[z, g] · B[z, g]` with every operand addressed by strides.
 
-use crate::device::{grid_2d, Context, GemmTiles};
+use crate::device::{grid_2d, Context, GemmTiles, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::elementwise::Activation;
 use crate::tensor::{DType, Region};
@@ -85,7 +85,7 @@ struct Kernel {
     tile_m: u32,
     tile_n: u32,
     loop_cost_per_k_tile: u64,
-    /// Has the `SKINNY` override (one invocation per element of C for products of a few rows).
+    /// Has the `SKINNY` override (products of a few rows, k split over lanes).
     skinny: bool,
 }
 
@@ -193,12 +193,27 @@ impl Epilogue<'_> {
     };
 }
 
-/// Products with at most this many rows take the SKINNY path (one invocation per element of C):
+/// Products with at most this many rows take the SKINNY path (all rows per workgroup, k split):
 /// a decoding step's rows. Measured on lavapipe: a [1, 128] x [128, 1000] Linear took 13.9 ms tiled
 /// (one valid row in each 64-row tile), and the decoding step 4x less in all with this path.
 const SKINNY_ROWS: u32 = 8;
 
-/// Whether `g` runs on the SKINNY path (one invocation per element of C), which has no row sums.
+/// The SKINNY path's form on `ctx`: `None` one invocation per element (the CPU-driver family),
+/// else k split over lanes (`SKINNY_SPLIT`) with the lanes per column of C and whether they run
+/// along k (`K_LANES`, `K_FAST`): 32 along k where B is contiguous in k (a Linear layer's W^T: a
+/// warp reads 128 contiguous bytes of a weight row), else 8 lanes across 32 neighbouring columns.
+fn skinny_split(ctx: &Context, g: &Gemm<'_>) -> Option<(u32, bool)> {
+    if ctx.kernel_family() == KernelFamily::CpuDriver {
+        return None;
+    }
+    Some(match g.b.1.stride_row == 1 && g.b.1.stride_col != 1 {
+        true => (32, true),
+        false => (8, false),
+    })
+}
+
+/// Whether `g` runs on the SKINNY path (products of at most [`SKINNY_ROWS`] rows), which has no
+/// row sums.
 pub(crate) fn takes_skinny_path(ctx: &Context, g: &Gemm<'_>) -> bool {
     g.m <= SKINNY_ROWS
         && ctx
@@ -286,10 +301,13 @@ fn encode_one(
     accumulate: bool,
     skinny: bool,
 ) -> Result<()> {
-    // SKINNY: tiles_n counts groups of 256 elements of C per batch entry.
-    let (tiles_m, tiles_n) = match skinny {
-        true => (1, (g.m * g.n).div_ceil(256)),
-        false => (g.m.div_ceil(kernel.tile_m), g.n.div_ceil(kernel.tile_n)),
+    // SKINNY: tiles_n counts groups of 256 elements of C, or with SKINNY_SPLIT blocks of
+    // 256 / K_LANES columns (all rows), per batch entry.
+    let split = skinny_split(ctx, g);
+    let (tiles_m, tiles_n) = match (skinny, split) {
+        (true, None) => (1, (g.m * g.n).div_ceil(256)),
+        (true, Some((lanes, _))) => (1, g.n.div_ceil(256 / lanes)),
+        (false, _) => (g.m.div_ceil(kernel.tile_m), g.n.div_ceil(kernel.tile_n)),
     };
     let total = (tiles_m as u64) * (tiles_n as u64) * (g.batch as u64) * (g.heads as u64);
     let total = total as u32;
@@ -322,6 +340,11 @@ fn encode_one(
     let mut constants = vec![("ROW_SUMS", g.row_sums.is_some() as u32)];
     if kernel.skinny {
         constants.push(("SKINNY", skinny as u32));
+        if let Some((lanes, along_k)) = split.filter(|_| skinny) {
+            constants.push(("SKINNY_SPLIT", 1));
+            constants.push(("K_LANES", lanes));
+            constants.push(("K_FAST", along_k as u32));
+        }
     }
     let name = kernel.names[g.elements.index()];
     let pipeline = ctx.pipeline(name, || typed_source(kernel.source, g.elements), &constants);
