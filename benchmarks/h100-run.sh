@@ -3,12 +3,24 @@
 # .gpu/bundle.tar.xz (see ../shared/GPU.md); every report goes to $OUT. Each step has its own time
 # limit so one slow step cannot lose the others' reports.
 set -u
+# The device tool brings back only a few files from $OUT: every report goes to a staging folder,
+# packed into $OUT/reports.tar.xz when the script ends (also when a step's timeout or BUDGET_S, the
+# seconds this call may use, stops it early; keep BUDGET_S under the call's timeout_s).
+REPORTS_OUT=$OUT
+OUT=$(mktemp -d)
+pack() { tar -C "$OUT" -cJf "$REPORTS_OUT/reports.tar.xz" . && ls -la "$REPORTS_OUT/reports.tar.xz"; }
+trap pack EXIT
+DEADLINE=$((SECONDS + ${BUDGET_S:-540}))
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
 [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 tar -C .gpu -xJf .gpu/bundle.tar.xz
 B=.gpu/bin
 export WGPU_BACKEND=vulkan
-step() { local limit=$1 name=$2; shift 2; echo "== $name ($(date +%T))"; timeout $limit "$@" > $OUT/$name.log 2>&1; echo "   rc $? $(date +%T)"; }
+step() {
+  local limit=$1 name=$2; shift 2
+  if [ $((SECONDS + limit)) -gt $DEADLINE ]; then echo "== $name skipped: BUDGET_S left $((DEADLINE - SECONDS)) s"; return; fi
+  echo "== $name ($(date +%T))"; timeout $limit "$@" > $OUT/$name.log 2>&1; echo "   rc $? $(date +%T)"
+}
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
 # transformer trusted generate additive tests, and the shorter coop64 sweepfwd transformer1 tests-core) so later calls can pick.
@@ -27,6 +39,11 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     done
     unset WGPU_ATTENTION_DUMP_PIPELINES
     tar -C /tmp -cJf $OUT/dump.tar.xz dump ;;
+  decode)
+    # The decoding step after the split-k SKINNY GEMM and the workgroup-per-row LayerNorm (both new
+    # since the 2026-11-26 H200 run: 8.17 ms per step at batch 1), and a training step's split.
+    step 120 generate $B/generate-bench --page 16 --json $OUT/h100-generate.json
+    step 60 transformer $B/transformer-bench --reps 10 --json $OUT/h100-transformer.json ;;
   coop64)
     step 120 coop-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
       --head-dim 64 --lengths 1024,4096,8192 --masks none,causal --passes forward,backward --paths fused \
@@ -65,12 +82,16 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
         --lengths 2048,8192 --masks none,causal --passes forward --paths fused --reps 5 --validate-limit 0 --json $OUT/sweep-splits-$sp.json
     done ;;
   trusted)
-    for tr in on off all; do
-      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 60 sweep-trusted-$tr $B/attention-bench --kernels gpu,cpu --batch 1 --heads 8 --head-dim 64 \
+    # noloop: every kernel without loop counters, index clamps kept (tells the two checks apart).
+    # (The additive bench at L 4096 outran 30 s per setting on the H200: L 1024 only.)
+    for tr in on off noloop all; do
+      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 40 sweep-trusted-$tr $B/attention-bench --kernels gpu,cpu --batch 1 --heads 8 --head-dim 64 \
         --lengths 1024,4096 --masks none,causal --passes forward,backward --paths fused --dtypes f32 --reps 5 --json $OUT/sweep-trusted-$tr.json
-      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 30 sweep-trusted-additive-$tr $B/additive-bench --lengths 1024,4096 --reps 5 \
+      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 20 sweep-trusted-gemm-$tr $B/gemm-bench --reps 5 --json $OUT/sweep-trusted-gemm-$tr.json
+    done
+    for tr in on all; do
+      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 30 sweep-trusted-additive-$tr $B/additive-bench --lengths 1024 --reps 5 \
         --json $OUT/sweep-trusted-additive-$tr.json
-      WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 30 sweep-trusted-gemm-$tr $B/gemm-bench --reps 5 --json $OUT/sweep-trusted-gemm-$tr.json
     done ;;
   suite64)
     step 150 suite-b1h8d64 $B/attention-bench --kernels gpu --dtypes f32,f16 --batch 1 --heads 8 --head-dim 64 \

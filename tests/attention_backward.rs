@@ -436,6 +436,29 @@ fn gradients_are_bitwise_reproducible() {
     });
 }
 
+/// The dQ and dK/dV kernels compiled without wgpu's loop counters (`Context::trusted_shaders`, the
+/// default on a device the context creates) give the bits of the checked builds.
+#[test]
+fn trusted_and_checked_backwards_agree_bitwise() {
+    let case = Case::new(2, 70, 45, 4, 2, 40, 24)
+        .causal()
+        .kv_lens(&[45, 20]);
+    let runs = [false, true].map(|trusted| {
+        let mut grads = Vec::new();
+        for_each_family_with(
+            |ctx| ctx.set_trusted_shaders(trusted),
+            |backend, ctx| grads.push((backend.to_string(), run(ctx, &case, Path::Fused))),
+        );
+        grads
+    });
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for ((backend, checked), (_, trusted)) in runs[0].iter().zip(&runs[1]) {
+        assert_eq!(bits(&checked.dq), bits(&trusted.dq), "[{backend}] dq");
+        assert_eq!(bits(&checked.dk), bits(&trusted.dk), "[{backend}] dk");
+        assert_eq!(bits(&checked.dv), bits(&trusted.dv), "[{backend}] dv");
+    }
+}
+
 #[test]
 fn unfused_backward_matches_reference() {
     for_each_backend(|backend, ctx| {

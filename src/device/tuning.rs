@@ -11,8 +11,10 @@ pub const LLVMPIPE_LOOP_BUDGET: u32 = 60_000;
 /// Workgroup widths the fused attention kernels are written for.
 pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];
 
-/// Which family of fused attention kernels a context runs. Both compute the same results (SPEC.md)
-/// and are tested against the same reference; they differ in shape.
+/// Which family of kernels a context runs: the fused attention's, and the shape of the row
+/// reductions (LayerNorm and RMSNorm: a row per invocation or per workgroup) and of the few-row
+/// GEMM of a decoding step (an element per invocation, or k split over lanes). All compute the
+/// same results (SPEC.md) and are tested against the same reference; they differ in shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum KernelFamily {
@@ -135,7 +137,7 @@ impl Context {
         Ok(())
     }
 
-    /// The fused attention kernel family this context runs: the one set with
+    /// The kernel family this context runs ([`KernelFamily`]): the one set with
     /// [`Context::set_kernel_family`] (or [`ContextOptions::kernel_family`]), else [`KernelFamily::CpuDriver`] on CPU drivers and [`KernelFamily::Gpu`] elsewhere.
     pub fn kernel_family(&self) -> KernelFamily {
         self.kernel_family.unwrap_or(if self.is_cpu() {
