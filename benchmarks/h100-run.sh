@@ -41,8 +41,9 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     tar -C /tmp -cJf $OUT/dump.tar.xz dump ;;
   decode)
     # The decoding step after the split-k SKINNY GEMM and the workgroup-per-row LayerNorm (both new
-    # since the 2026-11-26 H200 run: 8.17 ms per step at batch 1), and a training step's split.
-    step 120 generate $B/generate-bench --page 16 --json $OUT/h100-generate.json
+    # since the 2026-11-26 H200 run: 8.17 ms per step at batch 1), with GPU time per kernel
+    # (--profile), and a training step's split by family.
+    step 120 generate $B/generate-bench --page 16 --profile --json $OUT/h100-generate.json
     step 60 transformer $B/transformer-bench --reps 10 --json $OUT/h100-transformer.json ;;
   coop64)
     step 120 coop-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
