@@ -21,15 +21,23 @@ use crate::kernels::dispatch::{
 };
 use crate::tensor::{GpuTensor, Region};
 
-const FORWARD: &str = include_str!("../../shaders/layer_norm_forward.wgsl");
-const BACKWARD: &str = include_str!("../../shaders/layer_norm_backward.wgsl");
+const FORWARD: &str = concat!(
+    include_str!("../../shaders/layer_norm_forward_common.wgsl"),
+    include_str!("../../shaders/layer_norm_forward.wgsl")
+);
+const BACKWARD: &str = concat!(
+    include_str!("../../shaders/layer_norm_backward_common.wgsl"),
+    include_str!("../../shaders/layer_norm_backward.wgsl")
+);
 const PARAM_GRADS: &str = include_str!("../../shaders/layer_norm_param_grads.wgsl");
 const FORWARD_ROWS: &str = concat!(
     include_str!("../../shaders/workgroup_sum.wgsl"),
+    include_str!("../../shaders/layer_norm_forward_common.wgsl"),
     include_str!("../../shaders/layer_norm_forward_rows.wgsl")
 );
 const BACKWARD_ROWS: &str = concat!(
     include_str!("../../shaders/workgroup_sum.wgsl"),
+    include_str!("../../shaders/layer_norm_backward_common.wgsl"),
     include_str!("../../shaders/layer_norm_backward_rows.wgsl")
 );
 const PARAM_PARTIALS: &str = include_str!("../../shaders/layer_norm_param_partials.wgsl");
