@@ -135,3 +135,58 @@ pub(crate) fn encode_workgroups_in(
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(gx, gy, 1);
 }
+
+/// Parameters of the column reductions (`column_sum.wgsl`, `layer_norm_param_grads.wgsl`,
+/// `layer_norm_param_sums.wgsl`): one invocation per column adds rows `[row_begin, row_end)` in
+/// order, adding to what an earlier dispatch wrote when `accumulate` is 1.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ColumnParams {
+    rows: u32,
+    cols: u32,
+    row_begin: u32,
+    row_end: u32,
+    accumulate: u32,
+    grid_x: u32,
+    pad: [u32; 2],
+}
+
+/// Records column reduction `name` of a `[rows, cols]` matrix into `pass`: one dispatch per chunk
+/// of rows that fits the context's loop budget (`cost_per_row` loop iterations a row), each after
+/// the first adding to the sums; deterministic (rows in order, chunks in order).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn encode_column_reduction_in(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    name: &'static str,
+    source: &'static str,
+    constants: &[(&'static str, u32)],
+    (rows, cols): (usize, usize),
+    cost_per_row: usize,
+    buffers: &[&dyn Bindable],
+) {
+    for (index, (begin, end)) in loop_chunks(ctx, rows, cost_per_row, 16, 1)
+        .into_iter()
+        .enumerate()
+    {
+        let params = ColumnParams {
+            rows: rows as u32,
+            cols: cols as u32,
+            row_begin: begin,
+            row_end: end,
+            accumulate: (index > 0) as u32,
+            grid_x: grid_x(cols),
+            pad: [0; 2],
+        };
+        encode_in(
+            ctx,
+            pass,
+            name,
+            source,
+            constants,
+            bytemuck::bytes_of(&params),
+            buffers,
+            cols,
+        );
+    }
+}

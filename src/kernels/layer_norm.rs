@@ -17,7 +17,7 @@ use crate::device::{grid_2d, Context, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_tensors};
 use crate::kernels::dispatch::{
-    encode, encode_in, encode_workgroups_in, grid_x, loop_chunks, Bindable,
+    encode, encode_column_reduction_in, encode_in, encode_workgroups_in, grid_x, Bindable,
 };
 use crate::tensor::{GpuTensor, Region};
 
@@ -89,20 +89,6 @@ struct PartialParams {
     cols: u32,
     blocks: u32,
     grid_x: u32,
-}
-
-/// The column sums' parameters: of `layer_norm_param_grads.wgsl` over rows, and of
-/// `layer_norm_param_sums.wgsl` over blocks (`rows` then counts blocks).
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct ColumnParams {
-    rows: u32,
-    cols: u32,
-    row_begin: u32,
-    row_end: u32,
-    accumulate: u32,
-    grid_x: u32,
-    pad: [u32; 2],
 }
 
 /// y and the saved `(mean, rstd)` per row, `[rows, 2]`.
@@ -446,27 +432,16 @@ fn norm_backward_add_into(
     );
     // Each column sums its rows in order; long row ranges are split under a loop budget. RMSNorm
     // binds d_gamma where d_beta would be (the shader writes only d_gamma then).
-    for (index, (begin, end)) in loop_chunks(ctx, rows, 1, 16, 1).into_iter().enumerate() {
-        let params = ColumnParams {
-            rows: rows as u32,
-            cols: cols as u32,
-            row_begin: begin,
-            row_end: end,
-            accumulate: (index > 0) as u32,
-            grid_x: grid_x(cols),
-            pad: [0; 2],
-        };
-        encode_in(
-            ctx,
-            &mut pass,
-            "layer_norm_param_grads",
-            PARAM_GRADS,
-            &centered,
-            bytemuck::bytes_of(&params),
-            &[x, stats, dy, d_gamma, d_beta.unwrap_or(d_gamma)],
-            cols,
-        );
-    }
+    encode_column_reduction_in(
+        ctx,
+        &mut pass,
+        "layer_norm_param_grads",
+        PARAM_GRADS,
+        &centered,
+        (rows, cols),
+        1,
+        &[x, stats, dy, d_gamma, d_beta.unwrap_or(d_gamma)],
+    );
     Ok(())
 }
 
@@ -530,26 +505,15 @@ fn encode_backward_rows(
         blocks * cols,
     );
     // Long block ranges split under a loop budget; RMSNorm binds d_gamma where d_beta would be.
-    for (index, (begin, end)) in loop_chunks(ctx, blocks, 2, 16, 1).into_iter().enumerate() {
-        let params = ColumnParams {
-            rows: blocks as u32,
-            cols: cols as u32,
-            row_begin: begin,
-            row_end: end,
-            accumulate: (index > 0) as u32,
-            grid_x: grid_x(cols),
-            pad: [0; 2],
-        };
-        encode_in(
-            ctx,
-            &mut pass,
-            "layer_norm_param_sums",
-            PARAM_SUMS,
-            &centered,
-            bytemuck::bytes_of(&params),
-            &[&partials, d_gamma, d_beta.unwrap_or(d_gamma)],
-            cols,
-        );
-    }
+    encode_column_reduction_in(
+        ctx,
+        &mut pass,
+        "layer_norm_param_sums",
+        PARAM_SUMS,
+        &centered,
+        (blocks, cols),
+        2,
+        &[&partials, d_gamma, d_beta.unwrap_or(d_gamma)],
+    );
     Ok(())
 }

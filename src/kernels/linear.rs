@@ -7,7 +7,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_call, check_tensors};
-use crate::kernels::dispatch::{encode_in, grid_x, loop_chunks, Bindable};
+use crate::kernels::dispatch::{encode_column_reduction_in, Bindable};
 use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{
     encode_gemm, takes_skinny_path, ActivationStep, Elements, Epilogue as GemmEpilogue, Gemm,
@@ -20,18 +20,6 @@ const COLUMN_SUM: &str = include_str!("../../shaders/column_sum.wgsl");
 /// The Linear-specific shaders by name, for the naga tests (the GEMM is listed with attention's).
 pub fn shader_sources() -> Vec<(&'static str, String)> {
     vec![("column_sum", COLUMN_SUM.to_string())]
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct ColumnParams {
-    rows: u32,
-    cols: u32,
-    row_begin: u32,
-    row_end: u32,
-    accumulate: u32,
-    grid_x: u32,
-    pad: [u32; 2],
 }
 
 /// Gradients of a Linear layer; `d_bias` when it has a bias.
@@ -521,25 +509,14 @@ pub(crate) fn encode_column_sum_in(
     cols: usize,
     sums: &GpuTensor,
 ) {
-    for (index, (begin, end)) in loop_chunks(ctx, rows, 1, 16, 1).into_iter().enumerate() {
-        let p = ColumnParams {
-            rows: rows as u32,
-            cols: cols as u32,
-            row_begin: begin,
-            row_end: end,
-            accumulate: (index > 0) as u32,
-            grid_x: grid_x(cols),
-            pad: [0; 2],
-        };
-        encode_in(
-            ctx,
-            pass,
-            "column_sum",
-            COLUMN_SUM,
-            &[],
-            bytemuck::bytes_of(&p),
-            &[x, sums],
-            cols,
-        );
-    }
+    encode_column_reduction_in(
+        ctx,
+        pass,
+        "column_sum",
+        COLUMN_SUM,
+        &[],
+        (rows, cols),
+        1,
+        &[x, sums],
+    );
 }
