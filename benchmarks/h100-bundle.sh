@@ -2,7 +2,7 @@
 # Prepares what benchmarks/h100-run.sh needs on the device machine, here (see ../shared/GPU.md): the
 # Vulkan loader packages in .gl/ and the stripped release binaries (benches and the attention, linear,
 # transformer and training tests) in .gpu/bundle.tar.xz, both git-ignored. Then, with the device tool,
-# the three calls benchmarks/README.md lists, the first:
+# the call benchmarks/README.md lists (vulkaninfo needs libwayland-client0, absent on the H200 image), e.g.:
 #   run(command="PLAN='sweep suite64 gemm transformer' bash benchmarks/h100-run.sh",
 #       carry=[".gl", ".gpu/bundle.tar.xz"])
 set -eu
@@ -11,10 +11,10 @@ mkdir -p .git/info .gl .gpu/bin /tmp/amd64/partial
 for ignored in /.gl/ /.gpu/; do
   grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude
 done
-if ! ls .gl/libvulkan1_*.deb > /dev/null 2>&1; then
+if ! ls .gl/libwayland-client0_*.deb > /dev/null 2>&1; then
   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
   apt-get $o update > /dev/null
-  (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 vulkan-tools)
+  (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 vulkan-tools libwayland-client0)
 fi
 cargo build --release --features cli --bins
 tests="attention_forward attention_backward attention_f16 attention_decode linear transformer transformer_layer training optimizer generation additive attention_maps"
