@@ -9,8 +9,8 @@
 //   K_LANES invocations split each column's k range, each B element read once for all rows; the
 //   lanes' sums meet in workgroup memory in a fixed tree order. K_FAST lays lanes out along k
 //   (neighbouring invocations read neighbouring k: coalesced when B is contiguous in k, as W^T of
-//   a Linear layer is), else along columns. (On lavapipe it ran a decoding step 2x slower at batch
-//   1 and 1.5x faster at batch 8, even with one lane and no barrier.)
+//   a Linear layer is), else along columns. (On lavapipe it is the slower form: 32 lanes ran a
+//   decoding step about 5x slower at batch 1, one lane 3-4x slower at batches 4 and 8.)
 
 const TILE: u32 = 64u;
 const TILE_K: u32 = 16u;
