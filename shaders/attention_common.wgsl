@@ -97,9 +97,10 @@ const NEG_BIG: f32 = -3.0e38;
 // Per-batch valid lengths: q_len[b] at [b], kv_len[b] at [batch + b]; for packed batches the first
 // rows, q_start[b] at [2 batch + b] and kv_start[b] at [3 batch + b]. A 1-element dummy when unused.
 @group(0) @binding(1) var<storage, read> seq_lens: array<u32>;
-// The additive score bias (FLAG_BIAS) or the relative-position table (FLAG_RELATIVE); a dummy
-// otherwise. Bound by every kernel that calls modify_scores.
-@group(0) @binding(15) var<storage, read> score_bias: array<f32>;
+// Whether the call has a score bias or a relative-position table: without one the host replaces the
+// SCORE_BIAS block below by a score_bias_terms that returns zeros and binds no score_bias, one storage
+// buffer fewer per kernel (the fused backward then fits WebGPU's default of 8).
+override SCORE_BIAS: bool = true;
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
@@ -313,6 +314,11 @@ fn modify_scores(s: vec4<f32>, rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32)
     return x;
 }
 
+// BEGIN SCORE_BIAS
+// The additive score bias (FLAG_BIAS) or the relative-position table (FLAG_RELATIVE), bound by
+// every kernel that calls modify_scores when the call has one.
+@group(0) @binding(15) var<storage, read> score_bias: array<f32>;
+
 // The additive terms of modify_scores: the bias tensor's entries or the relative table's.
 fn score_bias_terms(rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f32> {
     let i = min(rows, vec4<u32>(params.q_seq - 1u));
@@ -332,6 +338,7 @@ fn score_bias_terms(rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f3
     }
     return t;
 }
+// END SCORE_BIAS
 
 // Whether each modified score counts: false where a -inf bias masked it (or where it is the
 // NEG_BIG sentinel of a masked pair). A NaN score counts: NaN reaches the rows that see it

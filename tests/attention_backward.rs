@@ -475,6 +475,40 @@ fn trusted_and_checked_backwards_agree_bitwise() {
     }
 }
 
+/// On a device created with WebGPU's default limits (8 storage buffers per stage, 16 KiB of
+/// workgroup storage) both families' fused backward runs without a score bias: its kernels bind 8
+/// (the score-bias binding is compiled out), and match the reference.
+#[test]
+fn fused_backward_fits_the_default_storage_buffer_limit() {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
+    let Some(adapter) = adapters.into_iter().next() else {
+        eprintln!("no Vulkan adapter: skipped");
+        return;
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_limits: wgpu::Limits::defaults(),
+        ..Default::default()
+    }))
+    .unwrap();
+    assert_eq!(device.limits().max_storage_buffers_per_shader_stage, 8);
+    let case = Case::new(2, 19, 23, 4, 2, 40, 24)
+        .causal()
+        .kv_lens(&[23, 9])
+        .softcap(5.0);
+    for family in FAMILIES {
+        let mut ctx = Context::from_device(device.clone(), queue.clone()).unwrap();
+        ctx.set_kernel_family(Some(family));
+        check(
+            &format!("vulkan, 8 buffers/{}", family.name()),
+            &ctx,
+            &case,
+            Path::Fused,
+        );
+        ctx.synchronize().unwrap();
+    }
+}
+
 #[test]
 fn unfused_backward_matches_reference() {
     for_each_backend(|backend, ctx| {

@@ -408,11 +408,17 @@ fn devices_with_too_few_storage_buffers_are_told_what_to_request() {
     assert_eq!(device.limits().max_storage_buffers_per_shader_stage, 8);
     let ctx = wgpu_attention::Context::from_device(device, queue).unwrap();
     let (q, k, v) = views(&ctx, [1, 4, 2, 8], [1, 4, 2, 8], [1, 4, 2, 8]);
-    let opts = AttentionOptions::new();
+    // Without a score bias the backward binds 8 (tests/attention_backward.rs runs it there); with
+    // one, 9: a typed error naming the limit, not a wgpu validation error.
+    let bias = GpuTensor::zeros(&ctx, &[1, 2, 4, 4]).unwrap();
+    let bias = BiasView::of(&bias).unwrap();
+    let opts = AttentionOptions::new().bias(&bias);
     let fwd = attention_forward(&ctx, &q, &k, &v, &opts).unwrap();
     let m = message(attention_backward(&ctx, &q, &k, &v, &fwd, &q, &opts));
     assert!(
-        m.contains("max_storage_buffers_per_shader_stage is 8") && m.contains("binds 9"),
+        m.contains("max_storage_buffers_per_shader_stage is 8")
+            && m.contains("binds 9")
+            && m.contains("score bias"),
         "{m}"
     );
     ctx.synchronize().unwrap();

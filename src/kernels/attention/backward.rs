@@ -210,7 +210,7 @@ pub(super) fn encode_backward_core(
 ) -> Result<()> {
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(ctx, &s, opts)?;
-    check_storage_buffer_limit(ctx)?;
+    check_storage_buffer_limit(ctx, opts)?;
     let views = [
         ("q", q),
         ("k", k),

@@ -298,27 +298,36 @@ pub(super) fn seq_lens_buffer<'a>(
 pub(super) struct Shared<'a> {
     pub(super) seq_lens: Option<&'a wgpu::Buffer>,
     pub(super) score_bias: Option<Binding<'a>>,
+    /// The kernel calls modify_scores but the call has no score bias or relative table: it is
+    /// compiled without the score_bias binding ([`without_score_bias`], `SCORE_BIAS = false`).
+    pub(super) elide_score_bias: bool,
 }
 
 impl<'a> Shared<'a> {
     pub(super) const NONE: Shared<'static> = Shared {
         seq_lens: None,
         score_bias: None,
+        elide_score_bias: false,
     };
 
     pub(super) fn lens(seq_lens: &'a wgpu::Buffer) -> Self {
         Shared {
             seq_lens: Some(seq_lens),
-            score_bias: None,
+            ..Shared::NONE
         }
     }
 
     /// What a score kernel binds: the sequence lengths and the bias tensor, the relative table or a
     /// dummy.
     pub(super) fn scores(ctx: &'a Context, opts: &AttentionOptions<'a>) -> Result<Self> {
+        let elide = opts.bias.is_none() && opts.relative.is_none();
         Ok(Shared {
             seq_lens: Some(seq_lens_buffer(ctx, opts)),
-            score_bias: Some(bias::score_bias_binding(ctx, opts)?),
+            score_bias: match elide {
+                true => None,
+                false => Some(bias::score_bias_binding(ctx, opts)?),
+            },
+            elide_score_bias: elide,
         })
     }
 }
@@ -337,13 +346,16 @@ pub(super) fn encode_kernel(
     bindings: &[Binding<'_>],
     grid: (u32, u32),
 ) {
-    let pipeline = match params.packed_views {
-        0 => ctx.pipeline(name, source, constants),
-        packed => {
-            let mut specialised = constants.to_vec();
-            specialised.push(("PACKED_VIEWS", packed));
-            ctx.pipeline(name, source, &specialised)
+    let mut specialised = constants.to_vec();
+    if params.packed_views != 0 {
+        specialised.push(("PACKED_VIEWS", params.packed_views));
+    }
+    let pipeline = match shared.elide_score_bias {
+        true => {
+            specialised.push(("SCORE_BIAS", 0));
+            ctx.pipeline(name, || without_score_bias(&source()), &specialised)
         }
+        false => ctx.pipeline(name, source, &specialised),
     };
     let mut storage = Vec::with_capacity(bindings.len() + 2);
     if let Some(seq_lens) = shared.seq_lens {
@@ -396,5 +408,26 @@ pub(super) fn encode_chunks(
         encode_kernel(
             ctx, pass, name, &source, constants, params, shared, bindings, grid,
         );
+    }
+}
+
+/// `source` (an attention kernel with the common header) without its score-bias binding: the
+/// `SCORE_BIAS` block of `attention_common.wgsl` replaced by terms that are zero, for calls with no
+/// score bias or relative table (the pipeline key holds `SCORE_BIAS = 0`). One storage buffer fewer:
+/// the fused backward's kernels then bind 8, WebGPU's default limit.
+pub(super) fn without_score_bias(source: &str) -> String {
+    const BEGIN: &str = "// BEGIN SCORE_BIAS\n";
+    const END: &str = "// END SCORE_BIAS\n";
+    const NONE: &str = "// No score bias or relative table in this call (SCORE_BIAS = false).\n\
+        fn score_bias_terms(rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f32> {\n    \
+        return vec4<f32>(0.0);\n}\n";
+    match (source.find(BEGIN), source.find(END)) {
+        (Some(begin), Some(end)) if begin < end => {
+            format!("{}{NONE}{}", &source[..begin], &source[end + END.len()..])
+        }
+        _ => {
+            debug_assert!(false, "an attention kernel without the SCORE_BIAS block");
+            source.to_string()
+        }
     }
 }

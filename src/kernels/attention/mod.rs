@@ -77,20 +77,31 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// keys' k, v, dK and dV rows per invocation (`16 * 2 * (Dk + Dv)` bytes): at 192 (12 KiB) the NVIDIA
 /// Vulkan driver runs it, at 256 (16 KiB) it loses the device (measured on an H100, driver 580).
 pub const MAX_FUSED_BACKWARD_HEAD_DIM_GPU: usize = 192;
-/// Storage buffers the fused backward kernels bind in one dispatch (dK/dV: sequence lengths, score
-/// bias, Q, K, V, dO, stats, dK, dV; dQ: the same with dQ and the relative table's row shares), one
-/// more than WebGPU's default limit of 8.
+/// Storage buffers the fused backward kernels bind in one dispatch with a score bias or relative
+/// table (dK/dV: sequence lengths, score bias, Q, K, V, dO, stats, dK, dV; dQ: the same with dQ and
+/// the relative table's row shares), one more than WebGPU's default limit of 8; without either,
+/// one fewer ([`FUSED_BACKWARD_STORAGE_BUFFERS_WITHOUT_BIAS`]).
 pub const FUSED_BACKWARD_STORAGE_BUFFERS: u32 = 9;
+/// Storage buffers the fused backward kernels bind when the call has no score bias or relative
+/// table: WebGPU's default limit.
+pub const FUSED_BACKWARD_STORAGE_BUFFERS_WITHOUT_BIAS: u32 = 8;
 
-/// Refuses devices created with fewer storage buffers per stage than the backward binds (wgpu would
-/// raise a validation error when the pipeline is created).
-fn check_storage_buffer_limit(ctx: &Context) -> Result<()> {
+/// Refuses devices created with fewer storage buffers per stage than the backward of this call binds
+/// (wgpu would raise a validation error when the pipeline is created).
+fn check_storage_buffer_limit(ctx: &Context, opts: &AttentionOptions<'_>) -> Result<()> {
     let have = ctx.limits().max_storage_buffers_per_shader_stage;
-    if have < FUSED_BACKWARD_STORAGE_BUFFERS {
+    let (needed, why) = match opts.bias.is_some() || opts.relative.is_some() {
+        true => (
+            FUSED_BACKWARD_STORAGE_BUFFERS,
+            " with a score bias or relative-position table",
+        ),
+        false => (FUSED_BACKWARD_STORAGE_BUFFERS_WITHOUT_BIAS, ""),
+    };
+    if have < needed {
         return Err(Error::shape(
             "device limits",
             format!(
-                "max_storage_buffers_per_shader_stage is {have}, but the fused attention backward binds {FUSED_BACKWARD_STORAGE_BUFFERS} storage buffers per dispatch; request the adapter's limit (adapter.limits()) when creating the device"
+                "max_storage_buffers_per_shader_stage is {have}, but the fused attention backward{why} binds {needed} storage buffers per dispatch; request the adapter's limit (adapter.limits()) when creating the device"
             ),
         ));
     }
