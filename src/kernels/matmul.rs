@@ -85,7 +85,8 @@ struct Kernel {
     tile_m: u32,
     tile_n: u32,
     loop_cost_per_k_tile: u64,
-    /// Has the `SKINNY` override (products of a few rows, k split over lanes).
+    /// Has the `SKINNY` override (products of a few rows: an element per invocation, or k split
+    /// over lanes).
     skinny: bool,
 }
 
