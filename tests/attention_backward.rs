@@ -480,17 +480,10 @@ fn trusted_and_checked_backwards_agree_bitwise() {
 /// (the score-bias binding is compiled out), and match the reference.
 #[test]
 fn fused_backward_fits_the_default_storage_buffer_limit() {
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
-    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
-    let Some(adapter) = adapters.into_iter().next() else {
+    let Some((device, queue)) = vulkan_device_with_default_limits() else {
         eprintln!("no Vulkan adapter: skipped");
         return;
     };
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        required_limits: wgpu::Limits::defaults(),
-        ..Default::default()
-    }))
-    .unwrap();
     assert_eq!(device.limits().max_storage_buffers_per_shader_stage, 8);
     let case = Case::new(2, 19, 23, 4, 2, 40, 24)
         .causal()

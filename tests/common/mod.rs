@@ -247,6 +247,19 @@ pub fn for_each_family_with_loop_budget(budget: u32, f: impl FnMut(&str, &Contex
     for_each_family_with(|ctx| ctx.set_loop_budget(Some(budget)), f);
 }
 
+/// A device on the first Vulkan adapter created with WebGPU's default limits (8 storage buffers per
+/// stage, 16 KiB of workgroup storage), as an application might hand one over; `None` without one.
+pub fn vulkan_device_with_default_limits() -> Option<(wgpu::Device, wgpu::Queue)> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
+    let adapter = adapters.into_iter().next()?;
+    let descriptor = wgpu::DeviceDescriptor {
+        required_limits: wgpu::Limits::defaults(),
+        ..Default::default()
+    };
+    Some(pollster::block_on(adapter.request_device(&descriptor)).unwrap())
+}
+
 pub fn rng(seed: u64) -> SmallRng {
     SmallRng::seed_from_u64(seed)
 }
