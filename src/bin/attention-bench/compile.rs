@@ -45,6 +45,10 @@ pub(crate) fn compile_only(
         started.elapsed().as_secs_f64(),
         ctx.cached_pipelines()
     );
+    // Building the tensor-core family qualifies it on the device: say how that went.
+    for q in ctx.qualifications() {
+        println!("qualification: {} {}", q.kernel, q.detail);
+    }
     Ok(true)
 }
 
