@@ -54,6 +54,16 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       WGPU_ATTENTION_TILED_FORWARD=$cfg step 25 sweep-fwd-$cfg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
         --lengths 4096 --masks none --passes forward --paths fused --reps 5 --validate-limit 0 --json $OUT/sweep-fwd-$cfg.json
     done ;;
+  sweepbwd)
+    # The backward's tile shapes (B1 H8 D64; L 1024 is validated against the reference): dK/dV, then dQ.
+    for cfg in 128x32x32 256x32x32 64x16x32; do
+      WGPU_ATTENTION_TILED_DKDV=$cfg step 30 sweep-dkdv-$cfg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
+        --lengths 1024,4096 --masks none --passes backward --paths fused --reps 3 --json $OUT/sweep-dkdv-$cfg.json
+    done
+    for cfg in 128x32x32 256x32x32 64x16x32; do
+      WGPU_ATTENTION_TILED_DQ=$cfg step 30 sweep-dq-$cfg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \
+        --lengths 1024,4096 --masks none --passes backward --paths fused --reps 3 --json $OUT/sweep-dq-$cfg.json
+    done ;;
   transformer1)
     step 60 transformer $B/transformer-bench --reps 10 --json $OUT/h100-transformer.json ;;
   tests-core)
