@@ -149,12 +149,12 @@ fn skinny_split(group: u32, lid: u32) {
     // Invocations past the last column read its values and store nothing: every invocation
     // reaches the barriers below.
     let read_col = min(col, gp.n - 1u);
-    let last_row = gp.m - 1u;
-    // Rows 0-3 and 4-7 of C in the vec4 lanes (rows past m repeat the last row, unstored).
+    // Rows 0-3 and 4-7 of C in the vec4 lanes: rows 0-3 are read only below m, rows 4-7 together
+    // once m > 4 (rows past m repeat the last row there, unstored).
     var acc_lo = vec4<f32>(0.0);
     var acc_hi = vec4<f32>(0.0);
-    let rows_lo = min(vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last_row));
-    let rows_hi = min(vec4<u32>(4u, 5u, 6u, 7u), vec4<u32>(last_row));
+    let rows_lo = vec4<u32>(0u, 1u, 2u, 3u);
+    let rows_hi = min(vec4<u32>(4u, 5u, 6u, 7u), vec4<u32>(gp.m - 1u));
     for (var g = 0u; g < gp.groups; g++) {
         let a_base = base(gp.a, bi, h, g);
         let a_lo = vec4<u32>(a_base) + rows_lo * gp.a.stride_row;
@@ -163,7 +163,7 @@ fn skinny_split(group: u32, lid: u32) {
         for (var k = lane; k < gp.k; k += K_LANES) {
             let bk = f32(b_buf[b_at + k * gp.b.stride_row]);
             let ak = k * gp.a.stride_col;
-            // Rows past m are not read (uniform branches; a decoding step has one row).
+            // Uniform branches: a decoding step has one row.
             acc_lo.x += f32(a_buf[a_lo.x + ak]) * bk;
             if gp.m > 1u {
                 acc_lo.y += f32(a_buf[a_lo.y + ak]) * bk;

@@ -36,9 +36,14 @@ impl Bindable for GpuTokens {
 /// Invocations per workgroup of the simple kernels (`WG` in their shaders).
 pub(crate) const WG: u32 = 64;
 
+/// Workgroups of [`WG`] invocations covering `invocations` (at least one).
+pub(crate) fn invocation_groups(invocations: usize) -> u32 {
+    invocations.max(1).div_ceil(WG as usize) as u32
+}
+
 /// The `grid_x` a shader needs to linearise a 2-D grid covering `invocations`.
 pub(crate) fn grid_x(invocations: usize) -> u32 {
-    grid_2d(invocations.div_ceil(WG as usize) as u32).0
+    grid_2d(invocation_groups(invocations)).0
 }
 
 /// Splits a kernel's long loop of `steps` iterations into chunks that each stay within the context's
@@ -102,7 +107,7 @@ pub(crate) fn encode_in(
     buffers: &[&dyn Bindable],
     invocations: usize,
 ) {
-    let workgroups = invocations.max(1).div_ceil(WG as usize) as u32;
+    let workgroups = invocation_groups(invocations);
     encode_workgroups_in(
         ctx, pass, name, source, constants, params, buffers, workgroups,
     );

@@ -331,7 +331,7 @@ pub fn positional_forward_into(
     table: &GpuTensor,
     y: &GpuTensor,
 ) -> Result<()> {
-    record_positional(ctx, encoder, x, table, y, Positions::Rows)
+    record_positional(ctx, encoder, x, table, y, Rows::Padded)
 }
 
 /// Records `y = x + table[positions]` for a packed batch (`x [1, rows, dim]`, `lens` from
@@ -345,14 +345,14 @@ pub fn positional_forward_packed_into(
     y: &GpuTensor,
     lens: &SeqLens,
 ) -> Result<()> {
-    record_positional(ctx, encoder, x, table, y, Positions::Packed(lens))
+    record_positional(ctx, encoder, x, table, y, Rows::Packed(lens))
 }
 
-/// Where the rows of a positional op sit.
+/// Where the rows of a positional op sit (the embedding layer passes its own through).
 #[derive(Clone, Copy)]
-enum Positions<'a> {
+pub(crate) enum Rows<'a> {
     /// Row `l` of every sequence at `l`.
-    Rows,
+    Padded,
     /// New tokens after a cache (see [`positional_forward_cached_into`]).
     AfterCached(&'a SeqLens),
     /// A packed batch's rows (see [`positional_forward_packed_into`]).
@@ -370,22 +370,24 @@ pub fn positional_forward_cached_into(
     y: &GpuTensor,
     lens: &SeqLens,
 ) -> Result<()> {
-    record_positional(ctx, encoder, x, table, y, Positions::AfterCached(lens))
+    record_positional(ctx, encoder, x, table, y, Rows::AfterCached(lens))
 }
 
-fn record_positional(
+/// Records `y = x + table[positions]` with rows placed as `positions` says: what the three public
+/// entry points above record.
+pub(crate) fn record_positional(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     x: &GpuTensor,
     table: &GpuTensor,
     y: &GpuTensor,
-    positions: Positions<'_>,
+    positions: Rows<'_>,
 ) -> Result<()> {
-    let packed = matches!(positions, Positions::Packed(_));
+    let packed = matches!(positions, Rows::Packed(_));
     let (batch, seq, dim, max_len) = positional_dims(ctx, x, table, packed)?;
     let lens = match positions {
-        Positions::Rows => None,
-        Positions::AfterCached(lens) | Positions::Packed(lens) => Some(lens),
+        Rows::Padded => None,
+        Rows::AfterCached(lens) | Rows::Packed(lens) => Some(lens),
     };
     let mut inputs = vec![("x", x.region()), ("table", table.region())];
     inputs.extend(lens.map(|l| ("seq_lens", l.region())));
@@ -397,13 +399,13 @@ fn record_positional(
         ));
     }
     let (batch, per_sequence) = match positions {
-        Positions::Rows => (batch, 0),
-        Positions::AfterCached(lens) => {
+        Rows::Padded => (batch, 0),
+        Rows::AfterCached(lens) => {
             lens.check_decode(batch, seq, max_len)?;
             // 2: a tree step, rows at their depths.
             (batch, 1 + lens.check_tree_slots(seq)? as u32)
         }
-        Positions::Packed(lens) => (check_packed_rows(ctx, lens, batch, seq, max_len)?, 3),
+        Rows::Packed(lens) => (check_packed_rows(ctx, lens, batch, seq, max_len)?, 3),
     };
     let n = x.len();
     let p = PositionalParams {

@@ -17,7 +17,7 @@ use crate::device::{grid_2d, Context, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_tensors};
 use crate::kernels::dispatch::{
-    encode, encode_column_reduction_in, encode_in, encode_workgroups_in, grid_x, Bindable,
+    encode_column_reduction_in, encode_in, encode_workgroups_in, grid_x, invocation_groups,
 };
 use crate::tensor::{GpuTensor, Region};
 
@@ -234,44 +234,27 @@ fn norm_forward_into(
     let mut inputs = vec![("x", x), ("gamma", gamma)];
     inputs.extend(beta.map(|b| ("beta", b)));
     check_tensors(ctx, &[("y", y), ("stats", stats)], &inputs)?;
-    // RMSNorm binds gamma where beta would be; the shader does not read it.
-    let buffers: [&dyn Bindable; 5] = [x, gamma, beta.unwrap_or(gamma), y, stats];
-    let centered = [("CENTERED", beta.is_some() as u32)];
-    if rows_per_workgroup(ctx) {
-        let params = RowParams {
-            rows: rows as u32,
-            cols: cols as u32,
-            eps,
-            grid_x: grid_2d(rows as u32).0,
-        };
-        let mut pass = ctx.begin_pass(encoder, "layer_norm_forward");
-        encode_workgroups_in(
-            ctx,
-            &mut pass,
-            "layer_norm_forward_rows",
-            FORWARD_ROWS,
-            &centered,
-            bytemuck::bytes_of(&params),
-            &buffers,
-            rows as u32,
-        );
-        return Ok(());
-    }
+    let (name, source, workgroups) = match rows_per_workgroup(ctx) {
+        true => ("layer_norm_forward_rows", FORWARD_ROWS, rows as u32),
+        false => ("layer_norm_forward", FORWARD, invocation_groups(rows)),
+    };
     let params = RowParams {
         rows: rows as u32,
         cols: cols as u32,
         eps,
-        grid_x: grid_x(rows),
+        grid_x: grid_2d(workgroups).0,
     };
-    encode(
+    let mut pass = ctx.begin_pass(encoder, "layer_norm_forward");
+    // RMSNorm binds gamma where beta would be; the shader does not read it.
+    encode_workgroups_in(
         ctx,
-        encoder,
-        "layer_norm_forward",
-        FORWARD,
-        &centered,
+        &mut pass,
+        name,
+        source,
+        &[("CENTERED", beta.is_some() as u32)],
         bytemuck::bytes_of(&params),
-        &buffers,
-        rows,
+        &[x, gamma, beta.unwrap_or(gamma), y, stats],
+        workgroups,
     );
     Ok(())
 }
@@ -401,91 +384,60 @@ fn norm_backward_add_into(
     outputs.extend(d_beta.map(|d| ("d_beta", d)));
     check_tensors(ctx, &outputs, &inputs)?;
     let centered = [("CENTERED", d_beta.is_some() as u32)];
-    if rows_per_workgroup(ctx) {
-        return encode_backward_rows(
-            ctx,
-            encoder,
-            (rows, cols),
-            [x, gamma, stats, dy],
-            residual,
-            [dx, d_gamma],
-            d_beta,
-        );
-    }
+    let per_workgroup = rows_per_workgroup(ctx);
+    // The GPU family's partial sums of the parameter gradients: dgamma's, then dbeta's, in a
+    // scratch buffer of the context (checked before anything is recorded).
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    let partial_len = blocks * cols * if d_beta.is_some() { 2 } else { 1 };
+    let scratch = match per_workgroup {
+        true => {
+            let bytes = partial_len as u64 * 4;
+            check_binding(ctx, "LayerNorm parameter-gradient partial sums", bytes)?;
+            Some(ctx.scratch_buffer("layer_norm parameter-gradient partials", bytes)?)
+        }
+        false => None,
+    };
+    let (name, source, workgroups) = match per_workgroup {
+        true => ("layer_norm_backward_rows", BACKWARD_ROWS, rows as u32),
+        false => ("layer_norm_backward", BACKWARD, invocation_groups(rows)),
+    };
     let params = BackwardParams {
         rows: rows as u32,
         cols: cols as u32,
         has_residual: residual.is_some() as u32,
-        grid_x: grid_x(rows),
+        grid_x: grid_2d(workgroups).0,
     };
     // dx and the parameter gradients in one pass: independent dispatches over rows and columns.
     let mut pass = ctx.begin_pass(encoder, "layer_norm_backward");
-    encode_in(
-        ctx,
-        &mut pass,
-        "layer_norm_backward",
-        BACKWARD,
-        &centered,
-        bytemuck::bytes_of(&params),
-        &[x, gamma, stats, dy, dx, residual.unwrap_or(dy)],
-        rows,
-    );
-    // Each column sums its rows in order; long row ranges are split under a loop budget. RMSNorm
-    // binds d_gamma where d_beta would be (the shader writes only d_gamma then).
-    encode_column_reduction_in(
-        ctx,
-        &mut pass,
-        "layer_norm_param_grads",
-        PARAM_GRADS,
-        &centered,
-        (rows, cols),
-        1,
-        &[x, stats, dy, d_gamma, d_beta.unwrap_or(d_gamma)],
-    );
-    Ok(())
-}
-
-/// The GPU family's backward: dx a workgroup per row, the parameter gradients as partial sums over
-/// blocks of [`BLOCK_ROWS`] rows (in a scratch buffer of the context), then the blocks in order.
-#[allow(clippy::too_many_arguments)]
-fn encode_backward_rows(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    (rows, cols): (usize, usize),
-    [x, gamma, stats, dy]: [&GpuTensor; 4],
-    residual: Option<&GpuTensor>,
-    [dx, d_gamma]: [&GpuTensor; 2],
-    d_beta: Option<&GpuTensor>,
-) -> Result<()> {
-    let centered = [("CENTERED", d_beta.is_some() as u32)];
-    let blocks = rows.div_ceil(BLOCK_ROWS);
-    // dgamma's partials, then dbeta's.
-    let partial_len = blocks * cols * if d_beta.is_some() { 2 } else { 1 };
-    let partial_bytes = partial_len as u64 * 4;
-    check_binding(
-        ctx,
-        "LayerNorm parameter-gradient partial sums",
-        partial_bytes,
-    )?;
-    let scratch = ctx.scratch_buffer("layer_norm parameter-gradient partials", partial_bytes)?;
-    let partials = Region::elements(&scratch, 0, partial_len, 4);
-    let mut pass = ctx.begin_pass(encoder, "layer_norm_backward");
-    let params = BackwardParams {
-        rows: rows as u32,
-        cols: cols as u32,
-        has_residual: residual.is_some() as u32,
-        grid_x: grid_2d(rows as u32).0,
-    };
     encode_workgroups_in(
         ctx,
         &mut pass,
-        "layer_norm_backward_rows",
-        BACKWARD_ROWS,
+        name,
+        source,
         &centered,
         bytemuck::bytes_of(&params),
         &[x, gamma, stats, dy, dx, residual.unwrap_or(dy)],
-        rows as u32,
+        workgroups,
     );
+    // RMSNorm binds d_gamma where d_beta would be (the shaders write only d_gamma then). Long row
+    // (block) ranges are split under a loop budget.
+    let d_beta = d_beta.unwrap_or(d_gamma);
+    let Some(scratch) = scratch else {
+        // Each column sums its rows in order.
+        encode_column_reduction_in(
+            ctx,
+            &mut pass,
+            "layer_norm_param_grads",
+            PARAM_GRADS,
+            &centered,
+            (rows, cols),
+            1,
+            &[x, stats, dy, d_gamma, d_beta],
+        );
+        return Ok(());
+    };
+    // Partial sums over blocks of BLOCK_ROWS rows, then each column adds its blocks in order.
+    let partials = Region::elements(&scratch, 0, partial_len, 4);
     let params = PartialParams {
         rows: rows as u32,
         cols: cols as u32,
@@ -504,7 +456,6 @@ fn encode_backward_rows(
         &[x, stats, dy, &partials],
         blocks * cols,
     );
-    // Long block ranges split under a loop budget; RMSNorm binds d_gamma where d_beta would be.
     encode_column_reduction_in(
         ctx,
         &mut pass,
@@ -513,7 +464,7 @@ fn encode_backward_rows(
         &centered,
         (blocks, cols),
         2,
-        &[&partials, d_gamma, d_beta.unwrap_or(d_gamma)],
+        &[&partials, d_gamma, d_beta],
     );
     Ok(())
 }

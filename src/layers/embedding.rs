@@ -8,8 +8,8 @@ use crate::device::Context;
 use crate::error::Result;
 use crate::kernels::embedding::{
     embedding_backward_add_into, embedding_backward_into, embedding_forward_into,
-    positional_backward_into, positional_backward_packed_into, positional_forward_cached_into,
-    positional_forward_into, positional_forward_packed_into, sinusoidal_table,
+    positional_backward_into, positional_backward_packed_into, record_positional, sinusoidal_table,
+    Rows,
 };
 use crate::layers::params::{Init, ParamId, Params};
 use crate::tensor::{GpuTensor, GpuTokens, SeqLens};
@@ -29,17 +29,6 @@ enum Positions {
     Table(GpuTensor),
     Learned(ParamId),
     Rotary,
-}
-
-/// Where an embedding's rows sit.
-#[derive(Clone, Copy)]
-enum Rows<'a> {
-    /// Row `l` of each sequence at position `l`.
-    Padded,
-    /// New tokens after a cache.
-    AfterCached(&'a SeqLens),
-    /// A packed batch's sequences.
-    Packed(&'a SeqLens),
 }
 
 /// Token embedding (scaled by sqrt(d_model)) plus positions (sinusoidal or learned; none with
@@ -167,16 +156,7 @@ impl Embedding {
             return embedding_forward_into(ctx, encoder, &self.tokens, embed, &self.x);
         };
         embedding_forward_into(ctx, encoder, &self.tokens, embed, &self.embedded)?;
-        let (embedded, x) = (&self.embedded, &self.x);
-        match rows {
-            Rows::Padded => positional_forward_into(ctx, encoder, embedded, table, x),
-            Rows::AfterCached(lens) => {
-                positional_forward_cached_into(ctx, encoder, embedded, table, x, lens)
-            }
-            Rows::Packed(lens) => {
-                positional_forward_packed_into(ctx, encoder, embedded, table, x, lens)
-            }
-        }
+        record_positional(ctx, encoder, &self.embedded, table, &self.x, rows)
     }
 
     /// `dx` is the gradient at `x = embedded + positions`, which both terms receive unchanged.

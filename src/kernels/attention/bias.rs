@@ -303,28 +303,24 @@ pub(super) fn fill_params(params: &mut Params, opts: &AttentionOptions<'_>) {
 }
 
 /// What score kernels bind at `SCORE_BIAS_BINDING`: the bias's buffer from element 0 to its last
-/// element, the relative table, or the context's dummy.
+/// element, or the relative table; `None` without either (the kernels are then compiled without
+/// the binding: `binding::without_score_bias`).
 pub(super) fn score_bias_binding<'a>(
     ctx: &'a Context,
     opts: &AttentionOptions<'a>,
-) -> Result<Binding<'a>> {
+) -> Result<Option<Binding<'a>>> {
     if let Some(bias) = opts.bias {
         let size_bytes = bias.view.end_element() as u64 * 4;
         check_binding(ctx, "bias", size_bytes)?;
-        return Ok(Binding {
+        return Ok(Some(Binding {
             buffer: bias.view.buffer(),
             offset_bytes: 0,
             size_bytes,
-        });
+        }));
     }
-    if let Some((_, table)) = opts.relative {
-        return bind_tensor(ctx, "relative table", table);
-    }
-    Ok(Binding {
-        buffer: ctx.empty_storage(),
-        offset_bytes: 0,
-        size_bytes: ctx.empty_storage().size(),
-    })
+    opts.relative
+        .map(|(_, table)| bind_tensor(ctx, "relative table", table))
+        .transpose()
 }
 
 /// Records the gradient of the options' learnable bias after [`attention_backward_into`] recorded the

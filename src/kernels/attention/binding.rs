@@ -320,14 +320,11 @@ impl<'a> Shared<'a> {
     /// What a score kernel binds: the sequence lengths and the bias tensor, the relative table or a
     /// dummy.
     pub(super) fn scores(ctx: &'a Context, opts: &AttentionOptions<'a>) -> Result<Self> {
-        let elide = opts.bias.is_none() && opts.relative.is_none();
+        let score_bias = bias::score_bias_binding(ctx, opts)?;
         Ok(Shared {
             seq_lens: Some(seq_lens_buffer(ctx, opts)),
-            score_bias: match elide {
-                true => None,
-                false => Some(bias::score_bias_binding(ctx, opts)?),
-            },
-            elide_score_bias: elide,
+            score_bias,
+            elide_score_bias: score_bias.is_none(),
         })
     }
 }

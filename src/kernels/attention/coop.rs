@@ -10,7 +10,6 @@
 //! every input type. The backward runs the GPU family's kernels.
 
 use super::*;
-use std::cmp::Ordering;
 use tiled::{encode_split_forward, SplitForwardKernel};
 
 const FORWARD: &str = include_str!("../../../shaders/attention_forward_coop.wgsl");
@@ -338,31 +337,27 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
         Ok((output.out.to_vec(ctx)?, output.lse.to_vec(ctx)?))
     };
     let (coop, tiled) = (run(true)?, run(false)?);
+    // One element's error: 0 where equal (infinities included), infinite where one is not finite.
+    let error = |x: f32, y: f32| match x == y {
+        true => 0.0,
+        false if x.is_finite() && y.is_finite() => (x - y).abs(),
+        false => f32::INFINITY,
+    };
     let worst = |a: &[f32], b: &[f32]| {
         a.iter()
             .zip(b)
-            .map(|(x, y)| match x == y {
-                true => 0.0,
-                false if x.is_finite() && y.is_finite() => (x - y).abs(),
-                false => f32::INFINITY,
-            })
+            .map(|(x, y)| error(*x, *y))
             .fold(0.0f32, f32::max)
     };
     // Inputs rounded to f16 (relative 2^-11) against f32: O within 1e-2, lse within 2e-2.
+    const O_TOLERANCE: f32 = 1e-2;
     let (o_err, lse_err) = (worst(&coop.0, &tiled.0), worst(&coop.1, &tiled.1));
-    Ok((o_err > 1e-2 || lse_err > 2e-2).then(|| {
+    Ok((o_err > O_TOLERANCE || lse_err > 2e-2).then(|| {
         // What a reader of a report needs to tell a layout mistake from a precision one.
-        // NaN counts as off.
-        let is_off = |x: f32, y: f32| {
-            (x - y)
-                .abs()
-                .partial_cmp(&1e-2)
-                .is_none_or(|o| o == Ordering::Greater)
-        };
-        let pairs = || coop.0.iter().zip(&tiled.0);
-        let off = pairs().filter(|(x, y)| is_off(**x, **y));
-        let first = pairs().position(|(x, y)| is_off(*x, *y));
-        let first = first.map_or(String::new(), |i| {
+        let off: Vec<usize> = (0..coop.0.len())
+            .filter(|&i| error(coop.0[i], tiled.0[i]) > O_TOLERANCE)
+            .collect();
+        let first = off.first().map_or(String::new(), |&i| {
             format!(
                 "; first at element {i} of [40, 2, 64]: {} against {}",
                 coop.0[i], tiled.0[i]
@@ -372,7 +367,7 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
         format!(
             "on a test problem its O differs by {o_err:e} and its lse by {lse_err:e} from the GPU \
              family's ({} of {} O elements off, {zeros} zero{first})",
-            off.count(),
+            off.len(),
             coop.0.len()
         )
     }))
