@@ -82,7 +82,8 @@ impl Context {
             checks.force_loop_bounding = false;
             Some(checks)
         } else {
-            crate::kernels::relaxed_runtime_checks(shader).filter(|_| self.trusted_shaders)
+            crate::kernels::relaxed_runtime_checks(shader, constants)
+                .filter(|_| self.trusted_shaders)
         };
         let key = PipelineKey {
             shader,

@@ -38,12 +38,16 @@ pub(crate) fn pipeline_label(name: &str, constants: &[(&str, u32)]) -> String {
     label
 }
 
-/// wgpu's shader runtime checks that kernel `name` goes without when the context trusts its
-/// kernels ([`crate::Context::set_trusted_shaders`]), or `None` for all of them. A kernel is listed
+/// wgpu's shader runtime checks that kernel `name`, specialised with `constants`, goes without
+/// when the context trusts its kernels ([`crate::Context::set_trusted_shaders`]), or `None` for all
+/// of them. A kernel is listed
 /// only where it measured faster without the checks (lavapipe, benchmarks/HISTORY.md "Shader runtime
 /// checks"; an NVIDIA H200, BENCHMARKS.md) and its tests run it without them on every shape class
 /// they cover; checks that measured no gain stay on.
-pub(crate) fn relaxed_runtime_checks(name: &str) -> Option<wgpu::ShaderRuntimeChecks> {
+pub(crate) fn relaxed_runtime_checks(
+    name: &str,
+    constants: &[(&str, u32)],
+) -> Option<wgpu::ShaderRuntimeChecks> {
     // The fused forwards (both families, f32 and f16): every loop runs to a bound computed from
     // uniforms, overrides and the workgroup id, so none is infinite; the counters wgpu adds to every
     // loop cost them 12-24% on lavapipe. Index clamps stay: dropping them gained nothing more.
@@ -53,10 +57,24 @@ pub(crate) fn relaxed_runtime_checks(name: &str) -> Option<wgpu::ShaderRuntimeCh
     // GPU-family backward 2.7x faster (B1 H8 D64 L4096: 45.3 -> 16.7 ms, causal 24.4 -> 9.1;
     // benchmarks/h200-2026-11-26/sweep-trusted-*.json), where the forwards had gained 2.8x from the
     // loop counters alone and 4% more from the clamps; on lavapipe neither check cost them anything.
-    if name == "attention_forward"
+    // Except the GPU family's dQ on 16-key tiles at head dims up to 64 (what 32 KiB of workgroup
+    // storage picks there): without counters ACO unrolls its loops to 132-152 VGPRs and spills on
+    // gfx1100, where the checked build needs 80-84 (BENCHMARKS.md, RADV); 32-key tiles (48 KiB and
+    // more) and head dim 128 need fewer registers without them.
+    let constant = |wanted: &str| {
+        constants
+            .iter()
+            .find(|(c, _)| *c == wanted)
+            .map(|&(_, v)| v)
+    };
+    let dq_short_tiles = name.starts_with("attention_backward_dq_tiled")
+        && constant("BN").is_some_and(|keys| keys < 32)
+        && constant("DK").is_some_and(|dim| dim <= 64);
+    if (name == "attention_forward"
         || name.starts_with("attention_forward_tiled")
         || name.starts_with("attention_backward_dq")
-        || name.starts_with("attention_backward_dkdv")
+        || name.starts_with("attention_backward_dkdv"))
+        && !dq_short_tiles
     {
         let mut checks = wgpu::ShaderRuntimeChecks::checked();
         checks.force_loop_bounding = false;
