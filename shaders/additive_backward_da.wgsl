@@ -2,18 +2,15 @@
 // additive_common.wgsl): for each query row i, with D_i = dO_i . O_i and, over its visible keys j
 // (recomputed: t = tanh(a_i + b_j + bias), e = scale w . t, p = exp(e - lse_i)),
 //   ds_ij = p (dO_i . v_j - D_i),   da_i += ds_ij * scale w (1 - t^2),   dw_i += ds_ij * scale t
-// da_i is written to VIEW_DQ; the per-row shares dw_i to dw_rows [H, B, Lq, Da] and D_i to
-// d_rows [B, H, Lq] (the key-side kernel reads D; additive_param_grads sums the shares, and da for the
-// bias, in a fixed order). One invocation per query row, key tiles staged as in the forward; the key
-// loop runs over [chunk_begin, chunk_end) and later dispatches (accumulate = 1) add to da and dw_rows.
+// da_i is written to VIEW_DQ; the per-row shares dw_i and D_i to the workspace
+// (additive_backward_workspace.wgsl, which also holds w, the bias and lse): the key-side kernel reads
+// D, additive_param_grads sums the shares, and da for the bias, in a fixed order. One invocation per query row, key tiles staged as in the forward; the key
+// loop runs over [chunk_begin, chunk_end) and later dispatches (accumulate = 1) add to da and the shares.
 // scale * w (da) and scale (dw) multiply the sums over keys once, at the end.
 
-@group(0) @binding(7) var<storage, read> o_buf: array<f32>;
-@group(0) @binding(8) var<storage, read> do_buf: array<f32>;
-@group(0) @binding(9) var<storage, read> lse_buf: array<f32>;
-@group(0) @binding(10) var<storage, read_write> da_buf: array<f32>;
-@group(0) @binding(11) var<storage, read_write> dw_rows: array<f32>;
-@group(0) @binding(12) var<storage, read_write> d_rows: array<f32>;
+@group(0) @binding(6) var<storage, read> o_buf: array<f32>;
+@group(0) @binding(7) var<storage, read> do_buf: array<f32>;
+@group(0) @binding(8) var<storage, read_write> da_buf: array<f32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -52,7 +49,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             g[d] = do_buf[view_index(VIEW_DO, b, i, h) + d];
             d_row += g[d] * o_buf[view_index(VIEW_O, b, i, h) + d];
         }
-        lse = lse_buf[row];
+        lse = workspace[ws_lse() + row];
     }
     stage_w(h, lid);
     var start = 0u;
@@ -110,7 +107,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         return;
     }
     let base = view_index(VIEW_DQ, b, i, h);
-    let rows_base = ((h * params.batch + b) * params.q_seq + i) * DA;
+    let rows_base = ws_dw() + ((h * params.batch + b) * params.q_seq + i) * DA;
     for (var c4 = 0u; c4 < DA4; c4++) {
         let da4 = w_tile[c4] * da[c4];
         let dw4 = params.scale * dw[c4];
@@ -121,12 +118,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 var y = dw4[k];
                 if params.accumulate != 0u {
                     x += da_buf[base + c];
-                    y += dw_rows[rows_base + c];
+                    y += workspace[rows_base + c];
                 }
                 da_buf[base + c] = x;
-                dw_rows[rows_base + c] = y;
+                workspace[rows_base + c] = y;
             }
         }
     }
-    d_rows[row] = d_row;
+    workspace[row] = d_row;
 }

@@ -2,17 +2,15 @@
 // for each key j, over the query rows i that see it (recomputed: t = tanh(a_i + b_j + bias),
 // e = scale w . t, p = exp(e - lse_i)),
 //   dv_j += p dO_i,   ds_ij = p (dO_i . v_j - D_i),   db_j += ds_ij * scale w (1 - t^2)
-// with D_i from additive_backward_da.wgsl (d_rows). db_j is written to VIEW_DK, dv_j to VIEW_DV.
+// with D_i from additive_backward_da.wgsl (in the workspace, with lse). db_j is written to VIEW_DK, dv_j to VIEW_DV.
 // One invocation per key, WG keys of one (batch, head) per workgroup; query tiles of TILE rows
 // (a + bias in pair_tile, dO in v_tile, lse, D and their visible key ranges) staged in workgroup memory. The
 // query loop runs over [chunk_begin, chunk_end) and later dispatches (accumulate = 1) add to db and dv.
 // scale * w multiplies the sum over queries once, at the end.
 
-@group(0) @binding(7) var<storage, read> do_buf: array<f32>;
-@group(0) @binding(8) var<storage, read> lse_buf: array<f32>;
-@group(0) @binding(9) var<storage, read> d_rows: array<f32>;
-@group(0) @binding(10) var<storage, read_write> db_buf: array<f32>;
-@group(0) @binding(11) var<storage, read_write> dv_buf: array<f32>;
+@group(0) @binding(6) var<storage, read> do_buf: array<f32>;
+@group(0) @binding(7) var<storage, read_write> db_buf: array<f32>;
+@group(0) @binding(8) var<storage, read_write> dv_buf: array<f32>;
 
 var<workgroup> lse_tile: array<f32, TILE>;
 var<workgroup> d_tile: array<f32, TILE>;
@@ -92,8 +90,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var e = 0u;
             if i < m_end {
                 let row = (b * params.heads + h) * params.q_seq + i;
-                lse = lse_buf[row];
-                dr = d_rows[row];
+                lse = workspace[ws_lse() + row];
+                dr = workspace[row];
                 s = key_start(i);
                 e = key_end(i, kvlen);
             }

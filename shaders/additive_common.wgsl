@@ -24,14 +24,27 @@ const MAX_DA: u32 = 128u;
 const MAX_DV: u32 = 128u;
 const MAX_DA4: u32 = (MAX_DA + 3u) / 4u;
 
-// The score vector w and the bias, [H, Da] each.
-@group(0) @binding(2) var<storage, read> w_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> bias_buf: array<f32>;
 // The projections and values every additive kernel reads: a [B, Lq, H, Da] (VIEW_Q),
 // b [B, Lk, H, Da] (VIEW_K), V [B, Lk, H, Dv] (VIEW_V).
-@group(0) @binding(4) var<storage, read> a_rows: array<f32>;
-@group(0) @binding(5) var<storage, read> b_keys: array<f32>;
-@group(0) @binding(6) var<storage, read> v_keys: array<f32>;
+@group(0) @binding(2) var<storage, read> a_rows: array<f32>;
+@group(0) @binding(3) var<storage, read> b_keys: array<f32>;
+@group(0) @binding(4) var<storage, read> v_keys: array<f32>;
+
+// BEGIN SCORE_PARAMS
+// The score vector w and the bias, [H, Da] each. The backward's kernels replace this block by their
+// workspace, which holds copies of both (additive_backward_workspace.wgsl): one binding for the
+// two, so that each of them binds 8 storage buffers, WebGPU's default limit.
+@group(0) @binding(5) var<storage, read> w_buf: array<f32>;
+@group(0) @binding(6) var<storage, read> bias_buf: array<f32>;
+
+fn additive_w(index: u32) -> f32 {
+    return w_buf[index];
+}
+
+fn additive_bias(index: u32) -> f32 {
+    return bias_buf[index];
+}
+// END SCORE_PARAMS
 
 // Staged row r's components 4 c4 .. 4 c4 + 3 at r * DA4 + c4.
 var<workgroup> pair_tile: array<vec4<f32>, PAIR_TILE>;
@@ -47,7 +60,7 @@ fn a_plus_bias4(b: u32, i: u32, h: u32, c4: u32) -> vec4<f32> {
     for (var k = 0u; k < 4u; k++) {
         let c = 4u * c4 + k;
         if c < DA {
-            x[k] = a_rows[base + c] + bias_buf[h * DA + c];
+            x[k] = a_rows[base + c] + additive_bias(h * DA + c);
         }
     }
     return x;
@@ -72,7 +85,7 @@ fn stage_w(h: u32, lid: u32) {
         for (var k = 0u; k < 4u; k++) {
             let c = 4u * c4 + k;
             if c < DA {
-                x[k] = params.scale * w_buf[h * DA + c];
+                x[k] = params.scale * additive_w(h * DA + c);
             }
         }
         w_tile[c4] = x;

@@ -48,6 +48,25 @@ const MAX_OCV: u32 = 16u;
 @group(0) @binding(7) var<storage, read_write> dk_buf: array<OutElem>;
 @group(0) @binding(8) var<storage, read_write> dv_buf: array<OutElem>;
 
+// dV through dk_buf when the host bound one range over both (strided views of one packed gradient
+// buffer): WebGPU refuses overlapping writable bindings (binding::bind_output_pair).
+override SHARED_OUTPUTS: bool = false;
+
+fn load_dv(index: u32) -> OutElem {
+    if SHARED_OUTPUTS {
+        return dk_buf[index];
+    }
+    return dv_buf[index];
+}
+
+fn store_dv(index: u32, x: OutElem) {
+    if SHARED_OUTPUTS {
+        dk_buf[index] = x;
+    } else {
+        dv_buf[index] = x;
+    }
+}
+
 var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
 var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
@@ -297,9 +316,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 if d < DV {
                     var x = g[e];
                     if accumulate {
-                        x += f32(dv_buf[v_base + d]);
+                        x += f32(load_dv(v_base + d));
                     }
-                    dv_buf[v_base + d] = OutElem(x);
+                    store_dv(v_base + d, OutElem(x));
                 }
             }
         }

@@ -102,8 +102,12 @@ const NEG_BIG: f32 = -3.0e38;
 // buffer fewer per kernel (the fused backward then fits WebGPU's default of 8).
 override SCORE_BIAS: bool = true;
 
+// -inf read from a private variable: a bitcast of the constant would be a const-expression, and WGSL
+// makes one that evaluates to an infinity a shader-creation error (Tint refuses it; naga does not).
+var<private> NEG_INF_BITS: u32 = 0xff800000u;
+
 fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
+    return bitcast<f32>(NEG_INF_BITS);
 }
 
 // The views of the key side (K, V and their gradients); the others are of the query side.

@@ -84,22 +84,31 @@ impl Context {
                     " bytes (the adapter's max_buffer_size): use a smaller batch or sequence length",
             });
         }
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let descriptor = wgpu::BufferDescriptor {
             label: Some(what),
             size: bytes,
             usage,
             mapped_at_creation: false,
-        });
-        if pollster::block_on(scope.pop()).is_some() {
-            buffer.destroy();
-            return Err(Error::OutOfMemory {
-                what,
-                bytes,
-                allocated: self.memory().current_bytes,
-            });
+        };
+        // A browser answers an error scope only after control returns to its event loop, which a
+        // synchronous allocation cannot wait for: there an out-of-memory error reaches the
+        // uncaptured-error handler instead, and the next wait reports it (`Error::Device`).
+        #[cfg(target_arch = "wasm32")]
+        return Ok(self.device.create_buffer(&descriptor));
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let buffer = self.device.create_buffer(&descriptor);
+            if pollster::block_on(scope.pop()).is_some() {
+                buffer.destroy();
+                return Err(Error::OutOfMemory {
+                    what,
+                    bytes,
+                    allocated: self.memory().current_bytes,
+                });
+            }
+            Ok(buffer)
         }
-        Ok(buffer)
     }
 
     /// Tensor memory allocated through this context: now and at its peak since the last

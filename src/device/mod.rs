@@ -50,7 +50,7 @@ pub struct Context {
     empty_storage: wgpu::Buffer,
     /// Bound where an optional read-write storage binding is absent: a buffer bound read-only
     /// and read-write in one dispatch is a usage conflict.
-    empty_storage_rw: wgpu::Buffer,
+    empty_storage_rw: [wgpu::Buffer; 2],
     loop_budget: Option<u32>,
     attention_workgroup: Option<u32>,
     kernel_family: Option<KernelFamily>,
@@ -309,7 +309,8 @@ impl Context {
                 mapped_at_creation: false,
             })
         };
-        let (empty_storage, empty_storage_rw) = (empty("empty storage"), empty("empty storage rw"));
+        let empty_storage = empty("empty storage");
+        let empty_storage_rw = [empty("empty storage rw 0"), empty("empty storage rw 1")];
         // Correctness on llvmpipe depends on this (its silent loop cap), so it comes from the
         // device's own adapter info, never from an argument the caller may leave out.
         let is_llvmpipe = [&report.name, &report.driver, &report.driver_info]
@@ -438,17 +439,44 @@ impl Context {
     }
 
     /// [`Context::empty_storage`]'s counterpart for absent read-write bindings.
-    pub(crate) fn empty_storage_rw(&self) -> &wgpu::Buffer {
-        &self.empty_storage_rw
+    /// Two of them: WebGPU refuses a dispatch whose writable bindings overlap, even unused dummies
+    /// (Chromium checks this; wgpu 30 does not), so a kernel with two absent read-write bindings
+    /// binds slot 0 and slot 1.
+    pub(crate) fn empty_storage_rw(&self, slot: usize) -> &wgpu::Buffer {
+        &self.empty_storage_rw[slot]
     }
 
     /// Waits until all submitted work has finished. Reports a lost device, and on devices this
-    /// crate created the first device error since the last call.
+    /// crate created the first device error since the last call. In a browser, where nothing may
+    /// block, it waits for nothing: use [`Context::synchronize_async`] there.
     pub fn synchronize(&self) -> Result<()> {
         self.check_lost()?;
         let waited = self.device.poll(wgpu::PollType::wait_indefinitely());
         self.check_lost()?;
         waited.map_err(|e| Error::Device(e.to_string()))?;
+        self.take_device_error()
+    }
+
+    /// Async form of [`Context::synchronize`]: in a browser it resolves once the queue reports the
+    /// submitted work done (natively it is `synchronize`).
+    pub async fn synchronize_async(&self) -> Result<()> {
+        #[cfg(target_arch = "wasm32")]
+        {
+            self.check_lost()?;
+            let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+            self.queue.on_submitted_work_done(move || {
+                let _ = sender.send(());
+            });
+            receiver.receive().await;
+            self.check_lost()?;
+            self.take_device_error()
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        self.synchronize()
+    }
+
+    /// The first device error since the last call, reported by our uncaptured-error handler.
+    pub(crate) fn take_device_error(&self) -> Result<()> {
         match self
             .uncaptured
             .lock()

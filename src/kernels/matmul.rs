@@ -349,7 +349,8 @@ fn encode_one(
     }
     let name = kernel.names[g.elements.index()];
     let pipeline = ctx.pipeline(name, || typed_source(kernel.source, g.elements), &constants);
-    let (empty, empty_rw) = (ctx.empty_storage(), ctx.empty_storage_rw());
+    let empty = ctx.empty_storage();
+    let (empty_rw, empty_rw_second) = (ctx.empty_storage_rw(0), ctx.empty_storage_rw(1));
     let epilogue = &g.epilogue;
     let storage = [
         g.a.0.bind(1),
@@ -361,7 +362,7 @@ fn encode_one(
             .activation
             .map_or(empty_rw.into(), |(_, _, pre)| pre)
             .bind(6),
-        g.row_sums.unwrap_or(empty_rw.into()).bind(7),
+        g.row_sums.unwrap_or(empty_rw_second.into()).bind(7),
     ];
     let bind_group = ctx.bind_group(&pipeline, name, bytemuck::bytes_of(&params), &storage);
     pass.set_pipeline(&pipeline);

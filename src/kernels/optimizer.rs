@@ -341,7 +341,12 @@ impl AdamW {
     /// not finite; from that step on the optimizer has changed nothing. Reads 8 bytes back, so it
     /// waits for the submitted steps: call it where the loss is read anyway and before saving.
     pub fn check_finite(&self, ctx: &Context) -> Result<()> {
-        let words = pollster::block_on(crate::tensor::read_buffer(ctx, &self.health, 0, 2))?;
+        pollster::block_on(self.check_finite_async(ctx))
+    }
+
+    /// Async form of [`AdamW::check_finite`] (what a browser must use).
+    pub async fn check_finite_async(&self, ctx: &Context) -> Result<()> {
+        let words = crate::tensor::read_buffer(ctx, &self.health, 0, 2).await?;
         let [step, what] = [words[0].to_bits(), words[1].to_bits()];
         if step == 0 {
             return Ok(());

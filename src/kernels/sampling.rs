@@ -230,6 +230,16 @@ pub fn sample(
     sampling: &Sampling,
     draw: u64,
 ) -> Result<Vec<u32>> {
+    pollster::block_on(sample_async(ctx, logits, sampling, draw))
+}
+
+/// Async form of [`sample`] (what a browser must use).
+pub async fn sample_async(
+    ctx: &Context,
+    logits: &GpuTensor,
+    sampling: &Sampling,
+    draw: u64,
+) -> Result<Vec<u32>> {
     let batch = logits.shape().first().copied().unwrap_or(0);
     let bytes = 4 * batch.max(1) as u64;
     let ids = ctx.create_uncounted_buffer(
@@ -246,7 +256,7 @@ pub fn sample(
     sample_into(ctx, &mut encoder, logits, sampling, draw, &ids)?;
     encoder.copy_buffer_to_buffer(&ids, 0, &staging, 0, bytes);
     ctx.submit(encoder)?;
-    let mut out = pollster::block_on(crate::tensor::read_mapped::<u32>(ctx, &staging))?;
+    let mut out = crate::tensor::read_mapped::<u32>(ctx, &staging).await?;
     out.truncate(batch);
     Ok(out)
 }

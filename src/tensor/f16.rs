@@ -163,12 +163,23 @@ impl GpuTensorF16 {
 
     /// Reads the tensor back as f16, blocking until the GPU has finished.
     pub fn to_f16_vec(&self, ctx: &Context) -> Result<Vec<half::f16>> {
-        pollster::block_on(read_f16(ctx, &self.buffer, self.offset, self.len()))
+        pollster::block_on(self.to_f16_vec_async(ctx))
+    }
+
+    /// Async form of [`GpuTensorF16::to_f16_vec`] (what a browser must use).
+    pub async fn to_f16_vec_async(&self, ctx: &Context) -> Result<Vec<half::f16>> {
+        read_f16(ctx, &self.buffer, self.offset, self.len()).await
     }
 
     /// Reads the tensor back converted to f32 (exactly).
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
-        Ok(self.to_f16_vec(ctx)?.into_iter().map(f32::from).collect())
+        pollster::block_on(self.to_vec_async(ctx))
+    }
+
+    /// Async form of [`GpuTensorF16::to_vec`].
+    pub async fn to_vec_async(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let halves = self.to_f16_vec_async(ctx).await?;
+        Ok(halves.into_iter().map(f32::from).collect())
     }
 
     /// A packed variable-length batch over this `[rows, heads, head_dim]` tensor: the sequences of

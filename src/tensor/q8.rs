@@ -162,17 +162,23 @@ impl GpuTensorQ8 {
 
     /// The stored words read back (blocking): `D / 4` packed words then the scale's bits, per row.
     pub fn to_words(&self, ctx: &Context) -> Result<Vec<u32>> {
-        Ok(self
-            .words
-            .to_vec(ctx)?
-            .into_iter()
-            .map(f32::to_bits)
-            .collect())
+        pollster::block_on(self.to_words_async(ctx))
+    }
+
+    /// Async form of [`GpuTensorQ8::to_words`] (what a browser must use).
+    pub async fn to_words_async(&self, ctx: &Context) -> Result<Vec<u32>> {
+        let words = self.words.to_vec_async(ctx).await?;
+        Ok(words.into_iter().map(f32::to_bits).collect())
     }
 
     /// The values the tensor holds (blocking): each int8 times its row's scale.
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
-        Ok(dequantize(&self.to_words(ctx)?, self.row_len()))
+        pollster::block_on(self.to_vec_async(ctx))
+    }
+
+    /// Async form of [`GpuTensorQ8::to_vec`].
+    pub async fn to_vec_async(&self, ctx: &Context) -> Result<Vec<f32>> {
+        Ok(dequantize(&self.to_words_async(ctx).await?, self.row_len()))
     }
 }
 

@@ -60,7 +60,13 @@ pub(crate) async fn read_mapped<T: bytemuck::Pod>(
         let _ = sender.send(r);
     });
     ctx.synchronize()?;
-    match receiver.receive().await {
+    let mapped = receiver.receive().await;
+    // A browser reports a device error (a shader its compiler refused, a validation error) to the
+    // uncaptured-error handler asynchronously: by the time the map resolves it has, and the data
+    // read would be what the failed work never wrote.
+    #[cfg(target_arch = "wasm32")]
+    ctx.take_device_error()?;
+    match mapped {
         Some(Ok(())) => {}
         Some(Err(e)) => return Err(Error::Readback(e.to_string())),
         None => return Err(Error::Readback("map callback dropped".into())),

@@ -281,10 +281,16 @@ impl HeadsView {
     /// Reads the viewed elements back in `[batch, seq, heads, head_dim]` order (f16 converted); a
     /// packed view's as `[rows, heads, head_dim]`.
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        pollster::block_on(self.to_vec_async(ctx))
+    }
+
+    /// Async form of [`HeadsView::to_vec`] (what a browser must use).
+    pub async fn to_vec_async(&self, ctx: &Context) -> Result<Vec<f32>> {
         let end = self.end_element();
         let all = match self.dtype {
-            DType::F32 => pollster::block_on(read_buffer(ctx, &self.buffer, 0, end))?,
-            DType::F16 => pollster::block_on(read_f16(ctx, &self.buffer, 0, end))?
+            DType::F32 => read_buffer(ctx, &self.buffer, 0, end).await?,
+            DType::F16 => read_f16(ctx, &self.buffer, 0, end)
+                .await?
                 .into_iter()
                 .map(f32::from)
                 .collect(),
@@ -424,7 +430,12 @@ impl BiasView {
 
     /// Reads the viewed elements back in `[batch, heads, Lq, Lk]` order.
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
-        let all = pollster::block_on(read_buffer(ctx, &self.buffer, 0, self.end_element()))?;
+        pollster::block_on(self.to_vec_async(ctx))
+    }
+
+    /// Async form of [`BiasView::to_vec`] (what a browser must use).
+    pub async fn to_vec_async(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let all = read_buffer(ctx, &self.buffer, 0, self.end_element()).await?;
         let [sb, sh, si, sj] = self.strides();
         let [b, h, lq, lk] = self.shape;
         let mut out = Vec::with_capacity(b * h * lq * lk);

@@ -87,6 +87,11 @@ impl Trainer {
         self.optimizer.check_finite(ctx)
     }
 
+    /// Async form of [`Trainer::check_finite`] (what a browser must use).
+    pub async fn check_finite_async(&self, ctx: &Context) -> Result<()> {
+        self.optimizer.check_finite_async(ctx).await
+    }
+
     /// Bind groups created and reused so far: after the first step (and the first forward-only
     /// call) the created count stays put.
     pub fn binding_counts(&self) -> (u64, u64) {

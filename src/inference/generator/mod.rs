@@ -4,7 +4,7 @@ mod speculative;
 
 pub use speculative::Draft;
 
-use std::time::Instant;
+use web_time::Instant;
 
 use crate::device::{BindingCache, Context};
 use crate::error::{Error, Result};
@@ -565,7 +565,8 @@ impl Generator {
         self.check_ids("prompt", prompt)?;
         let mut prompts = vec![Vec::new(); b];
         prompts[slot] = prompt.to_vec();
-        self.feed_prompts(ctx, &prompts, None).map(|_| ())
+        // No sampling, nothing read back: ready at once.
+        pollster::block_on(self.feed_prompts(ctx, &prompts, None)).map(|_| ())
     }
 
     /// Starts in slot `child` a sequence that continues slot `parent`'s (beams, parallel samples,
@@ -607,13 +608,16 @@ impl Generator {
         prompts: &[Vec<u32>],
         sources: Option<&[Vec<u32>]>,
     ) -> Result<()> {
-        self.prefill_then(ctx, prompts, sources, None).map(|_| ())
+        // Without sampling nothing is read back, so nothing waits: the future is ready at once
+        // (a browser may call this too).
+        pollster::block_on(self.prefill_then(ctx, prompts, sources, None)).map(|_| ())
     }
 
     /// Feeds one token to each sequence given one (`None`: the sequence takes no token this step
     /// and keeps its logits). Validated first: on error the cache is unchanged.
     pub fn step(&mut self, ctx: &Context, tokens: &[Option<u32>]) -> Result<()> {
-        self.step_then(ctx, tokens, None).map(|_| ())
+        // Nothing is read back: ready at once, as for `prefill`.
+        pollster::block_on(self.step_then(ctx, tokens, None)).map(|_| ())
     }
 
     /// Compiles every pipeline [`Generator::prefill`], [`Generator::step`], [`Generator::sample`]
@@ -652,6 +656,11 @@ impl Generator {
     /// Samples one token per sequence from [`Generator::logits`] on the GPU; only the ids are read
     /// back.
     pub fn sample(&mut self, ctx: &Context, sampling: &Sampling) -> Result<Vec<u32>> {
+        pollster::block_on(self.sample_async(ctx, sampling))
+    }
+
+    /// Async form of [`Generator::sample`] (what a browser must use).
+    pub async fn sample_async(&mut self, ctx: &Context, sampling: &Sampling) -> Result<Vec<u32>> {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         let mut bindings = std::mem::take(&mut self.bindings);
         let recorded = ctx.with_binding_cache(&mut bindings, || {
@@ -661,13 +670,22 @@ impl Generator {
         recorded?;
         self.draws += 1;
         ctx.submit(encoder)?;
-        self.read_ids(ctx)
+        self.read_ids(ctx).await
     }
 
     /// [`Generator::sample`] with each sequence's own settings (`samplings[b]` for sequence `b`:
     /// the requests of a serving batch), in one pass; sequence `b` draws what
     /// [`Generator::sample`] with its setting would draw.
     pub fn sample_each(&mut self, ctx: &Context, samplings: &[Sampling]) -> Result<Vec<u32>> {
+        pollster::block_on(self.sample_each_async(ctx, samplings))
+    }
+
+    /// Async form of [`Generator::sample_each`].
+    pub async fn sample_each_async(
+        &mut self,
+        ctx: &Context,
+        samplings: &[Sampling],
+    ) -> Result<Vec<u32>> {
         self.rows.write(ctx, samplings)?;
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         sample_rows_into(
@@ -681,7 +699,7 @@ impl Generator {
         encoder.copy_buffer_to_buffer(&self.ids, 0, &self.ids_staging, 0, self.ids.size());
         self.draws += 1;
         ctx.submit(encoder)?;
-        self.read_ids(ctx)
+        self.read_ids(ctx).await
     }
 
     /// Prefills `prompts` (and `sources`), then samples and feeds tokens until each sequence has
@@ -694,18 +712,30 @@ impl Generator {
         sources: Option<&[Vec<u32>]>,
         options: &GenerateOptions,
     ) -> Result<Generated> {
+        pollster::block_on(self.generate_async(ctx, prompts, sources, options))
+    }
+
+    /// Async form of [`Generator::generate`] (what a browser must use).
+    pub async fn generate_async(
+        &mut self,
+        ctx: &Context,
+        prompts: &[Vec<u32>],
+        sources: Option<&[Vec<u32>]>,
+        options: &GenerateOptions,
+    ) -> Result<Generated> {
         let b = self.shape.batch;
         let mut out = Generated {
             tokens: vec![Vec::new(); b],
             ..Default::default()
         };
         if options.max_new_tokens == 0 {
-            self.prefill(ctx, prompts, sources)?;
+            self.prefill_then(ctx, prompts, sources, None).await?;
             return Ok(out);
         }
         let start = Instant::now();
         let mut ids = self
-            .prefill_then(ctx, prompts, sources, Some(&options.sampling))?
+            .prefill_then(ctx, prompts, sources, Some(&options.sampling))
+            .await?
             .expect("sampled");
         out.prefill_tokens = prompts.iter().map(Vec::len).sum();
         out.prefill_seconds = start.elapsed().as_secs_f64();
@@ -733,7 +763,8 @@ impl Generator {
             out.decode_tokens += active.iter().filter(|&&a| a).count();
             out.decode_steps += 1;
             ids = self
-                .step_then(ctx, &feed, Some(&options.sampling))?
+                .step_then(ctx, &feed, Some(&options.sampling))
+                .await?
                 .expect("sampled");
         }
         out.decode_seconds = start.elapsed().as_secs_f64();
@@ -750,7 +781,7 @@ impl Generator {
         }
     }
 
-    fn prefill_then(
+    async fn prefill_then(
         &mut self,
         ctx: &Context,
         prompts: &[Vec<u32>],
@@ -835,12 +866,12 @@ impl Generator {
             recorded?;
             ctx.submit(encoder)?;
         }
-        self.feed_prompts(ctx, prompts, sampling)
+        self.feed_prompts(ctx, prompts, sampling).await
     }
 
     /// Feeds each slot its prompt (none for an empty one) in prefill chunks; the last chunk
     /// computes the logits (and samples, with `sampling`).
-    fn feed_prompts(
+    async fn feed_prompts(
         &mut self,
         ctx: &Context,
         prompts: &[Vec<u32>],
@@ -864,12 +895,14 @@ impl Generator {
             let last = fed.iter().zip(prompts).all(|(&f, p)| f == p.len());
             let sample = if last { sampling } else { None };
             let e = ctx.device().create_command_encoder(&Default::default());
-            ids = self.run(ctx, e, PassKind::Prefill, &tokens, &new, last, sample)?;
+            ids = self
+                .run(ctx, e, PassKind::Prefill, &tokens, &new, last, sample)
+                .await?;
         }
         Ok(ids)
     }
 
-    fn step_then(
+    async fn step_then(
         &mut self,
         ctx: &Context,
         tokens: &[Option<u32>],
@@ -890,13 +923,14 @@ impl Generator {
         let new: Vec<u32> = tokens.iter().map(|t| t.is_some() as u32).collect();
         let encoder = ctx.device().create_command_encoder(&Default::default());
         self.run(ctx, encoder, PassKind::Step, &ids, &new, true, sampling)
+            .await
     }
 
     /// Runs one pass over `tokens` (`[batch, rows]`, `new[b]` of them real), copies each fed
     /// sequence's last row into `last`, then (if `logits`) the output layer and (if `sampling`) the
     /// sampler; one submission. The cache advances once the pass is recorded.
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    async fn run(
         &mut self,
         ctx: &Context,
         mut encoder: wgpu::CommandEncoder,
@@ -931,7 +965,7 @@ impl Generator {
         ctx.submit(encoder)?;
         self.cache.advance(&step);
         match sampling {
-            Some(_) => self.read_ids(ctx).map(Some),
+            Some(_) => self.read_ids(ctx).await.map(Some),
             None => Ok(None),
         }
     }
@@ -1047,7 +1081,7 @@ impl Generator {
         Ok(())
     }
 
-    fn read_ids(&self, ctx: &Context) -> Result<Vec<u32>> {
-        pollster::block_on(read_mapped::<u32>(ctx, &self.ids_staging))
+    async fn read_ids(&self, ctx: &Context) -> Result<Vec<u32>> {
+        read_mapped::<u32>(ctx, &self.ids_staging).await
     }
 }

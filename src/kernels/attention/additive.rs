@@ -19,12 +19,16 @@ pub(super) const PARAM_GRADS: &str = include_str!("../../../shaders/additive_par
 pub(super) const SCORES: &str = include_str!("../../../shaders/additive_scores.wgsl");
 pub(super) const BACKWARD_UNFUSED: &str =
     include_str!("../../../shaders/additive_backward_unfused.wgsl");
+pub(super) const BACKWARD_WORKSPACE: &str =
+    include_str!("../../../shaders/additive_backward_workspace.wgsl");
+pub(super) const BACKWARD_PACK: &str = include_str!("../../../shaders/additive_backward_pack.wgsl");
 
 /// Largest score dim `Da` and value head dim the additive kernels hold per invocation.
 pub const MAX_ADDITIVE_DIM: usize = 128;
-/// Storage buffers the query-side backward kernel binds (lengths, a, b, v, O, dO, lse, w, bias, da,
-/// two workspace ranges).
-pub const ADDITIVE_BACKWARD_STORAGE_BUFFERS: u32 = 12;
+/// Storage buffers each fused backward kernel binds: the query side lengths, a, b, v, O, dO, da and
+/// the workspace (which holds w, the bias and lse too), the key side dO, db and dV in place of O, dO
+/// and da. WebGPU's default limit.
+pub const ADDITIVE_BACKWARD_STORAGE_BUFFERS: u32 = 8;
 
 /// Rows (queries or keys) per workgroup, one per invocation.
 const WG: u32 = 64;
@@ -223,9 +227,25 @@ pub(super) fn with_shared(body: &str) -> String {
     format!("{COMMON}\n{body}")
 }
 
+/// A fused backward kernel after the additive header, whose `SCORE_PARAMS` block (the bindings of
+/// w and the bias) is replaced by the backward's workspace, which holds copies of both.
+pub(super) fn with_workspace(body: &str) -> String {
+    const BEGIN: &str = "// BEGIN SCORE_PARAMS\n";
+    const END: &str = "// END SCORE_PARAMS\n";
+    let shared = with_shared(body);
+    match (shared.find(BEGIN), shared.find(END)) {
+        (Some(begin), Some(end)) if begin < end => format!(
+            "{}{BACKWARD_WORKSPACE}{}",
+            &shared[..begin],
+            &shared[end + END.len()..]
+        ),
+        _ => unreachable!("additive_common.wgsl has its SCORE_PARAMS block"),
+    }
+}
+
 /// A fused additive kernel with both shared headers, its per-invocation arrays sized exactly.
-fn sized(body: &str, s: &AttentionShape) -> String {
-    let text = with_shared(body)
+fn sized(text: &str, s: &AttentionShape) -> String {
+    let text = text
         .replace(
             "const MAX_DA: u32 = 128u;",
             &format!("const MAX_DA: u32 = {}u;", s.head_dim_qk),
@@ -340,11 +360,11 @@ fn encode_forward(
         params.flags |= FLAG_ALIGN_LENS;
     }
     let bindings = [
-        bind_tensor(ctx, "w", scores.w)?,
-        bind_tensor(ctx, "bias", scores.bias)?,
         bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
         bind_view(ctx, "b", b, VIEW_K, &mut params)?,
         bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+        bind_tensor(ctx, "w", scores.w)?,
+        bind_tensor(ctx, "bias", scores.bias)?,
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
     ];
@@ -377,7 +397,7 @@ fn encode_forward(
         &mut pass,
         name,
         || {
-            sized(source, &s).replace(
+            sized(&with_shared(source), &s).replace(
                 "const MAX_OWN: u32 = 2u;",
                 &format!(
                     "const MAX_OWN: u32 = {}u;",
@@ -569,16 +589,17 @@ pub fn additive_backward(
     Ok(grads)
 }
 
-/// The backward's workspace for `s`: each row's `D = dO . O` (`[B, H, Lq]`, padded to a multiple of
-/// 64 values so the shares start at a 256-byte boundary, WebGPU's largest storage offset alignment)
-/// and share of `dw` (`[H, B, Lq, Da]`).
+/// The backward's workspace for `s` (`shaders/additive_backward_workspace.wgsl`): each row's
+/// `D = dO . O` (`[B, H, Lq]`, padded to a multiple of 64 values so the shares start at a 256-byte
+/// boundary, WebGPU's largest storage offset alignment), each row's share of `dw`
+/// (`[H, B, Lq, Da]`), and copies of `w`, the bias and `lse`.
 pub fn additive_backward_workspace(ctx: &Context, s: &AttentionShape) -> Result<GpuTensor> {
     GpuTensor::zeros(ctx, &[workspace_len(s)])
 }
 
 fn workspace_len(s: &AttentionShape) -> usize {
     let rows = s.batch * s.heads * s.q_seq;
-    rows.div_ceil(64) * 64 + rows * s.head_dim_qk
+    rows.div_ceil(64) * 64 + rows * s.head_dim_qk + 2 * s.heads * s.head_dim_qk + rows
 }
 
 /// Records the additive attention backward: `[da, db, dv]` views shaped like `[a, b, v]`, and
@@ -646,13 +667,7 @@ pub fn additive_backward_into(
         ("dbias", dbias.region()),
     ];
     check_distinct(ctx, opts, &outputs, &inputs)?;
-    let d_bytes = rows as u64 * 4;
     let dw_offset = rows.div_ceil(64) as u64 * 256;
-    let d_rows = Binding {
-        buffer: workspace.buffer(),
-        offset_bytes: 0,
-        size_bytes: d_bytes,
-    };
     let dw_rows = Binding {
         buffer: workspace.buffer(),
         offset_bytes: dw_offset,
@@ -661,20 +676,38 @@ pub fn additive_backward_into(
     let shared = Shared::lens(seq_lens_buffer(ctx, opts));
     let mut pass = ctx.begin_pass(encoder, "additive_backward");
 
-    // Query side: da, D and the dw shares.
+    // w, the bias and lse into the workspace, where the gradient kernels read them.
     let mut params = base_params(&s, scale, opts);
     let bindings = [
         bind_tensor(ctx, "w", scores.w)?,
         bind_tensor(ctx, "bias", scores.bias)?,
+        bind_tensor(ctx, "lse", lse)?,
+        bind_tensor(ctx, "workspace", workspace)?,
+    ];
+    let elements = rows.max(h * dda);
+    let grid = set_grid(&mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+    encode_kernel(
+        ctx,
+        &mut pass,
+        "additive_backward_pack",
+        || with_common(&format!("{BACKWARD_WORKSPACE}\n{BACKWARD_PACK}")),
+        &[("WG", SIMPLE_WG)],
+        &params,
+        Shared::NONE,
+        &bindings,
+        grid,
+    );
+
+    // Query side: da, D and the dw shares.
+    let mut params = base_params(&s, scale, opts);
+    let bindings = [
         bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
         bind_view(ctx, "b", b, VIEW_K, &mut params)?,
         bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+        bind_tensor(ctx, "workspace", workspace)?,
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
-        bind_tensor(ctx, "lse", lse)?,
         bind_view(ctx, "da", da, VIEW_DQ, &mut params)?,
-        dw_rows,
-        d_rows,
     ];
     let grid = set_grid(&mut params, lq.div_ceil(WG as usize), bb * h)?;
     let tile = staged_tile(ctx, &s);
@@ -684,7 +717,7 @@ pub fn additive_backward_into(
         ctx,
         &mut pass,
         "additive_backward_da",
-        || sized(BACKWARD_DA, &s),
+        || sized(&with_workspace(BACKWARD_DA), &s),
         &constants(&s, tile),
         &mut params,
         shared,
@@ -696,14 +729,11 @@ pub fn additive_backward_into(
     // Key side: db and dV.
     let mut params = base_params(&s, scale, opts);
     let bindings = [
-        bind_tensor(ctx, "w", scores.w)?,
-        bind_tensor(ctx, "bias", scores.bias)?,
         bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
         bind_view(ctx, "b", b, VIEW_K, &mut params)?,
         bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+        bind_tensor(ctx, "workspace", workspace)?,
         bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
-        bind_tensor(ctx, "lse", lse)?,
-        d_rows,
         bind_view(ctx, "db", db, VIEW_DK, &mut params)?,
         bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
     ];
@@ -714,7 +744,7 @@ pub fn additive_backward_into(
         ctx,
         &mut pass,
         "additive_backward_db",
-        || sized(BACKWARD_DB, &s),
+        || sized(&with_workspace(BACKWARD_DB), &s),
         &constants(&s, tile),
         &mut params,
         shared,
@@ -861,7 +891,7 @@ pub fn additive_backward_unfused(
                 match query_side {
                     true => bind_tensor(ctx, "dw shares", &dw_rows)?,
                     false => Binding {
-                        buffer: ctx.empty_storage_rw(),
+                        buffer: ctx.empty_storage_rw(0),
                         offset_bytes: 0,
                         size_bytes: 8,
                     },

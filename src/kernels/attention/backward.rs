@@ -326,8 +326,12 @@ pub(super) fn encode_backward_core(
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(&s, scale, opts);
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
-        bindings.push(bind_view(ctx, "dk", dk, VIEW_DK, &mut params)?);
-        bindings.push(bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?);
+        let (outputs, shared_outputs) = bind_output_pair(
+            ctx,
+            [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)],
+            &mut params,
+        )?;
+        bindings.extend(outputs);
         // Even: the kernel steps two query rows at a time.
         let block_m = (tile_rows(ctx, &s, 8, 64) & !1).max(2);
         let blocks = s.kv_seq.div_ceil((wg * ROWS) as usize);
@@ -345,7 +349,13 @@ pub(super) fn encode_backward_core(
             &mut pass,
             "attention_backward_dkdv",
             || with_common_sized(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v)),
-            &[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]],
+            &[
+                ("WG", wg),
+                ("BLOCK_M", block_m),
+                dims[0],
+                dims[1],
+                ("SHARED_OUTPUTS", shared_outputs as u32),
+            ],
             &mut params,
             shared,
             &bindings,

@@ -138,6 +138,45 @@ pub(super) fn bind_view<'a>(
     })
 }
 
+/// Binds a kernel's two output views (dK and dV) at consecutive bindings; returns whether they
+/// share one. WebGPU refuses a dispatch whose writable bindings overlap in a buffer (Chromium checks
+/// it, wgpu 30 does not), and strided views of one packed gradient buffer (dQKV, as the Transformer
+/// writes) do overlap, though no element is in both: such a pair is bound once, over both views, at
+/// the first binding, a dummy at the second, and the kernel (specialised with `SHARED_OUTPUTS`)
+/// writes both through the first.
+pub(super) fn bind_output_pair<'a>(
+    ctx: &'a Context,
+    [(arg0, view0, slot0), (arg1, view1, slot1)]: [(&'static str, &'a HeadsView, usize); 2],
+    params: &mut Params,
+) -> Result<([Binding<'a>; 2], bool)> {
+    let first = bind_view(ctx, arg0, view0, slot0, params)?;
+    let second = bind_view(ctx, arg1, view1, slot1, params)?;
+    let end = |b: &Binding<'_>| b.offset_bytes + b.size_bytes;
+    let overlap = first.buffer == second.buffer
+        && first.offset_bytes < end(&second)
+        && second.offset_bytes < end(&first);
+    if !overlap {
+        return Ok(([first, second], false));
+    }
+    let offset_bytes = first.offset_bytes.min(second.offset_bytes);
+    let size_bytes = end(&first).max(end(&second)) - offset_bytes;
+    check_binding(ctx, arg0, size_bytes)?;
+    let element = view0.dtype().size();
+    params.views[slot0] = view_params(arg0, view0, (offset_bytes / element) as usize)?;
+    params.views[slot1] = view_params(arg1, view1, (offset_bytes / element) as usize)?;
+    let union = Binding {
+        buffer: first.buffer,
+        offset_bytes,
+        size_bytes,
+    };
+    let dummy = Binding {
+        buffer: ctx.empty_storage_rw(0),
+        offset_bytes: 0,
+        size_bytes: 8,
+    };
+    Ok(([union, dummy], true))
+}
+
 pub(super) fn bind_tensor<'a>(
     ctx: &Context,
     arg: &'static str,

@@ -146,11 +146,19 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ),
         (
             "additive_backward_da",
-            with_common(&additive::with_shared(additive::BACKWARD_DA)),
+            with_common(&additive::with_workspace(additive::BACKWARD_DA)),
         ),
         (
             "additive_backward_db",
-            with_common(&additive::with_shared(additive::BACKWARD_DB)),
+            with_common(&additive::with_workspace(additive::BACKWARD_DB)),
+        ),
+        (
+            "additive_backward_pack",
+            with_common(&format!(
+                "{}\n{}",
+                additive::BACKWARD_WORKSPACE,
+                additive::BACKWARD_PACK
+            )),
         ),
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
     ])

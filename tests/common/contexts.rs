@@ -1,0 +1,248 @@
+//! GPU contexts for every back end under test (native only: a browser test makes its own, async).
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::{FORWARD_ATOL, FORWARD_RTOL};
+use wgpu_attention::{Context, ContextOptions, KernelFamily};
+
+/// Back ends the suite must run on: `WGPU_ATTENTION_TEST_BACKENDS` (comma list), default
+/// `vulkan,gl` (lavapipe and llvmpipe in CI). A missing one fails the test with instructions,
+/// unless `WGPU_ATTENTION_ALLOW_NO_GPU=1`, which skips it.
+fn backends_under_test() -> Vec<String> {
+    std::env::var("WGPU_ATTENTION_TEST_BACKENDS")
+        .unwrap_or_else(|_| "vulkan,gl".into())
+        .split(',')
+        .map(|s| s.trim().to_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn contexts_cell() -> &'static Vec<(String, Arc<Context>)> {
+    static CONTEXTS: OnceLock<Vec<(String, Arc<Context>)>> = OnceLock::new();
+    CONTEXTS.get_or_init(|| {
+        let allow_missing = std::env::var("WGPU_ATTENTION_ALLOW_NO_GPU").is_ok_and(|v| v == "1");
+        let mut out = Vec::new();
+        for name in backends_under_test() {
+            let backends = wgpu_attention::parse_backends(&name)
+                .unwrap_or_else(|e| panic!("WGPU_ATTENTION_TEST_BACKENDS: {e}"));
+            let opts = ContextOptions::from_env().unwrap().backends(backends);
+            match Context::new_with(&opts) {
+                Ok(ctx) => {
+                    eprintln!("[{name}] {}", ctx.report().name);
+                    out.push((name, Arc::new(ctx)));
+                }
+                Err(e) if allow_missing => eprintln!("skipping back end {name}: {e}"),
+                Err(e) => panic!(
+                    "no adapter for back end {name}: {e}\nInstall a driver (apt-get install mesa-vulkan-drivers), \
+                     choose back ends with WGPU_ATTENTION_TEST_BACKENDS=vulkan|gl|metal|dx12, \
+                     or set WGPU_ATTENTION_ALLOW_NO_GPU=1 to skip GPU tests explicitly."
+                ),
+            }
+        }
+        out
+    })
+}
+
+/// Runs `f` once per back end under test.
+/// GPU work on one back end is serialised across test threads: wgpu's GL back end gives up on its
+/// context lock when another thread holds it through a long dispatch, and a CPU driver (lavapipe,
+/// llvmpipe) already uses every core for one dispatch. Different back ends may run at once, which
+/// lets a cold shader cache compile on both cores (llvmpipe compiles at the first dispatch, on one
+/// thread).
+pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
+    for (index, (name, ctx)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
+        f(name, ctx);
+    }
+}
+
+/// The fused attention kernel families every attention test runs: both run on every adapter (the GPU
+/// family is forced on CPU drivers so that CI proves it on lavapipe and llvmpipe).
+pub const FAMILIES: [KernelFamily; 2] = [KernelFamily::CpuDriver, KernelFamily::Gpu];
+
+/// The families of the forward tests: the tensor-core family (its portable build here) too. Its
+/// backward is the GPU family's.
+pub const FORWARD_FAMILIES: [KernelFamily; 3] = [
+    KernelFamily::CpuDriver,
+    KernelFamily::Gpu,
+    KernelFamily::Coop,
+];
+
+/// The forward tolerances of `ctx`'s kernel family `(atol, rtol)`: f32's, or the tensor-core
+/// family's (inputs rounded to f16).
+pub fn forward_tolerances(ctx: &Context) -> (f64, f64) {
+    match ctx.kernel_family() {
+        KernelFamily::Coop => (
+            wgpu_attention::reference::compare::TENSOR_CORE_ATOL,
+            wgpu_attention::reference::compare::TENSOR_CORE_RTOL,
+        ),
+        _ => (FORWARD_ATOL, FORWARD_RTOL),
+    }
+}
+
+/// Runs `f` once per back end under test and forward kernel family ([`FORWARD_FAMILIES`]).
+pub fn for_each_forward_family(f: impl FnMut(&str, &Context)) {
+    each_family(&FORWARD_FAMILIES, f);
+}
+
+/// [`for_each_forward_family`] on fresh contexts whose loop budget is `budget`.
+pub fn for_each_forward_family_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
+    each_family_with(
+        &FORWARD_FAMILIES,
+        |ctx| ctx.set_loop_budget(Some(budget)),
+        f,
+    );
+}
+
+/// A shared context of one back end and kernel family: `(backend/family, back end index, family,
+/// context)`.
+type FamilyContext = (String, usize, KernelFamily, Arc<Context>);
+
+/// Contexts of every back end under test, one per kernel family of [`FORWARD_FAMILIES`], created
+/// once.
+fn family_contexts() -> &'static Vec<FamilyContext> {
+    static CONTEXTS: OnceLock<Vec<FamilyContext>> = OnceLock::new();
+    CONTEXTS.get_or_init(|| {
+        let mut out = Vec::new();
+        for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+            for family in FORWARD_FAMILIES {
+                let mut ctx = fresh_context(name, shared);
+                ctx.set_kernel_family(Some(family));
+                let label = format!("{name}/{}", family.name());
+                out.push((label, index, family, Arc::new(ctx)));
+            }
+        }
+        out
+    })
+}
+
+/// Runs `f` once per back end under test and fused attention kernel family; the name passed is
+/// `backend/family`.
+pub fn for_each_family(f: impl FnMut(&str, &Context)) {
+    each_family(&FAMILIES, f);
+}
+
+/// Runs `f` on the shared context of every back end and each of `families`.
+fn each_family(families: &[KernelFamily], mut f: impl FnMut(&str, &Context)) {
+    for (name, index, family, ctx) in family_contexts() {
+        if families.contains(family) {
+            let _guard = backend_lock(*index);
+            f(name, ctx);
+        }
+    }
+}
+
+/// Like [`for_each_family`], on fresh contexts that `configure` has adjusted.
+pub fn for_each_family_with(configure: impl Fn(&mut Context), f: impl FnMut(&str, &Context)) {
+    each_family_with(&FAMILIES, configure, f);
+}
+
+/// Runs `f` on a fresh context of every back end and each of `families`, adjusted by `configure`.
+fn each_family_with(
+    families: &[KernelFamily],
+    configure: impl Fn(&mut Context),
+    mut f: impl FnMut(&str, &Context),
+) {
+    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
+        for &family in families {
+            let mut ctx = fresh_context(name, shared);
+            ctx.set_kernel_family(Some(family));
+            configure(&mut ctx);
+            f(&format!("{name}/{}", family.name()), &ctx);
+        }
+    }
+}
+
+/// A new context on the adapter of `shared` (`name`: its back end).
+pub fn fresh_context(name: &str, shared: &Context) -> Context {
+    fresh_context_with_storage(name, shared, None)
+}
+
+fn fresh_context_with_storage(name: &str, shared: &Context, storage: Option<u32>) -> Context {
+    fresh_context_with_options(name, shared, |mut opts| {
+        opts.max_workgroup_storage = storage;
+        opts
+    })
+}
+
+/// A new context on the adapter of `shared` (`name`: its back end), with options `adjust` changed.
+pub fn fresh_context_with_options(
+    name: &str,
+    shared: &Context,
+    adjust: impl FnOnce(ContextOptions) -> ContextOptions,
+) -> Context {
+    let opts = ContextOptions::from_env()
+        .unwrap()
+        .backends(wgpu_attention::parse_backends(name).unwrap())
+        .adapter_name(shared.report().name.clone());
+    Context::new_with(&adjust(opts)).unwrap()
+}
+
+/// Like [`for_each_backend`], on a fresh context of each back end made with options `adjust`
+/// changed (given the back end's name).
+pub fn for_each_backend_with_options(
+    adjust: impl Fn(&str, ContextOptions) -> ContextOptions,
+    mut f: impl FnMut(&str, &Context),
+) {
+    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
+        let ctx = fresh_context_with_options(name, shared, |opts| adjust(name, opts));
+        f(name, &ctx);
+    }
+}
+
+/// Like [`for_each_backend`], on a fresh context of each back end that requested at most `bytes` of
+/// workgroup storage (WebGPU's default is 16384), with the GPU kernel family.
+pub fn for_each_backend_with_storage(bytes: u32, mut f: impl FnMut(&str, &Context)) {
+    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
+        let mut ctx = fresh_context_with_storage(name, shared, Some(bytes));
+        ctx.set_kernel_family(Some(KernelFamily::Gpu));
+        assert!(ctx.limits().max_compute_workgroup_storage_size <= bytes);
+        f(name, &ctx);
+    }
+}
+
+/// The lock of the `index`-th back end under test (see [`for_each_backend`]).
+fn backend_lock(index: usize) -> std::sync::MutexGuard<'static, ()> {
+    static LOCKS: [Mutex<()>; 4] = [const { Mutex::new(()) }; 4];
+    LOCKS[index.min(LOCKS.len() - 1)]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Like [`for_each_backend`], on a fresh context of each back end that `configure` has adjusted.
+pub fn for_each_backend_with(configure: impl Fn(&mut Context), mut f: impl FnMut(&str, &Context)) {
+    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+        let _guard = backend_lock(index);
+        let mut ctx = fresh_context(name, shared);
+        configure(&mut ctx);
+        f(name, &ctx);
+    }
+}
+
+/// Like [`for_each_backend`], on a fresh context of each back end whose loop budget is `budget`, so
+/// that kernels split their long loops into many dispatches (the path llvmpipe takes on long
+/// sequences) at test sizes.
+pub fn for_each_backend_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
+    for_each_backend_with(|ctx| ctx.set_loop_budget(Some(budget)), f);
+}
+
+/// [`for_each_backend_with_loop_budget`] for every kernel family.
+pub fn for_each_family_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
+    for_each_family_with(|ctx| ctx.set_loop_budget(Some(budget)), f);
+}
+
+/// A device on the first Vulkan adapter created with WebGPU's default limits (8 storage buffers per
+/// stage, 16 KiB of workgroup storage), as an application might hand one over; `None` without one.
+pub fn vulkan_device_with_default_limits() -> Option<(wgpu::Device, wgpu::Queue)> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
+    let adapter = adapters.into_iter().next()?;
+    let descriptor = wgpu::DeviceDescriptor {
+        required_limits: wgpu::Limits::defaults(),
+        ..Default::default()
+    };
+    Some(pollster::block_on(adapter.request_device(&descriptor)).unwrap())
+}
