@@ -280,8 +280,9 @@ impl Context {
 impl Context {
     /// Debug builds' safety net under `kernels::arguments`: a buffer bound read-write and read-only
     /// in one dispatch is a usage conflict wgpu reports inside the user's `queue.submit`; every
-    /// entry point must have refused the call with a typed error before recording. A panic here
-    /// names the kernel whose checks missed a case.
+    /// entry point must have refused the call with a typed error before recording. Two read-write
+    /// bindings over overlapping ranges of one buffer WebGPU refuses too, though wgpu 30 does not
+    /// check it: kernels bind such ranges once. A panic here names the kernel that missed a case.
     fn assert_no_usage_conflict(
         &self,
         pipeline: &wgpu::ComputePipeline,
@@ -295,7 +296,26 @@ impl Context {
         let Some(read_write) = known.get(pipeline) else {
             return;
         };
-        for written in storage.iter().filter(|s| read_write.contains(&s.binding)) {
+        let written: Vec<_> = storage
+            .iter()
+            .filter(|s| read_write.contains(&s.binding))
+            .collect();
+        let end = |s: &StorageBinding<'_>| s.size.map_or(u64::MAX, |n| s.offset + n.get());
+        for (n, first) in written.iter().enumerate() {
+            if let Some(second) = written[n + 1..].iter().find(|other| {
+                other.buffer == first.buffer
+                    && other.offset < end(first)
+                    && first.offset < end(other)
+            }) {
+                panic!(
+                    "kernel {label}: one buffer bound read-write at bindings {} and {} over \
+                     overlapping ranges: WebGPU refuses this dispatch (Chromium checks it, wgpu 30 \
+                     does not); bind one range for both (binding::bind_output_pair)",
+                    first.binding, second.binding
+                );
+            }
+        }
+        for written in written {
             if let Some(read) = storage
                 .iter()
                 .find(|s| !read_write.contains(&s.binding) && s.buffer == written.buffer)
