@@ -9,7 +9,8 @@
 // scale * w multiplies the sum over queries once, at the end.
 
 @group(0) @binding(6) var<storage, read> do_buf: array<f32>;
-@group(0) @binding(7) var<storage, read_write> db_buf: array<f32>;
+// db and dV (output_pair.wgsl, appended, names them dk_buf and dv_buf).
+@group(0) @binding(7) var<storage, read_write> dk_buf: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dv_buf: array<f32>;
 
 var<workgroup> lse_tile: array<f32, TILE>;
@@ -153,17 +154,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             if c < DA {
                 var x = db4[k];
                 if params.accumulate != 0u {
-                    x += db_buf[b_base + c];
+                    x += dk_buf[b_base + c];
                 }
-                db_buf[b_base + c] = x;
+                dk_buf[b_base + c] = x;
             }
         }
     }
     let v_base = view_index(VIEW_DV, b, j, h);
     for (var d = 0u; d < DV; d++) {
         if params.accumulate != 0u {
-            dv[d] += dv_buf[v_base + d];
+            dv[d] += load_dv(v_base + d);
         }
-        dv_buf[v_base + d] = dv[d];
+        store_dv(v_base + d, dv[d]);
     }
 }

@@ -28,24 +28,6 @@ const MAX_D: u32 = 256u;
 @group(0) @binding(7) var<storage, read_write> dk_buf: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dv_buf: array<f32>;
 
-// dV through dk_buf when the host bound one range over both (strided views of one packed gradient
-// buffer): WebGPU refuses overlapping writable bindings (binding::bind_output_pair).
-override SHARED_OUTPUTS: bool = false;
-
-fn load_dv(index: u32) -> f32 {
-    if SHARED_OUTPUTS {
-        return dk_buf[index];
-    }
-    return dv_buf[index];
-}
-
-fn store_dv(index: u32, x: f32) {
-    if SHARED_OUTPUTS {
-        dk_buf[index] = x;
-    } else {
-        dv_buf[index] = x;
-    }
-}
 
 var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
 var<workgroup> do_tile: array<vec4<f32>, DO_TILE>;

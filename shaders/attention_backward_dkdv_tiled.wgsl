@@ -48,24 +48,6 @@ const MAX_OCV: u32 = 16u;
 @group(0) @binding(7) var<storage, read_write> dk_buf: array<OutElem>;
 @group(0) @binding(8) var<storage, read_write> dv_buf: array<OutElem>;
 
-// dV through dk_buf when the host bound one range over both (strided views of one packed gradient
-// buffer): WebGPU refuses overlapping writable bindings (binding::bind_output_pair).
-override SHARED_OUTPUTS: bool = false;
-
-fn load_dv(index: u32) -> OutElem {
-    if SHARED_OUTPUTS {
-        return dk_buf[index];
-    }
-    return dv_buf[index];
-}
-
-fn store_dv(index: u32, x: OutElem) {
-    if SHARED_OUTPUTS {
-        dk_buf[index] = x;
-    } else {
-        dv_buf[index] = x;
-    }
-}
 
 var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;

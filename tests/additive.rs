@@ -414,3 +414,18 @@ fn decode_case(ctx: &Context, name: &str, kv_lens: [u32; 2], da: usize, dv: usiz
         );
     }
 }
+
+/// Each fused backward kernel binds 8 storage buffers (w, the bias and lse are copied into its
+/// workspace): the whole path runs on a device with WebGPU's default limits, as a browser's may be.
+#[test]
+fn runs_on_a_device_with_webgpu_default_limits() {
+    let Some((device, queue)) = vulkan_device_with_default_limits() else {
+        eprintln!("no Vulkan adapter: skipped");
+        return;
+    };
+    assert_eq!(device.limits().max_storage_buffers_per_shader_stage, 8);
+    let ctx = Context::from_device(device, queue).unwrap();
+    let case = Case::new(2, 9, 13, 2, 2, 16, 8).causal().kv_lens(&[13, 6]);
+    check(&ctx, "vulkan/default limits", &case);
+    ctx.synchronize().unwrap();
+}

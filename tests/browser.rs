@@ -10,7 +10,9 @@ mod common;
 
 use common::*;
 use wasm_bindgen_test::{console_log, wasm_bindgen_test, wasm_bindgen_test_configure};
+use wgpu_attention::inference::{GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention::kernels::optimizer::AdamWConfig;
+use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::reference::additive as additive_reference;
 use wgpu_attention::reference::attention::{self as reference, Masks};
@@ -368,5 +370,80 @@ async fn a_transformer_training_step_matches_the_reference() {
                 FORWARD_RTOL,
             );
         }
+    }
+}
+
+#[wasm_bindgen_test]
+async fn greedy_generation_from_the_kv_cache_matches_the_reference_model() {
+    let mut ctx = context().await;
+    const VOCAB: usize = 13;
+    let config = TransformerConfig {
+        vocab: VOCAB,
+        d_model: 16,
+        heads: 2,
+        d_ff: 24,
+        encoder_layers: 0,
+        decoder_layers: 2,
+        pre_ln: true,
+        ..TransformerConfig::default()
+    };
+    let shape = BatchShape {
+        batch: 2,
+        src_len: 0,
+        tgt_len: 8,
+    };
+    let prompts = vec![vec![3u32, 7, 5], vec![9u32]];
+    for family in FAMILIES {
+        ctx.set_kernel_family(Some(family));
+        let model = Transformer::new(&ctx, config, shape, 5).unwrap();
+        let generator_shape = GeneratorShape {
+            batch: 2,
+            capacity: 8,
+            prefill_chunk: 2,
+            src_len: 0,
+        };
+        let mut generator = Generator::new(&ctx, &model, generator_shape).unwrap();
+        let options = GenerateOptions {
+            max_new_tokens: 4,
+            sampling: Sampling::greedy(),
+            stop: None,
+        };
+        let out = generator
+            .generate_async(&ctx, &prompts, None, &options)
+            .await
+            .unwrap();
+        // Each token is (within rounding) the arg max of the f64 model's logits over the prompt
+        // and the tokens before it.
+        let mut params = std::collections::HashMap::new();
+        for (name, t) in model.params.names().iter().zip(model.params.values()) {
+            params.insert(name.clone(), to_f64(&t.to_vec_async(&ctx).await.unwrap()));
+        }
+        let mut batch = Batch::default();
+        for (p, t) in prompts.iter().zip(&out.tokens) {
+            let mut whole: Vec<u32> = p.iter().chain(t).copied().collect();
+            batch.tgt_lens.push(whole.len() as u32);
+            whole.resize(shape.tgt_len, 0);
+            batch.tgt_in.extend(&whole);
+        }
+        batch.tgt_out = vec![0; shape.batch * shape.tgt_len];
+        let (logits, _) = transformer_reference::forward(&config, &shape, &params, &batch);
+        for (b, p) in prompts.iter().enumerate() {
+            assert_eq!(out.tokens[b].len(), 4);
+            for (k, &token) in out.tokens[b].iter().enumerate() {
+                let row = &logits[(b * shape.tgt_len + p.len() - 1 + k) * VOCAB..][..VOCAB];
+                let best = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                assert!(
+                    best - row[token as usize] <= 1e-4,
+                    "[{}] sequence {b} token {k}: {token} scores {} against the best {best}",
+                    family.name(),
+                    row[token as usize]
+                );
+            }
+        }
+        console_log!(
+            "[{}] greedy generation: {:?}, every token the reference model's arg max",
+            family.name(),
+            out.tokens
+        );
     }
 }

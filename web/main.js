@@ -127,6 +127,7 @@ async function main() {
   await init();
   setStatus("opening the adapter");
   const demo = await Demo.create();
+  window.demo = demo; // for web/screenshot.py --bench
   showAdapter(demo);
   setStatus("running attention");
   const passed = await runAttention(demo);

@@ -5,6 +5,9 @@ check passed and that the adapter, the results and a heat map per head rendered,
 screenshot.
 
     web/build && python3 web/screenshot.py [--out web/screenshot.png] [--steps 60]
+
+With --bench FILE it then runs the fused and unfused kernels on the page for a set of shapes and
+writes their checks and timings as JSON (the browser figures of BENCHMARKS.md).
 """
 
 import argparse
@@ -57,6 +60,7 @@ def main():
     parser.add_argument("--out", default=os.path.join(WEB, "screenshot.png"))
     parser.add_argument("--steps", type=int, default=60, help="training steps before the heat map")
     parser.add_argument("--timeout", type=float, default=480)
+    parser.add_argument("--bench", help="also time the kernels on the page; JSON to this file")
     args = parser.parse_args()
     if not os.path.exists(os.path.join(WEB, "pkg", "wgpu_attention_web_bg.wasm")):
         sys.exit("web/pkg is missing: run web/build first")
@@ -81,6 +85,7 @@ def main():
         })["sessionId"]
         s = f"/session/{session}"
         url = f"http://127.0.0.1:{server.server_address[1]}/?steps={args.steps}&repeats=3"
+        webdriver(base, "POST", s + "/timeouts", {"script": 1_800_000})
         webdriver(base, "POST", s + "/url", {"url": url})
         script = lambda js: webdriver(base, "POST", s + "/execute/sync", {"script": js, "args": []})
         deadline = time.time() + args.timeout
@@ -98,6 +103,20 @@ def main():
             checks: document.querySelectorAll('#attention .pass').length,
             maps: document.querySelectorAll('#maps canvas').length,
             text: document.getElementById('attention').innerText }""")
+        if args.bench and status.startswith("done"):
+            runs = []
+            for mask in ["none", "causal"]:
+                for dim in [32, 64]:
+                    for length in [128, 256, 512]:
+                        run = webdriver(base, "POST", s + "/execute/async", {"script": f"""
+                            const done = arguments[arguments.length - 1];
+                            window.demo.run_attention({length}, {dim}, "{mask}", 5)
+                                .then((r) => done(r), (e) => done(JSON.stringify({{error: String(e)}})));
+                            """, "args": []})
+                        runs.append(json.loads(run))
+                        print(json.dumps(runs[-1]))
+            with open(args.bench, "w") as f:
+                json.dump({"adapter": script("return window.demo.adapter()"), "runs": runs}, f, indent=1)
         webdriver(base, "DELETE", s)
     finally:
         driver.terminate()

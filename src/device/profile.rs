@@ -237,6 +237,11 @@ impl Context {
     /// Stops profiling and returns each recorded pass's label and GPU milliseconds, in recording
     /// order (after waiting for the submitted work). Passes beyond the capacity are not timed.
     pub fn finish_profiling(&self) -> Result<Vec<(&'static str, f64)>> {
+        pollster::block_on(self.finish_profiling_async())
+    }
+
+    /// Async form of [`Context::finish_profiling`] (what a browser must use).
+    pub async fn finish_profiling_async(&self) -> Result<Vec<(&'static str, f64)>> {
         let Some(p) = self
             .profiler
             .lock()
@@ -266,7 +271,7 @@ impl Context {
         encoder.resolve_query_set(&p.query_set, 0..2 * n, &resolve, 0);
         encoder.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
         self.queue.submit([encoder.finish()]);
-        let ticks: Vec<u64> = pollster::block_on(crate::tensor::read_mapped(self, &readback))?;
+        let ticks: Vec<u64> = crate::tensor::read_mapped(self, &readback).await?;
         let period_ns = f64::from(self.queue.get_timestamp_period());
         Ok(p.labels
             .iter()

@@ -164,7 +164,16 @@ impl Server {
     /// keep their caches), samples every request in flight its next token with its own settings
     /// (one GPU sampling pass for all), streams them to `on_token`, ends finished
     /// requests (freeing their slots and cache), and feeds the others one decoding step.
-    pub fn step(&mut self, ctx: &Context, mut on_token: impl FnMut(Token)) -> Result<()> {
+    pub fn step(&mut self, ctx: &Context, on_token: impl FnMut(Token)) -> Result<()> {
+        pollster::block_on(self.step_async(ctx, on_token))
+    }
+
+    /// Async form of [`Server::step`] (what a browser must use).
+    pub async fn step_async(
+        &mut self,
+        ctx: &Context,
+        mut on_token: impl FnMut(Token),
+    ) -> Result<()> {
         for slot in 0..self.slots.len() {
             if self.slots[slot].is_some() {
                 continue;
@@ -192,7 +201,7 @@ impl Server {
                     .map_or(Sampling::greedy(), |a| a.request.sampling)
             })
             .collect();
-        let ids = self.generator.sample_each(ctx, &settings)?;
+        let ids = self.generator.sample_each_async(ctx, &settings).await?;
         let chosen: Vec<Option<u32>> = self
             .slots
             .iter()
@@ -238,9 +247,14 @@ impl Server {
     }
 
     /// Runs [`Server::step`] until every queued and in-flight request has finished.
-    pub fn run(&mut self, ctx: &Context, mut on_token: impl FnMut(Token)) -> Result<()> {
+    pub fn run(&mut self, ctx: &Context, on_token: impl FnMut(Token)) -> Result<()> {
+        pollster::block_on(self.run_async(ctx, on_token))
+    }
+
+    /// Async form of [`Server::run`].
+    pub async fn run_async(&mut self, ctx: &Context, mut on_token: impl FnMut(Token)) -> Result<()> {
         while !self.is_idle() {
-            self.step(ctx, &mut on_token)?;
+            self.step_async(ctx, &mut on_token).await?;
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ use crate::device::{grid_2d, Context, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_tensors};
 use crate::kernels::dispatch::{
-    encode_column_reduction_in, encode_in, encode_workgroups_in, grid_x, invocation_groups,
+    encode_column_reduction_in, encode_in, encode_workgroups_in, grid_x, invocation_groups, Bindable,
 };
 use crate::tensor::{GpuTensor, Region};
 
@@ -419,9 +419,14 @@ fn norm_backward_add_into(
         &[x, gamma, stats, dy, dx, residual.unwrap_or(dy)],
         workgroups,
     );
-    // RMSNorm binds d_gamma where d_beta would be (the shaders write only d_gamma then). Long row
-    // (block) ranges are split under a loop budget.
-    let d_beta = d_beta.unwrap_or(d_gamma);
+    // RMSNorm binds a dummy where d_beta would be (the shaders write only d_gamma then; d_gamma at
+    // both would be two overlapping read-write bindings, which WebGPU refuses). Long row (block)
+    // ranges are split under a loop budget.
+    let no_beta = Region::elements(ctx.empty_storage_rw(0), 0, 2, 4);
+    let d_beta: &dyn Bindable = match d_beta {
+        Some(d_beta) => d_beta,
+        None => &no_beta,
+    };
     let Some(scratch) = scratch else {
         // Each column sums its rows in order.
         encode_column_reduction_in(

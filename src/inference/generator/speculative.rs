@@ -93,6 +93,15 @@ impl Generator {
     /// sequence as the smallest power of two (at least 4) that holds them. Validated first: on
     /// error the cache is unchanged.
     pub fn verify(&mut self, ctx: &Context, drafts: &[Option<Draft>]) -> Result<Vec<Vec<u32>>> {
+        pollster::block_on(self.verify_async(ctx, drafts))
+    }
+
+    /// Async form of [`Generator::verify`] (what a browser must use).
+    pub async fn verify_async(
+        &mut self,
+        ctx: &Context,
+        drafts: &[Option<Draft>],
+    ) -> Result<Vec<Vec<u32>>> {
         let b = self.shape.batch;
         if drafts.len() != b {
             return Err(Error::shape(
@@ -151,7 +160,7 @@ impl Generator {
         ctx.submit(encoder)?;
         self.cache.advance(&step);
         let v = self.verify.as_ref().expect("allocated above");
-        let greedy: Vec<u32> = pollster::block_on(read_mapped::<u32>(ctx, &v.staging))?;
+        let greedy: Vec<u32> = read_mapped::<u32>(ctx, &v.staging).await?;
 
         // The kept path per sequence, its rows moved after the cached tokens, the cache cut to it,
         // and the path end's logits as the sequence's.

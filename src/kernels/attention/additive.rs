@@ -14,7 +14,10 @@ pub(super) const COMMON: &str = include_str!("../../../shaders/additive_common.w
 pub(super) const FORWARD: &str = include_str!("../../../shaders/additive_forward.wgsl");
 pub(super) const DECODE: &str = include_str!("../../../shaders/additive_decode.wgsl");
 pub(super) const BACKWARD_DA: &str = include_str!("../../../shaders/additive_backward_da.wgsl");
-pub(super) const BACKWARD_DB: &str = include_str!("../../../shaders/additive_backward_db.wgsl");
+pub(super) const BACKWARD_DB: &str = concat!(
+    include_str!("../../../shaders/additive_backward_db.wgsl"),
+    include_str!("../../../shaders/output_pair.wgsl")
+);
 pub(super) const PARAM_GRADS: &str = include_str!("../../../shaders/additive_param_grads.wgsl");
 pub(super) const SCORES: &str = include_str!("../../../shaders/additive_scores.wgsl");
 pub(super) const BACKWARD_UNFUSED: &str =
@@ -734,9 +737,15 @@ pub fn additive_backward_into(
         bind_view(ctx, "v", v, VIEW_V, &mut params)?,
         bind_tensor(ctx, "workspace", workspace)?,
         bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
-        bind_view(ctx, "db", db, VIEW_DK, &mut params)?,
-        bind_view(ctx, "dv", dv, VIEW_DV, &mut params)?,
     ];
+    let (outputs, shared_outputs) = bind_output_pair(
+        ctx,
+        [("db", db, VIEW_DK), ("dv", dv, VIEW_DV)],
+        &mut params,
+    )?;
+    let bindings: Vec<_> = bindings.into_iter().chain(outputs).collect();
+    let mut key_side_constants = constants(&s, tile).to_vec();
+    key_side_constants.push(("SHARED_OUTPUTS", shared_outputs as u32));
     let grid = set_grid(&mut params, lk.div_ceil(WG as usize), bb * h)?;
     let (per_query, fixed) = FusedKernel::BackwardKeySide.loop_cost(dda, ddv, tile);
     let chunks = loop_chunks(ctx, lq, per_query, fixed, tile as usize);
@@ -745,7 +754,7 @@ pub fn additive_backward_into(
         &mut pass,
         "additive_backward_db",
         || sized(&with_workspace(BACKWARD_DB), &s),
-        &constants(&s, tile),
+        &key_side_constants,
         &mut params,
         shared,
         &bindings,

@@ -65,7 +65,10 @@ const FORWARD: &str = include_str!("../../../shaders/attention_forward.wgsl");
 const BACKWARD_PREPROCESS: &str =
     include_str!("../../../shaders/attention_backward_preprocess.wgsl");
 const BACKWARD_DQ: &str = include_str!("../../../shaders/attention_backward_dq.wgsl");
-const BACKWARD_DKDV: &str = include_str!("../../../shaders/attention_backward_dkdv.wgsl");
+const BACKWARD_DKDV: &str = concat!(
+    include_str!("../../../shaders/attention_backward_dkdv.wgsl"),
+    include_str!("../../../shaders/output_pair.wgsl")
+);
 const SOFTMAX: &str = include_str!("../../../shaders/attention_softmax.wgsl");
 const SOFTMAX_BACKWARD: &str = include_str!("../../../shaders/attention_softmax_backward.wgsl");
 

@@ -20,8 +20,10 @@ pub(super) fn forward_source(subgroups: bool) -> String {
 }
 pub(super) const FORWARD_MERGE: &str =
     include_str!("../../../shaders/attention_forward_merge.wgsl");
-pub(super) const BACKWARD_DKDV: &str =
-    include_str!("../../../shaders/attention_backward_dkdv_tiled.wgsl");
+pub(super) const BACKWARD_DKDV: &str = concat!(
+    include_str!("../../../shaders/attention_backward_dkdv_tiled.wgsl"),
+    include_str!("../../../shaders/output_pair.wgsl")
+);
 pub(super) const BACKWARD_DQ: &str =
     include_str!("../../../shaders/attention_backward_dq_tiled.wgsl");
 
