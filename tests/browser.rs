@@ -60,8 +60,12 @@ fn check(what: &str, gpu: &[f32], reference: &[f64], atol: f64, rtol: f64) {
 /// Masks, GQA and Dk != Dv, padding, windows, sinks and every score modifier, on small shapes.
 fn cases() -> Vec<Case> {
     vec![
-        Case::new(2, 33, 47, 4, 2, 40, 24).causal().kv_lens(&[47, 20]),
-        Case::new(2, 17, 17, 4, 1, 24, 40).q_lens(&[17, 5]).window(4, 2),
+        Case::new(2, 33, 47, 4, 2, 40, 24)
+            .causal()
+            .kv_lens(&[47, 20]),
+        Case::new(2, 17, 17, 4, 1, 24, 40)
+            .q_lens(&[17, 5])
+            .window(4, 2),
         Case::new(1, 9, 33, 6, 3, 16, 16).softcap(3.0).alibi(),
         Case::new(2, 7, 33, 4, 2, 16, 32).sinks(&[0.5, 1.0, -1.0, 2.0]),
         Case::new(2, 17, 29, 2, 2, 24, 24)
@@ -93,7 +97,13 @@ async fn attention_forward_matches_the_reference() {
             let (out, lse) = case.reference_forward();
             let tag = format!("[{}] forward {}", family.name(), case.label());
             let got = fwd.out.to_vec_async(&ctx).await.unwrap();
-            check(&format!("{tag} out"), &got, &out, FORWARD_ATOL, FORWARD_RTOL);
+            check(
+                &format!("{tag} out"),
+                &got,
+                &out,
+                FORWARD_ATOL,
+                FORWARD_RTOL,
+            );
             let got = fwd.lse.to_vec_async(&ctx).await.unwrap();
             assert_lse_close(&tag, &got, &lse, FORWARD_ATOL, FORWARD_RTOL);
         }
@@ -256,13 +266,23 @@ async fn additive_attention_matches_the_reference() {
         .unwrap();
         let tag = format!("[{}] additive {}", family.name(), case.label());
         let out = fwd.out.to_vec_async(&ctx).await.unwrap();
-        check(&format!("{tag} out"), &out, &ref_out, FORWARD_ATOL, FORWARD_RTOL);
+        check(
+            &format!("{tag} out"),
+            &out,
+            &ref_out,
+            FORWARD_ATOL,
+            FORWARD_RTOL,
+        );
         for (name, gpu, reference) in [
             ("da", grads.da.to_vec_async(&ctx).await.unwrap(), &g.da),
             ("db", grads.db.to_vec_async(&ctx).await.unwrap(), &g.db),
             ("dv", grads.dv.to_vec_async(&ctx).await.unwrap(), &g.dv),
             ("dw", grads.dw.to_vec_async(&ctx).await.unwrap(), &g.dw),
-            ("dbias", grads.dbias.to_vec_async(&ctx).await.unwrap(), &g.dbias),
+            (
+                "dbias",
+                grads.dbias.to_vec_async(&ctx).await.unwrap(),
+                &g.dbias,
+            ),
         ] {
             check(
                 &format!("{tag} {name}"),

@@ -252,7 +252,11 @@ impl Server {
     }
 
     /// Async form of [`Server::run`].
-    pub async fn run_async(&mut self, ctx: &Context, mut on_token: impl FnMut(Token)) -> Result<()> {
+    pub async fn run_async(
+        &mut self,
+        ctx: &Context,
+        mut on_token: impl FnMut(Token),
+    ) -> Result<()> {
         while !self.is_idle() {
             self.step_async(ctx, &mut on_token).await?;
         }

@@ -17,7 +17,8 @@ use crate::device::{grid_2d, Context, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_tensors};
 use crate::kernels::dispatch::{
-    encode_column_reduction_in, encode_in, encode_workgroups_in, grid_x, invocation_groups, Bindable,
+    encode_column_reduction_in, encode_in, encode_workgroups_in, grid_x, invocation_groups,
+    Bindable,
 };
 use crate::tensor::{GpuTensor, Region};
 

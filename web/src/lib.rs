@@ -117,7 +117,7 @@ impl Demo {
                 ),
                 (
                     "maxStorageBufferBindingSize",
-                    l.max_storage_buffer_binding_size as u64,
+                    l.max_storage_buffer_binding_size,
                 ),
                 ("maxBufferSize", l.max_buffer_size),
             ],
@@ -144,14 +144,13 @@ impl Demo {
         for _ in 0..steps {
             model.borrow_mut().step(&ctx).map_err(js_error)?;
         }
-        let loss = model.borrow().trainer.model.loss().to_vec_async(&ctx).await;
-        let loss = loss.map_err(js_error)?;
-        model
-            .borrow()
-            .trainer
-            .check_finite_async(&ctx)
-            .await
-            .map_err(js_error)?;
+        // No RefCell borrow is held across an await: the page may call in meanwhile.
+        let loss = model.borrow().trainer.model.loss().clone();
+        let loss = loss.to_vec_async(&ctx).await.map_err(js_error)?;
+        if !loss[0].is_finite() {
+            // The optimizer's guard has stopped updating (Trainer::check_finite says from when).
+            return Err(JsError::new(&format!("the loss is {}", loss[0])));
+        }
         Ok(loss[0])
     }
 
@@ -172,7 +171,10 @@ impl Demo {
         if digits.is_empty() {
             return Err(JsError::new("give 1 to 8 digits"));
         }
-        let map = model.borrow_mut().record_map(&ctx, &digits).map_err(js_error)?;
+        let map = model
+            .borrow_mut()
+            .record_map(&ctx, &digits)
+            .map_err(js_error)?;
         let values = map.to_vec_async(&ctx).await.map_err(js_error)?;
         let map = model.borrow().map_json(&digits, &values);
         json(&map)
@@ -242,27 +244,15 @@ async fn run_attention(
     let upload = |data: &[f32]| -> wgpu_attention::Result<HeadsView> {
         GpuTensor::from_slice(ctx, data, &[1, len, HEADS, head_dim])?.heads()
     };
-    let [qv, kv, vv, dov] = [
-        upload(&q)?,
-        upload(&k)?,
-        upload(&v)?,
-        upload(&d_out)?,
-    ];
+    let [qv, kv, vv, dov] = [upload(&q)?, upload(&k)?, upload(&v)?, upload(&d_out)?];
 
     // Correctness first: the fused results against the f64 reference.
     let fwd = attention_forward(ctx, &qv, &kv, &vv, &opts)?;
     let grads = attention_backward(ctx, &qv, &kv, &vv, &fwd, &dov, &opts)?;
     let f64s = |x: &[f32]| x.iter().map(|&x| x as f64).collect::<Vec<_>>();
-    let (ref_out, _) =
-        reference::attention_forward(&s, &f64s(&q), &f64s(&k), &f64s(&v), &masks);
-    let r = reference::attention_backward(
-        &s,
-        &f64s(&q),
-        &f64s(&k),
-        &f64s(&v),
-        &f64s(&d_out),
-        &masks,
-    );
+    let (ref_out, _) = reference::attention_forward(&s, &f64s(&q), &f64s(&k), &f64s(&v), &masks);
+    let r =
+        reference::attention_backward(&s, &f64s(&q), &f64s(&k), &f64s(&v), &f64s(&d_out), &masks);
     let mut checks = Vec::new();
     for (name, gpu, reference, (atol, rtol)) in [
         (
@@ -405,7 +395,8 @@ impl Reversal {
             b.src_lens.push(tokens.len() as u32);
             b.tgt_in
                 .extend(pad([vec![BOS], rev.clone()].concat(), MAX_LEN + 1));
-            b.tgt_out.extend(pad([rev, vec![EOS]].concat(), MAX_LEN + 1));
+            b.tgt_out
+                .extend(pad([rev, vec![EOS]].concat(), MAX_LEN + 1));
             b.tgt_lens.push(tokens.len() as u32 + 1);
         }
         b

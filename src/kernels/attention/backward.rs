@@ -326,11 +326,8 @@ pub(super) fn encode_backward_core(
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(&s, scale, opts);
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
-        let (outputs, shared_outputs) = bind_output_pair(
-            ctx,
-            [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)],
-            &mut params,
-        )?;
+        let (outputs, shared_outputs) =
+            bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
         bindings.extend(outputs);
         // Even: the kernel steps two query rows at a time.
         let block_m = (tile_rows(ctx, &s, 8, 64) & !1).max(2);

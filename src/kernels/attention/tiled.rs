@@ -642,11 +642,8 @@ pub(super) fn encode_backward_tiled(
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(s, scale, opts);
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
-        let (outputs, shared_outputs) = bind_output_pair(
-            ctx,
-            [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)],
-            &mut params,
-        )?;
+        let (outputs, shared_outputs) =
+            bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
         bindings.extend(outputs);
         let blocks = s.kv_seq.div_ceil(config.block_n as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
