@@ -88,6 +88,8 @@ const FLAG_RELATIVE: u32 = 128u;
 const FLAG_REL_BIDIRECTIONAL: u32 = 256u;
 const FLAG_ALIBI_SLOPES: u32 = 512u;
 const FLAG_ALIGN_LENS: u32 = 1024u;
+// dK and dV bound once, through dk_buf (output_pair.wgsl).
+const FLAG_SHARED_OUTPUTS: u32 = 2048u;
 
 // Masked scores are tracked with explicit validity, never through inf arithmetic (Metal may use fast
 // math). This finite sentinel is only ever a running-max seed; it is never exponentiated on its own.

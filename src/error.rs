@@ -24,6 +24,13 @@ pub enum Error {
     /// `WGPU_BACKEND` or an explicit back-end name was not recognised.
     #[error("unknown back end {0:?}: use vulkan, gl, metal or dx12")]
     UnknownBackend(String),
+    /// A blocking call in a browser, whose page thread must never block (natively these calls
+    /// wait): the call's `_async` form is what a page uses.
+    #[error("{call} would block the page's thread: in a browser call its async form (Context::new_async, to_vec_async, ...)")]
+    WouldBlock {
+        /// The blocking call, e.g. `GpuTensor::to_vec`.
+        call: &'static str,
+    },
     /// The adapter refused the device request.
     #[error("device request failed: {0}")]
     RequestDevice(#[from] wgpu::RequestDeviceError),

@@ -20,7 +20,7 @@ use wgpu_attention::reference::transformer as transformer_reference;
 use wgpu_attention::training::Trainer;
 use wgpu_attention::{
     additive_backward, additive_forward, attention_backward, attention_decode, attention_forward,
-    AdditiveScores, Context, ContextOptions, GpuTensor, KernelFamily,
+    AdditiveScores, AttentionOptions, Context, ContextOptions, Error, GpuTensor, KernelFamily,
 };
 
 wasm_bindgen_test_configure!(run_in_browser);
@@ -466,4 +466,41 @@ async fn greedy_generation_from_the_kv_cache_matches_the_reference_model() {
             out.tokens
         );
     }
+}
+
+#[wasm_bindgen_test]
+async fn blocking_calls_are_a_typed_error_not_a_panic() {
+    let ctx = context().await;
+    let t = GpuTensor::from_slice(&ctx, &[1.0, 2.0], &[2]).unwrap();
+    let e = t.to_vec(&ctx).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WouldBlock {
+                call: "GpuTensor::to_vec"
+            }
+        ),
+        "{e}"
+    );
+    let e = Context::new().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WouldBlock {
+                call: "Context::new"
+            }
+        ),
+        "{e}"
+    );
+    // A call that waits for nothing completes: recording and submitting never block.
+    attention_forward(
+        &ctx,
+        &t.reshape(&[1, 1, 1, 2]).unwrap().heads().unwrap(),
+        &t.reshape(&[1, 1, 1, 2]).unwrap().heads().unwrap(),
+        &t.reshape(&[1, 1, 1, 2]).unwrap().heads().unwrap(),
+        &AttentionOptions::new(),
+    )
+    .unwrap();
+    // The async form still reads what the refused call would have.
+    assert_eq!(t.to_vec_async(&ctx).await.unwrap(), [1.0, 2.0]);
 }

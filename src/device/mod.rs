@@ -22,6 +22,7 @@ mod pipelines;
 mod profile;
 mod report;
 mod tuning;
+mod wait;
 
 pub use memory::MemoryStats;
 pub(crate) use memory::{Allocation, MemoryCounter};
@@ -34,6 +35,7 @@ pub use profile::{RecordedCounts, MAX_PROFILED_PASSES};
 use report::new_instance;
 pub use report::{enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport};
 pub use tuning::{GemmTiles, KernelFamily, ATTENTION_WORKGROUPS, LLVMPIPE_LOOP_BUDGET};
+pub(crate) use wait::block_on;
 
 /// A GPU device with its queue, adapter report and pipeline cache. Cheap to share behind `Arc`.
 pub struct Context {
@@ -143,7 +145,7 @@ impl Context {
 
     /// Creates a device on the adapter selected by `options`.
     pub fn new_with(options: &ContextOptions) -> Result<Self> {
-        pollster::block_on(Self::new_async(options))
+        wait::block_on("Context::new", Self::new_async(options))
     }
 
     /// Async form of [`Context::new_with`].

@@ -237,7 +237,7 @@ impl Context {
     /// Stops profiling and returns each recorded pass's label and GPU milliseconds, in recording
     /// order (after waiting for the submitted work). Passes beyond the capacity are not timed.
     pub fn finish_profiling(&self) -> Result<Vec<(&'static str, f64)>> {
-        pollster::block_on(self.finish_profiling_async())
+        super::wait::block_on("Context::finish_profiling", self.finish_profiling_async())
     }
 
     /// Async form of [`Context::finish_profiling`] (what a browser must use).

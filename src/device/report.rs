@@ -71,7 +71,9 @@ pub fn parse_backends(name: &str) -> Result<wgpu::Backends> {
 pub fn enumerate_adapters(backends: Option<wgpu::Backends>) -> Result<Vec<wgpu::AdapterInfo>> {
     let backends = backends.unwrap_or(wgpu::Backends::all());
     let instance = new_instance(backends);
-    let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+    let adapters = super::wait::block_on("enumerate_adapters", async {
+        Ok(instance.enumerate_adapters(backends).await)
+    })?;
     Ok(adapters.iter().map(|a| a.get_info()).collect())
 }
 

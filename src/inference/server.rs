@@ -165,7 +165,7 @@ impl Server {
     /// (one GPU sampling pass for all), streams them to `on_token`, ends finished
     /// requests (freeing their slots and cache), and feeds the others one decoding step.
     pub fn step(&mut self, ctx: &Context, on_token: impl FnMut(Token)) -> Result<()> {
-        pollster::block_on(self.step_async(ctx, on_token))
+        crate::device::block_on("Server::step", self.step_async(ctx, on_token))
     }
 
     /// Async form of [`Server::step`] (what a browser must use).
@@ -248,7 +248,7 @@ impl Server {
 
     /// Runs [`Server::step`] until every queued and in-flight request has finished.
     pub fn run(&mut self, ctx: &Context, on_token: impl FnMut(Token)) -> Result<()> {
-        pollster::block_on(self.run_async(ctx, on_token))
+        crate::device::block_on("Server::run", self.run_async(ctx, on_token))
     }
 
     /// Async form of [`Server::run`].

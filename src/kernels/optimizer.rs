@@ -341,7 +341,7 @@ impl AdamW {
     /// not finite; from that step on the optimizer has changed nothing. Reads 8 bytes back, so it
     /// waits for the submitted steps: call it where the loss is read anyway and before saving.
     pub fn check_finite(&self, ctx: &Context) -> Result<()> {
-        pollster::block_on(self.check_finite_async(ctx))
+        crate::device::block_on("AdamW::check_finite", self.check_finite_async(ctx))
     }
 
     /// Async form of [`AdamW::check_finite`] (what a browser must use).

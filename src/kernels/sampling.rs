@@ -230,7 +230,7 @@ pub fn sample(
     sampling: &Sampling,
     draw: u64,
 ) -> Result<Vec<u32>> {
-    pollster::block_on(sample_async(ctx, logits, sampling, draw))
+    crate::device::block_on("sample", sample_async(ctx, logits, sampling, draw))
 }
 
 /// Async form of [`sample`] (what a browser must use).

@@ -210,7 +210,7 @@ impl GpuTensor {
 
     /// Reads the tensor back, blocking until the GPU has finished.
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
-        pollster::block_on(self.to_vec_async(ctx))
+        crate::device::block_on("GpuTensor::to_vec", self.to_vec_async(ctx))
     }
 
     /// Reads the tensor back. The future completes once the device has been polled (this function

@@ -163,7 +163,7 @@ impl GpuTensorF16 {
 
     /// Reads the tensor back as f16, blocking until the GPU has finished.
     pub fn to_f16_vec(&self, ctx: &Context) -> Result<Vec<half::f16>> {
-        pollster::block_on(self.to_f16_vec_async(ctx))
+        crate::device::block_on("GpuTensorF16::to_f16_vec", self.to_f16_vec_async(ctx))
     }
 
     /// Async form of [`GpuTensorF16::to_f16_vec`] (what a browser must use).
@@ -173,7 +173,7 @@ impl GpuTensorF16 {
 
     /// Reads the tensor back converted to f32 (exactly).
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
-        pollster::block_on(self.to_vec_async(ctx))
+        crate::device::block_on("GpuTensorF16::to_vec", self.to_vec_async(ctx))
     }
 
     /// Async form of [`GpuTensorF16::to_vec`].

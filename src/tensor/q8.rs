@@ -162,7 +162,7 @@ impl GpuTensorQ8 {
 
     /// The stored words read back (blocking): `D / 4` packed words then the scale's bits, per row.
     pub fn to_words(&self, ctx: &Context) -> Result<Vec<u32>> {
-        pollster::block_on(self.to_words_async(ctx))
+        crate::device::block_on("GpuTensorQ8::to_words", self.to_words_async(ctx))
     }
 
     /// Async form of [`GpuTensorQ8::to_words`] (what a browser must use).
@@ -173,7 +173,7 @@ impl GpuTensorQ8 {
 
     /// The values the tensor holds (blocking): each int8 times its row's scale.
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
-        pollster::block_on(self.to_vec_async(ctx))
+        crate::device::block_on("GpuTensorQ8::to_vec", self.to_vec_async(ctx))
     }
 
     /// Async form of [`GpuTensorQ8::to_vec`].

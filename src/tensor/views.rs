@@ -281,7 +281,7 @@ impl HeadsView {
     /// Reads the viewed elements back in `[batch, seq, heads, head_dim]` order (f16 converted); a
     /// packed view's as `[rows, heads, head_dim]`.
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
-        pollster::block_on(self.to_vec_async(ctx))
+        crate::device::block_on("HeadsView::to_vec", self.to_vec_async(ctx))
     }
 
     /// Async form of [`HeadsView::to_vec`] (what a browser must use).
@@ -430,7 +430,7 @@ impl BiasView {
 
     /// Reads the viewed elements back in `[batch, heads, Lq, Lk]` order.
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
-        pollster::block_on(self.to_vec_async(ctx))
+        crate::device::block_on("BiasView::to_vec", self.to_vec_async(ctx))
     }
 
     /// Async form of [`BiasView::to_vec`] (what a browser must use).

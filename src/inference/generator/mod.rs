@@ -6,7 +6,7 @@ pub use speculative::Draft;
 
 use web_time::Instant;
 
-use crate::device::{BindingCache, Context};
+use crate::device::{block_on, BindingCache, Context};
 use crate::error::{Error, Result};
 use crate::inference::kv_cache::{KvCache, StepLens};
 use crate::inference::paged_cache::{PagedKvCache, PagedKvCacheConfig};
@@ -566,7 +566,7 @@ impl Generator {
         let mut prompts = vec![Vec::new(); b];
         prompts[slot] = prompt.to_vec();
         // No sampling, nothing read back: ready at once.
-        pollster::block_on(self.feed_prompts(ctx, &prompts, None)).map(|_| ())
+        block_on("Generator::admit", self.feed_prompts(ctx, &prompts, None)).map(|_| ())
     }
 
     /// Starts in slot `child` a sequence that continues slot `parent`'s (beams, parallel samples,
@@ -610,14 +610,18 @@ impl Generator {
     ) -> Result<()> {
         // Without sampling nothing is read back, so nothing waits: the future is ready at once
         // (a browser may call this too).
-        pollster::block_on(self.prefill_then(ctx, prompts, sources, None)).map(|_| ())
+        block_on(
+            "Generator::prefill",
+            self.prefill_then(ctx, prompts, sources, None),
+        )
+        .map(|_| ())
     }
 
     /// Feeds one token to each sequence given one (`None`: the sequence takes no token this step
     /// and keeps its logits). Validated first: on error the cache is unchanged.
     pub fn step(&mut self, ctx: &Context, tokens: &[Option<u32>]) -> Result<()> {
         // Nothing is read back: ready at once, as for `prefill`.
-        pollster::block_on(self.step_then(ctx, tokens, None)).map(|_| ())
+        block_on("Generator::step", self.step_then(ctx, tokens, None)).map(|_| ())
     }
 
     /// Compiles every pipeline [`Generator::prefill`], [`Generator::step`], [`Generator::sample`]
@@ -656,7 +660,7 @@ impl Generator {
     /// Samples one token per sequence from [`Generator::logits`] on the GPU; only the ids are read
     /// back.
     pub fn sample(&mut self, ctx: &Context, sampling: &Sampling) -> Result<Vec<u32>> {
-        pollster::block_on(self.sample_async(ctx, sampling))
+        block_on("Generator::sample", self.sample_async(ctx, sampling))
     }
 
     /// Async form of [`Generator::sample`] (what a browser must use).
@@ -677,7 +681,10 @@ impl Generator {
     /// the requests of a serving batch), in one pass; sequence `b` draws what
     /// [`Generator::sample`] with its setting would draw.
     pub fn sample_each(&mut self, ctx: &Context, samplings: &[Sampling]) -> Result<Vec<u32>> {
-        pollster::block_on(self.sample_each_async(ctx, samplings))
+        block_on(
+            "Generator::sample_each",
+            self.sample_each_async(ctx, samplings),
+        )
     }
 
     /// Async form of [`Generator::sample_each`].
@@ -712,7 +719,10 @@ impl Generator {
         sources: Option<&[Vec<u32>]>,
         options: &GenerateOptions,
     ) -> Result<Generated> {
-        pollster::block_on(self.generate_async(ctx, prompts, sources, options))
+        block_on(
+            "Generator::generate",
+            self.generate_async(ctx, prompts, sources, options),
+        )
     }
 
     /// Async form of [`Generator::generate`] (what a browser must use).

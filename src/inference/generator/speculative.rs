@@ -93,7 +93,7 @@ impl Generator {
     /// sequence as the smallest power of two (at least 4) that holds them. Validated first: on
     /// error the cache is unchanged.
     pub fn verify(&mut self, ctx: &Context, drafts: &[Option<Draft>]) -> Result<Vec<Vec<u32>>> {
-        pollster::block_on(self.verify_async(ctx, drafts))
+        crate::device::block_on("Generator::verify", self.verify_async(ctx, drafts))
     }
 
     /// Async form of [`Generator::verify`] (what a browser must use).

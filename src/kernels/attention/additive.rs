@@ -738,11 +738,8 @@ pub fn additive_backward_into(
         bind_tensor(ctx, "workspace", workspace)?,
         bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
     ];
-    let (outputs, shared_outputs) =
-        bind_output_pair(ctx, [("db", db, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
+    let outputs = bind_output_pair(ctx, [("db", db, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
     let bindings: Vec<_> = bindings.into_iter().chain(outputs).collect();
-    let mut key_side_constants = constants(&s, tile).to_vec();
-    key_side_constants.push(("SHARED_OUTPUTS", shared_outputs as u32));
     let grid = set_grid(&mut params, lk.div_ceil(WG as usize), bb * h)?;
     let (per_query, fixed) = FusedKernel::BackwardKeySide.loop_cost(dda, ddv, tile);
     let chunks = loop_chunks(ctx, lq, per_query, fixed, tile as usize);
@@ -751,7 +748,7 @@ pub fn additive_backward_into(
         &mut pass,
         "additive_backward_db",
         || sized(&with_workspace(BACKWARD_DB), &s),
-        &key_side_constants,
+        &constants(&s, tile),
         &mut params,
         shared,
         &bindings,

@@ -326,7 +326,7 @@ pub(super) fn encode_backward_core(
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(&s, scale, opts);
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
-        let (outputs, shared_outputs) =
+        let outputs =
             bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
         bindings.extend(outputs);
         // Even: the kernel steps two query rows at a time.
@@ -346,13 +346,7 @@ pub(super) fn encode_backward_core(
             &mut pass,
             "attention_backward_dkdv",
             || with_common_sized(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v)),
-            &[
-                ("WG", wg),
-                ("BLOCK_M", block_m),
-                dims[0],
-                dims[1],
-                ("SHARED_OUTPUTS", shared_outputs as u32),
-            ],
+            &[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]],
             &mut params,
             shared,
             &bindings,

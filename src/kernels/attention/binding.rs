@@ -79,6 +79,7 @@ pub(super) const FLAG_RELATIVE: u32 = 128;
 pub(super) const FLAG_REL_BIDIRECTIONAL: u32 = 256;
 pub(super) const FLAG_ALIBI_SLOPES: u32 = 512;
 pub(super) const FLAG_ALIGN_LENS: u32 = 1024;
+pub(super) const FLAG_SHARED_OUTPUTS: u32 = 2048;
 /// Query heads whose ALiBi slopes the parameter block can hold ([`AttentionOptions::alibi_slopes`]).
 pub const MAX_ALIBI_SLOPES: usize = 64;
 
@@ -138,17 +139,16 @@ pub(super) fn bind_view<'a>(
     })
 }
 
-/// Binds a kernel's two output views (dK and dV) at consecutive bindings; returns whether they
-/// share one. WebGPU refuses a dispatch whose writable bindings overlap in a buffer (Chromium checks
+/// Binds a kernel's two output views (dK and dV) at consecutive bindings. WebGPU refuses a dispatch whose writable bindings overlap in a buffer (Chromium checks
 /// it, wgpu 30 does not), and strided views of one packed gradient buffer (dQKV, as the Transformer
 /// writes) do overlap, though no element is in both: such a pair is bound once, over both views, at
-/// the first binding, a dummy at the second, and the kernel (specialised with `SHARED_OUTPUTS`)
-/// writes both through the first.
+/// the first binding, a dummy at the second, and the kernel writes both through the first
+/// (`FLAG_SHARED_OUTPUTS`: a flag of the parameter block, not a constant, so no pipeline variant).
 pub(super) fn bind_output_pair<'a>(
     ctx: &'a Context,
     [(arg0, view0, slot0), (arg1, view1, slot1)]: [(&'static str, &'a HeadsView, usize); 2],
     params: &mut Params,
-) -> Result<([Binding<'a>; 2], bool)> {
+) -> Result<[Binding<'a>; 2]> {
     let first = bind_view(ctx, arg0, view0, slot0, params)?;
     let second = bind_view(ctx, arg1, view1, slot1, params)?;
     let end = |b: &Binding<'_>| b.offset_bytes + b.size_bytes;
@@ -156,7 +156,7 @@ pub(super) fn bind_output_pair<'a>(
         && first.offset_bytes < end(&second)
         && second.offset_bytes < end(&first);
     if !overlap {
-        return Ok(([first, second], false));
+        return Ok([first, second]);
     }
     let offset_bytes = first.offset_bytes.min(second.offset_bytes);
     let size_bytes = end(&first).max(end(&second)) - offset_bytes;
@@ -174,7 +174,8 @@ pub(super) fn bind_output_pair<'a>(
         offset_bytes: 0,
         size_bytes: 8,
     };
-    Ok(([union, dummy], true))
+    params.flags |= FLAG_SHARED_OUTPUTS;
+    Ok([union, dummy])
 }
 
 pub(super) fn bind_tensor<'a>(

@@ -642,7 +642,7 @@ pub(super) fn encode_backward_tiled(
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(s, scale, opts);
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
-        let (outputs, shared_outputs) =
+        let outputs =
             bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
         bindings.extend(outputs);
         let blocks = s.kv_seq.div_ceil(config.block_n as usize);
@@ -670,7 +670,6 @@ pub(super) fn encode_backward_tiled(
                 ("BM", config.block_m),
                 dims[0],
                 dims[1],
-                ("SHARED_OUTPUTS", shared_outputs as u32),
             ],
             &mut params,
             shared,
