@@ -1,11 +1,12 @@
 // The page's script: the engine (web/pkg, built by web/build) does the work, this draws it.
 // Query parameters: ?steps=N trains N steps before the first heat map (default 400), then keeps
-// training in the background; ?repeats=N timing runs per kernel (default 5).
+// training in the background unless ?background=0; ?repeats=N timing runs per kernel (default 5).
 import init, { Demo } from "./pkg/wgpu_attention_web.js";
 
 const params = new URLSearchParams(location.search);
 const firstSteps = Number(params.get("steps") ?? 400);
 const repeats = Number(params.get("repeats") ?? 5);
+const background = params.get("background") !== "0";
 const $ = (id) => document.getElementById(id);
 
 function setStatus(text, error = false) {
@@ -139,7 +140,8 @@ async function main() {
   setStatus(passed ? "done: every check passed" : "done: a check FAILED", !passed);
 
   // Then the page keeps training in the background until paused, redrawing the maps now and then.
-  let training = true;
+  let training = background;
+  if (!training) $("train-toggle").textContent = "Resume training";
   $("train-toggle").onclick = () => {
     training = !training;
     $("train-toggle").textContent = training ? "Pause training" : "Resume training";

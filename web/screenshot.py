@@ -84,7 +84,8 @@ def main():
             "capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": options}}
         })["sessionId"]
         s = f"/session/{session}"
-        url = f"http://127.0.0.1:{server.server_address[1]}/?steps={args.steps}&repeats=3"
+        # No training in the background once done: it would share the device with --bench.
+        url = f"http://127.0.0.1:{server.server_address[1]}/?steps={args.steps}&repeats=3&background=0"
         webdriver(base, "POST", s + "/timeouts", {"script": 1_800_000})
         webdriver(base, "POST", s + "/url", {"url": url})
         script = lambda js: webdriver(base, "POST", s + "/execute/sync", {"script": js, "args": []})
@@ -114,7 +115,7 @@ def main():
                                 .then((r) => done(r), (e) => done(JSON.stringify({{error: String(e)}})));
                             """, "args": []})
                         runs.append(json.loads(run))
-                        print(json.dumps(runs[-1]))
+                        print(json.dumps(runs[-1]), flush=True)
             with open(args.bench, "w") as f:
                 json.dump({"adapter": script("return window.demo.adapter()"), "runs": runs}, f, indent=1)
         webdriver(base, "DELETE", s)
