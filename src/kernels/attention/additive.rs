@@ -233,17 +233,8 @@ pub(super) fn with_shared(body: &str) -> String {
 /// A fused backward kernel after the additive header, whose `SCORE_PARAMS` block (the bindings of
 /// w and the bias) is replaced by the backward's workspace, which holds copies of both.
 pub(super) fn with_workspace(body: &str) -> String {
-    const BEGIN: &str = "// BEGIN SCORE_PARAMS\n";
-    const END: &str = "// END SCORE_PARAMS\n";
-    let shared = with_shared(body);
-    match (shared.find(BEGIN), shared.find(END)) {
-        (Some(begin), Some(end)) if begin < end => format!(
-            "{}{BACKWARD_WORKSPACE}{}",
-            &shared[..begin],
-            &shared[end + END.len()..]
-        ),
-        _ => unreachable!("additive_common.wgsl has its SCORE_PARAMS block"),
-    }
+    crate::kernels::shaders::replace_block(&with_shared(body), "SCORE_PARAMS", BACKWARD_WORKSPACE)
+        .expect("additive_common.wgsl has its SCORE_PARAMS block")
 }
 
 /// A fused additive kernel with both shared headers, its per-invocation arrays sized exactly.
@@ -893,11 +884,7 @@ pub fn additive_backward_unfused(
                 },
                 match query_side {
                     true => bind_tensor(ctx, "dw shares", &dw_rows)?,
-                    false => Binding {
-                        buffer: ctx.empty_storage_rw(0),
-                        offset_bytes: 0,
-                        size_bytes: 8,
-                    },
+                    false => empty_rw_binding(ctx),
                 },
             ];
             let (rows, other) = if query_side { (lq, lk) } else { (lk, lq) };

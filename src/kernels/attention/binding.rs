@@ -139,11 +139,12 @@ pub(super) fn bind_view<'a>(
     })
 }
 
-/// Binds a kernel's two output views (dK and dV) at consecutive bindings. WebGPU refuses a dispatch whose writable bindings overlap in a buffer (Chromium checks
-/// it, wgpu 30 does not), and strided views of one packed gradient buffer (dQKV, as the Transformer
-/// writes) do overlap, though no element is in both: such a pair is bound once, over both views, at
-/// the first binding, a dummy at the second, and the kernel writes both through the first
-/// (`FLAG_SHARED_OUTPUTS`: a flag of the parameter block, not a constant, so no pipeline variant).
+/// Binds a kernel's two output views (dK and dV) at consecutive bindings. WebGPU refuses a dispatch
+/// whose writable bindings overlap in a buffer (Chromium checks it, wgpu 30 does not), and strided
+/// views of one packed gradient buffer (dQKV, as the Transformer writes) do overlap, though no
+/// element is in both: such a pair is bound once, over both views, at the first binding, a dummy at
+/// the second, and the kernel writes both through the first (`FLAG_SHARED_OUTPUTS`: a flag of the
+/// parameter block, not a constant, so no pipeline variant).
 pub(super) fn bind_output_pair<'a>(
     ctx: &'a Context,
     [(arg0, view0, slot0), (arg1, view1, slot1)]: [(&'static str, &'a HeadsView, usize); 2],
@@ -169,13 +170,17 @@ pub(super) fn bind_output_pair<'a>(
         offset_bytes,
         size_bytes,
     };
-    let dummy = Binding {
+    params.flags |= FLAG_SHARED_OUTPUTS;
+    Ok([union, empty_rw_binding(ctx)])
+}
+
+/// The context's read-write dummy, bound where a kernel's read-write binding is absent.
+pub(super) fn empty_rw_binding(ctx: &Context) -> Binding<'_> {
+    Binding {
         buffer: ctx.empty_storage_rw(0),
         offset_bytes: 0,
         size_bytes: 8,
-    };
-    params.flags |= FLAG_SHARED_OUTPUTS;
-    Ok([union, dummy])
+    }
 }
 
 pub(super) fn bind_tensor<'a>(
@@ -453,18 +458,11 @@ pub(super) fn encode_chunks(
 /// score bias or relative table (the pipeline key holds `SCORE_BIAS = 0`). One storage buffer fewer:
 /// the fused backward's kernels then bind 8, WebGPU's default limit.
 pub(super) fn without_score_bias(source: &str) -> String {
-    const BEGIN: &str = "// BEGIN SCORE_BIAS\n";
-    const END: &str = "// END SCORE_BIAS\n";
     const NONE: &str = "// No score bias or relative table in this call (SCORE_BIAS = false).\n\
         fn score_bias_terms(rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f32> {\n    \
         return vec4<f32>(0.0);\n}\n";
-    match (source.find(BEGIN), source.find(END)) {
-        (Some(begin), Some(end)) if begin < end => {
-            format!("{}{NONE}{}", &source[..begin], &source[end + END.len()..])
-        }
-        _ => {
-            debug_assert!(false, "an attention kernel without the SCORE_BIAS block");
-            source.to_string()
-        }
-    }
+    crate::kernels::shaders::replace_block(source, "SCORE_BIAS", NONE).unwrap_or_else(|| {
+        debug_assert!(false, "an attention kernel without the SCORE_BIAS block");
+        source.to_string()
+    })
 }
