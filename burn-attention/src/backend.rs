@@ -1,0 +1,465 @@
+//! The op as a burn backend extension: its two methods, and their implementation on burn's cubecl
+//! back end, which records wgpu-attention's fused kernels on burn's device and buffers.
+
+use std::sync::Arc;
+
+use burn::backend::wgpu::CubeTensor;
+use burn::backend::wgpu::CubeBackend;
+use burn::backend::{backend_extension, tensor::FloatTensor, Backend, ExtensionType};
+use cubecl::Device as CubeDevice;
+use burn::tensor::DType as BurnDType;
+use wgpu_attention::{
+    attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
+    attention_forward_into, attention_sinks_backward_into, AttentionOptions, AttentionShape,
+    BiasView, Context, GpuTensor, SeqLens,
+};
+
+use crate::buffers::{contiguous_aligned, contiguous_rows, empty, flush, Pinned};
+use crate::{device, error, Error, Result, ScoreSpec};
+
+/// Which gradients of the optional score terms the backward computes (those whose tensors require
+/// one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WantedGrads {
+    /// The score bias's.
+    pub bias: bool,
+    /// The relative-position table's.
+    pub relative_table: bool,
+    /// The sinks'.
+    pub sinks: bool,
+}
+
+/// A tensor argument that may be absent (burn's extension ops take no `Option` of a tensor).
+#[derive(ExtensionType, Clone, Debug)]
+pub enum OptionalTensor<B: Backend> {
+    /// The tensor.
+    Given(FloatTensor<B>),
+    /// No tensor.
+    Absent,
+}
+
+impl<B: Backend> OptionalTensor<B> {
+    /// `Given` for `Some`.
+    pub fn from_option(tensor: Option<FloatTensor<B>>) -> Self {
+        match tensor {
+            Some(tensor) => Self::Given(tensor),
+            None => Self::Absent,
+        }
+    }
+
+    /// `Some` for `Given`.
+    pub fn into_option(self) -> Option<FloatTensor<B>> {
+        match self {
+            Self::Given(tensor) => Some(tensor),
+            Self::Absent => None,
+        }
+    }
+}
+
+/// Fused attention as a burn backend op: implemented for burn's cubecl back end (wgpu devices) and,
+/// with its backward registered, for `Autodiff` over it. Tensors are burn's `[B, H, L, D]`; K and V
+/// may have fewer heads (GQA); lse is `[B, H, Lq]` f32.
+#[backend_extension(Cube, Autodiff)]
+pub trait FusedAttentionBackend: Backend {
+    /// O `[B, H, Lq, Dv]` and the row log-sum-exp `[B, H, Lq]` the backward needs.
+    fn fused_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        #[extension_type] bias: OptionalTensor<Self>,
+        #[extension_type] relative_table: OptionalTensor<Self>,
+        #[extension_type] sinks: OptionalTensor<Self>,
+        spec: ScoreSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// dQ, dK, dV and the gradients `wanted` of the bias, the relative table and the sinks, from the
+    /// forward's O and lse and the output gradient.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn fused_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        #[extension_type] bias: OptionalTensor<Self>,
+        #[extension_type] relative_table: OptionalTensor<Self>,
+        #[extension_type] sinks: OptionalTensor<Self>,
+        spec: ScoreSpec,
+        wanted: WantedGrads,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        Option<FloatTensor<Self>>,
+        Option<FloatTensor<Self>>,
+        Option<FloatTensor<Self>>,
+    );
+}
+
+impl FusedAttentionBackend for CubeBackend {
+    fn fused_attention_forward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        bias: OptionalTensor<Self>,
+        relative_table: OptionalTensor<Self>,
+        sinks: OptionalTensor<Self>,
+        spec: ScoreSpec,
+    ) -> (CubeTensor, CubeTensor) {
+        let placeholder = (q.clone(), q.clone());
+        let inputs = Inputs::new(q, k, v, bias, relative_table, sinks);
+        forward(inputs, &spec).unwrap_or_else(|e| {
+            error::record(e);
+            placeholder
+        })
+    }
+
+    fn fused_attention_backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        out: CubeTensor,
+        lse: CubeTensor,
+        d_out: CubeTensor,
+        bias: OptionalTensor<Self>,
+        relative_table: OptionalTensor<Self>,
+        sinks: OptionalTensor<Self>,
+        spec: ScoreSpec,
+        wanted: WantedGrads,
+    ) -> (
+        CubeTensor,
+        CubeTensor,
+        CubeTensor,
+        Option<CubeTensor>,
+        Option<CubeTensor>,
+        Option<CubeTensor>,
+    ) {
+        let inputs = Inputs::new(q, k, v, bias, relative_table, sinks);
+        backward(inputs, out, lse, d_out, &spec, wanted).unwrap_or_else(|e| {
+            // Reached from burn's `backward()`, which has no way to return an error; the forward
+            // checked every argument, so what is left is the device failing.
+            panic!("burn-attention: fused attention backward failed: {e}")
+        })
+    }
+}
+
+/// Q, K, V and the optional score tensors of one call, laid out for the kernels.
+struct Inputs {
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    bias: Option<CubeTensor>,
+    relative_table: Option<CubeTensor>,
+    sinks: Option<CubeTensor>,
+}
+
+impl Inputs {
+    fn new(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        bias: OptionalTensor<CubeBackend>,
+        relative_table: OptionalTensor<CubeBackend>,
+        sinks: OptionalTensor<CubeBackend>,
+    ) -> Self {
+        Self {
+            q: contiguous_rows(q),
+            k: contiguous_rows(k),
+            v: contiguous_rows(v),
+            bias: bias.into_option(),
+            relative_table: relative_table.into_option().map(contiguous_aligned),
+            sinks: sinks.into_option().map(contiguous_aligned),
+        }
+    }
+
+    /// The context of the device Q is on, after checking every input is there too.
+    fn context(&self) -> Result<Arc<Context>> {
+        let wgpu = match &self.q.device {
+            CubeDevice::Wgpu(device) => device.clone(),
+            other => {
+                return Err(Error::Device {
+                    arg: "q",
+                    found: format!("{other:?}"),
+                    message: "is not a wgpu device".into(),
+                })
+            }
+        };
+        let others = [
+            ("k", Some(&self.k)),
+            ("v", Some(&self.v)),
+            ("bias", self.bias.as_ref()),
+            ("relative_table", self.relative_table.as_ref()),
+            ("sinks", self.sinks.as_ref()),
+        ];
+        for (arg, tensor) in others {
+            if let Some(tensor) = tensor {
+                if tensor.device != self.q.device {
+                    return Err(Error::Device {
+                        arg,
+                        found: format!("{:?}", tensor.device),
+                        message: format!("q is on {:?}", self.q.device),
+                    });
+                }
+            }
+        }
+        device::context(&wgpu).ok_or_else(|| Error::Device {
+            arg: "q",
+            found: format!("{wgpu:?}"),
+            message: "was not registered with burn_attention::init or register_setup".into(),
+        })
+    }
+
+    /// The inputs' buffers, pinned, in the order `q, k, v, bias, relative_table, sinks`.
+    fn pin(&self) -> Result<PinnedInputs> {
+        flush(&self.q)?;
+        Ok(PinnedInputs {
+            q: Pinned::new("q", &self.q)?,
+            k: Pinned::new("k", &self.k)?,
+            v: Pinned::new("v", &self.v)?,
+            bias: self.bias.as_ref().map(|t| Pinned::new("bias", t)).transpose()?,
+            relative_table: (self.relative_table.as_ref())
+                .map(|t| Pinned::new("relative_table", t))
+                .transpose()?,
+            sinks: (self.sinks.as_ref())
+                .map(|t| Pinned::new("sinks", t))
+                .transpose()?,
+        })
+    }
+}
+
+struct PinnedInputs {
+    q: Pinned,
+    k: Pinned,
+    v: Pinned,
+    bias: Option<Pinned>,
+    relative_table: Option<Pinned>,
+    sinks: Option<Pinned>,
+}
+
+/// The kernels' views of the score terms, owned, for [`AttentionOptions`] to borrow.
+struct ScoreTerms {
+    seq_lens: Option<SeqLens>,
+    bias: Option<BiasView>,
+    relative_table: Option<GpuTensor>,
+    sinks: Option<GpuTensor>,
+}
+
+impl ScoreTerms {
+    fn new(ctx: &Context, spec: &ScoreSpec, pinned: &PinnedInputs) -> Result<Self> {
+        let seq_lens = match (&spec.q_lens, &spec.kv_lens) {
+            (None, None) => None,
+            (q, kv) => Some(SeqLens::new(ctx, q.as_deref(), kv.as_deref())?),
+        };
+        let relative_table = (pinned.relative_table.as_ref())
+            .map(|t| t.dense("relative_table"))
+            .transpose()?;
+        if spec.relative.is_some() != relative_table.is_some() {
+            return Err(Error::Shape {
+                arg: "relative_table",
+                found: vec![],
+                message: "relative buckets and their table go together".into(),
+            });
+        }
+        Ok(Self {
+            seq_lens,
+            bias: pinned.bias.as_ref().map(Pinned::bias).transpose()?,
+            relative_table,
+            sinks: (pinned.sinks.as_ref())
+                .map(|t| t.dense("sinks"))
+                .transpose()?,
+        })
+    }
+
+    /// The library's options: `spec`'s settings and these terms (a learnable bias when its
+    /// gradient is `wanted`).
+    fn options<'a>(&'a self, spec: &'a ScoreSpec, learnable_bias: bool) -> AttentionOptions<'a> {
+        let mut opts = AttentionOptions::new().causal(spec.causal);
+        if let Some(scale) = spec.scale {
+            opts = opts.scale(scale);
+        }
+        if let Some(temperature) = spec.temperature {
+            opts = opts.temperature(temperature);
+        }
+        if let Some(lens) = &self.seq_lens {
+            opts = opts.seq_lens(lens);
+        }
+        if let Some(cap) = spec.softcap {
+            opts = opts.softcap(cap);
+        }
+        if let Some((left, right)) = spec.window {
+            opts = opts.window(left, right);
+        }
+        match &spec.alibi {
+            Some(Some(slopes)) => opts = opts.alibi_slopes(slopes),
+            Some(None) => opts = opts.alibi(true),
+            None => {}
+        }
+        if let Some(scale) = spec.cosine {
+            opts = opts.cosine(scale);
+        }
+        if let Some(max_norm) = spec.key_clip {
+            opts = opts.key_norm_clip(max_norm);
+        }
+        if let Some(bias) = &self.bias {
+            opts = match learnable_bias {
+                true => opts.bias(bias),
+                false => opts.constant_bias(bias),
+            };
+        }
+        if let (Some(buckets), Some(table)) = (spec.relative, &self.relative_table) {
+            opts = opts.relative_buckets(buckets, table);
+        }
+        if let Some(sinks) = &self.sinks {
+            opts = opts.sinks(sinks);
+        }
+        opts
+    }
+}
+
+fn forward(inputs: Inputs, spec: &ScoreSpec) -> Result<(CubeTensor, CubeTensor)> {
+    let ctx = inputs.context()?;
+    let pinned = inputs.pin()?;
+    let (q, k, v) = (
+        pinned.q.heads("q")?,
+        pinned.k.heads("k")?,
+        pinned.v.heads("v")?,
+    );
+    let s = AttentionShape::of(&q, &k, &v)?;
+    let out = empty(
+        &inputs.q,
+        &[s.batch, s.heads, s.q_seq, s.head_dim_v],
+        inputs.q.dtype,
+    );
+    let lse = empty(&inputs.q, &[s.batch, s.heads, s.q_seq], BurnDType::F32);
+    let (out_pinned, lse_pinned) = (Pinned::new("out", &out)?, Pinned::new("lse", &lse)?);
+    let terms = ScoreTerms::new(&ctx, spec, &pinned)?;
+    let opts = terms.options(spec, false);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    attention_forward_into(
+        &ctx,
+        &mut encoder,
+        &q,
+        &k,
+        &v,
+        &out_pinned.heads("out")?,
+        &lse_pinned.dense("lse")?,
+        &opts,
+    )?;
+    submit(&ctx, encoder)?;
+    Ok((out, lse))
+}
+
+type Grads = (
+    CubeTensor,
+    CubeTensor,
+    CubeTensor,
+    Option<CubeTensor>,
+    Option<CubeTensor>,
+    Option<CubeTensor>,
+);
+
+fn backward(
+    inputs: Inputs,
+    out: CubeTensor,
+    lse: CubeTensor,
+    d_out: CubeTensor,
+    spec: &ScoreSpec,
+    wanted: WantedGrads,
+) -> Result<Grads> {
+    let ctx = inputs.context()?;
+    let (out, d_out) = (contiguous_rows(out), contiguous_rows(d_out));
+    let lse = contiguous_aligned(lse);
+    let pinned = inputs.pin()?;
+    let (q, k, v) = (
+        pinned.q.heads("q")?,
+        pinned.k.heads("k")?,
+        pinned.v.heads("v")?,
+    );
+    let s = AttentionShape::of(&q, &k, &v)?;
+    let dtype = inputs.q.dtype;
+    let dq = empty(&inputs.q, &[s.batch, s.heads, s.q_seq, s.head_dim_qk], dtype);
+    let dk = empty(&inputs.q, &[s.batch, s.kv_heads, s.kv_seq, s.head_dim_qk], dtype);
+    let dv = empty(&inputs.q, &[s.batch, s.kv_heads, s.kv_seq, s.head_dim_v], dtype);
+    let terms = ScoreTerms::new(&ctx, spec, &pinned)?;
+    let shape_of = |t: &Option<CubeTensor>| t.as_ref().map(|t| t.meta.shape().to_vec());
+    let d_bias = match (wanted.bias, shape_of(&inputs.bias)) {
+        (true, Some(shape)) => Some(empty(&inputs.q, &shape, BurnDType::F32)),
+        _ => None,
+    };
+    let d_relative = match (wanted.relative_table, shape_of(&inputs.relative_table)) {
+        (true, Some(shape)) => Some(empty(&inputs.q, &shape, BurnDType::F32)),
+        _ => None,
+    };
+    let d_sinks = match (wanted.sinks, shape_of(&inputs.sinks)) {
+        (true, Some(shape)) => Some(empty(&inputs.q, &shape, BurnDType::F32)),
+        _ => None,
+    };
+    let pin = |arg, t: &CubeTensor| Pinned::new(arg, t);
+    let (out_p, lse_p, d_out_p) = (pin("out", &out)?, pin("lse", &lse)?, pin("d_out", &d_out)?);
+    let (dq_p, dk_p, dv_p) = (pin("dq", &dq)?, pin("dk", &dk)?, pin("dv", &dv)?);
+    let d_bias_p = d_bias.as_ref().map(|t| pin("d_bias", t)).transpose()?;
+    let d_relative_p = (d_relative.as_ref())
+        .map(|t| pin("d_relative_table", t))
+        .transpose()?;
+    let d_sinks_p = d_sinks.as_ref().map(|t| pin("d_sinks", t)).transpose()?;
+    let d_relative_dense = (d_relative_p.as_ref())
+        .map(|t| t.dense("d_relative_table"))
+        .transpose()?;
+    let mut opts = terms.options(spec, d_bias.is_some());
+    // Without a destination the relative table's gradient is not computed (a constant table).
+    if let Some(grad) = &d_relative_dense {
+        opts.relative_grad = Some(grad);
+    }
+    let workspace = attention_backward_workspace(&ctx, &s)?;
+    let d_out_view = d_out_p.heads("d_out")?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    attention_backward_into(
+        &ctx,
+        &mut encoder,
+        &q,
+        &k,
+        &v,
+        &out_p.heads("out")?,
+        &lse_p.dense("lse")?,
+        &d_out_view,
+        &dq_p.heads("dq")?,
+        &dk_p.heads("dk")?,
+        &dv_p.heads("dv")?,
+        &workspace,
+        &opts,
+    )?;
+    if let (Some(sinks), Some(grad)) = (&terms.sinks, &d_sinks_p) {
+        attention_sinks_backward_into(
+            &ctx,
+            &mut encoder,
+            &s,
+            sinks,
+            &workspace,
+            &grad.dense("d_sinks")?,
+            &opts,
+        )?;
+    }
+    if let Some(grad) = &d_bias_p {
+        attention_bias_backward_into(
+            &ctx,
+            &mut encoder,
+            &q,
+            &k,
+            &v,
+            &d_out_view,
+            &workspace,
+            &grad.dense("d_bias")?,
+            &opts,
+        )?;
+    }
+    submit(&ctx, encoder)?;
+    Ok((dq, dk, dv, d_bias, d_relative, d_sinks))
+}
+
+/// Submits `encoder` on the queue burn shares, unless the device was lost.
+fn submit(ctx: &Context, encoder: wgpu::CommandEncoder) -> Result<()> {
+    ctx.check_lost()?;
+    ctx.queue().submit([encoder.finish()]);
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! One wgpu device for burn and for the attention kernels: registration (burn's device and the
+//! [`Context`] wrapping the same `wgpu::Device`) and the lookup from a tensor's device.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use burn::backend::wgpu::WgpuDevice;
+use burn::backend::DispatchDevice;
+use burn::tensor::wgpu::{WgpuOptions, WgpuSetup};
+use burn::tensor::Device;
+use wgpu_attention::{Context, ContextOptions};
+
+use crate::{Error, Result};
+
+/// Contexts by the burn device they share a `wgpu::Device` with.
+fn registry() -> &'static Mutex<HashMap<WgpuDevice, Arc<Context>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<WgpuDevice, Arc<Context>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// Brings up burn's wgpu runtime as `options` say (`Device::wgpu_options()`, burn's builder: adapter
+/// kind, graphics API, memory) and wraps the same `wgpu::Device` in a [`Context`] for the attention
+/// kernels, which `attention` configures. Returns the burn device to create tensors on
+/// (`.autodiff()` for training).
+///
+/// Call it before burn first touches that device: burn does not hand out the `wgpu::Device` of a
+/// runtime it already brought up. An application that creates its own wgpu device registers it
+/// with [`register_setup`] instead.
+pub fn init(options: WgpuOptions, attention: &ContextOptions) -> Result<Device> {
+    let (device, setup) = options
+        .init_with_setup()
+        .map_err(|e| Error::Burn(e.to_string()))?;
+    let ctx = Context::from_device_with(setup.device, setup.queue, attention)?;
+    insert(wgpu_device_of("device", &device)?, ctx);
+    Ok(device)
+}
+
+/// Registers a wgpu setup the application made (instance, adapter, device, queue) with burn and
+/// wraps its device for the attention kernels. Returns the burn device. The device's error handler
+/// and lost callback stay the application's ([`Context::from_device_with`]).
+pub fn register_setup(setup: WgpuSetup, attention: &ContextOptions) -> Result<Device> {
+    let (wgpu_device, queue) = (setup.device.clone(), setup.queue.clone());
+    let device = Device::wgpu_options()
+        .setup(setup)
+        .init()
+        .map_err(|e| Error::Burn(e.to_string()))?;
+    let ctx = Context::from_device_with(wgpu_device, queue, attention)?;
+    insert(wgpu_device_of("device", &device)?, ctx);
+    Ok(device)
+}
+
+fn insert(device: WgpuDevice, ctx: Context) {
+    log::info!(
+        "burn-attention: {device:?} on {} ({:?})",
+        ctx.report().name,
+        ctx.report().backend
+    );
+    registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(device, Arc::new(ctx));
+}
+
+/// The attention context of a registered burn device.
+pub fn context(device: &WgpuDevice) -> Option<Arc<Context>> {
+    registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(device)
+        .cloned()
+}
+
+/// The wgpu device of a burn device, through autodiff: the device the kernels run on, or a typed
+/// error naming `arg` for a device of another back end or one not registered here.
+pub(crate) fn wgpu_device_of(arg: &'static str, device: &Device) -> Result<WgpuDevice> {
+    match device.clone().inner().as_dispatch() {
+        DispatchDevice::Cube(cubecl::Device::Wgpu(wgpu)) => Ok(wgpu.clone()),
+        other => Err(Error::Device {
+            arg,
+            found: format!("{other:?}"),
+            message: "is not a wgpu device: the fused kernels run on wgpu devices registered with \
+                      burn_attention::init or register_setup"
+                .into(),
+        }),
+    }
+}
+
+/// [`wgpu_device_of`] and its registered context.
+pub(crate) fn context_of(arg: &'static str, device: &Device) -> Result<(WgpuDevice, Arc<Context>)> {
+    let wgpu = wgpu_device_of(arg, device)?;
+    match context(&wgpu) {
+        Some(ctx) => Ok((wgpu, ctx)),
+        None => Err(Error::Device {
+            arg,
+            found: format!("{wgpu:?}"),
+            message: "was not registered: create it with burn_attention::init or register_setup \
+                      so the kernels share burn's wgpu device"
+                .into(),
+        }),
+    }
+}
