@@ -108,8 +108,8 @@ impl FusedAttentionBackend for CubeBackend {
         spec: ScoreSpec,
     ) -> (CubeTensor, CubeTensor) {
         let placeholder = (q.clone(), q.clone());
-        let inputs = Inputs::new(q, k, v, bias, relative_table, sinks);
-        forward(inputs, &spec).unwrap_or_else(|e| {
+        Inputs::new(q, k, v, bias, relative_table, sinks)
+            .and_then(|inputs| forward(inputs, &spec)).unwrap_or_else(|e| {
             error::record(e);
             placeholder
         })
@@ -135,8 +135,8 @@ impl FusedAttentionBackend for CubeBackend {
         Option<CubeTensor>,
         Option<CubeTensor>,
     ) {
-        let inputs = Inputs::new(q, k, v, bias, relative_table, sinks);
-        backward(inputs, out, lse, d_out, &spec, wanted).unwrap_or_else(|e| {
+        Inputs::new(q, k, v, bias, relative_table, sinks)
+            .and_then(|inputs| backward(inputs, out, lse, d_out, &spec, wanted)).unwrap_or_else(|e| {
             // Reached from burn's `backward()`, which has no way to return an error; the forward
             // checked every argument, so what is left is the device failing.
             panic!("burn-attention: fused attention backward failed: {e}")
@@ -162,15 +162,20 @@ impl Inputs {
         bias: OptionalTensor<CubeBackend>,
         relative_table: OptionalTensor<CubeBackend>,
         sinks: OptionalTensor<CubeBackend>,
-    ) -> Self {
-        Self {
+    ) -> Result<Self> {
+        let aligned = |arg, t: OptionalTensor<CubeBackend>| {
+            t.into_option()
+                .map(|t| contiguous_aligned(arg, t))
+                .transpose()
+        };
+        Ok(Self {
             q: contiguous_rows(q),
             k: contiguous_rows(k),
             v: contiguous_rows(v),
             bias: bias.into_option(),
-            relative_table: relative_table.into_option().map(contiguous_aligned),
-            sinks: sinks.into_option().map(contiguous_aligned),
-        }
+            relative_table: aligned("relative_table", relative_table)?,
+            sinks: aligned("sinks", sinks)?,
+        })
     }
 
     /// The context of the device Q is on, after checking every input is there too.
@@ -369,7 +374,7 @@ fn backward(
 ) -> Result<Grads> {
     let ctx = inputs.context()?;
     let (out, d_out) = (contiguous_rows(out), contiguous_rows(d_out));
-    let lse = contiguous_aligned(lse);
+    let lse = contiguous_aligned("lse", lse)?;
     let pinned = inputs.pin()?;
     let (q, k, v) = (
         pinned.q.heads("q")?,

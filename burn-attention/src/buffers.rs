@@ -142,15 +142,24 @@ pub(crate) fn contiguous_rows(tensor: CubeTensor) -> CubeTensor {
     }
 }
 
-/// `tensor` contiguous, and at a position of its buffer a kernel binding can start at (256 bytes):
-/// a copy made by burn when it is not.
-pub(crate) fn contiguous_aligned(tensor: CubeTensor) -> CubeTensor {
+/// `tensor` contiguous and at a position of its buffer a kernel binding can start at (256 bytes),
+/// as the kernels' dense tensors (sinks, a relative table) must be: a copy in a buffer of its own
+/// when it is not (these are small; burn's pools pack tensors at finer offsets).
+pub(crate) fn contiguous_aligned(arg: &'static str, tensor: CubeTensor) -> Result<CubeTensor> {
     let contiguous = tensor.meta.strides()[..] == contiguous_strides(tensor.meta.shape())[..];
-    match contiguous {
+    let element = kernel_dtype(arg, tensor.dtype)?.size() as usize;
+    let aligned = Pinned::new(arg, &tensor)?.offset * element % BINDING_ALIGN == 0;
+    Ok(match contiguous && aligned {
         true => tensor,
-        false => into_contiguous(tensor),
-    }
+        false => {
+            let client = tensor.client.clone();
+            client.memory_dedicated_allocation(tensor, |t| t.copy())
+        }
+    })
 }
+
+/// The offset alignment of a storage binding the kernels make of a dense tensor.
+const BINDING_ALIGN: usize = wgpu_attention::tensor::TENSOR_ALIGN * 4;
 
 /// A new, uninitialised tensor of `shape` on `like`'s device, in a wgpu buffer of its own.
 ///

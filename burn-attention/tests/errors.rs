@@ -1,0 +1,71 @@
+//! Typed errors before any work: tensors on an unregistered device, on two devices, of another
+//! dtype, and shapes or options the kernels refuse.
+
+mod common;
+
+use burn::tensor::{DType, Device, DeviceKind, Tensor};
+use burn_attention::{fused_attention, Error, FusedAttentionOptions};
+use common::*;
+
+fn qkv(device: &Device) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let t = || input([1, 2, 8, 16], device);
+    (t(), t(), t())
+}
+
+#[test]
+fn unregistered_device() {
+    // burn brings this runtime up lazily, without handing its wgpu device to the kernels.
+    let device = Device::wgpu(DeviceKind::Cpu);
+    let (q, k, v) = qkv(&device);
+    match fused_attention(q, k, v, &FusedAttentionOptions::new()) {
+        Err(Error::Device { arg: "q", message, .. }) => assert!(message.contains("registered")),
+        other => panic!("expected a device error for q, got {other:?}"),
+    }
+}
+
+#[test]
+fn tensors_on_two_devices() {
+    let (q, _, v) = qkv(&vulkan());
+    let (_, k, _) = qkv(&gl());
+    match fused_attention(q, k, v, &FusedAttentionOptions::new()) {
+        Err(Error::Device { arg: "k", .. }) => {}
+        other => panic!("expected a device error for k, got {other:?}"),
+    }
+    // Plain and autodiff tensors of one device mix as burn's ops mix them: the plain one is a
+    // constant.
+    let (q, k, _) = qkv(&vulkan().autodiff());
+    let (_, _, v) = qkv(&vulkan());
+    let out = fused_attention(q.clone(), k, v, &FusedAttentionOptions::new()).expect("mixed");
+    assert!(q.grad(&out.sum().backward()).is_some());
+}
+
+#[test]
+fn unsupported_dtype() {
+    let device = vulkan();
+    let (q, k, v) = qkv(&device);
+    let q = q.cast(DType::BF16);
+    match fused_attention(q, k, v, &FusedAttentionOptions::new()) {
+        Err(Error::DType { arg: "q", .. }) => {}
+        other => panic!("expected a dtype error for q, got {other:?}"),
+    }
+}
+
+#[test]
+fn refused_shapes_and_options_are_the_library_errors() {
+    let device = vulkan();
+    let (q, k, v) = qkv(&device);
+    // Dk of K differs from Q's.
+    let narrow_k = k.clone().narrow(3, 0, 8);
+    let error = fused_attention(q.clone(), narrow_k, v.clone(), &FusedAttentionOptions::new())
+        .expect_err("mismatched head_dim");
+    assert!(
+        matches!(error, Error::Attention(wgpu_attention::Error::Shape { .. })),
+        "{error:?}"
+    );
+    // Lengths for 3 sequences in a batch of 1.
+    let lens = FusedAttentionOptions::new().kv_lens([8u32, 8, 8]);
+    let error = fused_attention(q.clone(), k.clone(), v.clone(), &lens).expect_err("lengths");
+    assert!(matches!(error, Error::Attention(_)), "{error:?}");
+    // The next call on the thread is not answered with the refusal of the last one.
+    fused_attention(q, k, v, &FusedAttentionOptions::new()).expect("a valid call");
+}
