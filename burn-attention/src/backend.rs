@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use burn::backend::wgpu::CubeTensor;
 use burn::backend::wgpu::CubeBackend;
+use burn::backend::wgpu::CubeTensor;
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, ExtensionType};
-use cubecl::Device as CubeDevice;
 use burn::tensor::DType as BurnDType;
+use cubecl::Device as CubeDevice;
 use wgpu_attention::{
     attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
     attention_forward_into, attention_sinks_backward_into, AttentionOptions, AttentionShape,
@@ -109,10 +109,11 @@ impl FusedAttentionBackend for CubeBackend {
     ) -> (CubeTensor, CubeTensor) {
         let placeholder = (q.clone(), q.clone());
         Inputs::new(q, k, v, bias, relative_table, sinks)
-            .and_then(|inputs| forward(inputs, &spec)).unwrap_or_else(|e| {
-            error::record(e);
-            placeholder
-        })
+            .and_then(|inputs| forward(inputs, &spec))
+            .unwrap_or_else(|e| {
+                error::record(e);
+                placeholder
+            })
     }
 
     fn fused_attention_backward(
@@ -136,11 +137,12 @@ impl FusedAttentionBackend for CubeBackend {
         Option<CubeTensor>,
     ) {
         Inputs::new(q, k, v, bias, relative_table, sinks)
-            .and_then(|inputs| backward(inputs, out, lse, d_out, &spec, wanted)).unwrap_or_else(|e| {
-            // Reached from burn's `backward()`, which has no way to return an error; the forward
-            // checked every argument, so what is left is the device failing.
-            panic!("burn-attention: fused attention backward failed: {e}")
-        })
+            .and_then(|inputs| backward(inputs, out, lse, d_out, &spec, wanted))
+            .unwrap_or_else(|e| {
+                // Reached from burn's `backward()`, which has no way to return an error; the forward
+                // checked every argument, so what is left is the device failing.
+                panic!("burn-attention: fused attention backward failed: {e}")
+            })
     }
 }
 
@@ -208,7 +210,7 @@ impl Inputs {
                 }
             }
         }
-        device::context(&wgpu).ok_or_else(|| Error::Device {
+        device::registered(&wgpu).ok_or_else(|| Error::Device {
             arg: "q",
             found: format!("{wgpu:?}"),
             message: "was not registered with burn_attention::init or register_setup".into(),
@@ -222,7 +224,11 @@ impl Inputs {
             q: Pinned::new("q", &self.q)?,
             k: Pinned::new("k", &self.k)?,
             v: Pinned::new("v", &self.v)?,
-            bias: self.bias.as_ref().map(|t| Pinned::new("bias", t)).transpose()?,
+            bias: self
+                .bias
+                .as_ref()
+                .map(|t| Pinned::new("bias", t))
+                .transpose()?,
             relative_table: (self.relative_table.as_ref())
                 .map(|t| Pinned::new("relative_table", t))
                 .transpose()?,
@@ -383,9 +389,21 @@ fn backward(
     );
     let s = AttentionShape::of(&q, &k, &v)?;
     let dtype = inputs.q.dtype;
-    let dq = empty(&inputs.q, &[s.batch, s.heads, s.q_seq, s.head_dim_qk], dtype);
-    let dk = empty(&inputs.q, &[s.batch, s.kv_heads, s.kv_seq, s.head_dim_qk], dtype);
-    let dv = empty(&inputs.q, &[s.batch, s.kv_heads, s.kv_seq, s.head_dim_v], dtype);
+    let dq = empty(
+        &inputs.q,
+        &[s.batch, s.heads, s.q_seq, s.head_dim_qk],
+        dtype,
+    );
+    let dk = empty(
+        &inputs.q,
+        &[s.batch, s.kv_heads, s.kv_seq, s.head_dim_qk],
+        dtype,
+    );
+    let dv = empty(
+        &inputs.q,
+        &[s.batch, s.kv_heads, s.kv_seq, s.head_dim_v],
+        dtype,
+    );
     let terms = ScoreTerms::new(&ctx, spec, &pinned)?;
     let shape_of = |t: &Option<CubeTensor>| t.as_ref().map(|t| t.meta.shape().to_vec());
     let d_bias = match (wanted.bias, shape_of(&inputs.bias)) {

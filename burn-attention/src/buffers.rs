@@ -4,8 +4,8 @@
 use burn::backend::wgpu::{AutoCompiler, CubeTensor, WgpuResource};
 use burn::tensor::{DType as BurnDType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use cubecl_runtime::storage::ManagedResource;
 use cubecl::wgpu::WgpuServer;
+use cubecl_runtime::storage::ManagedResource;
 use wgpu_attention::{BiasView, DType, GpuTensor, HeadsView};
 
 use crate::{Error, Result};
@@ -65,12 +65,19 @@ impl Pinned {
     /// A `[B, H, L, D]` burn tensor (any strides, D contiguous) as the kernels' `[B, L, H, D]` view.
     pub(crate) fn heads(&self, arg: &'static str) -> Result<HeadsView> {
         let [b, h, l, d] = self.shape[..] else {
-            return Err(shape_error(arg, &self.shape, "expected [batch, heads, seq, head_dim]"));
+            return Err(shape_error(
+                arg,
+                &self.shape,
+                "expected [batch, heads, seq, head_dim]",
+            ));
         };
         let [sb, sh, sl, sd] = self.strides[..] else {
             unreachable!("strides have the shape's rank")
         };
-        debug_assert!(sd == 1 || d == 1, "made contiguous in head_dim by `contiguous_rows`");
+        debug_assert!(
+            sd == 1 || d == 1,
+            "made contiguous in head_dim by `contiguous_rows`"
+        );
         Ok(HeadsView::new_typed(
             self.buffer.clone(),
             self.dtype,
@@ -83,7 +90,11 @@ impl Pinned {
     /// A `[B or 1, H or 1, Lq, Lk]` burn tensor (any strides) as a score bias view.
     pub(crate) fn bias(&self) -> Result<BiasView> {
         let [b, h, lq, lk] = self.shape[..] else {
-            return Err(shape_error("bias", &self.shape, "expected [B or 1, H or 1, Lq, Lk]"));
+            return Err(shape_error(
+                "bias",
+                &self.shape,
+                "expected [B or 1, H or 1, Lq, Lk]",
+            ));
         };
         if self.dtype != DType::F32 {
             return Err(Error::DType {
@@ -148,7 +159,7 @@ pub(crate) fn contiguous_rows(tensor: CubeTensor) -> CubeTensor {
 pub(crate) fn contiguous_aligned(arg: &'static str, tensor: CubeTensor) -> Result<CubeTensor> {
     let contiguous = tensor.meta.strides()[..] == contiguous_strides(tensor.meta.shape())[..];
     let element = kernel_dtype(arg, tensor.dtype)?.size() as usize;
-    let aligned = Pinned::new(arg, &tensor)?.offset * element % BINDING_ALIGN == 0;
+    let aligned = (Pinned::new(arg, &tensor)?.offset * element).is_multiple_of(BINDING_ALIGN);
     Ok(match contiguous && aligned {
         true => tensor,
         false => {

@@ -61,8 +61,15 @@ fn insert(device: WgpuDevice, ctx: Context) {
         .insert(device, Arc::new(ctx));
 }
 
-/// The attention context of a registered burn device.
-pub fn context(device: &WgpuDevice) -> Option<Arc<Context>> {
+/// The attention [`Context`] sharing a registered burn device's `wgpu::Device` (with or without
+/// autodiff): its adapter report, memory statistics, profiling. [`Error::Device`] for a device not
+/// registered with [`init`] or [`register_setup`].
+pub fn context(device: &Device) -> Result<Arc<Context>> {
+    context_of("device", device).map(|(_, ctx)| ctx)
+}
+
+/// The context registered for a wgpu device.
+pub(crate) fn registered(device: &WgpuDevice) -> Option<Arc<Context>> {
     registry()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -88,7 +95,7 @@ pub(crate) fn wgpu_device_of(arg: &'static str, device: &Device) -> Result<WgpuD
 /// [`wgpu_device_of`] and its registered context.
 pub(crate) fn context_of(arg: &'static str, device: &Device) -> Result<(WgpuDevice, Arc<Context>)> {
     let wgpu = wgpu_device_of(arg, device)?;
-    match context(&wgpu) {
+    match registered(&wgpu) {
         Some(ctx) => Ok((wgpu, ctx)),
         None => Err(Error::Device {
             arg,

@@ -1,7 +1,7 @@
 //! What a fused attention call takes besides Q, K, V: the host-side settings ([`ScoreSpec`], what
 //! the kernels are specialised and masked by) and the tensors of the learnable score terms.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Tensor};
 use wgpu_attention::RelativeBuckets;
 
 /// The host-side settings of a fused attention call: scale, masks, lengths and the score modifiers
@@ -48,6 +48,11 @@ pub struct FusedAttentionOptions {
     pub relative_table: Option<Tensor<2>>,
     /// Attention sinks `[H]`: a learnable logit per head in every row's softmax denominator.
     pub sinks: Option<Tensor<1>>,
+    /// An arbitrary boolean mask `[B or 1, H or 1, Lq, Lk]`, `true` masking the pair (burn's
+    /// convention). The kernels read it as a constant `-inf` bias (added to [`Self::bias`] if both
+    /// are given), so it costs a float tensor of its shape: causal, padding lengths and windows are
+    /// masks the kernels compute instead.
+    pub mask: Option<Tensor<4, Bool>>,
 }
 
 impl FusedAttentionOptions {
@@ -133,6 +138,12 @@ impl FusedAttentionOptions {
     pub fn relative_buckets(mut self, buckets: RelativeBuckets, table: Tensor<2>) -> Self {
         self.spec.relative = Some(buckets);
         self.relative_table = Some(table);
+        self
+    }
+
+    /// An arbitrary boolean mask, `true` masking the pair: see [`Self::mask`](#structfield.mask).
+    pub fn mask(mut self, mask: Tensor<4, Bool>) -> Self {
+        self.mask = Some(mask);
         self
     }
 

@@ -33,9 +33,17 @@ fn compare(
     let grads_ref = (want * upstream).sum().backward();
     let (rb, ab) = BACKWARD;
     for (name, t) in [("dq", &q), ("dk", &k), ("dv", &v)] {
-        let got = t.grad(&grads).unwrap_or_else(|| panic!("{label}: no {name}"));
+        let got = t
+            .grad(&grads)
+            .unwrap_or_else(|| panic!("{label}: no {name}"));
         let want = t.grad(&grads_ref).expect("burn's gradient");
-        assert_close(&format!("{label} {name}"), &values(got), &values(want), rb, ab);
+        assert_close(
+            &format!("{label} {name}"),
+            &values(got),
+            &values(want),
+            rb,
+            ab,
+        );
     }
     for (name, t) in extra {
         let (got, want) = match t {
@@ -43,7 +51,13 @@ fn compare(
             Param::Matrix(t) => (t.grad(&grads).map(values), t.grad(&grads_ref).map(values)),
         };
         let got = got.unwrap_or_else(|| panic!("{label}: no {name}"));
-        assert_close(&format!("{label} {name}"), &got, &want.expect("burn's gradient"), rb, ab);
+        assert_close(
+            &format!("{label} {name}"),
+            &got,
+            &want.expect("burn's gradient"),
+            rb,
+            ab,
+        );
     }
 }
 
@@ -53,7 +67,10 @@ enum Param {
     Matrix(Tensor<2>),
 }
 
-fn qkv(device: &Device, [b, h, hkv, lq, lk, dk, dv]: [usize; 7]) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+fn qkv(
+    device: &Device,
+    [b, h, hkv, lq, lk, dk, dv]: [usize; 7],
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
     (
         input([b, h, lq, dk], device),
         input([b, hkv, lk, dk], device),
@@ -116,10 +133,8 @@ fn padding_by_lengths() {
         let keep: Vec<f32> = (0..b * l)
             .map(|x| ((x % l) < q_lens[x / l] as usize) as u8 as f32)
             .collect();
-        let row_keep = Tensor::<4>::from_data(
-            burn::tensor::TensorData::new(keep, [b, 1, l, 1]),
-            &device,
-        );
+        let row_keep =
+            Tensor::<4>::from_data(burn::tensor::TensorData::new(keep, [b, 1, l, 1]), &device);
         compare(
             &format!("{name} kv_lens q_lens"),
             &device,
@@ -251,11 +266,22 @@ fn strided_inputs_are_read_in_place() {
     let make = || input([b, l, h, d], &device);
     let (q, k, v) = (make(), make(), make());
     let heads = |t: &Tensor<4>| t.clone().swap_dims(1, 2);
-    let out = fused_attention(heads(&q), heads(&k), heads(&v), &FusedAttentionOptions::new())
-        .unwrap();
+    let out = fused_attention(
+        heads(&q),
+        heads(&k),
+        heads(&v),
+        &FusedAttentionOptions::new(),
+    )
+    .unwrap();
     let want = reference(heads(&q), heads(&k), heads(&v), &Reference::default());
     let (rf, af) = FORWARD;
-    assert_close("strided out", &values(out.clone()), &values(want.clone()), rf, af);
+    assert_close(
+        "strided out",
+        &values(out.clone()),
+        &values(want.clone()),
+        rf,
+        af,
+    );
     let grads = out.sum().backward();
     let grads_ref = want.sum().backward();
     let (rb, ab) = BACKWARD;
@@ -271,7 +297,9 @@ fn gradients_are_bitwise_deterministic() {
     let device = vulkan().autodiff();
     let (q, k, v) = qkv(&device, [2, 4, 2, 40, 40, 16, 16]);
     let sinks = input([4], &device);
-    let options = FusedAttentionOptions::new().causal(true).sinks(sinks.clone());
+    let options = FusedAttentionOptions::new()
+        .causal(true)
+        .sinks(sinks.clone());
     let run = || {
         let out = fused_attention(q.clone(), k.clone(), v.clone(), &options).unwrap();
         let grads = (out.clone() * out).sum().backward();
@@ -298,8 +326,8 @@ fn inference_without_autodiff() {
     let device = vulkan();
     let (q, k, v) = qkv(&device, [1, 2, 1, 9, 30, 16, 16]);
     let options = FusedAttentionOptions::new().causal(true);
-    let (out, lse) = burn_attention::fused_attention_lse(q.clone(), k.clone(), v.clone(), &options)
-        .unwrap();
+    let (out, lse) =
+        burn_attention::fused_attention_lse(q.clone(), k.clone(), v.clone(), &options).unwrap();
     assert_eq!(lse.dims(), [1, 2, 9]);
     let want = reference(
         q,
@@ -313,4 +341,93 @@ fn inference_without_autodiff() {
     let (rf, af) = FORWARD;
     assert_close("inference out", &values(out), &values(want), rf, af);
     assert!(values(lse).iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn half_precision_tensors() {
+    let device = vulkan().autodiff();
+    let (q, k, v) = qkv(&device, [2, 4, 2, 33, 33, 16, 16]);
+    let half = |t: &Tensor<4>| t.clone().cast(burn::tensor::DType::F16);
+    let options = FusedAttentionOptions::new().causal(true);
+    let out = fused_attention(half(&q), half(&k), half(&v), &options).expect("f16 attention");
+    assert_eq!(out.dtype(), burn::tensor::DType::F16);
+    let want = reference(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        &Reference {
+            causal: true,
+            ..Default::default()
+        },
+    );
+    // f16 storage, f32 arithmetic: the contract's f16 tolerance (inputs and output rounded).
+    assert_close(
+        "f16 out",
+        &values(out.clone()),
+        &values(want.clone()),
+        1e-2,
+        1e-2,
+    );
+    let grads = out.cast(burn::tensor::DType::F32).sum().backward();
+    let grads_ref = want.sum().backward();
+    for (name, t) in [("dq", &q), ("dk", &k), ("dv", &v)] {
+        let got = values(t.grad(&grads).expect("a gradient through the casts"));
+        let want = values(t.grad(&grads_ref).unwrap());
+        assert_close(&format!("f16 {name}"), &got, &want, 2e-2, 2e-2);
+    }
+}
+
+#[test]
+fn drop_in_with_mask_and_bias() {
+    for (name, device) in devices() {
+        let device = device.autodiff();
+        let [b, h, l, d] = [2, 2, 24, 16];
+        // A pseudo-random mask with some fully masked rows (both give them 0), and a learnable bias.
+        let masked = mask([b, h, l, l], &device, |b, i, j| {
+            (i * 7 + j * 3 + b) % 5 == 0 || i == 4
+        });
+        let bias = input([b, h, l, l], &device);
+        let options = AttentionModuleOptions {
+            scale: Some(0.2),
+            ..Default::default()
+        };
+        let (q, k, v) = qkv(&device, [b, h, h, l, l, d, d]);
+        let out = burn_attention::attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            Some(masked.clone()),
+            Some(bias.clone()),
+            options,
+        )
+        .expect("drop-in attention");
+        let want = attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            Some(masked),
+            Some(bias.clone()),
+            options,
+        );
+        let (rf, af) = FORWARD;
+        assert_close(
+            &format!("{name} drop-in out"),
+            &values(out.clone()),
+            &values(want.clone()),
+            rf,
+            af,
+        );
+        let grads = (out.clone() * out).sum().backward();
+        let grads_ref = (want.clone() * want).sum().backward();
+        let (rb, ab) = BACKWARD;
+        for (label, got, want) in [
+            ("dq", q.grad(&grads), q.grad(&grads_ref)),
+            ("dk", k.grad(&grads), k.grad(&grads_ref)),
+            ("dv", v.grad(&grads), v.grad(&grads_ref)),
+            ("d_bias", bias.grad(&grads), bias.grad(&grads_ref)),
+        ] {
+            let (got, want) = (values(got.unwrap()), values(want.unwrap()));
+            assert_close(&format!("{name} drop-in {label}"), &got, &want, rb, ab);
+        }
+    }
 }

@@ -14,11 +14,14 @@ fn qkv(device: &Device) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
 
 #[test]
 fn unregistered_device() {
+    wgpu_attention::quiet_headless_start_up();
     // burn brings this runtime up lazily, without handing its wgpu device to the kernels.
     let device = Device::wgpu(DeviceKind::Cpu);
     let (q, k, v) = qkv(&device);
     match fused_attention(q, k, v, &FusedAttentionOptions::new()) {
-        Err(Error::Device { arg: "q", message, .. }) => assert!(message.contains("registered")),
+        Err(Error::Device {
+            arg: "q", message, ..
+        }) => assert!(message.contains("registered")),
         other => panic!("expected a device error for q, got {other:?}"),
     }
 }
@@ -56,8 +59,13 @@ fn refused_shapes_and_options_are_the_library_errors() {
     let (q, k, v) = qkv(&device);
     // Dk of K differs from Q's.
     let narrow_k = k.clone().narrow(3, 0, 8);
-    let error = fused_attention(q.clone(), narrow_k, v.clone(), &FusedAttentionOptions::new())
-        .expect_err("mismatched head_dim");
+    let error = fused_attention(
+        q.clone(),
+        narrow_k,
+        v.clone(),
+        &FusedAttentionOptions::new(),
+    )
+    .expect_err("mismatched head_dim");
     assert!(
         matches!(error, Error::Attention(wgpu_attention::Error::Shape { .. })),
         "{error:?}"

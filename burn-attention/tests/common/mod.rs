@@ -13,6 +13,7 @@ pub fn vulkan() -> Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
     DEVICE
         .get_or_init(|| {
+            wgpu_attention::quiet_headless_start_up();
             let options = Device::wgpu_options().graphics_api(WgpuBackend::Vulkan);
             burn_attention::init(options, &ContextOptions::new()).expect("a Vulkan adapter")
         })
@@ -24,6 +25,7 @@ pub fn gl() -> Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
     DEVICE
         .get_or_init(|| {
+            wgpu_attention::quiet_headless_start_up();
             let options = Device::wgpu_options().graphics_api(WgpuBackend::Gl);
             burn_attention::init(options, &ContextOptions::new()).expect("a GL adapter")
         })
@@ -156,7 +158,8 @@ pub fn mask(
     let data: Vec<bool> = (0..b * lq * lk)
         .map(|x| masked(x / (lq * lk), x / lk % lq, x % lk))
         .collect();
-    Tensor::<4, Bool>::from_data(TensorData::new(data, [b, 1, lq, lk]), device).expand([b, h, lq, lk])
+    Tensor::<4, Bool>::from_data(TensorData::new(data, [b, 1, lq, lk]), device)
+        .expand([b, h, lq, lk])
 }
 
 /// Integer indices on `device`.
