@@ -431,3 +431,72 @@ fn drop_in_with_mask_and_bias() {
         }
     }
 }
+
+/// Rows of `x` (`[.., D]`) L2-normalised (norms below 1e-6 not divided by), as the kernels do.
+fn normalized(x: Tensor<4>) -> Tensor<4> {
+    let norm = x.clone().powf_scalar(2.0).sum_dim(3).sqrt().clamp_min(1e-6);
+    x / norm
+}
+
+/// Rows of `x` whose norm exceeds `max_norm` scaled to it.
+fn clipped(x: Tensor<4>, max_norm: f32) -> Tensor<4> {
+    let norm = x.clone().powf_scalar(2.0).sum_dim(3).sqrt();
+    let factor = (norm.recip() * max_norm).clamp_max(1.0);
+    x * factor
+}
+
+#[test]
+fn cosine_clip_temperature_and_alibi_slopes() {
+    for (name, device) in devices() {
+        let device = device.autodiff();
+        let [b, h, l, d] = [2, 2, 26, 16];
+        let slopes = [0.1f32, 0.3];
+        let alibi: Vec<f32> = (0..h * l * l)
+            .map(|x| {
+                let (hh, i, j) = (x / (l * l), x / l % l, x % l);
+                -slopes[hh] * ((i as i64 - j as i64).abs() as f32)
+            })
+            .collect();
+        let alibi =
+            Tensor::<4>::from_data(burn::tensor::TensorData::new(alibi, [1, h, l, l]), &device)
+                .expand([b, h, l, l]);
+        // Cosine scores times 4, divided by a temperature of 2, keys clipped to 0.8 after the
+        // normalisation, per-head ALiBi slopes, causal.
+        compare(
+            &format!("{name} cosine clip temperature alibi-slopes"),
+            &device,
+            qkv(&device, [b, h, h, l, l, d, d]),
+            &FusedAttentionOptions::new()
+                .cosine(4.0)
+                .temperature(2.0)
+                .key_norm_clip(0.8)
+                .alibi_slopes(slopes)
+                .causal(true),
+            |q, k, v| {
+                let r = Reference {
+                    scale: Some(2.0),
+                    bias: Some(alibi.clone()),
+                    causal: true,
+                    ..Default::default()
+                };
+                reference(normalized(q), clipped(normalized(k), 0.8), v, &r)
+            },
+            &[],
+        );
+        // Key clipping alone, with a scale.
+        compare(
+            &format!("{name} key clip scale"),
+            &device,
+            qkv(&device, [b, h, h, l, l, d, d]),
+            &FusedAttentionOptions::new().key_norm_clip(2.5).scale(0.3),
+            |q, k, v| {
+                let r = Reference {
+                    scale: Some(0.3),
+                    ..Default::default()
+                };
+                reference(q, clipped(k, 2.5), v, &r)
+            },
+            &[],
+        );
+    }
+}
