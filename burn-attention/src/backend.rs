@@ -11,7 +11,7 @@ use cubecl::Device as CubeDevice;
 use wgpu_attention::{
     attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
     attention_forward_into, attention_sinks_backward_into, AttentionOptions, AttentionShape,
-    BiasView, Context, GpuTensor, SeqLens,
+    BiasView, Context, GpuTensor, HeadsView, SeqLens,
 };
 
 use crate::buffers::{contiguous_aligned, contiguous_rows, empty, flush, Pinned};
@@ -248,6 +248,15 @@ struct PinnedInputs {
     sinks: Option<Pinned>,
 }
 
+impl PinnedInputs {
+    /// Q, K, V as the kernels' views, and the problem they make.
+    fn views(&self) -> Result<(HeadsView, HeadsView, HeadsView, AttentionShape)> {
+        let (q, k, v) = (self.q.heads("q")?, self.k.heads("k")?, self.v.heads("v")?);
+        let shape = AttentionShape::of(&q, &k, &v)?;
+        Ok((q, k, v, shape))
+    }
+}
+
 /// The kernels' views of the score terms, owned, for [`AttentionOptions`] to borrow.
 struct ScoreTerms {
     seq_lens: Option<SeqLens>,
@@ -331,12 +340,7 @@ impl ScoreTerms {
 fn forward(inputs: Inputs, spec: &ScoreSpec) -> Result<(CubeTensor, CubeTensor)> {
     let ctx = inputs.context()?;
     let pinned = inputs.pin()?;
-    let (q, k, v) = (
-        pinned.q.heads("q")?,
-        pinned.k.heads("k")?,
-        pinned.v.heads("v")?,
-    );
-    let s = AttentionShape::of(&q, &k, &v)?;
+    let (q, k, v, s) = pinned.views()?;
     let out = empty(
         &inputs.q,
         &[s.batch, s.heads, s.q_seq, s.head_dim_v],
@@ -382,12 +386,7 @@ fn backward(
     let (out, d_out) = (contiguous_rows(out), contiguous_rows(d_out));
     let lse = contiguous_aligned("lse", lse)?;
     let pinned = inputs.pin()?;
-    let (q, k, v) = (
-        pinned.q.heads("q")?,
-        pinned.k.heads("k")?,
-        pinned.v.heads("v")?,
-    );
-    let s = AttentionShape::of(&q, &k, &v)?;
+    let (q, k, v, s) = pinned.views()?;
     let dtype = inputs.q.dtype;
     let dq = empty(
         &inputs.q,
