@@ -26,6 +26,13 @@ done
 for t in $tests; do
   cp "$(echo "$built" | grep "/$t-")" .gpu/bin/test_$t
 done
+# The burn integration: its bench (burn's attention against the fused op inside burn) and its tests.
+cargo build --release -p burn-attention --example bench
+cp target/release/examples/bench .gpu/bin/burn-bench
+burn_built=$(cargo test --release -p burn-attention --no-run 2>&1 | sed -n 's/.*Executable tests\/.*(\(.*\))/\1/p')
+for t in against_burn; do
+  cp "$(echo "$burn_built" | grep "/$t-")" .gpu/bin/test_burn_$t
+done
 strip .gpu/bin/*
 tar -C .gpu -cJf .gpu/bundle.tar.xz bin
 ls -la .gpu/bundle.tar.xz

@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive tests, and the shorter coop64 sweepfwd transformer1 tests-core) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop64 sweepfwd transformer1 tests-core) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -132,6 +132,13 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       --json $OUT/h100-generate-pass-per-kernel.json ;;
   additive)
     step 120 additive $B/additive-bench --json $OUT/h100-additive.json ;;
+  burn)
+    # burn 0.22's attention (flash forward, unfused autodiff backward) against the fused op inside
+    # burn, same run (burn picks the adapter); then the integration's tests on Vulkan.
+    step 150 burn-bench $B/burn-bench --lengths 1024,2048,4096 --reps 5
+    for t in against_burn; do
+      WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-burn-$t $B/test_burn_$t
+    done ;;
   tests)
     for t in attention_forward attention_backward attention_f16 linear transformer training optimizer generation; do
       WGPU_ATTENTION_TEST_BACKENDS=vulkan step 100 test-$t $B/test_$t

@@ -32,9 +32,19 @@ pub fn gl() -> Device {
         .clone()
 }
 
-/// The back ends the tests run on.
+/// The back ends the tests run on: `WGPU_ATTENTION_TEST_BACKENDS` (comma list of `vulkan`, `gl`),
+/// default both, as the library's tests (a GPU machine may have Vulkan only).
 pub fn devices() -> Vec<(&'static str, Device)> {
-    vec![("vulkan", vulkan()), ("gl", gl())]
+    let listed = std::env::var("WGPU_ATTENTION_TEST_BACKENDS").unwrap_or("vulkan,gl".into());
+    let mut devices = Vec::new();
+    for name in listed.split(',').map(str::trim) {
+        match name {
+            "vulkan" => devices.push(("vulkan", vulkan())),
+            "gl" => devices.push(("gl", gl())),
+            other => panic!("WGPU_ATTENTION_TEST_BACKENDS: '{other}' is not vulkan or gl"),
+        }
+    }
+    devices
 }
 
 /// A random normal tensor, tracked on an autodiff device.
