@@ -43,38 +43,48 @@ struct Args {
 /// burn's flash attention kernel (cubek's unit routine), reachable only on the cubecl back end.
 #[backend_extension(Cube)]
 pub trait BurnFlash: Backend {
-    /// `None` where the flash routine refuses the problem.
+    /// Runs it (the output is dropped); `false` where the flash routine refuses the problem.
     fn burn_flash_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         causal: bool,
-    ) -> Option<FloatTensor<Self>>;
+    ) -> bool;
 }
 
 impl BurnFlash for CubeBackend {
-    fn burn_flash_attention(
-        q: CubeTensor,
-        k: CubeTensor,
-        v: CubeTensor,
-        causal: bool,
-    ) -> Option<CubeTensor> {
+    fn burn_flash_attention(q: CubeTensor, k: CubeTensor, v: CubeTensor, causal: bool) -> bool {
         let options = AttentionModuleOptions {
             is_causal: causal,
             ..Default::default()
         };
-        cube_attention(q, k, v, None, None, options, AttentionStrategy::FlashUnit).ok()
+        cube_attention(q, k, v, None, None, options, AttentionStrategy::FlashUnit).is_ok()
     }
 }
 
-fn burn_flash(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Option<Tensor<4>> {
+/// Under burn's fusion (the crate's default feature): the cubecl tensors under the fusion ones.
+#[cfg(feature = "fusion")]
+impl BurnFlash for burn_fusion::Fusion<CubeBackend> {
+    fn burn_flash_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        causal: bool,
+    ) -> bool {
+        let client = q.client.clone();
+        let resolve = |t| client.resolve_tensor_float::<CubeBackend>(t);
+        CubeBackend::burn_flash_attention(resolve(q), resolve(k), resolve(v), causal)
+    }
+}
+
+fn burn_flash(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Option<()> {
     Dispatch::burn_flash_attention(
         q.into_dispatch(),
         k.into_dispatch(),
         v.into_dispatch(),
         causal,
     )
-    .map(Tensor::from_dispatch)
+    .then_some(())
 }
 
 /// Median over three trials of the mean time (ms) of `reps` calls of `run`, after two warm-up
@@ -162,7 +172,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             let fused_options = FusedAttentionOptions::new().causal(causal);
             let flash = time(&device, args.reps, || {
-                burn_flash(q.clone(), k.clone(), v.clone(), causal).map(drop)
+                burn_flash(q.clone(), k.clone(), v.clone(), causal)
             });
             let unfused = time(&device, args.reps, || {
                 let out = attention(q.clone(), k.clone(), v.clone(), None, None, burn_options);

@@ -20,8 +20,9 @@
 //! Tensors are burn's `[batch, heads, seq, head_dim]`, read where they are (any strides with a
 //! contiguous head_dim; anything else is made contiguous by burn first). K and V may have fewer
 //! heads than Q (GQA, MQA) and V another head_dim. The device must be registered with [`init`] or
-//! [`register_setup`], on burn's cubecl back end without fusion (which hides buffers); on any
-//! other device [`fused_attention`] returns [`Error::Device`].
+//! [`register_setup`], on burn's cubecl back end, with burn's fusion (the default feature `fusion`:
+//! the op runs eagerly in fusion's stream) or without it (`default-features = false`); on any other
+//! device [`fused_attention`] returns [`Error::Device`].
 
 #![warn(missing_docs)]
 
@@ -35,6 +36,8 @@ mod backend;
 mod buffers;
 mod device;
 mod error;
+#[cfg(feature = "fusion")]
+mod fusion;
 mod options;
 
 pub use backend::{FusedAttentionBackend, OptionalTensor, WantedGrads};
