@@ -56,9 +56,10 @@ impl<B: Backend> OptionalTensor<B> {
     }
 }
 
-/// Fused attention as a burn backend op: implemented for burn's cubecl back end (wgpu devices) and,
-/// with its backward registered, for `Autodiff` over it. Tensors are burn's `[B, H, L, D]`; K and V
-/// may have fewer heads (GQA); lse is `[B, H, Lq]` f32.
+/// Fused attention as a burn backend op: implemented for burn's cubecl back end (wgpu devices), for
+/// its fusion wrapper (feature `fusion`, eagerly), and, with its backward registered, for `Autodiff`
+/// over either. Tensors are burn's `[B, H, L, D]`; K and V may have fewer heads (GQA); lse is
+/// `[B, H, Lq]` f32.
 #[backend_extension(Cube, Autodiff)]
 pub trait FusedAttentionBackend: Backend {
     /// O `[B, H, Lq, Dv]` and the row log-sum-exp `[B, H, Lq]` the backward needs.
