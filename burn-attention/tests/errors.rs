@@ -82,3 +82,18 @@ fn refused_shapes_and_options_are_the_library_errors() {
     // The next call on the thread is not answered with the refusal of the last one.
     fused_attention(q, k, v, &FusedAttentionOptions::new()).expect("a valid call");
 }
+
+#[test]
+fn runs_on_the_configured_back_end() {
+    use burn::backend::{Backend, Dispatch};
+    // The same tests run with burn's fusion (the default feature) and without it: check which one
+    // this build dispatches through, so both configurations are what they claim.
+    let name = Dispatch::name(vulkan().as_dispatch());
+    assert_eq!(
+        name.contains("fusion<"),
+        cfg!(feature = "fusion"),
+        "backend {name}"
+    );
+    let (q, k, v) = qkv(&vulkan());
+    fused_attention(q, k, v, &FusedAttentionOptions::new()).expect("runs there");
+}
