@@ -10,7 +10,7 @@ use burn::backend::autodiff::{
 };
 use burn::backend::tensor::FloatTensor;
 
-use crate::backend::{FusedAttentionBackend, OptionalTensor, WantedGrads};
+use crate::backend::{AttentionGradients, FusedAttentionBackend, OptionalTensor, WantedGrads};
 use crate::ScoreSpec;
 
 /// The backward step's marker; its state is [`Saved`].
@@ -179,14 +179,7 @@ impl<B: FusedAttentionBackend, C: CheckpointStrategy> FusedAttentionBackend for 
         sinks: OptionalTensor<Self>,
         spec: ScoreSpec,
         wanted: WantedGrads,
-    ) -> (
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        Option<FloatTensor<Self>>,
-        Option<FloatTensor<Self>>,
-        Option<FloatTensor<Self>>,
-    ) {
+    ) -> AttentionGradients<Self> {
         // Called directly (not from the step the forward registers): the gradients as constants;
         // the backward is not itself differentiated (no second order).
         let inner = |t: FloatTensor<Self>| t.into_primitive();

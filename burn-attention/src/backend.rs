@@ -7,14 +7,13 @@ use burn::backend::wgpu::CubeBackend;
 use burn::backend::wgpu::CubeTensor;
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, ExtensionType};
 use burn::tensor::DType as BurnDType;
-use cubecl::Device as CubeDevice;
 use wgpu_attention::{
     attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
     attention_forward_into, attention_sinks_backward_into, AttentionOptions, AttentionShape,
     BiasView, Context, GpuTensor, HeadsView, SeqLens,
 };
 
-use crate::buffers::{contiguous_aligned, contiguous_rows, empty, flush, Pinned};
+use crate::buffers::{contiguous_aligned, contiguous_rows, empty, flush, pin_optional, Pinned};
 use crate::{device, error, Error, Result, ScoreSpec};
 
 /// Which gradients of the optional score terms the backward computes (those whose tensors require
@@ -28,6 +27,18 @@ pub struct WantedGrads {
     /// The sinks'.
     pub sinks: bool,
 }
+
+/// What [`FusedAttentionBackend::fused_attention_backward`] returns: dQ, dK, dV and the gradients of
+/// the bias, the relative table and the sinks (those wanted). The trait spells the tuple out (the
+/// extension macro reads it); its implementations name it by this alias.
+pub(crate) type AttentionGradients<B> = (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    Option<FloatTensor<B>>,
+    Option<FloatTensor<B>>,
+    Option<FloatTensor<B>>,
+);
 
 /// A tensor argument that may be absent (burn's extension ops take no `Option` of a tensor).
 #[derive(ExtensionType, Clone, Debug)]
@@ -129,14 +140,7 @@ impl FusedAttentionBackend for CubeBackend {
         sinks: OptionalTensor<Self>,
         spec: ScoreSpec,
         wanted: WantedGrads,
-    ) -> (
-        CubeTensor,
-        CubeTensor,
-        CubeTensor,
-        Option<CubeTensor>,
-        Option<CubeTensor>,
-        Option<CubeTensor>,
-    ) {
+    ) -> AttentionGradients<Self> {
         Inputs::new(q, k, v, bias, relative_table, sinks)
             .and_then(|inputs| backward(inputs, out, lse, d_out, &spec, wanted))
             .unwrap_or_else(|e| {
@@ -183,16 +187,6 @@ impl Inputs {
 
     /// The context of the device Q is on, after checking every input is there too.
     fn context(&self) -> Result<Arc<Context>> {
-        let wgpu = match &self.q.device {
-            CubeDevice::Wgpu(device) => device.clone(),
-            other => {
-                return Err(Error::Device {
-                    arg: "q",
-                    found: format!("{other:?}"),
-                    message: "is not a wgpu device".into(),
-                })
-            }
-        };
         let others = [
             ("k", Some(&self.k)),
             ("v", Some(&self.v)),
@@ -211,11 +205,7 @@ impl Inputs {
                 }
             }
         }
-        device::registered(&wgpu).ok_or_else(|| Error::Device {
-            arg: "q",
-            found: format!("{wgpu:?}"),
-            message: "was not registered with burn_attention::init or register_setup".into(),
-        })
+        device::cube_context("q", &self.q.device)
     }
 
     /// The inputs' buffers, pinned, in the order `q, k, v, bias, relative_table, sinks`.
@@ -225,17 +215,9 @@ impl Inputs {
             q: Pinned::new("q", &self.q)?,
             k: Pinned::new("k", &self.k)?,
             v: Pinned::new("v", &self.v)?,
-            bias: self
-                .bias
-                .as_ref()
-                .map(|t| Pinned::new("bias", t))
-                .transpose()?,
-            relative_table: (self.relative_table.as_ref())
-                .map(|t| Pinned::new("relative_table", t))
-                .transpose()?,
-            sinks: (self.sinks.as_ref())
-                .map(|t| Pinned::new("sinks", t))
-                .transpose()?,
+            bias: pin_optional("bias", self.bias.as_ref())?,
+            relative_table: pin_optional("relative_table", self.relative_table.as_ref())?,
+            sinks: pin_optional("sinks", self.sinks.as_ref())?,
         })
     }
 }
@@ -366,15 +348,6 @@ fn forward(inputs: Inputs, spec: &ScoreSpec) -> Result<(CubeTensor, CubeTensor)>
     Ok((out, lse))
 }
 
-type Grads = (
-    CubeTensor,
-    CubeTensor,
-    CubeTensor,
-    Option<CubeTensor>,
-    Option<CubeTensor>,
-    Option<CubeTensor>,
-);
-
 fn backward(
     inputs: Inputs,
     out: CubeTensor,
@@ -382,7 +355,7 @@ fn backward(
     d_out: CubeTensor,
     spec: &ScoreSpec,
     wanted: WantedGrads,
-) -> Result<Grads> {
+) -> Result<AttentionGradients<CubeBackend>> {
     let ctx = inputs.context()?;
     let (out, d_out) = (contiguous_rows(out), contiguous_rows(d_out));
     let lse = contiguous_aligned("lse", lse)?;
@@ -405,27 +378,24 @@ fn backward(
         dtype,
     );
     let terms = ScoreTerms::new(&ctx, spec, &pinned)?;
-    let shape_of = |t: &Option<CubeTensor>| t.as_ref().map(|t| t.meta.shape().to_vec());
-    let d_bias = match (wanted.bias, shape_of(&inputs.bias)) {
-        (true, Some(shape)) => Some(empty(&inputs.q, &shape, BurnDType::F32)),
-        _ => None,
+    // A gradient like its (f32) term, where the term exists and its gradient is wanted.
+    let gradient = |wanted: bool, term: &Option<CubeTensor>| {
+        let term = term.as_ref().filter(|_| wanted)?;
+        Some(empty(
+            &inputs.q,
+            &term.meta.shape().to_vec(),
+            BurnDType::F32,
+        ))
     };
-    let d_relative = match (wanted.relative_table, shape_of(&inputs.relative_table)) {
-        (true, Some(shape)) => Some(empty(&inputs.q, &shape, BurnDType::F32)),
-        _ => None,
-    };
-    let d_sinks = match (wanted.sinks, shape_of(&inputs.sinks)) {
-        (true, Some(shape)) => Some(empty(&inputs.q, &shape, BurnDType::F32)),
-        _ => None,
-    };
+    let d_bias = gradient(wanted.bias, &inputs.bias);
+    let d_relative = gradient(wanted.relative_table, &inputs.relative_table);
+    let d_sinks = gradient(wanted.sinks, &inputs.sinks);
     let pin = |arg, t: &CubeTensor| Pinned::new(arg, t);
     let (out_p, lse_p, d_out_p) = (pin("out", &out)?, pin("lse", &lse)?, pin("d_out", &d_out)?);
     let (dq_p, dk_p, dv_p) = (pin("dq", &dq)?, pin("dk", &dk)?, pin("dv", &dv)?);
-    let d_bias_p = d_bias.as_ref().map(|t| pin("d_bias", t)).transpose()?;
-    let d_relative_p = (d_relative.as_ref())
-        .map(|t| pin("d_relative_table", t))
-        .transpose()?;
-    let d_sinks_p = d_sinks.as_ref().map(|t| pin("d_sinks", t)).transpose()?;
+    let d_bias_p = pin_optional("d_bias", d_bias.as_ref())?;
+    let d_relative_p = pin_optional("d_relative_table", d_relative.as_ref())?;
+    let d_sinks_p = pin_optional("d_sinks", d_sinks.as_ref())?;
     let d_relative_dense = (d_relative_p.as_ref())
         .map(|t| t.dense("d_relative_table"))
         .transpose()?;

@@ -133,6 +133,14 @@ impl Pinned {
     }
 }
 
+/// [`Pinned::new`] of a tensor that may be absent.
+pub(crate) fn pin_optional(
+    arg: &'static str,
+    tensor: Option<&CubeTensor>,
+) -> Result<Option<Pinned>> {
+    tensor.map(|t| Pinned::new(arg, t)).transpose()
+}
+
 /// Submits the work burn recorded on `tensor`'s device, so that the kernels submitted next run
 /// after it on the queue.
 pub(crate) fn flush(tensor: &CubeTensor) -> Result<()> {

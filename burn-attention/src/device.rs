@@ -65,44 +65,52 @@ fn insert(device: WgpuDevice, ctx: Context) {
 /// autodiff): its adapter report, memory statistics, profiling. [`Error::Device`] for a device not
 /// registered with [`init`] or [`register_setup`].
 pub fn context(device: &Device) -> Result<Arc<Context>> {
-    context_of("device", device).map(|(_, ctx)| ctx)
-}
-
-/// The context registered for a wgpu device.
-pub(crate) fn registered(device: &WgpuDevice) -> Option<Arc<Context>> {
-    registry()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(device)
-        .cloned()
+    context_of("device", device)
 }
 
 /// The wgpu device of a burn device, through autodiff: the device the kernels run on, or a typed
-/// error naming `arg` for a device of another back end or one not registered here.
+/// error naming `arg` for a device of another back end.
 pub(crate) fn wgpu_device_of(arg: &'static str, device: &Device) -> Result<WgpuDevice> {
     match device.clone().inner().as_dispatch() {
         DispatchDevice::Cube(cubecl::Device::Wgpu(wgpu)) => Ok(wgpu.clone()),
-        other => Err(Error::Device {
-            arg,
-            found: format!("{other:?}"),
-            message: "is not a wgpu device: the fused kernels run on wgpu devices registered with \
-                      burn_attention::init or register_setup"
-                .into(),
-        }),
+        other => Err(not_wgpu(arg, other)),
     }
 }
 
-/// [`wgpu_device_of`] and its registered context.
-pub(crate) fn context_of(arg: &'static str, device: &Device) -> Result<(WgpuDevice, Arc<Context>)> {
-    let wgpu = wgpu_device_of(arg, device)?;
-    match registered(&wgpu) {
-        Some(ctx) => Ok((wgpu, ctx)),
-        None => Err(Error::Device {
-            arg,
-            found: format!("{wgpu:?}"),
-            message: "was not registered: create it with burn_attention::init or register_setup \
-                      so the kernels share burn's wgpu device"
-                .into(),
-        }),
+/// The context registered for a burn device, or a typed error naming `arg` (another back end, or a
+/// wgpu device not registered here).
+pub(crate) fn context_of(arg: &'static str, device: &Device) -> Result<Arc<Context>> {
+    match device.clone().inner().as_dispatch() {
+        DispatchDevice::Cube(cube) => cube_context(arg, cube),
+        other => Err(not_wgpu(arg, other)),
+    }
+}
+
+/// [`context_of`] for the device of a cubecl tensor (what the op's implementation holds).
+pub(crate) fn cube_context(arg: &'static str, device: &cubecl::Device) -> Result<Arc<Context>> {
+    let cubecl::Device::Wgpu(wgpu) = device else {
+        return Err(not_wgpu(arg, device));
+    };
+    let registered = registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(wgpu)
+        .cloned();
+    registered.ok_or_else(|| Error::Device {
+        arg,
+        found: format!("{wgpu:?}"),
+        message: "was not registered: create it with burn_attention::init or register_setup so \
+                  the kernels share burn's wgpu device"
+            .into(),
+    })
+}
+
+fn not_wgpu(arg: &'static str, found: &impl std::fmt::Debug) -> Error {
+    Error::Device {
+        arg,
+        found: format!("{found:?}"),
+        message: "is not a wgpu device: the fused kernels run on wgpu devices registered with \
+                  burn_attention::init or register_setup"
+            .into(),
     }
 }

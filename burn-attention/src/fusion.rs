@@ -11,7 +11,7 @@ use burn_fusion::stream::{Operation, StreamId};
 use burn_fusion::{client::GlobalFusionClient as Client, Fusion, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorId, TensorIr, TensorStatus};
 
-use crate::backend::{FusedAttentionBackend, OptionalTensor, WantedGrads};
+use crate::backend::{AttentionGradients, FusedAttentionBackend, OptionalTensor, WantedGrads};
 use crate::ScoreSpec;
 
 type Tensor = FusionTensor<FusionCubeRuntime>;
@@ -110,14 +110,7 @@ impl FusedAttentionBackend for Fusion<CubeBackend> {
         sinks: OptionalTensor<Self>,
         spec: ScoreSpec,
         wanted: WantedGrads,
-    ) -> (
-        Tensor,
-        Tensor,
-        Tensor,
-        Option<Tensor>,
-        Option<Tensor>,
-        Option<Tensor>,
-    ) {
+    ) -> AttentionGradients<Self> {
         let client = q.client.clone();
         let (dq, dk, dv, d_bias, d_relative, d_sinks) = CubeBackend::fused_attention_backward(
             resolve(q),

@@ -11,25 +11,24 @@ use wgpu_attention::ContextOptions;
 /// The Vulkan device (lavapipe here), registered once per test process.
 pub fn vulkan() -> Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| {
-            wgpu_attention::quiet_headless_start_up();
-            let options = Device::wgpu_options().graphics_api(WgpuBackend::Vulkan);
-            burn_attention::init(options, &ContextOptions::new()).expect("a Vulkan adapter")
-        })
-        .clone()
+    registered(&DEVICE, WgpuBackend::Vulkan)
 }
 
 /// The GL device (llvmpipe here), registered once per test process.
 pub fn gl() -> Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| {
-            wgpu_attention::quiet_headless_start_up();
-            let options = Device::wgpu_options().graphics_api(WgpuBackend::Gl);
-            burn_attention::init(options, &ContextOptions::new()).expect("a GL adapter")
-        })
-        .clone()
+    registered(&DEVICE, WgpuBackend::Gl)
+}
+
+/// burn's device on `api`, registered with burn-attention the first time.
+fn registered(slot: &OnceLock<Device>, api: WgpuBackend) -> Device {
+    slot.get_or_init(|| {
+        wgpu_attention::quiet_headless_start_up();
+        let options = Device::wgpu_options().graphics_api(api);
+        burn_attention::init(options, &ContextOptions::new())
+            .unwrap_or_else(|e| panic!("a {api:?} adapter: {e}"))
+    })
+    .clone()
 }
 
 /// The back ends the tests run on: `WGPU_ATTENTION_TEST_BACKENDS` (comma list of `vulkan`, `gl`),
