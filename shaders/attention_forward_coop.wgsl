@@ -44,9 +44,13 @@ var<workgroup> acc_mem: array<f32, ACC_MEM>;
 var<workgroup> row_m: array<f32, BM>;
 var<workgroup> row_l: array<f32, BM>;
 var<workgroup> row_alpha: array<f32, BM>;
-// Whether the staged V tile holds a non-finite value.
-var<workgroup> v_bad: atomic<u32>;
-var<workgroup> v_bad_tile: u32;
+// Whether the staged V tile holds a non-finite value (element 0 of each).
+// Cooperative loads and stores need 16-byte aligned addresses, and a driver lays the workgroup
+// variables out in an order of its choosing (NVIDIA's tensor-core products read garbage while these
+// two were 4 bytes each): every variable's size is a multiple of 16 bytes, so each starts 16-byte
+// aligned wherever it is placed.
+var<workgroup> v_bad: array<atomic<u32>, 4>;
+var<workgroup> v_bad_tile: array<u32, 4>;
 
 fn finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
@@ -95,7 +99,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var tile = tiles.begin; tile < tiles.end; tile++) {
         let n0 = tile * BN;
         if lid == 0u {
-            atomicStore(&v_bad, 0u);
+            atomicStore(&v_bad[0], 0u);
         }
         workgroupBarrier();
         for (var t = lid; t < BN * DKP; t += WG) {
@@ -120,7 +124,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             mat_mem[V_AT + t] = staged;
         }
         if bad {
-            atomicOr(&v_bad, 1u);
+            atomicOr(&v_bad[0], 1u);
         }
         workgroupBarrier();
 
@@ -131,7 +135,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         mat_store(s, 0u, BN);
         if lid == 0u {
-            v_bad_tile = atomicLoad(&v_bad);
+            v_bad_tile[0] = atomicLoad(&v_bad[0]);
         }
         workgroupBarrier();
         for (var r = lid; r < BM; r += WG) {
@@ -176,7 +180,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             row_alpha[r] = alpha;
         }
         // Uniform: every invocation of the workgroup takes the same branch below.
-        let scalar_pv = workgroupUniformLoad(&v_bad_tile) != 0u;
+        let scalar_pv = workgroupUniformLoad(&v_bad_tile[0]) != 0u;
 
         // The tile's P V into PV_AT, then O = alpha O + P V.
         if scalar_pv {

@@ -97,3 +97,11 @@ fn runs_on_the_configured_back_end() {
     let (q, k, v) = qkv(&vulkan());
     fused_attention(q, k, v, &FusedAttentionOptions::new()).expect("runs there");
 }
+
+#[test]
+fn a_device_init_brings_up_runs_the_listed_kernels_without_runtime_checks() {
+    // `init` creates the device, as `Context::new` does: the kernels listed as safe go without
+    // wgpu's runtime checks (2.9x the forward's time on an H100 with them).
+    let ctx = burn_attention::context(&vulkan()).expect("registered");
+    assert!(ctx.trusted_shaders());
+}

@@ -80,7 +80,7 @@ impl CoopForward {
         let (dkp, dvp) = padded(s);
         let elem = mat_elem(ctx).size();
         let mat = (TILE * dkp + TILE * dkp + TILE * dvp + TILE * TILE) as u64 * elem;
-        let acc = (TILE * TILE + 2 * TILE * dvp + 3 * TILE + 2) as u64 * 4;
+        let acc = (TILE * TILE + 2 * TILE * dvp + 3 * TILE + 8) as u64 * 4;
         mat.next_multiple_of(4) + acc
     }
 
