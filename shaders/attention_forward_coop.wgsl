@@ -3,25 +3,29 @@
 // tile multiply-adds through the matrix interface the host appends (matrix_coop.wgsl: cooperative
 // matrices; matrix_portable.wgsl: the same in ordinary arithmetic, for adapters without them).
 //
-// A workgroup is one subgroup (WG: the adapter's subgroup size in the tensor-core build) and owns a
-// block of BM = 16 query rows of one (batch, head). Q is staged once, scaled and rounded to MatElem;
-// then per tile of BN = 16 keys: K and V staged (MatElem), S = Q K^T as DKP / 16 multiply-adds,
-// stored to workgroup memory for the online softmax (masks and modifiers from the shared header,
-// one invocation per row), P rounded to MatElem (the row sums add the rounded values, so O is
-// normalised by what was multiplied), then P V as DVP / 16 multiply-adds into a scratch tile that
-// the invocations add into O (workgroup memory, rescaled by each row's alpha). A product skips
+// A workgroup is NSG tile groups of SG invocations (in the tensor-core build a group is a subgroup;
+// invocations fill subgroups in local-index order, and the device's qualification would catch a
+// device where they do not) and owns BM = 16 NSG query rows of one (batch, head); group g computes
+// rows 16 g .. 16 g + 15. Q is staged once, scaled and rounded to MatElem; then per tile of BN = 32
+// keys, staged once for the whole workgroup (MatElem): S = Q K^T as BN / 16 tiles of DKP / 16
+// multiply-adds per group, stored to workgroup memory for the online softmax (masks and modifiers
+// from the shared header, one invocation per row), P rounded to MatElem (the row sums add the
+// rounded values, so O is normalised by what was multiplied); O (f32, workgroup memory) is rescaled
+// by each row's alpha, then loaded as the accumulator of P V and stored back. A product skips
 // nothing, and 0 x NaN is NaN: a tile whose V holds a non-finite value takes P V in scalar
 // arithmetic that skips masked keys, so such a value reaches only the rows that see its key.
 // Split-KV and the causal tile range as in the tiled forward (its merge kernel combines splits).
 
-override WG: u32 = 32u;
+override SG: u32 = 32u;
+override NSG: u32 = 4u;
+override WG: u32 = SG * NSG;
 override DK: u32 = 64u;
 override DV: u32 = 64u;
 // Head dims rounded up to whole tiles (the padding is staged as zeros).
 override DKP: u32 = (DK + 15u) / 16u * 16u;
 override DVP: u32 = (DV + 15u) / 16u * 16u;
-const BM: u32 = 16u;
-const BN: u32 = 16u;
+override BM: u32 = 16u * NSG;
+const BN: u32 = 32u;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
 @group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
@@ -35,9 +39,8 @@ override V_AT: u32 = K_AT + BN * DKP;
 override P_AT: u32 = V_AT + BN * DVP;
 override MAT_MEM: u32 = P_AT + BM * BN;
 var<workgroup> mat_mem: array<MatElem, MAT_MEM>;
-// f32 tiles: S [BM x BN], the tile's P V [BM x DVP] and O [BM x DVP].
-override PV_AT: u32 = BM * BN;
-override O_AT: u32 = PV_AT + BM * DVP;
+// f32 tiles: S [BM x BN] and O [BM x DVP] (the accumulator of every tile's P V).
+override O_AT: u32 = BM * BN;
 override ACC_MEM: u32 = O_AT + BM * DVP;
 var<workgroup> acc_mem: array<f32, ACC_MEM>;
 // Each row's running max and sum, and its rescale factor for the current tile.
@@ -48,7 +51,7 @@ var<workgroup> row_alpha: array<f32, BM>;
 // Cooperative loads and stores need 16-byte aligned addresses, and a driver lays the workgroup
 // variables out in an order of its choosing (NVIDIA's tensor-core products read garbage while these
 // two were 4 bytes each): every variable's size is a multiple of 16 bytes, so each starts 16-byte
-// aligned wherever it is placed.
+// aligned wherever it is placed (BM is a multiple of 16 too).
 var<workgroup> v_bad: array<atomic<u32>, 4>;
 var<workgroup> v_bad_tile: array<u32, 4>;
 
@@ -63,7 +66,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if group >= params.total_groups {
         return;
     }
-    mat_init(lid);
+    // This invocation's tile group and its first row in the block.
+    let tile_group = lid / SG;
+    let rows_at = 16u * tile_group;
+    mat_init(lid % SG);
     let block = forward_block(group);
     let q_block = block.q_block;
     let split = block.split;
@@ -128,16 +134,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         workgroupBarrier();
 
-        // S = Q K^T, then the online softmax of its rows.
-        var s = mat_zero();
-        for (var d0 = 0u; d0 < DKP; d0 += 16u) {
-            s = mat_mma(mat_load_a(d0, DKP), mat_load_b_transposed(K_AT + d0, DKP), s);
+        // S = Q K^T for this group's rows, 16 keys at a time.
+        for (var n = 0u; n < BN; n += 16u) {
+            var s = mat_zero();
+            for (var d0 = 0u; d0 < DKP; d0 += 16u) {
+                let q_tile = mat_load_a(rows_at * DKP + d0, DKP);
+                s = mat_mma(q_tile, mat_load_b_transposed(K_AT + n * DKP + d0, DKP), s);
+            }
+            mat_store(s, rows_at * BN + n, BN);
         }
-        mat_store(s, 0u, BN);
         if lid == 0u {
             v_bad_tile[0] = atomicLoad(&v_bad[0]);
         }
         workgroupBarrier();
+        // The online softmax of the tile's rows of S, one invocation per row.
         for (var r = lid; r < BM; r += WG) {
             let i = row0 + r;
             var start = 0u;
@@ -146,16 +156,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 start = keys_start_at(i32(i) + shift);
                 end = min(keys_end_at(i32(i) + shift, kvlen), kv_hi);
             }
-            var e: array<vec4<f32>, 4>;
+            var e: array<vec4<f32>, BN / 4u>;
             var tile_max = NEG_BIG;
-            for (var q = 0u; q < 4u; q++) {
+            for (var q = 0u; q < BN / 4u; q++) {
                 let j = vec4<u32>(n0 + 4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
-                let raw = vec4<f32>(
-                    acc_mem[r * BN + 4u * q],
-                    acc_mem[r * BN + 4u * q + 1u],
-                    acc_mem[r * BN + 4u * q + 2u],
-                    acc_mem[r * BN + 4u * q + 3u],
-                );
+                let at = r * BN + 4u * q;
+                let raw = vec4<f32>(acc_mem[at], acc_mem[at + 1u], acc_mem[at + 2u], acc_mem[at + 3u]);
                 let x = modify_scores(raw, vec4<u32>(i), j, b, h);
                 let seen = (j >= vec4<u32>(start)) & (j < vec4<u32>(end)) & score_visible(x);
                 e[q] = select(vec4<f32>(NEG_BIG), x, seen);
@@ -166,7 +172,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let m_new = max(m, tile_max);
             let alpha = exp(m - m_new);
             var sum = 0.0;
-            for (var q = 0u; q < 4u; q++) {
+            for (var q = 0u; q < BN / 4u; q++) {
                 // Masked scores are NEG_BIG exactly; their p is masked_p (the scalar P V skips them).
                 let p = select(vec4<f32>(masked_p()), exp(e[q] - m_new), score_visible(e[q]));
                 for (var c = 0u; c < 4u; c++) {
@@ -179,33 +185,37 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             row_l[r] = row_l[r] * alpha + sum;
             row_alpha[r] = alpha;
         }
-        // Uniform: every invocation of the workgroup takes the same branch below.
+        // Uniform: every invocation of the workgroup takes the same branches below.
         let scalar_pv = workgroupUniformLoad(&v_bad_tile[0]) != 0u;
 
-        // The tile's P V into PV_AT, then O = alpha O + P V.
-        if scalar_pv {
-            for (var t = lid; t < BM * DVP; t += WG) {
-                let r = t / DVP;
+        // O = alpha O (+ P V in scalar arithmetic when V is not all finite).
+        for (var t = lid; t < BM * DVP; t += WG) {
+            let r = t / DVP;
+            var o = acc_mem[O_AT + t] * row_alpha[r];
+            if scalar_pv {
                 let d = t % DVP;
-                var sum = 0.0;
                 for (var jj = 0u; jj < BN; jj++) {
                     let p = f32(mat_mem[P_AT + r * BN + jj]);
                     // A key this row masks is not read (a NaN in its value is not the row's).
                     if p_visible(vec4<f32>(p)).x {
-                        sum += p * f32(mat_mem[V_AT + jj * DVP + d]);
+                        o += p * f32(mat_mem[V_AT + jj * DVP + d]);
                     }
                 }
-                acc_mem[PV_AT + t] = sum;
             }
-        } else {
-            let p = mat_load_a(P_AT, BN);
-            for (var c0 = 0u; c0 < DVP; c0 += 16u) {
-                mat_store(mat_mma(p, mat_load_b(V_AT + c0, DVP), mat_zero()), PV_AT + c0, DVP);
-            }
+            acc_mem[O_AT + t] = o;
         }
         workgroupBarrier();
-        for (var t = lid; t < BM * DVP; t += WG) {
-            acc_mem[O_AT + t] = acc_mem[O_AT + t] * row_alpha[t / DVP] + acc_mem[PV_AT + t];
+        // O += P V for this group's rows, O's tiles as the accumulators.
+        if !scalar_pv {
+            for (var c0 = 0u; c0 < DVP; c0 += 16u) {
+                let o_at = O_AT + rows_at * DVP + c0;
+                var o = mat_load_c(o_at, DVP);
+                for (var k0 = 0u; k0 < BN; k0 += 16u) {
+                    let p = mat_load_a(P_AT + rows_at * BN + k0, BN);
+                    o = mat_mma(p, mat_load_b(V_AT + k0 * DVP + c0, DVP), o);
+                }
+                mat_store(o, o_at, DVP);
+            }
         }
     }
     workgroupBarrier();

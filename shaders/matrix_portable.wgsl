@@ -1,10 +1,11 @@
 // The matrix interface, portable build: the functions of matrix_coop.wgsl in ordinary arithmetic, so
 // the tensor-core kernels' tiling, masks and softmax run (and are tested) on any adapter. As with a
-// cooperative matrix, a tile is one value for the whole workgroup (here, a subgroup's work spread
-// over the workgroup): each invocation computes and stores the accumulator elements `mat_lane`,
-// `mat_lane + WG`, ... (the kernel's WG). A loaded A or B tile is a view of `mat_mem`, read when it
-// is multiplied: kernels multiply a tile before anything writes its memory (as they must before any
-// barrier anyway), so this is the copy semantics of the tensor-core build. f32 arithmetic on
+// cooperative matrix, a tile is one value for a group of SG invocations (the kernel's tile group,
+// a subgroup in the tensor-core build): each invocation computes and stores the accumulator
+// elements `mat_lane`, `mat_lane + SG`, ... (`mat_lane`: its index in the group). A loaded A or B
+// tile is a view of `mat_mem`, read when it is multiplied: kernels multiply a tile before anything
+// writes its memory (as they must before any barrier anyway), so this is the copy semantics of the
+// tensor-core build; an accumulator tile is read when loaded. f32 arithmetic on
 // MatElem values (f16, or f32 where the device has no f16): each product is exact in f32, as the
 // tensor cores' f16 x f16 products are, and sums are f32 in both builds.
 
@@ -18,13 +19,13 @@ struct TileView {
 alias TileA = TileView;
 alias TileB = TileView;
 
-// This invocation's accumulator elements (e = mat_lane + WG * slot, row e / 16, column e % 16).
+// This invocation's accumulator elements (e = mat_lane + SG * slot, row e / 16, column e % 16).
 const MAT_SLOTS: u32 = 256u;
 struct TileC {
     e: array<f32, MAT_SLOTS>,
 }
 
-// This invocation's index in the workgroup.
+// This invocation's index in its tile group.
 var<private> mat_lane: u32;
 
 fn mat_init(lane: u32) {
@@ -47,10 +48,20 @@ fn mat_load_b_transposed(at: u32, stride: u32) -> TileB {
     return TileView(at, 1u, stride);
 }
 
+fn mat_load_c(at: u32, stride: u32) -> TileC {
+    var c: TileC;
+    var slot = 0u;
+    for (var e = mat_lane; e < 256u; e += SG) {
+        c.e[slot] = acc_mem[at + (e / 16u) * stride + e % 16u];
+        slot++;
+    }
+    return c;
+}
+
 fn mat_mma(a: TileA, b: TileB, c: TileC) -> TileC {
     var out = c;
     var slot = 0u;
-    for (var e = mat_lane; e < 256u; e += WG) {
+    for (var e = mat_lane; e < 256u; e += SG) {
         let r = e / 16u;
         let n = e % 16u;
         var sum = out.e[slot];
@@ -65,7 +76,7 @@ fn mat_mma(a: TileA, b: TileB, c: TileC) -> TileC {
 
 fn mat_store(c: TileC, at: u32, stride: u32) {
     var slot = 0u;
-    for (var e = mat_lane; e < 256u; e += WG) {
+    for (var e = mat_lane; e < 256u; e += SG) {
         acc_mem[at + (e / 16u) * stride + e % 16u] = c.e[slot];
         slot++;
     }

@@ -16,10 +16,14 @@ const FORWARD: &str = include_str!("../../../shaders/attention_forward_coop.wgsl
 const MATRIX_COOP: &str = include_str!("../../../shaders/matrix_coop.wgsl");
 const MATRIX_PORTABLE: &str = include_str!("../../../shaders/matrix_portable.wgsl");
 
-/// Query rows per workgroup and keys per tile (`BM`, `BN` in the shader): one 16x16 tile each.
+/// The side of one matrix tile, and the rows each tile group owns.
 const TILE: usize = 16;
-/// Workgroup of the portable build (the tensor-core build's is the subgroup size).
-const PORTABLE_WG: u32 = 16;
+/// Keys per staged tile (`BN` in the shader): two matrix tiles.
+pub(super) const BLOCK_N: usize = 32;
+/// Tile group of the portable build (the tensor-core build's is the subgroup).
+const PORTABLE_GROUP: u32 = 16;
+/// Tile groups per workgroup tried, most first: more groups share each staged K/V tile.
+const GROUPS: [u32; 3] = [4, 2, 1];
 
 /// How the tensor-core family's matrix interface is built on a context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,44 +53,77 @@ fn mat_elem(ctx: &Context) -> DType {
     }
 }
 
-/// Shape of one coop forward pipeline on a context.
+/// Shape of one coop forward pipeline on a context: `groups` tile groups of `group` invocations
+/// (a subgroup each in the tensor-core build), 16 query rows per group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct CoopForward {
     pub build: MatrixBuild,
-    pub wg: u32,
+    pub group: u32,
+    pub groups: u32,
 }
 
 impl CoopForward {
     /// The build and workgroup `ctx` runs the family with (qualifying the tensor-core build on the
-    /// device at first use), or `None` where the context runs another family or the problem's tiles
-    /// do not fit the workgroup storage (the GPU family then runs it).
+    /// device at first use): the most tile groups whose tiles fit the workgroup storage, or `None`
+    /// where the context runs another family or not even one group's fit (the GPU family then
+    /// runs it).
     pub fn choose(ctx: &Context, s: &AttentionShape) -> Result<Option<Self>> {
         if ctx.kernel_family() != KernelFamily::Coop {
             return Ok(None);
         }
         let build = matrix_build(ctx)?;
-        let wg = match build {
-            MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(PORTABLE_WG),
-            MatrixBuild::Portable => PORTABLE_WG,
-        };
-        let config = Self { build, wg };
-        let fits = config.workgroup_bytes(ctx, s)
-            <= u64::from(ctx.limits().max_compute_workgroup_storage_size);
-        Ok(fits.then_some(config))
+        Ok(Self::fitting(ctx, s, build))
     }
 
-    /// Workgroup memory: Q, K, V and P tiles in MatElem, S, P V and O in f32, three row values.
+    /// The most tile groups of `build` whose workgroup fits `ctx`'s limits for `s`, and no more
+    /// than the query rows fill (a short query, as in decoding, takes one group).
+    fn fitting(ctx: &Context, s: &AttentionShape, build: MatrixBuild) -> Option<Self> {
+        let wanted = s.q_seq.div_ceil(TILE).next_power_of_two() as u32;
+        let group = match build {
+            MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(PORTABLE_GROUP),
+            MatrixBuild::Portable => PORTABLE_GROUP,
+        };
+        let limits = ctx.limits();
+        GROUPS
+            .into_iter()
+            .map(|groups| Self {
+                build,
+                group,
+                groups,
+            })
+            .find(|c| {
+                (c.groups <= wanted || c.groups == 1)
+                    && c.wg() <= limits.max_compute_invocations_per_workgroup
+                    && c.wg() <= limits.max_compute_workgroup_size_x
+                    && c.workgroup_bytes(ctx, s)
+                        <= u64::from(limits.max_compute_workgroup_storage_size)
+            })
+    }
+
+    /// Invocations per workgroup.
+    pub fn wg(&self) -> u32 {
+        self.group * self.groups
+    }
+
+    /// Query rows per workgroup (`BM` in the shader).
+    pub fn block_m(&self) -> usize {
+        TILE * self.groups as usize
+    }
+
+    /// Workgroup memory: Q, K, V and P tiles in MatElem, S and O in f32, three row values and the
+    /// two flags.
     fn workgroup_bytes(&self, ctx: &Context, s: &AttentionShape) -> u64 {
         let (dkp, dvp) = padded(s);
+        let (bm, bn) = (self.block_m(), BLOCK_N);
         let elem = mat_elem(ctx).size();
-        let mat = (TILE * dkp + TILE * dkp + TILE * dvp + TILE * TILE) as u64 * elem;
-        let acc = (TILE * TILE + 2 * TILE * dvp + 3 * TILE + 8) as u64 * 4;
+        let mat = (bm * dkp + bn * dkp + bn * dvp + bm * bn) as u64 * elem;
+        let acc = (bm * bn + bm * dvp + 3 * bm + 8) as u64 * 4;
         mat.next_multiple_of(4) + acc
     }
 
     /// Accumulator elements each invocation owns (`MAT_SLOTS` of the portable build).
     fn slots(&self) -> u32 {
-        (TILE * TILE) as u32 / self.wg.min(256)
+        (TILE * TILE) as u32 / self.group.min(256)
     }
 
     /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
@@ -94,23 +131,27 @@ impl CoopForward {
     /// the bulk).
     fn loop_cost(&self, s: &AttentionShape) -> (usize, usize) {
         let (dkp, dvp) = padded(s);
-        let (wg, slots) = (self.wg as usize, self.slots().max(1) as usize);
-        let products = (dkp + dvp) / TILE * slots * (TILE + 2);
-        let rows = TILE.div_ceil(wg);
-        let per_tile = TILE * (dkp + dvp) / wg
+        let (bm, bn) = (self.block_m(), BLOCK_N);
+        let (wg, slots) = (self.wg() as usize, self.slots().max(1) as usize);
+        // Per group: S's bn/16 x dkp/16 products and P V's dvp/16 x bn/16, each slots x (16 + 2)
+        // iterations, plus the tiles' loads and stores.
+        let products = (bn / TILE) * (dkp + dvp) / TILE * slots * (TILE + 2)
+            + (bn / TILE + 2 * dvp / TILE) * slots;
+        let rows = bm.div_ceil(wg);
+        let per_tile = bn * (dkp + dvp) / wg
             + products
-            + rows * 24
-            + (TILE * dvp).div_ceil(wg) * (TILE + 2)
+            + rows * (bn / 4) * 12
+            + (bm * dvp).div_ceil(wg) * (bn + 2)
             + 16;
-        let fixed = TILE * (dkp + 3 * dvp) / wg + rows * 4 + 64;
+        let fixed = bm * (dkp + 2 * dvp) / wg + rows * 4 + 64;
         (per_tile, fixed)
     }
 
     /// Split-KV workgroups per query block: enough to fill a GPU, and as many as the loop budget
     /// needs on llvmpipe.
     pub fn splits(&self, ctx: &Context, s: &AttentionShape) -> usize {
-        let groups = s.q_seq.div_ceil(TILE) * s.batch * s.heads;
-        let kv_tiles = s.kv_seq.div_ceil(TILE);
+        let groups = s.q_seq.div_ceil(self.block_m()) * s.batch * s.heads;
+        let kv_tiles = s.kv_seq.div_ceil(BLOCK_N);
         let mut splits = 1;
         if let Some(tuned) = ctx.forward_splits() {
             splits = tuned.min(kv_tiles).max(1);
@@ -212,12 +253,13 @@ pub(super) fn encode_forward_coop(
 ) -> Result<()> {
     let (mat, slots) = (mat_elem(ctx), config.slots());
     let kernel = SplitForwardKernel {
-        block_m: TILE,
+        block_m: config.block_m(),
         splits: config.splits(ctx, s),
         name: &|dtype, written| kernel_name(config.build, dtype, written, mat),
         source: &|dtype, written| source(config.build, dtype, written, mat, slots),
         constants: &[
-            ("WG", config.wg),
+            ("SG", config.group),
+            ("NSG", config.groups),
             ("DK", s.head_dim_qk as u32),
             ("DV", s.head_dim_v as u32),
         ],
@@ -289,14 +331,15 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
 }
 
 /// The qualification [`matrix_build`] runs before it uses the tensor-core build on a device: the
-/// tensor-core forward with `build` on a small causal problem (three query blocks, five key tiles,
-/// head dim 64) against the GPU family's forward on the same device. `None` if O and lse agree within
+/// tensor-core forward with `build` on a small causal problem (80 query rows: two or more blocks,
+/// the last partial; 104 keys: four tiles, the last partial; head dim 64) against the GPU family's
+/// forward on the same device. `None` if O and lse agree within
 /// f16 accuracy, else what differed. (The tests run it with the portable build.)
 pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<String>> {
     let s = AttentionShape {
         batch: 1,
-        q_seq: 40,
-        kv_seq: 72,
+        q_seq: 80,
+        kv_seq: 104,
         heads: 2,
         kv_heads: 2,
         head_dim_qk: 64,
@@ -317,16 +360,14 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
     let tensor = |seq: usize, seed: u32| {
         GpuTensor::from_slice(ctx, &values(seq * 2 * 64, seed), &[1, seq, 2, 64])
     };
-    let (q, k, v) = (tensor(40, 1)?, tensor(72, 2)?, tensor(72, 3)?);
+    let (q, k, v) = (tensor(80, 1)?, tensor(104, 2)?, tensor(104, 3)?);
     let (q, k, v) = (q.heads()?, k.heads()?, v.heads()?);
     let opts = AttentionOptions::new().causal(true);
     let scale = check_options(ctx, &s, &opts)?;
-    let config = CoopForward {
-        build,
-        wg: match build {
-            MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(PORTABLE_WG),
-            MatrixBuild::Portable => PORTABLE_WG,
-        },
+    let Some(config) = CoopForward::fitting(ctx, &s, build) else {
+        return Ok(Some(
+            "its tiles at head dim 64 do not fit the workgroup storage".to_string(),
+        ));
     };
     let run = |coop: bool| -> Result<(Vec<f32>, Vec<f32>)> {
         let (q, k, v) = (&q, &k, &v);
@@ -359,7 +400,7 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
             .collect();
         let first = off.first().map_or(String::new(), |&i| {
             format!(
-                "; first at element {i} of [40, 2, 64]: {} against {}",
+                "; first at element {i} of [80, 2, 64]: {} against {}",
                 coop.0[i], tiled.0[i]
             )
         });

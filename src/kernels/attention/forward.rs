@@ -290,9 +290,9 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
     if let Some(config) = coop::CoopForward::choose(ctx, s)? {
         return Ok(ForwardPlan {
             family: KernelFamily::Coop,
-            workgroup: config.wg,
-            block_m: 16,
-            block_n: 16,
+            workgroup: config.wg(),
+            block_m: config.block_m() as u32,
+            block_n: coop::BLOCK_N as u32,
             splits: config.splits(ctx, s) as u32,
             subgroups: false,
             matrix: Some(config.build),
