@@ -9,7 +9,9 @@ mod common;
 use common::*;
 use rand::seq::SliceRandom;
 use wgpu_attention::inference::{KvFormat, PagedKvCache, PagedKvCacheConfig};
-use wgpu_attention::kernels::kv_cache::{kv_cache_append_paged_into, BlockTable};
+use wgpu_attention::kernels::kv_cache::{
+    kv_cache_append_paged_into, kv_cache_gather_paged_into, BlockTable,
+};
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::kv_cache::{dequantize_int8_rows, gather_paged};
 use wgpu_attention::{
@@ -168,6 +170,13 @@ fn paged_decode_matches_reference() {
             .q_lens(&[2, 1])
             .kv_lens(&[70, 3])
             .relative(8, 32, false);
+        check_paged(ctx, name, &case, 16, false);
+        // Prefill-shaped (64 new rows or more): the pools gathered, then the fused forward.
+        let case = Case::new(2, 70, 100, 4, 2, 16, 16)
+            .causal()
+            .q_lens(&[70, 40])
+            .kv_lens(&[100, 61])
+            .softcap(5.0);
         check_paged(ctx, name, &case, 16, false);
     });
     // Split-KV (a small loop budget forces several key splits and their merge).
@@ -379,6 +388,52 @@ fn a_full_pool_is_refused_and_nothing_changes() {
         assert!(cache.fork(a, a).is_err());
         assert!(cache.add_sequence(a).is_err());
         assert!(cache.add_sequence(7).is_err());
+    });
+}
+
+/// The gather out of a paged pool against the reference: each sequence's first positions through
+/// its table row, zeros past its length; the rest of the pool (NaN) never read.
+#[test]
+fn paged_gather_matches_reference() {
+    for_each_backend(|name, ctx| {
+        let ([b, cap, h, d], page, rows): ([usize; 4], usize, usize) = ([3, 40, 2, 8], 8, 33);
+        let stride = cap.div_ceil(page);
+        let (ids, pool) = placement(b, stride, 2, 11);
+        let mut table = BlockTable::new(ctx, b, stride, page, pool).unwrap();
+        table.write(ctx, &ids).unwrap();
+        let cache: Vec<f32> = (0..b * cap * h * d).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let pooled = scatter(&cache, [b, cap, h, d], &ids, page, pool);
+        let pool_tensor = upload(ctx, &pooled, [1, pool * page, h, d]);
+        let kv_lens = [33u32, 9, 20];
+        let lens = SeqLens::new(ctx, Some(&[1, 1, 1]), Some(&kv_lens)).unwrap();
+        let out = GpuTensor::zeros(ctx, &[b, rows, h, d]).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        kv_cache_gather_paged_into(ctx, &mut encoder, &pool_tensor, &table, &lens, rows, &out)
+            .unwrap();
+        ctx.queue().submit([encoder.finish()]);
+        let pooled: Vec<f64> = pooled.iter().map(|&x| x as f64).collect();
+        let want: Vec<f32> = (0..b)
+            .flat_map(|bi| {
+                let len = kv_lens[bi] as usize;
+                let mut seq = gather_paged(&pooled, &ids[bi * stride..], page, len, h * d);
+                seq.resize(rows * h * d, 0.0);
+                seq.into_iter().map(|x| x as f32)
+            })
+            .collect();
+        assert_eq!(out.to_vec(ctx).unwrap(), want, "[{name}] gathered rows");
+        // More rows than the table holds: refused, nothing recorded.
+        let too_many = GpuTensor::zeros(ctx, &[b, cap + 1, h, d]).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let refused = kv_cache_gather_paged_into(
+            ctx,
+            &mut encoder,
+            &pool_tensor,
+            &table,
+            &lens,
+            cap + 1,
+            &too_many,
+        );
+        assert!(matches!(refused, Err(Error::Shape { .. })), "{refused:?}");
     });
 }
 

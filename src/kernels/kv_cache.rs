@@ -1,7 +1,7 @@
 //! Key/value cache append (`shaders/kv_cache_append.wgsl`): a decoding step's new keys or values, a
 //! strided `[B, L, H, D]` view (the K or V columns of a projection), copied into a cache
 //! `[B, max_len, H, D]` after each sequence's cached tokens, or into a paged pool through a
-//! [`BlockTable`]. The caches themselves (per layer, with their lengths) are
+//! [`BlockTable`]; and the gather out of a paged pool (`shaders/kv_cache_gather.wgsl`). The caches themselves (per layer, with their lengths) are
 //! [`crate::inference::KvCache`] and [`crate::inference::PagedKvCache`]. CPU reference:
 //! [`crate::reference::kv_cache`].
 
@@ -19,12 +19,17 @@ const APPEND_INT8: &str = concat!(
     include_str!("../../shaders/kv_cache_common.wgsl"),
     include_str!("../../shaders/kv_cache_append_int8.wgsl")
 );
+const GATHER: &str = concat!(
+    include_str!("../../shaders/kv_cache_common.wgsl"),
+    include_str!("../../shaders/kv_cache_gather.wgsl")
+);
 
 /// The append shaders by name, for the naga tests.
 pub fn shader_sources() -> Vec<(&'static str, String)> {
     vec![
         ("kv_cache_append", APPEND.to_string()),
         ("kv_cache_append_int8", APPEND_INT8.to_string()),
+        ("kv_cache_gather", GATHER.to_string()),
     ]
 }
 
@@ -293,6 +298,115 @@ pub fn kv_cache_append_int8_into(
     lens: &SeqLens,
 ) -> Result<()> {
     append(ctx, encoder, new, Storage::Int8(cache), table, lens)
+}
+
+/// Records the gather of the first `rows` positions of every sequence of a paged f32 `pool` (`[1,
+/// pool rows, H, D]`, any strides with contiguous head dims) through `table` into `out [B, rows, H,
+/// D]` (contiguous), zeros past each sequence's `kv_lens` (`lens` as [`SeqLens::check_decode`]
+/// describes, `rows` at most the table's capacity). A prefill-shaped step over a paged cache runs
+/// the fused forward on what this gathers. Nothing is recorded if an argument is rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_cache_gather_paged_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    pool: &HeadsView,
+    table: &BlockTable,
+    lens: &SeqLens,
+    rows: usize,
+    out: &GpuTensor,
+) -> Result<()> {
+    crate::kernels::attention::check_f32(&[("pool", pool)])?;
+    let [one, pool_rows, h, d] = pool.shape();
+    if one != 1 || pool_rows != table.pool_rows() {
+        return Err(Error::shape(
+            "pool",
+            format!(
+                "has shape {:?}; the table's pool needs [1, {}, heads, head_dim]",
+                pool.shape(),
+                table.pool_rows()
+            ),
+        ));
+    }
+    let b = table.slots();
+    if rows > table.capacity() {
+        return Err(Error::shape(
+            "rows",
+            format!(
+                "is {rows}; the table holds {} positions per sequence",
+                table.capacity()
+            ),
+        ));
+    }
+    if out.shape() != [b, rows, h, d] {
+        return Err(Error::shape(
+            "out",
+            format!(
+                "has shape {:?}; gathering needs [{b}, {rows}, {h}, {d}]",
+                out.shape()
+            ),
+        ));
+    }
+    let Some(kv_lens) = lens.kv_lens().filter(|_| lens.batch() == b) else {
+        return Err(Error::shape(
+            "seq_lens",
+            format!("gathering needs kv_lens for the table's {b} sequences"),
+        ));
+    };
+    if let Some((i, len)) = kv_lens
+        .iter()
+        .enumerate()
+        .find(|(_, len)| **len as usize > table.capacity())
+    {
+        return Err(Error::shape(
+            "kv_lens",
+            format!(
+                "entry {i} is {len}, beyond the table's capacity {}",
+                table.capacity()
+            ),
+        ));
+    }
+    crate::kernels::arguments::check_call(
+        ctx,
+        &[("out", out.region())],
+        &[("pool", pool.region()), ("seq_lens", lens.region())],
+    )?;
+    check_binding(ctx, "kv cache pool", pool.buffer().size())?;
+    check_binding(ctx, "gathered kv rows", out.size_bytes())?;
+    let narrow = |v: usize| {
+        u32::try_from(v).map_err(|_| Error::Unsupported {
+            arg: "pool (offset or stride in elements)",
+            value: v as u64,
+            limit: u32::MAX as u64,
+            hint: "",
+        })
+    };
+    let [_, ss, sh] = pool.strides();
+    let n = b * rows * h * d;
+    let params = AppendParams {
+        batch: b as u32,
+        seq: rows as u32,
+        heads: h as u32,
+        dim: d as u32,
+        max_len: table.capacity() as u32,
+        grid_x: grid_x(n),
+        view_offset: narrow(pool.offset())?,
+        stride_b: 0,
+        stride_s: narrow(ss)?,
+        stride_h: narrow(sh)?,
+        packed: 0,
+        pad: 0,
+    };
+    encode(
+        ctx,
+        encoder,
+        "kv_cache_gather",
+        GATHER,
+        &table.constants(),
+        bytemuck::bytes_of(&params),
+        &[pool.buffer(), out.buffer(), lens.buffer(), table.buffer()],
+        n,
+    );
+    Ok(())
 }
 
 /// A cache's storage in either format.

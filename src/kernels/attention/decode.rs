@@ -277,6 +277,28 @@ pub fn attention_decode_int8_into(
     )
 }
 
+/// The first `rows` positions of every sequence of a paged `pool`, gathered into the context's
+/// scratch buffer for `what` (reused by the next call: its readers are recorded before it).
+#[allow(clippy::too_many_arguments)]
+fn gather(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    pool: &HeadsView,
+    table: &BlockTable,
+    lens: &SeqLens,
+    rows: usize,
+    what: &'static str,
+) -> Result<HeadsView> {
+    let [_, _, heads, dim] = pool.shape();
+    let shape = [table.slots(), rows, heads, dim];
+    let bytes = shape.iter().product::<usize>() as u64 * 4;
+    let out = GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)?;
+    crate::kernels::kv_cache::kv_cache_gather_paged_into(
+        ctx, encoder, pool, table, lens, rows, &out,
+    )?;
+    out.heads()
+}
+
 fn check_table(table: &BlockTable, s: &AttentionShape) -> Result<()> {
     if table.slots() != s.batch {
         return Err(Error::shape(
@@ -352,14 +374,36 @@ fn decode_into(
     // Prefill-shaped steps run on the fused forward kernels (K/V staged in tiles shared by a block
     // of rows; the decode kernel's rows each read every key): lavapipe, H 8 / Hkv 2, D 64, causal,
     // decode kernel over forward 0.4-0.6x at 8-16 new rows, 0.9-1.6x at 32, 1.3x at 64, 2.3x at
-    // 128, 5.2-5.7x at 512 (generate-bench --prefill-attention). Paged and int8 caches and draft
-    // trees stay on the decode kernel, which reads them.
+    // 128, 5.2-5.7x at 512 (generate-bench --prefill-attention); on an H100 a paged prefill's
+    // attention took 20x the contiguous one's on the decode kernel. A paged cache's first
+    // `longest` positions are gathered into scratch first (one read of them, as the decode kernel
+    // makes per row block). int8 caches and draft trees stay on the decode kernel, which reads them.
     let tree = opts.seq_lens.and_then(|l| l.tree_slots()).is_some();
-    if s.q_seq >= PREFILL_FORWARD_ROWS && table.is_none() && !int8 && !tree {
-        let (k_read, v_read) = (
-            k_cache.first_rows(longest.max(1))?,
-            v_cache.first_rows(longest.max(1))?,
-        );
+    if s.q_seq >= PREFILL_FORWARD_ROWS && !int8 && !tree {
+        let rows = longest.max(1);
+        let (k_read, v_read) = match (table, opts.seq_lens) {
+            (Some(table), Some(lens)) => (
+                gather(
+                    ctx,
+                    encoder,
+                    k_cache,
+                    table,
+                    lens,
+                    rows,
+                    "paged prefill keys",
+                )?,
+                gather(
+                    ctx,
+                    encoder,
+                    v_cache,
+                    table,
+                    lens,
+                    rows,
+                    "paged prefill values",
+                )?,
+            ),
+            _ => (k_cache.first_rows(rows)?, v_cache.first_rows(rows)?),
+        };
         let prefill = AttentionOptions {
             align_lens: true,
             ..*opts
