@@ -9,7 +9,7 @@
 // rows 16 g .. 16 g + 15. Q is staged once, scaled and rounded to MatElem; then per tile of BN = 32
 // keys, staged once for the whole workgroup (MatElem): S = Q K^T as BN / 16 tiles of DKP / 16
 // multiply-adds per group, stored to workgroup memory for the online softmax (masks and modifiers
-// from the shared header, one invocation per row), P rounded to MatElem (the row sums add the
+// from the shared header, SG / 16 invocations per row), P rounded to MatElem (the row sums add the
 // rounded values, so O is normalised by what was multiplied); O (f32, workgroup memory) is rescaled
 // by each row's alpha, then loaded as the accumulator of P V and stored back. A product skips
 // nothing, and 0 x NaN is NaN: a tile whose V holds a non-finite value takes P V in scalar
@@ -26,6 +26,9 @@ override DKP: u32 = (DK + 15u) / 16u * 16u;
 override DVP: u32 = (DV + 15u) / 16u * 16u;
 override BM: u32 = 16u * NSG;
 const BN: u32 = 32u;
+// Invocations per row in the softmax (SG / 16: 2 on a 32-wide subgroup) and the keys each takes.
+override LPR: u32 = WG / BM;
+override KPL: u32 = BN / LPR;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
 @group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
@@ -47,6 +50,8 @@ var<workgroup> acc_mem: array<f32, ACC_MEM>;
 var<workgroup> row_m: array<f32, BM>;
 var<workgroup> row_l: array<f32, BM>;
 var<workgroup> row_alpha: array<f32, BM>;
+// The softmax's partial row maxima, then sums, one per invocation (a multiple of 16 invocations).
+var<workgroup> part: array<f32, WG>;
 // Whether the staged V tile holds a non-finite value (element 0 of each).
 // Cooperative loads and stores need 16-byte aligned addresses, and a driver lays the workgroup
 // variables out in an order of its choosing (NVIDIA's tensor-core products read garbage while these
@@ -147,8 +152,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             v_bad_tile[0] = atomicLoad(&v_bad[0]);
         }
         workgroupBarrier();
-        // The online softmax of the tile's rows of S, one invocation per row.
-        for (var r = lid; r < BM; r += WG) {
+        // The online softmax of the tile's rows of S: LPR invocations per row (the tile groups are at
+        // least 16 wide: every invocation has a row), KPL keys each, their maxima and sums combined
+        // through `part` (index lid: row r LPR + slice).
+        {
+            let r = lid / LPR;
+            let slice = lid % LPR;
+            let first = lid - slice;
             let i = row0 + r;
             var start = 0u;
             var end = 0u;
@@ -158,32 +168,48 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             var e: array<vec4<f32>, BN / 4u>;
             var tile_max = NEG_BIG;
-            for (var q = 0u; q < BN / 4u; q++) {
-                let j = vec4<u32>(n0 + 4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
-                let at = r * BN + 4u * q;
+            for (var q = 0u; q < KPL / 4u; q++) {
+                let key = slice * KPL + 4u * q;
+                let j = vec4<u32>(n0 + key) + vec4<u32>(0u, 1u, 2u, 3u);
+                let at = r * BN + key;
                 let raw = vec4<f32>(acc_mem[at], acc_mem[at + 1u], acc_mem[at + 2u], acc_mem[at + 3u]);
                 let x = modify_scores(raw, vec4<u32>(i), j, b, h);
                 let seen = (j >= vec4<u32>(start)) & (j < vec4<u32>(end)) & score_visible(x);
                 e[q] = select(vec4<f32>(NEG_BIG), x, seen);
                 tile_max = max(tile_max, max(max(e[q].x, e[q].y), max(e[q].z, e[q].w)));
             }
+            part[lid] = tile_max;
+            workgroupBarrier();
+            for (var k = 0u; k < LPR; k++) {
+                tile_max = max(tile_max, part[first + k]);
+            }
             let m = row_m[r];
             // Both maxima are finite: alpha is 1 while a row has seen no key, 0 when its first arrives.
             let m_new = max(m, tile_max);
             let alpha = exp(m - m_new);
             var sum = 0.0;
-            for (var q = 0u; q < BN / 4u; q++) {
+            for (var q = 0u; q < KPL / 4u; q++) {
                 // Masked scores are NEG_BIG exactly; their p is masked_p (the scalar P V skips them).
                 let p = select(vec4<f32>(masked_p()), exp(e[q] - m_new), score_visible(e[q]));
                 for (var c = 0u; c < 4u; c++) {
                     let rounded = MatElem(p[c]);
-                    mat_mem[P_AT + r * BN + 4u * q + c] = rounded;
+                    mat_mem[P_AT + r * BN + slice * KPL + 4u * q + c] = rounded;
                     sum += f32(rounded);
                 }
             }
-            row_m[r] = m_new;
-            row_l[r] = row_l[r] * alpha + sum;
-            row_alpha[r] = alpha;
+            // Every slice has read the maxima (and its row's m) before they are overwritten.
+            workgroupBarrier();
+            part[lid] = sum;
+            workgroupBarrier();
+            if slice == 0u {
+                var total = 0.0;
+                for (var k = 0u; k < LPR; k++) {
+                    total += part[first + k];
+                }
+                row_m[r] = m_new;
+                row_l[r] = row_l[r] * alpha + total;
+                row_alpha[r] = alpha;
+            }
         }
         // Uniform: every invocation of the workgroup takes the same branches below.
         let scalar_pv = workgroupUniformLoad(&v_bad_tile[0]) != 0u;

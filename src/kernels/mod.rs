@@ -70,8 +70,10 @@ pub(crate) fn relaxed_runtime_checks(
     let dq_short_tiles = name.starts_with("attention_backward_dq_tiled")
         && constant("BN").is_some_and(|keys| keys < 32)
         && constant("DK").is_some_and(|dim| dim <= 64);
+    // The tensor-core forward (both builds) has the tiled forward's loops: the same holds.
     if (name == "attention_forward"
         || name.starts_with("attention_forward_tiled")
+        || name.starts_with("attention_forward_coop")
         || name.starts_with("attention_backward_dq")
         || name.starts_with("attention_backward_dkdv"))
         && !dq_short_tiles

@@ -20,7 +20,8 @@ const MATRIX_PORTABLE: &str = include_str!("../../../shaders/matrix_portable.wgs
 const TILE: usize = 16;
 /// Keys per staged tile (`BN` in the shader): two matrix tiles.
 pub(super) const BLOCK_N: usize = 32;
-/// Tile group of the portable build (the tensor-core build's is the subgroup).
+/// Tile group of the portable build (the tensor-core build's is the subgroup, 16 to 128 wide: the
+/// softmax gives each of a group's 16 rows group / 16 invocations).
 const PORTABLE_GROUP: u32 = 16;
 /// Tile groups per workgroup tried, most first: more groups share each staged K/V tile.
 const GROUPS: [u32; 3] = [4, 2, 1];
@@ -110,14 +111,14 @@ impl CoopForward {
         TILE * self.groups as usize
     }
 
-    /// Workgroup memory: Q, K, V and P tiles in MatElem, S and O in f32, three row values and the
-    /// two flags.
+    /// Workgroup memory: Q, K, V and P tiles in MatElem, S and O in f32, three row values, the
+    /// softmax's partials (one per invocation) and the two flags.
     fn workgroup_bytes(&self, ctx: &Context, s: &AttentionShape) -> u64 {
         let (dkp, dvp) = padded(s);
         let (bm, bn) = (self.block_m(), BLOCK_N);
         let elem = mat_elem(ctx).size();
         let mat = (bm * dkp + bn * dkp + bn * dvp + bm * bn) as u64 * elem;
-        let acc = (bm * bn + bm * dvp + 3 * bm + 8) as u64 * 4;
+        let acc = (bm * bn + bm * dvp + 3 * bm + self.wg() as usize + 8) as u64 * 4;
         mat.next_multiple_of(4) + acc
     }
 
@@ -141,6 +142,7 @@ impl CoopForward {
         let per_tile = bn * (dkp + dvp) / wg
             + products
             + rows * (bn / 4) * 12
+            + rows * 16
             + (bm * dvp).div_ceil(wg) * (bn + 2)
             + 16;
         let fixed = bm * (dkp + 2 * dvp) / wg + rows * 4 + 64;
@@ -293,6 +295,11 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
         Some("the device has no f16".to_string())
     } else if ctx.subgroup_size().is_none() {
         Some("the adapter reports no fixed subgroup size".to_string())
+    } else if let Some(size) = ctx.subgroup_size().filter(|&s| !(16..=128).contains(&s)) {
+        // A tile group gives each of its 16 rows SG / 16 invocations in the softmax.
+        Some(format!(
+            "its subgroup size {size} is outside 16 to 128, the tile groups' range"
+        ))
     } else if !ctx.owns_device() {
         Some(
             "the device was handed over without its adapter, whose list of configurations wgpu \
