@@ -2,6 +2,7 @@
 // of a step copied after each sequence's cached tokens (kv_cache_common.wgsl states where). One
 // invocation per element.
 
+@group(0) @binding(1) var<storage, read> new_rows: array<f32>;
 @group(0) @binding(2) var<storage, read_write> cache: array<f32>;
 
 @compute @workgroup_size(WG)

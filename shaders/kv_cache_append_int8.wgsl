@@ -4,6 +4,7 @@
 // within s / 254. A row holding a non-finite value gets a NaN scale: it reads back as NaN, as
 // attention over it would be, not as numbers. One invocation per (sequence, new row, head).
 
+@group(0) @binding(1) var<storage, read> new_rows: array<f32>;
 @group(0) @binding(2) var<storage, read_write> cache: array<u32>;
 
 fn is_finite(x: f32) -> bool {

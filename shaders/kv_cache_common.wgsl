@@ -1,6 +1,7 @@
 // Shared by the key/value cache appends (kv_cache_append.wgsl into f32 caches,
-// kv_cache_append_int8.wgsl into int8 ones) and the paged gather (kv_cache_gather.wgsl): the
-// parameters, the lengths and block table, and where each row goes or comes from. The new keys (or values) of a step are a strided [B, L, H, D] view (the K or V
+// kv_cache_append_int8.wgsl into int8 ones) and the gathers out of a cache (kv_cache_gather.wgsl,
+// kv_cache_gather_int8.wgsl): the parameters, the lengths and block table, and where each row goes
+// or comes from. The new keys (or values) of a step are a strided [B, L, H, D] view (the K or V
 // columns of a projection); row l < q_len[b] of sequence b goes to position kv_len[b] - q_len[b] + l
 // (lens = [q_lens, kv_lens] of SeqLens, kv_lens counting the new tokens); rows past q_len[b] are
 // padding and are not copied. Packed new rows (a packed prefill, SeqLens::packed): sequence b's new
@@ -34,8 +35,8 @@ override POOL_BLOCKS: u32 = 1u;
 override PAGE_ROWS: u32 = max(PAGE, 1u);
 
 @group(0) @binding(0) var<uniform> params: Params;
-// The rows read: a step's new rows (the appends), or a paged pool (the gather).
-@group(0) @binding(1) var<storage, read> new_rows: array<f32>;
+// Binding 1, the rows read, is each kernel's own: a step's new rows (the appends, f32) or a cache
+// (the gathers: f32 values, or int8 words).
 @group(0) @binding(3) var<storage, read> lens: array<u32>;
 // [B, TABLE_STRIDE] block ids (PAGE > 0; another read-only buffer otherwise).
 @group(0) @binding(4) var<storage, read> block_table: array<u32>;
@@ -45,18 +46,17 @@ fn is_new_row(b: u32, l: u32) -> bool {
     return l < lens[b];
 }
 
-// The pool row of position p of sequence b in a paged cache.
-fn pool_row(b: u32, p: u32) -> u32 {
-    return min(block_table[b * TABLE_STRIDE + p / PAGE_ROWS], POOL_BLOCKS - 1u) * PAGE_ROWS + p % PAGE_ROWS;
-}
-
-// The cache row (of the [B * max_len] rows, or the pool's) that new row l of sequence b fills.
-fn cache_row(b: u32, l: u32) -> u32 {
-    let p = lens[params.batch + b] - lens[b] + l;
+// The cache row (of the [B * max_len] rows, or the pool's) of position p of sequence b.
+fn position_row(b: u32, p: u32) -> u32 {
     if PAGE > 0u {
-        return pool_row(b, p);
+        return min(block_table[b * TABLE_STRIDE + p / PAGE_ROWS], POOL_BLOCKS - 1u) * PAGE_ROWS + p % PAGE_ROWS;
     }
     return b * params.max_len + p;
+}
+
+// The cache row that new row l of sequence b fills.
+fn cache_row(b: u32, l: u32) -> u32 {
+    return position_row(b, lens[params.batch + b] - lens[b] + l);
 }
 
 // Element index of value 0 of new row l of sequence b, head h.

@@ -275,7 +275,18 @@ fn int8_cache_decode_matches_reference() {
             .magnitude(3.0);
         let err2 = check_int8(ctx, name, &case);
         assert!(err2 < 5e-2, "[{name}] int8 against f32 cache: {err2}");
-        eprintln!("[{name}] int8 cache, largest output error against the f32 cache: {err:.2e}, {err2:.2e}");
+        // Prefill-shaped (64 new rows or more): the cache dequantised into scratch, then the fused
+        // forward.
+        let prefill = decode_case(2, 70, 100, 4, 2, 16, 16)
+            .causal()
+            .q_lens(&[70, 40])
+            .kv_lens(&[100, 61]);
+        let err3 = check_int8(ctx, name, &prefill);
+        assert!(
+            err3 < 2e-2,
+            "[{name}] int8 prefill against f32 cache: {err3}"
+        );
+        eprintln!("[{name}] int8 cache, largest output error against the f32 cache: {err:.2e}, {err2:.2e}, prefill {err3:.2e}");
         // Cosine scores and key clipping transform cached keys: refused for int8 caches.
         let (s, buffers) = (gqa_case().shape(), gqa_case().cosine(10.0));
         let q = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, 16]).unwrap();

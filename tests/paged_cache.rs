@@ -10,7 +10,7 @@ use common::*;
 use rand::seq::SliceRandom;
 use wgpu_attention::inference::{KvFormat, PagedKvCache, PagedKvCacheConfig};
 use wgpu_attention::kernels::kv_cache::{
-    kv_cache_append_paged_into, kv_cache_gather_paged_into, BlockTable,
+    kv_cache_append_paged_into, kv_cache_gather_int8_into, kv_cache_gather_paged_into, BlockTable,
 };
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::kv_cache::{dequantize_int8_rows, gather_paged};
@@ -178,6 +178,7 @@ fn paged_decode_matches_reference() {
             .kv_lens(&[100, 61])
             .softcap(5.0);
         check_paged(ctx, name, &case, 16, false);
+        check_paged(ctx, name, &case, 16, true);
     });
     // Split-KV (a small loop budget forces several key splits and their merge).
     for_each_backend_with_loop_budget(3000, |name, ctx| {
@@ -411,6 +412,7 @@ fn paged_gather_matches_reference() {
         kv_cache_gather_paged_into(ctx, &mut encoder, &pool_tensor, &table, &lens, rows, &out)
             .unwrap();
         ctx.queue().submit([encoder.finish()]);
+        let pooled_f32 = pooled.clone();
         let pooled: Vec<f64> = pooled.iter().map(|&x| x as f64).collect();
         let want: Vec<f32> = (0..b)
             .flat_map(|bi| {
@@ -421,6 +423,43 @@ fn paged_gather_matches_reference() {
             })
             .collect();
         assert_eq!(out.to_vec(ctx).unwrap(), want, "[{name}] gathered rows");
+        // An int8 pool, dequantised as it is gathered; and the same rows as a contiguous int8 cache.
+        let q8_pool = GpuTensorQ8::from_f32(ctx, &pooled_f32, &[pool * page, h, d]).unwrap();
+        let held = dequantize_int8_rows(&q8_pool.to_words(ctx).unwrap(), d);
+        let contiguous: Vec<f32> = (0..b)
+            .flat_map(|bi| gather_paged(&held, &ids[bi * stride..], page, cap, h * d))
+            .map(|x| x as f32)
+            .collect();
+        let q8_cache = GpuTensorQ8::from_f32(ctx, &contiguous, &[b, cap, h, d]).unwrap();
+        let want: Vec<f32> = (0..b)
+            .flat_map(|bi| {
+                let len = kv_lens[bi] as usize;
+                let mut seq = gather_paged(&held, &ids[bi * stride..], page, len, h * d);
+                seq.resize(rows * h * d, 0.0);
+                seq.into_iter().map(|x| x as f32)
+            })
+            .collect();
+        for (what, table) in [("paged", Some(&table)), ("contiguous", None)] {
+            let cache = if table.is_some() { &q8_pool } else { &q8_cache };
+            let out = GpuTensor::zeros(ctx, &[b, rows, h, d]).unwrap();
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            kv_cache_gather_int8_into(ctx, &mut encoder, cache, table, &lens, rows, &out).unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            // The reference dequantises in f64, the kernel in f32 (two roundings): within 2^-22
+            // of the largest value. Re-quantising the contiguous copy's dequantised rows keeps their
+            // words and scales, so both layouts hold the same values.
+            let got = out.to_vec(ctx).unwrap();
+            let largest = want.iter().fold(0.0f32, |m, w| m.max(w.abs()));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= largest * 2f32.powi(-22),
+                "[{name}] int8 {what} gather: {worst} (largest {largest})"
+            );
+        }
         // More rows than the table holds: refused, nothing recorded.
         let too_many = GpuTensor::zeros(ctx, &[b, cap + 1, h, d]).unwrap();
         let mut encoder = ctx.device().create_command_encoder(&Default::default());

@@ -23,6 +23,10 @@ const GATHER: &str = concat!(
     include_str!("../../shaders/kv_cache_common.wgsl"),
     include_str!("../../shaders/kv_cache_gather.wgsl")
 );
+const GATHER_INT8: &str = concat!(
+    include_str!("../../shaders/kv_cache_common.wgsl"),
+    include_str!("../../shaders/kv_cache_gather_int8.wgsl")
+);
 
 /// The append shaders by name, for the naga tests.
 pub fn shader_sources() -> Vec<(&'static str, String)> {
@@ -30,6 +34,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("kv_cache_append", APPEND.to_string()),
         ("kv_cache_append_int8", APPEND_INT8.to_string()),
         ("kv_cache_gather", GATHER.to_string()),
+        ("kv_cache_gather_int8", GATHER_INT8.to_string()),
     ]
 }
 
@@ -327,51 +332,21 @@ pub fn kv_cache_gather_paged_into(
             ),
         ));
     }
-    let b = table.slots();
-    if rows > table.capacity() {
-        return Err(Error::shape(
-            "rows",
-            format!(
-                "is {rows}; the table holds {} positions per sequence",
-                table.capacity()
-            ),
-        ));
-    }
-    if out.shape() != [b, rows, h, d] {
-        return Err(Error::shape(
-            "out",
-            format!(
-                "has shape {:?}; gathering needs [{b}, {rows}, {h}, {d}]",
-                out.shape()
-            ),
-        ));
-    }
-    let Some(kv_lens) = lens.kv_lens().filter(|_| lens.batch() == b) else {
-        return Err(Error::shape(
-            "seq_lens",
-            format!("gathering needs kv_lens for the table's {b} sequences"),
-        ));
-    };
-    if let Some((i, len)) = kv_lens
-        .iter()
-        .enumerate()
-        .find(|(_, len)| **len as usize > table.capacity())
-    {
-        return Err(Error::shape(
-            "kv_lens",
-            format!(
-                "entry {i} is {len}, beyond the table's capacity {}",
-                table.capacity()
-            ),
-        ));
-    }
+    check_gather(
+        ctx,
+        table.slots(),
+        table.capacity(),
+        [h, d],
+        lens,
+        rows,
+        out,
+    )?;
     crate::kernels::arguments::check_call(
         ctx,
         &[("out", out.region())],
         &[("pool", pool.region()), ("seq_lens", lens.region())],
     )?;
     check_binding(ctx, "kv cache pool", pool.buffer().size())?;
-    check_binding(ctx, "gathered kv rows", out.size_bytes())?;
     let narrow = |v: usize| {
         u32::try_from(v).map_err(|_| Error::Unsupported {
             arg: "pool (offset or stride in elements)",
@@ -381,32 +356,178 @@ pub fn kv_cache_gather_paged_into(
         })
     };
     let [_, ss, sh] = pool.strides();
-    let n = b * rows * h * d;
-    let params = AppendParams {
-        batch: b as u32,
-        seq: rows as u32,
-        heads: h as u32,
-        dim: d as u32,
-        max_len: table.capacity() as u32,
-        grid_x: grid_x(n),
-        view_offset: narrow(pool.offset())?,
-        stride_b: 0,
-        stride_s: narrow(ss)?,
-        stride_h: narrow(sh)?,
-        packed: 0,
-        pad: 0,
+    let view = [narrow(pool.offset())?, narrow(ss)?, narrow(sh)?];
+    let n = table.slots() * rows * h * d;
+    let gather = Gather {
+        name: "kv_cache_gather",
+        source: GATHER,
+        cache: pool.buffer(),
+        table: Some(table),
+        dims: [table.slots(), h, d],
+        max_len: table.capacity(),
+        view,
+        invocations: n,
     };
-    encode(
-        ctx,
-        encoder,
-        "kv_cache_gather",
-        GATHER,
-        &table.constants(),
-        bytemuck::bytes_of(&params),
-        &[pool.buffer(), out.buffer(), lens.buffer(), table.buffer()],
-        n,
-    );
+    gather.encode(ctx, encoder, lens, rows, out);
     Ok(())
+}
+
+/// Records the gather of the first `rows` positions of every sequence of an int8 `cache` (`[B,
+/// max_len, H, D]`, or with `table` a paged pool `[pool rows, H, D]` read through it), dequantised
+/// (each value `unpack(word) * scale`, see [`GpuTensorQ8`]), into `out [B, rows, H, D]` (f32,
+/// contiguous), zeros past each sequence's `kv_lens`. A prefill-shaped step over an int8 cache runs
+/// the fused forward on what this gathers. Nothing is recorded if an argument is rejected.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_cache_gather_int8_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    cache: &GpuTensorQ8,
+    table: Option<&BlockTable>,
+    lens: &SeqLens,
+    rows: usize,
+    out: &GpuTensor,
+) -> Result<()> {
+    let (batch, max_len, [h, d]) = match (table, cache.shape()) {
+        (None, &[b, max_len, h, d]) => (b, max_len, [h, d]),
+        (Some(t), &[pool_rows, h, d]) if pool_rows == t.pool_rows() => {
+            (t.slots(), t.capacity(), [h, d])
+        }
+        (_, shape) => {
+            return Err(Error::shape(
+                "cache",
+                format!(
+                    "has shape {shape:?}; expected {}",
+                    match table {
+                        None => "[batch, max_len, heads, head_dim]".to_string(),
+                        Some(t) =>
+                            format!("[{}, heads, head_dim] (the table's pool)", t.pool_rows()),
+                    }
+                ),
+            ))
+        }
+    };
+    check_gather(ctx, batch, max_len, [h, d], lens, rows, out)?;
+    let words = cache.words();
+    crate::kernels::arguments::check_call(
+        ctx,
+        &[("out", out.region())],
+        &[("cache", words.region()), ("seq_lens", lens.region())],
+    )?;
+    check_binding(ctx, "int8 kv cache", words.size_bytes())?;
+    let gather = Gather {
+        name: "kv_cache_gather_int8",
+        source: GATHER_INT8,
+        cache: words.buffer(),
+        table,
+        dims: [batch, h, d],
+        max_len,
+        view: [0; 3],
+        invocations: batch * rows * h * d / 4,
+    };
+    gather.encode(ctx, encoder, lens, rows, out);
+    Ok(())
+}
+
+/// What both gathers check: `lens` has kv_lens for the `batch` sequences, none beyond `max_len`,
+/// `rows` is at most `max_len`, and `out` is `[batch, rows, heads, dim]`.
+fn check_gather(
+    ctx: &Context,
+    batch: usize,
+    max_len: usize,
+    [h, d]: [usize; 2],
+    lens: &SeqLens,
+    rows: usize,
+    out: &GpuTensor,
+) -> Result<()> {
+    if rows > max_len {
+        return Err(Error::shape(
+            "rows",
+            format!("is {rows}; the cache holds {max_len} positions per sequence"),
+        ));
+    }
+    if out.shape() != [batch, rows, h, d] {
+        return Err(Error::shape(
+            "out",
+            format!(
+                "has shape {:?}; gathering needs [{batch}, {rows}, {h}, {d}]",
+                out.shape()
+            ),
+        ));
+    }
+    let Some(kv_lens) = lens.kv_lens().filter(|_| lens.batch() == batch) else {
+        return Err(Error::shape(
+            "seq_lens",
+            format!("gathering needs kv_lens for the cache's {batch} sequences"),
+        ));
+    };
+    if let Some((i, len)) = kv_lens
+        .iter()
+        .enumerate()
+        .find(|(_, len)| **len as usize > max_len)
+    {
+        return Err(Error::shape(
+            "kv_lens",
+            format!("entry {i} is {len}, beyond the cache's {max_len} positions"),
+        ));
+    }
+    check_binding(ctx, "gathered kv rows", out.size_bytes())
+}
+
+/// One gather dispatch: its kernel, the cache's buffer and layout.
+struct Gather<'a> {
+    name: &'static str,
+    source: &'static str,
+    cache: &'a wgpu::Buffer,
+    table: Option<&'a BlockTable>,
+    /// Sequences, heads, head dim.
+    dims: [usize; 3],
+    max_len: usize,
+    /// The f32 cache's offset and position and head strides, in elements.
+    view: [u32; 3],
+    invocations: usize,
+}
+
+impl Gather<'_> {
+    fn encode(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        lens: &SeqLens,
+        rows: usize,
+        out: &GpuTensor,
+    ) {
+        let [b, h, d] = self.dims;
+        let [view_offset, stride_s, stride_h] = self.view;
+        let params = AppendParams {
+            batch: b as u32,
+            seq: rows as u32,
+            heads: h as u32,
+            dim: d as u32,
+            max_len: self.max_len as u32,
+            grid_x: grid_x(self.invocations),
+            view_offset,
+            stride_b: 0,
+            stride_s,
+            stride_h,
+            packed: 0,
+            pad: 0,
+        };
+        // A contiguous cache binds the lengths where the table would be (the shader does not read it).
+        let (constants, table_buffer) = match self.table {
+            Some(t) => (t.constants().to_vec(), t.buffer()),
+            None => (Vec::new(), lens.buffer()),
+        };
+        encode(
+            ctx,
+            encoder,
+            self.name,
+            self.source,
+            &constants,
+            bytemuck::bytes_of(&params),
+            &[self.cache, out.buffer(), lens.buffer(), table_buffer],
+            self.invocations,
+        );
+    }
 }
 
 /// A cache's storage in either format.

@@ -160,7 +160,7 @@ pub fn attention_decode_into(
         q,
         [k_cache, v_cache],
         None,
-        false,
+        None,
         s,
         out,
         lse,
@@ -200,7 +200,7 @@ pub fn attention_decode_paged_into(
         q,
         [k_pool, v_pool],
         Some(table),
-        false,
+        None,
         s,
         out,
         lse,
@@ -209,7 +209,7 @@ pub fn attention_decode_paged_into(
 }
 
 /// [`attention_decode_into`] against an int8 cache (see [`GpuTensorQ8`]), dequantised inside the
-/// kernel: `k_cache [B, max_len, Hkv, Dk]` and `v_cache [B, max_len, Hkv, Dv]`, or with `table`
+/// decode kernel (a prefill-shaped step: into scratch, for the fused forward): `k_cache [B, max_len, Hkv, Dk]` and `v_cache [B, max_len, Hkv, Dv]`, or with `table`
 /// the pools `[pool rows, Hkv, D]` of a paged cache read through it (as
 /// [`attention_decode_paged_into`]). Every mask and modifier applies but cosine scores and key
 /// clipping, refused with a typed error. Against the f32 cache of the same keys and values each
@@ -269,7 +269,7 @@ pub fn attention_decode_int8_into(
         q,
         [&k_words, &v_words],
         table,
-        true,
+        Some([k_cache, v_cache]),
         s,
         out,
         lse,
@@ -295,6 +295,29 @@ fn gather(
     let out = GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)?;
     crate::kernels::kv_cache::kv_cache_gather_paged_into(
         ctx, encoder, pool, table, lens, rows, &out,
+    )?;
+    out.heads()
+}
+
+/// The first `rows` positions of every sequence of an int8 `cache` (through `table` when paged),
+/// dequantised into the context's scratch buffer for `what`.
+#[allow(clippy::too_many_arguments)]
+fn gather_int8(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    cache: &GpuTensorQ8,
+    table: Option<&BlockTable>,
+    lens: &SeqLens,
+    rows: usize,
+    what: &'static str,
+) -> Result<HeadsView> {
+    let shape = cache.shape();
+    let (heads, dim) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    let shape = [lens.batch(), rows, heads, dim];
+    let bytes = shape.iter().product::<usize>() as u64 * 4;
+    let out = GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)?;
+    crate::kernels::kv_cache::kv_cache_gather_int8_into(
+        ctx, encoder, cache, table, lens, rows, &out,
     )?;
     out.heads()
 }
@@ -328,7 +351,7 @@ fn decode_into(
     q: &HeadsView,
     [k_cache, v_cache]: [&HeadsView; 2],
     table: Option<&BlockTable>,
-    int8: bool,
+    int8: Option<[&GpuTensorQ8; 2]>,
     s: AttentionShape,
     out: &HeadsView,
     lse: &GpuTensor,
@@ -377,12 +400,16 @@ fn decode_into(
     // 128, 5.2-5.7x at 512 (generate-bench --prefill-attention); on an H100 a paged prefill's
     // attention took 20x the contiguous one's on the decode kernel. A paged cache's first
     // `longest` positions are gathered into scratch first (one read of them, as the decode kernel
-    // makes per row block). int8 caches and draft trees stay on the decode kernel, which reads them.
+    // makes per row block), an int8 cache's dequantised. Draft trees stay on the decode kernel.
     let tree = opts.seq_lens.and_then(|l| l.tree_slots()).is_some();
-    if s.q_seq >= PREFILL_FORWARD_ROWS && !int8 && !tree {
+    if s.q_seq >= PREFILL_FORWARD_ROWS && !tree {
         let rows = longest.max(1);
-        let (k_read, v_read) = match (table, opts.seq_lens) {
-            (Some(table), Some(lens)) => (
+        let (k_read, v_read) = match (int8, table, opts.seq_lens) {
+            (Some([k_q8, v_q8]), _, Some(lens)) => (
+                gather_int8(ctx, encoder, k_q8, table, lens, rows, "int8 prefill keys")?,
+                gather_int8(ctx, encoder, v_q8, table, lens, rows, "int8 prefill values")?,
+            ),
+            (None, Some(table), Some(lens)) => (
                 gather(
                     ctx,
                     encoder,
@@ -449,7 +476,7 @@ fn decode_into(
         ("DK", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ];
-    if int8 {
+    if int8.is_some() {
         constants.push(("INT8", 1));
     }
     // Checked to match the queries' rows in check_options_with.
