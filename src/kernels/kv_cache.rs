@@ -347,14 +347,7 @@ pub fn kv_cache_gather_paged_into(
         &[("pool", pool.region()), ("seq_lens", lens.region())],
     )?;
     check_binding(ctx, "kv cache pool", pool.buffer().size())?;
-    let narrow = |v: usize| {
-        u32::try_from(v).map_err(|_| Error::Unsupported {
-            arg: "pool (offset or stride in elements)",
-            value: v as u64,
-            limit: u32::MAX as u64,
-            hint: "",
-        })
-    };
+    let narrow = |v| narrow("pool (offset or stride in elements)", v);
     let [_, ss, sh] = pool.strides();
     let view = [narrow(pool.offset())?, narrow(ss)?, narrow(sh)?];
     let n = table.slots() * rows * h * d;
@@ -426,6 +419,16 @@ pub fn kv_cache_gather_int8_into(
     };
     gather.encode(ctx, encoder, lens, rows, out);
     Ok(())
+}
+
+/// `v` as the kernels' u32, or a typed error naming `arg`.
+fn narrow(arg: &'static str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Unsupported {
+        arg,
+        value: v as u64,
+        limit: u32::MAX as u64,
+        hint: "",
+    })
 }
 
 /// What both gathers check: `lens` has kv_lens for the `batch` sequences, none beyond `max_len`,
@@ -619,14 +622,7 @@ fn append(
     check_binding(ctx, "new kv rows", new.buffer().size())?;
     // Packed new rows (a packed prefill) follow the queries' side of the packed lengths.
     crate::kernels::attention::check_packed_queries(&[("new", new)], Some(lens))?;
-    let narrow = |v: usize| {
-        u32::try_from(v).map_err(|_| Error::Unsupported {
-            arg: "new kv rows (offset or stride in elements)",
-            value: v as u64,
-            limit: u32::MAX as u64,
-            hint: "",
-        })
-    };
+    let narrow = |v| narrow("new kv rows (offset or stride in elements)", v);
     let [sb, ss, sh] = new.strides();
     // One invocation per element (f32), or per row of one head (int8: the row's scale first).
     let (name, source, n) = match storage {

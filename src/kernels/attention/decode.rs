@@ -277,8 +277,14 @@ pub fn attention_decode_int8_into(
     )
 }
 
-/// The first `rows` positions of every sequence of a paged `pool`, gathered into the context's
-/// scratch buffer for `what` (reused by the next call: its readers are recorded before it).
+/// A `[B, rows, H, D]` f32 tensor in the context's scratch buffer for `what` (reused by the next
+/// call that asks for it: this one's readers are recorded before it).
+fn scratch_rows(ctx: &Context, what: &'static str, shape: [usize; 4]) -> Result<GpuTensor> {
+    let bytes = shape.iter().product::<usize>() as u64 * 4;
+    GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)
+}
+
+/// The first `rows` positions of every sequence of a paged `pool`, gathered into scratch.
 #[allow(clippy::too_many_arguments)]
 fn gather(
     ctx: &Context,
@@ -290,9 +296,7 @@ fn gather(
     what: &'static str,
 ) -> Result<HeadsView> {
     let [_, _, heads, dim] = pool.shape();
-    let shape = [table.slots(), rows, heads, dim];
-    let bytes = shape.iter().product::<usize>() as u64 * 4;
-    let out = GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)?;
+    let out = scratch_rows(ctx, what, [table.slots(), rows, heads, dim])?;
     crate::kernels::kv_cache::kv_cache_gather_paged_into(
         ctx, encoder, pool, table, lens, rows, &out,
     )?;
@@ -313,9 +317,7 @@ fn gather_int8(
 ) -> Result<HeadsView> {
     let shape = cache.shape();
     let (heads, dim) = (shape[shape.len() - 2], shape[shape.len() - 1]);
-    let shape = [lens.batch(), rows, heads, dim];
-    let bytes = shape.iter().product::<usize>() as u64 * 4;
-    let out = GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)?;
+    let out = scratch_rows(ctx, what, [lens.batch(), rows, heads, dim])?;
     crate::kernels::kv_cache::kv_cache_gather_int8_into(
         ctx, encoder, cache, table, lens, rows, &out,
     )?;
