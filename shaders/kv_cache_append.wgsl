@@ -7,16 +7,9 @@
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.y * params.grid_x * WG + gid.x;
-    if i >= params.batch * params.seq * params.heads * params.dim {
+    let e = grid_item(gid, params.dim);
+    if !e.live || !is_new_row(e.b, e.s) {
         return;
     }
-    let d = i % params.dim;
-    let h = (i / params.dim) % params.heads;
-    let l = (i / (params.dim * params.heads)) % params.seq;
-    let b = i / (params.dim * params.heads * params.seq);
-    if !is_new_row(b, l) {
-        return;
-    }
-    cache[(cache_row(b, l) * params.heads + h) * params.dim + d] = new_rows[new_row_start(b, l, h) + d];
+    cache[(cache_row(e.b, e.s) * params.heads + e.h) * params.dim + e.x] = new_rows[new_row_start(e.b, e.s, e.h) + e.x];
 }

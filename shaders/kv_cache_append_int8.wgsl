@@ -13,14 +13,11 @@ fn is_finite(x: f32) -> bool {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.y * params.grid_x * WG + gid.x;
-    if i >= params.batch * params.seq * params.heads {
-        return;
-    }
-    let h = i % params.heads;
-    let l = (i / params.heads) % params.seq;
-    let b = i / (params.heads * params.seq);
-    if !is_new_row(b, l) {
+    let e = grid_item(gid, 1u);
+    let b = e.b;
+    let l = e.s;
+    let h = e.h;
+    if !e.live || !is_new_row(b, l) {
         return;
     }
     let src = new_row_start(b, l, h);

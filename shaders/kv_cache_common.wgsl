@@ -41,6 +41,28 @@ override PAGE_ROWS: u32 = max(PAGE, 1u);
 // [B, TABLE_STRIDE] block ids (PAGE > 0; another read-only buffer otherwise).
 @group(0) @binding(4) var<storage, read> block_table: array<u32>;
 
+// What one invocation of a cache kernel owns in the row-major [batch, seq, heads, inner] grid it
+// covers (inner: a head's values, four-value words, or 1 for a whole row): its flat index `at` and
+// coordinates (`s`: a new row for the appends, a position for the gathers).
+struct GridItem {
+    at: u32,
+    b: u32,
+    s: u32,
+    h: u32,
+    x: u32,
+    // Inside the grid (the dispatch rounds up to whole workgroups).
+    live: bool,
+}
+
+fn grid_item(gid: vec3<u32>, inner: u32) -> GridItem {
+    let i = gid.y * params.grid_x * WG + gid.x;
+    let x = i % inner;
+    let h = (i / inner) % params.heads;
+    let s = (i / (inner * params.heads)) % params.seq;
+    let b = i / (inner * params.heads * params.seq);
+    return GridItem(i, b, s, h, x, i < params.batch * params.seq * params.heads * inner);
+}
+
 // Whether new row l of sequence b is one of its q_len[b] new tokens (the others are padding).
 fn is_new_row(b: u32, l: u32) -> bool {
     return l < lens[b];

@@ -10,17 +10,13 @@
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.y * params.grid_x * WG + gid.x;
-    if i >= params.batch * params.seq * params.heads * params.dim {
+    let e = grid_item(gid, params.dim);
+    if !e.live {
         return;
     }
-    let d = i % params.dim;
-    let h = (i / params.dim) % params.heads;
-    let p = (i / (params.dim * params.heads)) % params.seq;
-    let b = i / (params.dim * params.heads * params.seq);
     var x = 0.0;
-    if p < lens[params.batch + b] {
-        x = cache[params.view_offset + position_row(b, p) * params.stride_s + h * params.stride_h + d];
+    if e.s < lens[params.batch + e.b] {
+        x = cache[params.view_offset + position_row(e.b, e.s) * params.stride_s + e.h * params.stride_h + e.x];
     }
-    gathered[i] = x;
+    gathered[e.at] = x;
 }

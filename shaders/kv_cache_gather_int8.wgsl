@@ -9,20 +9,16 @@
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.y * params.grid_x * WG + gid.x;
     let d4 = params.dim / 4u;
-    if i >= params.batch * params.seq * params.heads * d4 {
+    let e = grid_item(gid, d4);
+    if !e.live {
         return;
     }
-    let w = i % d4;
-    let h = (i / d4) % params.heads;
-    let p = (i / (d4 * params.heads)) % params.seq;
-    let b = i / (d4 * params.heads * params.seq);
     var x = vec4<f32>(0.0);
-    if p < lens[params.batch + b] {
+    if e.s < lens[params.batch + e.b] {
         // A row of one head: d4 value words and the scale word.
-        let row = (position_row(b, p) * params.heads + h) * (d4 + 1u);
-        x = unpack4x8snorm(cache[row + w]) * bitcast<f32>(cache[row + d4]);
+        let row = (position_row(e.b, e.s) * params.heads + e.h) * (d4 + 1u);
+        x = unpack4x8snorm(cache[row + e.x]) * bitcast<f32>(cache[row + d4]);
     }
-    gathered[i] = x;
+    gathered[e.at] = x;
 }
