@@ -412,33 +412,29 @@ fn paged_gather_matches_reference() {
         kv_cache_gather_paged_into(ctx, &mut encoder, &pool_tensor, &table, &lens, rows, &out)
             .unwrap();
         ctx.queue().submit([encoder.finish()]);
-        let pooled_f32 = pooled.clone();
-        let pooled: Vec<f64> = pooled.iter().map(|&x| x as f64).collect();
-        let want: Vec<f32> = (0..b)
-            .flat_map(|bi| {
-                let len = kv_lens[bi] as usize;
-                let mut seq = gather_paged(&pooled, &ids[bi * stride..], page, len, h * d);
-                seq.resize(rows * h * d, 0.0);
-                seq.into_iter().map(|x| x as f32)
-            })
-            .collect();
+        // What the gather of `rows` positions should write from a pool holding `values`.
+        let expected = |values: &[f64]| -> Vec<f32> {
+            (0..b)
+                .flat_map(|bi| {
+                    let len = kv_lens[bi] as usize;
+                    let mut seq = gather_paged(values, &ids[bi * stride..], page, len, h * d);
+                    seq.resize(rows * h * d, 0.0);
+                    seq.into_iter().map(|x| x as f32)
+                })
+                .collect()
+        };
+        let pooled_f64: Vec<f64> = pooled.iter().map(|&x| x as f64).collect();
+        let want = expected(&pooled_f64);
         assert_eq!(out.to_vec(ctx).unwrap(), want, "[{name}] gathered rows");
         // An int8 pool, dequantised as it is gathered; and the same rows as a contiguous int8 cache.
-        let q8_pool = GpuTensorQ8::from_f32(ctx, &pooled_f32, &[pool * page, h, d]).unwrap();
+        let q8_pool = GpuTensorQ8::from_f32(ctx, &pooled, &[pool * page, h, d]).unwrap();
         let held = dequantize_int8_rows(&q8_pool.to_words(ctx).unwrap(), d);
         let contiguous: Vec<f32> = (0..b)
             .flat_map(|bi| gather_paged(&held, &ids[bi * stride..], page, cap, h * d))
             .map(|x| x as f32)
             .collect();
         let q8_cache = GpuTensorQ8::from_f32(ctx, &contiguous, &[b, cap, h, d]).unwrap();
-        let want: Vec<f32> = (0..b)
-            .flat_map(|bi| {
-                let len = kv_lens[bi] as usize;
-                let mut seq = gather_paged(&held, &ids[bi * stride..], page, len, h * d);
-                seq.resize(rows * h * d, 0.0);
-                seq.into_iter().map(|x| x as f32)
-            })
-            .collect();
+        let want = expected(&held);
         for (what, table) in [("paged", Some(&table)), ("contiguous", None)] {
             let cache = if table.is_some() { &q8_pool } else { &q8_cache };
             let out = GpuTensor::zeros(ctx, &[b, rows, h, d]).unwrap();
