@@ -247,17 +247,27 @@ const WORKGROUP_PROBES: [(bool, bool, Extras); 8] = [
     (false, true, Extras::Padded),
 ];
 
+/// The storage probes at workgroup size `wg`: every load and store layout, named.
+fn storage_probes(wg: u32) -> Vec<(String, String)> {
+    let mut all = Vec::new();
+    for load_a in ["coopLoad", "coopLoadT"] {
+        for load_b in ["coopLoad", "coopLoadT"] {
+            for store in ["coopStore", "coopStoreT"] {
+                all.push((
+                    format!("storage wg {wg}: {load_a} A, {load_b} B, {store} C"),
+                    storage_probe(wg, load_a, load_b, store),
+                ));
+            }
+        }
+    }
+    all
+}
+
 /// Every probe's source at the workgroup sizes `wgs`.
 fn sources(wgs: &[u32]) -> Vec<String> {
     let mut all = Vec::new();
     for &wg in wgs {
-        for load_a in ["coopLoad", "coopLoadT"] {
-            for load_b in ["coopLoad", "coopLoadT"] {
-                for store in ["coopStore", "coopStoreT"] {
-                    all.push(storage_probe(wg, load_a, load_b, store));
-                }
-            }
-        }
+        all.extend(storage_probes(wg).into_iter().map(|(_, source)| source));
         for (scores, overrides, extras) in WORKGROUP_PROBES {
             all.push(workgroup_probe(wg, scores, overrides, extras));
         }
@@ -321,30 +331,18 @@ fn main() -> ExitCode {
         .collect();
     let mut failed = false;
     for wg in wgs {
-        for load_a in ["coopLoad", "coopLoadT"] {
-            for load_b in ["coopLoad", "coopLoadT"] {
-                for store in ["coopStore", "coopStoreT"] {
-                    let name = format!("storage wg {wg}: {load_a} A, {load_b} B, {store} C");
-                    match run(
-                        &ctx,
-                        &storage_probe(wg, load_a, load_b, store),
-                        &a,
-                        &b,
-                        256,
-                        &[],
-                    ) {
-                        Ok(c) => {
-                            let matches: Vec<&str> = candidates
-                                .iter()
-                                .filter(|(_, want)| worst(&c, want) == 0.0)
-                                .map(|(n, _)| n.as_str())
-                                .collect();
-                            let err = worst(&c, &candidates[0].1);
-                            println!("{name}: |C - A B| {err:e}, equals {matches:?}");
-                        }
-                        Err(e) => println!("{name}: error: {e}"),
-                    }
+        for (name, source) in storage_probes(wg) {
+            match run(&ctx, &source, &a, &b, 256, &[]) {
+                Ok(c) => {
+                    let matches: Vec<&str> = candidates
+                        .iter()
+                        .filter(|(_, want)| worst(&c, want) == 0.0)
+                        .map(|(n, _)| n.as_str())
+                        .collect();
+                    let err = worst(&c, &candidates[0].1);
+                    println!("{name}: |C - A B| {err:e}, equals {matches:?}");
                 }
+                Err(e) => println!("{name}: error: {e}"),
             }
         }
         for (scores, overrides, extras) in WORKGROUP_PROBES {
