@@ -5,7 +5,9 @@
 // tree step (per_sequence 2, SeqLens::with_trees) at kv_len[b] - q_len[b] + depth(l), the depths
 // following the lengths in the same buffer. A packed batch (per_sequence 3, SeqLens::packed, x
 // [1, rows, dim]): row r belongs to the sequence b whose rows start[b] .. start[b] + q_len[b] hold
-// it and sits at position r - start[b]; rows after every sequence get no position (y = x).
+// it and sits at position r - start[b]; rows after every sequence get no position (y = x). A packed
+// prefill (per_sequence 4, packed lengths of new tokens after a cache): as 3, each sequence's rows
+// after its kv_len[b] - q_len[b] cached tokens.
 
 struct Params {
     batch: u32,
@@ -29,14 +31,14 @@ override WG: u32 = 64u;
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.y * params.grid_x * WG + gid.x;
     // A packed batch is one [1, rows, dim] tensor of `batch` sequences.
-    let sequences = select(params.batch, 1u, params.per_sequence == 3u);
+    let sequences = select(params.batch, 1u, params.per_sequence >= 3u);
     if i >= sequences * params.seq * params.dim {
         return;
     }
     let c = i % params.dim;
     let l = (i / params.dim) % params.seq;
     var p = l;
-    if params.per_sequence == 3u {
+    if params.per_sequence >= 3u {
         // The last sequence starting at or before row l (starts ascend; empty sequences share the
         // next one's start, and holding no rows they are never the one found with l inside).
         var lo = 0u;
@@ -54,7 +56,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             y[i] = x[i];
             return;
         }
-        p = min(position, params.max_len - 1u);
+        var cached = 0u;
+        if params.per_sequence == 4u {
+            cached = lens[params.batch + lo] - min(lens[lo], lens[params.batch + lo]);
+        }
+        p = min(cached + position, params.max_len - 1u);
     } else if params.per_sequence != 0u {
         let b = i / (params.seq * params.dim);
         // Rows past a sequence's new tokens are padding: any in-table position serves.

@@ -263,6 +263,116 @@ fn cached_decoding_matches_the_full_forward_at_every_step() {
     });
 }
 
+/// Prompts are prefilled packed, one after another in the pass's rows: a prompt spanning passes,
+/// sequences with no tokens in a pass, the short pass for a remainder that fits it, requests
+/// admitted together, and a prompt of 64 rows or more (the fused forward over the cache, gathered
+/// when paged or int8). Each sequence's logits after the prefill and a step later equal the full
+/// forward's at its position (f32 caches at the forward tolerances; int8 within 3% of the largest
+/// logit), with learned positions (placed after each sequence's cached tokens) and GQA with RoPE.
+#[test]
+fn packed_prefill_passes_match_the_full_forward() {
+    const LEN: usize = 72;
+    let shape = BatchShape {
+        batch: 3,
+        src_len: 0,
+        tgt_len: LEN,
+    };
+    let paged = CacheLayout::Paged {
+        page: 4,
+        pool_blocks: 3 * LEN / 4,
+    };
+    let caches = [
+        CacheConfig::from(CacheLayout::Contiguous),
+        CacheConfig::from(paged),
+        CacheConfig::default().with_format(KvFormat::Int8),
+        CacheConfig::from(paged).with_format(KvFormat::Int8),
+    ];
+    // (prefill chunk, prompt lengths, admitted one at a time into an empty generator); chunk 2
+    // packs 6 rows: [6, 0, 0], [3, 1, 2], then the short pass [0, 0, 2].
+    let cases = [
+        (2, [9, 1, 4], false),
+        (2, [3, 2, 1], true),
+        (32, [70, 3, 5], false),
+    ];
+    for_each_backend(|name, ctx| {
+        for (n, (label, c)) in configs().into_iter().enumerate() {
+            if !label.starts_with("decoder-only LLaMA") && !label.starts_with("decoder-only GPT-2")
+            {
+                continue;
+            }
+            let c = TransformerConfig {
+                max_positions: c.max_positions.map(|_| LEN),
+                ..c
+            };
+            let mut model = Transformer::new(ctx, c, shape, 60 + n as u64).unwrap();
+            let targets = sequences(70 + n as u64, &[LEN; 3], LEN);
+            let full = full_logits(ctx, &mut model, &targets, &[]);
+            let largest = full.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
+            for (chunk, prompt_lens, admit) in cases {
+                for cache in caches {
+                    let what =
+                        format!("[{name}] {label}, {cache:?}, chunk {chunk} {prompt_lens:?}");
+                    let generator_shape = GeneratorShape {
+                        batch: 3,
+                        capacity: LEN,
+                        prefill_chunk: chunk,
+                        src_len: 0,
+                    };
+                    let mut g =
+                        Generator::with_layout(ctx, &model, generator_shape, cache).unwrap();
+                    let prompts: Vec<&[u32]> =
+                        (0..3).map(|b| &targets[b][..prompt_lens[b]]).collect();
+                    if admit {
+                        for b in 0..3 {
+                            g.release(b).unwrap();
+                        }
+                        // Refused whole: a slot twice.
+                        assert!(g
+                            .admit_all(ctx, &[(0, prompts[0]), (0, prompts[1])])
+                            .is_err());
+                        assert_eq!(g.lens(), &[0, 0, 0]);
+                        g.admit_all(ctx, &[(2, prompts[2]), (0, prompts[0])])
+                            .unwrap();
+                        g.admit(ctx, 1, prompts[1]).unwrap();
+                    } else {
+                        let owned: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+                        g.prefill(ctx, &owned, None).unwrap();
+                    }
+                    let int8 = cache.format == KvFormat::Int8;
+                    let check = |g: &Generator, lens: [usize; 3], when: &str| {
+                        assert_eq!(g.lens(), lens.map(|l| l as u32));
+                        let got = g.logits().to_vec(ctx).unwrap();
+                        for b in 0..3 {
+                            let at = lens[b] - 1;
+                            let want: Vec<f64> = full[(b * LEN + at) * VOCAB..][..VOCAB]
+                                .iter()
+                                .map(|&x| x as f64)
+                                .collect();
+                            let (atol, rtol) = match int8 {
+                                true => (0.03 * largest, 0.0),
+                                false => (FORWARD_ATOL, FORWARD_RTOL),
+                            };
+                            let row = &got[b * VOCAB..][..VOCAB];
+                            assert_close(
+                                &format!("{what} {when}, sequence {b}"),
+                                row,
+                                &want,
+                                atol,
+                                rtol,
+                            );
+                        }
+                    };
+                    check(&g, prompt_lens, "after the prefill");
+                    let feed: Vec<Option<u32>> =
+                        (0..3).map(|b| Some(targets[b][prompt_lens[b]])).collect();
+                    g.step(ctx, &feed).unwrap();
+                    check(&g, prompt_lens.map(|l| l + 1), "a step later");
+                }
+            }
+        }
+    });
+}
+
 /// Continuous batching over a paged cache: a finished sequence is released (its blocks freed)
 /// and a new request admitted into its slot while the others keep decoding, and a sequence forked
 /// into another slot shares its prefix; every slot's logits equal the full forward of its own

@@ -160,8 +160,8 @@ impl Server {
         self.queue.is_empty() && self.in_flight() == 0
     }
 
-    /// One round: admits queued requests into free slots (each prompt prefilled while the others
-    /// keep their caches), samples every request in flight its next token with its own settings
+    /// One round: admits queued requests into free slots (their prompts prefilled together while
+    /// the others keep their caches), samples every request in flight its next token with its own settings
     /// (one GPU sampling pass for all), streams them to `on_token`, ends finished
     /// requests (freeing their slots and cache), and feeds the others one decoding step.
     pub fn step(&mut self, ctx: &Context, on_token: impl FnMut(Token)) -> Result<()> {
@@ -174,14 +174,27 @@ impl Server {
         ctx: &Context,
         mut on_token: impl FnMut(Token),
     ) -> Result<()> {
-        for slot in 0..self.slots.len() {
-            if self.slots[slot].is_some() {
-                continue;
+        // Every request admitted this round shares the same prefill passes.
+        let free = (0..self.slots.len()).filter(|&slot| self.slots[slot].is_none());
+        let admitted: Vec<(usize, (u64, Request))> = free
+            .zip(std::iter::from_fn(|| self.queue.pop_front()))
+            .collect();
+        let prompts: Vec<(usize, &[u32])> = admitted
+            .iter()
+            .map(|(slot, (_, request))| (*slot, request.prompt.as_slice()))
+            .collect();
+        if !prompts.is_empty() {
+            if let Err(e) = self.generator.admit_all(ctx, &prompts) {
+                // None is admitted (a prefill stopped part way, by a full pool, is undone): the
+                // requests wait at the queue's head, in order.
+                for (slot, queued) in admitted.into_iter().rev() {
+                    self.generator.release(slot)?;
+                    self.queue.push_front(queued);
+                }
+                return Err(e);
             }
-            let Some((id, request)) = self.queue.pop_front() else {
-                break;
-            };
-            self.generator.admit(ctx, slot, &request.prompt)?;
+        }
+        for (slot, (id, request)) in admitted {
             self.slots[slot] = Some(Active {
                 id,
                 request,

@@ -361,7 +361,9 @@ pub(crate) enum Rows<'a> {
 
 /// Records `y = x + table[positions]` for new tokens when decoding: row `l` of sequence `b` sits at
 /// `kv_lens[b] - q_lens[b] + l` (`lens` as [`SeqLens::check_decode`] describes, `kv_lens` within
-/// the table's rows).
+/// the table's rows). With packed lengths ([`SeqLens::packed`] of the new and the cached tokens,
+/// `x [1, rows, dim]`: a packed prefill) each sequence's new rows follow one another from row 0,
+/// sequence `b`'s row `l` at the same position; rows after every sequence get none (`y = x`).
 pub fn positional_forward_cached_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -383,7 +385,11 @@ pub(crate) fn record_positional(
     y: &GpuTensor,
     positions: Rows<'_>,
 ) -> Result<()> {
-    let packed = matches!(positions, Rows::Packed(_));
+    let packed = match positions {
+        Rows::Padded => false,
+        Rows::AfterCached(lens) => lens.is_packed(),
+        Rows::Packed(_) => true,
+    };
     let (batch, seq, dim, max_len) = positional_dims(ctx, x, table, packed)?;
     let lens = match positions {
         Rows::Padded => None,
@@ -400,6 +406,12 @@ pub(crate) fn record_positional(
     }
     let (batch, per_sequence) = match positions {
         Rows::Padded => (batch, 0),
+        // A packed prefill: each sequence's new rows after its cached ones.
+        Rows::AfterCached(lens) if lens.is_packed() => {
+            let sequences = check_packed_rows(ctx, lens, batch, seq, max_len)?;
+            lens.check_decode(sequences, seq, max_len)?;
+            (sequences, 4)
+        }
         Rows::AfterCached(lens) => {
             lens.check_decode(batch, seq, max_len)?;
             // 2: a tree step, rows at their depths.

@@ -507,6 +507,61 @@ impl MultiHeadAttention {
         })
     }
 
+    /// The layout of a decoding call with `lens` over `[batch, rows]` new rows: padded, or a packed
+    /// prefill (`x [1, rows, d]`, the new tokens of `lens.batch()` sequences one after another, in
+    /// a layer built for packed batches of as many sequences). Returns it with the sequences.
+    fn cached_layout<'a>(
+        &self,
+        lens: &'a SeqLens,
+        [b, rows]: [usize; 2],
+    ) -> Result<(CallLayout<'a>, usize)> {
+        let s = self.shape;
+        if !lens.is_packed() {
+            let layout = CallLayout {
+                packed: None,
+                lse: self.padded_lse()?,
+                workspace: GpuTensor::view_of(&self.workspace, 0, &[s.batch, s.heads, s.q_seq, 2])?,
+                shape: s,
+            };
+            return Ok((layout, b));
+        }
+        let n = lens.batch();
+        let capacity = self.packed_sequences.unwrap_or(0);
+        if b != 1 || n > capacity {
+            return Err(Error::shape(
+                "seq_lens",
+                format!(
+                    "are packed lengths of {n} sequences over [{b}, {rows}] rows; layer {} takes \
+                     [1, rows] rows of up to {capacity} packed sequences (StackConfig::packed_sequences)",
+                    self.name
+                ),
+            ));
+        }
+        let longest = lens
+            .q_lens()
+            .into_iter()
+            .flatten()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(1) as usize;
+        let layout = CallLayout {
+            packed: Some(lens),
+            lse: GpuTensor::view_of(&self.lse, 0, &[n, s.heads, longest.min(s.q_seq)])?,
+            workspace: GpuTensor::view_of(
+                &self.workspace,
+                0,
+                &[n, s.heads, longest.min(s.q_seq), 2],
+            )?,
+            shape: AttentionShape {
+                batch: n,
+                q_seq: longest,
+                ..s
+            },
+        };
+        Ok((layout, n))
+    }
+
     /// lse of the padded layout, `[B, H, Lq]`.
     fn padded_lse(&self) -> Result<GpuTensor> {
         let s = self.shape;
@@ -645,9 +700,7 @@ impl MultiHeadAttention {
         y: &GpuTensor,
         residual: Option<&GpuTensor>,
     ) -> Result<()> {
-        let out = self.attn.heads()?;
         let opts = self.options(p, lens);
-        let lse = &self.padded_lse()?;
         match (self.kind, cache) {
             (AttentionKind::SelfAttention { .. }, Some(cache)) => {
                 let &[b, l, _] = x.shape() else {
@@ -656,16 +709,27 @@ impl MultiHeadAttention {
                         format!("has shape {:?}; expected [batch, seq, d_model]", x.shape()),
                     ));
                 };
-                lens.check_decode(b, l, cache.capacity())?;
+                let (layout, sequences) = self.cached_layout(lens, [b, l])?;
+                lens.check_decode(sequences, l, cache.capacity())?;
                 let ([keys, values], table) = cache.parts();
-                if self.additive.is_some() && (table.is_some() || keys.format() != KvFormat::F32) {
+                if self.additive.is_some()
+                    && (table.is_some()
+                        || keys.format() != KvFormat::F32
+                        || layout.packed.is_some())
+                {
                     return Err(Error::shape(
                         "cache",
-                        "additive scores decode from a contiguous f32 cache; a paged or int8 one is not supported",
+                        "additive scores decode padded rows from a contiguous f32 cache; a paged or int8 cache or packed rows are not supported",
                     ));
                 }
                 self.query.forward(ctx, encoder, p, x, &self.proj)?;
-                let [q, k, v] = self.split(&self.proj, None)?;
+                // A packed prefill's new keys and values follow its queries' rows.
+                let [q, k, v] = self
+                    .split(&self.proj, None)?
+                    .map(|view| Self::place(view, PackedSide::Queries, &layout));
+                let [q, k, v] = [q?, k?, v?];
+                let out = Self::place(self.attn.heads()?, PackedSide::Queries, &layout)?;
+                let lse = &layout.lse;
                 if let Some(rope) = &self.rope {
                     rope_forward_cached_into(ctx, encoder, &q, rope, lens)?;
                     rope_forward_cached_into(ctx, encoder, &k, rope, lens)?;
@@ -725,6 +789,7 @@ impl MultiHeadAttention {
             (AttentionKind::Cross, None) => {
                 self.query.forward(ctx, encoder, p, x, &self.proj)?;
                 let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
+                let (out, lse) = (self.attn.heads()?, &self.padded_lse()?);
                 attention_forward_into(ctx, encoder, &q, &k, &v, &out, lse, &opts)?;
             }
             _ => {

@@ -10,6 +10,7 @@ use crate::device::{block_on, BindingCache, Context};
 use crate::error::{Error, Result};
 use crate::inference::kv_cache::{KvCache, StepLens};
 use crate::inference::paged_cache::{PagedKvCache, PagedKvCacheConfig};
+use crate::kernels::attention::PREFILL_FORWARD_ROWS;
 use crate::kernels::kv_cache::KvFormat;
 use crate::kernels::sampling::{sample_into, sample_rows_into, Sampling, SamplingRows};
 use crate::layers::attention::LayerCache;
@@ -193,12 +194,16 @@ impl Cache {
     }
 }
 
-/// One set of decoder buffers: the prefill pass (`prefill_chunk` rows per sequence) or the decoding
-/// step (one row).
+/// One set of decoder buffers: a prefill pass, the decoding step (one row per sequence) or the
+/// verification of drafts.
 struct Pass {
     target: Embedding,
     decoder: Decoder,
+    /// New rows per sequence (`[batch, rows]`), or in all for a packed pass.
     rows: usize,
+    /// A packed pass's lengths ([`SeqLens::packed`] of the new and the cached tokens): its `[1,
+    /// rows]` rows hold the fed sequences' new tokens one after another, no padding between them.
+    packed: Option<SeqLens>,
 }
 
 /// The encoder, run once per batch of sources.
@@ -217,7 +222,13 @@ pub struct Generator {
     shape: GeneratorShape,
     params: Params,
     source: Option<Source>,
+    /// Prompt chunks: packed (`batch * prefill_chunk` rows shared by the sequences fed) where the
+    /// model's attention takes packed rows, else `prefill_chunk` rows per sequence.
     prefill: Pass,
+    /// A packed pass of `prefill_chunk` rows for the last chunk of a prefill that fits it (one
+    /// admitted prompt): the full pass would compute `batch` times its rows. `None` at batch 1 or
+    /// for padded passes.
+    short_prefill: Option<Pass>,
     step: Pass,
     output: Linear,
     cache: Cache,
@@ -246,6 +257,8 @@ pub struct Generator {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PassKind {
     Prefill,
+    /// [`Generator::short_prefill`].
+    ShortPrefill,
     Step,
     /// Speculative decoding's drafts ([`Generator::verify`]).
     Verify,
@@ -269,8 +282,56 @@ impl Pass {
             target: c.embedding(ctx, params, "tgt", [b, rows], tgt_positions)?,
             decoder: Decoder::new(ctx, params, "dec", &stack, [b, rows], memory_len)?,
             rows,
+            packed: None,
         })
     }
+
+    /// A packed pass of `rows` rows in all for the new tokens of up to `batch` sequences
+    /// (decoder-only models whose attention takes packed rows: [`packs_prefill`]).
+    fn packed(
+        ctx: &Context,
+        c: &TransformerConfig,
+        params: &mut Params,
+        s: &GeneratorShape,
+        rows: usize,
+        tgt_positions: usize,
+    ) -> Result<Self> {
+        let mut stack = c.stack(c.decoder_layers, s.capacity);
+        stack.packed_sequences = Some(s.batch);
+        let zeros = vec![0u32; s.batch];
+        Ok(Pass {
+            target: c.embedding(ctx, params, "tgt", [1, rows], tgt_positions)?,
+            decoder: Decoder::new(ctx, params, "dec", &stack, [1, rows], None)?,
+            rows,
+            packed: Some(SeqLens::packed(ctx, &zeros, &zeros)?),
+        })
+    }
+
+    /// The first row of each sequence's new tokens `new` (`[batch, rows]` padded, or packed).
+    fn starts(&self, new: &[u32]) -> Vec<usize> {
+        let mut next = 0;
+        (0..new.len())
+            .map(|seq| match self.packed {
+                Some(_) => {
+                    let start = next;
+                    next += new[seq] as usize;
+                    start
+                }
+                None => seq * self.rows,
+            })
+            .collect()
+    }
+}
+
+/// Whether prompts are prefilled in packed passes: decoder-only models whose self-attention
+/// decodes packed rows (dot-product scores without cosine scores or key clipping, which transform
+/// padded rows).
+fn packs_prefill(c: &TransformerConfig) -> bool {
+    let scores = c.scores();
+    !c.has_encoder()
+        && scores.additive.is_none()
+        && scores.cosine.is_none()
+        && scores.key_clip.is_none()
 }
 
 impl Generator {
@@ -396,11 +457,22 @@ impl Generator {
         };
         let pass =
             |params: &mut Params, rows: usize| Pass::new(ctx, &c, params, &s, rows, tgt_positions);
+        let packed = |params: &mut Params, rows: usize| {
+            Pass::packed(ctx, &c, params, &s, rows, tgt_positions)
+        };
+        let packs = packs_prefill(&c);
         // The prefill pass and the output head add every parameter to a store of their own; the
-        // step pass then finds them.
-        let mut prefill = pass(&mut params, s.prefill_chunk)?;
+        // other passes then find them.
+        let mut prefill = match packs {
+            true => packed(&mut params, b * s.prefill_chunk)?,
+            false => pass(&mut params, s.prefill_chunk)?,
+        };
         let output = c.output_head(ctx, &mut params, &mut prefill.target)?;
         let mut params = params.shared();
+        let short_prefill = match packs && b > 1 {
+            true => Some(packed(&mut params, s.prefill_chunk)?),
+            false => None,
+        };
         let step = pass(&mut params, 1)?;
         let head_dim = c.d_model / c.heads;
         // Additive layers cache their key projections b (Da per head) instead of keys.
@@ -458,6 +530,7 @@ impl Generator {
             params,
             source,
             prefill,
+            short_prefill,
             step,
             output,
             cache,
@@ -535,10 +608,18 @@ impl Generator {
     }
 
     /// Starts a new sequence in the empty slot `slot` (released, or never fed) while the others
-    /// keep their caches (continuous batching): feeds `prompt` in prefill chunks; the slot's
+    /// keep their caches (continuous batching): feeds `prompt` in prefill passes; the slot's
     /// logits are then its last token's, the others' unchanged. Decoder-only models. Checked
     /// first: on error nothing changes.
     pub fn admit(&mut self, ctx: &Context, slot: usize, prompt: &[u32]) -> Result<()> {
+        self.admit_all(ctx, &[(slot, prompt)])
+    }
+
+    /// [`Generator::admit`] for several requests at once, each `(slot, prompt)` into its own
+    /// empty slot: their prompts share the prefill passes (packed one after another where the
+    /// model's attention takes packed rows), so requests admitted together cost one pass when
+    /// their prompts fit it. Checked first: on error nothing changes.
+    pub fn admit_all(&mut self, ctx: &Context, admissions: &[(usize, &[u32])]) -> Result<()> {
         let b = self.shape.batch;
         if self.source.is_some() {
             return Err(Error::shape(
@@ -546,25 +627,30 @@ impl Generator {
                 "starts decoder-only sequences; an encoder-decoder model prefills all with prefill",
             ));
         }
-        if slot >= b || self.lens()[slot] != 0 {
-            return Err(Error::shape(
-                "slot",
-                format!("is {slot}; it must be one of the {b} slots and empty (release it first)"),
-            ));
-        }
-        if prompt.is_empty() || prompt.len() > self.shape.capacity {
-            return Err(Error::shape(
-                "prompt",
-                format!(
-                    "has {} tokens; it needs 1 to the capacity {}",
-                    prompt.len(),
-                    self.shape.capacity
-                ),
-            ));
-        }
-        self.check_ids("prompt", prompt)?;
         let mut prompts = vec![Vec::new(); b];
-        prompts[slot] = prompt.to_vec();
+        for &(slot, prompt) in admissions {
+            if slot >= b || self.lens()[slot] != 0 || !prompts[slot].is_empty() {
+                return Err(Error::shape(
+                    "slot",
+                    format!(
+                        "is {slot}; it must be one of the {b} slots, empty (release it first) and \
+                         admitted once"
+                    ),
+                ));
+            }
+            if prompt.is_empty() || prompt.len() > self.shape.capacity {
+                return Err(Error::shape(
+                    "prompt",
+                    format!(
+                        "of slot {slot} has {} tokens; it needs 1 to the capacity {}",
+                        prompt.len(),
+                        self.shape.capacity
+                    ),
+                ));
+            }
+            self.check_ids("prompt", prompt)?;
+            prompts[slot] = prompt.to_vec();
+        }
         // No sampling, nothing read back: ready at once.
         block_on("Generator::admit", self.feed_prompts(ctx, &prompts, None)).map(|_| ())
     }
@@ -640,8 +726,31 @@ impl Generator {
         let b = self.shape.batch;
         // No binding cache: its slots belong to submitted recordings.
         self.record_source(ctx, &mut encoder)?;
-        let chunk = vec![self.shape.prefill_chunk as u32; b];
-        self.record_pass(ctx, &mut encoder, PassKind::Prefill, &chunk, true)?;
+        if self.prefill.packed.is_none() {
+            let chunks = vec![self.shape.prefill_chunk as u32; b];
+            self.record_pass(ctx, &mut encoder, PassKind::Prefill, &chunks, true)?;
+        }
+        // Packed passes choose the decode kernel's rows per workgroup by their longest sequence's
+        // power of two (DecodePlan::packed), and the fused forward from PREFILL_FORWARD_ROWS rows:
+        // one recording per power of two up to what a pass holds.
+        for kind in [PassKind::Prefill, PassKind::ShortPrefill] {
+            let rows = self.pass(kind).rows.min(self.shape.capacity);
+            let mut longest = 1;
+            while self.pass(kind).packed.is_some() {
+                let n = longest.min(rows);
+                let new: Vec<u32> = (0..b)
+                    .map(|seq| if seq == 0 { n as u32 } else { 0 })
+                    .collect();
+                if let Some(lens) = &mut self.pass_mut(kind).packed {
+                    lens.write(ctx, Some(&new), Some(&new))?;
+                }
+                self.record_pass(ctx, &mut encoder, kind, &new, true)?;
+                if n == rows || n >= PREFILL_FORWARD_ROWS {
+                    break;
+                }
+                longest *= 2;
+            }
+        }
         self.record_pass(ctx, &mut encoder, PassKind::Step, &vec![1; b], true)?;
         self.record_sample(ctx, &mut encoder, sampling, self.draws)?;
         // The per-sequence sampler of `sample_each` (a serving batch) too.
@@ -879,35 +988,51 @@ impl Generator {
         self.feed_prompts(ctx, prompts, sampling).await
     }
 
-    /// Feeds each slot its prompt (none for an empty one) in prefill chunks; the last chunk
-    /// computes the logits (and samples, with `sampling`).
+    /// Feeds each slot its prompt (none for an empty one) in prefill passes; the last pass
+    /// computes the logits (and samples, with `sampling`). A packed pass takes the prompts' next
+    /// tokens in slot order up to its rows (one long prompt may fill it), the short one when what
+    /// is left fits it; a padded pass `prefill_chunk` tokens of each.
     async fn feed_prompts(
         &mut self,
         ctx: &Context,
         prompts: &[Vec<u32>],
         sampling: Option<&Sampling>,
     ) -> Result<Option<Vec<u32>>> {
-        let (b, chunk) = (self.shape.batch, self.shape.prefill_chunk);
-        let mut fed = vec![0usize; b];
+        let mut fed = vec![0usize; self.shape.batch];
         let mut ids = None;
-        while fed.iter().zip(prompts).any(|(&f, p)| f < p.len()) {
-            let new: Vec<u32> = fed
+        loop {
+            let left: Vec<usize> = fed.iter().zip(prompts).map(|(&f, p)| p.len() - f).collect();
+            let remaining: usize = left.iter().sum();
+            if remaining == 0 {
+                break;
+            }
+            let kind = match &self.short_prefill {
+                Some(short) if remaining <= short.rows => PassKind::ShortPrefill,
+                _ => PassKind::Prefill,
+            };
+            let pass = self.pass(kind);
+            let mut budget = pass.rows;
+            let new: Vec<u32> = left
                 .iter()
-                .zip(prompts)
-                .map(|(&f, p)| (p.len() - f).min(chunk) as u32)
+                .map(|&n| match pass.packed {
+                    Some(_) => {
+                        let n = n.min(budget);
+                        budget -= n;
+                        n as u32
+                    }
+                    None => n.min(pass.rows) as u32,
+                })
                 .collect();
-            let mut tokens = vec![self.config.pad_id; b * chunk];
-            for seq in 0..b {
+            let mut tokens = vec![self.config.pad_id; pass.target.tokens.len()];
+            for (seq, start) in pass.starts(&new).into_iter().enumerate() {
                 let n = new[seq] as usize;
-                tokens[seq * chunk..][..n].copy_from_slice(&prompts[seq][fed[seq]..][..n]);
+                tokens[start..][..n].copy_from_slice(&prompts[seq][fed[seq]..][..n]);
                 fed[seq] += n;
             }
-            let last = fed.iter().zip(prompts).all(|(&f, p)| f == p.len());
+            let last = new.iter().map(|&n| n as usize).sum::<usize>() == remaining;
             let sample = if last { sampling } else { None };
             let e = ctx.device().create_command_encoder(&Default::default());
-            ids = self
-                .run(ctx, e, PassKind::Prefill, &tokens, &new, last, sample)
-                .await?;
+            ids = self.run(ctx, e, kind, &tokens, &new, last, sample).await?;
         }
         Ok(ids)
     }
@@ -953,8 +1078,11 @@ impl Generator {
         let step: StepLens = self.cache.step(ctx, new)?;
         let pass = self.pass_mut(kind);
         pass.target.tokens.write(ctx, tokens)?;
-        self.self_lens
-            .write(ctx, Some(&step.new), Some(&step.total))?;
+        let lens = match &mut pass.packed {
+            Some(packed) => packed,
+            None => &mut self.self_lens,
+        };
+        lens.write(ctx, Some(&step.new), Some(&step.total))?;
         if let Some(source) = &self.source {
             self.cross_lens
                 .write(ctx, Some(&step.new), Some(&source.lens_host))?;
@@ -983,6 +1111,7 @@ impl Generator {
     fn pass_mut(&mut self, kind: PassKind) -> &mut Pass {
         match kind {
             PassKind::Prefill => &mut self.prefill,
+            PassKind::ShortPrefill => self.short_prefill.as_mut().unwrap_or(&mut self.prefill),
             PassKind::Step => &mut self.step,
             PassKind::Verify => match &mut self.verify {
                 Some(v) => &mut v.pass,
@@ -994,6 +1123,7 @@ impl Generator {
     fn pass(&self, kind: PassKind) -> &Pass {
         match kind {
             PassKind::Prefill => &self.prefill,
+            PassKind::ShortPrefill => self.short_prefill.as_ref().unwrap_or(&self.prefill),
             PassKind::Step => &self.step,
             PassKind::Verify => match &self.verify {
                 Some(v) => &v.pass,
@@ -1033,7 +1163,8 @@ impl Generator {
         new: &[u32],
         logits: bool,
     ) -> Result<()> {
-        self.record_pass_with(ctx, encoder, kind, new, logits, &self.self_lens)
+        let lens = self.pass(kind).packed.as_ref().unwrap_or(&self.self_lens);
+        self.record_pass_with(ctx, encoder, kind, new, logits, lens)
     }
 
     /// [`Generator::record_pass`] with the decoder's lengths `lens` (a tree step's).
@@ -1060,9 +1191,9 @@ impl Generator {
         })?;
         let h = pass.decoder.output(x);
         let row_bytes = 4 * self.config.d_model as u64;
-        for (seq, &n) in new.iter().enumerate() {
+        for ((seq, &n), start) in new.iter().enumerate().zip(pass.starts(new)) {
             if n > 0 {
-                let row = (seq * pass.rows + n as usize - 1) as u64;
+                let row = (start + n as usize - 1) as u64;
                 encoder.copy_buffer_to_buffer(
                     h.buffer(),
                     row * row_bytes,

@@ -74,8 +74,27 @@ impl DecodePlan {
                 hint: " for this adapter's workgroup storage",
             })?;
         let total = (s.heads / s.kv_heads) * s.q_seq;
-        let blocks = total.div_ceil(cap);
-        let rows = total.div_ceil(blocks);
+        let rows = total.div_ceil(total.div_ceil(cap));
+        Ok(Self::with_rows(ctx, s, longest, rows))
+    }
+
+    /// The plan for packed queries ([`crate::HeadsView::packed`]), whose longest sequence changes
+    /// from call to call: rows per workgroup (a pipeline constant) as for the next power of two
+    /// of `q_seq` rows, so a prefill of varied lengths compiles a few pipelines, not one per
+    /// length.
+    pub fn packed(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
+        let rounded = AttentionShape {
+            q_seq: s.q_seq.next_power_of_two(),
+            ..*s
+        };
+        let rows = Self::new(ctx, &rounded, longest)?.rows;
+        Ok(Self::with_rows(ctx, s, longest, rows))
+    }
+
+    /// The blocks and key splits of `rows` rows per workgroup.
+    fn with_rows(ctx: &Context, s: &AttentionShape, longest: usize, rows: usize) -> Self {
+        let total = (s.heads / s.kv_heads) * s.q_seq;
+        let blocks = total.div_ceil(rows);
         let groups = blocks * s.batch * s.kv_heads;
         let tiles = longest.div_ceil(WG as usize).max(1);
         let target = match ctx.is_cpu() {
@@ -93,12 +112,12 @@ impl DecodePlan {
             splits = splits.max(tiles.div_ceil(max_tiles));
         }
         let split_keys = tiles.div_ceil(splits) * WG as usize;
-        Ok(Self {
+        Self {
             rows,
             blocks,
             splits: tiles.div_ceil(split_keys / WG as usize),
             split_keys,
-        })
+        }
     }
 
     /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
@@ -439,7 +458,10 @@ fn decode_into(
         };
         return attention_forward_into(ctx, encoder, q, &k_read, &v_read, out, lse, &prefill);
     }
-    let plan = DecodePlan::new(ctx, &s, longest)?;
+    let plan = match q.packed_rows() {
+        Some(_) => DecodePlan::packed(ctx, &s, longest)?,
+        None => DecodePlan::new(ctx, &s, longest)?,
+    };
     let (own, _) = own_and_phases(plan.rows, &s);
     let shared = Shared::scores(ctx, opts)?;
     // Cosine scores and key clipping: the new queries and the cache's first `longest` positions (all
