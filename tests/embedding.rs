@@ -108,11 +108,13 @@ fn positional_encodings_match_reference() {
 
 /// A packed batch (`SeqLens::packed`, `x [1, rows, dim]`): each sequence from position 0 at its first
 /// row (empty sequences included), rows after them unchanged; the table gradient gathers each
-/// sequence's rows.
+/// sequence's rows. Packed new rows after a cache (a packed prefill) start at each sequence's
+/// cached length.
 #[test]
 fn packed_positions_match_reference() {
     use wgpu_attention::kernels::embedding::{
-        positional_backward_packed_into, positional_forward_packed_into,
+        positional_backward_packed_into, positional_forward_cached_into,
+        positional_forward_packed_into,
     };
     use wgpu_attention::SeqLens;
     for_each_backend(|backend, ctx| {
@@ -157,6 +159,33 @@ fn packed_positions_match_reference() {
             .unwrap_err()
             .to_string();
         assert!(m.contains("lengths' 18"), "{m}");
+
+        // A packed prefill after a cache: each sequence's new rows after its cached tokens.
+        let (new, total) = ([5u32, 0, 7, 1, 0], [6u32, 3, 9, 1, 0]);
+        let after = SeqLens::packed(ctx, &new, &total).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        positional_forward_cached_into(ctx, &mut encoder, &xt, &tt, &y, &after).unwrap();
+        ctx.queue().submit([encoder.finish()]);
+        assert_close(
+            &format!("[{backend}] packed positions after a cache y"),
+            &y.to_vec(ctx).unwrap(),
+            &reference::positional_forward_cached_packed(
+                &to_f64(&x),
+                &to_f64(&table),
+                dim,
+                &new,
+                &total,
+            ),
+            FORWARD_ATOL,
+            FORWARD_RTOL,
+        );
+        // Cached past the table is refused.
+        let past = SeqLens::packed(ctx, &[2], &[10]).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let m = positional_forward_cached_into(ctx, &mut encoder, &xt, &tt, &y, &past)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("beyond the capacity 9"), "{m}");
     });
 }
 

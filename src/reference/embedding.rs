@@ -92,6 +92,30 @@ pub fn positional_forward_packed(x: &[f64], table: &[f64], lens: &[u32], dim: us
     y
 }
 
+/// [`positional_forward_cached`] of a packed prefill: `x [rows, dim]` holds the `q_lens[b]` new
+/// tokens of each sequence one after another, sequence `b`'s row `l` at position `kv_lens[b] -
+/// q_lens[b] + l`; rows after them get no position.
+pub fn positional_forward_cached_packed(
+    x: &[f64],
+    table: &[f64],
+    dim: usize,
+    q_lens: &[u32],
+    kv_lens: &[u32],
+) -> Vec<f64> {
+    let mut y = x.to_vec();
+    let mut row = 0;
+    for (&new, &total) in q_lens.iter().zip(kv_lens) {
+        let cached = (total - new) as usize;
+        for l in 0..new as usize {
+            for c in 0..dim {
+                y[(row + l) * dim + c] += table[(cached + l) * dim + c];
+            }
+        }
+        row += new as usize;
+    }
+    y
+}
+
 /// [`positional_backward`] of a packed batch: table row `l` sums row `l` of every sequence.
 pub fn positional_backward_packed(
     dy: &[f64],

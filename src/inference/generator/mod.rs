@@ -30,8 +30,12 @@ pub struct GeneratorShape {
     pub batch: usize,
     /// Tokens a sequence can hold, prompt and generated (the cache's capacity).
     pub capacity: usize,
-    /// Prompt tokens per sequence fed in one prefill pass; longer prompts take several (at most
-    /// `capacity` are used).
+    /// Sizes the prefill passes (at most `capacity` is used): a pass holds `batch *
+    /// prefill_chunk` prompt tokens, the sequences' packed one after another with no padding rows
+    /// between them (one long prompt may fill it), and a second pass of `prefill_chunk` rows takes
+    /// what is left when it fits there (an admitted request's prompt). Models whose attention takes
+    /// no packed rows (encoder-decoder; additive scores, cosine scores, key clipping) feed
+    /// `prefill_chunk` tokens of each sequence per pass instead.
     pub prefill_chunk: usize,
     /// Longest source (encoder-decoder models; ignored by decoder-only ones).
     pub src_len: usize,
