@@ -53,6 +53,20 @@ fn load_v4(b: u32, j: u32, h: u32, c4: u32) -> vec4<f32> {
     return x;
 }
 
+// Key j's modified, masked score for the four rows (NEG_BIG where masked: only ever a max seed).
+fn tile_score(
+    s: vec4<f32>,
+    rows: vec4<u32>,
+    j: u32,
+    b: u32,
+    h: u32,
+    row_start: vec4<u32>,
+    row_end: vec4<u32>,
+) -> vec4<f32> {
+    let m = modify_scores(s, rows, vec4<u32>(j), b, h);
+    return select(vec4<f32>(NEG_BIG), m, visible(j, row_start, row_end) & score_visible(m));
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let group = linear_group(wg);
@@ -130,18 +144,45 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
 
         // Scores of the tile for the four rows; masked ones are NEG_BIG (only ever a max seed).
+        // Four keys at a time: each q component loaded once feeds four keys (the sums keep the
+        // one-key order, so the scores are the same bits).
         var tile_max = vec4<f32>(NEG_BIG);
-        for (var jj = 0u; jj < n_tile; jj++) {
+        var jj = 0u;
+        for (; jj + 4u <= n_tile; jj += 4u) {
+            var s0 = vec4<f32>(0.0);
+            var s1 = vec4<f32>(0.0);
+            var s2 = vec4<f32>(0.0);
+            var s3 = vec4<f32>(0.0);
+            for (var d4 = 0u; d4 < DK4; d4++) {
+                let d = d4 * 4u;
+                let q0 = qt[d];
+                let q1 = qt[d + 1u];
+                let q2 = qt[d + 2u];
+                let q3 = qt[d + 3u];
+                let k0 = k_tile[jj * DK4 + d4];
+                let k1 = k_tile[(jj + 1u) * DK4 + d4];
+                let k2 = k_tile[(jj + 2u) * DK4 + d4];
+                let k3 = k_tile[(jj + 3u) * DK4 + d4];
+                s0 += q0 * k0.x + q1 * k0.y + q2 * k0.z + q3 * k0.w;
+                s1 += q0 * k1.x + q1 * k1.y + q2 * k1.z + q3 * k1.w;
+                s2 += q0 * k2.x + q1 * k2.y + q2 * k2.z + q3 * k2.w;
+                s3 += q0 * k3.x + q1 * k3.y + q2 * k3.z + q3 * k3.w;
+            }
+            p[jj] = tile_score(s0, rows, n0 + jj, b, h, row_start, row_end);
+            p[jj + 1u] = tile_score(s1, rows, n0 + jj + 1u, b, h, row_start, row_end);
+            p[jj + 2u] = tile_score(s2, rows, n0 + jj + 2u, b, h, row_start, row_end);
+            p[jj + 3u] = tile_score(s3, rows, n0 + jj + 3u, b, h, row_start, row_end);
+            tile_max = max(tile_max, max(max(p[jj], p[jj + 1u]), max(p[jj + 2u], p[jj + 3u])));
+        }
+        for (; jj < n_tile; jj++) {
             var s = vec4<f32>(0.0);
             for (var d4 = 0u; d4 < DK4; d4++) {
                 let kx = k_tile[jj * DK4 + d4];
                 let d = d4 * 4u;
                 s += qt[d] * kx.x + qt[d + 1u] * kx.y + qt[d + 2u] * kx.z + qt[d + 3u] * kx.w;
             }
-            s = modify_scores(s, rows, vec4<u32>(n0 + jj), b, h);
-            s = select(vec4<f32>(NEG_BIG), s, visible(n0 + jj, row_start, row_end) & score_visible(s));
-            p[jj] = s;
-            tile_max = max(tile_max, s);
+            p[jj] = tile_score(s, rows, n0 + jj, b, h, row_start, row_end);
+            tile_max = max(tile_max, p[jj]);
         }
 
         // Online softmax: one rescale of the accumulator per tile. Both maxima are finite, so alpha is
@@ -165,27 +206,51 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             acc[d + 2u] *= alpha;
             acc[d + 3u] *= alpha;
         }
-        for (var jj = 0u; jj < n_tile; jj++) {
-            let pj = p[jj];
-            let keep = p_visible(pj);
-            if all(keep) {
+        // Four keys at a time where all four rows keep all four: each accumulator loaded and stored
+        // once per four products (added in key order, the one-key loop's bits); other groups (a
+        // mask's edge, the tile's tail) key by key.
+        for (var j4 = 0u; j4 < n_tile; j4 += 4u) {
+            let n = min(4u, n_tile - j4);
+            let p0 = p[j4];
+            let p1 = p[j4 + 1u];
+            let p2 = p[j4 + 2u];
+            let p3 = p[j4 + 3u];
+            if n == 4u && all(p_visible(p0) & p_visible(p1) & p_visible(p2) & p_visible(p3)) {
                 for (var d4 = 0u; d4 < DV4; d4++) {
-                    let vx = v_tile[jj * DV4 + d4];
+                    let v0 = v_tile[j4 * DV4 + d4];
+                    let v1 = v_tile[(j4 + 1u) * DV4 + d4];
+                    let v2 = v_tile[(j4 + 2u) * DV4 + d4];
+                    let v3 = v_tile[(j4 + 3u) * DV4 + d4];
                     let d = d4 * 4u;
-                    acc[d] += pj * vx.x;
-                    acc[d + 1u] += pj * vx.y;
-                    acc[d + 2u] += pj * vx.z;
-                    acc[d + 3u] += pj * vx.w;
+                    acc[d] = (((acc[d] + p0 * v0.x) + p1 * v1.x) + p2 * v2.x) + p3 * v3.x;
+                    acc[d + 1u] = (((acc[d + 1u] + p0 * v0.y) + p1 * v1.y) + p2 * v2.y) + p3 * v3.y;
+                    acc[d + 2u] = (((acc[d + 2u] + p0 * v0.z) + p1 * v1.z) + p2 * v2.z) + p3 * v3.z;
+                    acc[d + 3u] = (((acc[d + 3u] + p0 * v0.w) + p1 * v1.w) + p2 * v2.w) + p3 * v3.w;
                 }
-            } else if any(keep) {
-                // Rows that mask this key skip its value (a NaN there is not theirs).
-                for (var d4 = 0u; d4 < DV4; d4++) {
-                    let vx = v_tile[jj * DV4 + d4];
-                    let d = d4 * 4u;
-                    acc[d] += masked_product(pj, vx.x, keep);
-                    acc[d + 1u] += masked_product(pj, vx.y, keep);
-                    acc[d + 2u] += masked_product(pj, vx.z, keep);
-                    acc[d + 3u] += masked_product(pj, vx.w, keep);
+            } else {
+                for (var jj = j4; jj < j4 + n; jj++) {
+                    let pj = p[jj];
+                    let keep = p_visible(pj);
+                    if all(keep) {
+                        for (var d4 = 0u; d4 < DV4; d4++) {
+                            let vx = v_tile[jj * DV4 + d4];
+                            let d = d4 * 4u;
+                            acc[d] += pj * vx.x;
+                            acc[d + 1u] += pj * vx.y;
+                            acc[d + 2u] += pj * vx.z;
+                            acc[d + 3u] += pj * vx.w;
+                        }
+                    } else if any(keep) {
+                        // Rows that mask this key skip its value (a NaN there is not theirs).
+                        for (var d4 = 0u; d4 < DV4; d4++) {
+                            let vx = v_tile[jj * DV4 + d4];
+                            let d = d4 * 4u;
+                            acc[d] += masked_product(pj, vx.x, keep);
+                            acc[d + 1u] += masked_product(pj, vx.y, keep);
+                            acc[d + 2u] += masked_product(pj, vx.z, keep);
+                            acc[d + 3u] += masked_product(pj, vx.w, keep);
+                        }
+                    }
                 }
             }
         }
