@@ -33,6 +33,40 @@ var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
 var<workgroup> do_tile: array<vec4<f32>, DO_TILE>;
 var<workgroup> stat_tile: array<vec2<f32>, BLOCK_M>;
 
+// The keys (lanes) query row `row` sees: valid keys whose visible range holds it, in the tile
+// (`in_tile`), with a visible modified score `x`.
+fn keys_seen(
+    row: u32,
+    in_tile: bool,
+    x: vec4<f32>,
+    live: vec4<bool>,
+    q_lo: vec4<u32>,
+    q_hi: vec4<u32>,
+) -> vec4<bool> {
+    let r = vec4<u32>(row);
+    return live & (r >= q_lo) & (r < q_hi) & vec4<bool>(in_tile) & score_visible(x);
+}
+
+// Four rows' products a_r * x_r summed in pairs, each only on the lanes its row sees (a NaN in a
+// row the key does not see is not the key's).
+fn masked_rows(
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    x0: f32,
+    x1: f32,
+    x2: f32,
+    x3: f32,
+    k0: vec4<bool>,
+    k1: vec4<bool>,
+    k2: vec4<bool>,
+    k3: vec4<bool>,
+) -> vec4<f32> {
+    return (masked_product(a0, x0, k0) + masked_product(a1, x1, k1))
+        + (masked_product(a2, x2, k2) + masked_product(a3, x3, k3));
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let group = linear_group(wg);
@@ -144,94 +178,121 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             workgroupBarrier();
 
-            // Two query rows (a, b = a + 1) per step: every private k, v, dK, dV entry is read or
-            // updated once for both, halving the private-memory traffic that dominates on CPU drivers.
-            // BLOCK_M is even and rows past m_tile are staged as zeros; row b is masked there.
-            for (var ia = 0u; ia < m_tile; ia += 2u) {
-                let ib = ia + 1u;
-                var s_a = vec4<f32>(0.0);
-                var s_b = vec4<f32>(0.0);
+            // Four query rows (i0 .. i0 + 3) per step: every private k, v, dK, dV entry is read or
+            // updated once for the four, the private-memory traffic that dominates on CPU drivers.
+            // BLOCK_M is a multiple of 4 and rows past m_tile are staged as zeros and masked.
+            for (var i0 = 0u; i0 < m_tile; i0 += 4u) {
+                var s0 = vec4<f32>(0.0);
+                var s1 = vec4<f32>(0.0);
+                var s2 = vec4<f32>(0.0);
+                var s3 = vec4<f32>(0.0);
                 for (var d4 = 0u; d4 < DK4; d4++) {
-                    let qa = q_tile[ia * DK4 + d4];
-                    let qb = q_tile[ib * DK4 + d4];
+                    let q0 = q_tile[i0 * DK4 + d4];
+                    let q1 = q_tile[(i0 + 1u) * DK4 + d4];
+                    let q2 = q_tile[(i0 + 2u) * DK4 + d4];
+                    let q3 = q_tile[(i0 + 3u) * DK4 + d4];
                     let d = d4 * 4u;
                     let k0 = kt[d];
                     let k1 = kt[d + 1u];
                     let k2 = kt[d + 2u];
                     let k3 = kt[d + 3u];
-                    s_a += k0 * qa.x + k1 * qa.y + k2 * qa.z + k3 * qa.w;
-                    s_b += k0 * qb.x + k1 * qb.y + k2 * qb.z + k3 * qb.w;
+                    s0 += k0 * q0.x + k1 * q0.y + k2 * q0.z + k3 * q0.w;
+                    s1 += k0 * q1.x + k1 * q1.y + k2 * q1.z + k3 * q1.w;
+                    s2 += k0 * q2.x + k1 * q2.y + k2 * q2.z + k3 * q2.w;
+                    s3 += k0 * q3.x + k1 * q3.y + k2 * q3.z + k3 * q3.w;
                 }
-                let st_a = stat_tile[ia];
-                let st_b = stat_tile[ib];
-                let x_a = modify_scores(s_a, vec4<u32>(m0 + ia), cols, b, h);
-                let x_b = modify_scores(s_b, vec4<u32>(m0 + ib), cols, b, h);
-                let row_a = live & (vec4<u32>(m0 + ia) >= q_lo) & (vec4<u32>(m0 + ia) < q_hi)
-                    & score_visible(x_a);
-                let p_a = select(vec4<f32>(0.0), exp(x_a - st_a.x), row_a);
-                let row_b = live & (vec4<u32>(m0 + ib) >= q_lo) & (vec4<u32>(m0 + ib) < q_hi)
-                    & vec4<bool>(ib < m_tile) & score_visible(x_b);
-                let p_b = select(vec4<f32>(0.0), exp(x_b - st_b.x), row_b);
+                let st0 = stat_tile[i0];
+                let st1 = stat_tile[i0 + 1u];
+                let st2 = stat_tile[i0 + 2u];
+                let st3 = stat_tile[i0 + 3u];
+                let x0 = modify_scores(s0, vec4<u32>(m0 + i0), cols, b, h);
+                let x1 = modify_scores(s1, vec4<u32>(m0 + i0 + 1u), cols, b, h);
+                let x2 = modify_scores(s2, vec4<u32>(m0 + i0 + 2u), cols, b, h);
+                let x3 = modify_scores(s3, vec4<u32>(m0 + i0 + 3u), cols, b, h);
+                let seen0 = keys_seen(m0 + i0, i0 < m_tile, x0, live, q_lo, q_hi);
+                let seen1 = keys_seen(m0 + i0 + 1u, i0 + 1u < m_tile, x1, live, q_lo, q_hi);
+                let seen2 = keys_seen(m0 + i0 + 2u, i0 + 2u < m_tile, x2, live, q_lo, q_hi);
+                let seen3 = keys_seen(m0 + i0 + 3u, i0 + 3u < m_tile, x3, live, q_lo, q_hi);
+                let zero = vec4<f32>(0.0);
+                let p0 = select(zero, exp(x0 - st0.x), seen0);
+                let p1 = select(zero, exp(x1 - st1.x), seen1);
+                let p2 = select(zero, exp(x2 - st2.x), seen2);
+                let p3 = select(zero, exp(x3 - st3.x), seen3);
                 // dP and dV need the same dO rows and P is known: one pass over them serves both.
                 // Keys a row masks skip its dO and Q rows (a NaN there is not theirs).
-                let all_seen = all(row_a & row_b);
-                var dp_a = vec4<f32>(0.0);
-                var dp_b = vec4<f32>(0.0);
+                let all_seen = all(seen0 & seen1 & seen2 & seen3);
+                var dp0 = vec4<f32>(0.0);
+                var dp1 = vec4<f32>(0.0);
+                var dp2 = vec4<f32>(0.0);
+                var dp3 = vec4<f32>(0.0);
                 if all_seen {
                     for (var d4 = 0u; d4 < DV4; d4++) {
-                        let oa = do_tile[ia * DV4 + d4];
-                        let ob = do_tile[ib * DV4 + d4];
+                        let o0 = do_tile[i0 * DV4 + d4];
+                        let o1 = do_tile[(i0 + 1u) * DV4 + d4];
+                        let o2 = do_tile[(i0 + 2u) * DV4 + d4];
+                        let o3 = do_tile[(i0 + 3u) * DV4 + d4];
                         let d = d4 * 4u;
                         let v0 = vt[d];
                         let v1 = vt[d + 1u];
                         let v2 = vt[d + 2u];
                         let v3 = vt[d + 3u];
-                        dp_a += v0 * oa.x + v1 * oa.y + v2 * oa.z + v3 * oa.w;
-                        dp_b += v0 * ob.x + v1 * ob.y + v2 * ob.z + v3 * ob.w;
-                        dv[d] += p_a * oa.x + p_b * ob.x;
-                        dv[d + 1u] += p_a * oa.y + p_b * ob.y;
-                        dv[d + 2u] += p_a * oa.z + p_b * ob.z;
-                        dv[d + 3u] += p_a * oa.w + p_b * ob.w;
+                        dp0 += v0 * o0.x + v1 * o0.y + v2 * o0.z + v3 * o0.w;
+                        dp1 += v0 * o1.x + v1 * o1.y + v2 * o1.z + v3 * o1.w;
+                        dp2 += v0 * o2.x + v1 * o2.y + v2 * o2.z + v3 * o2.w;
+                        dp3 += v0 * o3.x + v1 * o3.y + v2 * o3.z + v3 * o3.w;
+                        dv[d] += (p0 * o0.x + p1 * o1.x) + (p2 * o2.x + p3 * o3.x);
+                        dv[d + 1u] += (p0 * o0.y + p1 * o1.y) + (p2 * o2.y + p3 * o3.y);
+                        dv[d + 2u] += (p0 * o0.z + p1 * o1.z) + (p2 * o2.z + p3 * o3.z);
+                        dv[d + 3u] += (p0 * o0.w + p1 * o1.w) + (p2 * o2.w + p3 * o3.w);
                     }
                 } else {
                     for (var d4 = 0u; d4 < DV4; d4++) {
-                        let oa = do_tile[ia * DV4 + d4];
-                        let ob = do_tile[ib * DV4 + d4];
+                        let o0 = do_tile[i0 * DV4 + d4];
+                        let o1 = do_tile[(i0 + 1u) * DV4 + d4];
+                        let o2 = do_tile[(i0 + 2u) * DV4 + d4];
+                        let o3 = do_tile[(i0 + 3u) * DV4 + d4];
                         let d = d4 * 4u;
                         let v0 = vt[d];
                         let v1 = vt[d + 1u];
                         let v2 = vt[d + 2u];
                         let v3 = vt[d + 3u];
-                        dp_a += v0 * oa.x + v1 * oa.y + v2 * oa.z + v3 * oa.w;
-                        dp_b += v0 * ob.x + v1 * ob.y + v2 * ob.z + v3 * ob.w;
-                        dv[d] += masked_product(p_a, oa.x, row_a) + masked_product(p_b, ob.x, row_b);
-                        dv[d + 1u] += masked_product(p_a, oa.y, row_a) + masked_product(p_b, ob.y, row_b);
-                        dv[d + 2u] += masked_product(p_a, oa.z, row_a) + masked_product(p_b, ob.z, row_b);
-                        dv[d + 3u] += masked_product(p_a, oa.w, row_a) + masked_product(p_b, ob.w, row_b);
+                        dp0 += v0 * o0.x + v1 * o0.y + v2 * o0.z + v3 * o0.w;
+                        dp1 += v0 * o1.x + v1 * o1.y + v2 * o1.z + v3 * o1.w;
+                        dp2 += v0 * o2.x + v1 * o2.y + v2 * o2.z + v3 * o2.w;
+                        dp3 += v0 * o3.x + v1 * o3.y + v2 * o3.z + v3 * o3.w;
+                        dv[d] += masked_rows(p0, p1, p2, p3, o0.x, o1.x, o2.x, o3.x, seen0, seen1, seen2, seen3);
+                        dv[d + 1u] += masked_rows(p0, p1, p2, p3, o0.y, o1.y, o2.y, o3.y, seen0, seen1, seen2, seen3);
+                        dv[d + 2u] += masked_rows(p0, p1, p2, p3, o0.z, o1.z, o2.z, o3.z, seen0, seen1, seen2, seen3);
+                        dv[d + 3u] += masked_rows(p0, p1, p2, p3, o0.w, o1.w, o2.w, o3.w, seen0, seen1, seen2, seen3);
                     }
                 }
-                let zero = vec4<f32>(0.0);
-                let ds_a = select(zero, p_a * (dp_a - st_a.y) * score_grad(s_a), row_a);
-                let ds_b = select(zero, p_b * (dp_b - st_b.y) * score_grad(s_b), row_b);
+                let ds0 = select(zero, p0 * (dp0 - st0.y) * score_grad(s0), seen0);
+                let ds1 = select(zero, p1 * (dp1 - st1.y) * score_grad(s1), seen1);
+                let ds2 = select(zero, p2 * (dp2 - st2.y) * score_grad(s2), seen2);
+                let ds3 = select(zero, p3 * (dp3 - st3.y) * score_grad(s3), seen3);
                 if all_seen {
                     for (var d4 = 0u; d4 < DK4; d4++) {
-                        let qa = q_tile[ia * DK4 + d4];
-                        let qb = q_tile[ib * DK4 + d4];
+                        let q0 = q_tile[i0 * DK4 + d4];
+                        let q1 = q_tile[(i0 + 1u) * DK4 + d4];
+                        let q2 = q_tile[(i0 + 2u) * DK4 + d4];
+                        let q3 = q_tile[(i0 + 3u) * DK4 + d4];
                         let d = d4 * 4u;
-                        dk[d] += ds_a * qa.x + ds_b * qb.x;
-                        dk[d + 1u] += ds_a * qa.y + ds_b * qb.y;
-                        dk[d + 2u] += ds_a * qa.z + ds_b * qb.z;
-                        dk[d + 3u] += ds_a * qa.w + ds_b * qb.w;
+                        dk[d] += (ds0 * q0.x + ds1 * q1.x) + (ds2 * q2.x + ds3 * q3.x);
+                        dk[d + 1u] += (ds0 * q0.y + ds1 * q1.y) + (ds2 * q2.y + ds3 * q3.y);
+                        dk[d + 2u] += (ds0 * q0.z + ds1 * q1.z) + (ds2 * q2.z + ds3 * q3.z);
+                        dk[d + 3u] += (ds0 * q0.w + ds1 * q1.w) + (ds2 * q2.w + ds3 * q3.w);
                     }
-                } else if any(row_a | row_b) {
+                } else if any(seen0 | seen1 | seen2 | seen3) {
                     for (var d4 = 0u; d4 < DK4; d4++) {
-                        let qa = q_tile[ia * DK4 + d4];
-                        let qb = q_tile[ib * DK4 + d4];
+                        let q0 = q_tile[i0 * DK4 + d4];
+                        let q1 = q_tile[(i0 + 1u) * DK4 + d4];
+                        let q2 = q_tile[(i0 + 2u) * DK4 + d4];
+                        let q3 = q_tile[(i0 + 3u) * DK4 + d4];
                         let d = d4 * 4u;
-                        dk[d] += masked_product(ds_a, qa.x, row_a) + masked_product(ds_b, qb.x, row_b);
-                        dk[d + 1u] += masked_product(ds_a, qa.y, row_a) + masked_product(ds_b, qb.y, row_b);
-                        dk[d + 2u] += masked_product(ds_a, qa.z, row_a) + masked_product(ds_b, qb.z, row_b);
-                        dk[d + 3u] += masked_product(ds_a, qa.w, row_a) + masked_product(ds_b, qb.w, row_b);
+                        dk[d] += masked_rows(ds0, ds1, ds2, ds3, q0.x, q1.x, q2.x, q3.x, seen0, seen1, seen2, seen3);
+                        dk[d + 1u] += masked_rows(ds0, ds1, ds2, ds3, q0.y, q1.y, q2.y, q3.y, seen0, seen1, seen2, seen3);
+                        dk[d + 2u] += masked_rows(ds0, ds1, ds2, ds3, q0.z, q1.z, q2.z, q3.z, seen0, seen1, seen2, seen3);
+                        dk[d + 3u] += masked_rows(ds0, ds1, ds2, ds3, q0.w, q1.w, q2.w, q3.w, seen0, seen1, seen2, seen3);
                     }
                 }
             }

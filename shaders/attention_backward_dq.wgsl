@@ -35,6 +35,54 @@ const MAX_REL: u32 = 132u;
 var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
 
+// One key's share of the four rows' gradients: which rows see it, their score gradient d_score =
+// p (dP - D) (the relative table's) and ds = d_score times the modifier's derivative (dQ's).
+struct KeyGrad {
+    seen: vec4<bool>,
+    d_score: vec4<f32>,
+    ds: vec4<f32>,
+}
+
+fn key_grad(
+    s: vec4<f32>,
+    dp: vec4<f32>,
+    rows: vec4<u32>,
+    j: u32,
+    in_tile: bool,
+    b: u32,
+    h: u32,
+    lse: vec4<f32>,
+    delta: vec4<f32>,
+    row_start: vec4<u32>,
+    row_end: vec4<u32>,
+) -> KeyGrad {
+    let x = modify_scores(s, rows, vec4<u32>(j), b, h);
+    let seen = visible(j, row_start, row_end) & vec4<bool>(in_tile) & score_visible(x);
+    let zero = vec4<f32>(0.0);
+    let p = select(zero, exp(x - lse), seen);
+    let d_score = select(zero, p * (dp - delta), seen);
+    return KeyGrad(seen, d_score, select(zero, d_score * score_grad(s), seen));
+}
+
+// Four keys' products a_k * x_k summed in pairs, each only on the rows that see it.
+fn masked_keys(
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    x0: f32,
+    x1: f32,
+    x2: f32,
+    x3: f32,
+    k0: vec4<bool>,
+    k1: vec4<bool>,
+    k2: vec4<bool>,
+    k3: vec4<bool>,
+) -> vec4<f32> {
+    return (masked_product(a0, x0, k0) + masked_product(a1, x1, k1))
+        + (masked_product(a2, x2, k2) + masked_product(a3, x3, k3));
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let group = linear_group(wg);
@@ -133,80 +181,96 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         workgroupBarrier();
 
-        // Two keys (a, b = a + 1) per step: every private q, dO and dQ entry is read or updated once
-        // for both, halving the private-memory traffic that dominates on CPU drivers. BLOCK_N is even
-        // and keys past n_tile are staged as zeros; key b is masked there.
-        for (var ja = 0u; ja < n_tile; ja += 2u) {
-            let jb = ja + 1u;
-            var s_a = vec4<f32>(0.0);
-            var s_b = vec4<f32>(0.0);
+        // Four keys (j0 .. j0 + 3) per step: every private q, dO and dQ entry is read or updated
+        // once for the four, the private-memory traffic that dominates on CPU drivers. BLOCK_N is a
+        // multiple of 4 and keys past n_tile are staged as zeros and masked.
+        for (var j0 = 0u; j0 < n_tile; j0 += 4u) {
+            var s0 = vec4<f32>(0.0);
+            var s1 = vec4<f32>(0.0);
+            var s2 = vec4<f32>(0.0);
+            var s3 = vec4<f32>(0.0);
             for (var d4 = 0u; d4 < DK4; d4++) {
-                let ka = k_tile[ja * DK4 + d4];
-                let kb = k_tile[jb * DK4 + d4];
+                let k0 = k_tile[j0 * DK4 + d4];
+                let k1 = k_tile[(j0 + 1u) * DK4 + d4];
+                let k2 = k_tile[(j0 + 2u) * DK4 + d4];
+                let k3 = k_tile[(j0 + 3u) * DK4 + d4];
                 let d = d4 * 4u;
                 let q0 = qt[d];
                 let q1 = qt[d + 1u];
                 let q2 = qt[d + 2u];
                 let q3 = qt[d + 3u];
-                s_a += q0 * ka.x + q1 * ka.y + q2 * ka.z + q3 * ka.w;
-                s_b += q0 * kb.x + q1 * kb.y + q2 * kb.z + q3 * kb.w;
+                s0 += q0 * k0.x + q1 * k0.y + q2 * k0.z + q3 * k0.w;
+                s1 += q0 * k1.x + q1 * k1.y + q2 * k1.z + q3 * k1.w;
+                s2 += q0 * k2.x + q1 * k2.y + q2 * k2.z + q3 * k2.w;
+                s3 += q0 * k3.x + q1 * k3.y + q2 * k3.z + q3 * k3.w;
             }
-            var dp_a = vec4<f32>(0.0);
-            var dp_b = vec4<f32>(0.0);
+            var dp0 = vec4<f32>(0.0);
+            var dp1 = vec4<f32>(0.0);
+            var dp2 = vec4<f32>(0.0);
+            var dp3 = vec4<f32>(0.0);
             for (var d4 = 0u; d4 < DV4; d4++) {
-                let va = v_tile[ja * DV4 + d4];
-                let vb = v_tile[jb * DV4 + d4];
+                let v0 = v_tile[j0 * DV4 + d4];
+                let v1 = v_tile[(j0 + 1u) * DV4 + d4];
+                let v2 = v_tile[(j0 + 2u) * DV4 + d4];
+                let v3 = v_tile[(j0 + 3u) * DV4 + d4];
                 let d = d4 * 4u;
                 let o0 = dot_t[d];
                 let o1 = dot_t[d + 1u];
                 let o2 = dot_t[d + 2u];
                 let o3 = dot_t[d + 3u];
-                dp_a += o0 * va.x + o1 * va.y + o2 * va.z + o3 * va.w;
-                dp_b += o0 * vb.x + o1 * vb.y + o2 * vb.z + o3 * vb.w;
+                dp0 += o0 * v0.x + o1 * v0.y + o2 * v0.z + o3 * v0.w;
+                dp1 += o0 * v1.x + o1 * v1.y + o2 * v1.z + o3 * v1.w;
+                dp2 += o0 * v2.x + o1 * v2.y + o2 * v2.z + o3 * v2.w;
+                dp3 += o0 * v3.x + o1 * v3.y + o2 * v3.z + o3 * v3.w;
             }
-            // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0.
-            let x_a = modify_scores(s_a, rows, vec4<u32>(n0 + ja), b, h);
-            let x_b = modify_scores(s_b, rows, vec4<u32>(n0 + jb), b, h);
-            let key_a = visible(n0 + ja, row_start, row_end) & score_visible(x_a);
-            let p_a = select(vec4<f32>(0.0), exp(x_a - lse), key_a);
-            let key_b = visible(n0 + jb, row_start, row_end) & vec4<bool>(jb < n_tile) & score_visible(x_b);
-            let p_b = select(vec4<f32>(0.0), exp(x_b - lse), key_b);
-            // Masked pairs contribute exactly 0, whatever their dP or score holds (a NaN in a key
-            // or value the row does not see is not the row's).
-            let zero = vec4<f32>(0.0);
-            let d_score_a = select(zero, p_a * (dp_a - delta), key_a);
-            let d_score_b = select(zero, p_b * (dp_b - delta), key_b);
-            let ds_a = select(zero, d_score_a * score_grad(s_a), key_a);
-            let ds_b = select(zero, d_score_b * score_grad(s_b), key_b);
+            // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0,
+            // whatever their dP or score holds (a NaN in a key or value the row does not see is
+            // not the row's).
+            let g0 = key_grad(s0, dp0, rows, n0 + j0, j0 < n_tile, b, h, lse, delta, row_start, row_end);
+            let g1 = key_grad(s1, dp1, rows, n0 + j0 + 1u, j0 + 1u < n_tile, b, h, lse, delta, row_start, row_end);
+            let g2 = key_grad(s2, dp2, rows, n0 + j0 + 2u, j0 + 2u < n_tile, b, h, lse, delta, row_start, row_end);
+            let g3 = key_grad(s3, dp3, rows, n0 + j0 + 3u, j0 + 3u < n_tile, b, h, lse, delta, row_start, row_end);
             if REL_BUCKETS > 0u {
                 for (var r = 0u; r < 4u; r++) {
-                    let delta_a = i32(n0 + ja) - aligned(rows[r]);
-                    let u_a = relative_bucket(delta_a);
-                    rel[u_a][r] += d_score_a[r];
-                    let u_b = relative_bucket(delta_a + 1);
-                    rel[u_b][r] += d_score_b[r];
+                    let delta0 = i32(n0 + j0) - aligned(rows[r]);
+                    rel[relative_bucket(delta0)][r] += g0.d_score[r];
+                    rel[relative_bucket(delta0 + 1)][r] += g1.d_score[r];
+                    rel[relative_bucket(delta0 + 2)][r] += g2.d_score[r];
+                    rel[relative_bucket(delta0 + 3)][r] += g3.d_score[r];
                 }
             }
-            if all(key_a & key_b) {
+            let ds0 = g0.ds;
+            let ds1 = g1.ds;
+            let ds2 = g2.ds;
+            let ds3 = g3.ds;
+            let key0 = g0.seen;
+            let key1 = g1.seen;
+            let key2 = g2.seen;
+            let key3 = g3.seen;
+            if all(key0 & key1 & key2 & key3) {
                 for (var d4 = 0u; d4 < DK4; d4++) {
-                    let ka = k_tile[ja * DK4 + d4];
-                    let kb = k_tile[jb * DK4 + d4];
+                    let k0 = k_tile[j0 * DK4 + d4];
+                    let k1 = k_tile[(j0 + 1u) * DK4 + d4];
+                    let k2 = k_tile[(j0 + 2u) * DK4 + d4];
+                    let k3 = k_tile[(j0 + 3u) * DK4 + d4];
                     let d = d4 * 4u;
-                    dq[d] += ds_a * ka.x + ds_b * kb.x;
-                    dq[d + 1u] += ds_a * ka.y + ds_b * kb.y;
-                    dq[d + 2u] += ds_a * ka.z + ds_b * kb.z;
-                    dq[d + 3u] += ds_a * ka.w + ds_b * kb.w;
+                    dq[d] += (ds0 * k0.x + ds1 * k1.x) + (ds2 * k2.x + ds3 * k3.x);
+                    dq[d + 1u] += (ds0 * k0.y + ds1 * k1.y) + (ds2 * k2.y + ds3 * k3.y);
+                    dq[d + 2u] += (ds0 * k0.z + ds1 * k1.z) + (ds2 * k2.z + ds3 * k3.z);
+                    dq[d + 3u] += (ds0 * k0.w + ds1 * k1.w) + (ds2 * k2.w + ds3 * k3.w);
                 }
-            } else if any(key_a | key_b) {
+            } else if any(key0 | key1 | key2 | key3) {
                 // Rows that mask a key skip its K.
                 for (var d4 = 0u; d4 < DK4; d4++) {
-                    let ka = k_tile[ja * DK4 + d4];
-                    let kb = k_tile[jb * DK4 + d4];
+                    let k0 = k_tile[j0 * DK4 + d4];
+                    let k1 = k_tile[(j0 + 1u) * DK4 + d4];
+                    let k2 = k_tile[(j0 + 2u) * DK4 + d4];
+                    let k3 = k_tile[(j0 + 3u) * DK4 + d4];
                     let d = d4 * 4u;
-                    dq[d] += masked_product(ds_a, ka.x, key_a) + masked_product(ds_b, kb.x, key_b);
-                    dq[d + 1u] += masked_product(ds_a, ka.y, key_a) + masked_product(ds_b, kb.y, key_b);
-                    dq[d + 2u] += masked_product(ds_a, ka.z, key_a) + masked_product(ds_b, kb.z, key_b);
-                    dq[d + 3u] += masked_product(ds_a, ka.w, key_a) + masked_product(ds_b, kb.w, key_b);
+                    dq[d] += masked_keys(ds0, ds1, ds2, ds3, k0.x, k1.x, k2.x, k3.x, key0, key1, key2, key3);
+                    dq[d + 1u] += masked_keys(ds0, ds1, ds2, ds3, k0.y, k1.y, k2.y, k3.y, key0, key1, key2, key3);
+                    dq[d + 2u] += masked_keys(ds0, ds1, ds2, ds3, k0.z, k1.z, k2.z, k3.z, key0, key1, key2, key3);
+                    dq[d + 3u] += masked_keys(ds0, ds1, ds2, ds3, k0.w, k1.w, k2.w, k3.w, key0, key1, key2, key3);
                 }
             }
         }

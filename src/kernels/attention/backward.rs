@@ -329,8 +329,8 @@ pub(super) fn encode_backward_core(
         let outputs =
             bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
         bindings.extend(outputs);
-        // Even: the kernel steps two query rows at a time.
-        let block_m = (tile_rows(ctx, &s, 8, 64) & !1).max(2);
+        // A multiple of 4: the kernel steps four query rows at a time.
+        let block_m = (tile_rows(ctx, &s, 8, 64) & !3).max(4);
         let blocks = s.kv_seq.div_ceil((wg * ROWS) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
         // Per query row: three loops over the head dimension plus the row loop itself.
@@ -362,8 +362,8 @@ pub(super) fn encode_backward_core(
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
         bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
         bindings.push(rel.binding());
-        // Even: the kernel steps two keys at a time.
-        let block_n = (tile_rows(ctx, &s, 0, 64) & !1).max(2);
+        // A multiple of 4: the kernel steps four keys at a time.
+        let block_n = (tile_rows(ctx, &s, 0, 64) & !3).max(4);
         let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
         // Per key: three loops over the head dimension plus the key loop itself.
