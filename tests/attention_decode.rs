@@ -287,28 +287,18 @@ fn int8_cache_decode_matches_reference() {
             "[{name}] int8 prefill against f32 cache: {err3}"
         );
         eprintln!("[{name}] int8 cache, largest output error against the f32 cache: {err:.2e}, {err2:.2e}, prefill {err3:.2e}");
-        // Cosine scores and key clipping transform cached keys: refused for int8 caches.
-        let (s, buffers) = (gqa_case().shape(), gqa_case().cosine(10.0));
-        let q = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, 16]).unwrap();
-        let kq = GpuTensorQ8::zeros(ctx, &[s.batch, s.kv_seq, s.kv_heads, 16]).unwrap();
-        let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, 16]).unwrap();
-        let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq]).unwrap();
-        let bufs = buffers.buffers(ctx);
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        let err = attention_decode_int8_into(
-            ctx,
-            &mut encoder,
-            &q.heads().unwrap(),
-            &kq,
-            &kq,
-            None,
-            &out.heads().unwrap(),
-            &lse,
-            &buffers.options(&bufs),
-        );
+        // Cosine scores and key clipping: the cache dequantised into scratch, then transformed.
+        let cosine = check_int8(ctx, name, &gqa_case().cosine(10.0));
+        let clipped = decode_case(2, 2, 50, 2, 2, 12, 8)
+            .causal()
+            .q_lens(&[1, 2])
+            .kv_lens(&[17, 30])
+            .cosine_learned(&[5.0, 12.0])
+            .key_clip(0.5);
+        let clipped = check_int8(ctx, name, &clipped);
         assert!(
-            matches!(err, Err(wgpu_attention::Error::Shape { arg: "opts", .. })),
-            "{err:?}"
+            cosine < 5e-2 && clipped < 5e-2,
+            "[{name}] int8 cosine / key clipping against f32 cache: {cosine}, {clipped}"
         );
     });
     // Split-KV over an int8 cache.

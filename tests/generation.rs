@@ -177,10 +177,10 @@ fn full_logits(
 }
 
 /// The cache layouts a configuration decodes with: contiguous, and paged in blocks of 2 tokens
-/// unless its scores transform the cache (cosine, key clipping) or are additive.
+/// unless its scores are additive (cosine scores and key clipping transform the gathered pool).
 fn layouts(c: &TransformerConfig) -> Vec<CacheLayout> {
     let mut layouts = vec![CacheLayout::Contiguous];
-    if c.cosine_scores.is_none() && c.key_norm_clip.is_none() && c.additive_attention.is_none() {
+    if c.additive_attention.is_none() {
         layouts.push(CacheLayout::Paged {
             page: 2,
             pool_blocks: 3 * SHAPE.tgt_len.div_ceil(2),
@@ -717,9 +717,7 @@ fn verified_drafts_give_the_tokens_of_plain_greedy_decoding() {
             }
             let mut caches: Vec<CacheConfig> =
                 layouts(&c).into_iter().map(CacheConfig::from).collect();
-            if c.cosine_scores.is_none() && c.key_norm_clip.is_none() {
-                caches.push(CacheConfig::default().with_format(KvFormat::Int8));
-            }
+            caches.push(CacheConfig::default().with_format(KvFormat::Int8));
             for cache in caches {
                 let what = format!("[{name}] {label} {cache:?}");
                 let options = GenerateOptions {

@@ -171,6 +171,24 @@ fn paged_decode_matches_reference() {
             .kv_lens(&[70, 3])
             .relative(8, 32, false);
         check_paged(ctx, name, &case, 16, false);
+        // Cosine scores and key clipping: the sequences' cached keys gathered (dequantised) into
+        // scratch, then transformed.
+        let case = Case::new(2, 2, 50, 4, 2, 16, 16)
+            .causal()
+            .q_lens(&[2, 1])
+            .kv_lens(&[50, 9])
+            .cosine(10.0)
+            .magnitude(4.0);
+        check_paged(ctx, name, &case, 8, false);
+        check_paged(ctx, name, &case, 8, true);
+        let case = Case::new(2, 2, 50, 2, 2, 12, 8)
+            .causal()
+            .q_lens(&[1, 2])
+            .kv_lens(&[17, 30])
+            .cosine_learned(&[5.0, 12.0])
+            .key_clip(0.5);
+        check_paged(ctx, name, &case, 16, false);
+        check_paged(ctx, name, &case, 16, true);
         // Prefill-shaped (64 new rows or more): the pools gathered, then the fused forward.
         let case = Case::new(2, 70, 100, 4, 2, 16, 16)
             .causal()

@@ -108,7 +108,7 @@ pub struct CacheConfig {
     /// Contiguous or paged.
     pub layout: CacheLayout,
     /// f32, or int8 with a scale per token and head (dequantised in the decode kernel; not for
-    /// additive scores, cosine scores or key clipping).
+    /// additive scores).
     pub format: KvFormat,
 }
 
@@ -481,14 +481,11 @@ impl Generator {
         let head_dim = c.d_model / c.heads;
         // Additive layers cache their key projections b (Da per head) instead of keys.
         let key_dim = c.additive_attention.unwrap_or(head_dim);
-        if cache.format == KvFormat::Int8 {
-            let scores = c.scores();
-            if scores.additive.is_some() || scores.cosine.is_some() || scores.key_clip.is_some() {
-                return Err(Error::shape(
-                    "cache format",
-                    "int8 caches are read by the dot-product decode kernel as stored; additive scores, cosine scores and key clipping need an f32 cache",
-                ));
-            }
+        if cache.format == KvFormat::Int8 && c.additive_attention.is_some() {
+            return Err(Error::shape(
+                "cache format",
+                "int8 caches are read by the dot-product decode kernel; additive scores need an f32 cache",
+            ));
         }
         let format = cache.format;
         let cache = match cache.layout {

@@ -190,8 +190,8 @@ pub fn attention_decode_into(
 /// [`attention_decode_into`] against a paged cache: `k_pool [1, pool rows, Hkv, Dk]` and `v_pool
 /// [1, pool rows, Hkv, Dv]` read through `table` (one row per sequence of `q`; key `j` of sequence
 /// `b` is pool row `table[b][j / page] * page + j % page`), `kv_lens` at most the table's
-/// capacity. Every mask and modifier of the contiguous cache applies but cosine scores and key
-/// clipping (which transform the cache), refused with a typed error.
+/// capacity. Every mask and modifier of the contiguous cache applies (cosine scores and key clipping
+/// transform the sequences' cached keys after gathering them into scratch).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_paged_into(
     ctx: &Context,
@@ -212,7 +212,6 @@ pub fn attention_decode_paged_into(
         table.capacity(),
     )?;
     check_table(table, &s)?;
-    refuse_transforms(opts, "a paged cache")?;
     decode_into(
         ctx,
         encoder,
@@ -230,9 +229,9 @@ pub fn attention_decode_paged_into(
 /// [`attention_decode_into`] against an int8 cache (see [`GpuTensorQ8`]), dequantised inside the
 /// decode kernel (a prefill-shaped step: into scratch, for the fused forward): `k_cache [B, max_len, Hkv, Dk]` and `v_cache [B, max_len, Hkv, Dv]`, or with `table`
 /// the pools `[pool rows, Hkv, D]` of a paged cache read through it (as
-/// [`attention_decode_paged_into`]). Every mask and modifier applies but cosine scores and key
-/// clipping, refused with a typed error. Against the f32 cache of the same keys and values each
-/// cached value moves by at most `max |row| / 254`.
+/// [`attention_decode_paged_into`]). Every mask and modifier applies (cosine scores and key clipping
+/// transform the keys after dequantising them into scratch). Against the f32 cache of the same keys
+/// and values each cached value moves by at most `max |row| / 254`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_int8_into(
     ctx: &Context,
@@ -274,7 +273,6 @@ pub fn attention_decode_int8_into(
             s
         }
     };
-    refuse_transforms(opts, "an int8 cache")?;
     // The kernel reads words: rows of D / 4 + 1 of them, the view's head_dim.
     let words = |t: &GpuTensorQ8, [b, l, h, _]: [usize; 4]| {
         t.words()
@@ -343,23 +341,45 @@ fn gather_int8(
     out.heads()
 }
 
+/// The first `rows` positions of every sequence of a decode call's cache as contiguous f32 views:
+/// a contiguous f32 cache's own rows, a paged pool's gathered into scratch, an int8 cache's
+/// dequantised into scratch.
+#[allow(clippy::too_many_arguments)]
+fn cached_rows(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    [k_cache, v_cache]: [&HeadsView; 2],
+    table: Option<&BlockTable>,
+    int8: Option<[&GpuTensorQ8; 2]>,
+    opts: &AttentionOptions<'_>,
+    rows: usize,
+) -> Result<(HeadsView, HeadsView)> {
+    Ok(match (int8, table, opts.seq_lens) {
+        (Some([k_q8, v_q8]), _, Some(lens)) => (
+            gather_int8(ctx, encoder, k_q8, table, lens, rows, "int8 cache keys")?,
+            gather_int8(ctx, encoder, v_q8, table, lens, rows, "int8 cache values")?,
+        ),
+        (None, Some(table), Some(lens)) => (
+            gather(ctx, encoder, k_cache, table, lens, rows, "paged cache keys")?,
+            gather(
+                ctx,
+                encoder,
+                v_cache,
+                table,
+                lens,
+                rows,
+                "paged cache values",
+            )?,
+        ),
+        _ => (k_cache.first_rows(rows)?, v_cache.first_rows(rows)?),
+    })
+}
+
 fn check_table(table: &BlockTable, s: &AttentionShape) -> Result<()> {
     if table.slots() != s.batch {
         return Err(Error::shape(
             "block table",
             format!("has {} sequences; q has {}", table.slots(), s.batch),
-        ));
-    }
-    Ok(())
-}
-
-/// Cosine scores and key clipping transform the cached keys into an f32 scratch copy, which only a
-/// contiguous f32 cache has.
-fn refuse_transforms(opts: &AttentionOptions<'_>, cache: &str) -> Result<()> {
-    if qk_norm::transforms(opts) {
-        return Err(Error::shape(
-            "opts",
-            format!("cosine scores and key-norm clipping transform the cached keys; {cache} does not support them"),
         ));
     }
     Ok(())
@@ -424,34 +444,15 @@ fn decode_into(
     // makes per row block), an int8 cache's dequantised. Draft trees stay on the decode kernel.
     let tree = opts.seq_lens.and_then(|l| l.tree_slots()).is_some();
     if s.q_seq >= PREFILL_FORWARD_ROWS && !tree {
-        let rows = longest.max(1);
-        let (k_read, v_read) = match (int8, table, opts.seq_lens) {
-            (Some([k_q8, v_q8]), _, Some(lens)) => (
-                gather_int8(ctx, encoder, k_q8, table, lens, rows, "int8 prefill keys")?,
-                gather_int8(ctx, encoder, v_q8, table, lens, rows, "int8 prefill values")?,
-            ),
-            (None, Some(table), Some(lens)) => (
-                gather(
-                    ctx,
-                    encoder,
-                    k_cache,
-                    table,
-                    lens,
-                    rows,
-                    "paged prefill keys",
-                )?,
-                gather(
-                    ctx,
-                    encoder,
-                    v_cache,
-                    table,
-                    lens,
-                    rows,
-                    "paged prefill values",
-                )?,
-            ),
-            _ => (k_cache.first_rows(rows)?, v_cache.first_rows(rows)?),
-        };
+        let (k_read, v_read) = cached_rows(
+            ctx,
+            encoder,
+            [k_cache, v_cache],
+            table,
+            int8,
+            opts,
+            longest.max(1),
+        )?;
         let prefill = AttentionOptions {
             align_lens: true,
             ..*opts
@@ -467,14 +468,16 @@ fn decode_into(
     // Cosine scores and key clipping: the new queries and the cache's first `longest` positions (all
     // that any sequence reads) transformed into scratch, O(longest) per step like the attention
     // itself; the cache keeps raw keys. The kernel then reads caches of `longest` positions.
-    let (q, k_cache, v_cache, s) = if qk_norm::transforms(opts) {
-        let k_read = k_cache.first_rows(longest)?;
-        let v_read = v_cache.first_rows(longest)?;
+    // A paged or int8 cache is gathered (dequantised) into f32 scratch first, which the kernel
+    // then reads as a contiguous f32 cache.
+    let (q, k_cache, v_cache, s, table, int8) = if qk_norm::transforms(opts) {
+        let (k_read, v_read) =
+            cached_rows(ctx, encoder, [k_cache, v_cache], table, int8, opts, longest)?;
         let (q, k_read) = qk_norm::encode_inputs(ctx, encoder, q, &k_read, opts)?;
         let s = AttentionShape::of(&q, &k_read, &v_read)?;
-        (q, k_read, v_read, s)
+        (q, k_read, v_read, s, None, None)
     } else {
-        (q.clone(), k_cache.clone(), v_cache.clone(), s)
+        (q.clone(), k_cache.clone(), v_cache.clone(), s, table, int8)
     };
     let (q, k_cache, v_cache) = (&q, &k_cache, &v_cache);
     let mut params = base_params(&s, scale, opts);
