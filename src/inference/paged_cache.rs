@@ -273,6 +273,47 @@ impl PagedKvCache {
     /// is. Checked first: on error (a slot past its `max_len`, too few free blocks) nothing
     /// changes.
     pub fn prepare(&mut self, ctx: &Context, new: &[u32]) -> Result<StepLens> {
+        let total = self.check_room(new)?;
+        let page = self.config.page;
+        let mut copies = ctx.device().create_command_encoder(&Default::default());
+        let mut copied = false;
+        for (slot, &n) in new.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            if self.shared_tail(slot) {
+                let blocks = self.slots[slot].as_ref().expect("checked");
+                let last = blocks.len() - 1;
+                let old = blocks[last];
+                let copy = self.free.pop().expect("counted");
+                self.copy_block(&mut copies, old, copy);
+                copied = true;
+                self.refs[old as usize] -= 1;
+                self.refs[copy as usize] = 1;
+                self.slots[slot].as_mut().expect("checked")[last] = copy;
+            }
+            let want = (total[slot] as usize).div_ceil(page);
+            while self.slots[slot].as_ref().expect("checked").len() < want {
+                let b = self.free.pop().expect("counted");
+                self.refs[b as usize] = 1;
+                self.slots[slot].as_mut().expect("checked").push(b);
+            }
+        }
+        if copied {
+            ctx.submit(copies)?;
+        }
+        self.upload(ctx)?;
+        Ok(StepLens {
+            new: new.to_vec(),
+            total,
+        })
+    }
+
+    /// Checks that `new` tokens per slot fit (what [`PagedKvCache::prepare`] checks first, changing
+    /// nothing): every slot given tokens holds a sequence, stays within `max_len`, and the pool has
+    /// the blocks they need (copies of shared blocks included); several steps that add up to `new`
+    /// need no more. Returns each slot's length after them.
+    pub fn check_room(&self, new: &[u32]) -> Result<Vec<u32>> {
         let (page, max_len) = (self.config.page, self.config.max_len);
         if new.len() != self.slots.len() {
             return Err(Error::shape(
@@ -318,38 +359,7 @@ impl PagedKvCache {
                 total: self.config.pool_blocks,
             });
         }
-        let mut copies = ctx.device().create_command_encoder(&Default::default());
-        let mut copied = false;
-        for (slot, &n) in new.iter().enumerate() {
-            if n == 0 {
-                continue;
-            }
-            if self.shared_tail(slot) {
-                let blocks = self.slots[slot].as_ref().expect("checked");
-                let last = blocks.len() - 1;
-                let old = blocks[last];
-                let copy = self.free.pop().expect("counted");
-                self.copy_block(&mut copies, old, copy);
-                copied = true;
-                self.refs[old as usize] -= 1;
-                self.refs[copy as usize] = 1;
-                self.slots[slot].as_mut().expect("checked")[last] = copy;
-            }
-            let want = (total[slot] as usize).div_ceil(page);
-            while self.slots[slot].as_ref().expect("checked").len() < want {
-                let b = self.free.pop().expect("counted");
-                self.refs[b as usize] = 1;
-                self.slots[slot].as_mut().expect("checked").push(b);
-            }
-        }
-        if copied {
-            ctx.submit(copies)?;
-        }
-        self.upload(ctx)?;
-        Ok(StepLens {
-            new: new.to_vec(),
-            total,
-        })
+        Ok(total)
     }
 
     /// Records that a prepared step's tokens are in the cache.

@@ -147,6 +147,14 @@ impl Cache {
         }
     }
 
+    /// Checks that `new` tokens per slot fit, in one step or several, changing nothing.
+    fn check_room(&self, new: &[u32]) -> Result<()> {
+        match self {
+            Cache::Contiguous(c) => c.step(new).map(|_| ()),
+            Cache::Paged(c) => c.check_room(new).map(|_| ()),
+        }
+    }
+
     /// A step's lengths (paged: its blocks allocated, shared ones copied).
     fn step(&mut self, ctx: &Context, new: &[u32]) -> Result<StepLens> {
         match self {
@@ -965,6 +973,21 @@ impl Generator {
             (None, None) => {}
         }
 
+        if let Cache::Paged(c) = &self.cache {
+            // What the prompts need once the cache is cleared, checked before it is.
+            let page = c.config().page;
+            let needed = prompts
+                .iter()
+                .map(|p| p.len().div_ceil(page))
+                .sum::<usize>();
+            if needed > c.config().pool_blocks {
+                return Err(Error::KvCacheFull {
+                    needed,
+                    free: c.config().pool_blocks,
+                    total: c.config().pool_blocks,
+                });
+            }
+        }
         self.cache.clear();
         if let (Some(source), Some(sources)) = (&mut self.source, sources) {
             let pad = self.config.pad_id;
@@ -999,6 +1022,9 @@ impl Generator {
         prompts: &[Vec<u32>],
         sampling: Option<&Sampling>,
     ) -> Result<Option<Vec<u32>>> {
+        // Checked whole first: a pool too small for the prompts fails before any pass is fed.
+        let lens: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
+        self.cache.check_room(&lens)?;
         let mut fed = vec![0usize; self.shape.batch];
         let mut ids = None;
         loop {
