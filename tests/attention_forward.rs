@@ -55,10 +55,16 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> (Vec<f32>, Ve
     (out, lse)
 }
 
+/// Every head dim on Vulkan; on GL up to 64 (the wider kernels are the same WGSL, and their GLSL is
+/// checked by the shader translation test): each wide pipeline of the CPU-driver family costs tens
+/// of seconds of compile on a cold shader cache.
 #[test]
 fn odd_sizes_and_head_dims() {
     for_each_forward_family(|backend, ctx| {
         for case in &odd_size_cases() {
+            if backend.starts_with("gl") && case.dk > 64 {
+                continue;
+            }
             check(backend, ctx, case, Path::Fused);
         }
     });
