@@ -47,25 +47,6 @@ fn keys_seen(
     return live & (r >= q_lo) & (r < q_hi) & vec4<bool>(in_tile) & score_visible(x);
 }
 
-// Four rows' products a_r * x_r summed in pairs, each only on the lanes its row sees (a NaN in a
-// row the key does not see is not the key's).
-fn masked_rows(
-    a0: vec4<f32>,
-    a1: vec4<f32>,
-    a2: vec4<f32>,
-    a3: vec4<f32>,
-    x0: f32,
-    x1: f32,
-    x2: f32,
-    x3: f32,
-    k0: vec4<bool>,
-    k1: vec4<bool>,
-    k2: vec4<bool>,
-    k3: vec4<bool>,
-) -> vec4<f32> {
-    return (masked_product(a0, x0, k0) + masked_product(a1, x1, k1))
-        + (masked_product(a2, x2, k2) + masked_product(a3, x3, k3));
-}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -260,10 +241,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                         dp1 += v0 * o1.x + v1 * o1.y + v2 * o1.z + v3 * o1.w;
                         dp2 += v0 * o2.x + v1 * o2.y + v2 * o2.z + v3 * o2.w;
                         dp3 += v0 * o3.x + v1 * o3.y + v2 * o3.z + v3 * o3.w;
-                        dv[d] += masked_rows(p0, p1, p2, p3, o0.x, o1.x, o2.x, o3.x, seen0, seen1, seen2, seen3);
-                        dv[d + 1u] += masked_rows(p0, p1, p2, p3, o0.y, o1.y, o2.y, o3.y, seen0, seen1, seen2, seen3);
-                        dv[d + 2u] += masked_rows(p0, p1, p2, p3, o0.z, o1.z, o2.z, o3.z, seen0, seen1, seen2, seen3);
-                        dv[d + 3u] += masked_rows(p0, p1, p2, p3, o0.w, o1.w, o2.w, o3.w, seen0, seen1, seen2, seen3);
+                        dv[d] += masked_products4(p0, p1, p2, p3, o0.x, o1.x, o2.x, o3.x, seen0, seen1, seen2, seen3);
+                        dv[d + 1u] += masked_products4(p0, p1, p2, p3, o0.y, o1.y, o2.y, o3.y, seen0, seen1, seen2, seen3);
+                        dv[d + 2u] += masked_products4(p0, p1, p2, p3, o0.z, o1.z, o2.z, o3.z, seen0, seen1, seen2, seen3);
+                        dv[d + 3u] += masked_products4(p0, p1, p2, p3, o0.w, o1.w, o2.w, o3.w, seen0, seen1, seen2, seen3);
                     }
                 }
                 let ds0 = select(zero, p0 * (dp0 - st0.y) * score_grad(s0), seen0);
@@ -289,10 +270,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                         let q2 = q_tile[(i0 + 2u) * DK4 + d4];
                         let q3 = q_tile[(i0 + 3u) * DK4 + d4];
                         let d = d4 * 4u;
-                        dk[d] += masked_rows(ds0, ds1, ds2, ds3, q0.x, q1.x, q2.x, q3.x, seen0, seen1, seen2, seen3);
-                        dk[d + 1u] += masked_rows(ds0, ds1, ds2, ds3, q0.y, q1.y, q2.y, q3.y, seen0, seen1, seen2, seen3);
-                        dk[d + 2u] += masked_rows(ds0, ds1, ds2, ds3, q0.z, q1.z, q2.z, q3.z, seen0, seen1, seen2, seen3);
-                        dk[d + 3u] += masked_rows(ds0, ds1, ds2, ds3, q0.w, q1.w, q2.w, q3.w, seen0, seen1, seen2, seen3);
+                        dk[d] += masked_products4(ds0, ds1, ds2, ds3, q0.x, q1.x, q2.x, q3.x, seen0, seen1, seen2, seen3);
+                        dk[d + 1u] += masked_products4(ds0, ds1, ds2, ds3, q0.y, q1.y, q2.y, q3.y, seen0, seen1, seen2, seen3);
+                        dk[d + 2u] += masked_products4(ds0, ds1, ds2, ds3, q0.z, q1.z, q2.z, q3.z, seen0, seen1, seen2, seen3);
+                        dk[d + 3u] += masked_products4(ds0, ds1, ds2, ds3, q0.w, q1.w, q2.w, q3.w, seen0, seen1, seen2, seen3);
                     }
                 }
             }

@@ -64,24 +64,6 @@ fn key_grad(
     return KeyGrad(seen, d_score, select(zero, d_score * score_grad(s), seen));
 }
 
-// Four keys' products a_k * x_k summed in pairs, each only on the rows that see it.
-fn masked_keys(
-    a0: vec4<f32>,
-    a1: vec4<f32>,
-    a2: vec4<f32>,
-    a3: vec4<f32>,
-    x0: f32,
-    x1: f32,
-    x2: f32,
-    x3: f32,
-    k0: vec4<bool>,
-    k1: vec4<bool>,
-    k2: vec4<bool>,
-    k3: vec4<bool>,
-) -> vec4<f32> {
-    return (masked_product(a0, x0, k0) + masked_product(a1, x1, k1))
-        + (masked_product(a2, x2, k2) + masked_product(a3, x3, k3));
-}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -267,10 +249,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     let k2 = k_tile[(j0 + 2u) * DK4 + d4];
                     let k3 = k_tile[(j0 + 3u) * DK4 + d4];
                     let d = d4 * 4u;
-                    dq[d] += masked_keys(ds0, ds1, ds2, ds3, k0.x, k1.x, k2.x, k3.x, key0, key1, key2, key3);
-                    dq[d + 1u] += masked_keys(ds0, ds1, ds2, ds3, k0.y, k1.y, k2.y, k3.y, key0, key1, key2, key3);
-                    dq[d + 2u] += masked_keys(ds0, ds1, ds2, ds3, k0.z, k1.z, k2.z, k3.z, key0, key1, key2, key3);
-                    dq[d + 3u] += masked_keys(ds0, ds1, ds2, ds3, k0.w, k1.w, k2.w, k3.w, key0, key1, key2, key3);
+                    dq[d] += masked_products4(ds0, ds1, ds2, ds3, k0.x, k1.x, k2.x, k3.x, key0, key1, key2, key3);
+                    dq[d + 1u] += masked_products4(ds0, ds1, ds2, ds3, k0.y, k1.y, k2.y, k3.y, key0, key1, key2, key3);
+                    dq[d + 2u] += masked_products4(ds0, ds1, ds2, ds3, k0.z, k1.z, k2.z, k3.z, key0, key1, key2, key3);
+                    dq[d + 3u] += masked_products4(ds0, ds1, ds2, ds3, k0.w, k1.w, k2.w, k3.w, key0, key1, key2, key3);
                 }
             }
         }

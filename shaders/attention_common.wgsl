@@ -388,6 +388,26 @@ fn masked_product(p: vec4<f32>, x: f32, keep: vec4<bool>) -> vec4<f32> {
     return select(vec4<f32>(0.0), p * x, keep);
 }
 
+// Four masked products a_n * x_n (masked_product with keep_n) summed in pairs: the CPU-driver
+// backward kernels' step over four rows or keys.
+fn masked_products4(
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    x0: f32,
+    x1: f32,
+    x2: f32,
+    x3: f32,
+    keep0: vec4<bool>,
+    keep1: vec4<bool>,
+    keep2: vec4<bool>,
+    keep3: vec4<bool>,
+) -> vec4<f32> {
+    return (masked_product(a0, x0, keep0) + masked_product(a1, x1, keep1))
+        + (masked_product(a2, x2, keep2) + masked_product(a3, x3, keep3));
+}
+
 // T5's bucket of the relative position delta = key - aligned query position (Raffel et al. 2020):
 // bidirectional tables put keys after the query (delta > 0) in the upper half; exact buckets for
 // distances below rel_exact, then log-spaced ones up to the maximum distance (thresholds computed

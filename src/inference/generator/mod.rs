@@ -277,45 +277,32 @@ enum PassKind {
 }
 
 impl Pass {
-    /// The embedding and decoder buffers of `rows` new rows per sequence, over the parameters of
-    /// `params` (found by name when already there).
+    /// The embedding and decoder buffers of `rows` new rows per sequence (`[batch, rows]`), or
+    /// with `packed` of `rows` rows in all, the new tokens of up to `batch` sequences one after
+    /// another (decoder-only models whose attention takes packed rows: [`packs_prefill`]); over the
+    /// parameters of `params` (found by name when already there).
     fn new(
         ctx: &Context,
         c: &TransformerConfig,
         params: &mut Params,
         s: &GeneratorShape,
-        rows: usize,
-        tgt_positions: usize,
-    ) -> Result<Self> {
-        let stack = c.stack(c.decoder_layers, s.capacity);
-        let memory_len = c.has_encoder().then_some(s.src_len);
-        let b = s.batch;
-        Ok(Pass {
-            target: c.embedding(ctx, params, "tgt", [b, rows], tgt_positions)?,
-            decoder: Decoder::new(ctx, params, "dec", &stack, [b, rows], memory_len)?,
-            rows,
-            packed: None,
-        })
-    }
-
-    /// A packed pass of `rows` rows in all for the new tokens of up to `batch` sequences
-    /// (decoder-only models whose attention takes packed rows: [`packs_prefill`]).
-    fn packed(
-        ctx: &Context,
-        c: &TransformerConfig,
-        params: &mut Params,
-        s: &GeneratorShape,
-        rows: usize,
-        tgt_positions: usize,
+        [rows, tgt_positions]: [usize; 2],
+        packed: bool,
     ) -> Result<Self> {
         let mut stack = c.stack(c.decoder_layers, s.capacity);
-        stack.packed_sequences = Some(s.batch);
-        let zeros = vec![0u32; s.batch];
+        let (shape, memory_len, lens) = match packed {
+            true => {
+                stack.packed_sequences = Some(s.batch);
+                let zeros = vec![0u32; s.batch];
+                ([1, rows], None, Some(SeqLens::packed(ctx, &zeros, &zeros)?))
+            }
+            false => ([s.batch, rows], c.has_encoder().then_some(s.src_len), None),
+        };
         Ok(Pass {
-            target: c.embedding(ctx, params, "tgt", [1, rows], tgt_positions)?,
-            decoder: Decoder::new(ctx, params, "dec", &stack, [1, rows], None)?,
+            target: c.embedding(ctx, params, "tgt", shape, tgt_positions)?,
+            decoder: Decoder::new(ctx, params, "dec", &stack, shape, memory_len)?,
             rows,
-            packed: Some(SeqLens::packed(ctx, &zeros, &zeros)?),
+            packed: lens,
         })
     }
 
@@ -467,25 +454,23 @@ impl Generator {
             }
             false => None,
         };
-        let pass =
-            |params: &mut Params, rows: usize| Pass::new(ctx, &c, params, &s, rows, tgt_positions);
-        let packed = |params: &mut Params, rows: usize| {
-            Pass::packed(ctx, &c, params, &s, rows, tgt_positions)
+        let pass = |params: &mut Params, rows: usize, packed: bool| {
+            Pass::new(ctx, &c, params, &s, [rows, tgt_positions], packed)
         };
         let packs = packs_prefill(&c);
         // The prefill pass and the output head add every parameter to a store of their own; the
         // other passes then find them.
         let mut prefill = match packs {
-            true => packed(&mut params, b * s.prefill_chunk)?,
-            false => pass(&mut params, s.prefill_chunk)?,
+            true => pass(&mut params, b * s.prefill_chunk, true)?,
+            false => pass(&mut params, s.prefill_chunk, false)?,
         };
         let output = c.output_head(ctx, &mut params, &mut prefill.target)?;
         let mut params = params.shared();
         let short_prefill = match packs && b > 1 {
-            true => Some(packed(&mut params, s.prefill_chunk)?),
+            true => Some(pass(&mut params, s.prefill_chunk, true)?),
             false => None,
         };
-        let step = pass(&mut params, 1)?;
+        let step = pass(&mut params, 1, false)?;
         let head_dim = c.d_model / c.heads;
         // Additive layers cache their key projections b (Da per head) instead of keys.
         let key_dim = c.additive_attention.unwrap_or(head_dim);

@@ -226,8 +226,8 @@ impl Generator {
             &self.config,
             &mut params,
             &self.shape,
-            slots,
-            self.tgt_positions,
+            [slots, self.tgt_positions],
+            false,
         )?;
         let rows = b * MAX_TREE_ROWS;
         let id_bytes = 4 * rows as u64;
