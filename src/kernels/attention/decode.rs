@@ -294,85 +294,60 @@ pub fn attention_decode_int8_into(
     )
 }
 
-/// A `[B, rows, H, D]` f32 tensor in the context's scratch buffer for `what` (reused by the next
-/// call that asks for it: this one's readers are recorded before it).
-fn scratch_rows(ctx: &Context, what: &'static str, shape: [usize; 4]) -> Result<GpuTensor> {
-    let bytes = shape.iter().product::<usize>() as u64 * 4;
-    GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)
-}
-
-/// The first `rows` positions of every sequence of a paged `pool`, gathered into scratch.
-#[allow(clippy::too_many_arguments)]
-fn gather(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    pool: &HeadsView,
-    table: &BlockTable,
-    lens: &SeqLens,
-    rows: usize,
-    what: &'static str,
-) -> Result<HeadsView> {
-    let [_, _, heads, dim] = pool.shape();
-    let out = scratch_rows(ctx, what, [table.slots(), rows, heads, dim])?;
-    crate::kernels::kv_cache::kv_cache_gather_paged_into(
-        ctx, encoder, pool, table, lens, rows, &out,
-    )?;
-    out.heads()
-}
-
-/// The first `rows` positions of every sequence of an int8 `cache` (through `table` when paged),
-/// dequantised into the context's scratch buffer for `what`.
-#[allow(clippy::too_many_arguments)]
-fn gather_int8(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    cache: &GpuTensorQ8,
-    table: Option<&BlockTable>,
-    lens: &SeqLens,
-    rows: usize,
-    what: &'static str,
-) -> Result<HeadsView> {
-    let shape = cache.shape();
-    let (heads, dim) = (shape[shape.len() - 2], shape[shape.len() - 1]);
-    let out = scratch_rows(ctx, what, [lens.batch(), rows, heads, dim])?;
-    crate::kernels::kv_cache::kv_cache_gather_int8_into(
-        ctx, encoder, cache, table, lens, rows, &out,
-    )?;
-    out.heads()
-}
-
 /// The first `rows` positions of every sequence of a decode call's cache as contiguous f32 views:
-/// a contiguous f32 cache's own rows, a paged pool's gathered into scratch, an int8 cache's
-/// dequantised into scratch.
+/// a contiguous f32 cache's own rows, or, gathered into the context's scratch buffers (reused by
+/// the next call that asks for them: this one's readers are recorded before it), a paged pool's
+/// rows or an int8 cache's dequantised.
 #[allow(clippy::too_many_arguments)]
 fn cached_rows(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    [k_cache, v_cache]: [&HeadsView; 2],
+    caches: [&HeadsView; 2],
     table: Option<&BlockTable>,
     int8: Option<[&GpuTensorQ8; 2]>,
     opts: &AttentionOptions<'_>,
     rows: usize,
 ) -> Result<(HeadsView, HeadsView)> {
-    Ok(match (int8, table, opts.seq_lens) {
-        (Some([k_q8, v_q8]), _, Some(lens)) => (
-            gather_int8(ctx, encoder, k_q8, table, lens, rows, "int8 cache keys")?,
-            gather_int8(ctx, encoder, v_q8, table, lens, rows, "int8 cache values")?,
-        ),
-        (None, Some(table), Some(lens)) => (
-            gather(ctx, encoder, k_cache, table, lens, rows, "paged cache keys")?,
-            gather(
+    let lens = match opts.seq_lens {
+        Some(lens) if int8.is_some() || table.is_some() => lens,
+        _ => return Ok((caches[0].first_rows(rows)?, caches[1].first_rows(rows)?)),
+    };
+    // Side 0 (keys) or 1 (values), `[B, rows, H, D]` in the scratch buffer `what`.
+    let mut gather = |side: usize, what: &'static str| -> Result<HeadsView> {
+        let (heads, dim) = match int8 {
+            Some(q8) => {
+                let s = q8[side].shape();
+                (s[s.len() - 2], s[s.len() - 1])
+            }
+            None => {
+                let [_, _, heads, dim] = caches[side].shape();
+                (heads, dim)
+            }
+        };
+        let shape = [lens.batch(), rows, heads, dim];
+        let bytes = shape.iter().product::<usize>() as u64 * 4;
+        let out = GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)?;
+        match (int8, table) {
+            (Some(q8), _) => crate::kernels::kv_cache::kv_cache_gather_int8_into(
+                ctx, encoder, q8[side], table, lens, rows, &out,
+            )?,
+            (None, Some(table)) => crate::kernels::kv_cache::kv_cache_gather_paged_into(
                 ctx,
                 encoder,
-                v_cache,
+                caches[side],
                 table,
                 lens,
                 rows,
-                "paged cache values",
+                &out,
             )?,
-        ),
-        _ => (k_cache.first_rows(rows)?, v_cache.first_rows(rows)?),
-    })
+            (None, None) => unreachable!("a contiguous f32 cache returned above"),
+        }
+        out.heads()
+    };
+    Ok((
+        gather(0, "gathered cache keys")?,
+        gather(1, "gathered cache values")?,
+    ))
 }
 
 fn check_table(table: &BlockTable, s: &AttentionShape) -> Result<()> {
