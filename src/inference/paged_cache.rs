@@ -309,6 +309,22 @@ impl PagedKvCache {
         })
     }
 
+    /// Checks that sequences of `lens` tokens would fit the pool once every sequence is removed
+    /// (a new batch, before [`PagedKvCache::clear`]): `KvCacheFull` if their blocks outnumber it.
+    pub fn check_room_when_empty(&self, lens: &[u32]) -> Result<()> {
+        let page = self.config.page;
+        let needed = lens.iter().map(|&n| (n as usize).div_ceil(page)).sum();
+        let total = self.config.pool_blocks;
+        match needed > total {
+            true => Err(Error::KvCacheFull {
+                needed,
+                free: total,
+                total,
+            }),
+            false => Ok(()),
+        }
+    }
+
     /// Checks that `new` tokens per slot fit (what [`PagedKvCache::prepare`] checks first, changing
     /// nothing): every slot given tokens holds a sequence, stays within `max_len`, and the pool has
     /// the blocks they need (copies of shared blocks included); several steps that add up to `new`

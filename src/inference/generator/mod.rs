@@ -727,10 +727,14 @@ impl Generator {
         // Packed passes choose the decode kernel's rows per workgroup by their longest sequence's
         // power of two (DecodePlan::packed), and the fused forward from PREFILL_FORWARD_ROWS rows:
         // one recording per power of two up to what a pass holds.
-        for kind in [PassKind::Prefill, PassKind::ShortPrefill] {
+        let short = self.short_prefill.as_ref().map(|_| PassKind::ShortPrefill);
+        for kind in [Some(PassKind::Prefill), short].into_iter().flatten() {
+            if self.pass(kind).packed.is_none() {
+                continue;
+            }
             let rows = self.pass(kind).rows.min(self.shape.capacity);
             let mut longest = 1;
-            while self.pass(kind).packed.is_some() {
+            loop {
                 let n = longest.min(rows);
                 let new: Vec<u32> = (0..b)
                     .map(|seq| if seq == 0 { n as u32 } else { 0 })
@@ -960,18 +964,8 @@ impl Generator {
 
         if let Cache::Paged(c) = &self.cache {
             // What the prompts need once the cache is cleared, checked before it is.
-            let page = c.config().page;
-            let needed = prompts
-                .iter()
-                .map(|p| p.len().div_ceil(page))
-                .sum::<usize>();
-            if needed > c.config().pool_blocks {
-                return Err(Error::KvCacheFull {
-                    needed,
-                    free: c.config().pool_blocks,
-                    total: c.config().pool_blocks,
-                });
-            }
+            let lens: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
+            c.check_room_when_empty(&lens)?;
         }
         self.cache.clear();
         if let (Some(source), Some(sources)) = (&mut self.source, sources) {
