@@ -464,6 +464,12 @@ impl MultiHeadAttention {
     /// The layout of a call with `lens`: packed lengths need a layer built for packed batches and
     /// select each sequence's rows; others use the padded buffers as they are.
     fn layout<'a>(&self, lens: &'a SeqLens) -> Result<CallLayout<'a>> {
+        self.layout_of(lens, false)
+    }
+
+    /// [`MultiHeadAttention::layout`]; with `cached` the keys are a cache's (its capacity checked by
+    /// [`SeqLens::check_decode`]), so only the new rows must fit the layer's: a packed prefill.
+    fn layout_of<'a>(&self, lens: &'a SeqLens, cached: bool) -> Result<CallLayout<'a>> {
         let s = self.shape;
         if !lens.is_packed() {
             return Ok(CallLayout {
@@ -480,14 +486,18 @@ impl MultiHeadAttention {
             longest(lens.q_lens()) as usize,
             longest(lens.kv_lens()) as usize,
         );
-        if lens.batch() > capacity || q_seq.max(kv_seq) > s.q_seq {
+        let rows = match cached {
+            true => q_seq,
+            false => q_seq.max(kv_seq),
+        };
+        if lens.batch() > capacity || rows > s.q_seq {
             return Err(Error::shape(
                 "seq_lens",
                 format!(
                     "hold {} packed sequences of up to {} rows; layer {} takes up to {capacity} \
                      sequences (StackConfig::packed_sequences) of up to {} rows",
                     lens.batch(),
-                    q_seq.max(kv_seq),
+                    rows,
                     self.name,
                     s.q_seq
                 ),
@@ -505,61 +515,6 @@ impl MultiHeadAttention {
                 ..s
             },
         })
-    }
-
-    /// The layout of a decoding call with `lens` over `[batch, rows]` new rows: padded, or a packed
-    /// prefill (`x [1, rows, d]`, the new tokens of `lens.batch()` sequences one after another, in
-    /// a layer built for packed batches of as many sequences). Returns it with the sequences.
-    fn cached_layout<'a>(
-        &self,
-        lens: &'a SeqLens,
-        [b, rows]: [usize; 2],
-    ) -> Result<(CallLayout<'a>, usize)> {
-        let s = self.shape;
-        if !lens.is_packed() {
-            let layout = CallLayout {
-                packed: None,
-                lse: self.padded_lse()?,
-                workspace: GpuTensor::view_of(&self.workspace, 0, &[s.batch, s.heads, s.q_seq, 2])?,
-                shape: s,
-            };
-            return Ok((layout, b));
-        }
-        let n = lens.batch();
-        let capacity = self.packed_sequences.unwrap_or(0);
-        if b != 1 || n > capacity {
-            return Err(Error::shape(
-                "seq_lens",
-                format!(
-                    "are packed lengths of {n} sequences over [{b}, {rows}] rows; layer {} takes \
-                     [1, rows] rows of up to {capacity} packed sequences (StackConfig::packed_sequences)",
-                    self.name
-                ),
-            ));
-        }
-        let longest = lens
-            .q_lens()
-            .into_iter()
-            .flatten()
-            .copied()
-            .max()
-            .unwrap_or(0)
-            .max(1) as usize;
-        let layout = CallLayout {
-            packed: Some(lens),
-            lse: GpuTensor::view_of(&self.lse, 0, &[n, s.heads, longest.min(s.q_seq)])?,
-            workspace: GpuTensor::view_of(
-                &self.workspace,
-                0,
-                &[n, s.heads, longest.min(s.q_seq), 2],
-            )?,
-            shape: AttentionShape {
-                batch: n,
-                q_seq: longest,
-                ..s
-            },
-        };
-        Ok((layout, n))
     }
 
     /// lse of the padded layout, `[B, H, Lq]`.
@@ -709,7 +664,21 @@ impl MultiHeadAttention {
                         format!("has shape {:?}; expected [batch, seq, d_model]", x.shape()),
                     ));
                 };
-                let (layout, sequences) = self.cached_layout(lens, [b, l])?;
+                let layout = self.layout_of(lens, true)?;
+                // A packed prefill's sequences are its lengths', in one row of rows.
+                let sequences = match layout.packed {
+                    Some(_) if b != 1 => {
+                        return Err(Error::shape(
+                            "x",
+                            format!(
+                                "has shape {:?}; packed rows are [1, rows, d_model]",
+                                x.shape()
+                            ),
+                        ))
+                    }
+                    Some(packed) => packed.batch(),
+                    None => b,
+                };
                 lens.check_decode(sequences, l, cache.capacity())?;
                 let ([keys, values], table) = cache.parts();
                 if self.additive.is_some()
