@@ -15,9 +15,14 @@ override WG: u32 = 64u;
 override TILE: u32 = 32u;
 override DA: u32 = 64u;
 override DV: u32 = 64u;
-override DA4: u32 = (DA + 3u) / 4u;
+// Invocations sharing one row (the backward kernels, additive_backward_lanes.wgsl; 1 elsewhere).
+// Staged rows are zero-padded to a multiple of LANES vec4s of the score dim (DA4) and of LANES value
+// dims (DVS), so that lane l of a row takes every LANES-th of them, from l, without a bound check.
+override LANES: u32 = 1u;
+override DA4: u32 = ((DA + 3u) / 4u + LANES - 1u) / LANES * LANES;
+override DVS: u32 = (DV + LANES - 1u) / LANES * LANES;
 override PAIR_TILE: u32 = TILE * DA4;
-override V_TILE: u32 = TILE / 4u * DV;
+override V_TILE: u32 = TILE / 4u * DVS;
 
 // Sizes of the per-invocation arrays; the host writes the pipeline's exact Da and Dv here.
 const MAX_DA: u32 = 128u;
@@ -49,8 +54,9 @@ fn additive_bias(index: u32) -> f32 {
 // Staged row r's components 4 c4 .. 4 c4 + 3 at r * DA4 + c4.
 var<workgroup> pair_tile: array<vec4<f32>, PAIR_TILE>;
 var<workgroup> w_tile: array<vec4<f32>, DA4>;
-// Staged value rows, packed by fours of rows: rows 4 q .. 4 q + 3 of value dim d at d * TILE / 4 + q
-// (the query-side kernels' V; the key side stages dO the same way).
+// Staged value rows, packed by fours of rows: rows 4 q .. 4 q + 3 of value dim d at q * DVS + d
+// (the query-side kernels' V; the key side stages dO the same way). The lanes of a row read
+// consecutive entries.
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
 
 // Components 4 c4 .. 4 c4 + 3 of a + bias (query row i) or of b (key row j), zero past Da.
@@ -103,14 +109,14 @@ fn stage_keys(n0: u32, kv_hi: u32, b: u32, h: u32, lid: u32) {
         }
         pair_tile[t] = x;
     }
-    for (var t = lid; t < TILE * DV; t += WG) {
-        let jj = t / DV;
-        let d = t % DV;
+    for (var t = lid; t < TILE * DVS; t += WG) {
+        let jj = t / DVS;
+        let d = t % DVS;
         var x = 0.0;
-        if n0 + jj < kv_hi {
+        if n0 + jj < kv_hi && d < DV {
             x = v_keys[view_index(VIEW_V, b, n0 + jj, h) + d];
         }
-        v_tile[d * (TILE / 4u) + jj / 4u][jj % 4u] = x;
+        v_tile[jj / 4u * DVS + d][jj % 4u] = x;
     }
 }
 

@@ -125,7 +125,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             l += p.x + p.y + p.z + p.w;
             let keep = p_visible(p);
             for (var d = 0u; d < DV; d++) {
-                let v = select(vec4<f32>(0.0), v_tile[d * (TILE / 4u) + q], keep);
+                let v = select(vec4<f32>(0.0), v_tile[q * DVS + d], keep);
                 acc[d] += dot(p, v);
             }
         }

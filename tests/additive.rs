@@ -215,19 +215,21 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
 fn cases() -> Vec<Case> {
     vec![
         // Padding of queries and keys, causal, Dk != Dv, a score dim and a value dim that are not
-        // multiples of the kernels' vec4 packing.
-        Case::new(2, 5, 7, 2, 2, 7, 5)
+        // multiples of the kernels' vec4 packing (nor of the GPU family's 4 lanes per row).
+        Case::new(2, 5, 7, 2, 2, 27, 21)
             .causal()
             .q_lens(&[5, 3])
             .kv_lens(&[7, 4]),
-        // Cross-attention shape (Lq != Lk), a window, more rows than a workgroup and a key tile.
-        Case::new(1, 70, 40, 1, 1, 8, 4).window(6, 3),
+        // Cross-attention shape (Lq != Lk), a window, more rows than a workgroup and a key tile
+        // (8 lanes per row in the GPU family's backward, one score vec4 and five value dims each).
+        Case::new(1, 70, 40, 1, 1, 20, 36).window(6, 3),
     ]
 }
 
 #[test]
 fn gpu_matches_reference() {
-    for_each_backend(|name, ctx| {
+    // Both families: one invocation per row (CPU drivers) and rows over lanes (GPUs).
+    for_each_family(|name, ctx| {
         for case in cases() {
             check(ctx, name, &case);
         }
@@ -239,7 +241,7 @@ fn gpu_matches_reference() {
 #[test]
 fn long_loops_split_into_accumulating_dispatches_bitwise() {
     // A budget of 400 iterations splits every key and query loop into several dispatches.
-    for_each_backend_with_loop_budget(400, |name, ctx| {
+    for_each_family_with_loop_budget(400, |name, ctx| {
         let case = &cases()[1];
         let first = check(ctx, name, case);
         let again = check(ctx, name, case);
@@ -261,7 +263,7 @@ fn trusted_and_checked_kernels_agree_bitwise() {
     let mut runs = Vec::new();
     for trusted in [false, true] {
         let mut results = Vec::new();
-        for_each_backend_with(
+        for_each_family_with(
             |ctx| ctx.set_trusted_shaders(trusted),
             |name, ctx| {
                 for case in cases() {
@@ -424,8 +426,15 @@ fn runs_on_a_device_with_webgpu_default_limits() {
         return;
     };
     assert_eq!(device.limits().max_storage_buffers_per_shader_stage, 8);
-    let ctx = Context::from_device(device, queue).unwrap();
+    let mut ctx = Context::from_device(device, queue).unwrap();
     let case = Case::new(2, 9, 13, 2, 2, 16, 8).causal().kv_lens(&[13, 6]);
-    check(&ctx, "vulkan/default limits", &case);
+    for family in FAMILIES {
+        ctx.set_kernel_family(Some(family));
+        check(
+            &ctx,
+            &format!("vulkan/default limits/{}", family.name()),
+            &case,
+        );
+    }
     ctx.synchronize().unwrap();
 }

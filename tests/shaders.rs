@@ -26,6 +26,10 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
         c.insert("INT8".to_string(), 1.0);
         c.insert("TREE".to_string(), 1.0);
     }
+    // The fused additive backward with its rows over lanes, as on GPUs.
+    if source.contains("fn row_sum(") && dk <= 64.0 {
+        c.insert("LANES".to_string(), if dk == 64.0 { 8.0 } else { 4.0 });
+    }
     if source.contains("override OWN_IN_WORKGROUP:") && dk <= 64.0 {
         c.insert("OWN_IN_WORKGROUP".to_string(), 1.0);
     }

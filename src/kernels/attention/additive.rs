@@ -25,6 +25,8 @@ pub(super) const BACKWARD_UNFUSED: &str =
 pub(super) const BACKWARD_WORKSPACE: &str =
     include_str!("../../../shaders/additive_backward_workspace.wgsl");
 pub(super) const BACKWARD_PACK: &str = include_str!("../../../shaders/additive_backward_pack.wgsl");
+pub(super) const BACKWARD_LANES: &str =
+    include_str!("../../../shaders/additive_backward_lanes.wgsl");
 
 /// Largest score dim `Da` and value head dim the additive kernels hold per invocation.
 pub const MAX_ADDITIVE_DIM: usize = 128;
@@ -41,7 +43,28 @@ const WG: u32 = 64;
 /// fit the device's limit (Da = Dv = 128 needs 33 KiB at 32 rows; Metal on Apple GPUs offers 32 KiB).
 fn staged_tile(ctx: &Context, s: &AttentionShape) -> u32 {
     let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
-    tile_for_limit(limit, s.head_dim_qk, s.head_dim_v)
+    tile_for_limit(limit, s.head_dim_qk, s.head_dim_v, 1)
+}
+
+/// Invocations per row in the fused backward (`shaders/additive_backward_lanes.wgsl`): enough that
+/// each holds at most two vec4s of the score dim and eight value dims (then 64 floats of a row's
+/// state and tanh, which fits the 128 registers of a wave64 invocation on RDNA3), on GPUs. On CPU
+/// drivers, one: their invocations are SIMD lanes with no register file to fit, and a barrier per
+/// step only costs (the row over lanes measured slower on lavapipe: BENCHMARKS.md).
+fn backward_lanes(ctx: &Context, s: &AttentionShape) -> u32 {
+    if ctx.kernel_family() == KernelFamily::CpuDriver {
+        return 1;
+    }
+    lanes_for(s.head_dim_qk, s.head_dim_v)
+}
+
+fn lanes_for(da: usize, dv: usize) -> u32 {
+    let lanes = da
+        .div_ceil(4)
+        .div_ceil(2)
+        .max(dv.div_ceil(8))
+        .next_power_of_two();
+    lanes.min(WG as usize) as u32
 }
 
 /// The forward's staged tile and whether its rows of `a + bias` fit in workgroup memory beside it
@@ -51,21 +74,32 @@ fn staged_tile(ctx: &Context, s: &AttentionShape) -> u32 {
 fn forward_tile(ctx: &Context, s: &AttentionShape) -> (u32, bool) {
     let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
     let own = 16 * WG as usize * (s.head_dim_qk.div_ceil(4) | 1);
-    match largest_tile(limit, s.head_dim_qk, s.head_dim_v, |_| own) {
+    match largest_tile(limit, [s.head_dim_qk, s.head_dim_v], 1, |_| own) {
         Some(tile) => (tile, true),
         None => (staged_tile(ctx, s), false),
     }
 }
 
-fn tile_for_limit(limit: usize, da: usize, dv: usize) -> u32 {
-    // The key side's four per-row scalars.
-    largest_tile(limit, da, dv, |tile| 16 * tile).unwrap_or(8)
+/// The staged tile of the backward's kernels with `lanes` invocations per row (and of the forward
+/// where its own rows do not fit beside one).
+fn tile_for_limit(limit: usize, da: usize, dv: usize, lanes: u32) -> u32 {
+    // The key side's four per-row scalars and the lanes' partial sums.
+    let sums = if lanes > 1 { 32 * WG as usize } else { 0 };
+    largest_tile(limit, [da, dv], lanes, |tile| 16 * tile + sums).unwrap_or(8)
 }
 
 /// The largest staged tile of 32 or 16 rows whose workgroup memory (the staged pair rows, value rows
-/// and `w` of `additive_common.wgsl`, plus a kernel's `extra` bytes) fits `limit` bytes.
-fn largest_tile(limit: usize, da: usize, dv: usize, extra: impl Fn(usize) -> usize) -> Option<u32> {
-    let da4 = da.div_ceil(4);
+/// and `w` of `additive_common.wgsl`, padded for `lanes` invocations per row, plus a kernel's
+/// `extra` bytes) fits `limit` bytes.
+fn largest_tile(
+    limit: usize,
+    [da, dv]: [usize; 2],
+    lanes: u32,
+    extra: impl Fn(usize) -> usize,
+) -> Option<u32> {
+    let lanes = lanes as usize;
+    let da4 = da.div_ceil(4).next_multiple_of(lanes);
+    let dv = dv.next_multiple_of(lanes);
     let bytes = |tile: usize| 16 * (tile * da4 + tile / 4 * dv + da4) + extra(tile);
     [32, 16]
         .into_iter()
@@ -84,14 +118,19 @@ enum FusedKernel {
 }
 
 impl FusedKernel {
-    /// (iterations per row of the other side, fixed iterations) for score dim `da`, value dim `dv`
-    /// and staged tiles of `tile` rows.
-    fn loop_cost(self, da: usize, dv: usize, tile: u32) -> (usize, usize) {
-        let (wg, tile) = (WG as usize, tile as usize);
-        let da4 = da.div_ceil(4);
+    /// (iterations per row of the other side, fixed iterations) for score dim `da`, value dim `dv`,
+    /// staged tiles of `tile` rows and `lanes` invocations per row (the backward's; 1 elsewhere).
+    fn loop_cost(self, da: usize, dv: usize, tile: u32, lanes: u32) -> (usize, usize) {
+        let (wg, tile, lanes) = (WG as usize, tile as usize, lanes as usize);
+        let da4 = da.div_ceil(4).next_multiple_of(lanes);
+        let dv = dv.next_multiple_of(lanes);
         // Staging the other side's rows (a helper's 4-wide loop per vec4) and the value (or dO) rows.
         let staging = (tile * da4).div_ceil(wg) * 5 + (tile * dv).div_ceil(wg) + 1;
         let fixed = 16 * da4 + 4 * dv + 32;
+        // Per step of the backward, a lane's loops over its score vec4s (twice) and value dims
+        // (twice on the key side), and the sum over the row's lanes.
+        let (lane_da4, lane_dv) = (da4 / lanes, dv / lanes);
+        let backward_step = 1 + 2 * lane_da4 + 2 * lane_dv + lanes;
         // (iterations per step of the key or query loop, rows that step covers, fixed iterations)
         let (per_step, rows, fixed) = match self {
             // Per four keys: the scores, a rescale (at worst every time), P V.
@@ -107,9 +146,9 @@ impl FusedKernel {
                 )
             }
             // Scores, dO . v, the derivatives; the key side also stages lse, D and the ranges.
-            Self::BackwardQuerySide => (staging + tile / 4 * (1 + 2 * da4 + dv), tile, fixed),
+            Self::BackwardQuerySide => (staging + tile / 4 * backward_step, tile, fixed),
             Self::BackwardKeySide => (
-                staging + tile.div_ceil(wg) + tile / 4 * (1 + 2 * da4 + dv),
+                staging + tile.div_ceil(wg) + tile / 4 * backward_step,
                 tile,
                 fixed,
             ),
@@ -251,6 +290,29 @@ fn sized(text: &str, s: &AttentionShape) -> String {
     with_common(&text)
 }
 
+/// A fused backward kernel (`BACKWARD_DA` or `BACKWARD_DB`) after the additive header, the
+/// workspace and the lanes header (the attention header still to prepend).
+pub(super) fn backward_source(body: &str) -> String {
+    with_workspace(&format!("{BACKWARD_LANES}\n{body}"))
+}
+
+/// A fused backward kernel with every header, sized for `lanes` invocations per row.
+fn sized_backward(body: &str, s: &AttentionShape, lanes: u32) -> String {
+    let lanes = lanes as usize;
+    let lane_da4 = s.head_dim_qk.div_ceil(4).div_ceil(lanes);
+    let lane_dv = s.head_dim_v.div_ceil(lanes);
+    let text = backward_source(body)
+        .replace(
+            "const MAX_LANE_DA4: u32 = 32u;",
+            &format!("const MAX_LANE_DA4: u32 = {lane_da4}u;"),
+        )
+        .replace(
+            "const MAX_LANE_DV: u32 = 128u;",
+            &format!("const MAX_LANE_DV: u32 = {lane_dv}u;"),
+        );
+    sized(&text, s)
+}
+
 fn constants(s: &AttentionShape, tile: u32) -> [(&'static str, u32); 4] {
     [
         ("WG", WG),
@@ -258,6 +320,13 @@ fn constants(s: &AttentionShape, tile: u32) -> [(&'static str, u32); 4] {
         ("DA", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ]
+}
+
+/// The fused backward's constants: [`constants`] and its invocations per row.
+fn backward_constants(s: &AttentionShape, tile: u32, lanes: u32) -> Vec<(&'static str, u32)> {
+    let mut constants = constants(s, tile).to_vec();
+    constants.push(("LANES", lanes));
+    constants
 }
 
 /// Additive attention forward into new tensors, submitted: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`.
@@ -383,7 +452,7 @@ fn encode_forward(
         constants.push(("OWN_IN_WORKGROUP", own_in_workgroup as u32));
     }
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-    let (per_key, fixed) = kernel.loop_cost(s.head_dim_qk, s.head_dim_v, tile);
+    let (per_key, fixed) = kernel.loop_cost(s.head_dim_qk, s.head_dim_v, tile, 1);
     let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, align as usize);
     let mut pass = ctx.begin_pass(encoder, name);
     encode_chunks(
@@ -703,16 +772,20 @@ pub fn additive_backward_into(
         bind_view(ctx, "d_out", d_out, VIEW_DO, &mut params)?,
         bind_view(ctx, "da", da, VIEW_DQ, &mut params)?,
     ];
-    let grid = set_grid(&mut params, lq.div_ceil(WG as usize), bb * h)?;
-    let tile = staged_tile(ctx, &s);
-    let (per_key, fixed) = FusedKernel::BackwardQuerySide.loop_cost(dda, ddv, tile);
+    let lanes = backward_lanes(ctx, &s);
+    let rows_per_group = (WG / lanes) as usize;
+    let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
+    let tile = tile_for_limit(limit, dda, ddv, lanes);
+    let constants = backward_constants(&s, tile, lanes);
+    let grid = set_grid(&mut params, lq.div_ceil(rows_per_group), bb * h)?;
+    let (per_key, fixed) = FusedKernel::BackwardQuerySide.loop_cost(dda, ddv, tile, lanes);
     let chunks = loop_chunks(ctx, lk, per_key, fixed, tile as usize);
     encode_chunks(
         ctx,
         &mut pass,
         "additive_backward_da",
-        || sized(&with_workspace(BACKWARD_DA), &s),
-        &constants(&s, tile),
+        || sized_backward(BACKWARD_DA, &s, lanes),
+        &constants,
         &mut params,
         shared,
         &bindings,
@@ -731,15 +804,15 @@ pub fn additive_backward_into(
     ];
     let outputs = bind_output_pair(ctx, [("db", db, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
     let bindings: Vec<_> = bindings.into_iter().chain(outputs).collect();
-    let grid = set_grid(&mut params, lk.div_ceil(WG as usize), bb * h)?;
-    let (per_query, fixed) = FusedKernel::BackwardKeySide.loop_cost(dda, ddv, tile);
+    let grid = set_grid(&mut params, lk.div_ceil(rows_per_group), bb * h)?;
+    let (per_query, fixed) = FusedKernel::BackwardKeySide.loop_cost(dda, ddv, tile, lanes);
     let chunks = loop_chunks(ctx, lq, per_query, fixed, tile as usize);
     encode_chunks(
         ctx,
         &mut pass,
         "additive_backward_db",
-        || sized(&with_workspace(BACKWARD_DB), &s),
-        &constants(&s, tile),
+        || sized_backward(BACKWARD_DB, &s, lanes),
+        &constants,
         &mut params,
         shared,
         &bindings,
@@ -922,10 +995,14 @@ mod tests {
     #[test]
     fn staged_tiles_fit_the_workgroup_memory_limit() {
         // WebGPU's default 16 KiB, lavapipe's and Apple's 32 KiB, NVIDIA's 48 KiB.
-        assert_eq!(tile_for_limit(49152, 128, 128), 32);
-        assert_eq!(tile_for_limit(32768, 64, 64), 32);
-        assert_eq!(tile_for_limit(32768, 128, 128), 16);
-        assert_eq!(tile_for_limit(16384, 64, 64), 16);
-        assert_eq!(tile_for_limit(16384, 128, 128), 8);
+        assert_eq!(tile_for_limit(49152, 128, 128, 1), 32);
+        assert_eq!(tile_for_limit(32768, 64, 64, 1), 32);
+        assert_eq!(tile_for_limit(32768, 128, 128, 1), 16);
+        assert_eq!(tile_for_limit(16384, 64, 64, 1), 16);
+        assert_eq!(tile_for_limit(16384, 128, 128, 1), 8);
+        // The GPU family's lanes: their partial sums take 2 KiB.
+        assert_eq!(tile_for_limit(32768, 64, 64, 8), 32);
+        assert_eq!(tile_for_limit(16384, 64, 64, 8), 16);
+        assert_eq!(tile_for_limit(32768, 128, 128, 16), 16);
     }
 }

@@ -149,11 +149,11 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ),
         (
             "additive_backward_da",
-            with_common(&additive::with_workspace(additive::BACKWARD_DA)),
+            with_common(&additive::backward_source(additive::BACKWARD_DA)),
         ),
         (
             "additive_backward_db",
-            with_common(&additive::with_workspace(additive::BACKWARD_DB)),
+            with_common(&additive::backward_source(additive::BACKWARD_DB)),
         ),
         (
             "additive_backward_pack",
