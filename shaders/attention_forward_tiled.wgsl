@@ -44,10 +44,9 @@ const MAX_OC: u32 = 16u;
 
 // InElem / OutElem: the element types of the inputs and outputs (f32, or f16 with SHADER_F16),
 // aliased by the host before the common header; arithmetic is f32.
-// OutElem is f32 when O is a split-KV partial result.
-@group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
-@group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
-@group(0) @binding(4) var<storage, read> v_buf: array<InElem>;
+// OutElem is f32 when O is a split-KV partial result. Q, K and V (bindings 2-4) and their row reads
+// (q_row4, k_row4, v_row4) come from attention_input_rows.wgsl or its vec4 build, appended by the
+// host.
 @group(0) @binding(5) var<storage, read_write> o_buf: array<OutElem>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
 
@@ -92,15 +91,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         }
     }
 
-    for (var t = lid; t < BM * DK4 * 4u; t += WG) {
-        let r = t / (DK4 * 4u);
-        let d = t % (DK4 * 4u);
+    for (var t = lid; t < BM * DK4; t += WG) {
+        let r = t / DK4;
+        let d4 = t % DK4;
         let i = row0 + r;
-        var x = 0.0;
-        if i < qlen && d < DK {
-            x = f32(q_buf[view_index(VIEW_Q, b, i, h) + d]) * params.scale;
+        var x = vec4<f32>(0.0);
+        if i < qlen {
+            x = q_row4(view_index(VIEW_Q, b, i, h) + 4u * d4, DK - 4u * d4) * params.scale;
         }
-        q_tile[r * QS + d / 4u][d % 4u] = x;
+        q_tile[r * QS + d4] = x;
     }
 
     let tiles = split_key_tiles(shift, row0, BM, BN, split, qlen, kvlen);
@@ -118,15 +117,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
     for (var tile = tiles.begin; tile < tiles.end; tile++) {
         let n0 = tile * BN;
         workgroupBarrier();
-        for (var t = lid; t < BN * DK4 * 4u; t += WG) {
-            let jj = t / (DK4 * 4u);
-            let d = t % (DK4 * 4u);
+        for (var t = lid; t < BN * DK4; t += WG) {
+            let jj = t / DK4;
+            let d4 = t % DK4;
             let j = n0 + jj;
-            var x = 0.0;
-            if j < kv_hi && d < DK {
-                x = f32(k_buf[view_index(VIEW_K, b, j, h_kv) + d]);
+            var x = vec4<f32>(0.0);
+            if j < kv_hi {
+                x = k_row4(view_index(VIEW_K, b, j, h_kv) + 4u * d4, DK - 4u * d4);
             }
-            kv_tile[jj * KVS + d / 4u][d % 4u] = x;
+            kv_tile[jj * KVS + d4] = x;
         }
         workgroupBarrier();
 
@@ -175,15 +174,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         }
         // Every invocation is past the score loop (row_group_max ends with a barrier), so V may
         // replace K.
-        for (var t = lid; t < BN * DV4 * 4u; t += WG) {
-            let jj = t / (DV4 * 4u);
-            let d = t % (DV4 * 4u);
+        for (var t = lid; t < BN * DV4; t += WG) {
+            let jj = t / DV4;
+            let d4 = t % DV4;
             let j = n0 + jj;
-            var x = 0.0;
-            if j < kv_hi && d < DV {
-                x = f32(v_buf[view_index(VIEW_V, b, j, h_kv) + d]);
+            var x = vec4<f32>(0.0);
+            if j < kv_hi {
+                x = v_row4(view_index(VIEW_V, b, j, h_kv) + 4u * d4, DV - 4u * d4);
             }
-            kv_tile[jj * KVS + d / 4u][d % 4u] = x;
+            kv_tile[jj * KVS + d4] = x;
         }
         workgroupBarrier();
 

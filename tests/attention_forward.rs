@@ -240,60 +240,64 @@ fn unfused_path_matches_reference() {
 
 #[test]
 fn packed_qkv_views_and_strided_output() {
+    // `lead` columns before Q in each packed row: with 1, no row starts on a four-element boundary
+    // and the GPU family reads Q, K and V element by element, with 0 four elements per access.
     for_each_forward_family(|backend, ctx| {
-        let (b, l, h, d) = (2, 33, 4, 40);
-        let width = 3 * h * d;
-        let mut r = rng(11);
-        let packed = random(&mut r, b * l * width, 1.0);
-        let qkv = GpuTensor::from_slice(ctx, &packed, &[b, l, width]).unwrap();
-        let q = qkv.split_heads(0, h, d).unwrap();
-        let k = qkv.split_heads(h * d, h, d).unwrap();
-        let v = qkv.split_heads(2 * h * d, h, d).unwrap();
-        // Output into the middle of a wider buffer: [B, L, 2 * H * D], columns H*D.. .
-        let out_buf = GpuTensor::zeros(ctx, &[b, l, 2 * h * d]).unwrap();
-        let out = out_buf.split_heads(h * d, h, d).unwrap();
-        let lse = GpuTensor::zeros(ctx, &[b, h, l]).unwrap();
-        let opts = AttentionOptions::new().causal(true);
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        attention_forward_into(ctx, &mut encoder, &q, &k, &v, &out, &lse, &opts).unwrap();
-        ctx.queue().submit([encoder.finish()]);
+        for lead in [0, 1] {
+            let (b, l, h, d) = (2, 33, 4, 40);
+            let width = lead + 3 * h * d;
+            let mut r = rng(11);
+            let packed = random(&mut r, b * l * width, 1.0);
+            let qkv = GpuTensor::from_slice(ctx, &packed, &[b, l, width]).unwrap();
+            let q = qkv.split_heads(lead, h, d).unwrap();
+            let k = qkv.split_heads(lead + h * d, h, d).unwrap();
+            let v = qkv.split_heads(lead + 2 * h * d, h, d).unwrap();
+            // Output into the middle of a wider buffer: [B, L, 2 * H * D], columns H*D.. .
+            let out_buf = GpuTensor::zeros(ctx, &[b, l, 2 * h * d]).unwrap();
+            let out = out_buf.split_heads(h * d, h, d).unwrap();
+            let lse = GpuTensor::zeros(ctx, &[b, h, l]).unwrap();
+            let opts = AttentionOptions::new().causal(true);
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            attention_forward_into(ctx, &mut encoder, &q, &k, &v, &out, &lse, &opts).unwrap();
+            ctx.queue().submit([encoder.finish()]);
 
-        let unpack = |col: usize| -> Vec<f64> {
-            let mut x = Vec::new();
-            for row in packed.chunks(width) {
-                x.extend(row[col..col + h * d].iter().map(|&v| v as f64));
-            }
-            x
-        };
-        let case = Case::new(b, l, l, h, h, d, d).causal();
-        let (ref_out, ref_lse) = reference::attention_forward(
-            &case.shape(),
-            &unpack(0),
-            &unpack(h * d),
-            &unpack(2 * h * d),
-            &case.masks(),
-        );
-        let tag = format!("[{backend}] packed qkv");
-        let (atol, rtol) = forward_tolerances(ctx);
-        assert_close(
-            &format!("{tag} out"),
-            &out.to_vec(ctx).unwrap(),
-            &ref_out,
-            atol,
-            rtol,
-        );
-        assert_close(
-            &format!("{tag} lse"),
-            &lse.to_vec(ctx).unwrap(),
-            &ref_lse,
-            atol,
-            rtol,
-        );
-        // The untouched half of the output buffer is still zero.
-        let all = out_buf.to_vec(ctx).unwrap();
-        assert!(all
-            .chunks(2 * h * d)
-            .all(|row| row[..h * d].iter().all(|&x| x == 0.0)));
+            let unpack = |col: usize| -> Vec<f64> {
+                let mut x = Vec::new();
+                for row in packed.chunks(width) {
+                    x.extend(row[col..col + h * d].iter().map(|&v| v as f64));
+                }
+                x
+            };
+            let case = Case::new(b, l, l, h, h, d, d).causal();
+            let (ref_out, ref_lse) = reference::attention_forward(
+                &case.shape(),
+                &unpack(lead),
+                &unpack(lead + h * d),
+                &unpack(lead + 2 * h * d),
+                &case.masks(),
+            );
+            let tag = format!("[{backend}] packed qkv, lead {lead}");
+            let (atol, rtol) = forward_tolerances(ctx);
+            assert_close(
+                &format!("{tag} out"),
+                &out.to_vec(ctx).unwrap(),
+                &ref_out,
+                atol,
+                rtol,
+            );
+            assert_close(
+                &format!("{tag} lse"),
+                &lse.to_vec(ctx).unwrap(),
+                &ref_lse,
+                atol,
+                rtol,
+            );
+            // The untouched half of the output buffer is still zero.
+            let all = out_buf.to_vec(ctx).unwrap();
+            assert!(all
+                .chunks(2 * h * d)
+                .all(|row| row[..h * d].iter().all(|&x| x == 0.0)));
+        }
     });
 }
 

@@ -264,13 +264,14 @@ pub(super) fn encode_forward_coop(
         block_m: config.block_m(),
         splits: config.splits(ctx, s),
         name: &|dtype, written| kernel_name(config.build, dtype, written, mat),
-        source: &|dtype, written| source(config.build, dtype, written, mat, slots),
+        source: &|dtype, written, _| source(config.build, dtype, written, mat, slots),
         constants: &[
             ("SG", config.group),
             ("NSG", config.groups),
             ("DK", s.head_dim_qk as u32),
             ("DV", s.head_dim_v as u32),
         ],
+        vec4_inputs: false,
     };
     encode_split_forward(ctx, encoder, &kernel, s, scale, [q, k, v], out, lse, opts)
 }

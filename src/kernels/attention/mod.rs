@@ -198,8 +198,20 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ]
         .into_iter()
         .map(|(name, subgroups, input, output)| {
-            let source = tiled::forward_source(subgroups);
+            let source = tiled::forward_source(subgroups, false);
             (name, with_common_typed(&source, input, output))
+        }),
+    )
+    // The builds reading Q, K and V four elements per access.
+    .chain(
+        [
+            ("attention_forward_tiled_vec4", DType::F32),
+            ("attention_forward_tiled_subgroup_f16_vec4", DType::F16),
+        ]
+        .into_iter()
+        .map(|(name, dtype)| {
+            let source = tiled::forward_source(name.contains("subgroup"), true);
+            (name, with_common_typed(&source, dtype, dtype))
         }),
     )
     // The f16 variants of the GPU family (names ending in _f16: no GLSL, GL has no f16).

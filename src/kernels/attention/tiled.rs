@@ -11,12 +11,34 @@ const ROW_MAX_WORKGROUP: &str = include_str!("../../../shaders/attention_row_max
 const ROW_MAX_SUBGROUP: &str = include_str!("../../../shaders/attention_row_max_subgroup.wgsl");
 
 /// The tiled forward with its row-group maximum: subgroup shuffles or workgroup memory.
-pub(super) fn forward_source(subgroups: bool) -> String {
+pub(super) fn forward_source(subgroups: bool, vec4_inputs: bool) -> String {
     let row_max = match subgroups {
         true => ROW_MAX_SUBGROUP,
         false => ROW_MAX_WORKGROUP,
     };
-    format!("{FORWARD}\n{row_max}")
+    let inputs = match vec4_inputs {
+        true => INPUT_ROWS_VEC4,
+        false => INPUT_ROWS,
+    };
+    format!("{FORWARD}\n{inputs}\n{row_max}")
+}
+/// The GPU-family forward's Q, K and V reads: element by element, or four per access
+/// ([`inputs_on_vec4`]).
+const INPUT_ROWS: &str = include_str!("../../../shaders/attention_input_rows.wgsl");
+const INPUT_ROWS_VEC4: &str = include_str!("../../../shaders/attention_input_rows_vec4.wgsl");
+
+/// Whether the views bound in `params` at `slots` start every row on a four-element boundary
+/// (offset in the binding and every stride multiples of four) and the head dims are multiples of
+/// four, so that a kernel may read four elements per access (`attention_input_rows_vec4.wgsl`).
+pub(super) fn inputs_on_vec4(params: &Params, slots: &[usize], s: &AttentionShape) -> bool {
+    s.head_dim_qk.is_multiple_of(4)
+        && s.head_dim_v.is_multiple_of(4)
+        && slots.iter().all(|&slot| {
+            let v = &params.views[slot];
+            [v.offset, v.stride_b, v.stride_s, v.stride_h]
+                .iter()
+                .all(|x| x.is_multiple_of(4))
+        })
 }
 pub(super) const FORWARD_MERGE: &str =
     include_str!("../../../shaders/attention_forward_merge.wgsl");
@@ -118,9 +140,10 @@ impl TiledForward {
             self.block_n as usize,
         );
         let (tc, sk, oc) = (tc as usize, sk as usize, oc as usize);
-        let staging = (bn * 4 * (dk4 + dv4)).div_ceil(wg) + 2;
+        // Staging reads four elements per iteration (a loop of four in the element build).
+        let staging = (bn * 5 * (dk4 + dv4)).div_ceil(wg) + 2;
         let per_tile = staging + dk4 * (sk + 1) + tc + 2 * sk + oc + bn * (oc + 1) + 8;
-        let fixed = (bm * 4 * dk4).div_ceil(wg) + tc + 4 * oc * 5 + 32;
+        let fixed = (bm * 5 * dk4).div_ceil(wg) + tc + 4 * oc * 5 + 32;
         (per_tile, fixed)
     }
 
@@ -185,10 +208,16 @@ pub(super) fn encode_forward_tiled(
             (DType::F16, DType::F32, false) => "attention_forward_tiled_f16_split",
             (DType::F16, DType::F32, true) => "attention_forward_tiled_subgroup_f16_split",
         },
-        source: &|dtype, written| {
+        source: &|dtype, written, vec4_inputs| {
             let sizes = [("MAX_SK", 4, sk), ("MAX_OC", 16, oc)];
-            sized(&forward_source(subgroups), &sizes, dtype, written)
+            sized(
+                &forward_source(subgroups, vec4_inputs),
+                &sizes,
+                dtype,
+                written,
+            )
         },
+        vec4_inputs: true,
         constants: &[
             ("WG", config.wg),
             ("BM", config.block_m),
@@ -206,8 +235,13 @@ pub(super) struct SplitForwardKernel<'a> {
     pub block_m: usize,
     pub splits: usize,
     pub name: &'a dyn Fn(DType, DType) -> &'static str,
-    pub source: &'a dyn Fn(DType, DType) -> String,
+    /// The source for (input type, type written, whether Q, K and V are read four elements per
+    /// access).
+    pub source: &'a dyn Fn(DType, DType, bool) -> String,
     pub constants: &'a [(&'static str, u32)],
+    /// Whether the kernel has the build that reads four input elements per access (`VEC4`), taken
+    /// where [`inputs_on_vec4`] holds.
+    pub vec4_inputs: bool,
 }
 
 /// Records a split-KV forward `kernel` (the parameter block, Q/K/V, O and lse or the partial
@@ -231,6 +265,11 @@ pub(super) fn encode_split_forward(
     let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
     let k_binding = bind_view(ctx, "k", k, VIEW_K, &mut params)?;
     let v_binding = bind_view(ctx, "v", v, VIEW_V, &mut params)?;
+    let mut constants = kernel.constants.to_vec();
+    let vec4_inputs = kernel.vec4_inputs && inputs_on_vec4(&params, &[VIEW_Q, VIEW_K, VIEW_V], s);
+    if kernel.vec4_inputs {
+        constants.push(("VEC4", vec4_inputs as u32));
+    }
     let blocks = s.q_seq.div_ceil(kernel.block_m);
     let grid = set_grid(&mut params, blocks, splits * s.batch * s.heads)?;
     let dtype = q.dtype();
@@ -250,8 +289,8 @@ pub(super) fn encode_split_forward(
         ctx,
         &mut pass,
         (kernel.name)(dtype, written),
-        || (kernel.source)(dtype, written),
-        kernel.constants,
+        || (kernel.source)(dtype, written, vec4_inputs),
+        &constants,
         &params,
         shared,
         &[q_binding, k_binding, v_binding, o_binding, lse_binding],
