@@ -39,11 +39,9 @@ const MAX_OCK: u32 = 16u;
 const MAX_OCV: u32 = 16u;
 
 // InElem / OutElem: the element types of the inputs and outputs (f32, or f16 with SHADER_F16),
-// aliased by the host before the common header; arithmetic is f32.
-@group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
-@group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
-@group(0) @binding(4) var<storage, read> v_buf: array<InElem>;
-@group(0) @binding(5) var<storage, read> do_buf: array<InElem>;
+// aliased by the host before the common header; arithmetic is f32. Q, K, V and dO (bindings 2-5)
+// and their row reads (q_row4, k_row4, v_row4, do_row4) come from attention_input_rows.wgsl or its
+// vec4 build, appended by the host.
 @group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
 @group(0) @binding(7) var<storage, read_write> dk_buf: array<OutElem>;
 @group(0) @binding(8) var<storage, read_write> dv_buf: array<OutElem>;
@@ -76,25 +74,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let tq = lid % TQ;
     let keys = vec4<u32>(col0 + tk * 4u) + vec4<u32>(0u, 1u, 2u, 3u);
 
-    for (var t = lid; t < BN * DK4 * 4u; t += WG) {
-        let jj = t / (DK4 * 4u);
-        let d = t % (DK4 * 4u);
+    for (var t = lid; t < BN * DK4; t += WG) {
+        let jj = t / DK4;
+        let d4 = t % DK4;
         let j = col0 + jj;
-        var x = 0.0;
-        if j < kvlen && d < DK {
-            x = f32(k_buf[view_index(VIEW_K, b, j, h_kv) + d]) * params.scale;
+        var x = vec4<f32>(0.0);
+        if j < kvlen {
+            x = k_row4(view_index(VIEW_K, b, j, h_kv) + 4u * d4, DK - 4u * d4) * params.scale;
         }
-        k_tile[jj * KS + d / 4u][d % 4u] = x;
+        k_tile[jj * KS + d4] = x;
     }
-    for (var t = lid; t < BN * DV4 * 4u; t += WG) {
-        let jj = t / (DV4 * 4u);
-        let d = t % (DV4 * 4u);
+    for (var t = lid; t < BN * DV4; t += WG) {
+        let jj = t / DV4;
+        let d4 = t % DV4;
         let j = col0 + jj;
-        var x = 0.0;
-        if j < kvlen && d < DV {
-            x = f32(v_buf[view_index(VIEW_V, b, j, h_kv) + d]);
+        var x = vec4<f32>(0.0);
+        if j < kvlen {
+            x = v_row4(view_index(VIEW_V, b, j, h_kv) + 4u * d4, DV - 4u * d4);
         }
-        v_tile[jj * VS + d / 4u][d % 4u] = x;
+        v_tile[jj * VS + d4] = x;
     }
 
     var dk: array<vec4<f32>, 4u * MAX_OCK>;
@@ -129,25 +127,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let h = h_kv * group_size + g;
         for (var m0 = lo; m0 < hi; m0 += BM) {
             workgroupBarrier();
-            for (var t = lid; t < BM * DK4 * 4u; t += WG) {
-                let ii = t / (DK4 * 4u);
-                let d = t % (DK4 * 4u);
+            for (var t = lid; t < BM * DK4; t += WG) {
+                let ii = t / DK4;
+                let d4 = t % DK4;
                 let i = m0 + ii;
-                var x = 0.0;
-                if i < hi && d < DK {
-                    x = f32(q_buf[view_index(VIEW_Q, b, i, h) + d]);
+                var x = vec4<f32>(0.0);
+                if i < hi {
+                    x = q_row4(view_index(VIEW_Q, b, i, h) + 4u * d4, DK - 4u * d4);
                 }
-                q_tile[ii * KS + d / 4u][d % 4u] = x;
+                q_tile[ii * KS + d4] = x;
             }
-            for (var t = lid; t < BM * DV4 * 4u; t += WG) {
-                let ii = t / (DV4 * 4u);
-                let d = t % (DV4 * 4u);
+            for (var t = lid; t < BM * DV4; t += WG) {
+                let ii = t / DV4;
+                let d4 = t % DV4;
                 let i = m0 + ii;
-                var x = 0.0;
-                if i < hi && d < DV {
-                    x = f32(do_buf[view_index(VIEW_DO, b, i, h) + d]);
+                var x = vec4<f32>(0.0);
+                if i < hi {
+                    x = do_row4(view_index(VIEW_DO, b, i, h) + 4u * d4, DV - 4u * d4);
                 }
-                do_tile[ii * VS + d / 4u][d % 4u] = x;
+                do_tile[ii * VS + d4] = x;
             }
             for (var t = lid; t < BM; t += WG) {
                 var st = vec2<f32>(0.0);

@@ -44,11 +44,9 @@ const MAX_SK: u32 = 4u;
 const MAX_OC: u32 = 16u;
 
 // InElem / OutElem: the element types of the inputs and outputs (f32, or f16 with SHADER_F16),
-// aliased by the host before the common header; arithmetic is f32.
-@group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
-@group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
-@group(0) @binding(4) var<storage, read> v_buf: array<InElem>;
-@group(0) @binding(5) var<storage, read> do_buf: array<InElem>;
+// aliased by the host before the common header; arithmetic is f32. Q, K, V and dO (bindings 2-5)
+// and their row reads (q_row4, k_row4, v_row4, do_row4) come from attention_input_rows.wgsl or its
+// vec4 build, appended by the host.
 @group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
 @group(0) @binding(7) var<storage, read_write> dq_buf: array<OutElem>;
 @group(0) @binding(8) var<storage, read_write> rel_rows: array<f32>;
@@ -100,25 +98,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
     }
-    for (var t = lid; t < BM * DK4 * 4u; t += WG) {
-        let ii = t / (DK4 * 4u);
-        let d = t % (DK4 * 4u);
+    for (var t = lid; t < BM * DK4; t += WG) {
+        let ii = t / DK4;
+        let d4 = t % DK4;
         let i = row0 + ii;
-        var x = 0.0;
-        if i < qlen && d < DK {
-            x = f32(q_buf[view_index(VIEW_Q, b, i, h) + d]) * params.scale;
+        var x = vec4<f32>(0.0);
+        if i < qlen {
+            x = q_row4(view_index(VIEW_Q, b, i, h) + 4u * d4, DK - 4u * d4) * params.scale;
         }
-        q_tile[ii * KS + d / 4u][d % 4u] = x;
+        q_tile[ii * KS + d4] = x;
     }
-    for (var t = lid; t < BM * DV4 * 4u; t += WG) {
-        let ii = t / (DV4 * 4u);
-        let d = t % (DV4 * 4u);
+    for (var t = lid; t < BM * DV4; t += WG) {
+        let ii = t / DV4;
+        let d4 = t % DV4;
         let i = row0 + ii;
-        var x = 0.0;
-        if i < qlen && d < DV {
-            x = f32(do_buf[view_index(VIEW_DO, b, i, h) + d]);
+        var x = vec4<f32>(0.0);
+        if i < qlen {
+            x = do_row4(view_index(VIEW_DO, b, i, h) + 4u * d4, DV - 4u * d4);
         }
-        do_tile[ii * VS + d / 4u][d % 4u] = x;
+        do_tile[ii * VS + d4] = x;
     }
 
     var dq: array<vec4<f32>, 4u * MAX_OC>;
@@ -140,25 +138,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let n_end = min(kv_hi, params.chunk_end);
     for (var n0 = max(params.chunk_begin, key_start(row0)); n0 < n_end; n0 += BN) {
         workgroupBarrier();
-        for (var t = lid; t < BN * DK4 * 4u; t += WG) {
-            let jj = t / (DK4 * 4u);
-            let d = t % (DK4 * 4u);
+        for (var t = lid; t < BN * DK4; t += WG) {
+            let jj = t / DK4;
+            let d4 = t % DK4;
             let j = n0 + jj;
-            var x = 0.0;
-            if j < n_end && d < DK {
-                x = f32(k_buf[view_index(VIEW_K, b, j, h_kv) + d]);
+            var x = vec4<f32>(0.0);
+            if j < n_end {
+                x = k_row4(view_index(VIEW_K, b, j, h_kv) + 4u * d4, DK - 4u * d4);
             }
-            k_tile[jj * KS + d / 4u][d % 4u] = x;
+            k_tile[jj * KS + d4] = x;
         }
-        for (var t = lid; t < BN * DV4 * 4u; t += WG) {
-            let jj = t / (DV4 * 4u);
-            let d = t % (DV4 * 4u);
+        for (var t = lid; t < BN * DV4; t += WG) {
+            let jj = t / DV4;
+            let d4 = t % DV4;
             let j = n0 + jj;
-            var x = 0.0;
-            if j < n_end && d < DV {
-                x = f32(v_buf[view_index(VIEW_V, b, j, h_kv) + d]);
+            var x = vec4<f32>(0.0);
+            if j < n_end {
+                x = v_row4(view_index(VIEW_V, b, j, h_kv) + 4u * d4, DV - 4u * d4);
             }
-            v_tile[jj * VS + d / 4u][d % 4u] = x;
+            v_tile[jj * VS + d4] = x;
         }
         workgroupBarrier();
 

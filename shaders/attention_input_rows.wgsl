@@ -1,7 +1,7 @@
-// The GPU-family forward's Q, K and V bindings, and reads of four consecutive elements of one of
-// their rows (dims 4 d4 .. 4 d4 + 3). This build reads them one element at a time, for views whose
+// The GPU-family kernels' Q, K and V bindings (and dO's, the backward's), and reads of four
+// consecutive elements of one of their rows (dims 4 d4 .. 4 d4 + 3). This build reads them one element at a time, for views whose
 // rows may start anywhere or whose head dims are not multiples of four. The host takes
-// attention_input_rows_vec4.wgsl instead where every row of the three views starts on a
+// attention_input_rows_vec4.wgsl instead where every row of those views starts on a
 // four-element boundary and both head dims are multiples of four: one 128-bit access per four f32
 // (64-bit per four f16). VEC4 = 0 here, 1 there: the pipeline key tells the builds apart.
 override VEC4: u32 = 0u;
@@ -34,3 +34,16 @@ fn v_row4(index: u32, count: u32) -> vec4<f32> {
     }
     return x;
 }
+
+// BEGIN DO_ROWS
+// The backward's dO (binding 5; the forward, which binds O there, drops this block).
+@group(0) @binding(5) var<storage, read> do_buf: array<InElem>;
+
+fn do_row4(index: u32, count: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    for (var c = 0u; c < min(count, 4u); c++) {
+        x[c] = f32(do_buf[index + c]);
+    }
+    return x;
+}
+// END DO_ROWS

@@ -1,4 +1,4 @@
-// The GPU-family forward's Q, K and V bindings read four elements per access
+// The GPU-family kernels' Q, K, V (and dO) bindings read four elements per access
 // (attention_input_rows.wgsl says when the host takes this build): every index the kernels pass
 // is a multiple of four and every count at least four.
 override VEC4: u32 = 1u;
@@ -18,3 +18,12 @@ fn k_row4(index: u32, count: u32) -> vec4<f32> {
 fn v_row4(index: u32, count: u32) -> vec4<f32> {
     return vec4<f32>(v_buf[index / 4u]);
 }
+
+// BEGIN DO_ROWS
+// The backward's dO (binding 5; the forward, which binds O there, drops this block).
+@group(0) @binding(5) var<storage, read> do_buf: array<vec4<InElem>>;
+
+fn do_row4(index: u32, count: u32) -> vec4<f32> {
+    return vec4<f32>(do_buf[index / 4u]);
+}
+// END DO_ROWS

@@ -120,8 +120,6 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
     [
         ("attention_forward", FORWARD),
         ("attention_forward_merge", tiled::FORWARD_MERGE),
-        ("attention_backward_dkdv_tiled", tiled::BACKWARD_DKDV),
-        ("attention_backward_dq_tiled", tiled::BACKWARD_DQ),
         ("attention_backward_preprocess", BACKWARD_PREPROCESS),
         ("attention_backward_dq", BACKWARD_DQ),
         ("attention_backward_dkdv", BACKWARD_DKDV),
@@ -138,6 +136,21 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
+    // The GPU family's backward, reading its inputs element by element or (vec4) four per access.
+    .chain(
+        [
+            ("attention_backward_dkdv_tiled", tiled::BACKWARD_DKDV, false),
+            ("attention_backward_dq_tiled", tiled::BACKWARD_DQ, false),
+            (
+                "attention_backward_dkdv_tiled_vec4",
+                tiled::BACKWARD_DKDV,
+                true,
+            ),
+            ("attention_backward_dq_tiled_vec4", tiled::BACKWARD_DQ, true),
+        ]
+        .into_iter()
+        .map(|(name, body, vec4)| (name, with_common(&tiled::backward_source(body, vec4)))),
+    )
     .chain([
         (
             "additive_forward",
@@ -220,16 +233,20 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
             (
                 "attention_backward_dkdv_tiled_f16",
                 tiled::BACKWARD_DKDV,
-                DType::F16,
+                false,
             ),
+            ("attention_backward_dq_tiled_f16", tiled::BACKWARD_DQ, false),
             (
-                "attention_backward_dq_tiled_f16",
-                tiled::BACKWARD_DQ,
-                DType::F16,
+                "attention_backward_dkdv_tiled_f16_vec4",
+                tiled::BACKWARD_DKDV,
+                true,
             ),
         ]
         .into_iter()
-        .map(|(name, body, output)| (name, with_common_typed(body, DType::F16, output)))
+        .map(|(name, body, vec4)| {
+            let source = tiled::backward_source(body, vec4);
+            (name, with_common_typed(&source, DType::F16, DType::F16))
+        })
         .chain(coop::shader_sources())
         .chain([
             (

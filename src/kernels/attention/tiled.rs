@@ -16,11 +16,23 @@ pub(super) fn forward_source(subgroups: bool, vec4_inputs: bool) -> String {
         true => ROW_MAX_SUBGROUP,
         false => ROW_MAX_WORKGROUP,
     };
-    let inputs = match vec4_inputs {
+    // The forward binds O where the backward reads dO.
+    let inputs = crate::kernels::shaders::replace_block(input_rows(vec4_inputs), "DO_ROWS", "")
+        .expect("attention_input_rows*.wgsl have their DO_ROWS block");
+    format!("{FORWARD}\n{inputs}\n{row_max}")
+}
+
+/// The source of a GPU-family backward kernel (`BACKWARD_DKDV` or `BACKWARD_DQ`) with its input
+/// reads.
+pub(super) fn backward_source(body: &str, vec4_inputs: bool) -> String {
+    format!("{body}\n{}", input_rows(vec4_inputs))
+}
+
+fn input_rows(vec4_inputs: bool) -> &'static str {
+    match vec4_inputs {
         true => INPUT_ROWS_VEC4,
         false => INPUT_ROWS,
-    };
-    format!("{FORWARD}\n{inputs}\n{row_max}")
+    }
 }
 /// The GPU-family forward's Q, K and V reads: element by element, or four per access
 /// ([`inputs_on_vec4`]).
@@ -547,13 +559,14 @@ impl TiledDkDv {
             self.block_m as usize,
             self.block_n as usize,
         );
-        let per_tile = (bm * 4 * (dk4 + dv4) + bm).div_ceil(wg)
+        // Staging reads four elements per iteration (a loop of four in the element build).
+        let per_tile = (bm * 5 * (dk4 + dv4) + bm).div_ceil(wg)
             + 3
             + (dk4 + dv4) * (sq + 1)
             + 2 * sq
             + bm * (ock + ocv + 1)
             + 8;
-        let fixed = (bn * 4 * (dk4 + dv4)).div_ceil(wg) + 5 * 4 * (ock + ocv) + 64;
+        let fixed = (bn * 5 * (dk4 + dv4)).div_ceil(wg) + 5 * 4 * (ock + ocv) + 64;
         (per_tile.div_ceil(bm) + 1, fixed)
     }
 }
@@ -630,7 +643,8 @@ impl TiledDq {
         } else {
             0
         };
-        let per_tile = (bn * 4 * (dk4 + dv4)).div_ceil(wg)
+        // Staging reads four elements per iteration (a loop of four in the element build).
+        let per_tile = (bn * 5 * (dk4 + dv4)).div_ceil(wg)
             + 2
             + (dk4 + dv4) * (sk + 1)
             + 2 * sk
@@ -638,7 +652,7 @@ impl TiledDq {
             + rel_per_tile
             + 8;
         let fixed =
-            (bm * 4 * (dk4 + dv4)).div_ceil(wg) + 4 + 5 * 4 * oc + 2 * (bm * rel).div_ceil(wg) + 64;
+            (bm * 5 * (dk4 + dv4)).div_ceil(wg) + 4 + 5 * 4 * oc + 2 * (bm * rel).div_ceil(wg) + 64;
         (per_tile.div_ceil(bn) + 1, fixed)
     }
 }
@@ -675,12 +689,14 @@ pub(super) fn encode_backward_tiled(
     let [dq, dk, dv] = grads;
     let shared = Shared::scores(ctx, opts)?;
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
+    let inputs = [VIEW_Q, VIEW_K, VIEW_V, VIEW_DO];
     {
         let config = TiledDkDv::choose(ctx, s)?;
         let (sq, ock, ocv) = config.per_invocation(s);
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(s, scale, opts);
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
+        let vec4_inputs = inputs_on_vec4(&params, &inputs, s);
         let outputs =
             bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
         bindings.extend(outputs);
@@ -701,7 +717,12 @@ pub(super) fn encode_backward_tiled(
                     ("MAX_OCK", 16, ock),
                     ("MAX_OCV", 16, ocv),
                 ];
-                sized(BACKWARD_DKDV, &sizes, dtype, dtype)
+                sized(
+                    &backward_source(BACKWARD_DKDV, vec4_inputs),
+                    &sizes,
+                    dtype,
+                    dtype,
+                )
             },
             &[
                 ("WG", config.wg),
@@ -709,6 +730,7 @@ pub(super) fn encode_backward_tiled(
                 ("BM", config.block_m),
                 dims[0],
                 dims[1],
+                ("VEC4", vec4_inputs as u32),
             ],
             &mut params,
             shared,
@@ -724,6 +746,7 @@ pub(super) fn encode_backward_tiled(
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
         let mut params = base_params(s, scale, opts);
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
+        let vec4_inputs = inputs_on_vec4(&params, &inputs, s);
         bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
         bindings.push(rel.binding());
         let blocks = s.q_seq.div_ceil(config.block_m as usize);
@@ -739,7 +762,12 @@ pub(super) fn encode_backward_tiled(
             },
             || {
                 let sizes = [("MAX_SK", 4, sk), ("MAX_OC", 16, oc)];
-                sized(BACKWARD_DQ, &sizes, dtype, dtype)
+                sized(
+                    &backward_source(BACKWARD_DQ, vec4_inputs),
+                    &sizes,
+                    dtype,
+                    dtype,
+                )
             },
             &[
                 ("WG", config.wg),
@@ -748,6 +776,7 @@ pub(super) fn encode_backward_tiled(
                 dims[0],
                 dims[1],
                 rel.constant(),
+                ("VEC4", vec4_inputs as u32),
             ],
             &mut params,
             shared,
