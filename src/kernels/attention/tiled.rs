@@ -28,14 +28,14 @@ pub(super) fn backward_source(body: &str, vec4_inputs: bool) -> String {
     format!("{body}\n{}", input_rows(vec4_inputs))
 }
 
+/// The GPU family's Q, K, V and dO bindings and reads: element by element, or four per access
+/// where [`inputs_on_vec4`] holds.
 fn input_rows(vec4_inputs: bool) -> &'static str {
     match vec4_inputs {
         true => INPUT_ROWS_VEC4,
         false => INPUT_ROWS,
     }
 }
-/// The GPU-family forward's Q, K and V reads: element by element, or four per access
-/// ([`inputs_on_vec4`]).
 const INPUT_ROWS: &str = include_str!("../../../shaders/attention_input_rows.wgsl");
 const INPUT_ROWS_VEC4: &str = include_str!("../../../shaders/attention_input_rows_vec4.wgsl");
 
@@ -52,6 +52,7 @@ pub(super) fn inputs_on_vec4(params: &Params, slots: &[usize], s: &AttentionShap
                 .all(|x| x.is_multiple_of(4))
         })
 }
+
 pub(super) const FORWARD_MERGE: &str =
     include_str!("../../../shaders/attention_forward_merge.wgsl");
 pub(super) const BACKWARD_DKDV: &str = concat!(
