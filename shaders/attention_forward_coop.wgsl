@@ -30,9 +30,8 @@ const BN: u32 = 32u;
 override LPR: u32 = WG / BM;
 override KPL: u32 = BN / LPR;
 
-@group(0) @binding(2) var<storage, read> q_buf: array<InElem>;
-@group(0) @binding(3) var<storage, read> k_buf: array<InElem>;
-@group(0) @binding(4) var<storage, read> v_buf: array<InElem>;
+// Q, K and V (bindings 2-4) and their row reads (q_row4, k_row4, v_row4): attention_input_rows.wgsl
+// or its vec4 build, appended by the host.
 @group(0) @binding(5) var<storage, read_write> o_buf: array<OutElem>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
 
@@ -87,14 +86,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let shift = row_shift(b);
     let row0 = q_block * BM;
 
-    for (var t = lid; t < BM * DKP; t += WG) {
+    // Four elements of a row per iteration (DKP and DVP are multiples of four).
+    for (var t = 4u * lid; t < BM * DKP; t += 4u * WG) {
         let i = row0 + t / DKP;
         let d = t % DKP;
-        var x = 0.0;
+        var x = vec4<f32>(0.0);
         if i < qlen && d < DK {
-            x = f32(q_buf[view_index(VIEW_Q, b, i, h) + d]) * params.scale;
+            x = q_row4(view_index(VIEW_Q, b, i, h) + d, DK - d) * params.scale;
         }
-        mat_mem[t] = MatElem(x);
+        for (var c = 0u; c < 4u; c++) {
+            mat_mem[t + c] = MatElem(x[c]);
+        }
     }
     for (var t = lid; t < BM * DVP; t += WG) {
         acc_mem[O_AT + t] = 0.0;
@@ -113,26 +115,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             atomicStore(&v_bad[0], 0u);
         }
         workgroupBarrier();
-        for (var t = lid; t < BN * DKP; t += WG) {
+        for (var t = 4u * lid; t < BN * DKP; t += 4u * WG) {
             let j = n0 + t / DKP;
             let d = t % DKP;
-            var x = 0.0;
+            var x = vec4<f32>(0.0);
             if j < kv_hi && d < DK {
-                x = f32(k_buf[view_index(VIEW_K, b, j, h_kv) + d]);
+                x = k_row4(view_index(VIEW_K, b, j, h_kv) + d, DK - d);
             }
-            mat_mem[K_AT + t] = MatElem(x);
+            for (var c = 0u; c < 4u; c++) {
+                mat_mem[K_AT + t + c] = MatElem(x[c]);
+            }
         }
         var bad = false;
-        for (var t = lid; t < BN * DVP; t += WG) {
+        for (var t = 4u * lid; t < BN * DVP; t += 4u * WG) {
             let j = n0 + t / DVP;
             let d = t % DVP;
-            var x = 0.0;
+            var x = vec4<f32>(0.0);
             if j < kv_hi && d < DV {
-                x = f32(v_buf[view_index(VIEW_V, b, j, h_kv) + d]);
+                x = v_row4(view_index(VIEW_V, b, j, h_kv) + d, DV - d);
             }
-            let staged = MatElem(x);
-            bad = bad || !finite(f32(staged));
-            mat_mem[V_AT + t] = staged;
+            for (var c = 0u; c < 4u; c++) {
+                let staged = MatElem(x[c]);
+                bad = bad || !finite(f32(staged));
+                mat_mem[V_AT + t + c] = staged;
+            }
         }
         if bad {
             atomicOr(&v_bad[0], 1u);

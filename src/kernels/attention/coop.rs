@@ -188,7 +188,14 @@ fn padded(s: &AttentionShape) -> (usize, usize) {
 
 /// The kernel's source: enables first, the element types, the common header, the kernel, then the
 /// matrix interface of `build`, with the portable build's accumulator sized for `slots`.
-fn source(build: MatrixBuild, input: DType, output: DType, mat: DType, slots: u32) -> String {
+/// The kernel's source; `vec4_inputs`: Q, K and V read four elements per access
+/// (`tiled::inputs_on_vec4`).
+fn source(
+    build: MatrixBuild,
+    [input, output, mat]: [DType; 3],
+    slots: u32,
+    vec4_inputs: bool,
+) -> String {
     let f16 = [input, output, mat].contains(&DType::F16);
     let mut text = String::new();
     if f16 {
@@ -207,7 +214,8 @@ fn source(build: MatrixBuild, input: DType, output: DType, mat: DType, slots: u3
     };
     let (i, o, m) = (input.name(), output.name(), mat.name());
     text.push_str(&format!(
-        "alias InElem = {i};\nalias OutElem = {o};\nalias MatElem = {m};\n{COMMON}\n{FORWARD}\n{matrix}"
+        "alias InElem = {i};\nalias OutElem = {o};\nalias MatElem = {m};\n{COMMON}\n{FORWARD}\n{matrix}\n{}",
+        super::tiled::forward_input_rows(vec4_inputs)
     ));
     text
 }
@@ -236,11 +244,24 @@ pub(super) fn shader_sources() -> Vec<(&'static str, String)> {
     for build in [MatrixBuild::Cooperative, MatrixBuild::Portable] {
         for (input, written, mat) in [(F32, F32, F16), (F16, F16, F16), (F16, F32, F16)] {
             let name = kernel_name(build, input, written, mat);
-            sources.push((name, source(build, input, written, mat, 16)));
+            sources.push((name, source(build, [input, written, mat], 16, false)));
         }
     }
     let name = kernel_name(MatrixBuild::Portable, F32, F32, F32);
-    sources.push((name, source(MatrixBuild::Portable, F32, F32, F32, 16)));
+    sources.push((
+        name,
+        source(MatrixBuild::Portable, [F32, F32, F32], 16, false),
+    ));
+    // The builds reading Q, K and V four elements per access.
+    let build = MatrixBuild::Cooperative;
+    sources.push((
+        "attention_forward_coop_f16_vec4",
+        source(build, [F16, F16, F16], 16, true),
+    ));
+    sources.push((
+        "attention_forward_coop_portable_f16tiles_vec4",
+        source(MatrixBuild::Portable, [F32, F32, F16], 16, true),
+    ));
     sources
 }
 
@@ -264,14 +285,16 @@ pub(super) fn encode_forward_coop(
         block_m: config.block_m(),
         splits: config.splits(ctx, s),
         name: &|dtype, written| kernel_name(config.build, dtype, written, mat),
-        source: &|dtype, written, _| source(config.build, dtype, written, mat, slots),
+        source: &|dtype, written, vec4_inputs| {
+            source(config.build, [dtype, written, mat], slots, vec4_inputs)
+        },
         constants: &[
             ("SG", config.group),
             ("NSG", config.groups),
             ("DK", s.head_dim_qk as u32),
             ("DV", s.head_dim_v as u32),
         ],
-        vec4_inputs: false,
+        vec4_inputs: true,
     };
     encode_split_forward(ctx, encoder, &kernel, s, scale, [q, k, v], out, lse, opts)
 }

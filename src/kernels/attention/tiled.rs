@@ -16,10 +16,14 @@ pub(super) fn forward_source(subgroups: bool, vec4_inputs: bool) -> String {
         true => ROW_MAX_SUBGROUP,
         false => ROW_MAX_WORKGROUP,
     };
-    // The forward binds O where the backward reads dO.
-    let inputs = crate::kernels::shaders::replace_block(input_rows(vec4_inputs), "DO_ROWS", "")
-        .expect("attention_input_rows*.wgsl have their DO_ROWS block");
-    format!("{FORWARD}\n{inputs}\n{row_max}")
+    format!("{FORWARD}\n{}\n{row_max}", forward_input_rows(vec4_inputs))
+}
+
+/// A forward kernel's Q, K and V bindings and reads (this and the tensor-core family's): the input
+/// rows without dO, as the forward binds O where the backward reads dO.
+pub(super) fn forward_input_rows(vec4_inputs: bool) -> String {
+    crate::kernels::shaders::replace_block(input_rows(vec4_inputs), "DO_ROWS", "")
+        .expect("attention_input_rows*.wgsl have their DO_ROWS block")
 }
 
 /// The source of a GPU-family backward kernel (`BACKWARD_DKDV` or `BACKWARD_DQ`) with its input
