@@ -1,8 +1,9 @@
 // The fused additive backward's rows split over lanes (after additive_common.wgsl): LANES
 // invocations share one row (a query row in additive_backward_da.wgsl, a key in _db), lane l holding
 // its vec4s l, l + LANES, .. of the score dim and its value dims l, l + LANES, .. (the staged rows are
-// padded to those multiples). What an invocation keeps per row is then (3 Da + 2 Dv) / LANES floats
-// and the tanh of four staged rows over its share of Da: held whole by one invocation, that spilled
+// padded to those multiples). What an invocation keeps per row is then (3 Da + Dv) / LANES floats
+// (query side; key side 2 Da + 2 Dv) and the tanh of four staged rows over its share of Da: held
+// whole by one invocation, that spilled
 // on every AMD chip (251 spilled VGPRs on RDNA2 at Da = 64). The price is a sum over the row's lanes
 // of each step's partial scores and dO . v terms, through workgroup memory, a barrier each.
 // LANES = 1 is the one-invocation-per-row kernel: no sums, no barriers.

@@ -50,7 +50,7 @@ fn staged_tile(ctx: &Context, s: &AttentionShape) -> u32 {
 /// each holds at most two vec4s of the score dim and eight value dims (then 64 floats of a row's
 /// state and tanh, which fits the 128 registers of a wave64 invocation on RDNA3), on GPUs. On CPU
 /// drivers, one: their invocations are SIMD lanes with no register file to fit, and a barrier per
-/// step only costs (the row over lanes measured slower on lavapipe: BENCHMARKS.md).
+/// step only costs (the lanes ran the backward 2.2x slower on lavapipe: BENCHMARKS.md).
 fn backward_lanes(ctx: &Context, s: &AttentionShape) -> u32 {
     if ctx.kernel_family() == KernelFamily::CpuDriver {
         return 1;
