@@ -47,7 +47,6 @@ fn keys_seen(
     return live & (r >= q_lo) & (r < q_hi) & vec4<bool>(in_tile) & score_visible(x);
 }
 
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let group = linear_group(wg);

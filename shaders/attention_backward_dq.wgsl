@@ -64,7 +64,6 @@ fn key_grad(
     return KeyGrad(seen, d_score, select(zero, d_score * score_grad(s), seen));
 }
 
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let group = linear_group(wg);

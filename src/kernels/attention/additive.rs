@@ -41,9 +41,10 @@ const WG: u32 = 64;
 /// Rows of the other side per staged tile: 32, or fewer where the kernels' workgroup memory (its
 /// largest user, the key-side backward: pair rows, value rows, `w`, four per-row scalars) would not
 /// fit the device's limit (Da = Dv = 128 needs 33 KiB at 32 rows; Metal on Apple GPUs offers 32 KiB).
-fn staged_tile(ctx: &Context, s: &AttentionShape) -> u32 {
+/// `lanes`: invocations per row (the backward's; 1 elsewhere).
+fn staged_tile(ctx: &Context, s: &AttentionShape, lanes: u32) -> u32 {
     let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
-    tile_for_limit(limit, s.head_dim_qk, s.head_dim_v, 1)
+    tile_for_limit(limit, s.head_dim_qk, s.head_dim_v, lanes)
 }
 
 /// Invocations per row in the fused backward (`shaders/additive_backward_lanes.wgsl`): enough that
@@ -76,7 +77,7 @@ fn forward_tile(ctx: &Context, s: &AttentionShape) -> (u32, bool) {
     let own = 16 * WG as usize * (s.head_dim_qk.div_ceil(4) | 1);
     match largest_tile(limit, [s.head_dim_qk, s.head_dim_v], 1, |_| own) {
         Some(tile) => (tile, true),
-        None => (staged_tile(ctx, s), false),
+        None => (staged_tile(ctx, s, 1), false),
     }
 }
 
@@ -436,7 +437,7 @@ fn encode_forward(
     // forward's 64-row workgroups would sit mostly idle; otherwise WG rows per workgroup.
     let decoding = aligned && s.q_seq * 4 <= WG as usize;
     let (tile, own_in_workgroup) = match decoding {
-        true => (staged_tile(ctx, &s), false),
+        true => (staged_tile(ctx, &s, 1), false),
         false => forward_tile(ctx, &s),
     };
     let (kernel, name, source, blocks, align) = match decoding {
@@ -774,8 +775,7 @@ pub fn additive_backward_into(
     ];
     let lanes = backward_lanes(ctx, &s);
     let rows_per_group = (WG / lanes) as usize;
-    let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
-    let tile = tile_for_limit(limit, dda, ddv, lanes);
+    let tile = staged_tile(ctx, &s, lanes);
     let constants = backward_constants(&s, tile, lanes);
     let grid = set_grid(&mut params, lq.div_ceil(rows_per_group), bb * h)?;
     let (per_key, fixed) = FusedKernel::BackwardQuerySide.loop_cost(dda, ddv, tile, lanes);

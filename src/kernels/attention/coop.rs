@@ -186,10 +186,9 @@ fn padded(s: &AttentionShape) -> (usize, usize) {
     )
 }
 
-/// The kernel's source: enables first, the element types, the common header, the kernel, then the
-/// matrix interface of `build`, with the portable build's accumulator sized for `slots`.
-/// The kernel's source; `vec4_inputs`: Q, K and V read four elements per access
-/// (`tiled::inputs_on_vec4`).
+/// The kernel's source: enables first, the element types, the common header, the kernel, the
+/// matrix interface of `build` (the portable build's accumulator sized for `slots`), then the Q, K
+/// and V reads, four elements per access with `vec4_inputs` (`tiled::inputs_on_vec4`).
 fn source(
     build: MatrixBuild,
     [input, output, mat]: [DType; 3],
@@ -294,7 +293,6 @@ pub(super) fn encode_forward_coop(
             ("DK", s.head_dim_qk as u32),
             ("DV", s.head_dim_v as u32),
         ],
-        vec4_inputs: true,
     };
     encode_split_forward(ctx, encoder, &kernel, s, scale, [q, k, v], out, lse, opts)
 }

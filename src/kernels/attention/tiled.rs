@@ -234,7 +234,6 @@ pub(super) fn encode_forward_tiled(
                 written,
             )
         },
-        vec4_inputs: true,
         constants: &[
             ("WG", config.wg),
             ("BM", config.block_m),
@@ -255,10 +254,9 @@ pub(super) struct SplitForwardKernel<'a> {
     /// The source for (input type, type written, whether Q, K and V are read four elements per
     /// access).
     pub source: &'a dyn Fn(DType, DType, bool) -> String,
+    /// The constants besides `VEC4`: whether the source reads four input elements per access
+    /// (taken where [`inputs_on_vec4`] holds).
     pub constants: &'a [(&'static str, u32)],
-    /// Whether the kernel has the build that reads four input elements per access (`VEC4`), taken
-    /// where [`inputs_on_vec4`] holds.
-    pub vec4_inputs: bool,
 }
 
 /// Records a split-KV forward `kernel` (the parameter block, Q/K/V, O and lse or the partial
@@ -282,11 +280,9 @@ pub(super) fn encode_split_forward(
     let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
     let k_binding = bind_view(ctx, "k", k, VIEW_K, &mut params)?;
     let v_binding = bind_view(ctx, "v", v, VIEW_V, &mut params)?;
+    let vec4_inputs = inputs_on_vec4(&params, &[VIEW_Q, VIEW_K, VIEW_V], s);
     let mut constants = kernel.constants.to_vec();
-    let vec4_inputs = kernel.vec4_inputs && inputs_on_vec4(&params, &[VIEW_Q, VIEW_K, VIEW_V], s);
-    if kernel.vec4_inputs {
-        constants.push(("VEC4", vec4_inputs as u32));
-    }
+    constants.push(("VEC4", vec4_inputs as u32));
     let blocks = s.q_seq.div_ceil(kernel.block_m);
     let grid = set_grid(&mut params, blocks, splits * s.batch * s.heads)?;
     let dtype = q.dtype();
