@@ -3,7 +3,8 @@
 // summed over every query head that shares kv head h_kv (grouped/multi-query attention), in a fixed
 // order: deterministic, no atomics. A workgroup owns BLOCK_N = 4 * WG keys of one (batch, kv head);
 // each invocation owns four keys, one per vec4 lane (k, v transposed, dK, dV accumulators in
-// registers), and the workgroup stages Q, dO and (lse, D) tiles of BLOCK_M query rows. Under the
+// registers), and the workgroup stages Q, dO and (lse, D) tiles of BLOCK_M query rows, read a quad
+// (four rows by eight dims, attention_quads.wgsl) at a time. Under the
 // causal mask, query tiles that see none of the block's keys are skipped.
 //
 // The loop over (query head g of the group, query row i), flattened as g * Lq + i, runs over
@@ -15,8 +16,11 @@ override DK: u32 = 64u;
 override DV: u32 = 64u;
 override DK4: u32 = (DK + 3u) / 4u;
 override DV4: u32 = (DV + 3u) / 4u;
-override Q_TILE: u32 = BLOCK_M * DK4;
-override DO_TILE: u32 = BLOCK_M * DV4;
+// Staged row strides in vec4s: whole quads (eight dims), the padding zero.
+override DK4P: u32 = DK4 + (DK4 & 1u);
+override DV4P: u32 = DV4 + (DV4 & 1u);
+override Q_TILE: u32 = BLOCK_M * DK4P;
+override DO_TILE: u32 = BLOCK_M * DV4P;
 
 const MAX_D: u32 = 256u;
 
@@ -28,9 +32,9 @@ const MAX_D: u32 = 256u;
 @group(0) @binding(7) var<storage, read_write> dk_buf: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dv_buf: array<f32>;
 
-
-var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
-var<workgroup> do_tile: array<vec4<f32>, DO_TILE>;
+// Q and dO.
+var<workgroup> tile_qk: array<vec4<f32>, Q_TILE>;
+var<workgroup> tile_vo: array<vec4<f32>, DO_TILE>;
 var<workgroup> stat_tile: array<vec2<f32>, BLOCK_M>;
 
 // The keys (lanes) query row `row` sees: valid keys whose visible range holds it, in the tile
@@ -48,7 +52,9 @@ fn keys_seen(
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
+    quad_init(ids);
+    let lid = ids.index;
     let group = linear_group(wg);
     if group >= params.total_groups {
         return;
@@ -67,11 +73,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var vt: array<vec4<f32>, MAX_D>;
     var dk: array<vec4<f32>, MAX_D>;
     var dv: array<vec4<f32>, MAX_D>;
-    for (var d = 0u; d < DK4 * 4u; d++) {
+    for (var d = 0u; d < DK4P * 4u; d++) {
         kt[d] = vec4<f32>(0.0);
         dk[d] = vec4<f32>(0.0);
     }
-    for (var d = 0u; d < DV4 * 4u; d++) {
+    for (var d = 0u; d < DV4P * 4u; d++) {
         vt[d] = vec4<f32>(0.0);
         dv[d] = vec4<f32>(0.0);
     }
@@ -122,8 +128,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let m_tile = min(BLOCK_M, hi - m0);
             workgroupBarrier();
             for (var t = lid; t < Q_TILE; t += WG) {
-                let ii = t / DK4;
-                let c4 = t % DK4;
+                let ii = t / DK4P;
+                let c4 = t % DK4P;
                 var x = vec4<f32>(0.0);
                 if ii < m_tile {
                     let base = view_index(VIEW_Q, b, m0 + ii, h) + c4 * 4u;
@@ -133,11 +139,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                         }
                     }
                 }
-                q_tile[t] = x;
+                tile_qk[t] = x;
             }
             for (var t = lid; t < DO_TILE; t += WG) {
-                let ii = t / DV4;
-                let c4 = t % DV4;
+                let ii = t / DV4P;
+                let c4 = t % DV4P;
                 var x = vec4<f32>(0.0);
                 if ii < m_tile {
                     let base = view_index(VIEW_DO, b, m0 + ii, h) + c4 * 4u;
@@ -147,7 +153,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                         }
                     }
                 }
-                do_tile[t] = x;
+                tile_vo[t] = x;
             }
             for (var t = lid; t < BLOCK_M; t += WG) {
                 var st = vec2<f32>(0.0);
@@ -158,28 +164,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             workgroupBarrier();
 
-            // Four query rows (i0 .. i0 + 3) per step: every private k, v, dK, dV entry is read or
-            // updated once for the four, the private-memory traffic that dominates on CPU drivers.
-            // BLOCK_M is a multiple of 4 and rows past m_tile are staged as zeros and masked.
+            // A quad of query rows (i0 .. i0 + 3) per step: every private k, v, dK, dV entry is read
+            // or updated once for the four, the private-memory traffic that dominates on CPU
+            // drivers. BLOCK_M is a multiple of 4 and rows past m_tile are staged as zeros and
+            // masked.
             for (var i0 = 0u; i0 < m_tile; i0 += 4u) {
                 var s0 = vec4<f32>(0.0);
                 var s1 = vec4<f32>(0.0);
                 var s2 = vec4<f32>(0.0);
                 var s3 = vec4<f32>(0.0);
-                for (var d4 = 0u; d4 < DK4; d4++) {
-                    let q0 = q_tile[i0 * DK4 + d4];
-                    let q1 = q_tile[(i0 + 1u) * DK4 + d4];
-                    let q2 = q_tile[(i0 + 2u) * DK4 + d4];
-                    let q3 = q_tile[(i0 + 3u) * DK4 + d4];
-                    let d = d4 * 4u;
+                for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
+                    let q = qk_quad(i0, d8);
+                    let d = d8 * 8u;
                     let k0 = kt[d];
                     let k1 = kt[d + 1u];
                     let k2 = kt[d + 2u];
                     let k3 = kt[d + 3u];
-                    s0 += k0 * q0.x + k1 * q0.y + k2 * q0.z + k3 * q0.w;
-                    s1 += k0 * q1.x + k1 * q1.y + k2 * q1.z + k3 * q1.w;
-                    s2 += k0 * q2.x + k1 * q2.y + k2 * q2.z + k3 * q2.w;
-                    s3 += k0 * q3.x + k1 * q3.y + k2 * q3.z + k3 * q3.w;
+                    let k4 = kt[d + 4u];
+                    let k5 = kt[d + 5u];
+                    let k6 = kt[d + 6u];
+                    let k7 = kt[d + 7u];
+                    s0 += k0 * q.a0.x + k1 * q.a0.y + k2 * q.a0.z + k3 * q.a0.w;
+                    s1 += k0 * q.a1.x + k1 * q.a1.y + k2 * q.a1.z + k3 * q.a1.w;
+                    s2 += k0 * q.a2.x + k1 * q.a2.y + k2 * q.a2.z + k3 * q.a2.w;
+                    s3 += k0 * q.a3.x + k1 * q.a3.y + k2 * q.a3.z + k3 * q.a3.w;
+                    s0 += k4 * q.b0.x + k5 * q.b0.y + k6 * q.b0.z + k7 * q.b0.w;
+                    s1 += k4 * q.b1.x + k5 * q.b1.y + k6 * q.b1.z + k7 * q.b1.w;
+                    s2 += k4 * q.b2.x + k5 * q.b2.y + k6 * q.b2.z + k7 * q.b2.w;
+                    s3 += k4 * q.b3.x + k5 * q.b3.y + k6 * q.b3.z + k7 * q.b3.w;
                 }
                 let st0 = stat_tile[i0];
                 let st1 = stat_tile[i0 + 1u];
@@ -199,81 +211,56 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let p2 = select(zero, exp(x2 - st2.x), seen2);
                 let p3 = select(zero, exp(x3 - st3.x), seen3);
                 // dP and dV need the same dO rows and P is known: one pass over them serves both.
-                // Keys a row masks skip its dO and Q rows (a NaN there is not theirs).
-                let all_seen = all(seen0 & seen1 & seen2 & seen3);
+                // Keys a row masks skip its dO and Q rows (a NaN there is not theirs): masked
+                // products throughout, which cost a CPU driver no more than a second, unmasked path
+                // for tiles every row sees (llvmpipe runs both sides of a branch).
                 var dp0 = vec4<f32>(0.0);
                 var dp1 = vec4<f32>(0.0);
                 var dp2 = vec4<f32>(0.0);
                 var dp3 = vec4<f32>(0.0);
-                if all_seen {
-                    for (var d4 = 0u; d4 < DV4; d4++) {
-                        let o0 = do_tile[i0 * DV4 + d4];
-                        let o1 = do_tile[(i0 + 1u) * DV4 + d4];
-                        let o2 = do_tile[(i0 + 2u) * DV4 + d4];
-                        let o3 = do_tile[(i0 + 3u) * DV4 + d4];
-                        let d = d4 * 4u;
-                        let v0 = vt[d];
-                        let v1 = vt[d + 1u];
-                        let v2 = vt[d + 2u];
-                        let v3 = vt[d + 3u];
-                        dp0 += v0 * o0.x + v1 * o0.y + v2 * o0.z + v3 * o0.w;
-                        dp1 += v0 * o1.x + v1 * o1.y + v2 * o1.z + v3 * o1.w;
-                        dp2 += v0 * o2.x + v1 * o2.y + v2 * o2.z + v3 * o2.w;
-                        dp3 += v0 * o3.x + v1 * o3.y + v2 * o3.z + v3 * o3.w;
-                        dv[d] += (p0 * o0.x + p1 * o1.x) + (p2 * o2.x + p3 * o3.x);
-                        dv[d + 1u] += (p0 * o0.y + p1 * o1.y) + (p2 * o2.y + p3 * o3.y);
-                        dv[d + 2u] += (p0 * o0.z + p1 * o1.z) + (p2 * o2.z + p3 * o3.z);
-                        dv[d + 3u] += (p0 * o0.w + p1 * o1.w) + (p2 * o2.w + p3 * o3.w);
-                    }
-                } else {
-                    for (var d4 = 0u; d4 < DV4; d4++) {
-                        let o0 = do_tile[i0 * DV4 + d4];
-                        let o1 = do_tile[(i0 + 1u) * DV4 + d4];
-                        let o2 = do_tile[(i0 + 2u) * DV4 + d4];
-                        let o3 = do_tile[(i0 + 3u) * DV4 + d4];
-                        let d = d4 * 4u;
-                        let v0 = vt[d];
-                        let v1 = vt[d + 1u];
-                        let v2 = vt[d + 2u];
-                        let v3 = vt[d + 3u];
-                        dp0 += v0 * o0.x + v1 * o0.y + v2 * o0.z + v3 * o0.w;
-                        dp1 += v0 * o1.x + v1 * o1.y + v2 * o1.z + v3 * o1.w;
-                        dp2 += v0 * o2.x + v1 * o2.y + v2 * o2.z + v3 * o2.w;
-                        dp3 += v0 * o3.x + v1 * o3.y + v2 * o3.z + v3 * o3.w;
-                        dv[d] += masked_products4(p0, p1, p2, p3, o0.x, o1.x, o2.x, o3.x, seen0, seen1, seen2, seen3);
-                        dv[d + 1u] += masked_products4(p0, p1, p2, p3, o0.y, o1.y, o2.y, o3.y, seen0, seen1, seen2, seen3);
-                        dv[d + 2u] += masked_products4(p0, p1, p2, p3, o0.z, o1.z, o2.z, o3.z, seen0, seen1, seen2, seen3);
-                        dv[d + 3u] += masked_products4(p0, p1, p2, p3, o0.w, o1.w, o2.w, o3.w, seen0, seen1, seen2, seen3);
-                    }
+                for (var d8 = 0u; d8 < DV4P / 2u; d8++) {
+                    let o = vo_quad(i0, d8);
+                    let d = d8 * 8u;
+                    let v0 = vt[d];
+                    let v1 = vt[d + 1u];
+                    let v2 = vt[d + 2u];
+                    let v3 = vt[d + 3u];
+                    let v4 = vt[d + 4u];
+                    let v5 = vt[d + 5u];
+                    let v6 = vt[d + 6u];
+                    let v7 = vt[d + 7u];
+                    dp0 += v0 * o.a0.x + v1 * o.a0.y + v2 * o.a0.z + v3 * o.a0.w;
+                    dp1 += v0 * o.a1.x + v1 * o.a1.y + v2 * o.a1.z + v3 * o.a1.w;
+                    dp2 += v0 * o.a2.x + v1 * o.a2.y + v2 * o.a2.z + v3 * o.a2.w;
+                    dp3 += v0 * o.a3.x + v1 * o.a3.y + v2 * o.a3.z + v3 * o.a3.w;
+                    dp0 += v4 * o.b0.x + v5 * o.b0.y + v6 * o.b0.z + v7 * o.b0.w;
+                    dp1 += v4 * o.b1.x + v5 * o.b1.y + v6 * o.b1.z + v7 * o.b1.w;
+                    dp2 += v4 * o.b2.x + v5 * o.b2.y + v6 * o.b2.z + v7 * o.b2.w;
+                    dp3 += v4 * o.b3.x + v5 * o.b3.y + v6 * o.b3.z + v7 * o.b3.w;
+                    dv[d] += masked_products4(p0, p1, p2, p3, o.a0.x, o.a1.x, o.a2.x, o.a3.x, seen0, seen1, seen2, seen3);
+                    dv[d + 1u] += masked_products4(p0, p1, p2, p3, o.a0.y, o.a1.y, o.a2.y, o.a3.y, seen0, seen1, seen2, seen3);
+                    dv[d + 2u] += masked_products4(p0, p1, p2, p3, o.a0.z, o.a1.z, o.a2.z, o.a3.z, seen0, seen1, seen2, seen3);
+                    dv[d + 3u] += masked_products4(p0, p1, p2, p3, o.a0.w, o.a1.w, o.a2.w, o.a3.w, seen0, seen1, seen2, seen3);
+                    dv[d + 4u] += masked_products4(p0, p1, p2, p3, o.b0.x, o.b1.x, o.b2.x, o.b3.x, seen0, seen1, seen2, seen3);
+                    dv[d + 5u] += masked_products4(p0, p1, p2, p3, o.b0.y, o.b1.y, o.b2.y, o.b3.y, seen0, seen1, seen2, seen3);
+                    dv[d + 6u] += masked_products4(p0, p1, p2, p3, o.b0.z, o.b1.z, o.b2.z, o.b3.z, seen0, seen1, seen2, seen3);
+                    dv[d + 7u] += masked_products4(p0, p1, p2, p3, o.b0.w, o.b1.w, o.b2.w, o.b3.w, seen0, seen1, seen2, seen3);
                 }
                 let ds0 = select(zero, p0 * (dp0 - st0.y) * score_grad(s0), seen0);
                 let ds1 = select(zero, p1 * (dp1 - st1.y) * score_grad(s1), seen1);
                 let ds2 = select(zero, p2 * (dp2 - st2.y) * score_grad(s2), seen2);
                 let ds3 = select(zero, p3 * (dp3 - st3.y) * score_grad(s3), seen3);
-                if all_seen {
-                    for (var d4 = 0u; d4 < DK4; d4++) {
-                        let q0 = q_tile[i0 * DK4 + d4];
-                        let q1 = q_tile[(i0 + 1u) * DK4 + d4];
-                        let q2 = q_tile[(i0 + 2u) * DK4 + d4];
-                        let q3 = q_tile[(i0 + 3u) * DK4 + d4];
-                        let d = d4 * 4u;
-                        dk[d] += (ds0 * q0.x + ds1 * q1.x) + (ds2 * q2.x + ds3 * q3.x);
-                        dk[d + 1u] += (ds0 * q0.y + ds1 * q1.y) + (ds2 * q2.y + ds3 * q3.y);
-                        dk[d + 2u] += (ds0 * q0.z + ds1 * q1.z) + (ds2 * q2.z + ds3 * q3.z);
-                        dk[d + 3u] += (ds0 * q0.w + ds1 * q1.w) + (ds2 * q2.w + ds3 * q3.w);
-                    }
-                } else if any(seen0 | seen1 | seen2 | seen3) {
-                    for (var d4 = 0u; d4 < DK4; d4++) {
-                        let q0 = q_tile[i0 * DK4 + d4];
-                        let q1 = q_tile[(i0 + 1u) * DK4 + d4];
-                        let q2 = q_tile[(i0 + 2u) * DK4 + d4];
-                        let q3 = q_tile[(i0 + 3u) * DK4 + d4];
-                        let d = d4 * 4u;
-                        dk[d] += masked_products4(ds0, ds1, ds2, ds3, q0.x, q1.x, q2.x, q3.x, seen0, seen1, seen2, seen3);
-                        dk[d + 1u] += masked_products4(ds0, ds1, ds2, ds3, q0.y, q1.y, q2.y, q3.y, seen0, seen1, seen2, seen3);
-                        dk[d + 2u] += masked_products4(ds0, ds1, ds2, ds3, q0.z, q1.z, q2.z, q3.z, seen0, seen1, seen2, seen3);
-                        dk[d + 3u] += masked_products4(ds0, ds1, ds2, ds3, q0.w, q1.w, q2.w, q3.w, seen0, seen1, seen2, seen3);
-                    }
+                for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
+                    let q = qk_quad(i0, d8);
+                    let d = d8 * 8u;
+                    dk[d] += masked_products4(ds0, ds1, ds2, ds3, q.a0.x, q.a1.x, q.a2.x, q.a3.x, seen0, seen1, seen2, seen3);
+                    dk[d + 1u] += masked_products4(ds0, ds1, ds2, ds3, q.a0.y, q.a1.y, q.a2.y, q.a3.y, seen0, seen1, seen2, seen3);
+                    dk[d + 2u] += masked_products4(ds0, ds1, ds2, ds3, q.a0.z, q.a1.z, q.a2.z, q.a3.z, seen0, seen1, seen2, seen3);
+                    dk[d + 3u] += masked_products4(ds0, ds1, ds2, ds3, q.a0.w, q.a1.w, q.a2.w, q.a3.w, seen0, seen1, seen2, seen3);
+                    dk[d + 4u] += masked_products4(ds0, ds1, ds2, ds3, q.b0.x, q.b1.x, q.b2.x, q.b3.x, seen0, seen1, seen2, seen3);
+                    dk[d + 5u] += masked_products4(ds0, ds1, ds2, ds3, q.b0.y, q.b1.y, q.b2.y, q.b3.y, seen0, seen1, seen2, seen3);
+                    dk[d + 6u] += masked_products4(ds0, ds1, ds2, ds3, q.b0.z, q.b1.z, q.b2.z, q.b3.z, seen0, seen1, seen2, seen3);
+                    dk[d + 7u] += masked_products4(ds0, ds1, ds2, ds3, q.b0.w, q.b1.w, q.b2.w, q.b3.w, seen0, seen1, seen2, seen3);
                 }
             }
         }

@@ -2,8 +2,8 @@
 // dS_ij = p_ij (dO_i . v_j - D_i) and p_ij = exp(s_ij - lse_i) recomputed from the saved lse.
 // Parallel over query blocks like the forward kernel, so no float atomics and bitwise reproducible.
 // Each invocation owns four query rows, one per vec4 lane (q and dO transposed, dQ accumulator in
-// registers); K/V tiles are staged. The key loop runs over [chunk_begin, chunk_end); later chunks add
-// to dQ.
+// registers); K/V tiles are staged and read a quad (four keys by eight dims, attention_quads.wgsl) at
+// a time. The key loop runs over [chunk_begin, chunk_end); later chunks add to dQ.
 //
 // With REL_BUCKETS > 0 (learned relative-position buckets) it also writes each query row's
 // gradient of the relative table, d_score = p (dP - D) summed per bucket over the row's keys in
@@ -16,8 +16,11 @@ override DK: u32 = 64u;
 override DV: u32 = 64u;
 override DK4: u32 = (DK + 3u) / 4u;
 override DV4: u32 = (DV + 3u) / 4u;
-override K_TILE: u32 = BLOCK_N * DK4;
-override V_TILE: u32 = BLOCK_N * DV4;
+// Staged row strides in vec4s: whole quads (eight dims), the padding zero.
+override DK4P: u32 = DK4 + (DK4 & 1u);
+override DV4P: u32 = DV4 + (DV4 & 1u);
+override K_TILE: u32 = BLOCK_N * DK4P;
+override V_TILE: u32 = BLOCK_N * DV4P;
 // Buckets of the learned relative table whose gradient this pipeline accumulates (0: none).
 override REL_BUCKETS: u32 = 0u;
 
@@ -32,8 +35,9 @@ const MAX_REL: u32 = 132u;
 @group(0) @binding(7) var<storage, read_write> dq_buf: array<f32>;
 @group(0) @binding(8) var<storage, read_write> rel_rows: array<f32>;
 
-var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
-var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
+// K and V.
+var<workgroup> tile_qk: array<vec4<f32>, K_TILE>;
+var<workgroup> tile_vo: array<vec4<f32>, V_TILE>;
 
 // One key's share of the four rows' gradients: which rows see it, their score gradient d_score =
 // p (dP - D) (the relative table's) and ds = d_score times the modifier's derivative (dQ's).
@@ -65,7 +69,9 @@ fn key_grad(
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
+    quad_init(ids);
+    let lid = ids.index;
     let group = linear_group(wg);
     if group >= params.total_groups {
         return;
@@ -88,11 +94,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var delta = vec4<f32>(0.0);
     var row_start = vec4<u32>(0u);
     var row_end = vec4<u32>(0u);
-    for (var d = 0u; d < DK4 * 4u; d++) {
+    for (var d = 0u; d < DK4P * 4u; d++) {
         qt[d] = vec4<f32>(0.0);
         dq[d] = vec4<f32>(0.0);
     }
-    for (var d = 0u; d < DV4 * 4u; d++) {
+    for (var d = 0u; d < DV4P * 4u; d++) {
         dot_t[d] = vec4<f32>(0.0);
     }
     // Per bucket, the four rows' relative-table gradient.
@@ -133,8 +139,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let n_tile = min(BLOCK_N, n_end - n0);
         workgroupBarrier();
         for (var t = lid; t < K_TILE; t += WG) {
-            let jj = t / DK4;
-            let c4 = t % DK4;
+            let jj = t / DK4P;
+            let c4 = t % DK4P;
             var x = vec4<f32>(0.0);
             if jj < n_tile {
                 let base = view_index(VIEW_K, b, n0 + jj, h_kv) + c4 * 4u;
@@ -144,11 +150,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     }
                 }
             }
-            k_tile[t] = x;
+            tile_qk[t] = x;
         }
         for (var t = lid; t < V_TILE; t += WG) {
-            let jj = t / DV4;
-            let c4 = t % DV4;
+            let jj = t / DV4P;
+            let c4 = t % DV4P;
             var x = vec4<f32>(0.0);
             if jj < n_tile {
                 let base = view_index(VIEW_V, b, n0 + jj, h_kv) + c4 * 4u;
@@ -158,51 +164,61 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     }
                 }
             }
-            v_tile[t] = x;
+            tile_vo[t] = x;
         }
         workgroupBarrier();
 
-        // Four keys (j0 .. j0 + 3) per step: every private q, dO and dQ entry is read or updated
-        // once for the four, the private-memory traffic that dominates on CPU drivers. BLOCK_N is a
-        // multiple of 4 and keys past n_tile are staged as zeros and masked.
+        // A quad of keys (j0 .. j0 + 3) per step: every private q, dO and dQ entry is read or
+        // updated once for the four, the private-memory traffic that dominates on CPU drivers.
+        // BLOCK_N is a multiple of 4 and keys past n_tile are staged as zeros and masked.
         for (var j0 = 0u; j0 < n_tile; j0 += 4u) {
             var s0 = vec4<f32>(0.0);
             var s1 = vec4<f32>(0.0);
             var s2 = vec4<f32>(0.0);
             var s3 = vec4<f32>(0.0);
-            for (var d4 = 0u; d4 < DK4; d4++) {
-                let k0 = k_tile[j0 * DK4 + d4];
-                let k1 = k_tile[(j0 + 1u) * DK4 + d4];
-                let k2 = k_tile[(j0 + 2u) * DK4 + d4];
-                let k3 = k_tile[(j0 + 3u) * DK4 + d4];
-                let d = d4 * 4u;
+            for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
+                let k = qk_quad(j0, d8);
+                let d = d8 * 8u;
                 let q0 = qt[d];
                 let q1 = qt[d + 1u];
                 let q2 = qt[d + 2u];
                 let q3 = qt[d + 3u];
-                s0 += q0 * k0.x + q1 * k0.y + q2 * k0.z + q3 * k0.w;
-                s1 += q0 * k1.x + q1 * k1.y + q2 * k1.z + q3 * k1.w;
-                s2 += q0 * k2.x + q1 * k2.y + q2 * k2.z + q3 * k2.w;
-                s3 += q0 * k3.x + q1 * k3.y + q2 * k3.z + q3 * k3.w;
+                let q4 = qt[d + 4u];
+                let q5 = qt[d + 5u];
+                let q6 = qt[d + 6u];
+                let q7 = qt[d + 7u];
+                s0 += q0 * k.a0.x + q1 * k.a0.y + q2 * k.a0.z + q3 * k.a0.w;
+                s1 += q0 * k.a1.x + q1 * k.a1.y + q2 * k.a1.z + q3 * k.a1.w;
+                s2 += q0 * k.a2.x + q1 * k.a2.y + q2 * k.a2.z + q3 * k.a2.w;
+                s3 += q0 * k.a3.x + q1 * k.a3.y + q2 * k.a3.z + q3 * k.a3.w;
+                s0 += q4 * k.b0.x + q5 * k.b0.y + q6 * k.b0.z + q7 * k.b0.w;
+                s1 += q4 * k.b1.x + q5 * k.b1.y + q6 * k.b1.z + q7 * k.b1.w;
+                s2 += q4 * k.b2.x + q5 * k.b2.y + q6 * k.b2.z + q7 * k.b2.w;
+                s3 += q4 * k.b3.x + q5 * k.b3.y + q6 * k.b3.z + q7 * k.b3.w;
             }
             var dp0 = vec4<f32>(0.0);
             var dp1 = vec4<f32>(0.0);
             var dp2 = vec4<f32>(0.0);
             var dp3 = vec4<f32>(0.0);
-            for (var d4 = 0u; d4 < DV4; d4++) {
-                let v0 = v_tile[j0 * DV4 + d4];
-                let v1 = v_tile[(j0 + 1u) * DV4 + d4];
-                let v2 = v_tile[(j0 + 2u) * DV4 + d4];
-                let v3 = v_tile[(j0 + 3u) * DV4 + d4];
-                let d = d4 * 4u;
+            for (var d8 = 0u; d8 < DV4P / 2u; d8++) {
+                let v = vo_quad(j0, d8);
+                let d = d8 * 8u;
                 let o0 = dot_t[d];
                 let o1 = dot_t[d + 1u];
                 let o2 = dot_t[d + 2u];
                 let o3 = dot_t[d + 3u];
-                dp0 += o0 * v0.x + o1 * v0.y + o2 * v0.z + o3 * v0.w;
-                dp1 += o0 * v1.x + o1 * v1.y + o2 * v1.z + o3 * v1.w;
-                dp2 += o0 * v2.x + o1 * v2.y + o2 * v2.z + o3 * v2.w;
-                dp3 += o0 * v3.x + o1 * v3.y + o2 * v3.z + o3 * v3.w;
+                let o4 = dot_t[d + 4u];
+                let o5 = dot_t[d + 5u];
+                let o6 = dot_t[d + 6u];
+                let o7 = dot_t[d + 7u];
+                dp0 += o0 * v.a0.x + o1 * v.a0.y + o2 * v.a0.z + o3 * v.a0.w;
+                dp1 += o0 * v.a1.x + o1 * v.a1.y + o2 * v.a1.z + o3 * v.a1.w;
+                dp2 += o0 * v.a2.x + o1 * v.a2.y + o2 * v.a2.z + o3 * v.a2.w;
+                dp3 += o0 * v.a3.x + o1 * v.a3.y + o2 * v.a3.z + o3 * v.a3.w;
+                dp0 += o4 * v.b0.x + o5 * v.b0.y + o6 * v.b0.z + o7 * v.b0.w;
+                dp1 += o4 * v.b1.x + o5 * v.b1.y + o6 * v.b1.z + o7 * v.b1.w;
+                dp2 += o4 * v.b2.x + o5 * v.b2.y + o6 * v.b2.z + o7 * v.b2.w;
+                dp3 += o4 * v.b3.x + o5 * v.b3.y + o6 * v.b3.z + o7 * v.b3.w;
             }
             // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0,
             // whatever their dP or score holds (a NaN in a key or value the row does not see is
@@ -228,31 +244,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let key1 = g1.seen;
             let key2 = g2.seen;
             let key3 = g3.seen;
-            if all(key0 & key1 & key2 & key3) {
-                for (var d4 = 0u; d4 < DK4; d4++) {
-                    let k0 = k_tile[j0 * DK4 + d4];
-                    let k1 = k_tile[(j0 + 1u) * DK4 + d4];
-                    let k2 = k_tile[(j0 + 2u) * DK4 + d4];
-                    let k3 = k_tile[(j0 + 3u) * DK4 + d4];
-                    let d = d4 * 4u;
-                    dq[d] += (ds0 * k0.x + ds1 * k1.x) + (ds2 * k2.x + ds3 * k3.x);
-                    dq[d + 1u] += (ds0 * k0.y + ds1 * k1.y) + (ds2 * k2.y + ds3 * k3.y);
-                    dq[d + 2u] += (ds0 * k0.z + ds1 * k1.z) + (ds2 * k2.z + ds3 * k3.z);
-                    dq[d + 3u] += (ds0 * k0.w + ds1 * k1.w) + (ds2 * k2.w + ds3 * k3.w);
-                }
-            } else if any(key0 | key1 | key2 | key3) {
-                // Rows that mask a key skip its K.
-                for (var d4 = 0u; d4 < DK4; d4++) {
-                    let k0 = k_tile[j0 * DK4 + d4];
-                    let k1 = k_tile[(j0 + 1u) * DK4 + d4];
-                    let k2 = k_tile[(j0 + 2u) * DK4 + d4];
-                    let k3 = k_tile[(j0 + 3u) * DK4 + d4];
-                    let d = d4 * 4u;
-                    dq[d] += masked_products4(ds0, ds1, ds2, ds3, k0.x, k1.x, k2.x, k3.x, key0, key1, key2, key3);
-                    dq[d + 1u] += masked_products4(ds0, ds1, ds2, ds3, k0.y, k1.y, k2.y, k3.y, key0, key1, key2, key3);
-                    dq[d + 2u] += masked_products4(ds0, ds1, ds2, ds3, k0.z, k1.z, k2.z, k3.z, key0, key1, key2, key3);
-                    dq[d + 3u] += masked_products4(ds0, ds1, ds2, ds3, k0.w, k1.w, k2.w, k3.w, key0, key1, key2, key3);
-                }
+            // Rows that mask a key skip its K (masked products throughout: see the dK/dV kernel).
+            for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
+                let k = qk_quad(j0, d8);
+                let d = d8 * 8u;
+                dq[d] += masked_products4(ds0, ds1, ds2, ds3, k.a0.x, k.a1.x, k.a2.x, k.a3.x, key0, key1, key2, key3);
+                dq[d + 1u] += masked_products4(ds0, ds1, ds2, ds3, k.a0.y, k.a1.y, k.a2.y, k.a3.y, key0, key1, key2, key3);
+                dq[d + 2u] += masked_products4(ds0, ds1, ds2, ds3, k.a0.z, k.a1.z, k.a2.z, k.a3.z, key0, key1, key2, key3);
+                dq[d + 3u] += masked_products4(ds0, ds1, ds2, ds3, k.a0.w, k.a1.w, k.a2.w, k.a3.w, key0, key1, key2, key3);
+                dq[d + 4u] += masked_products4(ds0, ds1, ds2, ds3, k.b0.x, k.b1.x, k.b2.x, k.b3.x, key0, key1, key2, key3);
+                dq[d + 5u] += masked_products4(ds0, ds1, ds2, ds3, k.b0.y, k.b1.y, k.b2.y, k.b3.y, key0, key1, key2, key3);
+                dq[d + 6u] += masked_products4(ds0, ds1, ds2, ds3, k.b0.z, k.b1.z, k.b2.z, k.b3.z, key0, key1, key2, key3);
+                dq[d + 7u] += masked_products4(ds0, ds1, ds2, ds3, k.b0.w, k.b1.w, k.b2.w, k.b3.w, key0, key1, key2, key3);
             }
         }
     }

@@ -5,7 +5,9 @@
 // A workgroup owns BLOCK_M = 4 * WG query rows of one (batch, head). Each invocation owns four rows,
 // one per vec4 lane: q (transposed, qt[d] = the four rows' q[d]), the output accumulator, running max
 // and sum. Every K/V component staged in workgroup memory then feeds one vec4 FMA, four rows at once,
-// and the inner loops are short and of constant trip count.
+// and the inner loops are short and of constant trip count. The loops step four keys by eight dims
+// (a quad, attention_quads.wgsl): one read of the staged tile per 32 values where the device lets a
+// subgroup share it.
 //
 // The key loop runs over [chunk_begin, chunk_end). When the host splits it into several dispatches
 // (drivers that cap loop iterations), each later chunk merges its partial softmax into O and lse.
@@ -16,8 +18,11 @@ override DK: u32 = 64u;
 override DV: u32 = 64u;
 override DK4: u32 = (DK + 3u) / 4u;
 override DV4: u32 = (DV + 3u) / 4u;
-override K_TILE: u32 = BLOCK_N * DK4;
-override V_TILE: u32 = BLOCK_N * DV4;
+// Staged row strides in vec4s: whole quads (eight dims), the padding zero.
+override DK4P: u32 = DK4 + (DK4 & 1u);
+override DV4P: u32 = DV4 + (DV4 & 1u);
+override K_TILE: u32 = BLOCK_N * DK4P;
+override V_TILE: u32 = BLOCK_N * DV4P;
 
 const MAX_D: u32 = 256u;
 const MAX_BN: u32 = 64u;
@@ -28,8 +33,8 @@ const MAX_BN: u32 = 64u;
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
 
-var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
-var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
+var<workgroup> tile_qk: array<vec4<f32>, K_TILE>;
+var<workgroup> tile_vo: array<vec4<f32>, V_TILE>;
 
 fn load_k4(b: u32, j: u32, h: u32, c4: u32) -> vec4<f32> {
     let base = view_index(VIEW_K, b, j, h) + c4 * 4u;
@@ -68,7 +73,9 @@ fn tile_score(
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
+    quad_init(ids);
+    let lid = ids.index;
     let group = linear_group(wg);
     // Uniform per workgroup, so returning here keeps every barrier below in uniform control flow.
     if group >= params.total_groups {
@@ -92,10 +99,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // Keys [row_start, row_end) are visible to each row; none for padded rows.
     var row_start = vec4<u32>(0u);
     var row_end = vec4<u32>(0u);
-    for (var d = 0u; d < DK4 * 4u; d++) {
+    for (var d = 0u; d < DK4P * 4u; d++) {
         qt[d] = vec4<f32>(0.0);
     }
-    for (var d = 0u; d < DV4 * 4u; d++) {
+    for (var d = 0u; d < DV4P * 4u; d++) {
         acc[d] = vec4<f32>(0.0);
     }
     for (var r = 0u; r < 4u; r++) {
@@ -126,26 +133,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let n_tile = min(BLOCK_N, n_end - n0);
         workgroupBarrier();
         for (var t = lid; t < K_TILE; t += WG) {
-            let jj = t / DK4;
+            let jj = t / DK4P;
             var x = vec4<f32>(0.0);
             if jj < n_tile {
-                x = load_k4(b, n0 + jj, h_kv, t % DK4);
+                x = load_k4(b, n0 + jj, h_kv, t % DK4P);
             }
-            k_tile[t] = x;
+            tile_qk[t] = x;
         }
         for (var t = lid; t < V_TILE; t += WG) {
-            let jj = t / DV4;
+            let jj = t / DV4P;
             var x = vec4<f32>(0.0);
             if jj < n_tile {
-                x = load_v4(b, n0 + jj, h_kv, t % DV4);
+                x = load_v4(b, n0 + jj, h_kv, t % DV4P);
             }
-            v_tile[t] = x;
+            tile_vo[t] = x;
         }
         workgroupBarrier();
 
         // Scores of the tile for the four rows; masked ones are NEG_BIG (only ever a max seed).
-        // Four keys at a time: each q component loaded once feeds four keys (the sums keep the
-        // one-key order, so the scores are the same bits).
+        // A quad at a time: each q component loaded once feeds four keys (the sums keep the
+        // one-key order, four dims per addition, so the scores are the same bits).
         var tile_max = vec4<f32>(NEG_BIG);
         var jj = 0u;
         for (; jj + 4u <= n_tile; jj += 4u) {
@@ -153,20 +160,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var s1 = vec4<f32>(0.0);
             var s2 = vec4<f32>(0.0);
             var s3 = vec4<f32>(0.0);
-            for (var d4 = 0u; d4 < DK4; d4++) {
-                let d = d4 * 4u;
+            for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
+                let k = qk_quad(jj, d8);
+                let d = d8 * 8u;
                 let q0 = qt[d];
                 let q1 = qt[d + 1u];
                 let q2 = qt[d + 2u];
                 let q3 = qt[d + 3u];
-                let k0 = k_tile[jj * DK4 + d4];
-                let k1 = k_tile[(jj + 1u) * DK4 + d4];
-                let k2 = k_tile[(jj + 2u) * DK4 + d4];
-                let k3 = k_tile[(jj + 3u) * DK4 + d4];
-                s0 += q0 * k0.x + q1 * k0.y + q2 * k0.z + q3 * k0.w;
-                s1 += q0 * k1.x + q1 * k1.y + q2 * k1.z + q3 * k1.w;
-                s2 += q0 * k2.x + q1 * k2.y + q2 * k2.z + q3 * k2.w;
-                s3 += q0 * k3.x + q1 * k3.y + q2 * k3.z + q3 * k3.w;
+                let q4 = qt[d + 4u];
+                let q5 = qt[d + 5u];
+                let q6 = qt[d + 6u];
+                let q7 = qt[d + 7u];
+                s0 += q0 * k.a0.x + q1 * k.a0.y + q2 * k.a0.z + q3 * k.a0.w;
+                s1 += q0 * k.a1.x + q1 * k.a1.y + q2 * k.a1.z + q3 * k.a1.w;
+                s2 += q0 * k.a2.x + q1 * k.a2.y + q2 * k.a2.z + q3 * k.a2.w;
+                s3 += q0 * k.a3.x + q1 * k.a3.y + q2 * k.a3.z + q3 * k.a3.w;
+                s0 += q4 * k.b0.x + q5 * k.b0.y + q6 * k.b0.z + q7 * k.b0.w;
+                s1 += q4 * k.b1.x + q5 * k.b1.y + q6 * k.b1.z + q7 * k.b1.w;
+                s2 += q4 * k.b2.x + q5 * k.b2.y + q6 * k.b2.z + q7 * k.b2.w;
+                s3 += q4 * k.b3.x + q5 * k.b3.y + q6 * k.b3.z + q7 * k.b3.w;
             }
             p[jj] = tile_score(s0, rows, n0 + jj, b, h, row_start, row_end);
             p[jj + 1u] = tile_score(s1, rows, n0 + jj + 1u, b, h, row_start, row_end);
@@ -177,7 +189,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (; jj < n_tile; jj++) {
             var s = vec4<f32>(0.0);
             for (var d4 = 0u; d4 < DK4; d4++) {
-                let kx = k_tile[jj * DK4 + d4];
+                let kx = tile_qk[jj * DK4P + d4];
                 let d = d4 * 4u;
                 s += qt[d] * kx.x + qt[d + 1u] * kx.y + qt[d + 2u] * kx.z + qt[d + 3u] * kx.w;
             }
@@ -206,44 +218,38 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             acc[d + 2u] *= alpha;
             acc[d + 3u] *= alpha;
         }
-        // Four keys at a time where all four rows keep all four: each accumulator loaded and stored
-        // once per four products (added in key order, the one-key loop's bits); other groups (a
-        // mask's edge, the tile's tail) key by key.
+        // A quad of keys at a time where every row keeps all four (four keys by eight dims; each
+        // accumulator loaded and stored once per four products, added in key order: the one-key
+        // loop's bits); the subgroup decides together (quad_all). Other groups (a mask's edge, the
+        // tile's tail) go key by key, rows that mask a key skipping its value (a NaN there is not
+        // theirs).
         for (var j4 = 0u; j4 < n_tile; j4 += 4u) {
             let n = min(4u, n_tile - j4);
             let p0 = p[j4];
             let p1 = p[j4 + 1u];
             let p2 = p[j4 + 2u];
             let p3 = p[j4 + 3u];
-            if n == 4u && all(p_visible(p0) & p_visible(p1) & p_visible(p2) & p_visible(p3)) {
-                for (var d4 = 0u; d4 < DV4; d4++) {
-                    let v0 = v_tile[j4 * DV4 + d4];
-                    let v1 = v_tile[(j4 + 1u) * DV4 + d4];
-                    let v2 = v_tile[(j4 + 2u) * DV4 + d4];
-                    let v3 = v_tile[(j4 + 3u) * DV4 + d4];
-                    let d = d4 * 4u;
-                    acc[d] = (((acc[d] + p0 * v0.x) + p1 * v1.x) + p2 * v2.x) + p3 * v3.x;
-                    acc[d + 1u] = (((acc[d + 1u] + p0 * v0.y) + p1 * v1.y) + p2 * v2.y) + p3 * v3.y;
-                    acc[d + 2u] = (((acc[d + 2u] + p0 * v0.z) + p1 * v1.z) + p2 * v2.z) + p3 * v3.z;
-                    acc[d + 3u] = (((acc[d + 3u] + p0 * v0.w) + p1 * v1.w) + p2 * v2.w) + p3 * v3.w;
+            let keep = p_visible(p0) & p_visible(p1) & p_visible(p2) & p_visible(p3);
+            if n == 4u && quad_all(all(keep)) {
+                for (var d8 = 0u; d8 < DV4P / 2u; d8++) {
+                    let v = vo_quad(j4, d8);
+                    let d = d8 * 8u;
+                    acc[d] = (((acc[d] + p0 * v.a0.x) + p1 * v.a1.x) + p2 * v.a2.x) + p3 * v.a3.x;
+                    acc[d + 1u] = (((acc[d + 1u] + p0 * v.a0.y) + p1 * v.a1.y) + p2 * v.a2.y) + p3 * v.a3.y;
+                    acc[d + 2u] = (((acc[d + 2u] + p0 * v.a0.z) + p1 * v.a1.z) + p2 * v.a2.z) + p3 * v.a3.z;
+                    acc[d + 3u] = (((acc[d + 3u] + p0 * v.a0.w) + p1 * v.a1.w) + p2 * v.a2.w) + p3 * v.a3.w;
+                    acc[d + 4u] = (((acc[d + 4u] + p0 * v.b0.x) + p1 * v.b1.x) + p2 * v.b2.x) + p3 * v.b3.x;
+                    acc[d + 5u] = (((acc[d + 5u] + p0 * v.b0.y) + p1 * v.b1.y) + p2 * v.b2.y) + p3 * v.b3.y;
+                    acc[d + 6u] = (((acc[d + 6u] + p0 * v.b0.z) + p1 * v.b1.z) + p2 * v.b2.z) + p3 * v.b3.z;
+                    acc[d + 7u] = (((acc[d + 7u] + p0 * v.b0.w) + p1 * v.b1.w) + p2 * v.b2.w) + p3 * v.b3.w;
                 }
             } else {
                 for (var jj = j4; jj < j4 + n; jj++) {
                     let pj = p[jj];
                     let keep = p_visible(pj);
-                    if all(keep) {
+                    if any(keep) {
                         for (var d4 = 0u; d4 < DV4; d4++) {
-                            let vx = v_tile[jj * DV4 + d4];
-                            let d = d4 * 4u;
-                            acc[d] += pj * vx.x;
-                            acc[d + 1u] += pj * vx.y;
-                            acc[d + 2u] += pj * vx.z;
-                            acc[d + 3u] += pj * vx.w;
-                        }
-                    } else if any(keep) {
-                        // Rows that mask this key skip its value (a NaN there is not theirs).
-                        for (var d4 = 0u; d4 < DV4; d4++) {
-                            let vx = v_tile[jj * DV4 + d4];
+                            let vx = tile_vo[jj * DV4P + d4];
                             let d = d4 * 4u;
                             acc[d] += masked_product(pj, vx.x, keep);
                             acc[d + 1u] += masked_product(pj, vx.y, keep);

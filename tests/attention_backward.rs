@@ -475,6 +475,38 @@ fn trusted_and_checked_backwards_agree_bitwise() {
     }
 }
 
+/// The CPU-driver family's dQ and dK/dV kernels read their staged quads through subgroup broadcasts
+/// where the adapter runs subgroups of 8 (lavapipe) and from workgroup memory elsewhere (and with
+/// subgroups off): the same bits, both matching the reference.
+#[test]
+fn cpu_family_subgroup_and_workgroup_quads_agree_bitwise() {
+    // Dk 36 and Dv 20 (rows of 9 and 5 vec4s, padded to whole quads), the causal diagonal's masked
+    // quads, a batch entry's shorter keys, four query heads per kv head.
+    let case = Case::new(2, 70, 45, 4, 2, 36, 20)
+        .causal()
+        .kv_lens(&[45, 20]);
+    let runs = [false, true].map(|subgroups| {
+        let mut grads = Vec::new();
+        for_each_backend_with(
+            |ctx| {
+                ctx.set_kernel_family(Some(KernelFamily::CpuDriver));
+                ctx.set_subgroups(subgroups);
+            },
+            |backend, ctx| {
+                grads.push((backend.to_string(), check(backend, ctx, &case, Path::Fused)))
+            },
+        );
+        grads
+    });
+    assert_eq!(runs[0].len(), runs[1].len());
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for ((backend, workgroup), (_, subgroup)) in runs[0].iter().zip(&runs[1]) {
+        assert_eq!(bits(&workgroup.dq), bits(&subgroup.dq), "[{backend}] dq");
+        assert_eq!(bits(&workgroup.dk), bits(&subgroup.dk), "[{backend}] dk");
+        assert_eq!(bits(&workgroup.dv), bits(&subgroup.dv), "[{backend}] dv");
+    }
+}
+
 /// On a device created with WebGPU's default limits (8 storage buffers per stage, 16 KiB of
 /// workgroup storage) both families' fused backward runs without a score bias: its kernels bind 8
 /// (the score-bias binding is compiled out), and match the reference.

@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use wgpu_attention::reference::attention as reference;
 use wgpu_attention::{
-    attention_forward, attention_forward_into, attention_forward_unfused, attention_probabilities,
-    AttentionOptions, Context, GpuTensor, KernelFamily,
+    attention_forward, attention_forward_into, attention_forward_plan, attention_forward_unfused,
+    attention_probabilities, AttentionOptions, Context, GpuTensor, KernelFamily,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -396,6 +396,40 @@ fn subgroup_and_workgroup_row_maxima_agree_bitwise() {
                 } else {
                     assert_eq!(ctx.subgroup_size(), None);
                 }
+                record_fused(&mut results, backend, ctx, &cases);
+            },
+        );
+        results
+    });
+    assert_same_bits(&runs[0], &runs[1]);
+}
+
+/// The CPU-driver family's staged quads read through subgroup broadcasts (where the adapter runs
+/// subgroups of 8: lavapipe) and from workgroup memory give the same bits, both matching the
+/// reference; the plan says which build ran.
+#[test]
+fn cpu_family_subgroup_and_workgroup_quads_agree_bitwise() {
+    let cases = [
+        // Rows of 9 (Dk 36) and 5 (Dv 20) vec4s, padded to whole quads; 130 keys end in a partial
+        // tile whose last two keys go one by one.
+        Case::new(1, 37, 130, 4, 2, 36, 20),
+        // The diagonal's quads that some rows mask; a batch entry's shorter keys.
+        Case::new(2, 70, 90, 2, 2, 64, 64)
+            .causal()
+            .kv_lens(&[90, 33]),
+    ];
+    let runs = [false, true].map(|subgroups| {
+        let mut results = Outputs::new();
+        for_each_backend_with(
+            |ctx| {
+                ctx.set_kernel_family(Some(KernelFamily::CpuDriver));
+                ctx.set_subgroups(subgroups);
+            },
+            |backend, ctx| {
+                let plan = attention_forward_plan(ctx, &cases[0].shape()).unwrap();
+                let expected = subgroups && ctx.subgroup_size() == Some(8);
+                assert_eq!(plan.subgroups, expected, "[{backend}] {plan}");
+                println!("[{backend}] {plan}");
                 record_fused(&mut results, backend, ctx, &cases);
             },
         );

@@ -278,6 +278,7 @@ pub(super) fn encode_backward_core(
     let shared = Shared::scores(ctx, opts)?;
     let wg = workgroup_size(ctx, true);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
+    let quads = QuadReads::choose(ctx, wg);
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
     // One pass per kernel, so a profile tells the three apart.
     // 1. stats = (lse, D).
@@ -345,8 +346,8 @@ pub(super) fn encode_backward_core(
             ctx,
             &mut pass,
             "attention_backward_dkdv",
-            || with_common_sized(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v)),
-            &[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]],
+            || cpu_family_source(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v), quads),
+            &quads.constants(&[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]]),
             &mut params,
             shared,
             &bindings,
@@ -379,18 +380,19 @@ pub(super) fn encode_backward_core(
             &mut pass,
             "attention_backward_dq",
             || {
-                rel.sized(&with_common_sized(
+                rel.sized(&cpu_family_source(
                     BACKWARD_DQ,
                     s.head_dim_qk.max(s.head_dim_v),
+                    quads,
                 ))
             },
-            &[
+            &quads.constants(&[
                 ("WG", wg),
                 ("BLOCK_N", block_n),
                 dims[0],
                 dims[1],
                 rel.constant(),
-            ],
+            ]),
             &mut params,
             shared,
             &bindings,

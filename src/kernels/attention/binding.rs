@@ -235,15 +235,16 @@ pub(super) fn workgroup_size(ctx: &Context, backward: bool) -> u32 {
     }
 }
 
-/// Rows of a staged tile that fit the adapter's workgroup storage.
+/// Rows of the CPU-driver kernels' staged tiles that fit the adapter's workgroup storage (rows of
+/// whole quads: an even number of vec4s).
 pub(super) fn tile_rows(
     ctx: &Context,
     shape: &AttentionShape,
     extra_bytes_per_row: u32,
     max: u32,
 ) -> u32 {
-    let dk4 = shape.head_dim_qk.div_ceil(4) as u32;
-    let dv4 = shape.head_dim_v.div_ceil(4) as u32;
+    let dk4 = shape.head_dim_qk.div_ceil(8) as u32 * 2;
+    let dv4 = shape.head_dim_v.div_ceil(8) as u32 * 2;
     let per_row = (dk4 + dv4) * 16 + extra_bytes_per_row;
     (ctx.limits().max_compute_workgroup_storage_size / per_row).clamp(1, max)
 }

@@ -218,17 +218,18 @@ pub(super) fn encode_forward_cpu_family(
     let chunks = forward_chunks(ctx, s, block_n);
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
     let shared = Shared::scores(ctx, opts)?;
+    let quads = QuadReads::choose(ctx, wg);
     encode_chunks(
         ctx,
         &mut pass,
         "attention_forward",
-        || with_common_sized(FORWARD, s.head_dim_qk.max(s.head_dim_v)),
-        &[
+        || cpu_family_source(FORWARD, s.head_dim_qk.max(s.head_dim_v), quads),
+        &quads.constants(&[
             ("WG", wg),
             ("BLOCK_N", block_n),
             ("DK", s.head_dim_qk as u32),
             ("DV", s.head_dim_v as u32),
-        ],
+        ]),
         &mut params,
         shared,
         &bindings,
@@ -252,8 +253,9 @@ pub struct ForwardPlan {
     /// Pieces of each row's key range: split-KV workgroups merged by a second kernel (GPU family),
     /// or chunk dispatches under a driver's loop cap (CPU-driver family). 1 is one pass over the keys.
     pub splits: u32,
-    /// Row maxima combined by subgroup shuffles rather than through workgroup memory (GPU family,
-    /// where [`Context::subgroup_size`] allows).
+    /// Subgroup operations where [`Context::subgroup_size`] allows: the GPU family's row maxima
+    /// combined by shuffles rather than through workgroup memory, the CPU-driver family's staged
+    /// tiles shared by broadcasts (subgroups of eight).
     pub subgroups: bool,
     /// The tensor-core family's matrix build (`None` for the other families).
     pub matrix: Option<MatrixBuild>,
@@ -318,7 +320,7 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
         block_m: wg * ROWS,
         block_n,
         splits: forward_chunks(ctx, s, block_n).len() as u32,
-        subgroups: false,
+        subgroups: QuadReads::choose(ctx, wg) == QuadReads::Subgroup,
         matrix: None,
     })
 }

@@ -118,11 +118,8 @@ const MAX_BLOCK_N: u32 = 64;
 /// what the naga tests validate and translate (with every other kernel's: [`crate::kernels::shaders`]).
 pub fn shader_sources() -> Vec<(&'static str, String)> {
     [
-        ("attention_forward", FORWARD),
         ("attention_forward_merge", tiled::FORWARD_MERGE),
         ("attention_backward_preprocess", BACKWARD_PREPROCESS),
-        ("attention_backward_dq", BACKWARD_DQ),
-        ("attention_backward_dkdv", BACKWARD_DKDV),
         ("attention_softmax", SOFTMAX),
         ("attention_softmax_backward", SOFTMAX_BACKWARD),
         ("attention_sinks", sinks::FORWARD),
@@ -136,6 +133,31 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
+    // The CPU-driver family, with either quad build (names with "subgroup": no GLSL).
+    .chain(
+        [
+            ("attention_forward", FORWARD, QuadReads::Workgroup),
+            ("attention_forward_subgroup", FORWARD, QuadReads::Subgroup),
+            ("attention_backward_dq", BACKWARD_DQ, QuadReads::Workgroup),
+            (
+                "attention_backward_dq_subgroup",
+                BACKWARD_DQ,
+                QuadReads::Subgroup,
+            ),
+            (
+                "attention_backward_dkdv",
+                BACKWARD_DKDV,
+                QuadReads::Workgroup,
+            ),
+            (
+                "attention_backward_dkdv_subgroup",
+                BACKWARD_DKDV,
+                QuadReads::Subgroup,
+            ),
+        ]
+        .into_iter()
+        .map(|(name, body, quads)| (name, quads.source(&with_common(body)))),
+    )
     // The GPU family's backward, reading its inputs element by element or (vec4) four per access.
     .chain(
         [
@@ -277,17 +299,60 @@ fn with_common_typed(body: &str, input: DType, output: DType) -> String {
     format!("{enable}alias InElem = {i};\nalias OutElem = {o};\n{COMMON}\n{body}")
 }
 
-/// `body` with the common header and its per-invocation arrays sized for head dims up to `max_dim`
-/// (rounded up to whole vec4s) instead of the 256 the validated source declares. Real GPUs back
-/// private arrays with registers or per-thread local memory sized by the declaration: 256-entry
-/// arrays cost the dK/dV kernel 16 KiB per invocation, which the NVIDIA Vulkan driver fails on
-/// (device lost). The pipeline key holds DK and DV, so one key always gets one source.
-fn with_common_sized(body: &str, max_dim: usize) -> String {
+/// A CPU-driver kernel (`body`) with the common header, its per-invocation arrays sized for head
+/// dims up to `max_dim` (rounded up to whole quads of eight) instead of the 256 the validated source
+/// declares, and the quad reads of its staged tiles. Real GPUs back private arrays with registers
+/// or per-thread local memory sized by the declaration: 256-entry arrays cost the dK/dV kernel
+/// 16 KiB per invocation, which the NVIDIA Vulkan driver fails on (device lost). The pipeline key
+/// holds DK, DV and the quad build, so one key always gets one source.
+fn cpu_family_source(body: &str, max_dim: usize, quads: QuadReads) -> String {
     const DECLARED: &str = "const MAX_D: u32 = 256u;";
     debug_assert!(body.contains(DECLARED));
     let sized = body.replace(
         DECLARED,
-        &format!("const MAX_D: u32 = {}u;", max_dim.div_ceil(4) * 4),
+        &format!("const MAX_D: u32 = {}u;", max_dim.div_ceil(8) * 8),
     );
-    with_common(&sized)
+    quads.source(&with_common(&sized))
+}
+
+const QUADS: &str = include_str!("../../../shaders/attention_quads.wgsl");
+const QUADS_SUBGROUP: &str = include_str!("../../../shaders/attention_quads_subgroup.wgsl");
+const QUADS_WORKGROUP: &str = include_str!("../../../shaders/attention_quads_workgroup.wgsl");
+
+/// How the CPU-driver kernels read the quads of their staged tiles (`attention_quads.wgsl`): every
+/// invocation from workgroup memory, or one vec4 per lane shared by subgroup broadcasts, which
+/// llvmpipe runs as register shuffles instead of a load loop per lane. Same bits either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum QuadReads {
+    Workgroup,
+    Subgroup,
+}
+
+impl QuadReads {
+    /// Subgroup broadcasts where the device runs subgroups of exactly eight
+    /// ([`Context::subgroup_size`]: lavapipe on AVX2) and the workgroup is whole subgroups.
+    pub(super) fn choose(ctx: &Context, wg: u32) -> Self {
+        match ctx.subgroup_size() == Some(8) && wg % 8 == 0 {
+            true => Self::Subgroup,
+            false => Self::Workgroup,
+        }
+    }
+
+    /// `source` with the quad reads of this build appended.
+    pub(super) fn source(self, source: &str) -> String {
+        let reads = match self {
+            Self::Workgroup => QUADS_WORKGROUP,
+            Self::Subgroup => QUADS_SUBGROUP,
+        };
+        format!("{source}\n{QUADS}\n{reads}")
+    }
+
+    /// `constants` with the subgroup build's key (the workgroup build adds none).
+    pub(super) fn constants(self, constants: &[(&'static str, u32)]) -> Vec<(&'static str, u32)> {
+        let mut all = constants.to_vec();
+        if self == Self::Subgroup {
+            all.push(("SUBGROUP", 8));
+        }
+        all
+    }
 }
