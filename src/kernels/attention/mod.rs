@@ -332,7 +332,7 @@ impl QuadReads {
     /// Subgroup broadcasts where the device runs subgroups of exactly eight
     /// ([`Context::subgroup_size`]: lavapipe on AVX2) and the workgroup is whole subgroups.
     pub(super) fn choose(ctx: &Context, wg: u32) -> Self {
-        match ctx.subgroup_size() == Some(8) && wg % 8 == 0 {
+        match ctx.subgroup_size() == Some(8) && wg.is_multiple_of(8) {
             true => Self::Subgroup,
             false => Self::Workgroup,
         }
