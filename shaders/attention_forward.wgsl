@@ -72,6 +72,27 @@ fn tile_score(
     return select(vec4<f32>(NEG_BIG), m, visible(j, row_start, row_end) & score_visible(m));
 }
 
+// acc plus the masked products p_n * x_n of four keys (masked_product with keep_n), added in key
+// order: the bits of adding them one by one.
+fn masked_sum4(
+    acc: vec4<f32>,
+    p0: vec4<f32>,
+    p1: vec4<f32>,
+    p2: vec4<f32>,
+    p3: vec4<f32>,
+    x0: f32,
+    x1: f32,
+    x2: f32,
+    x3: f32,
+    keep0: vec4<bool>,
+    keep1: vec4<bool>,
+    keep2: vec4<bool>,
+    keep3: vec4<bool>,
+) -> vec4<f32> {
+    return (((acc + masked_product(p0, x0, keep0)) + masked_product(p1, x1, keep1))
+        + masked_product(p2, x2, keep2)) + masked_product(p3, x3, keep3);
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
     quad_init(ids);
@@ -197,68 +218,106 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
             tile_max = max(tile_max, p[jj]);
         }
 
-        // Online softmax: one rescale of the accumulator per tile. Both maxima are finite, so alpha is
-        // 1 while a row has seen no key and 0 when its first key arrives.
+        // Online softmax: one rescale of the accumulator per tile, folded into the P.V pass below.
+        // Both maxima are finite, so alpha is 1 while a row has seen no key and 0 when its first
+        // key arrives.
         let m_new = max(m, tile_max);
         let alpha = exp(m - m_new);
+        // Masked scores are NEG_BIG exactly, so score_visible tells them apart; their p is masked_p,
+        // so the products below skip them. Quad q of the tile is `full` (bit q) where every row of
+        // the subgroup sees its four keys (quad_all: the same for every lane).
         var row_sum = vec4<f32>(0.0);
-        for (var jj = 0u; jj < n_tile; jj++) {
-            // Masked scores are NEG_BIG exactly, so score_visible tells them apart; their p is
-            // masked_p, so the products below skip them.
+        var full = 0u;
+        let quads = n_tile / 4u;
+        for (var q4 = 0u; q4 < quads; q4++) {
+            let j4 = q4 * 4u;
+            let e0 = select(vec4<f32>(masked_p()), exp(p[j4] - m_new), score_visible(p[j4]));
+            let e1 = select(vec4<f32>(masked_p()), exp(p[j4 + 1u] - m_new), score_visible(p[j4 + 1u]));
+            let e2 = select(vec4<f32>(masked_p()), exp(p[j4 + 2u] - m_new), score_visible(p[j4 + 2u]));
+            let e3 = select(vec4<f32>(masked_p()), exp(p[j4 + 3u] - m_new), score_visible(p[j4 + 3u]));
+            p[j4] = e0;
+            p[j4 + 1u] = e1;
+            p[j4 + 2u] = e2;
+            p[j4 + 3u] = e3;
+            row_sum = (((row_sum + e0) + e1) + e2) + e3;
+            if quad_all(all(p_visible(e0) & p_visible(e1) & p_visible(e2) & p_visible(e3))) {
+                full |= 1u << q4;
+            }
+        }
+        for (var jj = quads * 4u; jj < n_tile; jj++) {
             let e = select(vec4<f32>(masked_p()), exp(p[jj] - m_new), score_visible(p[jj]));
             p[jj] = e;
             row_sum += e;
         }
         l = l * alpha + row_sum;
         m = m_new;
-        for (var d4 = 0u; d4 < DV4; d4++) {
-            let d = d4 * 4u;
-            acc[d] *= alpha;
-            acc[d + 1u] *= alpha;
-            acc[d + 2u] *= alpha;
-            acc[d + 3u] *= alpha;
-        }
-        // A quad of keys at a time where every row keeps all four (four keys by eight dims; each
-        // accumulator loaded and stored once per four products, added in key order: the one-key
-        // loop's bits); the subgroup decides together (quad_all). Other groups (a mask's edge, the
-        // tile's tail) go key by key, rows that mask a key skipping its value (a NaN there is not
-        // theirs).
-        for (var j4 = 0u; j4 < n_tile; j4 += 4u) {
-            let n = min(4u, n_tile - j4);
-            let p0 = p[j4];
-            let p1 = p[j4 + 1u];
-            let p2 = p[j4 + 2u];
-            let p3 = p[j4 + 3u];
-            let keep = p_visible(p0) & p_visible(p1) & p_visible(p2) & p_visible(p3);
-            if n == 4u && quad_all(all(keep)) {
-                for (var d8 = 0u; d8 < DV4P / 2u; d8++) {
-                    let v = vo_quad(j4, d8);
-                    let d = d8 * 8u;
-                    acc[d] = (((acc[d] + p0 * v.a0.x) + p1 * v.a1.x) + p2 * v.a2.x) + p3 * v.a3.x;
-                    acc[d + 1u] = (((acc[d + 1u] + p0 * v.a0.y) + p1 * v.a1.y) + p2 * v.a2.y) + p3 * v.a3.y;
-                    acc[d + 2u] = (((acc[d + 2u] + p0 * v.a0.z) + p1 * v.a1.z) + p2 * v.a2.z) + p3 * v.a3.z;
-                    acc[d + 3u] = (((acc[d + 3u] + p0 * v.a0.w) + p1 * v.a1.w) + p2 * v.a2.w) + p3 * v.a3.w;
-                    acc[d + 4u] = (((acc[d + 4u] + p0 * v.b0.x) + p1 * v.b1.x) + p2 * v.b2.x) + p3 * v.b3.x;
-                    acc[d + 5u] = (((acc[d + 5u] + p0 * v.b0.y) + p1 * v.b1.y) + p2 * v.b2.y) + p3 * v.b3.y;
-                    acc[d + 6u] = (((acc[d + 6u] + p0 * v.b0.z) + p1 * v.b1.z) + p2 * v.b2.z) + p3 * v.b3.z;
-                    acc[d + 7u] = (((acc[d + 7u] + p0 * v.b0.w) + p1 * v.b1.w) + p2 * v.b2.w) + p3 * v.b3.w;
-                }
-            } else {
-                for (var jj = j4; jj < j4 + n; jj++) {
-                    let pj = p[jj];
-                    let keep = p_visible(pj);
-                    if any(keep) {
-                        for (var d4 = 0u; d4 < DV4; d4++) {
-                            let vx = tile_vo[jj * DV4P + d4];
-                            let d = d4 * 4u;
-                            acc[d] += masked_product(pj, vx.x, keep);
-                            acc[d + 1u] += masked_product(pj, vx.y, keep);
-                            acc[d + 2u] += masked_product(pj, vx.z, keep);
-                            acc[d + 3u] += masked_product(pj, vx.w, keep);
-                        }
-                    }
+        // P.V with the head dims outermost: eight accumulator columns held across the whole tile,
+        // loaded and stored once (private arrays are what CPU drivers move slowest), the keys added
+        // in order (the one-key loop's bits). Rows that mask a key skip its value (a NaN there is
+        // not theirs): masked products in the quads that are not full and the tile's last keys.
+        for (var d8 = 0u; d8 < DV4P / 2u; d8++) {
+            let d = d8 * 8u;
+            var a0 = acc[d] * alpha;
+            var a1 = acc[d + 1u] * alpha;
+            var a2 = acc[d + 2u] * alpha;
+            var a3 = acc[d + 3u] * alpha;
+            var a4 = acc[d + 4u] * alpha;
+            var a5 = acc[d + 5u] * alpha;
+            var a6 = acc[d + 6u] * alpha;
+            var a7 = acc[d + 7u] * alpha;
+            for (var q4 = 0u; q4 < quads; q4++) {
+                let j4 = q4 * 4u;
+                let p0 = p[j4];
+                let p1 = p[j4 + 1u];
+                let p2 = p[j4 + 2u];
+                let p3 = p[j4 + 3u];
+                let v = vo_quad(j4, d8);
+                if ((full >> q4) & 1u) != 0u {
+                    a0 = (((a0 + p0 * v.a0.x) + p1 * v.a1.x) + p2 * v.a2.x) + p3 * v.a3.x;
+                    a1 = (((a1 + p0 * v.a0.y) + p1 * v.a1.y) + p2 * v.a2.y) + p3 * v.a3.y;
+                    a2 = (((a2 + p0 * v.a0.z) + p1 * v.a1.z) + p2 * v.a2.z) + p3 * v.a3.z;
+                    a3 = (((a3 + p0 * v.a0.w) + p1 * v.a1.w) + p2 * v.a2.w) + p3 * v.a3.w;
+                    a4 = (((a4 + p0 * v.b0.x) + p1 * v.b1.x) + p2 * v.b2.x) + p3 * v.b3.x;
+                    a5 = (((a5 + p0 * v.b0.y) + p1 * v.b1.y) + p2 * v.b2.y) + p3 * v.b3.y;
+                    a6 = (((a6 + p0 * v.b0.z) + p1 * v.b1.z) + p2 * v.b2.z) + p3 * v.b3.z;
+                    a7 = (((a7 + p0 * v.b0.w) + p1 * v.b1.w) + p2 * v.b2.w) + p3 * v.b3.w;
+                } else {
+                    let keep0 = p_visible(p0);
+                    let keep1 = p_visible(p1);
+                    let keep2 = p_visible(p2);
+                    let keep3 = p_visible(p3);
+                    a0 = masked_sum4(a0, p0, p1, p2, p3, v.a0.x, v.a1.x, v.a2.x, v.a3.x, keep0, keep1, keep2, keep3);
+                    a1 = masked_sum4(a1, p0, p1, p2, p3, v.a0.y, v.a1.y, v.a2.y, v.a3.y, keep0, keep1, keep2, keep3);
+                    a2 = masked_sum4(a2, p0, p1, p2, p3, v.a0.z, v.a1.z, v.a2.z, v.a3.z, keep0, keep1, keep2, keep3);
+                    a3 = masked_sum4(a3, p0, p1, p2, p3, v.a0.w, v.a1.w, v.a2.w, v.a3.w, keep0, keep1, keep2, keep3);
+                    a4 = masked_sum4(a4, p0, p1, p2, p3, v.b0.x, v.b1.x, v.b2.x, v.b3.x, keep0, keep1, keep2, keep3);
+                    a5 = masked_sum4(a5, p0, p1, p2, p3, v.b0.y, v.b1.y, v.b2.y, v.b3.y, keep0, keep1, keep2, keep3);
+                    a6 = masked_sum4(a6, p0, p1, p2, p3, v.b0.z, v.b1.z, v.b2.z, v.b3.z, keep0, keep1, keep2, keep3);
+                    a7 = masked_sum4(a7, p0, p1, p2, p3, v.b0.w, v.b1.w, v.b2.w, v.b3.w, keep0, keep1, keep2, keep3);
                 }
             }
+            for (var jj = quads * 4u; jj < n_tile; jj++) {
+                let pj = p[jj];
+                let keep = p_visible(pj);
+                let va = tile_vo[jj * DV4P + 2u * d8];
+                let vb = tile_vo[jj * DV4P + 2u * d8 + 1u];
+                a0 += masked_product(pj, va.x, keep);
+                a1 += masked_product(pj, va.y, keep);
+                a2 += masked_product(pj, va.z, keep);
+                a3 += masked_product(pj, va.w, keep);
+                a4 += masked_product(pj, vb.x, keep);
+                a5 += masked_product(pj, vb.y, keep);
+                a6 += masked_product(pj, vb.z, keep);
+                a7 += masked_product(pj, vb.w, keep);
+            }
+            acc[d] = a0;
+            acc[d + 1u] = a1;
+            acc[d + 2u] = a2;
+            acc[d + 3u] = a3;
+            acc[d + 4u] = a4;
+            acc[d + 5u] = a5;
+            acc[d + 6u] = a6;
+            acc[d + 7u] = a7;
         }
     }
 
