@@ -184,14 +184,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
                     let k5 = kt[d + 5u];
                     let k6 = kt[d + 6u];
                     let k7 = kt[d + 7u];
-                    s0 += k0 * q.a0.x + k1 * q.a0.y + k2 * q.a0.z + k3 * q.a0.w;
-                    s1 += k0 * q.a1.x + k1 * q.a1.y + k2 * q.a1.z + k3 * q.a1.w;
-                    s2 += k0 * q.a2.x + k1 * q.a2.y + k2 * q.a2.z + k3 * q.a2.w;
-                    s3 += k0 * q.a3.x + k1 * q.a3.y + k2 * q.a3.z + k3 * q.a3.w;
-                    s0 += k4 * q.b0.x + k5 * q.b0.y + k6 * q.b0.z + k7 * q.b0.w;
-                    s1 += k4 * q.b1.x + k5 * q.b1.y + k6 * q.b1.z + k7 * q.b1.w;
-                    s2 += k4 * q.b2.x + k5 * q.b2.y + k6 * q.b2.z + k7 * q.b2.w;
-                    s3 += k4 * q.b3.x + k5 * q.b3.y + k6 * q.b3.z + k7 * q.b3.w;
+                    s0 = quad_row_dot(s0, k0, k1, k2, k3, k4, k5, k6, k7, q.a0, q.b0);
+                    s1 = quad_row_dot(s1, k0, k1, k2, k3, k4, k5, k6, k7, q.a1, q.b1);
+                    s2 = quad_row_dot(s2, k0, k1, k2, k3, k4, k5, k6, k7, q.a2, q.b2);
+                    s3 = quad_row_dot(s3, k0, k1, k2, k3, k4, k5, k6, k7, q.a3, q.b3);
                 }
                 let st0 = stat_tile[i0];
                 let st1 = stat_tile[i0 + 1u];
@@ -229,14 +225,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
                     let v5 = vt[d + 5u];
                     let v6 = vt[d + 6u];
                     let v7 = vt[d + 7u];
-                    dp0 += v0 * o.a0.x + v1 * o.a0.y + v2 * o.a0.z + v3 * o.a0.w;
-                    dp1 += v0 * o.a1.x + v1 * o.a1.y + v2 * o.a1.z + v3 * o.a1.w;
-                    dp2 += v0 * o.a2.x + v1 * o.a2.y + v2 * o.a2.z + v3 * o.a2.w;
-                    dp3 += v0 * o.a3.x + v1 * o.a3.y + v2 * o.a3.z + v3 * o.a3.w;
-                    dp0 += v4 * o.b0.x + v5 * o.b0.y + v6 * o.b0.z + v7 * o.b0.w;
-                    dp1 += v4 * o.b1.x + v5 * o.b1.y + v6 * o.b1.z + v7 * o.b1.w;
-                    dp2 += v4 * o.b2.x + v5 * o.b2.y + v6 * o.b2.z + v7 * o.b2.w;
-                    dp3 += v4 * o.b3.x + v5 * o.b3.y + v6 * o.b3.z + v7 * o.b3.w;
+                    dp0 = quad_row_dot(dp0, v0, v1, v2, v3, v4, v5, v6, v7, o.a0, o.b0);
+                    dp1 = quad_row_dot(dp1, v0, v1, v2, v3, v4, v5, v6, v7, o.a1, o.b1);
+                    dp2 = quad_row_dot(dp2, v0, v1, v2, v3, v4, v5, v6, v7, o.a2, o.b2);
+                    dp3 = quad_row_dot(dp3, v0, v1, v2, v3, v4, v5, v6, v7, o.a3, o.b3);
                     dv[d] += masked_products4(p0, p1, p2, p3, o.a0.x, o.a1.x, o.a2.x, o.a3.x, seen0, seen1, seen2, seen3);
                     dv[d + 1u] += masked_products4(p0, p1, p2, p3, o.a0.y, o.a1.y, o.a2.y, o.a3.y, seen0, seen1, seen2, seen3);
                     dv[d + 2u] += masked_products4(p0, p1, p2, p3, o.a0.z, o.a1.z, o.a2.z, o.a3.z, seen0, seen1, seen2, seen3);

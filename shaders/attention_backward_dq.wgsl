@@ -187,14 +187,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
                 let q5 = qt[d + 5u];
                 let q6 = qt[d + 6u];
                 let q7 = qt[d + 7u];
-                s0 += q0 * k.a0.x + q1 * k.a0.y + q2 * k.a0.z + q3 * k.a0.w;
-                s1 += q0 * k.a1.x + q1 * k.a1.y + q2 * k.a1.z + q3 * k.a1.w;
-                s2 += q0 * k.a2.x + q1 * k.a2.y + q2 * k.a2.z + q3 * k.a2.w;
-                s3 += q0 * k.a3.x + q1 * k.a3.y + q2 * k.a3.z + q3 * k.a3.w;
-                s0 += q4 * k.b0.x + q5 * k.b0.y + q6 * k.b0.z + q7 * k.b0.w;
-                s1 += q4 * k.b1.x + q5 * k.b1.y + q6 * k.b1.z + q7 * k.b1.w;
-                s2 += q4 * k.b2.x + q5 * k.b2.y + q6 * k.b2.z + q7 * k.b2.w;
-                s3 += q4 * k.b3.x + q5 * k.b3.y + q6 * k.b3.z + q7 * k.b3.w;
+                s0 = quad_row_dot(s0, q0, q1, q2, q3, q4, q5, q6, q7, k.a0, k.b0);
+                s1 = quad_row_dot(s1, q0, q1, q2, q3, q4, q5, q6, q7, k.a1, k.b1);
+                s2 = quad_row_dot(s2, q0, q1, q2, q3, q4, q5, q6, q7, k.a2, k.b2);
+                s3 = quad_row_dot(s3, q0, q1, q2, q3, q4, q5, q6, q7, k.a3, k.b3);
             }
             var dp0 = vec4<f32>(0.0);
             var dp1 = vec4<f32>(0.0);
@@ -211,14 +207,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
                 let o5 = dot_t[d + 5u];
                 let o6 = dot_t[d + 6u];
                 let o7 = dot_t[d + 7u];
-                dp0 += o0 * v.a0.x + o1 * v.a0.y + o2 * v.a0.z + o3 * v.a0.w;
-                dp1 += o0 * v.a1.x + o1 * v.a1.y + o2 * v.a1.z + o3 * v.a1.w;
-                dp2 += o0 * v.a2.x + o1 * v.a2.y + o2 * v.a2.z + o3 * v.a2.w;
-                dp3 += o0 * v.a3.x + o1 * v.a3.y + o2 * v.a3.z + o3 * v.a3.w;
-                dp0 += o4 * v.b0.x + o5 * v.b0.y + o6 * v.b0.z + o7 * v.b0.w;
-                dp1 += o4 * v.b1.x + o5 * v.b1.y + o6 * v.b1.z + o7 * v.b1.w;
-                dp2 += o4 * v.b2.x + o5 * v.b2.y + o6 * v.b2.z + o7 * v.b2.w;
-                dp3 += o4 * v.b3.x + o5 * v.b3.y + o6 * v.b3.z + o7 * v.b3.w;
+                dp0 = quad_row_dot(dp0, o0, o1, o2, o3, o4, o5, o6, o7, v.a0, v.b0);
+                dp1 = quad_row_dot(dp1, o0, o1, o2, o3, o4, o5, o6, o7, v.a1, v.b1);
+                dp2 = quad_row_dot(dp2, o0, o1, o2, o3, o4, o5, o6, o7, v.a2, v.b2);
+                dp3 = quad_row_dot(dp3, o0, o1, o2, o3, o4, o5, o6, o7, v.a3, v.b3);
             }
             // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0,
             // whatever their dP or score holds (a NaN in a key or value the row does not see is

@@ -192,14 +192,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
                 let q5 = qt[d + 5u];
                 let q6 = qt[d + 6u];
                 let q7 = qt[d + 7u];
-                s0 += q0 * k.a0.x + q1 * k.a0.y + q2 * k.a0.z + q3 * k.a0.w;
-                s1 += q0 * k.a1.x + q1 * k.a1.y + q2 * k.a1.z + q3 * k.a1.w;
-                s2 += q0 * k.a2.x + q1 * k.a2.y + q2 * k.a2.z + q3 * k.a2.w;
-                s3 += q0 * k.a3.x + q1 * k.a3.y + q2 * k.a3.z + q3 * k.a3.w;
-                s0 += q4 * k.b0.x + q5 * k.b0.y + q6 * k.b0.z + q7 * k.b0.w;
-                s1 += q4 * k.b1.x + q5 * k.b1.y + q6 * k.b1.z + q7 * k.b1.w;
-                s2 += q4 * k.b2.x + q5 * k.b2.y + q6 * k.b2.z + q7 * k.b2.w;
-                s3 += q4 * k.b3.x + q5 * k.b3.y + q6 * k.b3.z + q7 * k.b3.w;
+                s0 = quad_row_dot(s0, q0, q1, q2, q3, q4, q5, q6, q7, k.a0, k.b0);
+                s1 = quad_row_dot(s1, q0, q1, q2, q3, q4, q5, q6, q7, k.a1, k.b1);
+                s2 = quad_row_dot(s2, q0, q1, q2, q3, q4, q5, q6, q7, k.a2, k.b2);
+                s3 = quad_row_dot(s3, q0, q1, q2, q3, q4, q5, q6, q7, k.a3, k.b3);
             }
             p[jj] = tile_score(s0, rows, n0 + jj, b, h, row_start, row_end);
             p[jj + 1u] = tile_score(s1, rows, n0 + jj + 1u, b, h, row_start, row_end);

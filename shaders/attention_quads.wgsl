@@ -14,3 +14,23 @@ struct Quad {
     a3: vec4<f32>,
     b3: vec4<f32>,
 }
+
+// acc plus one quad row's eight dims (lo: 0..3, hi: 4..7) against eight private columns x0 .. x7 of
+// the invocation's four rows or keys, added four dims at a time in dim order: the kernels' score and
+// dP step.
+fn quad_row_dot(
+    acc: vec4<f32>,
+    x0: vec4<f32>,
+    x1: vec4<f32>,
+    x2: vec4<f32>,
+    x3: vec4<f32>,
+    x4: vec4<f32>,
+    x5: vec4<f32>,
+    x6: vec4<f32>,
+    x7: vec4<f32>,
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+) -> vec4<f32> {
+    return (acc + (x0 * lo.x + x1 * lo.y + x2 * lo.z + x3 * lo.w))
+        + (x4 * hi.x + x5 * hi.y + x6 * hi.z + x7 * hi.w);
+}
