@@ -121,7 +121,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             // A NaN score counts (score_visible): it reaches the row. Masked keys get masked_p,
             // and their values are not read (a NaN there is not the row's).
-            let p = select(vec4<f32>(masked_p()), exp(e - m), score_visible(e));
+            let p = visible_exp(e, vec4<f32>(m));
             l += p.x + p.y + p.z + p.w;
             let keep = p_visible(p);
             for (var d = 0u; d < DV; d++) {

@@ -378,6 +378,12 @@ fn masked_p() -> f32 {
     return bitcast<f32>(0x80000000u);
 }
 
+// A row's softmax numerator exp(s - m) for four scores, masked_p where a score is masked (NEG_BIG,
+// told apart by score_visible): the online softmax's p in every forward kernel.
+fn visible_exp(s: vec4<f32>, m: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(masked_p()), exp(s - m), score_visible(s));
+}
+
 // Which of four probabilities belong to visible pairs (not masked_p).
 fn p_visible(p: vec4<f32>) -> vec4<bool> {
     return bitcast<vec4<u32>>(p) != vec4<u32>(0x80000000u);

@@ -227,10 +227,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
         let quads = n_tile / 4u;
         for (var q4 = 0u; q4 < quads; q4++) {
             let j4 = q4 * 4u;
-            let e0 = select(vec4<f32>(masked_p()), exp(p[j4] - m_new), score_visible(p[j4]));
-            let e1 = select(vec4<f32>(masked_p()), exp(p[j4 + 1u] - m_new), score_visible(p[j4 + 1u]));
-            let e2 = select(vec4<f32>(masked_p()), exp(p[j4 + 2u] - m_new), score_visible(p[j4 + 2u]));
-            let e3 = select(vec4<f32>(masked_p()), exp(p[j4 + 3u] - m_new), score_visible(p[j4 + 3u]));
+            let e0 = visible_exp(p[j4], m_new);
+            let e1 = visible_exp(p[j4 + 1u], m_new);
+            let e2 = visible_exp(p[j4 + 2u], m_new);
+            let e3 = visible_exp(p[j4 + 3u], m_new);
             p[j4] = e0;
             p[j4 + 1u] = e1;
             p[j4 + 2u] = e2;
@@ -241,7 +241,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
             }
         }
         for (var jj = quads * 4u; jj < n_tile; jj++) {
-            let e = select(vec4<f32>(masked_p()), exp(p[jj] - m_new), score_visible(p[jj]));
+            let e = visible_exp(p[jj], m_new);
             p[jj] = e;
             row_sum += e;
         }

@@ -196,7 +196,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var sum = 0.0;
             for (var q = 0u; q < KPL / 4u; q++) {
                 // Masked scores are NEG_BIG exactly; their p is masked_p (the scalar P V skips them).
-                let p = select(vec4<f32>(masked_p()), exp(e[q] - m_new), score_visible(e[q]));
+                let p = visible_exp(e[q], vec4<f32>(m_new));
                 for (var c = 0u; c < 4u; c++) {
                     let rounded = MatElem(p[c]);
                     mat_mem[P_AT + r * BN + slice * KPL + 4u * q + c] = rounded;

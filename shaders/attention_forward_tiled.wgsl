@@ -161,7 +161,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
             let j = n0 + tc + TC * c;
             // Masked scores are NEG_BIG exactly, so score_visible tells them apart; their p is
             // masked_p, so the products below skip them.
-            let p = select(vec4<f32>(masked_p()), exp(s[c] - m_new), score_visible(s[c]));
+            let p = visible_exp(s[c], m_new);
             p_tile[(tc + TC * c) * TR + tr] = p;
             row_sum += p;
         }

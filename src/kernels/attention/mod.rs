@@ -328,11 +328,15 @@ pub(super) enum QuadReads {
     Subgroup,
 }
 
+/// The subgroup size the subgroup build's quad layout assumes (`SUBGROUP` in
+/// `attention_quads_subgroup.wgsl`): lane l reads row l / 2, dims 4 (l % 2) .. + 3.
+const QUAD_LANES: u32 = 8;
+
 impl QuadReads {
     /// Subgroup broadcasts where the device runs subgroups of exactly eight
     /// ([`Context::subgroup_size`]: lavapipe on AVX2) and the workgroup is whole subgroups.
     pub(super) fn choose(ctx: &Context, wg: u32) -> Self {
-        match ctx.subgroup_size() == Some(8) && wg.is_multiple_of(8) {
+        match ctx.subgroup_size() == Some(QUAD_LANES) && wg.is_multiple_of(QUAD_LANES) {
             true => Self::Subgroup,
             false => Self::Workgroup,
         }
@@ -351,7 +355,7 @@ impl QuadReads {
     pub(super) fn constants(self, constants: &[(&'static str, u32)]) -> Vec<(&'static str, u32)> {
         let mut all = constants.to_vec();
         if self == Self::Subgroup {
-            all.push(("SUBGROUP", 8));
+            all.push(("SUBGROUP", QUAD_LANES));
         }
         all
     }
