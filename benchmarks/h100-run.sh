@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop64 sweepfwd transformer1 tests-core) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -49,6 +49,34 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     step 120 coop-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
       --head-dim 64 --lengths 1024,4096,8192 --masks none,causal --passes forward,backward --paths fused \
       --reps 5 --json $OUT/h100-coop-b1h8d64.json ;;
+  coop44)
+    # Issue 44's step (under 6 minutes): the tensor-core family's forward against the GPU family's,
+    # f16 and f32, none and causal, fused against unfused at B1 H8 D64; burn 0.22's flash attention
+    # in the same call; then the backward (the tensor-core family runs the GPU family's, so it is
+    # timed once).
+    step 150 coop44-fwd-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
+      --head-dim 64 --lengths 1024,2048,4096,8192,16384 --masks none,causal --passes forward \
+      --paths fused,unfused --reps 3 --json $OUT/coop44-fwd-b1h8d64.json
+    step 120 coop44-fwd-b4h16d128 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 4 --heads 16 \
+      --head-dim 128 --lengths 1024,2048,4096,8192 --masks none,causal --passes forward --paths fused \
+      --reps 3 --json $OUT/coop44-fwd-b4h16d128.json
+    # Inside burn the op gets burn's device without its adapter, so the tensor-core build cannot
+    # qualify there (it would run the portable build): the GPU family is what burn users get.
+    step 90 coop44-burn $B/burn-bench --batch 1 --heads 8 --head-dim 64 --family gpu --lengths 1024,2048,4096 \
+      --reps 3
+    step 90 coop44-bwd-b1h8d64 $B/attention-bench --kernels gpu --dtypes f16,f32 --batch 1 --heads 8 \
+      --head-dim 64 --lengths 1024,2048,4096,8192 --masks none,causal --passes backward --paths fused \
+      --reps 3 --json $OUT/coop44-bwd-b1h8d64.json ;;
+  coopsweep)
+    # The tensor-core forward's shapes (WGPU_ATTENTION_COOP_FORWARD=GROUPSxBN), f16 at L 4096.
+    for cfg in 4x64 4x32 2x64 2x32 1x64; do
+      WGPU_ATTENTION_COOP_FORWARD=$cfg step 25 coopsweep-d64-$cfg $B/attention-bench --kernels coop --dtypes f16 --batch 1 --heads 8 \
+        --head-dim 64 --lengths 4096 --masks none --passes forward --paths fused --reps 5 --validate-limit 0 --json $OUT/coopsweep-d64-$cfg.json
+    done
+    for cfg in 4x32 2x32 1x64 4x16; do
+      WGPU_ATTENTION_COOP_FORWARD=$cfg step 25 coopsweep-d128-$cfg $B/attention-bench --kernels coop --dtypes f16 --batch 4 --heads 16 \
+        --head-dim 128 --lengths 4096 --masks none --passes forward --paths fused --reps 5 --validate-limit 0 --json $OUT/coopsweep-d128-$cfg.json
+    done ;;
   sweepfwd)
     for cfg in 128x64x32 64x64x32 256x64x32 128x32x32 64x32x32 128x64x16; do
       WGPU_ATTENTION_TILED_FORWARD=$cfg step 25 sweep-fwd-$cfg $B/attention-bench --kernels gpu --batch 1 --heads 8 --head-dim 64 \

@@ -148,6 +148,19 @@ pub enum Error {
         /// Blocks in the pool.
         total: usize,
     },
+    /// A request a serving loop could never hold: its prompt and new tokens need more blocks of a
+    /// paged cache than the whole pool has. Refused at submission; nothing was queued.
+    #[error("the request needs {needed} blocks of {page} tokens ({tokens} tokens: prompt and max_new_tokens) but the paged KV cache holds {total}; shorten it, or build the cache with more blocks")]
+    RequestTooLarge {
+        /// Tokens the request can hold in the cache at most.
+        tokens: usize,
+        /// Blocks they take.
+        needed: usize,
+        /// Tokens per block.
+        page: usize,
+        /// Blocks in the pool.
+        total: usize,
+    },
     /// A Hugging Face model directory could not be read, or describes a model this engine would not
     /// compute exactly as `transformers` does (see [`crate::model::pretrained`]).
     #[error("model {dir}: {problem}")]

@@ -198,6 +198,50 @@ fn large_logits_and_temperature() {
     });
 }
 
+/// Scores that rise along the keys by far more than the tensor-core family's rescale bound per key
+/// tile (every tile moves the rows' reference maxima and rescales O), and the same keys falling
+/// (only the first tile sets them). Inputs exact in f16, so every family meets its own tolerance
+/// at scores up to about 100.
+#[test]
+fn scores_rising_and_falling_across_key_tiles() {
+    for_each_forward_family(|backend, ctx| {
+        let (lq, lk, h, d) = (33, 200, 2, 32);
+        let case = Case::new(1, lq, lk, h, h, d, d);
+        // Row slopes 0.25 to 1 (multiples of 1/4); key j's level j / 16 (multiples of 1/16).
+        let q: Vec<f32> = (0..lq * h * d)
+            .map(|e| 0.25 * (1 + (e / (h * d)) % 4) as f32)
+            .collect();
+        let v = random(&mut rng(5), lk * h * d, 1.0);
+        for rising in [true, false] {
+            let k: Vec<f32> = (0..lk * h * d)
+                .map(|e| {
+                    let j = e / (h * d);
+                    let level = if rising { j } else { lk - j } as f32 / 16.0;
+                    level * (1.0 + 0.25 * (e % 4) as f32)
+                })
+                .collect();
+            let views = [(&q, lq), (&k, lk), (&v, lk)].map(|(x, l)| upload(ctx, x, [1, l, h, d]));
+            let opts = AttentionOptions::new();
+            let fwd = attention_forward(ctx, &views[0], &views[1], &views[2], &opts).unwrap();
+            let (ref_out, ref_lse) = reference::attention_forward(
+                &case.shape(),
+                &to_f64(&q),
+                &to_f64(&k),
+                &to_f64(&v),
+                &case.masks(),
+            );
+            let max_score = ref_lse.iter().fold(0.0f64, |m, x| m.max(*x));
+            assert!(max_score > 90.0, "scores must reach 90, got {max_score}");
+            let (atol, rtol) = forward_tolerances(ctx);
+            let tag = format!("[{backend}] rising {rising}");
+            let out = fwd.out.to_vec(ctx).unwrap();
+            assert_close(&format!("{tag} out"), &out, &ref_out, atol, rtol);
+            let lse = fwd.lse.to_vec(ctx).unwrap();
+            assert_close(&format!("{tag} lse"), &lse, &ref_lse, atol, rtol);
+        }
+    });
+}
+
 #[test]
 fn fully_masked_rows_are_zero_with_lse_minus_inf() {
     for_each_forward_family(|backend, ctx| {

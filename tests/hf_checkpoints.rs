@@ -525,3 +525,100 @@ fn fine_tuned_model_saves_back_and_reloads() {
         }
     });
 }
+
+/// The serving loop under memory pressure, on the GPT-2 fixture through a paged pool of 4-token
+/// blocks: a request that could never fit is refused at submission (naming the blocks it needs
+/// and the pool's), two that each fit alone but not together are served one after the other, and
+/// two admitted together that outgrow the pool are served by preempting the later one; every
+/// request streams the greedy tokens it streams alone in a roomy pool, each index once.
+#[test]
+fn server_under_memory_pressure_loses_and_repeats_nothing() {
+    use wgpu_attention::inference::{Finish, Request, Server, Token};
+    for_each_backend(|backend, ctx| {
+        let checkpoint = Pretrained::open(fixture("gpt2-tied")).unwrap();
+        let vocab = checkpoint.config().vocab as u32;
+        let prompt = |len: usize, seed: u32| -> Vec<u32> {
+            (0..len as u32)
+                .map(|i| (i * 7919 + seed * 104_729) % vocab)
+                .collect()
+        };
+        let capacity = 64;
+        let server = |slots: usize, pool_blocks: usize| {
+            let shape = GeneratorShape {
+                batch: slots,
+                capacity,
+                prefill_chunk: 16,
+                src_len: 0,
+            };
+            let layout = CacheLayout::Paged {
+                page: 4,
+                pool_blocks,
+            };
+            Server::new(Generator::from_pretrained(ctx, &checkpoint, shape, layout).unwrap())
+                .unwrap()
+        };
+        // Each request alone, in a pool that holds it twice over.
+        let alone = |prompt: &[u32], new: usize| -> Vec<u32> {
+            let mut s = server(1, 32);
+            s.submit(Request::new(prompt.to_vec(), new)).unwrap();
+            let mut ids = Vec::new();
+            s.run(ctx, |t| ids.push(t.id)).unwrap();
+            ids
+        };
+        // Serves `requests` to the end (a bounded number of rounds: no livelock), checking each
+        // stream against its run alone.
+        let serve = |s: &mut Server, requests: &[(Vec<u32>, usize)]| {
+            let mut streamed: Vec<Vec<Token>> = vec![Vec::new(); requests.len()];
+            for (prompt, new) in requests {
+                s.submit(Request::new(prompt.clone(), *new)).unwrap();
+            }
+            let mut rounds = 0;
+            while !s.is_idle() {
+                s.step(ctx, |t| streamed[t.request as usize].push(t))
+                    .unwrap();
+                rounds += 1;
+                assert!(rounds < 200, "[{backend}] the server does not finish");
+            }
+            for (i, (prompt, new)) in requests.iter().enumerate() {
+                let ids: Vec<u32> = streamed[i].iter().map(|t| t.id).collect();
+                assert_eq!(ids, alone(prompt, *new), "[{backend}] request {i}");
+                let indices: Vec<usize> = streamed[i].iter().map(|t| t.index).collect();
+                assert_eq!(
+                    indices,
+                    (0..*new).collect::<Vec<_>>(),
+                    "[{backend}] request {i}"
+                );
+                assert_eq!(streamed[i].last().unwrap().finished, Some(Finish::Length));
+            }
+            assert_eq!(s.generator().paged_cache().unwrap().free_blocks(), 16);
+            rounds
+        };
+
+        // One slot, 12 blocks: a 42-token prompt with 12 new tokens needs 14.
+        let mut s = server(1, 12);
+        let e = s.submit(Request::new(prompt(42, 1), 12)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::RequestTooLarge {
+                    needed: 14,
+                    total: 12,
+                    ..
+                }
+            ),
+            "[{backend}] {e}"
+        );
+        assert!(s.is_idle());
+
+        // Two slots, 16 blocks: prompts of 42 and 24 tokens fit alone (11 and 6 blocks with
+        // their first new token), not together: the second waits for the first to end.
+        let mut s = server(2, 16);
+        serve(&mut s, &[(prompt(42, 2), 8), (prompt(24, 3), 8)]);
+
+        // Two slots, 16 blocks: prompts of 20 and 19 tokens are admitted together (6 and 5
+        // blocks); with 20 new tokens each they need 10 blocks each, so the later is preempted
+        // and finishes after the first, continuing its stream.
+        let mut s = server(2, 16);
+        serve(&mut s, &[(prompt(20, 4), 20), (prompt(19, 5), 20)]);
+    });
+}

@@ -70,6 +70,8 @@ pub struct Context {
     unbounded_loops_measurement: bool,
     /// [`ContextOptions::tiled_shapes`] and [`ContextOptions::forward_splits`].
     tiled_shapes: [Option<TiledShape>; 3],
+    /// [`ContextOptions::coop_forward_shape`].
+    coop_forward_shape: Option<(u32, u32)>,
     forward_splits: Option<usize>,
     /// Whether this context created its device (and so installed its own error and device-lost
     /// handlers).
@@ -340,6 +342,7 @@ impl Context {
             untrusted_measurement: options.unchecked_measurement,
             unbounded_loops_measurement: options.unbounded_loops_measurement,
             tiled_shapes: options.tiled_shapes,
+            coop_forward_shape: options.coop_forward_shape,
             forward_splits: options.forward_splits,
             owns_device,
             scratch: Mutex::default(),

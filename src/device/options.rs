@@ -49,6 +49,10 @@ pub struct ContextOptions {
     /// GPU; a shape a kernel cannot take (divisibility, workgroup storage, width) is logged and
     /// ignored. `None`: the measured defaults.
     pub tiled_shapes: [Option<TiledShape>; 3],
+    /// Shape override of the tensor-core forward `(tile groups, keys per tile)` (`GROUPSxBN`: 1, 2
+    /// or 4 groups of 16 query rows; 16, 32 or 64 keys), for tuning on a new GPU; a shape that does
+    /// not fit the workgroup storage or limits is logged and ignored. `None`: the first that fits.
+    pub coop_forward_shape: Option<(u32, u32)>,
     /// Split-KV workgroups per forward query block of the GPU family. `None`: chosen per problem.
     pub forward_splits: Option<usize>,
     /// Write every pipeline the context compiles to this directory (created if missing), as
@@ -62,7 +66,7 @@ pub struct ContextOptions {
 }
 
 /// The environment variables [`ContextOptions::from_env`] reads, with what each sets.
-pub const ENVIRONMENT_VARIABLES: [(&str, &str); 13] = [
+pub const ENVIRONMENT_VARIABLES: [(&str, &str); 14] = [
     (
         "WGPU_BACKEND",
         "backends: vulkan, gl, metal, dx12 (comma-separated)",
@@ -86,6 +90,7 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 13] = [
     ("WGPU_ATTENTION_TILED_FORWARD", "tiled_shapes[0]: WGxBMxBN"),
     ("WGPU_ATTENTION_TILED_DKDV", "tiled_shapes[1]: WGxBNxBM"),
     ("WGPU_ATTENTION_TILED_DQ", "tiled_shapes[2]: WGxBMxBN"),
+    ("WGPU_ATTENTION_COOP_FORWARD", "coop_forward_shape: GROUPSxBN"),
     ("WGPU_ATTENTION_SPLITS", "forward_splits: a count >= 1"),
     (
         "WGPU_ATTENTION_DUMP_PIPELINES",
@@ -171,6 +176,13 @@ impl ContextOptions {
                     [wg, a, b] => *slot = Some((wg, a, b)),
                     _ => ignore(name, &value, &"expected WGxAxB"),
                 }
+            }
+        }
+        if let Some(value) = var("WGPU_ATTENTION_COOP_FORWARD") {
+            let parsed: Vec<u32> = value.split('x').filter_map(|n| n.parse().ok()).collect();
+            match parsed[..] {
+                [groups, block_n] => options.coop_forward_shape = Some((groups, block_n)),
+                _ => ignore("WGPU_ATTENTION_COOP_FORWARD", &value, &"expected GROUPSxBN"),
             }
         }
         if let Some(value) = var("WGPU_ATTENTION_SPLITS") {

@@ -221,6 +221,11 @@ impl Context {
         self.tiled_shapes[index]
     }
 
+    /// [`ContextOptions::coop_forward_shape`].
+    pub(crate) fn coop_forward_shape(&self) -> Option<(u32, u32)> {
+        self.coop_forward_shape
+    }
+
     /// [`ContextOptions::forward_splits`].
     pub(crate) fn forward_splits(&self) -> Option<usize> {
         self.forward_splits

@@ -3,6 +3,20 @@
 //! others keep decoding (continuous batching), and stream their tokens through a callback as they
 //! are sampled. With a paged cache ([`crate::inference::CacheLayout::Paged`]) memory follows the
 //! tokens in flight.
+//!
+//! Under memory pressure (a paged pool with too few free blocks) nothing is lost or repeated:
+//! - a request that could never fit the pool alone is refused by [`Server::submit`]
+//!   ([`Error::RequestTooLarge`]);
+//! - queued requests are admitted in order while their prompts (and the next token) fit the free
+//!   blocks left after the requests in flight take their next token; the rest wait;
+//! - when the requests in flight outgrow the pool, the most recently admitted is **preempted**
+//!   (vLLM's recompute policy): its cache is freed and it returns to the head of the queue with the
+//!   tokens it has streamed, which are prefilled again after its prompt when it is readmitted, so
+//!   its stream continues where it stopped (under greedy sampling with the same ids as without
+//!   pressure);
+//! - a token is streamed only once the decoding step that feeds it has succeeded: a step that
+//!   fails streams nothing, and every request's count and cache stay as before it (a request
+//!   preempted before the failure stays queued).
 
 use std::collections::VecDeque;
 
@@ -74,19 +88,30 @@ pub struct Token {
     pub finished: Option<Finish>,
 }
 
-/// A request in a slot: its settings, and what it has generated.
+/// A request in a slot, or waiting: its settings, and the tokens it has streamed.
 struct Active {
     id: u64,
     request: Request,
-    generated: usize,
+    /// Streamed so far: after the prompt in the cache, and prefilled again after a preemption.
+    generated: Vec<u32>,
+    /// When it was (last) admitted: the most recent is preempted first.
+    admitted: u64,
+}
+
+impl Active {
+    /// The tokens its cache holds once admitted: the prompt, then what it has streamed.
+    fn tokens(&self) -> Vec<u32> {
+        [self.request.prompt.as_slice(), &self.generated].concat()
+    }
 }
 
 /// Requests queued and in flight over one generator.
 pub struct Server {
     generator: Generator,
-    queue: VecDeque<(u64, Request)>,
+    queue: VecDeque<Active>,
     slots: Vec<Option<Active>>,
     next_id: u64,
+    admissions: u64,
 }
 
 impl Server {
@@ -102,6 +127,7 @@ impl Server {
             queue: VecDeque::new(),
             slots: (0..slots).map(|_| None).collect(),
             next_id: 0,
+            admissions: 0,
         })
     }
 
@@ -112,7 +138,8 @@ impl Server {
 
     /// Queues `request`; returns its id. Refused now rather than when admitted: an empty prompt,
     /// one that leaves no room in the capacity for a token, an id past the vocabulary, bad
-    /// sampling settings.
+    /// sampling settings, and with a paged cache a request whose prompt and new tokens need more
+    /// blocks than the pool has ([`Error::RequestTooLarge`]).
     pub fn submit(&mut self, request: Request) -> Result<u64> {
         let capacity = self.generator.shape().capacity;
         if request.prompt.is_empty() || request.prompt.len() >= capacity {
@@ -139,9 +166,29 @@ impl Server {
             ));
         }
         request.sampling.check()?;
+        if let Some(cache) = self.generator.paged_cache() {
+            // At most the capacity; the last token is streamed, never fed, but the admission
+            // keeps room for the next token too.
+            let tokens = (request.prompt.len() + request.max_new_tokens).min(capacity);
+            let (page, total) = (cache.config().page, cache.config().pool_blocks);
+            let needed = tokens.div_ceil(page);
+            if needed > total {
+                return Err(Error::RequestTooLarge {
+                    tokens,
+                    needed,
+                    page,
+                    total,
+                });
+            }
+        }
         let id = self.next_id;
         self.next_id += 1;
-        self.queue.push_back((id, request));
+        self.queue.push_back(Active {
+            id,
+            request,
+            generated: Vec::new(),
+            admitted: 0,
+        });
         Ok(id)
     }
 
@@ -160,10 +207,12 @@ impl Server {
         self.queue.is_empty() && self.in_flight() == 0
     }
 
-    /// One round: admits queued requests into free slots (their prompts prefilled together while
-    /// the others keep their caches), samples every request in flight its next token with its own settings
-    /// (one GPU sampling pass for all), streams them to `on_token`, ends finished
-    /// requests (freeing their slots and cache), and feeds the others one decoding step.
+    /// One round: admits queued requests into free slots while the pool has room (their prompts
+    /// prefilled together while the others keep their caches), samples every request in flight
+    /// its next token with its own settings (one GPU sampling pass for all), feeds the unfinished
+    /// ones one decoding step (preempting the most recently admitted while the pool is short),
+    /// then streams the tokens to `on_token` and ends finished requests (freeing their slots and
+    /// cache). On error nothing is streamed (see the module's notes).
     pub fn step(&mut self, ctx: &Context, on_token: impl FnMut(Token)) -> Result<()> {
         crate::device::block_on("Server::step", self.step_async(ctx, on_token))
     }
@@ -174,33 +223,7 @@ impl Server {
         ctx: &Context,
         mut on_token: impl FnMut(Token),
     ) -> Result<()> {
-        // Every request admitted this round shares the same prefill passes.
-        let free = (0..self.slots.len()).filter(|&slot| self.slots[slot].is_none());
-        let admitted: Vec<(usize, (u64, Request))> = free
-            .zip(std::iter::from_fn(|| self.queue.pop_front()))
-            .collect();
-        let prompts: Vec<(usize, &[u32])> = admitted
-            .iter()
-            .map(|(slot, (_, request))| (*slot, request.prompt.as_slice()))
-            .collect();
-        if !prompts.is_empty() {
-            if let Err(e) = self.generator.admit_all(ctx, &prompts) {
-                // None is admitted (a prefill stopped part way, by a full pool, is undone): the
-                // requests wait at the queue's head, in order.
-                for (slot, queued) in admitted.into_iter().rev() {
-                    self.generator.release(slot)?;
-                    self.queue.push_front(queued);
-                }
-                return Err(e);
-            }
-        }
-        for (slot, (id, request)) in admitted {
-            self.slots[slot] = Some(Active {
-                id,
-                request,
-                generated: 0,
-            });
-        }
+        self.admit(ctx)?;
         if self.in_flight() == 0 {
             return Ok(());
         }
@@ -215,48 +238,149 @@ impl Server {
             })
             .collect();
         let ids = self.generator.sample_each_async(ctx, &settings).await?;
-        let chosen: Vec<Option<u32>> = self
-            .slots
-            .iter()
-            .zip(&ids)
-            .map(|(a, &id)| a.as_ref().map(|_| id))
-            .collect();
         let capacity = self.generator.shape().capacity;
-        let mut feed = vec![None; self.slots.len()];
-        for slot in 0..self.slots.len() {
-            let (Some(active), Some(token)) = (self.slots[slot].as_mut(), chosen[slot]) else {
-                continue;
-            };
-            let index = active.generated;
-            active.generated += 1;
+        // Each request's token and whether it ends there; the others are fed.
+        let mut chosen: Vec<Option<(u32, Option<Finish>)>> = vec![None; self.slots.len()];
+        for (slot, active) in self.slots.iter().enumerate() {
+            let Some(active) = active else { continue };
+            let token = ids[slot];
             let len = self.generator.lens()[slot] as usize;
             let finished = if Some(token) == active.request.stop {
                 Some(Finish::Stop)
-            } else if active.generated >= active.request.max_new_tokens {
+            } else if active.generated.len() + 1 >= active.request.max_new_tokens {
                 Some(Finish::Length)
             } else if len >= capacity {
                 Some(Finish::Capacity)
             } else {
                 None
             };
-            on_token(Token {
-                request: active.id,
-                id: token,
-                index,
-                finished,
-            });
-            match finished {
-                Some(_) => {
-                    self.slots[slot] = None;
-                    self.generator.release(slot)?;
-                }
-                None => feed[slot] = Some(token),
-            }
+            chosen[slot] = Some((token, finished));
+        }
+        let mut feed: Vec<Option<u32>> = chosen
+            .iter()
+            .map(|c| c.and_then(|(token, finished)| finished.is_none().then_some(token)))
+            .collect();
+        while !self.step_fits(&feed)? {
+            // The most recently admitted request being fed goes back to the queue's head; its
+            // token is drawn again once it is readmitted.
+            let victim = (0..self.slots.len())
+                .filter(|&slot| feed[slot].is_some())
+                .max_by_key(|&slot| self.slots[slot].as_ref().map_or(0, |a| a.admitted))
+                .expect("a step that does not fit feeds some slot");
+            let active = self.slots[victim].take().expect("fed slots are in flight");
+            self.generator.release(victim)?;
+            log::debug!(
+                "wgpu-attention: server preempts request {} ({} tokens) for lack of cache blocks",
+                active.id,
+                active.request.prompt.len() + active.generated.len()
+            );
+            self.queue.push_front(active);
+            feed[victim] = None;
+            chosen[victim] = None;
         }
         if feed.iter().any(Option::is_some) {
             self.generator.step(ctx, &feed)?;
         }
+        // The step has succeeded (or none was needed): stream, count, end the finished.
+        for (slot, choice) in chosen.into_iter().enumerate() {
+            let (Some((token, finished)), Some(active)) = (choice, self.slots[slot].as_mut())
+            else {
+                continue;
+            };
+            on_token(Token {
+                request: active.id,
+                id: token,
+                index: active.generated.len(),
+                finished,
+            });
+            active.generated.push(token);
+            if finished.is_some() {
+                self.slots[slot] = None;
+                self.generator.release(slot)?;
+            }
+        }
         Ok(())
+    }
+
+    /// Admits queued requests, in order, into free slots while the paged pool (if any) has room
+    /// for their prompts and next token once the requests in flight have taken their next one;
+    /// those admitted share the prefill passes. On error none is admitted and the queue is as
+    /// before.
+    fn admit(&mut self, ctx: &Context) -> Result<()> {
+        let mut room = self.free_blocks_after_next_step();
+        let mut admitted: Vec<(usize, Active)> = Vec::new();
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].is_some() {
+                continue;
+            }
+            let Some(next) = self.queue.front() else {
+                break;
+            };
+            if let (Some(free), Some(page)) = (room, self.page()) {
+                let needed = (next.tokens().len() + 1).div_ceil(page);
+                if needed > free {
+                    break;
+                }
+                room = Some(free - needed);
+            }
+            let mut active = self.queue.pop_front().expect("peeked");
+            self.admissions += 1;
+            active.admitted = self.admissions;
+            admitted.push((slot, active));
+        }
+        if admitted.is_empty() {
+            return Ok(());
+        }
+        let tokens: Vec<Vec<u32>> = admitted.iter().map(|(_, a)| a.tokens()).collect();
+        let prompts: Vec<(usize, &[u32])> = admitted
+            .iter()
+            .zip(&tokens)
+            .map(|((slot, _), t)| (*slot, t.as_slice()))
+            .collect();
+        if let Err(e) = self.generator.admit_all(ctx, &prompts) {
+            // None is admitted (a prefill stopped part way is undone): the requests wait at the
+            // queue's head, in order.
+            for (slot, active) in admitted.into_iter().rev() {
+                self.generator.release(slot)?;
+                self.queue.push_front(active);
+            }
+            return Err(e);
+        }
+        for (slot, active) in admitted {
+            self.slots[slot] = Some(active);
+        }
+        Ok(())
+    }
+
+    /// Tokens per block of a paged cache (`None`: contiguous, every slot's capacity reserved).
+    fn page(&self) -> Option<usize> {
+        self.generator.paged_cache().map(|c| c.config().page)
+    }
+
+    /// The paged pool's free blocks less those the requests in flight take for their next token
+    /// (`None` for a contiguous cache).
+    fn free_blocks_after_next_step(&self) -> Option<usize> {
+        let cache = self.generator.paged_cache()?;
+        let page = cache.config().page;
+        let growing = (0..self.slots.len())
+            .filter(|&slot| self.slots[slot].is_some())
+            .filter(|&slot| (self.generator.lens()[slot] as usize).is_multiple_of(page))
+            .count();
+        Some(cache.free_blocks().saturating_sub(growing))
+    }
+
+    /// Whether a step feeding `feed` has the blocks it needs (always, for a contiguous cache);
+    /// any other reason the cache would refuse it is an error.
+    fn step_fits(&self, feed: &[Option<u32>]) -> Result<bool> {
+        let Some(cache) = self.generator.paged_cache() else {
+            return Ok(true);
+        };
+        let new: Vec<u32> = feed.iter().map(|t| t.is_some() as u32).collect();
+        match cache.check_room(&new) {
+            Ok(_) => Ok(true),
+            Err(Error::KvCacheFull { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Runs [`Server::step`] until every queued and in-flight request has finished.

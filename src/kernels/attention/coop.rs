@@ -18,14 +18,24 @@ const MATRIX_PORTABLE: &str = include_str!("../../../shaders/matrix_portable.wgs
 
 /// The side of one matrix tile, and the rows each tile group owns.
 const TILE: usize = 16;
-/// Keys per staged tile (`BN` in the shader): two matrix tiles.
-pub(super) const BLOCK_N: usize = 32;
 /// Tile group of the portable build (the tensor-core build's is the subgroup, 16 to 128 wide: the
 /// softmax gives each of a group's 16 rows group / 16 invocations): 32, NVIDIA's subgroup, so the
 /// tests run the shape the tensor cores do.
 const PORTABLE_GROUP: u32 = 32;
-/// Tile groups per workgroup tried, most first: more groups share each staged K/V tile.
-const GROUPS: [u32; 3] = [4, 2, 1];
+/// (tile groups per workgroup, keys per staged tile) tried in order, the first that fits the
+/// workgroup storage taken: more groups share each staged K/V tile, and longer key tiles cut the
+/// barriers per key; four groups with 64 keys fit 48 KiB at head dim 64 in f16, 32 keys at 128.
+const SHAPES: [(u32, u32); 9] = [
+    (4, 64),
+    (4, 32),
+    (2, 64),
+    (2, 32),
+    (1, 64),
+    (1, 32),
+    (4, 16),
+    (2, 16),
+    (1, 16),
+];
 
 /// How the tensor-core family's matrix interface is built on a context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,12 +66,13 @@ fn mat_elem(ctx: &Context) -> DType {
 }
 
 /// Shape of one coop forward pipeline on a context: `groups` tile groups of `group` invocations
-/// (a subgroup each in the tensor-core build), 16 query rows per group.
+/// (a subgroup each in the tensor-core build), 16 query rows per group, `block_n` keys per tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct CoopForward {
     pub build: MatrixBuild,
     pub group: u32,
     pub groups: u32,
+    pub block_n: u32,
 }
 
 impl CoopForward {
@@ -77,9 +88,10 @@ impl CoopForward {
         Ok(Self::fitting(ctx, s, build))
     }
 
-    /// The most tile groups of `build` whose workgroup fits `ctx`'s limits for `s`; one where a
+    /// The first of [`SHAPES`] whose workgroup fits `ctx`'s limits for `s`; one tile group where a
     /// tile's rows hold the whole query (decoding), and at most two on a CPU driver (where the
-    /// portable build's speed does not depend on it: fewer variants to compile).
+    /// portable build's speed does not depend on it: fewer variants to compile). A shape set by
+    /// [`crate::ContextOptions::coop_forward_shape`] comes first where it fits.
     fn fitting(ctx: &Context, s: &AttentionShape, build: MatrixBuild) -> Option<Self> {
         let most = match (s.q_seq <= TILE, ctx.is_cpu()) {
             (true, _) => 1,
@@ -91,20 +103,34 @@ impl CoopForward {
             MatrixBuild::Portable => PORTABLE_GROUP,
         };
         let limits = ctx.limits();
-        GROUPS
+        let takes = |c: &Self| {
+            // The softmax gives each row group / 16 invocations and each of them a multiple of
+            // four keys.
+            c.block_n % (4 * (c.group / TILE as u32).max(1)) == 0
+                && c.wg() <= limits.max_compute_invocations_per_workgroup
+                && c.wg() <= limits.max_compute_workgroup_size_x
+                && c.workgroup_bytes(ctx, s) <= u64::from(limits.max_compute_workgroup_storage_size)
+        };
+        let shape = |(groups, block_n)| Self {
+            build,
+            group,
+            groups,
+            block_n,
+        };
+        if let Some((groups, block_n)) = ctx.coop_forward_shape() {
+            let forced = shape((groups, block_n));
+            if [1, 2, 4].contains(&groups) && [16, 32, 64].contains(&block_n) && takes(&forced) {
+                return Some(forced);
+            }
+            log::warn!(
+                "wgpu-attention: ignoring the tensor-core forward shape {groups}x{block_n}: it \
+                 needs 1, 2 or 4 groups and 16, 32 or 64 keys within the device's limits"
+            );
+        }
+        SHAPES
             .into_iter()
-            .map(|groups| Self {
-                build,
-                group,
-                groups,
-            })
-            .find(|c| {
-                c.groups <= most
-                    && c.wg() <= limits.max_compute_invocations_per_workgroup
-                    && c.wg() <= limits.max_compute_workgroup_size_x
-                    && c.workgroup_bytes(ctx, s)
-                        <= u64::from(limits.max_compute_workgroup_storage_size)
-            })
+            .map(shape)
+            .find(|c| c.groups <= most && takes(c))
     }
 
     /// Invocations per workgroup.
@@ -117,15 +143,22 @@ impl CoopForward {
         TILE * self.groups as usize
     }
 
-    /// Workgroup memory: Q, K, V and P tiles in MatElem, S and O in f32, three row values, the
-    /// softmax's partials (one per invocation) and the two flags.
+    /// Keys per staged tile (`BN` in the shader).
+    pub fn block_n(&self) -> usize {
+        self.block_n as usize
+    }
+
+    /// Workgroup memory: Q, K (then P) and V tiles in MatElem, S in f32 (each row padded as the
+    /// shader's QS, VS, PS and SS say), three row values, the softmax's partials (two per
+    /// invocation) and the three flags.
     fn workgroup_bytes(&self, ctx: &Context, s: &AttentionShape) -> u64 {
         let (dkp, dvp) = padded(s);
-        let (bm, bn) = (self.block_m(), BLOCK_N);
+        let (bm, bn) = (self.block_m(), self.block_n());
+        let (qs, vs, ps, ss) = (dkp + 8, dvp + 8, bn + 8, bn + 4);
         let elem = mat_elem(ctx).size();
-        let mat = (bm * dkp + bn * dkp + bn * dvp + bm * bn) as u64 * elem;
-        let acc = (bm * bn + bm * dvp + 3 * bm + self.wg() as usize + 8) as u64 * 4;
-        mat.next_multiple_of(4) + acc
+        let mat = (bm * qs + (bn * qs).max(bm * ps) + bn * vs) as u64 * elem;
+        let acc = (bm * ss + 3 * bm + 2 * self.wg() as usize + 12) as u64 * 4;
+        mat.next_multiple_of(16) + acc
     }
 
     /// Accumulator elements each invocation owns (`MAT_SLOTS` of the portable build).
@@ -133,25 +166,37 @@ impl CoopForward {
         (TILE * TILE) as u32 / self.group.min(256)
     }
 
+    /// The lengths of the shader's register arrays: keys per tile, Q's and O's tiles, and the
+    /// four-element reads of a K and a V tile per invocation.
+    fn sizes(&self, s: &AttentionShape) -> Sizes {
+        let (dkp, dvp) = padded(s);
+        let reads = |dim: usize| (self.block_n() * dim).div_ceil(4 * self.wg() as usize) as u32;
+        Sizes {
+            block_n: self.block_n,
+            q_tiles: (dkp / TILE) as u32,
+            o_tiles: (dvp / TILE) as u32,
+            k_loads: reads(dkp),
+            v_loads: reads(dvp),
+        }
+    }
+
     /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
     /// nothing were unrolled (for llvmpipe's loop budget; the portable build's tile products are
     /// the bulk).
     fn loop_cost(&self, s: &AttentionShape) -> (usize, usize) {
         let (dkp, dvp) = padded(s);
-        let (bm, bn) = (self.block_m(), BLOCK_N);
+        let (bm, bn) = (self.block_m(), self.block_n());
         let (wg, slots) = (self.wg() as usize, self.slots().max(1) as usize);
         // Per group: S's bn/16 x dkp/16 products and P V's dvp/16 x bn/16, each slots x (16 + 2)
-        // iterations, plus the tiles' loads and stores.
-        let products = (bn / TILE) * (dkp + dvp) / TILE * slots * (TILE + 2)
-            + (bn / TILE + 2 * dvp / TILE) * slots;
+        // iterations, plus the tiles' stores.
+        let products = (bn / TILE) * (dkp + dvp) / TILE * slots * (TILE + 2) + (bn / TILE) * slots;
         let rows = bm.div_ceil(wg);
-        let per_tile = bn * (dkp + dvp) / wg
-            + products
-            + rows * (bn / 4) * 12
-            + rows * 16
-            + (bm * dvp).div_ceil(wg) * (bn + 2)
-            + 16;
-        let fixed = bm * (dkp + 2 * dvp) / wg + rows * 4 + 64;
+        // A rescale or a scalar P V: O's tiles through workgroup memory, each element over the
+        // tile's keys (counted in every tile: the loop budget bounds the worst case).
+        let fix = dvp / TILE * (2 * slots + (bm * TILE).div_ceil(wg) * (bn + 2));
+        let per_tile =
+            bn * (dkp + dvp) / wg + products + rows * (bn / 4) * 12 + rows * 16 + fix + 16;
+        let fixed = bm * dkp / wg + dvp / TILE * (slots + (bm * TILE).div_ceil(wg)) + rows * 4 + 64;
         (per_tile, fixed)
     }
 
@@ -159,7 +204,7 @@ impl CoopForward {
     /// needs on llvmpipe.
     pub fn splits(&self, ctx: &Context, s: &AttentionShape) -> usize {
         let groups = s.q_seq.div_ceil(self.block_m()) * s.batch * s.heads;
-        let kv_tiles = s.kv_seq.div_ceil(BLOCK_N);
+        let kv_tiles = s.kv_seq.div_ceil(self.block_n());
         let mut splits = 1;
         if let Some(tuned) = ctx.forward_splits() {
             splits = tuned.min(kv_tiles).max(1);
@@ -178,6 +223,16 @@ impl CoopForward {
     }
 }
 
+/// The lengths of the shader's arrays in functions (constants there, not overrides).
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    block_n: u32,
+    q_tiles: u32,
+    o_tiles: u32,
+    k_loads: u32,
+    v_loads: u32,
+}
+
 /// Head dims rounded up to whole tiles.
 fn padded(s: &AttentionShape) -> (usize, usize) {
     (
@@ -186,13 +241,15 @@ fn padded(s: &AttentionShape) -> (usize, usize) {
     )
 }
 
-/// The kernel's source: enables first, the element types, the common header, the kernel, the
-/// matrix interface of `build` (the portable build's accumulator sized for `slots`), then the Q, K
-/// and V reads, four elements per access with `vec4_inputs` (`tiled::inputs_on_vec4`).
+/// The kernel's source: enables first, the element types, the common header, the kernel with its
+/// register arrays sized by `sizes`, the matrix interface of `build` (the portable build's
+/// accumulator sized for `slots`), then the Q, K and V reads, four elements per access with
+/// `vec4_inputs` (`tiled::inputs_on_vec4`).
 fn source(
     build: MatrixBuild,
     [input, output, mat]: [DType; 3],
     slots: u32,
+    sizes: Sizes,
     vec4_inputs: bool,
 ) -> String {
     let f16 = [input, output, mat].contains(&DType::F16);
@@ -211,9 +268,21 @@ fn source(
             &format!("const MAT_SLOTS: u32 = {slots}u;"),
         ),
     };
+    let mut kernel = FORWARD.to_string();
+    for (name, declared, value) in [
+        ("MAX_BN", 64, sizes.block_n),
+        ("Q_TILES", 4, sizes.q_tiles),
+        ("O_TILES", 4, sizes.o_tiles),
+        ("K_LOADS", 8, sizes.k_loads),
+        ("V_LOADS", 8, sizes.v_loads),
+    ] {
+        let from = format!("const {name}: u32 = {declared}u;");
+        debug_assert!(kernel.contains(&from), "{from}");
+        kernel = kernel.replace(&from, &format!("const {name}: u32 = {value}u;"));
+    }
     let (i, o, m) = (input.name(), output.name(), mat.name());
     text.push_str(&format!(
-        "alias InElem = {i};\nalias OutElem = {o};\nalias MatElem = {m};\n{COMMON}\n{FORWARD}\n{matrix}\n{}",
+        "alias InElem = {i};\nalias OutElem = {o};\nalias MatElem = {m};\n{COMMON}\n{kernel}\n{matrix}\n{}",
         super::tiled::forward_input_rows(vec4_inputs)
     ));
     text
@@ -239,27 +308,43 @@ fn kernel_name(build: MatrixBuild, input: DType, written: DType, mat: DType) -> 
 /// Every source the family compiles, for the naga translation tests (`kernels::shaders::all`).
 pub(super) fn shader_sources() -> Vec<(&'static str, String)> {
     use DType::{F16, F32};
+    // Head dim 64's tiles with 64 keys and four groups of 32, the shape a GPU runs; head dim
+    // 128's with 32 keys below.
+    let sizes = Sizes {
+        block_n: 64,
+        q_tiles: 4,
+        o_tiles: 4,
+        k_loads: 8,
+        v_loads: 8,
+    };
+    let wide = Sizes {
+        block_n: 32,
+        q_tiles: 8,
+        o_tiles: 8,
+        k_loads: 8,
+        v_loads: 8,
+    };
     let mut sources = Vec::new();
     for build in [MatrixBuild::Cooperative, MatrixBuild::Portable] {
         for (input, written, mat) in [(F32, F32, F16), (F16, F16, F16), (F16, F32, F16)] {
             let name = kernel_name(build, input, written, mat);
-            sources.push((name, source(build, [input, written, mat], 16, false)));
+            sources.push((name, source(build, [input, written, mat], 8, sizes, false)));
         }
     }
     let name = kernel_name(MatrixBuild::Portable, F32, F32, F32);
     sources.push((
         name,
-        source(MatrixBuild::Portable, [F32, F32, F32], 16, false),
+        source(MatrixBuild::Portable, [F32, F32, F32], 8, sizes, false),
     ));
-    // The builds reading Q, K and V four elements per access.
+    // The builds reading Q, K and V four elements per access; head dim 128's tiles (32 keys).
     let build = MatrixBuild::Cooperative;
     sources.push((
         "attention_forward_coop_f16_vec4",
-        source(build, [F16, F16, F16], 16, true),
+        source(build, [F16, F16, F16], 8, wide, true),
     ));
     sources.push((
         "attention_forward_coop_portable_f16tiles_vec4",
-        source(MatrixBuild::Portable, [F32, F32, F16], 16, true),
+        source(MatrixBuild::Portable, [F32, F32, F16], 8, wide, true),
     ));
     sources
 }
@@ -279,17 +364,24 @@ pub(super) fn encode_forward_coop(
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let (mat, slots) = (mat_elem(ctx), config.slots());
+    let (mat, slots, sizes) = (mat_elem(ctx), config.slots(), config.sizes(s));
     let kernel = SplitForwardKernel {
         block_m: config.block_m(),
         splits: config.splits(ctx, s),
         name: &|dtype, written| kernel_name(config.build, dtype, written, mat),
         source: &|dtype, written, vec4_inputs| {
-            source(config.build, [dtype, written, mat], slots, vec4_inputs)
+            source(
+                config.build,
+                [dtype, written, mat],
+                slots,
+                sizes,
+                vec4_inputs,
+            )
         },
         constants: &[
             ("SG", config.group),
             ("NSG", config.groups),
+            ("BN", config.block_n),
             ("DK", s.head_dim_qk as u32),
             ("DV", s.head_dim_v as u32),
         ],

@@ -294,7 +294,7 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
             family: KernelFamily::Coop,
             workgroup: config.wg(),
             block_m: config.block_m() as u32,
-            block_n: coop::BLOCK_N as u32,
+            block_n: config.block_n,
             splits: config.splits(ctx, s) as u32,
             subgroups: false,
             matrix: Some(config.build),
