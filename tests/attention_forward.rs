@@ -242,6 +242,37 @@ fn scores_rising_and_falling_across_key_tiles() {
     });
 }
 
+/// The tensor-core forward's shape override (`ContextOptions::coop_forward_shape`): a shape that
+/// fits is what the plan names and runs (one group on 16-key tiles: a shape the defaults never pick
+/// on a CPU driver), one that cannot run is ignored for the default.
+#[test]
+fn coop_forward_shape_override() {
+    for_each_backend_with_options(
+        |_, mut opts| {
+            opts.kernel_family = Some(KernelFamily::Coop);
+            opts.coop_forward_shape = Some((1, 16));
+            opts
+        },
+        |backend, ctx| {
+            let case = Case::new(1, 37, 53, 2, 2, 24, 24).causal().magnitude(2.0);
+            let plan = attention_forward_plan(ctx, &case.shape()).unwrap();
+            assert_eq!((plan.block_m, plan.block_n), (16, 16), "[{backend}] {plan}");
+            check(backend, ctx, &case, Path::Fused);
+        },
+    );
+    for_each_backend_with_options(
+        |_, mut opts| {
+            opts.kernel_family = Some(KernelFamily::Coop);
+            opts.coop_forward_shape = Some((3, 64));
+            opts
+        },
+        |backend, ctx| {
+            let plan = attention_forward_plan(ctx, &Case::new(1, 37, 53, 2, 2, 24, 24).shape());
+            assert_ne!(plan.unwrap().block_m, 48, "[{backend}]");
+        },
+    );
+}
+
 #[test]
 fn fully_masked_rows_are_zero_with_lse_minus_inf() {
     for_each_forward_family(|backend, ctx| {

@@ -38,6 +38,7 @@ fn the_environment_is_read_only_when_asked() {
         ("WGPU_ATTENTION_TRUSTED_SHADERS", "all"),
         ("WGPU_ATTENTION_PASS_PER_KERNEL", "on"),
         ("WGPU_ATTENTION_SUBGROUPS", "perhaps"),
+        ("WGPU_ATTENTION_COOP_FORWARD", "2x32"),
         ("WGPU_BACKEND", "not-a-backend"),
     ] {
         std::env::set_var(name, value);
@@ -52,6 +53,7 @@ fn the_environment_is_read_only_when_asked() {
     assert_eq!(asked.kernel_family, Some(KernelFamily::Gpu));
     assert!(asked.unchecked_measurement && asked.pass_per_kernel);
     assert_eq!(asked.subgroups, None);
+    assert_eq!(asked.coop_forward_shape, Some((2, 32)));
     assert_eq!(asked.dump_pipelines.as_deref(), Some(dump.as_path()));
     let warnings = LOGGER.0.lock().unwrap().clone();
     assert!(

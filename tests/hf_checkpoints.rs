@@ -572,10 +572,13 @@ fn server_under_memory_pressure_loses_and_repeats_nothing() {
             for (prompt, new) in requests {
                 s.submit(Request::new(prompt.clone(), *new)).unwrap();
             }
-            let mut rounds = 0;
+            // Nothing is submitted while serving: a queue that grows is a preemption.
+            let (mut rounds, mut preemptions, mut queued) = (0, 0, s.queued());
             while !s.is_idle() {
                 s.step(ctx, |t| streamed[t.request as usize].push(t))
                     .unwrap();
+                preemptions += usize::from(s.queued() > queued);
+                queued = s.queued();
                 rounds += 1;
                 assert!(rounds < 200, "[{backend}] the server does not finish");
             }
@@ -591,7 +594,7 @@ fn server_under_memory_pressure_loses_and_repeats_nothing() {
                 assert_eq!(streamed[i].last().unwrap().finished, Some(Finish::Length));
             }
             assert_eq!(s.generator().paged_cache().unwrap().free_blocks(), 16);
-            rounds
+            preemptions
         };
 
         // One slot, 12 blocks: a 42-token prompt with 12 new tokens needs 14.
@@ -613,12 +616,14 @@ fn server_under_memory_pressure_loses_and_repeats_nothing() {
         // Two slots, 16 blocks: prompts of 42 and 24 tokens fit alone (11 and 6 blocks with
         // their first new token), not together: the second waits for the first to end.
         let mut s = server(2, 16);
-        serve(&mut s, &[(prompt(42, 2), 8), (prompt(24, 3), 8)]);
+        let preemptions = serve(&mut s, &[(prompt(42, 2), 8), (prompt(24, 3), 8)]);
+        assert_eq!(preemptions, 0, "[{backend}]");
 
         // Two slots, 16 blocks: prompts of 20 and 19 tokens are admitted together (6 and 5
         // blocks); with 20 new tokens each they need 10 blocks each, so the later is preempted
         // and finishes after the first, continuing its stream.
         let mut s = server(2, 16);
-        serve(&mut s, &[(prompt(20, 4), 20), (prompt(19, 5), 20)]);
+        let preemptions = serve(&mut s, &[(prompt(20, 4), 20), (prompt(19, 5), 20)]);
+        assert!(preemptions >= 1, "[{backend}] nothing was preempted");
     });
 }

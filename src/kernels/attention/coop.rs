@@ -89,8 +89,9 @@ impl CoopForward {
     }
 
     /// The first of [`SHAPES`] whose workgroup fits `ctx`'s limits for `s`; one tile group where a
-    /// tile's rows hold the whole query (decoding), and at most two on a CPU driver (where the
-    /// portable build's speed does not depend on it: fewer variants to compile). A shape set by
+    /// tile's rows hold the whole query (decoding), and at most two groups of 32-key tiles on a CPU
+    /// driver (where the portable build's speed does not depend on it: fewer and shorter variants
+    /// to compile). A shape set by
     /// [`crate::ContextOptions::coop_forward_shape`] comes first where it fits.
     fn fitting(ctx: &Context, s: &AttentionShape, build: MatrixBuild) -> Option<Self> {
         let most = match (s.q_seq <= TILE, ctx.is_cpu()) {
@@ -98,6 +99,10 @@ impl CoopForward {
             (false, true) => 2,
             (false, false) => u32::MAX,
         };
+        // The portable build's tile products unroll into code llvmpipe compiles once per variant:
+        // 32-key tiles there, half the code of 64-key ones (a CPU driver is not what the tensor-core
+        // family is for).
+        let longest = if ctx.is_cpu() { 32 } else { 64 };
         let group = match build {
             MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(PORTABLE_GROUP),
             MatrixBuild::Portable => PORTABLE_GROUP,
@@ -106,7 +111,7 @@ impl CoopForward {
         let takes = |c: &Self| {
             // The softmax gives each row group / 16 invocations and each of them a multiple of
             // four keys.
-            c.block_n % (4 * (c.group / TILE as u32).max(1)) == 0
+            c.block_n.is_multiple_of(4 * (c.group / TILE as u32).max(1))
                 && c.wg() <= limits.max_compute_invocations_per_workgroup
                 && c.wg() <= limits.max_compute_workgroup_size_x
                 && c.workgroup_bytes(ctx, s) <= u64::from(limits.max_compute_workgroup_storage_size)
@@ -130,7 +135,7 @@ impl CoopForward {
         SHAPES
             .into_iter()
             .map(shape)
-            .find(|c| c.groups <= most && takes(c))
+            .find(|c| c.groups <= most && c.block_n <= longest && takes(c))
     }
 
     /// Invocations per workgroup.
