@@ -8,7 +8,7 @@ use common::*;
 use wgpu_attention::reference::attention as reference;
 use wgpu_attention::{
     attention_forward, attention_forward_into, attention_forward_plan, attention_forward_unfused,
-    attention_probabilities, AttentionOptions, Context, GpuTensor, KernelFamily,
+    attention_probabilities, AttentionOptions, Context, ContextOptions, GpuTensor, KernelFamily,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -247,30 +247,23 @@ fn scores_rising_and_falling_across_key_tiles() {
 /// on a CPU driver), one that cannot run is ignored for the default.
 #[test]
 fn coop_forward_shape_override() {
-    for_each_backend_with_options(
-        |_, mut opts| {
+    let forcing = |shape| {
+        move |_: &str, mut opts: ContextOptions| {
             opts.kernel_family = Some(KernelFamily::Coop);
-            opts.coop_forward_shape = Some((1, 16));
+            opts.coop_forward_shape = Some(shape);
             opts
-        },
-        |backend, ctx| {
-            let case = Case::new(1, 37, 53, 2, 2, 24, 24).causal().magnitude(2.0);
-            let plan = attention_forward_plan(ctx, &case.shape()).unwrap();
-            assert_eq!((plan.block_m, plan.block_n), (16, 16), "[{backend}] {plan}");
-            check(backend, ctx, &case, Path::Fused);
-        },
-    );
-    for_each_backend_with_options(
-        |_, mut opts| {
-            opts.kernel_family = Some(KernelFamily::Coop);
-            opts.coop_forward_shape = Some((3, 64));
-            opts
-        },
-        |backend, ctx| {
-            let plan = attention_forward_plan(ctx, &Case::new(1, 37, 53, 2, 2, 24, 24).shape());
-            assert_ne!(plan.unwrap().block_m, 48, "[{backend}]");
-        },
-    );
+        }
+    };
+    for_each_backend_with_options(forcing((1, 16)), |backend, ctx| {
+        let case = Case::new(1, 37, 53, 2, 2, 24, 24).causal().magnitude(2.0);
+        let plan = attention_forward_plan(ctx, &case.shape()).unwrap();
+        assert_eq!((plan.block_m, plan.block_n), (16, 16), "[{backend}] {plan}");
+        check(backend, ctx, &case, Path::Fused);
+    });
+    for_each_backend_with_options(forcing((3, 64)), |backend, ctx| {
+        let plan = attention_forward_plan(ctx, &Case::new(1, 37, 53, 2, 2, 24, 24).shape());
+        assert_ne!(plan.unwrap().block_m, 48, "[{backend}]");
+    });
 }
 
 #[test]

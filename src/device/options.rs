@@ -98,6 +98,11 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 14] = [
     ),
 ];
 
+/// The numbers of a shape override such as `128x64x32`.
+fn shape_dims(value: &str) -> Vec<u32> {
+    value.split('x').filter_map(|n| n.parse().ok()).collect()
+}
+
 impl ContextOptions {
     /// The defaults: any adapter, kernels chosen by adapter class, no environment read.
     pub fn new() -> Self {
@@ -171,16 +176,14 @@ impl ContextOptions {
         ];
         for (slot, name) in options.tiled_shapes.iter_mut().zip(tiled) {
             if let Some(value) = var(name) {
-                let parsed: Vec<u32> = value.split('x').filter_map(|n| n.parse().ok()).collect();
-                match parsed[..] {
+                match shape_dims(&value)[..] {
                     [wg, a, b] => *slot = Some((wg, a, b)),
                     _ => ignore(name, &value, &"expected WGxAxB"),
                 }
             }
         }
         if let Some(value) = var("WGPU_ATTENTION_COOP_FORWARD") {
-            let parsed: Vec<u32> = value.split('x').filter_map(|n| n.parse().ok()).collect();
-            match parsed[..] {
+            match shape_dims(&value)[..] {
                 [groups, block_n] => options.coop_forward_shape = Some((groups, block_n)),
                 _ => ignore("WGPU_ATTENTION_COOP_FORWARD", &value, &"expected GROUPSxBN"),
             }

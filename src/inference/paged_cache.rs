@@ -330,7 +330,7 @@ impl PagedKvCache {
     /// the blocks they need (copies of shared blocks included); several steps that add up to `new`
     /// need no more. Returns each slot's length after them.
     pub fn check_room(&self, new: &[u32]) -> Result<Vec<u32>> {
-        let (page, max_len) = (self.config.page, self.config.max_len);
+        let max_len = self.config.max_len;
         if new.len() != self.slots.len() {
             return Err(Error::shape(
                 "new tokens",
@@ -362,10 +362,7 @@ impl PagedKvCache {
             }
             total.push((len + n) as u32);
             if n > 0 {
-                // Blocks held ahead by a step never recorded count towards the new ones.
-                let held = self.slots[slot].as_ref().expect("checked").len();
-                needed += (len + n).div_ceil(page).saturating_sub(held);
-                needed += self.shared_tail(slot) as usize;
+                needed += self.blocks_to_grow(slot, n);
             }
         }
         if needed > self.free.len() {
@@ -376,6 +373,20 @@ impl PagedKvCache {
             });
         }
         Ok(total)
+    }
+
+    /// Free blocks slot `slot`'s sequence takes to grow by `n` tokens: new pages past the blocks
+    /// it holds (blocks held ahead by a step never recorded count towards them), and a copy of a
+    /// shared, partly filled last block. 0 for a slot that holds no sequence.
+    pub fn blocks_to_grow(&self, slot: usize, n: usize) -> usize {
+        let Some(blocks) = self.slots.get(slot).and_then(Option::as_ref) else {
+            return 0;
+        };
+        let len = self.lens[slot] as usize;
+        (len + n)
+            .div_ceil(self.config.page)
+            .saturating_sub(blocks.len())
+            + self.shared_tail(slot) as usize
     }
 
     /// Records that a prepared step's tokens are in the cache.

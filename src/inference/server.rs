@@ -103,6 +103,11 @@ impl Active {
     fn tokens(&self) -> Vec<u32> {
         [self.request.prompt.as_slice(), &self.generated].concat()
     }
+
+    /// How many [`Active::tokens`] there are.
+    fn len(&self) -> usize {
+        self.request.prompt.len() + self.generated.len()
+    }
 }
 
 /// Requests queued and in flight over one generator.
@@ -272,7 +277,7 @@ impl Server {
             log::debug!(
                 "wgpu-attention: server preempts request {} ({} tokens) for lack of cache blocks",
                 active.id,
-                active.request.prompt.len() + active.generated.len()
+                active.len()
             );
             self.queue.push_front(active);
             feed[victim] = None;
@@ -317,7 +322,7 @@ impl Server {
                 break;
             };
             if let (Some(free), Some(page)) = (room, self.page()) {
-                let needed = (next.tokens().len() + 1).div_ceil(page);
+                let needed = (next.len() + 1).div_ceil(page);
                 if needed > free {
                     break;
                 }
@@ -361,11 +366,10 @@ impl Server {
     /// (`None` for a contiguous cache).
     fn free_blocks_after_next_step(&self) -> Option<usize> {
         let cache = self.generator.paged_cache()?;
-        let page = cache.config().page;
-        let growing = (0..self.slots.len())
+        let growing: usize = (0..self.slots.len())
             .filter(|&slot| self.slots[slot].is_some())
-            .filter(|&slot| (self.generator.lens()[slot] as usize).is_multiple_of(page))
-            .count();
+            .map(|slot| cache.blocks_to_grow(slot, 1))
+            .sum();
         Some(cache.free_blocks().saturating_sub(growing))
     }
 

@@ -124,7 +124,7 @@ impl CoopForward {
         };
         if let Some((groups, block_n)) = ctx.coop_forward_shape() {
             let forced = shape((groups, block_n));
-            if [1, 2, 4].contains(&groups) && [16, 32, 64].contains(&block_n) && takes(&forced) {
+            if SHAPES.contains(&(groups, block_n)) && takes(&forced) {
                 return Some(forced);
             }
             log::warn!(
