@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face reference fixtures for `tests/hf_checkpoints.rs`.
+"""Hugging Face reference fixtures for `crates/serve/tests/hf_checkpoints.rs`.
 
 Creates small randomly initialised GPT-2 and LLaMA models with `transformers`, saves each with
 `save_pretrained` (config.json, safetensors, sharded for one of them) beside a small byte-level BPE
@@ -11,10 +11,10 @@ frequencies are computed afresh in f32 (a model cast to f16 and back keeps f16-r
 which moves its logits by up to 5e-3).
 
     python3 -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers safetensors
-    /tmp/hf/bin/python scripts/hf_fixtures.py            # writes tests/fixtures/hf/
+    /tmp/hf/bin/python scripts/hf_fixtures.py            # writes crates/serve/tests/fixtures/hf/
     /tmp/hf/bin/python scripts/hf_fixtures.py --check DIR NAME
         # loads a model the engine saved (DIR) with transformers and compares its logits with
-        # fixture NAME's model after the same fine-tuning (see tests/hf_checkpoints.rs)
+        # fixture NAME's model after the same fine-tuning (see crates/serve/tests/hf_checkpoints.rs)
     /tmp/hf/bin/python scripts/hf_fixtures.py --smollm-shaped DIR
         # a random model of SmolLM-135M's configuration (135M parameters, bf16) for benchmarks
 """
@@ -37,7 +37,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "serve", "tests", "fixtures", "hf")
 VOCAB = 300
 PROMPT = "the quick brown fox"
 NEW_TOKENS = 12
@@ -157,7 +157,7 @@ def make():
 
 
 def check(saved, name):
-    """Loads `saved` (written by the engine) and compares its logits with `tests/fixtures/hf/NAME`'s
+    """Loads `saved` (written by the engine) and compares its logits with `crates/serve/tests/fixtures/hf/NAME`'s
     expected ids run through it, printing the worst difference against the engine's own logits
     (`engine_logits.safetensors` in `saved`)."""
     model = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()

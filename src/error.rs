@@ -162,7 +162,7 @@ pub enum Error {
         total: usize,
     },
     /// A Hugging Face model directory could not be read, or describes a model this engine would not
-    /// compute exactly as `transformers` does (see [`crate::model::pretrained`]).
+    /// compute exactly as `transformers` does (see `wgpu_attention_transformer::model::pretrained`).
     #[error("model {dir}: {problem}")]
     Pretrained {
         /// The model directory.
@@ -225,7 +225,9 @@ pub enum PretrainedProblem {
 }
 
 impl Error {
-    pub(crate) fn shape(arg: &'static str, message: impl Into<String>) -> Self {
+    /// An [`Error::Shape`] naming argument `arg` and what is wrong with its value: how the engine and
+    /// the layers built on it refuse an argument.
+    pub fn shape(arg: &'static str, message: impl Into<String>) -> Self {
         Error::Shape {
             arg,
             message: message.into(),

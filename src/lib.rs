@@ -22,14 +22,10 @@
 pub mod bench;
 pub mod device;
 pub mod error;
-pub mod inference;
 pub mod kernels;
-pub mod layers;
-pub mod model;
 pub mod reference;
 pub mod spec;
 pub mod tensor;
-pub mod training;
 
 pub use device::{
     enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport, Context, ContextId,

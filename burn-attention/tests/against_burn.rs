@@ -80,7 +80,7 @@ fn qkv(
 
 #[test]
 fn matches_burn_attention_op() {
-    for (name, device) in devices() {
+    for (name, device, _serial) in devices() {
         let device = device.autodiff();
         let options = AttentionModuleOptions {
             is_causal: true,
@@ -103,7 +103,7 @@ fn matches_burn_attention_op() {
 
 #[test]
 fn cross_attention_gqa_and_value_width() {
-    for (name, device) in devices() {
+    for (name, device, _serial) in devices() {
         let device = device.autodiff();
         // Lq < Lk with a bottom-right causal mask, 4 query heads on 2 kv heads, Dv != Dk.
         compare(
@@ -125,7 +125,7 @@ fn cross_attention_gqa_and_value_width() {
 
 #[test]
 fn padding_by_lengths() {
-    for (name, device) in devices() {
+    for (name, device, _serial) in devices() {
         let device = device.autodiff();
         let [b, h, l, d] = [3, 2, 29, 16];
         let (kv_lens, q_lens) = ([29u32, 11, 1], [29u32, 20, 7]);
@@ -155,7 +155,7 @@ fn padding_by_lengths() {
 
 #[test]
 fn learnable_bias_and_sinks() {
-    for (name, device) in devices() {
+    for (name, device, _serial) in devices() {
         let device = device.autodiff();
         let [b, h, l, d] = [2, 3, 21, 16];
         // A bias broadcast over the batch; its gradient is reduced over it.
@@ -202,7 +202,7 @@ fn learnable_bias_and_sinks() {
 
 #[test]
 fn relative_table_alibi_and_window() {
-    for (name, device) in devices() {
+    for (name, device, _serial) in devices() {
         let device = device.autodiff();
         let [b, h, lq, lk, d] = [2, 2, 17, 23, 16];
         let offset = lk as i64 - lq as i64;
@@ -379,7 +379,7 @@ fn half_precision_tensors() {
 
 #[test]
 fn drop_in_with_mask_and_bias() {
-    for (name, device) in devices() {
+    for (name, device, _serial) in devices() {
         let device = device.autodiff();
         let [b, h, l, d] = [2, 2, 24, 16];
         // A pseudo-random mask with some fully masked rows (both give them 0), and a learnable bias.
@@ -447,7 +447,7 @@ fn clipped(x: Tensor<4>, max_norm: f32) -> Tensor<4> {
 
 #[test]
 fn cosine_clip_temperature_and_alibi_slopes() {
-    for (name, device) in devices() {
+    for (name, device, _serial) in devices() {
         let device = device.autodiff();
         let [b, h, l, d] = [2, 2, 26, 16];
         let slopes = [0.1f32, 0.3];

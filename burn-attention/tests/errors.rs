@@ -28,8 +28,9 @@ fn unregistered_device() {
 
 #[test]
 fn tensors_on_two_devices() {
-    let devices = devices();
-    let [(_, first), (_, second), ..] = &devices[..] else {
+    // Both back ends' locks are held for the whole test.
+    let devices: Vec<_> = devices().collect();
+    let [(_, first, _first_lock), (_, second, _second_lock), ..] = &devices[..] else {
         println!("one back end listed (WGPU_ATTENTION_TEST_BACKENDS): no second device to mix");
         return;
     };

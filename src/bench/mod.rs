@@ -3,7 +3,6 @@
 //! and the adapter's measured FMA throughput ([`fma`]), the ALU limit each case is compared with.
 
 pub mod fma;
-pub mod layer;
 
 use std::time::Instant;
 

@@ -67,7 +67,7 @@ impl Context {
     /// Allocates a buffer, refused with a typed error on a lost device, beyond `max_buffer_size`, or
     /// when the device is out of memory (caught by an error scope rather than left to wgpu's
     /// uncaptured-error handler). Not counted: for short-lived staging buffers.
-    pub(crate) fn create_uncounted_buffer(
+    pub fn create_uncounted_buffer(
         &self,
         what: &'static str,
         bytes: u64,

@@ -59,8 +59,8 @@ pub struct ContextOptions {
     /// `<label>.wgsl` (the source handed to wgpu, before override constants) and `<label>.json`
     /// (`label`, `entry_point`, `constants`, `runtime_checks`): what
     /// `shared/tools/gpu-compile-report` and offline compilers read. With
-    /// [`crate::kernels::attention::attention_precompile`], [`crate::training::Trainer::precompile`] or
-    /// [`crate::inference::Generator::precompile`] a whole kernel set is written without running it. A write that
+    /// [`crate::kernels::attention::attention_precompile`], `wgpu_attention_transformer::Trainer::precompile` or
+    /// `wgpu_attention_serve::Generator::precompile` a whole kernel set is written without running it. A write that
     /// fails is logged once and never fails a kernel. `None`: no dump.
     pub dump_pipelines: Option<std::path::PathBuf>,
 }

@@ -71,7 +71,7 @@ pub const MAX_PROFILED_PASSES: u32 = 2048;
 impl Context {
     /// Submits `encoder`, or refuses with [`Error::DeviceLost`] once the device is lost. Input is
     /// validated before anything is recorded, so a well-formed call raises no device error.
-    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+    pub fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
         self.check_lost()?;
         self.queue.submit([encoder.finish()]);
         self.submissions
@@ -151,8 +151,8 @@ impl Context {
     /// with [`Context::pass_per_kernel`], kernels keep passes of their own. `record` may not record
     /// commands other than this crate's kernels into `encoder` (copies, clears, passes of your
     /// own): wgpu refuses them while the pass is open, and reports it as a validation error. Nested
-    /// calls on one encoder join the outer pass. [`crate::model::Transformer`]'s forward and
-    /// backward and [`crate::training::Trainer::step`] record this way.
+    /// calls on one encoder join the outer pass. `wgpu_attention_transformer::Transformer`'s forward and
+    /// backward and `wgpu_attention_transformer::Trainer::step` record this way.
     ///
     /// ```no_run
     /// # fn f(ctx: &wgpu_attention::Context, q: &wgpu_attention::HeadsView,

@@ -350,7 +350,7 @@ pub fn positional_forward_packed_into(
 
 /// Where the rows of a positional op sit (the embedding layer passes its own through).
 #[derive(Clone, Copy)]
-pub(crate) enum Rows<'a> {
+pub enum Rows<'a> {
     /// Row `l` of every sequence at `l`.
     Padded,
     /// New tokens after a cache (see [`positional_forward_cached_into`]).
@@ -377,7 +377,7 @@ pub fn positional_forward_cached_into(
 
 /// Records `y = x + table[positions]` with rows placed as `positions` says: what the three public
 /// entry points above record.
-pub(crate) fn record_positional(
+pub fn record_positional(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     x: &GpuTensor,

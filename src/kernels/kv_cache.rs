@@ -2,7 +2,7 @@
 //! strided `[B, L, H, D]` view (the K or V columns of a projection), copied into a cache
 //! `[B, max_len, H, D]` after each sequence's cached tokens, or into a paged pool through a
 //! [`BlockTable`]; and the gather out of a paged pool (`shaders/kv_cache_gather.wgsl`). The caches themselves (per layer, with their lengths) are
-//! [`crate::inference::KvCache`] and [`crate::inference::PagedKvCache`]. CPU reference:
+//! `wgpu_attention_serve::KvCache` and `wgpu_attention_serve::PagedKvCache`. CPU reference:
 //! [`crate::reference::kv_cache`].
 
 use crate::device::Context;
@@ -236,7 +236,7 @@ impl KvStorage {
     }
 
     /// The storage words (f32 values or int8 words and scales), for copies that move whole rows.
-    pub(crate) fn words(&self) -> &GpuTensor {
+    pub fn words(&self) -> &GpuTensor {
         Storage::from(self).words()
     }
 
@@ -279,7 +279,7 @@ pub fn kv_cache_append_into(
 /// [`kv_cache_append_into`] into a paged pool `[pool_blocks * page, H, D]` through `table` (one
 /// table row per sequence of `new`): position `p` of sequence `b` goes to pool row
 /// `table[b][p / page] * page + p % page`. The blocks the new rows fall in must be the sequence's
-/// own ([`crate::inference::PagedKvCache`] copies shared ones first).
+/// own (`wgpu_attention_serve::PagedKvCache` copies shared ones first).
 pub fn kv_cache_append_paged_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,

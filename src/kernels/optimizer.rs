@@ -5,7 +5,7 @@
 //!
 //! Both the partial sums and the update run over a parameter table (`shaders/optimizer_common.wgsl`):
 //! one dispatch covers every consecutive tensor whose parameters share a buffer and whose gradients
-//! share another, so a model packed by [`crate::layers::params::Params::pack`] is updated by one dispatch
+//! share another, so a model packed by `wgpu_attention_transformer::layers::params::Params::pack` is updated by one dispatch
 //! per kernel, and tensors in buffers of their own by one each.
 //!
 //! Non-finite guard: the first step whose gradient norm (or the loss, with
@@ -394,7 +394,7 @@ impl AdamW {
 
     /// Records [`AdamW::step_into_guarded`] for ahead-of-time compilation: the recording is never
     /// submitted, so the step count is left as it was.
-    pub(crate) fn record_unsubmitted_step(
+    pub fn record_unsubmitted_step(
         &mut self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,

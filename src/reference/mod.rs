@@ -13,5 +13,3 @@ pub mod linear;
 pub mod optimizer;
 pub mod rope;
 pub mod sampling;
-pub mod transformer;
-pub mod transformer_layer;

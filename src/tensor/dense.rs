@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::*;
 
 /// A contiguous f32 tensor on the GPU: its own buffer, or a range of a shared one (a model's
-/// parameter arena, see [`crate::layers::params::Params`]) starting at a multiple of [`TENSOR_ALIGN`].
+/// parameter arena, see `wgpu_attention_transformer::layers::params::Params`) starting at a multiple of [`TENSOR_ALIGN`].
 #[derive(Clone, Debug)]
 pub struct GpuTensor {
     buffer: wgpu::Buffer,
@@ -109,8 +109,9 @@ impl GpuTensor {
         })
     }
 
-    /// `shape` from element `offset` of `arena`'s buffer, accounted with it (crate arenas).
-    pub(crate) fn view_of(arena: &GpuTensor, offset: usize, shape: &[usize]) -> Result<Self> {
+    /// `shape` from element `offset` of `arena`'s buffer, accounted with it (a view into a
+    /// parameter or activation arena).
+    pub fn view_of(arena: &GpuTensor, offset: usize, shape: &[usize]) -> Result<Self> {
         let mut t = Self::from_buffer_at(arena.buffer.clone(), arena.offset + offset, shape)?;
         t._allocation = arena._allocation.clone();
         t.context = arena.context;
@@ -141,6 +142,11 @@ impl GpuTensor {
     /// shared buffer).
     pub fn offset(&self) -> usize {
         self.offset
+    }
+
+    /// [`GpuTensor::offset`] in bytes: where a buffer copy of the tensor starts.
+    pub fn byte_offset(&self) -> u64 {
+        self.offset as u64 * F32
     }
 
     /// Size in bytes of the data (not of the backing buffer).
@@ -284,7 +290,7 @@ impl GpuTensor {
 /// at a multiple of [`TENSOR_ALIGN`] (the padding stays zero), a new arena begun where the next
 /// tensor would pass `max_storage_buffer_binding_size` (or `max_buffer_size`), and a tensor larger
 /// than that alone in a buffer of its own. A model's parameters, gradients and optimizer moments.
-pub(crate) fn zeros_in_arenas(ctx: &Context, shapes: &[&[usize]]) -> Result<Vec<GpuTensor>> {
+pub fn zeros_in_arenas(ctx: &Context, shapes: &[&[usize]]) -> Result<Vec<GpuTensor>> {
     let limits = ctx.limits();
     let limit = limits
         .max_storage_buffer_binding_size

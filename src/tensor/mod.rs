@@ -17,13 +17,14 @@ mod q8;
 mod readback;
 mod views;
 
-pub(crate) use dense::zeros_in_arenas;
+pub use dense::zeros_in_arenas;
 pub use dense::GpuTensor;
 pub use f16::GpuTensorF16;
 pub use ids::{GpuTokens, SeqLens, MAX_TREE_ROWS};
 pub(crate) use q8::row_words;
 pub use q8::GpuTensorQ8;
-pub(crate) use readback::{read_buffer, read_f16, read_mapped};
+pub use readback::read_mapped;
+pub(crate) use readback::{read_buffer, read_f16};
 pub use views::{BiasView, HeadsView, PackedSide};
 
 use crate::device::{Allocation, Context, ContextId, StorageBinding};

@@ -50,10 +50,7 @@ pub(crate) async fn read_f16(
 
 /// Maps a whole `MAP_READ` buffer once the submitted work is done and copies it out as `T`s: the
 /// one readback path (tensors, profiler timestamps, bench timer).
-pub(crate) async fn read_mapped<T: bytemuck::Pod>(
-    ctx: &Context,
-    buffer: &wgpu::Buffer,
-) -> Result<Vec<T>> {
+pub async fn read_mapped<T: bytemuck::Pod>(ctx: &Context, buffer: &wgpu::Buffer) -> Result<Vec<T>> {
     let slice = buffer.slice(..);
     let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
     slice.map_async(wgpu::MapMode::Read, move |r| {

@@ -14,16 +14,18 @@ use serde::Serialize;
 use wasm_bindgen::prelude::*;
 use web_time::Instant;
 use wgpu_attention::kernels::optimizer::AdamWConfig;
-use wgpu_attention::model::{AttentionSite, Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::compare::{
     compare, BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL,
 };
-use wgpu_attention::training::Trainer;
 use wgpu_attention::{
     attention_backward, attention_backward_unfused, attention_forward, attention_forward_unfused,
     AttentionOptions, AttentionShape, Context, ContextOptions, GpuTensor, HeadsView,
 };
+use wgpu_attention_transformer::model::{
+    AttentionSite, Batch, BatchShape, Transformer, TransformerConfig,
+};
+use wgpu_attention_transformer::training::Trainer;
 
 fn js_error(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())

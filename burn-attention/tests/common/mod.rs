@@ -2,7 +2,7 @@
 //! reference (built from burn ops, differentiated by burn's autodiff), and the comparison.
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use burn::tensor::wgpu::WgpuBackend;
 use burn::tensor::{Bool, Device, Distribution, Int, Tensor, TensorData};
@@ -32,18 +32,21 @@ fn registered(slot: &OnceLock<Device>, api: WgpuBackend) -> Device {
 }
 
 /// The back ends the tests run on: `WGPU_ATTENTION_TEST_BACKENDS` (comma list of `vulkan`, `gl`),
-/// default both, as the library's tests (a GPU machine may have Vulkan only).
-pub fn devices() -> Vec<(&'static str, Device)> {
+/// default both, as the library's tests (a GPU machine may have Vulkan only). Each comes with the
+/// lock of its back end, taken when the iteration reaches it: wgpu's GL back end panics when a thread
+/// waits more than 6 s for its context, which another test thread holds through a pipeline compile
+/// on llvmpipe (the library's tests serialise each back end for the same reason). Bind it to a named
+/// variable (`for (name, device, _serial) in devices()`) so that it is held through the loop's body.
+pub fn devices() -> impl Iterator<Item = (&'static str, Device, MutexGuard<'static, ()>)> {
+    static LOCKS: [Mutex<()>; 2] = [const { Mutex::new(()) }; 2];
+    let lock = |i: usize| LOCKS[i].lock().unwrap_or_else(|e| e.into_inner());
     let listed = std::env::var("WGPU_ATTENTION_TEST_BACKENDS").unwrap_or("vulkan,gl".into());
-    let mut devices = Vec::new();
-    for name in listed.split(',').map(str::trim) {
-        match name {
-            "vulkan" => devices.push(("vulkan", vulkan())),
-            "gl" => devices.push(("gl", gl())),
-            other => panic!("WGPU_ATTENTION_TEST_BACKENDS: '{other}' is not vulkan or gl"),
-        }
-    }
-    devices
+    let names: Vec<String> = listed.split(',').map(|s| s.trim().to_string()).collect();
+    names.into_iter().map(move |name| match name.as_str() {
+        "vulkan" => ("vulkan", vulkan(), lock(0)),
+        "gl" => ("gl", gl(), lock(1)),
+        other => panic!("WGPU_ATTENTION_TEST_BACKENDS: '{other}' is not vulkan or gl"),
+    })
 }
 
 /// A random normal tensor, tracked on an autodiff device.

@@ -65,7 +65,9 @@ impl RelativeBuckets {
         self.per_direction() / 2
     }
 
-    pub(crate) fn check(&self) -> Result<()> {
+    /// Refuses bucket counts the kernels cannot split (fewer than 2 per direction, an odd count
+    /// when bidirectional).
+    pub fn check(&self) -> Result<()> {
         let half = self.per_direction();
         let need = if self.bidirectional { 4 } else { 2 };
         if self.buckets < need || (self.bidirectional && !self.buckets.is_multiple_of(2)) {

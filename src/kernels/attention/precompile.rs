@@ -108,7 +108,7 @@ pub fn attention_precompile(
 /// `head_dim_qk`, `kv_heads == heads`) and `opts`, without running any, as
 /// [`attention_precompile`] does for dot-product attention. [`additive_decode_into`] runs these
 /// kernels for prefill-sized chunks, and its own decoding kernel for a few new rows, which this does
-/// not build ([`crate::inference::Generator::precompile`] builds a model's). Returns how many
+/// not build (`wgpu_attention_serve::Generator::precompile` builds a model's). Returns how many
 /// pipelines were newly compiled.
 pub fn additive_precompile(
     ctx: &Context,

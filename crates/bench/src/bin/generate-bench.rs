@@ -1,0 +1,826 @@
+//! Inference throughput of a decoder-only language model on one adapter: prefill and decode tokens/s
+//! of cached generation ([`Generator`]) per batch size, the same generation by re-running the full
+//! forward for every new token (the baseline the cache replaces), and the decode attention kernel's
+//! achieved bandwidth against a buffer copy of the same bytes; with `--page` and `--int8`, paged
+//! and int8 caches beside the contiguous f32 one.
+//!
+//! ```text
+//! cargo run --release --bin generate-bench -- [--d-model 512 --layers 8 --heads 8 --context 2048
+//!     --prompt 512 --new-tokens 128 --batches 1,8 --rerun --attention-lengths 1024,2048]
+//! cargo run --release --bin generate-bench -- --model DIR [--context ...]   # a published model
+//! ```
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use wgpu_attention::bench::{bench_options, measure, Timer};
+use wgpu_attention::kernels::sampling::Sampling;
+use wgpu_attention::{
+    attention_decode_int8_into, attention_decode_into, attention_forward_into,
+    attention_forward_plan, parse_backends, AttentionOptions, AttentionShape, Context, Error,
+    GpuTensor, GpuTensorQ8, SeqLens,
+};
+use wgpu_attention_serve::{
+    CacheConfig, CacheLayout, Draft, GenerateOptions, Generator, GeneratorShape, KvFormat,
+};
+use wgpu_attention_transformer::model::pretrained::Pretrained;
+use wgpu_attention_transformer::model::{Batch, BatchShape, Transformer, TransformerConfig};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Cached generation throughput on any wgpu adapter")]
+struct Cli {
+    /// Back end: vulkan, gl, metal, dx12 (default: WGPU_BACKEND, else all)
+    #[arg(long)]
+    backend: Option<String>,
+    /// Case-insensitive substring of the adapter name (default: WGPU_ADAPTER_NAME)
+    #[arg(long)]
+    adapter: Option<String>,
+    #[arg(long, default_value_t = 512)]
+    d_model: usize,
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Feed-forward width (default 4 * d_model)
+    #[arg(long)]
+    d_ff: Option<usize>,
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    #[arg(long, default_value_t = 1000)]
+    vocab: usize,
+    /// Cache capacity per sequence (prompt + new tokens must fit)
+    #[arg(long, default_value_t = 2048)]
+    context: usize,
+    /// Prompt tokens per sequence
+    #[arg(long, default_value_t = 512)]
+    prompt: usize,
+    /// Prompt tokens per sequence in one prefill pass
+    #[arg(long, default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Tokens generated per sequence (greedy)
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    /// Batch sizes to run
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    batches: Vec<usize>,
+    /// Also generate by re-running the full forward for every new token (the first batch size)
+    #[arg(long)]
+    rerun: bool,
+    /// Decode attention microbenchmark: cache lengths (H = heads, Hkv = heads / 4, D = 64, one new
+    /// query per sequence, every batch size); 0 to skip
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
+    attention_lengths: Vec<usize>,
+    /// Prefill-shaped attention: prompt lengths P (H = heads, Hkv = heads / 4, D = 64, P new
+    /// causal queries per sequence over their own P keys, every batch size), run by
+    /// `attention_decode_into` (what prefill calls: the decode kernel below PREFILL_FORWARD_ROWS
+    /// new rows, the fused forward from there) and by the fused forward directly, on the same
+    /// tensors; 0 to skip
+    #[arg(long, value_delimiter = ',', default_value = "256")]
+    prefill_attention: Vec<usize>,
+    /// Additive (Bahdanau) self-attention scores with this score dim Da instead of dot products (and
+    /// sinusoidal positions instead of rotary ones)
+    #[arg(long)]
+    additive: Option<usize>,
+    /// Print one decoding step's GPU time per compute pass (timestamps)
+    #[arg(long)]
+    profile: bool,
+    /// Timed runs of each microbenchmark measurement (after warm-up)
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Write the figures as JSON
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Also generate through a paged cache of blocks of this many tokens (the pool sized to the
+    /// run's tokens), beside the contiguous cache
+    #[arg(long)]
+    page: Option<usize>,
+    /// Also generate from int8 key/value caches (each layout measured), and time decode attention
+    /// over an int8 cache beside the f32 one
+    #[arg(long)]
+    int8: bool,
+    /// Also generate by speculative decoding (greedy, contiguous f32 cache) with chains of this
+    /// many guesses verified per pass: guesses that are the plain run's tokens (every one kept: the
+    /// upper bound) and guesses that never match (none kept: verification's overhead)
+    #[arg(long)]
+    speculate: Option<usize>,
+    /// A Hugging Face model directory (config.json and safetensors weights) to measure instead of a
+    /// randomly initialised model (--d-model, --layers, --heads, --d-ff, --vocab, --additive are
+    /// then ignored)
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
+    /// Build every pipeline of prefill, decoding and sampling at each batch size (and with a paged
+    /// cache, with --page) and exit without running them (with WGPU_ATTENTION_DUMP_PIPELINES=DIR, this writes the decoding kernel set)
+    #[arg(long)]
+    compile_only: bool,
+}
+
+fn model(ctx: &Context, cli: &Cli) -> Result<Transformer, Error> {
+    // The generator keeps its own buffers; the model's training shape only sizes unused activations.
+    let shape = BatchShape {
+        batch: 1,
+        src_len: 1,
+        tgt_len: 1,
+    };
+    if let Some(dir) = &cli.model {
+        return Pretrained::open(dir)?.model(ctx, shape);
+    }
+    let config = TransformerConfig {
+        vocab: cli.vocab,
+        d_model: cli.d_model,
+        heads: cli.heads,
+        d_ff: cli.d_ff.unwrap_or(4 * cli.d_model),
+        encoder_layers: 0,
+        decoder_layers: cli.layers,
+        pre_ln: true,
+        // Additive scores take no rotary positions (the sinusoidal ones instead).
+        rope_base: cli.additive.is_none().then_some(10000.0),
+        additive_attention: cli.additive,
+        ..TransformerConfig::default()
+    };
+    Transformer::new(ctx, config, shape, 1)
+}
+
+/// Deterministic prompt ids in 1..vocab.
+fn prompts(cli: &Cli, vocab: usize, batch: usize) -> Vec<Vec<u32>> {
+    (0..batch)
+        .map(|b| {
+            (0..cli.prompt)
+                .map(|i| 1 + ((i * 7919 + b * 104729) % (vocab - 1)) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+struct GenerationFigures {
+    batch: usize,
+    /// "contiguous" or "paged N", then "f32" or "int8".
+    layout: String,
+    /// Bytes of the key/value cache.
+    cache_bytes: u64,
+    prefill_tokens_per_s: f64,
+    decode_tokens_per_s: f64,
+    decode_ms_per_step: f64,
+    /// Wall-clock seconds of the prefill (with the first sampled token) and of the decoding steps.
+    seconds: f64,
+    generated: Vec<Vec<u32>>,
+}
+
+fn cached(
+    ctx: &Context,
+    cli: &Cli,
+    model: &Transformer,
+    batch: usize,
+    page: Option<usize>,
+    format: KvFormat,
+) -> Result<GenerationFigures, Error> {
+    let shape = GeneratorShape {
+        batch,
+        capacity: cli.context,
+        prefill_chunk: cli.prefill_chunk,
+        src_len: 0,
+    };
+    // A paged pool holds what the run caches (every sequence's prompt and new tokens), not
+    // batch x context.
+    let layout = match page {
+        Some(page) => CacheLayout::Paged {
+            page,
+            pool_blocks: batch * (cli.prompt + cli.new_tokens).div_ceil(page),
+        },
+        None => CacheLayout::Contiguous,
+    };
+    let cache = CacheConfig::new(layout).with_format(format);
+    let mut generator = Generator::with_layout(ctx, model, shape, cache)?;
+    let cache_bytes = match (generator.cache(), generator.paged_cache()) {
+        (Some(c), _) => c.bytes(),
+        (_, Some(c)) => c.bytes(),
+        _ => 0,
+    };
+    let options = GenerateOptions {
+        max_new_tokens: cli.new_tokens,
+        sampling: Sampling::greedy(),
+        stop: None,
+    };
+    let prompts = prompts(cli, model.config().vocab, batch);
+    // A first run compiles every pipeline; the second is measured.
+    generator.generate(ctx, &prompts, None, &options)?;
+    let out = generator.generate(ctx, &prompts, None, &options)?;
+    if cli.profile {
+        ctx.start_profiling()?;
+        generator.prefill(ctx, &prompts, None)?;
+        print_profile(
+            &format!("the prefill at batch {batch}"),
+            ctx.finish_profiling()?,
+        );
+        ctx.start_profiling()?;
+        generator.step(ctx, &vec![Some(1); batch])?;
+        print_profile(
+            &format!("one decoding step at batch {batch}"),
+            ctx.finish_profiling()?,
+        );
+    }
+    Ok(GenerationFigures {
+        batch,
+        layout: format!(
+            "{} {}",
+            page.map_or("contiguous".into(), |p| format!("paged {p}")),
+            format.name()
+        ),
+        cache_bytes,
+        prefill_tokens_per_s: out.prefill_tokens as f64 / out.prefill_seconds,
+        decode_tokens_per_s: out.decode_tokens as f64 / out.decode_seconds,
+        decode_ms_per_step: out.decode_seconds * 1e3 / out.decode_steps.max(1) as f64,
+        seconds: out.prefill_seconds + out.decode_seconds,
+        generated: out.tokens,
+    })
+}
+
+/// GPU time per compute pass, summed by label, the longest first.
+fn print_profile(what: &str, passes: Vec<(&'static str, f64)>) {
+    let total: f64 = passes.iter().map(|p| p.1).sum();
+    let count = passes.len();
+    let mut by_label: Vec<(&str, f64, usize)> = Vec::new();
+    for (label, ms) in passes {
+        match by_label.iter_mut().find(|(l, _, _)| *l == label) {
+            Some(entry) => {
+                entry.1 += ms;
+                entry.2 += 1;
+            }
+            None => by_label.push((label, ms, 1)),
+        }
+    }
+    by_label.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!("\n{what}: {count} passes, {total:.2} ms of GPU time; by kernel, the longest:");
+    for (label, ms, n) in by_label.iter().take(8) {
+        println!("  {label:<28} {ms:9.3} ms in {n} passes");
+    }
+}
+
+/// Greedy generation by re-running the whole forward over the prompt and the tokens so far for
+/// every new token, reading back the logits: tokens/s, and the tokens (to check against the cache).
+fn rerun(
+    ctx: &Context,
+    cli: &Cli,
+    base: &Transformer,
+    batch: usize,
+) -> Result<(f64, Vec<Vec<u32>>), Error> {
+    let total = cli.prompt + cli.new_tokens;
+    let shape = BatchShape {
+        batch,
+        src_len: 1,
+        tgt_len: total,
+    };
+    let mut model = Transformer::new(ctx, *base.config(), shape, 1)?;
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    for (dst, src) in model.params.values().iter().zip(base.params.values()) {
+        dst.copy_from_into(&mut encoder, src)?;
+    }
+    ctx.queue().submit([encoder.finish()]);
+    let vocab = base.config().vocab;
+    let mut sequences = prompts(cli, vocab, batch);
+    let start = Instant::now();
+    for _ in 0..cli.new_tokens {
+        let len = sequences[0].len();
+        let mut tgt_in = vec![0u32; batch * total];
+        for (b, s) in sequences.iter().enumerate() {
+            tgt_in[b * total..][..s.len()].copy_from_slice(s);
+        }
+        let batch_data = Batch {
+            src: Vec::new(),
+            src_lens: Vec::new(),
+            tgt_in,
+            tgt_out: vec![0; batch * total],
+            tgt_lens: vec![len as u32; batch],
+        };
+        model.set_batch(ctx, &batch_data)?;
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        model.forward(ctx, &mut encoder)?;
+        ctx.queue().submit([encoder.finish()]);
+        let logits = model.logits().to_vec(ctx)?;
+        for (b, s) in sequences.iter_mut().enumerate() {
+            let row = &logits[(b * total + len - 1) * vocab..][..vocab];
+            let next = (0..vocab)
+                .max_by(|&x, &y| row[x].total_cmp(&row[y]).then(y.cmp(&x)))
+                .unwrap_or(0);
+            s.push(next as u32);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let generated = sequences
+        .into_iter()
+        .map(|s| s[cli.prompt..].to_vec())
+        .collect();
+    Ok(((batch * cli.new_tokens) as f64 / seconds, generated))
+}
+
+struct AttentionFigures {
+    batch: usize,
+    format: KvFormat,
+    cache_len: usize,
+    decode_ms: f64,
+    decode_gb_s: f64,
+    copy_gb_s: f64,
+}
+
+/// Decode attention over a full cache of `len` keys (one new query per sequence) in `format`,
+/// against a copy of the cache's K and V bytes.
+fn attention(
+    ctx: &Context,
+    cli: &Cli,
+    timer: &Timer,
+    batch: usize,
+    len: usize,
+    format: KvFormat,
+) -> Result<AttentionFigures, Error> {
+    let (h, hkv, d) = (cli.heads, (cli.heads / 4).max(1), 64);
+    let q = GpuTensor::zeros(ctx, &[batch, 1, h, d])?;
+    let k = GpuTensor::zeros(ctx, &[batch, len, hkv, d])?;
+    let v = GpuTensor::zeros(ctx, &[batch, len, hkv, d])?;
+    let out = GpuTensor::zeros(ctx, &[batch, 1, h, d])?;
+    let lse = GpuTensor::zeros(ctx, &[batch, h, 1])?;
+    let lens = SeqLens::new(ctx, Some(&vec![1; batch]), Some(&vec![len as u32; batch]))?;
+    let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
+    let (qv, kv, vv, ov) = (q.heads()?, k.heads()?, v.heads()?, out.heads()?);
+    let (k8, v8) = match format {
+        KvFormat::Int8 => (
+            Some(GpuTensorQ8::zeros(ctx, &[batch, len, hkv, d])?),
+            Some(GpuTensorQ8::zeros(ctx, &[batch, len, hkv, d])?),
+        ),
+        _ => (None, None),
+    };
+    let decode = measure(ctx, timer, cli.reps, || {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        match (&k8, &v8) {
+            (Some(k8), Some(v8)) => {
+                attention_decode_int8_into(ctx, &mut encoder, &qv, k8, v8, None, &ov, &lse, &opts)?
+            }
+            _ => attention_decode_into(ctx, &mut encoder, &qv, &kv, &vv, &ov, &lse, &opts)?,
+        }
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    let bytes = match (&k8, &v8) {
+        (Some(k8), Some(v8)) => (k8.size_bytes() + v8.size_bytes()) as f64,
+        _ => (k.size_bytes() + v.size_bytes()) as f64,
+    };
+    let words = (bytes / 4.0) as usize;
+    let src = GpuTensor::zeros(ctx, &[words])?;
+    let dst = GpuTensor::zeros(ctx, &[words])?;
+    let copy = measure(ctx, timer, cli.reps, || {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(src.buffer(), 0, dst.buffer(), 0, src.size_bytes());
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    // A copy reads and writes each byte; decode attention reads K and V once.
+    Ok(AttentionFigures {
+        batch,
+        format,
+        cache_len: len,
+        decode_ms: decode.median(),
+        decode_gb_s: bytes / (decode.median() * 1e6),
+        copy_gb_s: 2.0 * bytes / (copy.median() * 1e6),
+    })
+}
+
+struct PrefillFigures {
+    batch: usize,
+    prompt: usize,
+    decode_kernel_ms: f64,
+    forward_kernel_ms: f64,
+    forward_plan: String,
+}
+
+/// Prefill-shaped attention: `prompt` causal queries per sequence over their own keys, through
+/// `attention_decode_into` (as a prefill over an empty cache runs) and the fused forward, same
+/// tensors; the two outputs are checked to agree.
+fn prefill_attention(
+    ctx: &Context,
+    cli: &Cli,
+    timer: &Timer,
+    batch: usize,
+    prompt: usize,
+) -> Result<PrefillFigures, Error> {
+    let (h, hkv, d) = (cli.heads, (cli.heads / 4).max(1), 64);
+    let values = |n: usize, salt: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7919 + salt * 104729) % 2001) as f32 / 1000.0) - 1.0)
+            .collect()
+    };
+    let q = GpuTensor::from_slice(
+        ctx,
+        &values(batch * prompt * h * d, 1),
+        &[batch, prompt, h, d],
+    )?;
+    let k = GpuTensor::from_slice(
+        ctx,
+        &values(batch * prompt * hkv * d, 2),
+        &[batch, prompt, hkv, d],
+    )?;
+    let v = GpuTensor::from_slice(
+        ctx,
+        &values(batch * prompt * hkv * d, 3),
+        &[batch, prompt, hkv, d],
+    )?;
+    let outputs = || -> Result<(GpuTensor, GpuTensor), Error> {
+        Ok((
+            GpuTensor::zeros(ctx, &[batch, prompt, h, d])?,
+            GpuTensor::zeros(ctx, &[batch, h, prompt])?,
+        ))
+    };
+    let (decode_out, decode_lse) = outputs()?;
+    let (forward_out, forward_lse) = outputs()?;
+    let full = vec![prompt as u32; batch];
+    let lens = SeqLens::new(ctx, Some(&full), Some(&full))?;
+    let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
+    let (qv, kv, vv) = (q.heads()?, k.heads()?, v.heads()?);
+    let decode = measure(ctx, timer, cli.reps, || {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let out = decode_out.heads()?;
+        attention_decode_into(ctx, &mut encoder, &qv, &kv, &vv, &out, &decode_lse, &opts)?;
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    let forward = measure(ctx, timer, cli.reps, || {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let out = forward_out.heads()?;
+        attention_forward_into(ctx, &mut encoder, &qv, &kv, &vv, &out, &forward_lse, &opts)?;
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    let (a, b) = (decode_out.to_vec(ctx)?, forward_out.to_vec(ctx)?);
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    // A NaN difference fails too: it is not below the bound.
+    let agree = a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-4);
+    if !agree {
+        eprintln!("generate-bench: VALIDATION FAILED: prefill attention, decode and forward kernels differ by {worst}");
+        std::process::exit(1);
+    }
+    Ok(PrefillFigures {
+        batch,
+        prompt,
+        decode_kernel_ms: decode.median(),
+        forward_kernel_ms: forward.median(),
+        forward_plan: attention_forward_plan(ctx, &AttentionShape::of(&qv, &kv, &vv)?)?.to_string(),
+    })
+}
+
+struct SpeculativeFigures {
+    batch: usize,
+    guesses: usize,
+    /// Guesses were the plain run's tokens (all kept) or never matched (none kept).
+    oracle: bool,
+    tokens_per_s: f64,
+    passes: usize,
+    /// Tokens each sequence gained per verification pass, on average.
+    tokens_per_pass: f64,
+    same_tokens: bool,
+}
+
+/// Greedy speculative decoding after the prefill: chains of `guesses` verified per pass, the
+/// guesses the plain run's next tokens (`oracle`) or tokens that never match; decode tokens/s over
+/// the verification passes (the prefill not counted, as in the plain figures' decode rate).
+fn speculative(
+    ctx: &Context,
+    cli: &Cli,
+    model: &Transformer,
+    batch: usize,
+    guesses: usize,
+    plain: &[Vec<u32>],
+    oracle: bool,
+) -> Result<SpeculativeFigures, Error> {
+    let shape = GeneratorShape {
+        batch,
+        capacity: cli.context,
+        prefill_chunk: cli.prefill_chunk.max(guesses + 1),
+        src_len: 0,
+    };
+    let mut generator = Generator::new(ctx, model, shape)?;
+    let prompts = prompts(cli, model.config().vocab, batch);
+    let vocab = model.config().vocab as u32;
+    let mut run = || -> Result<(f64, usize, Vec<Vec<u32>>), Error> {
+        generator.prefill(ctx, &prompts, None)?;
+        let first = generator.sample(ctx, &Sampling::greedy())?;
+        let mut out: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+        let start = Instant::now();
+        let mut passes = 0;
+        while out.iter().any(|o| o.len() < cli.new_tokens) {
+            let drafts: Vec<Option<Draft>> = out
+                .iter()
+                .enumerate()
+                .map(|(b, o)| {
+                    (o.len() < cli.new_tokens).then(|| {
+                        let k = o.len() - 1;
+                        let chain: Vec<u32> = (1..=guesses)
+                            .map(|i| {
+                                let t = plain[b].get(k + i).copied().unwrap_or(0);
+                                if oracle {
+                                    t
+                                } else {
+                                    (t + 1) % vocab
+                                }
+                            })
+                            .collect();
+                        Draft::chain(o[k], &chain)
+                    })
+                })
+                .collect();
+            let got = generator.verify(ctx, &drafts)?;
+            for (o, g) in out.iter_mut().zip(got) {
+                o.extend(g);
+            }
+            passes += 1;
+        }
+        Ok((start.elapsed().as_secs_f64(), passes, out))
+    };
+    // A first run compiles the verification pipelines; the second is measured.
+    run()?;
+    let (seconds, passes, out) = run()?;
+    let gained: usize = out.iter().map(|o| o.len() - 1).sum();
+    let same = out
+        .iter()
+        .zip(plain)
+        .all(|(o, p)| o.len() >= p.len() && o[..p.len()] == p[..]);
+    Ok(SpeculativeFigures {
+        batch,
+        guesses,
+        oracle,
+        tokens_per_s: gained as f64 / seconds,
+        passes,
+        tokens_per_pass: gained as f64 / (passes * batch) as f64,
+        same_tokens: same,
+    })
+}
+
+fn run(cli: &Cli) -> Result<(), Error> {
+    let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
+    let ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
+    println!("adapter: {}", ctx.report());
+    let model = model(&ctx, cli)?;
+    let c = model.config();
+    println!(
+        "model: {}decoder-only, d_model {}, {} layers, {} heads ({} key/value), d_ff {}, vocab {}, {}; {} parameters",
+        cli.model
+            .as_ref()
+            .map_or(String::new(), |dir| format!("{} ", dir.display())),
+        c.d_model,
+        c.decoder_layers,
+        c.heads,
+        c.kv_heads(),
+        c.d_ff,
+        c.vocab,
+        match (c.additive_attention, c.position_kind()) {
+            (Some(da), _) => format!("additive scores (Da {da}), sinusoidal positions"),
+            (None, kind) => format!("{kind:?} positions"),
+        },
+        model.params.elements()
+    );
+    println!(
+        "generation: prompt {} tokens (prefill chunks of {}), {} new tokens greedy, cache capacity {}",
+        cli.prompt, cli.prefill_chunk, cli.new_tokens, cli.context
+    );
+    let formats: &[KvFormat] = match cli.int8 {
+        true => &[KvFormat::F32, KvFormat::Int8],
+        false => &[KvFormat::F32],
+    };
+    if cli.compile_only {
+        let started = std::time::Instant::now();
+        for &batch in &cli.batches {
+            let shape = GeneratorShape {
+                batch,
+                capacity: cli.context,
+                prefill_chunk: cli.prefill_chunk,
+                src_len: 0,
+            };
+            let pages = [None].into_iter().chain(cli.page.map(Some));
+            for page in pages {
+                for &format in formats {
+                    let layout = match page {
+                        Some(page) => CacheLayout::Paged {
+                            page,
+                            pool_blocks: batch * cli.context.div_ceil(page),
+                        },
+                        None => CacheLayout::Contiguous,
+                    };
+                    let cache = CacheConfig::new(layout).with_format(format);
+                    let built = Generator::with_layout(&ctx, &model, shape, cache)?
+                        .precompile(&ctx, &Sampling::greedy())?;
+                    println!(
+                        "batch {batch}, {layout:?} {} cache: built {built} new pipelines",
+                        format.name()
+                    );
+                }
+            }
+        }
+        println!("in {:.1} s", started.elapsed().as_secs_f64());
+        return Ok(());
+    }
+    let mut figures = Vec::new();
+    let pages = [None].into_iter().chain(cli.page.map(Some));
+    for &batch in &cli.batches {
+        let mut baseline: Option<Vec<Vec<u32>>> = None;
+        for page in pages.clone() {
+            for &format in formats {
+                let f = cached(&ctx, cli, &model, batch, page, format)?;
+                match &baseline {
+                    None => baseline = Some(f.generated.clone()),
+                    Some(tokens) => {
+                        let same = f
+                            .generated
+                            .iter()
+                            .zip(tokens)
+                            .map(|(a, b)| a.iter().zip(b).take_while(|(x, y)| x == y).count());
+                        let same: usize = same.sum();
+                        let all: usize = tokens.iter().map(Vec::len).sum();
+                        if same != all {
+                            println!(
+                                "note: batch {batch}, {} cache: {same} of {all} greedy tokens equal the contiguous f32 cache's before the sequences diverge",
+                                f.layout
+                            );
+                        }
+                    }
+                }
+                figures.push(f);
+            }
+        }
+    }
+    println!(
+        "\n| batch | cache | cache MB | prefill tokens/s | decode tokens/s | ms per decode step |\n|---|---|---|---|---|---|"
+    );
+    for f in &figures {
+        println!(
+            "| {} | {} | {:.1} | {:.0} | {:.1} | {:.2} |",
+            f.batch,
+            f.layout,
+            f.cache_bytes as f64 / 1e6,
+            f.prefill_tokens_per_s,
+            f.decode_tokens_per_s,
+            f.decode_ms_per_step
+        );
+    }
+    let mut speculative_figures = Vec::new();
+    if let Some(guesses) = cli.speculate {
+        for f in figures.iter().filter(|f| f.layout == "contiguous f32") {
+            for oracle in [true, false] {
+                let s = speculative(&ctx, cli, &model, f.batch, guesses, &f.generated, oracle)?;
+                speculative_figures.push((s, f.decode_tokens_per_s));
+            }
+        }
+        println!(
+            "\nspeculative decoding, chains of {guesses} guesses (greedy, contiguous f32 cache):\n\n| batch | guesses | tokens per pass | passes | decode tokens/s | vs plain decoding | same tokens |\n|---|---|---|---|---|---|---|"
+        );
+        for (s, plain) in &speculative_figures {
+            println!(
+                "| {} | {} | {:.2} | {} | {:.1} | {:.2}x | {} |",
+                s.batch,
+                match s.oracle {
+                    true => "the plain run's (all kept)",
+                    false => "never matching (none kept)",
+                },
+                s.tokens_per_pass,
+                s.passes,
+                s.tokens_per_s,
+                s.tokens_per_s / plain,
+                s.same_tokens
+            );
+        }
+    }
+    let mut rerun_figures = None;
+    if cli.rerun {
+        let batch = cli.batches[0];
+        let (tokens_per_s, generated) = rerun(&ctx, cli, &model, batch)?;
+        let cached = &figures[0];
+        // Cached generation end to end: the prefill and every decoding step.
+        let cached_rate = (batch * cli.new_tokens) as f64 / cached.seconds;
+        let same = generated == cached.generated;
+        println!(
+            "\nre-running the forward for every new token (batch {batch}): {tokens_per_s:.1} tokens/s; \
+             cached generation {cached_rate:.1} tokens/s (prefill included): {:.1}x; same tokens: {same}",
+            cached_rate / tokens_per_s
+        );
+        rerun_figures = Some((batch, tokens_per_s, cached_rate, same));
+    }
+    let timer = Timer::new(&ctx, false);
+    let mut attention_figures = Vec::new();
+    for &len in cli.attention_lengths.iter().filter(|&&l| l > 0) {
+        for &batch in &cli.batches {
+            for &format in formats {
+                attention_figures.push(attention(&ctx, cli, &timer, batch, len, format)?);
+            }
+        }
+    }
+    if !attention_figures.is_empty() {
+        println!(
+            "\ndecode attention, H {} / Hkv {}, D 64, one query per sequence ({}):\n",
+            cli.heads,
+            (cli.heads / 4).max(1),
+            timer.clock().name()
+        );
+        println!("| batch | cache | cache length | ms | K+V read GB/s | copy GB/s | share of copy |\n|---|---|---|---|---|---|---|");
+        for a in &attention_figures {
+            println!(
+                "| {} | {} | {} | {:.3} | {:.1} | {:.1} | {:.0}% |",
+                a.batch,
+                a.format.name(),
+                a.cache_len,
+                a.decode_ms,
+                a.decode_gb_s,
+                a.copy_gb_s,
+                100.0 * a.decode_gb_s / a.copy_gb_s
+            );
+        }
+    }
+    let mut prefill_figures = Vec::new();
+    for &prompt in cli.prefill_attention.iter().filter(|&&p| p > 0) {
+        for &batch in &cli.batches {
+            prefill_figures.push(prefill_attention(&ctx, cli, &timer, batch, prompt)?);
+        }
+    }
+    if !prefill_figures.is_empty() {
+        println!(
+            "\nprefill-shaped attention, H {} / Hkv {}, D 64, causal, prompt = keys ({}); outputs \
+             of the two kernels checked to agree:\n",
+            cli.heads,
+            (cli.heads / 4).max(1),
+            timer.clock().name()
+        );
+        println!("| batch | prompt | attention_decode_into ms | fused forward ms | forward plan | decode / forward |\n|---|---|---|---|---|---|");
+        for p in &prefill_figures {
+            println!(
+                "| {} | {} | {:.2} | {:.2} | {} | {:.2}x |",
+                p.batch,
+                p.prompt,
+                p.decode_kernel_ms,
+                p.forward_kernel_ms,
+                p.forward_plan,
+                p.decode_kernel_ms / p.forward_kernel_ms
+            );
+        }
+    }
+    if let Some(path) = &cli.json {
+        let report = serde_json::json!({
+            "adapter": ctx.report().to_string(),
+            "cli": format!("{cli:?}"),
+            "prefill_attention": prefill_figures.iter().map(|p| serde_json::json!({
+                "batch": p.batch, "prompt": p.prompt, "decode_kernel_ms": p.decode_kernel_ms,
+                "forward_kernel_ms": p.forward_kernel_ms, "forward_plan": p.forward_plan,
+            })).collect::<Vec<_>>(),
+            "generation": figures.iter().map(|f| serde_json::json!({
+                "batch": f.batch,
+                "cache": f.layout,
+                "cache_bytes": f.cache_bytes,
+                "prefill_tokens_per_s": f.prefill_tokens_per_s,
+                "decode_tokens_per_s": f.decode_tokens_per_s,
+                "decode_ms_per_step": f.decode_ms_per_step,
+            })).collect::<Vec<_>>(),
+            "rerun": rerun_figures.map(|(batch, rerun, cached, same)| serde_json::json!({
+                "batch": batch, "rerun_tokens_per_s": rerun, "cached_tokens_per_s": cached,
+                "speedup": cached / rerun, "same_tokens": same,
+            })),
+            "speculative": speculative_figures.iter().map(|(s, plain)| serde_json::json!({
+                "batch": s.batch, "guesses": s.guesses, "oracle": s.oracle,
+                "tokens_per_s": s.tokens_per_s, "passes": s.passes,
+                "tokens_per_pass": s.tokens_per_pass, "plain_decode_tokens_per_s": plain,
+                "same_tokens": s.same_tokens,
+            })).collect::<Vec<_>>(),
+            "decode_attention": attention_figures.iter().map(|a| serde_json::json!({
+                "batch": a.batch, "format": a.format.name(), "cache_len": a.cache_len, "ms": a.decode_ms,
+                "gb_s": a.decode_gb_s, "copy_gb_s": a.copy_gb_s,
+            })).collect::<Vec<_>>(),
+        });
+        wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // Before any thread starts: it may set NODEVICE_SELECT (see its documentation).
+    wgpu_attention::quiet_headless_start_up();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+    };
+    if cli.vocab < 2
+        || cli.layers == 0
+        || cli.batches.is_empty()
+        || cli.batches.contains(&0)
+        || cli.prompt == 0
+        || cli.prompt + cli.new_tokens > cli.context
+    {
+        eprintln!("generate-bench: vocab >= 2, layers, batches and prompt positive, prompt + new tokens within the context");
+        return ExitCode::from(2);
+    }
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("generate-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The `attention-bench` binary end to end: bad arguments end with one line and exit code 2; a tiny
+//! validated run writes a JSON report with every figure and an SVG chart, and `--compare` reads it;
+//! a headless start-up prints nothing on stderr.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::process::Command;
+
+/// The binary as a headless machine runs it: no display session, no runtime directory.
+fn bench() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_attention-bench"));
+    for name in [
+        "WAYLAND_DISPLAY",
+        "DISPLAY",
+        "XDG_RUNTIME_DIR",
+        "NODEVICE_SELECT",
+    ] {
+        command.env_remove(name);
+    }
+    command
+}
+
+#[test]
+fn headless_start_up_prints_nothing_on_stderr() {
+    let out = bench().arg("--list-adapters").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.is_empty(), "start-up printed: {stderr}");
+    assert!(!out.stdout.is_empty(), "no adapter listed");
+    // The control: with a display named, the binary leaves Mesa's device-selection layer on, and
+    // where that layer is installed (as here) its Wayland probe prints the lines the fix removes.
+    let control = bench()
+        .arg("--list-adapters")
+        .env("DISPLAY", ":99")
+        .output()
+        .unwrap();
+    let control = String::from_utf8_lossy(&control.stderr);
+    eprintln!(
+        "control run with the device-selection layer on: {}",
+        match control.contains("XDG_RUNTIME_DIR") {
+            true => "prints the XDG_RUNTIME_DIR lines",
+            false => "quiet too (no Mesa device-selection layer on this machine)",
+        }
+    );
+}
+
+#[test]
+fn bad_arguments_exit_2_with_one_line() {
+    for (args, named) in [
+        (&["--backend", "foo"][..], "--backend"),
+        (&["--heads", "8", "--kv-heads", "3"], "--kv-heads"),
+        (&["--adapter", "no-such-adapter-anywhere"], "--adapter"),
+        (&["--lengths", "0"], "--lengths"),
+        (&["--masks", "weird"], "--masks"),
+        (&["--reps", "x"], "--reps"),
+        (&["--kernels", "tpu"], "--kernels"),
+        (
+            &["--lengths", "64,128", "--kv-lengths", "64"],
+            "--kv-lengths",
+        ),
+    ] {
+        let out = bench().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+        assert!(
+            lines[0].starts_with("attention-bench: "),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            lines[0].contains(named),
+            "{args:?}: the message names the argument: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn tiny_run_writes_validated_json_plot_and_compares() {
+    let dir = std::env::temp_dir().join(format!("attention-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("run.json");
+    let svg = dir.join("run.svg");
+    common::for_each_backend(|backend, _ctx| {
+        let out = bench()
+            .args([
+                "--backend",
+                backend,
+                "--quick",
+                "--lengths",
+                "33",
+                "--heads",
+                "2",
+            ])
+            .args(["--masks", "causal,padding", "--reps", "1", "--wall-clock"])
+            .args(["--kernels", "cpu,gpu"])
+            .arg("--json")
+            .arg(&json)
+            .arg("--plot")
+            .arg(&svg)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "[{backend}] {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for family in ["cpu", "gpu"] {
+            assert!(
+                stdout.contains(&format!("| forward | fused-{family} | f32 | {family} ")),
+                "{stdout}"
+            );
+        }
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let cases = report["cases"].as_array().unwrap();
+        // 2 masks x 3 paths (fused with each kernel family, unfused) x 2 passes, plus the
+        // Transformer layer per family (causal mask only), every one validated against the reference.
+        assert_eq!(cases.len(), 14);
+        assert!(cases.iter().any(|c| c["pass"] == "layer fwd+bwd"));
+        for case in cases {
+            assert_eq!(case["validation"]["passed"], true, "{case}");
+            assert_eq!(case["dtype"], "f32", "{case}");
+            assert!(case["median_ms"].as_f64().unwrap() > 0.0);
+            let fused = case["path"].as_str().unwrap().starts_with("fused-");
+            assert_eq!(
+                fused,
+                !case["kernel"].as_str().unwrap().is_empty(),
+                "{case}"
+            );
+        }
+        assert!(report["fma_peak_gflops"].as_f64().unwrap() > 0.0);
+        assert!(report["adapter"]["name"].is_string());
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("<polyline"));
+
+        let again = bench()
+            .args([
+                "--backend",
+                backend,
+                "--quick",
+                "--lengths",
+                "33",
+                "--heads",
+                "2",
+            ])
+            .args(["--masks", "causal", "--reps", "1", "--paths", "fused"])
+            .arg("--compare")
+            .arg(&json)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&again.stdout);
+        assert_eq!(again.status.code(), Some(0), "{stdout}");
+        assert!(stdout.contains("speed-up"), "{stdout}");
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_case_the_library_refuses_is_reported_and_skipped() {
+    // A bias gradient over packed views is refused by the library (it takes padded views); the
+    // run goes on, reports the refusal in its table and ends with success.
+    common::for_each_backend(|backend, _ctx| {
+        if backend != "vulkan" {
+            return;
+        }
+        let out = bench()
+            .args(["--backend", backend, "--lengths", "16", "--heads", "2"])
+            .args([
+                "--head-dim",
+                "8",
+                "--masks",
+                "packed",
+                "--modifiers",
+                "bias",
+            ])
+            .args([
+                "--passes",
+                "forward,backward",
+                "--paths",
+                "fused",
+                "--kernels",
+                "gpu",
+            ])
+            .args(["--reps", "1", "--wall-clock"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+        assert!(
+            stdout.contains("is packed"),
+            "the refusal is reported: {stdout}"
+        );
+        assert!(
+            stdout.contains("| forward | fused-gpu |"),
+            "the forward still ran: {stdout}"
+        );
+    });
+}
+
+#[test]
+fn compile_only_dumps_the_suite_without_running_it() {
+    let dir = std::env::temp_dir().join(format!("attention-bench-dump-{}", std::process::id()));
+    common::for_each_backend(|backend, _ctx| {
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = bench()
+            .args(["--backend", backend, "--compile-only", "--quick"])
+            .args(["--lengths", "64", "--heads", "2", "--head-dim", "8"])
+            .args(["--kernels", "cpu,gpu", "--modifiers", "none,bias,sinks"])
+            .env("WGPU_ATTENTION_DUMP_PIPELINES", &dir)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{backend}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // No case was timed or validated: no table, no FMA peak.
+        assert!(!stdout.contains("GFLOP/s"), "{backend}: {stdout}");
+        let built: usize = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("built ")?.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{backend}: no count in {stdout}"));
+        let dumped: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "wgsl"))
+            .collect();
+        assert!(built > 0, "{backend}: {stdout}");
+        assert_eq!(dumped.len(), built, "{backend}: {stdout}");
+        assert!(
+            dumped.iter().all(|p| p.with_extension("json").exists()),
+            "{backend}"
+        );
+        let names: Vec<String> = dumped
+            .iter()
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .collect();
+        for wanted in [
+            "attention_forward_cpu-",
+            "attention_forward_tiled",
+            "attention_bias_backward",
+        ] {
+            assert!(
+                names.iter().any(|n| n.starts_with(wanted)),
+                "{backend}: {wanted} in {names:?}"
+            );
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,135 @@
+//! Linear layer `y = x W^T + b`: parameters in a [`Params`] store, recorded with
+//! [`wgpu_attention::kernels::linear`]. Weights start uniform in `+-1/sqrt(in)`, biases at zero. A layer may
+//! have no bias (LLaMA's), or borrow its weight from another layer (an output head tied to the token
+//! embedding).
+
+use crate::layers::params::{Init, ParamId, Params};
+use wgpu_attention::device::Context;
+use wgpu_attention::error::Result;
+use wgpu_attention::kernels::linear::{
+    linear_backward_epilogue_into, linear_forward_epilogue_into, Epilogue, LinearGrads,
+};
+use wgpu_attention::tensor::GpuTensor;
+
+/// A linear layer's parameters: `weight [out, in]` and `bias [out]` (if it has one).
+pub struct Linear {
+    /// `[out, in]`.
+    pub weight: ParamId,
+    /// `[out]`.
+    pub bias: Option<ParamId>,
+}
+
+impl Linear {
+    /// Adds `{name}.weight [out, in]` and `{name}.bias [out]`.
+    pub fn new(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<Self> {
+        Self::with_bias(ctx, params, name, in_features, out_features, true)
+    }
+
+    /// Adds `{name}.weight [out, in]` and, if `bias`, `{name}.bias [out]`.
+    pub fn with_bias(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+    ) -> Result<Self> {
+        let bound = 1.0 / (in_features as f32).sqrt();
+        Ok(Self {
+            weight: params.add(
+                ctx,
+                format!("{name}.weight"),
+                &[out_features, in_features],
+                Init::Uniform(bound),
+            )?,
+            bias: bias
+                .then(|| params.add(ctx, format!("{name}.bias"), &[out_features], Init::Zeros))
+                .transpose()?,
+        })
+    }
+
+    /// A layer whose weight is another's parameter (`weight`, `[out, in]`), with a bias of its own
+    /// `{name}.bias` if `bias`. Its backward overwrites the weight's gradient: the owner's backward
+    /// must run after it and add to it (see [`crate::layers::embedding::Embedding`]).
+    pub fn tied(
+        ctx: &Context,
+        params: &mut Params,
+        name: &str,
+        weight: ParamId,
+        bias: bool,
+    ) -> Result<Self> {
+        let out_features = params.value(weight).shape()[0];
+        Ok(Self {
+            weight,
+            bias: bias
+                .then(|| params.add(ctx, format!("{name}.bias"), &[out_features], Init::Zeros))
+                .transpose()?,
+        })
+    }
+
+    /// Records `y = x W^T + b`.
+    pub fn forward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        y: &GpuTensor,
+    ) -> Result<()> {
+        self.forward_epilogue(ctx, encoder, p, x, Epilogue::default(), y)
+    }
+
+    /// `y = act(x W^T + b) + residual` in one GEMM (see [`Epilogue`]).
+    pub fn forward_epilogue(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        epilogue: Epilogue<'_>,
+        y: &GpuTensor,
+    ) -> Result<()> {
+        let (w, b) = (p.value(self.weight), self.bias.map(|b| p.value(b)));
+        linear_forward_epilogue_into(ctx, encoder, x, w, b, epilogue, y)
+    }
+
+    /// Writes `dx` and the weight and bias gradients.
+    pub fn backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        dy: &GpuTensor,
+        dx: &GpuTensor,
+    ) -> Result<()> {
+        self.backward_epilogue(ctx, encoder, p, x, dy, dx, Epilogue::default())
+    }
+
+    /// [`Linear::backward`] with `dx = (dy W) * act'(pre) + residual` (see [`Epilogue`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_epilogue(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &Params,
+        x: &GpuTensor,
+        dy: &GpuTensor,
+        dx: &GpuTensor,
+        dx_epilogue: Epilogue<'_>,
+    ) -> Result<()> {
+        let grads = LinearGrads {
+            dx: dx.clone(),
+            d_weight: p.grad(self.weight).clone(),
+            d_bias: self.bias.map(|b| p.grad(b).clone()),
+        };
+        let w = p.value(self.weight);
+        linear_backward_epilogue_into(ctx, encoder, x, w, dy, &grads, dx_epilogue)
+    }
+}
