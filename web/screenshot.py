@@ -77,7 +77,7 @@ def main():
                 break
             except OSError:
                 time.sleep(0.1)
-        with open(os.path.join(WEB, "..", "webdriver.json")) as f:
+        with open(os.path.join(WEB, "..", "crates", "serve", "webdriver.json")) as f:
             options = json.load(f)["goog:chromeOptions"]
         options["args"] = options["args"] + ["--window-size=1200,1700"]
         session = webdriver(base, "POST", "/session", {
