@@ -254,3 +254,62 @@ fn compile_only_dumps_the_suite_without_running_it() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `additive-bench --compile-only` builds the fused pipelines a real run then uses, every one of
+/// them: a real run's dump holds them plus the unfused baseline's kernels only.
+#[test]
+fn additive_compile_only_builds_what_the_run_uses() {
+    common::for_each_backend(|backend, _ctx| {
+        if backend != "vulkan" {
+            return;
+        }
+        let labels = |compile_only: bool| {
+            let dir = std::env::temp_dir().join(format!(
+                "additive-bench-dump-{}-{compile_only}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            let mut command = Command::new(env!("CARGO_BIN_EXE_additive-bench"));
+            command
+                .args(["--backend", backend, "--lengths", "16,40", "--heads", "2"])
+                .args(["--score-dim", "8", "--head-dim", "8", "--reps", "1"])
+                .env("WGPU_ATTENTION_DUMP_PIPELINES", &dir);
+            if compile_only {
+                command.arg("--compile-only");
+            }
+            let out = command.output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(out.status.success(), "{stdout}");
+            let mut labels: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .filter_map(|e| Some(e.ok()?.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "wgsl"))
+                .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+                .collect();
+            labels.sort();
+            let _ = std::fs::remove_dir_all(&dir);
+            (labels, stdout)
+        };
+        let ((built, stdout), (ran, _)) = (labels(true), labels(false));
+        assert!(!built.is_empty(), "{stdout}");
+        assert!(
+            stdout.contains(&format!("built {} pipelines", built.len())),
+            "{stdout}"
+        );
+        let unfused = [
+            "additive_backward_unfused",
+            "additive_scores",
+            "attention_softmax",
+            "matmul",
+        ];
+        for label in &ran {
+            let baseline = unfused.iter().any(|u| label.starts_with(u));
+            assert_eq!(
+                built.contains(label),
+                !baseline,
+                "{label}: compile-only built {built:?}"
+            );
+        }
+        assert!(built.iter().all(|l| ran.contains(l)), "{built:?} {ran:?}");
+    });
+}

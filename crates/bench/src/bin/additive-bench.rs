@@ -4,7 +4,7 @@
 //! against the f64 reference (O in the forward, da in the backward).
 //!
 //! ```text
-//! cargo run --release --bin additive-bench -- [--lengths 256,512,1024 --heads 4 --score-dim 64 --head-dim 64]
+//! cargo run --release -p wgpu-attention-bench --bin additive-bench -- [--lengths 256,512,1024 --heads 4 --score-dim 64 --head-dim 64]
 //! ```
 
 use std::process::ExitCode;
@@ -18,7 +18,8 @@ use wgpu_attention::reference::compare::{
 };
 use wgpu_attention::{
     additive_backward, additive_backward_unfused, additive_forward, additive_forward_unfused,
-    parse_backends, AdditiveScores, AttentionOptions, AttentionShape, Context, Error, GpuTensor,
+    additive_precompile, parse_backends, AdditiveScores, AttentionOptions, AttentionPasses,
+    AttentionShape, Context, Error, GpuTensor,
 };
 
 #[derive(Parser, Debug)]
@@ -55,15 +56,40 @@ struct Cli {
     /// Write the figures as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Build every fused pipeline the run would use (forward and backward, each length), run
+    /// nothing, and print how many were built; with `WGPU_ATTENTION_DUMP_PIPELINES` each is written
+    /// out. The unfused baselines are not built (as `attention-bench --compile-only`).
+    #[arg(long)]
+    compile_only: bool,
 }
 
 fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
     let ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
     println!("adapter: {}", ctx.report());
-    let timer = Timer::new(&ctx, false);
     let (b, h, da, dv) = (cli.batch, cli.heads, cli.score_dim, cli.head_dim);
     let opts = AttentionOptions::new().causal(cli.causal);
+    let shape = |l: usize| AttentionShape {
+        batch: b,
+        q_seq: l,
+        kv_seq: l,
+        heads: h,
+        kv_heads: h,
+        head_dim_qk: da,
+        head_dim_v: dv,
+    };
+    if cli.compile_only {
+        for &l in &cli.lengths {
+            additive_precompile(&ctx, &shape(l), &opts, AttentionPasses::ForwardBackward)?;
+        }
+        println!(
+            "built {} pipelines (the fused forward and backward at L {:?})",
+            ctx.cached_pipelines(),
+            cli.lengths
+        );
+        return Ok(());
+    }
+    let timer = Timer::new(&ctx, false);
     let w = GpuTensor::from_slice(&ctx, &uniform_values(h * da, 1, 1.0), &[h, da])?;
     let bias = GpuTensor::from_slice(&ctx, &uniform_values(h * da, 2, 0.5), &[h, da])?;
     let scores = AdditiveScores { w: &w, bias: &bias };
@@ -89,15 +115,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             if n > 0 {
                 return "-".into();
             }
-            let s = AttentionShape {
-                batch: b,
-                q_seq: l,
-                kv_seq: l,
-                heads: h,
-                kv_heads: h,
-                head_dim_qk: da,
-                head_dim_v: dv,
-            };
+            let s = shape(l);
             let f = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<_>>();
             let m = Masks {
                 scale: 1.0,

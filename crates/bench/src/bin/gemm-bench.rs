@@ -7,7 +7,7 @@
 //! reference first.
 //!
 //! ```text
-//! cargo run --release --bin gemm-bench -- [--rows 1024 --d-model 256 --d-ff 1024 --tiles 64x64,128x64 --f16 --reps 5 --json FILE]
+//! cargo run --release -p wgpu-attention-bench --bin gemm-bench -- [--rows 1024 --d-model 256 --d-ff 1024 --tiles 64x64,128x64 --f16 --reps 5 --json FILE]
 //! ```
 
 use std::process::ExitCode;

@@ -5,9 +5,9 @@
 //! and int8 caches beside the contiguous f32 one.
 //!
 //! ```text
-//! cargo run --release --bin generate-bench -- [--d-model 512 --layers 8 --heads 8 --context 2048
+//! cargo run --release -p wgpu-attention-bench --bin generate-bench -- [--d-model 512 --layers 8 --heads 8 --context 2048
 //!     --prompt 512 --new-tokens 128 --batches 1,8 --rerun --attention-lengths 1024,2048]
-//! cargo run --release --bin generate-bench -- --model DIR [--context ...]   # a published model
+//! cargo run --release -p wgpu-attention-bench --bin generate-bench -- --model DIR [--context ...]   # a published model
 //! ```
 
 use std::process::ExitCode;

@@ -4,8 +4,8 @@
 //! (timestamp queries around every compute pass, where the adapter has them).
 //!
 //! ```text
-//! cargo run --release --bin transformer-bench -- [--d-model 256 --heads 8 --layers 4 --seq 128 --batch 8]
-//! cargo run --release --bin transformer-bench -- --varlen [--seq 256 --batch 8]   # packed vs padded
+//! cargo run --release -p wgpu-attention-bench --bin transformer-bench -- [--d-model 256 --heads 8 --layers 4 --seq 128 --batch 8]
+//! cargo run --release -p wgpu-attention-bench --bin transformer-bench -- --varlen [--seq 256 --batch 8]   # packed vs padded
 //! ```
 
 use std::process::ExitCode;

@@ -1,9 +1,9 @@
 //! `attention-bench`: validated, reproducible attention benchmarks on any adapter.
 //!
-//!     cargo run --release --bin attention-bench                 # default suite
-//!     cargo run --release --bin attention-bench -- --quick      # under a minute on lavapipe
-//!     cargo run --release --bin attention-bench -- --suite scaling --json scaling.json --plot scaling.svg
-//!     cargo run --release --bin attention-bench -- --list-adapters
+//!     cargo run --release -p wgpu-attention-bench --bin attention-bench                 # default suite
+//!     cargo run --release -p wgpu-attention-bench --bin attention-bench -- --quick      # under a minute on lavapipe
+//!     cargo run --release -p wgpu-attention-bench --bin attention-bench -- --suite scaling --json scaling.json --plot scaling.svg
+//!     cargo run --release -p wgpu-attention-bench --bin attention-bench -- --list-adapters
 //!
 //! Every case is first checked against the CPU reference where that is affordable; a failed check is
 //! printed loudly and makes the exit code 1. Bad arguments exit with code 2 and a one-line message.
