@@ -55,3 +55,8 @@ pub use tensor::{
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The library guide's code (`docs/library.md`), compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/library.md")]
+pub struct LibraryGuideDoctests;
