@@ -175,8 +175,30 @@ impl RopeScaling {
     }
 }
 
-/// AdamW hyper-parameters.
+/// Builder setters for a `#[non_exhaustive]` configuration struct: `$name(value)` sets field `$name`
+/// and returns the struct, so callers outside its crate write `Config::default().lr(3e-4)` (a struct
+/// literal there would break at every added field). Used by the workspace's crates for their
+/// configurations.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! config_setters {
+    ($ty:ty { $($field:ident: $t:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                #[doc = concat!("Sets `", stringify!($field), "`.")]
+                #[must_use]
+                pub fn $field(mut self, value: $t) -> Self {
+                    self.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+/// AdamW hyper-parameters: `AdamWConfig::default()` with setters (`.lr(3e-4).max_grad_norm(Some(1.0))`).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct AdamWConfig {
     /// Learning rate.
     pub lr: f32,
@@ -192,6 +214,15 @@ pub struct AdamWConfig {
     pub max_grad_norm: Option<f32>,
 }
 
+crate::config_setters!(AdamWConfig {
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    max_grad_norm: Option<f32>,
+});
+
 impl Default for AdamWConfig {
     fn default() -> Self {
         Self {
@@ -205,8 +236,10 @@ impl Default for AdamWConfig {
     }
 }
 
-/// How a token is chosen from a row of logits.
+/// How a token is chosen from a row of logits: [`Sampling::greedy`] or [`Sampling::temperature`],
+/// then [`Sampling::top_k`] and [`Sampling::top_p`].
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Sampling {
     /// 0 chooses the arg max (greedy); otherwise softmax(logits / temperature).
     pub temperature: f32,

@@ -14,12 +14,10 @@ use wgpu_attention::{Error, GpuTensor};
 fn steps_match_reference_with_and_without_clipping() {
     for_each_backend(|backend, ctx| {
         for max_grad_norm in [None, Some(0.5)] {
-            let config = AdamWConfig {
-                lr: 0.01,
-                weight_decay: 0.1,
-                max_grad_norm,
-                ..Default::default()
-            };
+            let config = AdamWConfig::default()
+                .lr(0.01)
+                .weight_decay(0.1)
+                .max_grad_norm(max_grad_norm);
             let shapes = [vec![5], vec![7, 3], vec![2, 300]];
             let mut rng = rng(42);
             let mut host: Vec<Vec<f64>> = Vec::new();
@@ -107,10 +105,7 @@ fn mismatched_tensors_are_a_typed_error() {
             opt.step(ctx, &[&p], &[&p]),
             Err(Error::Shape { arg: "grads", .. })
         ));
-        let bad = AdamWConfig {
-            beta1: 1.0,
-            ..Default::default()
-        };
+        let bad = AdamWConfig::default().beta1(1.0);
         assert!(AdamW::new(ctx, bad, &[&p]).is_err());
     });
 }
@@ -118,11 +113,7 @@ fn mismatched_tensors_are_a_typed_error() {
 #[test]
 fn a_non_finite_gradient_norm_skips_this_and_every_later_update() {
     for_each_backend(|backend, ctx| {
-        let config = AdamWConfig {
-            lr: 0.01,
-            max_grad_norm: Some(1.0),
-            ..Default::default()
-        };
+        let config = AdamWConfig::default().lr(0.01).max_grad_norm(Some(1.0));
         let start = [0.5f32, -1.0, 2.0, 0.25];
         let p = GpuTensor::from_slice(ctx, &start, &[4]).unwrap();
         let mut opt = AdamW::new(ctx, config, &[&p]).unwrap();

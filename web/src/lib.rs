@@ -357,25 +357,20 @@ struct MapJson {
 
 impl Reversal {
     fn config() -> TransformerConfig {
-        TransformerConfig {
-            vocab: (DIGIT0 + 10) as usize,
-            d_model: 32,
-            heads: 4,
-            d_ff: 64,
-            encoder_layers: 1,
-            decoder_layers: 2,
-            pre_ln: true,
-            pad_id: PAD,
-            ..TransformerConfig::default()
-        }
+        TransformerConfig::default()
+            .vocab((DIGIT0 + 10) as usize)
+            .d_model(32)
+            .heads(4)
+            .d_ff(64)
+            .encoder_layers(1)
+            .decoder_layers(2)
+            .pre_ln(true)
+            .pad_id(PAD)
     }
 
     fn new(ctx: &Context) -> wgpu_attention::Result<Self> {
         let model = Transformer::new(ctx, Self::config(), SHAPE, 1)?;
-        let adam = AdamWConfig {
-            lr: 3e-3,
-            ..Default::default()
-        };
+        let adam = AdamWConfig::default().lr(3e-3);
         Ok(Self {
             trainer: Trainer::new(ctx, model, adam)?,
             rng: SmallRng::seed_from_u64(7),

@@ -217,18 +217,16 @@ fn make_batch(sequences: &[Vec<u32>]) -> Batch {
 }
 
 fn config() -> TransformerConfig {
-    TransformerConfig {
-        vocab: (DIGIT0 + 10) as usize,
-        d_model: 64,
-        heads: 4,
-        d_ff: 128,
-        encoder_layers: 0,
-        decoder_layers: 2,
-        pre_ln: true,
-        pad_id: PAD,
-        rope_base: Some(10000.0),
-        ..TransformerConfig::default()
-    }
+    TransformerConfig::default()
+        .vocab((DIGIT0 + 10) as usize)
+        .d_model(64)
+        .heads(4)
+        .d_ff(128)
+        .encoder_layers(0)
+        .decoder_layers(2)
+        .pre_ln(true)
+        .pad_id(PAD)
+        .rope_base(Some(10000.0))
 }
 
 fn learning_rate(step: usize, total: usize) -> f32 {
@@ -364,11 +362,10 @@ fn run(args: &Args) -> Result<(), Error> {
         src_len: 0,
     };
     let mut generator = Generator::new(&ctx, &trainer.model, generator_shape)?;
-    let greedy = GenerateOptions {
-        max_new_tokens: MAX_LEN + 1,
-        sampling: Sampling::greedy(),
-        stop: Some(EOS),
-    };
+    let greedy = GenerateOptions::default()
+        .max_new_tokens(MAX_LEN + 1)
+        .sampling(Sampling::greedy())
+        .stop(Some(EOS));
     // Compile every pipeline before timing.
     generator.generate(&ctx, &prompts[..BATCH], None, &greedy)?;
     let started = Instant::now();
@@ -398,11 +395,10 @@ fn run(args: &Args) -> Result<(), Error> {
     for (p, got) in prompts.iter().zip(&cached).take(4) {
         println!("  {}  ->  {}", show(p), show(got));
     }
-    let sampled = GenerateOptions {
-        max_new_tokens: MAX_LEN + 1,
-        sampling: Sampling::temperature(0.8, args.seed).top_k(3).top_p(0.95),
-        stop: Some(EOS),
-    };
+    let sampled = GenerateOptions::default()
+        .max_new_tokens(MAX_LEN + 1)
+        .sampling(Sampling::temperature(0.8, args.seed).top_k(3).top_p(0.95))
+        .stop(Some(EOS));
     let out = generator.generate(&ctx, &prompts[..BATCH], None, &sampled)?;
     println!("sampled (temperature 0.8, top-k 3, top-p 0.95):");
     for (p, got) in prompts.iter().zip(&out.tokens).take(4) {

@@ -73,22 +73,20 @@ fn run(args: &Args) -> Result<(), wgpu_attention::Error> {
     let generator = match &args.model {
         Some(dir) => Generator::from_pretrained(&ctx, &Pretrained::open(dir)?, shape, layout)?,
         None => {
-            let config = TransformerConfig {
-                vocab: 2000,
-                d_model: 256,
-                heads: 8,
-                kv_heads: Some(2),
-                d_ff: 512,
-                encoder_layers: 0,
-                decoder_layers: 4,
-                norm: Norm::RmsNorm,
-                activation: Activation::Silu,
-                gated_feed_forward: true,
-                bias: false,
-                output_bias: false,
-                rope_base: Some(10000.0),
-                ..TransformerConfig::default()
-            };
+            let config = TransformerConfig::default()
+                .vocab(2000)
+                .d_model(256)
+                .heads(8)
+                .kv_heads(Some(2))
+                .d_ff(512)
+                .encoder_layers(0)
+                .decoder_layers(4)
+                .norm(Norm::RmsNorm)
+                .activation(Activation::Silu)
+                .gated_feed_forward(true)
+                .bias(false)
+                .output_bias(false)
+                .rope_base(Some(10000.0));
             let one = BatchShape {
                 batch: 1,
                 src_len: 0,

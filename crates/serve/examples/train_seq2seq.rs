@@ -174,11 +174,10 @@ fn evaluate_cached(
         src_len: s.src_len,
     };
     let mut generator = Generator::new(ctx, model, generator_shape)?;
-    let options = GenerateOptions {
-        max_new_tokens: s.tgt_len,
-        sampling: Sampling::greedy(),
-        stop: Some(EOS),
-    };
+    let options = GenerateOptions::default()
+        .max_new_tokens(s.tgt_len)
+        .sampling(Sampling::greedy())
+        .stop(Some(EOS));
     let prompts = vec![vec![BOS]; BATCH];
     let mut exact = 0;
     for chunk in sequences.chunks(BATCH) {
@@ -262,26 +261,23 @@ fn run(args: &Args) -> Result<f64, Error> {
     let saver = Checkpointer::new(&args.checkpoint, args.save_every)?;
     let ctx = Context::from_env()?;
     println!("adapter: {}", ctx.report());
-    let config = TransformerConfig {
-        vocab: (DIGIT0 + 10) as usize,
-        d_model: 64,
-        heads: 4,
-        d_ff: 128,
-        encoder_layers: 2,
-        decoder_layers: 2,
-        pre_ln: true,
-        pad_id: PAD,
-        ..TransformerConfig::default()
-    };
+    let config = TransformerConfig::default()
+        .vocab((DIGIT0 + 10) as usize)
+        .d_model(64)
+        .heads(4)
+        .d_ff(128)
+        .encoder_layers(2)
+        .decoder_layers(2)
+        .pre_ln(true)
+        .pad_id(PAD);
     let model = Transformer::new(&ctx, config, shape(), 1)?;
-    let adam = AdamWConfig {
-        lr: learning_rate(args.peak_lr, 0, args.steps),
-        beta1: 0.9,
-        beta2: 0.98,
-        eps: 1e-8,
-        weight_decay: 0.01,
-        max_grad_norm: Some(1.0),
-    };
+    let adam = AdamWConfig::default()
+        .lr(learning_rate(args.peak_lr, 0, args.steps))
+        .beta1(0.9)
+        .beta2(0.98)
+        .eps(1e-8)
+        .weight_decay(0.01)
+        .max_grad_norm(Some(1.0));
     let mut trainer = Trainer::new(&ctx, model, adam)?;
     println!(
         "model: {config:?}; {} parameters in {} tensors; batch {BATCH}, lengths {MIN_LEN}..={MAX_LEN}",

@@ -305,16 +305,14 @@ const SHAPE: BatchShape = BatchShape {
 #[wasm_bindgen_test]
 async fn a_transformer_training_step_matches_the_reference() {
     let mut ctx = context().await;
-    let config = TransformerConfig {
-        vocab: 9,
-        d_model: 16,
-        heads: 2,
-        d_ff: 24,
-        encoder_layers: 1,
-        decoder_layers: 1,
-        pre_ln: true,
-        ..TransformerConfig::default()
-    };
+    let config = TransformerConfig::default()
+        .vocab(9)
+        .d_model(16)
+        .heads(2)
+        .d_ff(24)
+        .encoder_layers(1)
+        .decoder_layers(1)
+        .pre_ln(true);
     let batch = Batch {
         src: vec![3, 4, 5, 6, 7, 8, 3, 0, 0, 0],
         src_lens: vec![5, 2],
@@ -322,10 +320,7 @@ async fn a_transformer_training_step_matches_the_reference() {
         tgt_out: vec![7, 6, 5, 4, 3, 8, 0, 0],
         tgt_lens: vec![4, 2],
     };
-    let adam = AdamWConfig {
-        lr: 1e-2,
-        ..Default::default()
-    };
+    let adam = AdamWConfig::default().lr(1e-2);
     for family in FAMILIES {
         ctx.set_kernel_family(Some(family));
         let model = Transformer::new(&ctx, config, SHAPE, 3).unwrap();
@@ -398,16 +393,14 @@ async fn a_transformer_training_step_matches_the_reference() {
 async fn greedy_generation_from_the_kv_cache_matches_the_reference_model() {
     let mut ctx = context().await;
     const VOCAB: usize = 13;
-    let config = TransformerConfig {
-        vocab: VOCAB,
-        d_model: 16,
-        heads: 2,
-        d_ff: 24,
-        encoder_layers: 0,
-        decoder_layers: 2,
-        pre_ln: true,
-        ..TransformerConfig::default()
-    };
+    let config = TransformerConfig::default()
+        .vocab(VOCAB)
+        .d_model(16)
+        .heads(2)
+        .d_ff(24)
+        .encoder_layers(0)
+        .decoder_layers(2)
+        .pre_ln(true);
     let shape = BatchShape {
         batch: 2,
         src_len: 0,
@@ -424,11 +417,10 @@ async fn greedy_generation_from_the_kv_cache_matches_the_reference_model() {
             src_len: 0,
         };
         let mut generator = Generator::new(&ctx, &model, generator_shape).unwrap();
-        let options = GenerateOptions {
-            max_new_tokens: 4,
-            sampling: Sampling::greedy(),
-            stop: None,
-        };
+        let options = GenerateOptions::default()
+            .max_new_tokens(4)
+            .sampling(Sampling::greedy())
+            .stop(None);
         let out = generator
             .generate_async(&ctx, &prompts, None, &options)
             .await

@@ -28,98 +28,77 @@ const SHAPE: BatchShape = BatchShape {
 };
 
 fn config(encoder_layers: usize) -> TransformerConfig {
-    TransformerConfig {
-        vocab: VOCAB,
-        d_model: 16,
-        heads: 2,
-        d_ff: 24,
-        encoder_layers,
-        decoder_layers: 2,
-        pre_ln: true,
-        pad_id: PAD,
-        ..TransformerConfig::default()
-    }
+    TransformerConfig::default()
+        .vocab(VOCAB)
+        .d_model(16)
+        .heads(2)
+        .d_ff(24)
+        .encoder_layers(encoder_layers)
+        .decoder_layers(2)
+        .pre_ln(true)
+        .pad_id(PAD)
 }
 
 fn configs() -> Vec<(&'static str, TransformerConfig)> {
     vec![
         (
             "decoder-only rope window alibi softcap sinks",
-            TransformerConfig {
-                rope_base: Some(10000.0),
-                attention_window: Some(3),
-                alibi: true,
-                attention_softcap: Some(2.0),
-                attention_sinks: true,
-                ..config(0)
-            },
+            config(0)
+                .rope_base(Some(10000.0))
+                .attention_window(Some(3))
+                .alibi(true)
+                .attention_softcap(Some(2.0))
+                .attention_sinks(true),
         ),
         (
             "decoder-only post-LN relative",
-            TransformerConfig {
-                pre_ln: false,
-                relative_buckets: Some(RelativeBuckets::new(8, 6, true)),
-                ..config(0)
-            },
+            config(0)
+                .pre_ln(false)
+                .relative_buckets(Some(RelativeBuckets::new(8, 6, true))),
         ),
         (
             "encoder-decoder learned positions",
-            TransformerConfig {
-                learned_positions: true,
-                ..config(1)
-            },
+            config(1).learned_positions(true),
         ),
         (
             "decoder-only cosine scores",
-            TransformerConfig {
-                cosine_scores: Some(4.0),
-                ..config(0)
-            },
+            config(0).cosine_scores(Some(4.0)),
         ),
         (
             "encoder-decoder key-norm clipping",
-            TransformerConfig {
-                key_norm_clip: Some(1.5),
-                ..config(1)
-            },
+            config(1).key_norm_clip(Some(1.5)),
         ),
         (
             "decoder-only LLaMA blocks: GQA, RMSNorm, SwiGLU, no biases, llama3 rope",
-            TransformerConfig {
-                heads: 4,
-                kv_heads: Some(2),
-                norm: Norm::RmsNorm,
-                activation: Activation::Silu,
-                gated_feed_forward: true,
-                bias: false,
-                output_bias: false,
-                rope_base: Some(10000.0),
-                rope_scaling: Some(RopeScaling::Llama3 {
+            config(0)
+                .heads(4)
+                .kv_heads(Some(2))
+                .norm(Norm::RmsNorm)
+                .activation(Activation::Silu)
+                .gated_feed_forward(true)
+                .bias(false)
+                .output_bias(false)
+                .rope_base(Some(10000.0))
+                .rope_scaling(Some(RopeScaling::Llama3 {
                     factor: 4.0,
                     low_freq_factor: 1.0,
                     high_freq_factor: 4.0,
                     original_max_positions: 16,
-                }),
-                ..config(0)
-            },
+                })),
         ),
         (
             "decoder-only GPT-2 blocks: tied, a longer learned position table",
-            TransformerConfig {
-                learned_positions: true,
-                max_positions: Some(24),
-                tied_embeddings: true,
-                output_bias: false,
-                ..config(0)
-            },
+            config(0)
+                .learned_positions(true)
+                .max_positions(Some(24))
+                .tied_embeddings(true)
+                .output_bias(false),
         ),
         (
             "encoder-decoder additive window",
-            TransformerConfig {
-                additive_attention: Some(6),
-                attention_window: Some(4),
-                ..config(1)
-            },
+            config(1)
+                .additive_attention(Some(6))
+                .attention_window(Some(4)),
         ),
     ]
 }
@@ -297,12 +276,7 @@ fn packed_prefill_passes_match_the_full_forward() {
     ];
     // One model: learned positions (placed after each sequence's cached tokens) and GQA; packed
     // RoPE after a cache is tests/packed.rs's. Each pipeline compiled costs test time.
-    let c = TransformerConfig {
-        heads: 4,
-        kv_heads: Some(2),
-        learned_positions: true,
-        ..config(0)
-    };
+    let c = config(0).heads(4).kv_heads(Some(2)).learned_positions(true);
     for_each_backend(|name, ctx| {
         let label = "decoder-only, learned positions, GQA";
         let mut model = Transformer::new(ctx, c, shape, 60).unwrap();
@@ -477,11 +451,10 @@ fn greedy_generation_matches_rerunning_the_forward() {
             src_len: 0,
         };
         let mut generator = Generator::new(ctx, &model, shape).unwrap();
-        let options = GenerateOptions {
-            max_new_tokens: 4,
-            sampling: Sampling::greedy(),
-            stop: None,
-        };
+        let options = GenerateOptions::default()
+            .max_new_tokens(4)
+            .sampling(Sampling::greedy())
+            .stop(None);
         let out = generator.generate(ctx, &prompts, None, &options).unwrap();
         assert!(out.tokens.iter().all(|t| t.len() == 4), "[{name}] {out:?}");
         // A second generation creates no bind group (nor parameter block): every recording reuses
@@ -572,10 +545,7 @@ fn bad_generation_input_is_a_typed_error_and_leaves_the_cache() {
         assert!(e.to_string().contains("decoder-only"), "[{name}] {e}");
         assert_eq!(generator.lens(), before);
         // Configurations the cache cannot serve are refused when the generator is built.
-        let learned = TransformerConfig {
-            learned_positions: true,
-            ..config(0)
-        };
+        let learned = config(0).learned_positions(true);
         let model = Transformer::new(ctx, learned, SHAPE, 3).unwrap();
         let long = GeneratorShape {
             capacity: 10,
@@ -645,11 +615,9 @@ fn server_streams_each_request_as_if_it_ran_alone() {
                 src_len: 0,
             };
             let mut g = Generator::new(ctx, &model, shape).unwrap();
-            let options = GenerateOptions {
-                max_new_tokens,
-                stop,
-                ..Default::default()
-            };
+            let options = GenerateOptions::default()
+                .max_new_tokens(max_new_tokens)
+                .stop(stop);
             g.generate(ctx, &[prompt.to_vec()], None, &options)
                 .unwrap()
                 .tokens[0]
@@ -753,10 +721,7 @@ fn verified_drafts_give_the_tokens_of_plain_greedy_decoding() {
             caches.push(CacheConfig::default().with_format(KvFormat::Int8));
             for cache in caches {
                 let what = format!("[{name}] {label} {cache:?}");
-                let options = GenerateOptions {
-                    max_new_tokens: NEW,
-                    ..Default::default()
-                };
+                let options = GenerateOptions::default().max_new_tokens(NEW);
                 let plain = Generator::with_layout(ctx, &model, shape, cache)
                     .unwrap()
                     .generate(ctx, &prompts, srcs, &options)

@@ -244,10 +244,7 @@ fn cached_decoding_matches_transformers() {
                 inference_bytes + params <= training_bytes,
                 "[{backend}] {name}"
             );
-            let options = GenerateOptions {
-                max_new_tokens: e.greedy.len(),
-                ..Default::default()
-            };
+            let options = GenerateOptions::default().max_new_tokens(e.greedy.len());
             let out = generator
                 .generate(ctx, std::slice::from_ref(&e.prompt_ids), None, &options)
                 .unwrap();
@@ -470,15 +467,7 @@ fn fine_tuned_model_saves_back_and_reloads() {
                 tgt_len: SEQ - 1,
             };
             let model = checkpoint.model(ctx, shape).unwrap();
-            let mut trainer = Trainer::new(
-                ctx,
-                model,
-                AdamWConfig {
-                    lr: 3e-3,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let mut trainer = Trainer::new(ctx, model, AdamWConfig::default().lr(3e-3)).unwrap();
             // Next-token prediction on the fixture's two sequences.
             let (tgt_in, tgt_out): (Vec<u32>, Vec<u32>) = (0..2)
                 .flat_map(|b| (0..SEQ - 1).map(move |i| (b, i)))

@@ -14,17 +14,15 @@ use wgpu_attention_transformer::model::transformer::{
 use wgpu_attention_transformer::training::Trainer;
 
 fn model_config() -> TransformerConfig {
-    TransformerConfig {
-        vocab: 9,
-        d_model: 16,
-        heads: 2,
-        d_ff: 24,
-        encoder_layers: 1,
-        decoder_layers: 1,
-        pre_ln: true,
-        attention_sinks: true,
-        ..TransformerConfig::default()
-    }
+    TransformerConfig::default()
+        .vocab(9)
+        .d_model(16)
+        .heads(2)
+        .d_ff(24)
+        .encoder_layers(1)
+        .decoder_layers(1)
+        .pre_ln(true)
+        .attention_sinks(true)
 }
 
 #[test]
@@ -41,10 +39,7 @@ fn trainer_and_generator_precompile_their_steps_and_change_nothing() {
         tgt_out: vec![7, 6, 5, 4, 3, 8, 0, 0],
         tgt_lens: vec![4, 2],
     };
-    let adam = AdamWConfig {
-        lr: 1e-2,
-        ..Default::default()
-    };
+    let adam = AdamWConfig::default().lr(1e-2);
     for_each_backend(|name, shared| {
         // Two fresh contexts: one trains after precompiling, one without; the steps agree bitwise.
         let trained = [true, false].map(|precompile| {
@@ -76,11 +71,7 @@ fn trainer_and_generator_precompile_their_steps_and_change_nothing() {
         for layout in [CacheLayout::Contiguous, paged] {
             let generated = [true, false].map(|precompile| {
                 let ctx = fresh_context(name, shared);
-                let config = TransformerConfig {
-                    encoder_layers: 0,
-                    rope_base: Some(10000.0),
-                    ..model_config()
-                };
+                let config = model_config().encoder_layers(0).rope_base(Some(10000.0));
                 let model = Transformer::new(&ctx, config, shape, 3).unwrap();
                 let gen_shape = GeneratorShape {
                     batch: 2,
@@ -95,11 +86,10 @@ fn trainer_and_generator_precompile_their_steps_and_change_nothing() {
                     assert!(generator.precompile(&ctx, &sampling).unwrap() > 0, "{name}");
                 }
                 let compiled = ctx.cached_pipelines();
-                let options = GenerateOptions {
-                    max_new_tokens: 4,
-                    sampling,
-                    stop: None,
-                };
+                let options = GenerateOptions::default()
+                    .max_new_tokens(4)
+                    .sampling(sampling)
+                    .stop(None);
                 let out = generator
                     .generate(&ctx, &[vec![1, 2, 3, 4], vec![5]], None, &options)
                     .unwrap();

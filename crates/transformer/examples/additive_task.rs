@@ -165,18 +165,16 @@ fn config(setup: &Setup, additive: bool) -> TransformerConfig {
         heads,
         ..
     } = *setup;
-    TransformerConfig {
-        vocab: task.answer0() as usize + task.answers(),
-        d_model: 16,
-        heads,
-        d_ff: 32,
-        encoder_layers: 0,
-        decoder_layers: layers,
-        pre_ln: true,
-        pad_id: PAD,
-        additive_attention: additive.then_some(4),
-        ..TransformerConfig::default()
-    }
+    TransformerConfig::default()
+        .vocab(task.answer0() as usize + task.answers())
+        .d_model(16)
+        .heads(heads)
+        .d_ff(32)
+        .encoder_layers(0)
+        .decoder_layers(layers)
+        .pre_ln(true)
+        .pad_id(PAD)
+        .additive_attention(additive.then_some(4))
 }
 
 /// Trains one model; returns its held-out accuracy and final training loss.

@@ -30,17 +30,15 @@ const MAX_LEN: usize = 10;
 
 /// The configuration `train_seq2seq` trains.
 fn config() -> TransformerConfig {
-    TransformerConfig {
-        vocab: (DIGIT0 + 10) as usize,
-        d_model: 64,
-        heads: 4,
-        d_ff: 128,
-        encoder_layers: 2,
-        decoder_layers: 2,
-        pre_ln: true,
-        pad_id: PAD,
-        ..TransformerConfig::default()
-    }
+    TransformerConfig::default()
+        .vocab((DIGIT0 + 10) as usize)
+        .d_model(64)
+        .heads(4)
+        .d_ff(128)
+        .encoder_layers(2)
+        .decoder_layers(2)
+        .pre_ln(true)
+        .pad_id(PAD)
 }
 
 /// Source digits, decoder input BOS + reversed digits, targets reversed digits + EOS.

@@ -85,10 +85,7 @@ fn run(args: &Args) -> Result<(), String> {
         tgt_len: seq,
     };
     let model = checkpoint.model(&ctx, shape).map_err(err)?;
-    let config = AdamWConfig {
-        lr: args.lr,
-        ..Default::default()
-    };
+    let config = AdamWConfig::default().lr(args.lr);
     let mut trainer = Trainer::new(&ctx, model, config).map_err(err)?;
     let batch_at = |step: usize| {
         let starts: Vec<usize> = (0..b)

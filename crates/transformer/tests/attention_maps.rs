@@ -18,16 +18,14 @@ const SHAPE: BatchShape = BatchShape {
 };
 
 fn config() -> TransformerConfig {
-    TransformerConfig {
-        vocab: 9,
-        d_model: 16,
-        heads: 2,
-        d_ff: 24,
-        encoder_layers: 2,
-        decoder_layers: 2,
-        pre_ln: true,
-        ..TransformerConfig::default()
-    }
+    TransformerConfig::default()
+        .vocab(9)
+        .d_model(16)
+        .heads(2)
+        .d_ff(24)
+        .encoder_layers(2)
+        .decoder_layers(2)
+        .pre_ln(true)
 }
 
 #[test]
@@ -95,10 +93,7 @@ fn model_maps_are_masked_distributions() {
 #[test]
 fn additive_layers_have_maps_too() {
     for_each_backend(|name, ctx| {
-        let c = TransformerConfig {
-            additive_attention: Some(3),
-            ..config()
-        };
+        let c = config().additive_attention(Some(3));
         let mut model = Transformer::new(ctx, c, SHAPE, 3).unwrap();
         let batch = Batch {
             src: vec![1; 12],

@@ -104,12 +104,10 @@ fn packed_parameters_take_one_dispatch_per_kernel_and_match_separate_tensors_bit
             .map(|s| GpuTensor::zeros(ctx, s).unwrap())
             .collect();
 
-        let config = AdamWConfig {
-            lr: 0.01,
-            weight_decay: 0.1,
-            max_grad_norm: Some(0.5),
-            ..Default::default()
-        };
+        let config = AdamWConfig::default()
+            .lr(0.01)
+            .weight_decay(0.1)
+            .max_grad_norm(Some(0.5));
         fn refs(ts: &[GpuTensor]) -> Vec<&GpuTensor> {
             ts.iter().collect()
         }
@@ -212,11 +210,7 @@ fn arenas_split_at_the_binding_limit_and_update_like_separate_tensors() {
         .iter()
         .map(|s| GpuTensor::zeros(ctx, s).unwrap())
         .collect();
-    let config = AdamWConfig {
-        lr: 0.01,
-        max_grad_norm: Some(1.0),
-        ..Default::default()
-    };
+    let config = AdamWConfig::default().lr(0.01).max_grad_norm(Some(1.0));
     let runs: [(Vec<&GpuTensor>, Vec<&GpuTensor>, u64); 2] = [
         (
             v.iter().collect(),

@@ -20,16 +20,14 @@ use wgpu_attention_transformer::training::checkpoint::{self, Checkpointer};
 use wgpu_attention_transformer::training::Trainer;
 
 fn config(d_ff: usize) -> TransformerConfig {
-    TransformerConfig {
-        vocab: 9,
-        d_model: 16,
-        heads: 2,
-        d_ff,
-        encoder_layers: 1,
-        decoder_layers: 1,
-        pre_ln: true,
-        ..TransformerConfig::default()
-    }
+    TransformerConfig::default()
+        .vocab(9)
+        .d_model(16)
+        .heads(2)
+        .d_ff(d_ff)
+        .encoder_layers(1)
+        .decoder_layers(1)
+        .pre_ln(true)
 }
 
 const SHAPE: BatchShape = BatchShape {
@@ -50,10 +48,7 @@ fn batch() -> Batch {
 
 fn trainer(ctx: &Context, d_ff: usize) -> Trainer {
     let model = Transformer::new(ctx, config(d_ff), SHAPE, 3).unwrap();
-    let adam = AdamWConfig {
-        lr: 1e-2,
-        ..Default::default()
-    };
+    let adam = AdamWConfig::default().lr(1e-2);
     Trainer::new(ctx, model, adam).unwrap()
 }
 
@@ -153,18 +148,16 @@ fn a_step_is_one_pass_and_equals_a_pass_per_kernel_bitwise() {
 /// The model-zoo blocks in a checkpoint: grouped key/value heads, RMSNorm, SwiGLU, no biases, tied
 /// embeddings and scaled rotary frequencies, in an encoder-decoder.
 fn llama_blocks() -> TransformerConfig {
-    TransformerConfig {
-        kv_heads: Some(1),
-        norm: Norm::RmsNorm,
-        activation: Activation::Silu,
-        gated_feed_forward: true,
-        bias: false,
-        output_bias: false,
-        tied_embeddings: true,
-        rope_base: Some(500.0),
-        rope_scaling: Some(RopeScaling::Linear { factor: 2.0 }),
-        ..config(32)
-    }
+    config(32)
+        .kv_heads(Some(1))
+        .norm(Norm::RmsNorm)
+        .activation(Activation::Silu)
+        .gated_feed_forward(true)
+        .bias(false)
+        .output_bias(false)
+        .tied_embeddings(true)
+        .rope_base(Some(500.0))
+        .rope_scaling(Some(RopeScaling::Linear { factor: 2.0 }))
 }
 
 #[test]
@@ -173,10 +166,7 @@ fn checkpoint_round_trip_resumes_exactly() {
         for (name, c) in [("default", config(32)), ("llama blocks", llama_blocks())] {
             let b = batch();
             let path = temp(&format!("{backend}-resume.safetensors"));
-            let adam = AdamWConfig {
-                lr: 1e-2,
-                ..Default::default()
-            };
+            let adam = AdamWConfig::default().lr(1e-2);
             let mut a =
                 Trainer::new(ctx, Transformer::new(ctx, c, SHAPE, 3).unwrap(), adam).unwrap();
             for _ in 0..3 {
@@ -447,10 +437,7 @@ fn a_non_finite_step_stops_updates_and_saves() {
         // A learning rate this large sends the weights to ~1e30 in one step; the next forward
         // overflows, so the loss and the gradient norm of step 2 are NaN.
         let model = Transformer::new(ctx, config(32), SHAPE, 3).unwrap();
-        let adam = AdamWConfig {
-            lr: 1e30,
-            ..Default::default()
-        };
+        let adam = AdamWConfig::default().lr(1e30);
         let mut t = Trainer::new(ctx, model, adam).unwrap();
         t.step(ctx, &batch()).unwrap();
         t.check_finite(ctx).unwrap();
@@ -554,10 +541,7 @@ fn configurations_are_compared_field_by_field() {
         assert_eq!(values(ctx, &r), expected, "[{backend}] defaulted field");
 
         // ... and is refused, naming the field, by a model that set it otherwise.
-        let learned = TransformerConfig {
-            learned_positions: true,
-            ..config(32)
-        };
+        let learned = config(32).learned_positions(true);
         let model = Transformer::new(ctx, learned, SHAPE, 3).unwrap();
         let mut other = Trainer::new(ctx, model, AdamWConfig::default()).unwrap();
         let err = checkpoint::load(ctx, &mut other, &edited).unwrap_err();

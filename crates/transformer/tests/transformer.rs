@@ -17,112 +17,87 @@ use wgpu_attention_transformer::reference::transformer::{self as reference, Para
 const PAD: u32 = 0;
 
 fn config(encoder_layers: usize, pre_ln: bool, learned_positions: bool) -> TransformerConfig {
-    TransformerConfig {
-        vocab: 11,
-        d_model: 32,
-        heads: 4,
-        d_ff: 48,
-        encoder_layers,
-        decoder_layers: 2,
-        pre_ln,
-        learned_positions,
-        pad_id: PAD,
-        ..TransformerConfig::default()
-    }
+    TransformerConfig::default()
+        .vocab(11)
+        .d_model(32)
+        .heads(4)
+        .d_ff(48)
+        .encoder_layers(encoder_layers)
+        .decoder_layers(2)
+        .pre_ln(pre_ln)
+        .learned_positions(learned_positions)
+        .pad_id(PAD)
 }
 
 /// The self-attention score modifiers on: softcap, ALiBi and a window shorter than the sequences.
 fn with_score_modifiers(c: TransformerConfig) -> TransformerConfig {
-    TransformerConfig {
-        attention_softcap: Some(1.5),
-        alibi: true,
-        attention_window: Some(2),
-        relative_buckets: None,
-        attention_sinks: false,
-        cosine_scores: None,
-        key_norm_clip: None,
-        rope_base: None,
-        ..c
-    }
+    c.attention_softcap(Some(1.5))
+        .alibi(true)
+        .attention_window(Some(2))
+        .relative_buckets(None)
+        .attention_sinks(false)
+        .cosine_scores(None)
+        .key_norm_clip(None)
+        .rope_base(None)
 }
 
 /// The learned score terms on: T5 relative buckets (one-directional in the decoder) and sinks,
 /// with cosine scores or key-norm clipping.
 fn with_learned_score_terms(c: TransformerConfig, cosine: bool) -> TransformerConfig {
-    TransformerConfig {
-        relative_buckets: Some(RelativeBuckets::new(8, 6, true)),
-        attention_sinks: true,
-        cosine_scores: cosine.then_some(4.0),
-        key_norm_clip: (!cosine).then_some(0.3),
-        ..c
-    }
+    c.relative_buckets(Some(RelativeBuckets::new(8, 6, true)))
+        .attention_sinks(true)
+        .cosine_scores(cosine.then_some(4.0))
+        .key_norm_clip((!cosine).then_some(0.3))
 }
 
 /// Additive (Bahdanau) scores in self-attention, score dim 5 per head, with a window.
 fn with_additive(c: TransformerConfig) -> TransformerConfig {
-    TransformerConfig {
-        additive_attention: Some(5),
-        attention_window: Some(3),
-        ..c
-    }
+    c.additive_attention(Some(5)).attention_window(Some(3))
 }
 
 /// Rotary position embeddings instead of the additive positions.
 fn with_rope(c: TransformerConfig) -> TransformerConfig {
-    TransformerConfig {
-        rope_base: Some(10000.0),
-        learned_positions: false,
-        ..c
-    }
+    c.rope_base(Some(10000.0)).learned_positions(false)
 }
 
 /// GPT-2's blocks: learned positions in a table longer than the batch, tanh-GELU, tied
 /// embeddings, no output bias.
 fn gpt2_like(c: TransformerConfig) -> TransformerConfig {
-    TransformerConfig {
-        learned_positions: true,
-        max_positions: Some(9),
-        tied_embeddings: true,
-        output_bias: false,
-        ..c
-    }
+    c.learned_positions(true)
+        .max_positions(Some(9))
+        .tied_embeddings(true)
+        .output_bias(false)
 }
 
 /// LLaMA's blocks: RMSNorm, SwiGLU, no biases, grouped key/value heads, rotary embeddings with
 /// LLaMA 3's frequency scaling (one pair of each head unscaled, one blended, two scaled).
 fn llama_like(c: TransformerConfig) -> TransformerConfig {
-    TransformerConfig {
-        norm: Norm::RmsNorm,
-        norm_eps: 1e-6,
-        activation: Activation::Silu,
-        gated_feed_forward: true,
-        bias: false,
-        output_bias: false,
-        kv_heads: Some(2),
-        rope_base: Some(10000.0),
-        rope_scaling: Some(RopeScaling::Llama3 {
+    c.norm(Norm::RmsNorm)
+        .norm_eps(1e-6)
+        .activation(Activation::Silu)
+        .gated_feed_forward(true)
+        .bias(false)
+        .output_bias(false)
+        .kv_heads(Some(2))
+        .rope_base(Some(10000.0))
+        .rope_scaling(Some(RopeScaling::Llama3 {
             factor: 8.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
             original_max_positions: 64,
-        }),
-        learned_positions: false,
-        ..c
-    }
+        }))
+        .learned_positions(false)
 }
 
 /// GeGLU with biases, RMSNorm and one key/value head (MQA), linear rope scaling.
 fn geglu_mqa(c: TransformerConfig) -> TransformerConfig {
-    TransformerConfig {
-        norm: Norm::RmsNorm,
-        activation: Activation::Gelu,
-        gated_feed_forward: true,
-        kv_heads: Some(1),
-        rope_base: Some(500.0),
-        rope_scaling: Some(RopeScaling::Linear { factor: 2.0 }),
-        learned_positions: false,
-        ..c
-    }
+    c.norm(Norm::RmsNorm)
+        .activation(Activation::Gelu)
+        .gated_feed_forward(true)
+        .kv_heads(Some(1))
+        .rope_base(Some(500.0))
+        .rope_scaling(Some(RopeScaling::Linear { factor: 2.0 }))
+        .learned_positions(false)
 }
 
 const SHAPE: BatchShape = BatchShape {
@@ -340,10 +315,7 @@ fn additive_scores_refuse_dot_product_terms() {
                 "attention_softcap",
             ),
             (
-                TransformerConfig {
-                    additive_attention: Some(0),
-                    ..config(0, true, false)
-                },
+                config(0, true, false).additive_attention(Some(0)),
                 "additive_attention",
             ),
         ] {
@@ -491,19 +463,13 @@ fn padding_changes_nothing() {
 #[test]
 fn rope_and_learned_positions_are_exclusive() {
     for_each_backend(|_, ctx| {
-        let c = TransformerConfig {
-            rope_base: Some(10000.0),
-            ..config(0, true, true)
-        };
+        let c = config(0, true, true).rope_base(Some(10000.0));
         let err = Transformer::new(ctx, c, SHAPE, 1).err().expect("refused");
         assert!(
             err.to_string().contains("learned_positions/rope_base"),
             "{err}"
         );
-        let c = TransformerConfig {
-            rope_base: Some(0.5),
-            ..config(0, true, false)
-        };
+        let c = config(0, true, false).rope_base(Some(0.5));
         let err = Transformer::new(ctx, c, SHAPE, 1).err().expect("refused");
         assert!(err.to_string().contains("rope_base"), "{err}");
     });
@@ -521,10 +487,7 @@ fn packed_batches_match_padded_batches() {
             // A table longer than both models' rows, so that both draw the same parameters.
             (
                 "learned positions",
-                TransformerConfig {
-                    max_positions: Some(16),
-                    ..config(0, true, true)
-                },
+                config(0, true, true).max_positions(Some(16)),
             ),
             ("rope, GQA", llama_like(config(0, true, false))),
         ] {

@@ -123,19 +123,17 @@ fn model(ctx: &Context, cli: &Cli) -> Result<Transformer, Error> {
     if let Some(dir) = &cli.model {
         return Pretrained::open(dir)?.model(ctx, shape);
     }
-    let config = TransformerConfig {
-        vocab: cli.vocab,
-        d_model: cli.d_model,
-        heads: cli.heads,
-        d_ff: cli.d_ff.unwrap_or(4 * cli.d_model),
-        encoder_layers: 0,
-        decoder_layers: cli.layers,
-        pre_ln: true,
+    let config = TransformerConfig::default()
+        .vocab(cli.vocab)
+        .d_model(cli.d_model)
+        .heads(cli.heads)
+        .d_ff(cli.d_ff.unwrap_or(4 * cli.d_model))
+        .encoder_layers(0)
+        .decoder_layers(cli.layers)
+        .pre_ln(true)
         // Additive scores take no rotary positions (the sinusoidal ones instead).
-        rope_base: cli.additive.is_none().then_some(10000.0),
-        additive_attention: cli.additive,
-        ..TransformerConfig::default()
-    };
+        .rope_base(cli.additive.is_none().then_some(10000.0))
+        .additive_attention(cli.additive);
     Transformer::new(ctx, config, shape, 1)
 }
 
@@ -194,11 +192,10 @@ fn cached(
         (_, Some(c)) => c.bytes(),
         _ => 0,
     };
-    let options = GenerateOptions {
-        max_new_tokens: cli.new_tokens,
-        sampling: Sampling::greedy(),
-        stop: None,
-    };
+    let options = GenerateOptions::default()
+        .max_new_tokens(cli.new_tokens)
+        .sampling(Sampling::greedy())
+        .stop(None);
     let prompts = prompts(cli, model.config().vocab, batch);
     // A first run compiles every pipeline; the second is measured.
     generator.generate(ctx, &prompts, None, &options)?;
@@ -568,7 +565,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
         c.d_model,
         c.decoder_layers,
         c.heads,
-        c.kv_heads(),
+        c.effective_kv_heads(),
         c.d_ff,
         c.vocab,
         match (c.additive_attention, c.position_kind()) {

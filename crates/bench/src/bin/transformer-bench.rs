@@ -144,21 +144,19 @@ fn run(cli: &Cli) -> Result<(), Error> {
         ctx.report(),
         ctx.gemm_tiles().name()
     );
-    let config = TransformerConfig {
-        vocab: cli.vocab,
-        d_model: cli.d_model,
-        heads: cli.heads,
-        d_ff: cli.d_ff.unwrap_or(4 * cli.d_model),
-        encoder_layers: if cli.decoder_only || cli.varlen {
+    let config = TransformerConfig::default()
+        .vocab(cli.vocab)
+        .d_model(cli.d_model)
+        .heads(cli.heads)
+        .d_ff(cli.d_ff.unwrap_or(4 * cli.d_model))
+        .encoder_layers(if cli.decoder_only || cli.varlen {
             0
         } else {
             cli.layers
-        },
-        decoder_layers: cli.layers,
-        pre_ln: !cli.post_ln,
-        additive_attention: cli.additive,
-        ..TransformerConfig::default()
-    };
+        })
+        .decoder_layers(cli.layers)
+        .pre_ln(!cli.post_ln)
+        .additive_attention(cli.additive);
     if cli.varlen {
         return run_varlen(cli, &ctx, config);
     }

@@ -41,8 +41,10 @@ pub struct GeneratorShape {
     pub src_len: usize,
 }
 
-/// What [`Generator::generate`] does after the prompts.
+/// What [`Generator::generate`] does after the prompts: `GenerateOptions::default()` with setters
+/// (`.max_new_tokens(32).stop(Some(eos))`).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct GenerateOptions {
     /// The most tokens generated per sequence.
     pub max_new_tokens: usize,
@@ -52,9 +54,15 @@ pub struct GenerateOptions {
     pub stop: Option<u32>,
 }
 
+wgpu_attention::config_setters!(GenerateOptions {
+    max_new_tokens: usize,
+    sampling: Sampling,
+    stop: Option<u32>,
+});
+
 impl Default for GenerateOptions {
     /// 64 new tokens, greedy, no stop id: set the fields that differ with
-    /// `GenerateOptions { stop: Some(eos), ..Default::default() }`.
+    /// `GenerateOptions::default().stop(Some(eos))`.
     fn default() -> Self {
         Self {
             max_new_tokens: 64,
@@ -487,7 +495,7 @@ impl Generator {
                 c.decoder_layers,
                 b,
                 s.capacity,
-                c.kv_heads(),
+                c.effective_kv_heads(),
                 [key_dim, head_dim],
                 format,
             )?)),
@@ -500,7 +508,7 @@ impl Generator {
                 }
                 let mut config = PagedKvCacheConfig::new(
                     c.decoder_layers,
-                    c.kv_heads(),
+                    c.effective_kv_heads(),
                     head_dim,
                     page,
                     pool_blocks,

@@ -31,6 +31,7 @@ use wgpu_attention::tensor::{GpuTensor, HeadsView, PackedSide, SeqLens};
 /// scores with a learned per-head scale starting at `cosine` (`{name}.cosine_scale`, `[H]`),
 /// key-norm clipping, and rotary position embeddings of Q and K (before all of the above).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct ScoreOptions {
     /// Score softcap.
     pub softcap: Option<f32>,
@@ -56,6 +57,19 @@ pub struct ScoreOptions {
     /// but the window.
     pub additive: Option<usize>,
 }
+
+wgpu_attention::config_setters!(ScoreOptions {
+    softcap: Option<f32>,
+    alibi: bool,
+    window: Option<usize>,
+    relative: Option<RelativeBuckets>,
+    sinks: bool,
+    cosine: Option<f32>,
+    key_clip: Option<f32>,
+    rope_base: Option<f32>,
+    rope_scaling: Option<RopeScaling>,
+    additive: Option<usize>,
+});
 
 impl ScoreOptions {
     /// The relative buckets a layer uses: causal layers see no key after the query, so their table

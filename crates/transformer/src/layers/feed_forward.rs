@@ -17,12 +17,18 @@ use wgpu_attention::tensor::GpuTensor;
 
 /// The kind of feed-forward block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FeedForwardConfig {
     /// The nonlinearity (of the gate, when gated).
     pub activation: Activation,
     /// Gated (GLU family): `act(gate) * up`.
     pub gated: bool,
 }
+
+wgpu_attention::config_setters!(FeedForwardConfig {
+    activation: Activation,
+    gated: bool,
+});
 
 impl Default for FeedForwardConfig {
     /// Plain GELU.

@@ -25,12 +25,18 @@ pub const LN_EPS: f32 = 1e-5;
 
 /// Which normalisation a block uses, and its epsilon.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct NormConfig {
     /// LayerNorm or RMSNorm.
     pub kind: Norm,
     /// Added to the variance (or mean square) under the square root.
     pub eps: f32,
 }
+
+wgpu_attention::config_setters!(NormConfig {
+    kind: Norm,
+    eps: f32,
+});
 
 impl Default for NormConfig {
     /// LayerNorm with [`LN_EPS`].

@@ -33,8 +33,12 @@ use wgpu_attention::tensor::{GpuTensor, GpuTokens, SeqLens};
 /// The model's hyper-parameters, stored in checkpoints as JSON. A field added after checkpoint format
 /// 2 must carry `#[serde(default)]` (or `default = ...`) with the value that reproduces the behaviour
 /// from before it existed, so that older checkpoints keep loading.
+///
+/// Outside this crate it is built from `TransformerConfig::default()` with one setter per field
+/// (`.vocab(13).d_model(64)`): adding a field breaks no caller.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct TransformerConfig {
     /// Token ids are `0..vocab`, shared by source and target.
     pub vocab: usize,
@@ -112,7 +116,7 @@ pub struct TransformerConfig {
     /// embeddings; the head then has no `out.weight`; default false).
     #[serde(default)]
     pub tied_embeddings: bool,
-    /// Key and value heads of self-attention: grouped-query attention when below `heads`, which it
+    /// Key and value heads of self-attention (`kv_heads`, or `heads` when unset). grouped-query attention when below `heads`, which it
     /// must divide (default: `heads`).
     #[serde(default)]
     pub kv_heads: Option<usize>,
@@ -133,6 +137,37 @@ fn default_activation() -> Activation {
     Activation::Gelu
 }
 
+wgpu_attention::config_setters!(TransformerConfig {
+    vocab: usize,
+    d_model: usize,
+    heads: usize,
+    d_ff: usize,
+    encoder_layers: usize,
+    decoder_layers: usize,
+    pre_ln: bool,
+    learned_positions: bool,
+    pad_id: u32,
+    attention_softcap: Option<f32>,
+    alibi: bool,
+    attention_window: Option<usize>,
+    relative_buckets: Option<RelativeBuckets>,
+    attention_sinks: bool,
+    cosine_scores: Option<f32>,
+    key_norm_clip: Option<f32>,
+    rope_base: Option<f32>,
+    additive_attention: Option<usize>,
+    norm: Norm,
+    norm_eps: f32,
+    activation: Activation,
+    gated_feed_forward: bool,
+    bias: bool,
+    output_bias: bool,
+    tied_embeddings: bool,
+    kv_heads: Option<usize>,
+    rope_scaling: Option<RopeScaling>,
+    max_positions: Option<usize>,
+});
+
 fn default_true() -> bool {
     true
 }
@@ -140,7 +175,7 @@ fn default_true() -> bool {
 impl Default for TransformerConfig {
     /// A small encoder-decoder (the examples' size): vocabulary 256, d_model 64, 4 heads, d_ff 256,
     /// 2 encoder and 2 decoder layers, pre-LN, sinusoidal positions, pad id 0, no score modifier.
-    /// Set the fields that differ: `TransformerConfig { vocab: 13, ..Default::default() }`.
+    /// Set the fields that differ: `TransformerConfig::default().vocab(13)`.
     fn default() -> Self {
         Self {
             vocab: 256,
@@ -191,8 +226,8 @@ impl TransformerConfig {
         }
     }
 
-    /// Key and value heads of self-attention.
-    pub fn kv_heads(&self) -> usize {
+    /// Key and value heads of self-attention (`kv_heads`, or `heads` when unset).
+    pub fn effective_kv_heads(&self) -> usize {
         self.kv_heads.unwrap_or(self.heads)
     }
 
@@ -279,7 +314,7 @@ impl TransformerConfig {
                 activation: self.activation,
                 gated: self.gated_feed_forward,
             },
-            kv_heads: self.kv_heads(),
+            kv_heads: self.effective_kv_heads(),
             bias: self.bias,
             scores: self.scores(),
             positions,
@@ -370,7 +405,7 @@ impl TransformerConfig {
                 ),
             ));
         }
-        let kv = c.kv_heads();
+        let kv = c.effective_kv_heads();
         if kv == 0 || !c.heads.is_multiple_of(kv) {
             return Err(Error::shape(
                 "kv_heads",

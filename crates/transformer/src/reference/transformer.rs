@@ -187,7 +187,7 @@ impl<'a> Model<'a> {
     /// Key and value heads of an attention sublayer: the configuration's in self-attention.
     fn kv_heads(&self, self_attention: bool) -> usize {
         if self_attention {
-            self.c.kv_heads()
+            self.c.effective_kv_heads()
         } else {
             self.c.heads
         }
@@ -273,7 +273,11 @@ impl<'a> Model<'a> {
 
     /// Widths of self-attention's Q (or a), K (or b) and V projections.
     fn qkv_widths(&self) -> [usize; 3] {
-        let (h, kv, hd) = (self.c.heads, self.c.kv_heads(), self.d() / self.c.heads);
+        let (h, kv, hd) = (
+            self.c.heads,
+            self.c.effective_kv_heads(),
+            self.d() / self.c.heads,
+        );
         [h * self.qk_dim(), kv * self.qk_dim(), kv * hd]
     }
 
