@@ -255,6 +255,35 @@ fn compile_only_dumps_the_suite_without_running_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The labels of the pipelines `binary` (a bench binary's path) compiled with `args`, from its
+/// pipeline dump, and its standard output.
+fn dumped_labels(binary: &str, args: &[&str]) -> (Vec<String>, String) {
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("bench-dump-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(binary)
+        .args(args)
+        .env("WGPU_ATTENTION_DUMP_PIPELINES", &dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut labels: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "wgsl"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    labels.sort();
+    let _ = std::fs::remove_dir_all(&dir);
+    (labels, stdout)
+}
+
 /// `additive-bench --compile-only` builds the fused pipelines a real run then uses, every one of
 /// them: a real run's dump holds them plus the unfused baseline's kernels only.
 #[test]
@@ -263,34 +292,23 @@ fn additive_compile_only_builds_what_the_run_uses() {
         if backend != "vulkan" {
             return;
         }
-        let labels = |compile_only: bool| {
-            let dir = std::env::temp_dir().join(format!(
-                "additive-bench-dump-{}-{compile_only}",
-                std::process::id()
-            ));
-            let _ = std::fs::remove_dir_all(&dir);
-            let mut command = Command::new(env!("CARGO_BIN_EXE_additive-bench"));
-            command
-                .args(["--backend", backend, "--lengths", "16,40", "--heads", "2"])
-                .args(["--score-dim", "8", "--head-dim", "8", "--reps", "1"])
-                .env("WGPU_ATTENTION_DUMP_PIPELINES", &dir);
-            if compile_only {
-                command.arg("--compile-only");
-            }
-            let out = command.output().unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert!(out.status.success(), "{stdout}");
-            let mut labels: Vec<String> = std::fs::read_dir(&dir)
-                .unwrap()
-                .filter_map(|e| Some(e.ok()?.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "wgsl"))
-                .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
-                .collect();
-            labels.sort();
-            let _ = std::fs::remove_dir_all(&dir);
-            (labels, stdout)
-        };
-        let ((built, stdout), (ran, _)) = (labels(true), labels(false));
+        let args = [
+            "--backend",
+            backend,
+            "--lengths",
+            "16,40",
+            "--heads",
+            "2",
+            "--score-dim",
+            "8",
+            "--head-dim",
+            "8",
+            "--reps",
+            "1",
+        ];
+        let binary = env!("CARGO_BIN_EXE_additive-bench");
+        let (built, stdout) = dumped_labels(binary, &[&args[..], &["--compile-only"]].concat());
+        let (ran, _) = dumped_labels(binary, &args);
         assert!(!built.is_empty(), "{stdout}");
         assert!(
             stdout.contains(&format!("built {} pipelines", built.len())),
@@ -311,5 +329,48 @@ fn additive_compile_only_builds_what_the_run_uses() {
             );
         }
         assert!(built.iter().all(|l| ran.contains(l)), "{built:?} {ran:?}");
+    });
+}
+
+/// `transformer-bench --varlen --compile-only` builds exactly the pipelines of the padded and the
+/// packed training steps that a real `--varlen` run uses (it used to ignore the flag and run).
+#[test]
+fn transformer_varlen_compile_only_builds_what_the_run_uses() {
+    common::for_each_backend(|backend, _ctx| {
+        if backend != "vulkan" {
+            return;
+        }
+        let args = [
+            "--backend",
+            backend,
+            "--varlen",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--layers",
+            "1",
+            "--seq",
+            "8",
+            "--batch",
+            "2",
+            "--vocab",
+            "20",
+            "--reps",
+            "1",
+        ];
+        let binary = env!("CARGO_BIN_EXE_transformer-bench");
+        let (built, stdout) = dumped_labels(binary, &[&args[..], &["--compile-only"]].concat());
+        assert!(
+            stdout.contains(&format!("built {} pipelines", built.len())),
+            "{stdout}"
+        );
+        assert!(
+            !stdout.contains("training step ms"),
+            "nothing timed: {stdout}"
+        );
+        let (ran, _) = dumped_labels(binary, &args);
+        assert!(!built.is_empty());
+        assert_eq!(built, ran);
     });
 }

@@ -67,7 +67,8 @@ struct Cli {
     /// Write the figures as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
-    /// Build every pipeline of a training step and exit without running one (with
+    /// Build every pipeline of a training step (with --varlen: of the padded and the packed step)
+    /// and exit without running one (with
     /// WGPU_ATTENTION_DUMP_PIPELINES=DIR, this writes the training kernel set)
     #[arg(long)]
     compile_only: bool,
@@ -408,6 +409,10 @@ fn run_varlen(cli: &Cli, ctx: &Context, config: TransformerConfig) -> Result<(),
             ),
         };
         let mut trainer = Trainer::new(ctx, model, AdamWConfig::default())?;
+        if cli.compile_only {
+            trainer.precompile(ctx)?;
+            continue;
+        }
         let memory_mib = (ctx.memory().current_bytes - before) as f64 / (1 << 20) as f64;
         // The loss of the initial parameters (both layouts draw the same): the two must agree.
         trainer.forward(ctx, batch)?;
@@ -415,6 +420,13 @@ fn run_varlen(cli: &Cli, ctx: &Context, config: TransformerConfig) -> Result<(),
         let train = measure(ctx, &timer, cli.reps, || trainer.step(ctx, batch))?;
         let forward = measure(ctx, &timer, cli.reps, || trainer.forward(ctx, batch))?;
         results.push((layout, train, forward, memory_mib, loss));
+    }
+    if cli.compile_only {
+        println!(
+            "built {} pipelines of the padded and the packed training steps",
+            ctx.cached_pipelines()
+        );
+        return Ok(());
     }
     println!(
         "clock: {}; {} timed runs each after warm-up\n\n| layout | training step ms (median, min-max) | forward ms | real tokens/s (step) | tensor MiB | initial loss |\n|---|---|---|---|---|---|",
