@@ -9,7 +9,7 @@ use crate::error::Result;
 /// Runs `future` to completion. Natively it blocks the thread (pollster). In a browser, where the
 /// page's thread must never block, a future that is ready at its first poll (one that waits for
 /// nothing: a decoding step without sampling, a prefill) completes, and one that would wait is
-/// refused with [`Error::WouldBlock`] naming `call`, whose `_async` form is what a page uses.
+/// refused with [`Error::WouldBlock`](crate::Error::WouldBlock) naming `call`, whose `_async` form is what a page uses.
 pub fn block_on<T>(call: &'static str, future: impl Future<Output = Result<T>>) -> Result<T> {
     #[cfg(not(target_arch = "wasm32"))]
     {

@@ -269,7 +269,7 @@ impl PagedKvCache {
     /// slot must hold a sequence): gives each sequence the blocks its new tokens fall in, copies
     /// every shared block a sequence will write into (copy-on-write, submitted here, so the cache
     /// stays whole whatever happens to the step), and uploads the table. Returns the step's lengths
-    /// for the kernels' [`crate::SeqLens`]; [`PagedKvCache::advance`] records them once the step
+    /// for the kernels' [`wgpu_attention::SeqLens`]; [`PagedKvCache::advance`] records them once the step
     /// is. Checked first: on error (a slot past its `max_len`, too few free blocks) nothing
     /// changes.
     pub fn prepare(&mut self, ctx: &Context, new: &[u32]) -> Result<StepLens> {

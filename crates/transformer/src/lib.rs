@@ -4,7 +4,7 @@
 //! caller's encoder and a backward that writes every parameter gradient), whole [`model`]s
 //! (encoder-decoder and decoder-only, Hugging Face checkpoints in [`model::pretrained`]),
 //! [`training`] (one step in one submission, AdamW, checkpoints), and the f64 CPU
-//! [`reference`] of a layer and of the whole model that the GPU versions are tested against.
+//! [`reference`](mod@reference) of a layer and of the whole model that the GPU versions are tested against.
 //! Incremental generation and serving are in `wgpu-attention-serve`.
 
 #![warn(missing_docs)]

@@ -717,7 +717,7 @@ impl Generator {
     /// encoder, a prefill chunk, a decoding step and the samplers are recorded into a command
     /// buffer that is never submitted, so the cache, the logits and the draw count are unchanged.
     /// Returns how many pipelines were newly compiled. With
-    /// [`crate::ContextOptions::dump_pipelines`] this writes the decoding kernel set to disk.
+    /// [`wgpu_attention::ContextOptions::dump_pipelines`] this writes the decoding kernel set to disk.
     pub fn precompile(&mut self, ctx: &Context, sampling: &Sampling) -> Result<usize> {
         let before = ctx.cached_pipelines();
         let mut encoder = ctx

@@ -108,7 +108,7 @@ pub enum LayerCache<'a> {
     /// Keys and values `[B, max_len, Hkv, D]`, one row of each per sequence.
     Contiguous([&'a KvStorage; 2]),
     /// Key and value pools `[blocks * page, Hkv, D]` shared by the sequences, read and written
-    /// through a block table (see [`wgpu_attention_serve::PagedKvCache`]).
+    /// through a block table (see `wgpu_attention_serve::PagedKvCache`).
     Paged([&'a KvStorage; 2], &'a BlockTable),
 }
 

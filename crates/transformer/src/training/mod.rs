@@ -61,7 +61,7 @@ impl Trainer {
     /// Compiles every pipeline a [`Trainer::step`] at the model's batch shape uses, without running
     /// one: the step is recorded into a command buffer that is never submitted, so weights, moments
     /// and the step count are unchanged. Returns how many pipelines were newly compiled. With
-    /// [`crate::ContextOptions::dump_pipelines`] this writes the training kernel set to disk.
+    /// [`wgpu_attention::ContextOptions::dump_pipelines`] this writes the training kernel set to disk.
     pub fn precompile(&mut self, ctx: &Context) -> Result<usize> {
         let before = ctx.cached_pipelines();
         let mut encoder = ctx
@@ -81,7 +81,7 @@ impl Trainer {
         Ok(ctx.cached_pipelines() - before)
     }
 
-    /// `Err(`[`crate::Error::NonFinite`]`)` if a step since the last checkpoint load had a non-finite
+    /// `Err(`[`wgpu_attention::Error::NonFinite`]`)` if a step since the last checkpoint load had a non-finite
     /// loss or gradient norm (from then on the optimizer changes nothing). Waits for submitted steps.
     pub fn check_finite(&self, ctx: &Context) -> Result<()> {
         self.optimizer.check_finite(ctx)

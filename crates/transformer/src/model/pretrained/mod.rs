@@ -13,7 +13,7 @@
 //!
 //! Architectures: GPT-2 and LLaMA (with the models that differ from it only in configuration).
 //! Every `config.json` option is mapped, checked or known not to change the result; anything else is
-//! refused by name ([`crate::PretrainedProblem::UnsupportedOption`]), so a checkpoint that loads
+//! refused by name ([`wgpu_attention::PretrainedProblem::UnsupportedOption`]), so a checkpoint that loads
 //! computes what `transformers` computes. Weights in f32, f16 or bf16 are converted to f32.
 
 mod config;
