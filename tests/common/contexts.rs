@@ -68,6 +68,16 @@ pub const FORWARD_FAMILIES: [KernelFamily; 3] = [
     KernelFamily::Coop,
 ];
 
+/// Whether the family matrices run `family` on back end `backend`. The tensor-core family's portable
+/// build is not run on GL: no GL adapter has cooperative matrices, so it runs there only when forced,
+/// its GLSL is translated and validated for every kernel by `tests/shaders.rs`, llvmpipe compiles it
+/// with the same LLVM as lavapipe (where the whole matrix runs it), and each of its pipelines costs
+/// 2-6 s to compile on a cold cache (`benchmarks/ci-time-2026-11-27/`). `coop_forward_shape_override`
+/// still runs it on GL.
+fn in_family_matrix(backend: &str, family: KernelFamily) -> bool {
+    !(backend == "gl" && family == KernelFamily::Coop)
+}
+
 /// The forward tolerances of `ctx`'s kernel family `(atol, rtol)`: f32's, or the tensor-core
 /// family's (inputs rounded to f16).
 pub fn forward_tolerances(ctx: &Context) -> (f64, f64) {
@@ -106,6 +116,9 @@ fn family_contexts() -> &'static Vec<FamilyContext> {
         let mut out = Vec::new();
         for (index, (name, shared)) in contexts_cell().iter().enumerate() {
             for family in FORWARD_FAMILIES {
+                if !in_family_matrix(name, family) {
+                    continue;
+                }
                 let mut ctx = fresh_context(name, shared);
                 ctx.set_kernel_family(Some(family));
                 let label = format!("{name}/{}", family.name());
@@ -146,6 +159,9 @@ fn each_family_with(
     for (index, (name, shared)) in contexts_cell().iter().enumerate() {
         let _guard = backend_lock(index);
         for &family in families {
+            if !in_family_matrix(name, family) {
+                continue;
+            }
             let mut ctx = fresh_context(name, shared);
             ctx.set_kernel_family(Some(family));
             configure(&mut ctx);
