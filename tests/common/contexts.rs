@@ -150,9 +150,28 @@ pub fn for_each_family_with(configure: impl Fn(&mut Context), f: impl FnMut(&str
     each_family_with(&FAMILIES, configure, f);
 }
 
+/// Like [`for_each_forward_family`], on fresh contexts made with options `adjust` changed.
+pub fn for_each_forward_family_with_options(
+    adjust: impl Fn(ContextOptions) -> ContextOptions,
+    f: impl FnMut(&str, &Context),
+) {
+    each_family_with_options(&FORWARD_FAMILIES, adjust, |_| {}, f);
+}
+
 /// Runs `f` on a fresh context of every back end and each of `families`, adjusted by `configure`.
 fn each_family_with(
     families: &[KernelFamily],
+    configure: impl Fn(&mut Context),
+    f: impl FnMut(&str, &Context),
+) {
+    each_family_with_options(families, |opts| opts, configure, f);
+}
+
+/// Runs `f` on a fresh context of every back end and each of `families`, made with options
+/// `adjust` changed, then adjusted by `configure`.
+fn each_family_with_options(
+    families: &[KernelFamily],
+    adjust: impl Fn(ContextOptions) -> ContextOptions,
     configure: impl Fn(&mut Context),
     mut f: impl FnMut(&str, &Context),
 ) {
@@ -162,7 +181,7 @@ fn each_family_with(
             if !in_family_matrix(name, family) {
                 continue;
             }
-            let mut ctx = fresh_context(name, shared);
+            let mut ctx = fresh_context_with_options(name, shared, &adjust);
             ctx.set_kernel_family(Some(family));
             configure(&mut ctx);
             f(&format!("{name}/{}", family.name()), &ctx);
