@@ -29,8 +29,9 @@ fn dump_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The fused kernels' names by family: CPU-driver labels are `<op>_cpu-...` (and only theirs say
-/// cpu), the GPU family's `<op>_tiled...`. f16 runs the GPU family on every context.
+/// The fused kernels' names say their family: `<op>_cpu...` for the CPU-driver family (and only
+/// theirs say cpu), `<op>_gpu...` and `<op>_coop...` for the others. f16 runs the GPU family on
+/// every context.
 fn check_family_labels(labels: &[String], family: KernelFamily) {
     let fused = [
         "attention_forward",
@@ -40,21 +41,18 @@ fn check_family_labels(labels: &[String], family: KernelFamily) {
     let mut cpu = 0;
     for label in labels {
         let op = label.split('-').next().unwrap();
-        let is_fused = fused
+        let family_of = fused
             .iter()
-            .any(|f| op.starts_with(f) && !op.contains("merge"));
-        if !is_fused {
-            assert!(
+            .find_map(|f| op.strip_prefix(f)?.strip_prefix('_'))
+            .and_then(|rest| rest.split('_').next())
+            .filter(|family| ["cpu", "gpu", "coop"].contains(family));
+        match family_of {
+            None => assert!(
                 !label.contains("cpu"),
                 "{label}: only CPU-driver kernels say cpu"
-            );
-        } else if fused.iter().any(|f| op == format!("{f}_cpu")) {
-            cpu += 1;
-        } else {
-            assert!(
-                (op.contains("_tiled") || op.contains("_coop")) && !label.contains("cpu"),
-                "{label}"
-            );
+            ),
+            Some("cpu") => cpu += 1,
+            Some(_) => assert!(!label.contains("cpu"), "{label}"),
         }
     }
     match family {

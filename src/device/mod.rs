@@ -29,7 +29,7 @@ pub(crate) use memory::{Allocation, MemoryCounter};
 pub use options::{ContextOptions, TiledShape, ENVIRONMENT_VARIABLES};
 pub use pipelines::BindingCache;
 use pipelines::PipelineKey;
-pub(crate) use pipelines::StorageBinding;
+pub(crate) use pipelines::{PipelineSpec, StorageBinding};
 use profile::{PassProfiler, SharedPass};
 pub use profile::{RecordedCounts, MAX_PROFILED_PASSES};
 use report::new_instance;

@@ -4,13 +4,29 @@
 use super::dump::runtime_checks_name;
 use super::*;
 
-/// Cache key of a compiled pipeline: shader name plus its override constants, and whether it was
+/// Cache key of a compiled pipeline: its label (the kernel's name, with what changes its code, and
+/// its override constants), the sizes its source declares besides them, and whether it was
 /// compiled with the kernel's relaxed runtime checks.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(super) struct PipelineKey {
-    shader: &'static str,
-    constants: Vec<(&'static str, u32)>,
+    label: String,
+    sizes: Vec<(&'static str, u32)>,
     trusted: bool,
+}
+
+/// One pipeline as a kernel asks for it: what [`Context::compiled`] keys, labels and compiles.
+pub(crate) struct PipelineSpec<'a, S: FnOnce() -> String> {
+    /// The kernel's name, with what changes its code and its override constants: unique per
+    /// source and constants together with `sizes` ([`crate::kernels::pipeline_label`]).
+    pub label: String,
+    /// Constants the source declares that the label leaves out (array sizes the constants imply).
+    pub sizes: &'a [(&'static str, u32)],
+    /// The WGSL source, built only on a cache miss.
+    pub source: S,
+    /// Override constants.
+    pub constants: &'a [(&'static str, u32)],
+    /// The runtime checks the kernel goes without when the context trusts its kernels.
+    pub relaxed_checks: Option<wgpu::ShaderRuntimeChecks>,
 }
 
 /// One storage binding of a kernel: `size` bytes of `buffer` from `offset` (`None`: to its end).
@@ -75,6 +91,27 @@ impl Context {
         source: impl FnOnce() -> String,
         constants: &[(&'static str, u32)],
     ) -> Arc<wgpu::ComputePipeline> {
+        self.compiled(PipelineSpec {
+            label: crate::kernels::pipeline_label(shader, constants),
+            sizes: &[],
+            source,
+            constants,
+            relaxed_checks: crate::kernels::relaxed_runtime_checks(shader),
+        })
+    }
+
+    /// Returns the cached pipeline of `spec`, compiling it once.
+    pub(crate) fn compiled(
+        &self,
+        spec: PipelineSpec<'_, impl FnOnce() -> String>,
+    ) -> Arc<wgpu::ComputePipeline> {
+        let PipelineSpec {
+            label,
+            sizes,
+            source,
+            constants,
+            relaxed_checks,
+        } = spec;
         let relaxed = if self.untrusted_measurement {
             Some(wgpu::ShaderRuntimeChecks::unchecked())
         } else if self.unbounded_loops_measurement {
@@ -82,12 +119,11 @@ impl Context {
             checks.force_loop_bounding = false;
             Some(checks)
         } else {
-            crate::kernels::relaxed_runtime_checks(shader, constants)
-                .filter(|_| self.trusted_shaders)
+            relaxed_checks.filter(|_| self.trusted_shaders)
         };
         let key = PipelineKey {
-            shader,
-            constants: constants.to_vec(),
+            label,
+            sizes: sizes.to_vec(),
             trusted: relaxed.is_some(),
         };
         let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
@@ -101,23 +137,24 @@ impl Context {
             if let Some(bytes) = workgroup_bytes(&source, constants) {
                 assert!(
                     bytes <= limit,
-                    "kernel {shader} {constants:?} uses {bytes} B of workgroup memory, over the \
-                     device's {limit} B: its host wrapper must size its tiles from the limit"
+                    "kernel {} uses {bytes} B of workgroup memory, over the device's {limit} B: \
+                     its host wrapper must size its tiles from the limit",
+                    key.label
                 );
             }
         }
-        let label = crate::kernels::pipeline_label(shader, constants);
+        let label = &key.label;
         if let Some(dump) = &self.pipeline_dump {
             // Before compiling, so a kernel the driver rejects is in the dump too.
             dump.write(
-                &label,
+                label,
                 &source,
                 constants,
                 runtime_checks_name(relaxed.as_ref()),
             );
         }
         let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
+            label: Some(label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         };
         let module = match relaxed {
@@ -134,7 +171,7 @@ impl Context {
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&label),
+                label: Some(label),
                 layout: None,
                 module: &module,
                 entry_point: Some("main"),

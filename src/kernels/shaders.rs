@@ -6,9 +6,8 @@
 type Sources = Vec<(&'static str, String)>;
 
 /// The sources of every kernel family, the benchmark's FMA kernel included.
-pub fn all() -> Sources {
-    let families: [fn() -> Sources; 12] = [
-        super::attention::shader_sources,
+pub fn all() -> Vec<(String, String)> {
+    let families: [fn() -> Sources; 11] = [
         super::matmul::shader_sources,
         super::linear::shader_sources,
         super::layer_norm::shader_sources,
@@ -21,7 +20,11 @@ pub fn all() -> Sources {
         super::sampling::shader_sources,
         crate::bench::fma::shader_sources,
     ];
-    families.into_iter().flat_map(|sources| sources()).collect()
+    let others = families.into_iter().flat_map(|sources| sources());
+    super::attention::shader_sources()
+        .into_iter()
+        .chain(others.map(|(name, source)| (name.to_string(), source)))
+        .collect()
 }
 
 /// `source` with its block `// BEGIN name` .. `// END name` (marker lines included) replaced by

@@ -10,23 +10,23 @@
 
 use super::*;
 
-pub(super) const COMMON: &str = include_str!("../../../shaders/additive_common.wgsl");
-pub(super) const FORWARD: &str = include_str!("../../../shaders/additive_forward.wgsl");
-pub(super) const DECODE: &str = include_str!("../../../shaders/additive_decode.wgsl");
-pub(super) const BACKWARD_DA: &str = include_str!("../../../shaders/additive_backward_da.wgsl");
+pub(super) const COMMON: &str = include_str!("../../../shaders/additive/common.wgsl");
+pub(super) const FORWARD: &str = include_str!("../../../shaders/additive/forward.wgsl");
+pub(super) const DECODE: &str = include_str!("../../../shaders/additive/decode.wgsl");
+pub(super) const BACKWARD_DA: &str = include_str!("../../../shaders/additive/backward_da.wgsl");
 pub(super) const BACKWARD_DB: &str = concat!(
-    include_str!("../../../shaders/additive_backward_db.wgsl"),
-    include_str!("../../../shaders/output_pair.wgsl")
+    include_str!("../../../shaders/additive/backward_db.wgsl"),
+    include_str!("../../../shaders/attention/output_pair.wgsl")
 );
-pub(super) const PARAM_GRADS: &str = include_str!("../../../shaders/additive_param_grads.wgsl");
-pub(super) const SCORES: &str = include_str!("../../../shaders/additive_scores.wgsl");
+pub(super) const PARAM_GRADS: &str = include_str!("../../../shaders/additive/param_grads.wgsl");
+pub(super) const SCORES: &str = include_str!("../../../shaders/additive/scores.wgsl");
 pub(super) const BACKWARD_UNFUSED: &str =
-    include_str!("../../../shaders/additive_backward_unfused.wgsl");
+    include_str!("../../../shaders/additive/backward_unfused.wgsl");
 pub(super) const BACKWARD_WORKSPACE: &str =
-    include_str!("../../../shaders/additive_backward_workspace.wgsl");
-pub(super) const BACKWARD_PACK: &str = include_str!("../../../shaders/additive_backward_pack.wgsl");
+    include_str!("../../../shaders/additive/backward_workspace.wgsl");
+pub(super) const BACKWARD_PACK: &str = include_str!("../../../shaders/additive/backward_pack.wgsl");
 pub(super) const BACKWARD_LANES: &str =
-    include_str!("../../../shaders/additive_backward_lanes.wgsl");
+    include_str!("../../../shaders/additive/backward_lanes.wgsl");
 
 /// Largest score dim `Da` and value head dim the additive kernels hold per invocation.
 pub const MAX_ADDITIVE_DIM: usize = 128;
@@ -47,7 +47,7 @@ fn staged_tile(ctx: &Context, s: &AttentionShape, lanes: u32) -> u32 {
     tile_for_limit(limit, s.head_dim_qk, s.head_dim_v, lanes)
 }
 
-/// Invocations per row in the fused backward (`shaders/additive_backward_lanes.wgsl`): enough that
+/// Invocations per row in the fused backward (`shaders/additive/backward_lanes.wgsl`): enough that
 /// each holds at most two vec4s of the score dim and eight value dims (then 64 floats of a row's
 /// state and tanh, which fits the 128 registers of a wave64 invocation on RDNA3), on GPUs. On CPU
 /// drivers, one: their invocations are SIMD lanes with no register file to fit, and a barrier per
@@ -90,7 +90,7 @@ fn tile_for_limit(limit: usize, da: usize, dv: usize, lanes: u32) -> u32 {
 }
 
 /// The largest staged tile of 32 or 16 rows whose workgroup memory (the staged pair rows, value rows
-/// and `w` of `additive_common.wgsl`, padded for `lanes` invocations per row, plus a kernel's
+/// and `w` of `additive/common.wgsl`, padded for `lanes` invocations per row, plus a kernel's
 /// `extra` bytes) fits `limit` bytes.
 fn largest_tile(
     limit: usize,
@@ -274,7 +274,7 @@ pub(super) fn with_shared(body: &str) -> String {
 /// w and the bias) is replaced by the backward's workspace, which holds copies of both.
 pub(super) fn with_workspace(body: &str) -> String {
     crate::kernels::shaders::replace_block(&with_shared(body), "SCORE_PARAMS", BACKWARD_WORKSPACE)
-        .expect("additive_common.wgsl has its SCORE_PARAMS block")
+        .expect("additive/common.wgsl has its SCORE_PARAMS block")
 }
 
 /// A fused additive kernel with both shared headers, its per-invocation arrays sized exactly.
@@ -367,7 +367,7 @@ pub fn additive_forward_into(
 /// keys each, the new ones last. Masks align on each sequence's own lengths, as in
 /// [`super::attention_decode_into`]: query `i` of sequence `s` sits at position
 /// `kv_lens[s] - q_lens[s] + i`. Up to 16 rows per sequence, one workgroup per row, its
-/// invocations splitting the cached keys (`shaders/additive_decode.wgsl`); more (a prefill chunk),
+/// invocations splitting the cached keys (`shaders/additive/decode.wgsl`); more (a prefill chunk),
 /// the forward kernel. Results match [`additive_forward_into`] on the whole sequence.
 #[allow(clippy::too_many_arguments)]
 pub fn additive_decode_into(
@@ -480,7 +480,7 @@ fn encode_forward(
 }
 
 /// The unfused baseline of [`additive_forward`], for the benchmark: the scores materialised as
-/// `[B, H, Lq, Lk]` (`shaders/additive_scores.wgsl`), the masked softmax and `P V` of the unfused
+/// `[B, H, Lq, Lk]` (`shaders/additive/scores.wgsl`), the masked softmax and `P V` of the unfused
 /// dot-product path. Submitted; O(L^2) memory.
 pub fn additive_forward_unfused(
     ctx: &Context,
@@ -553,7 +553,7 @@ pub fn additive_probabilities(
     Ok(out)
 }
 
-/// Records `shaders/additive_scores.wgsl` over query rows `rows`: the scaled scores, or with `lse`
+/// Records `shaders/additive/scores.wgsl` over query rows `rows`: the scaled scores, or with `lse`
 /// the masked probabilities.
 #[allow(clippy::too_many_arguments)]
 fn encode_scores(
@@ -653,7 +653,7 @@ pub fn additive_backward(
     Ok(grads)
 }
 
-/// The backward's workspace for `s` (`shaders/additive_backward_workspace.wgsl`): each row's
+/// The backward's workspace for `s` (`shaders/additive/backward_workspace.wgsl`): each row's
 /// `D = dO . O` (`[B, H, Lq]`, padded to a multiple of 64 values so the shares start at a 256-byte
 /// boundary, WebGPU's largest storage offset alignment), each row's share of `dw`
 /// (`[H, B, Lq, Da]`), and copies of `w`, the bias and `lse`.
@@ -895,7 +895,7 @@ fn encode_unfused_probs(
 /// The unfused baseline of [`additive_backward`], for the benchmark: P recomputed and materialised
 /// as `[B, H, Lq, Lk]` (the unfused forward's kernels), `dP = dO V^T` and `dV = P^T dO` as GEMMs,
 /// `dS = P (dP - rowsum(P dP))` by the softmax backward, then da, db and the dw shares from dS with
-/// each tanh recomputed per pair (`shaders/additive_backward_unfused.wgsl`), dw and dbias summed as
+/// each tanh recomputed per pair (`shaders/additive/backward_unfused.wgsl`), dw and dbias summed as
 /// in the fused path. Two `[B, H, Lq, Lk]` tensors: O(L^2) memory.
 pub fn additive_backward_unfused(
     ctx: &Context,

@@ -309,7 +309,7 @@ pub(super) fn encode_backward_core(
         );
     }
     if family == KernelFamily::Gpu {
-        return tiled::encode_backward_tiled(
+        return gpu::encode_backward_gpu(
             ctx,
             encoder,
             &s,
@@ -342,12 +342,13 @@ pub(super) fn encode_backward_core(
             4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
             block_m as usize,
         );
-        encode_chunks(
+        let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, FamilyBuild::Cpu(quads));
+        key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), None);
+        key.constants = vec![("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]];
+        encode_fused_chunks(
             ctx,
             &mut pass,
-            "attention_backward_dkdv",
-            || cpu_family_source(BACKWARD_DKDV, s.head_dim_qk.max(s.head_dim_v), quads),
-            &quads.constants(&[("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]]),
+            key,
             &mut params,
             shared,
             &bindings,
@@ -375,24 +376,19 @@ pub(super) fn encode_backward_core(
             4 * (2 * s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
             block_n as usize,
         );
-        encode_chunks(
+        let mut key = FusedVariant::new(FusedKernel::BackwardDq, FamilyBuild::Cpu(quads));
+        key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), Some(rel.buckets()));
+        key.constants = vec![
+            ("WG", wg),
+            ("BLOCK_N", block_n),
+            dims[0],
+            dims[1],
+            rel.constant(),
+        ];
+        encode_fused_chunks(
             ctx,
             &mut pass,
-            "attention_backward_dq",
-            || {
-                rel.sized(&cpu_family_source(
-                    BACKWARD_DQ,
-                    s.head_dim_qk.max(s.head_dim_v),
-                    quads,
-                ))
-            },
-            &quads.constants(&[
-                ("WG", wg),
-                ("BLOCK_N", block_n),
-                dims[0],
-                dims[1],
-                rel.constant(),
-            ]),
+            key,
             &mut params,
             shared,
             &bindings,

@@ -1,14 +1,14 @@
 //! Additive score terms: a bias tensor (`AttentionOptions::bias`) and T5 relative-position buckets
 //! (`AttentionOptions::relative_buckets`). Every fused kernel adds them in `modify_scores`
-//! (`shaders/attention_common.wgsl`). The bias's gradient comes from
-//! `shaders/attention_bias_backward.wgsl`; the relative table's from the dQ kernels of both families,
+//! (`shaders/attention/common.wgsl`). The bias's gradient comes from
+//! `shaders/attention/bias_backward.wgsl`; the relative table's from the dQ kernels of both families,
 //! which sum each query row's share per bucket as they go ([`RelativeRows`]), then `column_sum.wgsl`.
 //! CPU reference: [`crate::reference::attention`] (`Bias`, `relative_position_bucket`).
 
 use super::*;
 use crate::kernels::linear::encode_column_sum;
 
-pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention_bias_backward.wgsl");
+pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention/bias_backward.wgsl");
 
 /// Query rows and keys of one workgroup's tile in the gradient kernel (`BM`, `BN`).
 const TILE: usize = 32;
@@ -235,14 +235,9 @@ impl RelativeRows {
         ("REL_BUCKETS", self.buckets as u32)
     }
 
-    /// `source` with the per-invocation bucket array sized for this pipeline.
-    pub(super) fn sized(&self, source: &str) -> String {
-        const DECLARED: &str = "const MAX_REL: u32 = 132u;";
-        debug_assert!(source.contains(DECLARED));
-        source.replace(
-            DECLARED,
-            &format!("const MAX_REL: u32 = {}u;", self.buckets.max(1)),
-        )
+    /// Buckets whose gradient the dQ pipelines accumulate (0: none).
+    pub(super) fn buckets(&self) -> u32 {
+        self.buckets as u32
     }
 
     /// Records the column sums of the row shares into the caller's gradient tensor.

@@ -2,6 +2,7 @@
 //! bindings of views and tensors, tile sizes, and the recording of one kernel or its loop chunks.
 
 use super::*;
+use std::sync::Arc;
 
 /// A buffer range bound for one dispatch and the element offset of the view inside it.
 #[derive(Clone, Copy)]
@@ -400,6 +401,21 @@ pub(super) fn encode_kernel(
         }
         false => ctx.pipeline(name, source, &specialised),
     };
+    record(ctx, pass, &pipeline, name, params, shared, bindings, grid);
+}
+
+/// Records one dispatch of `pipeline` with its bindings (see [`encode_kernel`]).
+#[allow(clippy::too_many_arguments)]
+fn record(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    pipeline: &wgpu::ComputePipeline,
+    name: &str,
+    params: &Params,
+    shared: Shared<'_>,
+    bindings: &[Binding<'_>],
+    grid: (u32, u32),
+) {
     let mut storage = Vec::with_capacity(bindings.len() + 2);
     if let Some(seq_lens) = shared.seq_lens {
         storage.push(StorageBinding {
@@ -423,8 +439,8 @@ pub(super) fn encode_kernel(
         offset: b.offset_bytes,
         size: wgpu::BufferSize::new(b.size_bytes),
     }));
-    let bind_group = ctx.bind_group(&pipeline, name, bytemuck::bytes_of(params), &storage);
-    pass.set_pipeline(&pipeline);
+    let bind_group = ctx.bind_group(pipeline, name, bytemuck::bytes_of(params), &storage);
+    pass.set_pipeline(pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(grid.0, grid.1, 1);
 }
@@ -454,8 +470,58 @@ pub(super) fn encode_chunks(
     }
 }
 
+/// Records one dispatch of the fused kernel `key`, its call's packed views and score bias taken from
+/// `params` and `shared` into the key (bindings as [`encode_kernel`]'s).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_fused(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    key: FusedVariant,
+    params: &Params,
+    shared: Shared<'_>,
+    bindings: &[Binding<'_>],
+    grid: (u32, u32),
+) {
+    let (pipeline, name) = fused_pipeline(ctx, key, params, shared);
+    record(ctx, pass, &pipeline, &name, params, shared, bindings, grid);
+}
+
+/// Records the fused kernel `key` once per loop chunk, as [`encode_chunks`] does (see
+/// [`encode_fused`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_fused_chunks(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    key: FusedVariant,
+    params: &mut Params,
+    shared: Shared<'_>,
+    bindings: &[Binding<'_>],
+    grid: (u32, u32),
+    chunks: &[(u32, u32)],
+) {
+    let (pipeline, name) = fused_pipeline(ctx, key, params, shared);
+    for (index, &(begin, end)) in chunks.iter().enumerate() {
+        params.chunk_begin = begin;
+        params.chunk_end = end;
+        params.accumulate = (index > 0) as u32;
+        record(ctx, pass, &pipeline, &name, params, shared, bindings, grid);
+    }
+}
+
+/// The pipeline of `key` for a call bound by `params` and `shared`, and its name.
+fn fused_pipeline(
+    ctx: &Context,
+    mut key: FusedVariant,
+    params: &Params,
+    shared: Shared<'_>,
+) -> (Arc<wgpu::ComputePipeline>, String) {
+    key.packed_views = params.packed_views;
+    key.score_bias = !shared.elide_score_bias;
+    (key.pipeline(ctx), key.name())
+}
+
 /// `source` (an attention kernel with the common header) without its score-bias binding: the
-/// `SCORE_BIAS` block of `attention_common.wgsl` replaced by terms that are zero, for calls with no
+/// `SCORE_BIAS` block of `attention/common.wgsl` replaced by terms that are zero, for calls with no
 /// score bias or relative table (the pipeline key holds `SCORE_BIAS = 0`). One storage buffer fewer:
 /// the fused backward's kernels then bind 8, WebGPU's default limit.
 pub(super) fn without_score_bias(source: &str) -> String {

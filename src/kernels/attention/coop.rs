@@ -1,7 +1,7 @@
 //! The tensor-core kernel family of the fused forward ([`KernelFamily::Coop`],
-//! `shaders/attention_forward_coop.wgsl`): S = Q K^T and P V as 16x16 tile multiply-adds through a
-//! small matrix interface with two builds, wgpu's cooperative matrices (`matrix_coop.wgsl`) and
-//! ordinary arithmetic (`matrix_portable.wgsl`, which runs on any adapter, so every test proves the
+//! `shaders/attention/coop/forward.wgsl`): S = Q K^T and P V as 16x16 tile multiply-adds through a
+//! small matrix interface with two builds, wgpu's cooperative matrices (`attention/coop/matrix_coop.wgsl`) and
+//! ordinary arithmetic (`attention/coop/matrix_portable.wgsl`, which runs on any adapter, so every test proves the
 //! kernel's tiling, masks, modifiers and softmax). The tensor-core build is used only on a device that
 //! lists the f16 16x16x16 configuration with f32 accumulation and whose result on a small problem
 //! matches the GPU family's (wgpu does not check a configuration, and an unlisted one computes
@@ -10,11 +10,7 @@
 //! every input type. The backward runs the GPU family's kernels.
 
 use super::*;
-use tiled::{encode_split_forward, SplitForwardKernel};
-
-const FORWARD: &str = include_str!("../../../shaders/attention_forward_coop.wgsl");
-const MATRIX_COOP: &str = include_str!("../../../shaders/matrix_coop.wgsl");
-const MATRIX_PORTABLE: &str = include_str!("../../../shaders/matrix_portable.wgsl");
+use gpu::{encode_split_forward, SplitForwardKernel};
 
 /// The side of one matrix tile, and the rows each tile group owns.
 const TILE: usize = 16;
@@ -213,10 +209,10 @@ impl CoopForward {
         let mut splits = 1;
         if let Some(tuned) = ctx.forward_splits() {
             splits = tuned.min(kv_tiles).max(1);
-        } else if !ctx.is_cpu() && groups < tiled::SPLIT_TARGET_WORKGROUPS {
-            splits = tiled::SPLIT_TARGET_WORKGROUPS
+        } else if !ctx.is_cpu() && groups < gpu::SPLIT_TARGET_WORKGROUPS {
+            splits = gpu::SPLIT_TARGET_WORKGROUPS
                 .div_ceil(groups)
-                .min(kv_tiles / tiled::SPLIT_MIN_TILES)
+                .min(kv_tiles / gpu::SPLIT_MIN_TILES)
                 .max(1);
         }
         if let Some(budget) = ctx.loop_budget() {
@@ -246,72 +242,35 @@ fn padded(s: &AttentionShape) -> (usize, usize) {
     )
 }
 
-/// The kernel's source: enables first, the element types, the common header, the kernel with its
-/// register arrays sized by `sizes`, the matrix interface of `build` (the portable build's
-/// accumulator sized for `slots`), then the Q, K and V reads, four elements per access with
-/// `vec4_inputs` (`tiled::inputs_on_vec4`).
-fn source(
+/// The key of the family's forward: `build` on `input` elements written as `written` and staged as
+/// `tiles`, with the portable build's `slots`, arrays sized by `sizes`, and Q, K and V read four
+/// elements per access with `vec4_inputs` (`gpu::inputs_on_vec4`).
+fn key(
     build: MatrixBuild,
-    [input, output, mat]: [DType; 3],
+    [input, written, tiles]: [DType; 3],
     slots: u32,
     sizes: Sizes,
     vec4_inputs: bool,
-) -> String {
-    let f16 = [input, output, mat].contains(&DType::F16);
-    let mut text = String::new();
-    if f16 {
-        text.push_str("enable f16;\n");
-    }
-    let matrix = match build {
-        // The directive must precede every declaration; the interface's file only names it.
-        MatrixBuild::Cooperative => {
-            text.push_str("enable wgpu_cooperative_matrix;\n");
-            MATRIX_COOP.to_string()
-        }
-        MatrixBuild::Portable => MATRIX_PORTABLE.replace(
-            "const MAT_SLOTS: u32 = 256u;",
-            &format!("const MAT_SLOTS: u32 = {slots}u;"),
-        ),
+) -> FusedVariant {
+    let family = FamilyBuild::Coop {
+        build,
+        tiles,
+        slots,
     };
-    let mut kernel = FORWARD.to_string();
-    for (name, declared, value) in [
-        ("MAX_BN", 64, sizes.block_n),
-        ("Q_TILES", 4, sizes.q_tiles),
-        ("O_TILES", 4, sizes.o_tiles),
-        ("K_LOADS", 8, sizes.k_loads),
-        ("V_LOADS", 8, sizes.v_loads),
-    ] {
-        let from = format!("const {name}: u32 = {declared}u;");
-        debug_assert!(kernel.contains(&from), "{from}");
-        kernel = kernel.replace(&from, &format!("const {name}: u32 = {value}u;"));
-    }
-    let (i, o, m) = (input.name(), output.name(), mat.name());
-    text.push_str(&format!(
-        "alias InElem = {i};\nalias OutElem = {o};\nalias MatElem = {m};\n{COMMON}\n{kernel}\n{matrix}\n{}",
-        super::tiled::forward_input_rows(vec4_inputs)
-    ));
-    text
+    let mut key = FusedVariant::new(FusedKernel::Forward, family);
+    (key.input, key.written, key.vec4_inputs) = (input, written, vec4_inputs);
+    key.arrays = vec![
+        ("MAX_BN", sizes.block_n),
+        ("Q_TILES", sizes.q_tiles),
+        ("O_TILES", sizes.o_tiles),
+        ("K_LOADS", sizes.k_loads),
+        ("V_LOADS", sizes.v_loads),
+    ];
+    key
 }
 
-/// The pipeline's name: `coop` in every one, `portable` in the portable build's, then the input
-/// type, `_split` for f32 partial outputs of f16 inputs, and `_f16tiles` for f32 inputs staged as
-/// f16 by the portable build (every name with f16 in it needs the device's f16).
-fn kernel_name(build: MatrixBuild, input: DType, written: DType, mat: DType) -> &'static str {
-    use DType::{F16, F32};
-    use MatrixBuild::{Cooperative, Portable};
-    match (build, input, written, mat) {
-        (Cooperative, F32, _, _) => "attention_forward_coop",
-        (Cooperative, F16, F16, _) => "attention_forward_coop_f16",
-        (Cooperative, F16, F32, _) => "attention_forward_coop_f16_split",
-        (Portable, F32, _, F16) => "attention_forward_coop_portable_f16tiles",
-        (Portable, F32, _, F32) => "attention_forward_coop_portable",
-        (Portable, F16, F16, _) => "attention_forward_coop_portable_f16",
-        (Portable, F16, F32, _) => "attention_forward_coop_portable_f16_split",
-    }
-}
-
-/// Every source the family compiles, for the naga translation tests (`kernels::shaders::all`).
-pub(super) fn shader_sources() -> Vec<(&'static str, String)> {
+/// Every build the family compiles, for the naga translation tests (`kernels::shaders::all`).
+pub(super) fn shader_variants() -> Vec<FusedVariant> {
     use DType::{F16, F32};
     // Head dim 64's tiles with 64 keys and four groups of 32, the shape a GPU runs; head dim
     // 128's with 32 keys below.
@@ -329,29 +288,23 @@ pub(super) fn shader_sources() -> Vec<(&'static str, String)> {
         k_loads: 8,
         v_loads: 8,
     };
-    let mut sources = Vec::new();
+    let mut keys = Vec::new();
     for build in [MatrixBuild::Cooperative, MatrixBuild::Portable] {
-        for (input, written, mat) in [(F32, F32, F16), (F16, F16, F16), (F16, F32, F16)] {
-            let name = kernel_name(build, input, written, mat);
-            sources.push((name, source(build, [input, written, mat], 8, sizes, false)));
+        for types in [[F32, F32, F16], [F16, F16, F16], [F16, F32, F16]] {
+            keys.push(key(build, types, 8, sizes, false));
         }
     }
-    let name = kernel_name(MatrixBuild::Portable, F32, F32, F32);
-    sources.push((
-        name,
-        source(MatrixBuild::Portable, [F32, F32, F32], 8, sizes, false),
-    ));
+    keys.push(key(MatrixBuild::Portable, [F32, F32, F32], 8, sizes, false));
     // The builds reading Q, K and V four elements per access; head dim 128's tiles (32 keys).
-    let build = MatrixBuild::Cooperative;
-    sources.push((
-        "attention_forward_coop_f16_vec4",
-        source(build, [F16, F16, F16], 8, wide, true),
+    keys.push(key(
+        MatrixBuild::Cooperative,
+        [F16, F16, F16],
+        8,
+        wide,
+        true,
     ));
-    sources.push((
-        "attention_forward_coop_portable_f16tiles_vec4",
-        source(MatrixBuild::Portable, [F32, F32, F16], 8, wide, true),
-    ));
-    sources
+    keys.push(key(MatrixBuild::Portable, [F32, F32, F16], 8, wide, true));
+    keys
 }
 
 /// Records the tensor-core family's forward with `config`, and the split-KV merge when split.
@@ -373,23 +326,23 @@ pub(super) fn encode_forward_coop(
     let kernel = SplitForwardKernel {
         block_m: config.block_m(),
         splits: config.splits(ctx, s),
-        name: &|dtype, written| kernel_name(config.build, dtype, written, mat),
-        source: &|dtype, written, vec4_inputs| {
-            source(
+        key: &|dtype, written, vec4_inputs| {
+            let mut key = key(
                 config.build,
                 [dtype, written, mat],
                 slots,
                 sizes,
                 vec4_inputs,
-            )
+            );
+            key.constants = vec![
+                ("SG", config.group),
+                ("NSG", config.groups),
+                ("BN", config.block_n),
+                ("DK", s.head_dim_qk as u32),
+                ("DV", s.head_dim_v as u32),
+            ];
+            key
         },
-        constants: &[
-            ("SG", config.group),
-            ("NSG", config.groups),
-            ("BN", config.block_n),
-            ("DK", s.head_dim_qk as u32),
-            ("DV", s.head_dim_v as u32),
-        ],
     };
     encode_split_forward(ctx, encoder, &kernel, s, scale, [q, k, v], out, lse, opts)
 }
@@ -505,11 +458,11 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
         let (q, k, v) = (&q, &k, &v);
         let output = AttentionOutput::recorded(ctx, &s, |encoder, out, lse| match coop {
             true => encode_forward_coop(ctx, encoder, config, &s, scale, q, k, v, out, lse, &opts),
-            false => encode_forward_tiled(ctx, encoder, &s, scale, q, k, v, out, lse, &opts),
+            false => encode_forward_gpu(ctx, encoder, &s, scale, q, k, v, out, lse, &opts),
         })?;
         Ok((output.out.to_vec(ctx)?, output.lse.to_vec(ctx)?))
     };
-    let (coop, tiled) = (run(true)?, run(false)?);
+    let (coop, gpu) = (run(true)?, run(false)?);
     // One element's error: 0 where equal (infinities included), infinite where one is not finite.
     let error = |x: f32, y: f32| match x == y {
         true => 0.0,
@@ -524,16 +477,16 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
     };
     // Inputs rounded to f16 (relative 2^-11) against f32: O within 1e-2, lse within 2e-2.
     const O_TOLERANCE: f32 = 1e-2;
-    let (o_err, lse_err) = (worst(&coop.0, &tiled.0), worst(&coop.1, &tiled.1));
+    let (o_err, lse_err) = (worst(&coop.0, &gpu.0), worst(&coop.1, &gpu.1));
     Ok((o_err > O_TOLERANCE || lse_err > 2e-2).then(|| {
         // What a reader of a report needs to tell a layout mistake from a precision one.
         let off: Vec<usize> = (0..coop.0.len())
-            .filter(|&i| error(coop.0[i], tiled.0[i]) > O_TOLERANCE)
+            .filter(|&i| error(coop.0[i], gpu.0[i]) > O_TOLERANCE)
             .collect();
         let first = off.first().map_or(String::new(), |&i| {
             format!(
                 "; first at element {i} of [80, 2, 64]: {} against {}",
-                coop.0[i], tiled.0[i]
+                coop.0[i], gpu.0[i]
             )
         });
         let zeros = coop.0.iter().filter(|x| **x == 0.0).count();

@@ -1,4 +1,4 @@
-//! Decode attention (`shaders/attention_decode.wgsl`): the attention step of incremental generation,
+//! Decode attention (`shaders/attention/decode.wgsl`): the attention step of incremental generation,
 //! a few new queries per sequence (`q_lens`, 1 to 8 when decoding, a prompt chunk when prefilling)
 //! against a key/value cache `[B, max_len, Hkv, D]` holding `kv_lens` keys each, the new ones last.
 //! Masks and score modifiers align on each sequence's own lengths: query `i` of sequence `b` sits at
@@ -9,12 +9,12 @@
 //! llvmpipe's loop budget asks for it), the partial softmaxes merged in split order: deterministic.
 //! CPU reference: [`crate::reference::attention::attention_decode`].
 
-use super::tiled::{encode_split_merge, split_scratch};
+use super::gpu::{encode_split_merge, split_scratch};
 use super::*;
 use crate::kernels::kv_cache::BlockTable;
 use crate::tensor::GpuTensorQ8;
 
-pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_decode.wgsl");
+pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/decode.wgsl");
 
 /// Invocations per workgroup, and keys per tile (each invocation scores one key of a tile).
 const WG: u32 = 64;

@@ -1,5 +1,5 @@
 //! The fused forward: output tensors, the entry points, the CPU-driver family's kernel (the GPU
-//! family's is in `tiled`) and the plan each problem gets.
+//! family's is in `gpu`) and the plan each problem gets.
 
 use super::*;
 
@@ -181,7 +181,7 @@ pub fn attention_forward_into(
     } else {
         // The GPU family; also f16 on every adapter (the CPU-driver kernels are f32 only), and the
         // tensor-core family's problems whose tiles exceed the workgroup storage.
-        encode_forward_tiled(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
+        encode_forward_gpu(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
     }
     match opts.sinks {
         Some(sinks) => sinks::encode_forward(ctx, encoder, &s, scale, out, lse, sinks, opts),
@@ -218,18 +218,21 @@ pub(super) fn encode_forward_cpu_family(
     let chunks = forward_chunks(ctx, s, block_n);
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
     let shared = Shared::scores(ctx, opts)?;
-    let quads = QuadReads::choose(ctx, wg);
-    encode_chunks(
+    let mut key = FusedVariant::new(
+        FusedKernel::Forward,
+        FamilyBuild::Cpu(QuadReads::choose(ctx, wg)),
+    );
+    key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), None);
+    key.constants = vec![
+        ("WG", wg),
+        ("BLOCK_N", block_n),
+        ("DK", s.head_dim_qk as u32),
+        ("DV", s.head_dim_v as u32),
+    ];
+    encode_fused_chunks(
         ctx,
         &mut pass,
-        "attention_forward",
-        || cpu_family_source(FORWARD, s.head_dim_qk.max(s.head_dim_v), quads),
-        &quads.constants(&[
-            ("WG", wg),
-            ("BLOCK_N", block_n),
-            ("DK", s.head_dim_qk as u32),
-            ("DV", s.head_dim_v as u32),
-        ]),
+        key,
         &mut params,
         shared,
         &bindings,
@@ -301,7 +304,7 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
         });
     }
     if ctx.kernel_family() != KernelFamily::CpuDriver {
-        let config = TiledForward::choose(ctx, s)?;
+        let config = GpuForward::choose(ctx, s)?;
         return Ok(ForwardPlan {
             family: KernelFamily::Gpu,
             workgroup: config.wg,

@@ -1,15 +1,17 @@
-//! Scaled dot-product attention (SPEC.md): the fused FlashAttention-2 style forward and backward
-//! (`shaders/attention_forward.wgsl`, `attention_backward_*.wgsl`) and the unfused baseline that
-//! materialises the `Lq x Lk` scores (`matmul_strided.wgsl`, `attention_softmax*.wgsl`).
+//! Scaled dot-product attention (SPEC.md): the fused FlashAttention-2 style forward and backward in
+//! three kernel families (`shaders/attention/{cpu,gpu,coop}/`) and the unfused baseline that
+//! materialises the `Lq x Lk` scores (`matmul_strided.wgsl`, `shaders/attention/unfused/`).
 //! CPU reference: [`crate::reference::attention`].
 //!
 //! Forward writes O and the row log-sum-exp `lse`; backward takes both plus dO and writes dQ, dK, dV,
 //! into new tensors or into strided views of a caller's buffers (a packed dQKV projection gradient).
 //!
 //! One job per file: `options` (masks and score modifiers), `shape` (sizes and argument checks),
-//! `binding` (uniforms, bindings, recording), `forward`, `backward`, `unfused`, `tiled` (the GPU
-//! kernel family), and one file per score feature or variant (`bias`, `sinks`, `qk_norm`, `probs`,
-//! `decode`, `additive`). This file holds the shader sources and their common header.
+//! `binding` (uniforms, bindings, recording), `variant` (the key of every fused pipeline: its
+//! source, constants and label), `forward` (the API and the CPU-driver family's forward),
+//! `backward` (likewise), `gpu` and `coop` (the other two families), `unfused`, and one file per
+//! score feature or variant (`bias`, `sinks`, `qk_norm`, `probs`, `decode`, `additive`). This file
+//! lists the shader sources for the translation tests.
 
 use crate::device::{grid_2d, Context, KernelFamily, StorageBinding};
 use crate::error::{Error, Result};
@@ -24,14 +26,15 @@ mod binding;
 mod coop;
 mod decode;
 mod forward;
+mod gpu;
 mod options;
 mod precompile;
 mod probs;
 mod qk_norm;
 mod shape;
 mod sinks;
-mod tiled;
 mod unfused;
+mod variant;
 
 use crate::kernels::arguments::check_binding;
 use crate::kernels::arguments::{check_call, check_context};
@@ -52,25 +55,20 @@ pub use decode::{
     attention_decode_paged_into, DecodePlan, PREFILL_FORWARD_ROWS,
 };
 pub use forward::*;
+use gpu::{encode_forward_gpu, GpuForward};
 pub use options::*;
 pub use precompile::{additive_precompile, attention_precompile, AttentionPasses};
 pub use probs::{attention_probabilities, attention_probabilities_into};
 pub(crate) use shape::*;
 pub use sinks::attention_sinks_backward_into;
-use tiled::{encode_forward_tiled, TiledForward};
 pub use unfused::*;
+use variant::{FamilyBuild, FusedKernel, FusedVariant};
 
-const COMMON: &str = include_str!("../../../shaders/attention_common.wgsl");
-const FORWARD: &str = include_str!("../../../shaders/attention_forward.wgsl");
 const BACKWARD_PREPROCESS: &str =
-    include_str!("../../../shaders/attention_backward_preprocess.wgsl");
-const BACKWARD_DQ: &str = include_str!("../../../shaders/attention_backward_dq.wgsl");
-const BACKWARD_DKDV: &str = concat!(
-    include_str!("../../../shaders/attention_backward_dkdv.wgsl"),
-    include_str!("../../../shaders/output_pair.wgsl")
-);
-const SOFTMAX: &str = include_str!("../../../shaders/attention_softmax.wgsl");
-const SOFTMAX_BACKWARD: &str = include_str!("../../../shaders/attention_softmax_backward.wgsl");
+    include_str!("../../../shaders/attention/backward_preprocess.wgsl");
+const SOFTMAX: &str = include_str!("../../../shaders/attention/unfused/softmax.wgsl");
+const SOFTMAX_BACKWARD: &str =
+    include_str!("../../../shaders/attention/unfused/softmax_backward.wgsl");
 
 /// Largest head dimension (Dk or Dv) the fused kernels hold in registers.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -116,9 +114,11 @@ const MAX_BLOCK_N: u32 = 64;
 
 /// Every attention shader with the common header prepended, by name: what the pipelines compile and
 /// what the naga tests validate and translate (with every other kernel's: [`crate::kernels::shaders`]).
-pub fn shader_sources() -> Vec<(&'static str, String)> {
+/// The fused kernels by their key's name (`_vec4` added for the builds reading four elements per
+/// access), with the largest array sizes their tests compile.
+pub fn shader_sources() -> Vec<(String, String)> {
     [
-        ("attention_forward_merge", tiled::FORWARD_MERGE),
+        ("attention_forward_merge", gpu::FORWARD_MERGE),
         ("attention_backward_preprocess", BACKWARD_PREPROCESS),
         ("attention_softmax", SOFTMAX),
         ("attention_softmax_backward", SOFTMAX_BACKWARD),
@@ -133,46 +133,6 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body)))
-    // The CPU-driver family, with either quad build (names with "subgroup": no GLSL).
-    .chain(
-        [
-            ("attention_forward", FORWARD, QuadReads::Workgroup),
-            ("attention_forward_subgroup", FORWARD, QuadReads::Subgroup),
-            ("attention_backward_dq", BACKWARD_DQ, QuadReads::Workgroup),
-            (
-                "attention_backward_dq_subgroup",
-                BACKWARD_DQ,
-                QuadReads::Subgroup,
-            ),
-            (
-                "attention_backward_dkdv",
-                BACKWARD_DKDV,
-                QuadReads::Workgroup,
-            ),
-            (
-                "attention_backward_dkdv_subgroup",
-                BACKWARD_DKDV,
-                QuadReads::Subgroup,
-            ),
-        ]
-        .into_iter()
-        .map(|(name, body, quads)| (name, quads.source(&with_common(body)))),
-    )
-    // The GPU family's backward, reading its inputs element by element or (vec4) four per access.
-    .chain(
-        [
-            ("attention_backward_dkdv_tiled", tiled::BACKWARD_DKDV, false),
-            ("attention_backward_dq_tiled", tiled::BACKWARD_DQ, false),
-            (
-                "attention_backward_dkdv_tiled_vec4",
-                tiled::BACKWARD_DKDV,
-                true,
-            ),
-            ("attention_backward_dq_tiled_vec4", tiled::BACKWARD_DQ, true),
-        ]
-        .into_iter()
-        .map(|(name, body, vec4)| (name, with_common(&tiled::backward_source(body, vec4)))),
-    )
     .chain([
         (
             "additive_forward",
@@ -199,89 +159,63 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
             )),
         ),
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
+        (
+            "attention_forward_merge_f16",
+            with_common_typed(gpu::FORWARD_MERGE, DType::F32, DType::F16),
+        ),
+        (
+            "attention_backward_preprocess_f16",
+            with_common_typed(BACKWARD_PREPROCESS, DType::F16, DType::F32),
+        ),
     ])
-    // The tiled forward with either row-group maximum, in f32 and f16 (names with "subgroup": no
-    // GLSL, wgpu's GL back end has no subgroups).
-    .chain(
-        [
-            ("attention_forward_tiled", false, DType::F32, DType::F32),
-            (
-                "attention_forward_tiled_subgroup",
-                true,
-                DType::F32,
-                DType::F32,
-            ),
-            ("attention_forward_tiled_f16", false, DType::F16, DType::F16),
-            (
-                "attention_forward_tiled_subgroup_f16",
-                true,
-                DType::F16,
-                DType::F16,
-            ),
-            (
-                "attention_forward_tiled_f16_split",
-                false,
-                DType::F16,
-                DType::F32,
-            ),
-            (
-                "attention_forward_tiled_subgroup_f16_split",
-                true,
-                DType::F16,
-                DType::F32,
-            ),
-        ]
-        .into_iter()
-        .map(|(name, subgroups, input, output)| {
-            let source = tiled::forward_source(subgroups, false);
-            (name, with_common_typed(&source, input, output))
-        }),
-    )
-    // The builds reading Q, K and V four elements per access.
-    .chain(
-        [
-            ("attention_forward_tiled_vec4", DType::F32),
-            ("attention_forward_tiled_subgroup_f16_vec4", DType::F16),
-        ]
-        .into_iter()
-        .map(|(name, dtype)| {
-            let source = tiled::forward_source(name.contains("subgroup"), true);
-            (name, with_common_typed(&source, dtype, dtype))
-        }),
-    )
-    // The f16 variants of the GPU family (names ending in _f16: no GLSL, GL has no f16).
-    .chain(
-        [
-            (
-                "attention_backward_dkdv_tiled_f16",
-                tiled::BACKWARD_DKDV,
-                false,
-            ),
-            ("attention_backward_dq_tiled_f16", tiled::BACKWARD_DQ, false),
-            (
-                "attention_backward_dkdv_tiled_f16_vec4",
-                tiled::BACKWARD_DKDV,
-                true,
-            ),
-        ]
-        .into_iter()
-        .map(|(name, body, vec4)| {
-            let source = tiled::backward_source(body, vec4);
-            (name, with_common_typed(&source, DType::F16, DType::F16))
-        })
-        .chain(coop::shader_sources())
-        .chain([
-            (
-                "attention_forward_merge_f16",
-                with_common_typed(tiled::FORWARD_MERGE, DType::F32, DType::F16),
-            ),
-            (
-                "attention_backward_preprocess_f16",
-                with_common_typed(BACKWARD_PREPROCESS, DType::F16, DType::F32),
-            ),
-        ]),
-    )
+    .map(|(name, source)| (name.to_string(), source))
+    .chain(fused_variants().into_iter().map(|key| {
+        let vec4 = match key.vec4_inputs {
+            true => "_vec4",
+            false => "",
+        };
+        (format!("{}{vec4}", key.name()), key.source())
+    }))
     .collect()
+}
+
+/// The fused kernels' builds the naga tests translate: each family's kernels in every build, dtype
+/// and input read the host picks.
+fn fused_variants() -> Vec<FusedVariant> {
+    use DType::{F16, F32};
+    use FusedKernel::{BackwardDkDv, BackwardDq, Forward};
+    let mut keys = Vec::new();
+    for quads in [QuadReads::Workgroup, QuadReads::Subgroup] {
+        for kernel in [Forward, BackwardDq, BackwardDkDv] {
+            let mut key = FusedVariant::new(kernel, FamilyBuild::Cpu(quads));
+            key.arrays = cpu_family_arrays(MAX_HEAD_DIM, (kernel == BackwardDq).then_some(132));
+            keys.push(key);
+        }
+    }
+    let gpu = |kernel, subgroup_row_max, input, written, vec4_inputs| {
+        let mut key = FusedVariant::new(kernel, FamilyBuild::Gpu { subgroup_row_max });
+        (key.input, key.written, key.vec4_inputs) = (input, written, vec4_inputs);
+        key.arrays = match kernel {
+            BackwardDkDv => vec![("MAX_SQ", 4), ("MAX_OCK", 16), ("MAX_OCV", 16)],
+            Forward | BackwardDq => vec![("MAX_SK", 4), ("MAX_OC", 16)],
+        };
+        key
+    };
+    for subgroups in [false, true] {
+        for (input, written) in [(F32, F32), (F16, F16), (F16, F32)] {
+            keys.push(gpu(Forward, subgroups, input, written, false));
+        }
+    }
+    keys.push(gpu(Forward, false, F32, F32, true));
+    keys.push(gpu(Forward, true, F16, F16, true));
+    for (dtype, vec4) in [(F32, false), (F32, true), (F16, false), (F16, true)] {
+        keys.push(gpu(BackwardDkDv, false, dtype, dtype, vec4));
+        if !(dtype == F16 && vec4) {
+            keys.push(gpu(BackwardDq, false, dtype, dtype, vec4));
+        }
+    }
+    keys.extend(coop::shader_variants());
+    keys
 }
 
 fn with_common(body: &str) -> String {
@@ -296,40 +230,32 @@ fn with_common_typed(body: &str, input: DType, output: DType) -> String {
         false => "",
     };
     let (i, o) = (input.name(), output.name());
-    format!("{enable}alias InElem = {i};\nalias OutElem = {o};\n{COMMON}\n{body}")
+    let (common, score_bias) = (variant::COMMON, variant::SCORE_BIAS);
+    format!("{enable}alias InElem = {i};\nalias OutElem = {o};\n{common}\n{score_bias}\n{body}")
 }
 
-/// A CPU-driver kernel (`body`) with the common header, its per-invocation arrays sized for head
-/// dims up to `max_dim` (rounded up to whole quads of eight) instead of the 256 the validated source
-/// declares, and the quad reads of its staged tiles. Real GPUs back private arrays with registers
-/// or per-thread local memory sized by the declaration: 256-entry arrays cost the dK/dV kernel
-/// 16 KiB per invocation, which the NVIDIA Vulkan driver fails on (device lost). The pipeline key
-/// holds DK, DV and the quad build, so one key always gets one source.
-fn cpu_family_source(body: &str, max_dim: usize, quads: QuadReads) -> String {
-    const DECLARED: &str = "const MAX_D: u32 = 256u;";
-    debug_assert!(body.contains(DECLARED));
-    let sized = body.replace(
-        DECLARED,
-        &format!("const MAX_D: u32 = {}u;", max_dim.div_ceil(8) * 8),
-    );
-    quads.source(&with_common(&sized))
+/// The CPU-driver family's per-invocation arrays: sized for head dims up to `max_dim` (rounded up to
+/// whole quads of eight) instead of [`MAX_HEAD_DIM`], and for `relative` buckets (the dQ kernel's).
+/// Real GPUs back private arrays with registers or per-thread local memory sized by the
+/// declaration: 256-entry arrays cost the dK/dV kernel 16 KiB per invocation, which the NVIDIA
+/// Vulkan driver fails on (device lost).
+fn cpu_family_arrays(max_dim: usize, relative: Option<u32>) -> Vec<(&'static str, u32)> {
+    let mut arrays = vec![("MAX_D", max_dim.div_ceil(8) as u32 * 8)];
+    arrays.extend(relative.map(|buckets| ("MAX_REL", buckets.max(1))));
+    arrays
 }
 
-const QUADS: &str = include_str!("../../../shaders/attention_quads.wgsl");
-const QUADS_SUBGROUP: &str = include_str!("../../../shaders/attention_quads_subgroup.wgsl");
-const QUADS_WORKGROUP: &str = include_str!("../../../shaders/attention_quads_workgroup.wgsl");
-
-/// How the CPU-driver kernels read the quads of their staged tiles (`attention_quads.wgsl`): every
+/// How the CPU-driver kernels read the quads of their staged tiles (`attention/cpu/quads.wgsl`): every
 /// invocation from workgroup memory, or one vec4 per lane shared by subgroup broadcasts, which
 /// llvmpipe runs as register shuffles instead of a load loop per lane. Same bits either way.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum QuadReads {
     Workgroup,
     Subgroup,
 }
 
 /// The subgroup size the subgroup build's quad layout assumes (`SUBGROUP` in
-/// `attention_quads_subgroup.wgsl`): lane l reads row l / 2, dims 4 (l % 2) .. + 3.
+/// `attention/cpu/quads_subgroup.wgsl`): lane l reads row l / 2, dims 4 (l % 2) .. + 3.
 const QUAD_LANES: u32 = 8;
 
 impl QuadReads {
@@ -342,21 +268,8 @@ impl QuadReads {
         }
     }
 
-    /// `source` with the quad reads of this build appended.
-    pub(super) fn source(self, source: &str) -> String {
-        let reads = match self {
-            Self::Workgroup => QUADS_WORKGROUP,
-            Self::Subgroup => QUADS_SUBGROUP,
-        };
-        format!("{source}\n{QUADS}\n{reads}")
-    }
-
-    /// `constants` with the subgroup build's key (the workgroup build adds none).
-    pub(super) fn constants(self, constants: &[(&'static str, u32)]) -> Vec<(&'static str, u32)> {
-        let mut all = constants.to_vec();
-        if self == Self::Subgroup {
-            all.push(("SUBGROUP", QUAD_LANES));
-        }
-        all
+    /// The subgroup build's override constant (the workgroup build has none).
+    pub(super) fn constant(self) -> Option<(&'static str, u32)> {
+        (self == Self::Subgroup).then_some(("SUBGROUP", QUAD_LANES))
     }
 }

@@ -1,5 +1,5 @@
 //! Attention maps: the probabilities `P[b, h, i, j]` of an attention call, recomputed on request from
-//! Q, K and the forward's `lse` (`shaders/attention_probs.wgsl`) with the same masks and score
+//! Q, K and the forward's `lse` (`shaders/attention/probs.wgsl`) with the same masks and score
 //! modifiers as the fused kernels, for a range of query rows at a time (long sequences are looked at
 //! by row chunks; nothing `Lq x Lk` is kept by the fused path). CPU reference:
 //! [`crate::reference::attention::attention_probabilities`].
@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use super::*;
 
-pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_probs.wgsl");
+pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/probs.wgsl");
 
 /// The probabilities of query rows `rows` of every (batch, head): a new `[B, H, rows.len(), Lk]`
 /// tensor. `lse` is the forward's, for the same inputs and options.

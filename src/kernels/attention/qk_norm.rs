@@ -1,6 +1,6 @@
 //! Cosine-similarity scores and key-norm clipping, the seeds' defences against "attention hijacking"
 //! (one key of huge norm capturing a row whatever its content): queries and keys are transformed
-//! before the scores (`shaders/attention_qk_norm.wgsl`: L2-normalised, eps-guarded, for cosine scores;
+//! before the scores (`shaders/attention/qk_norm.wgsl`: L2-normalised, eps-guarded, for cosine scores;
 //! keys scaled down to norm `c` when longer, for clipping) into scratch tensors the attention kernels
 //! then read, and the backward carries dQ and dK back through the same transform, in place. A learned
 //! per-head cosine scale multiplies the normalised queries; its gradient is the per-head sum of
@@ -12,7 +12,7 @@ use super::*;
 use crate::kernels::dispatch::Bindable;
 use crate::kernels::linear::encode_column_sum;
 
-pub(super) const SOURCE: &str = include_str!("../../../shaders/attention_qk_norm.wgsl");
+pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/qk_norm.wgsl");
 
 const NORMALIZE: u32 = 1;
 const CLIP: u32 = 2;

@@ -1,14 +1,14 @@
 //! Attention sinks (gpt-oss style): a learnable logit per query head that joins every row's softmax
-//! denominator without a value (`shaders/attention_sinks.wgsl`, applied after the forward of either
+//! denominator without a value (`shaders/attention/sinks.wgsl`, applied after the forward of either
 //! family), and its gradient `dsink_h = -sum_rows exp(sink_h - lse) D` from the backward's stats
-//! (`shaders/attention_sinks_backward.wgsl`, one workgroup per head, fixed-order reduction).
+//! (`shaders/attention/sinks_backward.wgsl`, one workgroup per head, fixed-order reduction).
 //! dQ, dK and dV need nothing else: the forward's lse and O already include the sink.
 //! CPU reference: [`crate::reference::attention`] (`Masks::sinks`).
 
 use super::*;
 
-pub(super) const FORWARD: &str = include_str!("../../../shaders/attention_sinks.wgsl");
-pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention_sinks_backward.wgsl");
+pub(super) const FORWARD: &str = include_str!("../../../shaders/attention/sinks.wgsl");
+pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention/sinks_backward.wgsl");
 
 /// Invocations of the sink-gradient workgroup (a power of two: the reduction is a tree).
 const BACKWARD_WG: u32 = 64;

@@ -1,0 +1,343 @@
+// Decode attention (SPEC.md): a few new queries per sequence against a long key/value cache, the step
+// of incremental generation. Q is [B, Lq, H, Dk] with q_len(b) <= Lq new queries (1 to 8 when
+// decoding, a prompt chunk when prefilling); K and V are the cache [B, max_len, Hkv, D] holding
+// kv_len(b) keys, the new ones last. Masks and score modifiers align on each sequence's lengths
+// (FLAG_ALIGN_LENS): query i of sequence b sits at position kv_len(b) - q_len(b) + i.
+//
+// GQA-aware: a workgroup owns ROWS rows of one (sequence, KV head): the (query head of the group, query)
+// pairs, flattened head-major, so the query heads that share a KV head read each K and V row once
+// together. Split-KV: the key range is cut into `split_keys`-key slices, one workgroup each; a split
+// writes its normalised partial O and lse (batch index split * B + b) and attention/forward_merge.wgsl
+// adds them in split order (deterministic). With one split the outputs are O and lse themselves.
+//
+// Per tile of WG keys:
+//   scores:  invocation t owns key t of the tile: s[r] = q_r . k for every row r (Q pre-scaled in
+//            workgroup memory), modified (modify_scores) and masked, into s_tile[r][t];
+//   softmax: invocation r < ROWS owns row r: running max m and sum l, rescale alpha; s_tile becomes P;
+//   P V:     invocation t owns OWN (row, vec4 column of O) items of key phase kg, and accumulates
+//            P[r][j] V[j] over the tile's keys j = kg, kg + KG, ...; the KG phase sums are added in
+//            kg order at the end (no atomics, deterministic).
+// No per-invocation array is head-dim sized.
+//
+// Int8 caches (INT8): each row of one KV head is D / 4 words of four int8 and its scale as f32 bits
+// (kv_cache_append_int8.wgsl writes them; the view's head_dim is D / 4 + 1 words). Dequantised in
+// registers: a score is the scale times q . unpack(k), a P V term P times the value row's scale
+// (staged per tile) times unpack(v). D is a multiple of 4.
+//
+// Tree steps (TREE, speculative decoding's drafts): the new rows of a sequence are a tree
+// (SeqLens::with_trees: after the lengths, each row's depth, then its ancestors as a bit mask). Row
+// i sits at position prefix + depth(i) (prefix = kv_len - q_len) and sees the cached keys and the
+// new rows among its ancestors (itself included); new row n's key sits at prefix + depth(n). Masks
+// and modifiers see those positions.
+//
+// Paged caches (PAGE > 0): K and V are pools [1, blocks * PAGE, Hkv, D] shared by every sequence; key
+// j of sequence b is pool row block_table[b * TABLE_STRIDE + j / PAGE] * PAGE + j % PAGE. Block ids
+// are checked on the host; the clamp only keeps a stale table from reading past the pool.
+
+override WG: u32 = 64u;
+override ROWS: u32 = 4u;
+override DK: u32 = 64u;
+override DV: u32 = 64u;
+override DK4: u32 = (DK + 3u) / 4u;
+override DV4: u32 = (DV + 3u) / 4u;
+// (row, vec4 column) items of O, invocations per key phase, key phases, items per invocation.
+override ITEMS: u32 = ROWS * DV4;
+override LANES: u32 = min(ITEMS, WG);
+override KG: u32 = WG / LANES;
+override OWN: u32 = (ITEMS + WG - 1u) / WG;
+
+// Rows per cache block (0: a contiguous cache [B, max_len, Hkv, D]), block ids per sequence in the
+// table, and blocks in the pool.
+override PAGE: u32 = 0u;
+override TABLE_STRIDE: u32 = 1u;
+override POOL_BLOCKS: u32 = 1u;
+// PAGE as a divisor (never 0, which a constant division would reject even where unused).
+override PAGE_ROWS: u32 = max(PAGE, 1u);
+// K and V rows are int8 with a scale (DK and DV multiples of 4).
+override INT8: bool = false;
+// The new rows are draft trees (seq_lens holds their depths and ancestors).
+override TREE: bool = false;
+// Value scales staged per tile: WG with INT8, a placeholder otherwise (no LDS for f32 caches).
+override V_SCALES: u32 = select(1u, WG, INT8);
+
+// Sizes of the per-invocation arrays; the host writes the pipeline's exact ROWS and OWN here.
+const MAX_ROWS: u32 = 64u;
+const MAX_OWN: u32 = 16u;
+
+@group(0) @binding(2) var<storage, read> q_buf: array<f32>;
+// f32 values, or with INT8 packed words and scales (read as bits either way).
+@group(0) @binding(3) var<storage, read> k_buf: array<u32>;
+@group(0) @binding(4) var<storage, read> v_buf: array<u32>;
+@group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
+@group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
+// The paged cache's block table [B, TABLE_STRIDE] (PAGE > 0; another read-only buffer otherwise).
+@group(0) @binding(7) var<storage, read> block_table: array<u32>;
+
+var<workgroup> q_tile: array<vec4<f32>, ROWS * DK4>;
+// Scores, then P, of the tile: s_tile[r * WG + key].
+var<workgroup> s_tile: array<f32, ROWS * WG>;
+// Per row: the tile's rescale factor, and at the end m and l.
+var<workgroup> alpha_tile: array<f32, ROWS>;
+var<workgroup> m_tile: array<f32, ROWS>;
+var<workgroup> l_tile: array<f32, ROWS>;
+// Key-phase partial sums of O, red[kg * LANES + lane].
+var<workgroup> red: array<vec4<f32>, WG>;
+// INT8: the scale of each of the tile's value rows.
+var<workgroup> v_scale: array<f32, V_SCALES>;
+
+// The query row and head of flattened row fr of KV head g; q_seq past the last row.
+fn row_query(fr: u32) -> u32 {
+    return fr % params.q_seq;
+}
+
+fn row_head(fr: u32, g: u32) -> u32 {
+    return g * (params.heads / params.kv_heads) + fr / params.q_seq;
+}
+
+// Tree steps: new row i's depth, and its ancestors (itself included) as bits over the new rows.
+fn tree_depth(b: u32, i: u32) -> u32 {
+    return seq_lens[2u * params.batch + b * params.q_seq + i];
+}
+
+fn tree_ancestors(b: u32, i: u32) -> u32 {
+    return seq_lens[2u * params.batch + (params.batch + b) * params.q_seq + i];
+}
+
+// Element index of key (or value) j of sequence b, KV head g, in the cache.
+fn cache_index(view: u32, b: u32, j: u32, g: u32) -> u32 {
+    if PAGE == 0u {
+        return view_index(view, b, j, g);
+    }
+    let block = min(block_table[b * TABLE_STRIDE + j / PAGE_ROWS], POOL_BLOCKS - 1u);
+    return view_index(view, 0u, block * PAGE_ROWS + j % PAGE_ROWS, g);
+}
+
+// Elements d..d+3 of a row at element (word) `base`, zero past `dim` (f32 views need not be vec4
+// aligned); INT8: unscaled, the row's scale applied by the caller.
+fn load4_k(base: u32, d: u32) -> vec4<f32> {
+    if INT8 {
+        return unpack4x8snorm(k_buf[base + d / 4u]);
+    }
+    var x = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) {
+        if d + e < DK {
+            x[e] = bitcast<f32>(k_buf[base + d + e]);
+        }
+    }
+    return x;
+}
+
+fn load4_v(base: u32, d: u32) -> vec4<f32> {
+    if INT8 {
+        return unpack4x8snorm(v_buf[base + d / 4u]);
+    }
+    var x = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) {
+        if d + e < DV {
+            x[e] = bitcast<f32>(v_buf[base + d + e]);
+        }
+    }
+    return x;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let group = linear_group(wg);
+    // Uniform per workgroup, so returning here keeps every barrier below in uniform control flow.
+    if group >= params.total_groups {
+        return;
+    }
+    let block = group % params.blocks;
+    let rest = group / params.blocks;
+    let bg = rest % (params.batch * params.kv_heads);
+    let split = rest / (params.batch * params.kv_heads);
+    let b = bg / params.kv_heads;
+    let g = bg % params.kv_heads;
+    let qlen = q_len(b);
+    let kvlen = kv_len(b);
+    let shift = row_shift(b);
+    let total_rows = (params.heads / params.kv_heads) * params.q_seq;
+    let row0 = block * ROWS;
+
+    for (var t = lid; t < ROWS * DK4 * 4u; t += WG) {
+        let r = t / (DK4 * 4u);
+        let d = t % (DK4 * 4u);
+        let fr = row0 + r;
+        var x = 0.0;
+        if fr < total_rows && row_query(fr) < qlen && d < DK {
+            x = q_buf[view_index(VIEW_Q, b, row_query(fr), row_head(fr, g)) + d] * params.scale;
+        }
+        q_tile[r * DK4 + d / 4u][d % 4u] = x;
+    }
+
+    // The keys any query of the sequence sees (the first query's window start to the last valid
+    // query's end; masks are monotone in the query), then this split's slice of them.
+    var lo = 0u;
+    var hi = 0u;
+    if qlen > 0u {
+        lo = keys_start_at(shift);
+        hi = keys_end_at(i32(qlen) - 1 + shift, kvlen);
+    }
+    let begin = max(lo, split * params.split_keys);
+    let end = min(hi, (split + 1u) * params.split_keys);
+
+    let lane = lid % LANES;
+    let kg = lid / LANES;
+    var m = NEG_BIG;
+    var l = 0.0;
+    var acc: array<vec4<f32>, MAX_OWN>;
+    for (var o = 0u; o < OWN; o++) {
+        acc[o] = vec4<f32>(0.0);
+    }
+
+    for (var n0 = begin; n0 < end; n0 += WG) {
+        let j = n0 + lid;
+        var s: array<f32, MAX_ROWS>;
+        for (var r = 0u; r < ROWS; r++) {
+            s[r] = 0.0;
+        }
+        workgroupBarrier();
+        if j < end {
+            let kj = cache_index(VIEW_K, b, j, g);
+            for (var d4 = 0u; d4 < DK4; d4++) {
+                let k4 = load4_k(kj, 4u * d4);
+                for (var r = 0u; r < ROWS; r++) {
+                    s[r] += dot(q_tile[r * DK4 + d4], k4);
+                }
+            }
+            if INT8 {
+                let k_scale = bitcast<f32>(k_buf[kj + DK4]);
+                for (var r = 0u; r < ROWS; r++) {
+                    s[r] *= k_scale;
+                }
+            }
+        }
+        if INT8 {
+            var scale = 0.0;
+            if j < end {
+                scale = bitcast<f32>(v_buf[cache_index(VIEW_V, b, j, g) + DV4]);
+            }
+            v_scale[lid] = scale;
+        }
+        for (var r = 0u; r < ROWS; r++) {
+            let fr = row0 + r;
+            let i = row_query(fr);
+            var x = NEG_BIG;
+            if j < end && fr < total_rows && i < qlen {
+                // The query's and the key's positions (before the shift): their indices, or in a
+                // tree step their depths, new keys visible to their descendants only.
+                var q_pos = i;
+                var k_pos = j;
+                var in_tree = true;
+                if TREE {
+                    q_pos = tree_depth(b, i);
+                    let prefix = kvlen - qlen;
+                    if j >= prefix {
+                        k_pos = prefix + tree_depth(b, j - prefix);
+                        in_tree = ((tree_ancestors(b, i) >> (j - prefix)) & 1u) != 0u;
+                    }
+                }
+                let p = i32(q_pos) + shift;
+                if in_tree && k_pos >= keys_start_at(p) && k_pos < keys_end_at(p, kvlen) {
+                    let y = modify_scores(vec4<f32>(s[r]), vec4<u32>(q_pos), vec4<u32>(k_pos), b, row_head(fr, g)).x;
+                    // Masked scores are NEG_BIG exactly, so score_visible tells them apart.
+                    x = select(NEG_BIG, y, score_visible(vec4<f32>(y)).x);
+                }
+            }
+            s_tile[r * WG + lid] = x;
+        }
+        workgroupBarrier();
+
+        if lid < ROWS {
+            let base = lid * WG;
+            var tile_max = NEG_BIG;
+            for (var jj = 0u; jj < WG; jj++) {
+                tile_max = max(tile_max, s_tile[base + jj]);
+            }
+            // Both maxima are finite: alpha is 1 while a row has seen no key, 0 when its first arrives.
+            let m_new = max(m, tile_max);
+            let alpha = exp(m - m_new);
+            var sum = 0.0;
+            for (var jj = 0u; jj < WG; jj++) {
+                let x = s_tile[base + jj];
+                // masked_p for masked keys: the product below skips them.
+                let p = select(masked_p(), exp(x - m_new), not_masked(x));
+                s_tile[base + jj] = p;
+                sum += p;
+            }
+            l = l * alpha + sum;
+            m = m_new;
+            alpha_tile[lid] = alpha;
+        }
+        workgroupBarrier();
+
+        let keys = min(WG, end - n0);
+        for (var o = 0u; o < OWN; o++) {
+            let item = lane + o * LANES;
+            if item < ITEMS && kg < KG {
+                let r = item / DV4;
+                let c = item % DV4;
+                var a = acc[o] * alpha_tile[r];
+                for (var jj = kg; jj < keys; jj += KG) {
+                    let p = s_tile[r * WG + jj];
+                    // A key this row masks is not read (a NaN in its value is not the row's).
+                    if p_visible(vec4<f32>(p)).x {
+                        var w = p;
+                        if INT8 {
+                            w *= v_scale[jj];
+                        }
+                        a += w * load4_v(cache_index(VIEW_V, b, n0 + jj, g), 4u * c);
+                    }
+                }
+                acc[o] = a;
+            }
+        }
+    }
+
+    if lid < ROWS {
+        m_tile[lid] = m;
+        l_tile[lid] = l;
+    }
+    if KG > 1u {
+        red[lid] = acc[0];
+    }
+    workgroupBarrier();
+    if kg != 0u {
+        return;
+    }
+    // Split s writes batch index s * B + b of its outputs: the partial results when split.
+    let b_out = split * params.batch + b;
+    for (var o = 0u; o < OWN; o++) {
+        let item = lane + o * LANES;
+        let r = item / DV4;
+        let fr = row0 + r;
+        if item >= ITEMS || fr >= total_rows {
+            continue;
+        }
+        var a = acc[o];
+        if KG > 1u {
+            a = red[lane];
+            for (var k = 1u; k < KG; k++) {
+                a += red[k * LANES + lane];
+            }
+        }
+        let i = row_query(fr);
+        let h = row_head(fr, g);
+        let seen = row_seen(vec4<f32>(l_tile[r])).x;
+        let out = select(vec4<f32>(0.0), a / l_tile[r], seen);
+        let c = item % DV4;
+        // A packed O holds the sequence's own rows only (the next sequence's follow).
+        if row_stored(VIEW_O, b_out, i) {
+            let base = view_index(VIEW_O, b_out, i, h);
+            for (var e = 0u; e < 4u; e++) {
+                if 4u * c + e < DV {
+                    o_buf[base + 4u * c + e] = out[e];
+                }
+            }
+        }
+        if c == 0u {
+            let lse = select(neg_inf(), m_tile[r] + log(l_tile[r]), seen);
+            lse_buf[(b_out * params.heads + h) * params.q_seq + i] = lse;
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! The key of every fused attention pipeline, one place for what each compiles: the kernel (forward,
+//! dQ, dK/dV), the family and its build (`shaders/attention/{cpu,gpu,coop}/`), the element types,
+//! the input reads, the per-invocation array sizes, the override constants and what the call binds.
+//! [`FusedVariant::source`] assembles the WGSL from whole files (no edit of source text),
+//! [`FusedVariant::constants`] gives the override constants and [`FusedVariant::pipeline`] labels
+//! the pipeline with the name and constants, e.g.
+//! `attention_forward_gpu_subgroup_f16-WG128-BM64-BN32-DK64-DV64-VEC41`.
+//!
+//! Specialised by override constants: tile shapes, head dims, the relative buckets, `VEC4`,
+//! `SUBGROUP`, `PACKED_VIEWS`, `SCORE_BIAS`. Assembled from different files: the family and kernel,
+//! the quad reads (CPU driver), the row maxima (GPU forward), the matrix build (tensor cores), the
+//! input reads (element or vec4), the score-bias binding. Declared as module constants: the array
+//! sizes, which WGSL cannot take from overrides for arrays in functions. Everything else is a
+//! uniform (`Params`): masks, windows, modifiers, scales, strides and lengths.
+
+use super::coop::MatrixBuild;
+use super::QuadReads;
+use crate::device::{Context, PipelineSpec};
+use crate::tensor::DType;
+use std::sync::Arc;
+
+pub(super) const COMMON: &str = include_str!("../../../shaders/attention/common.wgsl");
+pub(super) const SCORE_BIAS: &str = include_str!("../../../shaders/attention/score_bias.wgsl");
+const SCORE_BIAS_NONE: &str = include_str!("../../../shaders/attention/score_bias_none.wgsl");
+const OUTPUT_PAIR: &str = include_str!("../../../shaders/attention/output_pair.wgsl");
+const INPUT_ROWS: &str = include_str!("../../../shaders/attention/input_rows.wgsl");
+const INPUT_ROWS_VEC4: &str = include_str!("../../../shaders/attention/input_rows_vec4.wgsl");
+const DO_ROWS: &str = include_str!("../../../shaders/attention/do_rows.wgsl");
+const DO_ROWS_VEC4: &str = include_str!("../../../shaders/attention/do_rows_vec4.wgsl");
+
+const CPU_FORWARD: &str = include_str!("../../../shaders/attention/cpu/forward.wgsl");
+const CPU_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/cpu/backward_dq.wgsl");
+const CPU_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/cpu/backward_dkdv.wgsl");
+const CPU_QUADS: &str = include_str!("../../../shaders/attention/cpu/quads.wgsl");
+const CPU_QUADS_SUBGROUP: &str = include_str!("../../../shaders/attention/cpu/quads_subgroup.wgsl");
+const CPU_QUADS_WORKGROUP: &str =
+    include_str!("../../../shaders/attention/cpu/quads_workgroup.wgsl");
+
+const GPU_FORWARD: &str = include_str!("../../../shaders/attention/gpu/forward.wgsl");
+const GPU_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/gpu/backward_dq.wgsl");
+const GPU_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/gpu/backward_dkdv.wgsl");
+const GPU_ROW_MAX_SUBGROUP: &str =
+    include_str!("../../../shaders/attention/gpu/row_max_subgroup.wgsl");
+const GPU_ROW_MAX_WORKGROUP: &str =
+    include_str!("../../../shaders/attention/gpu/row_max_workgroup.wgsl");
+
+const COOP_FORWARD: &str = include_str!("../../../shaders/attention/coop/forward.wgsl");
+const COOP_MATRIX: &str = include_str!("../../../shaders/attention/coop/matrix_coop.wgsl");
+const COOP_MATRIX_PORTABLE: &str =
+    include_str!("../../../shaders/attention/coop/matrix_portable.wgsl");
+
+/// The kernels of the fused attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum FusedKernel {
+    /// O and lse.
+    Forward,
+    /// dQ over query blocks.
+    BackwardDq,
+    /// dK and dV over key blocks.
+    BackwardDkDv,
+}
+
+/// A kernel family with the build choices that change its code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum FamilyBuild {
+    /// The CPU-driver family (`cpu/`) and how it reads the quads of its staged tiles.
+    Cpu(QuadReads),
+    /// The GPU family (`gpu/`); the forward's row maxima by subgroup shuffles or in workgroup
+    /// memory (always the latter in the backward).
+    Gpu { subgroup_row_max: bool },
+    /// The tensor-core family's forward (`coop/`): the matrix build, the element type of its
+    /// staged tiles, and the accumulator slots per invocation (the portable build's).
+    Coop {
+        build: MatrixBuild,
+        tiles: DType,
+        slots: u32,
+    },
+}
+
+/// Everything one fused attention pipeline compiles from. Two calls with equal keys share a
+/// pipeline; the label, the source and the constants all derive from the key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct FusedVariant {
+    pub kernel: FusedKernel,
+    pub family: FamilyBuild,
+    /// Element type of Q, K, V and dO as stored.
+    pub input: DType,
+    /// Element type of what the kernel writes (f32 partials of a split f16 forward).
+    pub written: DType,
+    /// Q, K, V (and dO) read four elements per access (`input_rows_vec4.wgsl`; not the CPU
+    /// family's, which reads element by element).
+    pub vec4_inputs: bool,
+    /// Per-invocation array sizes, declared as module constants.
+    pub arrays: Vec<(&'static str, u32)>,
+    /// Override constants of the kernel's shape: tiles, head dims, relative buckets.
+    pub constants: Vec<(&'static str, u32)>,
+    /// Strides of packed views (`PACKED_VIEWS`): of the call, set when it is recorded.
+    pub packed_views: u32,
+    /// Whether the call binds a score bias or relative table (else `score_bias_none.wgsl`, one
+    /// storage buffer fewer): of the call, set when it is recorded.
+    pub score_bias: bool,
+}
+
+impl FusedVariant {
+    /// A key of `kernel` in `family` with f32 inputs and outputs, element reads, no arrays or
+    /// constants yet, and the call's bindings unset.
+    pub fn new(kernel: FusedKernel, family: FamilyBuild) -> Self {
+        Self {
+            kernel,
+            family,
+            input: DType::F32,
+            written: DType::F32,
+            vec4_inputs: false,
+            arrays: Vec::new(),
+            constants: Vec::new(),
+            packed_views: 0,
+            score_bias: true,
+        }
+    }
+
+    /// The kernel's name: op, family and the builds and types that change its code
+    /// (`attention_backward_dq_gpu_f16`). A name with `subgroup` needs subgroups, one with `f16`
+    /// the device's f16, one with `coop` but not `portable` cooperative matrices.
+    pub fn name(&self) -> String {
+        let op = match self.kernel {
+            FusedKernel::Forward => "attention_forward",
+            FusedKernel::BackwardDq => "attention_backward_dq",
+            FusedKernel::BackwardDkDv => "attention_backward_dkdv",
+        };
+        let mut name = String::from(op);
+        match self.family {
+            FamilyBuild::Cpu(quads) => {
+                name.push_str("_cpu");
+                if quads == QuadReads::Subgroup {
+                    name.push_str("_subgroup");
+                }
+            }
+            FamilyBuild::Gpu { subgroup_row_max } => {
+                name.push_str("_gpu");
+                if subgroup_row_max {
+                    name.push_str("_subgroup");
+                }
+            }
+            FamilyBuild::Coop { build, .. } => {
+                name.push_str("_coop");
+                if build == MatrixBuild::Portable {
+                    name.push_str("_portable");
+                }
+            }
+        }
+        if self.input == DType::F16 {
+            name.push_str("_f16");
+            if self.written == DType::F32 {
+                name.push_str("_split");
+            }
+        } else if matches!(self.family, FamilyBuild::Coop { build: MatrixBuild::Portable, tiles, .. } if tiles == DType::F16)
+        {
+            name.push_str("_f16tiles");
+        }
+        name
+    }
+
+    /// The override constants: the shape's, then `VEC4` (GPU and tensor-core families),
+    /// `SUBGROUP` (the CPU family's subgroup quads), `PACKED_VIEWS` where the call has packed
+    /// views and `SCORE_BIAS = 0` where it binds no score bias.
+    pub fn constants(&self) -> Vec<(&'static str, u32)> {
+        let mut all = self.constants.clone();
+        match self.family {
+            FamilyBuild::Cpu(quads) => all.extend(quads.constant()),
+            FamilyBuild::Gpu { .. } | FamilyBuild::Coop { .. } => {
+                all.push(("VEC4", self.vec4_inputs as u32))
+            }
+        }
+        if self.packed_views != 0 {
+            all.push(("PACKED_VIEWS", self.packed_views));
+        }
+        if !self.score_bias {
+            all.push(("SCORE_BIAS", 0));
+        }
+        all
+    }
+
+    /// The WGSL: enables, element types and array sizes first, then the common header, the
+    /// score-bias terms, the kernel and the pieces its build takes.
+    pub fn source(&self) -> String {
+        let mut text = String::new();
+        let coop = match self.family {
+            FamilyBuild::Coop { build, tiles, .. } => Some((build, tiles)),
+            _ => None,
+        };
+        let f16 = [Some(self.input), Some(self.written), coop.map(|(_, t)| t)]
+            .contains(&Some(DType::F16));
+        if f16 {
+            text.push_str("enable f16;\n");
+        }
+        if let Some((MatrixBuild::Cooperative, _)) = coop {
+            text.push_str("enable wgpu_cooperative_matrix;\n");
+        }
+        text.push_str(&format!(
+            "alias InElem = {};\nalias OutElem = {};\n",
+            self.input.name(),
+            self.written.name()
+        ));
+        if let Some((_, tiles)) = coop {
+            text.push_str(&format!("alias MatElem = {};\n", tiles.name()));
+        }
+        for (name, value) in self.arrays_declared() {
+            text.push_str(&format!("const {name}: u32 = {value}u;\n"));
+        }
+        let score_bias = match self.score_bias {
+            true => SCORE_BIAS,
+            false => SCORE_BIAS_NONE,
+        };
+        let (rows, do_rows) = match self.vec4_inputs {
+            true => (INPUT_ROWS_VEC4, DO_ROWS_VEC4),
+            false => (INPUT_ROWS, DO_ROWS),
+        };
+        let pieces: Vec<&str> = match (self.family, self.kernel) {
+            (FamilyBuild::Cpu(quads), kernel) => {
+                let body = match kernel {
+                    FusedKernel::Forward => CPU_FORWARD,
+                    FusedKernel::BackwardDq => CPU_BACKWARD_DQ,
+                    FusedKernel::BackwardDkDv => CPU_BACKWARD_DKDV,
+                };
+                let reads = match quads {
+                    QuadReads::Workgroup => CPU_QUADS_WORKGROUP,
+                    QuadReads::Subgroup => CPU_QUADS_SUBGROUP,
+                };
+                let mut pieces = vec![body];
+                if kernel == FusedKernel::BackwardDkDv {
+                    pieces.push(OUTPUT_PAIR);
+                }
+                pieces.extend([CPU_QUADS, reads]);
+                pieces
+            }
+            (FamilyBuild::Gpu { subgroup_row_max }, FusedKernel::Forward) => {
+                let row_max = match subgroup_row_max {
+                    true => GPU_ROW_MAX_SUBGROUP,
+                    false => GPU_ROW_MAX_WORKGROUP,
+                };
+                vec![GPU_FORWARD, rows, row_max]
+            }
+            (FamilyBuild::Gpu { .. }, FusedKernel::BackwardDq) => {
+                vec![GPU_BACKWARD_DQ, rows, do_rows]
+            }
+            (FamilyBuild::Gpu { .. }, FusedKernel::BackwardDkDv) => {
+                vec![GPU_BACKWARD_DKDV, OUTPUT_PAIR, rows, do_rows]
+            }
+            (FamilyBuild::Coop { build, .. }, _) => {
+                debug_assert_eq!(self.kernel, FusedKernel::Forward);
+                let matrix = match build {
+                    MatrixBuild::Cooperative => COOP_MATRIX,
+                    MatrixBuild::Portable => COOP_MATRIX_PORTABLE,
+                };
+                vec![COOP_FORWARD, matrix, rows]
+            }
+        };
+        text.push_str(COMMON);
+        text.push('\n');
+        text.push_str(score_bias);
+        for piece in pieces {
+            text.push('\n');
+            text.push_str(piece);
+        }
+        text
+    }
+
+    /// The array sizes the source declares: the key's, and the portable matrix build's
+    /// accumulator slots.
+    fn arrays_declared(&self) -> Vec<(&'static str, u32)> {
+        let mut arrays = self.arrays.clone();
+        if let FamilyBuild::Coop {
+            build: MatrixBuild::Portable,
+            slots,
+            ..
+        } = self.family
+        {
+            arrays.push(("MAT_SLOTS", slots));
+        }
+        arrays
+    }
+
+    /// wgpu's runtime checks the kernel goes without where the context trusts its kernels: the
+    /// loop counters, whose loops all end at bounds from uniforms (lengths the host checked below
+    /// 2^31, chunk ranges), overrides and the workgroup id. They cost the forwards 12-24% on
+    /// lavapipe and the GPU family's backward 2.7x on an NVIDIA H200 (BENCHMARKS.md); index clamps
+    /// stay (dropping them gained nothing more). Except the GPU family's dQ on 16-key tiles at head
+    /// dims up to 64 (what 32 KiB of workgroup storage picks): without counters ACO unrolls its
+    /// loops to 132-152 VGPRs and spills on gfx1100, where the checked build needs 80-84.
+    pub fn relaxed_checks(&self) -> Option<wgpu::ShaderRuntimeChecks> {
+        let constant = |wanted: &str| {
+            self.constants
+                .iter()
+                .find(|(c, _)| *c == wanted)
+                .map(|&(_, v)| v)
+        };
+        let dq_short_tiles = matches!(self.family, FamilyBuild::Gpu { .. })
+            && self.kernel == FusedKernel::BackwardDq
+            && constant("BN").is_some_and(|keys| keys < 32)
+            && constant("DK").is_some_and(|dim| dim <= 64);
+        if dq_short_tiles {
+            return None;
+        }
+        let mut checks = wgpu::ShaderRuntimeChecks::checked();
+        checks.force_loop_bounding = false;
+        Some(checks)
+    }
+
+    /// The cached pipeline of this key on `ctx`, compiled at first use, labelled with the name and
+    /// each override constant as `-NAMEvalue`.
+    pub fn pipeline(&self, ctx: &Context) -> Arc<wgpu::ComputePipeline> {
+        let constants = self.constants();
+        ctx.compiled(PipelineSpec {
+            label: crate::kernels::constants_label(self.name(), &constants),
+            sizes: &self.arrays_declared(),
+            source: || self.source(),
+            constants: &constants,
+            relaxed_checks: self.relaxed_checks(),
+        })
+    }
+}
