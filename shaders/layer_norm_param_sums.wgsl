@@ -1,14 +1,15 @@
 // LayerNorm backward, parameter gradients, GPU family, second step: each column adds the partial
-// sums of layer_norm_param_partials.wgsl over blocks [block_begin, block_end) in order. The host
+// sums of layer_norm_param_partials.wgsl over blocks [row_begin, row_end) in order. The host
 // splits long block ranges into several dispatches (llvmpipe's loop cap); every dispatch after the
 // first adds to the sums (accumulate = 1). CENTERED = false is RMSNorm's: no d_beta (the host may
 // bind d_gamma there).
 
+// The column reductions' parameters (dispatch.rs ColumnParams): the rows are the blocks of partials.
 struct Params {
-    blocks: u32,
+    rows: u32,
     cols: u32,
-    block_begin: u32,
-    block_end: u32,
+    row_begin: u32,
+    row_end: u32,
     accumulate: u32,
     grid_x: u32,
     pad0: u32,
@@ -31,8 +32,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var dg = 0.0;
     var db = 0.0;
-    let beta_at = params.blocks * params.cols;
-    for (var block = params.block_begin; block < params.block_end; block++) {
+    let beta_at = params.rows * params.cols;
+    for (var block = params.row_begin; block < params.row_end; block++) {
         dg += partials[block * params.cols + col];
         if CENTERED {
             db += partials[beta_at + block * params.cols + col];

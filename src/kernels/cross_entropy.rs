@@ -242,3 +242,41 @@ pub fn cross_entropy_backward_into(
     );
     Ok(())
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!(
+            "cross_entropy_forward",
+            "Params",
+            Params {
+                rows,
+                classes,
+                ignore_index,
+                grid_x
+            }
+        ),
+        uniform_layout!(
+            "cross_entropy_reduce",
+            "Params",
+            Params {
+                rows,
+                classes,
+                ignore_index,
+                grid_x
+            }
+        ),
+        uniform_layout!(
+            "cross_entropy_backward",
+            "Params",
+            Params {
+                rows,
+                classes,
+                ignore_index,
+                grid_x
+            }
+        ),
+    ]
+}

@@ -195,3 +195,50 @@ pub(crate) fn encode_column_reduction_in(
         );
     }
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!(
+            "column_sum",
+            "Params",
+            ColumnParams {
+                rows,
+                cols,
+                row_begin,
+                row_end,
+                accumulate,
+                grid_x,
+                pad
+            }
+        ),
+        uniform_layout!(
+            "layer_norm_param_grads",
+            "Params",
+            ColumnParams {
+                rows,
+                cols,
+                row_begin,
+                row_end,
+                accumulate,
+                grid_x,
+                pad
+            }
+        ),
+        uniform_layout!(
+            "layer_norm_param_sums",
+            "Params",
+            ColumnParams {
+                rows,
+                cols,
+                row_begin,
+                row_end,
+                accumulate,
+                grid_x,
+                pad
+            }
+        ),
+    ]
+}

@@ -289,3 +289,34 @@ pub fn gated_activation_backward_into(
     );
     Ok(())
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!("activation_forward", "Params", Params { len, grid_x }),
+        uniform_layout!("activation_backward", "Params", Params { len, grid_x }),
+        uniform_layout!("add", "Params", Params { len, grid_x }),
+        uniform_layout!(
+            "gated_activation_forward",
+            "Params",
+            GatedParams {
+                rows,
+                width,
+                grid_x,
+                pad
+            }
+        ),
+        uniform_layout!(
+            "gated_activation_backward",
+            "Params",
+            GatedParams {
+                rows,
+                width,
+                grid_x,
+                pad
+            }
+        ),
+    ]
+}

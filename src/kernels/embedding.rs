@@ -564,3 +564,67 @@ fn check_packed_rows(
     }
     Ok(q_lens.len())
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!(
+            "embedding_backward",
+            "Params",
+            EmbeddingParams {
+                tokens,
+                dim,
+                vocab,
+                grid_x,
+                token_begin,
+                token_end,
+                accumulate,
+                pad
+            }
+        ),
+        uniform_layout!(
+            "embedding_forward",
+            "Params",
+            EmbeddingParams {
+                tokens,
+                dim,
+                vocab,
+                grid_x,
+                token_begin,
+                token_end,
+                accumulate,
+                pad
+            }
+        )
+        .read_as_prefix(),
+        uniform_layout!(
+            "positional_backward",
+            "Params",
+            PositionalParams {
+                batch,
+                seq,
+                dim,
+                grid_x,
+                max_len,
+                per_sequence,
+                pad
+            }
+        ),
+        uniform_layout!(
+            "positional_add",
+            "Params",
+            PositionalParams {
+                batch,
+                seq,
+                dim,
+                grid_x,
+                max_len,
+                per_sequence,
+                pad
+            }
+        )
+        .read_as_prefix(),
+    ]
+}

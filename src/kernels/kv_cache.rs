@@ -660,3 +660,83 @@ fn append(
     );
     Ok(())
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!(
+            "kv_cache_append",
+            "Params",
+            AppendParams {
+                batch,
+                seq,
+                heads,
+                dim,
+                max_len,
+                grid_x,
+                view_offset,
+                stride_b,
+                stride_s,
+                stride_h,
+                packed,
+                pad,
+            }
+        ),
+        uniform_layout!(
+            "kv_cache_append_int8",
+            "Params",
+            AppendParams {
+                batch,
+                seq,
+                heads,
+                dim,
+                max_len,
+                grid_x,
+                view_offset,
+                stride_b,
+                stride_s,
+                stride_h,
+                packed,
+                pad,
+            }
+        ),
+        uniform_layout!(
+            "kv_cache_gather",
+            "Params",
+            AppendParams {
+                batch,
+                seq,
+                heads,
+                dim,
+                max_len,
+                grid_x,
+                view_offset,
+                stride_b,
+                stride_s,
+                stride_h,
+                packed,
+                pad,
+            }
+        ),
+        uniform_layout!(
+            "kv_cache_gather_int8",
+            "Params",
+            AppendParams {
+                batch,
+                seq,
+                heads,
+                dim,
+                max_len,
+                grid_x,
+                view_offset,
+                stride_b,
+                stride_s,
+                stride_h,
+                packed,
+                pad,
+            }
+        ),
+    ]
+}

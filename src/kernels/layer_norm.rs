@@ -474,3 +474,61 @@ fn norm_backward_add_into(
     );
     Ok(())
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!(
+            "layer_norm_forward",
+            "Params",
+            RowParams {
+                rows,
+                cols,
+                eps,
+                grid_x
+            }
+        ),
+        uniform_layout!(
+            "layer_norm_forward_rows",
+            "Params",
+            RowParams {
+                rows,
+                cols,
+                eps,
+                grid_x
+            }
+        ),
+        uniform_layout!(
+            "layer_norm_backward",
+            "Params",
+            BackwardParams {
+                rows,
+                cols,
+                has_residual,
+                grid_x
+            }
+        ),
+        uniform_layout!(
+            "layer_norm_backward_rows",
+            "Params",
+            BackwardParams {
+                rows,
+                cols,
+                has_residual,
+                grid_x
+            }
+        ),
+        uniform_layout!(
+            "layer_norm_param_partials",
+            "Params",
+            PartialParams {
+                rows,
+                cols,
+                blocks,
+                grid_x
+            }
+        ),
+    ]
+}

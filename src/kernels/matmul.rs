@@ -370,3 +370,34 @@ fn encode_one(
     pass.dispatch_workgroups(gx, gy, 1);
     Ok(())
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!(
+            "matmul_strided",
+            "GemmParams",
+            GemmParams {
+                m, n, k, groups, heads, tiles_m, tiles_n, grid_x, total_groups, alpha, has_bias,
+                accumulate, activation, activation_grad, has_residual, _pad,
+            }
+            nested { a, b, c }
+        ),
+        uniform_layout!(
+            "matmul_strided",
+            "Operand",
+            Operand {
+                offset,
+                stride_b,
+                stride_h,
+                head_div,
+                stride_g,
+                stride_row,
+                stride_col,
+                _pad
+            }
+        ),
+    ]
+}

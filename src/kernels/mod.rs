@@ -15,6 +15,8 @@ pub mod optimizer;
 pub mod rope;
 pub mod sampling;
 pub mod shaders;
+#[cfg(test)]
+pub(crate) mod uniforms;
 
 /// The readable, unique label of kernel `name` specialised with `constants`: the name, then each
 /// override constant as `-NAMEvalue` (`sampling-WG256`). What the pipeline is called in wgpu's

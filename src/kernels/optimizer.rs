@@ -563,3 +563,66 @@ impl AdamW {
         Ok(())
     }
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!(
+            "grad_norm_partial",
+            "Params",
+            PartialParams {
+                first,
+                count,
+                partials,
+                partial_base,
+                grid_x,
+                pad
+            }
+        ),
+        uniform_layout!(
+            "grad_norm_finalize",
+            "Params",
+            FinalizeParams {
+                partials,
+                clip,
+                max_norm,
+                step,
+                watched,
+                pad
+            }
+        ),
+        uniform_layout!(
+            "adamw",
+            "Params",
+            AdamParams {
+                first,
+                count,
+                runs,
+                grid_x,
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                correction1,
+                correction2,
+                pad,
+            }
+        ),
+        uniform_layout!(
+            "adamw",
+            "Segment",
+            Segment {
+                start,
+                partial_start,
+                param,
+                grad,
+                moment,
+                len,
+                pad
+            }
+        ),
+    ]
+}

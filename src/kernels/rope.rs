@@ -348,3 +348,31 @@ fn frequency(k: usize, base: f64, rotary_dim: usize, scaling: Option<RopeScaling
         }
     }
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![uniform_layout!(
+        "rope",
+        "Params",
+        RopeParams {
+            batch,
+            seq,
+            heads,
+            pairs,
+            offset,
+            interleaved,
+            sign,
+            grid_x,
+            view_offset,
+            stride_b,
+            stride_s,
+            stride_h,
+            max_positions,
+            per_sequence,
+            packed,
+            pad,
+        }
+    )]
+}

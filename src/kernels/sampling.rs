@@ -260,3 +260,30 @@ pub async fn sample_async(
     out.truncate(batch);
     Ok(out)
 }
+
+/// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!(
+            "sampling",
+            "Params",
+            SamplingParams { batch, vocab, draw_lo, draw_hi, grid_x, pad }
+            nested { row }
+        ),
+        uniform_layout!(
+            "sampling",
+            "RowSampling",
+            RowSampling {
+                greedy,
+                top_k,
+                top_p,
+                inv_temperature,
+                seed_lo,
+                seed_hi,
+                pad
+            }
+        ),
+    ]
+}

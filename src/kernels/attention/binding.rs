@@ -533,3 +533,39 @@ pub(super) fn without_score_bias(source: &str) -> String {
         source.to_string()
     })
 }
+
+/// The parameter blocks of this module against `attention/common.wgsl` ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(super) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![
+        uniform_layout!(
+            "attention_forward_merge",
+            "Params",
+            Params {
+                batch, heads, kv_heads, q_seq, kv_seq, dk, dv, flags, scale, blocks, grid_x,
+                total_groups, chunk_begin, chunk_end, accumulate, splits, softcap, window_left,
+                window_right, bias_offset, bias_strides, bias_batch, bias_heads, rel_buckets,
+                rel_exact, rel_threshold_vec4s, rel_table_stride, split_keys, packed_views,
+                rel_thresholds, alibi_slopes,
+            }
+            nested { views }
+            constants {
+                VIEW_Q, VIEW_K, VIEW_V, VIEW_O, VIEW_DO, VIEW_DQ, VIEW_DK, VIEW_DV, FLAG_CAUSAL,
+                FLAG_Q_LENS, FLAG_KV_LENS, FLAG_SOFTCAP, FLAG_ALIBI, FLAG_WINDOW, FLAG_BIAS,
+                FLAG_RELATIVE, FLAG_REL_BIDIRECTIONAL, FLAG_ALIBI_SLOPES, FLAG_ALIGN_LENS,
+                FLAG_SHARED_OUTPUTS,
+            }
+        ),
+        uniform_layout!(
+            "attention_forward_merge",
+            "View",
+            ViewParams {
+                offset,
+                stride_b,
+                stride_s,
+                stride_h
+            }
+        ),
+    ]
+}

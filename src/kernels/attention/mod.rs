@@ -70,6 +70,14 @@ const SOFTMAX: &str = include_str!("../../../shaders/attention/unfused/softmax.w
 const SOFTMAX_BACKWARD: &str =
     include_str!("../../../shaders/attention/unfused/softmax_backward.wgsl");
 
+/// The attention kernels' parameter blocks against their WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    let mut layouts = binding::uniform_layouts();
+    layouts.extend(qk_norm::uniform_layouts());
+    layouts
+}
+
 /// Largest head dimension (Dk or Dv) the fused kernels hold in registers.
 pub const MAX_HEAD_DIM: usize = 256;
 

@@ -197,3 +197,16 @@ pub(super) fn encode_backward(
 pub(super) fn active(opts: &AttentionOptions<'_>) -> bool {
     key_mode(opts) != 0
 }
+
+/// This module's parameter block against its WGSL ([`crate::kernels::uniforms`]).
+#[cfg(test)]
+pub(super) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
+    use crate::kernels::uniforms::uniform_layout;
+    vec![uniform_layout!(
+        "attention_qk_norm",
+        "Params",
+        NormParams { rows, seq, heads, dim, mode, clip, grid_x, pad }
+        nested { x, grad }
+        constants { NORMALIZE, CLIP, SCALE }
+    )]
+}
