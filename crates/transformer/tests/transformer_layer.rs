@@ -16,13 +16,12 @@ use wgpu_attention_transformer::reference::transformer_layer::{
 fn gpu_layer_matches_reference_forward_and_every_gradient() {
     for_each_backend(|backend, ctx| {
         for (causal, pre_ln) in [(false, true), (true, true), (true, false), (false, false)] {
-            let config = TransformerLayerConfig {
-                d_model: 32,
-                heads: 4,
-                d_ff: 64,
-                causal,
-                pre_ln,
-            };
+            let config = TransformerLayerConfig::default()
+                .d_model(32)
+                .heads(4)
+                .d_ff(64)
+                .causal(causal)
+                .pre_ln(pre_ln);
             let (b, l) = (2, 7);
             let mut rng = rng(17);
             let x = random(&mut rng, b * l * 32, 1.0);
@@ -73,13 +72,12 @@ fn reference_layer_gradients_match_finite_differences() {
 }
 
 fn reference_gradients_match_finite_differences(pre_ln: bool) {
-    let config = TransformerLayerConfig {
-        d_model: 8,
-        heads: 2,
-        d_ff: 12,
-        causal: true,
-        pre_ln,
-    };
+    let config = TransformerLayerConfig::default()
+        .d_model(8)
+        .heads(2)
+        .d_ff(12)
+        .causal(true)
+        .pre_ln(pre_ln);
     let (b, l) = (1, 3);
     let params = init_params(&config, 5);
     let x: Vec<f64> = (0..b * l * 8).map(|i| (i as f64 * 0.61).sin()).collect();

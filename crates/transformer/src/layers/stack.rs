@@ -10,8 +10,11 @@ use wgpu_attention::device::Context;
 use wgpu_attention::error::Result;
 use wgpu_attention::tensor::GpuTensor;
 
-/// Sizes shared by the layers of a stack, and the score modifiers of their self-attention.
+/// Sizes shared by the layers of a stack, and the score modifiers of their self-attention. Made by
+/// [`crate::TransformerConfig::stack`]; `StackConfig::default()` is the default model's encoder
+/// stack over 512 positions, with setters (`.layers(2).positions(128)`).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct StackConfig {
     /// Model width.
     pub d_model: usize,
@@ -41,6 +44,28 @@ pub struct StackConfig {
     /// padded batches only.
     pub packed_sequences: Option<usize>,
 }
+
+impl Default for StackConfig {
+    fn default() -> Self {
+        let model = crate::TransformerConfig::default();
+        model.stack(model.encoder_layers, model.max_positions.unwrap_or(512))
+    }
+}
+
+wgpu_attention::config_setters!(StackConfig {
+    d_model: usize,
+    heads: usize,
+    d_ff: usize,
+    layers: usize,
+    pre_ln: bool,
+    norm: NormConfig,
+    feed_forward: FeedForwardConfig,
+    kv_heads: usize,
+    bias: bool,
+    scores: ScoreOptions,
+    positions: usize,
+    packed_sequences: Option<usize>,
+});
 
 /// A layer a [`Stack`] can hold: `[rows, d_model]` in, the same out, into buffers the layer owns.
 pub trait StackLayer {

@@ -17,8 +17,10 @@ use wgpu_attention::spec::AttentionShape;
 
 const LN_EPS: f64 = 1e-5;
 
-/// Sizes of a layer; `causal` masks its self-attention.
+/// Sizes of a layer; `causal` masks its self-attention. `TransformerLayerConfig::default()` (width
+/// 32, 4 heads, feed-forward 64, not causal, pre-LN) with setters: `.d_model(64).causal(true)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TransformerLayerConfig {
     /// Model width.
     pub d_model: usize,
@@ -31,6 +33,26 @@ pub struct TransformerLayerConfig {
     /// LayerNorm before each sub-block (pre-LN) or after each residual sum (post-LN).
     pub pre_ln: bool,
 }
+
+impl Default for TransformerLayerConfig {
+    fn default() -> Self {
+        Self {
+            d_model: 32,
+            heads: 4,
+            d_ff: 64,
+            causal: false,
+            pre_ln: true,
+        }
+    }
+}
+
+wgpu_attention::config_setters!(TransformerLayerConfig {
+    d_model: usize,
+    heads: usize,
+    d_ff: usize,
+    causal: bool,
+    pre_ln: bool,
+});
 
 /// Parameter names (as [`crate::layers::encoder::EncoderLayer`] names them under its prefix) and
 /// shapes, in the order [`forward`] takes them and [`backward`] returns their gradients.

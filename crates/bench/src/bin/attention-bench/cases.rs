@@ -348,13 +348,12 @@ pub(crate) fn run_layer_case(
     p: &Problem,
 ) -> wgpu_attention::Result<Measured> {
     let d = p.heads * p.dk;
-    let config = TransformerLayerConfig {
-        d_model: d,
-        heads: p.heads,
-        d_ff: 4 * d,
-        causal: p.causal(),
-        pre_ln: true,
-    };
+    let config = TransformerLayerConfig::default()
+        .d_model(d)
+        .heads(p.heads)
+        .d_ff(4 * d)
+        .causal(p.causal())
+        .pre_ln(true);
     let n = p.batch * p.q_len * d;
     let (x, dy) = (random(n, 5), random(n, 6));
     ctx.reset_peak_memory();
