@@ -14,9 +14,8 @@ override ROWS: u32 = WG / LANES;
 override LANE_DA4: u32 = DA4 / LANES;
 override LANE_DV: u32 = DVS / LANES;
 
-// Sizes of the per-lane arrays; the host writes the pipeline's exact LANE_DA4 and LANE_DV here.
-const MAX_LANE_DA4: u32 = 32u;
-const MAX_LANE_DV: u32 = 128u;
+// Sizes of the per-lane arrays: MAX_LANE_DA4 and MAX_LANE_DV, the pipeline's exact LANE_DA4 and
+// LANE_DV, declared by the host.
 
 // One partial sum per invocation, in two halves that the kernels use in turn (half 0, then 1, in
 // every step): a lane writing a sum cannot overwrite what a slower lane of its row still reads from

@@ -1,5 +1,4 @@
-// The additive backward's workspace (replaces the SCORE_PARAMS block of additive/common.wgsl in its
-// kernels): one storage buffer, so that each kernel binds 8, WebGPU's default limit. Laid out as
+// The additive backward's workspace (its kernels take it instead of additive/score_params.wgsl): one storage buffer, so that each kernel binds 8, WebGPU's default limit. Laid out as
 //   D [B, H, Lq] (padded to a multiple of 64 values) | dw shares [H, B, Lq, Da] | w [H, Da] |
 //   bias [H, Da] | lse [B, H, Lq]
 // additive/backward_pack.wgsl copies w, the bias and lse in; the query-side kernel writes D and the

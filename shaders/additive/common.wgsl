@@ -24,9 +24,8 @@ override DVS: u32 = (DV + LANES - 1u) / LANES * LANES;
 override PAIR_TILE: u32 = TILE * DA4;
 override V_TILE: u32 = TILE / 4u * DVS;
 
-// Sizes of the per-invocation arrays; the host writes the pipeline's exact Da and Dv here.
-const MAX_DA: u32 = 128u;
-const MAX_DV: u32 = 128u;
+// Sizes of the per-invocation arrays: MAX_DA and MAX_DV, the pipeline's exact Da and Dv, declared by
+// the host (private arrays need constant lengths).
 const MAX_DA4: u32 = (MAX_DA + 3u) / 4u;
 
 // The projections and values every additive kernel reads: a [B, Lq, H, Da] (VIEW_Q),
@@ -35,21 +34,8 @@ const MAX_DA4: u32 = (MAX_DA + 3u) / 4u;
 @group(0) @binding(3) var<storage, read> b_keys: array<f32>;
 @group(0) @binding(4) var<storage, read> v_keys: array<f32>;
 
-// BEGIN SCORE_PARAMS
-// The score vector w and the bias, [H, Da] each. The backward's kernels replace this block by their
-// workspace, which holds copies of both (additive/backward_workspace.wgsl): one binding for the
-// two, so that each of them binds 8 storage buffers, WebGPU's default limit.
-@group(0) @binding(5) var<storage, read> w_buf: array<f32>;
-@group(0) @binding(6) var<storage, read> bias_buf: array<f32>;
-
-fn additive_w(index: u32) -> f32 {
-    return w_buf[index];
-}
-
-fn additive_bias(index: u32) -> f32 {
-    return bias_buf[index];
-}
-// END SCORE_PARAMS
+// additive_w and additive_bias: score_params.wgsl (the forward kernels') or
+// backward_workspace.wgsl (the backward's).
 
 // Staged row r's components 4 c4 .. 4 c4 + 3 at r * DA4 + c4.
 var<workgroup> pair_tile: array<vec4<f32>, PAIR_TILE>;

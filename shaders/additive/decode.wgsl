@@ -15,8 +15,7 @@
 @group(0) @binding(7) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(8) var<storage, read_write> lse_buf: array<f32>;
 
-// Value dims each invocation owns, at most; the host writes ceil(Dv / WG) here.
-const MAX_OWN: u32 = 2u;
+// MAX_OWN: value dims each invocation owns, at most, ceil(Dv / WG), declared by the host.
 
 var<workgroup> a_tile: array<vec4<f32>, DA4>;
 var<workgroup> e_tile: array<f32, WG>;

@@ -60,9 +60,8 @@ override TREE: bool = false;
 // Value scales staged per tile: WG with INT8, a placeholder otherwise (no LDS for f32 caches).
 override V_SCALES: u32 = select(1u, WG, INT8);
 
-// Sizes of the per-invocation arrays; the host writes the pipeline's exact ROWS and OWN here.
-const MAX_ROWS: u32 = 64u;
-const MAX_OWN: u32 = 16u;
+// Sizes of the per-invocation arrays: MAX_ROWS and MAX_OWN, the pipeline's exact ROWS and OWN,
+// declared by the host.
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
 // f32 values, or with INT8 packed words and scales (read as bits either way).

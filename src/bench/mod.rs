@@ -133,7 +133,7 @@ impl Timer {
         work()?;
         mark(1, true);
 
-        let ticks: Vec<u64> = pollster::block_on(crate::tensor::read_mapped(ctx, &ts.readback))?;
+        let ticks: Vec<u64> = pollster::block_on(crate::device::read_mapped(ctx, &ts.readback))?;
         Ok(ticks[1].saturating_sub(ticks[0]) as f64 * ts.period_ns / 1e6)
     }
 }

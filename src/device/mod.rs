@@ -35,7 +35,7 @@ pub use profile::{RecordedCounts, MAX_PROFILED_PASSES};
 use report::new_instance;
 pub use report::{enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport};
 pub use tuning::{GemmTiles, KernelFamily, ATTENTION_WORKGROUPS, LLVMPIPE_LOOP_BUDGET};
-pub use wait::block_on;
+pub use wait::{block_on, read_mapped};
 
 /// A GPU device with its queue, adapter report and pipeline cache. Cheap to share behind `Arc`.
 pub struct Context {

@@ -271,7 +271,7 @@ impl Context {
         encoder.resolve_query_set(&p.query_set, 0..2 * n, &resolve, 0);
         encoder.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
         self.queue.submit([encoder.finish()]);
-        let ticks: Vec<u64> = crate::tensor::read_mapped(self, &readback).await?;
+        let ticks: Vec<u64> = crate::device::read_mapped(self, &readback).await?;
         let period_ns = f64::from(self.queue.get_timestamp_period());
         Ok(p.labels
             .iter()

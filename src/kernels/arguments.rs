@@ -13,7 +13,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::tensor::{GpuTensor, Region};
+use crate::tensor::{DType, GpuTensor, HeadsView, PackedSide, Region, SeqLens};
 
 /// Refuses a storage binding of `bytes` over the device's limit.
 pub(crate) fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Result<()> {
@@ -79,4 +79,81 @@ pub(crate) fn check_tensors(
         args.iter().map(|(arg, t)| (*arg, t.region())).collect()
     }
     check_call(ctx, &regions(outputs), &regions(inputs))
+}
+
+/// Refuses f16 views in the ops that take only f32.
+pub(crate) fn check_f32(views: &[(&'static str, &HeadsView)]) -> Result<()> {
+    for &(arg, view) in views {
+        if view.dtype() != DType::F32 {
+            return Err(Error::DType {
+                arg,
+                found: view.dtype().name(),
+                message: "this operation takes f32 views; f16 runs in the fused \
+                          attention_forward_into and attention_backward_into"
+                    .into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The error of packed views without the packed lengths they were made with.
+pub(crate) fn packed_lens_missing() -> Error {
+    Error::shape(
+        "seq_lens",
+        "packed views need the packed batch's lengths: pass the SeqLens::packed the views were made with",
+    )
+}
+
+/// Checks a packed view against the packed lengths `lens` a kernel reads it by: the same sequences,
+/// each within the view's longest, all within its rows.
+pub(crate) fn check_packed_view(arg: &'static str, view: &HeadsView, lens: &SeqLens) -> Result<()> {
+    let (Some(rows), Some(side)) = (view.packed_rows(), view.packed_side()) else {
+        return Ok(());
+    };
+    if !lens.is_packed() {
+        return Err(packed_lens_missing());
+    }
+    let [batch, longest, _, _] = view.shape();
+    let lengths = lens.lens(side).unwrap_or(&[]);
+    let total = lens.packed_total(side);
+    if batch != lens.batch() || lengths.iter().any(|&l| l as usize > longest) || total > rows {
+        return Err(Error::shape(
+            arg,
+            format!(
+                "is packed for {batch} sequences of at most {longest} rows in {rows} rows; the \
+                 lengths have {} sequences, {total} rows ({side:?}: {lengths:?})",
+                lens.batch()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks packed new rows of a decoding step (a packed prefill: each sequence's new tokens one
+/// after another, packed on the queries' side of `lens`: `q_lens` new, `kv_lens` cached); returns
+/// whether any view is packed.
+pub(crate) fn check_packed_queries(
+    views: &[(&'static str, &HeadsView)],
+    lens: Option<&SeqLens>,
+) -> Result<bool> {
+    let mut packed = false;
+    for &(arg, view) in views {
+        match (view.packed_side(), lens) {
+            (None, _) => {}
+            (Some(PackedSide::Keys), _) => {
+                return Err(Error::shape(
+                    arg,
+                    "is packed on the keys' lengths; new rows are packed on the queries' (q_lens: \
+                     the new tokens of each sequence)",
+                ))
+            }
+            (Some(PackedSide::Queries), None) => return Err(packed_lens_missing()),
+            (Some(PackedSide::Queries), Some(lens)) => {
+                check_packed_view(arg, view, lens)?;
+                packed = true;
+            }
+        }
+    }
+    Ok(packed)
 }

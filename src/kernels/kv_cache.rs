@@ -320,7 +320,7 @@ pub fn kv_cache_gather_paged_into(
     rows: usize,
     out: &GpuTensor,
 ) -> Result<()> {
-    crate::kernels::attention::check_f32(&[("pool", pool)])?;
+    crate::kernels::arguments::check_f32(&[("pool", pool)])?;
     let [one, pool_rows, h, d] = pool.shape();
     if one != 1 || pool_rows != table.pool_rows() {
         return Err(Error::shape(
@@ -566,7 +566,7 @@ fn append(
     lens: &SeqLens,
 ) -> Result<()> {
     let cache = storage.words();
-    crate::kernels::attention::check_f32(&[("new", new)])?;
+    crate::kernels::arguments::check_f32(&[("new", new)])?;
     let [b, l, h, d] = new.shape();
     let max_len = match table {
         None => {
@@ -621,7 +621,7 @@ fn append(
     check_binding(ctx, "kv cache", cache.size_bytes())?;
     check_binding(ctx, "new kv rows", new.buffer().size())?;
     // Packed new rows (a packed prefill) follow the queries' side of the packed lengths.
-    crate::kernels::attention::check_packed_queries(&[("new", new)], Some(lens))?;
+    crate::kernels::arguments::check_packed_queries(&[("new", new)], Some(lens))?;
     let narrow = |v| narrow("new kv rows (offset or stride in elements)", v);
     let [sb, ss, sh] = new.strides();
     // One invocation per element (f32), or per row of one head (int8: the row's scale first).

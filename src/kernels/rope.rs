@@ -210,7 +210,7 @@ fn record(
     positions: Positions<'_>,
     sign: f32,
 ) -> Result<()> {
-    crate::kernels::attention::check_f32(&[("x", x)])?;
+    crate::kernels::arguments::check_f32(&[("x", x)])?;
     let [b, l, h, d] = x.shape();
     if table.rotary_dim > d {
         return Err(Error::shape(
@@ -235,12 +235,12 @@ fn record(
             ))
         }
         (Some(side), Positions::Packed(lens, _)) => {
-            crate::kernels::attention::check_packed_view("x", x, lens)?;
+            crate::kernels::arguments::check_packed_view("x", x, lens)?;
             Some(side)
         }
         // New tokens after a cache, packed: a packed prefill.
         (Some(side), Positions::AfterCached(lens)) => {
-            crate::kernels::attention::check_packed_queries(&[("x", x)], Some(lens))?;
+            crate::kernels::arguments::check_packed_queries(&[("x", x)], Some(lens))?;
             Some(side)
         }
         (None, _) => None,

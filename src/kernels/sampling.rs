@@ -256,7 +256,7 @@ pub async fn sample_async(
     sample_into(ctx, &mut encoder, logits, sampling, draw, &ids)?;
     encoder.copy_buffer_to_buffer(&ids, 0, &staging, 0, bytes);
     ctx.submit(encoder)?;
-    let mut out = crate::tensor::read_mapped::<u32>(ctx, &staging).await?;
+    let mut out = crate::device::read_mapped::<u32>(ctx, &staging).await?;
     out.truncate(batch);
     Ok(out)
 }

@@ -26,17 +26,3 @@ pub fn all() -> Vec<(String, String)> {
         .chain(others.map(|(name, source)| (name.to_string(), source)))
         .collect()
 }
-
-/// `source` with its block `// BEGIN name` .. `// END name` (marker lines included) replaced by
-/// `replacement`: how a kernel is compiled without a binding it does not need (a shared header marks
-/// the block). `None` if the block is missing.
-pub(crate) fn replace_block(source: &str, name: &str, replacement: &str) -> Option<String> {
-    let (begin, end) = (format!("// BEGIN {name}\n"), format!("// END {name}\n"));
-    let start = source.find(&begin)?;
-    let stop = start + source[start..].find(&end)? + end.len();
-    Some(format!(
-        "{}{replacement}{}",
-        &source[..start],
-        &source[stop..]
-    ))
-}

@@ -23,7 +23,6 @@ pub use f16::GpuTensorF16;
 pub use ids::{GpuTokens, SeqLens, MAX_TREE_ROWS};
 pub(crate) use q8::row_words;
 pub use q8::GpuTensorQ8;
-pub use readback::read_mapped;
 pub(crate) use readback::{read_buffer, read_f16};
 pub use views::{BiasView, HeadsView, PackedSide};
 

@@ -1,6 +1,7 @@
-//! Copies from GPU buffers back to the host: the one readback path of tensors, profiles and timers.
+//! Copies from GPU buffers back to the host, through [`crate::device::read_mapped`].
 
 use super::*;
+use crate::device::read_mapped;
 
 /// Copies `len` f32 values starting at element `offset` of `buffer` back to the host.
 pub(crate) async fn read_buffer(
@@ -46,34 +47,4 @@ pub(crate) async fn read_f16(
     let mut halves: Vec<half::f16> = bytemuck::cast_slice(&words).to_vec();
     halves.truncate(len);
     Ok(halves)
-}
-
-/// Maps a whole `MAP_READ` buffer once the submitted work is done and copies it out as `T`s: the
-/// one readback path (tensors, profiler timestamps, bench timer).
-pub async fn read_mapped<T: bytemuck::Pod>(ctx: &Context, buffer: &wgpu::Buffer) -> Result<Vec<T>> {
-    let slice = buffer.slice(..);
-    let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
-    slice.map_async(wgpu::MapMode::Read, move |r| {
-        let _ = sender.send(r);
-    });
-    ctx.synchronize()?;
-    let mapped = receiver.receive().await;
-    // A browser reports a device error (a shader its compiler refused, a validation error) to the
-    // uncaptured-error handler asynchronously: by the time the map resolves it has, and the data
-    // read would be what the failed work never wrote.
-    #[cfg(target_arch = "wasm32")]
-    ctx.take_device_error()?;
-    match mapped {
-        Some(Ok(())) => {}
-        Some(Err(e)) => return Err(Error::Readback(e.to_string())),
-        None => return Err(Error::Readback("map callback dropped".into())),
-    }
-    let data = {
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| Error::Readback(e.to_string()))?;
-        bytemuck::pod_collect_to_vec(&view[..])
-    };
-    buffer.unmap();
-    Ok(data)
 }

@@ -27,6 +27,7 @@ pub(super) const BACKWARD_WORKSPACE: &str =
 pub(super) const BACKWARD_PACK: &str = include_str!("../../../shaders/additive/backward_pack.wgsl");
 pub(super) const BACKWARD_LANES: &str =
     include_str!("../../../shaders/additive/backward_lanes.wgsl");
+const SCORE_PARAMS: &str = include_str!("../../../shaders/additive/score_params.wgsl");
 
 /// Largest score dim `Da` and value head dim the additive kernels hold per invocation.
 pub const MAX_ADDITIVE_DIM: usize = 128;
@@ -265,53 +266,69 @@ fn check(
     Ok((s, scale))
 }
 
-/// A fused additive kernel after the additive header (the attention header still to prepend).
-pub(super) fn with_shared(body: &str) -> String {
-    format!("{COMMON}\n{body}")
-}
-
-/// A fused backward kernel after the additive header, whose `SCORE_PARAMS` block (the bindings of
-/// w and the bias) is replaced by the backward's workspace, which holds copies of both.
-pub(super) fn with_workspace(body: &str) -> String {
-    crate::kernels::shaders::replace_block(&with_shared(body), "SCORE_PARAMS", BACKWARD_WORKSPACE)
-        .expect("additive/common.wgsl has its SCORE_PARAMS block")
-}
-
-/// A fused additive kernel with both shared headers, its per-invocation arrays sized exactly.
-fn sized(text: &str, s: &AttentionShape) -> String {
-    let text = text
-        .replace(
-            "const MAX_DA: u32 = 128u;",
-            &format!("const MAX_DA: u32 = {}u;", s.head_dim_qk),
-        )
-        .replace(
-            "const MAX_DV: u32 = 128u;",
-            &format!("const MAX_DV: u32 = {}u;", s.head_dim_v),
-        );
-    with_common(&text)
+/// A fused forward kernel after the additive header and the bindings of w and the bias (the
+/// attention header still to prepend).
+fn with_shared(body: &str) -> String {
+    format!("{COMMON}\n{SCORE_PARAMS}\n{body}")
 }
 
 /// A fused backward kernel (`BACKWARD_DA` or `BACKWARD_DB`) after the additive header, the
-/// workspace and the lanes header (the attention header still to prepend).
-pub(super) fn backward_source(body: &str) -> String {
-    with_workspace(&format!("{BACKWARD_LANES}\n{body}"))
+/// workspace (which holds copies of w and the bias) and the lanes header (the attention header
+/// still to prepend).
+fn backward_source(body: &str) -> String {
+    format!("{COMMON}\n{BACKWARD_WORKSPACE}\n{BACKWARD_LANES}\n{body}")
+}
+
+/// A fused kernel `text` with both shared headers and its per-invocation arrays sized exactly for
+/// `s`, and the kernel's own `sizes`.
+fn sized(text: &str, s: &AttentionShape, sizes: &[(&str, u32)], score_bias: bool) -> String {
+    let mut all = vec![
+        ("MAX_DA", s.head_dim_qk as u32),
+        ("MAX_DV", s.head_dim_v as u32),
+    ];
+    all.extend_from_slice(sizes);
+    with_common(&with_sizes(&all, text), score_bias)
 }
 
 /// A fused backward kernel with every header, sized for `lanes` invocations per row.
-fn sized_backward(body: &str, s: &AttentionShape, lanes: u32) -> String {
+fn sized_backward(body: &str, s: &AttentionShape, lanes: u32, score_bias: bool) -> String {
     let lanes = lanes as usize;
-    let lane_da4 = s.head_dim_qk.div_ceil(4).div_ceil(lanes);
-    let lane_dv = s.head_dim_v.div_ceil(lanes);
-    let text = backward_source(body)
-        .replace(
-            "const MAX_LANE_DA4: u32 = 32u;",
-            &format!("const MAX_LANE_DA4: u32 = {lane_da4}u;"),
-        )
-        .replace(
-            "const MAX_LANE_DV: u32 = 128u;",
-            &format!("const MAX_LANE_DV: u32 = {lane_dv}u;"),
-        );
-    sized(&text, s)
+    let lane_da4 = s.head_dim_qk.div_ceil(4).div_ceil(lanes) as u32;
+    let lane_dv = s.head_dim_v.div_ceil(lanes) as u32;
+    let sizes = [("MAX_LANE_DA4", lane_da4), ("MAX_LANE_DV", lane_dv)];
+    sized(&backward_source(body), s, &sizes, score_bias)
+}
+
+/// The fused kernels' sources for the translation tests, at head dims 128 and one lane per row.
+pub(super) fn shader_sources() -> Vec<(&'static str, String)> {
+    let s = AttentionShape {
+        batch: 1,
+        q_seq: 1,
+        kv_seq: 1,
+        heads: 1,
+        kv_heads: 1,
+        head_dim_qk: MAX_ADDITIVE_DIM,
+        head_dim_v: MAX_ADDITIVE_DIM,
+    };
+    let own = [("MAX_OWN", MAX_ADDITIVE_DIM.div_ceil(WG as usize) as u32)];
+    vec![
+        (
+            "additive_forward",
+            sized(&with_shared(FORWARD), &s, &[], true),
+        ),
+        (
+            "additive_decode",
+            sized(&with_shared(DECODE), &s, &own, true),
+        ),
+        (
+            "additive_backward_da",
+            sized_backward(BACKWARD_DA, &s, 1, true),
+        ),
+        (
+            "additive_backward_db",
+            sized_backward(BACKWARD_DB, &s, 1, true),
+        ),
+    ]
 }
 
 fn constants(s: &AttentionShape, tile: u32) -> [(&'static str, u32); 4] {
@@ -460,14 +477,13 @@ fn encode_forward(
         ctx,
         &mut pass,
         name,
-        || {
-            sized(&with_shared(source), &s).replace(
-                "const MAX_OWN: u32 = 2u;",
-                &format!(
-                    "const MAX_OWN: u32 = {}u;",
-                    s.head_dim_v.div_ceil(WG as usize)
-                ),
-            )
+        |score_bias| {
+            let own = [("MAX_OWN", s.head_dim_v.div_ceil(WG as usize) as u32)];
+            let sizes: &[(&str, u32)] = match decoding {
+                true => &own,
+                false => &[],
+            };
+            sized(&with_shared(source), &s, sizes, score_bias)
         },
         &constants,
         &mut params,
@@ -601,7 +617,7 @@ fn encode_scores(
         ctx,
         pass,
         "additive_scores",
-        || with_common(SCORES),
+        |score_bias| with_common(SCORES, score_bias),
         &[("WG", SIMPLE_WG), ("PROBS", lse.is_some() as u32)],
         &params,
         Shared::lens(seq_lens_buffer(ctx, opts)),
@@ -754,7 +770,12 @@ pub fn additive_backward_into(
         ctx,
         &mut pass,
         "additive_backward_pack",
-        || with_common(&format!("{BACKWARD_WORKSPACE}\n{BACKWARD_PACK}")),
+        |score_bias| {
+            with_common(
+                &format!("{BACKWARD_WORKSPACE}\n{BACKWARD_PACK}"),
+                score_bias,
+            )
+        },
         &[("WG", SIMPLE_WG)],
         &params,
         Shared::NONE,
@@ -784,7 +805,7 @@ pub fn additive_backward_into(
         ctx,
         &mut pass,
         "additive_backward_da",
-        || sized_backward(BACKWARD_DA, &s, lanes),
+        |score_bias| sized_backward(BACKWARD_DA, &s, lanes, score_bias),
         &constants,
         &mut params,
         shared,
@@ -811,7 +832,7 @@ pub fn additive_backward_into(
         ctx,
         &mut pass,
         "additive_backward_db",
-        || sized_backward(BACKWARD_DB, &s, lanes),
+        |score_bias| sized_backward(BACKWARD_DB, &s, lanes, score_bias),
         &constants,
         &mut params,
         shared,
@@ -851,7 +872,7 @@ fn encode_param_grads(
         ctx,
         pass,
         "additive_param_grads",
-        || with_common(PARAM_GRADS),
+        |score_bias| with_common(PARAM_GRADS, score_bias),
         &[("WG", SIMPLE_WG)],
         &mut params,
         Shared::lens(seq_lens_buffer(ctx, opts)),
@@ -971,7 +992,7 @@ pub fn additive_backward_unfused(
                 ctx,
                 &mut pass,
                 "additive_backward_unfused",
-                || with_common(BACKWARD_UNFUSED),
+                |score_bias| with_common(BACKWARD_UNFUSED, score_bias),
                 &[("WG", SIMPLE_WG), ("QUERY_SIDE", query_side as u32)],
                 &mut params,
                 Shared::lens(seq_lens_buffer(ctx, opts)),

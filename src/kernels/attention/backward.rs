@@ -300,7 +300,7 @@ pub(super) fn encode_backward_core(
                 DType::F32 => "attention_backward_preprocess",
                 DType::F16 => "attention_backward_preprocess_f16",
             },
-            || with_common_typed(BACKWARD_PREPROCESS, dtype, DType::F32),
+            |score_bias| with_common_typed(BACKWARD_PREPROCESS, dtype, DType::F32, score_bias),
             &[("WG", SIMPLE_WG)],
             &params,
             Shared::lens(lens),

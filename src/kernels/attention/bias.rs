@@ -21,7 +21,7 @@ const BACKWARD_CONSTANTS: [(&str, u32); 1] = [("WG", BACKWARD_WG)];
 pub(super) fn precompile_backward(ctx: &Context) {
     ctx.pipeline(
         "attention_bias_backward",
-        || with_common(BACKWARD),
+        || with_common(BACKWARD, true),
         &BACKWARD_CONSTANTS,
     );
 }
@@ -301,7 +301,7 @@ pub(super) fn fill_params(params: &mut Params, opts: &AttentionOptions<'_>) {
 
 /// What score kernels bind at `SCORE_BIAS_BINDING`: the bias's buffer from element 0 to its last
 /// element, or the relative table; `None` without either (the kernels are then compiled without
-/// the binding: `binding::without_score_bias`).
+/// the binding: `score_bias_none.wgsl`).
 pub(super) fn score_bias_binding<'a>(
     ctx: &'a Context,
     opts: &AttentionOptions<'a>,
@@ -403,7 +403,7 @@ pub fn attention_bias_backward_into(
         ctx,
         &mut pass,
         "attention_bias_backward",
-        || with_common(BACKWARD),
+        |score_bias| with_common(BACKWARD, score_bias),
         &BACKWARD_CONSTANTS,
         &mut params,
         Shared::scores(ctx, opts)?,

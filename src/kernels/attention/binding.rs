@@ -346,7 +346,7 @@ pub(super) struct Shared<'a> {
     pub(super) seq_lens: Option<&'a wgpu::Buffer>,
     pub(super) score_bias: Option<Binding<'a>>,
     /// The kernel calls modify_scores but the call has no score bias or relative table: it is
-    /// compiled without the score_bias binding ([`without_score_bias`], `SCORE_BIAS = false`).
+    /// compiled without the score_bias binding (`score_bias_none.wgsl`, `SCORE_BIAS = false`).
     pub(super) elide_score_bias: bool,
 }
 
@@ -378,12 +378,13 @@ impl<'a> Shared<'a> {
 
 /// Records one attention-family kernel: its cached pipeline, the parameter block at binding 0, the
 /// sequence lengths at binding 1 (for kernels that read them) and `bindings` from binding 2 on.
+/// `source` is given whether the call binds a score bias (see [`Shared::elide_score_bias`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn encode_kernel(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     name: &'static str,
-    source: impl FnOnce() -> String,
+    source: impl FnOnce(bool) -> String,
     constants: &[(&'static str, u32)],
     params: &Params,
     shared: Shared<'_>,
@@ -394,13 +395,11 @@ pub(super) fn encode_kernel(
     if params.packed_views != 0 {
         specialised.push(("PACKED_VIEWS", params.packed_views));
     }
-    let pipeline = match shared.elide_score_bias {
-        true => {
-            specialised.push(("SCORE_BIAS", 0));
-            ctx.pipeline(name, || without_score_bias(&source()), &specialised)
-        }
-        false => ctx.pipeline(name, source, &specialised),
-    };
+    let score_bias = !shared.elide_score_bias;
+    if !score_bias {
+        specialised.push(("SCORE_BIAS", 0));
+    }
+    let pipeline = ctx.pipeline(name, || source(score_bias), &specialised);
     record(ctx, pass, &pipeline, name, params, shared, bindings, grid);
 }
 
@@ -452,7 +451,7 @@ pub(super) fn encode_chunks(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     name: &'static str,
-    source: impl Fn() -> String,
+    source: impl Fn(bool) -> String,
     constants: &[(&'static str, u32)],
     params: &mut Params,
     shared: Shared<'_>,
@@ -518,20 +517,6 @@ fn fused_pipeline(
     key.packed_views = params.packed_views;
     key.score_bias = !shared.elide_score_bias;
     (key.pipeline(ctx), key.name())
-}
-
-/// `source` (an attention kernel with the common header) without its score-bias binding: the
-/// `SCORE_BIAS` block of `attention/common.wgsl` replaced by terms that are zero, for calls with no
-/// score bias or relative table (the pipeline key holds `SCORE_BIAS = 0`). One storage buffer fewer:
-/// the fused backward's kernels then bind 8, WebGPU's default limit.
-pub(super) fn without_score_bias(source: &str) -> String {
-    const NONE: &str = "// No score bias or relative table in this call (SCORE_BIAS = false).\n\
-        fn score_bias_terms(rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f32> {\n    \
-        return vec4<f32>(0.0);\n}\n";
-    crate::kernels::shaders::replace_block(source, "SCORE_BIAS", NONE).unwrap_or_else(|| {
-        debug_assert!(false, "an attention kernel without the SCORE_BIAS block");
-        source.to_string()
-    })
 }
 
 /// The parameter blocks of this module against `attention/common.wgsl` ([`crate::kernels::uniforms`]).

@@ -502,18 +502,7 @@ fn decode_into(
         ctx,
         &mut pass,
         "attention_decode",
-        || {
-            let sized = SOURCE
-                .replace(
-                    "const MAX_ROWS: u32 = 64u;",
-                    &format!("const MAX_ROWS: u32 = {}u;", plan.rows),
-                )
-                .replace(
-                    "const MAX_OWN: u32 = 16u;",
-                    &format!("const MAX_OWN: u32 = {own}u;"),
-                );
-            with_common(&sized)
-        },
+        |score_bias| with_common(&sized(plan.rows as u32, own as u32), score_bias),
         &constants,
         &params,
         shared,
@@ -563,4 +552,15 @@ pub(super) fn check_decode_lens(
             format!("{what} needs SeqLens with q_lens (new queries per sequence) and kv_lens (cached keys per sequence, the new ones included)"),
         )),
     }
+}
+
+/// The kernel with its per-invocation arrays sized for `rows` query rows and `own` value dims per
+/// invocation.
+fn sized(rows: u32, own: u32) -> String {
+    with_sizes(&[("MAX_ROWS", rows), ("MAX_OWN", own)], SOURCE)
+}
+
+/// The kernel's source for the translation tests, with the largest arrays a plan takes.
+pub(super) fn shader_source() -> String {
+    with_common(&sized(64, 16), true)
 }

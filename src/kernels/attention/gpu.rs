@@ -349,7 +349,7 @@ pub(super) fn encode_split_merge(
             DType::F32 => "attention_forward_merge",
             DType::F16 => "attention_forward_merge_f16",
         },
-        || with_common_typed(FORWARD_MERGE, DType::F32, out.dtype()),
+        |score_bias| with_common_typed(FORWARD_MERGE, DType::F32, out.dtype(), score_bias),
         &[("WG", SIMPLE_WG)],
         &merge,
         Shared::lens(seq_lens_buffer(ctx, opts)),

@@ -36,8 +36,10 @@ mod sinks;
 mod unfused;
 mod variant;
 
-use crate::kernels::arguments::check_binding;
-use crate::kernels::arguments::{check_call, check_context};
+use crate::kernels::arguments::{
+    check_binding, check_call, check_context, check_f32, check_packed_queries, check_packed_view,
+    packed_lens_missing,
+};
 pub use crate::spec::{AttentionShape, RelativeBuckets};
 pub use additive::{
     additive_backward, additive_backward_into, additive_backward_unfused,
@@ -134,48 +136,36 @@ pub fn shader_sources() -> Vec<(String, String)> {
         ("attention_sinks_backward", sinks::BACKWARD),
         ("attention_bias_backward", bias::BACKWARD),
         ("attention_probs", probs::SOURCE),
-        ("attention_decode", decode::SOURCE),
         ("additive_param_grads", additive::PARAM_GRADS),
         ("additive_scores", additive::SCORES),
         ("additive_backward_unfused", additive::BACKWARD_UNFUSED),
     ]
     .into_iter()
-    .map(|(name, body)| (name, with_common(body)))
+    .map(|(name, body)| (name, with_common(body, true)))
     .chain([
         (
-            "additive_forward",
-            with_common(&additive::with_shared(additive::FORWARD)),
-        ),
-        (
-            "additive_decode",
-            with_common(&additive::with_shared(additive::DECODE)),
-        ),
-        (
-            "additive_backward_da",
-            with_common(&additive::backward_source(additive::BACKWARD_DA)),
-        ),
-        (
-            "additive_backward_db",
-            with_common(&additive::backward_source(additive::BACKWARD_DB)),
-        ),
-        (
             "additive_backward_pack",
-            with_common(&format!(
-                "{}\n{}",
-                additive::BACKWARD_WORKSPACE,
-                additive::BACKWARD_PACK
-            )),
+            with_common(
+                &format!(
+                    "{}\n{}",
+                    additive::BACKWARD_WORKSPACE,
+                    additive::BACKWARD_PACK
+                ),
+                true,
+            ),
         ),
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
+        ("attention_decode", decode::shader_source()),
         (
             "attention_forward_merge_f16",
-            with_common_typed(gpu::FORWARD_MERGE, DType::F32, DType::F16),
+            with_common_typed(gpu::FORWARD_MERGE, DType::F32, DType::F16, true),
         ),
         (
             "attention_backward_preprocess_f16",
-            with_common_typed(BACKWARD_PREPROCESS, DType::F16, DType::F32),
+            with_common_typed(BACKWARD_PREPROCESS, DType::F16, DType::F32, true),
         ),
     ])
+    .chain(additive::shader_sources())
     .map(|(name, source)| (name.to_string(), source))
     .chain(fused_variants().into_iter().map(|key| {
         let vec4 = match key.vec4_inputs {
@@ -226,20 +216,38 @@ fn fused_variants() -> Vec<FusedVariant> {
     keys
 }
 
-fn with_common(body: &str) -> String {
-    with_common_typed(body, DType::F32, DType::F32)
+/// `body` with the common header, reading and writing f32; its score-bias terms read the binding
+/// (`score_bias`) or are zero (`score_bias_none.wgsl`, for calls without a bias or relative table).
+fn with_common(body: &str, score_bias: bool) -> String {
+    with_common_typed(body, DType::F32, DType::F32, score_bias)
 }
 
 /// `body` with the common header, reading its inputs as `InElem` = `input` and writing its outputs as
-/// `OutElem` = `output` (the typed kernels of the GPU family: f16 storage, f32 arithmetic).
-fn with_common_typed(body: &str, input: DType, output: DType) -> String {
+/// `OutElem` = `output` (the typed kernels of the GPU family: f16 storage, f32 arithmetic), and its
+/// score-bias terms as [`with_common`]'s.
+fn with_common_typed(body: &str, input: DType, output: DType, score_bias: bool) -> String {
     let enable = match input == DType::F16 || output == DType::F16 {
         true => "enable f16;\n",
         false => "",
     };
     let (i, o) = (input.name(), output.name());
-    let (common, score_bias) = (variant::COMMON, variant::SCORE_BIAS);
-    format!("{enable}alias InElem = {i};\nalias OutElem = {o};\n{common}\n{score_bias}\n{body}")
+    let common = variant::COMMON;
+    let terms = match score_bias {
+        true => variant::SCORE_BIAS,
+        false => variant::SCORE_BIAS_NONE,
+    };
+    format!("{enable}alias InElem = {i};\nalias OutElem = {o};\n{common}\n{terms}\n{body}")
+}
+
+/// `body` after module constants declaring `sizes` (`const NAME: u32 = value;`): how kernels size
+/// their per-invocation arrays, which WGSL cannot take from override constants.
+fn with_sizes(sizes: &[(&str, u32)], body: &str) -> String {
+    let mut text = String::new();
+    for (name, value) in sizes {
+        text.push_str(&format!("const {name}: u32 = {value}u;\n"));
+    }
+    text.push_str(body);
+    text
 }
 
 /// The CPU-driver family's per-invocation arrays: sized for head dims up to `max_dim` (rounded up to

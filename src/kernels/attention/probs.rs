@@ -85,7 +85,7 @@ pub fn attention_probabilities_into(
         ctx,
         &mut pass,
         "attention_probs",
-        || with_common(SOURCE),
+        |score_bias| with_common(SOURCE, score_bias),
         &[("WG", SIMPLE_WG)],
         &params,
         Shared::scores(ctx, opts)?,

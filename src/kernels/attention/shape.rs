@@ -314,22 +314,6 @@ pub(super) fn check_tensor(arg: &'static str, t: &GpuTensor, expected: &[usize])
     Ok(())
 }
 
-/// Refuses f16 views in the ops that take only f32.
-pub(crate) fn check_f32(views: &[(&'static str, &HeadsView)]) -> Result<()> {
-    for &(arg, view) in views {
-        if view.dtype() != DType::F32 {
-            return Err(Error::DType {
-                arg,
-                found: view.dtype().name(),
-                message: "this operation takes f32 views; f16 runs in the fused \
-                          attention_forward_into and attention_backward_into"
-                    .into(),
-            });
-        }
-    }
-    Ok(())
-}
-
 /// The element type every view of a fused forward or backward shares. f16 needs `SHADER_F16` and
 /// excludes the options whose kernels read or write Q, K, V or O in f32 (sinks, cosine scores, key
 /// clipping).
@@ -452,13 +436,6 @@ fn packed_lens<'a>(opts: &AttentionOptions<'a>) -> Result<&'a SeqLens> {
         .ok_or_else(packed_lens_missing)
 }
 
-pub(super) fn packed_lens_missing() -> Error {
-    Error::shape(
-        "seq_lens",
-        "packed views need the packed batch's lengths: pass the SeqLens::packed the views were made with",
-    )
-}
-
 /// A new f32 output tensor laid out like the view `like` of `side`: `[rows, heads, dim]` packed as
 /// `like` is (by `opts.seq_lens`), or `[batch, seq, heads, dim]`; with its view.
 pub(super) fn output_like(
@@ -490,59 +467,6 @@ pub(super) fn view_like(
         Some(_) => t.packed_heads(packed_lens(opts)?, side),
         None => t.heads(),
     }
-}
-
-/// Checks a packed view against the packed lengths `lens` a kernel reads it by: the same sequences,
-/// each within the view's longest, all within its rows.
-pub(crate) fn check_packed_view(arg: &'static str, view: &HeadsView, lens: &SeqLens) -> Result<()> {
-    let (Some(rows), Some(side)) = (view.packed_rows(), view.packed_side()) else {
-        return Ok(());
-    };
-    if !lens.is_packed() {
-        return Err(packed_lens_missing());
-    }
-    let [batch, longest, _, _] = view.shape();
-    let lengths = lens.lens(side).unwrap_or(&[]);
-    let total = lens.packed_total(side);
-    if batch != lens.batch() || lengths.iter().any(|&l| l as usize > longest) || total > rows {
-        return Err(Error::shape(
-            arg,
-            format!(
-                "is packed for {batch} sequences of at most {longest} rows in {rows} rows; the \
-                 lengths have {} sequences, {total} rows ({side:?}: {lengths:?})",
-                lens.batch()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Checks packed new rows of a decoding step (a packed prefill: each sequence's new tokens one
-/// after another, packed on the queries' side of `lens`: `q_lens` new, `kv_lens` cached); returns
-/// whether any view is packed.
-pub(crate) fn check_packed_queries(
-    views: &[(&'static str, &HeadsView)],
-    lens: Option<&SeqLens>,
-) -> Result<bool> {
-    let mut packed = false;
-    for &(arg, view) in views {
-        match (view.packed_side(), lens) {
-            (None, _) => {}
-            (Some(PackedSide::Keys), _) => {
-                return Err(Error::shape(
-                    arg,
-                    "is packed on the keys' lengths; new rows are packed on the queries' (q_lens: \
-                     the new tokens of each sequence)",
-                ))
-            }
-            (Some(PackedSide::Queries), None) => return Err(packed_lens_missing()),
-            (Some(PackedSide::Queries), Some(lens)) => {
-                check_packed_view(arg, view, lens)?;
-                packed = true;
-            }
-        }
-    }
-    Ok(packed)
 }
 
 /// Refuses packed views in the kernels that read padded ones only (`what` names them).

@@ -19,7 +19,7 @@ const BACKWARD_CONSTANTS: [(&str, u32); 1] = [("WG", BACKWARD_WG)];
 pub(super) fn precompile_backward(ctx: &Context) {
     ctx.pipeline(
         "attention_sinks_backward",
-        || with_common(BACKWARD),
+        || with_common(BACKWARD, true),
         &BACKWARD_CONSTANTS,
     );
 }
@@ -49,7 +49,7 @@ pub(super) fn encode_forward(
         ctx,
         &mut pass,
         "attention_sinks",
-        || with_common(FORWARD),
+        |score_bias| with_common(FORWARD, score_bias),
         &[("WG", SIMPLE_WG)],
         &params,
         // Padded rows are known by their lse = -inf; the lengths locate a packed O's rows.
@@ -106,7 +106,7 @@ pub fn attention_sinks_backward_into(
         ctx,
         &mut pass,
         "attention_sinks_backward",
-        || with_common(BACKWARD),
+        |score_bias| with_common(BACKWARD, score_bias),
         &BACKWARD_CONSTANTS,
         &params,
         // Padded rows are known by their lse = -inf: no lengths bound.

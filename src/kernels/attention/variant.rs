@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 pub(super) const COMMON: &str = include_str!("../../../shaders/attention/common.wgsl");
 pub(super) const SCORE_BIAS: &str = include_str!("../../../shaders/attention/score_bias.wgsl");
-const SCORE_BIAS_NONE: &str = include_str!("../../../shaders/attention/score_bias_none.wgsl");
+pub(super) const SCORE_BIAS_NONE: &str =
+    include_str!("../../../shaders/attention/score_bias_none.wgsl");
 const OUTPUT_PAIR: &str = include_str!("../../../shaders/attention/output_pair.wgsl");
 const INPUT_ROWS: &str = include_str!("../../../shaders/attention/input_rows.wgsl");
 const INPUT_ROWS_VEC4: &str = include_str!("../../../shaders/attention/input_rows_vec4.wgsl");
@@ -204,9 +205,7 @@ impl FusedVariant {
         if let Some((_, tiles)) = coop {
             text.push_str(&format!("alias MatElem = {};\n", tiles.name()));
         }
-        for (name, value) in self.arrays_declared() {
-            text.push_str(&format!("const {name}: u32 = {value}u;\n"));
-        }
+        text.push_str(&super::with_sizes(&self.arrays_declared(), ""));
         let score_bias = match self.score_bias {
             true => SCORE_BIAS,
             false => SCORE_BIAS_NONE,

@@ -8,12 +8,13 @@ use web_time::Instant;
 
 use crate::kv_cache::{KvCache, StepLens};
 use crate::paged_cache::{PagedKvCache, PagedKvCacheConfig};
+use wgpu_attention::device::read_mapped;
 use wgpu_attention::device::{block_on, BindingCache, Context};
 use wgpu_attention::error::{Error, Result};
 use wgpu_attention::kernels::attention::PREFILL_FORWARD_ROWS;
 use wgpu_attention::kernels::kv_cache::KvFormat;
 use wgpu_attention::kernels::sampling::{sample_into, sample_rows_into, Sampling, SamplingRows};
-use wgpu_attention::tensor::{read_mapped, GpuTensor, SeqLens};
+use wgpu_attention::tensor::{GpuTensor, SeqLens};
 use wgpu_attention_transformer::layers::attention::LayerCache;
 use wgpu_attention_transformer::layers::decoder::Decoder;
 use wgpu_attention_transformer::layers::embedding::{Embedding, PositionKind};

@@ -7,10 +7,11 @@
 //! per agreed draft row faster.
 
 use super::{Cache, Generator, Pass, PassKind};
+use wgpu_attention::device::read_mapped;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
 use wgpu_attention::kernels::sampling::{sample_into, Sampling};
-use wgpu_attention::tensor::{read_mapped, GpuTensor, SeqLens, MAX_TREE_ROWS};
+use wgpu_attention::tensor::{GpuTensor, SeqLens, MAX_TREE_ROWS};
 
 /// A draft tree for [`Generator::verify`]: `tokens[0]` is the token the sequence is fed next
 /// (certain: the one [`Generator::sample`] gave), every other row a guess whose parent is an earlier
