@@ -1,7 +1,10 @@
 //! Buffers this crate allocates on a context, their byte counts (current and peak) and the
 //! grow-only scratch buffers of kernels that need a workspace.
 
-use super::*;
+use super::Context;
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Bytes of tensor storage this crate has allocated on a context (user-wrapped buffers, uniform
 /// blocks and readback staging are not counted).

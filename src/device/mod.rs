@@ -8,12 +8,11 @@
 //! - `memory`: counted allocations and scratch buffers;
 //! - `profile`: submissions, passes and their timestamps.
 
+use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-use crate::error::{Error, Result};
 
 mod dump;
 mod memory;
@@ -26,7 +25,7 @@ mod wait;
 
 pub use memory::MemoryStats;
 pub(crate) use memory::{Allocation, MemoryCounter};
-pub use options::{ContextOptions, TiledShape, ENVIRONMENT_VARIABLES};
+pub use options::{ContextOptions, ENVIRONMENT_VARIABLES};
 pub use pipelines::BindingCache;
 use pipelines::PipelineKey;
 pub(crate) use pipelines::{PipelineSpec, StorageBinding};
@@ -34,7 +33,7 @@ use profile::{PassProfiler, SharedPass};
 pub use profile::{RecordedCounts, MAX_PROFILED_PASSES};
 use report::new_instance;
 pub use report::{enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport};
-pub use tuning::{GemmTiles, KernelFamily, ATTENTION_WORKGROUPS, LLVMPIPE_LOOP_BUDGET};
+pub use tuning::{GemmTiles, KernelFamily, TiledShape, ATTENTION_WORKGROUPS, LLVMPIPE_LOOP_BUDGET};
 pub use wait::{block_on, read_mapped};
 
 /// A GPU device with its queue, adapter report and pipeline cache. Cheap to share behind `Arc`.

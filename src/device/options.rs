@@ -2,11 +2,10 @@
 //! environment variable on its own; [`ContextOptions::from_env`] is the explicit opt-in (the crate's
 //! binaries, examples and tests use it).
 
-use super::*;
-
-/// A tiled-kernel shape override `(workgroup invocations, first block, second block)`: the GPU
-/// family's forward (`WG x BM x BN`), dK/dV (`WG x BN x BM`) and dQ (`WG x BM x BN`) kernels.
-pub type TiledShape = (u32, u32, u32);
+use super::report::parse_backends;
+use super::tuning::{GemmTiles, KernelFamily, TiledShape, ATTENTION_WORKGROUPS};
+use crate::error::Result;
+use std::fmt;
 
 /// How a [`Context`] picks its adapter (when it creates the device) and its kernels.
 ///

@@ -2,7 +2,9 @@
 //! and the bind groups of their dispatches (cached across recordings with a [`BindingCache`]).
 
 use super::dump::runtime_checks_name;
-use super::*;
+use super::Context;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Cache key of a compiled pipeline: its label (the kernel's name, with what changes its code, and
 /// its override constants), the sizes its source declares besides them, and whether it was

@@ -1,7 +1,9 @@
 //! Submissions and compute passes: counted for the benchmarks, and timestamped per pass while
 //! profiling is on.
 
-use super::*;
+use super::Context;
+use crate::error::{Error, Result};
+use std::sync::Arc;
 
 /// See [`Context::recorded_counts`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! What a context runs on: the adapter report, back-end selection and adapter enumeration.
 
-use super::*;
+use crate::error::{Error, Result};
+use std::fmt;
 
 /// What the context runs on, for logs and benchmark reports.
 #[derive(Clone, Debug)]

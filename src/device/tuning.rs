@@ -1,7 +1,12 @@
 //! The settings that choose kernels and their shapes on a context: kernel family, GEMM tiles,
 //! workgroup width, subgroups, trusted shaders and the llvmpipe loop budget.
 
-use super::*;
+use super::Context;
+use crate::error::{Error, Result};
+
+/// A tiled-kernel shape override `(workgroup invocations, first block, second block)`: the GPU
+/// family's forward (`WG x BM x BN`), dK/dV (`WG x BN x BM`) and dQ (`WG x BM x BN`) kernels.
+pub type TiledShape = (u32, u32, u32);
 
 /// Loop iterations one invocation may run on llvmpipe (lavapipe and GL): Mesa's gallivm stops every
 /// loop of a shader once 65535 iterations have run in total in one invocation, silently, so longer

@@ -1,10 +1,9 @@
 //! Waiting on the GPU: every blocking call wraps its `_async` form here, and every readback maps its
 //! buffer through [`read_mapped`].
 
-use std::future::Future;
-
 use super::Context;
 use crate::error::{Error, Result};
+use std::future::Future;
 
 /// Runs `future` to completion. Natively it blocks the thread (pollster). In a browser, where the
 /// page's thread must never block, a future that is ready at its first poll (one that waits for

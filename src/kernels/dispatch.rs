@@ -215,7 +215,7 @@ pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
             }
         ),
         uniform_layout!(
-            "layer_norm_param_grads",
+            "layer_norm_param_grads_cpu",
             "Params",
             ColumnParams {
                 rows,

@@ -50,9 +50,9 @@ const BLOCK_ROWS: usize = 32;
 /// The LayerNorm shaders by name, for the naga tests.
 pub fn shader_sources() -> Vec<(&'static str, String)> {
     vec![
-        ("layer_norm_forward", FORWARD.to_string()),
-        ("layer_norm_backward", BACKWARD.to_string()),
-        ("layer_norm_param_grads", PARAM_GRADS.to_string()),
+        ("layer_norm_forward_cpu", FORWARD.to_string()),
+        ("layer_norm_backward_cpu", BACKWARD.to_string()),
+        ("layer_norm_param_grads_cpu", PARAM_GRADS.to_string()),
         ("layer_norm_forward_rows", FORWARD_ROWS.to_string()),
         ("layer_norm_backward_rows", BACKWARD_ROWS.to_string()),
         ("layer_norm_param_partials", PARAM_PARTIALS.to_string()),
@@ -237,7 +237,7 @@ fn norm_forward_into(
     check_tensors(ctx, &[("y", y), ("stats", stats)], &inputs)?;
     let (name, source, workgroups) = match rows_per_workgroup(ctx) {
         true => ("layer_norm_forward_rows", FORWARD_ROWS, rows as u32),
-        false => ("layer_norm_forward", FORWARD, invocation_groups(rows)),
+        false => ("layer_norm_forward_cpu", FORWARD, invocation_groups(rows)),
     };
     let params = RowParams {
         rows: rows as u32,
@@ -400,7 +400,7 @@ fn norm_backward_add_into(
     };
     let (name, source, workgroups) = match per_workgroup {
         true => ("layer_norm_backward_rows", BACKWARD_ROWS, rows as u32),
-        false => ("layer_norm_backward", BACKWARD, invocation_groups(rows)),
+        false => ("layer_norm_backward_cpu", BACKWARD, invocation_groups(rows)),
     };
     let params = BackwardParams {
         rows: rows as u32,
@@ -433,7 +433,7 @@ fn norm_backward_add_into(
         encode_column_reduction_in(
             ctx,
             &mut pass,
-            "layer_norm_param_grads",
+            "layer_norm_param_grads_cpu",
             PARAM_GRADS,
             &centered,
             (rows, cols),
@@ -481,7 +481,7 @@ pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
     use crate::kernels::uniforms::uniform_layout;
     vec![
         uniform_layout!(
-            "layer_norm_forward",
+            "layer_norm_forward_cpu",
             "Params",
             RowParams {
                 rows,
@@ -501,7 +501,7 @@ pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
             }
         ),
         uniform_layout!(
-            "layer_norm_backward",
+            "layer_norm_backward_cpu",
             "Params",
             BackwardParams {
                 rows,

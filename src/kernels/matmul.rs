@@ -81,6 +81,8 @@ pub(crate) fn shader_sources() -> Vec<(&'static str, String)> {
 struct Kernel {
     /// Pipeline names by [`Elements`] (f32, f16).
     names: [&'static str; 2],
+    /// The names of the CPU-driver family's SKINNY build (an element per invocation).
+    cpu_names: [&'static str; 2],
     source: &'static str,
     tile_m: u32,
     tile_n: u32,
@@ -92,6 +94,7 @@ struct Kernel {
 
 const SQUARE: Kernel = Kernel {
     names: ["matmul_strided", "matmul_strided_f16"],
+    cpu_names: ["matmul_strided_cpu", "matmul_strided_f16_cpu"],
     source: SOURCE,
     tile_m: 64,
     tile_n: 64,
@@ -101,6 +104,7 @@ const SQUARE: Kernel = Kernel {
 
 const WIDE: Kernel = Kernel {
     names: ["matmul_wide", "matmul_wide_f16"],
+    cpu_names: ["matmul_wide", "matmul_wide_f16"],
     source: WIDE_SOURCE,
     tile_m: 128,
     tile_n: 64,
@@ -347,7 +351,11 @@ fn encode_one(
             constants.push(("K_FAST", along_k as u32));
         }
     }
-    let name = kernel.names[g.elements.index()];
+    let names = match kernel.skinny && skinny && split.is_none() {
+        true => kernel.cpu_names,
+        false => kernel.names,
+    };
+    let name = names[g.elements.index()];
     let pipeline = ctx.pipeline(name, || typed_source(kernel.source, g.elements), &constants);
     let empty = ctx.empty_storage();
     let (empty_rw, empty_rw_second) = (ctx.empty_storage_rw(0), ctx.empty_storage_rw(1));

@@ -288,7 +288,7 @@ mod tests {
         }
         let sources = crate::kernels::shaders::all();
         let swapped = uniform_layout!(
-            "layer_norm_forward",
+            "layer_norm_forward_cpu",
             "Params",
             Swapped {
                 cols,
@@ -303,7 +303,7 @@ mod tests {
             "{errors:?}"
         );
         let retyped = uniform_layout!(
-            "layer_norm_forward",
+            "layer_norm_forward_cpu",
             "Params",
             Retyped {
                 rows,

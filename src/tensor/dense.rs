@@ -1,8 +1,10 @@
 //! [`GpuTensor`]: a contiguous f32 array, alone in a buffer or a range of an arena.
 
+use super::readback::read_buffer;
+use super::{element_count, Region, F32, TENSOR_ALIGN};
+use crate::device::{Allocation, Context, ContextId};
+use crate::error::{Error, Result};
 use std::sync::Arc;
-
-use super::*;
 
 /// A contiguous f32 tensor on the GPU: its own buffer, or a range of a shared one (a model's
 /// parameter arena, see `wgpu_attention_transformer::layers::params::Params`) starting at a multiple of [`TENSOR_ALIGN`].
@@ -242,47 +244,6 @@ impl GpuTensor {
             shape: shape.to_vec(),
             ..self.clone()
         })
-    }
-
-    /// A packed variable-length batch over this `[rows, heads, head_dim]` tensor: the sequences of
-    /// `lens` one after another ([`HeadsView::packed`], [`SeqLens::packed`]).
-    pub fn packed_heads(&self, lens: &SeqLens, side: PackedSide) -> Result<HeadsView> {
-        HeadsView::packed_tensor(
-            &self.buffer,
-            DType::F32,
-            self.offset,
-            &self.shape,
-            self.context,
-        )?
-        .packed(lens, side)
-    }
-
-    /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
-    pub fn heads(&self) -> Result<HeadsView> {
-        HeadsView::contiguous(
-            &self.buffer,
-            DType::F32,
-            self.offset,
-            &self.shape,
-            self.context,
-        )
-    }
-
-    /// Views a `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor, starting at
-    /// column `column` of the last dimension. For a fused QKV projection `[B, L, 3 * H * D]`,
-    /// `split_heads(0, H, D)`, `split_heads(H * D, H, D)` and `split_heads(2 * H * D, H, D)` are Q,
-    /// K and V.
-    pub fn split_heads(&self, column: usize, heads: usize, head_dim: usize) -> Result<HeadsView> {
-        let view = split_heads(
-            &self.buffer,
-            DType::F32,
-            self.offset,
-            &self.shape,
-            column,
-            heads,
-            head_dim,
-        )?;
-        Ok(view.of_context(self.context))
     }
 }
 

@@ -1,8 +1,13 @@
 //! [`GpuTensorF16`]: a contiguous f16 array (attention inputs and outputs, f16 GEMM operands).
 
+use super::dense::GpuTensor;
+use super::ids::{PackedSide, SeqLens};
+use super::readback::read_f16;
+use super::views::HeadsView;
+use super::{check_fits, element_count, split_heads, DType, Region, TENSOR_ALIGN};
+use crate::device::{Allocation, Context, ContextId};
+use crate::error::{Error, Result};
 use std::sync::Arc;
-
-use super::*;
 
 /// A contiguous f16 tensor on the GPU: inputs and outputs of the fused attention in half
 /// precision (the kernels compute in f32). Other kernels take f32 [`GpuTensor`]s.

@@ -1,9 +1,20 @@
 //! Integer data on the GPU: [`GpuTokens`] (token ids, targets) and [`SeqLens`] (per-batch sequence
 //! lengths).
 
+use super::Region;
+use crate::device::{Allocation, Context, ContextId};
+use crate::error::{Error, Result};
 use std::sync::Arc;
 
-use super::*;
+/// Which lengths and starts of a packed batch ([`SeqLens::packed`]) a packed view follows: the
+/// queries' (Q, O and their gradients) or the keys' (K, V and theirs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedSide {
+    /// `q_lens` and `q_starts`.
+    Queries,
+    /// `kv_lens` and `kv_starts`.
+    Keys,
+}
 
 /// Integer ids on the GPU (tokens, class targets): a `u32` storage buffer with its shape, and a host
 /// copy so that ops can reject ids beyond a vocabulary before dispatching. Clones share the buffer

@@ -20,13 +20,13 @@ mod views;
 pub use dense::zeros_in_arenas;
 pub use dense::GpuTensor;
 pub use f16::GpuTensorF16;
-pub use ids::{GpuTokens, SeqLens, MAX_TREE_ROWS};
+pub use ids::{GpuTokens, PackedSide, SeqLens, MAX_TREE_ROWS};
 pub(crate) use q8::row_words;
 pub use q8::GpuTensorQ8;
-pub(crate) use readback::{read_buffer, read_f16};
-pub use views::{BiasView, HeadsView, PackedSide};
+pub(crate) use readback::read_buffer;
+pub use views::{BiasView, HeadsView};
 
-use crate::device::{Allocation, Context, ContextId, StorageBinding};
+use crate::device::{ContextId, StorageBinding};
 use crate::error::{Error, Result};
 
 const F32: u64 = std::mem::size_of::<f32>() as u64;

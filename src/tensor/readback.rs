@@ -1,7 +1,8 @@
 //! Copies from GPU buffers back to the host, through [`crate::device::read_mapped`].
 
-use super::*;
-use crate::device::read_mapped;
+use super::F32;
+use crate::device::{read_mapped, Context};
+use crate::error::{Error, Result};
 
 /// Copies `len` f32 values starting at element `offset` of `buffer` back to the host.
 pub(crate) async fn read_buffer(

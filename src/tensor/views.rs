@@ -1,7 +1,12 @@
 //! Strided views: [`HeadsView`] (`[batch, seq, heads, head_dim]` of any buffer) and [`BiasView`]
 //! (an additive score bias with broadcast dimensions).
 
-use super::*;
+use super::dense::GpuTensor;
+use super::ids::{PackedSide, SeqLens};
+use super::readback::{read_buffer, read_f16};
+use super::{check_fits, split_heads, DType, Region, RowLayout, F32};
+use crate::device::{Context, ContextId};
+use crate::error::{Error, Result};
 
 /// A strided `[batch, seq, heads, head_dim]` view of an f32 (or f16) buffer with a contiguous
 /// head_dim.
@@ -19,14 +24,48 @@ pub struct HeadsView {
     packed: Option<(usize, PackedSide)>,
 }
 
-/// Which lengths and starts of a packed batch ([`SeqLens::packed`]) a packed view follows: the
-/// queries' (Q, O and their gradients) or the keys' (K, V and theirs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PackedSide {
-    /// `q_lens` and `q_starts`.
-    Queries,
-    /// `kv_lens` and `kv_starts`.
-    Keys,
+/// Head views of a dense tensor.
+impl GpuTensor {
+    /// A packed variable-length batch over this `[rows, heads, head_dim]` tensor: the sequences of
+    /// `lens` one after another ([`HeadsView::packed`], [`SeqLens::packed`]).
+    pub fn packed_heads(&self, lens: &SeqLens, side: PackedSide) -> Result<HeadsView> {
+        HeadsView::packed_tensor(
+            self.buffer(),
+            DType::F32,
+            self.offset(),
+            self.shape(),
+            self.context(),
+        )?
+        .packed(lens, side)
+    }
+
+    /// The tensor as a BSHD head view; it must be 4-D `[batch, seq, heads, head_dim]`.
+    pub fn heads(&self) -> Result<HeadsView> {
+        HeadsView::contiguous(
+            self.buffer(),
+            DType::F32,
+            self.offset(),
+            self.shape(),
+            self.context(),
+        )
+    }
+
+    /// Views a `[batch, seq, heads, head_dim]` split of a `[batch, seq, width]` tensor, starting at
+    /// column `column` of the last dimension. For a fused QKV projection `[B, L, 3 * H * D]`,
+    /// `split_heads(0, H, D)`, `split_heads(H * D, H, D)` and `split_heads(2 * H * D, H, D)` are Q,
+    /// K and V.
+    pub fn split_heads(&self, column: usize, heads: usize, head_dim: usize) -> Result<HeadsView> {
+        let view = split_heads(
+            self.buffer(),
+            DType::F32,
+            self.offset(),
+            self.shape(),
+            column,
+            heads,
+            head_dim,
+        )?;
+        Ok(view.of_context(self.context()))
+    }
 }
 
 impl HeadsView {

@@ -374,3 +374,52 @@ fn transformer_varlen_compile_only_builds_what_the_run_uses() {
         assert_eq!(built, ran);
     });
 }
+
+/// `generate-bench --page --compile-only` builds every pipeline the contiguous and paged generations
+/// of a real run use, its pool sized as the run's (the microbenchmarks off). It builds more:
+/// `Generator::precompile` covers any request (per-row sampling, packed prefill rows).
+#[test]
+fn generate_paged_compile_only_builds_what_the_run_uses() {
+    common::for_each_backend(|backend, _ctx| {
+        if backend != "vulkan" {
+            return;
+        }
+        let args = [
+            "--backend",
+            backend,
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--layers",
+            "1",
+            "--vocab",
+            "20",
+            "--context",
+            "24",
+            "--prompt",
+            "6",
+            "--prefill-chunk",
+            "4",
+            "--new-tokens",
+            "3",
+            "--batches",
+            "2",
+            "--page",
+            "4",
+            "--attention-lengths",
+            "0",
+            "--prefill-attention",
+            "0",
+            "--reps",
+            "1",
+        ];
+        let binary = env!("CARGO_BIN_EXE_generate-bench");
+        let (built, stdout) = dumped_labels(binary, &[&args[..], &["--compile-only"]].concat());
+        assert!(!built.is_empty(), "{stdout}");
+        let (ran, _) = dumped_labels(binary, &args);
+        let missed: Vec<_> = ran.iter().filter(|l| !built.contains(l)).collect();
+        assert!(missed.is_empty(), "compile-only missed {missed:?}");
+        assert!(ran.iter().any(|l| l.contains("POOL_BLOCKS")), "{ran:?}");
+    });
+}

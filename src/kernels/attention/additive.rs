@@ -8,7 +8,22 @@
 //! Masks: causal, per-batch lengths and windows, as in dot-product attention (the shared header's
 //! rules). CPU reference: [`crate::reference::additive`].
 
-use super::*;
+use super::binding::{
+    base_params, bind_output_pair, bind_tensor, bind_view, empty_rw_binding, encode_chunks,
+    encode_kernel, seq_lens_buffer, set_grid, Binding, Shared, FLAG_ALIGN_LENS, SIMPLE_WG, VIEW_DK,
+    VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+};
+use super::forward::{check_forward_outputs, check_rows, AttentionOutput};
+use super::header::{with_common, with_sizes};
+use super::options::AttentionOptions;
+use super::shape::{check_distinct, check_options, check_tensor, check_view, refuse_packed};
+use super::unfused::{encode_pv, encode_softmax, encode_unfused_output_grads, scores_shape};
+use crate::device::{Context, KernelFamily};
+use crate::error::{Error, Result};
+use crate::kernels::arguments::{check_context, check_f32};
+use crate::kernels::dispatch::loop_chunks;
+use crate::spec::AttentionShape;
+use crate::tensor::{GpuTensor, HeadsView};
 
 pub(super) const COMMON: &str = include_str!("../../../shaders/additive/common.wgsl");
 pub(super) const FORWARD: &str = include_str!("../../../shaders/additive/forward.wgsl");
@@ -58,6 +73,15 @@ fn backward_lanes(ctx: &Context, s: &AttentionShape) -> u32 {
         return 1;
     }
     lanes_for(s.head_dim_qk, s.head_dim_v)
+}
+
+/// The fused backward's pipeline names (query side, key side): the CPU-driver family's one-lane
+/// builds say so.
+fn backward_names(ctx: &Context) -> [&'static str; 2] {
+    match ctx.kernel_family() {
+        KernelFamily::CpuDriver => ["additive_backward_da_cpu", "additive_backward_db_cpu"],
+        _ => ["additive_backward_da", "additive_backward_db"],
+    }
 }
 
 fn lanes_for(da: usize, dv: usize) -> u32 {
@@ -112,14 +136,14 @@ fn largest_tile(
 /// The fused kernels' loop iterations per invocation (llvmpipe caps their total: `loop_chunks`),
 /// counted from the shaders' loops, the 4-wide loops of the header's helpers included.
 #[derive(Clone, Copy)]
-enum FusedKernel {
+enum AdditiveKernel {
     Forward,
     Decode,
     BackwardQuerySide,
     BackwardKeySide,
 }
 
-impl FusedKernel {
+impl AdditiveKernel {
     /// (iterations per row of the other side, fixed iterations) for score dim `da`, value dim `dv`,
     /// staged tiles of `tile` rows and `lanes` invocations per row (the backward's; 1 elsewhere).
     fn loop_cost(self, da: usize, dv: usize, tile: u32, lanes: u32) -> (usize, usize) {
@@ -458,10 +482,16 @@ fn encode_forward(
         false => forward_tile(ctx, &s),
     };
     let (kernel, name, source, blocks, align) = match decoding {
-        true => (FusedKernel::Decode, "additive_decode", DECODE, s.q_seq, WG),
+        true => (
+            AdditiveKernel::Decode,
+            "additive_decode",
+            DECODE,
+            s.q_seq,
+            WG,
+        ),
         false => {
             let blocks = s.q_seq.div_ceil(WG as usize);
-            let kernel = FusedKernel::Forward;
+            let kernel = AdditiveKernel::Forward;
             (kernel, "additive_forward", FORWARD, blocks, tile)
         }
     };
@@ -799,12 +829,12 @@ pub fn additive_backward_into(
     let tile = staged_tile(ctx, &s, lanes);
     let constants = backward_constants(&s, tile, lanes);
     let grid = set_grid(&mut params, lq.div_ceil(rows_per_group), bb * h)?;
-    let (per_key, fixed) = FusedKernel::BackwardQuerySide.loop_cost(dda, ddv, tile, lanes);
+    let (per_key, fixed) = AdditiveKernel::BackwardQuerySide.loop_cost(dda, ddv, tile, lanes);
     let chunks = loop_chunks(ctx, lk, per_key, fixed, tile as usize);
     encode_chunks(
         ctx,
         &mut pass,
-        "additive_backward_da",
+        backward_names(ctx)[0],
         |score_bias| sized_backward(BACKWARD_DA, &s, lanes, score_bias),
         &constants,
         &mut params,
@@ -826,12 +856,12 @@ pub fn additive_backward_into(
     let outputs = bind_output_pair(ctx, [("db", db, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
     let bindings: Vec<_> = bindings.into_iter().chain(outputs).collect();
     let grid = set_grid(&mut params, lk.div_ceil(rows_per_group), bb * h)?;
-    let (per_query, fixed) = FusedKernel::BackwardKeySide.loop_cost(dda, ddv, tile, lanes);
+    let (per_query, fixed) = AdditiveKernel::BackwardKeySide.loop_cost(dda, ddv, tile, lanes);
     let chunks = loop_chunks(ctx, lq, per_query, fixed, tile as usize);
     encode_chunks(
         ctx,
         &mut pass,
-        "additive_backward_db",
+        backward_names(ctx)[1],
         |score_bias| sized_backward(BACKWARD_DB, &s, lanes, score_bias),
         &constants,
         &mut params,

@@ -1,7 +1,31 @@
 //! The fused backward: gradient tensors, the entry points, the workspace, and the kernels of both
 //! families after the shared preprocess.
 
-use super::*;
+use super::bias::attention_bias_backward_into;
+use super::binding::{
+    base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view,
+    encode_fused_chunks, encode_kernel, seq_lens_buffer, set_grid, tile_rows, workgroup_size,
+    Shared, ROWS, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_O,
+};
+use super::forward::{allocating_f16, AttentionOutput};
+use super::header::with_common_typed;
+use super::options::AttentionOptions;
+use super::shape::{
+    check_distinct, check_options, check_packed, check_storage_buffer_limit, check_tensor,
+    check_view_typed, common_dtype, output_like, view_like, MAX_FUSED_BACKWARD_HEAD_DIM_GPU,
+};
+use super::sinks::attention_sinks_backward_into;
+use super::variant::{cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, QuadReads};
+use super::{bias, gpu, qk_norm};
+use crate::device::{Context, KernelFamily};
+use crate::error::{Error, Result};
+use crate::kernels::arguments::check_f32;
+use crate::kernels::dispatch::loop_chunks;
+use crate::spec::AttentionShape;
+use crate::tensor::{DType, GpuTensor, HeadsView, PackedSide};
+
+pub(super) const BACKWARD_PREPROCESS: &str =
+    include_str!("../../../shaders/attention/backward_preprocess.wgsl");
 
 /// dQ, dK, dV of a backward pass, shaped like Q, K, V; `d_sinks [H]` when the options have sinks;
 /// `d_bias` (shaped like the bias view) for a learnable bias; `d_relative [H, buckets]` with

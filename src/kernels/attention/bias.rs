@@ -5,8 +5,21 @@
 //! which sum each query row's share per bucket as they go ([`RelativeRows`]), then `column_sum.wgsl`.
 //! CPU reference: [`crate::reference::attention`] (`Bias`, `relative_position_bucket`).
 
-use super::*;
+use super::binding::{
+    base_params, bind_backward_inputs, bind_tensor, encode_chunks, set_grid, unused_writable,
+    Binding, Shared,
+};
+use super::header::with_common;
+use super::options::AttentionOptions;
+use super::qk_norm;
+use super::shape::{check_distinct, check_options, check_tensor, check_view};
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::arguments::{check_binding, check_f32};
+use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::linear::encode_column_sum;
+use crate::spec::{AttentionShape, RelativeBuckets};
+use crate::tensor::{GpuTensor, HeadsView};
 
 pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention/bias_backward.wgsl");
 
@@ -53,7 +66,7 @@ impl RelativeBuckets {
         offset + (exact + log_spaced as usize).min(half - 1)
     }
 
-    fn per_direction(&self) -> usize {
+    pub(super) fn per_direction(&self) -> usize {
         if self.bidirectional {
             self.buckets / 2
         } else {
@@ -61,7 +74,7 @@ impl RelativeBuckets {
         }
     }
 
-    fn exact(&self) -> usize {
+    pub(super) fn exact(&self) -> usize {
         self.per_direction() / 2
     }
 
@@ -262,64 +275,6 @@ impl RelativeRows {
     }
 }
 
-/// A 4-byte writable storage buffer for bindings a dispatch does not use (a buffer cannot be bound
-/// read-only and writable in one dispatch, so it is not the context's read-only dummy).
-pub(super) fn unused_writable(ctx: &Context) -> Result<wgpu::Buffer> {
-    ctx.scratch_buffer("attention unused writable binding", 4)
-}
-
-/// The parameter-block fields of the bias or relative table (called by `base_params`).
-pub(super) fn fill_params(params: &mut Params, opts: &AttentionOptions<'_>) {
-    params.bias_batch = 1;
-    params.bias_heads = 1;
-    if let Some(bias) = opts.bias {
-        params.flags |= FLAG_BIAS;
-        // Bound from element 0 of its buffer; check() kept every index within u32.
-        params.bias_offset = bias.view.offset() as u32;
-        params.bias_strides = bias.view.strides().map(|x| x as u32);
-        let [bb, hb, _, _] = bias.view.shape();
-        params.bias_batch = bb as u32;
-        params.bias_heads = hb as u32;
-    }
-    if let Some((buckets, _)) = opts.relative {
-        params.flags |= FLAG_RELATIVE;
-        if buckets.bidirectional {
-            params.flags |= FLAG_REL_BIDIRECTIONAL;
-        }
-        params.rel_buckets = buckets.per_direction() as u32;
-        params.rel_exact = buckets.exact() as u32;
-        params.rel_table_stride = buckets.buckets as u32;
-        let thresholds = buckets.thresholds();
-        params.rel_threshold_vec4s = thresholds.len().div_ceil(4) as u32;
-        let mut packed = [u32::MAX; MAX_REL_THRESHOLDS];
-        packed[..thresholds.len()].copy_from_slice(&thresholds);
-        for (slot, chunk) in params.rel_thresholds.iter_mut().zip(packed.chunks(4)) {
-            slot.copy_from_slice(chunk);
-        }
-    }
-}
-
-/// What score kernels bind at `SCORE_BIAS_BINDING`: the bias's buffer from element 0 to its last
-/// element, or the relative table; `None` without either (the kernels are then compiled without
-/// the binding: `score_bias_none.wgsl`).
-pub(super) fn score_bias_binding<'a>(
-    ctx: &'a Context,
-    opts: &AttentionOptions<'a>,
-) -> Result<Option<Binding<'a>>> {
-    if let Some(bias) = opts.bias {
-        let size_bytes = bias.view.end_element() as u64 * 4;
-        check_binding(ctx, "bias", size_bytes)?;
-        return Ok(Some(Binding {
-            buffer: bias.view.buffer(),
-            offset_bytes: 0,
-            size_bytes,
-        }));
-    }
-    opts.relative
-        .map(|(_, table)| bind_tensor(ctx, "relative table", table))
-        .transpose()
-}
-
 /// Records the gradient of the options' learnable bias after [`attention_backward_into`] recorded the
 /// backward of the same call (whose `workspace` holds the `(lse, D)` stats it needs): `d_bias`,
 /// shaped like the bias view (`[bias batch, bias heads, Lq, Lk]`, contiguous), summed over the view's
@@ -433,7 +388,7 @@ mod tests {
         ] {
             buckets.check().unwrap();
             let thresholds = buckets.thresholds();
-            assert!(thresholds.len() <= super::MAX_REL_THRESHOLDS);
+            assert!(thresholds.len() <= super::super::binding::MAX_REL_THRESHOLDS);
             let (exact, half) = (buckets.exact(), buckets.per_direction());
             for delta in -3 * buckets.max_distance as i64..=3 * buckets.max_distance as i64 {
                 let (offset, n) = match buckets.bidirectional {

@@ -1,7 +1,13 @@
 //! What every attention kernel is bound with: the uniform parameters (views, flags, grid), storage
 //! bindings of views and tensors, tile sizes, and the recording of one kernel or its loop chunks.
 
-use super::*;
+use super::options::AttentionOptions;
+use super::variant::FusedVariant;
+use crate::device::{grid_2d, Context, StorageBinding};
+use crate::error::{Error, Result};
+use crate::kernels::arguments::check_binding;
+use crate::spec::AttentionShape;
+use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 use std::sync::Arc;
 
 /// A buffer range bound for one dispatch and the element offset of the view inside it.
@@ -308,7 +314,7 @@ pub(super) fn base_params(
         alibi_slopes,
         ..Default::default()
     };
-    bias::fill_params(&mut params, opts);
+    fill_bias_params(&mut params, opts);
     params
 }
 
@@ -367,7 +373,7 @@ impl<'a> Shared<'a> {
     /// What a score kernel binds: the sequence lengths and the bias tensor, the relative table or a
     /// dummy.
     pub(super) fn scores(ctx: &'a Context, opts: &AttentionOptions<'a>) -> Result<Self> {
-        let score_bias = bias::score_bias_binding(ctx, opts)?;
+        let score_bias = score_bias_binding(ctx, opts)?;
         Ok(Shared {
             seq_lens: Some(seq_lens_buffer(ctx, opts)),
             score_bias,
@@ -553,4 +559,62 @@ pub(super) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
             }
         ),
     ]
+}
+
+/// A 4-byte writable storage buffer for bindings a dispatch does not use (a buffer cannot be bound
+/// read-only and writable in one dispatch, so it is not the context's read-only dummy).
+pub(super) fn unused_writable(ctx: &Context) -> Result<wgpu::Buffer> {
+    ctx.scratch_buffer("attention unused writable binding", 4)
+}
+
+/// The parameter-block fields of the bias or relative table (called by `base_params`).
+fn fill_bias_params(params: &mut Params, opts: &AttentionOptions<'_>) {
+    params.bias_batch = 1;
+    params.bias_heads = 1;
+    if let Some(bias) = opts.bias {
+        params.flags |= FLAG_BIAS;
+        // Bound from element 0 of its buffer; check() kept every index within u32.
+        params.bias_offset = bias.view.offset() as u32;
+        params.bias_strides = bias.view.strides().map(|x| x as u32);
+        let [bb, hb, _, _] = bias.view.shape();
+        params.bias_batch = bb as u32;
+        params.bias_heads = hb as u32;
+    }
+    if let Some((buckets, _)) = opts.relative {
+        params.flags |= FLAG_RELATIVE;
+        if buckets.bidirectional {
+            params.flags |= FLAG_REL_BIDIRECTIONAL;
+        }
+        params.rel_buckets = buckets.per_direction() as u32;
+        params.rel_exact = buckets.exact() as u32;
+        params.rel_table_stride = buckets.buckets as u32;
+        let thresholds = buckets.thresholds();
+        params.rel_threshold_vec4s = thresholds.len().div_ceil(4) as u32;
+        let mut packed = [u32::MAX; MAX_REL_THRESHOLDS];
+        packed[..thresholds.len()].copy_from_slice(&thresholds);
+        for (slot, chunk) in params.rel_thresholds.iter_mut().zip(packed.chunks(4)) {
+            slot.copy_from_slice(chunk);
+        }
+    }
+}
+
+/// What score kernels bind at `SCORE_BIAS_BINDING`: the bias's buffer from element 0 to its last
+/// element, or the relative table; `None` without either (the kernels are then compiled without
+/// the binding: `score_bias_none.wgsl`).
+fn score_bias_binding<'a>(
+    ctx: &'a Context,
+    opts: &AttentionOptions<'a>,
+) -> Result<Option<Binding<'a>>> {
+    if let Some(bias) = opts.bias {
+        let size_bytes = bias.view.end_element() as u64 * 4;
+        check_binding(ctx, "bias", size_bytes)?;
+        return Ok(Some(Binding {
+            buffer: bias.view.buffer(),
+            offset_bytes: 0,
+            size_bytes,
+        }));
+    }
+    opts.relative
+        .map(|(_, table)| bind_tensor(ctx, "relative table", table))
+        .transpose()
 }

@@ -9,7 +9,16 @@
 //! (MatElem) in workgroup memory where the device has f16, so the family promises f16 accuracy for
 //! every input type. The backward runs the GPU family's kernels.
 
-use super::*;
+use super::forward::AttentionOutput;
+use super::gpu;
+use super::gpu::encode_forward_gpu;
+use super::options::AttentionOptions;
+use super::shape::check_options;
+use super::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
+use crate::device::{Context, KernelFamily};
+use crate::error::Result;
+use crate::spec::AttentionShape;
+use crate::tensor::{DType, GpuTensor, HeadsView};
 use gpu::{encode_split_forward, SplitForwardKernel};
 
 /// The side of one matrix tile, and the rows each tile group owns.
@@ -32,26 +41,6 @@ const SHAPES: [(u32, u32); 9] = [
     (2, 16),
     (1, 16),
 ];
-
-/// How the tensor-core family's matrix interface is built on a context.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum MatrixBuild {
-    /// wgpu's cooperative matrices (tensor cores), f16 16x16 tiles with f32 accumulation.
-    Cooperative,
-    /// The same tiles in ordinary arithmetic: any adapter, not fast.
-    Portable,
-}
-
-impl MatrixBuild {
-    /// `coop` or `portable`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Cooperative => "coop",
-            Self::Portable => "portable",
-        }
-    }
-}
 
 /// The element type of the staged tiles: f16 where the device has it (what tensor cores take).
 fn mat_elem(ctx: &Context) -> DType {

@@ -9,10 +9,22 @@
 //! llvmpipe's loop budget asks for it), the partial softmaxes merged in split order: deterministic.
 //! CPU reference: [`crate::reference::attention::attention_decode`].
 
+use super::binding::{
+    base_params, bind_tensor, bind_view, encode_kernel, set_grid, Binding, Shared, FLAG_ALIGN_LENS,
+    VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+};
+use super::forward::{attention_forward_into, check_forward_outputs, AttentionOutput};
 use super::gpu::{encode_split_merge, split_scratch};
-use super::*;
+use super::header::{with_common, with_sizes};
+use super::options::AttentionOptions;
+use super::shape::{check_options_with, refuse_packed, MAX_HEAD_DIM};
+use super::{qk_norm, sinks};
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::arguments::{check_f32, check_packed_queries};
 use crate::kernels::kv_cache::BlockTable;
-use crate::tensor::GpuTensorQ8;
+use crate::spec::AttentionShape;
+use crate::tensor::{GpuTensor, GpuTensorQ8, HeadsView};
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/decode.wgsl");
 

@@ -1,7 +1,26 @@
 //! The fused forward: output tensors, the entry points, the CPU-driver family's kernel (the GPU
 //! family's is in `gpu`) and the plan each problem gets.
 
-use super::*;
+use super::binding::{
+    base_params, bind_tensor, bind_view, encode_fused_chunks, set_grid, tile_rows, workgroup_size,
+    Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+};
+use super::gpu::{encode_forward_gpu, GpuForward};
+use super::options::AttentionOptions;
+use super::shape::{
+    check_distinct, check_options, check_packed, check_tensor, check_view_typed, common_dtype,
+    output_like, MAX_BLOCK_N,
+};
+use super::variant::{
+    cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, MatrixBuild, QuadReads,
+};
+use super::{coop, qk_norm, sinks};
+use crate::device::{Context, KernelFamily};
+use crate::error::{Error, Result};
+use crate::kernels::arguments::{check_binding, check_f32};
+use crate::kernels::dispatch::loop_chunks;
+use crate::spec::AttentionShape;
+use crate::tensor::{DType, GpuTensor, HeadsView, PackedSide, Region};
 
 /// O and lse of a forward pass: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]` (`-inf` for rows that see no
 /// key). Both are what [`attention_backward`] needs.

@@ -3,7 +3,21 @@
 //! few keys or head-dim columns, and split-KV in the forward. Same API and semantics as the
 //! CPU-driver kernels in the parent module; [`Context::kernel_family`] chooses.
 
-use super::*;
+use super::bias;
+use super::binding::{
+    base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view, encode_fused,
+    encode_fused_chunks, encode_kernel, seq_lens_buffer, set_grid, Binding, Params, Shared,
+    ViewParams, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+};
+use super::header::with_common_typed;
+use super::options::AttentionOptions;
+use super::variant::{FamilyBuild, FusedKernel, FusedVariant};
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::arguments::check_binding;
+use crate::kernels::dispatch::loop_chunks;
+use crate::spec::AttentionShape;
+use crate::tensor::{DType, GpuTensor, HeadsView};
 use std::sync::OnceLock;
 
 /// Whether the views bound in `params` at `slots` start every row on a four-element boundary

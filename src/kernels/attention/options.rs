@@ -1,7 +1,8 @@
 //! Options of an attention call: masks, lengths, score modifiers, and their validation against
 //! a problem (`check_options`).
 
-use super::*;
+use crate::spec::RelativeBuckets;
+use crate::tensor::{BiasView, GpuTensor, SeqLens};
 
 /// Options of an attention call. Built with chained setters so later mask and score features (bias,
 /// sliding window, softcap) are new fields, not new functions:

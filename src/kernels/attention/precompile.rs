@@ -2,7 +2,17 @@
 //! built before its first call (which otherwise pays for them). With [`crate::ContextOptions::dump_pipelines`] this writes
 //! a problem's whole kernel set for offline compilers without running it.
 
-use super::*;
+use super::additive::{
+    additive_backward_into, additive_backward_workspace, additive_forward_into, AdditiveScores,
+};
+use super::backward::{attention_backward_into, attention_backward_workspace};
+use super::forward::attention_forward_into;
+use super::options::AttentionOptions;
+use super::{bias, sinks};
+use crate::device::Context;
+use crate::error::Result;
+use crate::spec::AttentionShape;
+use crate::tensor::{DType, GpuTensor, HeadsView};
 
 /// Which passes of an attention problem [`attention_precompile`] builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

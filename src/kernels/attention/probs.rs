@@ -8,9 +8,20 @@
 //! the model produced its output, nor what would change it (seed 000's caveat: attention weights are
 //! not explanations; values, later layers and residual paths all intervene).
 
+use super::binding::{
+    base_params, bind_tensor, bind_view, encode_kernel, set_grid, Shared, SIMPLE_WG, VIEW_K, VIEW_Q,
+};
+use super::forward::check_rows;
+use super::header::with_common;
+use super::options::AttentionOptions;
+use super::qk_norm;
+use super::shape::{check_distinct, check_options, check_tensor, refuse_packed};
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::arguments::check_f32;
+use crate::spec::AttentionShape;
+use crate::tensor::{GpuTensor, HeadsView};
 use std::ops::Range;
-
-use super::*;
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/probs.wgsl");
 

@@ -8,9 +8,14 @@
 //! fixed order). Exact gradients; O((Lq + Lk) D) extra work against the attention's O(Lq Lk D).
 //! CPU reference: [`crate::reference::attention`] (`Masks::normalize_qk`, `Masks::key_clip`).
 
-use super::*;
+use super::binding::{unused_writable, view_params, ViewParams};
+use super::options::AttentionOptions;
+use crate::device::Context;
+use crate::error::Result;
+use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::Bindable;
 use crate::kernels::linear::encode_column_sum;
+use crate::tensor::{GpuTensor, HeadsView};
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/qk_norm.wgsl");
 
@@ -93,7 +98,7 @@ fn record(
     };
     // Absent, both extra bindings are dummies; the writable one must be a buffer of its own (one
     // buffer cannot be bound read-only and writable in one dispatch).
-    let unused = super::bias::unused_writable(ctx)?;
+    let unused = unused_writable(ctx)?;
     crate::kernels::dispatch::encode(
         ctx,
         encoder,

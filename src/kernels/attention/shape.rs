@@ -1,7 +1,16 @@
 //! The sizes of one attention problem (`AttentionShape`) and the checks every entry point runs on
 //! its views, tensors and element types.
 
-use super::*;
+use super::binding::MAX_ALIBI_SLOPES;
+use super::options::AttentionOptions;
+use super::{bias, qk_norm};
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::arguments::{
+    check_call, check_context, check_f32, check_packed_view, packed_lens_missing,
+};
+use crate::spec::AttentionShape;
+use crate::tensor::{DType, GpuTensor, HeadsView, PackedSide, Region, SeqLens};
 
 impl AttentionShape {
     /// Checks that `q [B, Lq, H, Dk]`, `k [B, Lk, Hkv, Dk]` and `v [B, Lk, Hkv, Dv]` agree.
@@ -482,3 +491,45 @@ pub(crate) fn refuse_packed(views: &[(&'static str, &HeadsView)], what: &str) ->
         None => Ok(()),
     }
 }
+
+/// Largest head dimension (Dk or Dv) the fused kernels hold in registers.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Largest head dim of the CPU-driver family's fused backward on GPU (non-CPU) adapters (the GPU family
+/// takes every head dim). Its dK/dV kernel keeps four
+/// keys' k, v, dK and dV rows per invocation (`16 * 2 * (Dk + Dv)` bytes): at 192 (12 KiB) the NVIDIA
+/// Vulkan driver runs it, at 256 (16 KiB) it loses the device (measured on an H100, driver 580).
+pub const MAX_FUSED_BACKWARD_HEAD_DIM_GPU: usize = 192;
+/// Storage buffers the fused backward kernels bind in one dispatch with a score bias or relative
+/// table (dK/dV: sequence lengths, score bias, Q, K, V, dO, stats, dK, dV; dQ: the same with dQ and
+/// the relative table's row shares), one more than WebGPU's default limit of 8; without either,
+/// one fewer ([`FUSED_BACKWARD_STORAGE_BUFFERS_WITHOUT_BIAS`]).
+pub const FUSED_BACKWARD_STORAGE_BUFFERS: u32 = 9;
+/// Storage buffers the fused backward kernels bind when the call has no score bias or relative
+/// table: WebGPU's default limit.
+pub const FUSED_BACKWARD_STORAGE_BUFFERS_WITHOUT_BIAS: u32 = 8;
+
+/// Refuses devices created with fewer storage buffers per stage than the backward of this call binds
+/// (wgpu would raise a validation error when the pipeline is created).
+pub(super) fn check_storage_buffer_limit(ctx: &Context, opts: &AttentionOptions<'_>) -> Result<()> {
+    let have = ctx.limits().max_storage_buffers_per_shader_stage;
+    let (needed, why) = match opts.bias.is_some() || opts.relative.is_some() {
+        true => (
+            FUSED_BACKWARD_STORAGE_BUFFERS,
+            " with a score bias or relative-position table",
+        ),
+        false => (FUSED_BACKWARD_STORAGE_BUFFERS_WITHOUT_BIAS, ""),
+    };
+    if have < needed {
+        return Err(Error::shape(
+            "device limits",
+            format!(
+                "max_storage_buffers_per_shader_stage is {have}, but the fused attention backward{why} binds {needed} storage buffers per dispatch; request the adapter's limit (adapter.limits()) when creating the device"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Largest key tile of the forward kernel (`MAX_BN` in the shader).
+pub(super) const MAX_BLOCK_N: u32 = 64;

@@ -5,7 +5,17 @@
 //! dQ, dK and dV need nothing else: the forward's lse and O already include the sink.
 //! CPU reference: [`crate::reference::attention`] (`Masks::sinks`).
 
-use super::*;
+use super::binding::{
+    base_params, bind_tensor, bind_view, encode_kernel, seq_lens_buffer, set_grid, Shared,
+    SIMPLE_WG, VIEW_O,
+};
+use super::header::with_common;
+use super::options::AttentionOptions;
+use super::shape::{check_distinct, check_options, check_tensor};
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::spec::AttentionShape;
+use crate::tensor::{GpuTensor, HeadsView};
 
 pub(super) const FORWARD: &str = include_str!("../../../shaders/attention/sinks.wgsl");
 pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention/sinks_backward.wgsl");

@@ -1,7 +1,24 @@
 //! The unfused baseline: the scores materialised through the GEMM (`matmul_strided.wgsl`), the
 //! softmax and its backward (`attention_softmax*.wgsl`); also a second check of the fused kernels.
 
-use super::*;
+use super::backward::AttentionGrads;
+use super::binding::{
+    base_params, bind_tensor, encode_kernel, seq_lens_buffer, set_grid, Shared, SIMPLE_WG,
+};
+use super::forward::AttentionOutput;
+use super::header::with_common;
+use super::options::AttentionOptions;
+use super::shape::{check_options, check_view, refuse_packed};
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::kernels::arguments::{check_binding, check_context, check_f32};
+use crate::kernels::matmul::{encode_gemm, Elements, Epilogue, Gemm, Operand};
+use crate::spec::AttentionShape;
+use crate::tensor::{GpuTensor, HeadsView, Region};
+
+pub(super) const SOFTMAX: &str = include_str!("../../../shaders/attention/unfused/softmax.wgsl");
+pub(super) const SOFTMAX_BACKWARD: &str =
+    include_str!("../../../shaders/attention/unfused/softmax_backward.wgsl");
 
 /// The unfused backward's steps from P (shared with additive attention's): `dP = dO V^T` into
 /// `dprobs`, `dS = P (dP - rowsum(P dP))` in place (the gradient at the scaled scores), and

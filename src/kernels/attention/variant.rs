@@ -13,16 +13,11 @@
 //! sizes, which WGSL cannot take from overrides for arrays in functions. Everything else is a
 //! uniform (`Params`): masks, windows, modifiers, scales, strides and lengths.
 
-use super::coop::MatrixBuild;
-use super::QuadReads;
+use super::header::{with_sizes, COMMON, SCORE_BIAS, SCORE_BIAS_NONE};
 use crate::device::{Context, PipelineSpec};
 use crate::tensor::DType;
 use std::sync::Arc;
 
-pub(super) const COMMON: &str = include_str!("../../../shaders/attention/common.wgsl");
-pub(super) const SCORE_BIAS: &str = include_str!("../../../shaders/attention/score_bias.wgsl");
-pub(super) const SCORE_BIAS_NONE: &str =
-    include_str!("../../../shaders/attention/score_bias_none.wgsl");
 const OUTPUT_PAIR: &str = include_str!("../../../shaders/attention/output_pair.wgsl");
 const INPUT_ROWS: &str = include_str!("../../../shaders/attention/input_rows.wgsl");
 const INPUT_ROWS_VEC4: &str = include_str!("../../../shaders/attention/input_rows_vec4.wgsl");
@@ -205,7 +200,7 @@ impl FusedVariant {
         if let Some((_, tiles)) = coop {
             text.push_str(&format!("alias MatElem = {};\n", tiles.name()));
         }
-        text.push_str(&super::with_sizes(&self.arrays_declared(), ""));
+        text.push_str(&with_sizes(&self.arrays_declared(), ""));
         let score_bias = match self.score_bias {
             true => SCORE_BIAS,
             false => SCORE_BIAS_NONE,
@@ -316,5 +311,65 @@ impl FusedVariant {
             constants: &constants,
             relaxed_checks: self.relaxed_checks(),
         })
+    }
+}
+
+/// How the tensor-core family's matrix interface is built on a context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MatrixBuild {
+    /// wgpu's cooperative matrices (tensor cores), f16 16x16 tiles with f32 accumulation.
+    Cooperative,
+    /// The same tiles in ordinary arithmetic: any adapter, not fast.
+    Portable,
+}
+
+impl MatrixBuild {
+    /// `coop` or `portable`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cooperative => "coop",
+            Self::Portable => "portable",
+        }
+    }
+}
+
+/// The CPU-driver family's per-invocation arrays: sized for head dims up to `max_dim` (rounded up to
+/// whole quads of eight) instead of [`super::shape::MAX_HEAD_DIM`], and for `relative` buckets (the dQ kernel's).
+/// Real GPUs back private arrays with registers or per-thread local memory sized by the
+/// declaration: 256-entry arrays cost the dK/dV kernel 16 KiB per invocation, which the NVIDIA
+/// Vulkan driver fails on (device lost).
+pub(super) fn cpu_family_arrays(max_dim: usize, relative: Option<u32>) -> Vec<(&'static str, u32)> {
+    let mut arrays = vec![("MAX_D", max_dim.div_ceil(8) as u32 * 8)];
+    arrays.extend(relative.map(|buckets| ("MAX_REL", buckets.max(1))));
+    arrays
+}
+
+/// How the CPU-driver kernels read the quads of their staged tiles (`attention/cpu/quads.wgsl`): every
+/// invocation from workgroup memory, or one vec4 per lane shared by subgroup broadcasts, which
+/// llvmpipe runs as register shuffles instead of a load loop per lane. Same bits either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum QuadReads {
+    Workgroup,
+    Subgroup,
+}
+
+/// The subgroup size the subgroup build's quad layout assumes (`SUBGROUP` in
+/// `attention/cpu/quads_subgroup.wgsl`): lane l reads row l / 2, dims 4 (l % 2) .. + 3.
+const QUAD_LANES: u32 = 8;
+
+impl QuadReads {
+    /// Subgroup broadcasts where the device runs subgroups of exactly eight
+    /// ([`Context::subgroup_size`]: lavapipe on AVX2) and the workgroup is whole subgroups.
+    pub(super) fn choose(ctx: &Context, wg: u32) -> Self {
+        match ctx.subgroup_size() == Some(QUAD_LANES) && wg.is_multiple_of(QUAD_LANES) {
+            true => Self::Subgroup,
+            false => Self::Workgroup,
+        }
+    }
+
+    /// The subgroup build's override constant (the workgroup build has none).
+    pub(super) fn constant(self) -> Option<(&'static str, u32)> {
+        (self == Self::Subgroup).then_some(("SUBGROUP", QUAD_LANES))
     }
 }

@@ -162,6 +162,19 @@ struct GenerationFigures {
     generated: Vec<Vec<u32>>,
 }
 
+/// The cache layout of a run at `batch` with `page`-token blocks (`None`: contiguous): a paged pool
+/// holds what the run caches (every sequence's prompt and new tokens), not batch x context. The
+/// run and `--compile-only` take it from here, so both build the same pipelines.
+fn cache_layout(cli: &Cli, batch: usize, page: Option<usize>) -> CacheLayout {
+    match page {
+        Some(page) => CacheLayout::Paged {
+            page,
+            pool_blocks: batch * (cli.prompt + cli.new_tokens).div_ceil(page),
+        },
+        None => CacheLayout::Contiguous,
+    }
+}
+
 fn cached(
     ctx: &Context,
     cli: &Cli,
@@ -176,16 +189,7 @@ fn cached(
         prefill_chunk: cli.prefill_chunk,
         src_len: 0,
     };
-    // A paged pool holds what the run caches (every sequence's prompt and new tokens), not
-    // batch x context.
-    let layout = match page {
-        Some(page) => CacheLayout::Paged {
-            page,
-            pool_blocks: batch * (cli.prompt + cli.new_tokens).div_ceil(page),
-        },
-        None => CacheLayout::Contiguous,
-    };
-    let cache = CacheConfig::new(layout).with_format(format);
+    let cache = CacheConfig::new(cache_layout(cli, batch, page)).with_format(format);
     let mut generator = Generator::with_layout(ctx, model, shape, cache)?;
     let cache_bytes = match (generator.cache(), generator.paged_cache()) {
         (Some(c), _) => c.bytes(),
@@ -594,13 +598,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             let pages = [None].into_iter().chain(cli.page.map(Some));
             for page in pages {
                 for &format in formats {
-                    let layout = match page {
-                        Some(page) => CacheLayout::Paged {
-                            page,
-                            pool_blocks: batch * cli.context.div_ceil(page),
-                        },
-                        None => CacheLayout::Contiguous,
-                    };
+                    let layout = cache_layout(cli, batch, page);
                     let cache = CacheConfig::new(layout).with_format(format);
                     let built = Generator::with_layout(&ctx, &model, shape, cache)?
                         .precompile(&ctx, &Sampling::greedy())?;

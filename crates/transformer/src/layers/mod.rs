@@ -11,4 +11,5 @@ pub mod feed_forward;
 pub mod linear;
 pub mod params;
 pub mod residual;
+pub mod scores;
 pub mod stack;

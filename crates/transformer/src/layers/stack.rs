@@ -2,10 +2,10 @@
 //! with: forward through the layers in order, backward in reverse, each layer reading the previous
 //! layer's output buffer and leaving its input gradient in its own.
 
-use crate::layers::attention::ScoreOptions;
 use crate::layers::feed_forward::FeedForwardConfig;
 use crate::layers::params::Params;
 use crate::layers::residual::{LayerNorm, NormConfig};
+use crate::layers::scores::ScoreOptions;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::Result;
 use wgpu_attention::tensor::GpuTensor;

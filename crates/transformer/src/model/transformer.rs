@@ -12,7 +12,6 @@
 //! into the same buffers. `forward` and `backward` record into the caller's encoder, so a training
 //! step is one submission.
 
-use crate::layers::attention::ScoreOptions;
 use crate::layers::decoder::{Decoder, DecoderInputs};
 use crate::layers::embedding::{Embedding, PositionKind};
 use crate::layers::encoder::Encoder;
@@ -20,6 +19,7 @@ use crate::layers::feed_forward::FeedForwardConfig;
 use crate::layers::linear::Linear;
 use crate::layers::params::Params;
 use crate::layers::residual::{NormConfig, LN_EPS};
+use crate::layers::scores::ScoreOptions;
 use crate::layers::stack::StackConfig;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};

@@ -1,0 +1,104 @@
+//! Every attention shader's source, by name, as its pipelines compile it: what the naga tests
+//! validate and translate (with every other kernel's: [`crate::kernels::shaders`]).
+
+use super::backward::BACKWARD_PREPROCESS;
+use super::header::{with_common, with_common_typed};
+use super::shape::MAX_HEAD_DIM;
+use super::unfused::{SOFTMAX, SOFTMAX_BACKWARD};
+use super::variant::{cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, QuadReads};
+use super::{additive, bias, coop, decode, gpu, probs, qk_norm, sinks};
+use crate::tensor::DType;
+
+/// Every attention shader with the common header prepended, by name: what the pipelines compile and
+/// what the naga tests validate and translate (with every other kernel's: [`crate::kernels::shaders`]).
+/// The fused kernels by their key's name (`_vec4` added for the builds reading four elements per
+/// access), with the largest array sizes their tests compile.
+pub fn shader_sources() -> Vec<(String, String)> {
+    [
+        ("attention_forward_merge", gpu::FORWARD_MERGE),
+        ("attention_backward_preprocess", BACKWARD_PREPROCESS),
+        ("attention_softmax", SOFTMAX),
+        ("attention_softmax_backward", SOFTMAX_BACKWARD),
+        ("attention_sinks", sinks::FORWARD),
+        ("attention_sinks_backward", sinks::BACKWARD),
+        ("attention_bias_backward", bias::BACKWARD),
+        ("attention_probs", probs::SOURCE),
+        ("additive_param_grads", additive::PARAM_GRADS),
+        ("additive_scores", additive::SCORES),
+        ("additive_backward_unfused", additive::BACKWARD_UNFUSED),
+    ]
+    .into_iter()
+    .map(|(name, body)| (name, with_common(body, true)))
+    .chain([
+        (
+            "additive_backward_pack",
+            with_common(
+                &format!(
+                    "{}\n{}",
+                    additive::BACKWARD_WORKSPACE,
+                    additive::BACKWARD_PACK
+                ),
+                true,
+            ),
+        ),
+        ("attention_qk_norm", qk_norm::SOURCE.to_string()),
+        ("attention_decode", decode::shader_source()),
+        (
+            "attention_forward_merge_f16",
+            with_common_typed(gpu::FORWARD_MERGE, DType::F32, DType::F16, true),
+        ),
+        (
+            "attention_backward_preprocess_f16",
+            with_common_typed(BACKWARD_PREPROCESS, DType::F16, DType::F32, true),
+        ),
+    ])
+    .chain(additive::shader_sources())
+    .map(|(name, source)| (name.to_string(), source))
+    .chain(fused_variants().into_iter().map(|key| {
+        let vec4 = match key.vec4_inputs {
+            true => "_vec4",
+            false => "",
+        };
+        (format!("{}{vec4}", key.name()), key.source())
+    }))
+    .collect()
+}
+
+/// The fused kernels' builds the naga tests translate: each family's kernels in every build, dtype
+/// and input read the host picks.
+fn fused_variants() -> Vec<FusedVariant> {
+    use DType::{F16, F32};
+    use FusedKernel::{BackwardDkDv, BackwardDq, Forward};
+    let mut keys = Vec::new();
+    for quads in [QuadReads::Workgroup, QuadReads::Subgroup] {
+        for kernel in [Forward, BackwardDq, BackwardDkDv] {
+            let mut key = FusedVariant::new(kernel, FamilyBuild::Cpu(quads));
+            key.arrays = cpu_family_arrays(MAX_HEAD_DIM, (kernel == BackwardDq).then_some(132));
+            keys.push(key);
+        }
+    }
+    let gpu = |kernel, subgroup_row_max, input, written, vec4_inputs| {
+        let mut key = FusedVariant::new(kernel, FamilyBuild::Gpu { subgroup_row_max });
+        (key.input, key.written, key.vec4_inputs) = (input, written, vec4_inputs);
+        key.arrays = match kernel {
+            BackwardDkDv => vec![("MAX_SQ", 4), ("MAX_OCK", 16), ("MAX_OCV", 16)],
+            Forward | BackwardDq => vec![("MAX_SK", 4), ("MAX_OC", 16)],
+        };
+        key
+    };
+    for subgroups in [false, true] {
+        for (input, written) in [(F32, F32), (F16, F16), (F16, F32)] {
+            keys.push(gpu(Forward, subgroups, input, written, false));
+        }
+    }
+    keys.push(gpu(Forward, false, F32, F32, true));
+    keys.push(gpu(Forward, true, F16, F16, true));
+    for (dtype, vec4) in [(F32, false), (F32, true), (F16, false), (F16, true)] {
+        keys.push(gpu(BackwardDkDv, false, dtype, dtype, vec4));
+        if !(dtype == F16 && vec4) {
+            keys.push(gpu(BackwardDq, false, dtype, dtype, vec4));
+        }
+    }
+    keys.extend(coop::shader_variants());
+    keys
+}
