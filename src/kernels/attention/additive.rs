@@ -10,8 +10,8 @@
 
 use super::binding::{
     base_params, bind_output_pair, bind_tensor, bind_view, empty_rw_binding, encode_chunks,
-    encode_kernel, seq_lens_buffer, set_grid, Binding, Shared, FLAG_ALIGN_LENS, SIMPLE_WG, VIEW_DK,
-    VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    encode_kernel, seq_lens_buffer, set_grid, Binding, Bound, Kernel, Shared, FLAG_ALIGN_LENS,
+    SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::forward::{check_forward_outputs, check_rows, AttentionOutput};
 use super::header::{with_common, with_sizes};
@@ -506,20 +506,24 @@ fn encode_forward(
     encode_chunks(
         ctx,
         &mut pass,
-        name,
-        |score_bias| {
-            let own = [("MAX_OWN", s.head_dim_v.div_ceil(WG as usize) as u32)];
-            let sizes: &[(&str, u32)] = match decoding {
-                true => &own,
-                false => &[],
-            };
-            sized(&with_shared(source), &s, sizes, score_bias)
+        Kernel {
+            name,
+            source: |score_bias| {
+                let own = [("MAX_OWN", s.head_dim_v.div_ceil(WG as usize) as u32)];
+                let sizes: &[(&str, u32)] = match decoding {
+                    true => &own,
+                    false => &[],
+                };
+                sized(&with_shared(source), &s, sizes, score_bias)
+            },
+            constants: &constants,
         },
-        &constants,
         &mut params,
-        Shared::lens(seq_lens_buffer(ctx, opts)),
-        &bindings,
-        grid,
+        Bound {
+            shared: Shared::lens(seq_lens_buffer(ctx, opts)),
+            bindings: &bindings,
+            grid,
+        },
         &chunks,
     );
     Ok(())
@@ -646,13 +650,17 @@ fn encode_scores(
     encode_kernel(
         ctx,
         pass,
-        "additive_scores",
-        |score_bias| with_common(SCORES, score_bias),
-        &[("WG", SIMPLE_WG), ("PROBS", lse.is_some() as u32)],
+        Kernel {
+            name: "additive_scores",
+            source: |score_bias| with_common(SCORES, score_bias),
+            constants: &[("WG", SIMPLE_WG), ("PROBS", lse.is_some() as u32)],
+        },
         &params,
-        Shared::lens(seq_lens_buffer(ctx, opts)),
-        &bindings,
-        grid,
+        Bound {
+            shared: Shared::lens(seq_lens_buffer(ctx, opts)),
+            bindings: &bindings,
+            grid,
+        },
     );
     Ok(())
 }
@@ -799,18 +807,22 @@ pub fn additive_backward_into(
     encode_kernel(
         ctx,
         &mut pass,
-        "additive_backward_pack",
-        |score_bias| {
-            with_common(
-                &format!("{BACKWARD_WORKSPACE}\n{BACKWARD_PACK}"),
-                score_bias,
-            )
+        Kernel {
+            name: "additive_backward_pack",
+            source: |score_bias| {
+                with_common(
+                    &format!("{BACKWARD_WORKSPACE}\n{BACKWARD_PACK}"),
+                    score_bias,
+                )
+            },
+            constants: &[("WG", SIMPLE_WG)],
         },
-        &[("WG", SIMPLE_WG)],
         &params,
-        Shared::NONE,
-        &bindings,
-        grid,
+        Bound {
+            shared: Shared::NONE,
+            bindings: &bindings,
+            grid,
+        },
     );
 
     // Query side: da, D and the dw shares.
@@ -834,13 +846,17 @@ pub fn additive_backward_into(
     encode_chunks(
         ctx,
         &mut pass,
-        backward_names(ctx)[0],
-        |score_bias| sized_backward(BACKWARD_DA, &s, lanes, score_bias),
-        &constants,
+        Kernel {
+            name: backward_names(ctx)[0],
+            source: |score_bias| sized_backward(BACKWARD_DA, &s, lanes, score_bias),
+            constants: &constants,
+        },
         &mut params,
-        shared,
-        &bindings,
-        grid,
+        Bound {
+            shared,
+            bindings: &bindings,
+            grid,
+        },
         &chunks,
     );
 
@@ -861,13 +877,17 @@ pub fn additive_backward_into(
     encode_chunks(
         ctx,
         &mut pass,
-        backward_names(ctx)[1],
-        |score_bias| sized_backward(BACKWARD_DB, &s, lanes, score_bias),
-        &constants,
+        Kernel {
+            name: backward_names(ctx)[1],
+            source: |score_bias| sized_backward(BACKWARD_DB, &s, lanes, score_bias),
+            constants: &constants,
+        },
         &mut params,
-        shared,
-        &bindings,
-        grid,
+        Bound {
+            shared,
+            bindings: &bindings,
+            grid,
+        },
         &chunks,
     );
 
@@ -901,13 +921,17 @@ fn encode_param_grads(
     encode_chunks(
         ctx,
         pass,
-        "additive_param_grads",
-        |score_bias| with_common(PARAM_GRADS, score_bias),
-        &[("WG", SIMPLE_WG)],
+        Kernel {
+            name: "additive_param_grads",
+            source: |score_bias| with_common(PARAM_GRADS, score_bias),
+            constants: &[("WG", SIMPLE_WG)],
+        },
         &mut params,
-        Shared::lens(seq_lens_buffer(ctx, opts)),
-        &bindings,
-        grid,
+        Bound {
+            shared: Shared::lens(seq_lens_buffer(ctx, opts)),
+            bindings: &bindings,
+            grid,
+        },
         &chunks,
     );
     Ok(())
@@ -1021,13 +1045,17 @@ pub fn additive_backward_unfused(
             encode_chunks(
                 ctx,
                 &mut pass,
-                "additive_backward_unfused",
-                |score_bias| with_common(BACKWARD_UNFUSED, score_bias),
-                &[("WG", SIMPLE_WG), ("QUERY_SIDE", query_side as u32)],
+                Kernel {
+                    name: "additive_backward_unfused",
+                    source: |score_bias| with_common(BACKWARD_UNFUSED, score_bias),
+                    constants: &[("WG", SIMPLE_WG), ("QUERY_SIDE", query_side as u32)],
+                },
                 &mut params,
-                Shared::lens(seq_lens_buffer(ctx, opts)),
-                &bindings,
-                grid,
+                Bound {
+                    shared: Shared::lens(seq_lens_buffer(ctx, opts)),
+                    bindings: &bindings,
+                    grid,
+                },
                 &chunks,
             );
         }

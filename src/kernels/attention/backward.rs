@@ -5,7 +5,7 @@ use super::bias::attention_bias_backward_into;
 use super::binding::{
     base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view,
     encode_fused_chunks, encode_kernel, seq_lens_buffer, set_grid, tile_rows, workgroup_size,
-    Shared, ROWS, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_O,
+    Bound, Kernel, Shared, ROWS, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_O,
 };
 use super::forward::{allocating_f16, AttentionOutput};
 use super::header::with_common_typed;
@@ -193,9 +193,19 @@ pub fn attention_backward_into(
         opts,
     )?;
     if !qk_norm::active(opts) {
-        return encode_backward_core(
-            ctx, encoder, q, k, v, out, lse, d_out, dq, dk, dv, workspace, opts,
-        );
+        let views = BackwardViews {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            d_out,
+            dq,
+            dk,
+            dv,
+            workspace,
+        };
+        return encode_backward_core(ctx, encoder, views, opts);
     }
     // Cosine scores and key clipping: the backward of the transformed Q and K, then dQ and dK
     // through the transforms, in place (which reads Q and K: they may not share the gradients'
@@ -209,33 +219,73 @@ pub fn attention_backward_into(
         &[("q", q.region()), ("k", k.region())],
     )?;
     let (q_used, k_used) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
-    encode_backward_core(
-        ctx, encoder, &q_used, &k_used, v, out, lse, d_out, dq, dk, dv, workspace, opts,
-    )?;
+    let views = BackwardViews {
+        q: &q_used,
+        k: &k_used,
+        v,
+        out,
+        lse,
+        d_out,
+        dq,
+        dk,
+        dv,
+        workspace,
+    };
+    encode_backward_core(ctx, encoder, views, opts)?;
     qk_norm::encode_backward(ctx, encoder, [q, k], [dq, dk], opts)
 }
 
+/// The tensors of one backward call: Q, K, V, O, lse and dO read, dQ, dK and dV written, and the
+/// workspace of the `(lse, D)` row statistics.
+#[derive(Clone, Copy)]
+pub(super) struct BackwardViews<'a> {
+    pub q: &'a HeadsView,
+    pub k: &'a HeadsView,
+    pub v: &'a HeadsView,
+    pub out: &'a HeadsView,
+    pub lse: &'a GpuTensor,
+    pub d_out: &'a HeadsView,
+    pub dq: &'a HeadsView,
+    pub dk: &'a HeadsView,
+    pub dv: &'a HeadsView,
+    pub workspace: &'a GpuTensor,
+}
+
+/// One checked backward call as a family's gradient kernels record it: the shape, the softmax
+/// scale, the tensors, the options, the dK/dV loop's length (query head of the group, query row)
+/// and the element type.
+pub(super) struct BackwardCall<'a> {
+    pub s: AttentionShape,
+    pub scale: f32,
+    pub views: BackwardViews<'a>,
+    pub opts: &'a AttentionOptions<'a>,
+    pub group_rows: usize,
+    pub dtype: DType,
+}
+
 /// [`attention_backward_into`] of the Q and K the scores are made of.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn encode_backward_core(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    out: &HeadsView,
-    lse: &GpuTensor,
-    d_out: &HeadsView,
-    dq: &HeadsView,
-    dk: &HeadsView,
-    dv: &HeadsView,
-    workspace: &GpuTensor,
+    views: BackwardViews<'_>,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    let BackwardViews {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        d_out,
+        dq,
+        dk,
+        dv,
+        workspace,
+    } = views;
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(ctx, &s, opts)?;
     check_storage_buffer_limit(ctx, opts)?;
-    let views = [
+    let named = [
         ("q", q),
         ("k", k),
         ("v", v),
@@ -245,7 +295,7 @@ pub(super) fn encode_backward_core(
         ("dk", dk),
         ("dv", dv),
     ];
-    let dtype = common_dtype(ctx, &views, opts)?;
+    let dtype = common_dtype(ctx, &named, opts)?;
     check_view_typed("out", out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_view_typed("d_out", d_out, [s.batch, s.q_seq, s.heads, s.head_dim_v])?;
     check_tensor("lse", lse, &[s.batch, s.heads, s.q_seq])?;
@@ -320,31 +370,34 @@ pub(super) fn encode_backward_core(
         encode_kernel(
             ctx,
             &mut pass,
-            match dtype {
-                DType::F32 => "attention_backward_preprocess",
-                DType::F16 => "attention_backward_preprocess_f16",
+            Kernel {
+                name: match dtype {
+                    DType::F32 => "attention_backward_preprocess",
+                    DType::F16 => "attention_backward_preprocess_f16",
+                },
+                source: |score_bias| {
+                    with_common_typed(BACKWARD_PREPROCESS, dtype, DType::F32, score_bias)
+                },
+                constants: &[("WG", SIMPLE_WG)],
             },
-            |score_bias| with_common_typed(BACKWARD_PREPROCESS, dtype, DType::F32, score_bias),
-            &[("WG", SIMPLE_WG)],
             &params,
-            Shared::lens(lens),
-            &bindings,
-            grid,
+            Bound {
+                shared: Shared::lens(lens),
+                bindings: &bindings,
+                grid,
+            },
         );
     }
     if family == KernelFamily::Gpu {
-        return gpu::encode_backward_gpu(
-            ctx,
-            encoder,
-            &s,
+        let call = BackwardCall {
+            s,
             scale,
-            [q, k, v, d_out],
-            workspace,
-            [dq, dk, dv],
+            views,
             opts,
             group_rows,
             dtype,
-        );
+        };
+        return gpu::encode_backward_gpu(ctx, encoder, &call);
     }
     // 2. dK, dV: one workgroup per key block of one (batch, kv head).
     {
@@ -374,9 +427,11 @@ pub(super) fn encode_backward_core(
             &mut pass,
             key,
             &mut params,
-            shared,
-            &bindings,
-            grid,
+            Bound {
+                shared,
+                bindings: &bindings,
+                grid,
+            },
             &chunks,
         );
     }
@@ -414,9 +469,11 @@ pub(super) fn encode_backward_core(
             &mut pass,
             key,
             &mut params,
-            shared,
-            &bindings,
-            grid,
+            Bound {
+                shared,
+                bindings: &bindings,
+                grid,
+            },
             &chunks,
         );
     }

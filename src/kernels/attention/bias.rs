@@ -7,7 +7,7 @@
 
 use super::binding::{
     base_params, bind_backward_inputs, bind_tensor, encode_chunks, set_grid, unused_writable,
-    Binding, Shared,
+    Binding, Bound, Kernel, Shared,
 };
 use super::header::with_common;
 use super::options::AttentionOptions;
@@ -357,13 +357,17 @@ pub fn attention_bias_backward_into(
     encode_chunks(
         ctx,
         &mut pass,
-        "attention_bias_backward",
-        |score_bias| with_common(BACKWARD, score_bias),
-        &BACKWARD_CONSTANTS,
+        Kernel {
+            name: "attention_bias_backward",
+            source: |score_bias| with_common(BACKWARD, score_bias),
+            constants: &BACKWARD_CONSTANTS,
+        },
         &mut params,
-        Shared::scores(ctx, opts)?,
-        &bindings,
-        grid,
+        Bound {
+            shared: Shared::scores(ctx, opts)?,
+            bindings: &bindings,
+            grid,
+        },
         &chunks,
     );
     Ok(())

@@ -382,45 +382,116 @@ impl<'a> Shared<'a> {
     }
 }
 
-/// Records one attention-family kernel: its cached pipeline, the parameter block at binding 0, the
-/// sequence lengths at binding 1 (for kernels that read them) and `bindings` from binding 2 on.
-/// `source` is given whether the call binds a score bias (see [`Shared::elide_score_bias`]).
-#[allow(clippy::too_many_arguments)]
+/// An attention-family kernel other than the fused ones: its pipeline name, its source (given
+/// whether the call binds a score bias, see [`Shared::elide_score_bias`]) and its override
+/// constants.
+pub(super) struct Kernel<'a, S> {
+    pub name: &'static str,
+    pub source: S,
+    pub constants: &'a [(&'static str, u32)],
+}
+
+/// What one dispatch binds besides its parameter block: the sequence lengths at binding 1 and the
+/// score bias ([`Shared`]), the kernel's own `bindings` from binding 2 on, and its grid.
+#[derive(Clone, Copy)]
+pub(super) struct Bound<'a> {
+    pub shared: Shared<'a>,
+    pub bindings: &'a [Binding<'a>],
+    pub grid: (u32, u32),
+}
+
+/// Records one dispatch of `kernel` with the parameter block `params` at binding 0 and `bound`.
 pub(super) fn encode_kernel(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    name: &'static str,
-    source: impl FnOnce(bool) -> String,
-    constants: &[(&'static str, u32)],
+    kernel: Kernel<'_, impl FnOnce(bool) -> String>,
     params: &Params,
-    shared: Shared<'_>,
-    bindings: &[Binding<'_>],
-    grid: (u32, u32),
+    bound: Bound<'_>,
 ) {
-    let mut specialised = constants.to_vec();
+    let mut specialised = kernel.constants.to_vec();
     if params.packed_views != 0 {
         specialised.push(("PACKED_VIEWS", params.packed_views));
     }
-    let score_bias = !shared.elide_score_bias;
+    let score_bias = !bound.shared.elide_score_bias;
     if !score_bias {
         specialised.push(("SCORE_BIAS", 0));
     }
-    let pipeline = ctx.pipeline(name, || source(score_bias), &specialised);
-    record(ctx, pass, &pipeline, name, params, shared, bindings, grid);
+    let source = kernel.source;
+    let pipeline = ctx.pipeline(kernel.name, || source(score_bias), &specialised);
+    record(ctx, pass, &pipeline, kernel.name, params, bound);
 }
 
-/// Records one dispatch of `pipeline` with its bindings (see [`encode_kernel`]).
-#[allow(clippy::too_many_arguments)]
+/// Records one dispatch of `kernel` per loop chunk (`[begin, end)` ranges from [`loop_chunks`]);
+/// every chunk after the first adds to what the earlier ones wrote.
+pub(super) fn encode_chunks(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    kernel: Kernel<'_, impl Fn(bool) -> String>,
+    params: &mut Params,
+    bound: Bound<'_>,
+    chunks: &[(u32, u32)],
+) {
+    for (index, &(begin, end)) in chunks.iter().enumerate() {
+        params.chunk_begin = begin;
+        params.chunk_end = end;
+        params.accumulate = (index > 0) as u32;
+        let source = &kernel.source;
+        let once = Kernel {
+            name: kernel.name,
+            source: |score_bias| source(score_bias),
+            constants: kernel.constants,
+        };
+        encode_kernel(ctx, pass, once, params, bound);
+    }
+}
+
+/// Records one dispatch of the fused kernel `key`, its call's packed views and score bias taken from
+/// `params` and `bound` into the key.
+pub(super) fn encode_fused(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    key: FusedVariant,
+    params: &Params,
+    bound: Bound<'_>,
+) {
+    let (pipeline, name) = fused_pipeline(ctx, key, params, bound.shared);
+    record(ctx, pass, &pipeline, &name, params, bound);
+}
+
+/// Records the fused kernel `key` once per loop chunk, as [`encode_chunks`] does (see
+/// [`encode_fused`]).
+pub(super) fn encode_fused_chunks(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    key: FusedVariant,
+    params: &mut Params,
+    bound: Bound<'_>,
+    chunks: &[(u32, u32)],
+) {
+    let (pipeline, name) = fused_pipeline(ctx, key, params, bound.shared);
+    for (index, &(begin, end)) in chunks.iter().enumerate() {
+        params.chunk_begin = begin;
+        params.chunk_end = end;
+        params.accumulate = (index > 0) as u32;
+        record(ctx, pass, &pipeline, &name, params, bound);
+    }
+}
+
+/// Records one dispatch of `pipeline`: the parameter block at binding 0, the sequence lengths at
+/// binding 1 (for kernels that read them), the score bias and the kernel's bindings from binding 2.
 fn record(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     pipeline: &wgpu::ComputePipeline,
     name: &str,
     params: &Params,
-    shared: Shared<'_>,
-    bindings: &[Binding<'_>],
-    grid: (u32, u32),
+    bound: Bound<'_>,
 ) {
+    let Bound {
+        shared,
+        bindings,
+        grid,
+    } = bound;
     let mut storage = Vec::with_capacity(bindings.len() + 2);
     if let Some(seq_lens) = shared.seq_lens {
         storage.push(StorageBinding {
@@ -448,69 +519,6 @@ fn record(
     pass.set_pipeline(pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(grid.0, grid.1, 1);
-}
-
-/// Records one dispatch of a kernel per loop chunk (`[begin, end)` ranges from [`loop_chunks`]);
-/// every chunk after the first adds to what the earlier ones wrote.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn encode_chunks(
-    ctx: &Context,
-    pass: &mut wgpu::ComputePass<'_>,
-    name: &'static str,
-    source: impl Fn(bool) -> String,
-    constants: &[(&'static str, u32)],
-    params: &mut Params,
-    shared: Shared<'_>,
-    bindings: &[Binding<'_>],
-    grid: (u32, u32),
-    chunks: &[(u32, u32)],
-) {
-    for (index, &(begin, end)) in chunks.iter().enumerate() {
-        params.chunk_begin = begin;
-        params.chunk_end = end;
-        params.accumulate = (index > 0) as u32;
-        encode_kernel(
-            ctx, pass, name, &source, constants, params, shared, bindings, grid,
-        );
-    }
-}
-
-/// Records one dispatch of the fused kernel `key`, its call's packed views and score bias taken from
-/// `params` and `shared` into the key (bindings as [`encode_kernel`]'s).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn encode_fused(
-    ctx: &Context,
-    pass: &mut wgpu::ComputePass<'_>,
-    key: FusedVariant,
-    params: &Params,
-    shared: Shared<'_>,
-    bindings: &[Binding<'_>],
-    grid: (u32, u32),
-) {
-    let (pipeline, name) = fused_pipeline(ctx, key, params, shared);
-    record(ctx, pass, &pipeline, &name, params, shared, bindings, grid);
-}
-
-/// Records the fused kernel `key` once per loop chunk, as [`encode_chunks`] does (see
-/// [`encode_fused`]).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn encode_fused_chunks(
-    ctx: &Context,
-    pass: &mut wgpu::ComputePass<'_>,
-    key: FusedVariant,
-    params: &mut Params,
-    shared: Shared<'_>,
-    bindings: &[Binding<'_>],
-    grid: (u32, u32),
-    chunks: &[(u32, u32)],
-) {
-    let (pipeline, name) = fused_pipeline(ctx, key, params, shared);
-    for (index, &(begin, end)) in chunks.iter().enumerate() {
-        params.chunk_begin = begin;
-        params.chunk_end = end;
-        params.accumulate = (index > 0) as u32;
-        record(ctx, pass, &pipeline, &name, params, shared, bindings, grid);
-    }
 }
 
 /// The pipeline of `key` for a call bound by `params` and `shared`, and its name.

@@ -9,7 +9,7 @@
 //! (MatElem) in workgroup memory where the device has f16, so the family promises f16 accuracy for
 //! every input type. The backward runs the GPU family's kernels.
 
-use super::forward::AttentionOutput;
+use super::forward::{AttentionOutput, ForwardCall};
 use super::gpu;
 use super::gpu::encode_forward_gpu;
 use super::options::AttentionOptions;
@@ -18,7 +18,7 @@ use super::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
 use crate::device::{Context, KernelFamily};
 use crate::error::Result;
 use crate::spec::AttentionShape;
-use crate::tensor::{DType, GpuTensor, HeadsView};
+use crate::tensor::{DType, GpuTensor};
 use gpu::{encode_split_forward, SplitForwardKernel};
 
 /// The side of one matrix tile, and the rows each tile group owns.
@@ -297,20 +297,13 @@ pub(super) fn shader_variants() -> Vec<FusedVariant> {
 }
 
 /// Records the tensor-core family's forward with `config`, and the split-KV merge when split.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn encode_forward_coop(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     config: CoopForward,
-    s: &AttentionShape,
-    scale: f32,
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    out: &HeadsView,
-    lse: &GpuTensor,
-    opts: &AttentionOptions<'_>,
+    call: &ForwardCall<'_>,
 ) -> Result<()> {
+    let s = &call.s;
     let (mat, slots, sizes) = (mat_elem(ctx), config.slots(), config.sizes(s));
     let kernel = SplitForwardKernel {
         block_m: config.block_m(),
@@ -333,7 +326,7 @@ pub(super) fn encode_forward_coop(
             key
         },
     };
-    encode_split_forward(ctx, encoder, &kernel, s, scale, [q, k, v], out, lse, opts)
+    encode_split_forward(ctx, encoder, &kernel, call)
 }
 
 /// The configuration the tensor-core build needs from the adapter's list.
@@ -445,9 +438,21 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
     };
     let run = |coop: bool| -> Result<(Vec<f32>, Vec<f32>)> {
         let (q, k, v) = (&q, &k, &v);
-        let output = AttentionOutput::recorded(ctx, &s, |encoder, out, lse| match coop {
-            true => encode_forward_coop(ctx, encoder, config, &s, scale, q, k, v, out, lse, &opts),
-            false => encode_forward_gpu(ctx, encoder, &s, scale, q, k, v, out, lse, &opts),
+        let output = AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
+            let call = ForwardCall {
+                s,
+                scale,
+                q,
+                k,
+                v,
+                out,
+                lse,
+                opts: &opts,
+            };
+            match coop {
+                true => encode_forward_coop(ctx, encoder, config, &call),
+                false => encode_forward_gpu(ctx, encoder, &call),
+            }
         })?;
         Ok((output.out.to_vec(ctx)?, output.lse.to_vec(ctx)?))
     };

@@ -10,8 +10,8 @@
 //! CPU reference: [`crate::reference::attention::attention_decode`].
 
 use super::binding::{
-    base_params, bind_tensor, bind_view, encode_kernel, set_grid, Binding, Shared, FLAG_ALIGN_LENS,
-    VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    base_params, bind_tensor, bind_view, encode_kernel, set_grid, Binding, Bound, Kernel, Shared,
+    FLAG_ALIGN_LENS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::forward::{attention_forward_into, check_forward_outputs, AttentionOutput};
 use super::gpu::{encode_split_merge, split_scratch};
@@ -513,20 +513,24 @@ fn decode_into(
     encode_kernel(
         ctx,
         &mut pass,
-        "attention_decode",
-        |score_bias| with_common(&sized(plan.rows as u32, own as u32), score_bias),
-        &constants,
+        Kernel {
+            name: "attention_decode",
+            source: |score_bias| with_common(&sized(plan.rows as u32, own as u32), score_bias),
+            constants: &constants,
+        },
         &params,
-        shared,
-        &[
-            q_binding,
-            k_binding,
-            v_binding,
-            o_binding,
-            lse_binding,
-            table_binding,
-        ],
-        grid,
+        Bound {
+            shared,
+            bindings: &[
+                q_binding,
+                k_binding,
+                v_binding,
+                o_binding,
+                lse_binding,
+                table_binding,
+            ],
+            grid,
+        },
     );
     if let Some(partials) = partials {
         encode_split_merge(

@@ -3,7 +3,7 @@
 
 use super::binding::{
     base_params, bind_tensor, bind_view, encode_fused_chunks, set_grid, tile_rows, workgroup_size,
-    Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    Bound, Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::gpu::{encode_forward_gpu, GpuForward};
 use super::options::AttentionOptions;
@@ -193,14 +193,24 @@ pub fn attention_forward_into(
     )?;
     // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
     let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
+    let call = ForwardCall {
+        s,
+        scale,
+        q: &q,
+        k: &k,
+        v,
+        out,
+        lse,
+        opts,
+    };
     if let Some(config) = coop::CoopForward::choose(ctx, &s)? {
-        coop::encode_forward_coop(ctx, encoder, config, &s, scale, &q, &k, v, out, lse, opts)?;
+        coop::encode_forward_coop(ctx, encoder, config, &call)?;
     } else if ctx.kernel_family() == KernelFamily::CpuDriver && dtype == DType::F32 {
-        encode_forward_cpu_family(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
+        encode_forward_cpu_family(ctx, encoder, &call)?;
     } else {
         // The GPU family; also f16 on every adapter (the CPU-driver kernels are f32 only), and the
         // tensor-core family's problems whose tiles exceed the workgroup storage.
-        encode_forward_gpu(ctx, encoder, &s, scale, &q, &k, v, out, lse, opts)?;
+        encode_forward_gpu(ctx, encoder, &call)?;
     }
     match opts.sinks {
         Some(sinks) => sinks::encode_forward(ctx, encoder, &s, scale, out, lse, sinks, opts),
@@ -208,20 +218,36 @@ pub fn attention_forward_into(
     }
 }
 
+/// One checked forward call as every family's encoder records it: the shape, the softmax scale,
+/// Q, K and V (Q and K after the cosine and clipping transforms), the outputs and the options.
+#[derive(Clone, Copy)]
+pub(super) struct ForwardCall<'a> {
+    pub s: AttentionShape,
+    pub scale: f32,
+    pub q: &'a HeadsView,
+    pub k: &'a HeadsView,
+    pub v: &'a HeadsView,
+    pub out: &'a HeadsView,
+    pub lse: &'a GpuTensor,
+    pub opts: &'a AttentionOptions<'a>,
+}
+
 /// The CPU-driver family's forward: one dispatch per key chunk, each merging into O and lse.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn encode_forward_cpu_family(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    s: &AttentionShape,
-    scale: f32,
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    out: &HeadsView,
-    lse: &GpuTensor,
-    opts: &AttentionOptions<'_>,
+    call: &ForwardCall<'_>,
 ) -> Result<()> {
+    let ForwardCall {
+        ref s,
+        scale,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        opts,
+    } = *call;
     let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
     let mut params = base_params(s, scale, opts);
     let bindings = [
@@ -253,9 +279,11 @@ pub(super) fn encode_forward_cpu_family(
         &mut pass,
         key,
         &mut params,
-        shared,
-        &bindings,
-        grid,
+        Bound {
+            shared,
+            bindings: &bindings,
+            grid,
+        },
         &chunks,
     );
     Ok(())

@@ -3,12 +3,15 @@
 //! few keys or head-dim columns, and split-KV in the forward. Same API and semantics as the
 //! CPU-driver kernels in the parent module; [`Context::kernel_family`] chooses.
 
+use super::backward::{BackwardCall, BackwardViews};
 use super::bias;
 use super::binding::{
     base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view, encode_fused,
-    encode_fused_chunks, encode_kernel, seq_lens_buffer, set_grid, Binding, Params, Shared,
-    ViewParams, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    encode_fused_chunks, encode_kernel, seq_lens_buffer, set_grid, Binding, Bound, Kernel, Params,
+    Shared, ViewParams, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_O, VIEW_Q,
+    VIEW_V,
 };
+use super::forward::ForwardCall;
 use super::header::with_common_typed;
 use super::options::AttentionOptions;
 use super::variant::{FamilyBuild, FusedKernel, FusedVariant};
@@ -169,19 +172,12 @@ impl GpuForward {
 
 /// Records the GPU-family forward: the tiled kernel, and the split-KV merge when the key range is
 /// split. Split partial results live in the context's scratch buffer.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn encode_forward_gpu(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    s: &AttentionShape,
-    scale: f32,
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    out: &HeadsView,
-    lse: &GpuTensor,
-    opts: &AttentionOptions<'_>,
+    call: &ForwardCall<'_>,
 ) -> Result<()> {
+    let s = &call.s;
     let config = GpuForward::choose(ctx, s)?;
     let (_, sk, oc) = config.per_invocation(s);
     let subgroups = config.subgroups(ctx, s);
@@ -207,7 +203,7 @@ pub(super) fn encode_forward_gpu(
             key
         },
     };
-    encode_split_forward(ctx, encoder, &kernel, s, scale, [q, k, v], out, lse, opts)
+    encode_split_forward(ctx, encoder, &kernel, call)
 }
 
 /// A split-KV forward kernel of the GPU or tensor-core family: its query block, key splits, and its
@@ -221,18 +217,22 @@ pub(super) struct SplitForwardKernel<'a> {
 
 /// Records a split-KV forward `kernel` (the parameter block, Q/K/V, O and lse or the partial
 /// results in the context's scratch buffer when split) and the merge of its splits.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn encode_split_forward(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     kernel: &SplitForwardKernel<'_>,
-    s: &AttentionShape,
-    scale: f32,
-    [q, k, v]: [&HeadsView; 3],
-    out: &HeadsView,
-    lse: &GpuTensor,
-    opts: &AttentionOptions<'_>,
+    call: &ForwardCall<'_>,
 ) -> Result<()> {
+    let ForwardCall {
+        ref s,
+        scale,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        opts,
+    } = *call;
     let splits = kernel.splits;
     let shared = Shared::scores(ctx, opts)?;
     let mut params = base_params(s, scale, opts);
@@ -261,9 +261,11 @@ pub(super) fn encode_split_forward(
         &mut pass,
         (kernel.key)(dtype, written, vec4_inputs),
         &params,
-        shared,
-        &[q_binding, k_binding, v_binding, o_binding, lse_binding],
-        grid,
+        Bound {
+            shared,
+            bindings: &[q_binding, k_binding, v_binding, o_binding, lse_binding],
+            grid,
+        },
     );
     match partials {
         Some(partials) => {
@@ -359,16 +361,22 @@ pub(super) fn encode_split_merge(
     encode_kernel(
         ctx,
         pass,
-        match out.dtype() {
-            DType::F32 => "attention_forward_merge",
-            DType::F16 => "attention_forward_merge_f16",
+        Kernel {
+            name: match out.dtype() {
+                DType::F32 => "attention_forward_merge",
+                DType::F16 => "attention_forward_merge_f16",
+            },
+            source: |score_bias| {
+                with_common_typed(FORWARD_MERGE, DType::F32, out.dtype(), score_bias)
+            },
+            constants: &[("WG", SIMPLE_WG)],
         },
-        |score_bias| with_common_typed(FORWARD_MERGE, DType::F32, out.dtype(), score_bias),
-        &[("WG", SIMPLE_WG)],
         &merge,
-        Shared::lens(seq_lens_buffer(ctx, opts)),
-        &bindings,
-        grid,
+        Bound {
+            shared: Shared::lens(seq_lens_buffer(ctx, opts)),
+            bindings: &bindings,
+            grid,
+        },
     );
     Ok(())
 }
@@ -621,21 +629,30 @@ const GPU_BACKWARD: FamilyBuild = FamilyBuild::Gpu {
 
 /// Records steps 2 and 3 of the backward with the GPU family: dK/dV over key blocks, dQ over query
 /// blocks, each split into accumulating dispatches under a loop budget. `stats` holds (lse, D).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn encode_backward_gpu(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    s: &AttentionShape,
-    scale: f32,
-    views: [&HeadsView; 4],
-    stats: &GpuTensor,
-    grads: [&HeadsView; 3],
-    opts: &AttentionOptions<'_>,
-    group_rows: usize,
-    dtype: DType,
+    call: &BackwardCall<'_>,
 ) -> Result<()> {
-    let [q, k, v, d_out] = views;
-    let [dq, dk, dv] = grads;
+    let BackwardCall {
+        ref s,
+        scale,
+        views,
+        opts,
+        group_rows,
+        dtype,
+    } = *call;
+    let BackwardViews {
+        q,
+        k,
+        v,
+        d_out,
+        dq,
+        dk,
+        dv,
+        workspace: stats,
+        ..
+    } = views;
     let shared = Shared::scores(ctx, opts)?;
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     let inputs = [VIEW_Q, VIEW_K, VIEW_V, VIEW_DO];
@@ -668,9 +685,11 @@ pub(super) fn encode_backward_gpu(
             &mut pass,
             key,
             &mut params,
-            shared,
-            &bindings,
-            grid,
+            Bound {
+                shared,
+                bindings: &bindings,
+                grid,
+            },
             &chunks,
         );
     }
@@ -704,9 +723,11 @@ pub(super) fn encode_backward_gpu(
             &mut pass,
             key,
             &mut params,
-            shared,
-            &bindings,
-            grid,
+            Bound {
+                shared,
+                bindings: &bindings,
+                grid,
+            },
             &chunks,
         );
     }

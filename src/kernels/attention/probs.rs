@@ -9,7 +9,8 @@
 //! not explanations; values, later layers and residual paths all intervene).
 
 use super::binding::{
-    base_params, bind_tensor, bind_view, encode_kernel, set_grid, Shared, SIMPLE_WG, VIEW_K, VIEW_Q,
+    base_params, bind_tensor, bind_view, encode_kernel, set_grid, Bound, Kernel, Shared, SIMPLE_WG,
+    VIEW_K, VIEW_Q,
 };
 use super::forward::check_rows;
 use super::header::with_common;
@@ -95,13 +96,17 @@ pub fn attention_probabilities_into(
     encode_kernel(
         ctx,
         &mut pass,
-        "attention_probs",
-        |score_bias| with_common(SOURCE, score_bias),
-        &[("WG", SIMPLE_WG)],
+        Kernel {
+            name: "attention_probs",
+            source: |score_bias| with_common(SOURCE, score_bias),
+            constants: &[("WG", SIMPLE_WG)],
+        },
         &params,
-        Shared::scores(ctx, opts)?,
-        &bindings,
-        grid,
+        Bound {
+            shared: Shared::scores(ctx, opts)?,
+            bindings: &bindings,
+            grid,
+        },
     );
     Ok(())
 }

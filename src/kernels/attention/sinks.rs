@@ -6,8 +6,8 @@
 //! CPU reference: [`crate::reference::attention`] (`Masks::sinks`).
 
 use super::binding::{
-    base_params, bind_tensor, bind_view, encode_kernel, seq_lens_buffer, set_grid, Shared,
-    SIMPLE_WG, VIEW_O,
+    base_params, bind_tensor, bind_view, encode_kernel, seq_lens_buffer, set_grid, Bound, Kernel,
+    Shared, SIMPLE_WG, VIEW_O,
 };
 use super::header::with_common;
 use super::options::AttentionOptions;
@@ -58,14 +58,18 @@ pub(super) fn encode_forward(
     encode_kernel(
         ctx,
         &mut pass,
-        "attention_sinks",
-        |score_bias| with_common(FORWARD, score_bias),
-        &[("WG", SIMPLE_WG)],
+        Kernel {
+            name: "attention_sinks",
+            source: |score_bias| with_common(FORWARD, score_bias),
+            constants: &[("WG", SIMPLE_WG)],
+        },
         &params,
-        // Padded rows are known by their lse = -inf; the lengths locate a packed O's rows.
-        Shared::lens(seq_lens_buffer(ctx, opts)),
-        &bindings,
-        grid,
+        Bound {
+            // Padded rows are known by their lse = -inf; the lengths locate a packed O's rows.
+            shared: Shared::lens(seq_lens_buffer(ctx, opts)),
+            bindings: &bindings,
+            grid,
+        },
     );
     Ok(())
 }
@@ -115,14 +119,18 @@ pub fn attention_sinks_backward_into(
     encode_kernel(
         ctx,
         &mut pass,
-        "attention_sinks_backward",
-        |score_bias| with_common(BACKWARD, score_bias),
-        &BACKWARD_CONSTANTS,
+        Kernel {
+            name: "attention_sinks_backward",
+            source: |score_bias| with_common(BACKWARD, score_bias),
+            constants: &BACKWARD_CONSTANTS,
+        },
         &params,
-        // Padded rows are known by their lse = -inf: no lengths bound.
-        Shared::NONE,
-        &bindings,
-        grid,
+        Bound {
+            // Padded rows are known by their lse = -inf: no lengths bound.
+            shared: Shared::NONE,
+            bindings: &bindings,
+            grid,
+        },
     );
     Ok(())
 }

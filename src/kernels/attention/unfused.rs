@@ -3,7 +3,8 @@
 
 use super::backward::AttentionGrads;
 use super::binding::{
-    base_params, bind_tensor, encode_kernel, seq_lens_buffer, set_grid, Shared, SIMPLE_WG,
+    base_params, bind_tensor, encode_kernel, seq_lens_buffer, set_grid, Bound, Kernel, Shared,
+    SIMPLE_WG,
 };
 use super::forward::AttentionOutput;
 use super::header::with_common;
@@ -72,13 +73,17 @@ pub(super) fn encode_unfused_output_grads(
     encode_kernel(
         ctx,
         pass,
-        "attention_softmax_backward",
-        |score_bias| with_common(SOFTMAX_BACKWARD, score_bias),
-        &[("WG", SIMPLE_WG)],
+        Kernel {
+            name: "attention_softmax_backward",
+            source: |score_bias| with_common(SOFTMAX_BACKWARD, score_bias),
+            constants: &[("WG", SIMPLE_WG)],
+        },
         &params,
-        Shared::NONE,
-        &bindings,
-        grid,
+        Bound {
+            shared: Shared::NONE,
+            bindings: &bindings,
+            grid,
+        },
     );
     encode_gemm(
         ctx,
@@ -233,13 +238,17 @@ pub(super) fn encode_softmax(
     encode_kernel(
         ctx,
         pass,
-        "attention_softmax",
-        |score_bias| with_common(SOFTMAX, score_bias),
-        &[("WG", SIMPLE_WG)],
+        Kernel {
+            name: "attention_softmax",
+            source: |score_bias| with_common(SOFTMAX, score_bias),
+            constants: &[("WG", SIMPLE_WG)],
+        },
         &params,
-        Shared::lens(lens),
-        &bindings,
-        grid,
+        Bound {
+            shared: Shared::lens(lens),
+            bindings: &bindings,
+            grid,
+        },
     );
     Ok(())
 }
