@@ -1,17 +1,19 @@
 //! [`ContextOptions`]: how a context picks its adapter and its kernels. The library reads no
-//! environment variable on its own; [`ContextOptions::from_env`] is the explicit opt-in (the crate's
-//! binaries, examples and tests use it).
+//! environment variable on its own; [`ContextOptions::from_env`] is the explicit opt-in (the
+//! crate's binaries, examples and tests use it).
 
 use super::report::parse_backends;
 use super::tuning::{GemmTiles, KernelFamily, TiledShape, ATTENTION_WORKGROUPS};
 use crate::error::Result;
 use std::fmt;
 
-/// How a [`Context`] picks its adapter (when it creates the device) and its kernels.
+/// How a [`Context`](super::Context) picks its adapter (when it creates the device) and its
+/// kernels.
 ///
-/// Build it with [`ContextOptions::new`] (or `default()`) and the builder methods; fields stay public
-/// for reading and for setting one at a time. `#[non_exhaustive]`: adding a field breaks no caller.
-/// Nothing here comes from the environment unless [`ContextOptions::from_env`] is asked to read it.
+/// Build it with [`ContextOptions::new`] (or `default()`) and the builder methods; fields stay
+/// public for reading and for setting one at a time. `#[non_exhaustive]`: adding a field breaks no
+/// caller. Nothing here comes from the environment unless [`ContextOptions::from_env`] is asked to
+/// read it.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct ContextOptions {
@@ -19,21 +21,26 @@ pub struct ContextOptions {
     pub backends: Option<wgpu::Backends>,
     /// Case-insensitive substring of the adapter name. `None`: any adapter (real GPUs first).
     pub adapter_name: Option<String>,
-    /// Request at most this much workgroup storage per workgroup (bytes), to run the kernels as on a
-    /// smaller device (WebGPU's default limit is 16384). `None`: what the adapter offers.
+    /// Request at most this much workgroup storage per workgroup (bytes), to run the kernels as on
+    /// a smaller device (WebGPU's default limit is 16384). `None`: what the adapter offers.
     pub max_workgroup_storage: Option<u32>,
-    /// The fused attention kernel family ([`Context::set_kernel_family`]). `None`: by adapter class.
+    /// The fused attention kernel family
+    /// ([`Context::set_kernel_family`](super::Context::set_kernel_family)). `None`: by adapter
+    /// class.
     pub kernel_family: Option<KernelFamily>,
-    /// The GEMM's output tiles ([`Context::set_gemm_tiles`]). `None`: by adapter class.
+    /// The GEMM's output tiles ([`Context::set_gemm_tiles`](super::Context::set_gemm_tiles)).
+    /// `None`: by adapter class.
     pub gemm_tiles: Option<GemmTiles>,
-    /// Workgroup width of the CPU-driver attention kernels ([`Context::set_attention_workgroup`]).
+    /// Workgroup width of the CPU-driver attention kernels
+    /// ([`Context::set_attention_workgroup`](super::Context::set_attention_workgroup)).
     pub attention_workgroup: Option<u32>,
     /// Whether kernels may use subgroup operations where the device offers them. `None`: yes.
     pub subgroups: Option<bool>,
     /// Whether the kernels listed as safe are compiled without wgpu's shader runtime checks
-    /// ([`Context::trusted_shaders`]). `None`: on for a device the context creates, **off** for a
-    /// device handed to [`Context::from_device_with`] (the library never relaxes checks on a
-    /// device it does not own unless asked).
+    /// ([`Context::trusted_shaders`](super::Context::trusted_shaders)). `None`: on for a device the
+    /// context creates, **off** for a device handed to
+    /// [`Context::from_device_with`](super::Context::from_device_with) (the library never relaxes
+    /// checks on a device it does not own unless asked).
     pub trusted_shaders: Option<bool>,
     /// Compile *every* kernel without runtime checks: a benchmark setting to find the kernels worth
     /// listing on a new adapter, not a mode the tests prove. Off by default.
@@ -42,7 +49,8 @@ pub struct ContextOptions {
     /// setting that tells the two kinds of check apart (`unchecked_measurement` drops both). Off by
     /// default.
     pub unbounded_loops_measurement: bool,
-    /// Every kernel in a compute pass of its own ([`Context::set_pass_per_kernel`]). Off by default.
+    /// Every kernel in a compute pass of its own
+    /// ([`Context::set_pass_per_kernel`](super::Context::set_pass_per_kernel)). Off by default.
     pub pass_per_kernel: bool,
     /// Shape overrides of the GPU family's tiled forward, dK/dV and dQ kernels, for tuning on a new
     /// GPU; a shape a kernel cannot take (divisibility, workgroup storage, width) is logged and
@@ -58,9 +66,10 @@ pub struct ContextOptions {
     /// `<label>.wgsl` (the source handed to wgpu, before override constants) and `<label>.json`
     /// (`label`, `entry_point`, `constants`, `runtime_checks`): what
     /// `shared/tools/gpu-compile-report` and offline compilers read. With
-    /// [`crate::kernels::attention::attention_precompile`], `wgpu_attention_transformer::Trainer::precompile` or
-    /// `wgpu_attention_serve::Generator::precompile` a whole kernel set is written without running it. A write that
-    /// fails is logged once and never fails a kernel. `None`: no dump.
+    /// [`crate::kernels::attention::attention_precompile`],
+    /// `wgpu_attention_transformer::Trainer::precompile` or
+    /// `wgpu_attention_serve::Generator::precompile` a whole kernel set is written without running
+    /// it. A write that fails is logged once and never fails a kernel. `None`: no dump.
     pub dump_pipelines: Option<std::path::PathBuf>,
 }
 

@@ -79,14 +79,15 @@ pub fn enumerate_adapters(backends: Option<wgpu::Backends>) -> Result<Vec<wgpu::
 }
 
 /// Keeps a headless run's start-up quiet on Linux. Mesa's Vulkan device-selection layer
-/// (`VK_LAYER_MESA_device_select`, installed with Mesa's drivers) connects to the Wayland display to
-/// find the desktop's GPU whenever an instance enables the Wayland surface extension, which wgpu 30
-/// enables whenever the driver offers it, with no option to leave it out; without a session libwayland prints
+/// (`VK_LAYER_MESA_device_select`, installed with Mesa's drivers) connects to the Wayland display
+/// to find the desktop's GPU whenever an instance enables the Wayland surface extension, which wgpu
+/// 30 enables whenever the driver offers it, with no option to leave it out; without a session
+/// libwayland prints
 /// `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` twice, harmless but alarming.
 /// With no display session (`WAYLAND_DISPLAY` and `DISPLAY` unset) this sets `NODEVICE_SELECT=1`,
 /// the layer's own off switch, unless the variable is already set. The layer only reorders GPUs for
-/// a desktop; [`Context`] ranks adapters itself, and `WGPU_BACKEND` and `WGPU_ADAPTER_NAME` work
-/// as before.
+/// a desktop; [`Context`](super::Context) ranks adapters itself, and `WGPU_BACKEND` and
+/// `WGPU_ADAPTER_NAME` work as before.
 ///
 /// It changes the process environment, so call it first thing in `main`, before any thread starts:
 /// the binaries and examples of this crate do. A library cannot safely do it on its user's behalf.

@@ -24,20 +24,23 @@ pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];
 #[non_exhaustive]
 pub enum KernelFamily {
     /// Shaped for CPU drivers (lavapipe, llvmpipe): each invocation keeps four rows in vec4 lanes
-    /// with head-dim-sized private arrays, wide workgroups, long loops split under the driver's cap.
+    /// with head-dim-sized private arrays, wide workgroups, long loops split under the driver's
+    /// cap.
     CpuDriver,
     /// Shaped for GPUs: small query blocks, Q/K/V tiles in workgroup memory, register micro-tiles,
     /// split-KV when the grid would leave the GPU idle.
     Gpu,
     /// Tensor cores: the forward's two products as 16x16 f16 tile multiply-adds with f32
     /// accumulation (wgpu's cooperative matrices where the device offers and passes them, else the
-    /// same tiles in ordinary arithmetic; `kernels::attention::matrix_build` says which). Inputs are
-    /// rounded to f16, so results have f16 accuracy. The backward runs the GPU family's kernels.
+    /// same tiles in ordinary arithmetic; `kernels::attention::matrix_build` says which). Inputs
+    /// are rounded to f16, so results have f16 accuracy. The backward runs the GPU family's
+    /// kernels.
     Coop,
 }
 
 impl KernelFamily {
-    /// Parses `cpu` / `cpu-driver` or `gpu` (as `WGPU_ATTENTION_KERNELS` and the bench's `--kernels`).
+    /// Parses `cpu` / `cpu-driver` or `gpu` (as `WGPU_ATTENTION_KERNELS` and the bench's
+    /// `--kernels`).
     pub fn parse(name: &str) -> Result<Self> {
         match name.trim().to_lowercase().as_str() {
             "cpu" | "cpu-driver" => Ok(Self::CpuDriver),
@@ -67,9 +70,9 @@ pub enum GemmTiles {
     /// default on GPUs, the kernel measured on an H100 (benchmarks/HISTORY.md).
     Square64,
     /// 128 x 64, 8 x 4 per invocation with vec4 workgroup-memory reads (`matmul_wide.wgsl`): twice
-    /// the multiply-adds per staged value, half the workgroups. The default on CPU drivers, where it
-    /// measured 1.9-2.1x faster on the layer shapes (`gemm-bench`); unmeasured on a GPU, where the
-    /// smaller grid may not fill the machine.
+    /// the multiply-adds per staged value, half the workgroups. The default on CPU drivers, where
+    /// it measured 1.9-2.1x faster on the layer shapes (`gemm-bench`); unmeasured on a GPU, where
+    /// the smaller grid may not fill the machine.
     Wide128x64,
 }
 
@@ -96,9 +99,9 @@ impl GemmTiles {
 }
 
 impl Context {
-    /// The most loop iterations one kernel invocation may run, if the driver caps them; kernels whose
-    /// loops would run longer are split into several dispatches that merge their results. Detected
-    /// for llvmpipe ([`LLVMPIPE_LOOP_BUDGET`]); `None` elsewhere.
+    /// The most loop iterations one kernel invocation may run, if the driver caps them; kernels
+    /// whose loops would run longer are split into several dispatches that merge their results.
+    /// Detected for llvmpipe ([`LLVMPIPE_LOOP_BUDGET`]); `None` elsewhere.
     pub fn loop_budget(&self) -> Option<u32> {
         self.loop_budget
     }
@@ -111,13 +114,15 @@ impl Context {
 
     /// The workgroup width of the fused attention kernels where it is overridden; `None` picks the
     /// measured default per pass (see `kernels::attention`). Set from
-    /// [`ContextOptions::attention_workgroup`] when the context is created.
+    /// [`ContextOptions::attention_workgroup`](super::ContextOptions::attention_workgroup) when the
+    /// context is created.
     pub fn attention_workgroup(&self) -> Option<u32> {
         self.attention_workgroup
     }
 
-    /// Overrides the workgroup width of the fused attention kernels (16, 32, 64 or 128 invocations),
-    /// for tuning on an adapter whose best width is not the default; `None` restores the defaults.
+    /// Overrides the workgroup width of the fused attention kernels (16, 32, 64 or 128
+    /// invocations), for tuning on an adapter whose best width is not the default; `None` restores
+    /// the defaults.
     pub fn set_attention_workgroup(&mut self, width: Option<u32>) -> Result<()> {
         if let Some(width) = width {
             if !ATTENTION_WORKGROUPS.contains(&width) {
@@ -143,7 +148,9 @@ impl Context {
     }
 
     /// The kernel family this context runs ([`KernelFamily`]): the one set with
-    /// [`Context::set_kernel_family`] (or [`ContextOptions::kernel_family`]), else [`KernelFamily::CpuDriver`] on CPU drivers and [`KernelFamily::Gpu`] elsewhere.
+    /// [`Context::set_kernel_family`] (or
+    /// [`ContextOptions::kernel_family`](super::ContextOptions::kernel_family)), else
+    /// [`KernelFamily::CpuDriver`] on CPU drivers and [`KernelFamily::Gpu`] elsewhere.
     pub fn kernel_family(&self) -> KernelFamily {
         self.kernel_family.unwrap_or(if self.is_cpu() {
             KernelFamily::CpuDriver
@@ -159,8 +166,9 @@ impl Context {
     }
 
     /// The GEMM's output tiles for products of at least 128 rows: the ones set with
-    /// [`Context::set_gemm_tiles`] (or [`ContextOptions::gemm_tiles`]), else [`GemmTiles::Wide128x64`] on CPU drivers and
-    /// [`GemmTiles::Square64`] elsewhere.
+    /// [`Context::set_gemm_tiles`] (or
+    /// [`ContextOptions::gemm_tiles`](super::ContextOptions::gemm_tiles)), else
+    /// [`GemmTiles::Wide128x64`] on CPU drivers and [`GemmTiles::Square64`] elsewhere.
     pub fn gemm_tiles(&self) -> GemmTiles {
         self.gemm_tiles.unwrap_or(match self.is_cpu() {
             true => GemmTiles::Wide128x64,
@@ -177,8 +185,8 @@ impl Context {
     /// The subgroup size kernels may rely on: `Some` where the device has `Features::SUBGROUP`, its
     /// adapter reports one fixed size (`subgroup_min_size == subgroup_max_size`: NVIDIA 32,
     /// lavapipe 8), and subgroup reductions are enabled ([`Context::set_subgroups`], or
-    /// [`ContextOptions::subgroups`]). Kernels take their workgroup-memory path where this is `None`; both
-    /// paths give the same bits.
+    /// [`ContextOptions::subgroups`](super::ContextOptions::subgroups)). Kernels take their
+    /// workgroup-memory path where this is `None`; both paths give the same bits.
     pub fn subgroup_size(&self) -> Option<u32> {
         self.subgroup_size.filter(|_| self.subgroups_enabled)
     }
@@ -192,11 +200,13 @@ impl Context {
     /// Whether the kernels that measured faster without some of wgpu's shader runtime checks (loop
     /// bounding, index clamps) are compiled without them (`create_shader_module_trusted`). On by
     /// default on a device the context created, **off** on a device it wraps
-    /// ([`Context::from_device_with`]) unless [`ContextOptions::trusted_shaders`] turns it on; off
-    /// compiles every kernel with all checks. wgpu's GL back end applies no such checks either
-    /// way. [`ContextOptions::unchecked_measurement`] compiles every kernel without any check: a
-    /// benchmark setting, to find the kernels worth listing on a new adapter, not a mode the
-    /// tests prove; [`ContextOptions::unbounded_loops_measurement`] drops only the loop counters.
+    /// ([`Context::from_device_with`]) unless
+    /// [`ContextOptions::trusted_shaders`](super::ContextOptions::trusted_shaders) turns it on; off
+    /// compiles every kernel with all checks. wgpu's GL back end applies no such checks either way.
+    /// [`ContextOptions::unchecked_measurement`](super::ContextOptions::unchecked_measurement)
+    /// compiles every kernel without any check: a benchmark setting, to find the kernels worth
+    /// listing on a new adapter, not a mode the tests prove;
+    /// [`ContextOptions::unbounded_loops_measurement`](super::ContextOptions::unbounded_loops_measurement) drops only the loop counters.
     pub fn trusted_shaders(&self) -> bool {
         self.trusted_shaders
     }
@@ -209,8 +219,10 @@ impl Context {
 
     /// Whether every kernel records a compute pass of its own. Off by default: a model's forward,
     /// backward and a training step each record one pass (wgpu orders the dispatches of a pass
-    /// itself). On (`set_pass_per_kernel(true)`, or [`ContextOptions::pass_per_kernel`]) gives GPU debuggers a labelled pass per kernel and measures what the
-    /// passes cost; profiling ([`Context::start_profiling`]) turns it on while it runs.
+    /// itself). On (`set_pass_per_kernel(true)`, or
+    /// [`ContextOptions::pass_per_kernel`](super::ContextOptions::pass_per_kernel)) gives GPU
+    /// debuggers a labelled pass per kernel and measures what the passes cost; profiling
+    /// ([`Context::start_profiling`]) turns it on while it runs.
     pub fn pass_per_kernel(&self) -> bool {
         self.pass_per_kernel
     }

@@ -16,9 +16,9 @@ pub enum PackedSide {
     Keys,
 }
 
-/// Integer ids on the GPU (tokens, class targets): a `u32` storage buffer with its shape, and a host
-/// copy so that ops can reject ids beyond a vocabulary before dispatching. Clones share the buffer
-/// and the host copy, so a [`GpuTokens::write`] through one is what every clone validates.
+/// Integer ids on the GPU (tokens, class targets): a `u32` storage buffer with its shape, and a
+/// host copy so that ops can reject ids beyond a vocabulary before dispatching. Clones share the
+/// buffer and the host copy, so a [`GpuTokens::write`] through one is what every clone validates.
 #[derive(Clone, Debug)]
 pub struct GpuTokens {
     buffer: wgpu::Buffer,
@@ -247,7 +247,8 @@ fn tree_data(
     Ok((q_lens, tree, data))
 }
 
-/// The most rows one draft tree of [`SeqLens::with_trees`] holds (one bit each in an ancestor mask).
+/// The most rows one draft tree of [`SeqLens::with_trees`] holds (one bit each in an ancestor
+/// mask).
 pub const MAX_TREE_ROWS: usize = 32;
 
 /// The new rows of a tree step: per sequence, `slots` rows, each row's depth below the cached
@@ -260,8 +261,8 @@ struct TreeRows {
 }
 
 impl SeqLens {
-    /// Valid query lengths (`q_lens`, rows past them give O = 0) and/or key lengths (`kv_lens`, keys
-    /// past them are masked), one entry per batch element. At least one must be given.
+    /// Valid query lengths (`q_lens`, rows past them give O = 0) and/or key lengths (`kv_lens`,
+    /// keys past them are masked), one entry per batch element. At least one must be given.
     pub fn new(ctx: &Context, q_lens: Option<&[u32]>, kv_lens: Option<&[u32]>) -> Result<Self> {
         let batch = match (q_lens, kv_lens) {
             (Some(q), Some(k)) if q.len() != k.len() => {
@@ -292,10 +293,11 @@ impl SeqLens {
     }
 
     /// The lengths of a packed variable-length batch (FlashAttention's varlen layout): sequence `b`
-    /// has `q_lens[b]` queries in rows `q_starts[b] ..` of `[total_q, heads, head_dim]` tensors (Q, O
-    /// and their gradients) and `kv_lens[b]` keys in rows `kv_starts[b] ..` of `[total_kv, ...]`
+    /// has `q_lens[b]` queries in rows `q_starts[b] ..` of `[total_q, heads, head_dim]` tensors (Q,
+    /// O and their gradients) and `kv_lens[b]` keys in rows `kv_starts[b] ..` of `[total_kv, ...]`
     /// ones (K, V, dK, dV), the starts being the sums of the lengths before (a sequence may be
-    /// empty). Make the views with [`HeadsView::packed`] and pass these lengths as
+    /// empty). Make the views with [`HeadsView::packed`](super::HeadsView::packed) and pass these
+    /// lengths as
     /// `AttentionOptions::seq_lens`. Position-dependent masks (causal, windows, ALiBi, relative
     /// buckets) align a sequence's queries and keys at their first rows, so they need
     /// `q_lens == kv_lens` (self-attention).
@@ -369,7 +371,8 @@ impl SeqLens {
     /// `kv_lens[b] - parents[b].len() + depth(i)` (rotary and learned positions, ALiBi, windows and
     /// relative buckets follow it) and attends to the cached tokens and to its ancestors and itself
     /// only. A tree has at most 32 rows (one bit each in its rows' ancestor masks). Decode
-    /// attention, rotary embeddings and positional tables read the trees; other kernels refuse them.
+    /// attention, rotary embeddings and positional tables read the trees; other kernels refuse
+    /// them.
     pub fn with_trees(
         ctx: &Context,
         kv_lens: &[u32],
@@ -500,7 +503,8 @@ impl SeqLens {
         Ok(())
     }
 
-    /// Checks lengths that place new tokens at the end of cached sequences (decoding): both given for
+    /// Checks lengths that place new tokens at the end of cached sequences (decoding): both given
+    /// for
     /// `batch` sequences, `q_lens[b]` (new tokens) at most `new_slots` and at most `kv_lens[b]`
     /// (tokens cached, the new ones included), which is at most `capacity`. Returns the longest
     /// `kv_lens` entry.

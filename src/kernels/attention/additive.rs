@@ -1,19 +1,21 @@
 //! Fused additive (Bahdanau) attention, forward and backward (`shaders/additive_*.wgsl`): scores
 //! `e_ij = scale * sum_c w[h, c] tanh(a[i, h, c] + b[j, h, c] + bias[h, c])` from query and key
-//! projections `a [B, Lq, H, Da]`, `b [B, Lk, H, Da]` (strided views, like Q and K), an online softmax
-//! over the visible keys and `O = P V`. The `[Lq, Lk, Da]` tensor of tanh arguments is never formed:
-//! the kernels recompute each tanh where they need it (O(L) memory). The backward gives `da`, `db`,
+//! projections `a [B, Lq, H, Da]`, `b [B, Lk, H, Da]` (strided views, like Q and K), an online
+//! softmax over the visible keys and `O = P V`. The `[Lq, Lk, Da]` tensor of tanh arguments is
+//! never formed: the kernels recompute each tanh where they need it (O(L) memory). The backward
+//! gives `da`, `db`,
 //! `dv` and the score vector's and bias's gradients `dw`, `dbias` `[H, Da]`, deterministically: a
-//! query-side kernel (da, D, per-row shares of dw), a key-side kernel (db, dV), and a fixed-order sum.
-//! Masks: causal, per-batch lengths and windows, as in dot-product attention (the shared header's
-//! rules). CPU reference: [`crate::reference::additive`].
+//! query-side kernel (da, D, per-row shares of dw), a key-side kernel (db, dV), and a fixed-order
+//! sum. Masks: causal, per-batch lengths and windows, as in dot-product attention (the shared
+//! header's rules). CPU reference: [`crate::reference::additive`].
 
 use super::binding::{
     base_params, bind_output_pair, bind_tensor, bind_view, empty_rw_binding, encode_chunks,
     encode_kernel, seq_lens_buffer, set_grid, Binding, Bound, Kernel, Shared, FLAG_ALIGN_LENS,
     SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
-use super::forward::{check_forward_outputs, check_rows, AttentionOutput};
+use super::call::AttentionOutput;
+use super::forward::{check_forward_outputs, check_rows};
 use super::header::{with_common, with_sizes};
 use super::options::AttentionOptions;
 use super::shape::{check_distinct, check_options, check_tensor, check_view, refuse_packed};
@@ -47,8 +49,8 @@ const SCORE_PARAMS: &str = include_str!("../../../shaders/additive/score_params.
 /// Largest score dim `Da` and value head dim the additive kernels hold per invocation.
 pub const MAX_ADDITIVE_DIM: usize = 128;
 /// Storage buffers each fused backward kernel binds: the query side lengths, a, b, v, O, dO, da and
-/// the workspace (which holds w, the bias and lse too), the key side dO, db and dV in place of O, dO
-/// and da. WebGPU's default limit.
+/// the workspace (which holds w, the bias and lse too), the key side dO, db and dV in place of O,
+/// dO and da. WebGPU's default limit.
 pub const ADDITIVE_BACKWARD_STORAGE_BUFFERS: u32 = 8;
 
 /// Rows (queries or keys) per workgroup, one per invocation.
@@ -56,7 +58,8 @@ const WG: u32 = 64;
 
 /// Rows of the other side per staged tile: 32, or fewer where the kernels' workgroup memory (its
 /// largest user, the key-side backward: pair rows, value rows, `w`, four per-row scalars) would not
-/// fit the device's limit (Da = Dv = 128 needs 33 KiB at 32 rows; Metal on Apple GPUs offers 32 KiB).
+/// fit the device's limit (Da = Dv = 128 needs 33 KiB at 32 rows; Metal on Apple GPUs offers 32
+/// KiB).
 /// `lanes`: invocations per row (the backward's; 1 elsewhere).
 fn staged_tile(ctx: &Context, s: &AttentionShape, lanes: u32) -> u32 {
     let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
@@ -114,8 +117,8 @@ fn tile_for_limit(limit: usize, da: usize, dv: usize, lanes: u32) -> u32 {
     largest_tile(limit, [da, dv], lanes, |tile| 16 * tile + sums).unwrap_or(8)
 }
 
-/// The largest staged tile of 32 or 16 rows whose workgroup memory (the staged pair rows, value rows
-/// and `w` of `additive/common.wgsl`, padded for `lanes` invocations per row, plus a kernel's
+/// The largest staged tile of 32 or 16 rows whose workgroup memory (the staged pair rows, value
+/// rows and `w` of `additive/common.wgsl`, padded for `lanes` invocations per row, plus a kernel's
 /// `extra` bytes) fits `limit` bytes.
 fn largest_tile(
     limit: usize,
@@ -386,8 +389,8 @@ pub fn additive_forward(
     })
 }
 
-/// Records the additive attention forward, writing `out` (a `[B, Lq, H, Dv]` view) and `lse`. Nothing
-/// is recorded if the input is rejected.
+/// Records the additive attention forward, writing `out` (a `[B, Lq, H, Dv]` view) and `lse`.
+/// Nothing is recorded if the input is rejected.
 #[allow(clippy::too_many_arguments)]
 pub fn additive_forward_into(
     ctx: &Context,
@@ -564,7 +567,8 @@ pub fn additive_forward_unfused(
 
 /// Attention maps of additive attention: the probabilities `P[b, h, i, j]` of query rows `rows`,
 /// recomputed from a, b and the forward's lse with the same masks, as a new `[B, H, rows, Lk]`
-/// tensor (0 where masked). See [`attention_probabilities`] for what maps do and do not show.
+/// tensor (0 where masked). See [`attention_probabilities`](super::attention_probabilities) for
+/// what maps do and do not show.
 pub fn additive_probabilities(
     ctx: &Context,
     a: &HeadsView,
@@ -665,7 +669,8 @@ fn encode_scores(
     Ok(())
 }
 
-/// Additive attention backward into new tensors, submitted, for the gradient `d_out` at the forward's
+/// Additive attention backward into new tensors, submitted, for the gradient `d_out` at the
+/// forward's
 /// `out` (with its `lse`).
 #[allow(clippy::too_many_arguments)]
 pub fn additive_backward(

@@ -7,12 +7,13 @@ use super::binding::{
     encode_fused_chunks, encode_kernel, seq_lens_buffer, set_grid, tile_rows, workgroup_size,
     Bound, Kernel, Shared, ROWS, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_O,
 };
-use super::forward::{allocating_f16, AttentionOutput};
+use super::call::{AttentionOutput, BackwardCall, BackwardViews};
 use super::header::with_common_typed;
 use super::options::AttentionOptions;
 use super::shape::{
-    check_distinct, check_options, check_packed, check_storage_buffer_limit, check_tensor,
-    check_view_typed, common_dtype, output_like, view_like, MAX_FUSED_BACKWARD_HEAD_DIM_GPU,
+    allocating_f16, check_distinct, check_options, check_packed, check_storage_buffer_limit,
+    check_tensor, check_view_typed, common_dtype, output_like, view_like,
+    MAX_FUSED_BACKWARD_HEAD_DIM_GPU,
 };
 use super::sinks::attention_sinks_backward_into;
 use super::variant::{cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, QuadReads};
@@ -233,34 +234,6 @@ pub fn attention_backward_into(
     };
     encode_backward_core(ctx, encoder, views, opts)?;
     qk_norm::encode_backward(ctx, encoder, [q, k], [dq, dk], opts)
-}
-
-/// The tensors of one backward call: Q, K, V, O, lse and dO read, dQ, dK and dV written, and the
-/// workspace of the `(lse, D)` row statistics.
-#[derive(Clone, Copy)]
-pub(super) struct BackwardViews<'a> {
-    pub q: &'a HeadsView,
-    pub k: &'a HeadsView,
-    pub v: &'a HeadsView,
-    pub out: &'a HeadsView,
-    pub lse: &'a GpuTensor,
-    pub d_out: &'a HeadsView,
-    pub dq: &'a HeadsView,
-    pub dk: &'a HeadsView,
-    pub dv: &'a HeadsView,
-    pub workspace: &'a GpuTensor,
-}
-
-/// One checked backward call as a family's gradient kernels record it: the shape, the softmax
-/// scale, the tensors, the options, the dK/dV loop's length (query head of the group, query row)
-/// and the element type.
-pub(super) struct BackwardCall<'a> {
-    pub s: AttentionShape,
-    pub scale: f32,
-    pub views: BackwardViews<'a>,
-    pub opts: &'a AttentionOptions<'a>,
-    pub group_rows: usize,
-    pub dtype: DType,
 }
 
 /// [`attention_backward_into`] of the Q and K the scores are made of.

@@ -1,9 +1,10 @@
 //! Additive score terms: a bias tensor (`AttentionOptions::bias`) and T5 relative-position buckets
 //! (`AttentionOptions::relative_buckets`). Every fused kernel adds them in `modify_scores`
 //! (`shaders/attention/common.wgsl`). The bias's gradient comes from
-//! `shaders/attention/bias_backward.wgsl`; the relative table's from the dQ kernels of both families,
-//! which sum each query row's share per bucket as they go ([`RelativeRows`]), then `column_sum.wgsl`.
-//! CPU reference: [`crate::reference::attention`] (`Bias`, `relative_position_bucket`).
+//! `shaders/attention/bias_backward.wgsl`; the relative table's from the dQ kernels of both
+//! families, which sum each query row's share per bucket as they go ([`RelativeRows`]), then
+//! `column_sum.wgsl`. CPU reference: [`crate::reference::attention`] (`Bias`,
+//! `relative_position_bucket`).
 
 use super::binding::{
     base_params, bind_backward_inputs, bind_tensor, encode_chunks, set_grid, unused_writable,
@@ -144,67 +145,6 @@ impl RelativeBuckets {
     }
 }
 
-/// Validates the bias and relative options against the problem.
-pub(super) fn check(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<()> {
-    if opts.bias.is_some() && opts.relative.is_some() {
-        return Err(Error::shape(
-            "bias/relative_buckets",
-            "one additive score term per call: add the relative-position bias into the bias tensor, or pass padding through seq_lens",
-        ));
-    }
-    if let Some(bias) = opts.bias {
-        let [bb, hb, lq, lk] = bias.view.shape();
-        if !(bb == 1 || bb == shape.batch)
-            || !(hb == 1 || hb == shape.heads)
-            || lq != shape.q_seq
-            || lk != shape.kv_seq
-        {
-            let broadcast = |n: usize| match n {
-                1 => "1".to_string(),
-                n => format!("{n} or 1"),
-            };
-            return Err(Error::shape(
-                "bias",
-                format!(
-                    "has shape {:?}; expected [{}, {}, {}, {}] (batch, query heads, Lq, Lk)",
-                    bias.view.shape(),
-                    broadcast(shape.batch),
-                    broadcast(shape.heads),
-                    shape.q_seq,
-                    shape.kv_seq
-                ),
-            ));
-        }
-        if bias.view.end_element() > u32::MAX as usize {
-            return Err(Error::Unsupported {
-                arg: "bias (last element index)",
-                value: bias.view.end_element() as u64,
-                limit: u32::MAX as u64,
-                hint: "; bind a smaller view",
-            });
-        }
-    }
-    if let Some((buckets, table)) = opts.relative {
-        buckets.check()?;
-        check_tensor("relative table", table, &[shape.heads, buckets.buckets])?;
-        if let Some(grad) = opts.relative_grad {
-            check_tensor("relative table grad", grad, &[shape.heads, buckets.buckets])?;
-            if grad.overlaps(table) {
-                return Err(Error::shape(
-                    "relative table grad",
-                    "shares a buffer with the table; write the gradient to a separate tensor",
-                ));
-            }
-        }
-    } else if opts.relative_grad.is_some() {
-        return Err(Error::shape(
-            "relative_grad",
-            "is set without relative buckets; use relative_buckets_learned",
-        ));
-    }
-    Ok(())
-}
-
 /// The per-row shares of the relative table's gradient that the dQ kernels write
 /// (`[B * Lq, H * buckets]`, the context's scratch), or a dummy binding when no gradient is wanted.
 pub(super) struct RelativeRows {
@@ -275,12 +215,13 @@ impl RelativeRows {
     }
 }
 
-/// Records the gradient of the options' learnable bias after [`attention_backward_into`] recorded the
-/// backward of the same call (whose `workspace` holds the `(lse, D)` stats it needs): `d_bias`,
-/// shaped like the bias view (`[bias batch, bias heads, Lq, Lk]`, contiguous), summed over the view's
-/// broadcast dimensions, batch-major, in a fixed order. Every element is written (zeros where
-/// masked). Deterministic; nothing is recorded if the input is rejected. (The relative table's
-/// gradient comes from the backward itself: `AttentionOptions::relative_buckets_learned`.)
+/// Records the gradient of the options' learnable bias after
+/// [`attention_backward_into`](super::attention_backward_into) recorded the backward of the same
+/// call (whose `workspace` holds the `(lse, D)` stats it needs): `d_bias`, shaped like the bias
+/// view (`[bias batch, bias heads, Lq, Lk]`, contiguous), summed over the view's broadcast
+/// dimensions, batch-major, in a fixed order. Every element is written (zeros where masked).
+/// Deterministic; nothing is recorded if the input is rejected. (The relative table's gradient
+/// comes from the backward itself: `AttentionOptions::relative_buckets_learned`.)
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bias_backward_into(
     ctx: &Context,

@@ -1,15 +1,16 @@
 //! The tensor-core kernel family of the fused forward ([`KernelFamily::Coop`],
 //! `shaders/attention/coop/forward.wgsl`): S = Q K^T and P V as 16x16 tile multiply-adds through a
-//! small matrix interface with two builds, wgpu's cooperative matrices (`attention/coop/matrix_coop.wgsl`) and
-//! ordinary arithmetic (`attention/coop/matrix_portable.wgsl`, which runs on any adapter, so every test proves the
-//! kernel's tiling, masks, modifiers and softmax). The tensor-core build is used only on a device that
-//! lists the f16 16x16x16 configuration with f32 accumulation and whose result on a small problem
-//! matches the GPU family's (wgpu does not check a configuration, and an unlisted one computes
-//! garbage); otherwise the portable build runs and one log line says why. Inputs are rounded to f16
-//! (MatElem) in workgroup memory where the device has f16, so the family promises f16 accuracy for
-//! every input type. The backward runs the GPU family's kernels.
+//! small matrix interface with two builds, wgpu's cooperative matrices
+//! (`attention/coop/matrix_coop.wgsl`) and ordinary arithmetic
+//! (`attention/coop/matrix_portable.wgsl`, which runs on any adapter, so every test proves the
+//! kernel's tiling, masks, modifiers and softmax). The tensor-core build is used only on a device
+//! that lists the f16 16x16x16 configuration with f32 accumulation and whose result on a small
+//! problem matches the GPU family's (wgpu does not check a configuration, and an unlisted one
+//! computes garbage); otherwise the portable build runs and one log line says why. Inputs are
+//! rounded to f16 (MatElem) in workgroup memory where the device has f16, so the family promises
+//! f16 accuracy for every input type. The backward runs the GPU family's kernels.
 
-use super::forward::{AttentionOutput, ForwardCall};
+use super::call::{AttentionOutput, ForwardCall};
 use super::gpu;
 use super::gpu::encode_forward_gpu;
 use super::options::AttentionOptions;

@@ -1,19 +1,21 @@
-//! Decode attention (`shaders/attention/decode.wgsl`): the attention step of incremental generation,
-//! a few new queries per sequence (`q_lens`, 1 to 8 when decoding, a prompt chunk when prefilling)
-//! against a key/value cache `[B, max_len, Hkv, D]` holding `kv_lens` keys each, the new ones last.
-//! Masks and score modifiers align on each sequence's own lengths: query `i` of sequence `b` sits at
-//! position `kv_lens[b] - q_lens[b] + i`, so one batch holds sequences of different lengths.
+//! Decode attention (`shaders/attention/decode.wgsl`): the attention step of incremental
+//! generation, a few new queries per sequence (`q_lens`, 1 to 8 when decoding, a prompt chunk when
+//! prefilling) against a key/value cache `[B, max_len, Hkv, D]` holding `kv_lens` keys each, the
+//! new ones last. Masks and score modifiers align on each sequence's own lengths: query `i` of
+//! sequence `b` sits at position `kv_lens[b] - q_lens[b] + i`, so one batch holds sequences of
+//! different lengths.
 //!
-//! The query heads that share a KV head are one workgroup's rows (GQA-aware: each K/V row is read once
-//! per group), and the key range is split over workgroups when the grid would leave a GPU idle (or
-//! llvmpipe's loop budget asks for it), the partial softmaxes merged in split order: deterministic.
-//! CPU reference: [`crate::reference::attention::attention_decode`].
+//! The query heads that share a KV head are one workgroup's rows (GQA-aware: each K/V row is read
+//! once per group), and the key range is split over workgroups when the grid would leave a GPU idle
+//! (or llvmpipe's loop budget asks for it), the partial softmaxes merged in split order:
+//! deterministic. CPU reference: [`crate::reference::attention::attention_decode`].
 
 use super::binding::{
     base_params, bind_tensor, bind_view, encode_kernel, set_grid, Binding, Bound, Kernel, Shared,
     FLAG_ALIGN_LENS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
-use super::forward::{attention_forward_into, check_forward_outputs, AttentionOutput};
+use super::call::AttentionOutput;
+use super::forward::{attention_forward_into, check_forward_outputs};
 use super::gpu::{encode_split_merge, split_scratch};
 use super::header::{with_common, with_sizes};
 use super::options::AttentionOptions;
@@ -133,7 +135,8 @@ impl DecodePlan {
     }
 
     /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
-    /// nothing were unrolled (for llvmpipe's loop budget; relative buckets count their threshold loop).
+    /// nothing were unrolled (for llvmpipe's loop budget; relative buckets count their threshold
+    /// loop).
     fn loop_cost(s: &AttentionShape, rows: usize) -> (usize, usize) {
         let (dk4, wg) = (s.head_dim_qk.div_ceil(4), WG as usize);
         let (own, phases) = own_and_phases(rows, s);
@@ -151,8 +154,8 @@ fn own_and_phases(rows: usize, s: &AttentionShape) -> (usize, usize) {
     (items.div_ceil(WG as usize), WG as usize / lanes)
 }
 
-/// Decode attention into new tensors, submitted to the queue: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`
-/// (rows past `q_lens[b]` give 0 and `-inf`).
+/// Decode attention into new tensors, submitted to the queue: `out [B, Lq, H, Dv]`, `lse [B, H,
+/// Lq]` (rows past `q_lens[b]` give 0 and `-inf`).
 pub fn attention_decode(
     ctx: &Context,
     q: &HeadsView,
@@ -172,7 +175,8 @@ pub fn attention_decode(
 /// `kv_lens` (cached keys per sequence including the new ones, at most max_len). Causal, window,
 /// ALiBi, softcap, sinks, relative buckets, cosine scores and key clipping apply as in
 /// [`attention_forward_into`] (the last two transform the new queries and the cache's first
-/// max(kv_lens) positions into scratch each call); an additive bias tensor is refused. Nothing is recorded if the input is rejected.
+/// max(kv_lens) positions into scratch each call); an additive bias tensor is refused. Nothing is
+/// recorded if the input is rejected.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_into(
     ctx: &Context,
@@ -202,8 +206,8 @@ pub fn attention_decode_into(
 /// [`attention_decode_into`] against a paged cache: `k_pool [1, pool rows, Hkv, Dk]` and `v_pool
 /// [1, pool rows, Hkv, Dv]` read through `table` (one row per sequence of `q`; key `j` of sequence
 /// `b` is pool row `table[b][j / page] * page + j % page`), `kv_lens` at most the table's
-/// capacity. Every mask and modifier of the contiguous cache applies (cosine scores and key clipping
-/// transform the sequences' cached keys after gathering them into scratch).
+/// capacity. Every mask and modifier of the contiguous cache applies (cosine scores and key
+/// clipping transform the sequences' cached keys after gathering them into scratch).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_paged_into(
     ctx: &Context,
@@ -239,11 +243,12 @@ pub fn attention_decode_paged_into(
 }
 
 /// [`attention_decode_into`] against an int8 cache (see [`GpuTensorQ8`]), dequantised inside the
-/// decode kernel (a prefill-shaped step: into scratch, for the fused forward): `k_cache [B, max_len, Hkv, Dk]` and `v_cache [B, max_len, Hkv, Dv]`, or with `table`
-/// the pools `[pool rows, Hkv, D]` of a paged cache read through it (as
-/// [`attention_decode_paged_into`]). Every mask and modifier applies (cosine scores and key clipping
-/// transform the keys after dequantising them into scratch). Against the f32 cache of the same keys
-/// and values each cached value moves by at most `max |row| / 254`.
+/// decode kernel (a prefill-shaped step: into scratch, for the fused forward): `k_cache [B,
+/// max_len, Hkv, Dk]` and `v_cache [B, max_len, Hkv, Dv]`, or with `table` the pools `[pool rows,
+/// Hkv, D]` of a paged cache read through it (as [`attention_decode_paged_into`]). Every mask and
+/// modifier applies (cosine scores and key clipping transform the keys after dequantising them into
+/// scratch). Against the f32 cache of the same keys and values each cached value moves by at most
+/// `max |row| / 254`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_int8_into(
     ctx: &Context,

@@ -5,11 +5,12 @@ use super::binding::{
     base_params, bind_tensor, bind_view, encode_fused_chunks, set_grid, tile_rows, workgroup_size,
     Bound, Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
+use super::call::{AttentionOutput, ForwardCall};
 use super::gpu::{encode_forward_gpu, GpuForward};
 use super::options::AttentionOptions;
 use super::shape::{
-    check_distinct, check_options, check_packed, check_tensor, check_view_typed, common_dtype,
-    output_like, MAX_BLOCK_N,
+    allocating_f16, check_distinct, check_options, check_packed, check_tensor, check_view_typed,
+    common_dtype, output_like, MAX_BLOCK_N,
 };
 use super::variant::{
     cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, MatrixBuild, QuadReads,
@@ -22,46 +23,8 @@ use crate::kernels::dispatch::loop_chunks;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, HeadsView, PackedSide, Region};
 
-/// O and lse of a forward pass: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]` (`-inf` for rows that see no
-/// key). Both are what [`attention_backward`] needs.
-#[derive(Clone, Debug)]
-pub struct AttentionOutput {
-    /// `[B, Lq, H, Dv]`; `[rows, H, Dv]` packed like Q where Q is packed ([`HeadsView::packed`]).
-    pub out: GpuTensor,
-    /// The row log-sum-exp `[B, H, Lq]` (`-inf` for rows that see no key), what the backward needs.
-    pub lse: GpuTensor,
-}
-
-impl AttentionOutput {
-    /// New, uninitialised `out [B, Lq, H, Dv]` and `lse [B, H, Lq]` for `s`.
-    pub(super) fn new(ctx: &Context, s: &AttentionShape) -> Result<Self> {
-        Ok(Self {
-            out: GpuTensor::uninit(
-                ctx,
-                "attention out",
-                &[s.batch, s.q_seq, s.heads, s.head_dim_v],
-            )?,
-            lse: GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?,
-        })
-    }
-
-    /// The one-shot form of a forward-like `_into` call: new outputs for `s`, filled by `record`
-    /// and submitted.
-    pub(super) fn recorded(
-        ctx: &Context,
-        s: &AttentionShape,
-        record: impl FnOnce(&mut wgpu::CommandEncoder, &HeadsView, &GpuTensor) -> Result<()>,
-    ) -> Result<Self> {
-        let output = Self::new(ctx, s)?;
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        record(&mut encoder, &output.out.heads()?, &output.lse)?;
-        ctx.submit(encoder)?;
-        Ok(output)
-    }
-}
-
-/// Checks a forward's outputs: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`, neither sharing a buffer with
-/// an input of the call (`inputs`, and the tensors of `opts`) nor overlapping the other.
+/// Checks a forward's outputs: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`, neither sharing a buffer
+/// with an input of the call (`inputs`, and the tensors of `opts`) nor overlapping the other.
 pub(super) fn check_forward_outputs<'a>(
     ctx: &Context,
     s: &AttentionShape,
@@ -89,20 +52,6 @@ pub(super) fn check_rows(rows: &std::ops::Range<usize>, q_seq: usize) -> Result<
         ));
     }
     Ok(())
-}
-
-/// The allocating forms make f32 outputs: point f16 callers at the `_into` forms.
-pub(super) fn allocating_f16(e: Error) -> Error {
-    match e {
-        Error::DType { arg, found, .. } => Error::DType {
-            arg,
-            found,
-            message: "this form allocates f32 outputs; for f16 views record \
-                      attention_forward_into / attention_backward_into with GpuTensorF16 outputs"
-                .into(),
-        },
-        other => other,
-    }
 }
 
 /// Fused attention forward into new tensors, submitted to the queue.
@@ -218,20 +167,6 @@ pub fn attention_forward_into(
     }
 }
 
-/// One checked forward call as every family's encoder records it: the shape, the softmax scale,
-/// Q, K and V (Q and K after the cosine and clipping transforms), the outputs and the options.
-#[derive(Clone, Copy)]
-pub(super) struct ForwardCall<'a> {
-    pub s: AttentionShape,
-    pub scale: f32,
-    pub q: &'a HeadsView,
-    pub k: &'a HeadsView,
-    pub v: &'a HeadsView,
-    pub out: &'a HeadsView,
-    pub lse: &'a GpuTensor,
-    pub opts: &'a AttentionOptions<'a>,
-}
-
 /// The CPU-driver family's forward: one dispatch per key chunk, each merging into O and lse.
 pub(super) fn encode_forward_cpu_family(
     ctx: &Context,
@@ -301,7 +236,8 @@ pub struct ForwardPlan {
     /// Keys per staged K/V tile.
     pub block_n: u32,
     /// Pieces of each row's key range: split-KV workgroups merged by a second kernel (GPU family),
-    /// or chunk dispatches under a driver's loop cap (CPU-driver family). 1 is one pass over the keys.
+    /// or chunk dispatches under a driver's loop cap (CPU-driver family). 1 is one pass over the
+    /// keys.
     pub splits: u32,
     /// Subgroup operations where [`Context::subgroup_size`] allows: the GPU family's row maxima
     /// combined by shuffles rather than through workgroup memory, the CPU-driver family's staged

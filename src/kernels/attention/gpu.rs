@@ -1,9 +1,8 @@
 //! The GPU kernel family of the fused attention (`shaders/attention/gpu/`): query and key
-//! blocks of 8-64 rows, Q/K/V tiles staged in workgroup memory, register micro-tiles of four rows by a
-//! few keys or head-dim columns, and split-KV in the forward. Same API and semantics as the
+//! blocks of 8-64 rows, Q/K/V tiles staged in workgroup memory, register micro-tiles of four rows
+//! by a few keys or head-dim columns, and split-KV in the forward. Same API and semantics as the
 //! CPU-driver kernels in the parent module; [`Context::kernel_family`] chooses.
 
-use super::backward::{BackwardCall, BackwardViews};
 use super::bias;
 use super::binding::{
     base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view, encode_fused,
@@ -11,7 +10,8 @@ use super::binding::{
     Shared, ViewParams, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_O, VIEW_Q,
     VIEW_V,
 };
-use super::forward::ForwardCall;
+use super::call::ForwardCall;
+use super::call::{BackwardCall, BackwardViews};
 use super::header::with_common_typed;
 use super::options::AttentionOptions;
 use super::variant::{FamilyBuild, FusedKernel, FusedVariant};
@@ -58,8 +58,8 @@ pub(super) const SPLIT_MIN_TILES: usize = 4;
 
 impl GpuForward {
     /// The first candidate (largest first) that fits the adapter's workgroup storage and width. The
-    /// query block shrinks as the head dim grows so that Q and a K/V tile fit the 48 KiB NVIDIA offers
-    /// (32 KiB on lavapipe) and the O micro-tile stays within 64 registers.
+    /// query block shrinks as the head dim grows so that Q and a K/V tile fit the 48 KiB NVIDIA
+    /// offers (32 KiB on lavapipe) and the O micro-tile stays within 64 registers.
     pub fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
         let candidates: &[(u32, u32, u32)] = if widest <= 64 {
@@ -102,7 +102,8 @@ impl GpuForward {
         })
     }
 
-    /// Invocations sharing a row group of four query rows, keys of S and vec4 columns of O each owns.
+    /// Invocations sharing a row group of four query rows, keys of S and vec4 columns of O each
+    /// owns.
     fn per_invocation(&self, s: &AttentionShape) -> (u32, u32, u32) {
         let tc = self.wg / (self.block_m / 4);
         let dv4 = s.head_dim_v.div_ceil(4) as u32;
@@ -275,8 +276,8 @@ pub(super) fn encode_split_forward(
     }
 }
 
-/// The scratch buffer holding split-KV partial results: O `[splits * B, Lq, H, Dv]` (contiguous) and
-/// lse `[splits * B, H, Lq]` at `lse_offset`.
+/// The scratch buffer holding split-KV partial results: O `[splits * B, Lq, H, Dv]` (contiguous)
+/// and lse `[splits * B, H, Lq]` at `lse_offset`.
 pub(super) struct SplitScratch {
     buffer: wgpu::Buffer,
     o_bytes: u64,

@@ -3,8 +3,9 @@
 //! materialises the `Lq x Lk` scores (`matmul_strided.wgsl`, `shaders/attention/unfused/`).
 //! CPU reference: [`crate::reference::attention`].
 //!
-//! Forward writes O and the row log-sum-exp `lse`; backward takes both plus dO and writes dQ, dK, dV,
-//! into new tensors or into strided views of a caller's buffers (a packed dQKV projection gradient).
+//! Forward writes O and the row log-sum-exp `lse`; backward takes both plus dO and writes dQ, dK,
+//! dV, into new tensors or into strided views of a caller's buffers (a packed dQKV projection
+//! gradient).
 //!
 //! One job per file: `options` (masks and score modifiers), `shape` (sizes and argument checks),
 //! `binding` (uniforms, bindings, recording), `variant` (the key of every fused pipeline: its
@@ -17,6 +18,7 @@ mod additive;
 mod backward;
 mod bias;
 mod binding;
+mod call;
 mod coop;
 mod decode;
 mod forward;
@@ -42,6 +44,7 @@ pub use additive::{
 pub use backward::*;
 pub use bias::attention_bias_backward_into;
 pub use binding::MAX_ALIBI_SLOPES;
+pub use call::AttentionOutput;
 pub use coop::{matrix_build, qualify_matrix_build};
 pub use decode::{
     attention_decode, attention_decode_int8_into, attention_decode_into,

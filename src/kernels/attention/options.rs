@@ -18,20 +18,23 @@ pub struct AttentionOptions<'a> {
     pub causal: bool,
     /// Per-batch valid query and/or key lengths (padding, variable length).
     pub seq_lens: Option<&'a SeqLens>,
-    /// Score softcap `cap * tanh(s / cap)` of the scaled score `s` (Gemma 2), before ALiBi and masks.
+    /// Score softcap `cap * tanh(s / cap)` of the scaled score `s` (Gemma 2), before ALiBi and
+    /// masks.
     pub softcap: Option<f32>,
-    /// ALiBi: subtract `slope(h) * |i + (Lk - Lq) - j|` from the scores, with the geometric slopes of
-    /// Press et al. (`2^(-8 (h + 1) / H)` for H a power of two) unless `alibi_slopes` are given.
+    /// ALiBi: subtract `slope(h) * |i + (Lk - Lq) - j|` from the scores, with the geometric slopes
+    /// of Press et al. (`2^(-8 (h + 1) / H)` for H a power of two) unless `alibi_slopes` are given.
     pub alibi: bool,
-    /// Per-query-head ALiBi slopes (at most [`MAX_ALIBI_SLOPES`] heads); implies `alibi`.
+    /// Per-query-head ALiBi slopes (at most [`MAX_ALIBI_SLOPES`](super::MAX_ALIBI_SLOPES) heads);
+    /// implies `alibi`.
     pub alibi_slopes: Option<&'a [f32]>,
-    /// Sliding window `(left, right)`: query i sees keys `p - left ..= p + right`, `p = i + Lk - Lq`
-    /// its position aligned as the causal mask; composes with causal (which cuts at `p`) and padding.
-    /// Key blocks outside every row's window are skipped, so time grows as L x window.
+    /// Sliding window `(left, right)`: query i sees keys `p - left ..= p + right`, `p = i + Lk -
+    /// Lq` its position aligned as the causal mask; composes with causal (which cuts at `p`) and
+    /// padding. Key blocks outside every row's window are skipped, so time grows as L x window.
     pub window: Option<(usize, usize)>,
     /// Attention sinks `[H]`: a learnable logit per query head in every row's softmax denominator,
-    /// with no value (gpt-oss). Its gradient comes from [`attention_backward`] (`d_sinks`) or
-    /// [`attention_sinks_backward_into`].
+    /// with no value (gpt-oss). Its gradient comes from
+    /// [`attention_backward`](super::attention_backward) (`d_sinks`) or
+    /// [`attention_sinks_backward_into`](super::attention_sinks_backward_into).
     pub sinks: Option<&'a GpuTensor>,
     /// Cosine-similarity scores: q and k L2-normalised (eps 1e-6) before the scores, which are then
     /// multiplied by this scale (instead of `scale`; the temperature still divides it).
@@ -41,8 +44,8 @@ pub struct AttentionOptions<'a> {
     /// Key-norm clipping: keys whose norm exceeds this are scaled to it before the scores (after
     /// the normalisation of cosine scores, if both).
     pub key_clip: Option<f32>,
-    /// Additive score bias `[B or 1, H or 1, Lq, Lk]`, added after softcap and ALiBi; a `-inf` entry
-    /// masks its pair. See [`AttentionOptions::bias`].
+    /// Additive score bias `[B or 1, H or 1, Lq, Lk]`, added after softcap and ALiBi; a `-inf`
+    /// entry masks its pair. See [`AttentionOptions::bias`].
     pub bias: Option<ScoreBias<'a>>,
     /// T5 relative-position buckets and their `[H, buckets]` table of learned biases.
     pub relative: Option<(RelativeBuckets, &'a GpuTensor)>,
@@ -165,9 +168,10 @@ impl<'a> AttentionOptions<'a> {
         self
     }
 
-    /// A learnable additive score bias: [`attention_backward`] returns its gradient (`d_bias`,
-    /// shaped like the view, summed over its broadcast dimensions in a fixed order);
-    /// [`attention_bias_backward_into`] records it.
+    /// A learnable additive score bias: [`attention_backward`](super::attention_backward) returns
+    /// its gradient (`d_bias`, shaped like the view, summed over its broadcast dimensions in a
+    /// fixed order); [`attention_bias_backward_into`](super::attention_bias_backward_into) records
+    /// it.
     pub fn bias(mut self, bias: &'a BiasView) -> Self {
         self.bias = Some(ScoreBias {
             view: bias,
@@ -188,9 +192,10 @@ impl<'a> AttentionOptions<'a> {
     }
 
     /// T5 relative-position bias: `table [H, buckets]` entry of the bucket of `j - (i + Lk - Lq)`
-    /// added to each score, computed in the kernels (no `Lq x Lk` tensor). [`attention_backward`]
-    /// returns its gradient (`d_relative`); [`attention_backward_into`] computes none (a constant
-    /// table) unless [`AttentionOptions::relative_buckets_learned`] names a destination.
+    /// added to each score, computed in the kernels (no `Lq x Lk` tensor).
+    /// [`attention_backward`](super::attention_backward) returns its gradient (`d_relative`);
+    /// [`attention_backward_into`](super::attention_backward_into) computes none (a constant table)
+    /// unless [`AttentionOptions::relative_buckets_learned`] names a destination.
     pub fn relative_buckets(mut self, buckets: RelativeBuckets, table: &'a GpuTensor) -> Self {
         self.relative = Some((buckets, table));
         self

@@ -1,6 +1,7 @@
 //! Ahead-of-time compilation: the pipelines an attention problem (dot-product or additive) needs,
-//! built before its first call (which otherwise pays for them). With [`crate::ContextOptions::dump_pipelines`] this writes
-//! a problem's whole kernel set for offline compilers without running it.
+//! built before its first call (which otherwise pays for them). With
+//! [`crate::ContextOptions::dump_pipelines`] this writes a problem's whole kernel set for offline
+//! compilers without running it.
 
 use super::additive::{
     additive_backward_into, additive_backward_workspace, additive_forward_into, AdditiveScores,
@@ -25,14 +26,15 @@ pub enum AttentionPasses {
 }
 
 /// Compiles every pipeline that [`attention_forward_into`] (and, for
-/// [`AttentionPasses::ForwardBackward`], [`attention_backward_into`]) would use for `shape`, `dtype`
-/// and `opts` on `ctx` (with the backward, also the gradient kernels of a learnable bias
-/// ([`attention_bias_backward_into`]) and of sinks ([`attention_sinks_backward_into`]) where `opts`
-/// has them), without running any: the calls are recorded on scratch tensors of the
-/// problem's shape into a command buffer that is never submitted (so it allocates, for the duration
-/// of the call, what one such call allocates). Returns how many pipelines were newly compiled (0 if
-/// all were cached). `opts` is checked as the calls check it, so an error here is the error the
-/// real call would return.
+/// [`AttentionPasses::ForwardBackward`], [`attention_backward_into`]) would use for `shape`,
+/// `dtype` and `opts` on `ctx` (with the backward, also the gradient kernels of a learnable bias
+/// ([`attention_bias_backward_into`](super::attention_bias_backward_into)) and of sinks
+/// ([`attention_sinks_backward_into`](super::attention_sinks_backward_into)) where `opts` has
+/// them), without running any: the calls are recorded on scratch tensors of the problem's shape
+/// into a command buffer that is never submitted (so it allocates, for the duration of the call,
+/// what one such call allocates). Returns how many pipelines were newly compiled (0 if all were
+/// cached). `opts` is checked as the calls check it, so an error here is the error the real call
+/// would return.
 pub fn attention_precompile(
     ctx: &Context,
     shape: &AttentionShape,
@@ -116,10 +118,11 @@ pub fn attention_precompile(
 /// Compiles every pipeline that [`additive_forward_into`] (and, for
 /// [`AttentionPasses::ForwardBackward`], [`additive_backward_into`]) would use for `shape` (`Da` as
 /// `head_dim_qk`, `kv_heads == heads`) and `opts`, without running any, as
-/// [`attention_precompile`] does for dot-product attention. [`additive_decode_into`] runs these
-/// kernels for prefill-sized chunks, and its own decoding kernel for a few new rows, which this does
-/// not build (`wgpu_attention_serve::Generator::precompile` builds a model's). Returns how many
-/// pipelines were newly compiled.
+/// [`attention_precompile`] does for dot-product attention.
+/// [`additive_decode_into`](super::additive_decode_into) runs these kernels for prefill-sized
+/// chunks, and its own decoding kernel for a few new rows, which this does not build
+/// (`wgpu_attention_serve::Generator::precompile` builds a model's). Returns how many pipelines
+/// were newly compiled.
 pub fn additive_precompile(
     ctx: &Context,
     shape: &AttentionShape,

@@ -3,7 +3,7 @@
 
 use super::binding::MAX_ALIBI_SLOPES;
 use super::options::AttentionOptions;
-use super::{bias, qk_norm};
+use super::qk_norm;
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{
@@ -246,7 +246,7 @@ pub(super) fn check_options_with(
             ));
         }
     }
-    bias::check(shape, opts)?;
+    check_bias(shape, opts)?;
     if let Some(slopes) = opts.alibi_slopes {
         if slopes.len() != shape.heads {
             return Err(Error::shape(
@@ -396,9 +396,9 @@ pub(super) fn check_distinct<'a>(
     check_call(ctx, outputs, &all)
 }
 
-/// Checks the packed views of a fused forward or backward ([`HeadsView::packed`]) against the call's
-/// lengths: packed ones (`SeqLens::packed`) whose sequences fit each view's rows, and masks that
-/// align queries and keys at a sequence's first rows only where its queries are its keys.
+/// Checks the packed views of a fused forward or backward ([`HeadsView::packed`]) against the
+/// call's lengths: packed ones (`SeqLens::packed`) whose sequences fit each view's rows, and masks
+/// that align queries and keys at a sequence's first rows only where its queries are its keys.
 pub(super) fn check_packed(
     views: &[(&'static str, &HeadsView, PackedSide)],
     opts: &AttentionOptions<'_>,
@@ -495,10 +495,11 @@ pub(crate) fn refuse_packed(views: &[(&'static str, &HeadsView)], what: &str) ->
 /// Largest head dimension (Dk or Dv) the fused kernels hold in registers.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// Largest head dim of the CPU-driver family's fused backward on GPU (non-CPU) adapters (the GPU family
-/// takes every head dim). Its dK/dV kernel keeps four
-/// keys' k, v, dK and dV rows per invocation (`16 * 2 * (Dk + Dv)` bytes): at 192 (12 KiB) the NVIDIA
-/// Vulkan driver runs it, at 256 (16 KiB) it loses the device (measured on an H100, driver 580).
+/// Largest head dim of the CPU-driver family's fused backward on GPU (non-CPU) adapters (the GPU
+/// family takes every head dim). Its dK/dV kernel keeps four
+/// keys' k, v, dK and dV rows per invocation (`16 * 2 * (Dk + Dv)` bytes): at 192 (12 KiB) the
+/// NVIDIA Vulkan driver runs it, at 256 (16 KiB) it loses the device (measured on an H100, driver
+/// 580).
 pub const MAX_FUSED_BACKWARD_HEAD_DIM_GPU: usize = 192;
 /// Storage buffers the fused backward kernels bind in one dispatch with a score bias or relative
 /// table (dK/dV: sequence lengths, score bias, Q, K, V, dO, stats, dK, dV; dQ: the same with dQ and
@@ -509,8 +510,8 @@ pub const FUSED_BACKWARD_STORAGE_BUFFERS: u32 = 9;
 /// table: WebGPU's default limit.
 pub const FUSED_BACKWARD_STORAGE_BUFFERS_WITHOUT_BIAS: u32 = 8;
 
-/// Refuses devices created with fewer storage buffers per stage than the backward of this call binds
-/// (wgpu would raise a validation error when the pipeline is created).
+/// Refuses devices created with fewer storage buffers per stage than the backward of this call
+/// binds (wgpu would raise a validation error when the pipeline is created).
 pub(super) fn check_storage_buffer_limit(ctx: &Context, opts: &AttentionOptions<'_>) -> Result<()> {
     let have = ctx.limits().max_storage_buffers_per_shader_stage;
     let (needed, why) = match opts.bias.is_some() || opts.relative.is_some() {
@@ -533,3 +534,78 @@ pub(super) fn check_storage_buffer_limit(ctx: &Context, opts: &AttentionOptions<
 
 /// Largest key tile of the forward kernel (`MAX_BN` in the shader).
 pub(super) const MAX_BLOCK_N: u32 = 64;
+
+/// The allocating forms make f32 outputs: point f16 callers at the `_into` forms.
+pub(super) fn allocating_f16(e: Error) -> Error {
+    match e {
+        Error::DType { arg, found, .. } => Error::DType {
+            arg,
+            found,
+            message: "this form allocates f32 outputs; for f16 views record \
+                      attention_forward_into / attention_backward_into with GpuTensorF16 outputs"
+                .into(),
+        },
+        other => other,
+    }
+}
+
+/// Validates the bias and relative options against the problem.
+fn check_bias(shape: &AttentionShape, opts: &AttentionOptions<'_>) -> Result<()> {
+    if opts.bias.is_some() && opts.relative.is_some() {
+        return Err(Error::shape(
+            "bias/relative_buckets",
+            "one additive score term per call: add the relative-position bias into the bias tensor, or pass padding through seq_lens",
+        ));
+    }
+    if let Some(bias) = opts.bias {
+        let [bb, hb, lq, lk] = bias.view.shape();
+        if !(bb == 1 || bb == shape.batch)
+            || !(hb == 1 || hb == shape.heads)
+            || lq != shape.q_seq
+            || lk != shape.kv_seq
+        {
+            let broadcast = |n: usize| match n {
+                1 => "1".to_string(),
+                n => format!("{n} or 1"),
+            };
+            return Err(Error::shape(
+                "bias",
+                format!(
+                    "has shape {:?}; expected [{}, {}, {}, {}] (batch, query heads, Lq, Lk)",
+                    bias.view.shape(),
+                    broadcast(shape.batch),
+                    broadcast(shape.heads),
+                    shape.q_seq,
+                    shape.kv_seq
+                ),
+            ));
+        }
+        if bias.view.end_element() > u32::MAX as usize {
+            return Err(Error::Unsupported {
+                arg: "bias (last element index)",
+                value: bias.view.end_element() as u64,
+                limit: u32::MAX as u64,
+                hint: "; bind a smaller view",
+            });
+        }
+    }
+    if let Some((buckets, table)) = opts.relative {
+        buckets.check()?;
+        check_tensor("relative table", table, &[shape.heads, buckets.buckets])?;
+        if let Some(grad) = opts.relative_grad {
+            check_tensor("relative table grad", grad, &[shape.heads, buckets.buckets])?;
+            if grad.overlaps(table) {
+                return Err(Error::shape(
+                    "relative table grad",
+                    "shares a buffer with the table; write the gradient to a separate tensor",
+                ));
+            }
+        }
+    } else if opts.relative_grad.is_some() {
+        return Err(Error::shape(
+            "relative_grad",
+            "is set without relative buckets; use relative_buckets_learned",
+        ));
+    }
+    Ok(())
+}

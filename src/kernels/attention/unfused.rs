@@ -6,7 +6,7 @@ use super::binding::{
     base_params, bind_tensor, encode_kernel, seq_lens_buffer, set_grid, Bound, Kernel, Shared,
     SIMPLE_WG,
 };
-use super::forward::AttentionOutput;
+use super::call::AttentionOutput;
 use super::header::with_common;
 use super::options::AttentionOptions;
 use super::shape::{check_options, check_view, refuse_packed};
@@ -315,7 +315,7 @@ pub(super) fn unfused_checks(ctx: &Context, views: &[(&'static str, &HeadsView)]
 
 /// Unfused attention forward (benchmark baseline and second check): materialises the scores
 /// `[B, H, Lq, Lk]`, applies a masked softmax, then multiplies by V. Same semantics and outputs as
-/// [`attention_forward`].
+/// [`attention_forward`](super::attention_forward).
 pub fn attention_forward_unfused(
     ctx: &Context,
     q: &HeadsView,
