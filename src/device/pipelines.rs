@@ -6,21 +6,22 @@ use super::Context;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Cache key of a compiled pipeline: its label (the kernel's name, with what changes its code, and
-/// its override constants), the sizes its source declares besides them, and whether it was
-/// compiled with the kernel's relaxed runtime checks.
+/// Cache key of a compiled pipeline: the kernel's name (with what changes its code), its override
+/// constants, the sizes its source declares besides them, and whether it was compiled with the
+/// kernel's relaxed runtime checks. The label is formatted from the first two on a miss only.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(super) struct PipelineKey {
-    label: String,
+    name: String,
+    constants: Vec<(&'static str, u32)>,
     sizes: Vec<(&'static str, u32)>,
     trusted: bool,
 }
 
 /// One pipeline as a kernel asks for it: what [`Context::compiled`] keys, labels and compiles.
 pub(crate) struct PipelineSpec<'a, S: FnOnce() -> String> {
-    /// The kernel's name, with what changes its code and its override constants: unique per
-    /// source and constants together with `sizes` ([`crate::kernels::pipeline_label`]).
-    pub label: String,
+    /// The kernel's name with what changes its code: unique per source together with `sizes`
+    /// (the label adds the constants: [`crate::kernels::constants_label`]).
+    pub name: String,
     /// Constants the source declares that the label leaves out (array sizes the constants imply).
     pub sizes: &'a [(&'static str, u32)],
     /// The WGSL source, built only on a cache miss.
@@ -94,7 +95,7 @@ impl Context {
         constants: &[(&'static str, u32)],
     ) -> Arc<wgpu::ComputePipeline> {
         self.compiled(PipelineSpec {
-            label: crate::kernels::pipeline_label(shader, constants),
+            name: shader.to_string(),
             sizes: &[],
             source,
             constants,
@@ -108,7 +109,7 @@ impl Context {
         spec: PipelineSpec<'_, impl FnOnce() -> String>,
     ) -> Arc<wgpu::ComputePipeline> {
         let PipelineSpec {
-            label,
+            name,
             sizes,
             source,
             constants,
@@ -124,7 +125,8 @@ impl Context {
             relaxed_checks.filter(|_| self.trusted_shaders)
         };
         let key = PipelineKey {
-            label,
+            name,
+            constants: constants.to_vec(),
             sizes: sizes.to_vec(),
             trusted: relaxed.is_some(),
         };
@@ -132,6 +134,7 @@ impl Context {
         if let Some(p) = cache.get(&key) {
             return p.clone();
         }
+        let label = &crate::kernels::constants_label(key.name.clone(), constants);
         let source = source();
         let read_write = cfg!(debug_assertions).then(|| read_write_bindings(&source));
         if cfg!(debug_assertions) {
@@ -141,11 +144,10 @@ impl Context {
                     bytes <= limit,
                     "kernel {} uses {bytes} B of workgroup memory, over the device's {limit} B: \
                      its host wrapper must size its tiles from the limit",
-                    key.label
+                    label
                 );
             }
         }
-        let label = &key.label;
         if let Some(dump) = &self.pipeline_dump {
             // Before compiling, so a kernel the driver rejects is in the dump too.
             dump.write(

@@ -247,36 +247,15 @@ pub fn cross_entropy_backward_into(
 #[cfg(test)]
 pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
     use crate::kernels::uniforms::uniform_layout;
-    vec![
-        uniform_layout!(
-            "cross_entropy_forward",
-            "Params",
-            Params {
-                rows,
-                classes,
-                ignore_index,
-                grid_x
-            }
-        ),
-        uniform_layout!(
-            "cross_entropy_reduce",
-            "Params",
-            Params {
-                rows,
-                classes,
-                ignore_index,
-                grid_x
-            }
-        ),
-        uniform_layout!(
-            "cross_entropy_backward",
-            "Params",
-            Params {
-                rows,
-                classes,
-                ignore_index,
-                grid_x
-            }
-        ),
-    ]
+    let forward = uniform_layout!(
+        "cross_entropy_forward",
+        "Params",
+        Params {
+            rows,
+            classes,
+            ignore_index,
+            grid_x
+        }
+    );
+    forward.also_read_by(&["cross_entropy_reduce", "cross_entropy_backward"])
 }

@@ -200,45 +200,18 @@ pub(crate) fn encode_column_reduction_in(
 #[cfg(test)]
 pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
     use crate::kernels::uniforms::uniform_layout;
-    vec![
-        uniform_layout!(
-            "column_sum",
-            "Params",
-            ColumnParams {
-                rows,
-                cols,
-                row_begin,
-                row_end,
-                accumulate,
-                grid_x,
-                pad
-            }
-        ),
-        uniform_layout!(
-            "layer_norm_param_grads_cpu",
-            "Params",
-            ColumnParams {
-                rows,
-                cols,
-                row_begin,
-                row_end,
-                accumulate,
-                grid_x,
-                pad
-            }
-        ),
-        uniform_layout!(
-            "layer_norm_param_sums",
-            "Params",
-            ColumnParams {
-                rows,
-                cols,
-                row_begin,
-                row_end,
-                accumulate,
-                grid_x,
-                pad
-            }
-        ),
-    ]
+    let column_sum = uniform_layout!(
+        "column_sum",
+        "Params",
+        ColumnParams {
+            rows,
+            cols,
+            row_begin,
+            row_end,
+            accumulate,
+            grid_x,
+            pad
+        }
+    );
+    column_sum.also_read_by(&["layer_norm_param_grads_cpu", "layer_norm_param_sums"])
 }

@@ -294,29 +294,18 @@ pub fn gated_activation_backward_into(
 #[cfg(test)]
 pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
     use crate::kernels::uniforms::uniform_layout;
-    vec![
-        uniform_layout!("activation_forward", "Params", Params { len, grid_x }),
-        uniform_layout!("activation_backward", "Params", Params { len, grid_x }),
-        uniform_layout!("add", "Params", Params { len, grid_x }),
-        uniform_layout!(
-            "gated_activation_forward",
-            "Params",
-            GatedParams {
-                rows,
-                width,
-                grid_x,
-                pad
-            }
-        ),
-        uniform_layout!(
-            "gated_activation_backward",
-            "Params",
-            GatedParams {
-                rows,
-                width,
-                grid_x,
-                pad
-            }
-        ),
-    ]
+    let elements = uniform_layout!("activation_forward", "Params", Params { len, grid_x });
+    let gated = uniform_layout!(
+        "gated_activation_forward",
+        "Params",
+        GatedParams {
+            rows,
+            width,
+            grid_x,
+            pad
+        }
+    );
+    let mut layouts = elements.also_read_by(&["activation_backward", "add"]);
+    layouts.extend(gated.also_read_by(&["gated_activation_backward"]));
+    layouts
 }

@@ -665,78 +665,27 @@ fn append(
 #[cfg(test)]
 pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
     use crate::kernels::uniforms::uniform_layout;
-    vec![
-        uniform_layout!(
-            "kv_cache_append",
-            "Params",
-            AppendParams {
-                batch,
-                seq,
-                heads,
-                dim,
-                max_len,
-                grid_x,
-                view_offset,
-                stride_b,
-                stride_s,
-                stride_h,
-                packed,
-                pad,
-            }
-        ),
-        uniform_layout!(
-            "kv_cache_append_int8",
-            "Params",
-            AppendParams {
-                batch,
-                seq,
-                heads,
-                dim,
-                max_len,
-                grid_x,
-                view_offset,
-                stride_b,
-                stride_s,
-                stride_h,
-                packed,
-                pad,
-            }
-        ),
-        uniform_layout!(
-            "kv_cache_gather",
-            "Params",
-            AppendParams {
-                batch,
-                seq,
-                heads,
-                dim,
-                max_len,
-                grid_x,
-                view_offset,
-                stride_b,
-                stride_s,
-                stride_h,
-                packed,
-                pad,
-            }
-        ),
-        uniform_layout!(
-            "kv_cache_gather_int8",
-            "Params",
-            AppendParams {
-                batch,
-                seq,
-                heads,
-                dim,
-                max_len,
-                grid_x,
-                view_offset,
-                stride_b,
-                stride_s,
-                stride_h,
-                packed,
-                pad,
-            }
-        ),
-    ]
+    let append = uniform_layout!(
+        "kv_cache_append",
+        "Params",
+        AppendParams {
+            batch,
+            seq,
+            heads,
+            dim,
+            max_len,
+            grid_x,
+            view_offset,
+            stride_b,
+            stride_s,
+            stride_h,
+            packed,
+            pad,
+        }
+    );
+    append.also_read_by(&[
+        "kv_cache_append_int8",
+        "kv_cache_gather",
+        "kv_cache_gather_int8",
+    ])
 }

@@ -479,56 +479,37 @@ fn norm_backward_add_into(
 #[cfg(test)]
 pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> {
     use crate::kernels::uniforms::uniform_layout;
-    vec![
-        uniform_layout!(
-            "layer_norm_forward_cpu",
-            "Params",
-            RowParams {
-                rows,
-                cols,
-                eps,
-                grid_x
-            }
-        ),
-        uniform_layout!(
-            "layer_norm_forward_rows",
-            "Params",
-            RowParams {
-                rows,
-                cols,
-                eps,
-                grid_x
-            }
-        ),
-        uniform_layout!(
-            "layer_norm_backward_cpu",
-            "Params",
-            BackwardParams {
-                rows,
-                cols,
-                has_residual,
-                grid_x
-            }
-        ),
-        uniform_layout!(
-            "layer_norm_backward_rows",
-            "Params",
-            BackwardParams {
-                rows,
-                cols,
-                has_residual,
-                grid_x
-            }
-        ),
-        uniform_layout!(
-            "layer_norm_param_partials",
-            "Params",
-            PartialParams {
-                rows,
-                cols,
-                blocks,
-                grid_x
-            }
-        ),
-    ]
+    let forward = uniform_layout!(
+        "layer_norm_forward_cpu",
+        "Params",
+        RowParams {
+            rows,
+            cols,
+            eps,
+            grid_x
+        }
+    );
+    let backward = uniform_layout!(
+        "layer_norm_backward_cpu",
+        "Params",
+        BackwardParams {
+            rows,
+            cols,
+            has_residual,
+            grid_x
+        }
+    );
+    let mut layouts = forward.also_read_by(&["layer_norm_forward_rows"]);
+    layouts.extend(backward.also_read_by(&["layer_norm_backward_rows"]));
+    layouts.push(uniform_layout!(
+        "layer_norm_param_partials",
+        "Params",
+        PartialParams {
+            rows,
+            cols,
+            blocks,
+            grid_x
+        }
+    ));
+    layouts
 }

@@ -22,11 +22,6 @@ pub(crate) mod uniforms;
 /// override constant as `-NAMEvalue` (`sampling-WG256`). What the pipeline is called in wgpu's
 /// messages and captures, and the file name of its dump. The fused attention kernels' names say
 /// their family and build (`attention::variant`).
-pub(crate) fn pipeline_label(name: &str, constants: &[(&str, u32)]) -> String {
-    constants_label(name.to_string(), constants)
-}
-
-/// `name` followed by each of `constants` as `-NAMEvalue`.
 pub(crate) fn constants_label(mut name: String, constants: &[(&str, u32)]) -> String {
     for (constant, value) in constants {
         name.push_str(&format!("-{constant}{value}"));

@@ -44,7 +44,7 @@ pub(crate) fn nested<S, T>(_of: fn(&S) -> &T) -> (usize, Option<Scalar>) {
 }
 
 /// One field of a Rust parameter struct.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Field {
     pub name: &'static str,
     pub offset: usize,
@@ -54,7 +54,7 @@ pub(crate) struct Field {
 }
 
 /// A Rust parameter struct and the WGSL struct it is a copy of.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct UniformLayout {
     /// The name of a source in [`crate::kernels::shaders::all`] that declares the WGSL struct.
     pub source: &'static str,
@@ -76,6 +76,17 @@ impl UniformLayout {
     pub fn read_as_prefix(mut self) -> Self {
         self.prefix = true;
         self
+    }
+
+    /// This layout, and the same for each of `sources` (kernels that bind the same Rust struct to
+    /// a WGSL struct of the same name).
+    pub fn also_read_by(self, sources: &[&'static str]) -> Vec<Self> {
+        let mut layouts = vec![self.clone()];
+        layouts.extend(sources.iter().map(|&source| Self {
+            source,
+            ..self.clone()
+        }));
+        layouts
     }
 }
 

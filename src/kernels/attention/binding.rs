@@ -408,16 +408,14 @@ pub(super) fn encode_kernel(
     params: &Params,
     bound: Bound<'_>,
 ) {
-    let mut specialised = kernel.constants.to_vec();
-    if params.packed_views != 0 {
-        specialised.push(("PACKED_VIEWS", params.packed_views));
-    }
-    let score_bias = !bound.shared.elide_score_bias;
-    if !score_bias {
-        specialised.push(("SCORE_BIAS", 0));
-    }
-    let source = kernel.source;
-    let pipeline = ctx.pipeline(kernel.name, || source(score_bias), &specialised);
+    let pipeline = kernel_pipeline(
+        ctx,
+        kernel.name,
+        kernel.source,
+        kernel.constants,
+        params,
+        bound,
+    );
     record(ctx, pass, &pipeline, kernel.name, params, bound);
 }
 
@@ -426,23 +424,46 @@ pub(super) fn encode_kernel(
 pub(super) fn encode_chunks(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    kernel: Kernel<'_, impl Fn(bool) -> String>,
+    kernel: Kernel<'_, impl FnOnce(bool) -> String>,
     params: &mut Params,
     bound: Bound<'_>,
     chunks: &[(u32, u32)],
 ) {
+    let pipeline = kernel_pipeline(
+        ctx,
+        kernel.name,
+        kernel.source,
+        kernel.constants,
+        params,
+        bound,
+    );
     for (index, &(begin, end)) in chunks.iter().enumerate() {
         params.chunk_begin = begin;
         params.chunk_end = end;
         params.accumulate = (index > 0) as u32;
-        let source = &kernel.source;
-        let once = Kernel {
-            name: kernel.name,
-            source: |score_bias| source(score_bias),
-            constants: kernel.constants,
-        };
-        encode_kernel(ctx, pass, once, params, bound);
+        record(ctx, pass, &pipeline, kernel.name, params, bound);
     }
+}
+
+/// The pipeline of kernel `name` for a call bound by `params` and `bound`: its constants with the
+/// call's `PACKED_VIEWS` and, without a score bias, `SCORE_BIAS = 0`.
+fn kernel_pipeline(
+    ctx: &Context,
+    name: &'static str,
+    source: impl FnOnce(bool) -> String,
+    constants: &[(&'static str, u32)],
+    params: &Params,
+    bound: Bound<'_>,
+) -> Arc<wgpu::ComputePipeline> {
+    let mut specialised = constants.to_vec();
+    if params.packed_views != 0 {
+        specialised.push(("PACKED_VIEWS", params.packed_views));
+    }
+    let score_bias = !bound.shared.elide_score_bias;
+    if !score_bias {
+        specialised.push(("SCORE_BIAS", 0));
+    }
+    ctx.pipeline(name, || source(score_bias), &specialised)
 }
 
 /// Records one dispatch of the fused kernel `key`, its call's packed views and score bias taken from
@@ -530,7 +551,7 @@ fn fused_pipeline(
 ) -> (Arc<wgpu::ComputePipeline>, String) {
     key.packed_views = params.packed_views;
     key.score_bias = !shared.elide_score_bias;
-    (key.pipeline(ctx), key.name())
+    key.pipeline(ctx)
 }
 
 /// The parameter blocks of this module against `attention/common.wgsl` ([`crate::kernels::uniforms`]).

@@ -300,17 +300,18 @@ impl FusedVariant {
         Some(checks)
     }
 
-    /// The cached pipeline of this key on `ctx`, compiled at first use, labelled with the name and
-    /// each override constant as `-NAMEvalue`.
-    pub fn pipeline(&self, ctx: &Context) -> Arc<wgpu::ComputePipeline> {
-        let constants = self.constants();
-        ctx.compiled(PipelineSpec {
-            label: crate::kernels::constants_label(self.name(), &constants),
+    /// The cached pipeline of this key on `ctx`, compiled at first use (labelled with the name and
+    /// each override constant as `-NAMEvalue`), and the name.
+    pub fn pipeline(&self, ctx: &Context) -> (Arc<wgpu::ComputePipeline>, String) {
+        let (name, constants) = (self.name(), self.constants());
+        let pipeline = ctx.compiled(PipelineSpec {
+            name: name.clone(),
             sizes: &self.arrays_declared(),
             source: || self.source(),
             constants: &constants,
             relaxed_checks: self.relaxed_checks(),
-        })
+        });
+        (pipeline, name)
     }
 }
 
