@@ -1,7 +1,27 @@
 //! Running one problem: inputs and their reference results, then every (path, family, pass) case,
 //! timed and validated.
 
-use super::*;
+use wgpu_attention::bench::{measure, Samples, Timer};
+use wgpu_attention::reference::attention as reference;
+use wgpu_attention::reference::attention::{Bias, Masks};
+use wgpu_attention::reference::compare::{
+    compare, BACKWARD_ATOL, BACKWARD_RTOL, F16_BACKWARD_ATOL, F16_FORWARD_ATOL, F16_RTOL,
+    FORWARD_ATOL, FORWARD_RTOL, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL,
+};
+use wgpu_attention::{
+    attention_backward_into, attention_backward_unfused, attention_backward_workspace,
+    attention_bias_backward_into, attention_forward_into, attention_forward_plan,
+    attention_forward_unfused, attention_sinks_backward_into, AttentionOptions, AttentionShape,
+    BiasView, Context, DType, Error, GpuTensor, GpuTensorF16, HeadsView, KernelFamily, PackedSide,
+    RelativeBuckets, SeqLens,
+};
+use wgpu_attention_transformer::layer_case::LayerCase;
+use wgpu_attention_transformer::reference::transformer_layer as reference_layer;
+use wgpu_attention_transformer::reference::transformer_layer::TransformerLayerConfig;
+
+use crate::cli::{Modifier, Pass, PathKind};
+use crate::problem::{OptionTensors, Problem, RELATIVE_BUCKETS};
+use crate::Progress;
 
 /// Scale of the cosine-scores cases.
 pub(crate) const COSINE_SCALE: f32 = 10.0;

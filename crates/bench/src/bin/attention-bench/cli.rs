@@ -1,6 +1,8 @@
 //! The command line: the option enums, `Cli`, and the repetitions per suite.
 
-use super::*;
+use clap::{Parser, ValueEnum};
+
+use wgpu_attention::{DType, KernelFamily};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Suite {

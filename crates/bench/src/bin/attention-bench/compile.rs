@@ -1,6 +1,10 @@
 //! `--compile-only`: every fused-path pipeline of the run, built and not run.
 
-use super::*;
+use wgpu_attention::{AttentionShape, BiasView, Context, GpuTensor, KernelFamily};
+
+use crate::cli::{Cli, Pass, PathKind, Suite};
+use crate::problem::{OptionTensors, Problem, RELATIVE_BUCKETS};
+
 use wgpu_attention::{attention_precompile, AttentionPasses};
 
 /// Builds the pipelines of every (problem, kernel family, pass) of the run. The options carry

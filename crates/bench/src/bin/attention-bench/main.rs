@@ -20,32 +20,16 @@ mod report;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
-use serde_json::{json, Value};
+use clap::Parser;
 use wgpu_attention::bench::fma::fma_peak_gflops;
-use wgpu_attention::bench::{bench_options, measure, Samples, Timer};
-use wgpu_attention::reference::attention::{self as reference, Bias, Masks};
-use wgpu_attention::reference::compare::{
-    compare, BACKWARD_ATOL, BACKWARD_RTOL, F16_BACKWARD_ATOL, F16_FORWARD_ATOL, F16_RTOL,
-    FORWARD_ATOL, FORWARD_RTOL, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL,
-};
-use wgpu_attention::{
-    attention_backward_into, attention_backward_unfused, attention_backward_workspace,
-    attention_bias_backward_into, attention_forward_into, attention_forward_plan,
-    attention_forward_unfused, attention_sinks_backward_into, enumerate_adapters, parse_backends,
-    AttentionOptions, AttentionShape, BiasView, Context, DType, Error, GpuTensor, GpuTensorF16,
-    HeadsView, KernelFamily, PackedSide, RelativeBuckets, SeqLens,
-};
-use wgpu_attention_transformer::layer_case::LayerCase;
-use wgpu_attention_transformer::reference::transformer_layer::{
-    self as reference_layer, TransformerLayerConfig,
-};
+use wgpu_attention::bench::{bench_options, Timer};
+use wgpu_attention::{enumerate_adapters, parse_backends, Context, DType, Error, KernelFamily};
 
-use cases::*;
-use cli::*;
+use cases::{run_problem, CaseResult, Measured};
+use cli::{reps, Cli, Mask, Modifier, Pass, PathKind, Suite};
 use compile::compile_only;
-use problem::*;
-use report::*;
+use problem::{problems, Problem};
+use report::{print_comparison, print_table, read_json, report_json, svg_plot};
 
 fn usage_error(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("attention-bench: {message}");

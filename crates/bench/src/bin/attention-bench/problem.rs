@@ -1,7 +1,12 @@
 //! The problems a run measures: sizes, masks, modifiers, windows and element types, from the
 //! suite and the options.
 
-use super::*;
+use wgpu_attention::{
+    AttentionOptions, BiasView, Context, DType, GpuTensor, KernelFamily, RelativeBuckets, SeqLens,
+};
+
+use crate::cases::COSINE_SCALE;
+use crate::cli::{Cli, Mask, Modifier, PathKind, Suite};
 
 /// One problem size and mask; every (path, pass) of it is a measured case.
 #[derive(Clone, Debug)]

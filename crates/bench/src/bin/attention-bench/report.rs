@@ -1,7 +1,15 @@
 //! What a run reports: the Markdown tables, the JSON report, the comparison with an earlier
 //! report and the SVG chart.
 
-use super::*;
+
+use serde_json::{json, Value};
+
+use wgpu_attention::bench::Timer;
+use wgpu_attention::{Context, Error};
+
+use crate::cases::CaseResult;
+use crate::cli::{Mask, Pass, PathKind};
+use crate::problem::{mask_name, Problem};
 
 pub(crate) fn print_table(results: &[CaseResult], peak: f64) {
     println!();
