@@ -33,18 +33,21 @@ pub use device::{
     TiledShape, ENVIRONMENT_VARIABLES,
 };
 pub use error::{Error, PretrainedProblem, Result};
-pub use kernels::attention::{
+pub use kernels::additive::{
     additive_backward, additive_backward_into, additive_backward_unfused,
     additive_backward_workspace, additive_forward, additive_forward_into, additive_forward_unfused,
-    additive_precompile, additive_probabilities, attention_backward, attention_backward_family,
-    attention_backward_into, attention_backward_unfused, attention_backward_workspace,
-    attention_bias_backward_into, attention_decode, attention_decode_int8_into,
-    attention_decode_into, attention_decode_paged_into, attention_forward, attention_forward_into,
+    additive_precompile, additive_probabilities, AdditiveGrads, AdditiveScores,
+};
+pub use kernels::attention::{
+    attention_backward, attention_backward_family, attention_backward_into,
+    attention_backward_unfused, attention_backward_workspace, attention_bias_backward_into,
+    attention_decode, attention_decode_int8_into, attention_decode_into,
+    attention_decode_paged_into, attention_forward, attention_forward_into,
     attention_forward_out_into, attention_forward_plan, attention_forward_unfused,
     attention_precompile, attention_probabilities, attention_probabilities_into,
-    attention_sinks_backward_into, AdditiveGrads, AdditiveScores, AttentionGrads, AttentionOptions,
-    AttentionOutput, AttentionPasses, AttentionShape, DecodePlan, ForwardPlan, LearnedScale,
-    RelativeBuckets, ScoreBias,
+    attention_sinks_backward_into, AttentionGrads, AttentionOptions, AttentionOutput,
+    AttentionPasses, AttentionShape, DecodePlan, ForwardPlan, LearnedScale, RelativeBuckets,
+    ScoreBias,
 };
 pub use tensor::{
     BiasView, DType, GpuTensor, GpuTensorF16, GpuTensorQ8, GpuTokens, HeadsView, PackedSide,

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use wgpu_attention::kernels::attention::{additive_decode_into, additive_probabilities};
+use wgpu_attention::kernels::additive::{additive_decode_into, additive_probabilities};
 use wgpu_attention::reference::additive as reference;
 use wgpu_attention::reference::attention::Masks;
 use wgpu_attention::{

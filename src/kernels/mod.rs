@@ -1,6 +1,7 @@
 //! GPU kernels: each has a WGSL source in `shaders/`, a host wrapper here and a CPU reference in
 //! `reference/` of the same name.
 
+pub mod additive;
 pub(crate) mod arguments;
 pub mod attention;
 pub mod cross_entropy;

@@ -7,7 +7,8 @@ type Sources = Vec<(&'static str, String)>;
 
 /// The sources of every kernel family, the benchmark's FMA kernel included.
 pub fn all() -> Vec<(String, String)> {
-    let families: [fn() -> Sources; 11] = [
+    let families: [fn() -> Sources; 12] = [
+        super::additive::shader_sources,
         super::matmul::shader_sources,
         super::linear::shader_sources,
         super::layer_norm::shader_sources,

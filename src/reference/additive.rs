@@ -3,7 +3,7 @@
 //! projections `a [B, Lq, H, Da]`, `b [B, Lk, H, Da]` (contiguous), then the softmax over the
 //! visible keys and `O = P V` (`v [B, Lk, H, Dv]`). Masks as in dot-product attention
 //! ([`Masks::visible`]: causal, per-batch lengths, windows); `masks.scale` is `scale`.
-//! GPU counterpart: [`crate::kernels::attention::additive_forward`] and `additive_backward`.
+//! GPU counterpart: [`crate::kernels::additive::additive_forward`] and `additive_backward`.
 
 use crate::reference::attention::Masks;
 use crate::spec::AttentionShape;

@@ -12,16 +12,16 @@ use std::sync::Arc;
 
 /// A buffer range bound for one dispatch and the element offset of the view inside it.
 #[derive(Clone, Copy)]
-pub(super) struct Binding<'a> {
-    pub(super) buffer: &'a wgpu::Buffer,
-    pub(super) offset_bytes: u64,
-    pub(super) size_bytes: u64,
+pub(crate) struct Binding<'a> {
+    pub(crate) buffer: &'a wgpu::Buffer,
+    pub(crate) offset_bytes: u64,
+    pub(crate) size_bytes: u64,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(super) struct ViewParams {
-    pub(super) offset: u32,
+    pub(crate) offset: u32,
     pub(super) stride_b: u32,
     pub(super) stride_s: u32,
     pub(super) stride_h: u32,
@@ -29,24 +29,24 @@ pub(super) struct ViewParams {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    pub(super) batch: u32,
-    pub(super) heads: u32,
-    pub(super) kv_heads: u32,
-    pub(super) q_seq: u32,
-    pub(super) kv_seq: u32,
+pub(crate) struct Params {
+    pub(crate) batch: u32,
+    pub(crate) heads: u32,
+    pub(crate) kv_heads: u32,
+    pub(crate) q_seq: u32,
+    pub(crate) kv_seq: u32,
     pub(super) dk: u32,
-    pub(super) dv: u32,
-    pub(super) flags: u32,
-    pub(super) scale: f32,
-    pub(super) blocks: u32,
+    pub(crate) dv: u32,
+    pub(crate) flags: u32,
+    pub(crate) scale: f32,
+    pub(crate) blocks: u32,
     pub(super) grid_x: u32,
     pub(super) total_groups: u32,
-    pub(super) chunk_begin: u32,
-    pub(super) chunk_end: u32,
+    pub(crate) chunk_begin: u32,
+    pub(crate) chunk_end: u32,
     pub(super) accumulate: u32,
     pub(super) splits: u32,
-    pub(super) softcap: f32,
+    pub(crate) softcap: f32,
     pub(super) window_left: u32,
     pub(super) window_right: u32,
     pub(super) bias_offset: u32,
@@ -62,18 +62,18 @@ pub(super) struct Params {
     /// [`encode_kernel`] specialises the pipeline with it (`PACKED_VIEWS`).
     pub(super) packed_views: u32,
     pub(super) rel_thresholds: [[u32; 4]; MAX_REL_THRESHOLDS / 4],
-    pub(super) alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
+    pub(crate) alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
     pub(super) views: [ViewParams; 8],
 }
 
-pub(super) const VIEW_Q: usize = 0;
-pub(super) const VIEW_K: usize = 1;
-pub(super) const VIEW_V: usize = 2;
-pub(super) const VIEW_O: usize = 3;
-pub(super) const VIEW_DO: usize = 4;
-pub(super) const VIEW_DQ: usize = 5;
-pub(super) const VIEW_DK: usize = 6;
-pub(super) const VIEW_DV: usize = 7;
+pub(crate) const VIEW_Q: usize = 0;
+pub(crate) const VIEW_K: usize = 1;
+pub(crate) const VIEW_V: usize = 2;
+pub(crate) const VIEW_O: usize = 3;
+pub(crate) const VIEW_DO: usize = 4;
+pub(crate) const VIEW_DQ: usize = 5;
+pub(crate) const VIEW_DK: usize = 6;
+pub(crate) const VIEW_DV: usize = 7;
 
 pub(super) const FLAG_CAUSAL: u32 = 1;
 pub(super) const FLAG_Q_LENS: u32 = 2;
@@ -85,7 +85,7 @@ pub(super) const FLAG_BIAS: u32 = 64;
 pub(super) const FLAG_RELATIVE: u32 = 128;
 pub(super) const FLAG_REL_BIDIRECTIONAL: u32 = 256;
 pub(super) const FLAG_ALIBI_SLOPES: u32 = 512;
-pub(super) const FLAG_ALIGN_LENS: u32 = 1024;
+pub(crate) const FLAG_ALIGN_LENS: u32 = 1024;
 pub(super) const FLAG_SHARED_OUTPUTS: u32 = 2048;
 /// Query heads whose ALiBi slopes the parameter block can hold ([`AttentionOptions::alibi_slopes`]).
 pub const MAX_ALIBI_SLOPES: usize = 64;
@@ -120,7 +120,7 @@ pub(super) fn view_params(
     })
 }
 
-pub(super) fn bind_view<'a>(
+pub(crate) fn bind_view<'a>(
     ctx: &Context,
     arg: &'static str,
     view: &'a HeadsView,
@@ -152,7 +152,7 @@ pub(super) fn bind_view<'a>(
 /// element is in both: such a pair is bound once, over both views, at the first binding, a dummy at
 /// the second, and the kernel writes both through the first (`FLAG_SHARED_OUTPUTS`: a flag of the
 /// parameter block, not a constant, so no pipeline variant).
-pub(super) fn bind_output_pair<'a>(
+pub(crate) fn bind_output_pair<'a>(
     ctx: &'a Context,
     [(arg0, view0, slot0), (arg1, view1, slot1)]: [(&'static str, &'a HeadsView, usize); 2],
     params: &mut Params,
@@ -182,7 +182,7 @@ pub(super) fn bind_output_pair<'a>(
 }
 
 /// The context's read-write dummy, bound where a kernel's read-write binding is absent.
-pub(super) fn empty_rw_binding(ctx: &Context) -> Binding<'_> {
+pub(crate) fn empty_rw_binding(ctx: &Context) -> Binding<'_> {
     Binding {
         buffer: ctx.empty_storage_rw(0),
         offset_bytes: 0,
@@ -190,7 +190,7 @@ pub(super) fn empty_rw_binding(ctx: &Context) -> Binding<'_> {
     }
 }
 
-pub(super) fn bind_tensor<'a>(
+pub(crate) fn bind_tensor<'a>(
     ctx: &Context,
     arg: &'static str,
     t: &'a GpuTensor,
@@ -225,7 +225,7 @@ pub(super) fn bind_backward_inputs<'a>(
 pub(super) const ROWS: u32 = 4;
 
 /// Invocations per workgroup of the one-row-per-invocation kernels (preprocess, unfused softmax).
-pub(super) const SIMPLE_WG: u32 = 64;
+pub(crate) const SIMPLE_WG: u32 = 64;
 
 /// Invocations per workgroup of the fused kernels, so a workgroup owns `ROWS * WG` rows (queries in
 /// the forward and dQ, keys in dK/dV). Wide workgroups amortise each staged tile over more rows;
@@ -256,7 +256,7 @@ pub(super) fn tile_rows(
     (ctx.limits().max_compute_workgroup_storage_size / per_row).clamp(1, max)
 }
 
-pub(super) fn base_params(
+pub(crate) fn base_params(
     shape: &AttentionShape,
     scale: f32,
     opts: &AttentionOptions<'_>,
@@ -319,7 +319,7 @@ pub(super) fn base_params(
 }
 
 /// Sets the 2-D grid for `blocks` workgroups per (batch, head) group of `groups`.
-pub(super) fn set_grid(params: &mut Params, blocks: usize, groups: usize) -> Result<(u32, u32)> {
+pub(crate) fn set_grid(params: &mut Params, blocks: usize, groups: usize) -> Result<(u32, u32)> {
     let total = blocks as u64 * groups as u64;
     let max = 65535u64 * 65535u64;
     if total > max {
@@ -338,7 +338,7 @@ pub(super) fn set_grid(params: &mut Params, blocks: usize, groups: usize) -> Res
 }
 
 /// The buffer bound as `seq_lens`: the caller's, or the context's empty one (bindings cannot be absent).
-pub(super) fn seq_lens_buffer<'a>(
+pub(crate) fn seq_lens_buffer<'a>(
     ctx: &'a Context,
     opts: &AttentionOptions<'a>,
 ) -> &'a wgpu::Buffer {
@@ -348,22 +348,22 @@ pub(super) fn seq_lens_buffer<'a>(
 /// The storage a kernel binds besides its own tensors: the sequence lengths at binding 1 (kernels
 /// that read them) and the score bias at [`SCORE_BIAS_BINDING`] (kernels that call `modify_scores`).
 #[derive(Clone, Copy, Default)]
-pub(super) struct Shared<'a> {
-    pub(super) seq_lens: Option<&'a wgpu::Buffer>,
-    pub(super) score_bias: Option<Binding<'a>>,
+pub(crate) struct Shared<'a> {
+    pub(crate) seq_lens: Option<&'a wgpu::Buffer>,
+    pub(crate) score_bias: Option<Binding<'a>>,
     /// The kernel calls modify_scores but the call has no score bias or relative table: it is
     /// compiled without the score_bias binding (`score_bias_none.wgsl`, `SCORE_BIAS = false`).
     pub(super) elide_score_bias: bool,
 }
 
 impl<'a> Shared<'a> {
-    pub(super) const NONE: Shared<'static> = Shared {
+    pub(crate) const NONE: Shared<'static> = Shared {
         seq_lens: None,
         score_bias: None,
         elide_score_bias: false,
     };
 
-    pub(super) fn lens(seq_lens: &'a wgpu::Buffer) -> Self {
+    pub(crate) fn lens(seq_lens: &'a wgpu::Buffer) -> Self {
         Shared {
             seq_lens: Some(seq_lens),
             ..Shared::NONE
@@ -372,7 +372,7 @@ impl<'a> Shared<'a> {
 
     /// What a score kernel binds: the sequence lengths and the bias tensor, the relative table or a
     /// dummy.
-    pub(super) fn scores(ctx: &'a Context, opts: &AttentionOptions<'a>) -> Result<Self> {
+    pub(crate) fn scores(ctx: &'a Context, opts: &AttentionOptions<'a>) -> Result<Self> {
         let score_bias = score_bias_binding(ctx, opts)?;
         Ok(Shared {
             seq_lens: Some(seq_lens_buffer(ctx, opts)),
@@ -385,7 +385,7 @@ impl<'a> Shared<'a> {
 /// An attention-family kernel other than the fused ones: its pipeline name, its source (given
 /// whether the call binds a score bias, see [`Shared::elide_score_bias`]) and its override
 /// constants.
-pub(super) struct Kernel<'a, S> {
+pub(crate) struct Kernel<'a, S> {
     pub name: &'static str,
     pub source: S,
     pub constants: &'a [(&'static str, u32)],
@@ -394,14 +394,14 @@ pub(super) struct Kernel<'a, S> {
 /// What one dispatch binds besides its parameter block: the sequence lengths at binding 1 and the
 /// score bias ([`Shared`]), the kernel's own `bindings` from binding 2 on, and its grid.
 #[derive(Clone, Copy)]
-pub(super) struct Bound<'a> {
+pub(crate) struct Bound<'a> {
     pub shared: Shared<'a>,
     pub bindings: &'a [Binding<'a>],
     pub grid: (u32, u32),
 }
 
 /// Records one dispatch of `kernel` with the parameter block `params` at binding 0 and `bound`.
-pub(super) fn encode_kernel(
+pub(crate) fn encode_kernel(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     kernel: Kernel<'_, impl FnOnce(bool) -> String>,
@@ -421,7 +421,7 @@ pub(super) fn encode_kernel(
 
 /// Records one dispatch of `kernel` per loop chunk (`[begin, end)` ranges from [`loop_chunks`]);
 /// every chunk after the first adds to what the earlier ones wrote.
-pub(super) fn encode_chunks(
+pub(crate) fn encode_chunks(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     kernel: Kernel<'_, impl FnOnce(bool) -> String>,

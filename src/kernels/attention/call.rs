@@ -19,7 +19,7 @@ pub struct AttentionOutput {
 
 impl AttentionOutput {
     /// New, uninitialised `out [B, Lq, H, Dv]` and `lse [B, H, Lq]` for `s`.
-    pub(super) fn new(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+    pub(crate) fn new(ctx: &Context, s: &AttentionShape) -> Result<Self> {
         Ok(Self {
             out: GpuTensor::uninit(
                 ctx,
@@ -32,7 +32,7 @@ impl AttentionOutput {
 
     /// The one-shot form of a forward-like `_into` call: new outputs for `s`, filled by `record`
     /// and submitted.
-    pub(super) fn recorded(
+    pub(crate) fn recorded(
         ctx: &Context,
         s: &AttentionShape,
         record: impl FnOnce(&mut wgpu::CommandEncoder, &HeadsView, &GpuTensor) -> Result<()>,

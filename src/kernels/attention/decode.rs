@@ -561,7 +561,7 @@ fn decode_into(
 /// returns the longest key count.
 /// The most cached keys of any sequence, once `opts.seq_lens` is checked for decoding `batch`
 /// sequences of `new_slots` query slots against caches of `capacity` (`what` names the caller).
-pub(super) fn check_decode_lens(
+pub(crate) fn check_decode_lens(
     what: &str,
     [batch, new_slots, capacity]: [usize; 3],
     opts: &AttentionOptions<'_>,

@@ -25,7 +25,7 @@ use crate::tensor::{DType, GpuTensor, HeadsView, PackedSide, Region};
 
 /// Checks a forward's outputs: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`, neither sharing a buffer
 /// with an input of the call (`inputs`, and the tensors of `opts`) nor overlapping the other.
-pub(super) fn check_forward_outputs<'a>(
+pub(crate) fn check_forward_outputs<'a>(
     ctx: &Context,
     s: &AttentionShape,
     out: &HeadsView,
@@ -44,7 +44,7 @@ pub(super) fn check_forward_outputs<'a>(
 }
 
 /// Checks `rows` is a non-empty range of the `q_seq` query rows (attention maps).
-pub(super) fn check_rows(rows: &std::ops::Range<usize>, q_seq: usize) -> Result<()> {
+pub(crate) fn check_rows(rows: &std::ops::Range<usize>, q_seq: usize) -> Result<()> {
     if rows.start >= rows.end || rows.end > q_seq {
         return Err(Error::shape(
             "rows",

@@ -11,7 +11,7 @@ pub(super) const SCORE_BIAS_NONE: &str =
 
 /// `body` with the common header, reading and writing f32; its score-bias terms read the binding
 /// (`score_bias`) or are zero (`score_bias_none.wgsl`, for calls without a bias or relative table).
-pub(super) fn with_common(body: &str, score_bias: bool) -> String {
+pub(crate) fn with_common(body: &str, score_bias: bool) -> String {
     with_common_typed(body, DType::F32, DType::F32, score_bias)
 }
 
@@ -39,7 +39,7 @@ pub(super) fn with_common_typed(
 
 /// `body` after module constants declaring `sizes` (`const NAME: u32 = value;`): how kernels size
 /// their per-invocation arrays, which WGSL cannot take from override constants.
-pub(super) fn with_sizes(sizes: &[(&str, u32)], body: &str) -> String {
+pub(crate) fn with_sizes(sizes: &[(&str, u32)], body: &str) -> String {
     let mut text = String::new();
     for (name, value) in sizes {
         text.push_str(&format!("const {name}: u32 = {value}u;\n"));

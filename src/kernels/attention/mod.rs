@@ -11,36 +11,30 @@
 //! `binding` (uniforms, bindings, recording), `variant` (the key of every fused pipeline: its
 //! source, constants and label), `forward` (the API and the CPU-driver family's forward),
 //! `backward` (likewise), `gpu` and `coop` (the other two families), `unfused`, and one file per
-//! score feature or variant (`bias`, `sinks`, `qk_norm`, `probs`, `decode`, `additive`). This file
+//! score feature or variant (`bias`, `sinks`, `qk_norm`, `probs`, `decode`). Additive attention,
+//! which shares the masks, options and bindings, is [`crate::kernels::additive`]. This file
 //! lists the shader sources for the translation tests.
 
-mod additive;
 mod backward;
 mod bias;
-mod binding;
-mod call;
+pub(crate) mod binding;
+pub(crate) mod call;
 mod coop;
-mod decode;
-mod forward;
+pub(crate) mod decode;
+pub(crate) mod forward;
 mod gpu;
-mod header;
+pub(crate) mod header;
 mod options;
 mod precompile;
 mod probs;
 mod qk_norm;
-mod shape;
+pub(crate) mod shape;
 mod sinks;
 mod sources;
-mod unfused;
+pub(crate) mod unfused;
 mod variant;
 
 pub use crate::spec::{AttentionShape, RelativeBuckets};
-pub use additive::{
-    additive_backward, additive_backward_into, additive_backward_unfused,
-    additive_backward_workspace, additive_decode_into, additive_forward, additive_forward_into,
-    additive_forward_unfused, additive_probabilities, AdditiveGrads, AdditiveScores,
-    ADDITIVE_BACKWARD_STORAGE_BUFFERS, MAX_ADDITIVE_DIM,
-};
 pub use backward::*;
 pub use bias::attention_bias_backward_into;
 pub use binding::MAX_ALIBI_SLOPES;
@@ -52,7 +46,7 @@ pub use decode::{
 };
 pub use forward::*;
 pub use options::*;
-pub use precompile::{additive_precompile, attention_precompile, AttentionPasses};
+pub use precompile::{attention_precompile, AttentionPasses};
 pub use probs::{attention_probabilities, attention_probabilities_into};
 pub use shape::{
     FUSED_BACKWARD_STORAGE_BUFFERS, FUSED_BACKWARD_STORAGE_BUFFERS_WITHOUT_BIAS,

@@ -131,7 +131,7 @@ impl AttentionShape {
     }
 }
 
-pub(super) fn check_options(
+pub(crate) fn check_options(
     ctx: &Context,
     shape: &AttentionShape,
     opts: &AttentionOptions<'_>,
@@ -292,7 +292,7 @@ pub(super) fn check_options_with(
 
 /// Checks an f32 view's shape: every attention op but the fused forward and backward takes f32, and
 /// padded views.
-pub(super) fn check_view(arg: &'static str, view: &HeadsView, expected: [usize; 4]) -> Result<()> {
+pub(crate) fn check_view(arg: &'static str, view: &HeadsView, expected: [usize; 4]) -> Result<()> {
     check_f32(&[(arg, view)])?;
     refuse_packed(&[(arg, view)], "this operation")?;
     check_view_typed(arg, view, expected)
@@ -313,7 +313,7 @@ pub(super) fn check_view_typed(
     Ok(())
 }
 
-pub(super) fn check_tensor(arg: &'static str, t: &GpuTensor, expected: &[usize]) -> Result<()> {
+pub(crate) fn check_tensor(arg: &'static str, t: &GpuTensor, expected: &[usize]) -> Result<()> {
     if t.shape() != expected {
         return Err(Error::shape(
             arg,
@@ -385,7 +385,7 @@ pub(super) fn option_inputs<'a>(opts: &AttentionOptions<'a>) -> Vec<(&'static st
 /// The aliasing rules of one attention call (`kernels::arguments::check_call`): `outputs` share
 /// no buffer with `inputs` nor with the tensors the options bind, and do not overlap each other;
 /// every tensor belongs to `ctx`.
-pub(super) fn check_distinct<'a>(
+pub(crate) fn check_distinct<'a>(
     ctx: &Context,
     opts: &AttentionOptions<'a>,
     outputs: &[(&'static str, Region<'_>)],

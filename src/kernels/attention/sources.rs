@@ -6,7 +6,7 @@ use super::header::{with_common, with_common_typed};
 use super::shape::MAX_HEAD_DIM;
 use super::unfused::{SOFTMAX, SOFTMAX_BACKWARD};
 use super::variant::{cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, QuadReads};
-use super::{additive, bias, coop, decode, gpu, probs, qk_norm, sinks};
+use super::{bias, coop, decode, gpu, probs, qk_norm, sinks};
 use crate::tensor::DType;
 
 /// Every attention shader with the common header prepended, by name: what the pipelines compile and
@@ -23,24 +23,10 @@ pub fn shader_sources() -> Vec<(String, String)> {
         ("attention_sinks_backward", sinks::BACKWARD),
         ("attention_bias_backward", bias::BACKWARD),
         ("attention_probs", probs::SOURCE),
-        ("additive_param_grads", additive::PARAM_GRADS),
-        ("additive_scores", additive::SCORES),
-        ("additive_backward_unfused", additive::BACKWARD_UNFUSED),
     ]
     .into_iter()
     .map(|(name, body)| (name, with_common(body, true)))
     .chain([
-        (
-            "additive_backward_pack",
-            with_common(
-                &format!(
-                    "{}\n{}",
-                    additive::BACKWARD_WORKSPACE,
-                    additive::BACKWARD_PACK
-                ),
-                true,
-            ),
-        ),
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
         ("attention_decode", decode::shader_source()),
         (
@@ -52,7 +38,6 @@ pub fn shader_sources() -> Vec<(String, String)> {
             with_common_typed(BACKWARD_PREPROCESS, DType::F16, DType::F32, true),
         ),
     ])
-    .chain(additive::shader_sources())
     .map(|(name, source)| (name.to_string(), source))
     .chain(fused_variants().into_iter().map(|key| {
         let vec4 = match key.vec4_inputs {

@@ -25,7 +25,7 @@ pub(super) const SOFTMAX_BACKWARD: &str =
 /// `dprobs`, `dS = P (dP - rowsum(P dP))` in place (the gradient at the scaled scores), and
 /// `dV = sum_g P^T dO` over the query heads of each kv head.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn encode_unfused_output_grads(
+pub(crate) fn encode_unfused_output_grads(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     s: &AttentionShape,
@@ -140,7 +140,7 @@ pub(super) fn probs_operands(s: &AttentionShape) -> (Operand, Operand) {
     (p_rows, p_t_grouped)
 }
 
-pub(super) fn scores_shape(ctx: &Context, s: &AttentionShape) -> Result<[usize; 4]> {
+pub(crate) fn scores_shape(ctx: &Context, s: &AttentionShape) -> Result<[usize; 4]> {
     let shape = [s.batch, s.heads, s.q_seq, s.kv_seq];
     let bytes = shape.iter().map(|&d| d as u64).product::<u64>() * 4;
     check_binding(ctx, "scores (unfused B x H x Lq x Lk)", bytes)?;
@@ -218,7 +218,7 @@ pub(super) fn encode_probs(
 
 /// Records the masked row softmax of materialised scores `[B, H, Lq, Lk]` in place (P), with lse.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn encode_softmax(
+pub(crate) fn encode_softmax(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     s: &AttentionShape,
@@ -254,7 +254,7 @@ pub(super) fn encode_softmax(
 }
 
 /// Records `out = P V` for materialised probabilities `[B, H, Lq, Lk]`.
-pub(super) fn encode_pv(
+pub(crate) fn encode_pv(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     s: &AttentionShape,

@@ -345,7 +345,7 @@ fn packs_prefill(c: &TransformerConfig) -> bool {
 impl Generator {
     /// A generator over `model`'s parameters for `shape`. Refused: learned position tables shorter
     /// than the capacity or source length. Every score function decodes: additive-score layers cache
-    /// their key projections and decode with [`wgpu_attention::kernels::attention::additive_decode_into`];
+    /// their key projections and decode with [`wgpu_attention::kernels::additive::additive_decode_into`];
     /// cosine scores and key clipping transform the cached keys in decode attention.
     pub fn new(ctx: &Context, model: &Transformer, shape: GeneratorShape) -> Result<Self> {
         Self::with_layout(ctx, model, shape, CacheLayout::Contiguous)

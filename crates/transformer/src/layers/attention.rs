@@ -9,14 +9,16 @@ pub use crate::layers::scores::ScoreOptions;
 use crate::layers::stack::StackConfig;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
-use wgpu_attention::kernels::attention::{
+use wgpu_attention::kernels::additive::{
     additive_backward_into, additive_backward_workspace, additive_decode_into,
-    additive_forward_into, additive_probabilities, attention_backward_into,
-    attention_backward_workspace, attention_decode_into, attention_forward_into,
-    attention_probabilities, attention_sinks_backward_into, AdditiveScores, AttentionOptions,
-    AttentionShape, RelativeBuckets,
+    additive_forward_into, additive_probabilities, AdditiveScores,
 };
-use wgpu_attention::kernels::attention::{attention_decode_int8_into, attention_decode_paged_into};
+use wgpu_attention::kernels::attention::{
+    attention_backward_into, attention_backward_workspace, attention_decode_int8_into,
+    attention_decode_into, attention_decode_paged_into, attention_forward_into,
+    attention_probabilities, attention_sinks_backward_into, AttentionOptions, AttentionShape,
+    RelativeBuckets,
+};
 use wgpu_attention::kernels::kv_cache::{BlockTable, KvFormat, KvStorage};
 use wgpu_attention::kernels::linear::Epilogue;
 use wgpu_attention::kernels::rope::{

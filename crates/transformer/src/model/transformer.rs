@@ -361,12 +361,12 @@ impl TransformerConfig {
             }
         }
         if let Some(dim) = c.additive_attention {
-            if dim == 0 || dim > wgpu_attention::kernels::attention::MAX_ADDITIVE_DIM {
+            if dim == 0 || dim > wgpu_attention::kernels::additive::MAX_ADDITIVE_DIM {
                 return Err(Error::shape(
                     "additive_attention",
                     format!(
                         "score dim {dim}; it must be 1 to {}",
-                        wgpu_attention::kernels::attention::MAX_ADDITIVE_DIM
+                        wgpu_attention::kernels::additive::MAX_ADDITIVE_DIM
                     ),
                 ));
             }

@@ -1,7 +1,6 @@
 //! What a run reports: the Markdown tables, the JSON report, the comparison with an earlier
 //! report and the SVG chart.
 
-
 use serde_json::{json, Value};
 
 use wgpu_attention::bench::Timer;
