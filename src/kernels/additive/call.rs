@@ -20,7 +20,7 @@ pub struct AdditiveScores<'a> {
     pub bias: &'a GpuTensor,
 }
 
-/// Gradients of [`additive_backward`]: `da`, `db`, `dv` shaped like `a`, `b`, `v`; `dw`, `dbias`
+/// Gradients of [`additive_backward`](super::additive_backward): `da`, `db`, `dv` shaped like `a`, `b`, `v`; `dw`, `dbias`
 /// `[H, Da]`.
 #[derive(Clone, Debug)]
 pub struct AdditiveGrads {

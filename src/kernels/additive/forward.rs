@@ -55,7 +55,7 @@ pub fn additive_forward_into(
 /// Additive attention for incremental decoding: new query rows `a [B, L, H, Da]` (`q_lens` per
 /// sequence) against caches `b [B, capacity, H, Da]` and `v [B, capacity, H, Dv]` holding `kv_lens`
 /// keys each, the new ones last. Masks align on each sequence's own lengths, as in
-/// [`super::attention_decode_into`]: query `i` of sequence `s` sits at position
+/// [`attention_decode_into`](crate::kernels::attention::attention_decode_into): query `i` of sequence `s` sits at position
 /// `kv_lens[s] - q_lens[s] + i`. Up to 16 rows per sequence, one workgroup per row, its
 /// invocations splitting the cached keys (`shaders/additive/decode.wgsl`); more (a prefill chunk),
 /// the forward kernel. Results match [`additive_forward_into`] on the whole sequence.

@@ -13,7 +13,7 @@ use super::forward::additive_forward_into;
 /// Compiles every pipeline that [`additive_forward_into`] (and, for
 /// [`AttentionPasses::ForwardBackward`], [`additive_backward_into`]) would use for `shape` (`Da` as
 /// `head_dim_qk`, `kv_heads == heads`) and `opts`, without running any, as
-/// [`attention_precompile`] does for dot-product attention.
+/// [`attention_precompile`](crate::kernels::attention::attention_precompile) does for dot-product attention.
 /// [`additive_decode_into`](super::additive_decode_into) runs these kernels for prefill-sized
 /// chunks, and its own decoding kernel for a few new rows, which this does not build
 /// (`wgpu_attention_serve::Generator::precompile` builds a model's). Returns how many pipelines

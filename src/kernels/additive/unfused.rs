@@ -24,7 +24,7 @@ use super::backward::encode_param_grads;
 use super::call::{check, AdditiveGrads, AdditiveScores};
 use super::sources::{BACKWARD_UNFUSED, SCORES};
 
-/// The unfused baseline of [`additive_forward`], for the benchmark: the scores materialised as
+/// The unfused baseline of [`additive_forward`](super::additive_forward), for the benchmark: the scores materialised as
 /// `[B, H, Lq, Lk]` (`shaders/additive/scores.wgsl`), the masked softmax and `P V` of the unfused
 /// dot-product path. Submitted; O(L^2) memory.
 pub fn additive_forward_unfused(
@@ -59,7 +59,7 @@ pub fn additive_forward_unfused(
 
 /// Attention maps of additive attention: the probabilities `P[b, h, i, j]` of query rows `rows`,
 /// recomputed from a, b and the forward's lse with the same masks, as a new `[B, H, rows, Lk]`
-/// tensor (0 where masked). See [`attention_probabilities`](super::attention_probabilities) for
+/// tensor (0 where masked). See [`attention_probabilities`](crate::kernels::attention::attention_probabilities) for
 /// what maps do and do not show.
 pub fn additive_probabilities(
     ctx: &Context,
@@ -191,7 +191,7 @@ pub(super) fn encode_unfused_probs(
     encode_softmax(ctx, pass, s, 1.0, probs, lse, opts, lens)
 }
 
-/// The unfused baseline of [`additive_backward`], for the benchmark: P recomputed and materialised
+/// The unfused baseline of [`additive_backward`](super::additive_backward), for the benchmark: P recomputed and materialised
 /// as `[B, H, Lq, Lk]` (the unfused forward's kernels), `dP = dO V^T` and `dV = P^T dO` as GEMMs,
 /// `dS = P (dP - rowsum(P dP))` by the softmax backward, then da, db and the dw shares from dS with
 /// each tanh recomputed per pair (`shaders/additive/backward_unfused.wgsl`), dw and dbias summed as
