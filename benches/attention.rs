@@ -13,6 +13,7 @@ use wgpu_attention::{
     attention_forward_into, attention_forward_unfused, AttentionOptions, AttentionShape, Context,
     GpuTensor, HeadsView,
 };
+use wgpu_attention::{BackwardViews, ForwardViews};
 
 const LENGTHS: [usize; 2] = [256, 512];
 const HEADS: usize = 8;
@@ -58,11 +59,13 @@ fn attention(c: &mut Criterion) {
                     attention_forward_into(
                         &ctx,
                         &mut encoder,
-                        &q,
-                        &k,
-                        &v,
-                        &out.heads().unwrap(),
-                        &lse,
+                        &ForwardViews {
+                            q: &q,
+                            k: &k,
+                            v: &v,
+                            out: &out.heads().unwrap(),
+                            lse: &lse,
+                        },
                         &opts,
                     )
                     .unwrap();
@@ -91,11 +94,13 @@ fn attention(c: &mut Criterion) {
             attention_forward_into(
                 &ctx,
                 &mut encoder,
-                &q,
-                &k,
-                &v,
-                &out.heads().unwrap(),
-                &lse,
+                &ForwardViews {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    out: &out.heads().unwrap(),
+                    lse: &lse,
+                },
                 &opts,
             )
             .unwrap();
@@ -110,16 +115,18 @@ fn attention(c: &mut Criterion) {
                     attention_backward_into(
                         &ctx,
                         &mut encoder,
-                        &q,
-                        &k,
-                        &v,
-                        &out.heads().unwrap(),
-                        &lse,
-                        &d_out,
-                        &grads[0].heads().unwrap(),
-                        &grads[1].heads().unwrap(),
-                        &grads[2].heads().unwrap(),
-                        &workspace,
+                        &BackwardViews {
+                            q: &q,
+                            k: &k,
+                            v: &v,
+                            out: &out.heads().unwrap(),
+                            lse: &lse,
+                            d_out: &d_out,
+                            dq: &grads[0].heads().unwrap(),
+                            dk: &grads[1].heads().unwrap(),
+                            dv: &grads[2].heads().unwrap(),
+                            workspace: &workspace,
+                        },
                         &opts,
                     )
                     .unwrap();

@@ -46,8 +46,8 @@ pub use kernels::attention::{
     attention_forward_out_into, attention_forward_plan, attention_forward_unfused,
     attention_precompile, attention_probabilities, attention_probabilities_into,
     attention_sinks_backward_into, AttentionGrads, AttentionOptions, AttentionOutput,
-    AttentionPasses, AttentionShape, DecodePlan, ForwardPlan, LearnedScale, RelativeBuckets,
-    ScoreBias,
+    AttentionPasses, AttentionShape, BackwardViews, DecodePlan, ForwardPlan, ForwardViews,
+    LearnedScale, QuantizedCache, RelativeBuckets, ScoreBias,
 };
 pub use tensor::{
     BiasView, DType, GpuTensor, GpuTensorF16, GpuTensorQ8, GpuTokens, HeadsView, PackedSide,

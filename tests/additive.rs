@@ -9,6 +9,7 @@ use common::*;
 use wgpu_attention::kernels::additive::{additive_decode_into, additive_probabilities};
 use wgpu_attention::reference::additive as reference;
 use wgpu_attention::reference::attention::Masks;
+use wgpu_attention::ForwardViews;
 use wgpu_attention::{
     additive_backward, additive_backward_unfused, additive_forward, additive_forward_unfused,
     AdditiveScores, AttentionOptions, AttentionShape, Context, GpuTensor, SeqLens,
@@ -395,12 +396,14 @@ fn decode_case(ctx: &Context, name: &str, kv_lens: [u32; 2], da: usize, dv: usiz
         additive_decode_into(
             ctx,
             &mut encoder,
-            &a_new.heads().unwrap(),
-            &bt_.heads().unwrap(),
-            &vt.heads().unwrap(),
+            &ForwardViews {
+                q: &a_new.heads().unwrap(),
+                k: &bt_.heads().unwrap(),
+                v: &vt.heads().unwrap(),
+                out: &out.heads().unwrap(),
+                lse: &lse,
+            },
             scores,
-            &out.heads().unwrap(),
-            &lse,
             &opts,
         )
         .unwrap();

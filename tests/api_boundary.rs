@@ -15,6 +15,7 @@ use wgpu_attention::{
     attention_forward_into, AttentionOptions, AttentionShape, Context, DType, Error, GpuTensor,
     GpuTensorF16, GpuTokens, HeadsView,
 };
+use wgpu_attention::{BackwardViews, ForwardViews};
 
 fn encoder(ctx: &Context) -> wgpu::CommandEncoder {
     ctx.device().create_command_encoder(&Default::default())
@@ -45,11 +46,13 @@ fn an_output_in_the_buffer_of_an_input_is_refused() {
         let err = attention_forward_into(
             ctx,
             &mut enc,
-            &q,
-            &k,
-            &v,
-            &out,
-            &lse,
+            &ForwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &lse,
+            },
             &AttentionOptions::new(),
         )
         .expect_err("out shares the buffer of q");
@@ -73,11 +76,13 @@ fn an_output_in_the_buffer_of_an_input_is_refused() {
         let err = attention_forward_into(
             ctx,
             &mut enc,
-            &x.heads().unwrap(),
-            &x.heads().unwrap(),
-            &x.heads().unwrap(),
-            &y.heads().unwrap(),
-            &lse,
+            &ForwardViews {
+                q: &x.heads().unwrap(),
+                k: &x.heads().unwrap(),
+                v: &x.heads().unwrap(),
+                out: &y.heads().unwrap(),
+                lse: &lse,
+            },
             &AttentionOptions::new(),
         )
         .expect_err("out shares the buffer of q");
@@ -109,7 +114,21 @@ fn overlapping_gradient_outputs_are_refused_and_packed_ones_run() {
         let out = fwd.out.heads().unwrap();
         let mut enc = encoder(ctx);
         let err = attention_backward_into(
-            ctx, &mut enc, &q, &k, &v, &out, &fwd.lse, &d_out, &dq, &dkv, &dkv, &workspace, &opts,
+            ctx,
+            &mut enc,
+            &BackwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &fwd.lse,
+                d_out: &d_out,
+                dq: &dq,
+                dk: &dkv,
+                dv: &dkv,
+                workspace: &workspace,
+            },
+            &opts,
         )
         .expect_err("dk and dv are one tensor");
         assert!(
@@ -124,7 +143,21 @@ fn overlapping_gradient_outputs_are_refused_and_packed_ones_run() {
             "{err}"
         );
         let err = attention_backward_into(
-            ctx, &mut enc, &q, &k, &v, &out, &fwd.lse, &d_out, &dq, &dq, &dq, &workspace, &opts,
+            ctx,
+            &mut enc,
+            &BackwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &fwd.lse,
+                d_out: &d_out,
+                dq: &dq,
+                dk: &dq,
+                dv: &dq,
+                workspace: &workspace,
+            },
+            &opts,
         )
         .expect_err("dq, dk and dv are one tensor");
         assert!(matches!(err, Error::Aliasing { arg: "dk", .. }), "{err}");
@@ -132,7 +165,21 @@ fn overlapping_gradient_outputs_are_refused_and_packed_ones_run() {
         let packed = GpuTensor::zeros(ctx, &[b, l, 3 * h * d]).unwrap();
         let [dq, dk, dv] = [0, 1, 2].map(|i| packed.split_heads(i * h * d, h, d).unwrap());
         attention_backward_into(
-            ctx, &mut enc, &q, &k, &v, &out, &fwd.lse, &d_out, &dq, &dk, &dv, &workspace, &opts,
+            ctx,
+            &mut enc,
+            &BackwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &fwd.lse,
+                d_out: &d_out,
+                dq: &dq,
+                dk: &dk,
+                dv: &dv,
+                workspace: &workspace,
+            },
+            &opts,
         )
         .unwrap();
         ctx.queue().submit([enc.finish()]);
@@ -286,7 +333,19 @@ fn a_binding_cache_holds_only_its_owners_work() {
         let record = |ctx: &Context| {
             let mut enc = encoder(ctx);
             let out = out.heads().unwrap();
-            attention_forward_into(ctx, &mut enc, &q, &q, &q, &out, &lse, &opts).unwrap();
+            attention_forward_into(
+                ctx,
+                &mut enc,
+                &ForwardViews {
+                    q: &q,
+                    k: &q,
+                    v: &q,
+                    out: &out,
+                    lse: &lse,
+                },
+                &opts,
+            )
+            .unwrap();
             ctx.queue().submit([enc.finish()]);
         };
         let other = |ctx: &Context| {
@@ -384,8 +443,19 @@ fn f16_tensors_in_an_arena_and_split_into_heads() {
             let o = GpuTensorF16::zeros(ctx, &[1, l, h, d]).unwrap();
             let lse = GpuTensor::zeros(ctx, &[1, h, l]).unwrap();
             let mut enc = encoder(ctx);
-            attention_forward_into(ctx, &mut enc, q, k, v, &o.heads().unwrap(), &lse, &opts)
-                .unwrap();
+            attention_forward_into(
+                ctx,
+                &mut enc,
+                &ForwardViews {
+                    q,
+                    k,
+                    v,
+                    out: &o.heads().unwrap(),
+                    lse: &lse,
+                },
+                &opts,
+            )
+            .unwrap();
             ctx.queue().submit([enc.finish()]);
             o.to_vec(ctx).unwrap()
         };

@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use wgpu_attention::kernels::attention::MAX_FUSED_BACKWARD_HEAD_DIM_GPU;
+use wgpu_attention::BackwardViews;
 use wgpu_attention::{
     attention_backward, attention_backward_into, attention_backward_unfused,
     attention_backward_workspace, attention_forward, AttentionOptions, AttentionShape, Context,
@@ -587,16 +588,18 @@ fn gradients_into_a_packed_dqkv_buffer() {
         attention_backward_into(
             ctx,
             &mut encoder,
-            &qv,
-            &kv,
-            &vv,
-            &fwd.out.heads().unwrap(),
-            &fwd.lse,
-            &dov,
-            &dq,
-            &dk,
-            &dv,
-            &workspace,
+            &BackwardViews {
+                q: &qv,
+                k: &kv,
+                v: &vv,
+                out: &fwd.out.heads().unwrap(),
+                lse: &fwd.lse,
+                d_out: &dov,
+                dq: &dq,
+                dk: &dk,
+                dv: &dv,
+                workspace: &workspace,
+            },
             &opts,
         )
         .unwrap();

@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::kv_cache::dequantize_int8_rows;
+use wgpu_attention::QuantizedCache;
 use wgpu_attention::{
     attention_decode, attention_decode_int8_into, AttentionOptions, BiasView, Context, GpuTensor,
     GpuTensorQ8, SeqLens,
@@ -82,9 +83,11 @@ fn check_int8(ctx: &Context, name: &str, case: &Case) -> f64 {
         ctx,
         &mut encoder,
         &qv,
-        &kq,
-        &vq,
-        None,
+        QuantizedCache {
+            k: &kq,
+            v: &vq,
+            table: None,
+        },
         &out.heads().unwrap(),
         &lse,
         &case.options(&buffers),

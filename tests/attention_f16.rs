@@ -17,6 +17,7 @@ use wgpu_attention::{
     attention_backward_into, attention_forward, attention_forward_into, AttentionOptions, Context,
     DType, Error, GpuTensor, GpuTensorF16, HeadsView, KernelFamily,
 };
+use wgpu_attention::{BackwardViews, ForwardViews};
 
 fn has_f16(ctx: &Context) -> bool {
     ctx.device().features().contains(wgpu::Features::SHADER_F16)
@@ -60,21 +61,34 @@ fn check(backend: &str, ctx: &Context, case: &Case) {
     let [dq, dk, dv] = grads.each_ref().map(|g| g.heads().unwrap());
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let out_view = out.heads().unwrap();
-    attention_forward_into(ctx, &mut encoder, &qv, &kv, &vv, &out_view, &lse, &opts)
-        .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+    attention_forward_into(
+        ctx,
+        &mut encoder,
+        &ForwardViews {
+            q: &qv,
+            k: &kv,
+            v: &vv,
+            out: &out_view,
+            lse: &lse,
+        },
+        &opts,
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
     attention_backward_into(
         ctx,
         &mut encoder,
-        &qv,
-        &kv,
-        &vv,
-        &out_view,
-        &lse,
-        &dov,
-        &dq,
-        &dk,
-        &dv,
-        &workspace,
+        &BackwardViews {
+            q: &qv,
+            k: &kv,
+            v: &vv,
+            out: &out_view,
+            lse: &lse,
+            d_out: &dov,
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+            workspace: &workspace,
+        },
         &opts,
     )
     .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
@@ -225,7 +239,18 @@ fn unsupported_uses_are_typed_errors() {
         let opts = AttentionOptions::new();
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         let mut forward = |q: &HeadsView, k: &HeadsView| {
-            attention_forward_into(ctx, &mut encoder, q, k, k, &out, &lse, &opts)
+            attention_forward_into(
+                ctx,
+                &mut encoder,
+                &ForwardViews {
+                    q,
+                    k,
+                    v: k,
+                    out: &out,
+                    lse: &lse,
+                },
+                &opts,
+            )
         };
         if !has_f16(ctx) {
             // GL: no SHADER_F16.

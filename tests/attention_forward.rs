@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use wgpu_attention::reference::attention as reference;
+use wgpu_attention::ForwardViews;
 use wgpu_attention::{
     attention_forward, attention_forward_into, attention_forward_plan, attention_forward_unfused,
     attention_probabilities, AttentionOptions, Context, ContextOptions, GpuTensor, KernelFamily,
@@ -326,7 +327,19 @@ fn packed_qkv_views_and_strided_output() {
             let lse = GpuTensor::zeros(ctx, &[b, h, l]).unwrap();
             let opts = AttentionOptions::new().causal(true);
             let mut encoder = ctx.device().create_command_encoder(&Default::default());
-            attention_forward_into(ctx, &mut encoder, &q, &k, &v, &out, &lse, &opts).unwrap();
+            attention_forward_into(
+                ctx,
+                &mut encoder,
+                &ForwardViews {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    out: &out,
+                    lse: &lse,
+                },
+                &opts,
+            )
+            .unwrap();
             ctx.queue().submit([encoder.finish()]);
 
             let unpack = |col: usize| -> Vec<f64> {

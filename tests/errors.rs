@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use wgpu_attention::ForwardViews;
 use wgpu_attention::{
     attention_backward, attention_backward_unfused, attention_forward, attention_forward_into,
     attention_forward_unfused, attention_probabilities, AttentionOptions, BiasView, Error,
@@ -107,11 +108,13 @@ fn rejected_calls_dispatch_nothing() {
         let m = message(attention_forward_into(
             ctx,
             &mut encoder,
-            &q,
-            &k,
-            &v,
-            &out.heads().unwrap(),
-            &lse,
+            &ForwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out.heads().unwrap(),
+                lse: &lse,
+            },
             &AttentionOptions::new(),
         ));
         assert!(m.contains("lse") && m.contains("[1, 2, 4]"), "{m}");
@@ -123,11 +126,13 @@ fn rejected_calls_dispatch_nothing() {
         let m = message(attention_forward_into(
             ctx,
             &mut encoder,
-            &q,
-            &k,
-            &v,
-            &q,
-            &lse,
+            &ForwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &q,
+                lse: &lse,
+            },
             &AttentionOptions::new(),
         ));
         assert!(m.contains("out shares memory with q"), "{m}");

@@ -12,6 +12,7 @@ use wgpu_attention::{
     attention_forward_into, attention_forward_plan, AttentionOptions, Context, GpuTensor,
     HeadsView, KernelFamily, PackedSide, SeqLens,
 };
+use wgpu_attention::{BackwardViews, ForwardViews};
 
 /// Rows after the packed sequences in every tensor: inputs hold NaN there, outputs a sentinel that
 /// must survive.
@@ -98,8 +99,19 @@ fn check_packed(backend: &str, ctx: &Context, case: &Case, backward: bool) {
     buffers.lens = Some(lens);
     let opts = case.options(&buffers);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    attention_forward_into(ctx, &mut encoder, &qv, &kv, &vv, &out_view, &lse, &opts)
-        .unwrap_or_else(|e| panic!("{tag}: {e}"));
+    attention_forward_into(
+        ctx,
+        &mut encoder,
+        &ForwardViews {
+            q: &qv,
+            k: &kv,
+            v: &vv,
+            out: &out_view,
+            lse: &lse,
+        },
+        &opts,
+    )
+    .unwrap_or_else(|e| panic!("{tag}: {e}"));
     ctx.queue().submit([encoder.finish()]);
 
     // The reference, and the padded kernels with the same lengths.
@@ -153,16 +165,18 @@ fn check_packed(backend: &str, ctx: &Context, case: &Case, backward: bool) {
     attention_backward_into(
         ctx,
         &mut encoder,
-        &qv,
-        &kv,
-        &vv,
-        &out_view,
-        &lse,
-        &dov,
-        &dq_view,
-        &dk_view,
-        &dv_view,
-        &workspace,
+        &BackwardViews {
+            q: &qv,
+            k: &kv,
+            v: &vv,
+            out: &out_view,
+            lse: &lse,
+            d_out: &dov,
+            dq: &dq_view,
+            dk: &dk_view,
+            dv: &dv_view,
+            workspace: &workspace,
+        },
         &opts,
     )
     .unwrap_or_else(|e| panic!("{tag}: {e}"));
@@ -450,8 +464,19 @@ fn packed_prefill_through_the_cache_equals_the_padded_step() {
                 kv_cache_append_int8_into(ctx, &mut encoder, &kv, &cache_q8, None, &lens).unwrap();
                 let (kc, vc) = (cache_k.heads().unwrap(), cache_v.heads().unwrap());
                 let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
-                attention_decode_into(ctx, &mut encoder, &qv, &kc, &vc, &out_view, &lse, &opts)
-                    .unwrap_or_else(|e| panic!("[{backend}] packed {packed}: {e}"));
+                attention_decode_into(
+                    ctx,
+                    &mut encoder,
+                    &ForwardViews {
+                        q: &qv,
+                        k: &kc,
+                        v: &vc,
+                        out: &out_view,
+                        lse: &lse,
+                    },
+                    &opts,
+                )
+                .unwrap_or_else(|e| panic!("[{backend}] packed {packed}: {e}"));
                 ctx.queue().submit([encoder.finish()]);
                 let out = out.to_vec(ctx).unwrap();
                 let out = match packed {

@@ -18,6 +18,7 @@ use wgpu_attention::{
     AttentionShape, BiasView, Context, DType, GpuTensor, GpuTensorF16, KernelFamily,
     RelativeBuckets,
 };
+use wgpu_attention::{BackwardViews, ForwardViews};
 
 fn dump_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
@@ -255,37 +256,35 @@ fn run_precompiled_calls(name: &str, ctx: &Context, s: &AttentionShape, family: 
         let lse = GpuTensor::zeros(ctx, &[s.batch, h, s.q_seq]).unwrap();
         let workspace = attention_backward_workspace(ctx, s).unwrap();
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        attention_forward_into(ctx, &mut encoder, &q, &k, &v, &out, &lse, &opts).unwrap();
-        attention_backward_into(
+        attention_forward_into(
             ctx,
             &mut encoder,
-            &q,
-            &k,
-            &v,
-            &out,
-            &lse,
-            &d_out,
-            &dq,
-            &dk,
-            &dv,
-            &workspace,
+            &ForwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &lse,
+            },
             &opts,
         )
         .unwrap();
+        let views = BackwardViews {
+            q: &q,
+            k: &k,
+            v: &v,
+            out: &out,
+            lse: &lse,
+            d_out: &d_out,
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+            workspace: &workspace,
+        };
+        attention_backward_into(ctx, &mut encoder, &views, &opts).unwrap();
         if opts.bias.is_some() {
             let d_bias = GpuTensor::zeros(ctx, &[1, h, s.q_seq, s.kv_seq]).unwrap();
-            attention_bias_backward_into(
-                ctx,
-                &mut encoder,
-                &q,
-                &k,
-                &v,
-                &d_out,
-                &workspace,
-                &d_bias,
-                &opts,
-            )
-            .unwrap();
+            attention_bias_backward_into(ctx, &mut encoder, &views, &d_bias, &opts).unwrap();
         }
         if let Some(sinks) = opts.sinks {
             let d_sinks = GpuTensor::zeros(ctx, &[h]).unwrap();

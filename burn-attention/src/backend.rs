@@ -15,6 +15,7 @@ use wgpu_attention::{
 
 use crate::buffers::{contiguous_aligned, contiguous_rows, empty, flush, pin_optional, Pinned};
 use crate::{device, error, Error, Result, ScoreSpec};
+use wgpu_attention::{BackwardViews, ForwardViews};
 
 /// Which gradients of the optional score terms the backward computes (those whose tensors require
 /// one).
@@ -337,11 +338,13 @@ fn forward(inputs: Inputs, spec: &ScoreSpec) -> Result<(CubeTensor, CubeTensor)>
     attention_forward_into(
         &ctx,
         &mut encoder,
-        &q,
-        &k,
-        &v,
-        &out_pinned.heads("out")?,
-        &lse_pinned.dense("lse")?,
+        &ForwardViews {
+            q: &q,
+            k: &k,
+            v: &v,
+            out: &out_pinned.heads("out")?,
+            lse: &lse_pinned.dense("lse")?,
+        },
         &opts,
     )?;
     submit(&ctx, encoder)?;
@@ -405,23 +408,23 @@ fn backward(
         opts.relative_grad = Some(grad);
     }
     let workspace = attention_backward_workspace(&ctx, &s)?;
+    let (out_view, lse_view) = (out_p.heads("out")?, lse_p.dense("lse")?);
     let d_out_view = d_out_p.heads("d_out")?;
+    let (dq_view, dk_view, dv_view) = (dq_p.heads("dq")?, dk_p.heads("dk")?, dv_p.heads("dv")?);
+    let views = BackwardViews {
+        q: &q,
+        k: &k,
+        v: &v,
+        out: &out_view,
+        lse: &lse_view,
+        d_out: &d_out_view,
+        dq: &dq_view,
+        dk: &dk_view,
+        dv: &dv_view,
+        workspace: &workspace,
+    };
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    attention_backward_into(
-        &ctx,
-        &mut encoder,
-        &q,
-        &k,
-        &v,
-        &out_p.heads("out")?,
-        &lse_p.dense("lse")?,
-        &d_out_view,
-        &dq_p.heads("dq")?,
-        &dk_p.heads("dk")?,
-        &dv_p.heads("dv")?,
-        &workspace,
-        &opts,
-    )?;
+    attention_backward_into(&ctx, &mut encoder, &views, &opts)?;
     if let (Some(sinks), Some(grad)) = (&terms.sinks, &d_sinks_p) {
         attention_sinks_backward_into(
             &ctx,
@@ -434,17 +437,7 @@ fn backward(
         )?;
     }
     if let Some(grad) = &d_bias_p {
-        attention_bias_backward_into(
-            &ctx,
-            &mut encoder,
-            &q,
-            &k,
-            &v,
-            &d_out_view,
-            &workspace,
-            &grad.dense("d_bias")?,
-            &opts,
-        )?;
+        attention_bias_backward_into(&ctx, &mut encoder, &views, &grad.dense("d_bias")?, &opts)?;
     }
     submit(&ctx, encoder)?;
     Ok((dq, dk, dv, d_bias, d_relative, d_sinks))

@@ -25,7 +25,7 @@ fn registry() -> &'static Mutex<HashMap<WgpuDevice, Arc<Context>>> {
 ///
 /// The device is brought up here, as [`Context::new`] brings up its own: the kernels the library
 /// lists as safe run without wgpu's shader runtime checks unless `attention` sets
-/// `trusted_shaders` (on an H100 the checked fused forward took 2.9x as long, the backward 1.6x).
+/// `trusted_shaders` (the checks cost the fused kernels much of their speed on GPUs: benchmarks/HISTORY.md).
 ///
 /// Call it before burn first touches that device: burn does not hand out the `wgpu::Device` of a
 /// runtime it already brought up. An application that creates its own wgpu device registers it

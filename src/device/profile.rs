@@ -160,11 +160,12 @@ impl Context {
     /// # fn f(ctx: &wgpu_attention::Context, q: &wgpu_attention::HeadsView,
     /// #      out: &wgpu_attention::HeadsView, lse: &wgpu_attention::GpuTensor)
     /// #      -> wgpu_attention::Result<()> {
-    /// use wgpu_attention::{attention_forward_into, AttentionOptions};
+    /// use wgpu_attention::{attention_forward_into, AttentionOptions, ForwardViews};
     /// let mut encoder = ctx.device().create_command_encoder(&Default::default());
     /// ctx.with_one_pass(&mut encoder, "my layers", |encoder| {
     ///     // Every kernel recorded here shares one compute pass.
-    ///     attention_forward_into(ctx, encoder, q, q, q, out, lse, &AttentionOptions::new())
+    ///     let views = ForwardViews { q, k: q, v: q, out, lse };
+    ///     attention_forward_into(ctx, encoder, &views, &AttentionOptions::new())
     /// })?;
     /// ctx.queue().submit([encoder.finish()]);
     /// # Ok(()) }

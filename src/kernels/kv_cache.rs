@@ -310,7 +310,6 @@ pub fn kv_cache_append_int8_into(
 /// D]` (contiguous), zeros past each sequence's `kv_lens` (`lens` as [`SeqLens::check_decode`]
 /// describes, `rows` at most the table's capacity). A prefill-shaped step over a paged cache runs
 /// the fused forward on what this gathers. Nothing is recorded if an argument is rejected.
-#[allow(clippy::too_many_arguments)]
 pub fn kv_cache_gather_paged_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -370,7 +369,6 @@ pub fn kv_cache_gather_paged_into(
 /// (each value `unpack(word) * scale`, see [`GpuTensorQ8`]), into `out [B, rows, H, D]` (f32,
 /// contiguous), zeros past each sequence's `kv_lens`. A prefill-shaped step over an int8 cache runs
 /// the fused forward on what this gathers. Nothing is recorded if an argument is rejected.
-#[allow(clippy::too_many_arguments)]
 pub fn kv_cache_gather_int8_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,

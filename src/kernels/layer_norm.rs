@@ -5,8 +5,8 @@
 //! `CENTERED = false`: [`rms_norm_forward_into`], [`rms_norm_backward_add_into`].
 //!
 //! Those kernels are the CPU-driver family's ([`KernelFamily::CpuDriver`]): one invocation per row
-//! or column suits a CPU's few wide cores, but leaves a GPU idle (a 1024 x 256 LayerNorm launched 16
-//! workgroups, and took 22% of a training step on an H200). The GPU family's give a row a workgroup
+//! or column suits a CPU's few wide cores, but leaves a GPU idle (a 1024 x 256 LayerNorm launches 16
+//! workgroups: benchmarks/HISTORY.md). The GPU family's give a row a workgroup
 //! (`layer_norm_forward_rows.wgsl`, `layer_norm_backward_rows.wgsl`, sums in a fixed tree order)
 //! and reduce the parameter gradients in two steps: partial sums over blocks of rows
 //! (`layer_norm_param_partials.wgsl`), then the blocks in order (`layer_norm_param_sums.wgsl`).
@@ -194,7 +194,6 @@ pub fn layer_norm_forward_into(
 
 /// Records the RMSNorm forward `y = x / sqrt(mean(x^2) + eps) * gamma` (LLaMA's): `y` shaped like
 /// `x`, `stats [rows, 2]` holding `(0, rstd)` per row. Nothing is recorded if the input is rejected.
-#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,

@@ -199,8 +199,8 @@ impl Epilogue<'_> {
 }
 
 /// Products with at most this many rows take the SKINNY path (all rows per workgroup, k split):
-/// a decoding step's rows. Measured on lavapipe: a [1, 128] x [128, 1000] Linear took 13.9 ms tiled
-/// (one valid row in each 64-row tile), and the decoding step 4x less in all with this path.
+/// a decoding step's rows, for which a 64-row tile would be almost all padding (benchmarks/HISTORY.md,
+/// "Figures that code comments carried").
 const SKINNY_ROWS: u32 = 8;
 
 /// The SKINNY path's form on `ctx`: `None` one invocation per element (the CPU-driver family),

@@ -34,7 +34,6 @@ fn score(
 
 /// Reference forward: `(out [B, Lq, H, Dv], lse [B, H, Lq])`; rows that see no key give `o = 0`,
 /// `lse = -inf`.
-#[allow(clippy::too_many_arguments)]
 pub fn additive_forward(
     s: &AttentionShape,
     a: &[f64],
@@ -173,7 +172,6 @@ pub fn additive_backward(
 
 /// Attention probabilities `[B, H, Lq, Lk]` of the reference forward: `exp(e - lse)` where visible,
 /// 0 elsewhere.
-#[allow(clippy::too_many_arguments)]
 pub fn additive_probabilities(
     s: &AttentionShape,
     a: &[f64],

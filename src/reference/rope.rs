@@ -48,7 +48,6 @@ pub fn rope_angle_scaled(
 
 /// Rotates the first `rotary_dim` dims of every row of a contiguous `[B, L, H, D]` tensor by the angles
 /// of positions `offset + l` (`sign` -1 rotates back: the backward, applied to a gradient).
-#[allow(clippy::too_many_arguments)]
 pub fn rope(
     x: &[f64],
     shape: [usize; 4],

@@ -18,6 +18,7 @@ use wgpu_attention::{
     attention_decode_int8_into, attention_decode_paged_into, Context, Error, GpuTensor,
     GpuTensorQ8, SeqLens,
 };
+use wgpu_attention::{ForwardViews, QuantizedCache};
 use wgpu_attention_serve::{KvFormat, PagedKvCache, PagedKvCacheConfig};
 
 /// A random placement of each sequence's `ceil(cap / page)` blocks in a pool with `spare` more
@@ -82,9 +83,11 @@ fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize, int8: bool) 
             ctx,
             &mut encoder,
             &qv,
-            &k_pool,
-            &v_pool,
-            Some(&table),
+            QuantizedCache {
+                k: &k_pool,
+                v: &v_pool,
+                table: Some(&table),
+            },
             &out_view,
             &lse,
             &opts,
@@ -107,12 +110,14 @@ fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize, int8: bool) 
         attention_decode_paged_into(
             ctx,
             &mut encoder,
-            &qv,
-            &k_pool,
-            &v_pool,
+            &ForwardViews {
+                q: &qv,
+                k: &k_pool,
+                v: &v_pool,
+                out: &out_view,
+                lse: &lse,
+            },
             &table,
-            &out_view,
-            &lse,
             &opts,
         )
         .unwrap();

@@ -210,7 +210,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
                 // dP and dV need the same dO rows and P is known: one pass over them serves both.
                 // Keys a row masks skip its dO and Q rows (a NaN there is not theirs): masked
                 // products throughout; on lavapipe one masked loop ran faster than an unmasked path
-                // for the quads every row sees beside a masked one (409 against 434 ms at L 1024).
+                // for the quads every row sees (benchmarks/HISTORY.md).
                 var dp0 = vec4<f32>(0.0);
                 var dp1 = vec4<f32>(0.0);
                 var dp2 = vec4<f32>(0.0);

@@ -23,6 +23,7 @@ use super::sources::{
 };
 use super::tiles::{backward_lanes, backward_names, staged_tile, AdditiveKernel, WG};
 use super::ADDITIVE_BACKWARD_STORAGE_BUFFERS;
+use crate::kernels::attention::BackwardViews;
 
 /// Additive attention backward into new tensors, submitted, for the gradient `d_out` at the
 /// forward's
@@ -53,14 +54,20 @@ pub fn additive_backward(
     additive_backward_into(
         ctx,
         &mut encoder,
-        [a, b, v],
+        &BackwardViews {
+            q: a,
+            k: b,
+            v,
+            out,
+            lse,
+            d_out,
+            dq: &grads.da.heads()?,
+            dk: &grads.db.heads()?,
+            dv: &grads.dv.heads()?,
+            workspace: &workspace,
+        },
         scores,
-        out,
-        lse,
-        d_out,
-        [&grads.da.heads()?, &grads.db.heads()?, &grads.dv.heads()?],
         [&grads.dw, &grads.dbias],
-        &workspace,
         opts,
     )?;
     ctx.submit(encoder)?;
@@ -80,22 +87,30 @@ pub(super) fn workspace_len(s: &AttentionShape) -> usize {
     rows.div_ceil(64) * 64 + rows * s.head_dim_qk + 2 * s.heads * s.head_dim_qk + rows
 }
 
-/// Records the additive attention backward: `[da, db, dv]` views shaped like `[a, b, v]`, and
-/// `[dw, dbias]` `[H, Da]`. Nothing is recorded if the input is rejected.
-#[allow(clippy::too_many_arguments)]
+/// Records the additive attention backward: `views` with the projections `a`, `b` as `q`, `k` and
+/// their gradients `da`, `db` as `dq`, `dk` (shaped like them), the workspace
+/// [`additive_backward_workspace`]; and the score parameters' gradients `[dw, dbias]` `[H, Da]`.
+/// Nothing is recorded if the input is rejected.
 pub fn additive_backward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    [a, b, v]: [&HeadsView; 3],
+    views: &BackwardViews<'_>,
     scores: AdditiveScores<'_>,
-    out: &HeadsView,
-    lse: &GpuTensor,
-    d_out: &HeadsView,
-    [da, db, dv]: [&HeadsView; 3],
     [dw, dbias]: [&GpuTensor; 2],
-    workspace: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    let &BackwardViews {
+        q: a,
+        k: b,
+        v,
+        out,
+        lse,
+        d_out,
+        dq: da,
+        dk: db,
+        dv,
+        workspace,
+    } = views;
     let (s, scale) = check(ctx, a, b, v, scores, opts)?;
     let have = ctx.limits().max_storage_buffers_per_shader_stage;
     if have < ADDITIVE_BACKWARD_STORAGE_BUFFERS {

@@ -14,11 +14,12 @@ use crate::kernels::attention::forward::check_forward_outputs;
 use crate::kernels::attention::shape::refuse_packed;
 use crate::kernels::attention::AttentionOptions;
 use crate::kernels::dispatch::loop_chunks;
-use crate::tensor::{GpuTensor, HeadsView};
+use crate::tensor::HeadsView;
 
 use super::call::{check, AdditiveScores};
 use super::sources::{constants, sized, with_shared, DECODE, FORWARD};
 use super::tiles::{forward_tile, staged_tile, AdditiveKernel, WG};
+use crate::kernels::attention::ForwardViews;
 
 /// Additive attention forward into new tensors, submitted: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`.
 pub fn additive_forward(
@@ -31,25 +32,33 @@ pub fn additive_forward(
 ) -> Result<AttentionOutput> {
     let (s, _) = check(ctx, a, b, v, scores, opts)?;
     AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
-        additive_forward_into(ctx, encoder, a, b, v, scores, out, lse, opts)
+        additive_forward_into(
+            ctx,
+            encoder,
+            &ForwardViews {
+                q: a,
+                k: b,
+                v,
+                out,
+                lse,
+            },
+            scores,
+            opts,
+        )
     })
 }
 
-/// Records the additive attention forward, writing `out` (a `[B, Lq, H, Dv]` view) and `lse`.
-/// Nothing is recorded if the input is rejected.
-#[allow(clippy::too_many_arguments)]
+/// Records the additive attention forward: `views` with the query and key projections `a [B, Lq,
+/// H, Da]` and `b [B, Lk, H, Da]` as `q` and `k`, writing `out` (a `[B, Lq, H, Dv]` view) and
+/// `lse`. Nothing is recorded if the input is rejected.
 pub fn additive_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    a: &HeadsView,
-    b: &HeadsView,
-    v: &HeadsView,
+    views: &ForwardViews<'_>,
     scores: AdditiveScores<'_>,
-    out: &HeadsView,
-    lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    encode_forward(ctx, encoder, [a, b, v], scores, out, lse, opts, false)
+    encode_forward(ctx, encoder, views, scores, opts, false)
 }
 
 /// Additive attention for incremental decoding: new query rows `a [B, L, H, Da]` (`q_lens` per
@@ -59,45 +68,35 @@ pub fn additive_forward_into(
 /// `kv_lens[s] - q_lens[s] + i`. Up to 16 rows per sequence, one workgroup per row, its
 /// invocations splitting the cached keys (`shaders/additive/decode.wgsl`); more (a prefill chunk),
 /// the forward kernel. Results match [`additive_forward_into`] on the whole sequence.
-#[allow(clippy::too_many_arguments)]
 pub fn additive_decode_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    a: &HeadsView,
-    b_cache: &HeadsView,
-    v_cache: &HeadsView,
+    views: &ForwardViews<'_>,
     scores: AdditiveScores<'_>,
-    out: &HeadsView,
-    lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let [batch, rows, _, _] = a.shape();
-    let capacity = b_cache.shape()[1];
+    let [batch, rows, _, _] = views.q.shape();
+    let capacity = views.k.shape()[1];
     check_decode_lens("additive decoding", [batch, rows, capacity], opts)?;
-    encode_forward(
-        ctx,
-        encoder,
-        [a, b_cache, v_cache],
-        scores,
-        out,
-        lse,
-        opts,
-        true,
-    )
+    encode_forward(ctx, encoder, views, scores, opts, true)
 }
 
 /// Records the fused forward; `aligned`: masks align on each sequence's lengths (decoding).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn encode_forward(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    [a, b, v]: [&HeadsView; 3],
+    views: &ForwardViews<'_>,
     scores: AdditiveScores<'_>,
-    out: &HeadsView,
-    lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
     aligned: bool,
 ) -> Result<()> {
+    let &ForwardViews {
+        q: a,
+        k: b,
+        v,
+        out,
+        lse,
+    } = views;
     let (s, scale) = check(ctx, a, b, v, scores, opts)?;
     check_f32(&[("out", out)])?;
     let inputs = [

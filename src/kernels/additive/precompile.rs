@@ -9,6 +9,7 @@ use crate::tensor::GpuTensor;
 use super::backward::{additive_backward_into, additive_backward_workspace};
 use super::call::AdditiveScores;
 use super::forward::additive_forward_into;
+use crate::kernels::attention::{BackwardViews, ForwardViews};
 
 /// Compiles every pipeline that [`additive_forward_into`] (and, for
 /// [`AttentionPasses::ForwardBackward`], [`additive_backward_into`]) would use for `shape` (`Da` as
@@ -47,7 +48,19 @@ pub fn additive_precompile(
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("additive precompile (never submitted)"),
         });
-    additive_forward_into(ctx, &mut encoder, &a, &b, &v, scores, &out, &lse, opts)?;
+    additive_forward_into(
+        ctx,
+        &mut encoder,
+        &ForwardViews {
+            q: &a,
+            k: &b,
+            v: &v,
+            out: &out,
+            lse: &lse,
+        },
+        scores,
+        opts,
+    )?;
     if passes == AttentionPasses::ForwardBackward {
         let (d_out, da, db, dv) = (
             heads(s.q_seq, s.head_dim_v)?,
@@ -63,14 +76,20 @@ pub fn additive_precompile(
         additive_backward_into(
             ctx,
             &mut encoder,
-            [&a, &b, &v],
+            &BackwardViews {
+                q: &a,
+                k: &b,
+                v: &v,
+                out: &out,
+                lse: &lse,
+                d_out: &d_out.heads()?,
+                dq: &da.heads()?,
+                dk: &db.heads()?,
+                dv: &dv.heads()?,
+                workspace: &workspace,
+            },
             scores,
-            &out,
-            &lse,
-            &d_out.heads()?,
-            [&da.heads()?, &db.heads()?, &dv.heads()?],
             [&dw, &dbias],
-            &workspace,
             opts,
         )?;
     }

@@ -49,7 +49,6 @@ pub struct AttentionGrads {
 
 /// Fused attention backward into new tensors, submitted to the queue. `out` and `lse` are the
 /// forward's outputs for the same inputs and options.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_backward(
     ctx: &Context,
     q: &HeadsView,
@@ -81,21 +80,20 @@ pub fn attention_backward(
     }
     let opts = &with_grad;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    attention_backward_into(
-        ctx,
-        &mut encoder,
+    let out = view_like(&forward.out, q, Queries, opts)?;
+    let views = BackwardViews {
         q,
         k,
         v,
-        &view_like(&forward.out, q, Queries, opts)?,
-        &forward.lse,
+        out: &out,
+        lse: &forward.lse,
         d_out,
-        &dq_view,
-        &dk_view,
-        &dv_view,
-        &workspace,
-        opts,
-    )?;
+        dq: &dq_view,
+        dk: &dk_view,
+        dv: &dv_view,
+        workspace: &workspace,
+    };
+    attention_backward_into(ctx, &mut encoder, &views, opts)?;
     let d_sinks = match opts.sinks {
         Some(sinks) => {
             let d_sinks = GpuTensor::uninit(ctx, "d_sinks", &[s.heads])?;
@@ -115,17 +113,7 @@ pub fn attention_backward(
     let d_bias = match opts.bias {
         Some(bias) if bias.learnable => {
             let grad = GpuTensor::uninit(ctx, "d_bias", &bias.view.shape())?;
-            attention_bias_backward_into(
-                ctx,
-                &mut encoder,
-                q,
-                k,
-                v,
-                d_out,
-                &workspace,
-                &grad,
-                opts,
-            )?;
+            attention_bias_backward_into(ctx, &mut encoder, &views, &grad, opts)?;
             Some(grad)
         }
         _ => None,
@@ -163,22 +151,23 @@ pub fn attention_backward_family(ctx: &Context, dtype: DType) -> KernelFamily {
 /// Records the fused attention backward into `encoder`: the `D = rowsum(dO * O)` pass, the dK/dV
 /// kernel (parallel over key blocks) and the dQ kernel (parallel over query blocks). No atomics, so
 /// results are bitwise reproducible. `dq`, `dk`, `dv` may be views into one packed gradient buffer.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_backward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    out: &HeadsView,
-    lse: &GpuTensor,
-    d_out: &HeadsView,
-    dq: &HeadsView,
-    dk: &HeadsView,
-    dv: &HeadsView,
-    workspace: &GpuTensor,
+    views: &BackwardViews<'_>,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    let &BackwardViews {
+        q,
+        k,
+        v,
+        out,
+        d_out,
+        dq,
+        dk,
+        dv,
+        ..
+    } = views;
     use PackedSide::{Keys, Queries};
     check_packed(
         &[
@@ -194,19 +183,7 @@ pub fn attention_backward_into(
         opts,
     )?;
     if !qk_norm::active(opts) {
-        let views = BackwardViews {
-            q,
-            k,
-            v,
-            out,
-            lse,
-            d_out,
-            dq,
-            dk,
-            dv,
-            workspace,
-        };
-        return encode_backward_core(ctx, encoder, views, opts);
+        return encode_backward_core(ctx, encoder, *views, opts);
     }
     // Cosine scores and key clipping: the backward of the transformed Q and K, then dQ and dK
     // through the transforms, in place (which reads Q and K: they may not share the gradients'
@@ -220,19 +197,12 @@ pub fn attention_backward_into(
         &[("q", q.region()), ("k", k.region())],
     )?;
     let (q_used, k_used) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
-    let views = BackwardViews {
+    let transformed = BackwardViews {
         q: &q_used,
         k: &k_used,
-        v,
-        out,
-        lse,
-        d_out,
-        dq,
-        dk,
-        dv,
-        workspace,
+        ..*views
     };
-    encode_backward_core(ctx, encoder, views, opts)?;
+    encode_backward_core(ctx, encoder, transformed, opts)?;
     qk_norm::encode_backward(ctx, encoder, [q, k], [dq, dk], opts)
 }
 

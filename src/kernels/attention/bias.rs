@@ -10,6 +10,7 @@ use super::binding::{
     base_params, bind_backward_inputs, bind_tensor, encode_chunks, set_grid, unused_writable,
     Binding, Bound, Kernel, Shared,
 };
+use super::call::BackwardViews;
 use super::header::with_common;
 use super::options::AttentionOptions;
 use super::qk_norm;
@@ -20,7 +21,7 @@ use crate::kernels::arguments::{check_binding, check_f32};
 use crate::kernels::dispatch::loop_chunks;
 use crate::kernels::linear::encode_column_sum;
 use crate::spec::{AttentionShape, RelativeBuckets};
-use crate::tensor::{GpuTensor, HeadsView};
+use crate::tensor::GpuTensor;
 
 pub(super) const BACKWARD: &str = include_str!("../../../shaders/attention/bias_backward.wgsl");
 
@@ -217,23 +218,27 @@ impl RelativeRows {
 
 /// Records the gradient of the options' learnable bias after
 /// [`attention_backward_into`](super::attention_backward_into) recorded the backward of the same
-/// call (whose `workspace` holds the `(lse, D)` stats it needs): `d_bias`, shaped like the bias
+/// call, with the same `views` (it reads Q, K, V, dO and the workspace, which holds the `(lse, D)`
+/// stats it needs): `d_bias`, shaped like the bias
 /// view (`[bias batch, bias heads, Lq, Lk]`, contiguous), summed over the view's broadcast
 /// dimensions, batch-major, in a fixed order. Every element is written (zeros where masked).
 /// Deterministic; nothing is recorded if the input is rejected. (The relative table's gradient
 /// comes from the backward itself: `AttentionOptions::relative_buckets_learned`.)
-#[allow(clippy::too_many_arguments)]
 pub fn attention_bias_backward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    d_out: &HeadsView,
-    workspace: &GpuTensor,
+    views: &BackwardViews<'_>,
     d_bias: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    let &BackwardViews {
+        q,
+        k,
+        v,
+        d_out,
+        workspace,
+        ..
+    } = views;
     let s = AttentionShape::of(q, k, v)?;
     check_f32(&[("q", q), ("k", k), ("v", v)])?;
     let scale = check_options(ctx, &s, opts)?;

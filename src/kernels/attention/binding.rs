@@ -229,10 +229,9 @@ pub(crate) const SIMPLE_WG: u32 = 64;
 
 /// Invocations per workgroup of the fused kernels, so a workgroup owns `ROWS * WG` rows (queries in
 /// the forward and dQ, keys in dK/dV). Wide workgroups amortise each staged tile over more rows;
-/// narrow ones put more workgroups in flight. Measured on an H100 (Vulkan, B1 H8 D64, L 512..4096,
-/// benchmarks/HISTORY.md): the forward is fastest at 64 (L=4096: 17.4 ms vs 35.0 at 32 and 78.5 at 16), the
-/// backward at 32 (L=2048: 26.8 ms vs 37.4 at 64 and 57.6 at 16). CPU drivers run a workgroup as SIMD
-/// loops and prefer 64 everywhere. [`Context::set_attention_workgroup`] (or
+/// narrow ones put more workgroups in flight. On an H100 the forward was fastest at 64 and the
+/// backward at 32 (benchmarks/HISTORY.md, "Figures that code comments carried"); CPU drivers run a
+/// workgroup as SIMD loops and prefer 64 everywhere. [`Context::set_attention_workgroup`] (or
 /// `ContextOptions::attention_workgroup`) overrides both, for tuning on other adapters.
 pub(super) fn workgroup_size(ctx: &Context, backward: bool) -> u32 {
     match ctx.attention_workgroup() {

@@ -59,19 +59,51 @@ pub(super) struct ForwardCall<'a> {
     pub opts: &'a AttentionOptions<'a>,
 }
 
-/// The tensors of one backward call: Q, K, V, O, lse and dO read, dQ, dK and dV written, and the
-/// workspace of the `(lse, D)` row statistics.
-#[derive(Clone, Copy)]
-pub(super) struct BackwardViews<'a> {
+/// The tensors of one forward call ([`attention_forward_into`](super::attention_forward_into)):
+/// Q, K and V read, O and lse written. Decoding takes the same with K and V the cache (or the paged
+/// pool), and additive attention with Q and K its query and key projections `a` and `b`.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardViews<'a> {
+    /// Queries `[B, Lq, H, Dk]` (`[rows, H, Dk]` packed).
     pub q: &'a HeadsView,
+    /// Keys `[B, Lk, Hkv, Dk]`.
     pub k: &'a HeadsView,
+    /// Values `[B, Lk, Hkv, Dv]`.
     pub v: &'a HeadsView,
+    /// The output `[B, Lq, H, Dv]`, shaped like Q.
     pub out: &'a HeadsView,
+    /// The row log-sum-exp `[B, H, Lq]`.
     pub lse: &'a GpuTensor,
+}
+
+/// The tensors of one backward call
+/// ([`attention_backward_into`](super::attention_backward_into)): Q, K, V, the forward's O and
+/// lse, and dO read; dQ, dK and dV written (views of one packed buffer allowed); the workspace of
+/// the `(lse, D)` row statistics
+/// ([`attention_backward_workspace`](super::attention_backward_workspace)). Additive attention's
+/// backward takes the same with its projections `a`, `b` and their gradients in place of Q, K,
+/// dQ and dK.
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardViews<'a> {
+    /// Queries, as the forward read them.
+    pub q: &'a HeadsView,
+    /// Keys.
+    pub k: &'a HeadsView,
+    /// Values.
+    pub v: &'a HeadsView,
+    /// The forward's output.
+    pub out: &'a HeadsView,
+    /// The forward's row log-sum-exp.
+    pub lse: &'a GpuTensor,
+    /// The gradient of the output, shaped like it.
     pub d_out: &'a HeadsView,
+    /// The gradient of Q, written (shaped like Q).
     pub dq: &'a HeadsView,
+    /// The gradient of K, written.
     pub dk: &'a HeadsView,
+    /// The gradient of V, written.
     pub dv: &'a HeadsView,
+    /// Scratch for the row statistics, rewritten by each call.
     pub workspace: &'a GpuTensor,
 }
 

@@ -14,7 +14,7 @@ use super::binding::{
     base_params, bind_tensor, bind_view, encode_kernel, set_grid, Binding, Bound, Kernel, Shared,
     FLAG_ALIGN_LENS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
-use super::call::AttentionOutput;
+use super::call::{AttentionOutput, ForwardViews};
 use super::forward::{attention_forward_into, check_forward_outputs};
 use super::gpu::{encode_split_merge, split_scratch};
 use super::header::{with_common, with_sizes};
@@ -165,7 +165,18 @@ pub fn attention_decode(
 ) -> Result<AttentionOutput> {
     let s = AttentionShape::of(q, k_cache, v_cache)?;
     AttentionOutput::recorded(ctx, &s, |encoder, out, lse| {
-        attention_decode_into(ctx, encoder, q, k_cache, v_cache, out, lse, opts)
+        attention_decode_into(
+            ctx,
+            encoder,
+            &ForwardViews {
+                q,
+                k: k_cache,
+                v: v_cache,
+                out,
+                lse,
+            },
+            opts,
+        )
     })
 }
 
@@ -177,90 +188,75 @@ pub fn attention_decode(
 /// [`attention_forward_into`] (the last two transform the new queries and the cache's first
 /// max(kv_lens) positions into scratch each call); an additive bias tensor is refused. Nothing is
 /// recorded if the input is rejected.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_decode_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    q: &HeadsView,
-    k_cache: &HeadsView,
-    v_cache: &HeadsView,
-    out: &HeadsView,
-    lse: &GpuTensor,
+    views: &ForwardViews<'_>,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let s = AttentionShape::of(q, k_cache, v_cache)?;
-    decode_into(
-        ctx,
-        encoder,
-        q,
-        [k_cache, v_cache],
-        None,
-        None,
-        s,
-        out,
-        lse,
-        opts,
-    )
+    let s = AttentionShape::of(views.q, views.k, views.v)?;
+    decode_into(ctx, encoder, views, CacheLayout::CONTIGUOUS, s, opts)
 }
 
-/// [`attention_decode_into`] against a paged cache: `k_pool [1, pool rows, Hkv, Dk]` and `v_pool
-/// [1, pool rows, Hkv, Dv]` read through `table` (one row per sequence of `q`; key `j` of sequence
+/// [`attention_decode_into`] against a paged cache: `views.k`, the key pool `[1, pool rows, Hkv,
+/// Dk]`, and `views.v`, the value pool `[1, pool rows, Hkv, Dv]`, read through `table` (one row per sequence of `q`; key `j` of sequence
 /// `b` is pool row `table[b][j / page] * page + j % page`), `kv_lens` at most the table's
 /// capacity. Every mask and modifier of the contiguous cache applies (cosine scores and key
 /// clipping transform the sequences' cached keys after gathering them into scratch).
-#[allow(clippy::too_many_arguments)]
 pub fn attention_decode_paged_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    q: &HeadsView,
-    k_pool: &HeadsView,
-    v_pool: &HeadsView,
+    views: &ForwardViews<'_>,
     table: &BlockTable,
-    out: &HeadsView,
-    lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     let s = AttentionShape::paged(
-        q,
-        k_pool.shape(),
-        v_pool.shape(),
+        views.q,
+        views.k.shape(),
+        views.v.shape(),
         table.pool_rows(),
         table.capacity(),
     )?;
     check_table(table, &s)?;
-    decode_into(
-        ctx,
-        encoder,
-        q,
-        [k_pool, v_pool],
-        Some(table),
-        None,
-        s,
-        out,
-        lse,
-        opts,
-    )
+    let layout = CacheLayout {
+        table: Some(table),
+        int8: None,
+    };
+    decode_into(ctx, encoder, views, layout, s, opts)
 }
 
-/// [`attention_decode_into`] against an int8 cache (see [`GpuTensorQ8`]), dequantised inside the
-/// decode kernel (a prefill-shaped step: into scratch, for the fused forward): `k_cache [B,
-/// max_len, Hkv, Dk]` and `v_cache [B, max_len, Hkv, Dv]`, or with `table` the pools `[pool rows,
-/// Hkv, D]` of a paged cache read through it (as [`attention_decode_paged_into`]). Every mask and
+/// An int8 KV cache (see [`GpuTensorQ8`]) as [`attention_decode_int8_into`] reads it: `k [B,
+/// max_len, Hkv, Dk]` and `v [B, max_len, Hkv, Dv]`, or with `table` the pools `[pool rows, Hkv,
+/// D]` of a paged cache read through it (as [`attention_decode_paged_into`]).
+#[derive(Clone, Copy)]
+pub struct QuantizedCache<'a> {
+    /// The keys' int8 rows and scales.
+    pub k: &'a GpuTensorQ8,
+    /// The values' int8 rows and scales.
+    pub v: &'a GpuTensorQ8,
+    /// The block table of a paged cache, `None` for a contiguous one.
+    pub table: Option<&'a BlockTable>,
+}
+
+/// [`attention_decode_into`] against an int8 cache, dequantised inside the decode kernel (a
+/// prefill-shaped step: into scratch, for the fused forward). Every mask and
 /// modifier applies (cosine scores and key clipping transform the keys after dequantising them into
 /// scratch). Against the f32 cache of the same keys and values each cached value moves by at most
 /// `max |row| / 254`.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_decode_int8_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     q: &HeadsView,
-    k_cache: &GpuTensorQ8,
-    v_cache: &GpuTensorQ8,
-    table: Option<&BlockTable>,
+    cache: QuantizedCache<'_>,
     out: &HeadsView,
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    let QuantizedCache {
+        k: k_cache,
+        v: v_cache,
+        table,
+    } = cache;
     let dims = |arg: &'static str, t: &GpuTensorQ8, paged: bool| -> Result<[usize; 4]> {
         match (t.shape(), paged) {
             (&[b, l, h, d], false) => Ok([b, l, h, d]),
@@ -297,31 +293,45 @@ pub fn attention_decode_int8_into(
             .heads()
     };
     let (k_words, v_words) = (words(k_cache, k_dims)?, words(v_cache, v_dims)?);
-    decode_into(
-        ctx,
-        encoder,
+    let views = ForwardViews {
         q,
-        [&k_words, &v_words],
-        table,
-        Some([k_cache, v_cache]),
-        s,
+        k: &k_words,
+        v: &v_words,
         out,
         lse,
-        opts,
-    )
+    };
+    let layout = CacheLayout {
+        table,
+        int8: Some([k_cache, v_cache]),
+    };
+    decode_into(ctx, encoder, &views, layout, s, opts)
+}
+
+/// How a decode call's cache is stored beyond the f32 views it is read through: paged through a
+/// block table, or int8 (the views then see its words).
+#[derive(Clone, Copy)]
+struct CacheLayout<'a> {
+    table: Option<&'a BlockTable>,
+    int8: Option<[&'a GpuTensorQ8; 2]>,
+}
+
+impl CacheLayout<'_> {
+    /// A contiguous f32 cache.
+    const CONTIGUOUS: Self = Self {
+        table: None,
+        int8: None,
+    };
 }
 
 /// The first `rows` positions of every sequence of a decode call's cache as contiguous f32 views:
 /// a contiguous f32 cache's own rows, or, gathered into the context's scratch buffers (reused by
 /// the next call that asks for them: this one's readers are recorded before it), a paged pool's
 /// rows or an int8 cache's dequantised.
-#[allow(clippy::too_many_arguments)]
 fn cached_rows(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     caches: [&HeadsView; 2],
-    table: Option<&BlockTable>,
-    int8: Option<[&GpuTensorQ8; 2]>,
+    CacheLayout { table, int8 }: CacheLayout<'_>,
     opts: &AttentionOptions<'_>,
     rows: usize,
 ) -> Result<(HeadsView, HeadsView)> {
@@ -377,19 +387,21 @@ fn check_table(table: &BlockTable, s: &AttentionShape) -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 fn decode_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    q: &HeadsView,
-    [k_cache, v_cache]: [&HeadsView; 2],
-    table: Option<&BlockTable>,
-    int8: Option<[&GpuTensorQ8; 2]>,
+    views: &ForwardViews<'_>,
+    layout: CacheLayout<'_>,
     s: AttentionShape,
-    out: &HeadsView,
-    lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    let &ForwardViews {
+        q,
+        k: k_cache,
+        v: v_cache,
+        out,
+        lse,
+    } = views;
     check_f32(&[
         ("q", q),
         ("k_cache", k_cache),
@@ -428,10 +440,9 @@ fn decode_into(
         opts,
     )?;
     // Prefill-shaped steps run on the fused forward kernels (K/V staged in tiles shared by a block
-    // of rows; the decode kernel's rows each read every key): lavapipe, H 8 / Hkv 2, D 64, causal,
-    // decode kernel over forward 0.4-0.6x at 8-16 new rows, 0.9-1.6x at 32, 1.3x at 64, 2.3x at
-    // 128, 5.2-5.7x at 512 (generate-bench --prefill-attention); on an H100 a paged prefill's
-    // attention took 20x the contiguous one's on the decode kernel. A paged cache's first
+    // of rows; the decode kernel's rows each read every key), which overtake the decode kernel
+    // from about 64 new rows (benchmarks/HISTORY.md, "Figures that code comments carried"; a
+    // paged prefill on the decode kernel was far slower on an H100). A paged cache's first
     // `longest` positions are gathered into scratch first (one read of them, as the decode kernel
     // makes per row block), an int8 cache's dequantised. Draft trees stay on the decode kernel.
     let tree = opts.seq_lens.and_then(|l| l.tree_slots()).is_some();
@@ -440,8 +451,7 @@ fn decode_into(
             ctx,
             encoder,
             [k_cache, v_cache],
-            table,
-            int8,
+            layout,
             opts,
             longest.max(1),
         )?;
@@ -449,7 +459,18 @@ fn decode_into(
             align_lens: true,
             ..*opts
         };
-        return attention_forward_into(ctx, encoder, q, &k_read, &v_read, out, lse, &prefill);
+        return attention_forward_into(
+            ctx,
+            encoder,
+            &ForwardViews {
+                q,
+                k: &k_read,
+                v: &v_read,
+                out,
+                lse,
+            },
+            &prefill,
+        );
     }
     let plan = match q.packed_rows() {
         Some(_) => DecodePlan::packed(ctx, &s, longest)?,
@@ -464,12 +485,19 @@ fn decode_into(
     // then reads as a contiguous f32 cache.
     let (q, k_cache, v_cache, s, table, int8) = if qk_norm::transforms(opts) {
         let (k_read, v_read) =
-            cached_rows(ctx, encoder, [k_cache, v_cache], table, int8, opts, longest)?;
+            cached_rows(ctx, encoder, [k_cache, v_cache], layout, opts, longest)?;
         let (q, k_read) = qk_norm::encode_inputs(ctx, encoder, q, &k_read, opts)?;
         let s = AttentionShape::of(&q, &k_read, &v_read)?;
         (q, k_read, v_read, s, None, None)
     } else {
-        (q.clone(), k_cache.clone(), v_cache.clone(), s, table, int8)
+        (
+            q.clone(),
+            k_cache.clone(),
+            v_cache.clone(),
+            s,
+            layout.table,
+            layout.int8,
+        )
     };
     let (q, k_cache, v_cache) = (&q, &k_cache, &v_cache);
     let mut params = base_params(&s, scale, opts);

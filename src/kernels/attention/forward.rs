@@ -5,6 +5,7 @@ use super::binding::{
     base_params, bind_tensor, bind_view, encode_fused_chunks, set_grid, tile_rows, workgroup_size,
     Bound, Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
+use super::call::ForwardViews;
 use super::call::{AttentionOutput, ForwardCall};
 use super::gpu::{encode_forward_gpu, GpuForward};
 use super::options::AttentionOptions;
@@ -74,7 +75,18 @@ pub fn attention_forward(
     )?;
     let lse = GpuTensor::uninit(ctx, "attention lse", &[s.batch, s.heads, s.q_seq])?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    attention_forward_into(ctx, &mut encoder, q, k, v, &out_view, &lse, opts)?;
+    attention_forward_into(
+        ctx,
+        &mut encoder,
+        &ForwardViews {
+            q,
+            k,
+            v,
+            out: &out_view,
+            lse: &lse,
+        },
+        opts,
+    )?;
     ctx.submit(encoder)?;
     Ok(AttentionOutput { out, lse })
 }
@@ -102,22 +114,29 @@ pub fn attention_forward_out_into(
         ctx.scratch_buffer("attention lse (not kept)", bytes)?,
         &rows,
     )?;
-    attention_forward_into(ctx, encoder, q, k, v, out, &lse, opts)
+    attention_forward_into(
+        ctx,
+        encoder,
+        &ForwardViews {
+            q,
+            k,
+            v,
+            out,
+            lse: &lse,
+        },
+        opts,
+    )
 }
 
 /// Records the fused attention forward into `encoder`, writing `out` (a `[B, Lq, H, Dv]` view) and
 /// `lse` (`[B, H, Lq]`). Nothing is recorded if the input is rejected.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    q: &HeadsView,
-    k: &HeadsView,
-    v: &HeadsView,
-    out: &HeadsView,
-    lse: &GpuTensor,
+    views: &ForwardViews<'_>,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    let &ForwardViews { q, k, v, out, lse } = views;
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(ctx, &s, opts)?;
     use PackedSide::{Keys, Queries};

@@ -63,9 +63,9 @@ impl GpuForward {
     pub fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
         let candidates: &[(u32, u32, u32)] = if widest <= 64 {
-            // 256 invocations on a 64 x 32 tile first: 1.19x (L 4096) and 1.14x (L 1024) the 128-wide
-            // tile on an H200, and on RADV 88 VGPRs and 8 waves per SIMD instead of 104 and 4
-            // (BENCHMARKS.md, "NVIDIA H200"). It needs 38 KiB of workgroup storage at head dim 64,
+            // 256 invocations on a 64 x 32 tile first: faster than the 128-wide tile on an H200, and
+            // fewer VGPRs and twice the waves on RADV (benchmarks/HISTORY.md, "Figures that code
+            // comments carried"). It needs 38 KiB of workgroup storage at head dim 64,
             // so lavapipe (32 KiB) runs it only at smaller head dims.
             &[
                 (256, 64, 32),

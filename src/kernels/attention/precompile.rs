@@ -4,6 +4,7 @@
 //! compilers without running it.
 
 use super::backward::{attention_backward_into, attention_backward_workspace};
+use super::call::{BackwardViews, ForwardViews};
 use super::forward::attention_forward_into;
 use super::options::AttentionOptions;
 use super::{bias, sinks};
@@ -64,7 +65,18 @@ pub fn attention_precompile(
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("attention precompile (never submitted)"),
         });
-    attention_forward_into(ctx, &mut encoder, &q, &k, &v, &out, &lse, opts)?;
+    attention_forward_into(
+        ctx,
+        &mut encoder,
+        &ForwardViews {
+            q: &q,
+            k: &k,
+            v: &v,
+            out: &out,
+            lse: &lse,
+        },
+        opts,
+    )?;
     if passes == AttentionPasses::ForwardBackward {
         let (d_out, dq, dk, dv) = (
             tensor(&o_shape)?,
@@ -87,16 +99,18 @@ pub fn attention_precompile(
         attention_backward_into(
             ctx,
             &mut encoder,
-            &q,
-            &k,
-            &v,
-            &out,
-            &lse,
-            &d_out,
-            &dq,
-            &dk,
-            &dv,
-            &workspace,
+            &BackwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &lse,
+                d_out: &d_out,
+                dq: &dq,
+                dk: &dk,
+                dv: &dv,
+                workspace: &workspace,
+            },
             &with_grad,
         )?;
         // Their pipelines do not depend on the problem, and a bias gradient is Lq x Lk.

@@ -40,23 +40,22 @@ pub fn attention_probabilities(
     let lk = k.shape()[1];
     let out = GpuTensor::uninit(ctx, "attention probabilities", &[b, h, rows.len(), lk])?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    attention_probabilities_into(ctx, &mut encoder, q, k, lse, opts, rows, &out)?;
+    attention_probabilities_into(ctx, &mut encoder, [q, k], lse, rows, &out, opts)?;
     ctx.submit(encoder)?;
     Ok(out)
 }
 
-/// Records [`attention_probabilities`] into `encoder`, writing `out` (`[B, H, rows.len(), Lk]`).
-/// Nothing is recorded if the input is rejected.
-#[allow(clippy::too_many_arguments)]
+/// Records [`attention_probabilities`] into `encoder`: of Q and K (`[q, k]`) and the forward's
+/// `lse`, query rows `rows`, writing `out` (`[B, H, rows.len(), Lk]`). Nothing is recorded if the
+/// input is rejected.
 pub fn attention_probabilities_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    q: &HeadsView,
-    k: &HeadsView,
+    [q, k]: [&HeadsView; 2],
     lse: &GpuTensor,
-    opts: &AttentionOptions<'_>,
     rows: Range<usize>,
     out: &GpuTensor,
+    opts: &AttentionOptions<'_>,
 ) -> Result<()> {
     // V plays no part; K stands in for it in the shape check.
     let s = AttentionShape::of(q, k, k)?;

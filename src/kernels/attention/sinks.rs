@@ -77,7 +77,6 @@ pub(super) fn encode_forward(
 /// Records `d_sinks [H] = dL/dsinks` into `encoder`, after
 /// [`attention_backward_into`](super::attention_backward_into) recorded with the same `workspace`
 /// and options (it reads the `(lse, D)` stats the backward wrote there).
-#[allow(clippy::too_many_arguments)]
 pub fn attention_sinks_backward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,

@@ -276,8 +276,8 @@ impl FusedVariant {
 
     /// wgpu's runtime checks the kernel goes without where the context trusts its kernels: the
     /// loop counters, whose loops all end at bounds from uniforms (lengths the host checked below
-    /// 2^31, chunk ranges), overrides and the workgroup id. They cost the forwards 12-24% on
-    /// lavapipe and the GPU family's backward 2.7x on an NVIDIA H200 (BENCHMARKS.md); index clamps
+    /// 2^31, chunk ranges), overrides and the workgroup id. They cost every family's kernels
+    /// measurably, most the GPU family's backward (benchmarks/HISTORY.md); index clamps
     /// stay (dropping them gained nothing more). Except the GPU family's dQ on 16-key tiles at head
     /// dims up to 64 (what 32 KiB of workgroup storage picks): without counters ACO unrolls its
     /// loops to 132-152 VGPRs and spills on gfx1100, where the checked build needs 80-84.

@@ -21,6 +21,7 @@ use wgpu_attention::{
     attention_forward_plan, parse_backends, AttentionOptions, AttentionShape, Context, Error,
     GpuTensor, GpuTensorQ8, SeqLens,
 };
+use wgpu_attention::{ForwardViews, QuantizedCache};
 use wgpu_attention_serve::{
     CacheConfig, CacheLayout, Draft, GenerateOptions, Generator, GeneratorShape, KvFormat,
 };
@@ -350,10 +351,31 @@ fn attention(
     let decode = measure(ctx, timer, cli.reps, || {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         match (&k8, &v8) {
-            (Some(k8), Some(v8)) => {
-                attention_decode_int8_into(ctx, &mut encoder, &qv, k8, v8, None, &ov, &lse, &opts)?
-            }
-            _ => attention_decode_into(ctx, &mut encoder, &qv, &kv, &vv, &ov, &lse, &opts)?,
+            (Some(k8), Some(v8)) => attention_decode_int8_into(
+                ctx,
+                &mut encoder,
+                &qv,
+                QuantizedCache {
+                    k: k8,
+                    v: v8,
+                    table: None,
+                },
+                &ov,
+                &lse,
+                &opts,
+            )?,
+            _ => attention_decode_into(
+                ctx,
+                &mut encoder,
+                &ForwardViews {
+                    q: &qv,
+                    k: &kv,
+                    v: &vv,
+                    out: &ov,
+                    lse: &lse,
+                },
+                &opts,
+            )?,
         }
         ctx.queue().submit([encoder.finish()]);
         Ok(())
@@ -436,14 +458,36 @@ fn prefill_attention(
     let decode = measure(ctx, timer, cli.reps, || {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         let out = decode_out.heads()?;
-        attention_decode_into(ctx, &mut encoder, &qv, &kv, &vv, &out, &decode_lse, &opts)?;
+        attention_decode_into(
+            ctx,
+            &mut encoder,
+            &ForwardViews {
+                q: &qv,
+                k: &kv,
+                v: &vv,
+                out: &out,
+                lse: &decode_lse,
+            },
+            &opts,
+        )?;
         ctx.queue().submit([encoder.finish()]);
         Ok(())
     })?;
     let forward = measure(ctx, timer, cli.reps, || {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         let out = forward_out.heads()?;
-        attention_forward_into(ctx, &mut encoder, &qv, &kv, &vv, &out, &forward_lse, &opts)?;
+        attention_forward_into(
+            ctx,
+            &mut encoder,
+            &ForwardViews {
+                q: &qv,
+                k: &kv,
+                v: &vv,
+                out: &out,
+                lse: &forward_lse,
+            },
+            &opts,
+        )?;
         ctx.queue().submit([encoder.finish()]);
         Ok(())
     })?;

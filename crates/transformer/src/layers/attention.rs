@@ -26,6 +26,7 @@ use wgpu_attention::kernels::rope::{
     rope_forward_packed_into, RopeLayout, RopeTable,
 };
 use wgpu_attention::tensor::{GpuTensor, HeadsView, PackedSide, SeqLens};
+use wgpu_attention::{BackwardViews, ForwardViews, QuantizedCache};
 
 /// The attention shape of self-attention with additive scores of `dim` per head.
 fn self_shape(
@@ -563,9 +564,32 @@ impl MultiHeadAttention {
                     w: p.value(add.w),
                     bias: p.value(add.bias),
                 };
-                additive_forward_into(ctx, encoder, &q, &k, &v, scores, &out, lse, &opts)?;
+                additive_forward_into(
+                    ctx,
+                    encoder,
+                    &ForwardViews {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        out: &out,
+                        lse,
+                    },
+                    scores,
+                    &opts,
+                )?;
             }
-            None => attention_forward_into(ctx, encoder, &q, &k, &v, &out, lse, &opts)?,
+            None => attention_forward_into(
+                ctx,
+                encoder,
+                &ForwardViews {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    out: &out,
+                    lse,
+                },
+                &opts,
+            )?,
         }
         let add = Epilogue {
             activation: None,
@@ -683,23 +707,62 @@ impl MultiHeadAttention {
                         };
                         let (keys, values) = (keys.heads()?, values.heads()?);
                         additive_decode_into(
-                            ctx, encoder, &q, &keys, &values, scores, &out, lse, &opts,
+                            ctx,
+                            encoder,
+                            &ForwardViews {
+                                q: &q,
+                                k: &keys,
+                                v: &values,
+                                out: &out,
+                                lse,
+                            },
+                            scores,
+                            &opts,
                         )?
                     }
                     ([KvStorage::F32(keys), KvStorage::F32(values)], None) => {
                         let (keys, values) = (view(keys)?, view(values)?);
                         match table {
                             None => attention_decode_into(
-                                ctx, encoder, &q, &keys, &values, &out, lse, &opts,
+                                ctx,
+                                encoder,
+                                &ForwardViews {
+                                    q: &q,
+                                    k: &keys,
+                                    v: &values,
+                                    out: &out,
+                                    lse,
+                                },
+                                &opts,
                             )?,
                             Some(table) => attention_decode_paged_into(
-                                ctx, encoder, &q, &keys, &values, table, &out, lse, &opts,
+                                ctx,
+                                encoder,
+                                &ForwardViews {
+                                    q: &q,
+                                    k: &keys,
+                                    v: &values,
+                                    out: &out,
+                                    lse,
+                                },
+                                table,
+                                &opts,
                             )?,
                         }
                     }
                     ([KvStorage::Int8(keys), KvStorage::Int8(values)], _) => {
                         attention_decode_int8_into(
-                            ctx, encoder, &q, keys, values, table, &out, lse, &opts,
+                            ctx,
+                            encoder,
+                            &q,
+                            QuantizedCache {
+                                k: keys,
+                                v: values,
+                                table,
+                            },
+                            &out,
+                            lse,
+                            &opts,
                         )?
                     }
                     _ => {
@@ -718,7 +781,18 @@ impl MultiHeadAttention {
                 self.query.forward(ctx, encoder, p, x, &self.proj)?;
                 let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
                 let (out, lse) = (self.attn.heads()?, &self.padded_lse()?);
-                attention_forward_into(ctx, encoder, &q, &k, &v, &out, lse, &opts)?;
+                attention_forward_into(
+                    ctx,
+                    encoder,
+                    &ForwardViews {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        out: &out,
+                        lse,
+                    },
+                    &opts,
+                )?;
             }
             _ => {
                 return Err(Error::shape(
@@ -810,14 +884,20 @@ impl MultiHeadAttention {
             additive_backward_into(
                 ctx,
                 encoder,
-                [&q, &k, &v],
+                &BackwardViews {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    out: &out,
+                    lse: &layout.lse,
+                    d_out: &d_out,
+                    dq: &dq,
+                    dk: &dk,
+                    dv: &dv,
+                    workspace: &add.workspace,
+                },
                 scores,
-                &out,
-                &layout.lse,
-                &d_out,
-                [&dq, &dk, &dv],
                 [p.grad(add.w), p.grad(add.bias)],
-                &add.workspace,
                 &opts,
             )?;
             self.query
@@ -827,16 +907,18 @@ impl MultiHeadAttention {
         attention_backward_into(
             ctx,
             encoder,
-            &q,
-            &k,
-            &v,
-            &out,
-            &layout.lse,
-            &d_out,
-            &dq,
-            &dk,
-            &dv,
-            &layout.workspace,
+            &BackwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &layout.lse,
+                d_out: &d_out,
+                dq: &dq,
+                dk: &dk,
+                dv: &dv,
+                workspace: &layout.workspace,
+            },
             &opts,
         )?;
         self.rotate(ctx, encoder, [&dq, &dk], &layout, true)?;

@@ -22,6 +22,7 @@ use wgpu_attention_transformer::reference::transformer_layer::TransformerLayerCo
 use crate::cli::{Modifier, Pass, PathKind};
 use crate::problem::{OptionTensors, Problem, RELATIVE_BUCKETS};
 use crate::Progress;
+use wgpu_attention::{BackwardViews, ForwardViews};
 
 /// Scale of the cosine-scores cases.
 pub(crate) const COSINE_SCALE: f32 = 10.0;
@@ -480,11 +481,13 @@ pub(crate) fn run_case(
         attention_forward_into(
             ctx,
             &mut encoder,
-            &x.q,
-            &x.k,
-            &x.v,
-            &out.view(queries)?,
-            &lse,
+            &ForwardViews {
+                q: &x.q,
+                k: &x.k,
+                v: &x.v,
+                out: &out.view(queries)?,
+                lse: &lse,
+            },
             opts,
         )?;
         ctx.queue().submit([encoder.finish()]);
@@ -545,37 +548,27 @@ pub(crate) fn run_case(
             let workspace = attention_backward_workspace(ctx, s)?;
             let grads = match path {
                 PathKind::Fused => {
+                    let out_view = out.view(queries)?;
+                    let grad_views = [dq.view(queries)?, dk.view(keys)?, dv.view(keys)?];
+                    let views = BackwardViews {
+                        q: &x.q,
+                        k: &x.k,
+                        v: &x.v,
+                        out: &out_view,
+                        lse: &lse,
+                        d_out: &x.d_out,
+                        dq: &grad_views[0],
+                        dk: &grad_views[1],
+                        dv: &grad_views[2],
+                        workspace: &workspace,
+                    };
                     samples = measure(ctx, timer, reps, || {
                         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-                        attention_backward_into(
-                            ctx,
-                            &mut encoder,
-                            &x.q,
-                            &x.k,
-                            &x.v,
-                            &out.view(queries)?,
-                            &lse,
-                            &x.d_out,
-                            &dq.view(queries)?,
-                            &dk.view(keys)?,
-                            &dv.view(keys)?,
-                            &workspace,
-                            opts,
-                        )?;
+                        attention_backward_into(ctx, &mut encoder, &views, opts)?;
                         // The learned score terms' gradients belong to the backward (the
                         // relative table's is written by attention_backward_into itself).
                         if let Some((_, _, grad)) = &x.bias {
-                            attention_bias_backward_into(
-                                ctx,
-                                &mut encoder,
-                                &x.q,
-                                &x.k,
-                                &x.v,
-                                &x.d_out,
-                                &workspace,
-                                grad,
-                                opts,
-                            )?;
+                            attention_bias_backward_into(ctx, &mut encoder, &views, grad, opts)?;
                         }
                         if let Some((sinks, _, d_sinks)) = &x.sinks {
                             attention_sinks_backward_into(
