@@ -11,7 +11,10 @@
 //! the quad reads (CPU driver), the row maxima (GPU forward), the matrix build (tensor cores), the
 //! input reads (element or vec4), the score-bias binding. Declared as module constants: the array
 //! sizes, which WGSL cannot take from overrides for arrays in functions. Everything else is a
-//! uniform (`Params`): masks, windows, modifiers, scales, strides and lengths.
+//! uniform (`Params`): masks, windows, modifiers, scales, strides and lengths, so one pipeline
+//! serves every mask and modifier. Fixing the flags by overrides instead removed code on RADV only
+//! for calls with no mask at all, and ran no faster on lavapipe
+//! (`benchmarks/uniform-vs-override-2026-11-27/`).
 
 use super::header::{with_sizes, COMMON, SCORE_BIAS, SCORE_BIAS_NONE};
 use crate::device::{Context, PipelineSpec};
