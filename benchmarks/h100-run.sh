@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core flags) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -45,6 +45,18 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     # (--profile), and a training step's split by family.
     step 120 generate $B/generate-bench --page 16 --profile --json $OUT/h100-generate.json
     step 60 transformer $B/transformer-bench --reps 10 --json $OUT/h100-transformer.json ;;
+  flags)
+    # Issue 49's open measurement (benchmarks/uniform-vs-override-2026-11-27): the GPU family with
+    # the mask and modifier flags from the uniform (production) and fixed by override constants,
+    # unmasked, where RADV's static estimate saw 5-17% fewer cycles; pairs interleaved, one binary.
+    for r in 1 2; do
+      for mode in base fixed; do
+        fixed=(); [ $mode = fixed ] && fixed=(env WGPU_ATTENTION_FIXED_FLAGS=4095:0)
+        step 60 flags-$mode-$r "${fixed[@]}" $B/attention-bench-fixed-flags --kernels gpu --batch 1 --heads 8 \
+          --head-dim 64 --lengths 4096 --masks none --passes forward,backward --paths fused --reps 10 \
+          --json $OUT/flags-$mode-$r.json
+      done
+    done ;;
   coop64)
     step 120 coop-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
       --head-dim 64 --lengths 1024,4096,8192 --masks none,causal --passes forward,backward --paths fused \
