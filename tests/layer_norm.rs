@@ -108,7 +108,7 @@ fn check(backend: &str, ctx: &Context, d: &Data) {
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let stats = &fwd.stats;
     let outs = [&dx_add, &dg, &db];
-    layer_norm_backward_add_into(ctx, &mut encoder, &x, &gamma, stats, &dy, Some(&dy), outs)
+    layer_norm_backward_add_into(ctx, &mut encoder, &x, &gamma, stats, (&dy, Some(&dy)), outs)
         .unwrap();
     ctx.queue().submit([encoder.finish()]);
     let rdx_add: Vec<f64> = rg
@@ -258,15 +258,14 @@ fn rms_norm_matches_reference() {
                 GpuTensor::zeros(ctx, &[cols]).unwrap(),
             );
             let mut encoder = ctx.device().create_command_encoder(&Default::default());
-            rms_norm_forward_into(ctx, &mut encoder, &x, &gamma, EPS, &y, &stats).unwrap();
+            rms_norm_forward_into(ctx, &mut encoder, &x, &gamma, EPS, [&y, &stats]).unwrap();
             rms_norm_backward_add_into(
                 ctx,
                 &mut encoder,
                 &x,
                 &gamma,
                 &stats,
-                &dy,
-                None,
+                (&dy, None),
                 [&dx, &dg],
             )
             .unwrap();
@@ -277,8 +276,7 @@ fn rms_norm_matches_reference() {
                 &x,
                 &gamma,
                 &stats,
-                &dy,
-                Some(&dy),
+                (&dy, Some(&dy)),
                 [&dx_add, &dg2],
             )
             .unwrap();

@@ -5,7 +5,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_call};
-use crate::kernels::dispatch::{encode, grid_x};
+use crate::kernels::dispatch::{encode, grid_x, SimpleKernel};
 use crate::tensor::{GpuTensor, GpuTokens};
 
 const FORWARD: &str = include_str!("../../shaders/cross_entropy_forward.wgsl");
@@ -158,9 +158,11 @@ pub fn cross_entropy_forward_into(
     encode(
         ctx,
         encoder,
-        "cross_entropy_forward",
-        FORWARD,
-        &[],
+        SimpleKernel {
+            name: "cross_entropy_forward",
+            source: FORWARD,
+            constants: &[],
+        },
         bytemuck::bytes_of(&p),
         &[logits, targets, &out.row_loss, &out.row_lse],
         rows,
@@ -168,9 +170,11 @@ pub fn cross_entropy_forward_into(
     encode(
         ctx,
         encoder,
-        "cross_entropy_reduce",
-        REDUCE,
-        &[],
+        SimpleKernel {
+            name: "cross_entropy_reduce",
+            source: REDUCE,
+            constants: &[],
+        },
         bytemuck::bytes_of(&p),
         &[targets, &out.row_loss, &out.loss],
         1,
@@ -233,9 +237,11 @@ pub fn cross_entropy_backward_into(
     encode(
         ctx,
         encoder,
-        "cross_entropy_backward",
-        BACKWARD,
-        &[],
+        SimpleKernel {
+            name: "cross_entropy_backward",
+            source: BACKWARD,
+            constants: &[],
+        },
         bytemuck::bytes_of(&p),
         &[logits, targets, &forward.row_lse, &forward.loss, d_logits],
         p.rows as usize,

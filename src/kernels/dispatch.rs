@@ -69,63 +69,57 @@ pub(crate) fn loop_chunks(
         .collect()
 }
 
-/// Records `name` over at least `invocations` invocations, in a compute pass of its own.
-#[allow(clippy::too_many_arguments)]
+/// A simple kernel's pipeline: its name (and pass label), WGSL and override constants (`WG` is
+/// added).
+#[derive(Clone, Copy)]
+pub(crate) struct SimpleKernel<'a> {
+    pub(crate) name: &'static str,
+    pub(crate) source: &'static str,
+    pub(crate) constants: &'a [(&'static str, u32)],
+}
+
+/// Records `kernel` over at least `invocations` invocations, in a compute pass of its own.
 pub(crate) fn encode(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    name: &'static str,
-    source: &'static str,
-    constants: &[(&'static str, u32)],
+    kernel: SimpleKernel<'_>,
     params: &[u8],
     buffers: &[&dyn Bindable],
     invocations: usize,
 ) {
-    let mut pass = ctx.begin_pass(encoder, name);
-    encode_in(
-        ctx,
-        &mut pass,
-        name,
-        source,
-        constants,
-        params,
-        buffers,
-        invocations,
-    );
+    let mut pass = ctx.begin_pass(encoder, kernel.name);
+    encode_in(ctx, &mut pass, kernel, params, buffers, invocations);
 }
 
 /// [`encode`] into an open compute pass: kernels that record many independent dispatches (one per
 /// parameter tensor) share one pass.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_in(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    name: &'static str,
-    source: &'static str,
-    constants: &[(&'static str, u32)],
+    kernel: SimpleKernel<'_>,
     params: &[u8],
     buffers: &[&dyn Bindable],
     invocations: usize,
 ) {
     let workgroups = invocation_groups(invocations);
-    encode_workgroups_in(
-        ctx, pass, name, source, constants, params, buffers, workgroups,
-    );
+    encode_workgroups_in(ctx, pass, kernel, params, buffers, workgroups);
 }
 
 /// [`encode_in`] over `workgroups` workgroups of [`WG`] invocations, for kernels that give a
 /// workgroup one row (laid out as [`grid_2d`]; the shader's `grid_x` is its first value).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_workgroups_in(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    name: &'static str,
-    source: &'static str,
-    constants: &[(&'static str, u32)],
+    kernel: SimpleKernel<'_>,
     params: &[u8],
     buffers: &[&dyn Bindable],
     workgroups: u32,
 ) {
+    let SimpleKernel {
+        name,
+        source,
+        constants,
+    } = kernel;
     let mut all_constants = vec![("WG", WG)];
     all_constants.extend_from_slice(constants);
     let pipeline = ctx.pipeline(name, || source.to_string(), &all_constants);
@@ -156,16 +150,13 @@ struct ColumnParams {
     pad: [u32; 2],
 }
 
-/// Records column reduction `name` of a `[rows, cols]` matrix into `pass`: one dispatch per chunk
+/// Records column reduction `kernel` of a `[rows, cols]` matrix into `pass`: one dispatch per chunk
 /// of rows that fits the context's loop budget (`cost_per_row` loop iterations a row), each after
 /// the first adding to the sums; deterministic (rows in order, chunks in order).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_column_reduction_in(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    name: &'static str,
-    source: &'static str,
-    constants: &[(&'static str, u32)],
+    kernel: SimpleKernel<'_>,
     (rows, cols): (usize, usize),
     cost_per_row: usize,
     buffers: &[&dyn Bindable],
@@ -186,9 +177,7 @@ pub(crate) fn encode_column_reduction_in(
         encode_in(
             ctx,
             pass,
-            name,
-            source,
-            constants,
+            kernel,
             bytemuck::bytes_of(&params),
             buffers,
             cols,

@@ -5,7 +5,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_tensors};
-use crate::kernels::dispatch::{encode, grid_x};
+use crate::kernels::dispatch::{encode, grid_x, SimpleKernel};
 use crate::tensor::GpuTensor;
 
 const ACTIVATION_FORWARD: &str = concat!(
@@ -104,9 +104,11 @@ pub fn activation_forward_into(
     encode(
         ctx,
         encoder,
-        "activation_forward",
-        ACTIVATION_FORWARD,
-        &[("ACTIVATION", kind.code())],
+        SimpleKernel {
+            name: "activation_forward",
+            source: ACTIVATION_FORWARD,
+            constants: &[("ACTIVATION", kind.code())],
+        },
         bytemuck::bytes_of(&p),
         &[x, y],
         x.len(),
@@ -144,9 +146,11 @@ pub fn activation_backward_into(
     encode(
         ctx,
         encoder,
-        "activation_backward",
-        ACTIVATION_BACKWARD,
-        &[("ACTIVATION", kind.code())],
+        SimpleKernel {
+            name: "activation_backward",
+            source: ACTIVATION_BACKWARD,
+            constants: &[("ACTIVATION", kind.code())],
+        },
         bytemuck::bytes_of(&p),
         &[x, dy, dx],
         x.len(),
@@ -178,9 +182,11 @@ pub fn add_into(
     encode(
         ctx,
         encoder,
-        "add",
-        ADD,
-        &[],
+        SimpleKernel {
+            name: "add",
+            source: ADD,
+            constants: &[],
+        },
         bytemuck::bytes_of(&p),
         &[a, b, out],
         a.len(),
@@ -244,9 +250,11 @@ pub fn gated_activation_forward_into(
     encode(
         ctx,
         encoder,
-        "gated_activation_forward",
-        GATED_FORWARD,
-        &[("ACTIVATION", kind.code())],
+        SimpleKernel {
+            name: "gated_activation_forward",
+            source: GATED_FORWARD,
+            constants: &[("ACTIVATION", kind.code())],
+        },
         bytemuck::bytes_of(&p),
         &[gate_up, y],
         y.len(),
@@ -280,9 +288,11 @@ pub fn gated_activation_backward_into(
     encode(
         ctx,
         encoder,
-        "gated_activation_backward",
-        GATED_BACKWARD,
-        &[("ACTIVATION", kind.code())],
+        SimpleKernel {
+            name: "gated_activation_backward",
+            source: GATED_BACKWARD,
+            constants: &[("ACTIVATION", kind.code())],
+        },
         bytemuck::bytes_of(&p),
         &[gate_up, dy, d_gate_up],
         dy.len(),

@@ -12,7 +12,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_call};
-use crate::kernels::dispatch::{encode, grid_x, loop_chunks};
+use crate::kernels::dispatch::{encode, grid_x, loop_chunks, SimpleKernel};
 use crate::tensor::{GpuTensor, GpuTokens, PackedSide, SeqLens};
 
 const EMBEDDING_FORWARD: &str = include_str!("../../shaders/embedding_forward.wgsl");
@@ -165,9 +165,11 @@ pub fn embedding_forward_into(
     encode(
         ctx,
         encoder,
-        "embedding_forward",
-        EMBEDDING_FORWARD,
-        &[],
+        SimpleKernel {
+            name: "embedding_forward",
+            source: EMBEDDING_FORWARD,
+            constants: &[],
+        },
         bytemuck::bytes_of(&p),
         &[tokens, table, out],
         n,
@@ -265,9 +267,11 @@ fn record_embedding_backward(
         encode(
             ctx,
             encoder,
-            "embedding_backward",
-            EMBEDDING_BACKWARD,
-            &[],
+            SimpleKernel {
+                name: "embedding_backward",
+                source: EMBEDDING_BACKWARD,
+                constants: &[],
+            },
             bytemuck::bytes_of(&p),
             &[tokens, dy, d_table],
             dim,
@@ -433,9 +437,11 @@ pub fn record_positional(
     encode(
         ctx,
         encoder,
-        "positional_add",
-        POSITIONAL_ADD,
-        &[],
+        SimpleKernel {
+            name: "positional_add",
+            source: POSITIONAL_ADD,
+            constants: &[],
+        },
         bytemuck::bytes_of(&p),
         &[x, table, y, lens],
         n,
@@ -506,9 +512,11 @@ fn record_positional_backward(
     encode(
         ctx,
         encoder,
-        "positional_backward",
-        POSITIONAL_BACKWARD,
-        &[],
+        SimpleKernel {
+            name: "positional_backward",
+            source: POSITIONAL_BACKWARD,
+            constants: &[],
+        },
         bytemuck::bytes_of(&p),
         &[dy, d_table, lens],
         n,

@@ -8,7 +8,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
-use crate::kernels::dispatch::{encode, grid_x};
+use crate::kernels::dispatch::{encode, grid_x, SimpleKernel};
 use crate::tensor::{GpuTensor, GpuTensorQ8, GpuTokens, HeadsView, SeqLens};
 
 const APPEND: &str = concat!(
@@ -521,9 +521,11 @@ impl Gather<'_> {
         encode(
             ctx,
             encoder,
-            self.name,
-            self.source,
-            &constants,
+            SimpleKernel {
+                name: self.name,
+                source: self.source,
+                constants: &constants,
+            },
             bytemuck::bytes_of(&params),
             &[self.cache, out.buffer(), lens.buffer(), table_buffer],
             self.invocations,
@@ -649,9 +651,11 @@ fn append(
     encode(
         ctx,
         encoder,
-        name,
-        source,
-        &constants,
+        SimpleKernel {
+            name,
+            source,
+            constants: &constants,
+        },
         bytemuck::bytes_of(&params),
         &[new.buffer(), cache.buffer(), lens.buffer(), table_buffer],
         n,

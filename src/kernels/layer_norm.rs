@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_tensors};
 use crate::kernels::dispatch::{
     encode_column_reduction_in, encode_in, encode_workgroups_in, grid_x, invocation_groups,
-    Bindable,
+    Bindable, SimpleKernel,
 };
 use crate::tensor::{GpuTensor, Region};
 
@@ -171,52 +171,46 @@ pub fn layer_norm_forward(
     let y = GpuTensor::uninit(ctx, "layer_norm y", x.shape())?;
     let stats = GpuTensor::uninit(ctx, "layer_norm stats", &[rows, 2])?;
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    layer_norm_forward_into(ctx, &mut encoder, x, gamma, beta, eps, &y, &stats)?;
+    layer_norm_forward_into(ctx, &mut encoder, x, [gamma, beta], eps, [&y, &stats])?;
     ctx.submit(encoder)?;
     Ok(LayerNormOutput { y, stats })
 }
 
-/// Records the LayerNorm forward: `y` shaped like `x`, `stats [rows, 2]`. Nothing is recorded if the
-/// input is rejected.
-#[allow(clippy::too_many_arguments)]
+/// Records the LayerNorm forward with weights `[gamma, beta]` (`[cols]` each): `[y, stats]`, `y`
+/// shaped like `x`, `stats [rows, 2]`. Nothing is recorded if the input is rejected.
 pub fn layer_norm_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     x: &GpuTensor,
-    gamma: &GpuTensor,
-    beta: &GpuTensor,
+    [gamma, beta]: [&GpuTensor; 2],
     eps: f32,
-    y: &GpuTensor,
-    stats: &GpuTensor,
+    outputs: [&GpuTensor; 2],
 ) -> Result<()> {
-    norm_forward_into(ctx, encoder, x, gamma, Some(beta), eps, y, stats)
+    norm_forward_into(ctx, encoder, x, (gamma, Some(beta)), eps, outputs)
 }
 
-/// Records the RMSNorm forward `y = x / sqrt(mean(x^2) + eps) * gamma` (LLaMA's): `y` shaped like
-/// `x`, `stats [rows, 2]` holding `(0, rstd)` per row. Nothing is recorded if the input is rejected.
+/// Records the RMSNorm forward `y = x / sqrt(mean(x^2) + eps) * gamma` (LLaMA's): `[y, stats]`, `y`
+/// shaped like `x`, `stats [rows, 2]` holding `(0, rstd)` per row. Nothing is recorded if the input
+/// is rejected.
 pub fn rms_norm_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     x: &GpuTensor,
     gamma: &GpuTensor,
     eps: f32,
-    y: &GpuTensor,
-    stats: &GpuTensor,
+    outputs: [&GpuTensor; 2],
 ) -> Result<()> {
-    norm_forward_into(ctx, encoder, x, gamma, None, eps, y, stats)
+    norm_forward_into(ctx, encoder, x, (gamma, None), eps, outputs)
 }
 
 /// LayerNorm (`beta` given) or RMSNorm (`None`).
-#[allow(clippy::too_many_arguments)]
 fn norm_forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     x: &GpuTensor,
-    gamma: &GpuTensor,
-    beta: Option<&GpuTensor>,
+    (gamma, beta): (&GpuTensor, Option<&GpuTensor>),
     eps: f32,
-    y: &GpuTensor,
-    stats: &GpuTensor,
+    [y, stats]: [&GpuTensor; 2],
 ) -> Result<()> {
     let (rows, cols) = rows_cols(ctx, x)?;
     check_shape("gamma", gamma, &[cols])?;
@@ -249,9 +243,11 @@ fn norm_forward_into(
     encode_workgroups_in(
         ctx,
         &mut pass,
-        name,
-        source,
-        &[("CENTERED", beta.is_some() as u32)],
+        SimpleKernel {
+            name,
+            source,
+            constants: &[("CENTERED", beta.is_some() as u32)],
+        },
         bytemuck::bytes_of(&params),
         &[x, gamma, beta.unwrap_or(gamma), y, stats],
         workgroups,
@@ -279,9 +275,7 @@ pub fn layer_norm_backward(
         gamma,
         stats,
         dy,
-        &dx,
-        &d_gamma,
-        &d_beta,
+        [&dx, &d_gamma, &d_beta],
     )?;
     ctx.submit(encoder)?;
     Ok(LayerNormGrads {
@@ -291,9 +285,8 @@ pub fn layer_norm_backward(
     })
 }
 
-/// Records the LayerNorm backward: `dx` shaped like `x`, `d_gamma` and `d_beta` `[cols]`
-/// (overwritten, not accumulated).
-#[allow(clippy::too_many_arguments)]
+/// Records the LayerNorm backward: `grads` are `[dx, d_gamma, d_beta]`, `dx` shaped like `x`,
+/// `d_gamma` and `d_beta` `[cols]` (overwritten, not accumulated).
 pub fn layer_norm_backward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -301,70 +294,50 @@ pub fn layer_norm_backward_into(
     gamma: &GpuTensor,
     stats: &GpuTensor,
     dy: &GpuTensor,
-    dx: &GpuTensor,
-    d_gamma: &GpuTensor,
-    d_beta: &GpuTensor,
+    grads: [&GpuTensor; 3],
 ) -> Result<()> {
-    let grads = [dx, d_gamma, d_beta];
-    layer_norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, None, grads)
+    layer_norm_backward_add_into(ctx, encoder, x, gamma, stats, (dy, None), grads)
 }
 
-/// [`layer_norm_backward_into`] with `dx = LN'(dy) + residual` (`residual` shaped like `x`): the
-/// gradient of a residual connection around the LayerNorm added in the same kernel.
-/// `grads` are `[dx, d_gamma, d_beta]`.
-#[allow(clippy::too_many_arguments)]
+/// [`layer_norm_backward_into`] of `(dy, residual)` with `dx = LN'(dy) + residual` (`residual`
+/// shaped like `x`): the gradient of a residual connection around the LayerNorm added in the same
+/// kernel. `grads` are `[dx, d_gamma, d_beta]`.
 pub fn layer_norm_backward_add_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     x: &GpuTensor,
     gamma: &GpuTensor,
     stats: &GpuTensor,
-    dy: &GpuTensor,
-    residual: Option<&GpuTensor>,
+    upstream: (&GpuTensor, Option<&GpuTensor>),
     grads: [&GpuTensor; 3],
 ) -> Result<()> {
     let [dx, d_gamma, d_beta] = grads;
-    norm_backward_add_into(
-        ctx,
-        encoder,
-        x,
-        gamma,
-        stats,
-        dy,
-        residual,
-        [dx, d_gamma],
-        Some(d_beta),
-    )
+    let saved = [x, gamma, stats];
+    norm_backward_add_into(ctx, encoder, saved, upstream, ([dx, d_gamma], Some(d_beta)))
 }
 
-/// The RMSNorm backward (after [`rms_norm_forward_into`], whose `stats` it reads) with `dx =
-/// RMSNorm'(dy) + residual`; `grads` are `[dx, d_gamma]` (overwritten).
-#[allow(clippy::too_many_arguments)]
+/// The RMSNorm backward (after [`rms_norm_forward_into`], whose `stats` it reads) of `(dy,
+/// residual)` with `dx = RMSNorm'(dy) + residual`; `grads` are `[dx, d_gamma]` (overwritten).
 pub fn rms_norm_backward_add_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     x: &GpuTensor,
     gamma: &GpuTensor,
     stats: &GpuTensor,
-    dy: &GpuTensor,
-    residual: Option<&GpuTensor>,
+    upstream: (&GpuTensor, Option<&GpuTensor>),
     grads: [&GpuTensor; 2],
 ) -> Result<()> {
-    norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, residual, grads, None)
+    norm_backward_add_into(ctx, encoder, [x, gamma, stats], upstream, (grads, None))
 }
 
-/// LayerNorm's backward (`d_beta` given) or RMSNorm's (`None`).
-#[allow(clippy::too_many_arguments)]
+/// LayerNorm's backward (`d_beta` given) or RMSNorm's (`None`), from the forward's `[x, gamma,
+/// stats]`.
 fn norm_backward_add_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    x: &GpuTensor,
-    gamma: &GpuTensor,
-    stats: &GpuTensor,
-    dy: &GpuTensor,
-    residual: Option<&GpuTensor>,
-    [dx, d_gamma]: [&GpuTensor; 2],
-    d_beta: Option<&GpuTensor>,
+    [x, gamma, stats]: [&GpuTensor; 3],
+    (dy, residual): (&GpuTensor, Option<&GpuTensor>),
+    ([dx, d_gamma], d_beta): ([&GpuTensor; 2], Option<&GpuTensor>),
 ) -> Result<()> {
     let (rows, cols) = rows_cols(ctx, x)?;
     check_shape("gamma", gamma, &[cols])?;
@@ -412,9 +385,11 @@ fn norm_backward_add_into(
     encode_workgroups_in(
         ctx,
         &mut pass,
-        name,
-        source,
-        &centered,
+        SimpleKernel {
+            name,
+            source,
+            constants: &centered,
+        },
         bytemuck::bytes_of(&params),
         &[x, gamma, stats, dy, dx, residual.unwrap_or(dy)],
         workgroups,
@@ -432,9 +407,11 @@ fn norm_backward_add_into(
         encode_column_reduction_in(
             ctx,
             &mut pass,
-            "layer_norm_param_grads_cpu",
-            PARAM_GRADS,
-            &centered,
+            SimpleKernel {
+                name: "layer_norm_param_grads_cpu",
+                source: PARAM_GRADS,
+                constants: &centered,
+            },
             (rows, cols),
             1,
             &[x, stats, dy, d_gamma, d_beta],
@@ -454,9 +431,11 @@ fn norm_backward_add_into(
     encode_in(
         ctx,
         &mut pass,
-        "layer_norm_param_partials",
-        PARAM_PARTIALS,
-        &constants,
+        SimpleKernel {
+            name: "layer_norm_param_partials",
+            source: PARAM_PARTIALS,
+            constants: &constants,
+        },
         bytemuck::bytes_of(&params),
         &[x, stats, dy, &partials],
         blocks * cols,
@@ -464,9 +443,11 @@ fn norm_backward_add_into(
     encode_column_reduction_in(
         ctx,
         &mut pass,
-        "layer_norm_param_sums",
-        PARAM_SUMS,
-        &centered,
+        SimpleKernel {
+            name: "layer_norm_param_sums",
+            source: PARAM_SUMS,
+            constants: &centered,
+        },
         (blocks, cols),
         2,
         &[&partials, d_gamma, d_beta],

@@ -7,7 +7,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_call, check_tensors};
-use crate::kernels::dispatch::{encode_column_reduction_in, Bindable};
+use crate::kernels::dispatch::{encode_column_reduction_in, Bindable, SimpleKernel};
 use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{
     encode_gemm, takes_skinny_path, ActivationStep, Elements, Epilogue as GemmEpilogue, Gemm,
@@ -512,9 +512,11 @@ pub(crate) fn encode_column_sum_in(
     encode_column_reduction_in(
         ctx,
         pass,
-        "column_sum",
-        COLUMN_SUM,
-        &[],
+        SimpleKernel {
+            name: "column_sum",
+            source: COLUMN_SUM,
+            constants: &[],
+        },
         (rows, cols),
         1,
         &[x, sums],

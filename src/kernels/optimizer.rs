@@ -15,7 +15,7 @@
 
 use crate::device::{Allocation, Context};
 use crate::error::{Error, Result};
-use crate::kernels::dispatch::{encode, encode_in, grid_x};
+use crate::kernels::dispatch::{encode, encode_in, grid_x, SimpleKernel};
 use crate::tensor::{zeros_in_arenas, GpuTensor, Region};
 
 const NORM_PARTIAL: &str = concat!(
@@ -478,9 +478,11 @@ impl AdamW {
             encode_in(
                 ctx,
                 &mut pass,
-                "grad_norm_partial",
-                NORM_PARTIAL,
-                &[("CHUNK", CHUNK as u32)],
+                SimpleKernel {
+                    name: "grad_norm_partial",
+                    source: NORM_PARTIAL,
+                    constants: &[("CHUNK", CHUNK as u32)],
+                },
                 bytemuck::bytes_of(&p),
                 &[&table, &group.grad, &self.partials],
                 group.partials,
@@ -499,9 +501,11 @@ impl AdamW {
         encode(
             ctx,
             encoder,
-            "grad_norm_finalize",
-            NORM_FINALIZE,
-            &[],
+            SimpleKernel {
+                name: "grad_norm_finalize",
+                source: NORM_FINALIZE,
+                constants: &[],
+            },
             bytemuck::bytes_of(&f),
             &[
                 &self.partials,
@@ -531,9 +535,11 @@ impl AdamW {
             encode_in(
                 ctx,
                 &mut pass,
-                "adamw",
-                ADAMW,
-                &[("RUN", RUN as u32)],
+                SimpleKernel {
+                    name: "adamw",
+                    source: ADAMW,
+                    constants: &[("RUN", RUN as u32)],
+                },
                 bytemuck::bytes_of(&a),
                 &[
                     &table,

@@ -8,7 +8,7 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
-use crate::kernels::dispatch::{encode, grid_x};
+use crate::kernels::dispatch::{encode, grid_x, SimpleKernel};
 pub use crate::spec::{RopeLayout, RopeScaling};
 use crate::tensor::{GpuTensor, HeadsView, PackedSide, SeqLens};
 
@@ -310,9 +310,11 @@ fn record(
     encode(
         ctx,
         encoder,
-        "rope",
-        ROPE,
-        &[],
+        SimpleKernel {
+            name: "rope",
+            source: ROPE,
+            constants: &[],
+        },
         bytemuck::bytes_of(&params),
         &[table.table.buffer(), x.buffer(), lens],
         invocations,

@@ -13,7 +13,7 @@ use crate::kernels::attention::forward::check_rows;
 use crate::kernels::attention::header::with_common;
 use crate::kernels::attention::shape::{check_tensor, check_view};
 use crate::kernels::attention::unfused::{
-    encode_pv, encode_softmax, encode_unfused_output_grads, scores_shape,
+    encode_pv, encode_softmax, encode_unfused_output_grads, scores_shape, UnfusedCall,
 };
 use crate::kernels::attention::AttentionOptions;
 use crate::kernels::dispatch::loop_chunks;
@@ -41,16 +41,8 @@ pub fn additive_forward_unfused(
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_forward_unfused");
-        encode_unfused_probs(
-            ctx,
-            &mut pass,
-            &s,
-            scale,
-            [a, b],
-            scores,
-            opts,
-            [&probs, &lse],
-        )?;
+        let call = unfused_call(ctx, &s, scale, opts);
+        encode_unfused_probs(ctx, &mut pass, call, [a, b], scores, [&probs, &lse])?;
         encode_pv(ctx, &mut pass, &s, &probs, v, &out.heads()?)?;
     }
     ctx.submit(encoder)?;
@@ -82,16 +74,14 @@ pub fn additive_probabilities(
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_probabilities");
+        let call = unfused_call(ctx, &s, scale, opts);
         encode_scores(
             ctx,
             &mut pass,
-            &s,
-            scale,
+            call,
             [a, b],
             scores,
-            opts,
-            Some(lse),
-            rows,
+            (Some(lse), rows),
             &out,
         )?;
     }
@@ -99,21 +89,38 @@ pub fn additive_probabilities(
     Ok(out)
 }
 
-/// Records `shaders/additive/scores.wgsl` over query rows `rows`: the scaled scores, or with `lse`
-/// the masked probabilities.
-#[allow(clippy::too_many_arguments)]
+/// The unfused steps' view of an additive call.
+fn unfused_call<'a>(
+    ctx: &'a Context,
+    s: &'a AttentionShape,
+    scale: f32,
+    opts: &'a AttentionOptions<'a>,
+) -> UnfusedCall<'a> {
+    UnfusedCall {
+        s,
+        scale,
+        opts,
+        lens: seq_lens_buffer(ctx, opts),
+    }
+}
+
+/// Records `shaders/additive/scores.wgsl` over query rows `rows` into `out`: the scaled scores, or
+/// with `lse` the masked probabilities.
 pub(super) fn encode_scores(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    s: &AttentionShape,
-    scale: f32,
+    call: UnfusedCall<'_>,
     [a, b]: [&HeadsView; 2],
     scores: AdditiveScores<'_>,
-    opts: &AttentionOptions<'_>,
-    lse: Option<&GpuTensor>,
-    rows: std::ops::Range<usize>,
+    (lse, rows): (Option<&GpuTensor>, std::ops::Range<usize>),
     out: &GpuTensor,
 ) -> Result<()> {
+    let UnfusedCall {
+        s,
+        scale,
+        opts,
+        lens,
+    } = call;
     let elements = out.len();
     if elements > u32::MAX as usize {
         return Err(Error::Unsupported {
@@ -153,7 +160,7 @@ pub(super) fn encode_scores(
         },
         &params,
         Bound {
-            shared: Shared::lens(seq_lens_buffer(ctx, opts)),
+            shared: Shared::lens(lens),
             bindings: &bindings,
             grid,
         },
@@ -163,32 +170,19 @@ pub(super) fn encode_scores(
 
 /// The unfused paths' probabilities: every score materialised into `probs` `[B, H, Lq, Lk]`, then
 /// the masked softmax in place, writing `lse`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn encode_unfused_probs(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    s: &AttentionShape,
-    scale: f32,
+    call: UnfusedCall<'_>,
     [a, b]: [&HeadsView; 2],
     scores: AdditiveScores<'_>,
-    opts: &AttentionOptions<'_>,
     [probs, lse]: [&GpuTensor; 2],
 ) -> Result<()> {
-    encode_scores(
-        ctx,
-        pass,
-        s,
-        scale,
-        [a, b],
-        scores,
-        opts,
-        None,
-        0..s.q_seq,
-        probs,
-    )?;
+    let rows = 0..call.s.q_seq;
+    encode_scores(ctx, pass, call, [a, b], scores, (None, rows), probs)?;
     // The scores are already scaled.
-    let lens = seq_lens_buffer(ctx, opts);
-    encode_softmax(ctx, pass, s, 1.0, probs, lse, opts, lens)
+    let scaled = UnfusedCall { scale: 1.0, ..call };
+    encode_softmax(ctx, pass, scaled, probs, lse)
 }
 
 /// The unfused baseline of [`additive_backward`](super::additive_backward), for the benchmark: P recomputed and materialised
@@ -231,17 +225,9 @@ pub fn additive_backward_unfused(
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_backward_unfused");
-        encode_unfused_probs(
-            ctx,
-            &mut pass,
-            &s,
-            scale,
-            [a, b],
-            scores,
-            opts,
-            [&probs, &lse],
-        )?;
-        encode_unfused_output_grads(ctx, &mut pass, &s, opts, &probs, &dprobs, v, d_out, &dv)?;
+        let call = unfused_call(ctx, &s, scale, opts);
+        encode_unfused_probs(ctx, &mut pass, call, [a, b], scores, [&probs, &lse])?;
+        encode_unfused_output_grads(ctx, &mut pass, call, [&probs, &dprobs], [v, d_out, &dv])?;
         for query_side in [true, false] {
             let mut params = base_params(&s, scale, opts);
             let bindings = [

@@ -566,23 +566,19 @@ fn decode_into(
         },
     );
     if let Some(partials) = partials {
+        let merged = (out, lse);
         encode_split_merge(
             ctx,
             &mut pass,
             &s,
             scale,
             opts,
-            plan.splits,
-            partials,
-            out,
-            lse,
+            (plan.splits, partials),
+            merged,
         )?;
     }
     drop(pass);
-    match opts.sinks {
-        Some(sinks) => sinks::encode_forward(ctx, encoder, &s, scale, out, lse, sinks, opts),
-        None => Ok(()),
-    }
+    sinks::encode_forward(ctx, encoder, &s, scale, (out, lse), opts)
 }
 
 /// Checks that the options carry both per-sequence lengths, no query count above its key count;

@@ -180,10 +180,7 @@ pub fn attention_forward_into(
         // tensor-core family's problems whose tiles exceed the workgroup storage.
         encode_forward_gpu(ctx, encoder, &call)?;
     }
-    match opts.sinks {
-        Some(sinks) => sinks::encode_forward(ctx, encoder, &s, scale, out, lse, sinks, opts),
-        None => Ok(()),
-    }
+    sinks::encode_forward(ctx, encoder, &s, scale, (out, lse), opts)
 }
 
 /// The CPU-driver family's forward: one dispatch per key chunk, each merging into O and lse.

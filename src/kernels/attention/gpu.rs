@@ -269,9 +269,15 @@ pub(super) fn encode_split_forward(
         },
     );
     match partials {
-        Some(partials) => {
-            encode_split_merge(ctx, &mut pass, s, scale, opts, splits, partials, out, lse)
-        }
+        Some(partials) => encode_split_merge(
+            ctx,
+            &mut pass,
+            s,
+            scale,
+            opts,
+            (splits, partials),
+            (out, lse),
+        ),
         None => Ok(()),
     }
 }
@@ -336,18 +342,16 @@ pub(super) fn split_scratch(
     }))
 }
 
-/// Records the merge of `splits` partial results into `out` and `lse`, in split order.
-#[allow(clippy::too_many_arguments)]
+/// Records the merge of `splits` partial results (O and lse bindings) into `out` and `lse`, in
+/// split order.
 pub(super) fn encode_split_merge(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     s: &AttentionShape,
     scale: f32,
     opts: &AttentionOptions<'_>,
-    splits: usize,
-    [partial_o, partial_lse]: [Binding<'_>; 2],
-    out: &HeadsView,
-    lse: &GpuTensor,
+    (splits, [partial_o, partial_lse]): (usize, [Binding<'_>; 2]),
+    (out, lse): (&HeadsView, &GpuTensor),
 ) -> Result<()> {
     let mut merge = base_params(s, scale, opts);
     merge.splits = splits as u32;

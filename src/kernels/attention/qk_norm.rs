@@ -13,7 +13,7 @@ use super::options::AttentionOptions;
 use crate::device::Context;
 use crate::error::Result;
 use crate::kernels::arguments::check_binding;
-use crate::kernels::dispatch::Bindable;
+use crate::kernels::dispatch::{Bindable, SimpleKernel};
 use crate::kernels::linear::encode_column_sum;
 use crate::tensor::{GpuTensor, HeadsView};
 
@@ -102,13 +102,15 @@ fn record(
     crate::kernels::dispatch::encode(
         ctx,
         encoder,
-        if grad.is_some() {
-            "attention_qk_norm_backward"
-        } else {
-            "attention_qk_norm"
+        SimpleKernel {
+            name: if grad.is_some() {
+                "attention_qk_norm_backward"
+            } else {
+                "attention_qk_norm"
+            },
+            source: SOURCE,
+            constants: &[("BACKWARD", grad.is_some() as u32)],
         },
-        SOURCE,
-        &[("BACKWARD", grad.is_some() as u32)],
         bytemuck::bytes_of(&params),
         &[
             x.buffer(),

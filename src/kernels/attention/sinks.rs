@@ -34,18 +34,18 @@ pub(super) fn precompile_backward(ctx: &Context) {
     );
 }
 
-/// Records the sink pass over `out` and `lse` after the forward.
-#[allow(clippy::too_many_arguments)]
+/// Records the sink pass over the forward's `out` and `lse` where the options have sinks.
 pub(super) fn encode_forward(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     s: &AttentionShape,
     scale: f32,
-    out: &HeadsView,
-    lse: &GpuTensor,
-    sinks: &GpuTensor,
+    (out, lse): (&HeadsView, &GpuTensor),
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    let Some(sinks) = opts.sinks else {
+        return Ok(());
+    };
     let mut params = base_params(s, scale, opts);
     let bindings = [
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,

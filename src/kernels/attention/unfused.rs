@@ -21,21 +21,27 @@ pub(super) const SOFTMAX: &str = include_str!("../../../shaders/attention/unfuse
 pub(super) const SOFTMAX_BACKWARD: &str =
     include_str!("../../../shaders/attention/unfused/softmax_backward.wgsl");
 
+/// One unfused call as its steps record it (shared with additive attention's): the shape, the
+/// softmax scale, the options and their sequence-lengths buffer.
+#[derive(Clone, Copy)]
+pub(crate) struct UnfusedCall<'a> {
+    pub(crate) s: &'a AttentionShape,
+    pub(crate) scale: f32,
+    pub(crate) opts: &'a AttentionOptions<'a>,
+    pub(crate) lens: &'a wgpu::Buffer,
+}
+
 /// The unfused backward's steps from P (shared with additive attention's): `dP = dO V^T` into
 /// `dprobs`, `dS = P (dP - rowsum(P dP))` in place (the gradient at the scaled scores), and
 /// `dV = sum_g P^T dO` over the query heads of each kv head.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_unfused_output_grads(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    s: &AttentionShape,
-    opts: &AttentionOptions<'_>,
-    probs: &GpuTensor,
-    dprobs: &GpuTensor,
-    v: &HeadsView,
-    d_out: &HeadsView,
-    dv: &HeadsView,
+    call: UnfusedCall<'_>,
+    [probs, dprobs]: [&GpuTensor; 2],
+    [v, d_out, dv]: [&HeadsView; 3],
 ) -> Result<()> {
+    let UnfusedCall { s, opts, .. } = call;
     let group = s.heads / s.kv_heads;
     let (b, h, hkv, lq, lk) = (
         s.batch as u32,
@@ -171,19 +177,15 @@ pub(super) fn check_whole_binding(
 }
 
 /// Records `P = softmax(scale Q K^T + masks)` into `probs [B, H, Lq, Lk]` and the row lse.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn encode_probs(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    s: &AttentionShape,
-    scale: f32,
-    q: &HeadsView,
-    k: &HeadsView,
+    call: UnfusedCall<'_>,
+    [q, k]: [&HeadsView; 2],
     probs: &GpuTensor,
     lse: &GpuTensor,
-    opts: &AttentionOptions<'_>,
-    lens: &wgpu::Buffer,
 ) -> Result<()> {
+    let UnfusedCall { s, scale, .. } = call;
     let group = s.heads / s.kv_heads;
     let (lq, lk) = (s.q_seq, s.kv_seq);
     let scores_op = Operand {
@@ -213,21 +215,23 @@ pub(super) fn encode_probs(
             elements: Elements::F32,
         },
     )?;
-    encode_softmax(ctx, pass, s, scale, probs, lse, opts, lens)
+    encode_softmax(ctx, pass, call, probs, lse)
 }
 
 /// Records the masked row softmax of materialised scores `[B, H, Lq, Lk]` in place (P), with lse.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_softmax(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
-    s: &AttentionShape,
-    scale: f32,
+    call: UnfusedCall<'_>,
     probs: &GpuTensor,
     lse: &GpuTensor,
-    opts: &AttentionOptions<'_>,
-    lens: &wgpu::Buffer,
 ) -> Result<()> {
+    let UnfusedCall {
+        s,
+        scale,
+        opts,
+        lens,
+    } = call;
     let mut params = base_params(s, scale, opts);
     let rows = s.batch * s.heads * s.q_seq;
     let grid = set_grid(&mut params, rows, 1)?;
@@ -331,11 +335,16 @@ pub fn attention_forward_unfused(
     let probs = GpuTensor::uninit(ctx, "probs", &scores_shape(ctx, &s)?)?;
     let AttentionOutput { out, lse } = AttentionOutput::new(ctx, &s)?;
     check_whole_binding(ctx, "out", out.buffer())?;
-    let lens = seq_lens_buffer(ctx, opts);
+    let call = UnfusedCall {
+        s: &s,
+        scale,
+        opts,
+        lens: seq_lens_buffer(ctx, opts),
+    };
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "attention_forward_unfused");
-        encode_probs(ctx, &mut pass, &s, scale, q, k, &probs, &lse, opts, lens)?;
+        encode_probs(ctx, &mut pass, call, [q, k], &probs, &lse)?;
         encode_pv(ctx, &mut pass, &s, &probs, v, &out.heads()?)?;
     }
     ctx.submit(encoder)?;
@@ -380,7 +389,12 @@ pub fn attention_backward_unfused(
     for (arg, t) in [("dq", &dq), ("dk", &dk), ("dv", &dv)] {
         check_whole_binding(ctx, arg, t.buffer())?;
     }
-    let lens = seq_lens_buffer(ctx, opts);
+    let call = UnfusedCall {
+        s: &s,
+        scale,
+        opts,
+        lens: seq_lens_buffer(ctx, opts),
+    };
     let group = s.heads / s.kv_heads;
     let (b, h, hkv, lq, lk) = (
         s.batch as u32,
@@ -397,9 +411,9 @@ pub fn attention_backward_unfused(
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "attention_backward_unfused");
-        encode_probs(ctx, &mut pass, &s, scale, q, k, &probs, &lse, opts, lens)?;
+        encode_probs(ctx, &mut pass, call, [q, k], &probs, &lse)?;
         // dP, dS in place, dV.
-        encode_unfused_output_grads(ctx, &mut pass, &s, opts, &probs, &dprobs, v, d_out, &dv_v)?;
+        encode_unfused_output_grads(ctx, &mut pass, call, [&probs, &dprobs], [v, d_out, &dv_v])?;
         // dQ = scale dS K
         encode_gemm(
             ctx,

@@ -556,7 +556,13 @@ impl MultiHeadAttention {
         let [q, k, v] = self.placed_split(&self.proj, self.kv_proj.as_ref(), &layout)?;
         self.rotate(ctx, encoder, [&q, &k], &layout, false)?;
         let out = Self::place(self.attn.heads()?, PackedSide::Queries, &layout)?;
-        let lse = &layout.lse;
+        let views = ForwardViews {
+            q: &q,
+            k: &k,
+            v: &v,
+            out: &out,
+            lse: &layout.lse,
+        };
         let opts = self.options(p, lens);
         match &self.additive {
             Some(add) => {
@@ -564,32 +570,9 @@ impl MultiHeadAttention {
                     w: p.value(add.w),
                     bias: p.value(add.bias),
                 };
-                additive_forward_into(
-                    ctx,
-                    encoder,
-                    &ForwardViews {
-                        q: &q,
-                        k: &k,
-                        v: &v,
-                        out: &out,
-                        lse,
-                    },
-                    scores,
-                    &opts,
-                )?;
+                additive_forward_into(ctx, encoder, &views, scores, &opts)?;
             }
-            None => attention_forward_into(
-                ctx,
-                encoder,
-                &ForwardViews {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    out: &out,
-                    lse,
-                },
-                &opts,
-            )?,
+            None => attention_forward_into(ctx, encoder, &views, &opts)?,
         }
         let add = Epilogue {
             activation: None,
@@ -706,48 +689,29 @@ impl MultiHeadAttention {
                             bias: p.value(add.bias),
                         };
                         let (keys, values) = (keys.heads()?, values.heads()?);
-                        additive_decode_into(
-                            ctx,
-                            encoder,
-                            &ForwardViews {
-                                q: &q,
-                                k: &keys,
-                                v: &values,
-                                out: &out,
-                                lse,
-                            },
-                            scores,
-                            &opts,
-                        )?
+                        let views = ForwardViews {
+                            q: &q,
+                            k: &keys,
+                            v: &values,
+                            out: &out,
+                            lse,
+                        };
+                        additive_decode_into(ctx, encoder, &views, scores, &opts)?
                     }
                     ([KvStorage::F32(keys), KvStorage::F32(values)], None) => {
                         let (keys, values) = (view(keys)?, view(values)?);
+                        let views = ForwardViews {
+                            q: &q,
+                            k: &keys,
+                            v: &values,
+                            out: &out,
+                            lse,
+                        };
                         match table {
-                            None => attention_decode_into(
-                                ctx,
-                                encoder,
-                                &ForwardViews {
-                                    q: &q,
-                                    k: &keys,
-                                    v: &values,
-                                    out: &out,
-                                    lse,
-                                },
-                                &opts,
-                            )?,
-                            Some(table) => attention_decode_paged_into(
-                                ctx,
-                                encoder,
-                                &ForwardViews {
-                                    q: &q,
-                                    k: &keys,
-                                    v: &values,
-                                    out: &out,
-                                    lse,
-                                },
-                                table,
-                                &opts,
-                            )?,
+                            None => attention_decode_into(ctx, encoder, &views, &opts)?,
+                            Some(table) => {
+                                attention_decode_paged_into(ctx, encoder, &views, table, &opts)?
+                            }
                         }
                     }
                     ([KvStorage::Int8(keys), KvStorage::Int8(values)], _) => {
@@ -876,51 +840,34 @@ impl MultiHeadAttention {
         let d_out = Self::place(self.d_attn.heads()?, PackedSide::Queries, &layout)?;
         // The relative table's and the cosine scale's gradients are written by the backward itself.
         let opts = self.options(p, lens);
+        let views = BackwardViews {
+            q: &q,
+            k: &k,
+            v: &v,
+            out: &out,
+            lse: &layout.lse,
+            d_out: &d_out,
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+            workspace: &layout.workspace,
+        };
         if let Some(add) = &self.additive {
             let scores = AdditiveScores {
                 w: p.value(add.w),
                 bias: p.value(add.bias),
             };
-            additive_backward_into(
-                ctx,
-                encoder,
-                &BackwardViews {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    out: &out,
-                    lse: &layout.lse,
-                    d_out: &d_out,
-                    dq: &dq,
-                    dk: &dk,
-                    dv: &dv,
-                    workspace: &add.workspace,
-                },
-                scores,
-                [p.grad(add.w), p.grad(add.bias)],
-                &opts,
-            )?;
+            let additive_views = BackwardViews {
+                workspace: &add.workspace,
+                ..views
+            };
+            let param_grads = [p.grad(add.w), p.grad(add.bias)];
+            additive_backward_into(ctx, encoder, &additive_views, scores, param_grads, &opts)?;
             self.query
                 .backward_epilogue(ctx, encoder, p, x, &self.d_proj, dx, dx_epilogue)?;
             return Ok(());
         }
-        attention_backward_into(
-            ctx,
-            encoder,
-            &BackwardViews {
-                q: &q,
-                k: &k,
-                v: &v,
-                out: &out,
-                lse: &layout.lse,
-                d_out: &d_out,
-                dq: &dq,
-                dk: &dk,
-                dv: &dv,
-                workspace: &layout.workspace,
-            },
-            &opts,
-        )?;
+        attention_backward_into(ctx, encoder, &views, &opts)?;
         self.rotate(ctx, encoder, [&dq, &dk], &layout, true)?;
         if let Some(id) = self.sinks {
             let (sinks, d_sinks) = (p.value(id), p.grad(id));

@@ -96,8 +96,10 @@ impl LayerNorm {
     ) -> Result<()> {
         let g = p.value(self.gamma);
         match self.beta {
-            Some(b) => layer_norm_forward_into(ctx, encoder, x, g, p.value(b), self.eps, y, stats),
-            None => rms_norm_forward_into(ctx, encoder, x, g, self.eps, y, stats),
+            Some(b) => {
+                layer_norm_forward_into(ctx, encoder, x, [g, p.value(b)], self.eps, [y, stats])
+            }
+            None => rms_norm_forward_into(ctx, encoder, x, g, self.eps, [y, stats]),
         }
     }
 
@@ -119,11 +121,11 @@ impl LayerNorm {
         match self.beta {
             Some(b) => {
                 let grads = [dx, d_gamma, p.grad(b)];
-                layer_norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, residual, grads)
+                layer_norm_backward_add_into(ctx, encoder, x, gamma, stats, (dy, residual), grads)
             }
             None => {
                 let grads = [dx, d_gamma];
-                rms_norm_backward_add_into(ctx, encoder, x, gamma, stats, dy, residual, grads)
+                rms_norm_backward_add_into(ctx, encoder, x, gamma, stats, (dy, residual), grads)
             }
         }
     }
