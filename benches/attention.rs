@@ -10,10 +10,9 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use wgpu_attention::{
     attention_backward_into, attention_backward_unfused, attention_backward_workspace,
-    attention_forward_into, attention_forward_unfused, AttentionOptions, AttentionShape, Context,
-    GpuTensor, HeadsView,
+    attention_forward_into, attention_forward_unfused, AttentionOptions, AttentionShape,
+    BackwardViews, Context, ForwardViews, GpuTensor, HeadsView,
 };
-use wgpu_attention::{BackwardViews, ForwardViews};
 
 const LENGTHS: [usize; 2] = [256, 512];
 const HEADS: usize = 8;

@@ -4,7 +4,8 @@
 // would be mostly padding), in two forms:
 // - per element (CPU drivers): each invocation computes one element of C over all of k, 256
 //   consecutive elements per workgroup;
-// - SKINNY_SPLIT (GPUs, where that form waits on one load after another): a workgroup owns 256 / K_LANES columns of C for every row, and
+// - SKINNY_SPLIT (GPUs, where that form waits on one load after another): a workgroup owns
+//   256 / K_LANES columns of C for every row, and
 //   K_LANES invocations split each column's k range, each B element read once for all rows; the
 //   lanes' sums meet in workgroup memory in a fixed tree order. K_FAST lays lanes out along k
 //   (neighbouring invocations read neighbouring k: coalesced when B is contiguous in k, as W^T of
@@ -48,7 +49,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
 
     // Row r of the invocation's 4x4 tile is acc[r], its columns the vec4 lanes: no dynamically
     // indexed private array, so GPU compilers keep the tile in registers (an indexed
-    // array<array<f32, 4>, 4> spilled to memory on an H100).
+    // array<array<f32, 4>, 4> was the slow form on an H100: benchmarks/HISTORY.md).
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);

@@ -9,10 +9,9 @@ use common::*;
 use wgpu_attention::kernels::additive::{additive_decode_into, additive_probabilities};
 use wgpu_attention::reference::additive as reference;
 use wgpu_attention::reference::attention::Masks;
-use wgpu_attention::ForwardViews;
 use wgpu_attention::{
     additive_backward, additive_backward_unfused, additive_forward, additive_forward_unfused,
-    AdditiveScores, AttentionOptions, AttentionShape, Context, GpuTensor, SeqLens,
+    AdditiveScores, AttentionOptions, AttentionShape, Context, ForwardViews, GpuTensor, SeqLens,
 };
 
 /// The case's masks for additive scores (scale 1: the score vector is learned).

@@ -12,10 +12,9 @@ use wgpu_attention::device::{BindingCache, LLVMPIPE_LOOP_BUDGET};
 use wgpu_attention::kernels::embedding::embedding_forward;
 use wgpu_attention::{
     attention_backward_into, attention_backward_workspace, attention_forward,
-    attention_forward_into, AttentionOptions, AttentionShape, Context, DType, Error, GpuTensor,
-    GpuTensorF16, GpuTokens, HeadsView,
+    attention_forward_into, AttentionOptions, AttentionShape, BackwardViews, Context, DType, Error,
+    ForwardViews, GpuTensor, GpuTensorF16, GpuTokens, HeadsView,
 };
-use wgpu_attention::{BackwardViews, ForwardViews};
 
 fn encoder(ctx: &Context) -> wgpu::CommandEncoder {
     ctx.device().create_command_encoder(&Default::default())

@@ -6,11 +6,10 @@ mod common;
 
 use common::*;
 use wgpu_attention::kernels::attention::MAX_FUSED_BACKWARD_HEAD_DIM_GPU;
-use wgpu_attention::BackwardViews;
 use wgpu_attention::{
     attention_backward, attention_backward_into, attention_backward_unfused,
-    attention_backward_workspace, attention_forward, AttentionOptions, AttentionShape, Context,
-    Error, GpuTensor, KernelFamily,
+    attention_backward_workspace, attention_forward, AttentionOptions, AttentionShape,
+    BackwardViews, Context, Error, GpuTensor, KernelFamily,
 };
 
 #[derive(Clone, Copy, PartialEq)]

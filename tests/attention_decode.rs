@@ -9,10 +9,9 @@ mod common;
 use common::*;
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::kv_cache::dequantize_int8_rows;
-use wgpu_attention::QuantizedCache;
 use wgpu_attention::{
     attention_decode, attention_decode_int8_into, AttentionOptions, BiasView, Context, GpuTensor,
-    GpuTensorQ8, SeqLens,
+    GpuTensorQ8, QuantizedCache, SeqLens,
 };
 
 /// A decode problem: `lq` query slots, a cache of `lk` (capacity) with per-sequence lengths.

@@ -14,10 +14,10 @@ use wgpu_attention::reference::compare::{
     F16_BACKWARD_ATOL, F16_FORWARD_ATOL, F16_RTOL, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL,
 };
 use wgpu_attention::{
-    attention_backward_into, attention_forward, attention_forward_into, AttentionOptions, Context,
-    DType, Error, GpuTensor, GpuTensorF16, HeadsView, KernelFamily,
+    attention_backward_into, attention_forward, attention_forward_into, AttentionOptions,
+    BackwardViews, Context, DType, Error, ForwardViews, GpuTensor, GpuTensorF16, HeadsView,
+    KernelFamily,
 };
-use wgpu_attention::{BackwardViews, ForwardViews};
 
 fn has_f16(ctx: &Context) -> bool {
     ctx.device().features().contains(wgpu::Features::SHADER_F16)

@@ -6,10 +6,10 @@ mod common;
 
 use common::*;
 use wgpu_attention::reference::attention as reference;
-use wgpu_attention::ForwardViews;
 use wgpu_attention::{
     attention_forward, attention_forward_into, attention_forward_plan, attention_forward_unfused,
-    attention_probabilities, AttentionOptions, Context, ContextOptions, GpuTensor, KernelFamily,
+    attention_probabilities, AttentionOptions, Context, ContextOptions, ForwardViews, GpuTensor,
+    KernelFamily,
 };
 
 #[derive(Clone, Copy, PartialEq)]

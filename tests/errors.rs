@@ -4,11 +4,10 @@
 mod common;
 
 use common::*;
-use wgpu_attention::ForwardViews;
 use wgpu_attention::{
     attention_backward, attention_backward_unfused, attention_forward, attention_forward_into,
     attention_forward_unfused, attention_probabilities, AttentionOptions, BiasView, Error,
-    GpuTensor, HeadsView, RelativeBuckets, SeqLens,
+    ForwardViews, GpuTensor, HeadsView, RelativeBuckets, SeqLens,
 };
 
 fn views(

@@ -9,10 +9,9 @@ use common::*;
 use wgpu_attention::kernels::attention::attention_decode;
 use wgpu_attention::{
     attention_backward, attention_backward_into, attention_backward_workspace, attention_forward,
-    attention_forward_into, attention_forward_plan, AttentionOptions, Context, GpuTensor,
-    HeadsView, KernelFamily, PackedSide, SeqLens,
+    attention_forward_into, attention_forward_plan, AttentionOptions, BackwardViews, Context,
+    ForwardViews, GpuTensor, HeadsView, KernelFamily, PackedSide, SeqLens,
 };
-use wgpu_attention::{BackwardViews, ForwardViews};
 
 /// Rows after the packed sequences in every tensor: inputs hold NaN there, outputs a sentinel that
 /// must survive.

@@ -15,10 +15,9 @@ use wgpu_attention::{
     attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
     attention_forward_into, attention_forward_plan, attention_precompile,
     attention_sinks_backward_into, AdditiveScores, AttentionOptions, AttentionPasses,
-    AttentionShape, BiasView, Context, DType, GpuTensor, GpuTensorF16, KernelFamily,
-    RelativeBuckets,
+    AttentionShape, BackwardViews, BiasView, Context, DType, ForwardViews, GpuTensor, GpuTensorF16,
+    KernelFamily, RelativeBuckets,
 };
-use wgpu_attention::{BackwardViews, ForwardViews};
 
 fn dump_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(

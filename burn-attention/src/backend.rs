@@ -10,12 +10,11 @@ use burn::tensor::DType as BurnDType;
 use wgpu_attention::{
     attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
     attention_forward_into, attention_sinks_backward_into, AttentionOptions, AttentionShape,
-    BiasView, Context, GpuTensor, HeadsView, SeqLens,
+    BackwardViews, BiasView, Context, ForwardViews, GpuTensor, HeadsView, SeqLens,
 };
 
 use crate::buffers::{contiguous_aligned, contiguous_rows, empty, flush, pin_optional, Pinned};
 use crate::{device, error, Error, Result, ScoreSpec};
-use wgpu_attention::{BackwardViews, ForwardViews};
 
 /// Which gradients of the optional score terms the backward computes (those whose tensors require
 /// one).

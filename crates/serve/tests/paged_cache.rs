@@ -15,10 +15,9 @@ use wgpu_attention::kernels::kv_cache::{
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::kv_cache::{dequantize_int8_rows, gather_paged};
 use wgpu_attention::{
-    attention_decode_int8_into, attention_decode_paged_into, Context, Error, GpuTensor,
-    GpuTensorQ8, SeqLens,
+    attention_decode_int8_into, attention_decode_paged_into, Context, Error, ForwardViews,
+    GpuTensor, GpuTensorQ8, QuantizedCache, SeqLens,
 };
-use wgpu_attention::{ForwardViews, QuantizedCache};
 use wgpu_attention_serve::{KvFormat, PagedKvCache, PagedKvCacheConfig};
 
 /// A random placement of each sequence's `ceil(cap / page)` blocks in a pool with `spare` more

@@ -11,7 +11,7 @@ use crate::kernels::attention::binding::{
 };
 use crate::kernels::attention::header::with_common;
 use crate::kernels::attention::shape::{check_distinct, check_tensor, check_view};
-use crate::kernels::attention::AttentionOptions;
+use crate::kernels::attention::{AttentionOptions, BackwardViews};
 use crate::kernels::dispatch::loop_chunks;
 use crate::spec::AttentionShape;
 use crate::tensor::{GpuTensor, HeadsView};
@@ -23,7 +23,6 @@ use super::sources::{
 };
 use super::tiles::{backward_lanes, backward_names, staged_tile, AdditiveKernel, WG};
 use super::ADDITIVE_BACKWARD_STORAGE_BUFFERS;
-use crate::kernels::attention::BackwardViews;
 
 /// Additive attention backward into new tensors, submitted, for the gradient `d_out` at the
 /// forward's
@@ -82,7 +81,7 @@ pub fn additive_backward_workspace(ctx: &Context, s: &AttentionShape) -> Result<
     GpuTensor::zeros(ctx, &[workspace_len(s)])
 }
 
-pub(super) fn workspace_len(s: &AttentionShape) -> usize {
+fn workspace_len(s: &AttentionShape) -> usize {
     let rows = s.batch * s.heads * s.q_seq;
     rows.div_ceil(64) * 64 + rows * s.head_dim_qk + 2 * s.heads * s.head_dim_qk + rows
 }

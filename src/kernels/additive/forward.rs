@@ -12,14 +12,13 @@ use crate::kernels::attention::call::AttentionOutput;
 use crate::kernels::attention::decode::check_decode_lens;
 use crate::kernels::attention::forward::check_forward_outputs;
 use crate::kernels::attention::shape::refuse_packed;
-use crate::kernels::attention::AttentionOptions;
+use crate::kernels::attention::{AttentionOptions, ForwardViews};
 use crate::kernels::dispatch::loop_chunks;
 use crate::tensor::HeadsView;
 
 use super::call::{check, AdditiveScores};
 use super::sources::{constants, sized, with_shared, DECODE, FORWARD};
 use super::tiles::{forward_tile, staged_tile, AdditiveKernel, WG};
-use crate::kernels::attention::ForwardViews;
 
 /// Additive attention forward into new tensors, submitted: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`.
 pub fn additive_forward(
@@ -82,7 +81,7 @@ pub fn additive_decode_into(
 }
 
 /// Records the fused forward; `aligned`: masks align on each sequence's lengths (decoding).
-pub(super) fn encode_forward(
+fn encode_forward(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     views: &ForwardViews<'_>,

@@ -2,14 +2,13 @@
 
 use crate::device::Context;
 use crate::error::Result;
-use crate::kernels::attention::{AttentionOptions, AttentionPasses};
+use crate::kernels::attention::{AttentionOptions, AttentionPasses, BackwardViews, ForwardViews};
 use crate::spec::AttentionShape;
 use crate::tensor::GpuTensor;
 
 use super::backward::{additive_backward_into, additive_backward_workspace};
 use super::call::AdditiveScores;
 use super::forward::additive_forward_into;
-use crate::kernels::attention::{BackwardViews, ForwardViews};
 
 /// Compiles every pipeline that [`additive_forward_into`] (and, for
 /// [`AttentionPasses::ForwardBackward`], [`additive_backward_into`]) would use for `shape` (`Da` as

@@ -8,7 +8,7 @@ use crate::spec::AttentionShape;
 use super::tiles::WG;
 use super::MAX_ADDITIVE_DIM;
 
-pub(super) const COMMON: &str = include_str!("../../../shaders/additive/common.wgsl");
+const COMMON: &str = include_str!("../../../shaders/additive/common.wgsl");
 pub(super) const FORWARD: &str = include_str!("../../../shaders/additive/forward.wgsl");
 pub(super) const DECODE: &str = include_str!("../../../shaders/additive/decode.wgsl");
 pub(super) const BACKWARD_DA: &str = include_str!("../../../shaders/additive/backward_da.wgsl");
@@ -23,9 +23,8 @@ pub(super) const BACKWARD_UNFUSED: &str =
 pub(super) const BACKWARD_WORKSPACE: &str =
     include_str!("../../../shaders/additive/backward_workspace.wgsl");
 pub(super) const BACKWARD_PACK: &str = include_str!("../../../shaders/additive/backward_pack.wgsl");
-pub(super) const BACKWARD_LANES: &str =
-    include_str!("../../../shaders/additive/backward_lanes.wgsl");
-pub(super) const SCORE_PARAMS: &str = include_str!("../../../shaders/additive/score_params.wgsl");
+const BACKWARD_LANES: &str = include_str!("../../../shaders/additive/backward_lanes.wgsl");
+const SCORE_PARAMS: &str = include_str!("../../../shaders/additive/score_params.wgsl");
 
 /// A fused forward kernel after the additive header and the bindings of w and the bias (the
 /// attention header still to prepend).
@@ -36,7 +35,7 @@ pub(super) fn with_shared(body: &str) -> String {
 /// A fused backward kernel (`BACKWARD_DA` or `BACKWARD_DB`) after the additive header, the
 /// workspace (which holds copies of w and the bias) and the lanes header (the attention header
 /// still to prepend).
-pub(super) fn backward_source(body: &str) -> String {
+fn backward_source(body: &str) -> String {
     format!("{COMMON}\n{BACKWARD_WORKSPACE}\n{BACKWARD_LANES}\n{body}")
 }
 

@@ -38,7 +38,7 @@ pub(super) fn backward_names(ctx: &Context) -> [&'static str; 2] {
     }
 }
 
-pub(super) fn lanes_for(da: usize, dv: usize) -> u32 {
+fn lanes_for(da: usize, dv: usize) -> u32 {
     let lanes = da
         .div_ceil(4)
         .div_ceil(2)
@@ -62,7 +62,7 @@ pub(super) fn forward_tile(ctx: &Context, s: &AttentionShape) -> (u32, bool) {
 
 /// The staged tile of the backward's kernels with `lanes` invocations per row (and of the forward
 /// where its own rows do not fit beside one).
-pub(super) fn tile_for_limit(limit: usize, da: usize, dv: usize, lanes: u32) -> u32 {
+fn tile_for_limit(limit: usize, da: usize, dv: usize, lanes: u32) -> u32 {
     // The key side's four per-row scalars and the lanes' partial sums.
     let sums = if lanes > 1 { 32 * WG as usize } else { 0 };
     largest_tile(limit, [da, dv], lanes, |tile| 16 * tile + sums).unwrap_or(8)
@@ -71,7 +71,7 @@ pub(super) fn tile_for_limit(limit: usize, da: usize, dv: usize, lanes: u32) -> 
 /// The largest staged tile of 32 or 16 rows whose workgroup memory (the staged pair rows, value
 /// rows and `w` of `additive/common.wgsl`, padded for `lanes` invocations per row, plus a kernel's
 /// `extra` bytes) fits `limit` bytes.
-pub(super) fn largest_tile(
+fn largest_tile(
     limit: usize,
     [da, dv]: [usize; 2],
     lanes: u32,

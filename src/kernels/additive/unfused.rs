@@ -17,7 +17,6 @@ use crate::kernels::attention::unfused::{
 };
 use crate::kernels::attention::AttentionOptions;
 use crate::kernels::dispatch::loop_chunks;
-use crate::spec::AttentionShape;
 use crate::tensor::{GpuTensor, HeadsView};
 
 use super::backward::encode_param_grads;
@@ -41,7 +40,7 @@ pub fn additive_forward_unfused(
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_forward_unfused");
-        let call = unfused_call(ctx, &s, scale, opts);
+        let call = UnfusedCall::new(ctx, &s, scale, opts);
         encode_unfused_probs(ctx, &mut pass, call, [a, b], scores, [&probs, &lse])?;
         encode_pv(ctx, &mut pass, &s, &probs, v, &out.heads()?)?;
     }
@@ -74,7 +73,7 @@ pub fn additive_probabilities(
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_probabilities");
-        let call = unfused_call(ctx, &s, scale, opts);
+        let call = UnfusedCall::new(ctx, &s, scale, opts);
         encode_scores(
             ctx,
             &mut pass,
@@ -89,24 +88,9 @@ pub fn additive_probabilities(
     Ok(out)
 }
 
-/// The unfused steps' view of an additive call.
-fn unfused_call<'a>(
-    ctx: &'a Context,
-    s: &'a AttentionShape,
-    scale: f32,
-    opts: &'a AttentionOptions<'a>,
-) -> UnfusedCall<'a> {
-    UnfusedCall {
-        s,
-        scale,
-        opts,
-        lens: seq_lens_buffer(ctx, opts),
-    }
-}
-
 /// Records `shaders/additive/scores.wgsl` over query rows `rows` into `out`: the scaled scores, or
 /// with `lse` the masked probabilities.
-pub(super) fn encode_scores(
+fn encode_scores(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     call: UnfusedCall<'_>,
@@ -170,7 +154,7 @@ pub(super) fn encode_scores(
 
 /// The unfused paths' probabilities: every score materialised into `probs` `[B, H, Lq, Lk]`, then
 /// the masked softmax in place, writing `lse`.
-pub(super) fn encode_unfused_probs(
+fn encode_unfused_probs(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     call: UnfusedCall<'_>,
@@ -225,7 +209,7 @@ pub fn additive_backward_unfused(
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_backward_unfused");
-        let call = unfused_call(ctx, &s, scale, opts);
+        let call = UnfusedCall::new(ctx, &s, scale, opts);
         encode_unfused_probs(ctx, &mut pass, call, [a, b], scores, [&probs, &lse])?;
         encode_unfused_output_grads(ctx, &mut pass, call, [&probs, &dprobs], [v, d_out, &dv])?;
         for query_side in [true, false] {

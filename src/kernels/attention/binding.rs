@@ -21,7 +21,7 @@ pub(crate) struct Binding<'a> {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(super) struct ViewParams {
-    pub(crate) offset: u32,
+    pub(super) offset: u32,
     pub(super) stride_b: u32,
     pub(super) stride_s: u32,
     pub(super) stride_h: u32,
@@ -30,23 +30,23 @@ pub(super) struct ViewParams {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct Params {
-    pub(crate) batch: u32,
-    pub(crate) heads: u32,
-    pub(crate) kv_heads: u32,
-    pub(crate) q_seq: u32,
-    pub(crate) kv_seq: u32,
+    pub(super) batch: u32,
+    pub(super) heads: u32,
+    pub(super) kv_heads: u32,
+    pub(super) q_seq: u32,
+    pub(super) kv_seq: u32,
     pub(super) dk: u32,
-    pub(crate) dv: u32,
+    pub(super) dv: u32,
     pub(crate) flags: u32,
-    pub(crate) scale: f32,
-    pub(crate) blocks: u32,
+    pub(super) scale: f32,
+    pub(super) blocks: u32,
     pub(super) grid_x: u32,
     pub(super) total_groups: u32,
     pub(crate) chunk_begin: u32,
     pub(crate) chunk_end: u32,
     pub(super) accumulate: u32,
     pub(super) splits: u32,
-    pub(crate) softcap: f32,
+    pub(super) softcap: f32,
     pub(super) window_left: u32,
     pub(super) window_right: u32,
     pub(super) bias_offset: u32,
@@ -62,7 +62,7 @@ pub(crate) struct Params {
     /// [`encode_kernel`] specialises the pipeline with it (`PACKED_VIEWS`).
     pub(super) packed_views: u32,
     pub(super) rel_thresholds: [[u32; 4]; MAX_REL_THRESHOLDS / 4],
-    pub(crate) alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
+    pub(super) alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
     pub(super) views: [ViewParams; 8],
 }
 
@@ -348,8 +348,8 @@ pub(crate) fn seq_lens_buffer<'a>(
 /// that read them) and the score bias at [`SCORE_BIAS_BINDING`] (kernels that call `modify_scores`).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Shared<'a> {
-    pub(crate) seq_lens: Option<&'a wgpu::Buffer>,
-    pub(crate) score_bias: Option<Binding<'a>>,
+    pub(super) seq_lens: Option<&'a wgpu::Buffer>,
+    pub(super) score_bias: Option<Binding<'a>>,
     /// The kernel calls modify_scores but the call has no score bias or relative table: it is
     /// compiled without the score_bias binding (`score_bias_none.wgsl`, `SCORE_BIAS = false`).
     pub(super) elide_score_bias: bool,
@@ -371,7 +371,7 @@ impl<'a> Shared<'a> {
 
     /// What a score kernel binds: the sequence lengths and the bias tensor, the relative table or a
     /// dummy.
-    pub(crate) fn scores(ctx: &'a Context, opts: &AttentionOptions<'a>) -> Result<Self> {
+    pub(super) fn scores(ctx: &'a Context, opts: &AttentionOptions<'a>) -> Result<Self> {
         let score_bias = score_bias_binding(ctx, opts)?;
         Ok(Shared {
             seq_lens: Some(seq_lens_buffer(ctx, opts)),

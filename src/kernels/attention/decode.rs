@@ -483,21 +483,14 @@ fn decode_into(
     // itself; the cache keeps raw keys. The kernel then reads caches of `longest` positions.
     // A paged or int8 cache is gathered (dequantised) into f32 scratch first, which the kernel
     // then reads as a contiguous f32 cache.
-    let (q, k_cache, v_cache, s, table, int8) = if qk_norm::transforms(opts) {
+    let (q, k_cache, v_cache, s, CacheLayout { table, int8 }) = if qk_norm::transforms(opts) {
         let (k_read, v_read) =
             cached_rows(ctx, encoder, [k_cache, v_cache], layout, opts, longest)?;
         let (q, k_read) = qk_norm::encode_inputs(ctx, encoder, q, &k_read, opts)?;
         let s = AttentionShape::of(&q, &k_read, &v_read)?;
-        (q, k_read, v_read, s, None, None)
+        (q, k_read, v_read, s, CacheLayout::CONTIGUOUS)
     } else {
-        (
-            q.clone(),
-            k_cache.clone(),
-            v_cache.clone(),
-            s,
-            layout.table,
-            layout.int8,
-        )
+        (q.clone(), k_cache.clone(), v_cache.clone(), s, layout)
     };
     let (q, k_cache, v_cache) = (&q, &k_cache, &v_cache);
     let mut params = base_params(&s, scale, opts);

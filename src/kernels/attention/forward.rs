@@ -5,8 +5,7 @@ use super::binding::{
     base_params, bind_tensor, bind_view, encode_fused_chunks, set_grid, tile_rows, workgroup_size,
     Bound, Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
-use super::call::ForwardViews;
-use super::call::{AttentionOutput, ForwardCall};
+use super::call::{AttentionOutput, ForwardCall, ForwardViews};
 use super::gpu::{encode_forward_gpu, GpuForward};
 use super::options::AttentionOptions;
 use super::shape::{

@@ -31,6 +31,23 @@ pub(crate) struct UnfusedCall<'a> {
     pub(crate) lens: &'a wgpu::Buffer,
 }
 
+impl<'a> UnfusedCall<'a> {
+    /// The call of shape `s` and scale `scale` with `opts`, their lengths bound from the context.
+    pub(crate) fn new(
+        ctx: &'a Context,
+        s: &'a AttentionShape,
+        scale: f32,
+        opts: &'a AttentionOptions<'a>,
+    ) -> Self {
+        Self {
+            s,
+            scale,
+            opts,
+            lens: seq_lens_buffer(ctx, opts),
+        }
+    }
+}
+
 /// The unfused backward's steps from P (shared with additive attention's): `dP = dO V^T` into
 /// `dprobs`, `dS = P (dP - rowsum(P dP))` in place (the gradient at the scaled scores), and
 /// `dV = sum_g P^T dO` over the query heads of each kv head.
@@ -335,12 +352,7 @@ pub fn attention_forward_unfused(
     let probs = GpuTensor::uninit(ctx, "probs", &scores_shape(ctx, &s)?)?;
     let AttentionOutput { out, lse } = AttentionOutput::new(ctx, &s)?;
     check_whole_binding(ctx, "out", out.buffer())?;
-    let call = UnfusedCall {
-        s: &s,
-        scale,
-        opts,
-        lens: seq_lens_buffer(ctx, opts),
-    };
+    let call = UnfusedCall::new(ctx, &s, scale, opts);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "attention_forward_unfused");
@@ -389,12 +401,7 @@ pub fn attention_backward_unfused(
     for (arg, t) in [("dq", &dq), ("dk", &dk), ("dv", &dv)] {
         check_whole_binding(ctx, arg, t.buffer())?;
     }
-    let call = UnfusedCall {
-        s: &s,
-        scale,
-        opts,
-        lens: seq_lens_buffer(ctx, opts),
-    };
+    let call = UnfusedCall::new(ctx, &s, scale, opts);
     let group = s.heads / s.kv_heads;
     let (b, h, hkv, lq, lk) = (
         s.batch as u32,

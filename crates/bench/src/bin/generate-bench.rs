@@ -19,9 +19,8 @@ use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::{
     attention_decode_int8_into, attention_decode_into, attention_forward_into,
     attention_forward_plan, parse_backends, AttentionOptions, AttentionShape, Context, Error,
-    GpuTensor, GpuTensorQ8, SeqLens,
+    ForwardViews, GpuTensor, GpuTensorQ8, QuantizedCache, SeqLens,
 };
-use wgpu_attention::{ForwardViews, QuantizedCache};
 use wgpu_attention_serve::{
     CacheConfig, CacheLayout, Draft, GenerateOptions, Generator, GeneratorShape, KvFormat,
 };

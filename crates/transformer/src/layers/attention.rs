@@ -17,7 +17,7 @@ use wgpu_attention::kernels::attention::{
     attention_backward_into, attention_backward_workspace, attention_decode_int8_into,
     attention_decode_into, attention_decode_paged_into, attention_forward_into,
     attention_probabilities, attention_sinks_backward_into, AttentionOptions, AttentionShape,
-    RelativeBuckets,
+    BackwardViews, ForwardViews, QuantizedCache, RelativeBuckets,
 };
 use wgpu_attention::kernels::kv_cache::{BlockTable, KvFormat, KvStorage};
 use wgpu_attention::kernels::linear::Epilogue;
@@ -26,7 +26,6 @@ use wgpu_attention::kernels::rope::{
     rope_forward_packed_into, RopeLayout, RopeTable,
 };
 use wgpu_attention::tensor::{GpuTensor, HeadsView, PackedSide, SeqLens};
-use wgpu_attention::{BackwardViews, ForwardViews, QuantizedCache};
 
 /// The attention shape of self-attention with additive scores of `dim` per head.
 fn self_shape(

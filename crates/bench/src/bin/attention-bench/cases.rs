@@ -12,8 +12,8 @@ use wgpu_attention::{
     attention_backward_into, attention_backward_unfused, attention_backward_workspace,
     attention_bias_backward_into, attention_forward_into, attention_forward_plan,
     attention_forward_unfused, attention_sinks_backward_into, AttentionOptions, AttentionShape,
-    BiasView, Context, DType, Error, GpuTensor, GpuTensorF16, HeadsView, KernelFamily, PackedSide,
-    RelativeBuckets, SeqLens,
+    BackwardViews, BiasView, Context, DType, Error, ForwardViews, GpuTensor, GpuTensorF16,
+    HeadsView, KernelFamily, PackedSide, RelativeBuckets, SeqLens,
 };
 use wgpu_attention_transformer::layer_case::LayerCase;
 use wgpu_attention_transformer::reference::transformer_layer as reference_layer;
@@ -22,7 +22,6 @@ use wgpu_attention_transformer::reference::transformer_layer::TransformerLayerCo
 use crate::cli::{Modifier, Pass, PathKind};
 use crate::problem::{OptionTensors, Problem, RELATIVE_BUCKETS};
 use crate::Progress;
-use wgpu_attention::{BackwardViews, ForwardViews};
 
 /// Scale of the cosine-scores cases.
 pub(crate) const COSINE_SCALE: f32 = 10.0;
