@@ -70,12 +70,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         end = key_end(i, kvlen);
     }
 
-    let rows_hi = min(row0 + ROWS, qlen);
-    var kv_hi = 0u;
-    if rows_hi > row0 {
-        kv_hi = min(key_end(rows_hi - 1u, kvlen), params.chunk_end);
-    }
-    let n_begin = max(params.chunk_begin, key_start(row0) / TILE * TILE);
+    let keys = query_block_keys(aligned(0u), row0, ROWS, qlen, kvlen);
+    let kv_hi = min(keys.y, params.chunk_end);
+    let n_begin = max(params.chunk_begin, keys.x / TILE * TILE);
     for (var n0 = n_begin; n0 < kv_hi; n0 += TILE) {
         workgroupBarrier();
         stage_keys(n0, kv_hi, b, h, lid);

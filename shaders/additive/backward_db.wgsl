@@ -62,13 +62,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     stage_w(h, lid);
 
     // The query rows that see any key of the block, within this dispatch's chunk.
-    let keys_hi = min(key0 + ROWS, kvlen);
-    var m_begin = params.chunk_end;
-    var m_end = 0u;
-    if keys_hi > key0 {
-        m_begin = max(params.chunk_begin, query_start(key0));
-        m_end = min(min(query_end(keys_hi - 1u), qlen), params.chunk_end);
-    }
+    let rows = key_block_rows(key0, ROWS, qlen, kvlen);
+    let m_begin = max(params.chunk_begin, rows.x);
+    let m_end = min(rows.y, params.chunk_end);
     for (var m0 = m_begin; m0 < m_end; m0 += TILE) {
         workgroupBarrier();
         for (var t = lid; t < PAIR_TILE; t += WG) {

@@ -84,12 +84,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 
     // The block's keys within this dispatch's chunk: from its first row's window start to its last
     // valid row's end.
-    let rows_hi = min(row0 + WG, qlen);
-    var kv_hi = 0u;
-    if rows_hi > row0 {
-        kv_hi = min(key_end_in(b, rows_hi - 1u, kvlen), params.chunk_end);
-    }
-    let n_begin = max(params.chunk_begin, key_start_in(b, row0) / TILE * TILE);
+    let keys = query_block_keys(row_shift(b), row0, WG, qlen, kvlen);
+    let kv_hi = min(keys.y, params.chunk_end);
+    let n_begin = max(params.chunk_begin, keys.x / TILE * TILE);
     for (var n0 = n_begin; n0 < kv_hi; n0 += TILE) {
         workgroupBarrier();
         stage_keys(n0, kv_hi, b, h, lid);

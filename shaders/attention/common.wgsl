@@ -175,6 +175,19 @@ fn forward_block(group: u32) -> ForwardBlock {
     );
 }
 
+// The keys [x, y) that any of query rows row0 .. row0 + rows - 1 of a sequence of qlen queries and
+// kvlen keys sees, row i at key position i + shift (row_shift; aligned(0u) on the tensor lengths):
+// from the first row's window start to the last valid row's end, both nondecreasing in the row;
+// y = 0 where the block holds no valid row. The query-block kernels' key range.
+fn query_block_keys(shift: i32, row0: u32, rows: u32, qlen: u32, kvlen: u32) -> vec2<u32> {
+    let rows_hi = min(row0 + rows, qlen);
+    var end = 0u;
+    if rows_hi > row0 {
+        end = keys_end_at(i32(rows_hi - 1u) + shift, kvlen);
+    }
+    return vec2<u32>(keys_start_at(i32(row0) + shift), end);
+}
+
 // The key tiles [begin, end) (of `tile` keys) that a split-KV forward workgroup visits for query
 // rows row0 .. row0 + rows (row i at key position i + shift, see row_shift) of a sequence with qlen
 // queries and kvlen keys: its split's share of the tiles from the first row's window start to the
@@ -186,13 +199,10 @@ struct KeyTiles {
 }
 
 fn split_key_tiles(shift: i32, row0: u32, rows: u32, tile: u32, split: u32, qlen: u32, kvlen: u32) -> KeyTiles {
-    let rows_hi = min(row0 + rows, qlen);
-    var kv_hi = 0u;
-    if rows_hi > row0 {
-        kv_hi = keys_end_at(i32(rows_hi - 1u) + shift, kvlen);
-    }
+    let keys = query_block_keys(shift, row0, rows, qlen, kvlen);
+    let kv_hi = keys.y;
     let n_tiles = (kv_hi + tile - 1u) / tile;
-    let first_tile = min(keys_start_at(i32(row0) + shift) / tile, n_tiles);
+    let first_tile = min(keys.x / tile, n_tiles);
     let per_split = (n_tiles - first_tile + params.splits - 1u) / params.splits;
     let begin = first_tile + min(split * per_split, n_tiles - first_tile);
     return KeyTiles(begin, min(begin + per_split, n_tiles), kv_hi);
@@ -295,6 +305,19 @@ fn query_end(j: u32) -> u32 {
     return params.q_seq;
 }
 
+// The query rows [x, y) that see any of keys col0 .. col0 + keys - 1 of a sequence of qlen queries
+// and kvlen keys: from the first key's start to the last valid key's end (both nondecreasing in
+// the key); none where the block holds no valid key. The dK/dV kernels' row range.
+fn key_block_rows(col0: u32, keys: u32, qlen: u32, kvlen: u32) -> vec2<u32> {
+    var rows = vec2<u32>(query_start(col0), qlen);
+    if col0 >= kvlen {
+        rows.x = qlen;
+    } else {
+        rows.y = min(qlen, query_end(min(col0 + keys, kvlen) - 1u));
+    }
+    return rows;
+}
+
 // Score modifiers, the one statement of them every fused kernel calls (SPEC.md order, as
 // FlashAttention 2): from the scaled score s = scale * q.k of (query row, key) pairs (rows[e],
 // keys[e]) of batch b and query head h,
@@ -369,26 +392,6 @@ fn p_visible(p: vec4<f32>) -> vec4<bool> {
 // p * x for the visible pairs, 0 for the masked ones (see masked_p).
 fn masked_product(p: vec4<f32>, x: f32, keep: vec4<bool>) -> vec4<f32> {
     return select(vec4<f32>(0.0), p * x, keep);
-}
-
-// Four masked products a_n * x_n (masked_product with keep_n) summed in pairs: the CPU-driver
-// backward kernels' step over four rows or keys.
-fn masked_products4(
-    a0: vec4<f32>,
-    a1: vec4<f32>,
-    a2: vec4<f32>,
-    a3: vec4<f32>,
-    x0: f32,
-    x1: f32,
-    x2: f32,
-    x3: f32,
-    keep0: vec4<bool>,
-    keep1: vec4<bool>,
-    keep2: vec4<bool>,
-    keep3: vec4<bool>,
-) -> vec4<f32> {
-    return (masked_product(a0, x0, keep0) + masked_product(a1, x1, keep1))
-        + (masked_product(a2, x2, keep2) + masked_product(a3, x3, keep3));
 }
 
 // T5's bucket of the relative position delta = key - aligned query position (Raffel et al. 2020):

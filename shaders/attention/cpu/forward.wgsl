@@ -14,19 +14,15 @@
 
 override WG: u32 = 64u;
 override BLOCK_N: u32 = 32u;
-override DK: u32 = 64u;
-override DV: u32 = 64u;
-override DK4: u32 = (DK + 3u) / 4u;
-override DV4: u32 = (DV + 3u) / 4u;
-// Staged row strides in vec4s: whole quads (eight dims), the padding zero.
-override DK4P: u32 = DK4 + (DK4 & 1u);
-override DV4P: u32 = DV4 + (DV4 & 1u);
-override K_TILE: u32 = BLOCK_N * DK4P;
-override V_TILE: u32 = BLOCK_N * DV4P;
 
 // The per-invocation arrays' sizes, declared by the pipeline's key (private arrays need constant
-// lengths; src/kernels/attention/variant.rs): MAX_D: the head dims rounded up to whole quads.
+// lengths; src/kernels/attention/variant.rs): MAX_D: the head dims rounded up to whole quads. The
+// head dims (DK, DV, their staged strides DK4P, DV4P) and the staged tiles of K and V (tile_qk,
+// tile_vo): attention/cpu/quads.wgsl.
 const MAX_BN: u32 = 64u;
+override TILE_ROWS: u32 = BLOCK_N;
+const QK_VIEW: u32 = VIEW_K;
+const VO_VIEW: u32 = VIEW_V;
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> k_buf: array<f32>;
@@ -34,29 +30,18 @@ const MAX_BN: u32 = 64u;
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
 
-var<workgroup> tile_qk: array<vec4<f32>, K_TILE>;
-var<workgroup> tile_vo: array<vec4<f32>, V_TILE>;
-
-fn load_k4(b: u32, j: u32, h: u32, c4: u32) -> vec4<f32> {
-    let base = view_index(VIEW_K, b, j, h) + c4 * 4u;
-    var x = vec4<f32>(0.0);
-    for (var c = 0u; c < 4u; c++) {
-        if c4 * 4u + c < DK {
-            x[c] = k_buf[base + c];
+fn input_elem(view: u32, index: u32) -> f32 {
+    switch view {
+        case VIEW_Q: {
+            return q_buf[index];
+        }
+        case VIEW_K: {
+            return k_buf[index];
+        }
+        default: {
+            return v_buf[index];
         }
     }
-    return x;
-}
-
-fn load_v4(b: u32, j: u32, h: u32, c4: u32) -> vec4<f32> {
-    let base = view_index(VIEW_V, b, j, h) + c4 * 4u;
-    var x = vec4<f32>(0.0);
-    for (var c = 0u; c < 4u; c++) {
-        if c4 * 4u + c < DV {
-            x[c] = v_buf[base + c];
-        }
-    }
-    return x;
 }
 
 // Key j's modified, masked score for the four rows (NEG_BIG where masked: only ever a max seed).
@@ -132,44 +117,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
         if i < qlen {
             row_start[r] = keys_start_at(i32(i) + shift);
             row_end[r] = keys_end_at(i32(i) + shift, kvlen);
-            let base = view_index(VIEW_Q, b, i, h);
+            let q_base = view_index(VIEW_Q, b, i, h);
             for (var d = 0u; d < DK; d++) {
-                qt[d][r] = q_buf[base + d] * params.scale;
+                qt[d][r] = input_elem(VIEW_Q, q_base + d) * params.scale;
             }
         }
     }
 
     // Keys visible to any row of the block: those of its last valid row (masks are monotone in i).
-    let rows_hi = min(row0 + WG * 4u, qlen);
-    var kv_hi = 0u;
-    if rows_hi > row0 {
-        kv_hi = keys_end_at(i32(rows_hi - 1u) + shift, kvlen);
-    }
-    let n_end = min(kv_hi, params.chunk_end);
-    // Keys before the block's first row's window are skipped.
-    let n_begin = max(params.chunk_begin, keys_start_at(i32(row0) + shift));
+    let keys = query_block_keys(shift, row0, WG * 4u, qlen, kvlen);
+    let n_end = min(keys.y, params.chunk_end);
+    let n_begin = max(params.chunk_begin, keys.x);
 
     var m = vec4<f32>(NEG_BIG);
     var l = vec4<f32>(0.0);
     for (var n0 = n_begin; n0 < n_end; n0 += BLOCK_N) {
         let n_tile = min(BLOCK_N, n_end - n0);
         workgroupBarrier();
-        for (var t = lid; t < K_TILE; t += WG) {
-            let jj = t / DK4P;
-            var x = vec4<f32>(0.0);
-            if jj < n_tile {
-                x = load_k4(b, n0 + jj, h_kv, t % DK4P);
-            }
-            tile_qk[t] = x;
-        }
-        for (var t = lid; t < V_TILE; t += WG) {
-            let jj = t / DV4P;
-            var x = vec4<f32>(0.0);
-            if jj < n_tile {
-                x = load_v4(b, n0 + jj, h_kv, t % DV4P);
-            }
-            tile_vo[t] = x;
-        }
+        stage_tiles(lid, b, n0, n_tile, h_kv);
         workgroupBarrier();
 
         // Scores of the tile for the four rows; masked ones are NEG_BIG (only ever a max seed).
@@ -178,30 +143,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
         var tile_max = vec4<f32>(NEG_BIG);
         var jj = 0u;
         for (; jj + 4u <= n_tile; jj += 4u) {
-            var s0 = vec4<f32>(0.0);
-            var s1 = vec4<f32>(0.0);
-            var s2 = vec4<f32>(0.0);
-            var s3 = vec4<f32>(0.0);
+            var s = QuadLanes();
             for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
-                let k = qk_quad(jj, d8);
                 let d = d8 * 8u;
-                let q0 = qt[d];
-                let q1 = qt[d + 1u];
-                let q2 = qt[d + 2u];
-                let q3 = qt[d + 3u];
-                let q4 = qt[d + 4u];
-                let q5 = qt[d + 5u];
-                let q6 = qt[d + 6u];
-                let q7 = qt[d + 7u];
-                s0 = quad_row_dot(s0, q0, q1, q2, q3, q4, q5, q6, q7, k.a0, k.b0);
-                s1 = quad_row_dot(s1, q0, q1, q2, q3, q4, q5, q6, q7, k.a1, k.b1);
-                s2 = quad_row_dot(s2, q0, q1, q2, q3, q4, q5, q6, q7, k.a2, k.b2);
-                s3 = quad_row_dot(s3, q0, q1, q2, q3, q4, q5, q6, q7, k.a3, k.b3);
+                s = quad_dots(
+                    s,
+                    qk_quad(jj, d8),
+                    qt[d], qt[d + 1u], qt[d + 2u], qt[d + 3u],
+                    qt[d + 4u], qt[d + 5u], qt[d + 6u], qt[d + 7u],
+                );
             }
-            p[jj] = tile_score(s0, rows, n0 + jj, b, h, row_start, row_end);
-            p[jj + 1u] = tile_score(s1, rows, n0 + jj + 1u, b, h, row_start, row_end);
-            p[jj + 2u] = tile_score(s2, rows, n0 + jj + 2u, b, h, row_start, row_end);
-            p[jj + 3u] = tile_score(s3, rows, n0 + jj + 3u, b, h, row_start, row_end);
+            p[jj] = tile_score(s.r0, rows, n0 + jj, b, h, row_start, row_end);
+            p[jj + 1u] = tile_score(s.r1, rows, n0 + jj + 1u, b, h, row_start, row_end);
+            p[jj + 2u] = tile_score(s.r2, rows, n0 + jj + 2u, b, h, row_start, row_end);
+            p[jj + 3u] = tile_score(s.r3, rows, n0 + jj + 3u, b, h, row_start, row_end);
             tile_max = max(tile_max, max(max(p[jj], p[jj + 1u]), max(p[jj + 2u], p[jj + 3u])));
         }
         for (; jj < n_tile; jj++) {

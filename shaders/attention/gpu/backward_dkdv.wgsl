@@ -102,15 +102,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         dv[c] = vec4<f32>(0.0);
     }
 
-    // Query rows that can see any key of the block: from the first key's start to the last valid
-    // key's end.
-    var m_lo = query_start(col0);
-    var m_hi = qlen;
-    if col0 >= kvlen {
-        m_lo = qlen;
-    } else {
-        m_hi = min(qlen, query_end(min(col0 + BN, kvlen) - 1u));
-    }
+    let rows = key_block_rows(col0, BN, qlen, kvlen);
     for (var g = 0u; g < group_size; g++) {
         // This dispatch's rows of query head g: [lo, hi), uniform across the workgroup.
         let t0 = g * params.q_seq;
@@ -120,8 +112,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if params.chunk_begin >= t0 + params.q_seq {
             continue;
         }
-        let lo = max(m_lo, max(params.chunk_begin, t0) - t0);
-        let hi = min(m_hi, min(params.chunk_end, t0 + params.q_seq) - t0);
+        let lo = max(rows.x, max(params.chunk_begin, t0) - t0);
+        let hi = min(rows.y, min(params.chunk_end, t0 + params.q_seq) - t0);
         let h = h_kv * group_size + g;
         for (var m0 = lo; m0 < hi; m0 += BM) {
             workgroupBarrier();

@@ -61,6 +61,13 @@ var<workgroup> ds_tile: array<vec4<f32>, DS_TILE>;
 var<workgroup> rel_sums: array<f32, REL_SUMS>;
 var<workgroup> rel_ds_tile: array<vec4<f32>, REL_DS_TILE>;
 
+// dS K's operand (attention/gpu/key_products.wgsl): K, staged in k_tile.
+override PRODUCT_D4: u32 = DK4;
+
+fn product_row(jj: u32, d4: u32) -> vec4<f32> {
+    return k_tile[jj * KS + d4];
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let group = linear_group(wg);
@@ -118,24 +125,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         do_tile[ii * VS + d4] = x;
     }
 
-    var dq: array<vec4<f32>, 4u * MAX_OC>;
+    // The dQ accumulator, acc (attention/gpu/key_products.wgsl): row r, dQ columns
+    // 4 * (tc + TC * c) .. + 3 at acc[r * MAX_OC + c].
     for (var c = 0u; c < 4u * OC; c++) {
-        dq[c] = vec4<f32>(0.0);
+        acc[c] = vec4<f32>(0.0);
     }
     // Ordered before their first use by the key loop's barriers.
     for (var t = lid; t < BM * REL_BUCKETS; t += WG) {
         rel_sums[t] = 0.0;
     }
 
-    // Keys visible to any row of the block: from its first row's window start to its last valid
-    // row's end (both bounds are monotone in i).
-    let rows_hi = min(row0 + BM, qlen);
-    var kv_hi = 0u;
-    if rows_hi > row0 {
-        kv_hi = key_end(rows_hi - 1u, kvlen);
-    }
-    let n_end = min(kv_hi, params.chunk_end);
-    for (var n0 = max(params.chunk_begin, key_start(row0)); n0 < n_end; n0 += BN) {
+    // Keys visible to any row of the block, within this dispatch's chunk.
+    let keys = query_block_keys(aligned(0u), row0, BM, qlen, kvlen);
+    let n_end = min(keys.y, params.chunk_end);
+    for (var n0 = max(params.chunk_begin, keys.x); n0 < n_end; n0 += BN) {
         workgroupBarrier();
         for (var t = lid; t < BN * DK4; t += WG) {
             let jj = t / DK4;
@@ -216,32 +219,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
 
         for (var jj = 0u; jj < BN; jj++) {
-            let ds = ds_tile[jj * TR + tr];
-            let keep = p_visible(ds);
-            if all(keep) {
-                for (var c = 0u; c < OC; c++) {
-                    let d4 = tc + TC * c;
-                    if TC * OC == DK4 || d4 < DK4 {
-                        let kx = k_tile[jj * KS + d4];
-                        dq[c] += ds.x * kx;
-                        dq[MAX_OC + c] += ds.y * kx;
-                        dq[2u * MAX_OC + c] += ds.z * kx;
-                        dq[3u * MAX_OC + c] += ds.w * kx;
-                    }
-                }
-            } else if any(keep) {
-                let zero = vec4<f32>(0.0);
-                for (var c = 0u; c < OC; c++) {
-                    let d4 = tc + TC * c;
-                    if TC * OC == DK4 || d4 < DK4 {
-                        let kx = k_tile[jj * KS + d4];
-                        dq[c] += select(zero, ds.x * kx, keep.x);
-                        dq[MAX_OC + c] += select(zero, ds.y * kx, keep.y);
-                        dq[2u * MAX_OC + c] += select(zero, ds.z * kx, keep.z);
-                        dq[3u * MAX_OC + c] += select(zero, ds.w * kx, keep.w);
-                    }
-                }
-            }
+            add_key_products(ds_tile[jj * TR + tr], jj, tc);
         }
     }
 
@@ -269,7 +247,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let base = view_index(VIEW_DQ, b, i, h);
         for (var c = 0u; c < OC; c++) {
             let d4 = tc + TC * c;
-            let g = dq[r * MAX_OC + c] * params.scale;
+            let g = acc[r * MAX_OC + c] * params.scale;
             for (var e = 0u; e < 4u; e++) {
                 let d = d4 * 4u + e;
                 if d < DK {

@@ -56,6 +56,13 @@ var<workgroup> p_tile: array<vec4<f32>, P_TILE>;
 // Per-invocation partial row maxima (each tile) and row sums (at the end), red[tc * TR + tr].
 var<workgroup> red: array<vec4<f32>, WG>;
 
+// P V's operand (attention/gpu/key_products.wgsl): V, staged in kv_tile.
+override PRODUCT_D4: u32 = DV4;
+
+fn product_row(jj: u32, d4: u32) -> vec4<f32> {
+    return kv_tile[jj * KVS + d4];
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
     let lid = ids.index;
@@ -107,8 +114,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
     var m = vec4<f32>(NEG_BIG);
     // This invocation's share of the row sums (its SK keys of every tile).
     var l = vec4<f32>(0.0);
-    // acc[r * MAX_OC + c]: row r, O columns 4 * (tc + TC * c) .. + 3.
-    var acc: array<vec4<f32>, 4u * MAX_OC>;
+    // The O accumulator, acc (attention/gpu/key_products.wgsl): row r, O columns 4 * (tc + TC * c)
+    // .. + 3 at acc[r * MAX_OC + c].
     for (var c = 0u; c < 4u * OC; c++) {
         acc[c] = vec4<f32>(0.0);
     }
@@ -186,33 +193,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         workgroupBarrier();
 
         for (var jj = 0u; jj < BN; jj++) {
-            let p = p_tile[jj * TR + tr];
-            let keep = p_visible(p);
-            if all(keep) {
-                for (var c = 0u; c < OC; c++) {
-                    let d4 = tc + TC * c;
-                    if TC * OC == DV4 || d4 < DV4 {
-                        let vx = kv_tile[jj * KVS + d4];
-                        acc[c] += p.x * vx;
-                        acc[MAX_OC + c] += p.y * vx;
-                        acc[2u * MAX_OC + c] += p.z * vx;
-                        acc[3u * MAX_OC + c] += p.w * vx;
-                    }
-                }
-            } else if any(keep) {
-                // Rows that mask this key skip its value (a NaN there is not theirs).
-                let zero = vec4<f32>(0.0);
-                for (var c = 0u; c < OC; c++) {
-                    let d4 = tc + TC * c;
-                    if TC * OC == DV4 || d4 < DV4 {
-                        let vx = kv_tile[jj * KVS + d4];
-                        acc[c] += select(zero, p.x * vx, keep.x);
-                        acc[MAX_OC + c] += select(zero, p.y * vx, keep.y);
-                        acc[2u * MAX_OC + c] += select(zero, p.z * vx, keep.z);
-                        acc[3u * MAX_OC + c] += select(zero, p.w * vx, keep.w);
-                    }
-                }
-            }
+            add_key_products(p_tile[jj * TR + tr], jj, tc);
         }
     }
 

@@ -30,6 +30,8 @@ const DO_ROWS_VEC4: &str = include_str!("../../../shaders/attention/do_rows_vec4
 const CPU_FORWARD: &str = include_str!("../../../shaders/attention/cpu/forward.wgsl");
 const CPU_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/cpu/backward_dq.wgsl");
 const CPU_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/cpu/backward_dkdv.wgsl");
+const CPU_BACKWARD_INPUTS: &str =
+    include_str!("../../../shaders/attention/cpu/backward_inputs.wgsl");
 const CPU_QUADS: &str = include_str!("../../../shaders/attention/cpu/quads.wgsl");
 const CPU_QUADS_SUBGROUP: &str = include_str!("../../../shaders/attention/cpu/quads_subgroup.wgsl");
 const CPU_QUADS_WORKGROUP: &str =
@@ -37,6 +39,7 @@ const CPU_QUADS_WORKGROUP: &str =
 
 const GPU_FORWARD: &str = include_str!("../../../shaders/attention/gpu/forward.wgsl");
 const GPU_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/gpu/backward_dq.wgsl");
+const GPU_KEY_PRODUCTS: &str = include_str!("../../../shaders/attention/gpu/key_products.wgsl");
 const GPU_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/gpu/backward_dkdv.wgsl");
 const GPU_ROW_MAX_SUBGROUP: &str =
     include_str!("../../../shaders/attention/gpu/row_max_subgroup.wgsl");
@@ -224,6 +227,9 @@ impl FusedVariant {
                     QuadReads::Subgroup => CPU_QUADS_SUBGROUP,
                 };
                 let mut pieces = vec![body];
+                if kernel != FusedKernel::Forward {
+                    pieces.push(CPU_BACKWARD_INPUTS);
+                }
                 if kernel == FusedKernel::BackwardDkDv {
                     pieces.push(OUTPUT_PAIR);
                 }
@@ -235,10 +241,10 @@ impl FusedVariant {
                     true => GPU_ROW_MAX_SUBGROUP,
                     false => GPU_ROW_MAX_WORKGROUP,
                 };
-                vec![GPU_FORWARD, rows, row_max]
+                vec![GPU_FORWARD, GPU_KEY_PRODUCTS, rows, row_max]
             }
             (FamilyBuild::Gpu { .. }, FusedKernel::BackwardDq) => {
-                vec![GPU_BACKWARD_DQ, rows, do_rows]
+                vec![GPU_BACKWARD_DQ, GPU_KEY_PRODUCTS, rows, do_rows]
             }
             (FamilyBuild::Gpu { .. }, FusedKernel::BackwardDkDv) => {
                 vec![GPU_BACKWARD_DKDV, OUTPUT_PAIR, rows, do_rows]
@@ -283,7 +289,8 @@ impl FusedVariant {
     /// measurably, most the GPU family's backward (benchmarks/HISTORY.md); index clamps
     /// stay (dropping them gained nothing more). Except the GPU family's dQ on 16-key tiles at head
     /// dims up to 64 (what 32 KiB of workgroup storage picks): without counters ACO unrolls its
-    /// loops to 132-152 VGPRs and spills on gfx1100, where the checked build needs 80-84.
+    /// loops past the register file and spills on gfx1100, where the checked build does not
+    /// (benchmarks/HISTORY.md).
     pub fn relaxed_checks(&self) -> Option<wgpu::ShaderRuntimeChecks> {
         let constant = |wanted: &str| {
             self.constants
