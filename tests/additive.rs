@@ -58,10 +58,19 @@ fn reference_gradients_match_finite_differences() {
             ..Default::default()
         };
         let loss = |a: &[f64], b: &[f64], v: &[f64], w: &[f64], bias: &[f64]| -> f64 {
-            let (o, _) = reference::additive_forward(&s, a, b, v, w, bias, &m);
+            let (o, _) =
+                reference::additive_forward(&s, a, b, v, reference::ScoreParams { w, bias }, &m);
             o.iter().zip(&d_out).map(|(x, y)| x * y).sum()
         };
-        let g = reference::additive_backward(&s, &a, &b, &v, &w, &bias, &d_out, &m);
+        let g = reference::additive_backward(
+            &s,
+            &a,
+            &b,
+            &v,
+            reference::ScoreParams { w: &w, bias: &bias },
+            &d_out,
+            &m,
+        );
         let h = 1e-6;
         let mut worst: f64 = 0.0;
         for (name, which, grad) in [
@@ -122,7 +131,17 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
     let s = case.shape();
     let (a64, b64, v64) = (to_f64(&a), to_f64(&b), to_f64(&v));
     let (w64, bias64) = (to_f64(&w), to_f64(&bias));
-    let (ref_out, ref_lse) = reference::additive_forward(&s, &a64, &b64, &v64, &w64, &bias64, &m);
+    let (ref_out, ref_lse) = reference::additive_forward(
+        &s,
+        &a64,
+        &b64,
+        &v64,
+        reference::ScoreParams {
+            w: &w64,
+            bias: &bias64,
+        },
+        &m,
+    );
     let what = format!("[{name}] additive {}", case.label());
     assert_close(
         &format!("{what} out"),
@@ -145,7 +164,17 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
     let rows = 1..case.lq;
     let probs =
         additive_probabilities(ctx, &av, &bv, &fwd.lse, scores, &opts, rows.clone()).unwrap();
-    let all = reference::additive_probabilities(&s, &a64, &b64, &v64, &w64, &bias64, &m);
+    let all = reference::additive_probabilities(
+        &s,
+        &a64,
+        &b64,
+        &v64,
+        reference::ScoreParams {
+            w: &w64,
+            bias: &bias64,
+        },
+        &m,
+    );
     let expected: Vec<f64> = (0..case.b * case.h)
         .flat_map(|bh| {
             rows.clone()
@@ -162,18 +191,30 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
     );
     let grads = additive_backward(
         ctx,
-        &av,
-        &bv,
-        &vv,
+        &ForwardViews {
+            q: &av,
+            k: &bv,
+            v: &vv,
+            out: &fwd.out.heads().unwrap(),
+            lse: &fwd.lse,
+        },
         scores,
-        &fwd.out.heads().unwrap(),
-        &fwd.lse,
         &dov,
         &opts,
     )
     .unwrap();
-    let expected =
-        reference::additive_backward(&s, &a64, &b64, &v64, &w64, &bias64, &to_f64(&d_out), &m);
+    let expected = reference::additive_backward(
+        &s,
+        &a64,
+        &b64,
+        &v64,
+        reference::ScoreParams {
+            w: &w64,
+            bias: &bias64,
+        },
+        &to_f64(&d_out),
+        &m,
+    );
     let mut out = Vec::new();
     for (grad, gpu, reference) in [
         ("da", &grads.da, &expected.da),

@@ -11,7 +11,7 @@ use wgpu_attention::reference::additive as additive_reference;
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::{
     additive_backward, additive_forward, attention_backward, attention_decode, attention_forward,
-    AdditiveScores, Context, GpuTensor, KernelFamily,
+    AdditiveScores, Context, ForwardViews, GpuTensor, KernelFamily,
 };
 
 /// The GPU result has NaN exactly where the reference has, and is close to it elsewhere;
@@ -248,20 +248,31 @@ fn additive_attention_skips_what_its_rows_do_not_see() {
             let s = case.shape();
             let (a, b, v) = (to_f64(&a), to_f64(&b), to_f64(&v));
             let (w64, bias64) = (to_f64(&w), to_f64(&bias));
-            let (ref_out, ref_lse) =
-                additive_reference::additive_forward(&s, &a, &b, &v, &w64, &bias64, &masks);
+            let (ref_out, ref_lse) = additive_reference::additive_forward(
+                &s,
+                &a,
+                &b,
+                &v,
+                additive_reference::ScoreParams {
+                    w: &w64,
+                    bias: &bias64,
+                },
+                &masks,
+            );
             let out = fwd.out.to_vec(ctx).unwrap();
             check(&format!("{what} out"), &out, &ref_out, Some(nan), 1e-4);
             let lse = fwd.lse.to_vec(ctx).unwrap();
             check(&format!("{what} lse"), &lse, &ref_lse, None, 1e-4);
             let grads = additive_backward(
                 ctx,
-                &av,
-                &bv,
-                &vv,
+                &ForwardViews {
+                    q: &av,
+                    k: &bv,
+                    v: &vv,
+                    out: &fwd.out.heads().unwrap(),
+                    lse: &fwd.lse,
+                },
                 scores,
-                &fwd.out.heads().unwrap(),
-                &fwd.lse,
                 &dov,
                 &opts,
             )
@@ -271,8 +282,10 @@ fn additive_attention_skips_what_its_rows_do_not_see() {
                 &a,
                 &b,
                 &v,
-                &w64,
-                &bias64,
+                additive_reference::ScoreParams {
+                    w: &w64,
+                    bias: &bias64,
+                },
                 &to_f64(&d_out),
                 &masks,
             );

@@ -347,7 +347,20 @@ fn precompiled_additive_calls_compile_nothing() {
         let forward = additive_forward(&ctx, &a, &b, &v, scores, &opts).unwrap();
         let d_out = heads(9, 8);
         let out = forward.out.heads().unwrap();
-        additive_backward(&ctx, &a, &b, &v, scores, &out, &forward.lse, &d_out, &opts).unwrap();
+        additive_backward(
+            &ctx,
+            &ForwardViews {
+                q: &a,
+                k: &b,
+                v: &v,
+                out: &out,
+                lse: &forward.lse,
+            },
+            scores,
+            &d_out,
+            &opts,
+        )
+        .unwrap();
         ctx.synchronize().unwrap();
         assert_eq!(
             ctx.cached_pipelines(),

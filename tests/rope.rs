@@ -216,16 +216,13 @@ fn scaled_frequencies_match_reference() {
             let mut encoder = ctx.device().create_command_encoder(&Default::default());
             rope_forward_into(ctx, &mut encoder, &view, &table, 30).unwrap();
             ctx.queue().submit([encoder.finish()]);
-            let expected = reference::rope_scaled(
-                &to_f64(&x),
-                shape,
+            let rotation = reference::Rotation {
                 base,
-                16,
-                RopeLayout::Half,
-                Some(scaling),
-                30,
-                1.0,
-            );
+                rotary_dim: 16,
+                layout: RopeLayout::Half,
+                scaling: Some(scaling),
+            };
+            let expected = reference::rope_scaled(&to_f64(&x), shape, rotation, 30, 1.0);
             let tag = format!("[{backend}] {scaling:?}");
             assert_close(
                 &tag,

@@ -86,6 +86,8 @@ pub trait FusedAttentionBackend: Backend {
 
     /// dQ, dK, dV and the gradients `wanted` of the bias, the relative table and the sinks, from the
     /// forward's O and lse and the output gradient.
+    // burn's `#[extension]` macro takes every tensor as an argument of its own (it registers each
+    // with autodiff and fusion), so they cannot be grouped into a struct.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn fused_attention_backward(
         q: FloatTensor<Self>,

@@ -8,6 +8,15 @@
 use crate::reference::attention::Masks;
 use crate::spec::AttentionShape;
 
+/// The score's parameters, per head: `w [H, Da]` and `bias [H, Da]`.
+#[derive(Clone, Copy, Debug)]
+pub struct ScoreParams<'a> {
+    /// The score vector `w`.
+    pub w: &'a [f64],
+    /// The bias inside the tanh.
+    pub bias: &'a [f64],
+}
+
 fn idx(seq: usize, heads: usize, dim: usize, b: usize, t: usize, h: usize) -> usize {
     ((b * seq + t) * heads + h) * dim
 }
@@ -17,8 +26,7 @@ fn score(
     s: &AttentionShape,
     a: &[f64],
     b: &[f64],
-    w: &[f64],
-    bias: &[f64],
+    ScoreParams { w, bias }: ScoreParams<'_>,
     scale: f64,
     (bi, h, i, j): (usize, usize, usize, usize),
 ) -> (Vec<f64>, f64) {
@@ -39,8 +47,7 @@ pub fn additive_forward(
     a: &[f64],
     b: &[f64],
     v: &[f64],
-    w: &[f64],
-    bias: &[f64],
+    scores: ScoreParams<'_>,
     masks: &Masks,
 ) -> (Vec<f64>, Vec<f64>) {
     let dv = s.head_dim_v;
@@ -53,7 +60,7 @@ pub fn additive_forward(
                     .map(|j| {
                         masks
                             .visible(s, bi, i, j)
-                            .then(|| score(s, a, b, w, bias, masks.scale, (bi, h, i, j)).1)
+                            .then(|| score(s, a, b, scores, masks.scale, (bi, h, i, j)).1)
                     })
                     .collect();
                 // NaN scores are ignored by the max but make the row seen (SPEC.md, "NaN and
@@ -108,19 +115,18 @@ pub struct AdditiveGrads {
 /// Reference backward for the gradient `d_out` at `out`: with `ds_ij = p_ij (dO_i . v_j - D_i)`,
 /// `D_i = dO_i . O_i`, and `g_c = scale * w_c (1 - t_c^2)`:
 /// `da_i += ds_ij g`, `db_j += ds_ij g`, `dbias += ds_ij g`, `dw += ds_ij scale t`, `dv_j += p_ij dO_i`.
-#[allow(clippy::too_many_arguments)]
 pub fn additive_backward(
     s: &AttentionShape,
     a: &[f64],
     b: &[f64],
     v: &[f64],
-    w: &[f64],
-    bias: &[f64],
+    scores: ScoreParams<'_>,
     d_out: &[f64],
     masks: &Masks,
 ) -> AdditiveGrads {
+    let ScoreParams { w, bias } = scores;
     let (da_dim, dv_dim) = (s.head_dim_qk, s.head_dim_v);
-    let (out, lse) = additive_forward(s, a, b, v, w, bias, masks);
+    let (out, lse) = additive_forward(s, a, b, v, scores, masks);
     let mut g = AdditiveGrads {
         da: vec![0.0; a.len()],
         db: vec![0.0; b.len()],
@@ -146,7 +152,7 @@ pub fn additive_backward(
                     if !masks.visible(s, bi, i, j) {
                         continue;
                     }
-                    let (t, e) = score(s, a, b, w, bias, masks.scale, (bi, h, i, j));
+                    let (t, e) = score(s, a, b, scores, masks.scale, (bi, h, i, j));
                     let p = (e - row_lse).exp();
                     let vj = idx(s.kv_seq, s.heads, dv_dim, bi, j, h);
                     let dp: f64 = d_o.iter().zip(&v[vj..][..dv_dim]).map(|(x, y)| x * y).sum();
@@ -177,11 +183,10 @@ pub fn additive_probabilities(
     a: &[f64],
     b: &[f64],
     v: &[f64],
-    w: &[f64],
-    bias: &[f64],
+    scores: ScoreParams<'_>,
     masks: &Masks,
 ) -> Vec<f64> {
-    let (_, lse) = additive_forward(s, a, b, v, w, bias, masks);
+    let (_, lse) = additive_forward(s, a, b, v, scores, masks);
     let mut p = vec![0.0; s.batch * s.heads * s.q_seq * s.kv_seq];
     for bi in 0..s.batch {
         for h in 0..s.heads {
@@ -189,7 +194,7 @@ pub fn additive_probabilities(
                 let row_lse = lse[(bi * s.heads + h) * s.q_seq + i];
                 for j in 0..s.kv_seq {
                     if row_lse > f64::NEG_INFINITY && masks.visible(s, bi, i, j) {
-                        let e = score(s, a, b, w, bias, masks.scale, (bi, h, i, j)).1;
+                        let e = score(s, a, b, scores, masks.scale, (bi, h, i, j)).1;
                         p[((bi * s.heads + h) * s.q_seq + i) * s.kv_seq + j] = (e - row_lse).exp();
                     }
                 }

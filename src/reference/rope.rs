@@ -46,6 +46,20 @@ pub fn rope_angle_scaled(
     p as f64 * inv
 }
 
+/// What rotates and how fast: the first `rotary_dim` dims of each row, paired by `layout`, pair `k`
+/// at the inverse frequency `base^(-2k / rotary_dim)` stretched by `scaling`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rotation {
+    /// The frequency base (10000 in RoFormer).
+    pub base: f64,
+    /// How many leading dims rotate (even).
+    pub rotary_dim: usize,
+    /// How the rotated dims are paired.
+    pub layout: RopeLayout,
+    /// How the frequencies are stretched, if at all.
+    pub scaling: Option<RopeScaling>,
+}
+
 /// Rotates the first `rotary_dim` dims of every row of a contiguous `[B, L, H, D]` tensor by the angles
 /// of positions `offset + l` (`sign` -1 rotates back: the backward, applied to a gradient).
 pub fn rope(
@@ -57,21 +71,29 @@ pub fn rope(
     offset: usize,
     sign: f64,
 ) -> Vec<f64> {
-    rope_scaled(x, shape, base, rotary_dim, layout, None, offset, sign)
+    let rotation = Rotation {
+        base,
+        rotary_dim,
+        layout,
+        scaling: None,
+    };
+    rope_scaled(x, shape, rotation, offset, sign)
 }
 
-/// [`rope`] with the frequencies stretched by `scaling`.
-#[allow(clippy::too_many_arguments)]
+/// [`rope`] with any [`Rotation`], its frequencies stretched by its `scaling`.
 pub fn rope_scaled(
     x: &[f64],
     [b, l, h, d]: [usize; 4],
-    base: f64,
-    rotary_dim: usize,
-    layout: RopeLayout,
-    scaling: Option<RopeScaling>,
+    rotation: Rotation,
     offset: usize,
     sign: f64,
 ) -> Vec<f64> {
+    let Rotation {
+        base,
+        rotary_dim,
+        layout,
+        scaling,
+    } = rotation;
     let mut y = x.to_vec();
     let pairs = rotary_dim / 2;
     for bi in 0..b {

@@ -17,7 +17,8 @@ use wgpu_attention::reference::additive as additive_reference;
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::{
     additive_backward, additive_forward, attention_backward, attention_decode, attention_forward,
-    AdditiveScores, AttentionOptions, Context, ContextOptions, Error, GpuTensor, KernelFamily,
+    AdditiveScores, AttentionOptions, Context, ContextOptions, Error, ForwardViews, GpuTensor,
+    KernelFamily,
 };
 use wgpu_attention_serve::{GenerateOptions, Generator, GeneratorShape};
 use wgpu_attention_transformer::model::{Batch, BatchShape, Transformer, TransformerConfig};
@@ -236,8 +237,10 @@ async fn additive_attention_matches_the_reference() {
         &to_f64(&a),
         &to_f64(&b),
         &to_f64(&v),
-        &to_f64(&w),
-        &to_f64(&bias),
+        additive_reference::ScoreParams {
+            w: &to_f64(&w),
+            bias: &to_f64(&bias),
+        },
         &masks,
     );
     let g = additive_reference::additive_backward(
@@ -245,8 +248,10 @@ async fn additive_attention_matches_the_reference() {
         &to_f64(&a),
         &to_f64(&b),
         &to_f64(&v),
-        &to_f64(&w),
-        &to_f64(&bias),
+        additive_reference::ScoreParams {
+            w: &to_f64(&w),
+            bias: &to_f64(&bias),
+        },
         &to_f64(&d_out),
         &masks,
     );
@@ -262,7 +267,17 @@ async fn additive_attention_matches_the_reference() {
         let fwd = additive_forward(&ctx, &av, &bv, &vv, scores, &opts).unwrap();
         let out_heads = fwd.out.heads().unwrap();
         let grads = additive_backward(
-            &ctx, &av, &bv, &vv, scores, &out_heads, &fwd.lse, &dov, &opts,
+            &ctx,
+            &ForwardViews {
+                q: &av,
+                k: &bv,
+                v: &vv,
+                out: &out_heads,
+                lse: &fwd.lse,
+            },
+            scores,
+            &dov,
+            &opts,
         )
         .unwrap();
         let tag = format!("[{}] additive {}", family.name(), case.label());

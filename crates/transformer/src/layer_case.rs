@@ -6,6 +6,7 @@
 use crate::layers::encoder::EncoderLayer;
 use crate::layers::params::{ParamId, Params};
 use crate::layers::stack::{StackConfig, StackLayer};
+use crate::layers::Recording;
 use crate::reference::transformer_layer::{param_shapes, TransformerLayerConfig};
 use wgpu_attention::device::Context;
 use wgpu_attention::error::Result;
@@ -84,11 +85,9 @@ impl LayerCase {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("layer forward + backward"),
             });
-        let p = &self.params;
-        self.layer
-            .forward(ctx, &mut encoder, p, &self.x, &self.lens)?;
-        self.layer
-            .backward(ctx, &mut encoder, p, &self.x, &self.lens, &self.dy)?;
+        let rec = &mut Recording::new(ctx, &mut encoder, &self.params);
+        self.layer.forward(rec, &self.x, &self.lens)?;
+        self.layer.backward(rec, &self.x, &self.lens, &self.dy)?;
         ctx.queue().submit([encoder.finish()]);
         Ok(())
     }

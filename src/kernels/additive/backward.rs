@@ -11,7 +11,7 @@ use crate::kernels::attention::binding::{
 };
 use crate::kernels::attention::header::with_common;
 use crate::kernels::attention::shape::{check_distinct, check_tensor, check_view};
-use crate::kernels::attention::{AttentionOptions, BackwardViews};
+use crate::kernels::attention::{AttentionOptions, BackwardViews, ForwardViews};
 use crate::kernels::dispatch::loop_chunks;
 use crate::spec::AttentionShape;
 use crate::tensor::{GpuTensor, HeadsView};
@@ -24,21 +24,23 @@ use super::sources::{
 use super::tiles::{backward_lanes, backward_names, staged_tile, AdditiveKernel, WG};
 use super::ADDITIVE_BACKWARD_STORAGE_BUFFERS;
 
-/// Additive attention backward into new tensors, submitted, for the gradient `d_out` at the
-/// forward's
-/// `out` (with its `lse`).
-#[allow(clippy::too_many_arguments)]
+/// Additive attention backward into new tensors, submitted: the gradients for `d_out` at the
+/// output of the forward call whose tensors `forward` names (`q`, `k` the projections `a`, `b`;
+/// `out` and `lse` what the forward wrote).
 pub fn additive_backward(
     ctx: &Context,
-    a: &HeadsView,
-    b: &HeadsView,
-    v: &HeadsView,
+    forward: &ForwardViews<'_>,
     scores: AdditiveScores<'_>,
-    out: &HeadsView,
-    lse: &GpuTensor,
     d_out: &HeadsView,
     opts: &AttentionOptions<'_>,
 ) -> Result<AdditiveGrads> {
+    let &ForwardViews {
+        q: a,
+        k: b,
+        v,
+        out,
+        lse,
+    } = forward;
     let (s, _) = check(ctx, a, b, v, scores, opts)?;
     let (bb, lq, lk, h) = (s.batch, s.q_seq, s.kv_seq, s.heads);
     let grads = AdditiveGrads {

@@ -55,21 +55,41 @@ pub(super) fn transforms(opts: &AttentionOptions<'_>) -> bool {
     query_mode(opts) != 0 || key_mode(opts) != 0
 }
 
+/// One of Q's or K's transforms: the kernel's `mode` bits, the key-norm clip and, under SCALE, the
+/// per-head scale.
+#[derive(Clone, Copy)]
+struct Transform<'a> {
+    mode: u32,
+    clip: f32,
+    scale: Option<&'a GpuTensor>,
+}
+
+impl<'a> Transform<'a> {
+    /// The transform `mode` (query_mode or key_mode of `opts`) with its parameters from `opts`.
+    fn of(opts: &AttentionOptions<'a>, mode: u32) -> Self {
+        Self {
+            mode,
+            clip: opts.key_clip.unwrap_or(0.0),
+            scale: opts
+                .learned_cosine
+                .filter(|_| mode & SCALE != 0)
+                .map(|c| c.scale),
+        }
+    }
+}
+
 /// Records one pass of the kernel over the rows of `x`: the transform into `out` (a contiguous
-/// scratch buffer), or the backward in place in the gradient view `grad`. Under SCALE, `scale` is the
-/// per-head scale and the backward writes the rows' gradient shares into `row_shares`.
-#[allow(clippy::too_many_arguments)]
+/// scratch buffer), or the backward in place in the gradient view `grad`, which under SCALE also
+/// writes the rows' gradient shares of the scale into `row_shares`.
 fn record(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     x: &HeadsView,
-    out: &wgpu::Buffer,
-    grad: Option<&HeadsView>,
-    mode: u32,
-    clip: f32,
-    scale: Option<&GpuTensor>,
+    (out, grad): (&wgpu::Buffer, Option<&HeadsView>),
+    transform: Transform<'_>,
     row_shares: Option<&wgpu::Buffer>,
 ) -> Result<()> {
+    let Transform { mode, clip, scale } = transform;
     let [b, l, h, d] = x.shape();
     let rows = b * l * h;
     let out_arg = if grad.is_some() {
@@ -132,23 +152,18 @@ pub(super) fn encode_inputs(
     k: &HeadsView,
     opts: &AttentionOptions<'_>,
 ) -> Result<(HeadsView, HeadsView)> {
-    let clip = opts.key_clip.unwrap_or(0.0);
     let transform = |encoder: &mut wgpu::CommandEncoder, slot, x: &HeadsView, mode| {
         if mode == 0 {
             return Ok(x.clone());
         }
         let [b, l, h, d] = x.shape();
         let buffer = ctx.scratch_buffer(slot, (b * l * h * d * 4) as u64)?;
-        let scale = opts.learned_cosine.filter(|_| mode & SCALE != 0);
         record(
             ctx,
             encoder,
             x,
-            &buffer,
-            None,
-            mode,
-            clip,
-            scale.map(|c| c.scale),
+            (&buffer, None),
+            Transform::of(opts, mode),
             None,
         )?;
         HeadsView::new(buffer, 0, [b, l, h, d], [l * h * d, h * d, d])
@@ -168,7 +183,6 @@ pub(super) fn encode_backward(
     [dq, dk]: [&HeadsView; 2],
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let clip = opts.key_clip.unwrap_or(0.0);
     let [b, lq, h, _] = q.shape();
     let row_dots = match opts.learned_cosine {
         Some(_) => {
@@ -178,17 +192,14 @@ pub(super) fn encode_backward(
     };
     for (x, grad, mode) in [(q, dq, query_mode(opts)), (k, dk, key_mode(opts))] {
         if mode != 0 {
-            let scale = opts.learned_cosine.filter(|_| mode & SCALE != 0);
-            let shares = row_dots.as_ref().filter(|_| scale.is_some());
+            let transform = Transform::of(opts, mode);
+            let shares = row_dots.as_ref().filter(|_| transform.scale.is_some());
             record(
                 ctx,
                 encoder,
                 x,
-                grad.buffer(),
-                Some(grad),
-                mode,
-                clip,
-                scale.map(|c| c.scale),
+                (grad.buffer(), Some(grad)),
+                transform,
                 shares,
             )?;
         }

@@ -19,7 +19,7 @@ use wgpu_attention::reference::compare::{
 use wgpu_attention::{
     additive_backward, additive_backward_unfused, additive_forward, additive_forward_unfused,
     additive_precompile, parse_backends, AdditiveScores, AttentionOptions, AttentionPasses,
-    AttentionShape, Context, Error, GpuTensor,
+    AttentionShape, Context, Error, ForwardViews, GpuTensor,
 };
 
 #[derive(Parser, Debug)]
@@ -129,14 +129,32 @@ fn run(cli: &Cli) -> Result<(), Error> {
             let (a64, b64, v64) = (f(&av), f(&bv), f(&vv));
             let c = match pass {
                 "forward" => {
-                    let (o, _) =
-                        reference::additive_forward(&s, &a64, &b64, &v64, &w64, &bias64, &m);
+                    let (o, _) = reference::additive_forward(
+                        &s,
+                        &a64,
+                        &b64,
+                        &v64,
+                        reference::ScoreParams {
+                            w: &w64,
+                            bias: &bias64,
+                        },
+                        &m,
+                    );
                     compare(gpu, &o, FORWARD_ATOL, FORWARD_RTOL)
                 }
                 _ => {
                     let d_out64 = f(&dov);
                     let g = reference::additive_backward(
-                        &s, &a64, &b64, &v64, &w64, &bias64, &d_out64, &m,
+                        &s,
+                        &a64,
+                        &b64,
+                        &v64,
+                        reference::ScoreParams {
+                            w: &w64,
+                            bias: &bias64,
+                        },
+                        &d_out64,
+                        &m,
                     );
                     compare(gpu, &g.da, BACKWARD_ATOL, BACKWARD_RTOL)
                 }
@@ -178,7 +196,19 @@ fn run(cli: &Cli) -> Result<(), Error> {
         let fwd = additive_forward(&ctx, &a, &k, &v, scores, &opts)?;
         let out = fwd.out.heads()?;
         let fused_backward = case("backward", "fused", &mut || {
-            let g = additive_backward(&ctx, &a, &k, &v, scores, &out, &fwd.lse, &d_out, &opts)?;
+            let g = additive_backward(
+                &ctx,
+                &ForwardViews {
+                    q: &a,
+                    k: &k,
+                    v: &v,
+                    out: &out,
+                    lse: &fwd.lse,
+                },
+                scores,
+                &d_out,
+                &opts,
+            )?;
             g.da.to_vec(&ctx)
         })?;
         let unfused_backward = case("backward", "unfused", &mut || {

@@ -5,6 +5,7 @@ mod speculative;
 pub use speculative::Draft;
 
 use web_time::Instant;
+use wgpu_attention_transformer::layers::Recording;
 
 use crate::kv_cache::{KvCache, StepLens};
 use crate::paged_cache::{PagedKvCache, PagedKvCacheConfig};
@@ -283,6 +284,25 @@ enum PassKind {
     Step,
     /// Speculative decoding's drafts ([`Generator::verify`]).
     Verify,
+}
+
+/// What a pass records after the decoder: nothing more (a prefill chunk before the last), the
+/// output layer's logits, or the logits and a sample from them.
+#[derive(Clone, Copy)]
+enum PassEnd<'a> {
+    Hidden,
+    Logits,
+    Sample(&'a Sampling),
+}
+
+impl<'a> PassEnd<'a> {
+    /// The logits, and a sample where `sampling` is given.
+    fn after(sampling: Option<&'a Sampling>) -> Self {
+        match sampling {
+            Some(sampling) => Self::Sample(sampling),
+            None => Self::Logits,
+        }
+    }
 }
 
 impl Pass {
@@ -1045,9 +1065,12 @@ impl Generator {
                 fed[seq] += n;
             }
             let last = new.iter().map(|&n| n as usize).sum::<usize>() == remaining;
-            let sample = if last { sampling } else { None };
+            let end = match last {
+                true => PassEnd::after(sampling),
+                false => PassEnd::Hidden,
+            };
             let e = ctx.device().create_command_encoder(&Default::default());
-            ids = self.run(ctx, e, kind, &tokens, &new, last, sample).await?;
+            ids = self.run(ctx, e, kind, (&tokens, &new), end).await?;
         }
         Ok(ids)
     }
@@ -1072,24 +1095,27 @@ impl Generator {
         self.check_ids("tokens", &ids)?;
         let new: Vec<u32> = tokens.iter().map(|t| t.is_some() as u32).collect();
         let encoder = ctx.device().create_command_encoder(&Default::default());
-        self.run(ctx, encoder, PassKind::Step, &ids, &new, true, sampling)
+        let end = PassEnd::after(sampling);
+        self.run(ctx, encoder, PassKind::Step, (&ids, &new), end)
             .await
     }
 
     /// Runs one pass over `tokens` (`[batch, rows]`, `new[b]` of them real), copies each fed
-    /// sequence's last row into `last`, then (if `logits`) the output layer and (if `sampling`) the
-    /// sampler; one submission. The cache advances once the pass is recorded.
-    #[allow(clippy::too_many_arguments)]
+    /// sequence's last row into `last`, then what `end` asks for; one submission. The cache
+    /// advances once the pass is recorded.
     async fn run(
         &mut self,
         ctx: &Context,
         mut encoder: wgpu::CommandEncoder,
         kind: PassKind,
-        tokens: &[u32],
-        new: &[u32],
-        logits: bool,
-        sampling: Option<&Sampling>,
+        (tokens, new): (&[u32], &[u32]),
+        end: PassEnd<'_>,
     ) -> Result<Option<Vec<u32>>> {
+        let logits = !matches!(end, PassEnd::Hidden);
+        let sampling = match end {
+            PassEnd::Sample(sampling) => Some(sampling),
+            _ => None,
+        };
         let step: StepLens = self.cache.step(ctx, new)?;
         let pass = self.pass_mut(kind);
         pass.target.tokens.write(ctx, tokens)?;
@@ -1154,17 +1180,25 @@ impl Generator {
         };
         let p = &self.params;
         ctx.with_one_pass(encoder, "source encoder", |encoder| {
-            source.embedding.forward(ctx, encoder, p)?;
+            source
+                .embedding
+                .forward(&mut Recording::new(ctx, encoder, p))?;
             let x = &source.embedding.x;
-            source.encoder.forward(ctx, encoder, p, x, &source.lens)?;
+            source
+                .encoder
+                .forward(&mut Recording::new(ctx, encoder, p), x, &source.lens)?;
             let memory = source.encoder.output(x);
             self.prefill
                 .decoder
-                .prepare_memory(ctx, encoder, p, memory)?;
+                .prepare_memory(&mut Recording::new(ctx, encoder, p), memory)?;
             if let Some(v) = &self.verify {
-                v.pass.decoder.prepare_memory(ctx, encoder, p, memory)?;
+                v.pass
+                    .decoder
+                    .prepare_memory(&mut Recording::new(ctx, encoder, p), memory)?;
             }
-            self.step.decoder.prepare_memory(ctx, encoder, p, memory)
+            self.step
+                .decoder
+                .prepare_memory(&mut Recording::new(ctx, encoder, p), memory)
         })
     }
 
@@ -1200,9 +1234,15 @@ impl Generator {
         // The embedding and every decoder layer in one compute pass; the row copies below cannot
         // be recorded inside one.
         ctx.with_one_pass(encoder, "decoder layers", |encoder| -> Result<()> {
-            pass.target.forward_cached(ctx, encoder, p, lens)?;
-            pass.decoder
-                .forward_cached(ctx, encoder, p, x, &caches, lens, cross)
+            pass.target
+                .forward_cached(&mut Recording::new(ctx, encoder, p), lens)?;
+            pass.decoder.forward_cached(
+                &mut Recording::new(ctx, encoder, p),
+                x,
+                &caches,
+                lens,
+                cross,
+            )
         })?;
         let h = pass.decoder.output(x);
         let row_bytes = 4 * self.config.d_model as u64;
@@ -1219,8 +1259,11 @@ impl Generator {
             }
         }
         if logits {
-            self.output
-                .forward(ctx, encoder, p, &self.last, &self.logits)?;
+            self.output.forward(
+                &mut Recording::new(ctx, encoder, p),
+                &self.last,
+                &self.logits,
+            )?;
         }
         Ok(())
     }

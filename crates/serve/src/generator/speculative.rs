@@ -12,6 +12,7 @@ use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
 use wgpu_attention::kernels::sampling::{sample_into, Sampling};
 use wgpu_attention::tensor::{GpuTensor, SeqLens, MAX_TREE_ROWS};
+use wgpu_attention_transformer::layers::Recording;
 
 /// A draft tree for [`Generator::verify`]: `tokens[0]` is the token the sequence is fed next
 /// (certain: the one [`Generator::sample`] gave), every other row a guess whose parent is an earlier
@@ -256,7 +257,7 @@ impl Generator {
             let memory = source.encoder.output(&source.embedding.x);
             v.pass
                 .decoder
-                .prepare_memory(ctx, &mut encoder, &self.params, memory)?;
+                .prepare_memory(&mut Recording::new(ctx, &mut encoder, &self.params), memory)?;
             ctx.submit(encoder)?;
         }
         Ok(())
@@ -285,8 +286,11 @@ impl Generator {
                 );
             }
         }
-        self.output
-            .forward(ctx, encoder, &self.params, &v.rows, &v.logits)?;
+        self.output.forward(
+            &mut Recording::new(ctx, encoder, &self.params),
+            &v.rows,
+            &v.logits,
+        )?;
         sample_into(ctx, encoder, &v.logits, &Sampling::greedy(), 0, &v.ids)?;
         encoder.copy_buffer_to_buffer(&v.ids, 0, &v.staging, 0, v.ids.size());
         Ok(())

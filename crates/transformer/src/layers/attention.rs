@@ -7,6 +7,7 @@ use crate::layers::linear::Linear;
 use crate::layers::params::{Init, ParamId, Params};
 pub use crate::layers::scores::ScoreOptions;
 use crate::layers::stack::StackConfig;
+use crate::layers::{InputGrad, Recording};
 use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
 use wgpu_attention::kernels::additive::{
@@ -534,26 +535,24 @@ impl MultiHeadAttention {
     }
 
     /// `y = Attention(x, memory) + residual`; `lens` masks padded queries and keys.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         memory: Option<&GpuTensor>,
         lens: &SeqLens,
         y: &GpuTensor,
         residual: Option<&GpuTensor>,
     ) -> Result<()> {
+        let Recording { ctx, params: p, .. } = *rec;
         self.check_memory(memory)?;
-        self.query.forward(ctx, encoder, p, x, &self.proj)?;
+        self.query.forward(rec, x, &self.proj)?;
         if let (Some(kv), Some(kv_proj), Some(memory)) = (&self.key_value, &self.kv_proj, memory) {
-            kv.forward(ctx, encoder, p, memory, kv_proj)?;
+            kv.forward(rec, memory, kv_proj)?;
         }
         let layout = self.layout(lens)?;
         let [q, k, v] = self.placed_split(&self.proj, self.kv_proj.as_ref(), &layout)?;
-        self.rotate(ctx, encoder, [&q, &k], &layout, false)?;
+        self.rotate(ctx, rec.encoder, [&q, &k], &layout, false)?;
         let out = Self::place(self.attn.heads()?, PackedSide::Queries, &layout)?;
         let views = ForwardViews {
             q: &q,
@@ -569,29 +568,23 @@ impl MultiHeadAttention {
                     w: p.value(add.w),
                     bias: p.value(add.bias),
                 };
-                additive_forward_into(ctx, encoder, &views, scores, &opts)?;
+                additive_forward_into(ctx, rec.encoder, &views, scores, &opts)?;
             }
-            None => attention_forward_into(ctx, encoder, &views, &opts)?,
+            None => attention_forward_into(ctx, rec.encoder, &views, &opts)?,
         }
         let add = Epilogue {
             activation: None,
             residual,
         };
         self.output
-            .forward_epilogue(ctx, encoder, p, &self.flat(&self.attn)?, add, y)
+            .forward_epilogue(rec, &self.flat(&self.attn)?, add, y)
     }
 
     /// Decoding, cross-attention: projects the memory's keys and values once per source (they
     /// stay in the layer for every [`MultiHeadAttention::forward_cached`] step).
-    pub fn prepare_memory(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        memory: &GpuTensor,
-    ) -> Result<()> {
+    pub fn prepare_memory(&self, rec: &mut Recording<'_>, memory: &GpuTensor) -> Result<()> {
         match (&self.key_value, &self.kv_proj) {
-            (Some(kv), Some(kv_proj)) => kv.forward(ctx, encoder, p, memory, kv_proj),
+            (Some(kv), Some(kv_proj)) => kv.forward(rec, memory, kv_proj),
             _ => Err(Error::shape(
                 "memory",
                 "self-attention takes no memory; build the layer with AttentionKind::Cross",
@@ -608,18 +601,16 @@ impl MultiHeadAttention {
     /// cross-attention (`cache` `None`) attends over the memory projected by
     /// [`MultiHeadAttention::prepare_memory`], `lens` giving the new tokens and the memory lengths.
     /// `residual` is added to `y`.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         cache: Option<LayerCache<'_>>,
         lens: &SeqLens,
         y: &GpuTensor,
         residual: Option<&GpuTensor>,
     ) -> Result<()> {
+        let Recording { ctx, params: p, .. } = *rec;
         let opts = self.options(p, lens);
         match (self.kind, cache) {
             (AttentionKind::SelfAttention { .. }, Some(cache)) => {
@@ -656,7 +647,7 @@ impl MultiHeadAttention {
                         "additive scores decode padded rows from a contiguous f32 cache; a paged or int8 cache or packed rows are not supported",
                     ));
                 }
-                self.query.forward(ctx, encoder, p, x, &self.proj)?;
+                self.query.forward(rec, x, &self.proj)?;
                 // A packed prefill's new keys and values follow its queries' rows.
                 let [q, k, v] = self
                     .split(&self.proj, None)?
@@ -665,12 +656,12 @@ impl MultiHeadAttention {
                 let out = Self::place(self.attn.heads()?, PackedSide::Queries, &layout)?;
                 let lse = &layout.lse;
                 if let Some(rope) = &self.rope {
-                    rope_forward_cached_into(ctx, encoder, &q, rope, lens)?;
-                    rope_forward_cached_into(ctx, encoder, &k, rope, lens)?;
+                    rope_forward_cached_into(ctx, rec.encoder, &q, rope, lens)?;
+                    rope_forward_cached_into(ctx, rec.encoder, &k, rope, lens)?;
                 }
                 // Additive layers cache b, their key projections, in place of keys.
-                keys.append_into(ctx, encoder, &k, table, lens)?;
-                values.append_into(ctx, encoder, &v, table, lens)?;
+                keys.append_into(ctx, rec.encoder, &k, table, lens)?;
+                values.append_into(ctx, rec.encoder, &v, table, lens)?;
                 // Paged pools [rows, Hkv, D] are read as [1, rows, Hkv, D].
                 let view = |t: &GpuTensor| -> Result<HeadsView> {
                     match table {
@@ -695,7 +686,7 @@ impl MultiHeadAttention {
                             out: &out,
                             lse,
                         };
-                        additive_decode_into(ctx, encoder, &views, scores, &opts)?
+                        additive_decode_into(ctx, rec.encoder, &views, scores, &opts)?
                     }
                     ([KvStorage::F32(keys), KvStorage::F32(values)], None) => {
                         let (keys, values) = (view(keys)?, view(values)?);
@@ -707,16 +698,16 @@ impl MultiHeadAttention {
                             lse,
                         };
                         match table {
-                            None => attention_decode_into(ctx, encoder, &views, &opts)?,
+                            None => attention_decode_into(ctx, rec.encoder, &views, &opts)?,
                             Some(table) => {
-                                attention_decode_paged_into(ctx, encoder, &views, table, &opts)?
+                                attention_decode_paged_into(ctx, rec.encoder, &views, table, &opts)?
                             }
                         }
                     }
                     ([KvStorage::Int8(keys), KvStorage::Int8(values)], _) => {
                         attention_decode_int8_into(
                             ctx,
-                            encoder,
+                            rec.encoder,
                             &q,
                             QuantizedCache {
                                 k: keys,
@@ -741,12 +732,12 @@ impl MultiHeadAttention {
                 }
             }
             (AttentionKind::Cross, None) => {
-                self.query.forward(ctx, encoder, p, x, &self.proj)?;
+                self.query.forward(rec, x, &self.proj)?;
                 let [q, k, v] = self.split(&self.proj, self.kv_proj.as_ref())?;
                 let (out, lse) = (self.attn.heads()?, &self.padded_lse()?);
                 attention_forward_into(
                     ctx,
-                    encoder,
+                    rec.encoder,
                     &ForwardViews {
                         q: &q,
                         k: &k,
@@ -769,7 +760,7 @@ impl MultiHeadAttention {
             residual,
         };
         self.output
-            .forward_epilogue(ctx, encoder, p, &self.flat(&self.attn)?, add, y)
+            .forward_epilogue(rec, &self.flat(&self.attn)?, add, y)
     }
 
     /// Attention maps after a forward with the same `lens`: the probabilities `[B, H, rows, Lk]` of
@@ -802,22 +793,19 @@ impl MultiHeadAttention {
         Ok((v, self.d_attn.heads()?))
     }
 
-    /// Writes `dx` (plus `residual`; and, for cross-attention, `d_memory`) and every parameter
-    /// gradient.
-    #[allow(clippy::too_many_arguments)]
+    /// Writes `dx = dAttention(dy) + residual` ([`InputGrad`]; and, for cross-attention,
+    /// `d_memory`) and every parameter gradient.
     pub fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         memory: Option<&GpuTensor>,
         lens: &SeqLens,
-        dy: &GpuTensor,
-        dx: &GpuTensor,
+        grad: InputGrad<'_>,
         d_memory: Option<&GpuTensor>,
-        residual: Option<&GpuTensor>,
     ) -> Result<()> {
+        let InputGrad { dy, dx, residual } = grad;
+        let Recording { ctx, params: p, .. } = *rec;
         self.check_memory(memory)?;
         let dx_epilogue = Epilogue {
             activation: None,
@@ -831,7 +819,7 @@ impl MultiHeadAttention {
         }
         let d_attn = self.flat(&self.d_attn)?;
         self.output
-            .backward(ctx, encoder, p, &self.flat(&self.attn)?, dy, &d_attn)?;
+            .backward(rec, &self.flat(&self.attn)?, dy, &d_attn)?;
         let layout = self.layout(lens)?;
         let [q, k, v] = self.placed_split(&self.proj, self.kv_proj.as_ref(), &layout)?;
         let [dq, dk, dv] = self.placed_split(&self.d_proj, self.d_kv_proj.as_ref(), &layout)?;
@@ -861,18 +849,25 @@ impl MultiHeadAttention {
                 ..views
             };
             let param_grads = [p.grad(add.w), p.grad(add.bias)];
-            additive_backward_into(ctx, encoder, &additive_views, scores, param_grads, &opts)?;
+            additive_backward_into(
+                ctx,
+                rec.encoder,
+                &additive_views,
+                scores,
+                param_grads,
+                &opts,
+            )?;
             self.query
-                .backward_epilogue(ctx, encoder, p, x, &self.d_proj, dx, dx_epilogue)?;
+                .backward_epilogue(rec, x, &self.d_proj, dx, dx_epilogue)?;
             return Ok(());
         }
-        attention_backward_into(ctx, encoder, &views, &opts)?;
-        self.rotate(ctx, encoder, [&dq, &dk], &layout, true)?;
+        attention_backward_into(ctx, rec.encoder, &views, &opts)?;
+        self.rotate(ctx, rec.encoder, [&dq, &dk], &layout, true)?;
         if let Some(id) = self.sinks {
             let (sinks, d_sinks) = (p.value(id), p.grad(id));
             attention_sinks_backward_into(
                 ctx,
-                encoder,
+                rec.encoder,
                 &layout.shape,
                 sinks,
                 &layout.workspace,
@@ -881,11 +876,11 @@ impl MultiHeadAttention {
             )?;
         }
         self.query
-            .backward_epilogue(ctx, encoder, p, x, &self.d_proj, dx, dx_epilogue)?;
+            .backward_epilogue(rec, x, &self.d_proj, dx, dx_epilogue)?;
         if let (Some(kv), Some(d_kv_proj), Some(memory), Some(d_memory)) =
             (&self.key_value, &self.d_kv_proj, memory, d_memory)
         {
-            kv.backward(ctx, encoder, p, memory, d_kv_proj, d_memory)?;
+            kv.backward(rec, memory, d_kv_proj, d_memory)?;
         }
         Ok(())
     }

@@ -7,6 +7,7 @@ use crate::layers::feed_forward::FeedForward;
 use crate::layers::params::Params;
 use crate::layers::residual::Residual;
 use crate::layers::stack::{Stack, StackConfig, StackLayer};
+use crate::layers::Recording;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
 use wgpu_attention::kernels::elementwise::add_into;
@@ -97,8 +98,7 @@ impl DecoderLayer {
                 ctx,
                 params,
                 &format!("{name}.ff"),
-                c.d_model,
-                c.d_ff,
+                [c.d_model, c.d_ff],
                 rows,
                 c.feed_forward,
                 c.bias,
@@ -137,20 +137,17 @@ impl DecoderLayer {
     /// Decoding: the layer's forward for new tokens after each sequence's cached ones (see
     /// [`MultiHeadAttention::forward_cached`]): self-attention over its key/value `cache`, then
     /// cross-attention over the memory prepared by [`DecoderLayer::prepare_memory`].
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         cache: LayerCache<'_>,
         self_lens: &SeqLens,
         cross_lens: Option<&SeqLens>,
     ) -> Result<()> {
-        self.self_block.forward(ctx, encoder, p, x, |e, h, y, r| {
+        self.self_block.forward(rec, x, |rec, h, y, r| {
             self.self_attention
-                .forward_cached(ctx, e, p, h, Some(cache), self_lens, y, Some(r))
+                .forward_cached(rec, h, Some(cache), self_lens, y, Some(r))
         })?;
         if let Some(cross) = &self.cross {
             let lens = cross_lens.ok_or_else(|| {
@@ -161,28 +158,22 @@ impl DecoderLayer {
             })?;
             cross
                 .block
-                .forward(ctx, encoder, p, &self.self_block.y, |e, h, y, r| {
+                .forward(rec, &self.self_block.y, |rec, h, y, r| {
                     cross
                         .attention
-                        .forward_cached(ctx, e, p, h, None, lens, y, Some(r))
+                        .forward_cached(rec, h, None, lens, y, Some(r))
                 })?;
         }
         self.feed_forward_block
-            .forward(ctx, encoder, p, self.ff_input(), |e, h, y, r| {
-                self.feed_forward.forward(ctx, e, p, h, y, Some(r))
+            .forward(rec, self.ff_input(), |rec, h, y, r| {
+                self.feed_forward.forward(rec, h, y, Some(r))
             })
     }
 
     /// Decoding: projects the encoder output's keys and values for cross-attention, once per source.
-    pub fn prepare_memory(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        memory: &GpuTensor,
-    ) -> Result<()> {
+    pub fn prepare_memory(&self, rec: &mut Recording<'_>, memory: &GpuTensor) -> Result<()> {
         match &self.cross {
-            Some(cross) => cross.attention.prepare_memory(ctx, encoder, p, memory),
+            Some(cross) => cross.attention.prepare_memory(rec, memory),
             None => Ok(()),
         }
     }
@@ -201,29 +192,27 @@ impl StackLayer for DecoderLayer {
 
     fn forward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         inputs: DecoderInputs<'_>,
     ) -> Result<()> {
-        self.self_block.forward(ctx, encoder, p, x, |e, h, y, r| {
+        self.self_block.forward(rec, x, |rec, h, y, r| {
             self.self_attention
-                .forward(ctx, e, p, h, None, inputs.self_lens, y, Some(r))
+                .forward(rec, h, None, inputs.self_lens, y, Some(r))
         })?;
         if let Some(cross) = &self.cross {
             let (memory, cross_lens) = Self::memory(inputs)?;
             cross
                 .block
-                .forward(ctx, encoder, p, &self.self_block.y, |e, h, y, r| {
+                .forward(rec, &self.self_block.y, |rec, h, y, r| {
                     cross
                         .attention
-                        .forward(ctx, e, p, h, Some(memory), cross_lens, y, Some(r))
+                        .forward(rec, h, Some(memory), cross_lens, y, Some(r))
                 })?;
         }
         self.feed_forward_block
-            .forward(ctx, encoder, p, self.ff_input(), |e, h, y, r| {
-                self.feed_forward.forward(ctx, e, p, h, y, Some(r))
+            .forward(rec, self.ff_input(), |rec, h, y, r| {
+                self.feed_forward.forward(rec, h, y, Some(r))
             })
     }
 
@@ -231,62 +220,32 @@ impl StackLayer for DecoderLayer {
     /// share of the encoder output's gradient.
     fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         inputs: DecoderInputs<'_>,
         dy: &GpuTensor,
     ) -> Result<()> {
-        self.feed_forward_block.backward(
-            ctx,
-            encoder,
-            p,
-            self.ff_input(),
-            dy,
-            |e, h, d_out, d_in, r| self.feed_forward.backward(ctx, e, p, h, d_out, d_in, r),
-        )?;
+        self.feed_forward_block
+            .backward(rec, self.ff_input(), dy, |rec, h, grad| {
+                self.feed_forward.backward(rec, h, grad)
+            })?;
         let mut d = &self.feed_forward_block.dx;
         if let Some(cross) = &self.cross {
             let (memory, cross_lens) = Self::memory(inputs)?;
-            cross.block.backward(
-                ctx,
-                encoder,
-                p,
-                &self.self_block.y,
-                d,
-                |e, h, d_out, d_in, r| {
-                    cross.attention.backward(
-                        ctx,
-                        e,
-                        p,
-                        h,
-                        Some(memory),
-                        cross_lens,
-                        d_out,
-                        d_in,
-                        Some(&cross.d_memory),
-                        r,
-                    )
-                },
-            )?;
+            cross
+                .block
+                .backward(rec, &self.self_block.y, d, |rec, h, grad| {
+                    let d_memory = Some(&cross.d_memory);
+                    cross
+                        .attention
+                        .backward(rec, h, Some(memory), cross_lens, grad, d_memory)
+                })?;
             d = &cross.block.dx;
         }
-        self.self_block
-            .backward(ctx, encoder, p, x, d, |e, h, d_out, d_in, r| {
-                self.self_attention.backward(
-                    ctx,
-                    e,
-                    p,
-                    h,
-                    None,
-                    inputs.self_lens,
-                    d_out,
-                    d_in,
-                    None,
-                    r,
-                )
-            })
+        self.self_block.backward(rec, x, d, |rec, h, grad| {
+            self.self_attention
+                .backward(rec, h, None, inputs.self_lens, grad, None)
+        })
     }
 }
 
@@ -356,24 +315,19 @@ impl Decoder {
     /// Records every layer's forward from `x`.
     pub fn forward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         inputs: DecoderInputs<'_>,
     ) -> Result<()> {
-        self.stack.forward(ctx, encoder, p, x, inputs)
+        self.stack.forward(rec, x, inputs)
     }
 
     /// Decoding: the stack's forward for new tokens `x` after each sequence's cached ones, layer
     /// `i` over `caches[i]` (keys, values); `cross_lens` gives the new tokens and the memory
     /// lengths when there is cross-attention.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         caches: &[LayerCache<'_>],
         self_lens: &SeqLens,
@@ -389,22 +343,15 @@ impl Decoder {
                 ),
             ));
         }
-        self.stack
-            .forward_each(ctx, encoder, p, x, |e, i, layer, h| {
-                layer.forward_cached(ctx, e, p, h, caches[i], self_lens, cross_lens)
-            })
+        self.stack.forward_each(rec, x, |rec, i, layer, h| {
+            layer.forward_cached(rec, h, caches[i], self_lens, cross_lens)
+        })
     }
 
     /// Decoding: projects the encoder output for every layer's cross-attention, once per source.
-    pub fn prepare_memory(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        memory: &GpuTensor,
-    ) -> Result<()> {
+    pub fn prepare_memory(&self, rec: &mut Recording<'_>, memory: &GpuTensor) -> Result<()> {
         for layer in &self.stack.layers {
-            layer.prepare_memory(ctx, encoder, p, memory)?;
+            layer.prepare_memory(rec, memory)?;
         }
         Ok(())
     }
@@ -412,14 +359,13 @@ impl Decoder {
     /// Records every layer's backward for `dy` at the output, after a forward from the same `x`.
     pub fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         inputs: DecoderInputs<'_>,
         dy: &GpuTensor,
     ) -> Result<()> {
-        self.stack.backward(ctx, encoder, p, x, inputs, dy)?;
+        let ctx = rec.ctx;
+        self.stack.backward(rec, x, inputs, dy)?;
         // sum_0 = d_0 + d_1, sum_k = sum_{k-1} + d_{k+1}.
         let parts: Vec<&GpuTensor> = self
             .stack
@@ -433,7 +379,7 @@ impl Decoder {
             } else {
                 &self.d_memory_sums[k - 1]
             };
-            add_into(ctx, encoder, previous, parts[k + 1], sum)?;
+            add_into(ctx, rec.encoder, previous, parts[k + 1], sum)?;
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! tokens when decoding ([`Embedding::forward_cached`]).
 
 use crate::layers::params::{Init, ParamId, Params};
+use crate::layers::Recording;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::Result;
 use wgpu_attention::kernels::embedding::{
@@ -47,18 +48,16 @@ pub struct Embedding {
 
 impl Embedding {
     /// `{name}.embed [vocab, d_model]` and, for learned positions, `{name}.pos [positions,
-    /// d_model]`; `positions` is the number of positions the table covers (at least `rows[1]`).
-    #[allow(clippy::too_many_arguments)]
+    /// d_model]`, where `(kind, positions)` gives the kind of positions and how many the table
+    /// covers (at least `rows[1]`); tokens for `rows = [batch, seq]`, `pad_id` at first.
     pub fn new(
         ctx: &Context,
         params: &mut Params,
         name: &str,
-        vocab: usize,
-        d_model: usize,
+        [vocab, d_model]: [usize; 2],
         pad_id: u32,
-        kind: PositionKind,
+        (kind, positions): (PositionKind, usize),
         rows: [usize; 2],
-        positions: usize,
     ) -> Result<Self> {
         let table = params.add(
             ctx,
@@ -111,95 +110,66 @@ impl Embedding {
     }
 
     /// `x = E[tokens] + P[l]`.
-    pub fn forward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-    ) -> Result<()> {
-        self.record(ctx, encoder, p, Rows::Padded)
+    pub fn forward(&self, rec: &mut Recording<'_>) -> Result<()> {
+        self.record(rec, Rows::Padded)
     }
 
     /// `x = E[tokens] + P[position]` for a packed batch (`lens` from `SeqLens::packed`, the layer's
     /// rows a batch of 1): each sequence's rows from position 0 at its first row.
-    pub fn forward_packed(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        lens: &SeqLens,
-    ) -> Result<()> {
-        self.record(ctx, encoder, p, Rows::Packed(lens))
+    pub fn forward_packed(&self, rec: &mut Recording<'_>, lens: &SeqLens) -> Result<()> {
+        self.record(rec, Rows::Packed(lens))
     }
 
     /// `x = E[tokens] + P[position]` for new tokens after a cache: row `l` of sequence `b` at
     /// `kv_lens[b] - q_lens[b] + l` (see [`SeqLens::check_decode`]).
-    pub fn forward_cached(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        lens: &SeqLens,
-    ) -> Result<()> {
-        self.record(ctx, encoder, p, Rows::AfterCached(lens))
+    pub fn forward_cached(&self, rec: &mut Recording<'_>, lens: &SeqLens) -> Result<()> {
+        self.record(rec, Rows::AfterCached(lens))
     }
 
-    fn record(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        rows: Rows<'_>,
-    ) -> Result<()> {
+    fn record(&self, rec: &mut Recording<'_>, rows: Rows<'_>) -> Result<()> {
+        let Recording { ctx, params: p, .. } = *rec;
         let embed = p.value(self.table);
         let Some(table) = self.position_table(p) else {
-            return embedding_forward_into(ctx, encoder, &self.tokens, embed, &self.x);
+            return embedding_forward_into(ctx, rec.encoder, &self.tokens, embed, &self.x);
         };
-        embedding_forward_into(ctx, encoder, &self.tokens, embed, &self.embedded)?;
-        record_positional(ctx, encoder, &self.embedded, table, &self.x, rows)
+        embedding_forward_into(ctx, rec.encoder, &self.tokens, embed, &self.embedded)?;
+        record_positional(ctx, rec.encoder, &self.embedded, table, &self.x, rows)
     }
 
     /// `dx` is the gradient at `x = embedded + positions`, which both terms receive unchanged.
-    pub fn backward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        dx: &GpuTensor,
-    ) -> Result<()> {
-        self.record_backward(ctx, encoder, p, dx, None)
+    pub fn backward(&self, rec: &mut Recording<'_>, dx: &GpuTensor) -> Result<()> {
+        self.record_backward(rec, dx, None)
     }
 
     /// [`Embedding::backward`] of [`Embedding::forward_packed`].
     pub fn backward_packed(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         dx: &GpuTensor,
         lens: &SeqLens,
     ) -> Result<()> {
-        self.record_backward(ctx, encoder, p, dx, Some(lens))
+        self.record_backward(rec, dx, Some(lens))
     }
 
     fn record_backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         dx: &GpuTensor,
         packed: Option<&SeqLens>,
     ) -> Result<()> {
+        let Recording { ctx, params: p, .. } = *rec;
         let d_table = p.grad(self.table);
         if self.tied {
-            embedding_backward_add_into(ctx, encoder, &self.tokens, dx, d_table)?;
+            embedding_backward_add_into(ctx, rec.encoder, &self.tokens, dx, d_table)?;
         } else {
-            embedding_backward_into(ctx, encoder, &self.tokens, dx, d_table)?;
+            embedding_backward_into(ctx, rec.encoder, &self.tokens, dx, d_table)?;
         }
         if let Positions::Learned(id) = &self.positions {
             match packed {
-                None => positional_backward_into(ctx, encoder, dx, p.grad(*id))?,
-                Some(lens) => positional_backward_packed_into(ctx, encoder, dx, p.grad(*id), lens)?,
+                None => positional_backward_into(ctx, rec.encoder, dx, p.grad(*id))?,
+                Some(lens) => {
+                    positional_backward_packed_into(ctx, rec.encoder, dx, p.grad(*id), lens)?
+                }
             }
         }
         Ok(())

@@ -7,6 +7,7 @@ use crate::layers::feed_forward::FeedForward;
 use crate::layers::params::Params;
 use crate::layers::residual::Residual;
 use crate::layers::stack::{Stack, StackConfig, StackLayer};
+use crate::layers::Recording;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::Result;
 use wgpu_attention::tensor::{GpuTensor, SeqLens};
@@ -77,8 +78,7 @@ impl EncoderLayer {
                 ctx,
                 params,
                 &format!("{name}.ff"),
-                c.d_model,
-                c.d_ff,
+                [c.d_model, c.d_ff],
                 rows,
                 c.feed_forward,
                 c.bias,
@@ -106,45 +106,32 @@ impl StackLayer for EncoderLayer {
         &self.attention_block.dx
     }
 
-    fn forward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        x: &GpuTensor,
-        lens: &SeqLens,
-    ) -> Result<()> {
-        self.attention_block
-            .forward(ctx, encoder, p, x, |e, h, y, r| {
-                self.attention.forward(ctx, e, p, h, None, lens, y, Some(r))
-            })?;
+    fn forward(&self, rec: &mut Recording<'_>, x: &GpuTensor, lens: &SeqLens) -> Result<()> {
+        self.attention_block.forward(rec, x, |rec, h, y, r| {
+            self.attention.forward(rec, h, None, lens, y, Some(r))
+        })?;
         let x1 = &self.attention_block.y;
-        self.feed_forward_block
-            .forward(ctx, encoder, p, x1, |e, h, y, r| {
-                self.feed_forward.forward(ctx, e, p, h, y, Some(r))
-            })
+        self.feed_forward_block.forward(rec, x1, |rec, h, y, r| {
+            self.feed_forward.forward(rec, h, y, Some(r))
+        })
     }
 
     fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         lens: &SeqLens,
         dy: &GpuTensor,
     ) -> Result<()> {
         let x1 = &self.attention_block.y;
         self.feed_forward_block
-            .backward(ctx, encoder, p, x1, dy, |e, h, d_out, d_in, r| {
-                self.feed_forward.backward(ctx, e, p, h, d_out, d_in, r)
+            .backward(rec, x1, dy, |rec, h, grad| {
+                self.feed_forward.backward(rec, h, grad)
             })?;
         let d_x1 = &self.feed_forward_block.dx;
-        self.attention_block
-            .backward(ctx, encoder, p, x, d_x1, |e, h, d_out, d_in, r| {
-                self.attention
-                    .backward(ctx, e, p, h, None, lens, d_out, d_in, None, r)
-            })
+        self.attention_block.backward(rec, x, d_x1, |rec, h, grad| {
+            self.attention.backward(rec, h, None, lens, grad, None)
+        })
     }
 }
 

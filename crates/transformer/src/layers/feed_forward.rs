@@ -7,6 +7,7 @@
 
 use crate::layers::linear::Linear;
 use crate::layers::params::Params;
+use crate::layers::{InputGrad, Recording};
 use wgpu_attention::device::Context;
 use wgpu_attention::error::Result;
 use wgpu_attention::kernels::elementwise::{
@@ -57,15 +58,13 @@ pub struct FeedForward {
 }
 
 impl FeedForward {
-    /// Adds `{name}.in.*` and `{name}.out.*` (biases if `bias`) and allocates the hidden buffers for
-    /// `rows = [batch, seq]`.
-    #[allow(clippy::too_many_arguments)]
+    /// Adds `{name}.in.*` and `{name}.out.*` (biases if `bias`) for widths `[d_model, d_ff]` and
+    /// allocates the hidden buffers for `rows = [batch, seq]`.
     pub fn new(
         ctx: &Context,
         params: &mut Params,
         name: &str,
-        d_model: usize,
-        d_ff: usize,
+        [d_model, d_ff]: [usize; 2],
         rows: [usize; 2],
         config: FeedForwardConfig,
         bias: bool,
@@ -90,53 +89,46 @@ impl FeedForward {
     /// `y = FF(x) + residual`.
     pub fn forward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         y: &GpuTensor,
         residual: Option<&GpuTensor>,
     ) -> Result<()> {
+        let ctx = rec.ctx;
         let kind = self.config.activation;
         if self.config.gated {
-            self.input.forward(ctx, encoder, p, x, &self.hidden)?;
-            gated_activation_forward_into(ctx, encoder, kind, &self.hidden, &self.act)?;
+            self.input.forward(rec, x, &self.hidden)?;
+            gated_activation_forward_into(ctx, rec.encoder, kind, &self.hidden, &self.act)?;
         } else {
             let act = Epilogue {
                 activation: Some((kind, &self.hidden)),
                 residual: None,
             };
-            self.input
-                .forward_epilogue(ctx, encoder, p, x, act, &self.act)?;
+            self.input.forward_epilogue(rec, x, act, &self.act)?;
         }
         let add = Epilogue {
             activation: None,
             residual,
         };
-        self.output
-            .forward_epilogue(ctx, encoder, p, &self.act, add, y)
+        self.output.forward_epilogue(rec, &self.act, add, y)
     }
 
-    /// `dx = dFF(dy) + residual` and the parameter gradients.
-    #[allow(clippy::too_many_arguments)]
+    /// `dx = dFF(dy) + residual` ([`InputGrad`]) and the parameter gradients.
     pub fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
-        dy: &GpuTensor,
-        dx: &GpuTensor,
-        residual: Option<&GpuTensor>,
+        grad: InputGrad<'_>,
     ) -> Result<()> {
+        let InputGrad { dy, dx, residual } = grad;
+        let ctx = rec.ctx;
         let kind = self.config.activation;
         match &self.d_act {
             Some(d_act) => {
-                self.output
-                    .backward(ctx, encoder, p, &self.act, dy, d_act)?;
+                self.output.backward(rec, &self.act, dy, d_act)?;
                 gated_activation_backward_into(
                     ctx,
-                    encoder,
+                    rec.encoder,
                     kind,
                     &self.hidden,
                     d_act,
@@ -148,15 +140,8 @@ impl FeedForward {
                     activation: Some((kind, &self.hidden)),
                     residual: None,
                 };
-                self.output.backward_epilogue(
-                    ctx,
-                    encoder,
-                    p,
-                    &self.act,
-                    dy,
-                    &self.d_hidden,
-                    act_grad,
-                )?;
+                self.output
+                    .backward_epilogue(rec, &self.act, dy, &self.d_hidden, act_grad)?;
             }
         }
         let add = Epilogue {
@@ -164,6 +149,6 @@ impl FeedForward {
             residual,
         };
         self.input
-            .backward_epilogue(ctx, encoder, p, x, &self.d_hidden, dx, add)
+            .backward_epilogue(rec, x, &self.d_hidden, dx, add)
     }
 }

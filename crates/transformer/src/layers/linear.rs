@@ -4,6 +4,7 @@
 //! embedding).
 
 use crate::layers::params::{Init, ParamId, Params};
+use crate::layers::Recording;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::Result;
 use wgpu_attention::kernels::linear::{
@@ -74,62 +75,50 @@ impl Linear {
     }
 
     /// Records `y = x W^T + b`.
-    pub fn forward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        x: &GpuTensor,
-        y: &GpuTensor,
-    ) -> Result<()> {
-        self.forward_epilogue(ctx, encoder, p, x, Epilogue::default(), y)
+    pub fn forward(&self, rec: &mut Recording<'_>, x: &GpuTensor, y: &GpuTensor) -> Result<()> {
+        self.forward_epilogue(rec, x, Epilogue::default(), y)
     }
 
     /// `y = act(x W^T + b) + residual` in one GEMM (see [`Epilogue`]).
     pub fn forward_epilogue(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         epilogue: Epilogue<'_>,
         y: &GpuTensor,
     ) -> Result<()> {
+        let Recording { ctx, params: p, .. } = *rec;
         let (w, b) = (p.value(self.weight), self.bias.map(|b| p.value(b)));
-        linear_forward_epilogue_into(ctx, encoder, x, w, b, epilogue, y)
+        linear_forward_epilogue_into(ctx, rec.encoder, x, w, b, epilogue, y)
     }
 
     /// Writes `dx` and the weight and bias gradients.
     pub fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         dy: &GpuTensor,
         dx: &GpuTensor,
     ) -> Result<()> {
-        self.backward_epilogue(ctx, encoder, p, x, dy, dx, Epilogue::default())
+        self.backward_epilogue(rec, x, dy, dx, Epilogue::default())
     }
 
     /// [`Linear::backward`] with `dx = (dy W) * act'(pre) + residual` (see [`Epilogue`]).
-    #[allow(clippy::too_many_arguments)]
     pub fn backward_epilogue(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         dy: &GpuTensor,
         dx: &GpuTensor,
         dx_epilogue: Epilogue<'_>,
     ) -> Result<()> {
+        let Recording { ctx, params: p, .. } = *rec;
         let grads = LinearGrads {
             dx: dx.clone(),
             d_weight: p.grad(self.weight).clone(),
             d_bias: self.bias.map(|b| p.grad(b).clone()),
         };
         let w = p.value(self.weight);
-        linear_backward_epilogue_into(ctx, encoder, x, w, dy, &grads, dx_epilogue)
+        linear_backward_epilogue_into(ctx, rec.encoder, x, w, dy, &grads, dx_epilogue)
     }
 }

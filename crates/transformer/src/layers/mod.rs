@@ -13,3 +13,47 @@ pub mod params;
 pub mod residual;
 pub mod scores;
 pub mod stack;
+
+use params::Params;
+use wgpu_attention::device::Context;
+use wgpu_attention::tensor::GpuTensor;
+
+/// What a layer's forward and backward record into: the engine's context, the command encoder
+/// (a whole pass goes into one submission) and the parameters the layer reads and whose gradients
+/// it writes.
+pub struct Recording<'a> {
+    /// The device, its pipelines and buffers.
+    pub ctx: &'a Context,
+    /// Where the layer's passes are recorded.
+    pub encoder: &'a mut wgpu::CommandEncoder,
+    /// The parameter values and gradients.
+    pub params: &'a Params,
+}
+
+impl<'a> Recording<'a> {
+    /// Records into `encoder` on `ctx`, with the parameters `params`.
+    pub fn new(
+        ctx: &'a Context,
+        encoder: &'a mut wgpu::CommandEncoder,
+        params: &'a Params,
+    ) -> Self {
+        Self {
+            ctx,
+            encoder,
+            params,
+        }
+    }
+}
+
+/// A sublayer backward's gradients at its edges: `dx = dF(dy) + residual`, with the output gradient
+/// `dy`, the input gradient `dx` it writes, and what is added to it (the residual stream's
+/// gradient, summed in the input-gradient GEMM instead of a pass of its own).
+#[derive(Clone, Copy, Debug)]
+pub struct InputGrad<'a> {
+    /// The gradient at the sublayer's output.
+    pub dy: &'a GpuTensor,
+    /// Where the gradient at its input goes.
+    pub dx: &'a GpuTensor,
+    /// Added to `dx`; `None`: nothing.
+    pub residual: Option<&'a GpuTensor>,
+}

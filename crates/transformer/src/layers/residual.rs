@@ -11,6 +11,7 @@
 //! sublayer's GEMMs and of the LayerNorm backward, not in passes of their own.
 
 use crate::layers::params::{Init, ParamId, Params};
+use crate::layers::{InputGrad, Recording};
 use wgpu_attention::device::Context;
 use wgpu_attention::error::Result;
 use wgpu_attention::kernels::layer_norm::{
@@ -83,49 +84,53 @@ impl LayerNorm {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
     /// Records `y = LN(x)`, keeping the row statistics in `stats`.
     pub fn forward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         y: &GpuTensor,
         stats: &GpuTensor,
     ) -> Result<()> {
+        let Recording { ctx, params: p, .. } = *rec;
         let g = p.value(self.gamma);
         match self.beta {
             Some(b) => {
-                layer_norm_forward_into(ctx, encoder, x, [g, p.value(b)], self.eps, [y, stats])
+                layer_norm_forward_into(ctx, rec.encoder, x, [g, p.value(b)], self.eps, [y, stats])
             }
-            None => rms_norm_forward_into(ctx, encoder, x, g, self.eps, [y, stats]),
+            None => rms_norm_forward_into(ctx, rec.encoder, x, g, self.eps, [y, stats]),
         }
     }
 
     /// `dx = LN'(dy) + residual` and the parameter gradients.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         stats: &GpuTensor,
         dy: &GpuTensor,
         residual: Option<&GpuTensor>,
         dx: &GpuTensor,
     ) -> Result<()> {
+        let Recording { ctx, params: p, .. } = *rec;
         let gamma = p.value(self.gamma);
         let d_gamma = p.grad(self.gamma);
         match self.beta {
             Some(b) => {
                 let grads = [dx, d_gamma, p.grad(b)];
-                layer_norm_backward_add_into(ctx, encoder, x, gamma, stats, (dy, residual), grads)
+                layer_norm_backward_add_into(
+                    ctx,
+                    rec.encoder,
+                    x,
+                    gamma,
+                    stats,
+                    (dy, residual),
+                    grads,
+                )
             }
             None => {
                 let grads = [dx, d_gamma];
-                rms_norm_backward_add_into(ctx, encoder, x, gamma, stats, (dy, residual), grads)
+                rms_norm_backward_add_into(ctx, rec.encoder, x, gamma, stats, (dy, residual), grads)
             }
         }
     }
@@ -173,76 +178,52 @@ impl Residual {
         })
     }
 
-    /// Records the block for input `x`; `sublayer(encoder, input, output, residual)` records
+    /// Records the block for input `x`; `sublayer(rec, input, output, residual)` records
     /// `output = F(input) + residual` (the residual sum in `F`'s last GEMM, not a pass of its own).
     pub fn forward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
-        sublayer: impl FnOnce(
-            &mut wgpu::CommandEncoder,
-            &GpuTensor,
-            &GpuTensor,
-            &GpuTensor,
-        ) -> Result<()>,
+        sublayer: impl FnOnce(&mut Recording<'_>, &GpuTensor, &GpuTensor, &GpuTensor) -> Result<()>,
     ) -> Result<()> {
         if self.pre_ln {
-            self.norm
-                .forward(ctx, encoder, p, x, &self.mid, &self.stats)?;
-            sublayer(encoder, &self.mid, &self.y, x)
+            self.norm.forward(rec, x, &self.mid, &self.stats)?;
+            sublayer(rec, &self.mid, &self.y, x)
         } else {
-            sublayer(encoder, x, &self.mid, x)?;
-            self.norm
-                .forward(ctx, encoder, p, &self.mid, &self.y, &self.stats)
+            sublayer(rec, x, &self.mid, x)?;
+            self.norm.forward(rec, &self.mid, &self.y, &self.stats)
         }
     }
 
     /// Records the backward for upstream `dy` into [`Residual::dx`];
-    /// `sublayer_backward(encoder, input, d_output, d_input, residual)` records
-    /// `d_input = dF(d_output) + residual` (`residual` `None`: nothing added).
+    /// `sublayer_backward(rec, input, grad)` records the sublayer's [`InputGrad`].
     pub fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         dy: &GpuTensor,
-        sublayer_backward: impl FnOnce(
-            &mut wgpu::CommandEncoder,
-            &GpuTensor,
-            &GpuTensor,
-            &GpuTensor,
-            Option<&GpuTensor>,
-        ) -> Result<()>,
+        sublayer_backward: impl FnOnce(&mut Recording<'_>, &GpuTensor, InputGrad<'_>) -> Result<()>,
     ) -> Result<()> {
         if self.pre_ln {
             // dx = dy + LN'(dF(dy)): the sum in the LayerNorm backward.
-            sublayer_backward(encoder, &self.mid, dy, &self.d_mid, None)?;
-            self.norm.backward(
-                ctx,
-                encoder,
-                p,
-                x,
-                &self.stats,
-                &self.d_mid,
-                Some(dy),
-                &self.dx,
-            )
+            let grad = InputGrad {
+                dy,
+                dx: &self.d_mid,
+                residual: None,
+            };
+            sublayer_backward(rec, &self.mid, grad)?;
+            self.norm
+                .backward(rec, x, &self.stats, &self.d_mid, Some(dy), &self.dx)
         } else {
             // dx = ds + dF(ds), ds = LN'(dy): the sum in the sublayer's input-gradient GEMM.
-            self.norm.backward(
-                ctx,
-                encoder,
-                p,
-                &self.mid,
-                &self.stats,
-                dy,
-                None,
-                &self.d_mid,
-            )?;
-            sublayer_backward(encoder, x, &self.d_mid, &self.dx, Some(&self.d_mid))
+            self.norm
+                .backward(rec, &self.mid, &self.stats, dy, None, &self.d_mid)?;
+            let grad = InputGrad {
+                dy: &self.d_mid,
+                dx: &self.dx,
+                residual: Some(&self.d_mid),
+            };
+            sublayer_backward(rec, x, grad)
         }
     }
 }

@@ -6,6 +6,7 @@ use crate::layers::feed_forward::FeedForwardConfig;
 use crate::layers::params::Params;
 use crate::layers::residual::{LayerNorm, NormConfig};
 use crate::layers::scores::ScoreOptions;
+use crate::layers::Recording;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::Result;
 use wgpu_attention::tensor::GpuTensor;
@@ -81,9 +82,7 @@ pub trait StackLayer {
     /// Records the layer's forward from `x` into its own output buffer.
     fn forward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         inputs: Self::Inputs<'_>,
     ) -> Result<()>;
@@ -91,9 +90,7 @@ pub trait StackLayer {
     /// Backward for `dy` at [`StackLayer::output`], after a forward from the same `x`.
     fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         inputs: Self::Inputs<'_>,
         dy: &GpuTensor,
@@ -156,32 +153,26 @@ impl<L: StackLayer> Stack<L> {
     /// Records every layer's forward from `x`, then the final LayerNorm (pre-LN).
     pub fn forward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         inputs: L::Inputs<'_>,
     ) -> Result<()> {
-        self.forward_each(ctx, encoder, p, x, |e, _, layer, h| {
-            layer.forward(ctx, e, p, h, inputs)
-        })
+        self.forward_each(rec, x, |rec, _, layer, h| layer.forward(rec, h, inputs))
     }
 
     /// A forward in which `layer(i, layer, x)` runs layer `i` on its input (the decoding path, where
     /// each layer also reads its own cache), then the final LayerNorm.
     pub fn forward_each(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
-        mut layer: impl FnMut(&mut wgpu::CommandEncoder, usize, &L, &GpuTensor) -> Result<()>,
+        mut layer: impl FnMut(&mut Recording<'_>, usize, &L, &GpuTensor) -> Result<()>,
     ) -> Result<()> {
         for (i, l) in self.layers.iter().enumerate() {
-            layer(encoder, i, l, self.layer_input(i, x))?;
+            layer(rec, i, l, self.layer_input(i, x))?;
         }
         if let Some(n) = &self.final_norm {
-            n.forward(ctx, encoder, p, self.layer_input(self.layers.len(), x))?;
+            n.forward(rec, self.layer_input(self.layers.len(), x))?;
         }
         Ok(())
     }
@@ -189,20 +180,18 @@ impl<L: StackLayer> Stack<L> {
     /// Backward for the gradient `dy` at [`Stack::output`], layers in reverse order.
     pub fn backward(
         &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
+        rec: &mut Recording<'_>,
         x: &GpuTensor,
         inputs: L::Inputs<'_>,
         dy: &GpuTensor,
     ) -> Result<()> {
         let mut d = dy;
         if let Some(n) = &self.final_norm {
-            n.backward(ctx, encoder, p, self.layer_input(self.layers.len(), x), d)?;
+            n.backward(rec, self.layer_input(self.layers.len(), x), d)?;
             d = &n.dx;
         }
         for (i, layer) in self.layers.iter().enumerate().rev() {
-            layer.backward(ctx, encoder, p, self.layer_input(i, x), inputs, d)?;
+            layer.backward(rec, self.layer_input(i, x), inputs, d)?;
             d = layer.d_input();
         }
         Ok(())
@@ -234,25 +223,11 @@ impl FinalNorm {
         })
     }
 
-    fn forward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        x: &GpuTensor,
-    ) -> Result<()> {
-        self.norm.forward(ctx, encoder, p, x, &self.y, &self.stats)
+    fn forward(&self, rec: &mut Recording<'_>, x: &GpuTensor) -> Result<()> {
+        self.norm.forward(rec, x, &self.y, &self.stats)
     }
 
-    fn backward(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        p: &Params,
-        x: &GpuTensor,
-        dy: &GpuTensor,
-    ) -> Result<()> {
-        self.norm
-            .backward(ctx, encoder, p, x, &self.stats, dy, None, &self.dx)
+    fn backward(&self, rec: &mut Recording<'_>, x: &GpuTensor, dy: &GpuTensor) -> Result<()> {
+        self.norm.backward(rec, x, &self.stats, dy, None, &self.dx)
     }
 }

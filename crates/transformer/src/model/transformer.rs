@@ -21,6 +21,7 @@ use crate::layers::params::Params;
 use crate::layers::residual::{NormConfig, LN_EPS};
 use crate::layers::scores::ScoreOptions;
 use crate::layers::stack::StackConfig;
+use crate::layers::Recording;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
 use wgpu_attention::kernels::attention::RelativeBuckets;
@@ -269,16 +270,15 @@ impl TransformerConfig {
         positions: usize,
     ) -> Result<Embedding> {
         let kind = self.position_kind();
+        let table = [self.vocab, self.d_model];
         Embedding::new(
             ctx,
             params,
             name,
-            self.vocab,
-            self.d_model,
+            table,
             self.pad_id,
-            kind,
+            (kind, positions),
             rows,
-            positions,
         )
     }
 
@@ -819,25 +819,23 @@ impl Transformer {
     }
 
     fn record_forward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
-        let p = &self.params;
+        let rec = &mut Recording::new(ctx, encoder, &self.params);
         if let (Some(source), Some(enc)) = (&self.source, &self.encoder) {
-            source.forward(ctx, encoder, p)?;
-            enc.forward(ctx, encoder, p, &source.x, &self.encoder_lens)?;
+            source.forward(rec)?;
+            enc.forward(rec, &source.x, &self.encoder_lens)?;
         }
         match self.packed {
-            Some(_) => self
-                .target
-                .forward_packed(ctx, encoder, p, &self.decoder_lens)?,
-            None => self.target.forward(ctx, encoder, p)?,
+            Some(_) => self.target.forward_packed(rec, &self.decoder_lens)?,
+            None => self.target.forward(rec)?,
         }
         self.decoder
-            .forward(ctx, encoder, p, &self.target.x, self.decoder_inputs())?;
+            .forward(rec, &self.target.x, self.decoder_inputs())?;
         let h = self.flat_rows(self.decoder.output(&self.target.x))?;
-        self.output.forward(ctx, encoder, p, &h, &self.logits)?;
+        self.output.forward(rec, &h, &self.logits)?;
         let ignore = Some(self.config.pad_id);
         cross_entropy_forward_into(
             ctx,
-            encoder,
+            rec.encoder,
             &self.logits,
             &self.targets,
             ignore,
@@ -854,11 +852,11 @@ impl Transformer {
     }
 
     fn record_backward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
-        let p = &self.params;
+        let rec = &mut Recording::new(ctx, encoder, &self.params);
         let ignore = Some(self.config.pad_id);
         cross_entropy_backward_into(
             ctx,
-            encoder,
+            rec.encoder,
             &self.logits,
             &self.targets,
             ignore,
@@ -868,34 +866,25 @@ impl Transformer {
         let dec_out = self.decoder.output(&self.target.x);
         let d_dec_out = &self.d_decoder_out;
         self.output.backward(
-            ctx,
-            encoder,
-            p,
+            rec,
             &self.flat_rows(dec_out)?,
             &self.d_logits,
             &self.flat_rows(d_dec_out)?,
         )?;
-        self.decoder.backward(
-            ctx,
-            encoder,
-            p,
-            &self.target.x,
-            self.decoder_inputs(),
-            d_dec_out,
-        )?;
+        self.decoder
+            .backward(rec, &self.target.x, self.decoder_inputs(), d_dec_out)?;
         let d_target = self.decoder.d_input(d_dec_out);
         match self.packed {
-            Some(_) => {
-                self.target
-                    .backward_packed(ctx, encoder, p, d_target, &self.decoder_lens)?
-            }
-            None => self.target.backward(ctx, encoder, p, d_target)?,
+            Some(_) => self
+                .target
+                .backward_packed(rec, d_target, &self.decoder_lens)?,
+            None => self.target.backward(rec, d_target)?,
         }
         if let (Some(source), Some(enc), Some(d_memory)) =
             (&self.source, &self.encoder, self.decoder.d_memory())
         {
-            enc.backward(ctx, encoder, p, &source.x, &self.encoder_lens, d_memory)?;
-            source.backward(ctx, encoder, p, enc.d_input(d_memory))?;
+            enc.backward(rec, &source.x, &self.encoder_lens, d_memory)?;
+            source.backward(rec, enc.d_input(d_memory))?;
         }
         Ok(())
     }

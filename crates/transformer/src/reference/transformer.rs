@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::model::transformer::{Batch, BatchShape, TransformerConfig};
-use wgpu_attention::reference::additive::{additive_backward, additive_forward};
+use wgpu_attention::reference::additive::{additive_backward, additive_forward, ScoreParams};
 use wgpu_attention::reference::attention::{
     attention_backward, attention_forward, Masks, RelativeConfig,
 };
@@ -22,7 +22,7 @@ use wgpu_attention::reference::layer_norm::{
     layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward,
 };
 use wgpu_attention::reference::linear::{linear_backward, linear_forward};
-use wgpu_attention::reference::rope::{rope_scaled, RopeLayout};
+use wgpu_attention::reference::rope::{rope_scaled, RopeLayout, Rotation};
 use wgpu_attention::spec::{AttentionShape, Norm};
 
 /// Parameters by name (as in `Params::names`).
@@ -333,7 +333,15 @@ impl<'a> Model<'a> {
                             head_dim_qk: da,
                             ..shape
                         };
-                        additive_forward(&shape, &q, &k, &v, w, bias, &additive_masks(masks)).0
+                        additive_forward(
+                            &shape,
+                            &q,
+                            &k,
+                            &v,
+                            ScoreParams { w, bias },
+                            &additive_masks(masks),
+                        )
+                        .0
                     }
                     _ => attention_forward(&shape, &q, &k, &v, &masks).0,
                 };
@@ -374,9 +382,24 @@ impl<'a> Model<'a> {
                 let masks = additive_masks(self.masks(name, rows, rows, *causal, true));
                 let (w, bias) = self.additive_params(name);
                 let (w, bias) = (w.to_vec(), bias.to_vec());
-                let (out, _) = additive_forward(&shape, &a, &b, &v, &w, &bias, &masks);
+                let (out, _) = additive_forward(
+                    &shape,
+                    &a,
+                    &b,
+                    &v,
+                    ScoreParams { w: &w, bias: &bias },
+                    &masks,
+                );
                 let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
-                let g = additive_backward(&shape, &a, &b, &v, &w, &bias, &d_out, &masks);
+                let g = additive_backward(
+                    &shape,
+                    &a,
+                    &b,
+                    &v,
+                    ScoreParams { w: &w, bias: &bias },
+                    &d_out,
+                    &masks,
+                );
                 self.acc(&format!("{name}.additive_w"), g.dw);
                 self.acc(&format!("{name}.additive_bias"), g.dbias);
                 let d_qkv = concat_widths(&[&g.da, &g.db, &g.dv], &self.qkv_widths());
@@ -418,10 +441,10 @@ impl<'a> Model<'a> {
         }
     }
 
+    /// One residual block: its LayerNorm `ln` around the sublayer `sub`.
     fn block_forward(
         &self,
-        ln: &str,
-        sub: &Sub,
+        (ln, sub): (&str, &Sub),
         x: &[f64],
         rows: Rows,
         memory: &[f64],
@@ -437,11 +460,9 @@ impl<'a> Model<'a> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn block_backward(
         &mut self,
-        ln: &str,
-        sub: &Sub,
+        (ln, sub): (&str, &Sub),
         x: &[f64],
         rows: Rows,
         memory: &[f64],
@@ -517,7 +538,7 @@ impl<'a> Model<'a> {
         let mut inputs = Vec::new();
         let mut h = x.to_vec();
         for (ln, sub) in self.blocks(encoder) {
-            let y = self.block_forward(&ln, &sub, &h, rows, memory, mem);
+            let y = self.block_forward((&ln, &sub), &h, rows, memory, mem);
             inputs.push(std::mem::replace(&mut h, y));
         }
         let out = if self.c.pre_ln {
@@ -547,7 +568,7 @@ impl<'a> Model<'a> {
         }
         let mut d_memory = vec![0.0; memory.len()];
         for (i, (ln, sub)) in self.blocks(encoder).iter().enumerate().rev() {
-            let (dx, d_mem) = self.block_backward(ln, sub, &inputs[i], rows, memory, mem, &d);
+            let (dx, d_mem) = self.block_backward((ln, sub), &inputs[i], rows, memory, mem, &d);
             if let Some(dm) = d_mem {
                 d_memory = add(&d_memory, &dm);
             }
@@ -573,16 +594,13 @@ impl<'a> Model<'a> {
         };
         let hd = self.d() / self.c.heads;
         let heads = x.len() / (self.s.batch * len * hd);
-        rope_scaled(
-            x,
-            [self.s.batch, len, heads, hd],
-            base.into(),
-            hd,
-            RopeLayout::Half,
-            self.c.rope_scaling,
-            0,
-            sign,
-        )
+        let rotation = Rotation {
+            base: base.into(),
+            rotary_dim: hd,
+            layout: RopeLayout::Half,
+            scaling: self.c.rope_scaling,
+        };
+        rope_scaled(x, [self.s.batch, len, heads, hd], rotation, 0, sign)
     }
 
     fn positions(&self, name: &str, len: usize) -> Vec<f64> {

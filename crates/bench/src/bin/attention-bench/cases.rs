@@ -121,19 +121,48 @@ pub(crate) struct Inputs {
     pub(crate) sinks: Option<(GpuTensor, Vec<f32>, GpuTensor)>,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// How every case is measured: the timer, the timed runs per case, and the largest problem (in
+/// multiply-adds) validated against the reference.
+#[derive(Clone, Copy)]
+pub(crate) struct Measurement<'a> {
+    pub(crate) timer: &'a Timer,
+    pub(crate) reps: usize,
+    pub(crate) validate_limit: u64,
+}
+
+/// Which cases run for each problem: paths, fused kernel families and passes.
+#[derive(Clone, Copy)]
+pub(crate) struct Selection<'a> {
+    pub(crate) paths: &'a [PathKind],
+    pub(crate) families: &'a [KernelFamily],
+    pub(crate) passes: &'a [Pass],
+}
+
+/// A problem ready to run: its shape, inputs and options, and the reference results where it is
+/// validated.
+struct Prepared<'a> {
+    shape: &'a AttentionShape,
+    inputs: &'a Inputs,
+    opts: &'a AttentionOptions<'a>,
+    reference_forward: Option<&'a (Vec<f64>, Vec<f64>)>,
+    reference_backward: Option<&'a reference::Grads>,
+}
+
+/// Every case `selection` asks for of problem `p`, the layer case too when `with_layer`.
 pub(crate) fn run_problem(
     ctx: &mut Context,
-    timer: &Timer,
-    reps: usize,
-    validate_limit: u64,
-    with_layer: bool,
+    m: Measurement<'_>,
     p: &Problem,
-    paths: &[PathKind],
-    families: &[KernelFamily],
-    passes: &[Pass],
+    selection: Selection<'_>,
+    with_layer: bool,
     progress: &mut Progress,
 ) -> wgpu_attention::Result<Vec<CaseResult>> {
+    let validate_limit = m.validate_limit;
+    let Selection {
+        paths,
+        families,
+        passes,
+    } = selection;
     let n_q = p.batch * p.q_len * p.heads;
     let n_kv = p.batch * p.kv_len * p.kv_heads;
     // f16 cases: the reference sees the f16-rounded inputs the GPU reads.
@@ -313,21 +342,16 @@ pub(crate) fn run_problem(
             let id = format!("{} {} {}", pass.name(), path_label, p.label());
             progress.step(&id);
             let outcome = if layer {
-                run_layer_case(ctx, timer, reps, validate_limit, p)
+                run_layer_case(ctx, m, p)
             } else {
-                run_case(
-                    ctx,
-                    timer,
-                    reps,
-                    p,
-                    &shape,
-                    &inputs,
-                    &opts,
-                    path,
-                    pass,
-                    reference_forward.as_ref(),
-                    reference_backward.as_ref(),
-                )
+                let prepared = Prepared {
+                    shape: &shape,
+                    inputs: &inputs,
+                    opts: &opts,
+                    reference_forward: reference_forward.as_ref(),
+                    reference_backward: reference_backward.as_ref(),
+                };
+                run_case(ctx, m, p, &prepared, (path, pass))
             };
             let outcome = match outcome {
                 Ok(m) => Ok(m),
@@ -362,11 +386,14 @@ pub(crate) fn run_problem(
 /// one submission, validated against the reference layer where affordable.
 pub(crate) fn run_layer_case(
     ctx: &Context,
-    timer: &Timer,
-    reps: usize,
-    validate_limit: u64,
+    m: Measurement<'_>,
     p: &Problem,
 ) -> wgpu_attention::Result<Measured> {
+    let Measurement {
+        timer,
+        reps,
+        validate_limit,
+    } = m;
     let d = p.heads * p.dk;
     let config = TransformerLayerConfig::default()
         .d_model(d)
@@ -428,20 +455,20 @@ pub(crate) fn run_layer_case(
 /// (name, GPU result, reference (empty if not validated), atol, rtol).
 pub(crate) type Check<'a> = (&'static str, Vec<f32>, &'a [f64], f64, f64);
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn run_case(
+fn run_case(
     ctx: &Context,
-    timer: &Timer,
-    reps: usize,
+    Measurement { timer, reps, .. }: Measurement<'_>,
     p: &Problem,
-    shape: &AttentionShape,
-    x: &Inputs,
-    opts: &AttentionOptions<'_>,
-    path: PathKind,
-    pass: Pass,
-    reference_forward: Option<&(Vec<f64>, Vec<f64>)>,
-    reference_backward: Option<&reference::Grads>,
+    prepared: &Prepared<'_>,
+    (path, pass): (PathKind, Pass),
 ) -> wgpu_attention::Result<Measured> {
+    let &Prepared {
+        shape,
+        inputs: x,
+        opts,
+        reference_forward,
+        reference_backward,
+    } = prepared;
     let s = shape;
     let causal = opts.causal;
     // Peak memory counts every tensor the case allocates beyond Q, K, V and dO: outputs, the saved

@@ -25,7 +25,7 @@ use wgpu_attention::bench::fma::fma_peak_gflops;
 use wgpu_attention::bench::{bench_options, Timer};
 use wgpu_attention::{enumerate_adapters, parse_backends, Context, DType, Error, KernelFamily};
 
-use cases::{run_problem, CaseResult, Measured};
+use cases::{run_problem, CaseResult, Measured, Measurement, Selection};
 use cli::{reps, Cli, Mask, Modifier, Pass, PathKind, Suite};
 use compile::compile_only;
 use problem::{problems, Problem};
@@ -161,18 +161,25 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
         done: 0,
         tty: std::io::stderr().is_terminal(),
     };
+    let measurement = Measurement {
+        timer: &timer,
+        reps,
+        validate_limit: cli.validate_limit,
+    };
+    let selection = Selection {
+        paths: &paths,
+        families: &families,
+        passes: &passes,
+    };
     let mut results = Vec::new();
     for problem in problems {
+        let with_layer = layer_at(problem);
         results.extend(run_problem(
             ctx,
-            &timer,
-            reps,
-            cli.validate_limit,
-            layer_at(problem),
+            measurement,
             problem,
-            &paths,
-            &families,
-            &passes,
+            selection,
+            with_layer,
             &mut progress,
         )?);
     }

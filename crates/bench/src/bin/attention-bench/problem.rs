@@ -299,34 +299,21 @@ pub(crate) fn problems(cli: &Cli) -> std::result::Result<Vec<Problem>, String> {
         vec![(batch, heads, kv_heads, dk, dv)]
     };
     for (batch, heads, kv_heads, dk, dv) in shapes {
-        push_problems(
-            &mut out,
-            cli,
-            &lengths,
-            masks.clone(),
-            &dtypes,
-            batch,
-            heads,
-            kv_heads,
-            dk,
-            dv,
-        );
+        let sizes = (batch, heads, kv_heads, dk, dv);
+        push_problems(&mut out, cli, &lengths, masks.clone(), &dtypes, sizes);
     }
     Ok(out)
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn push_problems(
+/// Every problem of `lengths`, `masks` and `dtypes` (and the modifiers and windows `cli` gives) at
+/// `(batch, heads, kv_heads, dk, dv)`.
+fn push_problems(
     out: &mut Vec<Problem>,
     cli: &Cli,
     lengths: &[usize],
     masks: Vec<Mask>,
     dtypes: &[DType],
-    batch: usize,
-    heads: usize,
-    kv_heads: usize,
-    dk: usize,
-    dv: usize,
+    (batch, heads, kv_heads, dk, dv): (usize, usize, usize, usize, usize),
 ) {
     for (i, &q_len) in lengths.iter().enumerate() {
         let kv_len = cli.kv_lengths.as_ref().map_or(q_len, |kv| kv[i]);
