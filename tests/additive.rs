@@ -131,17 +131,11 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
     let s = case.shape();
     let (a64, b64, v64) = (to_f64(&a), to_f64(&b), to_f64(&v));
     let (w64, bias64) = (to_f64(&w), to_f64(&bias));
-    let (ref_out, ref_lse) = reference::additive_forward(
-        &s,
-        &a64,
-        &b64,
-        &v64,
-        reference::ScoreParams {
-            w: &w64,
-            bias: &bias64,
-        },
-        &m,
-    );
+    let scores64 = reference::ScoreParams {
+        w: &w64,
+        bias: &bias64,
+    };
+    let (ref_out, ref_lse) = reference::additive_forward(&s, &a64, &b64, &v64, scores64, &m);
     let what = format!("[{name}] additive {}", case.label());
     assert_close(
         &format!("{what} out"),
@@ -164,17 +158,7 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
     let rows = 1..case.lq;
     let probs =
         additive_probabilities(ctx, &av, &bv, &fwd.lse, scores, &opts, rows.clone()).unwrap();
-    let all = reference::additive_probabilities(
-        &s,
-        &a64,
-        &b64,
-        &v64,
-        reference::ScoreParams {
-            w: &w64,
-            bias: &bias64,
-        },
-        &m,
-    );
+    let all = reference::additive_probabilities(&s, &a64, &b64, &v64, scores64, &m);
     let expected: Vec<f64> = (0..case.b * case.h)
         .flat_map(|bh| {
             rows.clone()
@@ -203,18 +187,8 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<Vec<f32>> {
         &opts,
     )
     .unwrap();
-    let expected = reference::additive_backward(
-        &s,
-        &a64,
-        &b64,
-        &v64,
-        reference::ScoreParams {
-            w: &w64,
-            bias: &bias64,
-        },
-        &to_f64(&d_out),
-        &m,
-    );
+    let expected =
+        reference::additive_backward(&s, &a64, &b64, &v64, scores64, &to_f64(&d_out), &m);
     let mut out = Vec::new();
     for (grad, gpu, reference) in [
         ("da", &grads.da, &expected.da),

@@ -248,17 +248,12 @@ fn additive_attention_skips_what_its_rows_do_not_see() {
             let s = case.shape();
             let (a, b, v) = (to_f64(&a), to_f64(&b), to_f64(&v));
             let (w64, bias64) = (to_f64(&w), to_f64(&bias));
-            let (ref_out, ref_lse) = additive_reference::additive_forward(
-                &s,
-                &a,
-                &b,
-                &v,
-                additive_reference::ScoreParams {
-                    w: &w64,
-                    bias: &bias64,
-                },
-                &masks,
-            );
+            let scores64 = additive_reference::ScoreParams {
+                w: &w64,
+                bias: &bias64,
+            };
+            let (ref_out, ref_lse) =
+                additive_reference::additive_forward(&s, &a, &b, &v, scores64, &masks);
             let out = fwd.out.to_vec(ctx).unwrap();
             check(&format!("{what} out"), &out, &ref_out, Some(nan), 1e-4);
             let lse = fwd.lse.to_vec(ctx).unwrap();
@@ -282,10 +277,7 @@ fn additive_attention_skips_what_its_rows_do_not_see() {
                 &a,
                 &b,
                 &v,
-                additive_reference::ScoreParams {
-                    w: &w64,
-                    bias: &bias64,
-                },
+                scores64,
                 &to_f64(&d_out),
                 &masks,
             );

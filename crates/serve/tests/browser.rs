@@ -232,26 +232,20 @@ async fn additive_attention_matches_the_reference() {
         ..Default::default()
     };
     let shape = case.shape();
-    let (ref_out, _) = additive_reference::additive_forward(
-        &shape,
-        &to_f64(&a),
-        &to_f64(&b),
-        &to_f64(&v),
-        additive_reference::ScoreParams {
-            w: &to_f64(&w),
-            bias: &to_f64(&bias),
-        },
-        &masks,
-    );
+    let (a64, b64, v64) = (to_f64(&a), to_f64(&b), to_f64(&v));
+    let (w64, bias64) = (to_f64(&w), to_f64(&bias));
+    let scores64 = additive_reference::ScoreParams {
+        w: &w64,
+        bias: &bias64,
+    };
+    let (ref_out, _) =
+        additive_reference::additive_forward(&shape, &a64, &b64, &v64, scores64, &masks);
     let g = additive_reference::additive_backward(
         &shape,
-        &to_f64(&a),
-        &to_f64(&b),
-        &to_f64(&v),
-        additive_reference::ScoreParams {
-            w: &to_f64(&w),
-            bias: &to_f64(&bias),
-        },
+        &a64,
+        &b64,
+        &v64,
+        scores64,
         &to_f64(&d_out),
         &masks,
     );

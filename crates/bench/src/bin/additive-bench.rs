@@ -127,35 +127,19 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 f(&uniform_values(h * da, 2, 0.5)),
             );
             let (a64, b64, v64) = (f(&av), f(&bv), f(&vv));
+            let scores64 = reference::ScoreParams {
+                w: &w64,
+                bias: &bias64,
+            };
             let c = match pass {
                 "forward" => {
-                    let (o, _) = reference::additive_forward(
-                        &s,
-                        &a64,
-                        &b64,
-                        &v64,
-                        reference::ScoreParams {
-                            w: &w64,
-                            bias: &bias64,
-                        },
-                        &m,
-                    );
+                    let (o, _) = reference::additive_forward(&s, &a64, &b64, &v64, scores64, &m);
                     compare(gpu, &o, FORWARD_ATOL, FORWARD_RTOL)
                 }
                 _ => {
                     let d_out64 = f(&dov);
-                    let g = reference::additive_backward(
-                        &s,
-                        &a64,
-                        &b64,
-                        &v64,
-                        reference::ScoreParams {
-                            w: &w64,
-                            bias: &bias64,
-                        },
-                        &d_out64,
-                        &m,
-                    );
+                    let g =
+                        reference::additive_backward(&s, &a64, &b64, &v64, scores64, &d_out64, &m);
                     compare(gpu, &g.da, BACKWARD_ATOL, BACKWARD_RTOL)
                 }
             };

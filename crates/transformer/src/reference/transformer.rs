@@ -382,24 +382,10 @@ impl<'a> Model<'a> {
                 let masks = additive_masks(self.masks(name, rows, rows, *causal, true));
                 let (w, bias) = self.additive_params(name);
                 let (w, bias) = (w.to_vec(), bias.to_vec());
-                let (out, _) = additive_forward(
-                    &shape,
-                    &a,
-                    &b,
-                    &v,
-                    ScoreParams { w: &w, bias: &bias },
-                    &masks,
-                );
+                let scores = ScoreParams { w: &w, bias: &bias };
+                let (out, _) = additive_forward(&shape, &a, &b, &v, scores, &masks);
                 let d_out = self.linear_back(&format!("{name}.out"), &out, dy, d);
-                let g = additive_backward(
-                    &shape,
-                    &a,
-                    &b,
-                    &v,
-                    ScoreParams { w: &w, bias: &bias },
-                    &d_out,
-                    &masks,
-                );
+                let g = additive_backward(&shape, &a, &b, &v, scores, &d_out, &masks);
                 self.acc(&format!("{name}.additive_w"), g.dw);
                 self.acc(&format!("{name}.additive_bias"), g.dbias);
                 let d_qkv = concat_widths(&[&g.da, &g.db, &g.dv], &self.qkv_widths());
