@@ -24,13 +24,6 @@ override TQ: u32 = WG / TK;
 override SQ: u32 = BM / TQ;
 override OCK: u32 = (DK4 + TQ - 1u) / TQ;
 override OCV: u32 = (DV4 + TQ - 1u) / TQ;
-// Odd row strides (vec4s): invocations reading different rows of one column hit different banks.
-override KS: u32 = DK4 | 1u;
-override VS: u32 = DV4 | 1u;
-override K_TILE: u32 = BN * KS;
-override V_TILE: u32 = BN * VS;
-override Q_TILE: u32 = BM * KS;
-override DO_TILE: u32 = BM * VS;
 override PT_TILE: u32 = BM * TK;
 
 // The per-invocation arrays' sizes, declared by the pipeline's key (private arrays need constant
@@ -44,11 +37,10 @@ override PT_TILE: u32 = BM * TK;
 @group(0) @binding(7) var<storage, read_write> dk_buf: array<OutElem>;
 @group(0) @binding(8) var<storage, read_write> dv_buf: array<OutElem>;
 
+// The micro-tiles' columns (attention/gpu/tiles.wgsl; K, V, Q and dO staged in
+// attention/gpu/backward_tiles.wgsl).
+const MAX_DOTS: u32 = MAX_SQ;
 
-var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
-var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
-var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
-var<workgroup> do_tile: array<vec4<f32>, DO_TILE>;
 var<workgroup> stat_tile: array<vec2<f32>, BM>;
 // P^T and dS^T of the tile: [query * TK + tk] = the four keys of key group tk.
 var<workgroup> pt_tile: array<vec4<f32>, PT_TILE>;
@@ -72,26 +64,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let tq = lid % TQ;
     let keys = vec4<u32>(col0 + tk * 4u) + vec4<u32>(0u, 1u, 2u, 3u);
 
-    for (var t = lid; t < BN * DK4; t += WG) {
-        let jj = t / DK4;
-        let d4 = t % DK4;
-        let j = col0 + jj;
-        var x = vec4<f32>(0.0);
-        if j < kvlen {
-            x = k_row4(view_index(VIEW_K, b, j, h_kv) + 4u * d4, DK - 4u * d4) * params.scale;
-        }
-        k_tile[jj * KS + d4] = x;
-    }
-    for (var t = lid; t < BN * DV4; t += WG) {
-        let jj = t / DV4;
-        let d4 = t % DV4;
-        let j = col0 + jj;
-        var x = vec4<f32>(0.0);
-        if j < kvlen {
-            x = v_row4(view_index(VIEW_V, b, j, h_kv) + 4u * d4, DV - 4u * d4);
-        }
-        v_tile[jj * VS + d4] = x;
-    }
+    stage_rows(lid, VIEW_K, b, h_kv, col0, kvlen, params.scale);
+    stage_rows(lid, VIEW_V, b, h_kv, col0, kvlen, 1.0);
 
     var dk: array<vec4<f32>, 4u * MAX_OCK>;
     var dv: array<vec4<f32>, 4u * MAX_OCV>;
@@ -117,26 +91,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let h = h_kv * group_size + g;
         for (var m0 = lo; m0 < hi; m0 += BM) {
             workgroupBarrier();
-            for (var t = lid; t < BM * DK4; t += WG) {
-                let ii = t / DK4;
-                let d4 = t % DK4;
-                let i = m0 + ii;
-                var x = vec4<f32>(0.0);
-                if i < hi {
-                    x = q_row4(view_index(VIEW_Q, b, i, h) + 4u * d4, DK - 4u * d4);
-                }
-                q_tile[ii * KS + d4] = x;
-            }
-            for (var t = lid; t < BM * DV4; t += WG) {
-                let ii = t / DV4;
-                let d4 = t % DV4;
-                let i = m0 + ii;
-                var x = vec4<f32>(0.0);
-                if i < hi {
-                    x = do_row4(view_index(VIEW_DO, b, i, h) + 4u * d4, DV - 4u * d4);
-                }
-                do_tile[ii * VS + d4] = x;
-            }
+            stage_rows(lid, VIEW_Q, b, h, m0, hi, 1.0);
+            stage_rows(lid, VIEW_DO, b, h, m0, hi, 1.0);
             for (var t = lid; t < BM; t += WG) {
                 var st = vec2<f32>(0.0);
                 if m0 + t < hi {
@@ -147,34 +103,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             workgroupBarrier();
 
             // S^T and dP^T for four keys by SQ query rows.
-            var st: array<vec4<f32>, MAX_SQ>;
-            var dpt: array<vec4<f32>, MAX_SQ>;
-            for (var c = 0u; c < SQ; c++) {
-                st[c] = vec4<f32>(0.0);
-                dpt[c] = vec4<f32>(0.0);
-            }
-            let k_row = tk * 4u * KS;
-            for (var d4 = 0u; d4 < DK4; d4++) {
-                let k0 = k_tile[k_row + d4];
-                let k1 = k_tile[k_row + KS + d4];
-                let k2 = k_tile[k_row + 2u * KS + d4];
-                let k3 = k_tile[k_row + 3u * KS + d4];
-                for (var c = 0u; c < SQ; c++) {
-                    let qx = q_tile[(tq + TQ * c) * KS + d4];
-                    st[c] += vec4<f32>(dot(k0, qx), dot(k1, qx), dot(k2, qx), dot(k3, qx));
-                }
-            }
-            let v_row = tk * 4u * VS;
-            for (var d4 = 0u; d4 < DV4; d4++) {
-                let v0 = v_tile[v_row + d4];
-                let v1 = v_tile[v_row + VS + d4];
-                let v2 = v_tile[v_row + 2u * VS + d4];
-                let v3 = v_tile[v_row + 3u * VS + d4];
-                for (var c = 0u; c < SQ; c++) {
-                    let ox = do_tile[(tq + TQ * c) * VS + d4];
-                    dpt[c] += vec4<f32>(dot(v0, ox), dot(v1, ox), dot(v2, ox), dot(v3, ox));
-                }
-            }
+            var st = tile_dots(VIEW_K, tk, VIEW_Q, tq, TQ, SQ);
+            var dpt = tile_dots(VIEW_V, tk, VIEW_DO, tq, TQ, SQ);
             for (var c = 0u; c < SQ; c++) {
                 let ii = tq + TQ * c;
                 let i = m0 + ii;

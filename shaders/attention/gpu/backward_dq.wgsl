@@ -25,13 +25,6 @@ override TR: u32 = BM / 4u;
 override TC: u32 = WG / TR;
 override SK: u32 = BN / TC;
 override OC: u32 = (DK4 + TC - 1u) / TC;
-// Odd row strides (vec4s): invocations reading different rows of one column hit different banks.
-override KS: u32 = DK4 | 1u;
-override VS: u32 = DV4 | 1u;
-override Q_TILE: u32 = BM * KS;
-override DO_TILE: u32 = BM * VS;
-override K_TILE: u32 = BN * KS;
-override V_TILE: u32 = BN * VS;
 override DS_TILE: u32 = BN * TR;
 // Buckets of the learned relative table whose gradient this pipeline accumulates (0: none), and the
 // workgroup memory that takes: each row's bucket sums, the tile's d_score (one element without).
@@ -50,10 +43,7 @@ override REL_DS_TILE: u32 = min(REL_BUCKETS, 1u) * (DS_TILE - 1u) + 1u;
 @group(0) @binding(7) var<storage, read_write> dq_buf: array<OutElem>;
 @group(0) @binding(8) var<storage, read_write> rel_rows: array<f32>;
 
-var<workgroup> q_tile: array<vec4<f32>, Q_TILE>;
-var<workgroup> do_tile: array<vec4<f32>, DO_TILE>;
-var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
-var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
+// Q, dO, K and V staged in attention/gpu/backward_tiles.wgsl.
 // dS of the tile: [key * TR + tr] = the four rows of row group tr.
 var<workgroup> ds_tile: array<vec4<f32>, DS_TILE>;
 // Relative buckets: row r's sum for bucket u at r * REL_BUCKETS + u, and the tile's d_score laid out
@@ -61,12 +51,10 @@ var<workgroup> ds_tile: array<vec4<f32>, DS_TILE>;
 var<workgroup> rel_sums: array<f32, REL_SUMS>;
 var<workgroup> rel_ds_tile: array<vec4<f32>, REL_DS_TILE>;
 
-// dS K's operand (attention/gpu/key_products.wgsl): K, staged in k_tile.
-override PRODUCT_D4: u32 = DK4;
-
-fn product_row(jj: u32, d4: u32) -> vec4<f32> {
-    return k_tile[jj * KS + d4];
-}
+// The micro-tiles' columns (attention/gpu/tiles.wgsl), and dS K's operand
+// (attention/gpu/key_products.wgsl).
+const MAX_DOTS: u32 = MAX_SK;
+const PRODUCT_VIEW: u32 = VIEW_K;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -104,26 +92,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
     }
-    for (var t = lid; t < BM * DK4; t += WG) {
-        let ii = t / DK4;
-        let d4 = t % DK4;
-        let i = row0 + ii;
-        var x = vec4<f32>(0.0);
-        if i < qlen {
-            x = q_row4(view_index(VIEW_Q, b, i, h) + 4u * d4, DK - 4u * d4) * params.scale;
-        }
-        q_tile[ii * KS + d4] = x;
-    }
-    for (var t = lid; t < BM * DV4; t += WG) {
-        let ii = t / DV4;
-        let d4 = t % DV4;
-        let i = row0 + ii;
-        var x = vec4<f32>(0.0);
-        if i < qlen {
-            x = do_row4(view_index(VIEW_DO, b, i, h) + 4u * d4, DV - 4u * d4);
-        }
-        do_tile[ii * VS + d4] = x;
-    }
+    stage_rows(lid, VIEW_Q, b, h, row0, qlen, params.scale);
+    stage_rows(lid, VIEW_DO, b, h, row0, qlen, 1.0);
 
     // The dQ accumulator, acc (attention/gpu/key_products.wgsl): row r, dQ columns
     // 4 * (tc + TC * c) .. + 3 at acc[r * MAX_OC + c].
@@ -140,56 +110,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let n_end = min(keys.y, params.chunk_end);
     for (var n0 = max(params.chunk_begin, keys.x); n0 < n_end; n0 += BN) {
         workgroupBarrier();
-        for (var t = lid; t < BN * DK4; t += WG) {
-            let jj = t / DK4;
-            let d4 = t % DK4;
-            let j = n0 + jj;
-            var x = vec4<f32>(0.0);
-            if j < n_end {
-                x = k_row4(view_index(VIEW_K, b, j, h_kv) + 4u * d4, DK - 4u * d4);
-            }
-            k_tile[jj * KS + d4] = x;
-        }
-        for (var t = lid; t < BN * DV4; t += WG) {
-            let jj = t / DV4;
-            let d4 = t % DV4;
-            let j = n0 + jj;
-            var x = vec4<f32>(0.0);
-            if j < n_end {
-                x = v_row4(view_index(VIEW_V, b, j, h_kv) + 4u * d4, DV - 4u * d4);
-            }
-            v_tile[jj * VS + d4] = x;
-        }
+        stage_rows(lid, VIEW_K, b, h_kv, n0, n_end, 1.0);
+        stage_rows(lid, VIEW_V, b, h_kv, n0, n_end, 1.0);
         workgroupBarrier();
 
-        var s: array<vec4<f32>, MAX_SK>;
-        var dp: array<vec4<f32>, MAX_SK>;
-        for (var c = 0u; c < SK; c++) {
-            s[c] = vec4<f32>(0.0);
-            dp[c] = vec4<f32>(0.0);
-        }
-        let q_row = tr * 4u * KS;
-        for (var d4 = 0u; d4 < DK4; d4++) {
-            let q0 = q_tile[q_row + d4];
-            let q1 = q_tile[q_row + KS + d4];
-            let q2 = q_tile[q_row + 2u * KS + d4];
-            let q3 = q_tile[q_row + 3u * KS + d4];
-            for (var c = 0u; c < SK; c++) {
-                let kx = k_tile[(tc + TC * c) * KS + d4];
-                s[c] += vec4<f32>(dot(q0, kx), dot(q1, kx), dot(q2, kx), dot(q3, kx));
-            }
-        }
-        let o_row = tr * 4u * VS;
-        for (var d4 = 0u; d4 < DV4; d4++) {
-            let o0 = do_tile[o_row + d4];
-            let o1 = do_tile[o_row + VS + d4];
-            let o2 = do_tile[o_row + 2u * VS + d4];
-            let o3 = do_tile[o_row + 3u * VS + d4];
-            for (var c = 0u; c < SK; c++) {
-                let vx = v_tile[(tc + TC * c) * VS + d4];
-                dp[c] += vec4<f32>(dot(o0, vx), dot(o1, vx), dot(o2, vx), dot(o3, vx));
-            }
-        }
+        var s = tile_dots(VIEW_Q, tr, VIEW_K, tc, TC, SK);
+        var dp = tile_dots(VIEW_DO, tr, VIEW_V, tc, TC, SK);
         for (var c = 0u; c < SK; c++) {
             let j = n0 + tc + TC * c;
             let x = modify_scores(s[c], rows, vec4<u32>(j), b, h);

@@ -56,12 +56,45 @@ var<workgroup> p_tile: array<vec4<f32>, P_TILE>;
 // Per-invocation partial row maxima (each tile) and row sums (at the end), red[tc * TR + tr].
 var<workgroup> red: array<vec4<f32>, WG>;
 
-// P V's operand (attention/gpu/key_products.wgsl): V, staged in kv_tile.
-override PRODUCT_D4: u32 = DV4;
+// The staged views (attention/gpu/tiles.wgsl): Q in q_tile, K and then V in kv_tile.
+const MAX_DOTS: u32 = MAX_SK;
 
-fn product_row(jj: u32, d4: u32) -> vec4<f32> {
-    return kv_tile[jj * KVS + d4];
+fn staged_stride(view: u32) -> u32 {
+    return select(KVS, QS, view == VIEW_Q);
 }
+
+fn staged_at(view: u32, index: u32) -> vec4<f32> {
+    if view == VIEW_Q {
+        return q_tile[index];
+    }
+    return kv_tile[index];
+}
+
+fn store_staged(view: u32, row: u32, d4: u32, x: vec4<f32>) {
+    let i = row * staged_stride(view) + d4;
+    if view == VIEW_Q {
+        q_tile[i] = x;
+    } else {
+        kv_tile[i] = x;
+    }
+}
+
+fn input_row4(view: u32, index: u32, count: u32) -> vec4<f32> {
+    switch view {
+        case VIEW_Q: {
+            return q_row4(index, count);
+        }
+        case VIEW_K: {
+            return k_row4(index, count);
+        }
+        default: {
+            return v_row4(index, count);
+        }
+    }
+}
+
+// P V's operand (attention/gpu/key_products.wgsl).
+const PRODUCT_VIEW: u32 = VIEW_V;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
@@ -97,16 +130,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         }
     }
 
-    for (var t = lid; t < BM * DK4; t += WG) {
-        let r = t / DK4;
-        let d4 = t % DK4;
-        let i = row0 + r;
-        var x = vec4<f32>(0.0);
-        if i < qlen {
-            x = q_row4(view_index(VIEW_Q, b, i, h) + 4u * d4, DK - 4u * d4) * params.scale;
-        }
-        q_tile[r * QS + d4] = x;
-    }
+    stage_rows(lid, VIEW_Q, b, h, row0, qlen, params.scale);
 
     let tiles = split_key_tiles(shift, row0, BM, BN, split, qlen, kvlen);
     let kv_hi = tiles.kv_hi;
@@ -123,33 +147,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
     for (var tile = tiles.begin; tile < tiles.end; tile++) {
         let n0 = tile * BN;
         workgroupBarrier();
-        for (var t = lid; t < BN * DK4; t += WG) {
-            let jj = t / DK4;
-            let d4 = t % DK4;
-            let j = n0 + jj;
-            var x = vec4<f32>(0.0);
-            if j < kv_hi {
-                x = k_row4(view_index(VIEW_K, b, j, h_kv) + 4u * d4, DK - 4u * d4);
-            }
-            kv_tile[jj * KVS + d4] = x;
-        }
+        stage_rows(lid, VIEW_K, b, h_kv, n0, kv_hi, 1.0);
         workgroupBarrier();
 
-        var s: array<vec4<f32>, MAX_SK>;
-        for (var c = 0u; c < SK; c++) {
-            s[c] = vec4<f32>(0.0);
-        }
-        let q_row = tr * 4u * QS;
-        for (var d4 = 0u; d4 < DK4; d4++) {
-            let q0 = q_tile[q_row + d4];
-            let q1 = q_tile[q_row + QS + d4];
-            let q2 = q_tile[q_row + 2u * QS + d4];
-            let q3 = q_tile[q_row + 3u * QS + d4];
-            for (var c = 0u; c < SK; c++) {
-                let kx = kv_tile[(tc + TC * c) * KVS + d4];
-                s[c] += vec4<f32>(dot(q0, kx), dot(q1, kx), dot(q2, kx), dot(q3, kx));
-            }
-        }
+        var s = tile_dots(VIEW_Q, tr, VIEW_K, tc, TC, SK);
         // Masked scores are NEG_BIG, only ever a max seed; their p is set to 0 explicitly.
         var tile_max = vec4<f32>(NEG_BIG);
         for (var c = 0u; c < SK; c++) {
@@ -180,16 +181,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: Lanes) {
         }
         // Every invocation is past the score loop (row_group_max ends with a barrier), so V may
         // replace K.
-        for (var t = lid; t < BN * DV4; t += WG) {
-            let jj = t / DV4;
-            let d4 = t % DV4;
-            let j = n0 + jj;
-            var x = vec4<f32>(0.0);
-            if j < kv_hi {
-                x = v_row4(view_index(VIEW_V, b, j, h_kv) + 4u * d4, DV - 4u * d4);
-            }
-            kv_tile[jj * KVS + d4] = x;
-        }
+        stage_rows(lid, VIEW_V, b, h_kv, n0, kv_hi, 1.0);
         workgroupBarrier();
 
         for (var jj = 0u; jj < BN; jj++) {

@@ -40,6 +40,8 @@ const CPU_QUADS_WORKGROUP: &str =
 const GPU_FORWARD: &str = include_str!("../../../shaders/attention/gpu/forward.wgsl");
 const GPU_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/gpu/backward_dq.wgsl");
 const GPU_KEY_PRODUCTS: &str = include_str!("../../../shaders/attention/gpu/key_products.wgsl");
+const GPU_TILES: &str = include_str!("../../../shaders/attention/gpu/tiles.wgsl");
+const GPU_BACKWARD_TILES: &str = include_str!("../../../shaders/attention/gpu/backward_tiles.wgsl");
 const GPU_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/gpu/backward_dkdv.wgsl");
 const GPU_ROW_MAX_SUBGROUP: &str =
     include_str!("../../../shaders/attention/gpu/row_max_subgroup.wgsl");
@@ -241,13 +243,30 @@ impl FusedVariant {
                     true => GPU_ROW_MAX_SUBGROUP,
                     false => GPU_ROW_MAX_WORKGROUP,
                 };
-                vec![GPU_FORWARD, GPU_KEY_PRODUCTS, rows, row_max]
+                vec![GPU_FORWARD, GPU_TILES, GPU_KEY_PRODUCTS, rows, row_max]
             }
+            // The backward's tiles go ahead of the kernel: workgroup memory is laid out in
+            // declaration order, and with the tiles after dS ACO's LDS offsets cost dQ at 32-key
+            // tiles 7% more instructions on RDNA (benchmarks/gpu-tiles-2026-11-27).
             (FamilyBuild::Gpu { .. }, FusedKernel::BackwardDq) => {
-                vec![GPU_BACKWARD_DQ, GPU_KEY_PRODUCTS, rows, do_rows]
+                vec![
+                    GPU_BACKWARD_TILES,
+                    GPU_BACKWARD_DQ,
+                    GPU_TILES,
+                    GPU_KEY_PRODUCTS,
+                    rows,
+                    do_rows,
+                ]
             }
             (FamilyBuild::Gpu { .. }, FusedKernel::BackwardDkDv) => {
-                vec![GPU_BACKWARD_DKDV, OUTPUT_PAIR, rows, do_rows]
+                vec![
+                    GPU_BACKWARD_TILES,
+                    GPU_BACKWARD_DKDV,
+                    GPU_TILES,
+                    OUTPUT_PAIR,
+                    rows,
+                    do_rows,
+                ]
             }
             (FamilyBuild::Coop { build, .. }, _) => {
                 debug_assert_eq!(self.kernel, FusedKernel::Forward);
