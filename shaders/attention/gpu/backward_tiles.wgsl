@@ -56,21 +56,11 @@ fn store_staged(view: u32, row: u32, d4: u32, x: vec4<f32>) {
     }
 }
 
-// Q, K and V (attention/input_rows.wgsl or its vec4 build) and dO (attention/do_rows.wgsl or its
-// vec4 build).
+// Q, K and V (qkv_row4, attention/gpu/tiles.wgsl) and dO (attention/do_rows.wgsl or its vec4
+// build).
 fn input_row4(view: u32, index: u32, count: u32) -> vec4<f32> {
-    switch view {
-        case VIEW_Q: {
-            return q_row4(index, count);
-        }
-        case VIEW_K: {
-            return k_row4(index, count);
-        }
-        case VIEW_V: {
-            return v_row4(index, count);
-        }
-        default: {
-            return do_row4(index, count);
-        }
+    if view == VIEW_DO {
+        return do_row4(index, count);
     }
+    return qkv_row4(view, index, count);
 }

@@ -80,17 +80,7 @@ fn store_staged(view: u32, row: u32, d4: u32, x: vec4<f32>) {
 }
 
 fn input_row4(view: u32, index: u32, count: u32) -> vec4<f32> {
-    switch view {
-        case VIEW_Q: {
-            return q_row4(index, count);
-        }
-        case VIEW_K: {
-            return k_row4(index, count);
-        }
-        default: {
-            return v_row4(index, count);
-        }
-    }
+    return qkv_row4(view, index, count);
 }
 
 // P V's operand (attention/gpu/key_products.wgsl).

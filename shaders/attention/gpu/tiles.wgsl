@@ -19,6 +19,22 @@ fn view_d4s(view: u32) -> u32 {
     return select(DV4, DK4, score_side(view));
 }
 
+// Elements index .. index + 3 of Q, K or V (the first `count` of them) from its binding
+// (attention/input_rows.wgsl or its vec4 build): what a kernel's input_row4 reads for those views.
+fn qkv_row4(view: u32, index: u32, count: u32) -> vec4<f32> {
+    switch view {
+        case VIEW_Q: {
+            return q_row4(index, count);
+        }
+        case VIEW_K: {
+            return k_row4(index, count);
+        }
+        default: {
+            return v_row4(index, count);
+        }
+    }
+}
+
 // vec4 d4 of staged row `row` of a view.
 fn staged(view: u32, row: u32, d4: u32) -> vec4<f32> {
     return staged_at(view, row * staged_stride(view) + d4);
