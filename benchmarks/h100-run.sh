@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core flags) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core flags decodeattn tests-decode) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -45,6 +45,39 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     # (--profile), and a training step's split by family.
     step 120 generate $B/generate-bench --page 16 --profile --json $OUT/h100-generate.json
     step 60 transformer $B/transformer-bench --reps 10 --json $OUT/h100-transformer.json ;;
+  decodeattn)
+    # Issue 46: decode attention's K/V read bandwidth against a copy's in the same run (H 32 / Hkv
+    # 8, D 64, one query per sequence, f32 and int8 caches, contexts 2k-16k, batch 1-32); with
+    # generate-bench-base, the kernel before a change, when the bundle carries it, and the decode
+    # shapes (WGPU_ATTENTION_DECODE=KEYSxWORKGROUPS) in $DECODE_SHAPES. Generation itself is cut to
+    # one layer and two tokens.
+    args=(--layers 1 --prompt 8 --new-tokens 2 --batches 1,8,32 --heads 32 --attention-lengths 2048,8192,16384
+      --int8 --prefill-attention 0 --reps 5)
+    for g in generate-bench generate-bench-base; do
+      [ -x $B/$g ] && step 90 decodeattn-$g $B/$g "${args[@]}" --json $OUT/decodeattn-$g.json
+    done
+    for shape in ${DECODE_SHAPES:-}; do
+      WGPU_ATTENTION_DECODE=$shape step 90 decodeattn-$shape $B/generate-bench "${args[@]}" --json $OUT/decodeattn-$shape.json
+    done
+    # The runtime checks' cost ($DECODE_TRUSTED: noloop drops wgpu's loop counters, all every check).
+    for tr in ${DECODE_TRUSTED:-}; do
+      for g in generate-bench generate-bench-base; do
+        [ -x $B/$g ] && WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 90 decodeattn-$g-$tr $B/$g "${args[@]}" \
+          --json $OUT/decodeattn-$g-$tr.json
+      done
+    done ;;
+  decodesteps)
+    # Decoding end to end (decoder-only d_model 512, 8 layers, prompt 512, contiguous and paged
+    # caches, GPU time per kernel) with the decode kernel now and before the change.
+    for g in generate-bench generate-bench-base; do
+      [ -x $B/$g ] && step 90 decodesteps-$g $B/$g --page 16 --profile --attention-lengths 0 \
+        --prefill-attention 0 --json $OUT/decodesteps-$g.json
+    done ;;
+  tests-decode)
+    # Decode attention and generation (contiguous, paged, int8, trees, the server) on the device.
+    for t in attention_decode generation nan; do
+      [ -x $B/test_$t ] && WGPU_ATTENTION_TEST_BACKENDS=vulkan step 90 test-$t $B/test_$t
+    done ;;
   flags)
     # Issue 49's open measurement (benchmarks/uniform-vs-override-2026-11-27): the GPU family with
     # the mask and modifier flags from the uniform (production) and fixed by override constants,

@@ -1,7 +1,7 @@
 //! Decode attention (a few new queries per sequence against a key/value cache) against the f64
 //! reference, on every back end: GQA, sequences of different lengths in one batch, masks and score
 //! modifiers aligned on each sequence's lengths (also cosine scores and key clipping, which transform
-//! the cache), split-KV (forced by a small loop budget), bitwise
+//! the cache), split-KV (forced by a small loop budget), the staged tile's shapes, bitwise
 //! reruns, typed errors.
 
 mod common;
@@ -313,6 +313,34 @@ fn int8_cache_decode_matches_reference() {
     });
 }
 
+/// The staged tile's narrower shapes (chosen on adapters with little workgroup storage, or forced
+/// by `ContextOptions::decode_shape`) and head dims that are no multiple of 4 (the staged rows'
+/// padding), over f32 and int8 caches (int8 rows read in place).
+#[test]
+fn decode_tile_shapes_match_reference() {
+    for keys in [4u32, 16] {
+        let forced = |_: &str, mut options: wgpu_attention::ContextOptions| {
+            options.decode_shape = Some((keys, 8));
+            options
+        };
+        for_each_backend_with_options(forced, |name, ctx| {
+            let case = decode_case(2, 2, 50, 4, 2, 10, 6)
+                .causal()
+                .q_lens(&[1, 2])
+                .kv_lens(&[50, 19]);
+            let plan = wgpu_attention::DecodePlan::new(ctx, &case.shape(), 50, true).unwrap();
+            assert_eq!(plan.tile_keys, keys as usize, "[{name}] {plan:?}");
+            check(ctx, &format!("{name}, {keys}-key tiles"), &case);
+            let case = decode_case(2, 2, 50, 4, 2, 8, 8)
+                .causal()
+                .q_lens(&[1, 2])
+                .kv_lens(&[50, 19]);
+            let err = check_int8(ctx, name, &case);
+            assert!(err < 5e-2, "[{name}] int8 against f32 cache: {err}");
+        });
+    }
+}
+
 /// Tree steps (speculative decoding's drafts): each new row's output equals plain decoding of the
 /// sequence its path spells (the cached keys, then its ancestors' keys in order, itself last), with
 /// positions, and so ALiBi and windows, following depths; padding slots give zero rows.
@@ -452,7 +480,7 @@ fn decode_split_kv_merges_in_a_fixed_order() {
     for_each_backend_with_loop_budget(700, |name, ctx| {
         let case = gqa_case();
         let s = case.shape();
-        let plan = wgpu_attention::DecodePlan::new(ctx, &s, 70).unwrap();
+        let plan = wgpu_attention::DecodePlan::new(ctx, &s, 70, true).unwrap();
         assert!(plan.splits > 1, "[{name}] {plan:?} does not split");
         let first = check(ctx, name, &case);
         let again = check(ctx, name, &case);

@@ -39,6 +39,7 @@ fn the_environment_is_read_only_when_asked() {
         ("WGPU_ATTENTION_PASS_PER_KERNEL", "on"),
         ("WGPU_ATTENTION_SUBGROUPS", "perhaps"),
         ("WGPU_ATTENTION_COOP_FORWARD", "2x32"),
+        ("WGPU_ATTENTION_DECODE", "48x2048"),
         ("WGPU_BACKEND", "not-a-backend"),
     ] {
         std::env::set_var(name, value);
@@ -54,12 +55,20 @@ fn the_environment_is_read_only_when_asked() {
     assert!(asked.unchecked_measurement && asked.pass_per_kernel);
     assert_eq!(asked.subgroups, None);
     assert_eq!(asked.coop_forward_shape, Some((2, 32)));
+    // 48 keys is no power of two: logged and ignored.
+    assert_eq!(asked.decode_shape, None);
     assert_eq!(asked.dump_pipelines.as_deref(), Some(dump.as_path()));
     let warnings = LOGGER.0.lock().unwrap().clone();
     assert!(
         warnings
             .iter()
             .any(|w| w.contains("WGPU_ATTENTION_SUBGROUPS=perhaps")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("WGPU_ATTENTION_DECODE=48x2048")),
         "{warnings:?}"
     );
 

@@ -11,6 +11,9 @@
 // adds them in split order (deterministic). With one split the outputs are O and lse themselves.
 //
 // Per tile of WG keys:
+//   staging: (STAGED) the tile's K and V rows into workgroup memory, consecutive invocations
+//            reading consecutive words of a row, four steps' loads issued together (read in
+//            place, a key's row waits out the memory latency per vec4, a value per key);
 //   scores:  invocation t owns key t of the tile: s[r] = q_r . k for every row r (Q pre-scaled in
 //            workgroup memory), modified (modify_scores) and masked, into s_tile[r][t];
 //   softmax: invocation r < ROWS owns row r: running max m and sum l, rescale alpha; s_tile becomes P;
@@ -21,8 +24,9 @@
 //
 // Int8 caches (INT8): each row of one KV head is D / 4 words of four int8 and its scale as f32 bits
 // (kv_cache_append_int8.wgsl writes them; the view's head_dim is D / 4 + 1 words). Dequantised in
-// registers: a score is the scale times q . unpack(k), a P V term P times the value row's scale
-// (staged per tile) times unpack(v). D is a multiple of 4.
+// registers: staged, each word becomes unpack(word) times the row's scale; read in place, a score
+// is the scale times q . unpack(k), a P V term P times the value row's scale (staged per tile)
+// times unpack(v). D is a multiple of 4.
 //
 // Tree steps (TREE, speculative decoding's drafts): the new rows of a sequence are a tree
 // (SeqLens::with_trees: after the lengths, each row's depth, then its ancestors as a bit mask). Row
@@ -45,6 +49,18 @@ override ITEMS: u32 = ROWS * DV4;
 override LANES: u32 = min(ITEMS, WG);
 override KG: u32 = WG / LANES;
 override OWN: u32 = (ITEMS + WG - 1u) / WG;
+// K and V tiles staged in workgroup memory, or read in place: the host stages f32 caches and
+// reads int8 ones in place, which measured faster on an NVIDIA H200 (a quarter of the bytes: the
+// staging's steps and barrier cost more than they hide; benchmarks/decode-2026-11-28).
+override STAGED: bool = true;
+// Staged key rows are KS vec4 apart: one vec4 of padding, so the invocations of the score step,
+// each reading its own key's row, fall on different banks.
+override KS: u32 = DK4 + 1u;
+// Sizes of the staged tiles (a placeholder when read in place), and of the value scales an int8
+// tile read in place stages.
+override K_TILE: u32 = select(1u, WG * KS, STAGED);
+override V_TILE: u32 = select(1u, WG * DV4, STAGED);
+override V_SCALES: u32 = select(1u, WG, INT8 && !STAGED);
 
 // Rows per cache block (0: a contiguous cache [B, max_len, Hkv, D]), block ids per sequence in the
 // table, and blocks in the pool.
@@ -57,8 +73,6 @@ override PAGE_ROWS: u32 = max(PAGE, 1u);
 override INT8: bool = false;
 // The new rows are draft trees (seq_lens holds their depths and ancestors).
 override TREE: bool = false;
-// Value scales staged per tile: WG with INT8, a placeholder otherwise (no LDS for f32 caches).
-override V_SCALES: u32 = select(1u, WG, INT8);
 
 // Sizes of the per-invocation arrays: MAX_ROWS and MAX_OWN, the pipeline's exact ROWS and OWN,
 // declared by the host.
@@ -81,7 +95,10 @@ var<workgroup> m_tile: array<f32, ROWS>;
 var<workgroup> l_tile: array<f32, ROWS>;
 // Key-phase partial sums of O, red[kg * LANES + lane].
 var<workgroup> red: array<vec4<f32>, WG>;
-// INT8: the scale of each of the tile's value rows.
+// STAGED: the tile's keys and values (f32, int8 rows dequantised), zero past the slice's end.
+var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
+var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
+// INT8 read in place: the scale of each of the tile's value rows.
 var<workgroup> v_scale: array<f32, V_SCALES>;
 
 // The query row and head of flattened row fr of KV head g; q_seq past the last row.
@@ -102,13 +119,21 @@ fn tree_ancestors(b: u32, i: u32) -> u32 {
     return seq_lens[2u * params.batch + (params.batch + b) * params.q_seq + i];
 }
 
+// The cache row of key j of sequence b: j, or in a paged cache its row of the pool.
+fn cache_row(b: u32, j: u32) -> u32 {
+    if PAGE == 0u {
+        return j;
+    }
+    let block = min(block_table[b * TABLE_STRIDE + j / PAGE_ROWS], POOL_BLOCKS - 1u);
+    return block * PAGE_ROWS + j % PAGE_ROWS;
+}
+
 // Element index of key (or value) j of sequence b, KV head g, in the cache.
 fn cache_index(view: u32, b: u32, j: u32, g: u32) -> u32 {
     if PAGE == 0u {
         return view_index(view, b, j, g);
     }
-    let block = min(block_table[b * TABLE_STRIDE + j / PAGE_ROWS], POOL_BLOCKS - 1u);
-    return view_index(view, 0u, block * PAGE_ROWS + j % PAGE_ROWS, g);
+    return view_index(view, 0u, cache_row(b, j), g);
 }
 
 // Elements d..d+3 of a row at element (word) `base`, zero past `dim` (f32 views need not be vec4
@@ -137,6 +162,80 @@ fn load4_v(base: u32, d: u32) -> vec4<f32> {
         }
     }
     return x;
+}
+
+// Scores (or P) of keys jj .. jj + 3 of a row of s_tile, at base + jj.
+fn tile_scores(at: u32) -> vec4<f32> {
+    return vec4<f32>(s_tile[at], s_tile[at + 1u], s_tile[at + 2u], s_tile[at + 3u]);
+}
+
+// Word `index` of the key or the value cache.
+fn cache_word(view: u32, index: u32) -> u32 {
+    if view == VIEW_K {
+        return k_buf[index];
+    }
+    return v_buf[index];
+}
+
+// Vec4 item t of a tile of keys n0 .. n0 + WG - 1 (view K or V, head dim `dim`, d4 vec4 per row):
+// row t / d4, elements 4 (t % d4) .. + 3, zero past `end` and past `dim`, int8 rows dequantised.
+// Branch-free (the indices clamped to a valid key and element), so the loads of a staging step
+// issue together instead of each waiting out the memory latency.
+fn tile_item(view: u32, dim: u32, d4: u32, rows: vec2<u32>, b: u32, n0: u32, end: u32, t: u32) -> vec4<f32> {
+    let key = n0 + t / d4;
+    let c = t % d4;
+    let base = rows.x + cache_row(b, min(key, end - 1u)) * rows.y;
+    var x: vec4<f32>;
+    if INT8 {
+        x = unpack4x8snorm(cache_word(view, base + c)) * bitcast<f32>(cache_word(view, base + d4));
+    } else {
+        // The last element of the row stands in for those past it (dim need not be a multiple of
+        // 4); written out, not a loop, so the four loads issue together.
+        let e = select(min(vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(dim - 1u - 4u * c)), vec4<u32>(0u, 1u, 2u, 3u), dim % 4u == 0u);
+        let at = base + 4u * c + e;
+        x = bitcast<vec4<f32>>(vec4<u32>(cache_word(view, at.x), cache_word(view, at.y), cache_word(view, at.z), cache_word(view, at.w)));
+        x = select(vec4<f32>(0.0), x, 4u * c + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(dim));
+    }
+    return select(vec4<f32>(0.0), x, key < end);
+}
+
+// Stages keys n0 .. n0 + WG - 1 of KV head g (zeros from `end` on) into k_tile and v_tile: items
+// i * WG + lid and (i + 1) * WG + lid of K and of V in step i, their loads issued before their
+// stores (written out: a loop the runtime checks bound is not unrolled; the K and V items of a step
+// share their rows' addressing, which RADV otherwise runs out of scalar registers for). With
+// D = 4 WG, items i * WG + lid are key n0 + i: one coalesced row read.
+fn stage_tile(b: u32, g: u32, n0: u32, end: u32, lid: u32) {
+    // Each view's row 0 of (b, g) (of the pool, paged) and its row stride: key j's row starts at
+    // first + cache_row(b, j) * stride.
+    let cache_b = select(b, 0u, PAGE > 0u);
+    let k_rows = vec2<u32>(view_index(VIEW_K, cache_b, 0u, g), params.views[VIEW_K].stride_s);
+    let v_rows = vec2<u32>(view_index(VIEW_V, cache_b, 0u, g), params.views[VIEW_V].stride_s);
+    let k_last = WG * DK4 - 1u;
+    let v_last = WG * DV4 - 1u;
+    for (var i = 0u; i < max(DK4, DV4); i += 2u) {
+        let t = i * WG + lid;
+        let k0 = tile_item(VIEW_K, DK, DK4, k_rows, b, n0, end, min(t, k_last));
+        let k1 = tile_item(VIEW_K, DK, DK4, k_rows, b, n0, end, min(t + WG, k_last));
+        let v0 = tile_item(VIEW_V, DV, DV4, v_rows, b, n0, end, min(t, v_last));
+        let v1 = tile_item(VIEW_V, DV, DV4, v_rows, b, n0, end, min(t + WG, v_last));
+        if i < DK4 {
+            stage_k(t, k0);
+        }
+        if i + 1u < DK4 {
+            stage_k(t + WG, k1);
+        }
+        if i < DV4 {
+            v_tile[t] = v0;
+        }
+        if i + 1u < DV4 {
+            v_tile[t + WG] = v1;
+        }
+    }
+}
+
+// K item t of the tile into its padded row.
+fn stage_k(t: u32, x: vec4<f32>) {
+    k_tile[(t / DK4) * KS + t % DK4] = x;
 }
 
 @compute @workgroup_size(WG)
@@ -195,28 +294,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var r = 0u; r < ROWS; r++) {
             s[r] = 0.0;
         }
+        // The previous tile's P V has read k_tile, v_tile and s_tile.
         workgroupBarrier();
-        if j < end {
-            let kj = cache_index(VIEW_K, b, j, g);
-            for (var d4 = 0u; d4 < DK4; d4++) {
-                let k4 = load4_k(kj, 4u * d4);
-                for (var r = 0u; r < ROWS; r++) {
-                    s[r] += dot(q_tile[r * DK4 + d4], k4);
+        if STAGED {
+            stage_tile(b, g, n0, end, lid);
+            workgroupBarrier();
+            if j < end {
+                for (var d4 = 0u; d4 < DK4; d4++) {
+                    let k4 = k_tile[lid * KS + d4];
+                    for (var r = 0u; r < ROWS; r++) {
+                        s[r] += dot(q_tile[r * DK4 + d4], k4);
+                    }
+                }
+            }
+        } else {
+            if j < end {
+                let kj = cache_index(VIEW_K, b, j, g);
+                for (var d4 = 0u; d4 < DK4; d4++) {
+                    let k4 = load4_k(kj, 4u * d4);
+                    for (var r = 0u; r < ROWS; r++) {
+                        s[r] += dot(q_tile[r * DK4 + d4], k4);
+                    }
+                }
+                if INT8 {
+                    let k_scale = bitcast<f32>(k_buf[kj + DK4]);
+                    for (var r = 0u; r < ROWS; r++) {
+                        s[r] *= k_scale;
+                    }
                 }
             }
             if INT8 {
-                let k_scale = bitcast<f32>(k_buf[kj + DK4]);
-                for (var r = 0u; r < ROWS; r++) {
-                    s[r] *= k_scale;
+                var scale = 0.0;
+                if j < end {
+                    scale = bitcast<f32>(v_buf[cache_index(VIEW_V, b, j, g) + DV4]);
                 }
+                v_scale[lid] = scale;
             }
-        }
-        if INT8 {
-            var scale = 0.0;
-            if j < end {
-                scale = bitcast<f32>(v_buf[cache_index(VIEW_V, b, j, g) + DV4]);
-            }
-            v_scale[lid] = scale;
         }
         for (var r = 0u; r < ROWS; r++) {
             let fr = row0 + r;
@@ -250,19 +363,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if lid < ROWS {
             let base = lid * WG;
             var tile_max = NEG_BIG;
-            for (var jj = 0u; jj < WG; jj++) {
-                tile_max = max(tile_max, s_tile[base + jj]);
+            // Four keys a step (WG is a multiple of 4), their loads issued together; the same
+            // order of operations as one key a step.
+            for (var jj = 0u; jj < WG; jj += 4u) {
+                let x = tile_scores(base + jj);
+                tile_max = max(max(max(max(tile_max, x.x), x.y), x.z), x.w);
             }
             // Both maxima are finite: alpha is 1 while a row has seen no key, 0 when its first arrives.
             let m_new = max(m, tile_max);
             let alpha = exp(m - m_new);
             var sum = 0.0;
-            for (var jj = 0u; jj < WG; jj++) {
-                let x = s_tile[base + jj];
+            for (var jj = 0u; jj < WG; jj += 4u) {
                 // masked_p for masked keys: the product below skips them.
-                let p = select(masked_p(), exp(x - m_new), not_masked(x));
-                s_tile[base + jj] = p;
-                sum += p;
+                let p = visible_exp(tile_scores(base + jj), vec4<f32>(m_new));
+                s_tile[base + jj] = p.x;
+                s_tile[base + jj + 1u] = p.y;
+                s_tile[base + jj + 2u] = p.z;
+                s_tile[base + jj + 3u] = p.w;
+                sum += p.x;
+                sum += p.y;
+                sum += p.z;
+                sum += p.w;
             }
             l = l * alpha + sum;
             m = m_new;
@@ -270,22 +391,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         workgroupBarrier();
 
-        let keys = min(WG, end - n0);
+        // STAGED: every key of the tile, a fixed count (keys past `end` are masked: P is skipped).
         for (var o = 0u; o < OWN; o++) {
             let item = lane + o * LANES;
             if item < ITEMS && kg < KG {
                 let r = item / DV4;
                 let c = item % DV4;
                 var a = acc[o] * alpha_tile[r];
-                for (var jj = kg; jj < keys; jj += KG) {
-                    let p = s_tile[r * WG + jj];
-                    // A key this row masks is not read (a NaN in its value is not the row's).
-                    if p_visible(vec4<f32>(p)).x {
-                        var w = p;
-                        if INT8 {
-                            w *= v_scale[jj];
+                if STAGED {
+                    // Four keys a step, their loads issued together; keys in ascending order.
+                    for (var step = 0u; step < (WG + KG - 1u) / KG; step += 4u) {
+                        let jj = (step + vec4<u32>(0u, 1u, 2u, 3u)) * KG + kg;
+                        let at = min(jj, vec4<u32>(WG - 1u));
+                        let p = vec4<f32>(s_tile[r * WG + at.x], s_tile[r * WG + at.y], s_tile[r * WG + at.z], s_tile[r * WG + at.w]);
+                        let v0 = v_tile[at.x * DV4 + c];
+                        let v1 = v_tile[at.y * DV4 + c];
+                        let v2 = v_tile[at.z * DV4 + c];
+                        let v3 = v_tile[at.w * DV4 + c];
+                        // A key this row masks is skipped (a NaN in its value is not the row's).
+                        let keep = jj < vec4<u32>(WG) & p_visible(p);
+                        if keep.x {
+                            a += p.x * v0;
                         }
-                        a += w * load4_v(cache_index(VIEW_V, b, n0 + jj, g), 4u * c);
+                        if keep.y {
+                            a += p.y * v1;
+                        }
+                        if keep.z {
+                            a += p.z * v2;
+                        }
+                        if keep.w {
+                            a += p.w * v3;
+                        }
+                    }
+                } else {
+                    for (var jj = kg; jj < min(WG, end - n0); jj += KG) {
+                        let p = s_tile[r * WG + jj];
+                        // A key this row masks is not read (a NaN in its value is not the row's).
+                        if p_visible(vec4<f32>(p)).x {
+                            var w = p;
+                            if INT8 {
+                                w *= v_scale[jj];
+                            }
+                            a += w * load4_v(cache_index(VIEW_V, b, n0 + jj, g), 4u * c);
+                        }
                     }
                 }
                 acc[o] = a;

@@ -72,6 +72,8 @@ pub struct Context {
     /// [`ContextOptions::coop_forward_shape`].
     coop_forward_shape: Option<(u32, u32)>,
     forward_splits: Option<usize>,
+    /// [`ContextOptions::decode_shape`].
+    decode_shape: Option<(u32, u32)>,
     /// Whether this context created its device (and so installed its own error and device-lost
     /// handlers).
     owns_device: bool,
@@ -343,6 +345,7 @@ impl Context {
             tiled_shapes: options.tiled_shapes,
             coop_forward_shape: options.coop_forward_shape,
             forward_splits: options.forward_splits,
+            decode_shape: options.decode_shape,
             owns_device,
             scratch: Mutex::default(),
             lost: Arc::default(),

@@ -62,6 +62,12 @@ pub struct ContextOptions {
     pub coop_forward_shape: Option<(u32, u32)>,
     /// Split-KV workgroups per forward query block of the GPU family. `None`: chosen per problem.
     pub forward_splits: Option<usize>,
+    /// Shape override of decode attention `(keys per tile, workgroups)`: the keys each staged tile
+    /// holds (a power of two from 4 to 64; also the invocations per workgroup) and the workgroups a
+    /// grid is split over the key range to reach, for tuning on a new GPU; a tile that does not fit
+    /// the workgroup storage is logged and ignored. `None`: the widest tile that fits, and the
+    /// measured target.
+    pub decode_shape: Option<(u32, u32)>,
     /// Write every pipeline the context compiles to this directory (created if missing), as
     /// `<label>.wgsl` (the source handed to wgpu, before override constants) and `<label>.json`
     /// (`label`, `entry_point`, `constants`, `runtime_checks`): what
@@ -74,7 +80,7 @@ pub struct ContextOptions {
 }
 
 /// The environment variables [`ContextOptions::from_env`] reads, with what each sets.
-pub const ENVIRONMENT_VARIABLES: [(&str, &str); 14] = [
+pub const ENVIRONMENT_VARIABLES: [(&str, &str); 15] = [
     (
         "WGPU_BACKEND",
         "backends: vulkan, gl, metal, dx12 (comma-separated)",
@@ -100,6 +106,7 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 14] = [
     ("WGPU_ATTENTION_TILED_DQ", "tiled_shapes[2]: WGxBMxBN"),
     ("WGPU_ATTENTION_COOP_FORWARD", "coop_forward_shape: GROUPSxBN"),
     ("WGPU_ATTENTION_SPLITS", "forward_splits: a count >= 1"),
+    ("WGPU_ATTENTION_DECODE", "decode_shape: KEYSxWORKGROUPS"),
     (
         "WGPU_ATTENTION_DUMP_PIPELINES",
         "dump_pipelines: a directory to write every compiled pipeline to",
@@ -200,6 +207,20 @@ impl ContextOptions {
             match value.trim().parse::<usize>() {
                 Ok(n) if n >= 1 => options.forward_splits = Some(n),
                 _ => ignore("WGPU_ATTENTION_SPLITS", &value, &"expected a count >= 1"),
+            }
+        }
+        if let Some(value) = var("WGPU_ATTENTION_DECODE") {
+            match shape_dims(&value)[..] {
+                [keys, workgroups]
+                    if keys.is_power_of_two() && (4..=64).contains(&keys) && workgroups >= 1 =>
+                {
+                    options.decode_shape = Some((keys, workgroups))
+                }
+                _ => ignore(
+                    "WGPU_ATTENTION_DECODE",
+                    &value,
+                    &"expected KEYSxWORKGROUPS, KEYS a power of two from 4 to 64",
+                ),
             }
         }
         options.dump_pipelines = var("WGPU_ATTENTION_DUMP_PIPELINES").map(Into::into);

@@ -247,4 +247,9 @@ impl Context {
     pub(crate) fn forward_splits(&self) -> Option<usize> {
         self.forward_splits
     }
+
+    /// [`ContextOptions::decode_shape`].
+    pub(crate) fn decode_shape(&self) -> Option<(u32, u32)> {
+        self.decode_shape
+    }
 }

@@ -44,5 +44,14 @@ pub(crate) fn relaxed_runtime_checks(name: &str) -> Option<wgpu::ShaderRuntimeCh
     if name.starts_with("additive_backward_da") || name.starts_with("additive_backward_db") {
         return Some(wgpu::ShaderRuntimeChecks::unchecked());
     }
+    // Decode attention without the loop counters (its loops end at bounds from overrides and at
+    // the key range of its split, whatever the lengths it reads): they cost it 1.3-2.4x on an
+    // NVIDIA H200 (benchmarks/decode-2026-11-28). Index clamps stay: it reads lengths and block
+    // ids a caller may rewrite after the host checked them.
+    if name == "attention_decode" {
+        let mut checks = wgpu::ShaderRuntimeChecks::checked();
+        checks.force_loop_bounding = false;
+        return Some(checks);
+    }
     None
 }

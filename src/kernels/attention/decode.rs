@@ -30,11 +30,15 @@ use crate::tensor::{GpuTensor, GpuTensorQ8, HeadsView};
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/decode.wgsl");
 
-/// Invocations per workgroup, and keys per tile (each invocation scores one key of a tile).
-const WG: u32 = 64;
+/// Invocations per workgroup, and keys per tile (each invocation scores one key of a tile): the
+/// first of these (the softmax steps over four keys at a time) whose staged K/V tile fits the adapter's workgroup storage beside a few rows.
+const TILE_KEYS: [usize; 5] = [64, 32, 16, 8, 4];
 /// Rows (query head, query) one workgroup owns at most (`MAX_ROWS` in the shader: each invocation
-/// keeps one score per row).
+/// keeps one score per row); never more than its invocations (one owns each row's softmax).
 const MAX_ROWS: usize = 64;
+/// Rows a tile shape should hold beside its K/V tile before a narrower tile is preferred: the
+/// query heads of a GQA group (and a few draft tokens) share each staged key.
+const MIN_SHARED_ROWS: usize = 8;
 /// O items (row, vec4 column) one invocation accumulates at most (`MAX_OWN`).
 const MAX_OWN: usize = 16;
 /// Private floats an invocation may keep in its score and accumulator arrays (`ROWS + 4 * OWN`):
@@ -53,9 +57,9 @@ const SPLIT_MIN_KEYS: usize = 256;
 /// f32 caches): the crossover measured on lavapipe lies between 16 and 64.
 pub const PREFILL_FORWARD_ROWS: usize = 64;
 
-/// How [`attention_decode_into`] runs a problem: `rows` (query head, query) rows per workgroup,
-/// `blocks` row blocks per (sequence, KV head), and the key range cut into `splits` slices of
-/// `split_keys` keys.
+/// How [`attention_decode_into`] runs a problem: `rows` (query head, query) rows per workgroup of
+/// `tile_keys` invocations, `blocks` row blocks per (sequence, KV head), and the key range cut
+/// into `splits` slices of `split_keys` keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodePlan {
     /// Query rows (query heads of a group times new tokens) one workgroup owns.
@@ -66,54 +70,49 @@ pub struct DecodePlan {
     pub splits: usize,
     /// Keys per slice.
     pub split_keys: usize,
+    /// Keys per staged tile, and invocations per workgroup.
+    pub tile_keys: usize,
 }
 
 impl DecodePlan {
     /// The plan for `s` (`kv_seq` the cache's capacity) when the longest sequence holds `longest`
-    /// keys.
-    pub fn new(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
-        let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
-        let bytes = |rows: usize| rows * (dk4 * 16 + WG as usize * 4 + 12) + WG as usize * 16;
-        let storage = ctx.limits().max_compute_workgroup_storage_size as usize;
-        let private = |rows: usize| rows + 4 * (rows * dv4).div_ceil(WG as usize);
-        let cap = (1..=MAX_ROWS.min(MAX_OWN * WG as usize / dv4))
-            .rev()
-            .find(|&rows| {
-                bytes(rows) <= storage && (rows == 1 || private(rows) <= MAX_PRIVATE_FLOATS)
-            })
-            .ok_or(Error::Unsupported {
-                arg: "head_dim (decode attention, workgroup storage)",
-                value: s.head_dim_qk as u64,
-                limit: MAX_HEAD_DIM as u64,
-                hint: " for this adapter's workgroup storage",
-            })?;
+    /// keys, K/V tiles `staged` in workgroup memory (f32 caches) or read in place (int8).
+    pub fn new(ctx: &Context, s: &AttentionShape, longest: usize, staged: bool) -> Result<Self> {
         let total = (s.heads / s.kv_heads) * s.q_seq;
+        let (tile_keys, cap) = tile_shape(ctx, s, total, staged)?;
         let rows = total.div_ceil(total.div_ceil(cap));
-        Ok(Self::with_rows(ctx, s, longest, rows))
+        Ok(Self::with_rows(ctx, s, longest, rows, tile_keys))
     }
 
     /// The plan for packed queries ([`crate::HeadsView::packed`]), whose longest sequence changes
     /// from call to call: rows per workgroup (a pipeline constant) as for the next power of two
     /// of `q_seq` rows, so a prefill of varied lengths compiles a few pipelines, not one per
     /// length.
-    pub fn packed(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
+    pub fn packed(ctx: &Context, s: &AttentionShape, longest: usize, staged: bool) -> Result<Self> {
         let rounded = AttentionShape {
             q_seq: s.q_seq.next_power_of_two(),
             ..*s
         };
-        let rows = Self::new(ctx, &rounded, longest)?.rows;
-        Ok(Self::with_rows(ctx, s, longest, rows))
+        let plan = Self::new(ctx, &rounded, longest, staged)?;
+        Ok(Self::with_rows(ctx, s, longest, plan.rows, plan.tile_keys))
     }
 
-    /// The blocks and key splits of `rows` rows per workgroup.
-    fn with_rows(ctx: &Context, s: &AttentionShape, longest: usize, rows: usize) -> Self {
+    /// The blocks and key splits of `rows` rows per workgroup of `tile_keys` invocations.
+    fn with_rows(
+        ctx: &Context,
+        s: &AttentionShape,
+        longest: usize,
+        rows: usize,
+        tile_keys: usize,
+    ) -> Self {
         let total = (s.heads / s.kv_heads) * s.q_seq;
         let blocks = total.div_ceil(rows);
         let groups = blocks * s.batch * s.kv_heads;
-        let tiles = longest.div_ceil(WG as usize).max(1);
-        let target = match ctx.is_cpu() {
-            true => SPLIT_TARGET_WORKGROUPS_CPU,
-            false => SPLIT_TARGET_WORKGROUPS,
+        let tiles = longest.div_ceil(tile_keys).max(1);
+        let target = match (ctx.decode_shape(), ctx.is_cpu()) {
+            (Some((_, workgroups)), _) => workgroups as usize,
+            (None, true) => SPLIT_TARGET_WORKGROUPS_CPU,
+            (None, false) => SPLIT_TARGET_WORKGROUPS,
         };
         let splits = target
             .div_ceil(groups)
@@ -121,37 +120,91 @@ impl DecodePlan {
             .max(1);
         let mut splits = if groups < target { splits } else { 1 };
         if let Some(budget) = ctx.loop_budget() {
-            let (per_tile, fixed) = Self::loop_cost(s, rows);
+            let (per_tile, fixed) = Self::loop_cost(s, rows, tile_keys);
             let max_tiles = ((budget as usize).saturating_sub(fixed) / per_tile).max(1);
             splits = splits.max(tiles.div_ceil(max_tiles));
         }
-        let split_keys = tiles.div_ceil(splits) * WG as usize;
+        let split_keys = tiles.div_ceil(splits) * tile_keys;
         Self {
             rows,
             blocks,
-            splits: tiles.div_ceil(split_keys / WG as usize),
+            splits: tiles.div_ceil(split_keys / tile_keys),
             split_keys,
+            tile_keys,
         }
     }
 
     /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
     /// nothing were unrolled (for llvmpipe's loop budget; relative buckets count their threshold
     /// loop).
-    fn loop_cost(s: &AttentionShape, rows: usize) -> (usize, usize) {
-        let (dk4, wg) = (s.head_dim_qk.div_ceil(4), WG as usize);
-        let (own, phases) = own_and_phases(rows, s);
-        let per_tile = dk4 * (rows + 5) + rows * 16 + 2 * wg + own * (wg / phases * 5 + 1) + 8;
+    fn loop_cost(s: &AttentionShape, rows: usize, wg: usize) -> (usize, usize) {
+        let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+        let (own, phases) = own_and_phases(rows, s, wg);
+        // Staging (one element per iteration), scores, softmax, P V.
+        let staging = 4 * (dk4 + dv4) * 3;
+        let per_tile =
+            staging + dk4 * (rows + 2) + rows * 16 + 2 * wg + own * (wg / phases * 3 + 1) + 8;
         let fixed = (rows * dk4 * 4).div_ceil(wg) + own * 8 + phases + 32;
         (per_tile, fixed)
     }
 }
 
-/// O items (row, vec4 column) per invocation of a workgroup of `rows` rows, and key phases of the
-/// P V product (`OWN` and `KG` in the shader).
-fn own_and_phases(rows: usize, s: &AttentionShape) -> (usize, usize) {
+/// O items (row, vec4 column) per invocation of a workgroup of `rows` rows and `wg`
+/// invocations, and key phases of the P V product (`OWN` and `KG` in the shader).
+fn own_and_phases(rows: usize, s: &AttentionShape, wg: usize) -> (usize, usize) {
     let items = rows * s.head_dim_v.div_ceil(4);
-    let lanes = items.min(WG as usize);
-    (items.div_ceil(WG as usize), WG as usize / lanes)
+    let lanes = items.min(wg);
+    (items.div_ceil(wg), wg / lanes)
+}
+
+/// Keys per tile (invocations per workgroup) and the most rows a workgroup of them may own, for
+/// `total` rows per (sequence, KV head): the widest tile whose workgroup storage (the shader's
+/// arrays, below) fits the adapter with `MIN_SHARED_ROWS` rows (or all of them), else the widest
+/// that fits one.
+fn tile_shape(
+    ctx: &Context,
+    s: &AttentionShape,
+    total: usize,
+    staged: bool,
+) -> Result<(usize, usize)> {
+    let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+    let storage = ctx.limits().max_compute_workgroup_storage_size as usize;
+    // q_tile, s_tile, alpha/m/l per row; red per key; staged, k_tile (rows padded by a vec4) and
+    // v_tile per key, else the value scales.
+    let tiles = |wg: usize| match staged {
+        true => wg * (dk4 + 1) * 16 + wg * dv4 * 16,
+        false => wg * 4,
+    };
+    let bytes = |rows: usize, wg: usize| rows * (dk4 * 16 + wg * 4 + 12) + wg * 16 + tiles(wg);
+    let cap = |wg: usize| {
+        let private = |rows: usize| rows + 4 * (rows * dv4).div_ceil(wg);
+        (1..=MAX_ROWS.min(wg).min(MAX_OWN * wg / dv4.max(1)))
+            .rev()
+            .find(|&rows| {
+                bytes(rows, wg) <= storage && (rows == 1 || private(rows) <= MAX_PRIVATE_FLOATS)
+            })
+    };
+    if let Some((keys, _)) = ctx.decode_shape() {
+        match cap(keys as usize) {
+            Some(rows) => return Ok((keys as usize, rows)),
+            None => log::warn!(
+                "wgpu-attention: decode_shape {keys} keys per tile does not fit head dims {}/{} \
+                 in {storage} bytes of workgroup storage: ignored",
+                s.head_dim_qk,
+                s.head_dim_v
+            ),
+        }
+    }
+    let shapes = || TILE_KEYS.iter().filter_map(|&wg| Some((wg, cap(wg)?)));
+    shapes()
+        .find(|&(_, rows)| rows >= total.min(MIN_SHARED_ROWS))
+        .or_else(|| shapes().next())
+        .ok_or(Error::Unsupported {
+            arg: "head_dim (decode attention, workgroup storage)",
+            value: s.head_dim_qk as u64,
+            limit: MAX_HEAD_DIM as u64,
+            hint: " for this adapter's workgroup storage",
+        })
 }
 
 /// Decode attention into new tensors, submitted to the queue: `out [B, Lq, H, Dv]`, `lse [B, H,
@@ -472,11 +525,14 @@ fn decode_into(
             &prefill,
         );
     }
+    // Int8 rows are a quarter of the bytes: read in place they measured faster (the shader's
+    // STAGED). Cosine scores and key clipping read an f32 copy (below).
+    let staged = layout.int8.is_none() || qk_norm::transforms(opts);
     let plan = match q.packed_rows() {
-        Some(_) => DecodePlan::packed(ctx, &s, longest)?,
-        None => DecodePlan::new(ctx, &s, longest)?,
+        Some(_) => DecodePlan::packed(ctx, &s, longest, staged)?,
+        None => DecodePlan::new(ctx, &s, longest, staged)?,
     };
-    let (own, _) = own_and_phases(plan.rows, &s);
+    let (own, _) = own_and_phases(plan.rows, &s, plan.tile_keys);
     let shared = Shared::scores(ctx, opts)?;
     // Cosine scores and key clipping: the new queries and the cache's first `longest` positions (all
     // that any sequence reads) transformed into scratch, O(longest) per step like the attention
@@ -511,13 +567,16 @@ fn decode_into(
         ],
     };
     let mut constants = vec![
-        ("WG", WG),
+        ("WG", plan.tile_keys as u32),
         ("ROWS", plan.rows as u32),
         ("DK", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ];
     if int8.is_some() {
         constants.push(("INT8", 1));
+    }
+    if !staged {
+        constants.push(("STAGED", 0));
     }
     // Checked to match the queries' rows in check_options_with.
     if opts.seq_lens.and_then(|l| l.tree_slots()).is_some() {

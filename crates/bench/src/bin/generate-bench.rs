@@ -18,8 +18,8 @@ use wgpu_attention::bench::{bench_options, measure, Timer};
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::{
     attention_decode_int8_into, attention_decode_into, attention_forward_into,
-    attention_forward_plan, parse_backends, AttentionOptions, AttentionShape, Context, Error,
-    ForwardViews, GpuTensor, GpuTensorQ8, QuantizedCache, SeqLens,
+    attention_forward_plan, parse_backends, AttentionOptions, AttentionShape, Context, DecodePlan,
+    Error, ForwardViews, GpuTensor, GpuTensorQ8, QuantizedCache, SeqLens,
 };
 use wgpu_attention_serve::{
     CacheConfig, CacheLayout, Draft, GenerateOptions, Generator, GeneratorShape, KvFormat,
@@ -319,6 +319,8 @@ struct AttentionFigures {
     decode_ms: f64,
     decode_gb_s: f64,
     copy_gb_s: f64,
+    /// Keys per tile, rows per workgroup and key splits the kernel ran with.
+    plan: DecodePlan,
 }
 
 /// Decode attention over a full cache of `len` keys (one new query per sequence) in `format`,
@@ -340,6 +342,8 @@ fn attention(
     let lens = SeqLens::new(ctx, Some(&vec![1; batch]), Some(&vec![len as u32; batch]))?;
     let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
     let (qv, kv, vv, ov) = (q.heads()?, k.heads()?, v.heads()?, out.heads()?);
+    let staged = !matches!(format, KvFormat::Int8);
+    let plan = DecodePlan::new(ctx, &AttentionShape::of(&qv, &kv, &vv)?, len, staged)?;
     let (k8, v8) = match format {
         KvFormat::Int8 => (
             Some(GpuTensorQ8::zeros(ctx, &[batch, len, hkv, d])?),
@@ -400,6 +404,7 @@ fn attention(
         decode_ms: decode.median(),
         decode_gb_s: bytes / (decode.median() * 1e6),
         copy_gb_s: 2.0 * bytes / (copy.median() * 1e6),
+        plan,
     })
 }
 
@@ -756,17 +761,20 @@ fn run(cli: &Cli) -> Result<(), Error> {
             (cli.heads / 4).max(1),
             timer.clock().name()
         );
-        println!("| batch | cache | cache length | ms | K+V read GB/s | copy GB/s | share of copy |\n|---|---|---|---|---|---|---|");
+        println!("| batch | cache | cache length | ms | K+V read GB/s | copy GB/s | share of copy | keys per tile, rows, splits |\n|---|---|---|---|---|---|---|---|");
         for a in &attention_figures {
             println!(
-                "| {} | {} | {} | {:.3} | {:.1} | {:.1} | {:.0}% |",
+                "| {} | {} | {} | {:.3} | {:.1} | {:.1} | {:.0}% | {}, {}, {} |",
                 a.batch,
                 a.format.name(),
                 a.cache_len,
                 a.decode_ms,
                 a.decode_gb_s,
                 a.copy_gb_s,
-                100.0 * a.decode_gb_s / a.copy_gb_s
+                100.0 * a.decode_gb_s / a.copy_gb_s,
+                a.plan.tile_keys,
+                a.plan.rows,
+                a.plan.splits
             );
         }
     }
@@ -826,6 +834,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "decode_attention": attention_figures.iter().map(|a| serde_json::json!({
                 "batch": a.batch, "format": a.format.name(), "cache_len": a.cache_len, "ms": a.decode_ms,
                 "gb_s": a.decode_gb_s, "copy_gb_s": a.copy_gb_s,
+                "tile_keys": a.plan.tile_keys, "rows": a.plan.rows, "splits": a.plan.splits,
             })).collect::<Vec<_>>(),
         });
         wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
