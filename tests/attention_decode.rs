@@ -328,7 +328,7 @@ fn decode_tile_shapes_match_reference() {
                 .causal()
                 .q_lens(&[1, 2])
                 .kv_lens(&[50, 19]);
-            let plan = wgpu_attention::DecodePlan::new(ctx, &case.shape(), 50, true).unwrap();
+            let plan = wgpu_attention::DecodePlan::new(ctx, &case.shape(), 50).unwrap();
             assert_eq!(plan.tile_keys, keys as usize, "[{name}] {plan:?}");
             check(ctx, &format!("{name}, {keys}-key tiles"), &case);
             let case = decode_case(2, 2, 50, 4, 2, 8, 8)
@@ -480,7 +480,7 @@ fn decode_split_kv_merges_in_a_fixed_order() {
     for_each_backend_with_loop_budget(700, |name, ctx| {
         let case = gqa_case();
         let s = case.shape();
-        let plan = wgpu_attention::DecodePlan::new(ctx, &s, 70, true).unwrap();
+        let plan = wgpu_attention::DecodePlan::new(ctx, &s, 70).unwrap();
         assert!(plan.splits > 1, "[{name}] {plan:?} does not split");
         let first = check(ctx, name, &case);
         let again = check(ctx, name, &case);

@@ -6,9 +6,11 @@
 //! different lengths.
 //!
 //! The query heads that share a KV head are one workgroup's rows (GQA-aware: each K/V row is read
-//! once per group), and the key range is split over workgroups when the grid would leave a GPU idle
-//! (or llvmpipe's loop budget asks for it), the partial softmaxes merged in split order:
-//! deterministic. CPU reference: [`crate::reference::attention::attention_decode`].
+//! once per group); f32 caches are read a tile of keys at a time into workgroup memory (coalesced,
+//! a step's loads issued together), int8 caches in place; the key range is split over workgroups
+//! when the grid would leave a GPU idle (or llvmpipe's loop budget asks for it), the partial
+//! softmaxes merged in split order: deterministic. CPU reference:
+//! [`crate::reference::attention::attention_decode`].
 
 use super::binding::{
     base_params, bind_tensor, bind_view, encode_kernel, set_grid, Binding, Bound, Kernel, Shared,
@@ -70,31 +72,54 @@ pub struct DecodePlan {
     pub splits: usize,
     /// Keys per slice.
     pub split_keys: usize,
-    /// Keys per staged tile, and invocations per workgroup.
+    /// Keys per tile, and invocations per workgroup.
     pub tile_keys: usize,
+    /// Whether each tile's keys and values are staged in workgroup memory (f32 caches) or read in
+    /// place (int8 caches).
+    pub staged: bool,
 }
 
 impl DecodePlan {
-    /// The plan for `s` (`kv_seq` the cache's capacity) when the longest sequence holds `longest`
-    /// keys, K/V tiles `staged` in workgroup memory (f32 caches) or read in place (int8).
-    pub fn new(ctx: &Context, s: &AttentionShape, longest: usize, staged: bool) -> Result<Self> {
-        let total = (s.heads / s.kv_heads) * s.q_seq;
-        let (tile_keys, cap) = tile_shape(ctx, s, total, staged)?;
-        let rows = total.div_ceil(total.div_ceil(cap));
-        Ok(Self::with_rows(ctx, s, longest, rows, tile_keys))
+    /// The plan over an f32 cache for `s` (`kv_seq` the cache's capacity) when the longest
+    /// sequence holds `longest` keys.
+    pub fn new(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
+        Self::plan(ctx, s, longest, false, true)
     }
 
-    /// The plan for packed queries ([`crate::HeadsView::packed`]), whose longest sequence changes
-    /// from call to call: rows per workgroup (a pipeline constant) as for the next power of two
-    /// of `q_seq` rows, so a prefill of varied lengths compiles a few pipelines, not one per
-    /// length.
-    pub fn packed(ctx: &Context, s: &AttentionShape, longest: usize, staged: bool) -> Result<Self> {
+    /// [`DecodePlan::new`] over an int8 cache ([`crate::GpuTensorQ8`]), whose rows the kernel
+    /// reads in place.
+    pub fn new_int8(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
+        Self::plan(ctx, s, longest, false, false)
+    }
+
+    /// The plan for packed queries ([`crate::HeadsView::packed`]) over an f32 cache, whose longest
+    /// sequence changes from call to call: rows per workgroup (a pipeline constant) as for the next
+    /// power of two of `q_seq` rows, so a prefill of varied lengths compiles a few pipelines, not
+    /// one per length.
+    pub fn packed(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
+        Self::plan(ctx, s, longest, true, true)
+    }
+
+    /// The plan for `packed` queries or not, K/V tiles `staged` in workgroup memory (f32 caches)
+    /// or read in place (int8).
+    fn plan(
+        ctx: &Context,
+        s: &AttentionShape,
+        longest: usize,
+        packed: bool,
+        staged: bool,
+    ) -> Result<Self> {
         let rounded = AttentionShape {
-            q_seq: s.q_seq.next_power_of_two(),
+            q_seq: match packed {
+                true => s.q_seq.next_power_of_two(),
+                false => s.q_seq,
+            },
             ..*s
         };
-        let plan = Self::new(ctx, &rounded, longest, staged)?;
-        Ok(Self::with_rows(ctx, s, longest, plan.rows, plan.tile_keys))
+        let total = (rounded.heads / rounded.kv_heads) * rounded.q_seq;
+        let (tile_keys, cap) = tile_shape(ctx, &rounded, total, staged)?;
+        let rows = total.div_ceil(total.div_ceil(cap));
+        Ok(Self::with_rows(ctx, s, longest, rows, tile_keys, staged))
     }
 
     /// The blocks and key splits of `rows` rows per workgroup of `tile_keys` invocations.
@@ -104,6 +129,7 @@ impl DecodePlan {
         longest: usize,
         rows: usize,
         tile_keys: usize,
+        staged: bool,
     ) -> Self {
         let total = (s.heads / s.kv_heads) * s.q_seq;
         let blocks = total.div_ceil(rows);
@@ -131,6 +157,7 @@ impl DecodePlan {
             splits: tiles.div_ceil(split_keys / tile_keys),
             split_keys,
             tile_keys,
+            staged,
         }
     }
 
@@ -528,10 +555,7 @@ fn decode_into(
     // Int8 rows are a quarter of the bytes: read in place they measured faster (the shader's
     // STAGED). Cosine scores and key clipping read an f32 copy (below).
     let staged = layout.int8.is_none() || qk_norm::transforms(opts);
-    let plan = match q.packed_rows() {
-        Some(_) => DecodePlan::packed(ctx, &s, longest, staged)?,
-        None => DecodePlan::new(ctx, &s, longest, staged)?,
-    };
+    let plan = DecodePlan::plan(ctx, &s, longest, q.packed_rows().is_some(), staged)?;
     let (own, _) = own_and_phases(plan.rows, &s, plan.tile_keys);
     let shared = Shared::scores(ctx, opts)?;
     // Cosine scores and key clipping: the new queries and the cache's first `longest` positions (all
@@ -575,7 +599,7 @@ fn decode_into(
     if int8.is_some() {
         constants.push(("INT8", 1));
     }
-    if !staged {
+    if !plan.staged {
         constants.push(("STAGED", 0));
     }
     // Checked to match the queries' rows in check_options_with.

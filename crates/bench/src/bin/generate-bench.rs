@@ -342,8 +342,11 @@ fn attention(
     let lens = SeqLens::new(ctx, Some(&vec![1; batch]), Some(&vec![len as u32; batch]))?;
     let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
     let (qv, kv, vv, ov) = (q.heads()?, k.heads()?, v.heads()?, out.heads()?);
-    let staged = !matches!(format, KvFormat::Int8);
-    let plan = DecodePlan::new(ctx, &AttentionShape::of(&qv, &kv, &vv)?, len, staged)?;
+    let shape = AttentionShape::of(&qv, &kv, &vv)?;
+    let plan = match format {
+        KvFormat::Int8 => DecodePlan::new_int8(ctx, &shape, len)?,
+        _ => DecodePlan::new(ctx, &shape, len)?,
+    };
     let (k8, v8) = match format {
         KvFormat::Int8 => (
             Some(GpuTensorQ8::zeros(ctx, &[batch, len, hkv, d])?),
