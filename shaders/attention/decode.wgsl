@@ -11,9 +11,9 @@
 // adds them in split order (deterministic). With one split the outputs are O and lse themselves.
 //
 // Per tile of WG keys:
-//   staging: (STAGED) the tile's K and V rows into workgroup memory, consecutive invocations
-//            reading consecutive words of a row, four steps' loads issued together (read in
-//            place, a key's row waits out the memory latency per vec4, a value per key);
+//   staging: (STAGED, f32 caches) the tile's K and V rows into workgroup memory, consecutive
+//            invocations reading consecutive words of a row, a step's 16 loads issued together
+//            (read in place, a key's row waits out the memory latency per vec4, a value per key);
 //   scores:  invocation t owns key t of the tile: s[r] = q_r . k for every row r (Q pre-scaled in
 //            workgroup memory), modified (modify_scores) and masked, into s_tile[r][t];
 //   softmax: invocation r < ROWS owns row r: running max m and sum l, rescale alpha; s_tile becomes P;
@@ -23,10 +23,9 @@
 // No per-invocation array is head-dim sized.
 //
 // Int8 caches (INT8): each row of one KV head is D / 4 words of four int8 and its scale as f32 bits
-// (kv_cache_append_int8.wgsl writes them; the view's head_dim is D / 4 + 1 words). Dequantised in
-// registers: staged, each word becomes unpack(word) times the row's scale; read in place, a score
-// is the scale times q . unpack(k), a P V term P times the value row's scale (staged per tile)
-// times unpack(v). D is a multiple of 4.
+// (kv_cache_append_int8.wgsl writes them; the view's head_dim is D / 4 + 1 words), read in place
+// and dequantised in registers: a score is the scale times q . unpack(k), a P V term P times the
+// value row's scale (staged per tile) times unpack(v). D is a multiple of 4.
 //
 // Tree steps (TREE, speculative decoding's drafts): the new rows of a sequence are a tree
 // (SeqLens::with_trees: after the lengths, each row's depth, then its ancestors as a bit mask). Row
@@ -49,9 +48,9 @@ override ITEMS: u32 = ROWS * DV4;
 override LANES: u32 = min(ITEMS, WG);
 override KG: u32 = WG / LANES;
 override OWN: u32 = (ITEMS + WG - 1u) / WG;
-// K and V tiles staged in workgroup memory, or read in place: the host stages f32 caches and
-// reads int8 ones in place, which measured faster on an NVIDIA H200 (a quarter of the bytes: the
-// staging's steps and barrier cost more than they hide; benchmarks/decode-2026-11-28).
+// K and V tiles staged in workgroup memory (f32 caches only), or read in place: int8 caches are
+// read in place, which measured faster on an NVIDIA H200 (a quarter of the bytes: the staging's
+// steps and barrier cost more than they hide; benchmarks/decode-2026-11-28).
 override STAGED: bool = true;
 // Staged key rows are KS vec4 apart: one vec4 of padding, so the invocations of the score step,
 // each reading its own key's row, fall on different banks.
@@ -95,7 +94,7 @@ var<workgroup> m_tile: array<f32, ROWS>;
 var<workgroup> l_tile: array<f32, ROWS>;
 // Key-phase partial sums of O, red[kg * LANES + lane].
 var<workgroup> red: array<vec4<f32>, WG>;
-// STAGED: the tile's keys and values (f32, int8 rows dequantised), zero past the slice's end.
+// STAGED: the tile's keys and values, zero past the slice's end.
 var<workgroup> k_tile: array<vec4<f32>, K_TILE>;
 var<workgroup> v_tile: array<vec4<f32>, V_TILE>;
 // INT8 read in place: the scale of each of the tile's value rows.
@@ -177,26 +176,20 @@ fn cache_word(view: u32, index: u32) -> u32 {
     return v_buf[index];
 }
 
-// Vec4 item t of a tile of keys n0 .. n0 + WG - 1 (view K or V, head dim `dim`, d4 vec4 per row):
-// row t / d4, elements 4 (t % d4) .. + 3, zero past `end` and past `dim`, int8 rows dequantised.
-// Branch-free (the indices clamped to a valid key and element), so the loads of a staging step
-// issue together instead of each waiting out the memory latency.
+// Vec4 item t of a tile of keys n0 .. n0 + WG - 1 of an f32 cache (view K or V, head dim `dim`, d4
+// vec4 per row): row t / d4, elements 4 (t % d4) .. + 3, zero past `end` and past `dim`.
+// Branch-free (the indices clamped to a valid key and element; the four loads written out), so the
+// loads of a staging step issue together instead of each waiting out the memory latency.
 fn tile_item(view: u32, dim: u32, d4: u32, rows: vec2<u32>, b: u32, n0: u32, end: u32, t: u32) -> vec4<f32> {
     let key = n0 + t / d4;
     let c = t % d4;
     let base = rows.x + cache_row(b, min(key, end - 1u)) * rows.y;
-    var x: vec4<f32>;
-    if INT8 {
-        x = unpack4x8snorm(cache_word(view, base + c)) * bitcast<f32>(cache_word(view, base + d4));
-    } else {
-        // The last element of the row stands in for those past it (dim need not be a multiple of
-        // 4); written out, not a loop, so the four loads issue together.
-        let e = select(min(vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(dim - 1u - 4u * c)), vec4<u32>(0u, 1u, 2u, 3u), dim % 4u == 0u);
-        let at = base + 4u * c + e;
-        x = bitcast<vec4<f32>>(vec4<u32>(cache_word(view, at.x), cache_word(view, at.y), cache_word(view, at.z), cache_word(view, at.w)));
-        x = select(vec4<f32>(0.0), x, 4u * c + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(dim));
-    }
-    return select(vec4<f32>(0.0), x, key < end);
+    // The row's last element stands in for those past it (dim need not be a multiple of 4).
+    let lanes = vec4<u32>(0u, 1u, 2u, 3u);
+    let e = select(min(lanes, vec4<u32>(dim - 1u - 4u * c)), lanes, dim % 4u == 0u);
+    let at = base + 4u * c + e;
+    let x = bitcast<vec4<f32>>(vec4<u32>(cache_word(view, at.x), cache_word(view, at.y), cache_word(view, at.z), cache_word(view, at.w)));
+    return select(vec4<f32>(0.0), x, (4u * c + lanes < vec4<u32>(dim)) & vec4<bool>(key < end));
 }
 
 // Stages keys n0 .. n0 + WG - 1 of KV head g (zeros from `end` on) into k_tile and v_tile: items
