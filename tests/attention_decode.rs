@@ -1,8 +1,9 @@
 //! Decode attention (a few new queries per sequence against a key/value cache) against the f64
 //! reference, on every back end: GQA, sequences of different lengths in one batch, masks and score
 //! modifiers aligned on each sequence's lengths (also cosine scores and key clipping, which transform
-//! the cache), split-KV (forced by a small loop budget), the staged tile's shapes, bitwise
-//! reruns, typed errors.
+//! the cache), split-KV (forced by a small loop budget), f32 tiles staged (the GPU kernel
+//! families) and read in place (the CPU drivers'), the staged tile's shapes, bitwise reruns, typed
+//! errors.
 
 mod common;
 
@@ -139,7 +140,7 @@ fn gqa_case() -> Case {
 
 #[test]
 fn decode_matches_reference_with_gqa_and_ragged_lengths() {
-    for_each_backend(|name, ctx| {
+    for_each_family(|name, ctx| {
         check(ctx, name, &gqa_case());
         // A sequence with nothing new this step gives zero rows and -inf.
         check(
@@ -206,7 +207,7 @@ fn prefill_steps_on_the_forward_kernels_match_reference() {
 
 #[test]
 fn decode_matches_reference_with_score_modifiers() {
-    for_each_backend(|name, ctx| {
+    for_each_family(|name, ctx| {
         // Window, ALiBi, softcap and sinks (the decoding modifiers), Dk != Dv, MHA.
         let case = decode_case(2, 2, 90, 2, 2, 24, 16)
             .causal()
@@ -319,8 +320,10 @@ fn int8_cache_decode_matches_reference() {
 #[test]
 fn decode_tile_shapes_match_reference() {
     for keys in [4u32, 16] {
+        // The GPU family stages f32 tiles (the CPU drivers' reads in place).
         let forced = |_: &str, mut options: wgpu_attention::ContextOptions| {
             options.decode_shape = Some((keys, 8));
+            options.kernel_family = Some(wgpu_attention::KernelFamily::Gpu);
             options
         };
         for_each_backend_with_options(forced, |name, ctx| {
@@ -329,7 +332,10 @@ fn decode_tile_shapes_match_reference() {
                 .q_lens(&[1, 2])
                 .kv_lens(&[50, 19]);
             let plan = wgpu_attention::DecodePlan::new(ctx, &case.shape(), 50).unwrap();
-            assert_eq!(plan.tile_keys, keys as usize, "[{name}] {plan:?}");
+            assert!(
+                plan.staged && plan.tile_keys == keys as usize,
+                "[{name}] {plan:?}"
+            );
             check(ctx, &format!("{name}, {keys}-key tiles"), &case);
             let case = decode_case(2, 2, 50, 4, 2, 8, 8)
                 .causal()
@@ -353,7 +359,7 @@ fn tree_decode_matches_each_path_decoded_as_a_sequence() {
         vec![None, Some(0), Some(1)],
     ];
     let kv_lens = [26u32, 10];
-    for_each_backend(|name, ctx| {
+    for_each_family(|name, ctx| {
         for case in [
             Case::new(2, slots, cap, h, hkv, d, d).causal(),
             Case::new(2, slots, cap, h, hkv, d, d)
@@ -477,7 +483,7 @@ fn tree_decode_matches_each_path_decoded_as_a_sequence() {
 #[test]
 fn decode_split_kv_merges_in_a_fixed_order() {
     // A small loop budget forces several key splits and the merge; reruns are bitwise equal.
-    for_each_backend_with_loop_budget(700, |name, ctx| {
+    for_each_family_with_loop_budget(700, |name, ctx| {
         let case = gqa_case();
         let s = case.shape();
         let plan = wgpu_attention::DecodePlan::new(ctx, &s, 70).unwrap();

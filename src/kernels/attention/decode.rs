@@ -23,7 +23,7 @@ use super::header::{with_common, with_sizes};
 use super::options::AttentionOptions;
 use super::shape::{check_options_with, refuse_packed, MAX_HEAD_DIM};
 use super::{qk_norm, sinks};
-use crate::device::Context;
+use crate::device::{Context, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_f32, check_packed_queries};
 use crate::kernels::kv_cache::BlockTable;
@@ -83,7 +83,7 @@ impl DecodePlan {
     /// The plan over an f32 cache for `s` (`kv_seq` the cache's capacity) when the longest
     /// sequence holds `longest` keys.
     pub fn new(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
-        Self::plan(ctx, s, longest, false, true)
+        Self::plan(ctx, s, longest, false, stages_f32(ctx))
     }
 
     /// [`DecodePlan::new`] over an int8 cache ([`crate::GpuTensorQ8`]), whose rows the kernel
@@ -97,7 +97,7 @@ impl DecodePlan {
     /// power of two of `q_seq` rows, so a prefill of varied lengths compiles a few pipelines, not
     /// one per length.
     pub fn packed(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
-        Self::plan(ctx, s, longest, true, true)
+        Self::plan(ctx, s, longest, true, stages_f32(ctx))
     }
 
     /// The plan for `packed` queries or not, K/V tiles `staged` in workgroup memory (f32 caches)
@@ -174,6 +174,14 @@ impl DecodePlan {
         let fixed = (rows * dk4 * 4).div_ceil(wg) + own * 8 + phases + 32;
         (per_tile, fixed)
     }
+}
+
+/// Whether f32 caches are staged a tile at a time in workgroup memory: with the GPU kernel families,
+/// not with the CPU drivers' (faster on an NVIDIA H200, slower on lavapipe, where workgroup memory
+/// is ordinary memory and the copy overhead; benchmarks/decode-2026-11-28). Int8 caches are read
+/// in place by every family.
+fn stages_f32(ctx: &Context) -> bool {
+    ctx.kernel_family() != KernelFamily::CpuDriver
 }
 
 /// O items (row, vec4 column) per invocation of a workgroup of `rows` rows and `wg`
@@ -554,7 +562,7 @@ fn decode_into(
     }
     // Int8 rows are a quarter of the bytes: read in place they measured faster (the shader's
     // STAGED). Cosine scores and key clipping read an f32 copy (below).
-    let staged = layout.int8.is_none() || qk_norm::transforms(opts);
+    let staged = (layout.int8.is_none() || qk_norm::transforms(opts)) && stages_f32(ctx);
     let plan = DecodePlan::plan(ctx, &s, longest, q.packed_rows().is_some(), staged)?;
     let (own, _) = own_and_phases(plan.rows, &s, plan.tile_keys);
     let shared = Shared::scores(ctx, opts)?;
