@@ -11,9 +11,10 @@
 // adds them in split order (deterministic). With one split the outputs are O and lse themselves.
 //
 // Per tile of WG keys:
-//   staging: (STAGED, f32 caches) the tile's K and V rows into workgroup memory, consecutive
-//            invocations reading consecutive words of a row, a step's 16 loads issued together
-//            (read in place, a key's row waits out the memory latency per vec4, a value per key);
+//   staging: (STAGED: f32 caches, GPU kernel families) the tile's K and V rows into workgroup
+//            memory, consecutive invocations reading consecutive words of a row, a step's 16
+//            loads issued together (read in place, a key's row waits out the memory latency per
+//            vec4, a value per key);
 //   scores:  invocation t owns key t of the tile: s[r] = q_r . k for every row r (Q pre-scaled in
 //            workgroup memory), modified (modify_scores) and masked, into s_tile[r][t];
 //   softmax: invocation r < ROWS owns row r: running max m and sum l, rescale alpha; s_tile becomes P;
@@ -48,9 +49,10 @@ override ITEMS: u32 = ROWS * DV4;
 override LANES: u32 = min(ITEMS, WG);
 override KG: u32 = WG / LANES;
 override OWN: u32 = (ITEMS + WG - 1u) / WG;
-// K and V tiles staged in workgroup memory (f32 caches only), or read in place: int8 caches are
-// read in place, which measured faster on an NVIDIA H200 (a quarter of the bytes: the staging's
-// steps and barrier cost more than they hide; benchmarks/decode-2026-11-28).
+// K and V tiles staged in workgroup memory (f32 caches, GPU kernel families), or read in place:
+// int8 caches (a quarter of the bytes: on an NVIDIA H200 the staging's steps and barrier cost more
+// than they hide) and CPU drivers (workgroup memory is ordinary memory there);
+// benchmarks/decode-2026-11-28.
 override STAGED: bool = true;
 // Staged key rows are KS vec4 apart: one vec4 of padding, so the invocations of the score step,
 // each reading its own key's row, fall on different banks.

@@ -6,8 +6,9 @@
 //! different lengths.
 //!
 //! The query heads that share a KV head are one workgroup's rows (GQA-aware: each K/V row is read
-//! once per group); f32 caches are read a tile of keys at a time into workgroup memory (coalesced,
-//! a step's loads issued together), int8 caches in place; the key range is split over workgroups
+//! once per group); with the GPU kernel families f32 caches are read a tile of keys at a time into
+//! workgroup memory (coalesced, a step's loads issued together), int8 caches (and every cache with
+//! the CPU drivers' family) in place; the key range is split over workgroups
 //! when the grid would leave a GPU idle (or llvmpipe's loop budget asks for it), the partial
 //! softmaxes merged in split order: deterministic. CPU reference:
 //! [`crate::reference::attention::attention_decode`].
