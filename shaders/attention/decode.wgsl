@@ -404,7 +404,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                         let v2 = v_tile[at.z * DV4 + c];
                         let v3 = v_tile[at.w * DV4 + c];
                         // A key this row masks is skipped (a NaN in its value is not the row's).
-                        let keep = jj < vec4<u32>(WG) & p_visible(p);
+                        let keep = (jj < vec4<u32>(WG)) & p_visible(p);
                         if keep.x {
                             a += p.x * v0;
                         }
