@@ -358,27 +358,40 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if lid < ROWS {
             let base = lid * WG;
             var tile_max = NEG_BIG;
-            // Four keys a step (WG is a multiple of 4), their loads issued together; the same
-            // order of operations as one key a step.
-            for (var jj = 0u; jj < WG; jj += 4u) {
-                let x = tile_scores(base + jj);
-                tile_max = max(max(max(max(tile_max, x.x), x.y), x.z), x.w);
+            // STAGED (the GPU families): four keys a step (WG is a multiple of 4), their loads
+            // issued together, in the same order of operations as one key a step, which the CPU
+            // drivers compile to faster code (lavapipe: the generation tests 1.7x as long with
+            // four; benchmarks/decode-2026-11-28/lavapipe).
+            let step = select(1u, 4u, STAGED);
+            for (var jj = 0u; jj < WG; jj += step) {
+                if STAGED {
+                    let x = tile_scores(base + jj);
+                    tile_max = max(max(max(max(tile_max, x.x), x.y), x.z), x.w);
+                } else {
+                    tile_max = max(tile_max, s_tile[base + jj]);
+                }
             }
             // Both maxima are finite: alpha is 1 while a row has seen no key, 0 when its first arrives.
             let m_new = max(m, tile_max);
             let alpha = exp(m - m_new);
             var sum = 0.0;
-            for (var jj = 0u; jj < WG; jj += 4u) {
+            for (var jj = 0u; jj < WG; jj += step) {
                 // masked_p for masked keys: the product below skips them.
-                let p = visible_exp(tile_scores(base + jj), vec4<f32>(m_new));
-                s_tile[base + jj] = p.x;
-                s_tile[base + jj + 1u] = p.y;
-                s_tile[base + jj + 2u] = p.z;
-                s_tile[base + jj + 3u] = p.w;
-                sum += p.x;
-                sum += p.y;
-                sum += p.z;
-                sum += p.w;
+                if STAGED {
+                    let p = visible_exp(tile_scores(base + jj), vec4<f32>(m_new));
+                    s_tile[base + jj] = p.x;
+                    s_tile[base + jj + 1u] = p.y;
+                    s_tile[base + jj + 2u] = p.z;
+                    s_tile[base + jj + 3u] = p.w;
+                    sum += p.x;
+                    sum += p.y;
+                    sum += p.z;
+                    sum += p.w;
+                } else {
+                    let p = visible_exp(vec4<f32>(s_tile[base + jj]), vec4<f32>(m_new)).x;
+                    s_tile[base + jj] = p;
+                    sum += p;
+                }
             }
             l = l * alpha + sum;
             m = m_new;

@@ -147,7 +147,7 @@ impl DecodePlan {
             .max(1);
         let mut splits = if groups < target { splits } else { 1 };
         if let Some(budget) = ctx.loop_budget() {
-            let (per_tile, fixed) = Self::loop_cost(s, rows, tile_keys);
+            let (per_tile, fixed) = Self::loop_cost(s, rows, tile_keys, staged);
             let max_tiles = ((budget as usize).saturating_sub(fixed) / per_tile).max(1);
             splits = splits.max(tiles.div_ceil(max_tiles));
         }
@@ -165,13 +165,22 @@ impl DecodePlan {
     /// Loop iterations one invocation runs per key tile and outside the key loop, counted as if
     /// nothing were unrolled (for llvmpipe's loop budget; relative buckets count their threshold
     /// loop).
-    fn loop_cost(s: &AttentionShape, rows: usize, wg: usize) -> (usize, usize) {
+    fn loop_cost(s: &AttentionShape, rows: usize, wg: usize, staged: bool) -> (usize, usize) {
         let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
         let (own, phases) = own_and_phases(rows, s, wg);
-        // Staging (one element per iteration), scores, softmax, P V.
-        let staging = 4 * (dk4 + dv4) * 3;
-        let per_tile =
-            staging + dk4 * (rows + 2) + rows * 16 + 2 * wg + own * (wg / phases * 3 + 1) + 8;
+        // Staged: staging (one element per iteration), scores, softmax, P V from workgroup memory;
+        // in place: scores and P V reading the cache.
+        let per_tile = match staged {
+            true => {
+                4 * (dk4 + dv4) * 3
+                    + dk4 * (rows + 2)
+                    + rows * 16
+                    + 2 * wg
+                    + own * (wg / phases * 3 + 1)
+                    + 8
+            }
+            false => dk4 * (rows + 5) + rows * 16 + 2 * wg + own * (wg / phases * 5 + 1) + 8,
+        };
         let fixed = (rows * dk4 * 4).div_ceil(wg) + own * 8 + phases + 32;
         (per_tile, fixed)
     }
