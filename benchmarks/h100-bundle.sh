@@ -41,6 +41,15 @@ git -C "$flags" apply "$PWD/benchmarks/uniform-vs-override-2026-11-27/experiment
 (cd "$flags" && CARGO_TARGET_DIR="$PWD/../flags-target" cargo build --release -p wgpu-attention-bench --bin attention-bench)
 cp "$flags/../flags-target/release/attention-bench" .gpu/bin/attention-bench-fixed-flags
 git worktree remove --force "$flags"
+# With BASE=<commit>: generate-bench built at that commit too, as generate-bench-base, which the
+# decodeattn and decodesteps steps run beside the current one (before/after in one call).
+if [ -n "${BASE:-}" ]; then
+  base=$(mktemp -d)
+  git worktree add --detach "$base" "$BASE" > /dev/null
+  (cd "$base" && CARGO_TARGET_DIR="$PWD/../flags-target" cargo build --release -p wgpu-attention-bench --bin generate-bench)
+  cp "$base/../flags-target/release/generate-bench" .gpu/bin/generate-bench-base
+  git worktree remove --force "$base"
+fi
 strip .gpu/bin/*
 tar -C .gpu -cJf .gpu/bundle.tar.xz bin
 ls -la .gpu/bundle.tar.xz
