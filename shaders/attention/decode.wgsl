@@ -58,10 +58,10 @@ override STAGED: bool = true;
 // each reading its own key's row, fall on different banks.
 override KS: u32 = DK4 + 1u;
 // Sizes of the staged tiles (a placeholder when read in place), and of the value scales an int8
-// tile read in place stages.
+// tile stages (INT8 is always read in place: the host never sets both).
 override K_TILE: u32 = select(1u, WG * KS, STAGED);
 override V_TILE: u32 = select(1u, WG * DV4, STAGED);
-override V_SCALES: u32 = select(1u, WG, INT8 && !STAGED);
+override V_SCALES: u32 = select(1u, WG, INT8);
 
 // Rows per cache block (0: a contiguous cache [B, max_len, Hkv, D]), block ids per sequence in the
 // table, and blocks in the pool.
@@ -137,34 +137,6 @@ fn cache_index(view: u32, b: u32, j: u32, g: u32) -> u32 {
     return view_index(view, 0u, cache_row(b, j), g);
 }
 
-// Elements d..d+3 of a row at element (word) `base`, zero past `dim` (f32 views need not be vec4
-// aligned); INT8: unscaled, the row's scale applied by the caller.
-fn load4_k(base: u32, d: u32) -> vec4<f32> {
-    if INT8 {
-        return unpack4x8snorm(k_buf[base + d / 4u]);
-    }
-    var x = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        if d + e < DK {
-            x[e] = bitcast<f32>(k_buf[base + d + e]);
-        }
-    }
-    return x;
-}
-
-fn load4_v(base: u32, d: u32) -> vec4<f32> {
-    if INT8 {
-        return unpack4x8snorm(v_buf[base + d / 4u]);
-    }
-    var x = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        if d + e < DV {
-            x[e] = bitcast<f32>(v_buf[base + d + e]);
-        }
-    }
-    return x;
-}
-
 // Scores (or P) of keys jj .. jj + 3 of a row of s_tile, at base + jj.
 fn tile_scores(at: u32) -> vec4<f32> {
     return vec4<f32>(s_tile[at], s_tile[at + 1u], s_tile[at + 2u], s_tile[at + 3u]);
@@ -176,6 +148,21 @@ fn cache_word(view: u32, index: u32) -> u32 {
         return k_buf[index];
     }
     return v_buf[index];
+}
+
+// Elements d..d+3 of a row (view K or V, head dim `dim`) at element (word) `base`, zero past `dim`
+// (f32 views need not be vec4 aligned); INT8: unscaled, the row's scale applied by the caller.
+fn load4(view: u32, dim: u32, base: u32, d: u32) -> vec4<f32> {
+    if INT8 {
+        return unpack4x8snorm(cache_word(view, base + d / 4u));
+    }
+    var x = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) {
+        if d + e < dim {
+            x[e] = bitcast<f32>(cache_word(view, base + d + e));
+        }
+    }
+    return x;
 }
 
 // Vec4 item t of a tile of keys n0 .. n0 + WG - 1 of an f32 cache (view K or V, head dim `dim`, d4
@@ -294,37 +281,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if STAGED {
             stage_tile(b, g, n0, end, lid);
             workgroupBarrier();
-            if j < end {
-                for (var d4 = 0u; d4 < DK4; d4++) {
-                    let k4 = k_tile[lid * KS + d4];
-                    for (var r = 0u; r < ROWS; r++) {
-                        s[r] += dot(q_tile[r * DK4 + d4], k4);
-                    }
+        }
+        if j < end {
+            // Staged: the key's row from k_tile; in place: from the cache.
+            let kj = cache_index(VIEW_K, b, j, g);
+            for (var d4 = 0u; d4 < DK4; d4++) {
+                var k4: vec4<f32>;
+                if STAGED {
+                    k4 = k_tile[lid * KS + d4];
+                } else {
+                    k4 = load4(VIEW_K, DK, kj, 4u * d4);
                 }
-            }
-        } else {
-            if j < end {
-                let kj = cache_index(VIEW_K, b, j, g);
-                for (var d4 = 0u; d4 < DK4; d4++) {
-                    let k4 = load4_k(kj, 4u * d4);
-                    for (var r = 0u; r < ROWS; r++) {
-                        s[r] += dot(q_tile[r * DK4 + d4], k4);
-                    }
-                }
-                if INT8 {
-                    let k_scale = bitcast<f32>(k_buf[kj + DK4]);
-                    for (var r = 0u; r < ROWS; r++) {
-                        s[r] *= k_scale;
-                    }
+                for (var r = 0u; r < ROWS; r++) {
+                    s[r] += dot(q_tile[r * DK4 + d4], k4);
                 }
             }
             if INT8 {
-                var scale = 0.0;
-                if j < end {
-                    scale = bitcast<f32>(v_buf[cache_index(VIEW_V, b, j, g) + DV4]);
+                let k_scale = bitcast<f32>(k_buf[kj + DK4]);
+                for (var r = 0u; r < ROWS; r++) {
+                    s[r] *= k_scale;
                 }
-                v_scale[lid] = scale;
             }
+        }
+        if INT8 {
+            var scale = 0.0;
+            if j < end {
+                scale = bitcast<f32>(v_buf[cache_index(VIEW_V, b, j, g) + DV4]);
+            }
+            v_scale[lid] = scale;
         }
         for (var r = 0u; r < ROWS; r++) {
             let fr = row0 + r;
@@ -440,7 +424,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                             if INT8 {
                                 w *= v_scale[jj];
                             }
-                            a += w * load4_v(cache_index(VIEW_V, b, n0 + jj, g), 4u * c);
+                            a += w * load4(VIEW_V, DV, cache_index(VIEW_V, b, n0 + jj, g), 4u * c);
                         }
                     }
                 }

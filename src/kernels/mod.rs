@@ -45,9 +45,9 @@ pub(crate) fn relaxed_runtime_checks(name: &str) -> Option<wgpu::ShaderRuntimeCh
         return Some(wgpu::ShaderRuntimeChecks::unchecked());
     }
     // Decode attention without the loop counters (its loops end at bounds from overrides and at
-    // the key range of its split, whatever the lengths it reads): they cost it 1.3-2.4x on an
-    // NVIDIA H200 (benchmarks/decode-2026-11-28). Index clamps stay: it reads lengths and block
-    // ids a caller may rewrite after the host checked them.
+    // the key range of its split, whatever the lengths it reads): on an NVIDIA H200 they cost the
+    // in-place kernel 1.6-1.8x and the staged one up to 2.4x (benchmarks/decode-2026-11-28). Index
+    // clamps stay: it reads lengths and block ids a caller may rewrite after the host checked them.
     if name == "attention_decode" {
         let mut checks = wgpu::ShaderRuntimeChecks::checked();
         checks.force_loop_bounding = false;

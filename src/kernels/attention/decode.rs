@@ -8,10 +8,9 @@
 //! The query heads that share a KV head are one workgroup's rows (GQA-aware: each K/V row is read
 //! once per group); with the GPU kernel families f32 caches are read a tile of keys at a time into
 //! workgroup memory (coalesced, a step's loads issued together), int8 caches (and every cache with
-//! the CPU drivers' family) in place; the key range is split over workgroups
-//! when the grid would leave a GPU idle (or llvmpipe's loop budget asks for it), the partial
-//! softmaxes merged in split order: deterministic. CPU reference:
-//! [`crate::reference::attention::attention_decode`].
+//! the CPU drivers' family) in place; the key range is split over workgroups when the grid would
+//! leave a GPU idle (or llvmpipe's loop budget asks for it), the partial softmaxes merged in split
+//! order: deterministic. CPU reference: [`crate::reference::attention::attention_decode`].
 
 use super::binding::{
     base_params, bind_tensor, bind_view, encode_kernel, set_grid, Binding, Bound, Kernel, Shared,
@@ -34,7 +33,8 @@ use crate::tensor::{GpuTensor, GpuTensorQ8, HeadsView};
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/decode.wgsl");
 
 /// Invocations per workgroup, and keys per tile (each invocation scores one key of a tile): the
-/// first of these (the softmax steps over four keys at a time) whose staged K/V tile fits the adapter's workgroup storage beside a few rows.
+/// first of these whose staged K/V tile fits the adapter's workgroup storage beside a few rows
+/// (multiples of 4: the staged softmax steps over four keys).
 const TILE_KEYS: [usize; 5] = [64, 32, 16, 8, 4];
 /// Rows (query head, query) one workgroup owns at most (`MAX_ROWS` in the shader: each invocation
 /// keeps one score per row); never more than its invocations (one owns each row's softmax).
@@ -75,8 +75,8 @@ pub struct DecodePlan {
     pub split_keys: usize,
     /// Keys per tile, and invocations per workgroup.
     pub tile_keys: usize,
-    /// Whether each tile's keys and values are staged in workgroup memory (f32 caches) or read in
-    /// place (int8 caches).
+    /// Whether each tile's keys and values are staged in workgroup memory (f32 caches, GPU kernel
+    /// families) or read in place (int8 caches, CPU drivers).
     pub staged: bool,
 }
 
