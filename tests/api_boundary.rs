@@ -507,3 +507,39 @@ fn the_forward_without_lse_writes_the_same_output() {
         );
     });
 }
+
+/// A wrapped device destroyed while the application forwards nothing to the context, which keeps
+/// its own uncaptured-error handler: attention calls neither panic inside wgpu (the parameter
+/// buffers' `create_buffer_init` did, mapping on a lost device) nor return results from it; what
+/// the device reports goes to the application's handler.
+#[test]
+fn a_wrapped_device_lost_without_forwarding_does_not_panic() {
+    let Some((device, queue, _)) = user_device() else {
+        eprintln!("no Vulkan adapter: skipped");
+        return;
+    };
+    let reported = Arc::new(AtomicBool::new(false));
+    {
+        let reported = reported.clone();
+        device.on_uncaptured_error(Arc::new(move |_| reported.store(true, Ordering::SeqCst)));
+    }
+    let ctx = Context::from_device(device.clone(), queue).unwrap();
+    let q = GpuTensor::zeros(&ctx, &[1, 4, 2, 8])
+        .unwrap()
+        .heads()
+        .unwrap();
+    attention_forward(&ctx, &q, &q, &q, &AttentionOptions::new()).unwrap();
+    ctx.synchronize().unwrap();
+    assert!(!reported.load(Ordering::SeqCst));
+    device.destroy();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let out = attention_forward(&ctx, &q, &q, &q, &AttentionOptions::new())?;
+        out.out.to_vec(&ctx)
+    }));
+    let result = result.expect("attention_forward panicked on a lost device");
+    assert!(result.is_err(), "a readback from a lost device: {result:?}");
+    assert!(
+        reported.load(Ordering::SeqCst),
+        "the application's handler heard of it"
+    );
+}

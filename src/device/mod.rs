@@ -258,7 +258,9 @@ impl Context {
     /// waits report a lost device, call [`Context::device_lost_handler`]'s closure from the
     /// application's own callback (or install it as the callback). A wgpu validation error on
     /// this device goes to the application's handler; the library refuses up front every argument
-    /// wgpu would reject.
+    /// wgpu would reject. On a device lost without the context hearing of it, calls record nothing
+    /// valid: what wgpu reports of them goes to that handler (wgpu's default one panics) and
+    /// readbacks fail with [`Error::Readback`]; the library itself does not panic.
     pub fn from_device_with(
         device: wgpu::Device,
         queue: wgpu::Queue,

@@ -265,14 +265,18 @@ impl Context {
                 entries: &entries,
             })
         };
+        // Written through the queue rather than mapped at creation: on a device lost without the
+        // context hearing of it (a wrapped device whose application forwards nothing), mapping
+        // panics inside wgpu, while an unmapped buffer and a queued write do not.
         let new_uniform = || {
-            use wgpu::util::DeviceExt;
-            self.device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some(label),
-                    contents: params,
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                })
+            let uniform = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: params.len() as u64,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            self.queue.write_buffer(&uniform, 0, params);
+            uniform
         };
         let thread = std::thread::current().id();
         let mut guard = self
