@@ -270,6 +270,18 @@ fn user_device() -> Option<(wgpu::Device, wgpu::Queue, wgpu::AdapterInfo)> {
     Some((device, queue, adapter.get_info()))
 }
 
+/// A small Q, attention over it run on `ctx` and waited for: the wrapped-device tests' work before
+/// they destroy the device.
+fn forward_and_wait(ctx: &Context) -> HeadsView {
+    let q = GpuTensor::zeros(ctx, &[1, 4, 2, 8])
+        .unwrap()
+        .heads()
+        .unwrap();
+    attention_forward(ctx, &q, &q, &q, &AttentionOptions::new()).unwrap();
+    ctx.synchronize().unwrap();
+    q
+}
+
 /// Wrapping a device leaves the application's device-lost callback in place (the library used to
 /// replace it), and the context learns of a loss through the handler the application chains.
 /// What the kernels need of the adapter comes from the device itself: the llvmpipe loop budget
@@ -297,12 +309,7 @@ fn wrapping_a_device_has_no_side_effect() {
             chained(reason, message);
         });
     }
-    let q = GpuTensor::zeros(&ctx, &[1, 4, 2, 8])
-        .unwrap()
-        .heads()
-        .unwrap();
-    attention_forward(&ctx, &q, &q, &q, &AttentionOptions::new()).unwrap();
-    ctx.synchronize().unwrap();
+    forward_and_wait(&ctx);
     device.destroy();
     let _ = device.poll(wgpu::PollType::wait_indefinitely());
     assert!(
@@ -524,12 +531,7 @@ fn a_wrapped_device_lost_without_forwarding_does_not_panic() {
         device.on_uncaptured_error(Arc::new(move |_| reported.store(true, Ordering::SeqCst)));
     }
     let ctx = Context::from_device(device.clone(), queue).unwrap();
-    let q = GpuTensor::zeros(&ctx, &[1, 4, 2, 8])
-        .unwrap()
-        .heads()
-        .unwrap();
-    attention_forward(&ctx, &q, &q, &q, &AttentionOptions::new()).unwrap();
-    ctx.synchronize().unwrap();
+    let q = forward_and_wait(&ctx);
     assert!(!reported.load(Ordering::SeqCst));
     device.destroy();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
