@@ -545,3 +545,84 @@ fn a_wrapped_device_lost_without_forwarding_does_not_panic() {
         "the application's handler heard of it"
     );
 }
+
+/// `SeqLens::write` between recording a call and submitting it: the recorded call reads the
+/// lengths it validated, later calls the new ones (issue 46: the kernel read lengths written after
+/// it was recorded, and a causal call validated at [4, 4] ran unmasked at [1000, 1000]). In an
+/// encoder of its own per call and inside one shared pass; the results bit for bit those of calls
+/// made with fresh lengths.
+#[test]
+fn lengths_written_after_recording_reach_only_later_calls() {
+    use wgpu_attention::SeqLens;
+    for_each_backend(|name, ctx| {
+        let mut r = rng(46);
+        let shape = [2, 8, 1, 8];
+        let make = |r: &mut _| upload(ctx, &random(r, 2 * 8 * 8, 1.0), shape);
+        let (q, k, v) = (make(&mut r), make(&mut r), make(&mut r));
+        let bits = |t: &GpuTensor| -> Vec<u32> {
+            t.to_vec(ctx)
+                .unwrap()
+                .into_iter()
+                .map(f32::to_bits)
+                .collect()
+        };
+        // What a call with fresh lengths `kv` gives.
+        let expected = |kv: &[u32]| {
+            let lens = SeqLens::new(ctx, None, Some(kv)).unwrap();
+            let opts = AttentionOptions::new().seq_lens(&lens);
+            bits(&attention_forward(ctx, &q, &k, &v, &opts).unwrap().out)
+        };
+        let outputs = || GpuTensor::zeros(ctx, &shape).unwrap();
+        let lse = GpuTensor::zeros(ctx, &[2, 1, 8]).unwrap();
+        let record = |enc: &mut wgpu::CommandEncoder, lens: &SeqLens, out: &GpuTensor| {
+            let views = ForwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out.heads().unwrap(),
+                lse: &lse,
+            };
+            attention_forward_into(ctx, enc, &views, &AttentionOptions::new().seq_lens(lens))
+                .unwrap();
+        };
+        for shared_pass in [false, true] {
+            let mut lens = SeqLens::new(ctx, None, Some(&[4, 4])).unwrap();
+            let (first, second, third) = (outputs(), outputs(), outputs());
+            let mut enc = encoder(ctx);
+            let mut steps = |enc: &mut wgpu::CommandEncoder| {
+                record(enc, &lens, &first);
+                lens.write(ctx, None, Some(&[8, 3])).unwrap();
+                record(enc, &lens, &second);
+                // Written after the last call recorded here: no call of this encoder reads it.
+                lens.write(ctx, None, Some(&[1000, 1000])).unwrap();
+                lens.write(ctx, None, Some(&[2, 6])).unwrap();
+            };
+            match shared_pass {
+                false => steps(&mut enc),
+                true => ctx.with_one_pass(&mut enc, "lengths test", |enc| steps(enc)),
+            }
+            ctx.queue().submit([enc.finish()]);
+            let mut enc = encoder(ctx);
+            record(&mut enc, &lens, &third);
+            ctx.queue().submit([enc.finish()]);
+            let case = format!("{name}, shared pass {shared_pass}");
+            assert_eq!(bits(&first), expected(&[4, 4]), "{case}: first call");
+            assert_eq!(bits(&second), expected(&[8, 3]), "{case}: second call");
+            assert_eq!(bits(&third), expected(&[2, 6]), "{case}: after the submit");
+        }
+        // Lengths are written through the context that made them.
+        let other = fresh_context(name, ctx);
+        let mut lens = SeqLens::new(ctx, None, Some(&[4, 4])).unwrap();
+        let err = lens.write(&other, None, Some(&[1, 1])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::ForeignTensor {
+                    arg: "seq_lens",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    });
+}

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 mod dump;
 mod memory;
 mod options;
+mod ordered_writes;
 mod pipelines;
 mod profile;
 mod report;
@@ -90,6 +91,8 @@ pub struct Context {
     profiler: Mutex<Option<PassProfiler>>,
     /// Open [`Context::with_one_pass`] scopes, by encoder.
     shared_passes: Mutex<Vec<SharedPass>>,
+    /// Writes waiting for the next compute pass ([`Context::write_in_recording_order`]).
+    ordered_writes: Mutex<Vec<ordered_writes::OrderedWrite>>,
     /// Binding caches lent with [`Context::with_binding_cache`], by the thread that lent them: only
     /// that thread's recordings use (and fill) a cache.
     binding_caches: Mutex<Vec<(std::thread::ThreadId, BindingCache)>>,
@@ -354,6 +357,7 @@ impl Context {
             uncaptured: Arc::default(),
             profiler: Mutex::new(None),
             shared_passes: Mutex::new(Vec::new()),
+            ordered_writes: Mutex::new(Vec::new()),
             binding_caches: Mutex::default(),
             read_write_bindings: Mutex::default(),
             pipeline_dump: options

@@ -1,6 +1,7 @@
 //! Submissions and compute passes: counted for the benchmarks, and timestamped per pass while
 //! profiling is on.
 
+use super::ordered_writes::record_ordered_writes;
 use super::Context;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -93,15 +94,23 @@ impl Context {
     }
 
     /// Begins a compute pass labelled `label`, with timestamps around it while profiling; inside
-    /// [`Context::with_one_pass`] on the same encoder, continues that scope's pass instead.
+    /// [`Context::with_one_pass`] on the same encoder, continues that scope's pass instead. Writes
+    /// made in recording order since the last pass are copied in first (`ordered_writes`).
     pub(crate) fn begin_pass<'a>(
         &'a self,
         encoder: &'a mut wgpu::CommandEncoder,
         label: &'static str,
     ) -> Pass<'a> {
         let key = encoder_key(encoder);
+        let writes = self.take_ordered_writes();
         let mut shared = self.shared_passes.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(index) = shared.iter().position(|s| s.encoder == key) {
+            if !writes.is_empty() {
+                // Copies cannot be recorded inside a pass: end the scope's pass (the next kernel
+                // continues in a new one).
+                shared[index].pass = None;
+                record_ordered_writes(encoder, &writes);
+            }
             if shared[index].pass.is_none() {
                 self.recorded_passes
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -117,6 +126,7 @@ impl Context {
             };
         }
         drop(shared);
+        record_ordered_writes(encoder, &writes);
         self.recorded_passes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let slot = {

@@ -171,7 +171,7 @@ fn lens_data(batch: usize, q_lens: Option<&[u32]>, kv_lens: Option<&[u32]>) -> V
     data
 }
 
-/// A storage buffer holding `data`, rewritable through the queue.
+/// A storage buffer holding `data` (rewritten in recording order: [`SeqLens::write`]).
 fn upload(ctx: &Context, label: &'static str, data: &[u32]) -> Result<wgpu::Buffer> {
     let buffer = ctx.create_uncounted_buffer(
         label,
@@ -392,8 +392,9 @@ impl SeqLens {
         })
     }
 
-    /// Overwrites a tree step's lengths and trees through the queue (no allocation): as many
-    /// sequences and row slots as at creation ([`SeqLens::with_trees`]).
+    /// Overwrites a tree step's lengths and trees for the calls recorded after this one, as
+    /// [`SeqLens::write`] does: as many sequences and row slots as at creation
+    /// ([`SeqLens::with_trees`]).
     pub fn write_trees(
         &mut self,
         ctx: &Context,
@@ -416,9 +417,9 @@ impl SeqLens {
                 ),
             ));
         }
+        self.check_context(ctx)?;
         let (q_lens, tree, data) = tree_data(kv_lens, slots, parents)?;
-        ctx.queue()
-            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&data));
+        ctx.write_in_recording_order(&self.buffer, bytemuck::cast_slice(&data))?;
         self.q_lens = Some(q_lens);
         self.kv_lens = Some(kv_lens.to_vec());
         self.tree = Some(tree);
@@ -457,10 +458,14 @@ impl SeqLens {
         }
     }
 
-    /// Overwrites the lengths through the queue (no allocation). The same lengths must be given as
-    /// at creation (`Some`/`None` alike) for the same batch; packed lengths get their new starts
-    /// (views made for the old ones keep their shapes: make new ones if a sequence grew past the
-    /// longest).
+    /// Overwrites the lengths for the calls recorded after this one: a call recorded before it
+    /// (even one not yet submitted) reads the lengths it validated, one recorded after reads
+    /// these, provided the encoders are submitted in the order they were recorded. The values wait
+    /// in a small staging buffer until the next compute pass this context records copies them in
+    /// (an encoder dropped unsubmitted after taking them loses them). The same lengths must be
+    /// given as at creation (`Some`/`None` alike) for the same batch; packed lengths get their new
+    /// starts (views made for the old ones keep their shapes: make new ones if a sequence grew past
+    /// the longest). `ctx` is the context that created these lengths.
     pub fn write(
         &mut self,
         ctx: &Context,
@@ -488,16 +493,18 @@ impl SeqLens {
                 "holds draft trees; build a new one with SeqLens::with_trees",
             ));
         }
-        let data = match (&self.starts, q_lens, kv_lens) {
+        self.check_context(ctx)?;
+        let (data, starts) = match (&self.starts, q_lens, kv_lens) {
             (Some(_), Some(q), Some(kv)) => {
                 let (data, starts) = packed_data(q, kv)?;
-                self.starts = Some(starts);
-                data
+                (data, Some(starts))
             }
-            _ => lens_data(self.batch, q_lens, kv_lens),
+            _ => (lens_data(self.batch, q_lens, kv_lens), None),
         };
-        ctx.queue()
-            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&data));
+        ctx.write_in_recording_order(&self.buffer, bytemuck::cast_slice(&data))?;
+        if starts.is_some() {
+            self.starts = starts;
+        }
         self.q_lens = q_lens.map(<[u32]>::to_vec);
         self.kv_lens = kv_lens.map(<[u32]>::to_vec);
         Ok(())
@@ -562,6 +569,17 @@ impl SeqLens {
 
     pub(crate) fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
+    }
+
+    /// Refuses a write through another context: the buffer lives on this one's device.
+    fn check_context(&self, ctx: &Context) -> Result<()> {
+        match ctx.id() == self.context {
+            true => Ok(()),
+            false => Err(Error::ForeignTensor {
+                arg: "seq_lens",
+                adapter: ctx.report().name.clone(),
+            }),
+        }
     }
 
     /// The buffer as a read-only argument of a call (its context, for the aliasing checks).

@@ -1,6 +1,6 @@
 //! GPU contexts for every back end under test (native only: a browser test makes its own, async).
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use super::{FORWARD_ATOL, FORWARD_RTOL};
 use wgpu_attention::{Context, ContextOptions, KernelFamily};
@@ -43,15 +43,11 @@ fn contexts_cell() -> &'static Vec<(String, Arc<Context>)> {
     })
 }
 
-/// Runs `f` once per back end under test.
-/// GPU work on one back end is serialised across test threads: wgpu's GL back end gives up on its
-/// context lock when another thread holds it through a long dispatch, and a CPU driver (lavapipe,
-/// llvmpipe) already uses every core for one dispatch. Different back ends may run at once, which
-/// lets a cold shader cache compile on both cores (llvmpipe compiles at the first dispatch, on one
-/// thread).
+/// Runs `f` once per back end under test, on its shared context, which no other test uses
+/// meanwhile (see [`usage_lock`]).
 pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
     for (index, (name, ctx)) in contexts_cell().iter().enumerate() {
-        let _guard = backend_lock(index);
+        let _guard = usage_lock(name, index, Some(&SHARED_LOCKS[index.min(LOCKS - 1)]));
         f(name, ctx);
     }
 }
@@ -137,9 +133,11 @@ pub fn for_each_family(f: impl FnMut(&str, &Context)) {
 
 /// Runs `f` on the shared context of every back end and each of `families`.
 fn each_family(families: &[KernelFamily], mut f: impl FnMut(&str, &Context)) {
-    for (name, index, family, ctx) in family_contexts() {
+    for (slot, (name, index, family, ctx)) in family_contexts().iter().enumerate() {
         if families.contains(family) {
-            let _guard = backend_lock(*index);
+            let backend = name.split('/').next().unwrap_or(name);
+            let own = &FAMILY_LOCKS[slot.min(FAMILY_LOCKS.len() - 1)];
+            let _guard = usage_lock(backend, *index, Some(own));
             f(name, ctx);
         }
     }
@@ -176,7 +174,7 @@ fn each_family_with_options(
     mut f: impl FnMut(&str, &Context),
 ) {
     for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-        let _guard = backend_lock(index);
+        let _guard = usage_lock(name, index, None);
         for &family in families {
             if !in_family_matrix(name, family) {
                 continue;
@@ -221,7 +219,7 @@ pub fn for_each_backend_with_options(
     mut f: impl FnMut(&str, &Context),
 ) {
     for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-        let _guard = backend_lock(index);
+        let _guard = usage_lock(name, index, None);
         let ctx = fresh_context_with_options(name, shared, |opts| adjust(name, opts));
         f(name, &ctx);
     }
@@ -231,7 +229,7 @@ pub fn for_each_backend_with_options(
 /// workgroup storage (WebGPU's default is 16384), with the GPU kernel family.
 pub fn for_each_backend_with_storage(bytes: u32, mut f: impl FnMut(&str, &Context)) {
     for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-        let _guard = backend_lock(index);
+        let _guard = usage_lock(name, index, None);
         let mut ctx = fresh_context_with_storage(name, shared, Some(bytes));
         ctx.set_kernel_family(Some(KernelFamily::Gpu));
         assert!(ctx.limits().max_compute_workgroup_storage_size <= bytes);
@@ -239,18 +237,38 @@ pub fn for_each_backend_with_storage(bytes: u32, mut f: impl FnMut(&str, &Contex
     }
 }
 
-/// The lock of the `index`-th back end under test (see [`for_each_backend`]).
-fn backend_lock(index: usize) -> std::sync::MutexGuard<'static, ()> {
-    static LOCKS: [Mutex<()>; 4] = [const { Mutex::new(()) }; 4];
-    LOCKS[index.min(LOCKS.len() - 1)]
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+/// Locks kept per back end under test (more share the last).
+const LOCKS: usize = 4;
+/// One per shared context of [`contexts_cell`].
+static SHARED_LOCKS: [Mutex<()>; LOCKS] = [const { Mutex::new(()) }; LOCKS];
+/// One per shared context of [`family_contexts`].
+static FAMILY_LOCKS: [Mutex<()>; 16] = [const { Mutex::new(()) }; 16];
+
+/// What a test holds while it uses a context of back end `name` (the `index`-th under test), `own`
+/// being the context's lock (`None` for a fresh context, which no other test sees).
+/// - GL: one lock for the back end, whatever the context: wgpu's GL back end gives up on its
+///   context lock when another thread holds it through a long dispatch.
+/// - Any other: the context's own lock, so that a test that counts a shared context's pipelines or
+///   bind groups sees only its own work, while tests on different contexts run at once. lavapipe
+///   compiles a pipeline at its first dispatch on the device's queue thread: a cold shader cache
+///   then compiles on both cores, not one (`benchmarks/ci-time-2026-11-28/`).
+fn usage_lock(
+    name: &str,
+    index: usize,
+    own: Option<&'static Mutex<()>>,
+) -> Option<MutexGuard<'static, ()>> {
+    static GL_LOCKS: [Mutex<()>; LOCKS] = [const { Mutex::new(()) }; LOCKS];
+    let lock = match name {
+        "gl" => Some(&GL_LOCKS[index.min(LOCKS - 1)]),
+        _ => own,
+    };
+    lock.map(|l| l.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// Like [`for_each_backend`], on a fresh context of each back end that `configure` has adjusted.
 pub fn for_each_backend_with(configure: impl Fn(&mut Context), mut f: impl FnMut(&str, &Context)) {
     for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-        let _guard = backend_lock(index);
+        let _guard = usage_lock(name, index, None);
         let mut ctx = fresh_context(name, shared);
         configure(&mut ctx);
         f(name, &ctx);
