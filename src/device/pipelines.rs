@@ -391,6 +391,14 @@ fn read_write_bindings(source: &str) -> Vec<u32> {
 /// Bytes of workgroup memory the entry point `main` of `source` uses once `constants` are applied
 /// (naga's layout of each workgroup variable it touches), or `None` if naga cannot tell; wgpu 30
 /// does not check this against the device limit, and lavapipe runs over-limit pipelines anyway.
+/// In the browser WebGPU checks it at pipeline creation (`None` there).
+#[cfg(target_arch = "wasm32")]
+fn workgroup_bytes(_source: &str, _constants: &[(&'static str, u32)]) -> Option<u64> {
+    None
+}
+
+/// See the wasm32 form above.
+#[cfg(not(target_arch = "wasm32"))]
 fn workgroup_bytes(source: &str, constants: &[(&'static str, u32)]) -> Option<u64> {
     use naga::valid::{Capabilities, ValidationFlags, Validator};
     let module = naga::front::wgsl::parse_str(source).ok()?;

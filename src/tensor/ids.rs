@@ -462,7 +462,8 @@ impl SeqLens {
     /// (even one not yet submitted) reads the lengths it validated, one recorded after reads
     /// these, provided the encoders are submitted in the order they were recorded. The values wait
     /// in a small staging buffer until the next compute pass this context records copies them in
-    /// (an encoder dropped unsubmitted after taking them loses them). The same lengths must be
+    /// (an encoder dropped unsubmitted after taking them loses them); lengths equal to the current
+    /// ones write nothing. The same lengths must be
     /// given as at creation (`Some`/`None` alike) for the same batch; packed lengths get their new
     /// starts (views made for the old ones keep their shapes: make new ones if a sequence grew past
     /// the longest). `ctx` is the context that created these lengths.
@@ -494,6 +495,10 @@ impl SeqLens {
             ));
         }
         self.check_context(ctx)?;
+        // What every call recorded from now on would read already (the starts follow the lengths).
+        if q_lens == self.q_lens.as_deref() && kv_lens == self.kv_lens.as_deref() {
+            return Ok(());
+        }
         let (data, starts) = match (&self.starts, q_lens, kv_lens) {
             (Some(_), Some(q), Some(kv)) => {
                 let (data, starts) = packed_data(q, kv)?;
