@@ -511,6 +511,19 @@ impl Context {
             None => Ok(()),
         }
     }
+
+    /// Refuses argument `arg` made by another context (`made_by`; `None` for a buffer of the
+    /// application's own): its buffer lives on another device, or in another context's
+    /// pipelines and memory account.
+    pub(crate) fn check_owns(&self, arg: &'static str, made_by: Option<ContextId>) -> Result<()> {
+        match made_by {
+            Some(context) if context != self.id => Err(Error::ForeignTensor {
+                arg,
+                adapter: self.report.name.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl fmt::Debug for Context {

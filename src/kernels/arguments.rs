@@ -27,15 +27,8 @@ pub(crate) fn check_binding(ctx: &Context, arg: &'static str, bytes: u64) -> Res
 /// Refuses tensors of another context: their buffers live on another device (or, for two
 /// contexts of one device, in another pipeline and memory account).
 pub(crate) fn check_context(ctx: &Context, args: &[(&'static str, Region<'_>)]) -> Result<()> {
-    for (arg, region) in args {
-        if region.context.is_some_and(|c| c != ctx.id()) {
-            return Err(Error::ForeignTensor {
-                arg,
-                adapter: ctx.report().name.clone(),
-            });
-        }
-    }
-    Ok(())
+    args.iter()
+        .try_for_each(|(arg, region)| ctx.check_owns(arg, region.context))
 }
 
 /// The aliasing rules of one call (module docs): every argument of `ctx`, no output in the buffer

@@ -417,7 +417,7 @@ impl SeqLens {
                 ),
             ));
         }
-        self.check_context(ctx)?;
+        ctx.check_owns("seq_lens", Some(self.context))?;
         let (q_lens, tree, data) = tree_data(kv_lens, slots, parents)?;
         ctx.write_in_recording_order(&self.buffer, bytemuck::cast_slice(&data))?;
         self.q_lens = Some(q_lens);
@@ -494,7 +494,7 @@ impl SeqLens {
                 "holds draft trees; build a new one with SeqLens::with_trees",
             ));
         }
-        self.check_context(ctx)?;
+        ctx.check_owns("seq_lens", Some(self.context))?;
         // What every call recorded from now on would read already (the starts follow the lengths).
         if q_lens == self.q_lens.as_deref() && kv_lens == self.kv_lens.as_deref() {
             return Ok(());
@@ -574,17 +574,6 @@ impl SeqLens {
 
     pub(crate) fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
-    }
-
-    /// Refuses a write through another context: the buffer lives on this one's device.
-    fn check_context(&self, ctx: &Context) -> Result<()> {
-        match ctx.id() == self.context {
-            true => Ok(()),
-            false => Err(Error::ForeignTensor {
-                arg: "seq_lens",
-                adapter: ctx.report().name.clone(),
-            }),
-        }
     }
 
     /// The buffer as a read-only argument of a call (its context, for the aliasing checks).
