@@ -28,9 +28,10 @@ pub mod spec;
 pub mod tensor;
 
 pub use device::{
-    enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport, Context, ContextId,
-    ContextOptions, GemmTiles, KernelFamily, MemoryStats, Qualification, RecordedCounts,
-    TiledShape, ENVIRONMENT_VARIABLES,
+    enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport, CandidateRecord,
+    Context, ContextId, ContextOptions, GemmTiles, KernelChoice, KernelFamily, MemoryStats,
+    Qualification, RecordedCounts, TiledShape, TuningBudget, TuningMode, TuningRecord,
+    TuningSource, ENVIRONMENT_VARIABLES,
 };
 pub use error::{Error, PretrainedProblem, Result};
 pub use kernels::additive::{

@@ -14,6 +14,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod autotune;
 mod dump;
 mod memory;
 mod options;
@@ -24,6 +25,8 @@ mod report;
 mod tuning;
 mod wait;
 
+pub(crate) use autotune::Search;
+pub use autotune::{CandidateRecord, TuningBudget, TuningMode, TuningRecord, TuningSource};
 pub use memory::MemoryStats;
 pub(crate) use memory::{Allocation, MemoryCounter};
 pub use options::{ContextOptions, ENVIRONMENT_VARIABLES};
@@ -34,7 +37,9 @@ use profile::{PassProfiler, SharedPass};
 pub use profile::{RecordedCounts, MAX_PROFILED_PASSES};
 use report::new_instance;
 pub use report::{enumerate_adapters, parse_backends, quiet_headless_start_up, AdapterReport};
-pub use tuning::{GemmTiles, KernelFamily, TiledShape, ATTENTION_WORKGROUPS, LLVMPIPE_LOOP_BUDGET};
+pub use tuning::{
+    GemmTiles, KernelChoice, KernelFamily, TiledShape, ATTENTION_WORKGROUPS, LLVMPIPE_LOOP_BUDGET,
+};
 pub use wait::{block_on, read_mapped};
 
 /// A GPU device with its queue, adapter report and pipeline cache. Cheap to share behind `Arc`.
@@ -104,6 +109,8 @@ pub struct Context {
     pipeline_dump: Option<dump::PipelineDump>,
     /// Kernels qualified (or refused) on this device at their first use, by name.
     qualified: Mutex<HashMap<&'static str, Qualification>>,
+    /// [`ContextOptions::tuning`]: the choices tuned per key, their cache file and report.
+    tuner: autotune::Tuner,
 }
 
 /// The outcome of a kernel's qualification on a device ([`Context::qualifications`]): a kernel
@@ -326,6 +333,9 @@ impl Context {
         let is_llvmpipe = [&report.name, &report.driver, &report.driver_info]
             .iter()
             .any(|s| s.to_lowercase().contains("llvmpipe"));
+        let subgroups_enabled = options.subgroups.unwrap_or(true);
+        let trusted_shaders = options.trusted_shaders.unwrap_or(owns_device);
+        let tuner = autotune::Tuner::new(options, &device, trusted_shaders, subgroups_enabled);
         let mut ctx = Self {
             id: next_context_id(),
             device,
@@ -342,8 +352,8 @@ impl Context {
             kernel_family: options.kernel_family,
             gemm_tiles: options.gemm_tiles,
             subgroup_size,
-            subgroups_enabled: options.subgroups.unwrap_or(true),
-            trusted_shaders: options.trusted_shaders.unwrap_or(owns_device),
+            subgroups_enabled,
+            trusted_shaders,
             pass_per_kernel: options.pass_per_kernel,
             untrusted_measurement: options.unchecked_measurement,
             unbounded_loops_measurement: options.unbounded_loops_measurement,
@@ -365,6 +375,7 @@ impl Context {
                 .as_deref()
                 .map(dump::PipelineDump::new),
             qualified: Mutex::default(),
+            tuner,
         };
         ctx.set_attention_workgroup(options.attention_workgroup)?;
         Ok(ctx)

@@ -2,6 +2,7 @@
 //! environment variable on its own; [`ContextOptions::from_env`] is the explicit opt-in (the
 //! crate's binaries, examples and tests use it).
 
+use super::autotune::{TuningBudget, TuningMode};
 use super::report::parse_backends;
 use super::tuning::{GemmTiles, KernelFamily, TiledShape, ATTENTION_WORKGROUPS};
 use crate::error::Result;
@@ -77,10 +78,21 @@ pub struct ContextOptions {
     /// `wgpu_attention_serve::Generator::precompile` a whole kernel set is written without running
     /// it. A write that fails is logged once and never fails a kernel. `None`: no dump.
     pub dump_pipelines: Option<std::path::PathBuf>,
+    /// Whether the fused attention's configuration (family, tile shapes, split-KV count: what the
+    /// fields above leave unset) is tuned on this device ([`TuningMode`]). Default: off, the static
+    /// choice.
+    pub tuning: TuningMode,
+    /// The file tuned choices are read from and written to, keyed inside by adapter, driver,
+    /// limits and library version (other adapters' sections are kept). The library never picks a
+    /// path itself: `None` keeps choices for the context's life only. A file that is unreadable,
+    /// corrupt or of another format is ignored with a `log` warning, and replaced at the next save.
+    pub tuning_cache: Option<std::path::PathBuf>,
+    /// How long tuning may take, per key and in all ([`TuningBudget`]).
+    pub tuning_budget: TuningBudget,
 }
 
 /// The environment variables [`ContextOptions::from_env`] reads, with what each sets.
-pub const ENVIRONMENT_VARIABLES: [(&str, &str); 15] = [
+pub const ENVIRONMENT_VARIABLES: [(&str, &str); 17] = [
     (
         "WGPU_BACKEND",
         "backends: vulkan, gl, metal, dx12 (comma-separated)",
@@ -110,6 +122,11 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 15] = [
     (
         "WGPU_ATTENTION_DUMP_PIPELINES",
         "dump_pipelines: a directory to write every compiled pipeline to",
+    ),
+    ("WGPU_ATTENTION_TUNING", "tuning: off, cache or tune"),
+    (
+        "WGPU_ATTENTION_TUNING_CACHE",
+        "tuning_cache: the file tuned choices are kept in",
     ),
 ];
 
@@ -224,6 +241,13 @@ impl ContextOptions {
             }
         }
         options.dump_pipelines = var("WGPU_ATTENTION_DUMP_PIPELINES").map(Into::into);
+        if let Some(value) = var("WGPU_ATTENTION_TUNING") {
+            match TuningMode::parse(&value) {
+                Ok(mode) => options.tuning = mode,
+                Err(e) => ignore("WGPU_ATTENTION_TUNING", &value, &e),
+            }
+        }
+        options.tuning_cache = var("WGPU_ATTENTION_TUNING_CACHE").map(Into::into);
         Ok(options)
     }
 
@@ -284,6 +308,24 @@ impl ContextOptions {
     /// Sets [`ContextOptions::pass_per_kernel`].
     pub fn pass_per_kernel(mut self, separate: bool) -> Self {
         self.pass_per_kernel = separate;
+        self
+    }
+
+    /// Sets [`ContextOptions::tuning`].
+    pub fn tuning(mut self, mode: TuningMode) -> Self {
+        self.tuning = mode;
+        self
+    }
+
+    /// Sets [`ContextOptions::tuning_cache`].
+    pub fn tuning_cache(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tuning_cache = Some(path.into());
+        self
+    }
+
+    /// Sets [`ContextOptions::tuning_budget`].
+    pub fn tuning_budget(mut self, budget: TuningBudget) -> Self {
+        self.tuning_budget = budget;
         self
     }
 }

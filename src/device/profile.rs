@@ -102,6 +102,19 @@ impl Context {
         label: &'static str,
     ) -> Pass<'a> {
         let key = encoder_key(encoder);
+        if self.is_tuning_thread() {
+            // The autotuner's own encoder: the caller's ordered writes and profile are not its.
+            self.recorded_passes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(label),
+                timestamp_writes: None,
+            });
+            return Pass {
+                inner: PassInner::Own(pass.forget_lifetime()),
+                _encoder: std::marker::PhantomData,
+            };
+        }
         let writes = self.take_ordered_writes();
         let mut shared = self.shared_passes.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(index) = shared.iter().position(|s| s.encoder == key) {

@@ -20,12 +20,14 @@ pub const ATTENTION_WORKGROUPS: [u32; 4] = [16, 32, 64, 128];
 /// reductions (LayerNorm and RMSNorm: a row per invocation or per workgroup) and of the few-row
 /// GEMM of a decoding step (an element per invocation, or k split over lanes). All compute the
 /// same results (SPEC.md) and are tested against the same reference; they differ in shape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum KernelFamily {
     /// Shaped for CPU drivers (lavapipe, llvmpipe): each invocation keeps four rows in vec4 lanes
     /// with head-dim-sized private arrays, wide workgroups, long loops split under the driver's
     /// cap.
+    #[serde(rename = "cpu")]
     CpuDriver,
     /// Shaped for GPUs: small query blocks, Q/K/V tiles in workgroup memory, register micro-tiles,
     /// split-KV when the grid would leave the GPU idle.
@@ -59,6 +61,65 @@ impl KernelFamily {
             Self::CpuDriver => "cpu",
             Self::Gpu => "gpu",
             Self::Coop => "coop",
+        }
+    }
+}
+
+/// What one fused attention call runs where the context leaves it open: the kernel family, the
+/// GPU family's tile shapes (forward, dK/dV, dQ: as [`ContextOptions::tiled_shapes`]) and the
+/// forward's split-KV count. `None` takes the context's setting, and where that is unset, the
+/// measured default for the problem. The autotuner's candidates and winners are these
+/// ([`Context::tuning_report`]); a context's explicit settings are never tuned over.
+///
+/// [`ContextOptions::tiled_shapes`]: super::ContextOptions::tiled_shapes
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[non_exhaustive]
+pub struct KernelChoice {
+    /// The kernel family.
+    pub family: Option<KernelFamily>,
+    /// The GPU family's forward, dK/dV and dQ shapes `(workgroup, first block, second block)`.
+    pub tiles: [Option<TiledShape>; 3],
+    /// Split-KV workgroups per query block of the GPU family's forward.
+    pub splits: Option<usize>,
+}
+
+impl KernelChoice {
+    /// This choice with the unset fields taken from `fallback`.
+    pub fn or(self, fallback: KernelChoice) -> KernelChoice {
+        let tile = |i: usize| self.tiles[i].or(fallback.tiles[i]);
+        KernelChoice {
+            family: self.family.or(fallback.family),
+            tiles: [tile(0), tile(1), tile(2)],
+            splits: self.splits.or(fallback.splits),
+        }
+    }
+
+    /// The family this choice runs on `ctx`.
+    pub fn family_on(&self, ctx: &Context) -> KernelFamily {
+        self.family.unwrap_or_else(|| ctx.kernel_family())
+    }
+}
+
+impl std::fmt::Display for KernelChoice {
+    /// `gpu forward 128x64x32 split 2`: the fields set, `default` where none is.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(family) = self.family {
+            parts.push(family.name().to_string());
+        }
+        for (name, tile) in ["forward", "dkdv", "dq"].iter().zip(self.tiles) {
+            if let Some((wg, a, b)) = tile {
+                parts.push(format!("{name} {wg}x{a}x{b}"));
+            }
+        }
+        if let Some(splits) = self.splits {
+            parts.push(format!("split {splits}"));
+        }
+        match parts.is_empty() {
+            true => write!(f, "default"),
+            false => write!(f, "{}", parts.join(" ")),
         }
     }
 }
@@ -232,20 +293,19 @@ impl Context {
         self.pass_per_kernel = separate;
     }
 
-    /// The tiled-kernel shape override `index` (forward, dK/dV, dQ) of
-    /// [`ContextOptions::tiled_shapes`].
-    pub(crate) fn tiled_shape(&self, index: usize) -> Option<TiledShape> {
-        self.tiled_shapes[index]
+    /// The attention settings this context was given explicitly (family, tiled shapes, splits):
+    /// what the autotuner leaves alone.
+    pub(crate) fn kernel_settings(&self) -> KernelChoice {
+        KernelChoice {
+            family: self.kernel_family,
+            tiles: self.tiled_shapes,
+            splits: self.forward_splits,
+        }
     }
 
     /// [`ContextOptions::coop_forward_shape`].
     pub(crate) fn coop_forward_shape(&self) -> Option<(u32, u32)> {
         self.coop_forward_shape
-    }
-
-    /// [`ContextOptions::forward_splits`].
-    pub(crate) fn forward_splits(&self) -> Option<usize> {
-        self.forward_splits
     }
 
     /// [`ContextOptions::decode_shape`].

@@ -17,8 +17,8 @@ use super::shape::{
 };
 use super::sinks::attention_sinks_backward_into;
 use super::variant::{cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, QuadReads};
-use super::{bias, gpu, qk_norm};
-use crate::device::{Context, KernelFamily};
+use super::{bias, gpu, qk_norm, tune};
+use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_f32;
 use crate::kernels::dispatch::loop_chunks;
@@ -183,7 +183,7 @@ pub fn attention_backward_into(
         opts,
     )?;
     if !qk_norm::active(opts) {
-        return encode_backward_core(ctx, encoder, *views, opts);
+        return encode_backward_core(ctx, encoder, *views, opts, None);
     }
     // Cosine scores and key clipping: the backward of the transformed Q and K, then dQ and dK
     // through the transforms, in place (which reads Q and K: they may not share the gradients'
@@ -202,16 +202,18 @@ pub fn attention_backward_into(
         k: &k_used,
         ..*views
     };
-    encode_backward_core(ctx, encoder, transformed, opts)?;
+    encode_backward_core(ctx, encoder, transformed, opts, None)?;
     qk_norm::encode_backward(ctx, encoder, [q, k], [dq, dk], opts)
 }
 
-/// [`attention_backward_into`] of the Q and K the scores are made of.
+/// [`attention_backward_into`] of the Q and K the scores are made of, running `choice`, or the
+/// context's choice for the call (tuned where the context tunes) where it is `None`.
 pub(super) fn encode_backward_core(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     views: BackwardViews<'_>,
     opts: &AttentionOptions<'_>,
+    choice: Option<KernelChoice>,
 ) -> Result<()> {
     let BackwardViews {
         q,
@@ -247,7 +249,15 @@ pub(super) fn encode_backward_core(
     check_view_typed("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
     check_view_typed("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
     let widest = s.head_dim_qk.max(s.head_dim_v);
-    let family = attention_backward_family(ctx, dtype);
+    let packed = q.packed_rows().is_some() || k.packed_rows().is_some();
+    let choice = match choice {
+        Some(choice) => choice,
+        None => tune::backward_choice(ctx, &s, opts, dtype, packed)?,
+    };
+    let family = match (dtype, choice.family_on(ctx)) {
+        (DType::F32, KernelFamily::CpuDriver) => KernelFamily::CpuDriver,
+        _ => KernelFamily::Gpu,
+    };
     if family == KernelFamily::CpuDriver
         && !ctx.is_cpu()
         && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU
@@ -339,6 +349,7 @@ pub(super) fn encode_backward_core(
             opts,
             group_rows,
             dtype,
+            choice,
         };
         return gpu::encode_backward_gpu(ctx, encoder, &call);
     }

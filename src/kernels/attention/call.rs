@@ -2,7 +2,7 @@
 //! [`BackwardViews`]), and the outputs of a forward ([`AttentionOutput`]).
 
 use super::options::AttentionOptions;
-use crate::device::Context;
+use crate::device::{Context, KernelChoice};
 use crate::error::Result;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, HeadsView};
@@ -57,6 +57,8 @@ pub(super) struct ForwardCall<'a> {
     pub out: &'a HeadsView,
     pub lse: &'a GpuTensor,
     pub opts: &'a AttentionOptions<'a>,
+    /// The family, tiles and split the call runs (the context's settings over the tuned choice).
+    pub choice: KernelChoice,
 }
 
 /// The tensors of one forward call ([`attention_forward_into`](super::attention_forward_into)):
@@ -117,4 +119,5 @@ pub(super) struct BackwardCall<'a> {
     pub opts: &'a AttentionOptions<'a>,
     pub group_rows: usize,
     pub dtype: DType,
+    pub choice: KernelChoice,
 }

@@ -66,8 +66,8 @@ impl CoopForward {
     /// device at first use): the most tile groups whose tiles fit the workgroup storage, or `None`
     /// where the context runs another family or not even one group's fit (the GPU family then
     /// runs it).
-    pub fn choose(ctx: &Context, s: &AttentionShape) -> Result<Option<Self>> {
-        if ctx.kernel_family() != KernelFamily::Coop {
+    pub fn choose(ctx: &Context, s: &AttentionShape, family: KernelFamily) -> Result<Option<Self>> {
+        if family != KernelFamily::Coop {
             return Ok(None);
         }
         let build = matrix_build(ctx)?;
@@ -193,11 +193,11 @@ impl CoopForward {
 
     /// Split-KV workgroups per query block: enough to fill a GPU, and as many as the loop budget
     /// needs on llvmpipe.
-    pub fn splits(&self, ctx: &Context, s: &AttentionShape) -> usize {
+    pub fn splits(&self, ctx: &Context, s: &AttentionShape, wanted: Option<usize>) -> usize {
         let groups = s.q_seq.div_ceil(self.block_m()) * s.batch * s.heads;
         let kv_tiles = s.kv_seq.div_ceil(self.block_n());
         let mut splits = 1;
-        if let Some(tuned) = ctx.forward_splits() {
+        if let Some(tuned) = wanted {
             splits = tuned.min(kv_tiles).max(1);
         } else if !ctx.is_cpu() && groups < gpu::SPLIT_TARGET_WORKGROUPS {
             splits = gpu::SPLIT_TARGET_WORKGROUPS
@@ -308,7 +308,7 @@ pub(super) fn encode_forward_coop(
     let (mat, slots, sizes) = (mat_elem(ctx), config.slots(), config.sizes(s));
     let kernel = SplitForwardKernel {
         block_m: config.block_m(),
-        splits: config.splits(ctx, s),
+        splits: config.splits(ctx, s, call.choice.splits),
         key: &|dtype, written, vec4_inputs| {
             let mut key = key(
                 config.build,
@@ -449,6 +449,7 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
                 out,
                 lse,
                 opts: &opts,
+                choice: ctx.kernel_settings(),
             };
             match coop {
                 true => encode_forward_coop(ctx, encoder, config, &call),

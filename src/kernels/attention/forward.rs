@@ -15,8 +15,8 @@ use super::shape::{
 use super::variant::{
     cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, MatrixBuild, QuadReads,
 };
-use super::{coop, qk_norm, sinks};
-use crate::device::{Context, KernelFamily};
+use super::{coop, qk_norm, sinks, tune};
+use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_f32};
 use crate::kernels::dispatch::loop_chunks;
@@ -135,6 +135,18 @@ pub fn attention_forward_into(
     views: &ForwardViews<'_>,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
+    record_forward(ctx, encoder, views, opts, None)
+}
+
+/// [`attention_forward_into`] running `choice`, or the context's choice for the call (tuned where
+/// the context tunes) where it is `None`.
+pub(super) fn record_forward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    views: &ForwardViews<'_>,
+    opts: &AttentionOptions<'_>,
+    choice: Option<KernelChoice>,
+) -> Result<()> {
     let &ForwardViews { q, k, v, out, lse } = views;
     let s = AttentionShape::of(q, k, v)?;
     let scale = check_options(ctx, &s, opts)?;
@@ -158,6 +170,11 @@ pub fn attention_forward_into(
         &[("q", q.region()), ("k", k.region()), ("v", v.region())],
         opts,
     )?;
+    let packed = q.packed_rows().is_some() || k.packed_rows().is_some();
+    let choice = match choice {
+        Some(choice) => choice,
+        None => tune::forward_choice(ctx, &s, opts, dtype, packed)?,
+    };
     // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
     let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
     let call = ForwardCall {
@@ -169,10 +186,12 @@ pub fn attention_forward_into(
         out,
         lse,
         opts,
+        choice,
     };
-    if let Some(config) = coop::CoopForward::choose(ctx, &s)? {
+    let family = choice.family_on(ctx);
+    if let Some(config) = coop::CoopForward::choose(ctx, &s, family)? {
         coop::encode_forward_coop(ctx, encoder, config, &call)?;
-    } else if ctx.kernel_family() == KernelFamily::CpuDriver && dtype == DType::F32 {
+    } else if family == KernelFamily::CpuDriver && dtype == DType::F32 {
         encode_forward_cpu_family(ctx, encoder, &call)?;
     } else {
         // The GPU family; also f16 on every adapter (the CPU-driver kernels are f32 only), and the
@@ -197,6 +216,7 @@ pub(super) fn encode_forward_cpu_family(
         out,
         lse,
         opts,
+        ..
     } = *call;
     let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
     let mut params = base_params(s, scale, opts);
@@ -286,29 +306,32 @@ impl std::fmt::Display for ForwardPlan {
 }
 
 /// The kernel family, tile shape and key split the fused forward uses for `shape` on `ctx` (f32
-/// inputs; f16 ones run the GPU family where the CPU-driver family is set). Under the tensor-core
-/// family this decides, at the first call, which matrix build the device runs.
+/// inputs, no mask; f16 ones run the GPU family where the CPU-driver family is set): the context's
+/// settings, over the choice tuned for the shape where one was made (nothing is tuned here). Under
+/// the tensor-core family this decides, at the first call, which matrix build the device runs.
 pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<ForwardPlan> {
     let s = shape;
-    if let Some(config) = coop::CoopForward::choose(ctx, s)? {
+    let choice = tune::forward_choice_so_far(ctx, s);
+    let family = choice.family_on(ctx);
+    if let Some(config) = coop::CoopForward::choose(ctx, s, family)? {
         return Ok(ForwardPlan {
             family: KernelFamily::Coop,
             workgroup: config.wg(),
             block_m: config.block_m() as u32,
             block_n: config.block_n,
-            splits: config.splits(ctx, s) as u32,
+            splits: config.splits(ctx, s, choice.splits) as u32,
             subgroups: false,
             matrix: Some(config.build),
         });
     }
-    if ctx.kernel_family() != KernelFamily::CpuDriver {
-        let config = GpuForward::choose(ctx, s)?;
+    if family != KernelFamily::CpuDriver {
+        let config = GpuForward::choose(ctx, s, choice.tiles[0])?;
         return Ok(ForwardPlan {
             family: KernelFamily::Gpu,
             workgroup: config.wg,
             block_m: config.block_m,
             block_n: config.block_n,
-            splits: config.splits(ctx, s) as u32,
+            splits: config.splits(ctx, s, choice.splits) as u32,
             subgroups: config.subgroups(ctx, s),
             matrix: None,
         });

@@ -15,7 +15,7 @@ use super::call::{BackwardCall, BackwardViews};
 use super::header::with_common_typed;
 use super::options::AttentionOptions;
 use super::variant::{FamilyBuild, FusedKernel, FusedVariant};
-use crate::device::Context;
+use crate::device::{Context, TiledShape};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::loop_chunks;
@@ -60,9 +60,47 @@ impl GpuForward {
     /// The first candidate (largest first) that fits the adapter's workgroup storage and width. The
     /// query block shrinks as the head dim grows so that Q and a K/V tile fit the 48 KiB NVIDIA
     /// offers (32 KiB on lavapipe) and the O micro-tile stays within 64 registers.
-    pub fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+    pub fn choose(ctx: &Context, s: &AttentionShape, wanted: Option<TiledShape>) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
-        let candidates: &[(u32, u32, u32)] = if widest <= 64 {
+        let (wg, block_m, block_n) = first_fitting(
+            ctx,
+            "workgroup storage of the GPU-family forward",
+            Tuning::Forward,
+            widest,
+            wanted,
+            Self::candidates(widest),
+            |wg, block_m, block_n| {
+                Self {
+                    wg,
+                    block_m,
+                    block_n,
+                }
+                .workgroup_bytes(s)
+            },
+        )?;
+        Ok(Self {
+            wg,
+            block_m,
+            block_n,
+        })
+    }
+
+    /// Every shape of [`GpuForward::candidates`] that fits `ctx` for `s`: the autotuner's.
+    pub(super) fn fitting(ctx: &Context, s: &AttentionShape) -> Vec<TiledShape> {
+        let widest = s.head_dim_qk.max(s.head_dim_v);
+        fitting(ctx, Self::candidates(widest), |wg, block_m, block_n| {
+            Self {
+                wg,
+                block_m,
+                block_n,
+            }
+            .workgroup_bytes(s)
+        })
+    }
+
+    /// The shapes the forward is written for at head dim `widest`, the measured choice first.
+    fn candidates(widest: usize) -> &'static [TiledShape] {
+        if widest <= 64 {
             // 256 invocations on a 64 x 32 tile first: faster than the 128-wide tile on an H200, and
             // fewer VGPRs and twice the waves on RADV (benchmarks/HISTORY.md, "Figures that code
             // comments carried"). It needs 38 KiB of workgroup storage at head dim 64,
@@ -79,27 +117,7 @@ impl GpuForward {
         } else {
             // The last fits WebGPU's default 16 KiB of workgroup storage at head dim 256.
             &[(64, 16, 16), (32, 16, 8), (16, 16, 4), (8, 8, 4)]
-        };
-        let (wg, block_m, block_n) = first_fitting(
-            ctx,
-            "workgroup storage of the GPU-family forward",
-            Tuning::Forward,
-            widest,
-            candidates,
-            |wg, block_m, block_n| {
-                Self {
-                    wg,
-                    block_m,
-                    block_n,
-                }
-                .workgroup_bytes(s)
-            },
-        )?;
-        Ok(Self {
-            wg,
-            block_m,
-            block_n,
-        })
+        }
     }
 
     /// Invocations sharing a row group of four query rows, keys of S and vec4 columns of O each
@@ -150,11 +168,11 @@ impl GpuForward {
 
     /// Split-KV workgroups per query block: enough to fill a GPU, and as many as the loop budget
     /// needs on llvmpipe.
-    pub fn splits(&self, ctx: &Context, s: &AttentionShape) -> usize {
+    pub fn splits(&self, ctx: &Context, s: &AttentionShape, wanted: Option<usize>) -> usize {
         let groups = s.q_seq.div_ceil(self.block_m as usize) * s.batch * s.heads;
         let kv_tiles = s.kv_seq.div_ceil(self.block_n as usize);
         let mut splits = 1;
-        if let Some(tuned) = ctx.forward_splits() {
+        if let Some(tuned) = wanted {
             splits = tuned.min(kv_tiles).max(1);
         } else if !ctx.is_cpu() && groups < SPLIT_TARGET_WORKGROUPS {
             splits = SPLIT_TARGET_WORKGROUPS
@@ -179,12 +197,12 @@ pub(super) fn encode_forward_gpu(
     call: &ForwardCall<'_>,
 ) -> Result<()> {
     let s = &call.s;
-    let config = GpuForward::choose(ctx, s)?;
+    let config = GpuForward::choose(ctx, s, call.choice.tiles[0])?;
     let (_, sk, oc) = config.per_invocation(s);
     let subgroups = config.subgroups(ctx, s);
     let kernel = SplitForwardKernel {
         block_m: config.block_m as usize,
-        splits: config.splits(ctx, s),
+        splits: config.splits(ctx, s, call.choice.splits),
         key: &|input, written, vec4_inputs| {
             let mut key = FusedVariant::new(
                 FusedKernel::Forward,
@@ -233,6 +251,7 @@ pub(super) fn encode_split_forward(
         out,
         lse,
         opts,
+        ..
     } = *call;
     let splits = kernel.splits;
     let shared = Shared::scores(ctx, opts)?;
@@ -420,14 +439,32 @@ impl Tuning {
     }
 }
 
+/// The `(wg, a, b)` candidates whose workgroup memory (`bytes`) and width fit the adapter.
+fn fitting(
+    ctx: &Context,
+    candidates: &[TiledShape],
+    bytes: impl Fn(u32, u32, u32) -> u32,
+) -> Vec<TiledShape> {
+    let limits = ctx.limits();
+    candidates
+        .iter()
+        .copied()
+        .filter(|&(wg, a, b)| {
+            bytes(wg, a, b) <= limits.max_compute_workgroup_storage_size
+                && wg <= limits.max_compute_invocations_per_workgroup
+        })
+        .collect()
+}
+
 /// The first `(wg, a, b)` candidate whose workgroup memory (`bytes`) and width fit the adapter,
-/// after the tuning override where one is set and fits.
+/// after `wanted` (the context's override or the tuned shape) where it divides and fits.
 fn first_fitting(
     ctx: &Context,
     what: &'static str,
     tuning: Tuning,
     widest: usize,
-    candidates: &[(u32, u32, u32)],
+    wanted: Option<TiledShape>,
+    candidates: &[TiledShape],
     bytes: impl Fn(u32, u32, u32) -> u32,
 ) -> Result<(u32, u32, u32)> {
     let limits = ctx.limits();
@@ -435,7 +472,7 @@ fn first_fitting(
         bytes(wg, a, b) <= limits.max_compute_workgroup_storage_size
             && wg <= limits.max_compute_invocations_per_workgroup
     };
-    if let Some(shape) = ctx.tiled_shape(tuning as usize) {
+    if let Some(shape) = wanted {
         if fits(&shape) && tuning.divides(shape.0, shape.1, shape.2) {
             return Ok(shape);
         }
@@ -473,18 +510,42 @@ fn strides(s: &AttentionShape) -> (u32, u32) {
 /// Shape of the tiled dK/dV kernel: `wg` invocations own `block_n` keys and step over tiles of
 /// `block_m` query rows.
 #[derive(Clone, Copy, Debug)]
-struct GpuDkDv {
+pub(super) struct GpuDkDv {
     wg: u32,
     block_n: u32,
     block_m: u32,
 }
 
 impl GpuDkDv {
-    fn choose(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+    fn choose(ctx: &Context, s: &AttentionShape, wanted: Option<TiledShape>) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
-        // The last of each list fits WebGPU's default 16 KiB of workgroup storage (head dims up to
-        // 128).
-        let candidates: &[(u32, u32, u32)] = if widest <= 64 {
+        let (wg, block_n, block_m) = first_fitting(
+            ctx,
+            "workgroup storage of the GPU-family dK/dV",
+            Tuning::DkDv,
+            widest,
+            wanted,
+            Self::candidates(widest),
+            Self::bytes(s),
+        )?;
+        Ok(Self {
+            wg,
+            block_n,
+            block_m,
+        })
+    }
+
+    /// Every shape of [`GpuDkDv::candidates`] that fits `ctx` for `s`: the autotuner's.
+    pub(super) fn fitting(ctx: &Context, s: &AttentionShape) -> Vec<TiledShape> {
+        let widest = s.head_dim_qk.max(s.head_dim_v);
+        fitting(ctx, Self::candidates(widest), Self::bytes(s))
+    }
+
+    /// The shapes `(wg, block_n, block_m)` the kernel is written for at head dim `widest`, the
+    /// measured choice first. The last of each list fits WebGPU's default 16 KiB of workgroup
+    /// storage (head dims up to 128).
+    fn candidates(widest: usize) -> &'static [TiledShape] {
+        if widest <= 64 {
             &[(128, 32, 32), (64, 16, 32), (32, 8, 16)]
         } else if widest <= 128 {
             // (32, 8, 16) before (32, 16, 8): two keys' dK and dV rows per invocation instead of
@@ -492,21 +553,13 @@ impl GpuDkDv {
             &[(64, 16, 16), (32, 8, 16), (32, 16, 8), (8, 4, 8)]
         } else {
             &[(16, 8, 8), (8, 4, 8)]
-        };
+        }
+    }
+
+    /// Workgroup memory of a shape: K, V, Q and dO tiles, P and dS, the rows' statistics.
+    fn bytes(s: &AttentionShape) -> impl Fn(u32, u32, u32) -> u32 {
         let (ks, vs) = strides(s);
-        let (wg, block_n, block_m) = first_fitting(
-            ctx,
-            "workgroup storage of the GPU-family dK/dV",
-            Tuning::DkDv,
-            widest,
-            candidates,
-            |_, bn, bm| 16 * (bn * (ks + vs) + bm * (ks + vs) + 2 * bm * bn / 4) + 8 * bm,
-        )?;
-        Ok(Self {
-            wg,
-            block_n,
-            block_m,
-        })
+        move |_, bn, bm| 16 * (bn * (ks + vs) + bm * (ks + vs) + 2 * bm * bn / 4) + 8 * bm
     }
 
     /// Query rows of S^T and vec4 columns of dK and dV per invocation.
@@ -544,7 +597,7 @@ impl GpuDkDv {
 /// Shape of the tiled dQ kernel: `wg` invocations own `block_m` query rows and step over tiles of
 /// `block_n` keys.
 #[derive(Clone, Copy, Debug)]
-struct GpuDq {
+pub(super) struct GpuDq {
     wg: u32,
     block_m: u32,
     block_n: u32,
@@ -553,31 +606,21 @@ struct GpuDq {
 }
 
 impl GpuDq {
-    fn choose(ctx: &Context, s: &AttentionShape, rel_buckets: u32) -> Result<Self> {
+    fn choose(
+        ctx: &Context,
+        s: &AttentionShape,
+        rel_buckets: u32,
+        wanted: Option<TiledShape>,
+    ) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
-        // As for dK/dV, the last of the first two lists fits 16 KiB.
-        // (64, 16, 16) is for learned relative buckets at D <= 64 on 32 KiB (their sums take 6 KiB).
-        let candidates: &[(u32, u32, u32)] = if widest <= 64 {
-            &[(128, 32, 32), (128, 32, 16), (64, 16, 16), (32, 16, 8)]
-        } else if widest <= 128 {
-            &[(64, 16, 16), (32, 8, 16), (8, 8, 4)]
-        } else {
-            &[(16, 8, 8), (8, 8, 4)]
-        };
-        let (ks, vs) = strides(s);
         let (wg, block_m, block_n) = first_fitting(
             ctx,
             "workgroup storage of the GPU-family dQ",
             Tuning::Dq,
             widest,
-            candidates,
-            |_, bm, bn| {
-                // Q, dO, K, V and dS tiles; with relative buckets, each row's bucket sums and the
-                // tile's d_score.
-                let rel_sums = 4 * (bm * rel_buckets + 1);
-                let rel_ds = 16 * if rel_buckets > 0 { bn * bm / 4 } else { 1 };
-                16 * ((bm + bn) * (ks + vs) + bn * bm / 4) + rel_sums + rel_ds
-            },
+            wanted,
+            Self::candidates(widest),
+            Self::bytes(s, rel_buckets),
         )?;
         Ok(Self {
             wg,
@@ -585,6 +628,37 @@ impl GpuDq {
             block_n,
             rel_buckets,
         })
+    }
+
+    /// Every shape of [`GpuDq::candidates`] that fits `ctx` for `s` without relative buckets: the
+    /// autotuner's.
+    pub(super) fn fitting(ctx: &Context, s: &AttentionShape) -> Vec<TiledShape> {
+        let widest = s.head_dim_qk.max(s.head_dim_v);
+        fitting(ctx, Self::candidates(widest), Self::bytes(s, 0))
+    }
+
+    /// The shapes `(wg, block_m, block_n)` the kernel is written for at head dim `widest`, the
+    /// measured choice first. As for dK/dV, the last of the first two lists fits 16 KiB; (64, 16,
+    /// 16) is for learned relative buckets at D <= 64 on 32 KiB (their sums take 6 KiB).
+    fn candidates(widest: usize) -> &'static [TiledShape] {
+        if widest <= 64 {
+            &[(128, 32, 32), (128, 32, 16), (64, 16, 16), (32, 16, 8)]
+        } else if widest <= 128 {
+            &[(64, 16, 16), (32, 8, 16), (8, 8, 4)]
+        } else {
+            &[(16, 8, 8), (8, 8, 4)]
+        }
+    }
+
+    /// Workgroup memory of a shape: Q, dO, K, V and dS tiles; with relative buckets, each row's
+    /// bucket sums and the tile's d_score.
+    fn bytes(s: &AttentionShape, rel_buckets: u32) -> impl Fn(u32, u32, u32) -> u32 {
+        let (ks, vs) = strides(s);
+        move |_, bm, bn| {
+            let rel_sums = 4 * (bm * rel_buckets + 1);
+            let rel_ds = 16 * if rel_buckets > 0 { bn * bm / 4 } else { 1 };
+            16 * ((bm + bn) * (ks + vs) + bn * bm / 4) + rel_sums + rel_ds
+        }
     }
 
     /// Keys of S and vec4 columns of dQ per invocation.
@@ -646,6 +720,7 @@ pub(super) fn encode_backward_gpu(
         opts,
         group_rows,
         dtype,
+        ..
     } = *call;
     let BackwardViews {
         q,
@@ -662,7 +737,7 @@ pub(super) fn encode_backward_gpu(
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     let inputs = [VIEW_Q, VIEW_K, VIEW_V, VIEW_DO];
     {
-        let config = GpuDkDv::choose(ctx, s)?;
+        let config = GpuDkDv::choose(ctx, s, call.choice.tiles[1])?;
         let (sq, ock, ocv) = config.per_invocation(s);
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
         let mut params = base_params(s, scale, opts);
@@ -700,7 +775,7 @@ pub(super) fn encode_backward_gpu(
     }
     let rel = bias::RelativeRows::new(ctx, s, opts)?;
     {
-        let config = GpuDq::choose(ctx, s, rel.constant().1)?;
+        let config = GpuDq::choose(ctx, s, rel.constant().1, call.choice.tiles[2])?;
         let (sk, oc) = config.per_invocation(s);
         let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
         let mut params = base_params(s, scale, opts);

@@ -11,7 +11,7 @@
 //! `binding` (uniforms, bindings, recording), `variant` (the key of every fused pipeline: its
 //! source, constants and label), `forward` (the API and the CPU-driver family's forward),
 //! `backward` (likewise), `gpu` and `coop` (the other two families), `unfused`, and one file per
-//! score feature or variant (`bias`, `sinks`, `qk_norm`, `probs`, `decode`). Additive attention,
+//! score feature or variant (`bias`, `sinks`, `qk_norm`, `probs`, `decode`), and `tune` (the autotuner's keys and candidates). Additive attention,
 //! which shares the masks, options and bindings, is [`crate::kernels::additive`]. This file
 //! lists the shader sources for the translation tests.
 
@@ -31,6 +31,7 @@ mod qk_norm;
 pub(crate) mod shape;
 mod sinks;
 mod sources;
+mod tune;
 pub(crate) mod unfused;
 mod variant;
 
