@@ -17,7 +17,7 @@ if ! ls .gl/libwayland-client0_*.deb > /dev/null 2>&1; then
   (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 vulkan-tools libwayland-client0)
 fi
 cargo build --release -p wgpu-attention-bench --bins
-tests="attention_forward attention_backward attention_f16 attention_decode linear transformer transformer_layer training optimizer generation additive attention_maps"
+tests="attention_forward attention_backward attention_f16 attention_decode tuning linear transformer transformer_layer training optimizer generation additive attention_maps"
 built=$(cargo test --release -p wgpu-attention -p wgpu-attention-transformer -p wgpu-attention-serve --no-run 2>&1 | sed -n 's/.*Executable tests\/.*(\(.*\))/\1/p')
 rm -rf .gpu/bin && mkdir -p .gpu/bin
 for b in attention-bench gemm-bench transformer-bench additive-bench generate-bench; do

@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core flags decodeattn tests-decode) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core flags decodeattn tests-decode tune) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -178,6 +178,18 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       WGPU_ATTENTION_TRUSTED_SHADERS=$tr step 30 sweep-trusted-additive-$tr $B/additive-bench --lengths 1024 --reps 5 \
         --json $OUT/sweep-trusted-additive-$tr.json
     done ;;
+  tune)
+    # Issue 45: the autotuner against the static choice in one process (the fused-gpu rows are the
+    # static GPU family, fused-tuned what tuning picks: family, tiles, split-KV), B1 H8 D64 then B4
+    # H16 D128 sharing one cache file; the tuning report (every key's candidates, times, winner)
+    # ends each log and is in each JSON. Then the tuner's tests on the device.
+    step 170 tune-b1h8d64 $B/attention-bench --kernels gpu --tune --tuning-cache $OUT/tuning-cache.json \
+      --dtypes f32,f16 --batch 1 --heads 8 --head-dim 64 --lengths 1024,4096,16384 --masks none,causal \
+      --passes forward,backward --paths fused --reps 5 --json $OUT/tune-b1h8d64.json
+    step 150 tune-b4h16d128 $B/attention-bench --kernels gpu --tune --tuning-cache $OUT/tuning-cache.json \
+      --dtypes f32,f16 --batch 4 --heads 16 --head-dim 128 --lengths 1024,4096 --masks none,causal \
+      --passes forward,backward --paths fused --reps 3 --json $OUT/tune-b4h16d128.json
+    WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-tuning $B/test_tuning ;;
   suite64)
     step 150 suite-b1h8d64 $B/attention-bench --kernels gpu --dtypes f32,f16 --batch 1 --heads 8 --head-dim 64 \
       --lengths 1024,2048,4096,8192,16384 --masks none,causal --passes forward,backward --paths fused,unfused \

@@ -201,6 +201,8 @@ pub(crate) struct Tuner {
     path: Option<PathBuf>,
     budget: TuningBudget,
     identity: Identity,
+    /// Whether the cache file was read (at the first mode that uses it).
+    cache_read: bool,
     state: Mutex<TunerState>,
     /// One key tuned at a time: a second thread with the same key waits, then reads the choice.
     tuning: Mutex<()>,
@@ -236,34 +238,43 @@ impl Tuner {
             );
             mode = TuningMode::Off;
         }
-        let mut state = TunerState::default();
-        if let (TuningMode::CacheOnly | TuningMode::Tune, Some(path)) =
-            (mode, &options.tuning_cache)
-        {
-            if let Some(file) = read_cache(path) {
-                match file.sections.into_iter().find(|s| s.identity == identity) {
-                    Some(section) => state.cached = section.entries,
-                    None => log::info!(
-                        "wgpu-attention: the tuning cache {} has no results for {} {} ({} {}, \
-                         library {}); tuning anew",
-                        path.display(),
-                        identity.adapter,
-                        identity.backend,
-                        identity.driver,
-                        identity.driver_info,
-                        identity.library
-                    ),
-                }
-            }
-        }
-        Self {
-            mode,
+        let mut tuner = Self {
+            mode: TuningMode::Off,
             path: options.tuning_cache.clone(),
             budget: options.tuning_budget,
             identity,
-            state: Mutex::new(state),
+            cache_read: false,
+            state: Mutex::new(TunerState::default()),
             tuning: Mutex::new(()),
             tuning_thread: Mutex::new(None),
+        };
+        tuner.set_mode(mode);
+        tuner
+    }
+
+    /// Sets the mode, reading the cache file the first time a mode uses it.
+    fn set_mode(&mut self, mode: TuningMode) {
+        self.mode = mode;
+        if mode == TuningMode::Off || self.cache_read {
+            return;
+        }
+        self.cache_read = true;
+        let (Some(path), identity) = (&self.path, &self.identity) else {
+            return;
+        };
+        let Some(file) = read_cache(path) else { return };
+        match file.sections.into_iter().find(|s| s.identity == *identity) {
+            Some(section) => self.state().cached = section.entries,
+            None => log::info!(
+                "wgpu-attention: the tuning cache {} has no results for {} {} ({} {}, library \
+                 {}); tuning anew",
+                path.display(),
+                identity.adapter,
+                identity.backend,
+                identity.driver,
+                identity.driver_info,
+                identity.library
+            ),
         }
     }
 
@@ -449,6 +460,16 @@ impl Context {
     /// How this context picks kernel configurations ([`TuningMode`]).
     pub fn tuning_mode(&self) -> TuningMode {
         self.tuner.mode
+    }
+
+    /// Changes the tuning mode (to compare tuned and static choices on one context). Choices
+    /// made before stay as they are; a mode that uses the cache reads it the first time.
+    pub fn set_tuning_mode(&mut self, mode: TuningMode) {
+        if cfg!(target_arch = "wasm32") && mode == TuningMode::Tune {
+            log::warn!("wgpu-attention: tuning is not available in the browser build");
+            return;
+        }
+        self.tuner.set_mode(mode);
     }
 
     /// What the autotuner chose for each key so far, in the order the keys came, with every

@@ -13,7 +13,7 @@ use wgpu_attention::{
     attention_bias_backward_into, attention_forward_into, attention_forward_plan,
     attention_forward_unfused, attention_sinks_backward_into, AttentionOptions, AttentionShape,
     BackwardViews, BiasView, Context, DType, Error, ForwardViews, GpuTensor, GpuTensorF16,
-    HeadsView, KernelFamily, PackedSide, RelativeBuckets, SeqLens,
+    HeadsView, KernelFamily, PackedSide, RelativeBuckets, SeqLens, TuningMode,
 };
 use wgpu_attention_transformer::layer_case::LayerCase;
 use wgpu_attention_transformer::reference::transformer_layer as reference_layer;
@@ -136,6 +136,8 @@ pub(crate) struct Selection<'a> {
     pub(crate) paths: &'a [PathKind],
     pub(crate) families: &'a [KernelFamily],
     pub(crate) passes: &'a [Pass],
+    /// The fused path's autotuned runs too (`--tune`).
+    pub(crate) tuned: bool,
 }
 
 /// A problem ready to run: its shape, inputs and options, and the reference results where it is
@@ -162,6 +164,7 @@ pub(crate) fn run_problem(
         paths,
         families,
         passes,
+        tuned,
     } = selection;
     let n_q = p.batch * p.q_len * p.heads;
     let n_kv = p.batch * p.kv_len * p.kv_heads;
@@ -323,16 +326,24 @@ pub(crate) fn run_problem(
             p.label()
         ));
     }
-    for (path, family) in p.runs(paths, families) {
+    for (path, family) in p.runs(paths, families, tuned) {
         ctx.set_kernel_family(family);
+        // The fused path without a family is the autotuner's; every other run the static choice.
+        let tuning = path == PathKind::Fused && family.is_none();
+        ctx.set_tuning_mode(match tuning {
+            true => TuningMode::Tune,
+            false => TuningMode::Off,
+        });
         let ctx: &Context = ctx;
-        let path_label = match family {
-            Some(f) => format!("{}-{}", path.name(), f.name()),
-            None => path.name().to_string(),
+        let path_label = match (family, tuning) {
+            (Some(f), _) => format!("{}-{}", path.name(), f.name()),
+            (None, true) => format!("{}-tuned", path.name()),
+            (None, false) => path.name().to_string(),
         };
-        let kernel = match family {
-            Some(_) => attention_forward_plan(ctx, &shape)?.to_string(),
-            None => String::new(),
+        let kernel = match (family, tuning) {
+            (Some(_), _) => attention_forward_plan(ctx, &shape)?.to_string(),
+            (None, true) => "tuned (see the tuning report)".to_string(),
+            (None, false) => String::new(),
         };
         for &pass in passes {
             let layer = pass == Pass::Layer;

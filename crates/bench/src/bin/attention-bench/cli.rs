@@ -224,6 +224,16 @@ pub(crate) struct Cli {
     /// layer case are not built (transformer-bench --compile-only builds the layer kernels).
     #[arg(long)]
     pub(crate) compile_only: bool,
+    /// Also run every fused case with the configuration the autotuner picks on this adapter (the
+    /// `fused-tuned` rows, beside the static choice's in the same process): each case's first call
+    /// tunes its key (family, GPU tiles, split-KV), and the tuning report (every key's candidates,
+    /// their times and the winner) is printed at the end and written to --json.
+    #[arg(long)]
+    pub(crate) tune: bool,
+    /// With --tune: read tuned choices from this file and add new ones to it (keys found there are
+    /// not timed again).
+    #[arg(long, requires = "tune")]
+    pub(crate) tuning_cache: Option<std::path::PathBuf>,
     /// Print ratios against an earlier --json report.
     #[arg(long)]
     pub(crate) compare: Option<std::path::PathBuf>,

@@ -29,7 +29,7 @@ pub(crate) fn compile_only(
     let started = std::time::Instant::now();
     let mut built = 0;
     for p in problems {
-        for (_, family) in p.runs(&[PathKind::Fused], &families) {
+        for (_, family) in p.runs(&[PathKind::Fused], &families, false) {
             ctx.set_kernel_family(family);
             let case = format!("{} {}", p.label(), family.map_or("", |f| f.name()));
             // A combination the library refuses (f16 with sinks, say) is refused here as in a

@@ -23,7 +23,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use wgpu_attention::bench::fma::fma_peak_gflops;
 use wgpu_attention::bench::{bench_options, Timer};
-use wgpu_attention::{enumerate_adapters, parse_backends, Context, DType, Error, KernelFamily};
+use wgpu_attention::{
+    enumerate_adapters, parse_backends, Context, DType, Error, KernelFamily, TuningMode,
+};
 
 use cases::{run_problem, CaseResult, Measured, Measurement, Selection};
 use cli::{reps, Cli, Mask, Modifier, Pass, PathKind, Suite};
@@ -83,8 +85,11 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(e) => return usage_error(e),
     };
-    let ctx = match bench_options(backends, cli.adapter.clone()).and_then(|o| Context::new_with(&o))
-    {
+    let options = bench_options(backends, cli.adapter.clone()).map(|mut o| {
+        o.tuning_cache = cli.tuning_cache.clone();
+        o
+    });
+    let ctx = match options.and_then(|o| Context::new_with(&o)) {
         Ok(ctx) => ctx,
         Err(e @ Error::NoAdapter { .. }) => {
             let arg = if cli.adapter.is_some() {
@@ -151,7 +156,7 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
     let total = problems
         .iter()
         .map(|p| {
-            let runs = p.runs(&paths, &families).len();
+            let runs = p.runs(&paths, &families, cli.tune).len();
             runs * passes.iter().filter(|&&x| x != Pass::Layer).count()
                 + families.len() * usize::from(passes.contains(&Pass::Layer) && layer_at(p))
         })
@@ -170,6 +175,7 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
         paths: &paths,
         families: &families,
         passes: &passes,
+        tuned: cli.tune,
     };
     let mut results = Vec::new();
     for problem in problems {
@@ -186,6 +192,10 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
     progress.finish();
 
     print_table(&results, peak);
+    ctx.set_tuning_mode(TuningMode::Off);
+    for record in ctx.tuning_report() {
+        println!("tuning: {record}");
+    }
     // Why a family ran another build than asked (the tensor-core attention's portable fallback).
     for q in ctx.qualifications() {
         println!("qualification: {} {}", q.kernel, q.detail);

@@ -44,10 +44,13 @@ impl Problem {
     }
 
     /// The (path, kernel family) runs of this problem: f16 runs the GPU family for the CPU-driver one.
+    /// The (path, family) runs of this problem: `None` is the unfused path's, and on the fused
+    /// path (with `tuned`) the autotuner's choice.
     pub(crate) fn runs(
         &self,
         paths: &[PathKind],
         families: &[KernelFamily],
+        tuned: bool,
     ) -> Vec<(PathKind, Option<KernelFamily>)> {
         let mut runs = Vec::new();
         for &path in paths {
@@ -69,6 +72,9 @@ impl Problem {
                 PathKind::Unfused if self.modifier != Modifier::None || self.packed() => {}
                 PathKind::Unfused if self.dtype == DType::F16 => {}
                 PathKind::Unfused => runs.push((path, None)),
+            }
+            if tuned && path == PathKind::Fused {
+                runs.push((path, None));
             }
         }
         runs

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use wgpu_attention::bench::Timer;
-use wgpu_attention::{Context, Error};
+use wgpu_attention::{Context, Error, TuningSource};
 
 use crate::cases::CaseResult;
 use crate::cli::{Mask, Pass, PathKind};
@@ -207,6 +207,20 @@ pub(crate) fn report_json(
         },
         "qualifications": ctx.qualifications().iter().map(|q| json!({
             "kernel": q.kernel, "passed": q.passed, "detail": q.detail,
+        })).collect::<Vec<_>>(),
+        "tuning": ctx.tuning_report().iter().map(|t| json!({
+            "key": t.key,
+            "chosen": t.chosen.to_string(),
+            "source": match &t.source {
+                TuningSource::Tuned => "tuned".to_string(),
+                TuningSource::Cache => "cache".to_string(),
+                TuningSource::Static(why) => format!("static: {why}"),
+                _ => format!("{:?}", t.source),
+            },
+            "seconds": t.seconds,
+            "candidates": t.candidates.iter().map(|c| json!({
+                "choice": c.choice.to_string(), "seconds": c.seconds, "verdict": c.verdict,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "clock": timer.clock().name(),
         "reps": reps,
