@@ -356,6 +356,9 @@ pub(crate) struct Search<'a> {
 const TIMED_SUBMISSION: Duration = Duration::from_millis(4);
 /// Timed submissions per candidate; the best counts.
 const TIMED_ROUNDS: usize = 3;
+/// A candidate whose first timed call takes this many times the fastest so far is not timed
+/// further: it cannot win, and on a slow device its rounds would spend the key's budget.
+const HOPELESS: f64 = 2.0;
 
 impl Search<'_> {
     /// Whether the key's budget is spent.
@@ -437,6 +440,19 @@ impl Search<'_> {
                 return Ok(());
             }
         };
+        let fastest = self
+            .candidates
+            .iter()
+            .filter_map(|c| c.seconds)
+            .fold(f64::INFINITY, f64::min);
+        if once.as_secs_f64() > HOPELESS * fastest {
+            self.candidates.push(CandidateRecord {
+                choice,
+                seconds: Some(once.as_secs_f64()),
+                verdict: String::new(),
+            });
+            return Ok(());
+        }
         let times = (TIMED_SUBMISSION.as_secs_f64() / once.as_secs_f64().max(1e-6))
             .ceil()
             .clamp(1.0, 64.0) as usize;

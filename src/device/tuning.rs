@@ -66,8 +66,8 @@ impl KernelFamily {
 }
 
 /// What one fused attention call runs where the context leaves it open: the kernel family, the
-/// GPU family's tile shapes (forward, dK/dV, dQ: as [`ContextOptions::tiled_shapes`]) and the
-/// forward's split-KV count. `None` takes the context's setting, and where that is unset, the
+/// GPU family's tile shapes (forward, dK/dV, dQ: as [`ContextOptions::tiled_shapes`]), the
+/// forward's split-KV count and the CPU-driver family's workgroup width. `None` takes the context's setting, and where that is unset, the
 /// measured default for the problem. The autotuner's candidates and winners are these
 /// ([`Context::tuning_report`]); a context's explicit settings are never tuned over.
 ///
@@ -83,6 +83,10 @@ pub struct KernelChoice {
     pub tiles: [Option<TiledShape>; 3],
     /// Split-KV workgroups per query block of the GPU family's forward.
     pub splits: Option<usize>,
+    /// Invocations per workgroup of the CPU-driver family's kernels (one of
+    /// [`ATTENTION_WORKGROUPS`]).
+    #[serde(default)]
+    pub workgroup: Option<u32>,
 }
 
 impl KernelChoice {
@@ -93,6 +97,7 @@ impl KernelChoice {
             family: self.family.or(fallback.family),
             tiles: [tile(0), tile(1), tile(2)],
             splits: self.splits.or(fallback.splits),
+            workgroup: self.workgroup.or(fallback.workgroup),
         }
     }
 
@@ -116,6 +121,9 @@ impl std::fmt::Display for KernelChoice {
         }
         if let Some(splits) = self.splits {
             parts.push(format!("split {splits}"));
+        }
+        if let Some(wg) = self.workgroup {
+            parts.push(format!("wg {wg}"));
         }
         match parts.is_empty() {
             true => write!(f, "default"),
@@ -300,6 +308,7 @@ impl Context {
             family: self.kernel_family,
             tiles: self.tiled_shapes,
             splits: self.forward_splits,
+            workgroup: self.attention_workgroup,
         }
     }
 

@@ -303,7 +303,7 @@ pub(super) fn encode_backward_core(
         })?;
     let lens = seq_lens_buffer(ctx, opts);
     let shared = Shared::scores(ctx, opts)?;
-    let wg = workgroup_size(ctx, true);
+    let wg = workgroup_size(ctx, true, choice.workgroup);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     let quads = QuadReads::choose(ctx, wg);
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));

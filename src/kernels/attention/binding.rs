@@ -231,10 +231,11 @@ pub(crate) const SIMPLE_WG: u32 = 64;
 /// the forward and dQ, keys in dK/dV). Wide workgroups amortise each staged tile over more rows;
 /// narrow ones put more workgroups in flight. On an H100 the forward was fastest at 64 and the
 /// backward at 32 (benchmarks/HISTORY.md, "Figures that code comments carried"); CPU drivers run a
-/// workgroup as SIMD loops and prefer 64 everywhere. [`Context::set_attention_workgroup`] (or
-/// `ContextOptions::attention_workgroup`) overrides both, for tuning on other adapters.
-pub(super) fn workgroup_size(ctx: &Context, backward: bool) -> u32 {
-    match ctx.attention_workgroup() {
+/// workgroup as SIMD loops and prefer 64 everywhere. `wanted` (the call's
+/// [`KernelChoice::workgroup`](crate::KernelChoice): [`Context::set_attention_workgroup`], or the
+/// tuned width) overrides both.
+pub(super) fn workgroup_size(ctx: &Context, backward: bool, wanted: Option<u32>) -> u32 {
+    match wanted {
         Some(wg) => wg,
         None if backward && !ctx.is_cpu() => 32,
         None => 64,

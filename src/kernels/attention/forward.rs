@@ -227,7 +227,7 @@ pub(super) fn encode_forward_cpu_family(
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
     ];
-    let wg = workgroup_size(ctx, false);
+    let wg = workgroup_size(ctx, false, call.choice.workgroup);
     let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
     let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
     let chunks = forward_chunks(ctx, s, block_n);
@@ -337,7 +337,7 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
         });
     }
     let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
-    let wg = workgroup_size(ctx, false);
+    let wg = workgroup_size(ctx, false, choice.workgroup);
     Ok(ForwardPlan {
         family: KernelFamily::CpuDriver,
         workgroup: wg,

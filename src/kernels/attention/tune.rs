@@ -9,18 +9,22 @@
 //! the call's scalar options only: tensors in the options (lengths, biases, relative tables, sinks)
 //! do not enter the key, and packed calls run the static choice. The search is a coordinate
 //! descent over what the context leaves unset: the family (CPU-driver or GPU; the tensor-core
-//! family only where the context asks for it, as it rounds inputs to f16), then the GPU family's
-//! tile shapes, then the forward's split-KV count, each step keeping the fastest so far. Before it
+//! family only where the context asks for it, as it rounds inputs to f16), then the winner's own
+//! shape: the CPU-driver family's workgroup width, or the GPU family's tile shapes and then the
+//! forward's split-KV count, each step keeping the fastest so far. Before it
 //! is timed, each candidate other than the static choice runs a small problem with random values
 //! and must match the static choice's result there.
 
 use super::backward::{attention_backward_workspace, encode_backward_core};
+use super::binding::workgroup_size;
 use super::call::{BackwardViews, ForwardViews};
 use super::forward::record_forward;
 use super::gpu::{GpuDkDv, GpuDq, GpuForward};
 use super::options::AttentionOptions;
 use super::shape::check_options;
-use crate::device::{Context, KernelChoice, KernelFamily, Search, TuningMode};
+use crate::device::{
+    Context, KernelChoice, KernelFamily, Search, TuningMode, ATTENTION_WORKGROUPS,
+};
 use crate::error::Result;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, GpuTensorF16, HeadsView};
@@ -348,16 +352,25 @@ fn search_forward(
     let gpu_static = GpuForward::choose(ctx, s, settings.tiles[0])?;
     for family in families(ctx, &settings, dtype) {
         let mut choice = KernelChoice { family, ..settings };
-        if family == Some(KernelFamily::Gpu) {
-            // Named, so that the tile and split steps do not time it again.
-            choice.tiles[0] = Some((gpu_static.wg, gpu_static.block_m, gpu_static.block_n));
-            choice.splits = Some(gpu_static.splits(ctx, s, settings.splits));
+        // Named, so that the later steps do not time it again.
+        match family {
+            Some(KernelFamily::Gpu) => {
+                choice.tiles[0] = Some((gpu_static.wg, gpu_static.block_m, gpu_static.block_n));
+                choice.splits = Some(gpu_static.splits(ctx, s, settings.splits));
+            }
+            Some(KernelFamily::CpuDriver) if dtype == DType::F32 => {
+                choice.workgroup = Some(workgroup_size(ctx, false, settings.workgroup));
+            }
+            _ => {}
         }
         measure(search, choice)?;
     }
     let Some(best) = search.best() else {
         return Ok(());
     };
+    if best.family_on(ctx) == KernelFamily::CpuDriver && dtype == DType::F32 {
+        return widths(ctx, search, best, settings, measure);
+    }
     if best.family_on(ctx) != KernelFamily::Gpu {
         return Ok(());
     }
@@ -389,6 +402,31 @@ fn search_forward(
                 )?;
             }
         }
+    }
+    Ok(())
+}
+
+/// The CPU-driver family's step after the family: its workgroup widths, unless the context sets
+/// one.
+fn widths(
+    ctx: &Context,
+    search: &mut Search<'_>,
+    best: KernelChoice,
+    settings: KernelChoice,
+    measure: impl Fn(&mut Search<'_>, KernelChoice) -> Result<()>,
+) -> Result<()> {
+    if settings.workgroup.is_some() {
+        return Ok(());
+    }
+    let widest = ctx.limits().max_compute_invocations_per_workgroup;
+    for wg in ATTENTION_WORKGROUPS.into_iter().filter(|&wg| wg <= widest) {
+        measure(
+            search,
+            KernelChoice {
+                workgroup: Some(wg),
+                ..best
+            },
+        )?;
     }
     Ok(())
 }
@@ -443,15 +481,24 @@ fn search_backward(
     let dq = GpuDq::fitting(ctx, s);
     for family in families(ctx, &settings, dtype) {
         let mut choice = KernelChoice { family, ..settings };
-        if family == Some(KernelFamily::Gpu) {
-            choice.tiles[1] = settings.tiles[1].or(dkdv.first().copied());
-            choice.tiles[2] = settings.tiles[2].or(dq.first().copied());
+        match family {
+            Some(KernelFamily::Gpu) => {
+                choice.tiles[1] = settings.tiles[1].or(dkdv.first().copied());
+                choice.tiles[2] = settings.tiles[2].or(dq.first().copied());
+            }
+            Some(KernelFamily::CpuDriver) if dtype == DType::F32 => {
+                choice.workgroup = Some(workgroup_size(ctx, true, settings.workgroup));
+            }
+            _ => {}
         }
         measure(search, choice)?;
     }
     let Some(best) = search.best() else {
         return Ok(());
     };
+    if best.family_on(ctx) == KernelFamily::CpuDriver && dtype == DType::F32 {
+        return widths(ctx, search, best, settings, measure);
+    }
     if best.family_on(ctx) != KernelFamily::Gpu {
         return Ok(());
     }

@@ -234,6 +234,10 @@ pub(crate) struct Cli {
     /// not timed again).
     #[arg(long, requires = "tune")]
     pub(crate) tuning_cache: Option<std::path::PathBuf>,
+    /// With --tune: seconds each key's candidates may take (default 10; the whole run may take
+    /// 12 times as long).
+    #[arg(long, requires = "tune")]
+    pub(crate) tuning_budget: Option<f64>,
     /// Print ratios against an earlier --json report.
     #[arg(long)]
     pub(crate) compare: Option<std::path::PathBuf>,

@@ -24,7 +24,8 @@ use clap::Parser;
 use wgpu_attention::bench::fma::fma_peak_gflops;
 use wgpu_attention::bench::{bench_options, Timer};
 use wgpu_attention::{
-    enumerate_adapters, parse_backends, Context, DType, Error, KernelFamily, TuningMode,
+    enumerate_adapters, parse_backends, Context, DType, Error, KernelFamily, TuningBudget,
+    TuningMode,
 };
 
 use cases::{run_problem, CaseResult, Measured, Measurement, Selection};
@@ -87,6 +88,10 @@ fn main() -> ExitCode {
     };
     let options = bench_options(backends, cli.adapter.clone()).map(|mut o| {
         o.tuning_cache = cli.tuning_cache.clone();
+        if let Some(per_key) = cli.tuning_budget.filter(|s| s.is_finite() && *s > 0.0) {
+            let per_key = std::time::Duration::from_secs_f64(per_key);
+            o.tuning_budget = TuningBudget::new(per_key, 12 * per_key);
+        }
         o
     });
     let ctx = match options.and_then(|o| Context::new_with(&o)) {
