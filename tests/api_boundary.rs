@@ -214,6 +214,35 @@ fn tensors_of_another_context_are_refused_by_name() {
             matches!(err, Error::ForeignTensor { arg: "tokens", .. }),
             "{err}"
         );
+        // Writes through the wrong context are refused too, not handed to its queue.
+        let mut tokens = tokens;
+        let err = tokens
+            .write(ctx, &[1, 0])
+            .expect_err("another context's tokens");
+        assert!(
+            matches!(err, Error::ForeignTensor { arg: "tokens", .. }),
+            "{err}"
+        );
+        let theirs = GpuTensor::zeros(&other, &[2]).unwrap();
+        let err = theirs
+            .write(ctx, &[1.0, 2.0])
+            .expect_err("another context's tensor");
+        assert!(
+            matches!(err, Error::ForeignTensor { arg: "tensor", .. }),
+            "{err}"
+        );
+        let theirs = GpuTensorF16::zeros(&other, &[2]).unwrap();
+        let halves = [half::f16::ONE; 2];
+        let err = theirs
+            .write(ctx, &halves)
+            .expect_err("another context's f16 tensor");
+        assert!(
+            matches!(err, Error::ForeignTensor { arg: "tensor", .. }),
+            "{err}"
+        );
+        // Through its own context each write is fine.
+        tokens.write(&other, &[1, 0]).unwrap();
+        theirs.write(&other, &halves).unwrap();
     });
 }
 

@@ -181,6 +181,8 @@ impl GpuTensor {
                 format!("has {} elements, tensor holds {}", data.len(), self.len()),
             ));
         }
+        // Another context's queue may be another device's: a wgpu error, not ours to cause.
+        ctx.check_owns("tensor", self.context)?;
         ctx.check_lost()?;
         if !data.is_empty() {
             ctx.queue().write_buffer(

@@ -152,6 +152,7 @@ impl GpuTensorF16 {
                 format!("has {} elements, tensor holds {}", data.len(), self.len()),
             ));
         }
+        ctx.check_owns("tensor", self.context)?;
         ctx.check_lost()?;
         if !data.is_empty() {
             // write_buffer copies whole words: pad an odd count with one zero.

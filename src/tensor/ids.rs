@@ -92,6 +92,7 @@ impl GpuTokens {
                 format!("{} values for a buffer of {}", data.len(), self.len()),
             ));
         }
+        ctx.check_owns("tokens", Some(self.context))?;
         ctx.check_lost()?;
         // Under the lock, so the host copy and the queued write change together.
         let mut values = self.values.lock().unwrap_or_else(|e| e.into_inner());
