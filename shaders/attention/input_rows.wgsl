@@ -1,4 +1,4 @@
-// The GPU-family kernels' Q, K and V bindings (and dO's, the backward's), and reads of four
+// The fused kernels' Q, K and V bindings (and dO's, the backward's), and reads of four
 // consecutive elements of one of their rows (dims 4 d4 .. 4 d4 + 3). This build reads them one element at a time, for views whose
 // rows may start anywhere or whose head dims are not multiples of four. The host takes
 // attention/input_rows_vec4.wgsl instead where every row of those views starts on a

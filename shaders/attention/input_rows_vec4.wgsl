@@ -1,4 +1,4 @@
-// The GPU-family kernels' Q, K, V (and dO) bindings read four elements per access
+// The fused kernels' Q, K, V (and dO) bindings read four elements per access
 // (attention/input_rows.wgsl says when the host takes this build): every index the kernels pass
 // is a multiple of four and every count at least four.
 override VEC4: u32 = 1u;

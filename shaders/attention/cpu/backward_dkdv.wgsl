@@ -18,10 +18,9 @@ override BLOCK_M: u32 = 32u;
 // head dims (DK, DV, their staged strides DK4P, DV4P) and the staged tiles of Q and dO (tile_qk,
 // tile_vo): attention/cpu/quads.wgsl.
 override TILE_ROWS: u32 = BLOCK_M;
-const QK_VIEW: u32 = VIEW_Q;
-const VO_VIEW: u32 = VIEW_DO;
 
-// Q, K, V, dO, stats (bindings 2-6): attention/cpu/backward_inputs.wgsl.
+// Q, K, V, dO, stats (bindings 2-6): attention/cpu/backward_inputs.wgsl; the staged tiles' views
+// (Q and dO): attention/cpu/views_qdo.wgsl.
 @group(0) @binding(7) var<storage, read_write> dk_buf: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dv_buf: array<f32>;
 
@@ -82,12 +81,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
         q_hi[r] = query_end(j);
         if j < kvlen {
             let k_base = view_index(VIEW_K, b, j, h_kv);
-            for (var d = 0u; d < DK; d++) {
-                kt[d][r] = input_elem(VIEW_K, k_base + d) * params.scale;
+            for (var d4 = 0u; d4 < DK4; d4++) {
+                let x = k_row4(k_base + 4u * d4, DK - 4u * d4) * params.scale;
+                for (var c = 0u; c < 4u; c++) {
+                    kt[4u * d4 + c][r] = x[c];
+                }
             }
             let v_base = view_index(VIEW_V, b, j, h_kv);
-            for (var d = 0u; d < DV; d++) {
-                vt[d][r] = input_elem(VIEW_V, v_base + d);
+            for (var d4 = 0u; d4 < DV4; d4++) {
+                let x = v_row4(v_base + 4u * d4, DV - 4u * d4);
+                for (var c = 0u; c < 4u; c++) {
+                    vt[4u * d4 + c][r] = x[c];
+                }
             }
         }
     }

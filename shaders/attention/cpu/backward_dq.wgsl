@@ -20,10 +20,9 @@ override REL_BUCKETS: u32 = 0u;
 // MAX_REL: REL_BUCKETS, at least 1. The head dims (DK, DV, their staged strides DK4P, DV4P) and
 // the staged tiles of K and V (tile_qk, tile_vo): attention/cpu/quads.wgsl.
 override TILE_ROWS: u32 = BLOCK_N;
-const QK_VIEW: u32 = VIEW_K;
-const VO_VIEW: u32 = VIEW_V;
 
-// Q, K, V, dO, stats (bindings 2-6): attention/cpu/backward_inputs.wgsl.
+// Q, K, V, dO, stats (bindings 2-6): attention/cpu/backward_inputs.wgsl; the staged tiles' views
+// (K and V): attention/cpu/views_kv.wgsl.
 @group(0) @binding(7) var<storage, read_write> dq_buf: array<f32>;
 @group(0) @binding(8) var<storage, read_write> rel_rows: array<f32>;
 
@@ -105,12 +104,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
                 delta[r] = st.y;
             }
             let q_base = view_index(VIEW_Q, b, i, h);
-            for (var d = 0u; d < DK; d++) {
-                qt[d][r] = input_elem(VIEW_Q, q_base + d) * params.scale;
+            for (var d4 = 0u; d4 < DK4; d4++) {
+                let x = q_row4(q_base + 4u * d4, DK - 4u * d4) * params.scale;
+                for (var c = 0u; c < 4u; c++) {
+                    qt[4u * d4 + c][r] = x[c];
+                }
             }
             let do_base = view_index(VIEW_DO, b, i, h);
-            for (var d = 0u; d < DV; d++) {
-                dot_t[d][r] = input_elem(VIEW_DO, do_base + d);
+            for (var d4 = 0u; d4 < DV4; d4++) {
+                let x = do_row4(do_base + 4u * d4, DV - 4u * d4);
+                for (var c = 0u; c < 4u; c++) {
+                    dot_t[4u * d4 + c][r] = x[c];
+                }
             }
         }
     }

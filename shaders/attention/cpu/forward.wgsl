@@ -21,28 +21,11 @@ override BLOCK_N: u32 = 32u;
 // tile_vo): attention/cpu/quads.wgsl.
 const MAX_BN: u32 = 64u;
 override TILE_ROWS: u32 = BLOCK_N;
-const QK_VIEW: u32 = VIEW_K;
-const VO_VIEW: u32 = VIEW_V;
 
-@group(0) @binding(2) var<storage, read> q_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> k_buf: array<f32>;
-@group(0) @binding(4) var<storage, read> v_buf: array<f32>;
+// Q, K and V (bindings 2-4) and their reads four elements at a time: attention/input_rows.wgsl or
+// attention/input_rows_vec4.wgsl; the staged tiles' views: attention/cpu/views_kv.wgsl.
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
-
-fn input_elem(view: u32, index: u32) -> f32 {
-    switch view {
-        case VIEW_Q: {
-            return q_buf[index];
-        }
-        case VIEW_K: {
-            return k_buf[index];
-        }
-        default: {
-            return v_buf[index];
-        }
-    }
-}
 
 // Key j's modified, masked score for the four rows (NEG_BIG where masked: only ever a max seed).
 fn tile_score(
@@ -118,8 +101,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
             row_start[r] = keys_start_at(i32(i) + shift);
             row_end[r] = keys_end_at(i32(i) + shift, kvlen);
             let q_base = view_index(VIEW_Q, b, i, h);
-            for (var d = 0u; d < DK; d++) {
-                qt[d][r] = input_elem(VIEW_Q, q_base + d) * params.scale;
+            for (var d4 = 0u; d4 < DK4; d4++) {
+                let x = q_row4(q_base + 4u * d4, DK - 4u * d4) * params.scale;
+                for (var c = 0u; c < 4u; c++) {
+                    qt[4u * d4 + c][r] = x[c];
+                }
             }
         }
     }

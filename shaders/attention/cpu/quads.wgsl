@@ -4,10 +4,10 @@
 // the quad steps of the score, dP and gradient products.
 //
 // tile_qk holds rows of the score's operand (K in the forward and dQ, Q in dK/dV), tile_vo rows of
-// the value's (V, or dO). Each kernel says which views they are (QK_VIEW, VO_VIEW), how many rows a
-// tile holds (TILE_ROWS) and how to read an element of its inputs (input_elem). qk_quad and vo_quad
-// come from attention/cpu/quads_subgroup.wgsl or attention/cpu/quads_workgroup.wgsl, appended by
-// the host.
+// the value's (V, or dO). Each kernel says how many rows a tile holds (TILE_ROWS); which views the
+// tiles are and how four elements of their rows are read (QK_VIEW, VO_VIEW, qk_row4, vo_row4) come
+// from attention/cpu/views_kv.wgsl or attention/cpu/views_qdo.wgsl, and qk_quad and vo_quad from
+// attention/cpu/quads_subgroup.wgsl or attention/cpu/quads_workgroup.wgsl, appended by the host.
 
 override DK: u32 = 64u;
 override DV: u32 = 64u;
@@ -51,17 +51,19 @@ struct QuadSeen {
     r3: vec4<bool>,
 }
 
-// Dims 4 c4 .. 4 c4 + 3 of row `row` (head `head` of batch b) of `view`, zeros past `dims`.
+// Dims 4 c4 .. 4 c4 + 3 of row `row` (head `head` of batch b) of `view` (QK_VIEW or VO_VIEW),
+// zeros past `dims`: one 128-bit read where the host bound the views' vec4 build.
 fn staged_row4(view: u32, dims: u32, b: u32, row: u32, head: u32, c4: u32) -> vec4<f32> {
-    let base = view_index(view, b, row, head) + c4 * 4u;
-    var x = vec4<f32>(0.0);
-    for (var c = 0u; c < 4u; c++) {
-        if c4 * 4u + c < dims {
-            x[c] = input_elem(view, base + c);
-        }
+    if c4 * 4u >= dims {
+        return vec4<f32>(0.0);
     }
-    return x;
+    let index = view_index(view, b, row, head) + c4 * 4u;
+    if view == QK_VIEW {
+        return qk_row4(index, dims - c4 * 4u);
+    }
+    return vo_row4(index, dims - c4 * 4u);
 }
+
 
 // Stages rows row0 .. row0 + count - 1 (count <= TILE_ROWS) of both operands into tile_qk and
 // tile_vo; the rest of the tiles zero. Every invocation takes part.

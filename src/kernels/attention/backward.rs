@@ -4,8 +4,9 @@
 use super::bias::attention_bias_backward_into;
 use super::binding::{
     base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view,
-    encode_fused_chunks, encode_kernel, seq_lens_buffer, set_grid, tile_rows, workgroup_size,
-    Bound, Kernel, Shared, ROWS, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_O,
+    encode_fused_chunks, encode_kernel, inputs_on_vec4, seq_lens_buffer, set_grid, tile_rows,
+    workgroup_size, Bound, Kernel, Shared, ROWS, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV,
+    VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::call::{AttentionOutput, BackwardCall, BackwardViews};
 use super::header::with_common_typed;
@@ -305,6 +306,7 @@ pub(super) fn encode_backward_core(
     let shared = Shared::scores(ctx, opts)?;
     let wg = workgroup_size(ctx, true, choice.workgroup);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
+    let inputs = [VIEW_Q, VIEW_K, VIEW_V, VIEW_DO];
     let quads = QuadReads::choose(ctx, wg);
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
     // One pass per kernel, so a profile tells the three apart.
@@ -375,6 +377,7 @@ pub(super) fn encode_backward_core(
         );
         let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, FamilyBuild::Cpu(quads));
         key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), None);
+        key.vec4_inputs = inputs_on_vec4(&params, &inputs, &s);
         key.constants = vec![("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]];
         encode_fused_chunks(
             ctx,
@@ -410,6 +413,7 @@ pub(super) fn encode_backward_core(
             block_n as usize,
         );
         let mut key = FusedVariant::new(FusedKernel::BackwardDq, FamilyBuild::Cpu(quads));
+        key.vec4_inputs = inputs_on_vec4(&params, &inputs, &s);
         key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), Some(rel.buckets()));
         key.constants = vec![
             ("WG", wg),

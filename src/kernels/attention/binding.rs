@@ -221,6 +221,20 @@ pub(super) fn bind_backward_inputs<'a>(
     ])
 }
 
+/// Whether the views bound in `params` at `slots` start every row on a four-element boundary
+/// (offset in the binding and every stride multiples of four) and the head dims are multiples of
+/// four, so that a kernel may read four elements per access (`attention/input_rows_vec4.wgsl`).
+pub(super) fn inputs_on_vec4(params: &Params, slots: &[usize], s: &AttentionShape) -> bool {
+    s.head_dim_qk.is_multiple_of(4)
+        && s.head_dim_v.is_multiple_of(4)
+        && slots.iter().all(|&slot| {
+            let v = &params.views[slot];
+            [v.offset, v.stride_b, v.stride_s, v.stride_h]
+                .iter()
+                .all(|x| x.is_multiple_of(4))
+        })
+}
+
 /// Rows of Q (forward, dQ) or keys (dK/dV) one invocation owns: one per vec4 lane.
 pub(super) const ROWS: u32 = 4;
 

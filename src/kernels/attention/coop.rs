@@ -234,7 +234,7 @@ fn padded(s: &AttentionShape) -> (usize, usize) {
 
 /// The key of the family's forward: `build` on `input` elements written as `written` and staged as
 /// `tiles`, with the portable build's `slots`, arrays sized by `sizes`, and Q, K and V read four
-/// elements per access with `vec4_inputs` (`gpu::inputs_on_vec4`).
+/// elements per access with `vec4_inputs` (`binding::inputs_on_vec4`).
 fn key(
     build: MatrixBuild,
     [input, written, tiles]: [DType; 3],

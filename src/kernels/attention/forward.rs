@@ -2,8 +2,8 @@
 //! family's is in `gpu`) and the plan each problem gets.
 
 use super::binding::{
-    base_params, bind_tensor, bind_view, encode_fused_chunks, set_grid, tile_rows, workgroup_size,
-    Bound, Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    base_params, bind_tensor, bind_view, encode_fused_chunks, inputs_on_vec4, set_grid, tile_rows,
+    workgroup_size, Bound, Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::call::{AttentionOutput, ForwardCall, ForwardViews};
 use super::gpu::{encode_forward_gpu, GpuForward};
@@ -238,6 +238,7 @@ pub(super) fn encode_forward_cpu_family(
         FamilyBuild::Cpu(QuadReads::choose(ctx, wg)),
     );
     key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), None);
+    key.vec4_inputs = inputs_on_vec4(&params, &[VIEW_Q, VIEW_K, VIEW_V], s);
     key.constants = vec![
         ("WG", wg),
         ("BLOCK_N", block_n),

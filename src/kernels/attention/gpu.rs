@@ -6,9 +6,9 @@
 use super::bias;
 use super::binding::{
     base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view, encode_fused,
-    encode_fused_chunks, encode_kernel, seq_lens_buffer, set_grid, Binding, Bound, Kernel, Params,
-    Shared, ViewParams, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_O, VIEW_Q,
-    VIEW_V,
+    encode_fused_chunks, encode_kernel, inputs_on_vec4, seq_lens_buffer, set_grid, Binding, Bound,
+    Kernel, Params, Shared, ViewParams, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K,
+    VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::call::ForwardCall;
 use super::call::{BackwardCall, BackwardViews};
@@ -22,20 +22,6 @@ use crate::kernels::dispatch::loop_chunks;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, HeadsView};
 use std::sync::OnceLock;
-
-/// Whether the views bound in `params` at `slots` start every row on a four-element boundary
-/// (offset in the binding and every stride multiples of four) and the head dims are multiples of
-/// four, so that a kernel may read four elements per access (`attention/input_rows_vec4.wgsl`).
-pub(super) fn inputs_on_vec4(params: &Params, slots: &[usize], s: &AttentionShape) -> bool {
-    s.head_dim_qk.is_multiple_of(4)
-        && s.head_dim_v.is_multiple_of(4)
-        && slots.iter().all(|&slot| {
-            let v = &params.views[slot];
-            [v.offset, v.stride_b, v.stride_s, v.stride_h]
-                .iter()
-                .all(|x| x.is_multiple_of(4))
-        })
-}
 
 pub(super) const FORWARD_MERGE: &str =
     include_str!("../../../shaders/attention/forward_merge.wgsl");

@@ -57,9 +57,12 @@ fn fused_variants() -> Vec<FusedVariant> {
     let mut keys = Vec::new();
     for quads in [QuadReads::Workgroup, QuadReads::Subgroup] {
         for kernel in [Forward, BackwardDq, BackwardDkDv] {
-            let mut key = FusedVariant::new(kernel, FamilyBuild::Cpu(quads));
-            key.arrays = cpu_family_arrays(MAX_HEAD_DIM, (kernel == BackwardDq).then_some(132));
-            keys.push(key);
+            for vec4_inputs in [false, true] {
+                let mut key = FusedVariant::new(kernel, FamilyBuild::Cpu(quads));
+                key.arrays = cpu_family_arrays(MAX_HEAD_DIM, (kernel == BackwardDq).then_some(132));
+                key.vec4_inputs = vec4_inputs;
+                keys.push(key);
+            }
         }
     }
     let gpu = |kernel, subgroup_row_max, input, written, vec4_inputs| {

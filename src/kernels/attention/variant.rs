@@ -33,6 +33,8 @@ const CPU_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/cpu/bac
 const CPU_BACKWARD_INPUTS: &str =
     include_str!("../../../shaders/attention/cpu/backward_inputs.wgsl");
 const CPU_QUADS: &str = include_str!("../../../shaders/attention/cpu/quads.wgsl");
+const CPU_VIEWS_KV: &str = include_str!("../../../shaders/attention/cpu/views_kv.wgsl");
+const CPU_VIEWS_QDO: &str = include_str!("../../../shaders/attention/cpu/views_qdo.wgsl");
 const CPU_QUADS_SUBGROUP: &str = include_str!("../../../shaders/attention/cpu/quads_subgroup.wgsl");
 const CPU_QUADS_WORKGROUP: &str =
     include_str!("../../../shaders/attention/cpu/quads_workgroup.wgsl");
@@ -91,8 +93,8 @@ pub(super) struct FusedVariant {
     pub input: DType,
     /// Element type of what the kernel writes (f32 partials of a split f16 forward).
     pub written: DType,
-    /// Q, K, V (and dO) read four elements per access (`input_rows_vec4.wgsl`; not the CPU
-    /// family's, which reads element by element).
+    /// Q, K, V (and dO) read four elements per access (`input_rows_vec4.wgsl`), where every row
+    /// of those views starts on a four-element boundary and the head dims are multiples of four.
     pub vec4_inputs: bool,
     /// Per-invocation array sizes, declared as module constants.
     pub arrays: Vec<(&'static str, u32)>,
@@ -164,17 +166,15 @@ impl FusedVariant {
         name
     }
 
-    /// The override constants: the shape's, then `VEC4` (GPU and tensor-core families),
-    /// `SUBGROUP` (the CPU family's subgroup quads), `PACKED_VIEWS` where the call has packed
+    /// The override constants: the shape's, then `SUBGROUP` (the CPU family's subgroup quads),
+    /// `VEC4`, `PACKED_VIEWS` where the call has packed
     /// views and `SCORE_BIAS = 0` where it binds no score bias.
     pub fn constants(&self) -> Vec<(&'static str, u32)> {
         let mut all = self.constants.clone();
-        match self.family {
-            FamilyBuild::Cpu(quads) => all.extend(quads.constant()),
-            FamilyBuild::Gpu { .. } | FamilyBuild::Coop { .. } => {
-                all.push(("VEC4", self.vec4_inputs as u32))
-            }
+        if let FamilyBuild::Cpu(quads) = self.family {
+            all.extend(quads.constant());
         }
+        all.push(("VEC4", self.vec4_inputs as u32));
         if self.packed_views != 0 {
             all.push(("PACKED_VIEWS", self.packed_views));
         }
@@ -228,12 +228,14 @@ impl FusedVariant {
                     QuadReads::Workgroup => CPU_QUADS_WORKGROUP,
                     QuadReads::Subgroup => CPU_QUADS_SUBGROUP,
                 };
-                let mut pieces = vec![body];
+                let mut pieces = vec![body, rows];
                 if kernel != FusedKernel::Forward {
-                    pieces.push(CPU_BACKWARD_INPUTS);
+                    pieces.extend([CPU_BACKWARD_INPUTS, do_rows]);
                 }
                 if kernel == FusedKernel::BackwardDkDv {
-                    pieces.push(OUTPUT_PAIR);
+                    pieces.extend([OUTPUT_PAIR, CPU_VIEWS_QDO]);
+                } else {
+                    pieces.push(CPU_VIEWS_KV);
                 }
                 pieces.extend([CPU_QUADS, reads]);
                 pieces
