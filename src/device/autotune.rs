@@ -496,6 +496,11 @@ impl Context {
 
     /// Whether this thread is timing tuning candidates (its passes belong to no caller).
     pub(crate) fn is_tuning_thread(&self) -> bool {
+        // The mode changes only through `&mut self`, so no search runs while it is off: every
+        // pass of an untuned context skips the lock.
+        if self.tuner.mode == TuningMode::Off {
+            return false;
+        }
         let thread = self
             .tuner
             .tuning_thread

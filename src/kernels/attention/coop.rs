@@ -15,6 +15,7 @@ use super::gpu;
 use super::gpu::encode_forward_gpu;
 use super::options::AttentionOptions;
 use super::shape::check_options;
+use super::tune::qualification_values;
 use super::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
 use crate::device::{Context, KernelFamily};
 use crate::error::Result;
@@ -413,20 +414,12 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
         head_dim_qk: 64,
         head_dim_v: 64,
     };
-    // Deterministic values in [-1, 1).
-    let values = |n: usize, seed: u32| -> Vec<f32> {
-        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-            })
-            .collect()
-    };
     let tensor = |seq: usize, seed: u32| {
-        GpuTensor::from_slice(ctx, &values(seq * 2 * 64, seed), &[1, seq, 2, 64])
+        GpuTensor::from_slice(
+            ctx,
+            &qualification_values(seq * 2 * 64, seed),
+            &[1, seq, 2, 64],
+        )
     };
     let (q, k, v) = (tensor(80, 1)?, tensor(104, 2)?, tensor(104, 3)?);
     let (q, k, v) = (q.heads()?, k.heads()?, v.heads()?);

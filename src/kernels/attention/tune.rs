@@ -181,7 +181,7 @@ impl Problem {
         };
         for (i, shape) in dims.iter().enumerate() {
             let n: usize = shape.iter().product();
-            let data = random.then(|| values(n, i as u32 + 1));
+            let data = random.then(|| qualification_values(n, i as u32 + 1));
             let view = match (dtype, data) {
                 (DType::F32, Some(data)) => {
                     problem._f32.push(GpuTensor::from_slice(ctx, &data, shape)?);
@@ -233,8 +233,9 @@ impl Problem {
     }
 }
 
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u32) -> Vec<f32> {
+/// Deterministic values in [-1, 1): the inputs of the problems kernels are qualified on (here and
+/// the tensor-core build's, `coop::qualify_matrix_build`).
+pub(super) fn qualification_values(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
     (0..n)
         .map(|_| {
@@ -348,32 +349,19 @@ fn search_forward(
             record_forward(ctx, encoder, &timed.forward(), opts, Some(choice))
         })
     };
-    // 1. The family, each at its static configuration.
     let gpu_static = GpuForward::choose(ctx, s, settings.tiles[0])?;
-    for family in families(ctx, &settings, dtype) {
-        let mut choice = KernelChoice { family, ..settings };
-        // Named, so that the later steps do not time it again.
-        match family {
-            Some(KernelFamily::Gpu) => {
-                choice.tiles[0] = Some((gpu_static.wg, gpu_static.block_m, gpu_static.block_n));
-                choice.splits = Some(gpu_static.splits(ctx, s, settings.splits));
-            }
-            Some(KernelFamily::CpuDriver) if dtype == DType::F32 => {
-                choice.workgroup = Some(workgroup_size(ctx, false, settings.workgroup));
-            }
-            _ => {}
-        }
-        measure(search, choice)?;
-    }
-    let Some(best) = search.best() else {
+    let name_gpu = |choice: &mut KernelChoice| {
+        choice.tiles[0] = Some((gpu_static.wg, gpu_static.block_m, gpu_static.block_n));
+        choice.splits = Some(gpu_static.splits(ctx, s, settings.splits));
+    };
+    let steps = FamilySteps {
+        settings,
+        dtype,
+        backward: false,
+    };
+    let Some(best) = steps.run(ctx, search, name_gpu, &measure)? else {
         return Ok(());
     };
-    if best.family_on(ctx) == KernelFamily::CpuDriver && dtype == DType::F32 {
-        return widths(ctx, search, best, settings, measure);
-    }
-    if best.family_on(ctx) != KernelFamily::Gpu {
-        return Ok(());
-    }
     // 2. The GPU family's tiles, each at its own static split.
     if settings.tiles[0].is_none() {
         for tile in GpuForward::fitting(ctx, s) {
@@ -406,29 +394,60 @@ fn search_forward(
     Ok(())
 }
 
-/// The CPU-driver family's step after the family: its workgroup widths, unless the context sets
-/// one.
-fn widths(
-    ctx: &Context,
-    search: &mut Search<'_>,
-    best: KernelChoice,
+/// The search's first steps, which the forward and backward share: the family, each at its static
+/// configuration (named in full, so that the later steps do not time it again: `name_gpu` names
+/// the GPU family's shapes), then, where the CPU-driver family wins, its workgroup widths unless
+/// the context sets one.
+struct FamilySteps {
     settings: KernelChoice,
-    measure: impl Fn(&mut Search<'_>, KernelChoice) -> Result<()>,
-) -> Result<()> {
-    if settings.workgroup.is_some() {
-        return Ok(());
+    dtype: DType,
+    backward: bool,
+}
+
+impl FamilySteps {
+    /// Runs the steps: the best choice where the GPU family won (its own steps come next), else
+    /// `None`.
+    fn run(
+        &self,
+        ctx: &Context,
+        search: &mut Search<'_>,
+        name_gpu: impl Fn(&mut KernelChoice),
+        measure: &impl Fn(&mut Search<'_>, KernelChoice) -> Result<()>,
+    ) -> Result<Option<KernelChoice>> {
+        let Self {
+            settings,
+            dtype,
+            backward,
+        } = *self;
+        let cpu = |family: KernelFamily| family == KernelFamily::CpuDriver && dtype == DType::F32;
+        for family in families(ctx, &settings, dtype) {
+            let mut choice = KernelChoice { family, ..settings };
+            match family {
+                Some(KernelFamily::Gpu) => name_gpu(&mut choice),
+                Some(f) if cpu(f) => {
+                    choice.workgroup = Some(workgroup_size(ctx, backward, settings.workgroup))
+                }
+                _ => {}
+            }
+            measure(search, choice)?;
+        }
+        let Some(best) = search.best() else {
+            return Ok(None);
+        };
+        if cpu(best.family_on(ctx)) && settings.workgroup.is_none() {
+            let widest = ctx.limits().max_compute_invocations_per_workgroup;
+            for wg in ATTENTION_WORKGROUPS.into_iter().filter(|&wg| wg <= widest) {
+                measure(
+                    search,
+                    KernelChoice {
+                        workgroup: Some(wg),
+                        ..best
+                    },
+                )?;
+            }
+        }
+        Ok((best.family_on(ctx) == KernelFamily::Gpu).then_some(best))
     }
-    let widest = ctx.limits().max_compute_invocations_per_workgroup;
-    for wg in ATTENTION_WORKGROUPS.into_iter().filter(|&wg| wg <= widest) {
-        measure(
-            search,
-            KernelChoice {
-                workgroup: Some(wg),
-                ..best
-            },
-        )?;
-    }
-    Ok(())
 }
 
 /// The backward's results on the check problem under `choice`: dQ, dK, dV.
@@ -476,32 +495,20 @@ fn search_backward(
             encode_backward_core(ctx, encoder, timed.backward(), opts, Some(choice))
         })
     };
-    // 1. The family, each at its static configuration (the GPU family's tiles named).
     let dkdv = GpuDkDv::fitting(ctx, s);
     let dq = GpuDq::fitting(ctx, s);
-    for family in families(ctx, &settings, dtype) {
-        let mut choice = KernelChoice { family, ..settings };
-        match family {
-            Some(KernelFamily::Gpu) => {
-                choice.tiles[1] = settings.tiles[1].or(dkdv.first().copied());
-                choice.tiles[2] = settings.tiles[2].or(dq.first().copied());
-            }
-            Some(KernelFamily::CpuDriver) if dtype == DType::F32 => {
-                choice.workgroup = Some(workgroup_size(ctx, true, settings.workgroup));
-            }
-            _ => {}
-        }
-        measure(search, choice)?;
-    }
-    let Some(best) = search.best() else {
+    let name_gpu = |choice: &mut KernelChoice| {
+        choice.tiles[1] = settings.tiles[1].or(dkdv.first().copied());
+        choice.tiles[2] = settings.tiles[2].or(dq.first().copied());
+    };
+    let steps = FamilySteps {
+        settings,
+        dtype,
+        backward: true,
+    };
+    let Some(best) = steps.run(ctx, search, name_gpu, &measure)? else {
         return Ok(());
     };
-    if best.family_on(ctx) == KernelFamily::CpuDriver && dtype == DType::F32 {
-        return widths(ctx, search, best, settings, measure);
-    }
-    if best.family_on(ctx) != KernelFamily::Gpu {
-        return Ok(());
-    }
     // 2. dK/dV's tiles, then dQ's with the best dK/dV.
     if settings.tiles[1].is_none() {
         for tile in dkdv {
