@@ -17,8 +17,9 @@ use super::shape::{
     MAX_FUSED_BACKWARD_HEAD_DIM_GPU,
 };
 use super::sinks::attention_sinks_backward_into;
+use super::tune::{self, Tuned};
 use super::variant::{cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, QuadReads};
-use super::{bias, gpu, qk_norm, tune};
+use super::{bias, gpu, qk_norm};
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_f32;
@@ -253,7 +254,7 @@ pub(super) fn encode_backward_core(
     let packed = q.packed_rows().is_some() || k.packed_rows().is_some();
     let choice = match choice {
         Some(choice) => choice,
-        None => tune::backward_choice(ctx, &s, opts, dtype, packed)?,
+        None => tune::call_choice(ctx, Tuned::Backward, &s, opts, dtype, packed)?,
     };
     let family = match (dtype, choice.family_on(ctx)) {
         (DType::F32, KernelFamily::CpuDriver) => KernelFamily::CpuDriver,

@@ -12,10 +12,11 @@ use super::shape::{
     allocating_f16, check_distinct, check_options, check_packed, check_tensor, check_view_typed,
     common_dtype, output_like, MAX_BLOCK_N,
 };
+use super::tune::{self, Tuned};
 use super::variant::{
     cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, MatrixBuild, QuadReads,
 };
-use super::{coop, qk_norm, sinks, tune};
+use super::{coop, qk_norm, sinks};
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_f32};
@@ -173,7 +174,7 @@ pub(super) fn record_forward(
     let packed = q.packed_rows().is_some() || k.packed_rows().is_some();
     let choice = match choice {
         Some(choice) => choice,
-        None => tune::forward_choice(ctx, &s, opts, dtype, packed)?,
+        None => tune::call_choice(ctx, Tuned::Forward, &s, opts, dtype, packed)?,
     };
     // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
     let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;

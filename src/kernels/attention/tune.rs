@@ -29,9 +29,27 @@ use crate::error::Result;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, GpuTensorF16, HeadsView};
 
-/// The choice a forward call runs: the context's settings over the tuned choice of its key.
-pub(super) fn forward_choice(
+/// The fused kernels that tune.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tuned {
+    Forward,
+    Backward,
+}
+
+impl Tuned {
+    fn name(self) -> &'static str {
+        match self {
+            Tuned::Forward => "attention_forward",
+            Tuned::Backward => "attention_backward",
+        }
+    }
+}
+
+/// The choice a call of `kernel` runs: the context's settings over the tuned choice of its key
+/// (tuned here at the key's first call where the context tunes).
+pub(super) fn call_choice(
     ctx: &Context,
+    kernel: Tuned,
     s: &AttentionShape,
     opts: &AttentionOptions<'_>,
     dtype: DType,
@@ -41,42 +59,32 @@ pub(super) fn forward_choice(
     if ctx.tuning_mode() == TuningMode::Off || packed || ctx.is_tuning_thread() {
         return Ok(settings);
     }
-    let key = tuning_key("attention_forward", s, opts, dtype);
+    let key = tuning_key(kernel.name(), s, opts, dtype);
     let tuned = ctx.tuned_choice(&key, |search| {
-        search_forward(ctx, search, s, &scalar_options(opts), dtype, settings)
+        let opts = scalar_options(opts);
+        match kernel {
+            Tuned::Forward => search_forward(ctx, search, s, &opts, dtype, settings),
+            Tuned::Backward => search_backward(ctx, search, s, &opts, dtype, settings),
+        }
     })?;
     Ok(settings.or(tuned.unwrap_or_default()))
 }
 
-/// [`forward_choice`] of an unmasked f32 call of `s` where the context has made it, without
+/// [`call_choice`] of an unmasked f32 forward of `s` where the context has made it, without
 /// tuning: what [`super::attention_forward_plan`] reports.
 pub(super) fn forward_choice_so_far(ctx: &Context, s: &AttentionShape) -> KernelChoice {
-    let key = tuning_key("attention_forward", s, &AttentionOptions::new(), DType::F32);
+    let key = tuning_key(
+        Tuned::Forward.name(),
+        s,
+        &AttentionOptions::new(),
+        DType::F32,
+    );
     let tuned = ctx.tuned_choice_made(&key).unwrap_or_default();
     ctx.kernel_settings().or(tuned)
 }
 
-/// The choice a backward call runs: the context's settings over the tuned choice of its key.
-pub(super) fn backward_choice(
-    ctx: &Context,
-    s: &AttentionShape,
-    opts: &AttentionOptions<'_>,
-    dtype: DType,
-    packed: bool,
-) -> Result<KernelChoice> {
-    let settings = ctx.kernel_settings();
-    if ctx.tuning_mode() == TuningMode::Off || packed || ctx.is_tuning_thread() {
-        return Ok(settings);
-    }
-    let key = tuning_key("attention_backward", s, opts, dtype);
-    let tuned = ctx.tuned_choice(&key, |search| {
-        search_backward(ctx, search, s, &scalar_options(opts), dtype, settings)
-    })?;
-    Ok(settings.or(tuned.unwrap_or_default()))
-}
-
 /// `attention_forward d64x64 q1024 k1024 bh8 f32 causal`: see the module's documentation.
-pub(crate) fn tuning_key(
+fn tuning_key(
     kernel: &str,
     s: &AttentionShape,
     opts: &AttentionOptions<'_>,
