@@ -344,6 +344,14 @@ fn read_cache(path: &Path) -> Option<CacheFile> {
     }
 }
 
+/// The timed candidate with the fewest seconds per call, and its time.
+fn fastest(candidates: &[CandidateRecord]) -> Option<(f64, KernelChoice)> {
+    candidates
+        .iter()
+        .filter_map(|c| c.seconds.map(|s| (s, c.choice)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+}
+
 /// The candidates of one key being timed: kernels add each with [`Search::measure`].
 pub(crate) struct Search<'a> {
     ctx: &'a Context,
@@ -373,11 +381,7 @@ impl Search<'_> {
 
     /// The fastest candidate timed so far.
     pub(crate) fn best(&self) -> Option<KernelChoice> {
-        self.candidates
-            .iter()
-            .filter_map(|c| c.seconds.map(|s| (s, c.choice)))
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(_, choice)| choice)
+        fastest(&self.candidates).map(|(_, choice)| choice)
     }
 
     /// Times `choice` unless tried already: `check` first (a small problem against the static
@@ -440,11 +444,7 @@ impl Search<'_> {
                 return Ok(());
             }
         };
-        let fastest = self
-            .candidates
-            .iter()
-            .filter_map(|c| c.seconds)
-            .fold(f64::INFINITY, f64::min);
+        let fastest = fastest(&self.candidates).map_or(f64::INFINITY, |(s, _)| s);
         if once.as_secs_f64() > HOPELESS * fastest {
             self.candidates.push(CandidateRecord {
                 choice,
@@ -600,10 +600,7 @@ impl Context {
             .unwrap_or_else(|e| e.into_inner()) = None;
         let elapsed = start.elapsed();
         let mut candidates = timing.candidates;
-        let best = candidates
-            .iter()
-            .filter_map(|c| c.seconds.map(|s| (s, c.choice)))
-            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let best = fastest(&candidates);
         for c in &mut candidates {
             if let (Some(s), Some((fastest, _))) = (c.seconds, best) {
                 c.verdict = match s == fastest {

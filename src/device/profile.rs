@@ -102,22 +102,16 @@ impl Context {
         label: &'static str,
     ) -> Pass<'a> {
         let key = encoder_key(encoder);
-        if self.is_tuning_thread() {
-            // The autotuner's own encoder: the caller's ordered writes and profile are not its.
-            self.recorded_passes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(label),
-                timestamp_writes: None,
-            });
-            return Pass {
-                inner: PassInner::Own(pass.forget_lifetime()),
-                _encoder: std::marker::PhantomData,
-            };
-        }
-        let writes = self.take_ordered_writes();
+        // The autotuner's own encoders: the caller's ordered writes, shared passes and profile
+        // are not theirs.
+        let tuning = self.is_tuning_thread();
+        let writes = match tuning {
+            true => Vec::new(),
+            false => self.take_ordered_writes(),
+        };
         let mut shared = self.shared_passes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(index) = shared.iter().position(|s| s.encoder == key) {
+        let scope = shared.iter().position(|s| s.encoder == key);
+        if let Some(index) = scope.filter(|_| !tuning) {
             if !writes.is_empty() {
                 // Copies cannot be recorded inside a pass: end the scope's pass (the next kernel
                 // continues in a new one).
@@ -142,15 +136,18 @@ impl Context {
         record_ordered_writes(encoder, &writes);
         self.recorded_passes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let slot = {
-            let mut profiler = self.profiler.lock().unwrap_or_else(|e| e.into_inner());
-            profiler.as_mut().and_then(|p| {
-                let index = p.labels.len() as u32;
-                (index < p.capacity).then(|| {
-                    p.labels.push(label);
-                    (p.query_set.clone(), 2 * index)
+        let slot = match tuning {
+            true => None,
+            false => {
+                let mut profiler = self.profiler.lock().unwrap_or_else(|e| e.into_inner());
+                profiler.as_mut().and_then(|p| {
+                    let index = p.labels.len() as u32;
+                    (index < p.capacity).then(|| {
+                        p.labels.push(label);
+                        (p.query_set.clone(), 2 * index)
+                    })
                 })
-            })
+            }
         };
         let writes = slot
             .as_ref()

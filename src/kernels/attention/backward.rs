@@ -144,7 +144,12 @@ pub fn attention_backward_workspace(ctx: &Context, shape: &AttentionShape) -> Re
 /// f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only) and so does the
 /// tensor-core family's backward (its forward is the only tensor-core kernel).
 pub fn attention_backward_family(ctx: &Context, dtype: DType) -> KernelFamily {
-    match (dtype, ctx.kernel_family()) {
+    backward_family(ctx.kernel_family(), dtype)
+}
+
+/// The family the fused backward runs for `dtype` views where the call chose `family`.
+fn backward_family(family: KernelFamily, dtype: DType) -> KernelFamily {
+    match (dtype, family) {
         (DType::F32, KernelFamily::CpuDriver) => KernelFamily::CpuDriver,
         _ => KernelFamily::Gpu,
     }
@@ -251,15 +256,11 @@ pub(super) fn encode_backward_core(
     check_view_typed("dk", dk, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_qk])?;
     check_view_typed("dv", dv, [s.batch, s.kv_seq, s.kv_heads, s.head_dim_v])?;
     let widest = s.head_dim_qk.max(s.head_dim_v);
-    let packed = q.packed_rows().is_some() || k.packed_rows().is_some();
     let choice = match choice {
         Some(choice) => choice,
-        None => tune::call_choice(ctx, Tuned::Backward, &s, opts, dtype, packed)?,
+        None => tune::call_choice(ctx, Tuned::Backward, &s, opts, dtype, [q, k])?,
     };
-    let family = match (dtype, choice.family_on(ctx)) {
-        (DType::F32, KernelFamily::CpuDriver) => KernelFamily::CpuDriver,
-        _ => KernelFamily::Gpu,
-    };
+    let family = backward_family(choice.family_on(ctx), dtype);
     if family == KernelFamily::CpuDriver
         && !ctx.is_cpu()
         && widest > MAX_FUSED_BACKWARD_HEAD_DIM_GPU

@@ -171,10 +171,9 @@ pub(super) fn record_forward(
         &[("q", q.region()), ("k", k.region()), ("v", v.region())],
         opts,
     )?;
-    let packed = q.packed_rows().is_some() || k.packed_rows().is_some();
     let choice = match choice {
         Some(choice) => choice,
-        None => tune::call_choice(ctx, Tuned::Forward, &s, opts, dtype, packed)?,
+        None => tune::call_choice(ctx, Tuned::Forward, &s, opts, dtype, [q, k])?,
     };
     // Cosine scores and key clipping: the kernels read transformed copies of Q and K.
     let (q, k) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;

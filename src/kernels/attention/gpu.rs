@@ -55,14 +55,7 @@ impl GpuForward {
             widest,
             wanted,
             Self::candidates(widest),
-            |wg, block_m, block_n| {
-                Self {
-                    wg,
-                    block_m,
-                    block_n,
-                }
-                .workgroup_bytes(s)
-            },
+            Self::bytes(s),
         )?;
         Ok(Self {
             wg,
@@ -74,14 +67,19 @@ impl GpuForward {
     /// Every shape of [`GpuForward::candidates`] that fits `ctx` for `s`: the autotuner's.
     pub(super) fn fitting(ctx: &Context, s: &AttentionShape) -> Vec<TiledShape> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
-        fitting(ctx, Self::candidates(widest), |wg, block_m, block_n| {
+        fitting(ctx, Self::candidates(widest), Self::bytes(s))
+    }
+
+    /// Workgroup memory of a shape `(wg, block_m, block_n)` for `s` ([`GpuForward::workgroup_bytes`]).
+    fn bytes(s: &AttentionShape) -> impl Fn(u32, u32, u32) -> u32 + '_ {
+        move |wg, block_m, block_n| {
             Self {
                 wg,
                 block_m,
                 block_n,
             }
             .workgroup_bytes(s)
-        })
+        }
     }
 
     /// The shapes the forward is written for at head dim `widest`, the measured choice first.
@@ -431,15 +429,18 @@ fn fitting(
     candidates: &[TiledShape],
     bytes: impl Fn(u32, u32, u32) -> u32,
 ) -> Vec<TiledShape> {
-    let limits = ctx.limits();
     candidates
         .iter()
         .copied()
-        .filter(|&(wg, a, b)| {
-            bytes(wg, a, b) <= limits.max_compute_workgroup_storage_size
-                && wg <= limits.max_compute_invocations_per_workgroup
-        })
+        .filter(|&shape| fits(ctx, &bytes, shape))
         .collect()
+}
+
+/// Whether shape `(wg, a, b)`'s workgroup memory (`bytes`) and width fit the adapter.
+fn fits(ctx: &Context, bytes: &impl Fn(u32, u32, u32) -> u32, (wg, a, b): TiledShape) -> bool {
+    let limits = ctx.limits();
+    bytes(wg, a, b) <= limits.max_compute_workgroup_storage_size
+        && wg <= limits.max_compute_invocations_per_workgroup
 }
 
 /// The first `(wg, a, b)` candidate whose workgroup memory (`bytes`) and width fit the adapter,
@@ -453,13 +454,8 @@ fn first_fitting(
     candidates: &[TiledShape],
     bytes: impl Fn(u32, u32, u32) -> u32,
 ) -> Result<(u32, u32, u32)> {
-    let limits = ctx.limits();
-    let fits = |&(wg, a, b): &(u32, u32, u32)| {
-        bytes(wg, a, b) <= limits.max_compute_workgroup_storage_size
-            && wg <= limits.max_compute_invocations_per_workgroup
-    };
     if let Some(shape) = wanted {
-        if fits(&shape) && tuning.divides(shape.0, shape.1, shape.2) {
+        if fits(ctx, &bytes, shape) && tuning.divides(shape.0, shape.1, shape.2) {
             return Ok(shape);
         }
         static WARNED: [OnceLock<()>; 3] = [const { OnceLock::new() }; 3];
@@ -470,7 +466,11 @@ fn first_fitting(
             )
         });
     }
-    candidates.iter().copied().find(fits).ok_or_else(|| {
+    let fitting = candidates
+        .iter()
+        .copied()
+        .find(|&shape| fits(ctx, &bytes, shape));
+    fitting.ok_or_else(|| {
         let least = candidates
             .iter()
             .map(|&(wg, a, b)| bytes(wg, a, b))
@@ -479,7 +479,7 @@ fn first_fitting(
         Error::Unsupported {
             arg: what,
             value: u64::from(least),
-            limit: u64::from(limits.max_compute_workgroup_storage_size),
+            limit: u64::from(ctx.limits().max_compute_workgroup_storage_size),
             hint: " (bytes of workgroup storage at this head dim); use the CPU-driver kernels (Context::set_kernel_family) or a device with more workgroup storage",
         }
     })

@@ -45,17 +45,19 @@ impl Tuned {
     }
 }
 
-/// The choice a call of `kernel` runs: the context's settings over the tuned choice of its key
-/// (tuned here at the key's first call where the context tunes).
+/// The choice a call of `kernel` on Q and K views `qk` runs: the context's settings over the tuned
+/// choice of its key (tuned here at the key's first call where the context tunes; packed calls
+/// are not).
 pub(super) fn call_choice(
     ctx: &Context,
     kernel: Tuned,
     s: &AttentionShape,
     opts: &AttentionOptions<'_>,
     dtype: DType,
-    packed: bool,
+    qk: [&HeadsView; 2],
 ) -> Result<KernelChoice> {
     let settings = ctx.kernel_settings();
+    let packed = qk.iter().any(|view| view.packed_rows().is_some());
     if ctx.tuning_mode() == TuningMode::Off || packed || ctx.is_tuning_thread() {
         return Ok(settings);
     }
@@ -189,28 +191,29 @@ impl Problem {
         };
         for (i, shape) in dims.iter().enumerate() {
             let n: usize = shape.iter().product();
+            // Zeros are allocated on the device: a timed problem is never uploaded.
             let data = random.then(|| qualification_values(n, i as u32 + 1));
-            let view = match (dtype, data) {
-                (DType::F32, Some(data)) => {
-                    problem._f32.push(GpuTensor::from_slice(ctx, &data, shape)?);
-                    problem._f32.last().map(GpuTensor::heads)
+            let view = match dtype {
+                DType::F32 => {
+                    let tensor = match &data {
+                        Some(data) => GpuTensor::from_slice(ctx, data, shape)?,
+                        None => GpuTensor::zeros(ctx, shape)?,
+                    };
+                    let view = tensor.heads()?;
+                    problem._f32.push(tensor);
+                    view
                 }
-                (DType::F32, None) => {
-                    problem._f32.push(GpuTensor::zeros(ctx, shape)?);
-                    problem._f32.last().map(GpuTensor::heads)
-                }
-                (DType::F16, Some(data)) => {
-                    problem
-                        ._f16
-                        .push(GpuTensorF16::from_f32(ctx, &data, shape)?);
-                    problem._f16.last().map(GpuTensorF16::heads)
-                }
-                (DType::F16, None) => {
-                    problem._f16.push(GpuTensorF16::zeros(ctx, shape)?);
-                    problem._f16.last().map(GpuTensorF16::heads)
+                DType::F16 => {
+                    let tensor = match &data {
+                        Some(data) => GpuTensorF16::from_f32(ctx, data, shape)?,
+                        None => GpuTensorF16::zeros(ctx, shape)?,
+                    };
+                    let view = tensor.heads()?;
+                    problem._f16.push(tensor);
+                    view
                 }
             };
-            problem.views.push(view.expect("just pushed")?);
+            problem.views.push(view);
         }
         Ok(problem)
     }
