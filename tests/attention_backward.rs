@@ -108,6 +108,7 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
     assert_eq!(g.d_bias.len(), d_bias.len(), "{tag}: d_bias");
     assert_eq!(g.d_relative.len(), r.drelative.len(), "{tag}: d_relative");
     assert_eq!(g.d_cosine.len(), r.dcosine.len(), "{tag}: d_cosine");
+    let (atol, rtol) = backward_tolerances(ctx);
     for (name, gpu, reference) in [
         ("dq", &g.dq, &r.dq),
         ("dk", &g.dk, &r.dk),
@@ -125,8 +126,8 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
             &format!("{tag} {name}"),
             gpu,
             reference,
-            BACKWARD_ATOL,
-            BACKWARD_RTOL,
+            atol,
+            rtol,
         );
     }
     g
@@ -214,6 +215,42 @@ fn every_workgroup_width_matches_reference() {
             },
         );
     }
+}
+
+/// The tensor-core family's own backward (its portable build here: the tiling, masks, modifiers
+/// and NaN rules the tensor cores run) against the reference within the family's tolerance:
+/// masks, modifiers, windows, sinks and biases (the learned relative table runs the GPU family's
+/// dQ), grouped heads, head dims 5 to 128 with Dk != Dv, and key loops split into chunks.
+#[test]
+fn tensor_core_family_backward() {
+    let mut cases = mask_cases();
+    cases.extend(score_modifier_cases());
+    cases.extend(window_cases());
+    cases.extend(sink_cases());
+    cases.extend(bias_cases());
+    cases.extend([
+        Case::new(2, 33, 33, 8, 2, 64, 64),
+        Case::new(2, 33, 47, 4, 1, 64, 64).causal(),
+        Case::new(1, 17, 29, 6, 3, 40, 24),
+        Case::new(2, 9, 13, 2, 1, 5, 5),
+        Case::new(1, 129, 97, 2, 2, 128, 128).causal(),
+    ]);
+    for_tensor_core_family_with(
+        |_| {},
+        |backend, ctx| {
+            for case in &cases {
+                check(backend, ctx, case, Path::Fused);
+            }
+        },
+    );
+    for_tensor_core_family_with(
+        |ctx| ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET)),
+        |backend, ctx| {
+            for case in &split_loop_cases() {
+                check(backend, ctx, case, Path::Fused);
+            }
+        },
+    );
 }
 
 #[test]

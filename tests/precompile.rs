@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use wgpu_attention::kernels::attention::{qualify_matrix_build, MatrixBuild};
+use wgpu_attention::kernels::attention::{qualify_backward_build, qualify_matrix_build, MatrixBuild};
 use wgpu_attention::{
     additive_backward, additive_forward, additive_precompile, attention_backward_family,
     attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
@@ -31,7 +31,7 @@ fn dump_dir(name: &str) -> PathBuf {
 
 /// The fused kernels' names say their family: `<op>_cpu...` for the CPU-driver family,
 /// `<op>_gpu...` and `<op>_coop...` for the others; no other family's build says cpu. f16 runs the
-/// GPU family on every context.
+/// GPU family where the context runs the CPU-driver family.
 fn check_family_labels(labels: &[String], family: KernelFamily) {
     let fused = [
         "attention_forward",
@@ -64,8 +64,7 @@ fn check_family_labels(labels: &[String], family: KernelFamily) {
     let coop: Vec<_> = labels.iter().filter(|l| l.contains("coop")).collect();
     assert_eq!(coop.is_empty(), family != KernelFamily::Coop, "{labels:?}");
     assert!(
-        coop.iter()
-            .all(|l| l.starts_with("attention_forward_coop_portable")),
+        coop.iter().all(|l| l.contains("_coop_portable")),
         "{coop:?}"
     );
 }
@@ -201,28 +200,31 @@ fn run_precompiled_calls(name: &str, ctx: &Context, s: &AttentionShape, family: 
         cases.push((DType::F16, f16));
     }
     // What the context reports it runs: the tensor-core family's portable build here (no CI adapter
-    // has cooperative matrices), and the GPU family's backward for it.
+    // has cooperative matrices), its own backward too.
     let plan = attention_forward_plan(ctx, s).unwrap();
     assert_eq!(plan.family, family, "{name}");
     let portable = (family == KernelFamily::Coop).then_some(MatrixBuild::Portable);
     assert_eq!(plan.matrix, portable, "{name}");
-    let backward = match family {
-        KernelFamily::CpuDriver => KernelFamily::CpuDriver,
-        _ => KernelFamily::Gpu,
-    };
+    let backward = family;
     assert_eq!(
         attention_backward_family(ctx, DType::F32),
         backward,
         "{name}"
     );
+    let f16_backward = match family {
+        KernelFamily::Coop => KernelFamily::Coop,
+        _ => KernelFamily::Gpu,
+    };
     assert_eq!(
         attention_backward_family(ctx, DType::F16),
-        KernelFamily::Gpu,
+        f16_backward,
         "{name}"
     );
-    // The qualification a device with cooperative matrices runs, here with the portable build.
+    // The qualifications a device with cooperative matrices runs, here with the portable build.
     if family == KernelFamily::Coop {
         let mismatch = qualify_matrix_build(ctx, MatrixBuild::Portable).unwrap();
+        assert_eq!(mismatch, None, "{name}");
+        let mismatch = qualify_backward_build(ctx, MatrixBuild::Portable).unwrap();
         assert_eq!(mismatch, None, "{name}");
     }
     let before = ctx.cached_pipelines();

@@ -365,6 +365,11 @@ fn row_seen(l: vec4<f32>) -> vec4<bool> {
     return (l > vec4<f32>(0.0)) | is_nan(l);
 }
 
+// Whether x is neither infinite nor NaN, on the bits (as is_nan).
+fn finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
 // NaN test on the bits: drivers may assume float comparisons see no NaN (no SPIR-V float
 // controls are requested) and fold x != x to false; integer tests they keep.
 fn is_nan(x: vec4<f32>) -> vec4<bool> {

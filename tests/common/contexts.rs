@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use super::{FORWARD_ATOL, FORWARD_RTOL};
+use super::{BACKWARD_ATOL, BACKWARD_RTOL, FORWARD_ATOL, FORWARD_RTOL};
 use wgpu_attention::{Context, ContextOptions, KernelFamily};
 
 /// Back ends the suite must run on: `WGPU_ATTENTION_TEST_BACKENDS` (comma list), default
@@ -57,7 +57,7 @@ pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
 pub const FAMILIES: [KernelFamily; 2] = [KernelFamily::CpuDriver, KernelFamily::Gpu];
 
 /// The families of the forward tests: the tensor-core family (its portable build here) too. Its
-/// backward is the GPU family's.
+/// backward has a test of its own (`tests/attention_backward.rs`), on its own tolerance.
 pub const FORWARD_FAMILIES: [KernelFamily; 3] = [
     KernelFamily::CpuDriver,
     KernelFamily::Gpu,
@@ -84,6 +84,27 @@ pub fn forward_tolerances(ctx: &Context) -> (f64, f64) {
         ),
         _ => (FORWARD_ATOL, FORWARD_RTOL),
     }
+}
+
+/// The backward tolerances of `ctx`'s kernel family `(atol, rtol)`: f32's, or the tensor-core
+/// family's (operands rounded to f16).
+pub fn backward_tolerances(ctx: &Context) -> (f64, f64) {
+    match ctx.kernel_family() {
+        KernelFamily::Coop => (
+            wgpu_attention::reference::compare::TENSOR_CORE_ATOL,
+            wgpu_attention::reference::compare::TENSOR_CORE_RTOL,
+        ),
+        _ => (BACKWARD_ATOL, BACKWARD_RTOL),
+    }
+}
+
+/// Runs `f` on a fresh context of every back end whose family matrix has the tensor-core family
+/// (Vulkan here), running it, adjusted by `configure`.
+pub fn for_tensor_core_family_with(
+    configure: impl Fn(&mut Context),
+    f: impl FnMut(&str, &Context),
+) {
+    each_family_with(&[KernelFamily::Coop], configure, f);
 }
 
 /// Runs `f` once per back end under test and forward kernel family ([`FORWARD_FAMILIES`]).

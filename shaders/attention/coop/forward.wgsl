@@ -86,10 +86,6 @@ var<workgroup> tile_flags: array<u32, 4>;
 const FIX_RESCALE: u32 = 1u;
 const FIX_SCALAR_PV: u32 = 2u;
 
-fn finite(x: f32) -> bool {
-    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
-}
-
 // Invocation lid's share of the K and V rows n0 .. n0 + BN - 1 (zeros past kv_hi and the head dims).
 fn read_kv_tile(
     k: ptr<function, array<vec4<f32>, K_LOADS>>,

@@ -19,7 +19,7 @@ use super::shape::{
 use super::sinks::attention_sinks_backward_into;
 use super::tune::{self, Tuned};
 use super::variant::{cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, QuadReads};
-use super::{bias, gpu, qk_norm};
+use super::{bias, coop, gpu, qk_norm};
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_f32;
@@ -141,8 +141,9 @@ pub fn attention_backward_workspace(ctx: &Context, shape: &AttentionShape) -> Re
 }
 
 /// The kernel family the fused backward runs on `ctx` for `dtype` views: the context's, except that
-/// f16 runs the GPU family on every adapter (the CPU-driver kernels are f32 only) and so does the
-/// tensor-core family's backward (its forward is the only tensor-core kernel).
+/// f16 runs the GPU family where the context runs the CPU-driver family (whose kernels are f32
+/// only). The tensor-core family's backward runs the GPU family's kernels where its own do not
+/// apply (`coop::CoopBackward::choose`).
 pub fn attention_backward_family(ctx: &Context, dtype: DType) -> KernelFamily {
     backward_family(ctx.kernel_family(), dtype)
 }
@@ -151,6 +152,7 @@ pub fn attention_backward_family(ctx: &Context, dtype: DType) -> KernelFamily {
 fn backward_family(family: KernelFamily, dtype: DType) -> KernelFamily {
     match (dtype, family) {
         (DType::F32, KernelFamily::CpuDriver) => KernelFamily::CpuDriver,
+        (_, KernelFamily::Coop) => KernelFamily::Coop,
         _ => KernelFamily::Gpu,
     }
 }
@@ -345,7 +347,7 @@ pub(super) fn encode_backward_core(
             },
         );
     }
-    if family == KernelFamily::Gpu {
+    if family != KernelFamily::CpuDriver {
         let call = BackwardCall {
             s,
             scale,
@@ -355,6 +357,12 @@ pub(super) fn encode_backward_core(
             dtype,
             choice,
         };
+        if family == KernelFamily::Coop {
+            let relative_grad = opts.relative.is_some() && opts.relative_grad.is_some();
+            if let Some(config) = coop::CoopBackward::choose(ctx, &s, relative_grad)? {
+                return coop::encode_backward_coop(ctx, encoder, config, &call);
+            }
+        }
         return gpu::encode_backward_gpu(ctx, encoder, &call);
     }
     // 2. dK, dV: one workgroup per key block of one (batch, kv head).

@@ -40,7 +40,7 @@ pub use backward::*;
 pub use bias::attention_bias_backward_into;
 pub use binding::MAX_ALIBI_SLOPES;
 pub use call::{AttentionOutput, BackwardViews, ForwardViews};
-pub use coop::{matrix_build, qualify_matrix_build};
+pub use coop::{matrix_build, qualify_backward_build, qualify_matrix_build};
 pub use decode::{
     attention_decode, attention_decode_int8_into, attention_decode_into,
     attention_decode_paged_into, DecodePlan, QuantizedCache, PREFILL_FORWARD_ROWS,

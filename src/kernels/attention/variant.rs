@@ -51,6 +51,11 @@ const GPU_ROW_MAX_WORKGROUP: &str =
     include_str!("../../../shaders/attention/gpu/row_max_workgroup.wgsl");
 
 const COOP_FORWARD: &str = include_str!("../../../shaders/attention/coop/forward.wgsl");
+const COOP_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/coop/backward_dq.wgsl");
+const COOP_BACKWARD_DKDV: &str =
+    include_str!("../../../shaders/attention/coop/backward_dkdv.wgsl");
+const COOP_BACKWARD_TILES: &str =
+    include_str!("../../../shaders/attention/coop/backward_tiles.wgsl");
 const COOP_MATRIX: &str = include_str!("../../../shaders/attention/coop/matrix_coop.wgsl");
 const COOP_MATRIX_PORTABLE: &str =
     include_str!("../../../shaders/attention/coop/matrix_portable.wgsl");
@@ -74,8 +79,8 @@ pub(super) enum FamilyBuild {
     /// The GPU family (`gpu/`); the forward's row maxima by subgroup shuffles or in workgroup
     /// memory (always the latter in the backward).
     Gpu { subgroup_row_max: bool },
-    /// The tensor-core family's forward (`coop/`): the matrix build, the element type of its
-    /// staged tiles, and the accumulator slots per invocation (the portable build's).
+    /// The tensor-core family (`coop/`): the matrix build, the element type of its staged tiles,
+    /// and the accumulator slots per invocation (the portable build's).
     Coop {
         build: MatrixBuild,
         tiles: DType,
@@ -270,13 +275,25 @@ impl FusedVariant {
                     do_rows,
                 ]
             }
-            (FamilyBuild::Coop { build, .. }, _) => {
-                debug_assert_eq!(self.kernel, FusedKernel::Forward);
+            (FamilyBuild::Coop { build, .. }, kernel) => {
                 let matrix = match build {
                     MatrixBuild::Cooperative => COOP_MATRIX,
                     MatrixBuild::Portable => COOP_MATRIX_PORTABLE,
                 };
-                vec![COOP_FORWARD, matrix, rows]
+                match kernel {
+                    FusedKernel::Forward => vec![COOP_FORWARD, matrix, rows],
+                    FusedKernel::BackwardDq => {
+                        vec![COOP_BACKWARD_DQ, COOP_BACKWARD_TILES, matrix, rows, do_rows]
+                    }
+                    FusedKernel::BackwardDkDv => vec![
+                        COOP_BACKWARD_DKDV,
+                        COOP_BACKWARD_TILES,
+                        OUTPUT_PAIR,
+                        matrix,
+                        rows,
+                        do_rows,
+                    ],
+                }
             }
         };
         text.push_str(COMMON);

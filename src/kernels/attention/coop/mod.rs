@@ -8,7 +8,7 @@
 //! problem matches the GPU family's (wgpu does not check a configuration, and an unlisted one
 //! computes garbage); otherwise the portable build runs and one log line says why. Inputs are
 //! rounded to f16 (MatElem) in workgroup memory where the device has f16, so the family promises
-//! f16 accuracy for every input type. The backward runs the GPU family's kernels.
+//! f16 accuracy for every input type. The backward's kernels are in [`backward`].
 
 use super::call::{AttentionOutput, ForwardCall};
 use super::gpu;
@@ -20,8 +20,13 @@ use super::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
 use crate::device::{Context, KernelFamily};
 use crate::error::Result;
 use crate::spec::AttentionShape;
-use crate::tensor::{DType, GpuTensor};
+use crate::tensor::{DType, GpuTensor, HeadsView};
 use gpu::{encode_split_forward, SplitForwardKernel};
+
+mod backward;
+
+pub(super) use backward::{encode_backward_coop, CoopBackward};
+pub use backward::qualify_backward_build;
 
 /// The side of one matrix tile, and the rows each tile group owns.
 const TILE: usize = 16;
@@ -295,6 +300,7 @@ pub(super) fn shader_variants() -> Vec<FusedVariant> {
         true,
     ));
     keys.push(key(MatrixBuild::Portable, [F32, F32, F16], 8, wide, true));
+    keys.extend(backward::shader_variants());
     keys
 }
 
@@ -405,25 +411,7 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
 /// forward on the same device. `None` if O and lse agree within
 /// f16 accuracy, else what differed. (The tests run it with the portable build.)
 pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<String>> {
-    let s = AttentionShape {
-        batch: 1,
-        q_seq: 80,
-        kv_seq: 104,
-        heads: 2,
-        kv_heads: 2,
-        head_dim_qk: 64,
-        head_dim_v: 64,
-    };
-    let tensor = |seq: usize, seed: u32| {
-        GpuTensor::from_slice(
-            ctx,
-            &qualification_values(seq * 2 * 64, seed),
-            &[1, seq, 2, 64],
-        )
-    };
-    let (q, k, v) = (tensor(80, 1)?, tensor(104, 2)?, tensor(104, 3)?);
-    let (q, k, v) = (q.heads()?, k.heads()?, v.heads()?);
-    let opts = AttentionOptions::new().causal(true);
+    let (s, [q, k, v], opts) = qualification_problem(ctx)?;
     let scale = check_options(ctx, &s, &opts)?;
     let Some(config) = CoopForward::fitting(ctx, &s, build) else {
         return Ok(Some(
@@ -452,18 +440,7 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
         Ok((output.out.to_vec(ctx)?, output.lse.to_vec(ctx)?))
     };
     let (coop, gpu) = (run(true)?, run(false)?);
-    // One element's error: 0 where equal (infinities included), infinite where one is not finite.
-    let error = |x: f32, y: f32| match x == y {
-        true => 0.0,
-        false if x.is_finite() && y.is_finite() => (x - y).abs(),
-        false => f32::INFINITY,
-    };
-    let worst = |a: &[f32], b: &[f32]| {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| error(*x, *y))
-            .fold(0.0f32, f32::max)
-    };
+    let (error, worst) = (element_error, worst_error);
     // Inputs rounded to f16 (relative 2^-11) against f32: O within 1e-2, lse within 2e-2.
     const O_TOLERANCE: f32 = 1e-2;
     let (o_err, lse_err) = (worst(&coop.0, &gpu.0), worst(&coop.1, &gpu.1));
@@ -486,4 +463,48 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
             coop.0.len()
         )
     }))
+}
+
+/// The problem both qualifications run: one batch entry of 80 query rows (two or more blocks, the
+/// last partial) and 104 keys (several tiles, the last partial), two heads, head dim 64, causal.
+fn qualification_problem(
+    ctx: &Context,
+) -> Result<(AttentionShape, [HeadsView; 3], AttentionOptions<'static>)> {
+    let s = AttentionShape {
+        batch: 1,
+        q_seq: 80,
+        kv_seq: 104,
+        heads: 2,
+        kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    let tensor = |seq: usize, seed: u32| {
+        GpuTensor::from_slice(
+            ctx,
+            &qualification_values(seq * 2 * 64, seed),
+            &[1, seq, 2, 64],
+        )?
+        .heads()
+    };
+    let inputs = [tensor(80, 1)?, tensor(104, 2)?, tensor(104, 3)?];
+    Ok((s, inputs, AttentionOptions::new().causal(true)))
+}
+
+/// One element's error in a qualification: 0 where equal (infinities included), infinite where
+/// one is not finite.
+fn element_error(x: f32, y: f32) -> f32 {
+    match x == y {
+        true => 0.0,
+        false if x.is_finite() && y.is_finite() => (x - y).abs(),
+        false => f32::INFINITY,
+    }
+}
+
+/// The largest [`element_error`] of two results.
+fn worst_error(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| element_error(*x, *y))
+        .fold(0.0f32, f32::max)
 }
