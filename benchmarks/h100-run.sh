@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core flags decodeattn tests-decode tune) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop flags decodeattn tests-decode tune) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -97,8 +97,7 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   coop44)
     # Issue 44's step (under 6 minutes): the tensor-core family's forward against the GPU family's,
     # f16 and f32, none and causal, fused against unfused at B1 H8 D64; burn 0.22's flash attention
-    # in the same call; then the backward (the tensor-core family runs the GPU family's, so it is
-    # timed once).
+    # in the same call; then the tensor-core backward against the GPU family's at D 64 and 128.
     step 150 coop44-fwd-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
       --head-dim 64 --lengths 1024,2048,4096,8192,16384 --masks none,causal --passes forward \
       --paths fused,unfused --reps 3 --json $OUT/coop44-fwd-b1h8d64.json
@@ -109,9 +108,12 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     # qualify there (it would run the portable build): the GPU family is what burn users get.
     step 90 coop44-burn $B/burn-bench --batch 1 --heads 8 --head-dim 64 --family gpu --lengths 1024,2048,4096 \
       --reps 3
-    step 90 coop44-bwd-b1h8d64 $B/attention-bench --kernels gpu --dtypes f16,f32 --batch 1 --heads 8 \
-      --head-dim 64 --lengths 1024,2048,4096,8192 --masks none,causal --passes backward --paths fused \
-      --reps 3 --json $OUT/coop44-bwd-b1h8d64.json ;;
+    step 120 coop44-bwd-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
+      --head-dim 64 --lengths 1024,4096,8192 --masks none,causal --passes forward,backward --paths fused \
+      --reps 3 --json $OUT/coop44-bwd-b1h8d64.json
+    step 90 coop44-bwd-b4h16d128 $B/attention-bench --kernels gpu,coop --dtypes f16 --batch 4 --heads 16 \
+      --head-dim 128 --lengths 1024,4096 --masks none,causal --passes forward,backward --paths fused \
+      --reps 3 --json $OUT/coop44-bwd-b4h16d128.json ;;
   coopsweep)
     # The tensor-core forward's shapes (WGPU_ATTENTION_COOP_FORWARD=GROUPSxBN), f16 at L 4096.
     for cfg in 4x64 4x32 2x64 2x32 1x64; do
@@ -139,6 +141,9 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     done ;;
   transformer1)
     step 60 transformer $B/transformer-bench --reps 10 --json $OUT/h100-transformer.json ;;
+  tests-coop)
+    # The tensor-core family's backward test on the device (its cooperative build where it qualifies).
+    WGPU_ATTENTION_TEST_BACKENDS=vulkan step 120 test-coop-backward $B/test_attention_backward tensor_core_family_backward ;;
   tests-core)
     # 120 s: on the H100 the backward's tests outran 60 s compiling into a cold driver cache (6.95 s warm).
     for t in attention_forward attention_backward training; do

@@ -122,13 +122,7 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
             gpu.iter().all(|x| x.is_finite()),
             "{tag} {name}: NaN or Inf"
         );
-        assert_close(
-            &format!("{tag} {name}"),
-            gpu,
-            reference,
-            atol,
-            rtol,
-        );
+        assert_close(&format!("{tag} {name}"), gpu, reference, atol, rtol);
     }
     g
 }
@@ -220,7 +214,8 @@ fn every_workgroup_width_matches_reference() {
 /// The tensor-core family's own backward (its portable build here: the tiling, masks, modifiers
 /// and NaN rules the tensor cores run) against the reference within the family's tolerance:
 /// masks, modifiers, windows, sinks and biases (the learned relative table runs the GPU family's
-/// dQ), grouped heads, head dims 5 to 128 with Dk != Dv, and key loops split into chunks.
+/// dQ), grouped heads, head dims 5 to 128 with Dk != Dv, key loops split into chunks, and the same
+/// bits from two runs.
 #[test]
 fn tensor_core_family_backward() {
     let mut cases = mask_cases();
@@ -241,6 +236,7 @@ fn tensor_core_family_backward() {
             for case in &cases {
                 check(backend, ctx, case, Path::Fused);
             }
+            assert_reruns_bitwise(backend, ctx);
         },
     );
     for_tensor_core_family_with(
@@ -450,27 +446,30 @@ fn fully_masked_rows_have_exactly_zero_gradients() {
 
 #[test]
 fn gradients_are_bitwise_reproducible() {
-    for_each_family(|backend, ctx| {
-        let case = Case::new(2, 129, 97, 4, 2, 40, 24)
-            .causal()
-            .kv_lens(&[97, 50]);
-        let a = run(ctx, &case, Path::Fused);
-        let b = run(ctx, &case, Path::Fused);
-        for (name, x, y) in [
-            ("dq", &a.dq, &b.dq),
-            ("dk", &a.dk, &b.dk),
-            ("dv", &a.dv, &b.dv),
-        ] {
-            let same = x
-                .iter()
-                .zip(y.iter())
-                .all(|(p, q)| p.to_bits() == q.to_bits());
-            assert!(
-                same,
-                "[{backend}] {name} differs between two identical runs"
-            );
-        }
-    });
+    for_each_family(assert_reruns_bitwise);
+}
+
+/// Two identical backward runs on `ctx` give the same bits (no atomics, fixed summation orders).
+fn assert_reruns_bitwise(backend: &str, ctx: &Context) {
+    let case = Case::new(2, 129, 97, 4, 2, 40, 24)
+        .causal()
+        .kv_lens(&[97, 50]);
+    let a = run(ctx, &case, Path::Fused);
+    let b = run(ctx, &case, Path::Fused);
+    for (name, x, y) in [
+        ("dq", &a.dq, &b.dq),
+        ("dk", &a.dk, &b.dk),
+        ("dv", &a.dv, &b.dv),
+    ] {
+        let same = x
+            .iter()
+            .zip(y.iter())
+            .all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(
+            same,
+            "[{backend}] {name} differs between two identical runs"
+        );
+    }
 }
 
 /// The dQ and dK/dV kernels compiled without wgpu's loop counters (`Context::trusted_shaders`, the

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use wgpu_attention::kernels::attention::{qualify_backward_build, qualify_matrix_build, MatrixBuild};
+use wgpu_attention::kernels::attention::{
+    qualify_backward_build, qualify_matrix_build, MatrixBuild,
+};
 use wgpu_attention::{
     additive_backward, additive_forward, additive_precompile, attention_backward_family,
     attention_backward_into, attention_backward_workspace, attention_bias_backward_into,

@@ -52,8 +52,7 @@ const GPU_ROW_MAX_WORKGROUP: &str =
 
 const COOP_FORWARD: &str = include_str!("../../../shaders/attention/coop/forward.wgsl");
 const COOP_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/coop/backward_dq.wgsl");
-const COOP_BACKWARD_DKDV: &str =
-    include_str!("../../../shaders/attention/coop/backward_dkdv.wgsl");
+const COOP_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/coop/backward_dkdv.wgsl");
 const COOP_BACKWARD_TILES: &str =
     include_str!("../../../shaders/attention/coop/backward_tiles.wgsl");
 const COOP_MATRIX: &str = include_str!("../../../shaders/attention/coop/matrix_coop.wgsl");

@@ -8,27 +8,26 @@
 //! for learned relative buckets (whose per-row table gradient only the GPU family's dQ sums).
 
 use super::{
-    mat_elem, matrix_build, padded, qualification_problem, worst_error, Sizes, PORTABLE_GROUP,
-    TILE,
+    mat_elem, matrix_build, padded, qualification_problem, worst_error, Sizes, PORTABLE_GROUP, TILE,
 };
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::Result;
 use crate::kernels::attention::backward::{attention_backward_workspace, encode_backward_core};
-use crate::kernels::attention::call::{AttentionOutput, ForwardCall};
-use crate::kernels::attention::gpu::encode_forward_gpu;
-use crate::kernels::attention::shape::check_options;
-use crate::kernels::attention::tune::qualification_values;
-use crate::tensor::{GpuTensor, HeadsView};
 use crate::kernels::attention::binding::{
     base_params, bind_backward_inputs, bind_output_pair, bind_view, encode_fused_chunks,
     inputs_on_vec4, set_grid, Bound, Shared, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_Q,
     VIEW_V,
 };
+use crate::kernels::attention::call::{AttentionOutput, ForwardCall};
 use crate::kernels::attention::call::{BackwardCall, BackwardViews};
+use crate::kernels::attention::gpu::encode_forward_gpu;
+use crate::kernels::attention::shape::check_options;
+use crate::kernels::attention::tune::qualification_values;
 use crate::kernels::attention::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
 use crate::kernels::dispatch::loop_chunks;
 use crate::spec::AttentionShape;
 use crate::tensor::DType;
+use crate::tensor::{GpuTensor, HeadsView};
 
 /// (tile groups, query rows per tile) of the dK/dV kernel, and (tile groups, keys per tile) of dQ,
 /// tried in order, the first that fits the workgroup storage taken: more groups share each staged
@@ -136,20 +135,24 @@ impl CoopBackward {
         let products = 2 * (step / TILE) * tiles * slots * (TILE + 2) + 2 * (step / TILE) * slots;
         let elementwise = (own * step / 4).div_ceil(wg) * 16;
         let scalar = tiles * (3 * slots + (own * TILE).div_ceil(wg) * (step + 2));
-        let per_tile = step * (dkp + dvp) / wg * 2
-            + step.div_ceil(wg)
-            + products
-            + elementwise
-            + scalar
-            + 16;
-        let fixed =
-            own * (dkp + dvp) / wg * 2 + own.div_ceil(wg) + tiles * (slots + (own * TILE).div_ceil(wg)) + 64;
+        let per_tile =
+            step * (dkp + dvp) / wg * 2 + step.div_ceil(wg) + products + elementwise + scalar + 16;
+        let fixed = own * (dkp + dvp) / wg * 2
+            + own.div_ceil(wg)
+            + tiles * (slots + (own * TILE).div_ceil(wg))
+            + 64;
         (per_tile.div_ceil(step) + 1, fixed)
     }
 
     /// The key of one of the two kernels: `build` on `input` elements, written as `input`, staged
     /// as `tiles`, with Q, K, V and dO read four elements per access with `vec4_inputs`.
-    fn key(&self, kernel: Kernel, s: &AttentionShape, [input, tiles]: [DType; 2], vec4_inputs: bool) -> FusedVariant {
+    fn key(
+        &self,
+        kernel: Kernel,
+        s: &AttentionShape,
+        [input, tiles]: [DType; 2],
+        vec4_inputs: bool,
+    ) -> FusedVariant {
         let (dkp, dvp) = padded(s);
         let sizes = Sizes {
             block_n: 0,
@@ -158,7 +161,14 @@ impl CoopBackward {
             k_loads: 0,
             v_loads: 0,
         };
-        let mut key = backward_key(kernel, self.build, [input, tiles], self.slots(), sizes, vec4_inputs);
+        let mut key = backward_key(
+            kernel,
+            self.build,
+            [input, tiles],
+            self.slots(),
+            sizes,
+            vec4_inputs,
+        );
         let (groups, tile) = match kernel {
             Kernel::DkDv => self.dkdv,
             Kernel::Dq => self.dq,
@@ -177,7 +187,12 @@ impl CoopBackward {
 /// Workgroup memory of `kernel` with `(groups, tile)`: the MatElem tiles of `elem` bytes (K, V,
 /// Q, dO and P^T / dS^T or dS, rows padded as the shaders' KS, VS and PS say), S and dP in f32
 /// (rows padded as SS), four values per query row and the two flags.
-fn workgroup_bytes(kernel: Kernel, s: &AttentionShape, elem: u64, (groups, tile): (u32, u32)) -> u64 {
+fn workgroup_bytes(
+    kernel: Kernel,
+    s: &AttentionShape,
+    elem: u64,
+    (groups, tile): (u32, u32),
+) -> u64 {
     let (dkp, dvp) = padded(s);
     let (ks, vs) = (dkp + 8, dvp + 8);
     let (own, tile) = (TILE * groups as usize, tile as usize);
@@ -243,7 +258,14 @@ pub(super) fn shader_variants() -> Vec<FusedVariant> {
             }
             keys.push(backward_key(kernel, build, [F16, F16], 8, d128, true));
         }
-        keys.push(backward_key(kernel, MatrixBuild::Portable, [F32, F32], 8, d64, true));
+        keys.push(backward_key(
+            kernel,
+            MatrixBuild::Portable,
+            [F32, F32],
+            8,
+            d64,
+            true,
+        ));
     }
     keys
 }

@@ -25,8 +25,8 @@ use gpu::{encode_split_forward, SplitForwardKernel};
 
 mod backward;
 
-pub(super) use backward::{encode_backward_coop, CoopBackward};
 pub use backward::qualify_backward_build;
+pub(super) use backward::{encode_backward_coop, CoopBackward};
 
 /// The side of one matrix tile, and the rows each tile group owns.
 const TILE: usize = 16;
