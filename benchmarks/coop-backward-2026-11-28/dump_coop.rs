@@ -8,7 +8,7 @@ fn main() {
         ("attention_backward_dkdv_coop_f16", 4, &[("SG", 32), ("NSG", 2), ("BM", 32), ("DK", 64), ("DV", 64)]),
         ("attention_backward_dq_coop_f16", 4, &[("SG", 32), ("NSG", 2), ("BN", 32), ("DK", 64), ("DV", 64)]),
         ("attention_backward_dkdv_coop_f16", 8, &[("SG", 32), ("NSG", 2), ("BM", 16), ("DK", 128), ("DV", 128)]),
-        ("attention_backward_dq_coop_f16", 8, &[("SG", 32), ("NSG", 2), ("BN", 32), ("DK", 128), ("DV", 128)]),
+        ("attention_backward_dq_coop_f16", 8, &[("SG", 32), ("NSG", 2), ("BN", 16), ("DK", 128), ("DV", 128)]),
         ("attention_forward_coop_f16", 4, &[("SG", 32), ("NSG", 4), ("BN", 64), ("DK", 64), ("DV", 64)]),
         ("attention_forward_coop_f16", 8, &[("SG", 32), ("NSG", 4), ("BN", 32), ("DK", 128), ("DV", 128)]),
     ];
@@ -20,7 +20,8 @@ fn main() {
             .find(|(n, s)| n.starts_with(prefix) && !n.contains("split") && s.contains(&marker) && !s.contains("alias InElem = f32"))
             .unwrap_or_else(|| panic!("{prefix} {tiles}"));
         let label = format!("{name}-D{}", constants.iter().find(|c| c.0 == "DK").unwrap().1);
-        std::fs::write(out.join(format!("{label}.wgsl")), source).unwrap();
+        let source = source.clone();
+        std::fs::write(out.join(format!("{label}.wgsl")), &source).unwrap();
         let c: Vec<String> = constants.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
         std::fs::write(
             out.join(format!("{label}.json")),

@@ -8,7 +8,9 @@
 // A workgroup is NSG tile groups of SG invocations (subgroups in the tensor-core build) and owns
 // BN = 16 NSG keys of one (batch, kv head); group g owns keys 16 g .. 16 g + 15. K (pre-scaled) and
 // V are staged once (their tiles loaded at each use: held across the loop they spilled at head dim
-// 128 on RDNA3, benchmarks/coop-backward-2026-11-28), dK and dV held in accumulator tiles. The workgroup steps over tiles of BM query rows (Q, dO and each row's keys, lse and D
+// 128 on RDNA3, benchmarks/coop-backward-2026-11-28), dK and dV held in accumulator tiles. The
+// workgroup steps over tiles of BM query rows (Q, dO and each row's keys, lse and D staged, the
+// next tile's Q and dO read into registers meanwhile): The workgroup steps over tiles of BM query rows (Q, dO and each row's keys, lse and D
 // staged): S^T and dP^T go through workgroup memory in f32 to the elementwise step, which writes
 // P^T and dS^T rounded to MatElem for the two products. Under the causal mask, query tiles that
 // see none of the block's keys are skipped.
@@ -103,117 +105,127 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         dv_tiles[d] = mat_zero();
     }
 
+    // The query tiles: BM rows at a time of each query head in turn, within the rows that see
+    // the block's keys and this dispatch's chunk; the next tile's Q and dO read one tile ahead
+    // (attention/coop/backward_tiles.wgsl).
     let rows = key_block_rows(col0, BN, qlen, kvlen);
-    for (var g = 0u; g < group_size; g++) {
-        // This dispatch's rows of query head g: [lo, hi), uniform across the workgroup.
-        let t0 = g * params.q_seq;
-        if params.chunk_end <= t0 {
-            break;
+    var tile = query_tile_from(0u, rows, group_size);
+    var q_next: array<vec4<MatElem>, LOADS>;
+    var do_next: array<vec4<MatElem>, LOADS>;
+    if tile.x < group_size {
+        let h = h_kv * group_size + tile.x;
+        let hi = head_rows(tile.x, rows).y;
+        q_next = read_tile(lid, VIEW_Q, b, h, tile.y, BM, hi, DK, DKP);
+        do_next = read_tile(lid, VIEW_DO, b, h, tile.y, BM, hi, DV, DVP);
+    }
+    while tile.x < group_size {
+        let h = h_kv * group_size + tile.x;
+        let m0 = tile.y;
+        let hi = head_rows(tile.x, rows).y;
+        if lid == 0u {
+            atomicStore(&operand_bad[0], 0u);
         }
-        if params.chunk_begin >= t0 + params.q_seq {
-            continue;
+        // The previous tile's products have read Q, dO, P^T and dS^T.
+        workgroupBarrier();
+        let q_bad = store_tile(lid, q_next, BM, DKP, Q_AT, KS);
+        let do_bad = store_tile(lid, do_next, BM, DVP, DO_AT, VS);
+        if q_bad || do_bad {
+            atomicOr(&operand_bad[0], 1u);
         }
-        let lo = max(rows.x, max(params.chunk_begin, t0) - t0);
-        let hi = min(rows.y, min(params.chunk_end, t0 + params.q_seq) - t0);
-        let h = h_kv * group_size + g;
-        for (var m0 = lo; m0 < hi; m0 += BM) {
-            if lid == 0u {
-                atomicStore(&operand_bad[0], 0u);
-            }
-            // The previous tile's products have read Q, dO, P^T and dS^T.
-            workgroupBarrier();
-            let q_bad = stage_tile(lid, VIEW_Q, b, h, m0, BM, hi, DK, DKP, Q_AT, KS, 1.0);
-            let do_bad = stage_tile(lid, VIEW_DO, b, h, m0, BM, hi, DV, DVP, DO_AT, VS, 1.0);
-            if q_bad || do_bad {
-                atomicOr(&operand_bad[0], 1u);
-            }
-            stage_row_values(lid, b, h, m0, hi, kvlen);
-            workgroupBarrier();
+        stage_row_values(lid, b, h, m0, hi, kvlen);
+        workgroupBarrier();
+        let next = next_query_tile(tile, rows, group_size);
+        if next.x < group_size {
+            let next_h = h_kv * group_size + next.x;
+            let next_hi = head_rows(next.x, rows).y;
+            q_next = read_tile(lid, VIEW_Q, b, next_h, next.y, BM, next_hi, DK, DKP);
+            do_next = read_tile(lid, VIEW_DO, b, next_h, next.y, BM, next_hi, DV, DVP);
+        }
+        tile = next;
 
-            // S^T and dP^T for the group's keys, 16 query rows at a time.
+        // S^T and dP^T for the group's keys, 16 query rows at a time.
+        for (var m = 0u; m < BM; m += 16u) {
+            var s = mat_zero();
+            for (var d = 0u; d < K_TILES; d++) {
+                s = mat_mma(mat_load_a(keys_at * KS + 16u * d, KS), mat_load_b_transposed(Q_AT + m * KS + 16u * d, KS), s);
+            }
+            mat_store(s, keys_at * SS + m, SS);
+            var dp = mat_zero();
+            for (var d = 0u; d < V_TILES; d++) {
+                dp = mat_mma(mat_load_a(V_AT + keys_at * VS + 16u * d, VS), mat_load_b_transposed(DO_AT + m * VS + 16u * d, VS), dp);
+            }
+            mat_store(dp, DPT_AT + keys_at * SS + m, SS);
+        }
+        if lid == 0u {
+            tile_flags[0] = atomicLoad(&operand_bad[0]);
+        }
+        workgroupBarrier();
+
+        // P^T and dS^T, four query rows of one key at a time. Key j is visible to row i iff
+        // row_start[i] <= j < row_end[i] (none for rows outside [lo, hi)); such a row saw a key
+        // in the forward, so its lse is finite. Masked pairs: P^T holds masked_p (the scalar
+        // products skip them), dS^T 0.
+        for (var t = lid; t < BN * BM / 4u; t += WG) {
+            let jj = t / (BM / 4u);
+            let ii = 4u * (t % (BM / 4u));
+            let j = vec4<u32>(col0 + jj);
+            let at = jj * SS + ii;
+            let s = vec4<f32>(acc_mem[at], acc_mem[at + 1u], acc_mem[at + 2u], acc_mem[at + 3u]);
+            let dp = vec4<f32>(
+                acc_mem[DPT_AT + at],
+                acc_mem[DPT_AT + at + 1u],
+                acc_mem[DPT_AT + at + 2u],
+                acc_mem[DPT_AT + at + 3u],
+            );
+            let start = vec4<u32>(row_start[ii], row_start[ii + 1u], row_start[ii + 2u], row_start[ii + 3u]);
+            let end = vec4<u32>(row_end[ii], row_end[ii + 1u], row_end[ii + 2u], row_end[ii + 3u]);
+            let lse = vec4<f32>(row_lse[ii], row_lse[ii + 1u], row_lse[ii + 2u], row_lse[ii + 3u]);
+            let delta = vec4<f32>(row_delta[ii], row_delta[ii + 1u], row_delta[ii + 2u], row_delta[ii + 3u]);
+            let i = vec4<u32>(m0 + ii) + vec4<u32>(0u, 1u, 2u, 3u);
+            let x = modify_scores(s, i, j, b, h);
+            let seen = (j >= start) & (j < end) & score_visible(x);
+            let p = select(vec4<f32>(masked_p()), exp(x - lse), seen);
+            let ds = select(vec4<f32>(0.0), p * (dp - delta) * score_grad(s), seen);
+            for (var e = 0u; e < 4u; e++) {
+                mat_mem[PT_AT + jj * PS + ii + e] = MatElem(p[e]);
+                mat_mem[DST_AT + jj * PS + ii + e] = MatElem(ds[e]);
+            }
+        }
+        // A barrier too (P^T and dS^T are written), and uniform: every invocation takes the
+        // same branch below.
+        let fix = workgroupUniformLoad(&tile_flags[0]);
+
+        if fix == 0u {
+            // dV += P^T dO and dK += dS^T Q for the group's keys.
             for (var m = 0u; m < BM; m += 16u) {
-                var s = mat_zero();
-                for (var d = 0u; d < K_TILES; d++) {
-                    s = mat_mma(mat_load_a(keys_at * KS + 16u * d, KS), mat_load_b_transposed(Q_AT + m * KS + 16u * d, KS), s);
-                }
-                mat_store(s, keys_at * SS + m, SS);
-                var dp = mat_zero();
-                for (var d = 0u; d < V_TILES; d++) {
-                    dp = mat_mma(mat_load_a(V_AT + keys_at * VS + 16u * d, VS), mat_load_b_transposed(DO_AT + m * VS + 16u * d, VS), dp);
-                }
-                mat_store(dp, DPT_AT + keys_at * SS + m, SS);
-            }
-            if lid == 0u {
-                tile_flags[0] = atomicLoad(&operand_bad[0]);
-            }
-            workgroupBarrier();
-
-            // P^T and dS^T, four query rows of one key at a time. Key j is visible to row i iff
-            // row_start[i] <= j < row_end[i] (none for rows outside [lo, hi)); such a row saw a key
-            // in the forward, so its lse is finite. Masked pairs: P^T holds masked_p (the scalar
-            // products skip them), dS^T 0.
-            for (var t = lid; t < BN * BM / 4u; t += WG) {
-                let jj = t / (BM / 4u);
-                let ii = 4u * (t % (BM / 4u));
-                let j = vec4<u32>(col0 + jj);
-                let at = jj * SS + ii;
-                let s = vec4<f32>(acc_mem[at], acc_mem[at + 1u], acc_mem[at + 2u], acc_mem[at + 3u]);
-                let dp = vec4<f32>(
-                    acc_mem[DPT_AT + at],
-                    acc_mem[DPT_AT + at + 1u],
-                    acc_mem[DPT_AT + at + 2u],
-                    acc_mem[DPT_AT + at + 3u],
-                );
-                let start = vec4<u32>(row_start[ii], row_start[ii + 1u], row_start[ii + 2u], row_start[ii + 3u]);
-                let end = vec4<u32>(row_end[ii], row_end[ii + 1u], row_end[ii + 2u], row_end[ii + 3u]);
-                let lse = vec4<f32>(row_lse[ii], row_lse[ii + 1u], row_lse[ii + 2u], row_lse[ii + 3u]);
-                let delta = vec4<f32>(row_delta[ii], row_delta[ii + 1u], row_delta[ii + 2u], row_delta[ii + 3u]);
-                let i = vec4<u32>(m0 + ii) + vec4<u32>(0u, 1u, 2u, 3u);
-                let x = modify_scores(s, i, j, b, h);
-                let seen = (j >= start) & (j < end) & score_visible(x);
-                let p = select(vec4<f32>(masked_p()), exp(x - lse), seen);
-                let ds = select(vec4<f32>(0.0), p * (dp - delta) * score_grad(s), seen);
-                for (var e = 0u; e < 4u; e++) {
-                    mat_mem[PT_AT + jj * PS + ii + e] = MatElem(p[e]);
-                    mat_mem[DST_AT + jj * PS + ii + e] = MatElem(ds[e]);
-                }
-            }
-            // A barrier too (P^T and dS^T are written), and uniform: every invocation takes the
-            // same branch below.
-            let fix = workgroupUniformLoad(&tile_flags[0]);
-
-            if fix == 0u {
-                // dV += P^T dO and dK += dS^T Q for the group's keys.
-                for (var m = 0u; m < BM; m += 16u) {
-                    let pt = mat_load_a(PT_AT + keys_at * PS + m, PS);
-                    let dst = mat_load_a(DST_AT + keys_at * PS + m, PS);
-                    for (var c = 0u; c < V_TILES; c++) {
-                        dv_tiles[c] = mat_mma(pt, mat_load_b(DO_AT + m * VS + 16u * c, VS), dv_tiles[c]);
-                    }
-                    for (var c = 0u; c < K_TILES; c++) {
-                        dk_tiles[c] = mat_mma(dst, mat_load_b(Q_AT + m * KS + 16u * c, KS), dk_tiles[c]);
-                    }
-                }
-            } else {
-                // The same sums in scalar arithmetic, one accumulator tile at a time through the
-                // S^T space (read by now), skipping each key's masked rows.
+                let pt = mat_load_a(PT_AT + keys_at * PS + m, PS);
+                let dst = mat_load_a(DST_AT + keys_at * PS + m, PS);
                 for (var c = 0u; c < V_TILES; c++) {
-                    mat_store(dv_tiles[c], keys_at * SS, SS);
-                    workgroupBarrier();
-                    scalar_products(lid, PT_AT, DO_AT, VS, 16u * c);
-                    workgroupBarrier();
-                    dv_tiles[c] = mat_load_c(keys_at * SS, SS);
-                    // Every lane has its share before the next tile's store overwrites it.
-                    workgroupBarrier();
+                    dv_tiles[c] = mat_mma(pt, mat_load_b(DO_AT + m * VS + 16u * c, VS), dv_tiles[c]);
                 }
                 for (var c = 0u; c < K_TILES; c++) {
-                    mat_store(dk_tiles[c], keys_at * SS, SS);
-                    workgroupBarrier();
-                    scalar_products(lid, DST_AT, Q_AT, KS, 16u * c);
-                    workgroupBarrier();
-                    dk_tiles[c] = mat_load_c(keys_at * SS, SS);
-                    workgroupBarrier();
+                    dk_tiles[c] = mat_mma(dst, mat_load_b(Q_AT + m * KS + 16u * c, KS), dk_tiles[c]);
                 }
+            }
+        } else {
+            // The same sums in scalar arithmetic, one accumulator tile at a time through the
+            // S^T space (read by now), skipping each key's masked rows.
+            for (var c = 0u; c < V_TILES; c++) {
+                mat_store(dv_tiles[c], keys_at * SS, SS);
+                workgroupBarrier();
+                scalar_products(lid, PT_AT, DO_AT, VS, 16u * c);
+                workgroupBarrier();
+                dv_tiles[c] = mat_load_c(keys_at * SS, SS);
+                // Every lane has its share before the next tile's store overwrites it.
+                workgroupBarrier();
+            }
+            for (var c = 0u; c < K_TILES; c++) {
+                mat_store(dk_tiles[c], keys_at * SS, SS);
+                workgroupBarrier();
+                scalar_products(lid, DST_AT, Q_AT, KS, 16u * c);
+                workgroupBarrier();
+                dk_tiles[c] = mat_load_c(keys_at * SS, SS);
+                workgroupBarrier();
             }
         }
     }
@@ -273,4 +285,35 @@ fn scalar_products(lid: u32, weights: u32, operand: u32, stride: u32, col: u32) 
         }
         acc_mem[at] = x;
     }
+}
+
+// Query rows [lo, hi) of query head g of the group that see the block's keys (`rows`) within this
+// dispatch's chunk of the flattened (head, row) loop; empty outside it.
+fn head_rows(g: u32, rows: vec2<u32>) -> vec2<u32> {
+    let t0 = g * params.q_seq;
+    if params.chunk_end <= t0 || params.chunk_begin >= t0 + params.q_seq {
+        return vec2<u32>(0u);
+    }
+    let lo = max(rows.x, max(params.chunk_begin, t0) - t0);
+    let hi = min(rows.y, min(params.chunk_end, t0 + params.q_seq) - t0);
+    return vec2<u32>(lo, max(lo, hi));
+}
+
+// The first query tile (head, first row) of heads g0 and after; head `heads` past the last.
+fn query_tile_from(g0: u32, rows: vec2<u32>, heads: u32) -> vec2<u32> {
+    for (var g = g0; g < heads; g++) {
+        let range = head_rows(g, rows);
+        if range.x < range.y {
+            return vec2<u32>(g, range.x);
+        }
+    }
+    return vec2<u32>(heads, 0u);
+}
+
+// The query tile after `tile`: BM rows on in its head, else the next head's first.
+fn next_query_tile(tile: vec2<u32>, rows: vec2<u32>, heads: u32) -> vec2<u32> {
+    if tile.y + BM < head_rows(tile.x, rows).y {
+        return vec2<u32>(tile.x, tile.y + BM);
+    }
+    return query_tile_from(tile.x + 1u, rows, heads);
 }

@@ -94,21 +94,33 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         dq_tiles[d] = mat_zero();
     }
 
-    // Keys visible to any row of the block, within this dispatch's chunk.
+    // Keys visible to any row of the block, within this dispatch's chunk. Keys past the chunk are
+    // read as zeros; they count in a later chunk.
     let keys = query_block_keys(aligned(0u), row0, BM, qlen, kvlen);
+    let n_begin = max(params.chunk_begin, keys.x);
     let n_end = min(keys.y, params.chunk_end);
-    for (var n0 = max(params.chunk_begin, keys.x); n0 < n_end; n0 += BN) {
+    // The next tile's K and V, read one tile ahead (attention/coop/backward_tiles.wgsl).
+    var k_next: array<vec4<MatElem>, LOADS>;
+    var v_next: array<vec4<MatElem>, LOADS>;
+    if n_begin < n_end {
+        k_next = read_tile(lid, VIEW_K, b, h_kv, n_begin, BN, n_end, DK, DKP);
+        v_next = read_tile(lid, VIEW_V, b, h_kv, n_begin, BN, n_end, DV, DVP);
+    }
+    for (var n0 = n_begin; n0 < n_end; n0 += BN) {
         if lid == 0u {
             atomicStore(&operand_bad[0], 0u);
         }
         // The previous tile's products have read K and dS.
         workgroupBarrier();
-        // Keys past this dispatch's chunk are staged as zeros; they count in a later chunk.
-        if stage_tile(lid, VIEW_K, b, h_kv, n0, BN, n_end, DK, DKP, K_AT, KS, 1.0) {
+        if store_tile(lid, k_next, BN, DKP, K_AT, KS) {
             atomicOr(&operand_bad[0], 1u);
         }
-        stage_tile(lid, VIEW_V, b, h_kv, n0, BN, n_end, DV, DVP, V_AT, VS, 1.0);
+        store_tile(lid, v_next, BN, DVP, V_AT, VS);
         workgroupBarrier();
+        if n0 + BN < n_end {
+            k_next = read_tile(lid, VIEW_K, b, h_kv, n0 + BN, BN, n_end, DK, DKP);
+            v_next = read_tile(lid, VIEW_V, b, h_kv, n0 + BN, BN, n_end, DV, DVP);
+        }
 
         // S and dP for the group's rows, 16 keys at a time.
         for (var n = 0u; n < BN; n += 16u) {

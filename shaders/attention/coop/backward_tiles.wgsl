@@ -1,8 +1,10 @@
 // The tensor-core backward kernels' shared steps (attention/coop/backward_dq.wgsl and
-// backward_dkdv.wgsl): staging rows of Q, K, V or dO into the MatElem tiles of `mat_mem`, and the
-// per-row values of a query tile. Each kernel declares `mat_mem`, `WG` and the row arrays; Q, K, V
-// and dO are read through attention/input_rows.wgsl and attention/do_rows.wgsl (or their vec4
-// builds), appended by the host.
+// backward_dkdv.wgsl): staging rows of Q, K, V or dO into the MatElem tiles of `mat_mem` (at once,
+// or read into registers one tile ahead and stored when the tile's turn comes), and the per-row
+// values of a query tile. Each kernel declares `mat_mem`, `WG` and the row arrays; Q, K, V and dO
+// are read through attention/input_rows.wgsl and attention/do_rows.wgsl (or their vec4 builds),
+// appended by the host. LOADS, declared by the pipeline's key, is the four-element reads per
+// invocation of the larger of the two tiles a kernel reads ahead.
 
 // Elements index .. index + 3 of a view (the first `count` of them) from its binding.
 fn view_row4(view: u32, index: u32, count: u32) -> vec4<f32> {
@@ -54,6 +56,50 @@ fn stage_tile(
             let staged = MatElem(x[c]);
             bad = bad || !finite(f32(staged));
             mat_mem[at + r * stride + d + c] = staged;
+        }
+    }
+    return bad;
+}
+
+// Invocation lid's share of `rows` rows of `view` as stage_tile reads them (unscaled), rounded to
+// MatElem: elements 4 (lid + u WG) .. + 3 of the row-major [rows x padded] tile at [u]. Read one
+// tile ahead, so that the loads are in flight while the tile before is multiplied.
+fn read_tile(
+    lid: u32,
+    view: u32,
+    b: u32,
+    head: u32,
+    row0: u32,
+    rows: u32,
+    end: u32,
+    dims: u32,
+    padded: u32,
+) -> array<vec4<MatElem>, LOADS> {
+    var x: array<vec4<MatElem>, LOADS>;
+    for (var u = 0u; u < LOADS; u++) {
+        let t = 4u * (lid + u * WG);
+        let i = row0 + t / padded;
+        let d = t % padded;
+        var v = vec4<f32>(0.0);
+        if t < rows * padded && i < end && d < dims {
+            v = view_row4(view, view_index(view, b, i, head) + d, dims - d);
+        }
+        x[u] = vec4<MatElem>(v);
+    }
+    return x;
+}
+
+// Stores a tile read_tile read at mat_mem[at + r * stride + d]; whether any of its values is not
+// finite.
+fn store_tile(lid: u32, x: array<vec4<MatElem>, LOADS>, rows: u32, padded: u32, at: u32, stride: u32) -> bool {
+    var bad = false;
+    for (var u = 0u; u < LOADS; u++) {
+        let t = 4u * (lid + u * WG);
+        if t < rows * padded {
+            for (var c = 0u; c < 4u; c++) {
+                bad = bad || !finite(f32(x[u][c]));
+                mat_mem[at + (t / padded) * stride + t % padded + c] = x[u][c];
+            }
         }
     }
     return bad;

@@ -32,7 +32,8 @@ use crate::tensor::{GpuTensor, HeadsView};
 /// (tile groups, query rows per tile) of the dK/dV kernel, and (tile groups, keys per tile) of dQ,
 /// tried in order, the first that fits the workgroup storage taken: more groups share each staged
 /// tile, longer tiles cut the barriers per row or key. At head dim 64 in f16, 48 KiB fits two
-/// groups with 32-row (dK/dV) or 32-key (dQ) tiles; 128 takes 16.
+/// groups with 32-row (dK/dV) or 32-key (dQ) tiles; 128 takes 16 (and the reads ahead allow no
+/// more).
 const SHAPES: [(u32, u32); 8] = [
     (4, 64),
     (4, 32),
@@ -43,6 +44,11 @@ const SHAPES: [(u32, u32); 8] = [
     (1, 32),
     (1, 16),
 ];
+
+/// The most four-element reads per invocation of the tile a kernel reads one tile ahead (`LOADS`):
+/// sixteen (dQ with 32-key tiles at head dim 128 over 64 invocations) spilled 67 VGPRs on RDNA3,
+/// eight spill nothing (benchmarks/coop-backward-2026-11-28).
+const MAX_READS_AHEAD: usize = 8;
 
 /// The two kernels' shapes on a context: `group` invocations per tile group (a subgroup in the
 /// tensor-core build), each group owning 16 keys (dK/dV) or 16 query rows (dQ).
@@ -92,11 +98,14 @@ impl CoopBackward {
         };
         let limits = ctx.limits();
         let elem = mat_elem(ctx).size();
+        let (dkp, dvp) = padded(s);
         let pick = |kernel: Kernel| {
             SHAPES.into_iter().find(|&(groups, tile)| {
                 let wg = group * groups;
+                let reads_ahead = (tile as usize * dkp.max(dvp)).div_ceil(4 * wg as usize);
                 groups <= most
                     && tile <= longest
+                    && reads_ahead <= MAX_READS_AHEAD
                     && wg <= limits.max_compute_invocations_per_workgroup
                     && wg <= limits.max_compute_workgroup_size_x
                     && workgroup_bytes(kernel, s, elem, (groups, tile))
@@ -154,11 +163,17 @@ impl CoopBackward {
         vec4_inputs: bool,
     ) -> FusedVariant {
         let (dkp, dvp) = padded(s);
+        let (groups, tile) = match kernel {
+            Kernel::DkDv => self.dkdv,
+            Kernel::Dq => self.dq,
+        };
+        // The tile read ahead: BM query rows (dK/dV) or BN keys (dQ), of the wider head dim.
+        let wg = (self.group * groups) as usize;
         let sizes = Sizes {
             block_n: 0,
             q_tiles: (dkp / TILE) as u32,
             o_tiles: (dvp / TILE) as u32,
-            k_loads: 0,
+            k_loads: (tile as usize * dkp.max(dvp)).div_ceil(4 * wg) as u32,
             v_loads: 0,
         };
         let mut key = backward_key(
@@ -169,10 +184,6 @@ impl CoopBackward {
             sizes,
             vec4_inputs,
         );
-        let (groups, tile) = match kernel {
-            Kernel::DkDv => self.dkdv,
-            Kernel::Dq => self.dq,
-        };
         key.constants = vec![
             ("SG", self.group),
             ("NSG", groups),
@@ -210,7 +221,7 @@ fn workgroup_bytes(
 }
 
 /// A backward key of the family with its array sizes (the forward's `Sizes`: Q's and O's tiles
-/// are the K_TILES and V_TILES here).
+/// are the K_TILES and V_TILES here, K's loads the LOADS of the tile read ahead).
 fn backward_key(
     kernel: Kernel,
     build: MatrixBuild,
@@ -230,7 +241,11 @@ fn backward_key(
     };
     let mut key = FusedVariant::new(fused, family);
     (key.input, key.written, key.vec4_inputs) = (input, input, vec4_inputs);
-    key.arrays = vec![("K_TILES", sizes.q_tiles), ("V_TILES", sizes.o_tiles)];
+    key.arrays = vec![
+        ("K_TILES", sizes.q_tiles),
+        ("V_TILES", sizes.o_tiles),
+        ("LOADS", sizes.k_loads),
+    ];
     key
 }
 
@@ -242,7 +257,7 @@ pub(super) fn shader_variants() -> Vec<FusedVariant> {
         block_n: 0,
         q_tiles: 4,
         o_tiles: 4,
-        k_loads: 0,
+        k_loads: 8,
         v_loads: 0,
     };
     let d128 = Sizes {
@@ -250,6 +265,7 @@ pub(super) fn shader_variants() -> Vec<FusedVariant> {
         o_tiles: 8,
         ..d64
     };
+    // LOADS: two groups of 32 with 32-row or 32-key tiles at head dim 64 (and 16-row ones at 128).
     let mut keys = Vec::new();
     for kernel in [Kernel::DkDv, Kernel::Dq] {
         for build in [MatrixBuild::Cooperative, MatrixBuild::Portable] {
