@@ -96,6 +96,21 @@ const FLAG_SHARED_OUTPUTS: u32 = 2048u;
 const NEG_BIG: f32 = -3.0e38;
 
 @group(0) @binding(0) var<uniform> params: Params;
+
+// The flags fixed when the pipeline was created, or NO_FIXED_FLAGS to read them from the uniform,
+// so that one pipeline serves every mask and modifier. The GPU family's backward of a call without
+// masks or modifiers fixes them: the masked-tile paths fold away, which NVIDIA's compiler rewards
+// far beyond RDNA's estimate (BENCHMARKS.md).
+const NO_FIXED_FLAGS: u32 = 0xffffffffu;
+override FIXED_FLAGS: u32 = 0xffffffffu;
+
+// Whether any of the flag bits f is set.
+fn has_flag(f: u32) -> bool {
+    if FIXED_FLAGS != NO_FIXED_FLAGS {
+        return (FIXED_FLAGS & f) != 0u;
+    }
+    return (params.flags & f) != 0u;
+}
 // Per-batch valid lengths: q_len[b] at [b], kv_len[b] at [batch + b]; for packed batches the first
 // rows, q_start[b] at [2 batch + b] and kv_start[b] at [3 batch + b]. A 1-element dummy when unused.
 @group(0) @binding(1) var<storage, read> seq_lens: array<u32>;
@@ -209,14 +224,14 @@ fn split_key_tiles(shift: i32, row0: u32, rows: u32, tile: u32, split: u32, qlen
 }
 
 fn q_len(b: u32) -> u32 {
-    if (params.flags & FLAG_Q_LENS) != 0u {
+    if has_flag(FLAG_Q_LENS) {
         return min(seq_lens[b], params.q_seq);
     }
     return params.q_seq;
 }
 
 fn kv_len(b: u32) -> u32 {
-    if (params.flags & FLAG_KV_LENS) != 0u {
+    if has_flag(FLAG_KV_LENS) {
         return min(seq_lens[params.batch + b], params.kv_seq);
     }
     return params.kv_seq;
@@ -226,7 +241,7 @@ fn kv_len(b: u32) -> u32 {
 // or, for decoding from a cache (FLAG_ALIGN_LENS), on each sequence's lengths: the q_len(b) new
 // queries are the last positions of its kv_len(b) cached keys.
 fn row_shift(b: u32) -> i32 {
-    if (params.flags & FLAG_ALIGN_LENS) != 0u {
+    if has_flag(FLAG_ALIGN_LENS) {
         return i32(kv_len(b)) - i32(q_len(b));
     }
     return i32(params.kv_seq) - i32(params.q_seq);
@@ -240,17 +255,17 @@ fn aligned(i: u32) -> i32 {
 // range is empty when start >= end. Causal: j <= p. Window: p - left <= j <= p + right.
 fn keys_end_at(p: i32, kvlen: u32) -> u32 {
     var last = i32(kvlen) - 1;
-    if (params.flags & FLAG_CAUSAL) != 0u {
+    if has_flag(FLAG_CAUSAL) {
         last = min(last, p);
     }
-    if (params.flags & FLAG_WINDOW) != 0u {
+    if has_flag(FLAG_WINDOW) {
         last = min(last, p + i32(params.window_right));
     }
     return u32(clamp(last + 1, 0, i32(kvlen)));
 }
 
 fn keys_start_at(p: i32) -> u32 {
-    if (params.flags & FLAG_WINDOW) != 0u {
+    if has_flag(FLAG_WINDOW) {
         return u32(max(p - i32(params.window_left), 0));
     }
     return 0u;
@@ -283,10 +298,10 @@ fn key_start_in(b: u32, i: u32) -> u32 {
 fn query_start(j: u32) -> u32 {
     let shift = i32(params.kv_seq) - i32(params.q_seq);
     var first = 0;
-    if (params.flags & FLAG_CAUSAL) != 0u {
+    if has_flag(FLAG_CAUSAL) {
         first = max(first, i32(j) - shift);
     }
-    if (params.flags & FLAG_WINDOW) != 0u {
+    if has_flag(FLAG_WINDOW) {
         first = max(first, i32(j) - shift - i32(params.window_right));
     }
     return u32(first);
@@ -298,7 +313,7 @@ fn visible(j: u32, start: vec4<u32>, end: vec4<u32>) -> vec4<bool> {
 }
 
 fn query_end(j: u32) -> u32 {
-    if (params.flags & FLAG_WINDOW) != 0u {
+    if has_flag(FLAG_WINDOW) {
         let shift = i32(params.kv_seq) - i32(params.q_seq);
         return u32(clamp(i32(j) - shift + i32(params.window_left) + 1, 0, i32(params.q_seq)));
     }
@@ -329,15 +344,15 @@ fn key_block_rows(col0: u32, keys: u32, qlen: u32, kvlen: u32) -> vec2<u32> {
 // (score_visible). Rows and keys past the tensor lengths read clamped addresses (callers mask them).
 fn modify_scores(s: vec4<f32>, rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f32> {
     var x = s;
-    if (params.flags & FLAG_SOFTCAP) != 0u {
+    if has_flag(FLAG_SOFTCAP) {
         x = params.softcap * capped_tanh(x / params.softcap);
     }
-    if (params.flags & FLAG_ALIBI) != 0u {
+    if has_flag(FLAG_ALIBI) {
         let shift = row_shift(b);
         let distance = abs(vec4<i32>(rows) + shift - vec4<i32>(keys));
         x -= alibi_slope(h) * vec4<f32>(distance);
     }
-    if (params.flags & (FLAG_BIAS | FLAG_RELATIVE)) != 0u {
+    if has_flag(FLAG_BIAS | FLAG_RELATIVE) {
         x += score_bias_terms(rows, keys, b, h);
     }
     return x;
@@ -406,7 +421,7 @@ fn masked_product(p: vec4<f32>, x: f32, keep: vec4<bool>) -> vec4<f32> {
 fn relative_bucket(delta: i32) -> u32 {
     var offset = 0u;
     var n = 0u;
-    if (params.flags & FLAG_REL_BIDIRECTIONAL) != 0u {
+    if has_flag(FLAG_REL_BIDIRECTIONAL) {
         offset = select(0u, params.rel_buckets, delta > 0);
         n = u32(abs(delta));
     } else {
@@ -425,7 +440,7 @@ fn relative_bucket(delta: i32) -> u32 {
 
 // d modify_scores / d s (ALiBi adds a constant): 1 - tanh^2(s / cap) under softcap, else 1.
 fn score_grad(s: vec4<f32>) -> vec4<f32> {
-    if (params.flags & FLAG_SOFTCAP) != 0u {
+    if has_flag(FLAG_SOFTCAP) {
         let t = capped_tanh(s / params.softcap);
         return 1.0 - t * t;
     }
@@ -443,7 +458,7 @@ fn capped_tanh(x: vec4<f32>) -> vec4<f32> {
 // power of two, 2^(-8 (h + 1) / n); otherwise the n = 2^floor(log2 H) slopes of that sequence, then
 // every other slope of the 2n one.
 fn alibi_slope(h: u32) -> f32 {
-    if (params.flags & FLAG_ALIBI_SLOPES) != 0u {
+    if has_flag(FLAG_ALIBI_SLOPES) {
         return params.alibi_slopes[h / 4u][h % 4u];
     }
     let n = 1u << firstLeadingBit(params.heads);

@@ -5,14 +5,14 @@
 // uniform branch once per stored element), so that it needs no pipeline variant. OutElem: the
 // outputs' element type (f32 unless the common header aliased f16).
 fn load_dv(index: u32) -> OutElem {
-    if (params.flags & FLAG_SHARED_OUTPUTS) != 0u {
+    if has_flag(FLAG_SHARED_OUTPUTS) {
         return dk_buf[index];
     }
     return dv_buf[index];
 }
 
 fn store_dv(index: u32, x: OutElem) {
-    if (params.flags & FLAG_SHARED_OUTPUTS) != 0u {
+    if has_flag(FLAG_SHARED_OUTPUTS) {
         dk_buf[index] = x;
     } else {
         dv_buf[index] = x;

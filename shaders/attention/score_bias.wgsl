@@ -8,7 +8,7 @@ fn score_bias_terms(rows: vec4<u32>, keys: vec4<u32>, b: u32, h: u32) -> vec4<f3
     let i = min(rows, vec4<u32>(params.q_seq - 1u));
     let j = min(keys, vec4<u32>(params.kv_seq - 1u));
     var t = vec4<f32>(0.0);
-    if (params.flags & FLAG_BIAS) != 0u {
+    if has_flag(FLAG_BIAS) {
         let base = params.bias_offset + b * params.bias_stride_b + h * params.bias_stride_h;
         let index = vec4<u32>(base) + i * params.bias_stride_i + j * params.bias_stride_j;
         t = vec4<f32>(score_bias[index.x], score_bias[index.y], score_bias[index.z], score_bias[index.w]);

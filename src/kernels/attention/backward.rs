@@ -18,7 +18,9 @@ use super::shape::{
 };
 use super::sinks::attention_sinks_backward_into;
 use super::tune::{self, Tuned};
-use super::variant::{cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, QuadReads};
+use super::variant::{
+    cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, MatrixBuild, QuadReads,
+};
 use super::{bias, coop, gpu, qk_norm};
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::{Error, Result};
@@ -146,6 +148,90 @@ pub fn attention_backward_workspace(ctx: &Context, shape: &AttentionShape) -> Re
 /// apply (`coop::CoopBackward::choose`).
 pub fn attention_backward_family(ctx: &Context, dtype: DType) -> KernelFamily {
     backward_family(ctx.kernel_family(), dtype)
+}
+
+/// The kernels the fused backward runs: family, shapes and matrix build
+/// ([`attention_backward_plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BackwardPlan {
+    /// The kernel family of the dK/dV and dQ kernels.
+    pub family: KernelFamily,
+    /// dK/dV: invocations per workgroup, keys per workgroup, query rows per staged tile.
+    pub dkdv: (u32, u32, u32),
+    /// dQ: invocations per workgroup, query rows per workgroup, keys per staged tile.
+    pub dq: (u32, u32, u32),
+    /// The tensor-core family's matrix build (`None` for the other families).
+    pub matrix: Option<MatrixBuild>,
+}
+
+impl std::fmt::Display for BackwardPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kw, keys, rows) = self.dkdv;
+        let (qw, q_rows, q_keys) = self.dq;
+        write!(
+            f,
+            "{} dkdv {keys}x{rows}/{kw} dq {q_rows}x{q_keys}/{qw}",
+            self.family.name()
+        )?;
+        if let Some(matrix) = self.matrix {
+            write!(f, " {}", matrix.name())?;
+        }
+        Ok(())
+    }
+}
+
+/// The kernels the fused backward runs for `shape` and `dtype` views on `ctx` without a mask: the
+/// family ([`attention_backward_family`], and the GPU family's where the tensor-core family's
+/// backward does not apply), each kernel's workgroup and tiles, and the tensor-core matrix build.
+/// The context's settings, over the choice tuned for the shape where one was made (nothing is tuned
+/// here). Under the tensor-core family this decides, at the first call, which build the device runs.
+pub fn attention_backward_plan(
+    ctx: &Context,
+    shape: &AttentionShape,
+    dtype: DType,
+) -> Result<BackwardPlan> {
+    let s = shape;
+    let choice = tune::choice_so_far(ctx, Tuned::Backward, s, dtype);
+    let family = backward_family(choice.family_on(ctx), dtype);
+    if family == KernelFamily::Coop {
+        if let Some(config) = coop::CoopBackward::choose(ctx, s, false)? {
+            let (dkdv, dq) = config.shapes();
+            return Ok(BackwardPlan {
+                family,
+                dkdv,
+                dq,
+                matrix: Some(config.build),
+            });
+        }
+    }
+    if family != KernelFamily::CpuDriver {
+        return Ok(BackwardPlan {
+            family: KernelFamily::Gpu,
+            dkdv: gpu::GpuDkDv::choose(ctx, s, choice.tiles[1])?.shape(),
+            dq: gpu::GpuDq::choose(ctx, s, 0, choice.tiles[2])?.shape(),
+            matrix: None,
+        });
+    }
+    let wg = workgroup_size(ctx, true, choice.workgroup);
+    Ok(BackwardPlan {
+        family,
+        dkdv: (wg, wg * ROWS, cpu_dkdv_rows(ctx, s)),
+        dq: (wg, wg * ROWS, cpu_dq_keys(ctx, s)),
+        matrix: None,
+    })
+}
+
+/// Query rows per staged tile of the CPU-driver dK/dV: a multiple of 4 (the kernel steps four rows
+/// at a time).
+fn cpu_dkdv_rows(ctx: &Context, s: &AttentionShape) -> u32 {
+    (tile_rows(ctx, s, 8, 64) & !3).max(4)
+}
+
+/// Keys per staged tile of the CPU-driver dQ: a multiple of 4 (the kernel steps four keys at a
+/// time).
+fn cpu_dq_keys(ctx: &Context, s: &AttentionShape) -> u32 {
+    (tile_rows(ctx, s, 0, 64) & !3).max(4)
 }
 
 /// The family the fused backward runs for `dtype` views where the call chose `family`.
@@ -373,8 +459,7 @@ pub(super) fn encode_backward_core(
         let outputs =
             bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
         bindings.extend(outputs);
-        // A multiple of 4: the kernel steps four query rows at a time.
-        let block_m = (tile_rows(ctx, &s, 8, 64) & !3).max(4);
+        let block_m = cpu_dkdv_rows(ctx, &s);
         let blocks = s.kv_seq.div_ceil((wg * ROWS) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
         // Per query row: three loops over the head dimension plus the row loop itself.
@@ -410,8 +495,7 @@ pub(super) fn encode_backward_core(
         let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
         bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
         bindings.push(rel.binding());
-        // A multiple of 4: the kernel steps four keys at a time.
-        let block_n = (tile_rows(ctx, &s, 0, 64) & !3).max(4);
+        let block_n = cpu_dq_keys(ctx, &s);
         let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
         let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
         // Per key: three loops over the head dimension plus the key loop itself.

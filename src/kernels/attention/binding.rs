@@ -556,7 +556,8 @@ fn record(
     pass.dispatch_workgroups(grid.0, grid.1, 1);
 }
 
-/// The pipeline of `key` for a call bound by `params` and `shared`, and its name.
+/// The pipeline of `key` for a call bound by `params` and `shared` (its packed views, score bias,
+/// and flags where the kernel fixes an unmasked call's), and its name.
 fn fused_pipeline(
     ctx: &Context,
     mut key: FusedVariant,
@@ -565,6 +566,9 @@ fn fused_pipeline(
 ) -> (Arc<wgpu::ComputePipeline>, String) {
     key.packed_views = params.packed_views;
     key.score_bias = !shared.elide_score_bias;
+    if key.unmasked_build && params.flags & !FLAG_SHARED_OUTPUTS == 0 {
+        key.fixed_flags = Some(params.flags);
+    }
     key.pipeline(ctx)
 }
 

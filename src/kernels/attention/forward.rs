@@ -312,7 +312,7 @@ impl std::fmt::Display for ForwardPlan {
 /// the tensor-core family this decides, at the first call, which matrix build the device runs.
 pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<ForwardPlan> {
     let s = shape;
-    let choice = tune::forward_choice_so_far(ctx, s);
+    let choice = tune::choice_so_far(ctx, Tuned::Forward, s, DType::F32);
     let family = choice.family_on(ctx);
     if let Some(config) = coop::CoopForward::choose(ctx, s, family)? {
         return Ok(ForwardPlan {

@@ -503,7 +503,16 @@ pub(super) struct GpuDkDv {
 }
 
 impl GpuDkDv {
-    fn choose(ctx: &Context, s: &AttentionShape, wanted: Option<TiledShape>) -> Result<Self> {
+    /// `(wg, block_n, block_m)`.
+    pub(super) fn shape(&self) -> TiledShape {
+        (self.wg, self.block_n, self.block_m)
+    }
+
+    pub(super) fn choose(
+        ctx: &Context,
+        s: &AttentionShape,
+        wanted: Option<TiledShape>,
+    ) -> Result<Self> {
         let widest = s.head_dim_qk.max(s.head_dim_v);
         let (wg, block_n, block_m) = first_fitting(
             ctx,
@@ -592,7 +601,12 @@ pub(super) struct GpuDq {
 }
 
 impl GpuDq {
-    fn choose(
+    /// `(wg, block_m, block_n)`.
+    pub(super) fn shape(&self) -> TiledShape {
+        (self.wg, self.block_m, self.block_n)
+    }
+
+    pub(super) fn choose(
         ctx: &Context,
         s: &AttentionShape,
         rel_buckets: u32,
@@ -693,7 +707,8 @@ const GPU_BACKWARD: FamilyBuild = FamilyBuild::Gpu {
 };
 
 /// Records steps 2 and 3 of the backward with the GPU family: dK/dV over key blocks, dQ over query
-/// blocks, each split into accumulating dispatches under a loop budget. `stats` holds (lse, D).
+/// blocks, each split into accumulating dispatches under a loop budget. `stats` holds (lse, D). A
+/// call without masks or modifiers runs builds with its flags fixed (`FusedVariant::unmasked_build`).
 pub(super) fn encode_backward_gpu(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -738,6 +753,7 @@ pub(super) fn encode_backward_gpu(
         let chunks = loop_chunks(ctx, group_rows, per_row, fixed, config.block_m as usize);
         let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, GPU_BACKWARD);
         (key.input, key.written, key.vec4_inputs) = (dtype, dtype, vec4_inputs);
+        key.unmasked_build = true;
         key.arrays = vec![("MAX_SQ", sq), ("MAX_OCK", ock), ("MAX_OCV", ocv)];
         key.constants = vec![
             ("WG", config.wg),
@@ -775,6 +791,7 @@ pub(super) fn encode_backward_gpu(
         let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, config.block_n as usize);
         let mut key = FusedVariant::new(FusedKernel::BackwardDq, GPU_BACKWARD);
         (key.input, key.written, key.vec4_inputs) = (dtype, dtype, vec4_inputs);
+        key.unmasked_build = true;
         key.arrays = vec![("MAX_SK", sk), ("MAX_OC", oc)];
         key.constants = vec![
             ("WG", config.wg),

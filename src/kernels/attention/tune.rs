@@ -72,15 +72,16 @@ pub(super) fn call_choice(
     Ok(settings.or(tuned.unwrap_or_default()))
 }
 
-/// [`call_choice`] of an unmasked f32 forward of `s` where the context has made it, without
-/// tuning: what [`super::attention_forward_plan`] reports.
-pub(super) fn forward_choice_so_far(ctx: &Context, s: &AttentionShape) -> KernelChoice {
-    let key = tuning_key(
-        Tuned::Forward.name(),
-        s,
-        &AttentionOptions::new(),
-        DType::F32,
-    );
+/// [`call_choice`] of an unmasked `dtype` call of `kernel` for `s` where the context has made it,
+/// without tuning: what [`super::attention_forward_plan`] and
+/// [`super::attention_backward_plan`] report.
+pub(super) fn choice_so_far(
+    ctx: &Context,
+    kernel: Tuned,
+    s: &AttentionShape,
+    dtype: DType,
+) -> KernelChoice {
+    let key = tuning_key(kernel.name(), s, &AttentionOptions::new(), dtype);
     let tuned = ctx.tuned_choice_made(&key).unwrap_or_default();
     ctx.kernel_settings().or(tuned)
 }

@@ -7,14 +7,16 @@
 //! `attention_forward_gpu_subgroup_f16-WG128-BM64-BN32-DK64-DV64-VEC41`.
 //!
 //! Specialised by override constants: tile shapes, head dims, the relative buckets, `VEC4`,
-//! `SUBGROUP`, `PACKED_VIEWS`, `SCORE_BIAS`. Assembled from different files: the family and kernel,
+//! `SUBGROUP`, `PACKED_VIEWS`, `SCORE_BIAS`, and `FIXED_FLAGS` for the GPU family's backward of a
+//! call without masks or modifiers. Assembled from different files: the family and kernel,
 //! the quad reads (CPU driver), the row maxima (GPU forward), the matrix build (tensor cores), the
 //! input reads (element or vec4), the score-bias binding. Declared as module constants: the array
 //! sizes, which WGSL cannot take from overrides for arrays in functions. Everything else is a
 //! uniform (`Params`): masks, windows, modifiers, scales, strides and lengths, so one pipeline
 //! serves every mask and modifier. Fixing the flags by overrides instead removed code on RADV only
-//! for calls with no mask at all, and ran no faster on lavapipe
-//! (`benchmarks/uniform-vs-override-2026-11-27/`).
+//! for calls with no mask at all, and ran no faster on lavapipe; on an H200 it halved the GPU
+//! family's unmasked backward and gained 4% in its forward
+//! (`benchmarks/uniform-vs-override-2026-11-27/`), so that backward alone has an unmasked build.
 
 use super::header::{with_sizes, COMMON, SCORE_BIAS, SCORE_BIAS_NONE};
 use crate::device::{Context, PipelineSpec};
@@ -109,6 +111,12 @@ pub(super) struct FusedVariant {
     /// Whether the call binds a score bias or relative table (else `score_bias_none.wgsl`, one
     /// storage buffer fewer): of the call, set when it is recorded.
     pub score_bias: bool,
+    /// Whether a call without masks or modifiers gets a pipeline with its flags fixed
+    /// (`FIXED_FLAGS`) instead of read from the uniform: the kernel's choice.
+    pub unmasked_build: bool,
+    /// The flags fixed at pipeline creation (`FIXED_FLAGS`): of the call, set when it is recorded
+    /// where `unmasked_build` applies.
+    pub fixed_flags: Option<u32>,
 }
 
 impl FusedVariant {
@@ -125,6 +133,8 @@ impl FusedVariant {
             constants: Vec::new(),
             packed_views: 0,
             score_bias: true,
+            unmasked_build: false,
+            fixed_flags: None,
         }
     }
 
@@ -171,8 +181,8 @@ impl FusedVariant {
     }
 
     /// The override constants: the shape's, then `SUBGROUP` (the CPU family's subgroup quads),
-    /// `VEC4`, `PACKED_VIEWS` where the call has packed
-    /// views and `SCORE_BIAS = 0` where it binds no score bias.
+    /// `VEC4`, `PACKED_VIEWS` where the call has packed views, `SCORE_BIAS = 0` where it binds no
+    /// score bias and `FIXED_FLAGS` where its flags are fixed.
     pub fn constants(&self) -> Vec<(&'static str, u32)> {
         let mut all = self.constants.clone();
         if let FamilyBuild::Cpu(quads) = self.family {
@@ -184,6 +194,9 @@ impl FusedVariant {
         }
         if !self.score_bias {
             all.push(("SCORE_BIAS", 0));
+        }
+        if let Some(flags) = self.fixed_flags {
+            all.push(("FIXED_FLAGS", flags));
         }
         all
     }

@@ -120,6 +120,13 @@ impl CoopBackward {
         })
     }
 
+    /// The two kernels' shapes as [`crate::BackwardPlan`] gives them: dK/dV (invocations, keys,
+    /// query rows per tile) and dQ (invocations, query rows, keys per tile).
+    pub fn shapes(&self) -> ((u32, u32, u32), (u32, u32, u32)) {
+        let shape = |(groups, tile): (u32, u32)| (self.group * groups, TILE as u32 * groups, tile);
+        (shape(self.dkdv), shape(self.dq))
+    }
+
     /// Accumulator elements each invocation owns (`MAT_SLOTS` of the portable build).
     fn slots(&self) -> u32 {
         (TILE * TILE) as u32 / self.group.min(256)

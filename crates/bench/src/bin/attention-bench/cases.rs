@@ -9,11 +9,12 @@ use wgpu_attention::reference::compare::{
     FORWARD_ATOL, FORWARD_RTOL, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL,
 };
 use wgpu_attention::{
-    attention_backward_into, attention_backward_unfused, attention_backward_workspace,
-    attention_bias_backward_into, attention_forward_into, attention_forward_plan,
-    attention_forward_unfused, attention_sinks_backward_into, AttentionOptions, AttentionShape,
-    BackwardViews, BiasView, Context, DType, Error, ForwardViews, GpuTensor, GpuTensorF16,
-    HeadsView, KernelFamily, PackedSide, RelativeBuckets, SeqLens, TuningMode,
+    attention_backward_into, attention_backward_plan, attention_backward_unfused,
+    attention_backward_workspace, attention_bias_backward_into, attention_forward_into,
+    attention_forward_plan, attention_forward_unfused, attention_sinks_backward_into,
+    AttentionOptions, AttentionShape, BackwardViews, BiasView, Context, DType, Error, ForwardViews,
+    GpuTensor, GpuTensorF16, HeadsView, KernelFamily, PackedSide, RelativeBuckets, SeqLens,
+    TuningMode,
 };
 use wgpu_attention_transformer::layer_case::LayerCase;
 use wgpu_attention_transformer::reference::transformer_layer as reference_layer;
@@ -345,6 +346,13 @@ pub(crate) fn run_problem(
             (None, true) => "tuned (see the tuning report)".to_string(),
             (None, false) => String::new(),
         };
+        // The backward's kernels are not the forward's (the tensor-core family's backward may run
+        // the GPU family's); a shape the backward cannot take says why.
+        let backward_kernel = match family {
+            Some(_) if path == PathKind::Fused => attention_backward_plan(ctx, &shape, p.dtype)
+                .map_or_else(|e| format!("({e})"), |plan| plan.to_string()),
+            _ => kernel.clone(),
+        };
         for &pass in passes {
             let layer = pass == Pass::Layer;
             if layer && (path != PathKind::Fused || !with_layer || p.packed()) {
@@ -383,7 +391,10 @@ pub(crate) fn run_problem(
                 problem: p.clone(),
                 path,
                 path_label: path_label.clone(),
-                kernel: kernel.clone(),
+                kernel: match pass {
+                    Pass::Backward => backward_kernel.clone(),
+                    _ => kernel.clone(),
+                },
                 pass,
                 outcome,
             });
