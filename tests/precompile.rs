@@ -14,11 +14,11 @@ use wgpu_attention::kernels::attention::{
 };
 use wgpu_attention::{
     additive_backward, additive_forward, additive_precompile, attention_backward_family,
-    attention_backward_into, attention_backward_workspace, attention_bias_backward_into,
-    attention_forward_into, attention_forward_plan, attention_precompile,
-    attention_sinks_backward_into, AdditiveScores, AttentionOptions, AttentionPasses,
-    AttentionShape, BackwardViews, BiasView, Context, DType, ForwardViews, GpuTensor, GpuTensorF16,
-    KernelFamily, RelativeBuckets,
+    attention_backward_into, attention_backward_plan, attention_backward_workspace,
+    attention_bias_backward_into, attention_forward_into, attention_forward_plan,
+    attention_precompile, attention_sinks_backward_into, AdditiveScores, AttentionOptions,
+    AttentionPasses, AttentionShape, BackwardViews, BiasView, Context, DType, ForwardViews,
+    GpuTensor, GpuTensorF16, KernelFamily, RelativeBuckets,
 };
 
 fn dump_dir(name: &str) -> PathBuf {
@@ -212,6 +212,12 @@ fn run_precompiled_calls(name: &str, ctx: &Context, s: &AttentionShape, family: 
         attention_backward_family(ctx, DType::F32),
         backward,
         "{name}"
+    );
+    let plan = attention_backward_plan(ctx, s, DType::F32).unwrap();
+    assert_eq!(
+        (plan.family, plan.matrix),
+        (family, portable),
+        "{name}: {plan}"
     );
     let f16_backward = match family {
         KernelFamily::Coop => KernelFamily::Coop,
