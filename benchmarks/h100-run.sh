@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop flags decodeattn tests-decode tune) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn tests-decode tune) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -209,6 +209,14 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       --reps 3 --json $OUT/h100-cpu-family-b1h8d64.json ;;
   gemm)
     step 60 gemm $B/gemm-bench --reps 10 --f16 --json $OUT/h100-gemm.json ;;
+  gemmcoop)
+    # Issue 47's tensor-core GEMM against the square kernel, f32 and f16 storage: the default
+    # layer shapes and a 4096-row model of width 1024; its qualification line says which build ran.
+    # Then its test on the device (its cooperative build where it qualifies).
+    step 90 gemmcoop-layers $B/gemm-bench --tiles 64x64,coop --f16 --reps 10 --json $OUT/gemmcoop-layers.json
+    step 120 gemmcoop-4096 $B/gemm-bench --tiles 64x64,coop --f16 --rows 4096 --d-model 1024 --reps 5 \
+      --json $OUT/gemmcoop-4096.json
+    WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-coop-gemm $B/test_linear tensor_core_gemm ;;
   transformer)
     for t in 64x64 128x64; do
       step 60 transformer-$t $B/transformer-bench --reps 10 --gemm-tiles $t --json $OUT/h100-transformer-$t.json

@@ -1,6 +1,6 @@
 //! What the device's cooperative matrices compute: each load/store layout from storage memory, and
 //! the tensor-core attention's two products exactly as its matrix interface
-//! (`shaders/attention/coop/matrix_coop.wgsl`) runs them from workgroup memory, checked against the CPU. The
+//! (`shaders/matrix/cooperative.wgsl`) runs them from workgroup memory, checked against the CPU. The
 //! tensor-core family qualifies itself on a device before use; when it does not, this names which
 //! primitive differs (one line per probe: the worst error, and which product the result matches).
 //!
@@ -16,7 +16,7 @@ use half::f16;
 use wgpu::util::DeviceExt;
 use wgpu_attention::Context;
 
-const MATRIX_COOP: &str = include_str!("../shaders/attention/coop/matrix_coop.wgsl");
+const MATRIX_COOP: &str = include_str!("../shaders/matrix/cooperative.wgsl");
 /// The reduction length and the columns of B (and C) of the workgroup probes (16 rows).
 const K: usize = 64;
 const N: usize = 64;
@@ -369,7 +369,7 @@ fn main() -> ExitCode {
                     .collect()
             };
             let name = format!(
-                "workgroup wg {wg}{}{}: the attention's {} through attention/coop/matrix_coop.wgsl",
+                "workgroup wg {wg}{}{}: the attention's {} through matrix/cooperative.wgsl",
                 if overrides { " (override sizes)" } else { "" },
                 match extras {
                     Extras::None => "",

@@ -91,14 +91,18 @@ fn tile_of(group: u32, tile_m: u32, tile_n: u32) -> Tile {
 // the first column of tiles.
 fn store_row_sums(row0: u32, row_step: u32, sums: vec4<f32>) {
     for (var r = 0u; r < 4u; r++) {
-        let row = row0 + r * row_step;
-        if row < gp.m {
-            var value = sums[r];
-            if gp.accumulate != 0u {
-                value += row_sums[row];
-            }
-            row_sums[row] = value;
+        store_row_sum(row0 + r * row_step, sums[r]);
+    }
+}
+
+// One row's sum, added to an earlier dispatch's when accumulating; none past m.
+fn store_row_sum(row: u32, sum: f32) {
+    if row < gp.m {
+        var value = sum;
+        if gp.accumulate != 0u {
+            value += row_sums[row];
         }
+        row_sums[row] = value;
     }
 }
 

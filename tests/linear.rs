@@ -14,7 +14,9 @@ use wgpu_attention::kernels::linear::{
     linear_backward, linear_backward_epilogue_into, linear_forward, linear_forward_epilogue_into,
     linear_forward_f16, Epilogue, LinearGrads,
 };
-use wgpu_attention::reference::compare::{F16_FORWARD_ATOL, F16_RTOL};
+use wgpu_attention::reference::compare::{
+    F16_FORWARD_ATOL, F16_RTOL, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL,
+};
 use wgpu_attention::reference::elementwise as reference_elementwise;
 use wgpu_attention::reference::linear as reference;
 use wgpu_attention::{
@@ -23,6 +25,7 @@ use wgpu_attention::{
 };
 
 fn check(backend: &str, ctx: &Context, x_shape: &[usize], out_f: usize, with_bias: bool) {
+    let [fwd_atol, fwd_rtol, bwd_atol, bwd_rtol] = gemm_tolerances(ctx);
     let in_f = *x_shape.last().unwrap();
     let rows: usize = x_shape[..x_shape.len() - 1].iter().product();
     let mut rng = rng((rows * 1000 + in_f * 10 + out_f) as u64);
@@ -53,33 +56,27 @@ fn check(backend: &str, ctx: &Context, x_shape: &[usize], out_f: usize, with_bia
         &format!("{tag} y"),
         &y.to_vec(ctx).unwrap(),
         &ry,
-        FORWARD_ATOL,
-        FORWARD_RTOL,
+        fwd_atol,
+        fwd_rtol,
     );
     assert_close(
         &format!("{tag} dx"),
         &g.dx.to_vec(ctx).unwrap(),
         &rdx,
-        BACKWARD_ATOL,
-        BACKWARD_RTOL,
+        bwd_atol,
+        bwd_rtol,
     );
     assert_close(
         &format!("{tag} d_weight"),
         &g.d_weight.to_vec(ctx).unwrap(),
         &rdw,
-        BACKWARD_ATOL,
-        BACKWARD_RTOL,
+        bwd_atol,
+        bwd_rtol,
     );
     match &g.d_bias {
         Some(db) => {
             let db = db.to_vec(ctx).unwrap();
-            assert_close(
-                &format!("{tag} d_bias"),
-                &db,
-                &rdb,
-                BACKWARD_ATOL,
-                BACKWARD_RTOL,
-            );
+            assert_close(&format!("{tag} d_bias"), &db, &rdb, bwd_atol, bwd_rtol);
             // Summed inside the dW product (or by the column-sum kernel on the SKINNY path), rows
             // in order from zero: the same bits as that sum on the host, unless a loop budget
             // split the reduction into dispatches.
@@ -137,6 +134,7 @@ fn long_reductions_split_into_accumulated_dispatches() {
 /// Forward `y = act(x W^T + b) + r` (and `pre = x W^T + b`), backward
 /// `dx = (dy W) * act'(pre) + r`, against the reference linear, activation and sum composed.
 fn check_epilogues(backend: &str, ctx: &Context, rows: usize, in_f: usize, out_f: usize) {
+    let [fwd_atol, fwd_rtol, bwd_atol, bwd_rtol] = gemm_tolerances(ctx);
     let mut rng = rng((rows * 7919 + in_f * 31 + out_f) as u64);
     let x = random(&mut rng, rows * in_f, 1.0);
     let w = random(&mut rng, out_f * in_f, 0.5);
@@ -185,21 +183,9 @@ fn check_epilogues(backend: &str, ctx: &Context, rows: usize, in_f: usize, out_f
             &to_f64(&r_in),
         );
         let read = |t: &GpuTensor| t.to_vec(ctx).unwrap();
-        assert_close(
-            &format!("{tag} pre"),
-            &read(&pre),
-            &z,
-            FORWARD_ATOL,
-            FORWARD_RTOL,
-        );
-        assert_close(
-            &format!("{tag} y"),
-            &read(&y),
-            &ry,
-            FORWARD_ATOL,
-            FORWARD_RTOL,
-        );
-        let (atol, rtol) = (BACKWARD_ATOL, BACKWARD_RTOL);
+        assert_close(&format!("{tag} pre"), &read(&pre), &z, fwd_atol, fwd_rtol);
+        assert_close(&format!("{tag} y"), &read(&y), &ry, fwd_atol, fwd_rtol);
+        let (atol, rtol) = (bwd_atol, bwd_rtol);
         assert_close(&format!("{tag} dx"), &read(&grads.dx), &rdx, atol, rtol);
     }
 }
@@ -223,6 +209,44 @@ fn epilogues_match_reference() {
 /// Both GEMM kernels, whichever the adapter picks by default.
 const TILES: [GemmTiles; 2] = [GemmTiles::Square64, GemmTiles::Wide128x64];
 
+/// The forward and backward tolerances `[atol, rtol, atol, rtol]` of `ctx`'s GEMM: f32's, or with
+/// the tensor-core tiles (f32 operands rounded to f16 in workgroup memory) the tensor-core family's.
+fn gemm_tolerances(ctx: &Context) -> [f64; 4] {
+    match ctx.gemm_tiles() {
+        GemmTiles::Coop64 => [
+            TENSOR_CORE_ATOL,
+            TENSOR_CORE_RTOL,
+            TENSOR_CORE_ATOL,
+            TENSOR_CORE_RTOL,
+        ],
+        _ => [FORWARD_ATOL, FORWARD_RTOL, BACKWARD_ATOL, BACKWARD_RTOL],
+    }
+}
+
+/// The tensor-core tiles (their portable build here): the products of Linear layers of odd sizes,
+/// every epilogue, row sums (the bias gradient), reductions split under a loop budget, f16
+/// storage, and the unfused attention's batched, grouped, transposed products.
+#[test]
+fn tensor_core_gemm_matches_reference() {
+    let coop = |ctx: &mut Context| ctx.set_gemm_tiles(Some(GemmTiles::Coop64));
+    for_each_backend_with(coop, |backend, ctx| {
+        check_tiles(backend, ctx);
+        check(backend, ctx, &[3, 40], 70, true);
+        if ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+            check_f16(backend, ctx, &[130, 33], 96, true);
+            check_f16(backend, ctx, &[2, 100, 64], 65, false);
+        }
+    });
+    let with_budget = |ctx: &mut Context| {
+        ctx.set_gemm_tiles(Some(GemmTiles::Coop64));
+        ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET));
+    };
+    for_each_backend_with(with_budget, |backend, ctx| {
+        check_epilogues(backend, ctx, 130, 700, 7);
+        check_epilogues(backend, ctx, 130, 6, 600);
+    });
+}
+
 #[test]
 fn both_gemm_tiles_match_reference() {
     for tiles in TILES {
@@ -244,6 +268,7 @@ fn both_gemm_tiles_match_reference() {
 /// tiles, both operand layouts of A and B, the epilogues, and the unfused attention's batched,
 /// grouped (GQA), transposed products with alpha.
 fn check_tiles(backend: &str, ctx: &Context) {
+    let [fwd_atol, fwd_rtol, bwd_atol, bwd_rtol] = gemm_tolerances(ctx);
     for (x_shape, out_f) in [
         (vec![130, 32], 96),
         (vec![2, 100, 40], 70),
@@ -260,13 +285,7 @@ fn check_tiles(backend: &str, ctx: &Context) {
     let tiles = ctx.gemm_tiles().name();
     let tag = format!("[{backend}] {tiles} unfused {}", case.label());
     let out = fwd.out.to_vec(ctx).unwrap();
-    assert_close(
-        &format!("{tag} out"),
-        &out,
-        &ref_out,
-        FORWARD_ATOL,
-        FORWARD_RTOL,
-    );
+    assert_close(&format!("{tag} out"), &out, &ref_out, fwd_atol, fwd_rtol);
     let g = attention_backward_unfused(ctx, &q, &k, &v, &d_out, &opts).unwrap();
     let r = case.reference_backward();
     for (name, gpu, reference) in [
@@ -279,8 +298,8 @@ fn check_tiles(backend: &str, ctx: &Context) {
             &format!("{tag} {name}"),
             &gpu,
             reference,
-            BACKWARD_ATOL,
-            BACKWARD_RTOL,
+            bwd_atol,
+            bwd_rtol,
         );
     }
 }

@@ -13,6 +13,20 @@ fn main() {
         ("attention_forward_coop_f16", 8, &[("SG", 32), ("NSG", 4), ("BN", 32), ("DK", 128), ("DV", 128)]),
     ];
     let all = wgpu_attention::kernels::shaders::all();
+    // The tensor-core GEMM (f32 and f16 storage), without and with row sums.
+    for name in ["matmul_coop", "matmul_coop_f16"] {
+        let (_, source) = all.iter().find(|(n, _)| n == name).expect(name);
+        for sums in [0, 1] {
+            let label = format!("{name}-ROW_SUMS{sums}");
+            std::fs::write(out.join(format!("{label}.wgsl")), source).unwrap();
+            std::fs::write(
+                out.join(format!("{label}.json")),
+                format!("{{\"label\": \"{label}\", \"entry_point\": \"main\", \"constants\": {{\"SG\": 32, \"ROW_SUMS\": {sums}}}, \"runtime_checks\": \"noloop\"}}"),
+            )
+            .unwrap();
+            println!("{label}");
+        }
+    }
     for (prefix, tiles, constants) in wanted {
         let marker = if prefix.contains("forward") { format!("const Q_TILES: u32 = {tiles}u;") } else { format!("const K_TILES: u32 = {tiles}u;") };
         let (name, source) = all

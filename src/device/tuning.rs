@@ -143,17 +143,25 @@ pub enum GemmTiles {
     /// it measured 1.9-2.1x faster on the layer shapes (`gemm-bench`); unmeasured on a GPU, where
     /// the smaller grid may not fill the machine.
     Wide128x64,
+    /// 64 x 64 on the tensor cores (`matmul_coop.wgsl`: four subgroups of 2 x 2 16x16 f16 tiles
+    /// with f32 accumulation, through the attention's matrix interface and the build it
+    /// qualified; its portable build elsewhere). A and B are rounded to f16 in workgroup memory, so
+    /// f32 products get f16 accuracy (`reference::compare::TENSOR_CORE_*`); f16 ones lose nothing.
+    /// Never a default: asked for by name. Products of a few rows keep the SKINNY path.
+    Coop64,
 }
 
 impl GemmTiles {
-    /// Parses `64x64` or `128x64` (as `WGPU_ATTENTION_GEMM_TILES` and the benches' options).
+    /// Parses `64x64`, `128x64` or `coop` (as `WGPU_ATTENTION_GEMM_TILES` and the benches'
+    /// options).
     pub fn parse(name: &str) -> Result<Self> {
         match name.trim() {
             "64x64" => Ok(Self::Square64),
             "128x64" => Ok(Self::Wide128x64),
+            "coop" => Ok(Self::Coop64),
             other => Err(Error::shape(
                 "gemm tiles",
-                format!("'{other}' is not one: use 64x64 or 128x64"),
+                format!("'{other}' is not one: use 64x64, 128x64 or coop"),
             )),
         }
     }
@@ -163,6 +171,7 @@ impl GemmTiles {
         match self {
             Self::Square64 => "64x64",
             Self::Wide128x64 => "128x64",
+            Self::Coop64 => "coop",
         }
     }
 }

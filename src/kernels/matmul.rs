@@ -4,7 +4,9 @@
 
 use crate::device::{grid_2d, Context, GemmTiles, KernelFamily};
 use crate::error::{Error, Result};
+use crate::kernels::attention::matrix_build;
 use crate::kernels::elementwise::Activation;
+use crate::kernels::matrix::{tile_element, MatrixBuild};
 use crate::tensor::{DType, Region};
 
 /// The GEMM shader bodies, each after the activation functions its epilogues share with the
@@ -19,6 +21,12 @@ const WIDE_SOURCE: &str = concat!(
     include_str!("../../shaders/activation_common.wgsl"),
     include_str!("../../shaders/matmul_common.wgsl"),
     include_str!("../../shaders/matmul_wide.wgsl")
+);
+/// The tensor-core kernel: the matrix interface's build is appended ([`coop_source`]).
+const COOP_SOURCE: &str = concat!(
+    include_str!("../../shaders/activation_common.wgsl"),
+    include_str!("../../shaders/matmul_common.wgsl"),
+    include_str!("../../shaders/matmul_coop.wgsl")
 );
 
 /// Element types of a GEMM: A and B (`input`), C (`output`). f16 storage needs `SHADER_F16`; the
@@ -63,16 +71,64 @@ fn typed_source(body: &str, elements: Elements) -> String {
     )
 }
 
-/// Every GEMM variant by pipeline name, for the shader translation test.
+/// The tensor-core GEMM for `elements` with the matrix interface's `build` on `tiles` (MatElem),
+/// and the portable build's accumulator slots per invocation of a `group`-wide tile group.
+fn coop_source(elements: Elements, build: MatrixBuild, tiles: DType, group: u32) -> String {
+    let f16 = [elements.input, elements.output, tiles].contains(&DType::F16);
+    let mut text = String::from(if f16 { "enable f16;\n" } else { "" });
+    text.push_str(build.enable());
+    text.push_str(&format!(
+        "alias GemmIn = {};\nalias GemmOut = {};\nalias MatElem = {};\n",
+        elements.input.name(),
+        elements.output.name(),
+        tiles.name()
+    ));
+    if build == MatrixBuild::Portable {
+        text.push_str(&format!(
+            "const MAT_SLOTS: u32 = {}u;\n",
+            256 / group.min(256)
+        ));
+    }
+    text.push_str(COOP_SOURCE);
+    text.push('\n');
+    text.push_str(build.interface());
+    text
+}
+
+/// The tensor-core GEMM's pipeline name: the build, then f16 storage (`_f16`) or, for f32 storage,
+/// f16 tiles in the portable build (`_f16tiles`; the cooperative build's tiles are always f16).
+fn coop_name(build: MatrixBuild, elements: Elements, tiles: DType) -> &'static str {
+    match (build, elements.input, tiles) {
+        (MatrixBuild::Cooperative, DType::F16, _) => "matmul_coop_f16",
+        (MatrixBuild::Cooperative, DType::F32, _) => "matmul_coop",
+        (MatrixBuild::Portable, DType::F16, _) => "matmul_coop_portable_f16",
+        (MatrixBuild::Portable, DType::F32, DType::F16) => "matmul_coop_portable_f16tiles",
+        (MatrixBuild::Portable, DType::F32, DType::F32) => "matmul_coop_portable",
+    }
+}
+
+/// Every GEMM variant by pipeline name, for the shader translation test: the tensor-core one in
+/// both builds, its tiles as each device type gets them, tile groups of 32.
 pub(crate) fn shader_sources() -> Vec<(&'static str, String)> {
-    [SQUARE, WIDE]
+    let mut sources: Vec<_> = [SQUARE, WIDE]
         .iter()
         .flat_map(|kernel| {
             Elements::ALL
                 .iter()
                 .map(|&e| (kernel.names[e.index()], typed_source(kernel.source, e)))
         })
-        .collect()
+        .collect();
+    for (build, elements, tiles) in [
+        (MatrixBuild::Cooperative, Elements::F32, DType::F16),
+        (MatrixBuild::Cooperative, Elements::F16, DType::F16),
+        (MatrixBuild::Portable, Elements::F32, DType::F32),
+        (MatrixBuild::Portable, Elements::F32, DType::F16),
+        (MatrixBuild::Portable, Elements::F16, DType::F16),
+    ] {
+        let name = coop_name(build, elements, tiles);
+        sources.push((name, coop_source(elements, build, tiles, 32)));
+    }
+    sources
 }
 
 /// Output tile, shader and loop iterations one invocation runs per 16-deep k tile (the k-tile loop,
@@ -198,6 +254,10 @@ impl Epilogue<'_> {
     };
 }
 
+/// The tensor-core GEMM's tile group in the portable build: 32, NVIDIA's subgroup, so the tests run
+/// the shape the tensor cores do.
+const COOP_PORTABLE_GROUP: u32 = 32;
+
 /// Products with at most this many rows take the SKINNY path (all rows per workgroup, k split):
 /// a decoding step's rows, for which a 64-row tile would be almost all padding (benchmarks/HISTORY.md,
 /// "Figures that code comments carried").
@@ -226,15 +286,31 @@ pub(crate) fn takes_skinny_path(ctx: &Context, g: &Gemm<'_>) -> bool {
             .is_none_or(|budget| g.groups as u64 * g.k as u64 <= budget as u64)
 }
 
+/// The tensor-core kernel (`shaders/matmul_coop.wgsl`): 64 x 64 tiles; its loop cost is the portable
+/// build's (the only one a loop budget applies to), per 16 of k: half a 32-deep tile's staging,
+/// products (two multiply-adds of 8 slots x 18 iterations per group and 16 of k) and row sums.
+const COOP: Kernel = Kernel {
+    // Named by `coop_name` (build and tiles) when recorded.
+    names: ["matmul_coop", "matmul_coop_f16"],
+    cpu_names: ["matmul_coop", "matmul_coop_f16"],
+    source: COOP_SOURCE,
+    tile_m: 64,
+    tile_n: 64,
+    loop_cost_per_k_tile: 16 + 4 * 8 * 18 + 16,
+    skinny: false,
+};
+
 /// Records one batched product into `pass`.
 pub(crate) fn encode_gemm(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     g: &Gemm<'_>,
 ) -> Result<()> {
-    // 128-row tiles only where they fill: shorter products keep the 64 x 64 kernel.
+    // 128-row tiles only where they fill: shorter products keep the 64 x 64 kernel. Tensor-core
+    // tiles where asked for, a decoding step's few rows excepted (the SKINNY path below).
     let kernel = match ctx.gemm_tiles() {
         GemmTiles::Wide128x64 if g.m >= WIDE.tile_m => WIDE,
+        GemmTiles::Coop64 => COOP,
         _ => SQUARE,
     };
     let tiles_m = g.m.div_ceil(kernel.tile_m);
@@ -355,8 +431,24 @@ fn encode_one(
         true => kernel.cpu_names,
         false => kernel.names,
     };
-    let name = names[g.elements.index()];
-    let pipeline = ctx.pipeline(name, || typed_source(kernel.source, g.elements), &constants);
+    let (name, pipeline) = if kernel.source == COOP_SOURCE {
+        // The matrix build the attention's tensor-core family qualified on the device (the same
+        // interface functions), with the subgroup as the tile group.
+        let build = matrix_build(ctx)?;
+        let group = match build {
+            MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(COOP_PORTABLE_GROUP),
+            MatrixBuild::Portable => COOP_PORTABLE_GROUP,
+        };
+        let tiles = tile_element(ctx);
+        constants.push(("SG", group));
+        let name = coop_name(build, g.elements, tiles);
+        let source = || coop_source(g.elements, build, tiles, group);
+        (name, ctx.pipeline(name, source, &constants))
+    } else {
+        let name = names[g.elements.index()];
+        let source = || typed_source(kernel.source, g.elements);
+        (name, ctx.pipeline(name, source, &constants))
+    };
     let empty = ctx.empty_storage();
     let (empty_rw, empty_rw_second) = (ctx.empty_storage_rw(0), ctx.empty_storage_rw(1));
     let epilogue = &g.epilogue;

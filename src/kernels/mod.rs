@@ -12,6 +12,7 @@ pub mod kv_cache;
 pub mod layer_norm;
 pub mod linear;
 pub mod matmul;
+pub mod matrix;
 pub mod optimizer;
 pub mod rope;
 pub mod sampling;

@@ -1,7 +1,7 @@
 // Attention backward, dK and dV, on tensor cores (SPEC.md; the "coop" family): the GPU family's
 // dK/dV (attention/gpu/backward_dkdv.wgsl) with its four products as 16x16 tile multiply-adds
-// through the matrix interface the host appends (attention/coop/matrix_coop.wgsl or
-// matrix_portable.wgsl):
+// through the matrix interface the host appends (matrix/cooperative.wgsl or
+// matrix/portable.wgsl):
 //   S^T = K Q^T,  dP^T = V dO^T,  dV += P^T dO,  dK += dS^T Q  (dS = P (dP - D), times scale at the end),
 // summed over every query head that shares kv head h_kv in a fixed order: deterministic, no atomics.
 //

@@ -1,6 +1,6 @@
 // Attention backward, dQ, on tensor cores (SPEC.md; the "coop" family): the GPU family's dQ
 // (attention/gpu/backward_dq.wgsl) with its three products as 16x16 tile multiply-adds through the
-// matrix interface the host appends (attention/coop/matrix_coop.wgsl or matrix_portable.wgsl):
+// matrix interface the host appends (matrix/cooperative.wgsl or matrix/portable.wgsl):
 //   S = Q K^T,  dP = dO V^T,  dQ += dS K  (dS = P (dP - D), times scale at the end).
 // Parallel over query blocks like the forward, so no float atomics and bitwise reproducible.
 //

@@ -1,7 +1,7 @@
 // Fused attention forward on tensor cores (SPEC.md): the "coop" kernel family. Same problem, masks,
 // modifiers, NaN rules and outputs as attention/gpu/forward.wgsl; the two products run as 16x16
-// tile multiply-adds through the matrix interface the host appends (attention/coop/matrix_coop.wgsl: cooperative
-// matrices; attention/coop/matrix_portable.wgsl: the same in ordinary arithmetic, for adapters without them).
+// tile multiply-adds through the matrix interface the host appends (matrix/cooperative.wgsl: cooperative
+// matrices; matrix/portable.wgsl: the same in ordinary arithmetic, for adapters without them).
 //
 // A workgroup is NSG tile groups of SG invocations (in the tensor-core build a group is a subgroup;
 // invocations fill subgroups in local-index order, and the device's qualification would catch a

@@ -20,6 +20,7 @@
 
 use super::header::{with_sizes, COMMON, SCORE_BIAS, SCORE_BIAS_NONE};
 use crate::device::{Context, PipelineSpec};
+pub use crate::kernels::matrix::MatrixBuild;
 use crate::tensor::DType;
 use std::sync::Arc;
 
@@ -57,9 +58,6 @@ const COOP_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/coop/bac
 const COOP_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/coop/backward_dkdv.wgsl");
 const COOP_BACKWARD_TILES: &str =
     include_str!("../../../shaders/attention/coop/backward_tiles.wgsl");
-const COOP_MATRIX: &str = include_str!("../../../shaders/attention/coop/matrix_coop.wgsl");
-const COOP_MATRIX_PORTABLE: &str =
-    include_str!("../../../shaders/attention/coop/matrix_portable.wgsl");
 
 /// The kernels of the fused attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -214,8 +212,8 @@ impl FusedVariant {
         if f16 {
             text.push_str("enable f16;\n");
         }
-        if let Some((MatrixBuild::Cooperative, _)) = coop {
-            text.push_str("enable wgpu_cooperative_matrix;\n");
+        if let Some((build, _)) = coop {
+            text.push_str(build.enable());
         }
         text.push_str(&format!(
             "alias InElem = {};\nalias OutElem = {};\n",
@@ -288,10 +286,7 @@ impl FusedVariant {
                 ]
             }
             (FamilyBuild::Coop { build, .. }, kernel) => {
-                let matrix = match build {
-                    MatrixBuild::Cooperative => COOP_MATRIX,
-                    MatrixBuild::Portable => COOP_MATRIX_PORTABLE,
-                };
+                let matrix = build.interface();
                 match kernel {
                     FusedKernel::Forward => vec![COOP_FORWARD, matrix, rows],
                     FusedKernel::BackwardDq => {
@@ -372,26 +367,6 @@ impl FusedVariant {
             relaxed_checks: self.relaxed_checks(),
         });
         (pipeline, name)
-    }
-}
-
-/// How the tensor-core family's matrix interface is built on a context.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum MatrixBuild {
-    /// wgpu's cooperative matrices (tensor cores), f16 16x16 tiles with f32 accumulation.
-    Cooperative,
-    /// The same tiles in ordinary arithmetic: any adapter, not fast.
-    Portable,
-}
-
-impl MatrixBuild {
-    /// `coop` or `portable`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Cooperative => "coop",
-            Self::Portable => "portable",
-        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! The tensor-core kernel family of the fused forward ([`KernelFamily::Coop`],
 //! `shaders/attention/coop/forward.wgsl`): S = Q K^T and P V as 16x16 tile multiply-adds through a
 //! small matrix interface with two builds, wgpu's cooperative matrices
-//! (`attention/coop/matrix_coop.wgsl`) and ordinary arithmetic
-//! (`attention/coop/matrix_portable.wgsl`, which runs on any adapter, so every test proves the
+//! (`matrix/cooperative.wgsl`) and ordinary arithmetic
+//! (`matrix/portable.wgsl`, which runs on any adapter, so every test proves the
 //! kernel's tiling, masks, modifiers and softmax). The tensor-core build is used only on a device
 //! that lists the f16 16x16x16 configuration with f32 accumulation and whose result on a small
 //! problem matches the GPU family's (wgpu does not check a configuration, and an unlisted one
@@ -51,10 +51,7 @@ const SHAPES: [(u32, u32); 9] = [
 
 /// The element type of the staged tiles: f16 where the device has it (what tensor cores take).
 fn mat_elem(ctx: &Context) -> DType {
-    match ctx.device().features().contains(wgpu::Features::SHADER_F16) {
-        true => DType::F16,
-        false => DType::F32,
-    }
+    crate::kernels::matrix::tile_element(ctx)
 }
 
 /// Shape of one coop forward pipeline on a context: `groups` tile groups of `group` invocations

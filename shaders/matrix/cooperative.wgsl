@@ -3,7 +3,7 @@
 // A and B tiles are MatElem (f16), accumulators f32. A and B loads read the kernel's `mat_mem`
 // workgroup array, accumulator loads and stores its `acc_mem`; `at` is an element offset, `stride`
 // the row stride in elements (both 16-byte steps: multiples of 8 for f16, 4 for f32). Every call
-// must be made by the whole subgroup in uniform control flow. attention/coop/matrix_portable.wgsl has the same
+// must be made by the whole subgroup in uniform control flow. matrix/portable.wgsl has the same
 // functions in ordinary arithmetic: nothing else differs between the two builds.
 
 alias TileA = coop_mat16x16<MatElem, A>;

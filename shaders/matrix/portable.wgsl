@@ -1,4 +1,4 @@
-// The matrix interface, portable build: the functions of attention/coop/matrix_coop.wgsl in ordinary arithmetic, so
+// The matrix interface, portable build: the functions of matrix/cooperative.wgsl in ordinary arithmetic, so
 // the tensor-core kernels' tiling, masks and softmax run (and are tested) on any adapter. As with a
 // cooperative matrix, a tile is one value for a group of SG invocations (the kernel's tile group,
 // a subgroup in the tensor-core build): each invocation computes and stores the accumulator
