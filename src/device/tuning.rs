@@ -132,8 +132,9 @@ impl std::fmt::Display for KernelChoice {
     }
 }
 
-/// Output tiles of the strided GEMM (`shaders/matmul_*.wgsl`) for products of at least 128 rows.
+/// Output tiles of the strided GEMM (`shaders/matmul_*.wgsl`) for products of more than a few rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum GemmTiles {
     /// 64 x 64 per 256-invocation workgroup, 4 x 4 per invocation (`matmul_strided.wgsl`): the
     /// default on GPUs, the kernel measured on an H100 (benchmarks/HISTORY.md).
