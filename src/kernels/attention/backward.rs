@@ -243,6 +243,77 @@ fn backward_family(family: KernelFamily, dtype: DType) -> KernelFamily {
     }
 }
 
+/// Which of the backward's two gradient kernels a pass records: dK/dV over key blocks, or dQ over
+/// query blocks (with the relative table's row shares where the family's kernel writes them).
+pub(super) enum Gradient<'a> {
+    DkDv,
+    Dq { rel: Option<&'a bias::RelativeRows> },
+}
+
+/// How a family runs one gradient kernel: its key (given whether the call's Q, K, V and dO are read
+/// four elements per access), the keys (dK/dV) or query rows (dQ) each workgroup owns, and the loop
+/// iterations per step of its long loop and outside it, with the steps' alignment (the loop
+/// budget's chunks: query rows of every head of a group for dK/dV, keys for dQ).
+pub(super) struct GradientKernel<'a> {
+    pub key: &'a dyn Fn(bool) -> FusedVariant,
+    pub block: usize,
+    pub cost: (usize, usize),
+    pub align: usize,
+}
+
+/// Records one gradient kernel of `call` in a pass of its own (so a profile tells the kernels
+/// apart): the inputs and (lse, D) bound, dK and dV or dQ written, split into accumulating
+/// dispatches under a loop budget. Every family's backward goes through here.
+pub(super) fn encode_gradient(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    call: &BackwardCall<'_>,
+    which: Gradient<'_>,
+    kernel: GradientKernel<'_>,
+) -> Result<()> {
+    let (s, views) = (&call.s, &call.views);
+    let name = match which {
+        Gradient::DkDv => "attention_backward_dkdv",
+        Gradient::Dq { .. } => "attention_backward_dq",
+    };
+    let mut pass = ctx.begin_pass(encoder, name);
+    let mut params = base_params(s, call.scale, call.opts);
+    let inputs = [views.q, views.k, views.v, views.d_out];
+    let mut bindings = bind_backward_inputs(ctx, &mut params, inputs, views.workspace)?;
+    let vec4_inputs = inputs_on_vec4(&params, &[VIEW_Q, VIEW_K, VIEW_V, VIEW_DO], s);
+    let (blocks, entries, steps) = match which {
+        Gradient::DkDv => {
+            let outputs = [("dk", views.dk, VIEW_DK), ("dv", views.dv, VIEW_DV)];
+            bindings.extend(bind_output_pair(ctx, outputs, &mut params)?);
+            (
+                s.kv_seq.div_ceil(kernel.block),
+                s.batch * s.kv_heads,
+                call.group_rows,
+            )
+        }
+        Gradient::Dq { rel } => {
+            bindings.push(bind_view(ctx, "dq", views.dq, VIEW_DQ, &mut params)?);
+            bindings.extend(rel.map(|rel| rel.binding()));
+            (s.q_seq.div_ceil(kernel.block), s.batch * s.heads, s.kv_seq)
+        }
+    };
+    let grid = set_grid(&mut params, blocks, entries)?;
+    let chunks = loop_chunks(ctx, steps, kernel.cost.0, kernel.cost.1, kernel.align);
+    encode_fused_chunks(
+        ctx,
+        &mut pass,
+        (kernel.key)(vec4_inputs),
+        &mut params,
+        Bound {
+            shared: Shared::scores(ctx, call.opts)?,
+            bindings: &bindings,
+            grid,
+        },
+        &chunks,
+    );
+    Ok(())
+}
+
 /// Records the fused attention backward into `encoder`: the `D = rowsum(dO * O)` pass, the dK/dV
 /// kernel (parallel over key blocks) and the dQ kernel (parallel over query blocks). No atomics, so
 /// results are bitwise reproducible. `dq`, `dk`, `dv` may be views into one packed gradient buffer.
@@ -393,12 +464,8 @@ pub(super) fn encode_backward_core(
             hint: "; split the sequence",
         })?;
     let lens = seq_lens_buffer(ctx, opts);
-    let shared = Shared::scores(ctx, opts)?;
-    let wg = workgroup_size(ctx, true, choice.workgroup);
-    let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
-    let inputs = [VIEW_Q, VIEW_K, VIEW_V, VIEW_DO];
-    let quads = QuadReads::choose(ctx, wg);
-    let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+    // A score bias the kernels cannot bind is refused before anything is recorded.
+    Shared::scores(ctx, opts)?;
     // One pass per kernel, so a profile tells the three apart.
     // 1. stats = (lse, D).
     {
@@ -433,102 +500,84 @@ pub(super) fn encode_backward_core(
             },
         );
     }
-    if family != KernelFamily::CpuDriver {
-        let call = BackwardCall {
-            s,
-            scale,
-            views,
-            opts,
-            group_rows,
-            dtype,
-            choice,
-        };
-        if family == KernelFamily::Coop {
-            let relative_grad = opts.relative.is_some() && opts.relative_grad.is_some();
-            if let Some(config) = coop::CoopBackward::choose(ctx, &s, relative_grad)? {
-                return coop::encode_backward_coop(ctx, encoder, config, &call);
-            }
+    let call = BackwardCall {
+        s,
+        scale,
+        views,
+        opts,
+        group_rows,
+        dtype,
+        choice,
+    };
+    if family == KernelFamily::Coop {
+        let relative_grad = opts.relative.is_some() && opts.relative_grad.is_some();
+        if let Some(config) = coop::CoopBackward::choose(ctx, &s, relative_grad)? {
+            return coop::encode_backward_coop(ctx, encoder, config, &call);
         }
+    }
+    if family != KernelFamily::CpuDriver {
         return gpu::encode_backward_gpu(ctx, encoder, &call);
     }
-    // 2. dK, dV: one workgroup per key block of one (batch, kv head).
-    {
-        let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
-        let mut params = base_params(&s, scale, opts);
-        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
-        let outputs =
-            bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
-        bindings.extend(outputs);
-        let block_m = cpu_dkdv_rows(ctx, &s);
-        let blocks = s.kv_seq.div_ceil((wg * ROWS) as usize);
-        let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
-        // Per query row: three loops over the head dimension plus the row loop itself.
-        let chunks = loop_chunks(
-            ctx,
-            group_rows,
-            2 * dk4 + dv4 + 8,
-            4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
-            block_m as usize,
-        );
-        let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, FamilyBuild::Cpu(quads));
-        key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), None);
-        key.vec4_inputs = inputs_on_vec4(&params, &inputs, &s);
-        key.constants = vec![("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]];
-        encode_fused_chunks(
-            ctx,
-            &mut pass,
-            key,
-            &mut params,
-            Bound {
-                shared,
-                bindings: &bindings,
-                grid,
+    let wg = workgroup_size(ctx, true, choice.workgroup);
+    let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
+    let quads = QuadReads::choose(ctx, wg);
+    let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
+    // 2. dK, dV: one workgroup per key block of one (batch, kv head); per query row, three loops
+    // over the head dimension plus the row loop itself.
+    let block_m = cpu_dkdv_rows(ctx, &s);
+    encode_gradient(
+        ctx,
+        encoder,
+        &call,
+        Gradient::DkDv,
+        GradientKernel {
+            key: &|vec4_inputs| {
+                let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, FamilyBuild::Cpu(quads));
+                key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), None);
+                key.vec4_inputs = vec4_inputs;
+                key.constants = vec![("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]];
+                key
             },
-            &chunks,
-        );
-    }
-    // 3. dQ: one workgroup per query block of one (batch, head).
+            block: (wg * ROWS) as usize,
+            cost: (
+                2 * dk4 + dv4 + 8,
+                4 * (s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
+            ),
+            align: block_m as usize,
+        },
+    )?;
+    // 3. dQ: one workgroup per query block of one (batch, head); per key, three loops over the
+    // head dimension plus the key loop itself.
     let rel = bias::RelativeRows::new(ctx, &s, opts)?;
-    {
-        let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
-        let mut params = base_params(&s, scale, opts);
-        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], workspace)?;
-        bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
-        bindings.push(rel.binding());
-        let block_n = cpu_dq_keys(ctx, &s);
-        let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
-        let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-        // Per key: three loops over the head dimension plus the key loop itself.
-        let chunks = loop_chunks(
-            ctx,
-            s.kv_seq,
-            2 * dk4 + dv4 + 8,
-            4 * (2 * s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
-            block_n as usize,
-        );
-        let mut key = FusedVariant::new(FusedKernel::BackwardDq, FamilyBuild::Cpu(quads));
-        key.vec4_inputs = inputs_on_vec4(&params, &inputs, &s);
-        key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), Some(rel.buckets()));
-        key.constants = vec![
-            ("WG", wg),
-            ("BLOCK_N", block_n),
-            dims[0],
-            dims[1],
-            rel.constant(),
-        ];
-        encode_fused_chunks(
-            ctx,
-            &mut pass,
-            key,
-            &mut params,
-            Bound {
-                shared,
-                bindings: &bindings,
-                grid,
+    let block_n = cpu_dq_keys(ctx, &s);
+    encode_gradient(
+        ctx,
+        encoder,
+        &call,
+        Gradient::Dq { rel: Some(&rel) },
+        GradientKernel {
+            key: &|vec4_inputs| {
+                let mut key = FusedVariant::new(FusedKernel::BackwardDq, FamilyBuild::Cpu(quads));
+                key.vec4_inputs = vec4_inputs;
+                key.arrays =
+                    cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), Some(rel.buckets()));
+                key.constants = vec![
+                    ("WG", wg),
+                    ("BLOCK_N", block_n),
+                    dims[0],
+                    dims[1],
+                    rel.constant(),
+                ];
+                key
             },
-            &chunks,
-        );
-    }
+            block: (wg * ROWS) as usize,
+            cost: (
+                2 * dk4 + dv4 + 8,
+                4 * (2 * s.head_dim_qk + s.head_dim_v) + 8 * (dk4 + dv4),
+            ),
+            align: block_n as usize,
+        },
+    )?;
     rel.encode_sums(ctx, encoder, &s, opts);
     Ok(())
 }

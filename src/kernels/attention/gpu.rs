@@ -3,22 +3,21 @@
 //! by a few keys or head-dim columns, and split-KV in the forward. Same API and semantics as the
 //! CPU-driver kernels in the parent module; [`Context::kernel_family`] chooses.
 
+use super::backward::{encode_gradient, Gradient, GradientKernel};
 use super::bias;
 use super::binding::{
-    base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view, encode_fused,
-    encode_fused_chunks, encode_kernel, inputs_on_vec4, seq_lens_buffer, set_grid, Binding, Bound,
-    Kernel, Params, Shared, ViewParams, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K,
-    VIEW_O, VIEW_Q, VIEW_V,
+    base_params, bind_tensor, bind_view, encode_fused, encode_kernel, inputs_on_vec4,
+    seq_lens_buffer, set_grid, Binding, Bound, Kernel, Params, Shared, ViewParams, SIMPLE_WG,
+    VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
+use super::call::BackwardCall;
 use super::call::ForwardCall;
-use super::call::{BackwardCall, BackwardViews};
 use super::header::with_common_typed;
 use super::options::AttentionOptions;
 use super::variant::{FamilyBuild, FusedKernel, FusedVariant};
 use crate::device::{Context, TiledShape};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
-use crate::kernels::dispatch::loop_chunks;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, HeadsView};
 use std::sync::OnceLock;
@@ -714,107 +713,67 @@ pub(super) fn encode_backward_gpu(
     encoder: &mut wgpu::CommandEncoder,
     call: &BackwardCall<'_>,
 ) -> Result<()> {
-    let BackwardCall {
-        ref s,
-        scale,
-        views,
-        opts,
-        group_rows,
-        dtype,
-        ..
-    } = *call;
-    let BackwardViews {
-        q,
-        k,
-        v,
-        d_out,
-        dq,
-        dk,
-        dv,
-        workspace: stats,
-        ..
-    } = views;
-    let shared = Shared::scores(ctx, opts)?;
+    let (s, dtype) = (&call.s, call.dtype);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
-    let inputs = [VIEW_Q, VIEW_K, VIEW_V, VIEW_DO];
-    {
-        let config = GpuDkDv::choose(ctx, s, call.choice.tiles[1])?;
-        let (sq, ock, ocv) = config.per_invocation(s);
-        let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
-        let mut params = base_params(s, scale, opts);
-        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
-        let vec4_inputs = inputs_on_vec4(&params, &inputs, s);
-        let outputs =
-            bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
-        bindings.extend(outputs);
-        let blocks = s.kv_seq.div_ceil(config.block_n as usize);
-        let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
-        let (per_row, fixed) = config.loop_cost(s);
-        let chunks = loop_chunks(ctx, group_rows, per_row, fixed, config.block_m as usize);
-        let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, GPU_BACKWARD);
-        (key.input, key.written, key.vec4_inputs) = (dtype, dtype, vec4_inputs);
-        key.unmasked_build = true;
-        key.arrays = vec![("MAX_SQ", sq), ("MAX_OCK", ock), ("MAX_OCV", ocv)];
-        key.constants = vec![
-            ("WG", config.wg),
-            ("BN", config.block_n),
-            ("BM", config.block_m),
-            dims[0],
-            dims[1],
-        ];
-        encode_fused_chunks(
-            ctx,
-            &mut pass,
-            key,
-            &mut params,
-            Bound {
-                shared,
-                bindings: &bindings,
-                grid,
+    let config = GpuDkDv::choose(ctx, s, call.choice.tiles[1])?;
+    let (sq, ock, ocv) = config.per_invocation(s);
+    let (per_row, fixed) = config.loop_cost(s);
+    encode_gradient(
+        ctx,
+        encoder,
+        call,
+        Gradient::DkDv,
+        GradientKernel {
+            key: &|vec4_inputs| {
+                let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, GPU_BACKWARD);
+                (key.input, key.written, key.vec4_inputs) = (dtype, dtype, vec4_inputs);
+                key.unmasked_build = true;
+                key.arrays = vec![("MAX_SQ", sq), ("MAX_OCK", ock), ("MAX_OCV", ocv)];
+                key.constants = vec![
+                    ("WG", config.wg),
+                    ("BN", config.block_n),
+                    ("BM", config.block_m),
+                    dims[0],
+                    dims[1],
+                ];
+                key
             },
-            &chunks,
-        );
-    }
-    let rel = bias::RelativeRows::new(ctx, s, opts)?;
-    {
-        let config = GpuDq::choose(ctx, s, rel.constant().1, call.choice.tiles[2])?;
-        let (sk, oc) = config.per_invocation(s);
-        let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
-        let mut params = base_params(s, scale, opts);
-        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
-        let vec4_inputs = inputs_on_vec4(&params, &inputs, s);
-        bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
-        bindings.push(rel.binding());
-        let blocks = s.q_seq.div_ceil(config.block_m as usize);
-        let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-        let (per_key, fixed) = config.loop_cost(s);
-        let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, config.block_n as usize);
-        let mut key = FusedVariant::new(FusedKernel::BackwardDq, GPU_BACKWARD);
-        (key.input, key.written, key.vec4_inputs) = (dtype, dtype, vec4_inputs);
-        key.unmasked_build = true;
-        key.arrays = vec![("MAX_SK", sk), ("MAX_OC", oc)];
-        key.constants = vec![
-            ("WG", config.wg),
-            ("BM", config.block_m),
-            ("BN", config.block_n),
-            dims[0],
-            dims[1],
-            rel.constant(),
-        ];
-        encode_fused_chunks(
-            ctx,
-            &mut pass,
-            key,
-            &mut params,
-            Bound {
-                shared,
-                bindings: &bindings,
-                grid,
+            block: config.block_n as usize,
+            cost: (per_row, fixed),
+            align: config.block_m as usize,
+        },
+    )?;
+    let rel = bias::RelativeRows::new(ctx, s, call.opts)?;
+    let config = GpuDq::choose(ctx, s, rel.constant().1, call.choice.tiles[2])?;
+    let (sk, oc) = config.per_invocation(s);
+    let (per_key, fixed) = config.loop_cost(s);
+    encode_gradient(
+        ctx,
+        encoder,
+        call,
+        Gradient::Dq { rel: Some(&rel) },
+        GradientKernel {
+            key: &|vec4_inputs| {
+                let mut key = FusedVariant::new(FusedKernel::BackwardDq, GPU_BACKWARD);
+                (key.input, key.written, key.vec4_inputs) = (dtype, dtype, vec4_inputs);
+                key.unmasked_build = true;
+                key.arrays = vec![("MAX_SK", sk), ("MAX_OC", oc)];
+                key.constants = vec![
+                    ("WG", config.wg),
+                    ("BM", config.block_m),
+                    ("BN", config.block_n),
+                    dims[0],
+                    dims[1],
+                    rel.constant(),
+                ];
+                key
             },
-            &chunks,
-        );
-    }
-    rel.encode_sums(ctx, encoder, s, opts);
+            block: config.block_m as usize,
+            cost: (per_key, fixed),
+            align: config.block_n as usize,
+        },
+    )?;
+    rel.encode_sums(ctx, encoder, s, call.opts);
     Ok(())
 }
 

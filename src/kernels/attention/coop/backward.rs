@@ -12,11 +12,8 @@ use super::{
 };
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::Result;
-use crate::kernels::attention::backward::{attention_backward_workspace, encode_backward_core};
-use crate::kernels::attention::binding::{
-    base_params, bind_backward_inputs, bind_output_pair, bind_view, encode_fused_chunks,
-    inputs_on_vec4, set_grid, Bound, Shared, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV, VIEW_K, VIEW_Q,
-    VIEW_V,
+use crate::kernels::attention::backward::{
+    attention_backward_workspace, encode_backward_core, encode_gradient, Gradient, GradientKernel,
 };
 use crate::kernels::attention::call::{AttentionOutput, ForwardCall};
 use crate::kernels::attention::call::{BackwardCall, BackwardViews};
@@ -24,7 +21,6 @@ use crate::kernels::attention::gpu::encode_forward_gpu;
 use crate::kernels::attention::shape::check_options;
 use crate::kernels::attention::tune::qualification_values;
 use crate::kernels::attention::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
-use crate::kernels::dispatch::loop_chunks;
 use crate::spec::AttentionShape;
 use crate::tensor::DType;
 use crate::tensor::{GpuTensor, HeadsView};
@@ -301,79 +297,29 @@ pub(in crate::kernels::attention) fn encode_backward_coop(
     config: CoopBackward,
     call: &BackwardCall<'_>,
 ) -> Result<()> {
-    let BackwardCall {
-        ref s,
-        scale,
-        views,
-        opts,
-        group_rows,
-        dtype,
-        ..
-    } = *call;
-    let BackwardViews {
-        q,
-        k,
-        v,
-        d_out,
-        dq,
-        dk,
-        dv,
-        workspace: stats,
-        ..
-    } = views;
-    let shared = Shared::scores(ctx, opts)?;
-    let inputs = [VIEW_Q, VIEW_K, VIEW_V, VIEW_DO];
-    let types = [dtype, mat_elem(ctx)];
-    {
-        let (groups, block_m) = config.dkdv;
-        let mut pass = ctx.begin_pass(encoder, "attention_backward_dkdv");
-        let mut params = base_params(s, scale, opts);
-        let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
-        let vec4_inputs = inputs_on_vec4(&params, &inputs, s);
-        let outputs =
-            bind_output_pair(ctx, [("dk", dk, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
-        bindings.extend(outputs);
-        let blocks = s.kv_seq.div_ceil(TILE * groups as usize);
-        let grid = set_grid(&mut params, blocks, s.batch * s.kv_heads)?;
-        let (per_row, fixed) = config.loop_cost(Kernel::DkDv, s);
-        let chunks = loop_chunks(ctx, group_rows, per_row, fixed, block_m as usize);
-        let key = config.key(Kernel::DkDv, s, types, vec4_inputs);
-        encode_fused_chunks(
+    let s = &call.s;
+    let types = [call.dtype, mat_elem(ctx)];
+    for (kernel, which) in [
+        (Kernel::DkDv, Gradient::DkDv),
+        (Kernel::Dq, Gradient::Dq { rel: None }),
+    ] {
+        let (groups, tile) = match kernel {
+            Kernel::DkDv => config.dkdv,
+            Kernel::Dq => config.dq,
+        };
+        encode_gradient(
             ctx,
-            &mut pass,
-            key,
-            &mut params,
-            Bound {
-                shared,
-                bindings: &bindings,
-                grid,
+            encoder,
+            call,
+            which,
+            GradientKernel {
+                key: &|vec4_inputs| config.key(kernel, s, types, vec4_inputs),
+                block: TILE * groups as usize,
+                cost: config.loop_cost(kernel, s),
+                align: tile as usize,
             },
-            &chunks,
-        );
+        )?;
     }
-    let (groups, block_n) = config.dq;
-    let mut pass = ctx.begin_pass(encoder, "attention_backward_dq");
-    let mut params = base_params(s, scale, opts);
-    let mut bindings = bind_backward_inputs(ctx, &mut params, [q, k, v, d_out], stats)?;
-    let vec4_inputs = inputs_on_vec4(&params, &inputs, s);
-    bindings.push(bind_view(ctx, "dq", dq, VIEW_DQ, &mut params)?);
-    let blocks = s.q_seq.div_ceil(TILE * groups as usize);
-    let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
-    let (per_key, fixed) = config.loop_cost(Kernel::Dq, s);
-    let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, block_n as usize);
-    let key = config.key(Kernel::Dq, s, types, vec4_inputs);
-    encode_fused_chunks(
-        ctx,
-        &mut pass,
-        key,
-        &mut params,
-        Bound {
-            shared,
-            bindings: &bindings,
-            grid,
-        },
-        &chunks,
-    );
     Ok(())
 }
 
