@@ -225,7 +225,8 @@ fn gemm_tolerances(ctx: &Context) -> [f64; 4] {
 
 /// The tensor-core tiles (their portable build here): the products of Linear layers of odd sizes,
 /// every epilogue, row sums (the bias gradient), reductions split under a loop budget, f16
-/// storage, and the unfused attention's batched, grouped, transposed products.
+/// storage, the unfused attention's batched, grouped, transposed products, and the square kernel
+/// where the device's limits leave no room for its tiles.
 #[test]
 fn tensor_core_gemm_matches_reference() {
     let coop = |ctx: &mut Context| ctx.set_gemm_tiles(Some(GemmTiles::Coop64));
@@ -244,6 +245,11 @@ fn tensor_core_gemm_matches_reference() {
     for_each_backend_with(with_budget, |backend, ctx| {
         check_epilogues(backend, ctx, 130, 700, 7);
         check_epilogues(backend, ctx, 130, 6, 600);
+    });
+    // WebGPU's default 16 KiB of workgroup storage holds no tensor-core tile: the square kernel
+    // runs instead.
+    for_each_backend_with_storage_and(16384, coop, |backend, ctx| {
+        check(backend, ctx, &[130, 32], 96, true);
     });
 }
 

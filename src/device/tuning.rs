@@ -148,7 +148,9 @@ pub enum GemmTiles {
     /// with f32 accumulation, through the attention's matrix interface and the build it
     /// qualified; its portable build elsewhere). A and B are rounded to f16 in workgroup memory, so
     /// f32 products get f16 accuracy (`reference::compare::TENSOR_CORE_*`); f16 ones lose nothing.
-    /// Never a default: asked for by name. Products of a few rows keep the SKINNY path.
+    /// Never a default: asked for by name. Products of a few rows keep the SKINNY path, and a
+    /// device whose limits leave no room for its workgroup (16 KiB of workgroup storage) runs
+    /// the 64 x 64 kernel.
     Coop64,
 }
 

@@ -300,6 +300,25 @@ const COOP: Kernel = Kernel {
     skinny: false,
 };
 
+/// The tensor-core kernel's matrix build and tile group on `ctx`: the build the attention's
+/// tensor-core family qualified on the device (the same interface functions), the subgroup as the
+/// tile group (32 in the portable build); `None` where its workgroup of four groups or its
+/// workgroup memory exceed the device's limits (the square kernel runs instead).
+fn coop_shape(ctx: &Context) -> Result<Option<(MatrixBuild, u32)>> {
+    let build = matrix_build(ctx)?;
+    let group = match build {
+        MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(COOP_PORTABLE_GROUP),
+        MatrixBuild::Portable => COOP_PORTABLE_GROUP,
+    };
+    let limits = ctx.limits();
+    // A [64 x 40] and B [32 x 72] tiles, half the f32 output tile [32 x 68] (matmul_coop.wgsl).
+    let bytes = (64 * 40 + 32 * 72) * tile_element(ctx).size() + 32 * 68 * 4;
+    let fits = 4 * group <= limits.max_compute_invocations_per_workgroup
+        && 4 * group <= limits.max_compute_workgroup_size_x
+        && bytes <= u64::from(limits.max_compute_workgroup_storage_size);
+    Ok(fits.then_some((build, group)))
+}
+
 /// Records one batched product into `pass`.
 pub(crate) fn encode_gemm(
     ctx: &Context,
@@ -310,7 +329,7 @@ pub(crate) fn encode_gemm(
     // tiles where asked for, a decoding step's few rows excepted (the SKINNY path below).
     let kernel = match ctx.gemm_tiles() {
         GemmTiles::Wide128x64 if g.m >= WIDE.tile_m => WIDE,
-        GemmTiles::Coop64 => COOP,
+        GemmTiles::Coop64 if coop_shape(ctx)?.is_some() => COOP,
         _ => SQUARE,
     };
     let tiles_m = g.m.div_ceil(kernel.tile_m);
@@ -431,14 +450,11 @@ fn encode_one(
         true => kernel.cpu_names,
         false => kernel.names,
     };
-    let (name, pipeline) = if kernel.source == COOP_SOURCE {
-        // The matrix build the attention's tensor-core family qualified on the device (the same
-        // interface functions), with the subgroup as the tile group.
-        let build = matrix_build(ctx)?;
-        let group = match build {
-            MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(COOP_PORTABLE_GROUP),
-            MatrixBuild::Portable => COOP_PORTABLE_GROUP,
-        };
+    let coop = match kernel.source == COOP_SOURCE {
+        true => coop_shape(ctx)?,
+        false => None,
+    };
+    let (name, pipeline) = if let Some((build, group)) = coop {
         let tiles = tile_element(ctx);
         constants.push(("SG", group));
         let name = coop_name(build, g.elements, tiles);

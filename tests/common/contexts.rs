@@ -248,11 +248,21 @@ pub fn for_each_backend_with_options(
 
 /// Like [`for_each_backend`], on a fresh context of each back end that requested at most `bytes` of
 /// workgroup storage (WebGPU's default is 16384), with the GPU kernel family.
-pub fn for_each_backend_with_storage(bytes: u32, mut f: impl FnMut(&str, &Context)) {
+pub fn for_each_backend_with_storage(bytes: u32, f: impl FnMut(&str, &Context)) {
+    for_each_backend_with_storage_and(bytes, |_| {}, f);
+}
+
+/// [`for_each_backend_with_storage`] with each context adjusted by `configure` first.
+pub fn for_each_backend_with_storage_and(
+    bytes: u32,
+    configure: impl Fn(&mut Context),
+    mut f: impl FnMut(&str, &Context),
+) {
     for (index, (name, shared)) in contexts_cell().iter().enumerate() {
         let _guard = usage_lock(name, index, None);
         let mut ctx = fresh_context_with_storage(name, shared, Some(bytes));
         ctx.set_kernel_family(Some(KernelFamily::Gpu));
+        configure(&mut ctx);
         assert!(ctx.limits().max_compute_workgroup_storage_size <= bytes);
         f(name, &ctx);
     }
