@@ -11,6 +11,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use wgpu_attention::reference::compare::{TENSOR_CORE_ATOL, TENSOR_CORE_RTOL};
 use wgpu_attention::{
     attention_backward, attention_forward, AttentionOptions, Context, ContextOptions, KernelFamily,
     TuningBudget, TuningMode, TuningRecord, TuningSource,
@@ -121,6 +122,45 @@ fn tuned_calls_match_the_reference_and_keep_their_choice() {
         assert_eq!(report.len(), 2, "{report:?}");
         assert!(report[1].key.starts_with("attention_backward d16x16"));
         check_verdicts(&report[1]);
+    });
+}
+
+/// A context that runs the tensor-core family tunes its forward's shapes (tile groups, keys per
+/// tile) within the family, each checked on the family's tolerance, and keeps the result within it.
+#[test]
+fn the_tensor_core_family_tunes_its_shapes() {
+    on_lavapipe(|make| {
+        let mut ctx = make(TuningMode::Tune, None);
+        ctx.set_kernel_family(Some(KernelFamily::Coop));
+        // 33 query rows: two groups' rows, so that more than one shape fits a CPU driver.
+        let case = Case::new(1, 33, 64, 2, 2, 16, 16);
+        let [q, k, v, _] = case.upload(&ctx);
+        let fwd = attention_forward(&ctx, &q, &k, &v, &AttentionOptions::new()).unwrap();
+        let (ref_out, _) = case.reference_forward();
+        let out = fwd.out.to_vec(&ctx).unwrap();
+        assert_close(
+            "coop tuned O",
+            &out,
+            &ref_out,
+            TENSOR_CORE_ATOL,
+            TENSOR_CORE_RTOL,
+        );
+        let report = ctx.tuning_report();
+        let record = &report[0];
+        let shapes = record
+            .candidates
+            .iter()
+            .filter(|c| c.choice.coop_forward.is_some())
+            .count();
+        assert!(shapes >= 1, "{record}");
+        assert!(
+            record
+                .candidates
+                .iter()
+                .all(|c| c.choice.family == Some(KernelFamily::Coop)),
+            "{record}"
+        );
+        check_verdicts(record);
     });
 }
 

@@ -67,7 +67,8 @@ impl KernelFamily {
 
 /// What one fused attention call runs where the context leaves it open: the kernel family, the
 /// GPU family's tile shapes (forward, dK/dV, dQ: as [`ContextOptions::tiled_shapes`]), the
-/// forward's split-KV count and the CPU-driver family's workgroup width. `None` takes the context's setting, and where that is unset, the
+/// forward's split-KV count, the CPU-driver family's workgroup width and the tensor-core
+/// forward's shape. `None` takes the context's setting, and where that is unset, the
 /// measured default for the problem. The autotuner's candidates and winners are these
 /// ([`Context::tuning_report`]); a context's explicit settings are never tuned over.
 ///
@@ -87,6 +88,10 @@ pub struct KernelChoice {
     /// [`ATTENTION_WORKGROUPS`]).
     #[serde(default)]
     pub workgroup: Option<u32>,
+    /// The tensor-core forward's `(tile groups, keys per tile)` (as
+    /// [`ContextOptions::coop_forward_shape`](super::ContextOptions::coop_forward_shape)).
+    #[serde(default)]
+    pub coop_forward: Option<(u32, u32)>,
 }
 
 impl KernelChoice {
@@ -98,6 +103,7 @@ impl KernelChoice {
             tiles: [tile(0), tile(1), tile(2)],
             splits: self.splits.or(fallback.splits),
             workgroup: self.workgroup.or(fallback.workgroup),
+            coop_forward: self.coop_forward.or(fallback.coop_forward),
         }
     }
 
@@ -124,6 +130,9 @@ impl std::fmt::Display for KernelChoice {
         }
         if let Some(wg) = self.workgroup {
             parts.push(format!("wg {wg}"));
+        }
+        if let Some((groups, keys)) = self.coop_forward {
+            parts.push(format!("coop forward {groups}x{keys}"));
         }
         match parts.is_empty() {
             true => write!(f, "default"),
@@ -321,6 +330,7 @@ impl Context {
             tiles: self.tiled_shapes,
             splits: self.forward_splits,
             workgroup: self.attention_workgroup,
+            coop_forward: self.coop_forward_shape,
         }
     }
 

@@ -189,7 +189,7 @@ pub(super) fn record_forward(
         choice,
     };
     let family = choice.family_on(ctx);
-    if let Some(config) = coop::CoopForward::choose(ctx, &s, family)? {
+    if let Some(config) = coop::CoopForward::choose(ctx, &s, choice)? {
         coop::encode_forward_coop(ctx, encoder, config, &call)?;
     } else if family == KernelFamily::CpuDriver && dtype == DType::F32 {
         encode_forward_cpu_family(ctx, encoder, &call)?;
@@ -314,7 +314,7 @@ pub fn attention_forward_plan(ctx: &Context, shape: &AttentionShape) -> Result<F
     let s = shape;
     let choice = tune::choice_so_far(ctx, Tuned::Forward, s, DType::F32);
     let family = choice.family_on(ctx);
-    if let Some(config) = coop::CoopForward::choose(ctx, s, family)? {
+    if let Some(config) = coop::CoopForward::choose(ctx, s, choice)? {
         return Ok(ForwardPlan {
             family: KernelFamily::Coop,
             workgroup: config.wg(),

@@ -17,7 +17,7 @@ use super::options::AttentionOptions;
 use super::shape::check_options;
 use super::tune::qualification_values;
 use super::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
-use crate::device::{Context, KernelFamily};
+use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::Result;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, HeadsView};
@@ -69,20 +69,53 @@ impl CoopForward {
     /// device at first use): the most tile groups whose tiles fit the workgroup storage, or `None`
     /// where the context runs another family or not even one group's fit (the GPU family then
     /// runs it).
-    pub fn choose(ctx: &Context, s: &AttentionShape, family: KernelFamily) -> Result<Option<Self>> {
-        if family != KernelFamily::Coop {
+    pub fn choose(ctx: &Context, s: &AttentionShape, choice: KernelChoice) -> Result<Option<Self>> {
+        if choice.family_on(ctx) != KernelFamily::Coop {
             return Ok(None);
         }
         let build = matrix_build(ctx)?;
-        Ok(Self::fitting(ctx, s, build))
+        Ok(Self::fitting(ctx, s, build, choice.coop_forward))
+    }
+
+    /// The shapes `(groups, keys)` the static choice considers for `s` on `ctx` (every one of
+    /// [`SHAPES`] that fits, within the CPU drivers' bounds), with the build the context runs: the
+    /// autotuner's candidates.
+    pub fn candidates(ctx: &Context, s: &AttentionShape) -> Result<Vec<(u32, u32)>> {
+        let build = matrix_build(ctx)?;
+        let (_, preferred) = Self::shapes(ctx, s, build);
+        Ok(preferred.iter().map(|c| (c.groups, c.block_n)).collect())
     }
 
     /// The first of [`SHAPES`] whose workgroup fits `ctx`'s limits for `s`; one tile group where a
     /// tile's rows hold the whole query (decoding), and at most two groups of 32-key tiles on a CPU
     /// driver (where the portable build's speed does not depend on it: fewer and shorter variants
-    /// to compile). A shape set by
-    /// [`crate::ContextOptions::coop_forward_shape`] comes first where it fits.
-    fn fitting(ctx: &Context, s: &AttentionShape, build: MatrixBuild) -> Option<Self> {
+    /// to compile). A `wanted` shape ([`crate::ContextOptions::coop_forward_shape`], or the
+    /// tuned one) comes first where it fits.
+    fn fitting(
+        ctx: &Context,
+        s: &AttentionShape,
+        build: MatrixBuild,
+        wanted: Option<(u32, u32)>,
+    ) -> Option<Self> {
+        let (fits, preferred) = Self::shapes(ctx, s, build);
+        if let Some((groups, block_n)) = wanted {
+            if let Some(&forced) = fits
+                .iter()
+                .find(|c| (c.groups, c.block_n) == (groups, block_n))
+            {
+                return Some(forced);
+            }
+            log::warn!(
+                "wgpu-attention: ignoring the tensor-core forward shape {groups}x{block_n}: it \
+                 needs 1, 2 or 4 groups and 16, 32 or 64 keys within the device's limits"
+            );
+        }
+        preferred.into_iter().next()
+    }
+
+    /// The shapes of [`SHAPES`] whose workgroup fits `ctx`'s limits for `s`, and of those the ones
+    /// the static choice considers (in order; see [`CoopForward::fitting`]).
+    fn shapes(ctx: &Context, s: &AttentionShape, build: MatrixBuild) -> (Vec<Self>, Vec<Self>) {
         let most = match (s.q_seq <= TILE, ctx.is_cpu()) {
             (true, _) => 1,
             (false, true) => 2,
@@ -111,20 +144,13 @@ impl CoopForward {
             groups,
             block_n,
         };
-        if let Some((groups, block_n)) = ctx.coop_forward_shape() {
-            let forced = shape((groups, block_n));
-            if SHAPES.contains(&(groups, block_n)) && takes(&forced) {
-                return Some(forced);
-            }
-            log::warn!(
-                "wgpu-attention: ignoring the tensor-core forward shape {groups}x{block_n}: it \
-                 needs 1, 2 or 4 groups and 16, 32 or 64 keys within the device's limits"
-            );
-        }
-        SHAPES
-            .into_iter()
-            .map(shape)
-            .find(|c| c.groups <= most && c.block_n <= longest && takes(c))
+        let fits: Vec<Self> = SHAPES.into_iter().map(shape).filter(takes).collect();
+        let preferred = fits
+            .iter()
+            .copied()
+            .filter(|c| c.groups <= most && c.block_n <= longest)
+            .collect();
+        (fits, preferred)
     }
 
     /// Invocations per workgroup.
@@ -410,7 +436,7 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
 pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<String>> {
     let (s, [q, k, v], opts) = qualification_problem(ctx)?;
     let scale = check_options(ctx, &s, &opts)?;
-    let Some(config) = CoopForward::fitting(ctx, &s, build) else {
+    let Some(config) = CoopForward::fitting(ctx, &s, build, ctx.coop_forward_shape()) else {
         return Ok(Some(
             "its tiles at head dim 64 do not fit the workgroup storage".to_string(),
         ));
