@@ -14,9 +14,7 @@ use wgpu_attention::kernels::linear::{
     linear_backward, linear_backward_epilogue_into, linear_forward, linear_forward_epilogue_into,
     linear_forward_f16, Epilogue, LinearGrads,
 };
-use wgpu_attention::reference::compare::{
-    F16_FORWARD_ATOL, F16_RTOL, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL,
-};
+use wgpu_attention::reference::compare::{product_tolerances, F16_FORWARD_ATOL, F16_RTOL};
 use wgpu_attention::reference::elementwise as reference_elementwise;
 use wgpu_attention::reference::linear as reference;
 use wgpu_attention::{
@@ -212,15 +210,7 @@ const TILES: [GemmTiles; 2] = [GemmTiles::Square64, GemmTiles::Wide128x64];
 /// The forward and backward tolerances `[atol, rtol, atol, rtol]` of `ctx`'s GEMM: f32's, or with
 /// the tensor-core tiles (f32 operands rounded to f16 in workgroup memory) the tensor-core family's.
 fn gemm_tolerances(ctx: &Context) -> [f64; 4] {
-    match ctx.gemm_tiles() {
-        GemmTiles::Coop64 => [
-            TENSOR_CORE_ATOL,
-            TENSOR_CORE_RTOL,
-            TENSOR_CORE_ATOL,
-            TENSOR_CORE_RTOL,
-        ],
-        _ => [FORWARD_ATOL, FORWARD_RTOL, BACKWARD_ATOL, BACKWARD_RTOL],
-    }
+    product_tolerances(ctx.gemm_tiles() == GemmTiles::Coop64)
 }
 
 /// The tensor-core tiles (their portable build here): the products of Linear layers of odd sizes,

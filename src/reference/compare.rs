@@ -29,6 +29,21 @@ pub const TENSOR_CORE_RTOL: f64 = 1.0 / 256.0;
 /// Absolute tolerance of the tensor-core family (of the largest `|value|`, at least 1).
 pub const TENSOR_CORE_ATOL: f64 = 1.0 / 256.0;
 
+/// The forward and backward tolerances `[atol, rtol, atol, rtol]` of a product run on f32
+/// operands: f32's, or with `tensor_cores` (operands rounded to f16 before the tile products, as
+/// `GemmTiles::Coop64` does) the tensor-core family's.
+pub fn product_tolerances(tensor_cores: bool) -> [f64; 4] {
+    match tensor_cores {
+        true => [
+            TENSOR_CORE_ATOL,
+            TENSOR_CORE_RTOL,
+            TENSOR_CORE_ATOL,
+            TENSOR_CORE_RTOL,
+        ],
+        false => [FORWARD_ATOL, FORWARD_RTOL, BACKWARD_ATOL, BACKWARD_RTOL],
+    }
+}
+
 /// The worst element of a comparison.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Comparison {

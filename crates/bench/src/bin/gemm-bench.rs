@@ -18,10 +18,7 @@ use wgpu_attention::bench::{bench_options, measure, uniform_values, Timer};
 use wgpu_attention::kernels::linear::{
     linear_backward_into, linear_forward_f16_into, linear_forward_into, LinearGrads,
 };
-use wgpu_attention::reference::compare::{
-    compare, BACKWARD_ATOL, BACKWARD_RTOL, F16_FORWARD_ATOL, F16_RTOL, FORWARD_ATOL, FORWARD_RTOL,
-    TENSOR_CORE_ATOL, TENSOR_CORE_RTOL,
-};
+use wgpu_attention::reference::compare::{compare, product_tolerances, F16_FORWARD_ATOL, F16_RTOL};
 use wgpu_attention::reference::linear as reference;
 use wgpu_attention::{parse_backends, Context, Error, GemmTiles, GpuTensor, GpuTensorF16};
 
@@ -140,15 +137,8 @@ fn run(cli: &Cli) -> Result<(), Error> {
             };
             record()?;
             // The tensor-core tiles round f32 operands to f16 (f16 ones lose nothing).
-            let [fwd_atol, fwd_rtol, bwd_atol, bwd_rtol] = match tile {
-                GemmTiles::Coop64 => [
-                    TENSOR_CORE_ATOL,
-                    TENSOR_CORE_RTOL,
-                    TENSOR_CORE_ATOL,
-                    TENSOR_CORE_RTOL,
-                ],
-                _ => [FORWARD_ATOL, FORWARD_RTOL, BACKWARD_ATOL, BACKWARD_RTOL],
-            };
+            let [fwd_atol, fwd_rtol, bwd_atol, bwd_rtol] =
+                product_tolerances(tile == GemmTiles::Coop64);
             let worst = match (pass, &halves) {
                 ("forward", _) => {
                     let r = reference::linear_forward(&x64, &w64, Some(&f64s(&b)), in_f);
