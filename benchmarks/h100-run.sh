@@ -79,14 +79,15 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       [ -x $B/test_$t ] && WGPU_ATTENTION_TEST_BACKENDS=vulkan step 90 test-$t $B/test_$t
     done ;;
   flags)
-    # Issue 49's open measurement (benchmarks/uniform-vs-override-2026-11-27): the GPU family with
-    # the mask and modifier flags from the uniform (production) and fixed by override constants,
-    # unmasked, where RADV's static estimate saw 5-17% fewer cycles; pairs interleaved, one binary.
+    # The open half of issue 49's flags measurement (benchmarks/uniform-vs-override-2026-11-27):
+    # the unmasked backward fixes its flags since 2026-11-28 (0.54x on an H200); this times the
+    # causal call, the common case in training, with its flags from the uniform (production) and
+    # fixed to causal (FLAG_CAUSAL = 1) by the experiment build; pairs interleaved, one binary.
     for r in 1 2; do
       for mode in base fixed; do
-        fixed=(); [ $mode = fixed ] && fixed=(env WGPU_ATTENTION_FIXED_FLAGS=4095:0)
+        fixed=(); [ $mode = fixed ] && fixed=(env WGPU_ATTENTION_FIXED_FLAGS=1)
         step 60 flags-$mode-$r "${fixed[@]}" $B/attention-bench-fixed-flags --kernels gpu --batch 1 --heads 8 \
-          --head-dim 64 --lengths 4096 --masks none --passes forward,backward --paths fused --reps 10 \
+          --head-dim 64 --lengths 4096 --masks causal --passes forward,backward --paths fused --reps 10 \
           --json $OUT/flags-$mode-$r.json
       done
     done ;;
