@@ -327,9 +327,13 @@ pub(crate) fn encode_gemm(
 ) -> Result<()> {
     // 128-row tiles only where they fill: shorter products keep the 64 x 64 kernel. Tensor-core
     // tiles where asked for, a decoding step's few rows excepted (the SKINNY path below).
+    let coop = match ctx.gemm_tiles() {
+        GemmTiles::Coop64 => coop_shape(ctx)?,
+        _ => None,
+    };
     let kernel = match ctx.gemm_tiles() {
         GemmTiles::Wide128x64 if g.m >= WIDE.tile_m => WIDE,
-        GemmTiles::Coop64 if coop_shape(ctx)?.is_some() => COOP,
+        GemmTiles::Coop64 if coop.is_some() => COOP,
         _ => SQUARE,
     };
     let tiles_m = g.m.div_ceil(kernel.tile_m);
@@ -348,7 +352,7 @@ pub(crate) fn encode_gemm(
                 "the SKINNY GEMM path has no row sums; sum the rows separately",
             ));
         }
-        return encode_one(ctx, pass, g, SQUARE, false, true);
+        return encode_one(ctx, pass, g, (SQUARE, None), false, true);
     }
     // llvmpipe ends every loop after 65535 iterations per invocation: split the reduction over
     // groups and k into dispatches that accumulate into C. The bias goes into the first, the
@@ -384,20 +388,22 @@ pub(crate) fn encode_gemm(
                     },
                     ..*g
                 };
-                encode_one(ctx, pass, &part, kernel, !first, false)?;
+                encode_one(ctx, pass, &part, (kernel, coop), !first, false)?;
                 first = false;
             }
         }
         return Ok(());
     }
-    encode_one(ctx, pass, g, kernel, false, false)
+    encode_one(ctx, pass, g, (kernel, coop), false, false)
 }
 
+/// Records one dispatch of `kernel` (with the tensor-core kernel's matrix build and tile group,
+/// [`coop_shape`], where it is that one) for `g`.
 fn encode_one(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     g: &Gemm<'_>,
-    kernel: Kernel,
+    (kernel, coop): (Kernel, Option<(MatrixBuild, u32)>),
     accumulate: bool,
     skinny: bool,
 ) -> Result<()> {
@@ -449,10 +455,6 @@ fn encode_one(
     let names = match kernel.skinny && skinny && split.is_none() {
         true => kernel.cpu_names,
         false => kernel.names,
-    };
-    let coop = match kernel.source == COOP_SOURCE {
-        true => coop_shape(ctx)?,
-        false => None,
     };
     let (name, pipeline) = if let Some((build, group)) = coop {
         let tiles = tile_element(ctx);

@@ -21,20 +21,10 @@
 // The loop over (query head g of the group, query row i), flattened as g * Lq + i, runs over
 // [chunk_begin, chunk_end); later chunks add to dK and dV (drivers that cap loop iterations).
 
-override SG: u32 = 32u;
-override NSG: u32 = 2u;
-override WG: u32 = SG * NSG;
 override BM: u32 = 32u;
-override DK: u32 = 64u;
-override DV: u32 = 64u;
-// Head dims rounded up to whole tiles (the padding is staged as zeros).
-override DKP: u32 = (DK + 15u) / 16u * 16u;
-override DVP: u32 = (DV + 15u) / 16u * 16u;
 override BN: u32 = 16u * NSG;
-// Row strides of the staged tiles, one 16-byte step past the rows' length (bank conflicts, as in
-// attention/coop/forward.wgsl).
-override KS: u32 = DKP + 8u;
-override VS: u32 = DVP + 8u;
+// Row strides of P^T / dS^T and of S^T / dP^T (KS and VS, and SG, NSG, WG, DK, DV, DKP and DVP:
+// attention/coop/backward_tiles.wgsl).
 override PS: u32 = BM + 8u;
 override SS: u32 = BM + 4u;
 
@@ -43,8 +33,7 @@ override SS: u32 = BM + 4u;
 // group's K and dK, and of its V and dV.
 
 // InElem / OutElem: the element types of the inputs and outputs (f32, or f16 with SHADER_F16),
-// aliased by the host before the common header. Q, K, V and dO: bindings 2-5.
-@group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
+// aliased by the host before the common header. Q, K, V and dO: bindings 2-5; (lse, D): 6.
 @group(0) @binding(7) var<storage, read_write> dk_buf: array<OutElem>;
 @group(0) @binding(8) var<storage, read_write> dv_buf: array<OutElem>;
 
@@ -62,16 +51,6 @@ var<workgroup> mat_mem: array<MatElem, MAT_MEM>;
 override DPT_AT: u32 = BN * SS;
 override ACC_MEM: u32 = 2u * BN * SS;
 var<workgroup> acc_mem: array<f32, ACC_MEM>;
-// The query tile's rows: visible keys [row_start, row_end), lse and D. As in the forward, every
-// workgroup variable's size is a multiple of 16 bytes (BM is a multiple of 16), so each starts
-// 16-byte aligned wherever the driver places it.
-var<workgroup> row_start: array<u32, BM>;
-var<workgroup> row_end: array<u32, BM>;
-var<workgroup> row_lse: array<f32, BM>;
-var<workgroup> row_delta: array<f32, BM>;
-// Whether the tile's Q or dO holds a non-finite value, and that as a uniform flag.
-var<workgroup> operand_bad: array<atomic<u32>, 4>;
-var<workgroup> tile_flags: array<u32, 4>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

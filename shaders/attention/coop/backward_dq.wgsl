@@ -15,20 +15,10 @@
 //
 // The key loop runs over [chunk_begin, chunk_end); later chunks add to dQ.
 
-override SG: u32 = 32u;
-override NSG: u32 = 2u;
-override WG: u32 = SG * NSG;
 override BN: u32 = 32u;
-override DK: u32 = 64u;
-override DV: u32 = 64u;
-// Head dims rounded up to whole tiles (the padding is staged as zeros).
-override DKP: u32 = (DK + 15u) / 16u * 16u;
-override DVP: u32 = (DV + 15u) / 16u * 16u;
 override BM: u32 = 16u * NSG;
-// Row strides of the staged tiles, one 16-byte step past the rows' length (bank conflicts, as in
-// attention/coop/forward.wgsl).
-override KS: u32 = DKP + 8u;
-override VS: u32 = DVP + 8u;
+// Row strides of dS and of S / dP (KS and VS, and SG, NSG, WG, DK, DV, DKP and DVP:
+// attention/coop/backward_tiles.wgsl).
 override PS: u32 = BN + 8u;
 override SS: u32 = BN + 4u;
 
@@ -37,8 +27,7 @@ override SS: u32 = BN + 4u;
 // group's Q and dQ, and of its dO.
 
 // InElem / OutElem: the element types of the inputs and outputs (f32, or f16 with SHADER_F16),
-// aliased by the host before the common header. Q, K, V and dO: bindings 2-5.
-@group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
+// aliased by the host before the common header. Q, K, V and dO: bindings 2-5; (lse, D): 6.
 @group(0) @binding(7) var<storage, read_write> dq_buf: array<OutElem>;
 
 // MatElem tiles, rows KS, VS or PS apart: Q and dO [BM x DKP / DVP], K and V [BN x DKP / DVP],
@@ -54,15 +43,6 @@ var<workgroup> mat_mem: array<MatElem, MAT_MEM>;
 override DP_AT: u32 = BM * SS;
 override ACC_MEM: u32 = 2u * BM * SS;
 var<workgroup> acc_mem: array<f32, ACC_MEM>;
-// The block's rows: visible keys [row_start, row_end), lse and D (sizes multiples of 16 bytes, as
-// in attention/coop/backward_dkdv.wgsl).
-var<workgroup> row_start: array<u32, BM>;
-var<workgroup> row_end: array<u32, BM>;
-var<workgroup> row_lse: array<f32, BM>;
-var<workgroup> row_delta: array<f32, BM>;
-// Whether the tile's K holds a non-finite value, and that as a uniform flag.
-var<workgroup> operand_bad: array<atomic<u32>, 4>;
-var<workgroup> tile_flags: array<u32, 4>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

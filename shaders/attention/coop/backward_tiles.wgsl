@@ -1,10 +1,39 @@
-// The tensor-core backward kernels' shared steps (attention/coop/backward_dq.wgsl and
-// backward_dkdv.wgsl): staging rows of Q, K, V or dO into the MatElem tiles of `mat_mem` (at once,
-// or read into registers one tile ahead and stored when the tile's turn comes), and the per-row
-// values of a query tile. Each kernel declares `mat_mem`, `WG` and the row arrays; Q, K, V and dO
-// are read through attention/input_rows.wgsl and attention/do_rows.wgsl (or their vec4 builds),
-// appended by the host. LOADS, declared by the pipeline's key, is the four-element reads per
-// invocation of the larger of the two tiles a kernel reads ahead.
+// The tensor-core backward kernels' shared declarations and steps (attention/coop/backward_dq.wgsl
+// and backward_dkdv.wgsl): their common shape, the (lse, D) binding and the query rows' values and
+// tile flags in workgroup memory; staging rows of Q, K, V or dO into the MatElem tiles of `mat_mem`
+// (at once, or read into registers one tile ahead and stored when the tile's turn comes), and the
+// per-row values of a query tile. Each kernel declares `mat_mem`, its tile of BM query rows and BN
+// keys; Q, K, V and dO are read through attention/input_rows.wgsl and attention/do_rows.wgsl (or
+// their vec4 builds), appended by the host. LOADS, declared by the pipeline's key, is the
+// four-element reads per invocation of the larger of the two tiles a kernel reads ahead.
+
+// NSG tile groups of SG invocations (subgroups in the tensor-core build).
+override SG: u32 = 32u;
+override NSG: u32 = 2u;
+override WG: u32 = SG * NSG;
+override DK: u32 = 64u;
+override DV: u32 = 64u;
+// Head dims rounded up to whole tiles (the padding is staged as zeros).
+override DKP: u32 = (DK + 15u) / 16u * 16u;
+override DVP: u32 = (DV + 15u) / 16u * 16u;
+// Row strides of the staged Q / K and V / dO tiles, one 16-byte step past the rows' length (bank
+// conflicts, as in attention/coop/forward.wgsl).
+override KS: u32 = DKP + 8u;
+override VS: u32 = DVP + 8u;
+
+@group(0) @binding(6) var<storage, read> stats: array<vec2<f32>>;
+
+// The query tile's rows: visible keys [row_start, row_end), lse and D. As in the forward, every
+// workgroup variable's size is a multiple of 16 bytes (BM is a multiple of 16), so each starts
+// 16-byte aligned wherever the driver places it.
+var<workgroup> row_start: array<u32, BM>;
+var<workgroup> row_end: array<u32, BM>;
+var<workgroup> row_lse: array<f32, BM>;
+var<workgroup> row_delta: array<f32, BM>;
+// Whether the tile's second factor (Q or dO in dK/dV, K in dQ) holds a non-finite value, and that
+// as a uniform flag.
+var<workgroup> operand_bad: array<atomic<u32>, 4>;
+var<workgroup> tile_flags: array<u32, 4>;
 
 // Elements index .. index + 3 of a view (the first `count` of them) from its binding.
 fn view_row4(view: u32, index: u32, count: u32) -> vec4<f32> {

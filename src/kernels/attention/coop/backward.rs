@@ -8,7 +8,8 @@
 //! for learned relative buckets (whose per-row table gradient only the GPU family's dQ sums).
 
 use super::{
-    mat_elem, matrix_build, padded, qualification_problem, worst_error, Sizes, PORTABLE_GROUP, TILE,
+    mat_elem, matrix_build, mismatch, padded, qualification_problem, record_qualification,
+    worst_error, PORTABLE_GROUP, TILE,
 };
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::Result;
@@ -94,14 +95,12 @@ impl CoopBackward {
         };
         let limits = ctx.limits();
         let elem = mat_elem(ctx).size();
-        let (dkp, dvp) = padded(s);
         let pick = |kernel: Kernel| {
             SHAPES.into_iter().find(|&(groups, tile)| {
                 let wg = group * groups;
-                let reads_ahead = (tile as usize * dkp.max(dvp)).div_ceil(4 * wg as usize);
                 groups <= most
                     && tile <= longest
-                    && reads_ahead <= MAX_READS_AHEAD
+                    && reads_ahead(s, wg, tile) <= MAX_READS_AHEAD
                     && wg <= limits.max_compute_invocations_per_workgroup
                     && wg <= limits.max_compute_workgroup_size_x
                     && workgroup_bytes(kernel, s, elem, (groups, tile))
@@ -114,6 +113,14 @@ impl CoopBackward {
             dkdv: pick(Kernel::DkDv)?,
             dq: pick(Kernel::Dq)?,
         })
+    }
+
+    /// `(tile groups, rows or keys per tile)` of `kernel`.
+    fn shape_of(&self, kernel: Kernel) -> (u32, u32) {
+        match kernel {
+            Kernel::DkDv => self.dkdv,
+            Kernel::Dq => self.dq,
+        }
     }
 
     /// The two kernels' shapes as [`crate::BackwardPlan`] gives them: dK/dV (invocations, keys,
@@ -133,10 +140,7 @@ impl CoopBackward {
     /// loop budget; the portable build's tile products are the bulk).
     fn loop_cost(&self, kernel: Kernel, s: &AttentionShape) -> (usize, usize) {
         let (dkp, dvp) = padded(s);
-        let (groups, tile) = match kernel {
-            Kernel::DkDv => self.dkdv,
-            Kernel::Dq => self.dq,
-        };
+        let (groups, tile) = self.shape_of(kernel);
         let (wg, slots) = ((self.group * groups) as usize, self.slots() as usize);
         // The rows (or keys) each group owns, and those of a step of the loop.
         let (own, step) = (TILE * groups as usize, tile as usize);
@@ -166,25 +170,18 @@ impl CoopBackward {
         vec4_inputs: bool,
     ) -> FusedVariant {
         let (dkp, dvp) = padded(s);
-        let (groups, tile) = match kernel {
-            Kernel::DkDv => self.dkdv,
-            Kernel::Dq => self.dq,
-        };
-        // The tile read ahead: BM query rows (dK/dV) or BN keys (dQ), of the wider head dim.
-        let wg = (self.group * groups) as usize;
-        let sizes = Sizes {
-            block_n: 0,
-            q_tiles: (dkp / TILE) as u32,
-            o_tiles: (dvp / TILE) as u32,
-            k_loads: (tile as usize * dkp.max(dvp)).div_ceil(4 * wg) as u32,
-            v_loads: 0,
+        let (groups, tile) = self.shape_of(kernel);
+        let arrays = Arrays {
+            k_tiles: (dkp / TILE) as u32,
+            v_tiles: (dvp / TILE) as u32,
+            loads: reads_ahead(s, self.group * groups, tile) as u32,
         };
         let mut key = backward_key(
             kernel,
             self.build,
             [input, tiles],
             self.slots(),
-            sizes,
+            arrays,
             vec4_inputs,
         );
         key.constants = vec![
@@ -196,6 +193,23 @@ impl CoopBackward {
         ];
         key
     }
+}
+
+/// The four-element reads per invocation of the tile a kernel reads one tile ahead (`LOADS`):
+/// `tile` query rows (dK/dV) or keys (dQ) of the wider padded head dim over `wg` invocations.
+fn reads_ahead(s: &AttentionShape, wg: u32, tile: u32) -> usize {
+    let (dkp, dvp) = padded(s);
+    (tile as usize * dkp.max(dvp)).div_ceil(4 * wg as usize)
+}
+
+/// The lengths of the shaders' arrays in functions (constants there, not overrides): the tiles
+/// of K and dK, and of V and dV (dQ: of Q and dQ, and of dO), and the reads of the tile read
+/// ahead.
+#[derive(Clone, Copy, Debug)]
+struct Arrays {
+    k_tiles: u32,
+    v_tiles: u32,
+    loads: u32,
 }
 
 /// Workgroup memory of `kernel` with `(groups, tile)`: the MatElem tiles of `elem` bytes (K, V,
@@ -223,14 +237,13 @@ fn workgroup_bytes(
     mat.next_multiple_of(16) + acc
 }
 
-/// A backward key of the family with its array sizes (the forward's `Sizes`: Q's and O's tiles
-/// are the K_TILES and V_TILES here, K's loads the LOADS of the tile read ahead).
+/// A backward key of the family with its array sizes.
 fn backward_key(
     kernel: Kernel,
     build: MatrixBuild,
     [input, tiles]: [DType; 2],
     slots: u32,
-    sizes: Sizes,
+    arrays: Arrays,
     vec4_inputs: bool,
 ) -> FusedVariant {
     let family = FamilyBuild::Coop {
@@ -245,9 +258,9 @@ fn backward_key(
     let mut key = FusedVariant::new(fused, family);
     (key.input, key.written, key.vec4_inputs) = (input, input, vec4_inputs);
     key.arrays = vec![
-        ("K_TILES", sizes.q_tiles),
-        ("V_TILES", sizes.o_tiles),
-        ("LOADS", sizes.k_loads),
+        ("K_TILES", arrays.k_tiles),
+        ("V_TILES", arrays.v_tiles),
+        ("LOADS", arrays.loads),
     ];
     key
 }
@@ -256,16 +269,14 @@ fn backward_key(
 /// both matrix builds, f32 and f16 inputs, element and vec4 reads.
 pub(super) fn shader_variants() -> Vec<FusedVariant> {
     use DType::{F16, F32};
-    let d64 = Sizes {
-        block_n: 0,
-        q_tiles: 4,
-        o_tiles: 4,
-        k_loads: 8,
-        v_loads: 0,
+    let d64 = Arrays {
+        k_tiles: 4,
+        v_tiles: 4,
+        loads: 8,
     };
-    let d128 = Sizes {
-        q_tiles: 8,
-        o_tiles: 8,
+    let d128 = Arrays {
+        k_tiles: 8,
+        v_tiles: 8,
         ..d64
     };
     // LOADS: two groups of 32 with 32-row or 32-key tiles at head dim 64 (and 16-row ones at 128).
@@ -303,10 +314,7 @@ pub(in crate::kernels::attention) fn encode_backward_coop(
         (Kernel::DkDv, Gradient::DkDv),
         (Kernel::Dq, Gradient::Dq { rel: None }),
     ] {
-        let (groups, tile) = match kernel {
-            Kernel::DkDv => config.dkdv,
-            Kernel::Dq => config.dq,
-        };
+        let (groups, tile) = config.shape_of(kernel);
         encode_gradient(
             ctx,
             encoder,
@@ -331,24 +339,14 @@ fn backward_qualified(ctx: &Context) -> Result<bool> {
     if let Some(passed) = ctx.qualification(KEY) {
         return Ok(passed);
     }
-    let why_not = match qualify_backward_build(ctx, MatrixBuild::Cooperative) {
-        Ok(None) => None,
-        Ok(Some(mismatch)) => Some(mismatch),
-        Err(e) => Some(format!("its qualification failed: {e}")),
-    };
-    let detail = match &why_not {
-        Some(why) => format!(
-            "the tensor-core attention backward runs the GPU family's kernels on {}: {why}",
-            ctx.report().name
-        ),
-        None => format!(
-            "the tensor-core attention backward runs on cooperative matrices on {}",
-            ctx.report().name
-        ),
-    };
-    log::info!("wgpu-attention: {detail}");
-    ctx.set_qualification(KEY, why_not.is_none(), detail);
-    Ok(why_not.is_none())
+    let why_not = mismatch(qualify_backward_build(ctx, MatrixBuild::Cooperative));
+    Ok(record_qualification(
+        ctx,
+        KEY,
+        why_not,
+        "the tensor-core attention backward runs the GPU family's kernels",
+        "the tensor-core attention backward runs on cooperative matrices",
+    ))
 }
 
 /// The qualification [`CoopBackward::choose`] runs before the backward uses the tensor-core build

@@ -403,29 +403,48 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
             ctx.report().cooperative_matrices
         ))
     } else {
-        match qualify_matrix_build(ctx, MatrixBuild::Cooperative) {
-            Ok(None) => None,
-            Ok(Some(mismatch)) => Some(mismatch),
-            Err(e) => Some(format!("its qualification failed: {e}")),
-        }
+        mismatch(qualify_matrix_build(ctx, MatrixBuild::Cooperative))
     };
-    let cooperative = why_not.is_none();
-    let detail = match &why_not {
-        Some(why) => format!(
-            "the tensor-core attention runs its portable build on {}: {why}",
-            ctx.report().name
-        ),
-        None => format!(
-            "the tensor-core attention runs on cooperative matrices on {}",
-            ctx.report().name
-        ),
-    };
-    log::info!("wgpu-attention: {detail}");
-    ctx.set_qualification(KEY, cooperative, detail);
+    let cooperative = record_qualification(
+        ctx,
+        KEY,
+        why_not,
+        "the tensor-core attention runs its portable build",
+        "the tensor-core attention runs on cooperative matrices",
+    );
     Ok(match cooperative {
         true => MatrixBuild::Cooperative,
         false => MatrixBuild::Portable,
     })
+}
+
+/// A qualification's outcome as the reason it failed: the mismatch it found, or the error it
+/// stopped on.
+fn mismatch(outcome: Result<Option<String>>) -> Option<String> {
+    match outcome {
+        Ok(mismatch) => mismatch,
+        Err(e) => Some(format!("its qualification failed: {e}")),
+    }
+}
+
+/// Keeps whether kernel `key` qualified on `ctx` (`why_not` is `None`) with the line that says so,
+/// `refused` or `passed` followed by the adapter's name and the reason, logs it, and returns
+/// whether it passed.
+fn record_qualification(
+    ctx: &Context,
+    key: &'static str,
+    why_not: Option<String>,
+    refused: &str,
+    passed: &str,
+) -> bool {
+    let name = &ctx.report().name;
+    let detail = match &why_not {
+        Some(why) => format!("{refused} on {name}: {why}"),
+        None => format!("{passed} on {name}"),
+    };
+    log::info!("wgpu-attention: {detail}");
+    ctx.set_qualification(key, why_not.is_none(), detail);
+    why_not.is_none()
 }
 
 /// The qualification [`matrix_build`] runs before it uses the tensor-core build on a device: the
