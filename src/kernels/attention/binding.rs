@@ -556,8 +556,15 @@ fn record(
     pass.dispatch_workgroups(grid.0, grid.1, 1);
 }
 
+/// The flags of the calls that get a build with their flags fixed where a kernel has one
+/// (`FusedVariant::fixed_flags_build`): no mask, or causal alone (outputs shared or not). On an
+/// H200 those builds halved the GPU family's backward for both (unmasked 24.1 -> 13.0 ms, causal
+/// 12.5 -> 6.6 ms, B1 H8 D64 L 4096; `benchmarks/uniform-vs-override-2026-11-27/`); other
+/// masks and modifiers share the pipeline that reads them from the uniform.
+const FIXED_FLAG_CALLS: u32 = FLAG_CAUSAL | FLAG_SHARED_OUTPUTS;
+
 /// The pipeline of `key` for a call bound by `params` and `shared` (its packed views, score bias,
-/// and flags where the kernel fixes an unmasked call's), and its name.
+/// and flags where the kernel fixes them: [`FIXED_FLAG_CALLS`]), and its name.
 fn fused_pipeline(
     ctx: &Context,
     mut key: FusedVariant,
@@ -566,7 +573,7 @@ fn fused_pipeline(
 ) -> (Arc<wgpu::ComputePipeline>, String) {
     key.packed_views = params.packed_views;
     key.score_bias = !shared.elide_score_bias;
-    if key.unmasked_build && params.flags & !FLAG_SHARED_OUTPUTS == 0 {
+    if key.fixed_flags_build && params.flags & !FIXED_FLAG_CALLS == 0 {
         key.fixed_flags = Some(params.flags);
     }
     key.pipeline(ctx)

@@ -707,7 +707,8 @@ const GPU_BACKWARD: FamilyBuild = FamilyBuild::Gpu {
 
 /// Records steps 2 and 3 of the backward with the GPU family: dK/dV over key blocks, dQ over query
 /// blocks, each split into accumulating dispatches under a loop budget. `stats` holds (lse, D). A
-/// call without masks or modifiers runs builds with its flags fixed (`FusedVariant::unmasked_build`).
+/// call without masks or modifiers, or causal alone, runs builds with its flags fixed
+/// (`FusedVariant::fixed_flags_build`).
 pub(super) fn encode_backward_gpu(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -727,7 +728,7 @@ pub(super) fn encode_backward_gpu(
             key: &|vec4_inputs| {
                 let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, GPU_BACKWARD);
                 (key.input, key.written, key.vec4_inputs) = (dtype, dtype, vec4_inputs);
-                key.unmasked_build = true;
+                key.fixed_flags_build = true;
                 key.arrays = vec![("MAX_SQ", sq), ("MAX_OCK", ock), ("MAX_OCV", ocv)];
                 key.constants = vec![
                     ("WG", config.wg),
@@ -756,7 +757,7 @@ pub(super) fn encode_backward_gpu(
             key: &|vec4_inputs| {
                 let mut key = FusedVariant::new(FusedKernel::BackwardDq, GPU_BACKWARD);
                 (key.input, key.written, key.vec4_inputs) = (dtype, dtype, vec4_inputs);
-                key.unmasked_build = true;
+                key.fixed_flags_build = true;
                 key.arrays = vec![("MAX_SK", sk), ("MAX_OC", oc)];
                 key.constants = vec![
                     ("WG", config.wg),

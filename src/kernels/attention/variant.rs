@@ -8,15 +8,15 @@
 //!
 //! Specialised by override constants: tile shapes, head dims, the relative buckets, `VEC4`,
 //! `SUBGROUP`, `PACKED_VIEWS`, `SCORE_BIAS`, and `FIXED_FLAGS` for the GPU family's backward of a
-//! call without masks or modifiers. Assembled from different files: the family and kernel,
+//! call without masks or modifiers, or causal alone. Assembled from different files: the family and kernel,
 //! the quad reads (CPU driver), the row maxima (GPU forward), the matrix build (tensor cores), the
 //! input reads (element or vec4), the score-bias binding. Declared as module constants: the array
 //! sizes, which WGSL cannot take from overrides for arrays in functions. Everything else is a
 //! uniform (`Params`): masks, windows, modifiers, scales, strides and lengths, so one pipeline
 //! serves every mask and modifier. Fixing the flags by overrides instead removed code on RADV only
 //! for calls with no mask at all, and ran no faster on lavapipe; on an H200 it halved the GPU
-//! family's unmasked backward and gained 4% in its forward
-//! (`benchmarks/uniform-vs-override-2026-11-27/`), so that backward alone has an unmasked build.
+//! family's backward, unmasked and causal alike, and gained 4-5% in its forward
+//! (`benchmarks/uniform-vs-override-2026-11-27/`), so that backward alone has those builds.
 
 use super::header::{with_sizes, COMMON, SCORE_BIAS, SCORE_BIAS_NONE};
 use crate::device::{Context, PipelineSpec};
@@ -109,11 +109,11 @@ pub(super) struct FusedVariant {
     /// Whether the call binds a score bias or relative table (else `score_bias_none.wgsl`, one
     /// storage buffer fewer): of the call, set when it is recorded.
     pub score_bias: bool,
-    /// Whether a call without masks or modifiers gets a pipeline with its flags fixed
-    /// (`FIXED_FLAGS`) instead of read from the uniform: the kernel's choice.
-    pub unmasked_build: bool,
+    /// Whether a call without masks or modifiers, or causal alone, gets a pipeline with its flags
+    /// fixed (`FIXED_FLAGS`) instead of read from the uniform: the kernel's choice.
+    pub fixed_flags_build: bool,
     /// The flags fixed at pipeline creation (`FIXED_FLAGS`): of the call, set when it is recorded
-    /// where `unmasked_build` applies.
+    /// where `fixed_flags_build` applies.
     pub fixed_flags: Option<u32>,
 }
 
@@ -131,7 +131,7 @@ impl FusedVariant {
             constants: Vec::new(),
             packed_views: 0,
             score_bias: true,
-            unmasked_build: false,
+            fixed_flags_build: false,
             fixed_flags: None,
         }
     }
