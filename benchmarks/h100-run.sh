@@ -211,12 +211,18 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   gemm)
     step 60 gemm $B/gemm-bench --reps 10 --f16 --json $OUT/h100-gemm.json ;;
   gemmcoop)
-    # Issue 47's tensor-core GEMM against the square kernel, f32 and f16 storage: the default
-    # layer shapes and a 4096-row model of width 1024; its qualification line says which build ran.
-    # Then its test on the device (its cooperative build where it qualifies).
-    step 90 gemmcoop-layers $B/gemm-bench --tiles 64x64,coop --f16 --reps 10 --json $OUT/gemmcoop-layers.json
-    step 120 gemmcoop-4096 $B/gemm-bench --tiles 64x64,coop --f16 --rows 4096 --d-model 1024 --reps 5 \
-      --json $OUT/gemmcoop-4096.json
+    # Issue 47's tensor-core GEMM (64 x 64, 128 x 128, and coop's choice between them) against the
+    # square kernel, f32 and f16 storage: the default layer shapes, a 4096-row model of width 1024,
+    # and 4096 x 4096 x 4096 products (the issue's square target) with width 4096 and d_ff 4096;
+    # the larger ones unchecked against the CPU reference (its f64 loops take 15-20 s per product
+    # there; the checked shapes and the test cover the kernels). Its qualification line says which
+    # build ran. Then its test on the device (its cooperative build where it qualifies).
+    step 60 gemmcoop-layers $B/gemm-bench --tiles 64x64,coop64,coop128,coop --f16 --reps 10 \
+      --json $OUT/gemmcoop-layers.json
+    step 90 gemmcoop-4096 $B/gemm-bench --tiles 64x64,coop64,coop128,coop --f16 --rows 4096 \
+      --d-model 1024 --reps 5 --json $OUT/gemmcoop-4096.json
+    step 90 gemmcoop-square $B/gemm-bench --tiles 64x64,coop64,coop128 --f16 --rows 4096 --d-model 4096 \
+      --d-ff 4096 --reps 3 --json $OUT/gemmcoop-square.json
     WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-coop-gemm $B/test_linear tensor_core_gemm ;;
   transformer)
     for t in 64x64 128x64; do

@@ -210,37 +210,43 @@ const TILES: [GemmTiles; 2] = [GemmTiles::Square64, GemmTiles::Wide128x64];
 /// The forward and backward tolerances `[atol, rtol, atol, rtol]` of `ctx`'s GEMM: f32's, or with
 /// the tensor-core tiles (f32 operands rounded to f16 in workgroup memory) the tensor-core family's.
 fn gemm_tolerances(ctx: &Context) -> [f64; 4] {
-    product_tolerances(ctx.gemm_tiles() == GemmTiles::Coop64)
+    product_tolerances(ctx.gemm_tiles().is_coop())
 }
 
-/// The tensor-core tiles (their portable build here): the products of Linear layers of odd sizes,
-/// every epilogue, row sums (the bias gradient), reductions split under a loop budget, f16
-/// storage, the unfused attention's batched, grouped, transposed products, and the square kernel
-/// where the device's limits leave no room for its tiles.
+/// The tensor-core tiles (their portable build here), 64 x 64 and 128 x 128: the products of
+/// Linear layers of odd sizes, every epilogue, row sums (the bias gradient), reductions split under
+/// a loop budget, f16 storage, the unfused attention's batched, grouped, transposed products, and
+/// the smaller tiles where the device's limits leave no room for the larger.
 #[test]
 fn tensor_core_gemm_matches_reference() {
-    let coop = |ctx: &mut Context| ctx.set_gemm_tiles(Some(GemmTiles::Coop64));
-    for_each_backend_with(coop, |backend, ctx| {
-        check_tiles(backend, ctx);
-        check(backend, ctx, &[3, 40], 70, true);
-        if ctx.device().features().contains(wgpu::Features::SHADER_F16) {
-            check_f16(backend, ctx, &[130, 33], 96, true);
-            check_f16(backend, ctx, &[2, 100, 64], 65, false);
-        }
-    });
-    let with_budget = |ctx: &mut Context| {
-        ctx.set_gemm_tiles(Some(GemmTiles::Coop64));
-        ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET));
-    };
-    for_each_backend_with(with_budget, |backend, ctx| {
-        check_epilogues(backend, ctx, 130, 700, 7);
-        check_epilogues(backend, ctx, 130, 6, 600);
-    });
-    // WebGPU's default 16 KiB of workgroup storage holds no tensor-core tile: the square kernel
-    // runs instead.
-    for_each_backend_with_storage_and(16384, coop, |backend, ctx| {
+    for tiles in [GemmTiles::Coop64, GemmTiles::Coop128] {
+        let coop = |ctx: &mut Context| ctx.set_gemm_tiles(Some(tiles));
+        for_each_backend_with(coop, |backend, ctx| {
+            check_tiles(backend, ctx);
+            check(backend, ctx, &[3, 40], 70, true);
+            if ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+                check_f16(backend, ctx, &[130, 33], 96, true);
+                check_f16(backend, ctx, &[2, 100, 64], 65, false);
+            }
+        });
+        let with_budget = |ctx: &mut Context| {
+            ctx.set_gemm_tiles(Some(tiles));
+            ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET));
+        };
+        for_each_backend_with(with_budget, |backend, ctx| {
+            check_epilogues(backend, ctx, 130, 700, 7);
+            check_epilogues(backend, ctx, 130, 6, 600);
+        });
+    }
+    // WebGPU's default 16 KiB of workgroup storage holds the 64 x 64 tiles in f16 (14.5 KiB) but
+    // not the 128 x 128 ones, which run as 64 x 64 there (with f32 tiles, neither fits: the
+    // square kernel runs).
+    let coop128 = |ctx: &mut Context| ctx.set_gemm_tiles(Some(GemmTiles::Coop128));
+    for_each_backend_with_storage_and(16384, coop128, |backend, ctx| {
         check(backend, ctx, &[130, 32], 96, true);
     });
+    assert_eq!(GemmTiles::parse("coop").unwrap(), GemmTiles::Coop);
+    assert_eq!(GemmTiles::parse("coop128").unwrap().name(), "coop128");
 }
 
 #[test]

@@ -13,8 +13,9 @@ fn main() {
         ("attention_forward_coop_f16", 8, &[("SG", 32), ("NSG", 4), ("BN", 32), ("DK", 128), ("DV", 128)]),
     ];
     let all = wgpu_attention::kernels::shaders::all();
-    // The tensor-core GEMM (f32 and f16 storage), without and with row sums.
-    for name in ["matmul_coop", "matmul_coop_f16"] {
+    // The tensor-core GEMM (64 x 64 and 128 x 128 tiles, f32 and f16 storage), without and with
+    // row sums.
+    for name in ["matmul_coop", "matmul_coop_f16", "matmul_coop128", "matmul_coop128_f16"] {
         let (_, source) = all.iter().find(|(n, _)| n == name).expect(name);
         for sums in [0, 1] {
             let label = format!("{name}-ROW_SUMS{sums}");

@@ -99,7 +99,7 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 17] = [
     ),
     ("WGPU_ADAPTER_NAME", "adapter_name"),
     ("WGPU_ATTENTION_KERNELS", "kernel_family: cpu or gpu"),
-    ("WGPU_ATTENTION_GEMM_TILES", "gemm_tiles: 64x64, 128x64 or coop"),
+    ("WGPU_ATTENTION_GEMM_TILES", "gemm_tiles: 64x64, 128x64, coop, coop64 or coop128"),
     (
         "WGPU_ATTENTION_WORKGROUP",
         "attention_workgroup: 16, 32, 64 or 128",

@@ -153,27 +153,36 @@ pub enum GemmTiles {
     /// it measured 1.9-2.1x faster on the layer shapes (`gemm-bench`); unmeasured on a GPU, where
     /// the smaller grid may not fill the machine.
     Wide128x64,
-    /// 64 x 64 on the tensor cores (`matmul_coop.wgsl`: four subgroups of 2 x 2 16x16 f16 tiles
-    /// with f32 accumulation, through the attention's matrix interface and the build it
-    /// qualified; its portable build elsewhere). A and B are rounded to f16 in workgroup memory, so
-    /// f32 products get f16 accuracy (`reference::compare::TENSOR_CORE_*`); f16 ones lose nothing.
-    /// Never a default: asked for by name. Products of a few rows keep the SKINNY path, and a
-    /// device whose limits leave no room for its workgroup (16 KiB of workgroup storage) runs
-    /// the 64 x 64 kernel.
+    /// The tensor cores (`matmul_coop.wgsl`: subgroups of 16x16 f16 tiles with f32 accumulation,
+    /// through the attention's matrix interface and the build it qualified; its portable build
+    /// elsewhere), [`GemmTiles::Coop128`]'s tiles where a product has enough of them to fill a GPU
+    /// (256 workgroups), else [`GemmTiles::Coop64`]'s. A and B are rounded to f16 in workgroup
+    /// memory, so f32 products get f16 accuracy (`reference::compare::TENSOR_CORE_*`); f16 ones
+    /// lose nothing. Never a default: asked for by name. Products of a few rows keep the SKINNY
+    /// path, and a device whose limits leave no room for the workgroup (four subgroups and 16 KiB
+    /// of workgroup storage) runs the 64 x 64 kernel.
+    Coop,
+    /// [`GemmTiles::Coop`] with 64 x 64 tiles always: four subgroups of 2 x 2 accumulator tiles.
     Coop64,
+    /// [`GemmTiles::Coop`] with 128 x 128 tiles wherever they fit (eight subgroups of 4 x 2
+    /// accumulator tiles, 28 KiB of workgroup storage in f16), else 64 x 64: four times the
+    /// multiply-adds per staged value, a quarter of the workgroups.
+    Coop128,
 }
 
 impl GemmTiles {
-    /// Parses `64x64`, `128x64` or `coop` (as `WGPU_ATTENTION_GEMM_TILES` and the benches'
-    /// options).
+    /// Parses `64x64`, `128x64`, `coop`, `coop64` or `coop128` (as `WGPU_ATTENTION_GEMM_TILES`
+    /// and the benches' options).
     pub fn parse(name: &str) -> Result<Self> {
         match name.trim() {
             "64x64" => Ok(Self::Square64),
             "128x64" => Ok(Self::Wide128x64),
-            "coop" => Ok(Self::Coop64),
+            "coop" => Ok(Self::Coop),
+            "coop64" => Ok(Self::Coop64),
+            "coop128" => Ok(Self::Coop128),
             other => Err(Error::shape(
                 "gemm tiles",
-                format!("'{other}' is not one: use 64x64, 128x64 or coop"),
+                format!("'{other}' is not one: use 64x64, 128x64, coop, coop64 or coop128"),
             )),
         }
     }
@@ -183,8 +192,16 @@ impl GemmTiles {
         match self {
             Self::Square64 => "64x64",
             Self::Wide128x64 => "128x64",
-            Self::Coop64 => "coop",
+            Self::Coop => "coop",
+            Self::Coop64 => "coop64",
+            Self::Coop128 => "coop128",
         }
+    }
+
+    /// Whether these tiles run on the tensor cores (f16 operand tiles: their products have the
+    /// tensor-core tolerances).
+    pub fn is_coop(self) -> bool {
+        matches!(self, Self::Coop | Self::Coop64 | Self::Coop128)
     }
 }
 

@@ -71,9 +71,76 @@ fn typed_source(body: &str, elements: Elements) -> String {
     )
 }
 
+/// The tensor-core GEMM's tile groups and accumulator tiles per group (`matmul_coop.wgsl`'s
+/// GROUPS_M, GROUPS_N, TM, TN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CoopTiles {
+    groups_m: u32,
+    groups_n: u32,
+    tm: u32,
+    tn: u32,
+}
+
+impl CoopTiles {
+    /// 64 x 64: 2 x 2 groups of 2 x 2 tiles.
+    const SQUARE: CoopTiles = CoopTiles {
+        groups_m: 2,
+        groups_n: 2,
+        tm: 2,
+        tn: 2,
+    };
+    /// 128 x 128: 2 x 4 groups of 4 x 2 tiles (a group's A tiles serve two products each, its B
+    /// tiles four).
+    const WIDE: CoopTiles = CoopTiles {
+        groups_m: 2,
+        groups_n: 4,
+        tm: 4,
+        tn: 2,
+    };
+
+    fn groups(self) -> u32 {
+        self.groups_m * self.groups_n
+    }
+
+    fn tile_m(self) -> u32 {
+        16 * self.groups_m * self.tm
+    }
+
+    fn tile_n(self) -> u32 {
+        16 * self.groups_n * self.tn
+    }
+
+    /// Whether a workgroup of these tiles with `group`-wide tile groups fits `ctx`'s limits: its
+    /// invocations (at least one per row of A's tile, which the row sums take), the staged A
+    /// [TILE_M x 40] and B [32 x TILE_N + 8] in `tile_element`s and each group's f32 slice
+    /// [16 x 20] (`matmul_coop.wgsl`).
+    fn fit(self, ctx: &Context, group: u32) -> bool {
+        let limits = ctx.limits();
+        let invocations = self.groups() * group;
+        let staged = (self.tile_m() * 40 + 32 * (self.tile_n() + 8)) as u64;
+        let bytes = staged * tile_element(ctx).size() + (self.groups() * 16 * 20 * 4) as u64;
+        invocations >= self.tile_m()
+            && invocations <= limits.max_compute_invocations_per_workgroup
+            && invocations <= limits.max_compute_workgroup_size_x
+            && bytes <= u64::from(limits.max_compute_workgroup_storage_size)
+    }
+}
+
+/// Workgroups a product needs before [`GemmTiles::Coop`] gives it 128 x 128 tiles: about two per
+/// SM on a 132-SM H100 or H200, where 64 x 64 tiles would give four times as many (unmeasured: the
+/// model's 1024-row products keep 64 x 64, the 4096-row ones take 128 x 128).
+const COOP_WIDE_WORKGROUPS: u64 = 256;
+
 /// The tensor-core GEMM for `elements` with the matrix interface's `build` on `tiles` (MatElem),
-/// and the portable build's accumulator slots per invocation of a `group`-wide tile group.
-fn coop_source(elements: Elements, build: MatrixBuild, tiles: DType, group: u32) -> String {
+/// its tile `shape` with `group`-wide tile groups (the staging counts per invocation, and the
+/// portable build's accumulator slots per invocation).
+fn coop_source(
+    elements: Elements,
+    build: MatrixBuild,
+    tiles: DType,
+    group: u32,
+    shape: CoopTiles,
+) -> String {
     let f16 = [elements.input, elements.output, tiles].contains(&DType::F16);
     let mut text = String::from(if f16 { "enable f16;\n" } else { "" });
     text.push_str(build.enable());
@@ -89,21 +156,44 @@ fn coop_source(elements: Elements, build: MatrixBuild, tiles: DType, group: u32)
             256 / group.min(256)
         ));
     }
+    let invocations = shape.groups() * group;
+    text.push_str(&format!(
+        "const GROUPS_M: u32 = {}u;\nconst GROUPS_N: u32 = {}u;\nconst TM: u32 = {}u;\n\
+         const TN: u32 = {}u;\nconst LOADS_A: u32 = {}u;\nconst LOADS_B: u32 = {}u;\n",
+        shape.groups_m,
+        shape.groups_n,
+        shape.tm,
+        shape.tn,
+        (shape.tile_m() * 32).div_ceil(invocations),
+        (shape.tile_n() * 32).div_ceil(invocations),
+    ));
     text.push_str(COOP_SOURCE);
     text.push('\n');
     text.push_str(build.interface());
     text
 }
 
-/// The tensor-core GEMM's pipeline name: the build, then f16 storage (`_f16`) or, for f32 storage,
-/// f16 tiles in the portable build (`_f16tiles`; the cooperative build's tiles are always f16).
-fn coop_name(build: MatrixBuild, elements: Elements, tiles: DType) -> &'static str {
-    match (build, elements.input, tiles) {
-        (MatrixBuild::Cooperative, DType::F16, _) => "matmul_coop_f16",
-        (MatrixBuild::Cooperative, DType::F32, _) => "matmul_coop",
-        (MatrixBuild::Portable, DType::F16, _) => "matmul_coop_portable_f16",
-        (MatrixBuild::Portable, DType::F32, DType::F16) => "matmul_coop_portable_f16tiles",
-        (MatrixBuild::Portable, DType::F32, DType::F32) => "matmul_coop_portable",
+/// The tensor-core GEMM's pipeline name: the tiles (`matmul_coop` 64 x 64, `matmul_coop128`), the
+/// build, then f16 storage (`_f16`) or, for f32 storage, f16 tiles in the portable build
+/// (`_f16tiles`; the cooperative build's tiles are always f16).
+fn coop_name(
+    build: MatrixBuild,
+    elements: Elements,
+    tiles: DType,
+    shape: CoopTiles,
+) -> &'static str {
+    let wide = shape == CoopTiles::WIDE;
+    match (wide, build, elements.input, tiles) {
+        (false, MatrixBuild::Cooperative, DType::F16, _) => "matmul_coop_f16",
+        (false, MatrixBuild::Cooperative, DType::F32, _) => "matmul_coop",
+        (false, MatrixBuild::Portable, DType::F16, _) => "matmul_coop_portable_f16",
+        (false, MatrixBuild::Portable, DType::F32, DType::F16) => "matmul_coop_portable_f16tiles",
+        (false, MatrixBuild::Portable, DType::F32, DType::F32) => "matmul_coop_portable",
+        (true, MatrixBuild::Cooperative, DType::F16, _) => "matmul_coop128_f16",
+        (true, MatrixBuild::Cooperative, DType::F32, _) => "matmul_coop128",
+        (true, MatrixBuild::Portable, DType::F16, _) => "matmul_coop128_portable_f16",
+        (true, MatrixBuild::Portable, DType::F32, DType::F16) => "matmul_coop128_portable_f16tiles",
+        (true, MatrixBuild::Portable, DType::F32, DType::F32) => "matmul_coop128_portable",
     }
 }
 
@@ -125,8 +215,10 @@ pub(crate) fn shader_sources() -> Vec<(&'static str, String)> {
         (MatrixBuild::Portable, Elements::F32, DType::F16),
         (MatrixBuild::Portable, Elements::F16, DType::F16),
     ] {
-        let name = coop_name(build, elements, tiles);
-        sources.push((name, coop_source(elements, build, tiles, 32)));
+        for shape in [CoopTiles::SQUARE, CoopTiles::WIDE] {
+            let name = coop_name(build, elements, tiles, shape);
+            sources.push((name, coop_source(elements, build, tiles, 32, shape)));
+        }
     }
     sources
 }
@@ -286,37 +378,56 @@ pub(crate) fn takes_skinny_path(ctx: &Context, g: &Gemm<'_>) -> bool {
             .is_none_or(|budget| g.groups as u64 * g.k as u64 <= budget as u64)
 }
 
-/// The tensor-core kernel (`shaders/matmul_coop.wgsl`): 64 x 64 tiles; its loop cost is the portable
-/// build's (the only one a loop budget applies to), per 16 of k: half a 32-deep tile's staging,
-/// products (two multiply-adds of 8 slots x 18 iterations per group and 16 of k) and row sums.
-const COOP: Kernel = Kernel {
-    // Named by `coop_name` (build and tiles) when recorded.
-    names: ["matmul_coop", "matmul_coop_f16"],
-    cpu_names: ["matmul_coop", "matmul_coop_f16"],
-    source: COOP_SOURCE,
-    tile_m: 64,
-    tile_n: 64,
-    loop_cost_per_k_tile: 16 + 4 * 8 * 18 + 16,
-    skinny: false,
-};
+/// The tensor-core kernel (`shaders/matmul_coop.wgsl`) in `shape`; its loop cost is the portable
+/// build's (the only one a loop budget applies to), per 16 of k: half a 32-deep tile's staging
+/// (16 elements per invocation in both shapes), products (TM x TN multiply-adds of 8 slots x 18
+/// iterations per group and 16 of k) and row sums.
+const fn coop_kernel(shape: CoopTiles) -> Kernel {
+    Kernel {
+        // Named by `coop_name` (tiles, build and element types) when recorded.
+        names: ["matmul_coop", "matmul_coop_f16"],
+        cpu_names: ["matmul_coop", "matmul_coop_f16"],
+        source: COOP_SOURCE,
+        tile_m: 16 * shape.groups_m * shape.tm,
+        tile_n: 16 * shape.groups_n * shape.tn,
+        loop_cost_per_k_tile: 16 + (shape.tm * shape.tn) as u64 * 8 * 18 + 16,
+        skinny: false,
+    }
+}
 
 /// The tensor-core kernel's matrix build and tile group on `ctx`: the build the attention's
 /// tensor-core family qualified on the device (the same interface functions), the subgroup as the
-/// tile group (32 in the portable build); `None` where its workgroup of four groups or its
-/// workgroup memory exceed the device's limits (the square kernel runs instead).
-fn coop_shape(ctx: &Context) -> Result<Option<(MatrixBuild, u32)>> {
+/// tile group (32 in the portable build); `None` where a 64 x 64 workgroup exceeds the device's
+/// limits (the square kernel runs instead).
+fn coop_build(ctx: &Context) -> Result<Option<(MatrixBuild, u32)>> {
     let build = matrix_build(ctx)?;
     let group = match build {
         MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(COOP_PORTABLE_GROUP),
         MatrixBuild::Portable => COOP_PORTABLE_GROUP,
     };
-    let limits = ctx.limits();
-    // A [64 x 40] and B [32 x 72] tiles, half the f32 output tile [32 x 68] (matmul_coop.wgsl).
-    let bytes = (64 * 40 + 32 * 72) * tile_element(ctx).size() + 32 * 68 * 4;
-    let fits = 4 * group <= limits.max_compute_invocations_per_workgroup
-        && 4 * group <= limits.max_compute_workgroup_size_x
-        && bytes <= u64::from(limits.max_compute_workgroup_storage_size);
-    Ok(fits.then_some((build, group)))
+    Ok(CoopTiles::SQUARE.fit(ctx, group).then_some((build, group)))
+}
+
+/// The tensor-core tiles `tiles` give `g` on `ctx` where they fit (`group`-wide tile groups):
+/// 128 x 128 for [`GemmTiles::Coop128`], and for [`GemmTiles::Coop`] where that grid has
+/// [`COOP_WIDE_WORKGROUPS`]; else 64 x 64.
+fn coop_tiles(ctx: &Context, tiles: GemmTiles, g: &Gemm<'_>, group: u32) -> CoopTiles {
+    let wide = CoopTiles::WIDE;
+    let grid = |t: CoopTiles| {
+        u64::from(g.m.div_ceil(t.tile_m()))
+            * u64::from(g.n.div_ceil(t.tile_n()))
+            * u64::from(g.batch)
+            * u64::from(g.heads)
+    };
+    let wanted = match tiles {
+        GemmTiles::Coop128 => true,
+        GemmTiles::Coop => grid(wide) >= COOP_WIDE_WORKGROUPS,
+        _ => false,
+    };
+    match wanted && wide.fit(ctx, group) {
+        true => wide,
+        false => CoopTiles::SQUARE,
+    }
 }
 
 /// Records one batched product into `pass`.
@@ -327,13 +438,16 @@ pub(crate) fn encode_gemm(
 ) -> Result<()> {
     // 128-row tiles only where they fill: shorter products keep the 64 x 64 kernel. Tensor-core
     // tiles where asked for, a decoding step's few rows excepted (the SKINNY path below).
-    let coop = match ctx.gemm_tiles() {
-        GemmTiles::Coop64 => coop_shape(ctx)?,
-        _ => None,
+    let tiles = ctx.gemm_tiles();
+    let coop = match tiles.is_coop() {
+        true => {
+            coop_build(ctx)?.map(|(build, group)| (build, group, coop_tiles(ctx, tiles, g, group)))
+        }
+        false => None,
     };
-    let kernel = match ctx.gemm_tiles() {
-        GemmTiles::Wide128x64 if g.m >= WIDE.tile_m => WIDE,
-        GemmTiles::Coop64 if coop.is_some() => COOP,
+    let kernel = match (tiles, coop) {
+        (_, Some((_, _, shape))) => coop_kernel(shape),
+        (GemmTiles::Wide128x64, _) if g.m >= WIDE.tile_m => WIDE,
         _ => SQUARE,
     };
     let tiles_m = g.m.div_ceil(kernel.tile_m);
@@ -397,13 +511,13 @@ pub(crate) fn encode_gemm(
     encode_one(ctx, pass, g, (kernel, coop), false, false)
 }
 
-/// Records one dispatch of `kernel` (with the tensor-core kernel's matrix build and tile group,
-/// [`coop_shape`], where it is that one) for `g`.
+/// Records one dispatch of `kernel` (with the tensor-core kernel's matrix build, tile group and
+/// tiles, [`coop_build`] and [`coop_tiles`], where it is that one) for `g`.
 fn encode_one(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     g: &Gemm<'_>,
-    (kernel, coop): (Kernel, Option<(MatrixBuild, u32)>),
+    (kernel, coop): (Kernel, Option<(MatrixBuild, u32, CoopTiles)>),
     accumulate: bool,
     skinny: bool,
 ) -> Result<()> {
@@ -456,11 +570,11 @@ fn encode_one(
         true => kernel.cpu_names,
         false => kernel.names,
     };
-    let (name, pipeline) = if let Some((build, group)) = coop {
+    let (name, pipeline) = if let Some((build, group, shape)) = coop {
         let tiles = tile_element(ctx);
         constants.push(("SG", group));
-        let name = coop_name(build, g.elements, tiles);
-        let source = || coop_source(g.elements, build, tiles, group);
+        let name = coop_name(build, g.elements, tiles, shape);
+        let source = || coop_source(g.elements, build, tiles, group, shape);
         (name, ctx.pipeline(name, source, &constants))
     } else {
         let name = names[g.elements.index()];

@@ -31,7 +31,7 @@ pub const TENSOR_CORE_ATOL: f64 = 1.0 / 256.0;
 
 /// The forward and backward tolerances `[atol, rtol, atol, rtol]` of a product run on f32
 /// operands: f32's, or with `tensor_cores` (operands rounded to f16 before the tile products, as
-/// `GemmTiles::Coop64` does) the tensor-core family's.
+/// `GemmTiles::Coop` does) the tensor-core family's.
 pub fn product_tolerances(tensor_cores: bool) -> [f64; 4] {
     match tensor_cores {
         true => [
