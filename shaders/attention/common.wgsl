@@ -98,9 +98,10 @@ const NEG_BIG: f32 = -3.0e38;
 @group(0) @binding(0) var<uniform> params: Params;
 
 // The flags fixed when the pipeline was created, or NO_FIXED_FLAGS to read them from the uniform,
-// so that one pipeline serves every mask and modifier. The GPU family's backward of a call without
-// masks or modifiers, or causal alone, fixes them: the paths of the other masks fold away, which
-// NVIDIA's compiler rewards far beyond RDNA's estimate (2x on an H200, BENCHMARKS.md).
+// so that one pipeline serves every mask and modifier. The GPU and tensor-core families' backward
+// of a call without masks or modifiers, or causal alone, fixes them: the paths of the other masks
+// fold away, which NVIDIA's compiler rewards far beyond RDNA's estimate (2x on an H200,
+// BENCHMARKS.md).
 const NO_FIXED_FLAGS: u32 = 0xffffffffu;
 override FIXED_FLAGS: u32 = 0xffffffffu;
 

@@ -557,10 +557,11 @@ fn record(
 }
 
 /// The flags of the calls that get a build with their flags fixed where a kernel has one
-/// (`FusedVariant::fixed_flags_build`): no mask, or causal alone (outputs shared or not). On an
-/// H200 those builds halved the GPU family's backward for both (unmasked 24.1 -> 13.0 ms, causal
-/// 12.5 -> 6.6 ms, B1 H8 D64 L 4096; `benchmarks/uniform-vs-override-2026-11-27/`); other
-/// masks and modifiers share the pipeline that reads them from the uniform.
+/// (`FusedVariant::fixed_flags_build`: the GPU and tensor-core families' backward): no mask, or
+/// causal alone (outputs shared or not). On an H200 those builds halved the GPU family's backward
+/// for both (unmasked 24.1 -> 13.0 ms, causal 12.5 -> 6.6 ms, B1 H8 D64 L 4096;
+/// `benchmarks/uniform-vs-override-2026-11-27/`); other masks and modifiers share the pipeline
+/// that reads them from the uniform.
 const FIXED_FLAG_CALLS: u32 = FLAG_CAUSAL | FLAG_SHARED_OUTPUTS;
 
 /// The pipeline of `key` for a call bound by `params` and `shared` (its packed views, score bias,

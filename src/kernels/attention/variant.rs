@@ -7,16 +7,18 @@
 //! `attention_forward_gpu_subgroup_f16-WG128-BM64-BN32-DK64-DV64-VEC41`.
 //!
 //! Specialised by override constants: tile shapes, head dims, the relative buckets, `VEC4`,
-//! `SUBGROUP`, `PACKED_VIEWS`, `SCORE_BIAS`, and `FIXED_FLAGS` for the GPU family's backward of a
-//! call without masks or modifiers, or causal alone. Assembled from different files: the family and kernel,
-//! the quad reads (CPU driver), the row maxima (GPU forward), the matrix build (tensor cores), the
-//! input reads (element or vec4), the score-bias binding. Declared as module constants: the array
+//! `SUBGROUP`, `PACKED_VIEWS`, `SCORE_BIAS`, and `FIXED_FLAGS` for the GPU and tensor-core
+//! families' backward of a call without masks or modifiers, or causal alone. Assembled from
+//! different files: the family and kernel, the quad reads (CPU driver), the row maxima (GPU
+//! forward), the matrix build (tensor cores), the input reads (element or vec4), the score-bias
+//! binding. Declared as module constants: the array
 //! sizes, which WGSL cannot take from overrides for arrays in functions. Everything else is a
 //! uniform (`Params`): masks, windows, modifiers, scales, strides and lengths, so one pipeline
 //! serves every mask and modifier. Fixing the flags by overrides instead removed code on RADV only
 //! for calls with no mask at all, and ran no faster on lavapipe; on an H200 it halved the GPU
 //! family's backward, unmasked and causal alike, and gained 4-5% in its forward
-//! (`benchmarks/uniform-vs-override-2026-11-27/`), so that backward alone has those builds.
+//! (`benchmarks/uniform-vs-override-2026-11-27/`), so that the backward alone has those builds
+//! (the tensor-core family's too, by RADV's estimate).
 
 use super::header::{with_sizes, COMMON, SCORE_BIAS, SCORE_BIAS_NONE};
 use crate::device::{Context, PipelineSpec};
