@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn tests-decode tune) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn tests-decode tune tunetc) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -196,6 +196,18 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       --dtypes f32,f16 --batch 4 --heads 16 --head-dim 128 --lengths 1024,4096 --masks none,causal \
       --passes forward,backward --paths fused --reps 3 --json $OUT/tune-b4h16d128.json
     WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-tuning $B/test_tuning ;;
+  tunetc)
+    # Issue 45 with the tensor cores among the tuner's families (--tune-tensor-cores: the caller
+    # accepts their tolerances): f16, where the tensor-core forward ran 2.2-3.2x the GPU family and
+    # its backward 0.7-1.9x on an H200 (2026-11-28), so the tuner has a real choice per key.
+    step 150 tunetc-b1h8d64 $B/attention-bench --kernels gpu --tune --tune-tensor-cores \
+      --tuning-cache $OUT/tuning-cache-tc.json --dtypes f16 --batch 1 --heads 8 --head-dim 64 \
+      --lengths 1024,4096,16384 --masks none,causal --passes forward,backward --paths fused --reps 5 \
+      --json $OUT/tunetc-b1h8d64.json
+    step 120 tunetc-b4h16d128 $B/attention-bench --kernels gpu --tune --tune-tensor-cores \
+      --tuning-cache $OUT/tuning-cache-tc.json --dtypes f16 --batch 4 --heads 16 --head-dim 128 \
+      --lengths 1024,4096 --masks none,causal --passes forward,backward --paths fused --reps 3 \
+      --json $OUT/tunetc-b4h16d128.json ;;
   suite64)
     step 150 suite-b1h8d64 $B/attention-bench --kernels gpu --dtypes f32,f16 --batch 1 --heads 8 --head-dim 64 \
       --lengths 1024,2048,4096,8192,16384 --masks none,causal --passes forward,backward --paths fused,unfused \

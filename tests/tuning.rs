@@ -96,8 +96,13 @@ fn tuned_calls_match_the_reference_and_keep_their_choice() {
             "attention_forward d16x16 q64 k64 bh2 f32 causal"
         );
         assert_eq!(record.source, TuningSource::Tuned, "{record}");
-        // Both families at least (the static one first), each timed or refused with a reason.
+        // Both families at least (the static one first), each timed or refused with a reason;
+        // never the tensor cores, whose accuracy the context did not choose.
         assert!(record.candidates.len() >= 2, "{record}");
+        assert!(record
+            .candidates
+            .iter()
+            .all(|c| c.choice.family != Some(KernelFamily::Coop)));
         assert!(record.candidates.iter().all(|c| !c.verdict.is_empty()));
         check_verdicts(record);
         // The choice is made once: the same call again times nothing and gives the same bits.
@@ -162,6 +167,47 @@ fn the_tensor_core_family_tunes_its_shapes() {
         );
         check_verdicts(record);
     });
+}
+
+/// With `tune_tensor_cores` the tensor-core family is a candidate family (here its portable build,
+/// checked on its tolerance), results stay within the tensor-core tolerances whichever wins, and
+/// the key says so (` tc`), so that a context without the option never reads its choice.
+#[test]
+fn tuning_may_pick_the_tensor_cores_where_allowed() {
+    on_lavapipe(|make| {
+        let mut ctx = make(TuningMode::Tune, None);
+        ctx.set_tune_tensor_cores(true);
+        assert!(ctx.tunes_tensor_cores());
+        let case = small_case();
+        let [q, k, v, _] = case.upload(&ctx);
+        let opts = AttentionOptions::new().causal(true);
+        let fwd = attention_forward(&ctx, &q, &k, &v, &opts).unwrap();
+        let (ref_out, _) = case.reference_forward();
+        let out = fwd.out.to_vec(&ctx).unwrap();
+        assert_close(
+            "tc tuned O",
+            &out,
+            &ref_out,
+            TENSOR_CORE_ATOL,
+            TENSOR_CORE_RTOL,
+        );
+        let report = ctx.tuning_report();
+        let record = &report[0];
+        assert_eq!(
+            record.key,
+            "attention_forward d16x16 q64 k64 bh2 f32 causal tc"
+        );
+        let coop = record
+            .candidates
+            .iter()
+            .find(|c| c.choice.family == Some(KernelFamily::Coop))
+            .unwrap_or_else(|| panic!("no tensor-core candidate: {record}"));
+        assert!(!coop.verdict.is_empty(), "{record}");
+        check_verdicts(record);
+    });
+    let options = ContextOptions::new().tune_tensor_cores(true);
+    assert!(options.tune_tensor_cores);
+    assert!(!ContextOptions::new().tune_tensor_cores);
 }
 
 #[test]

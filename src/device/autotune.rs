@@ -200,6 +200,8 @@ pub(crate) struct Tuner {
     mode: TuningMode,
     path: Option<PathBuf>,
     budget: TuningBudget,
+    /// [`ContextOptions::tune_tensor_cores`](super::ContextOptions::tune_tensor_cores).
+    tensor_cores: bool,
     identity: Identity,
     /// Whether the cache file was read (at the first mode that uses it).
     cache_read: bool,
@@ -242,6 +244,7 @@ impl Tuner {
             mode: TuningMode::Off,
             path: options.tuning_cache.clone(),
             budget: options.tuning_budget,
+            tensor_cores: options.tune_tensor_cores,
             identity,
             cache_read: false,
             state: Mutex::new(TunerState::default()),
@@ -486,6 +489,18 @@ impl Context {
             return;
         }
         self.tuner.set_mode(mode);
+    }
+
+    /// Whether tuning may pick the tensor-core family
+    /// ([`ContextOptions::tune_tensor_cores`](super::ContextOptions::tune_tensor_cores)).
+    pub fn tunes_tensor_cores(&self) -> bool {
+        self.tuner.tensor_cores
+    }
+
+    /// Lets tuning pick the tensor-core family or not, for keys not tuned yet (keys tuned with it
+    /// are cached apart from those tuned without).
+    pub fn set_tune_tensor_cores(&mut self, allowed: bool) {
+        self.tuner.tensor_cores = allowed;
     }
 
     /// What the autotuner chose for each key so far, in the order the keys came, with every

@@ -89,10 +89,17 @@ pub struct ContextOptions {
     pub tuning_cache: Option<std::path::PathBuf>,
     /// How long tuning may take, per key and in all ([`TuningBudget`]).
     pub tuning_budget: TuningBudget,
+    /// Whether tuning may pick the tensor-core family ([`KernelFamily::Coop`]) for calls the
+    /// context leaves the family of: it is then timed beside the others, and wins where it is
+    /// faster. Its results have the tensor-core tolerances (inputs and P rounded to f16, SPEC.md;
+    /// `reference::compare::TENSOR_CORE_*`), looser than f32's and f16's, so this is the caller's
+    /// choice, as PyTorch's `allow_tf32`. Tuned choices made with it are cached under keys of
+    /// their own. Default: off.
+    pub tune_tensor_cores: bool,
 }
 
 /// The environment variables [`ContextOptions::from_env`] reads, with what each sets.
-pub const ENVIRONMENT_VARIABLES: [(&str, &str); 17] = [
+pub const ENVIRONMENT_VARIABLES: [(&str, &str); 18] = [
     (
         "WGPU_BACKEND",
         "backends: vulkan, gl, metal, dx12 (comma-separated)",
@@ -127,6 +134,10 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 17] = [
     (
         "WGPU_ATTENTION_TUNING_CACHE",
         "tuning_cache: the file tuned choices are kept in",
+    ),
+    (
+        "WGPU_ATTENTION_TUNE_TENSOR_CORES",
+        "tune_tensor_cores: on or off",
     ),
 ];
 
@@ -248,6 +259,17 @@ impl ContextOptions {
             }
         }
         options.tuning_cache = var("WGPU_ATTENTION_TUNING_CACHE").map(Into::into);
+        if let Some(value) = var("WGPU_ATTENTION_TUNE_TENSOR_CORES") {
+            match value.trim() {
+                "on" => options.tune_tensor_cores = true,
+                "off" => options.tune_tensor_cores = false,
+                _ => ignore(
+                    "WGPU_ATTENTION_TUNE_TENSOR_CORES",
+                    &value,
+                    &"expected on or off",
+                ),
+            }
+        }
         Ok(options)
     }
 
@@ -326,6 +348,12 @@ impl ContextOptions {
     /// Sets [`ContextOptions::tuning_budget`].
     pub fn tuning_budget(mut self, budget: TuningBudget) -> Self {
         self.tuning_budget = budget;
+        self
+    }
+
+    /// Sets [`ContextOptions::tune_tensor_cores`].
+    pub fn tune_tensor_cores(mut self, allowed: bool) -> Self {
+        self.tune_tensor_cores = allowed;
         self
     }
 }

@@ -9,9 +9,10 @@
 //! the call's scalar options only: tensors in the options (lengths, biases, relative tables, sinks)
 //! do not enter the key, and packed calls run the static choice. The search is a coordinate
 //! descent over what the context leaves unset: the family (CPU-driver or GPU; the tensor-core
-//! family only where the context asks for it, as it rounds inputs to f16), then the winner's own
-//! shape: the CPU-driver family's workgroup width, or the GPU family's tile shapes and then the
-//! forward's split-KV count, each step keeping the fastest so far. Before it
+//! family only where the context runs it or lets tuning pick it, `tune_tensor_cores`, as it rounds
+//! inputs to f16; such keys end in ` tc`), then the winner's own shape: the CPU-driver family's
+//! workgroup width, the tensor-core forward's tile groups and key tiles, or the GPU family's tile
+//! shapes and then the forward's split-KV count, each step keeping the fastest so far. Before it
 //! is timed, each candidate other than the static choice runs a small problem with random values
 //! and must match the static choice's result there.
 
@@ -62,7 +63,7 @@ pub(super) fn call_choice(
     if ctx.tuning_mode() == TuningMode::Off || packed || ctx.is_tuning_thread() {
         return Ok(settings);
     }
-    let key = tuning_key(kernel.name(), s, opts, dtype);
+    let key = tuning_key(ctx, kernel.name(), s, opts, dtype);
     let tuned = ctx.tuned_choice(&key, |search| {
         let opts = scalar_options(opts);
         match kernel {
@@ -82,13 +83,14 @@ pub(super) fn choice_so_far(
     s: &AttentionShape,
     dtype: DType,
 ) -> KernelChoice {
-    let key = tuning_key(kernel.name(), s, &AttentionOptions::new(), dtype);
+    let key = tuning_key(ctx, kernel.name(), s, &AttentionOptions::new(), dtype);
     let tuned = ctx.tuned_choice_made(&key).unwrap_or_default();
     ctx.kernel_settings().or(tuned)
 }
 
 /// `attention_forward d64x64 q1024 k1024 bh8 f32 causal`: see the module's documentation.
 fn tuning_key(
+    ctx: &Context,
     kernel: &str,
     s: &AttentionShape,
     opts: &AttentionOptions<'_>,
@@ -121,6 +123,10 @@ fn tuning_key(
             key += name;
         }
     }
+    // Choices that may be the tensor-core family's (its accuracy) are never another context's.
+    if ctx.tunes_tensor_cores() {
+        key += " tc";
+    }
     key
 }
 
@@ -142,8 +148,8 @@ fn scalar_options<'a>(opts: &AttentionOptions<'a>) -> AttentionOptions<'a> {
 
 /// Families worth timing for `dtype`, the static one first: only it where the context sets one;
 /// else the GPU and CPU-driver families for f32, the GPU family for f16 (the CPU-driver kernels
-/// are f32 only). The tensor-core family is never added: it rounds inputs to f16, an accuracy the
-/// caller chooses, not a speed.
+/// are f32 only), and the tensor-core family where the context lets tuning pick it
+/// (`tune_tensor_cores`): it rounds inputs to f16, an accuracy the caller chooses, not a speed.
 fn families(ctx: &Context, settings: &KernelChoice, dtype: DType) -> Vec<Option<KernelFamily>> {
     let fixed = settings.family.is_some();
     let first = match (settings.family_on(ctx), dtype) {
@@ -157,6 +163,9 @@ fn families(ctx: &Context, settings: &KernelChoice, dtype: DType) -> Vec<Option<
             DType::F16 => &[KernelFamily::Gpu],
         };
         families.extend(others.iter().filter(|&&f| f != first).map(|&f| Some(f)));
+        if ctx.tunes_tensor_cores() && first != KernelFamily::Coop {
+            families.push(Some(KernelFamily::Coop));
+        }
     }
     families
 }
@@ -389,8 +398,8 @@ fn search_forward(
         backward: false,
     };
     let gpu_best = steps.run(ctx, search, name_gpu, &measure)?;
-    // The tensor-core family's shapes, where the context runs it (it is never a candidate: its
-    // accuracy is the caller's choice) and sets none.
+    // The tensor-core family's shapes, where it won (the context runs it or lets tuning pick
+    // it) and the context sets none.
     let coop_best = search
         .best()
         .filter(|b| b.family_on(ctx) == KernelFamily::Coop);

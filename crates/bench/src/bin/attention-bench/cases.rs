@@ -517,8 +517,10 @@ fn run_case(
         DType::F16 => (F16_FORWARD_ATOL, F16_RTOL, F16_BACKWARD_ATOL, F16_RTOL),
     };
     let (mut lse_atol, mut lse_rtol) = (FORWARD_ATOL, FORWARD_RTOL);
-    // The tensor-core family rounds Q, K, V and P to f16 (its backward starts from that forward).
-    if path == PathKind::Fused && ctx.kernel_family() == KernelFamily::Coop {
+    // The tensor-core family rounds Q, K, V and P to f16 (its backward starts from that forward):
+    // where the context runs it, or where tuning may pick it.
+    let tuned_coop = ctx.tuning_mode() != TuningMode::Off && ctx.tunes_tensor_cores();
+    if path == PathKind::Fused && (ctx.kernel_family() == KernelFamily::Coop || tuned_coop) {
         (forward_atol, forward_rtol) = (TENSOR_CORE_ATOL, TENSOR_CORE_RTOL);
         (lse_atol, lse_rtol) = (TENSOR_CORE_ATOL, TENSOR_CORE_RTOL);
         backward_atol = backward_atol.max(TENSOR_CORE_ATOL);

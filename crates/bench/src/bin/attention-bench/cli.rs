@@ -238,6 +238,10 @@ pub(crate) struct Cli {
     /// 12 times as long).
     #[arg(long, requires = "tune")]
     pub(crate) tuning_budget: Option<f64>,
+    /// With --tune: let the tuner pick the tensor-core family where it is faster (its results have
+    /// the tensor-core tolerances; ContextOptions::tune_tensor_cores)
+    #[arg(long, requires = "tune")]
+    pub(crate) tune_tensor_cores: bool,
     /// Print ratios against an earlier --json report.
     #[arg(long)]
     pub(crate) compare: Option<std::path::PathBuf>,

@@ -88,6 +88,7 @@ fn main() -> ExitCode {
     };
     let options = bench_options(backends, cli.adapter.clone()).map(|mut o| {
         o.tuning_cache = cli.tuning_cache.clone();
+        o.tune_tensor_cores |= cli.tune_tensor_cores;
         if let Some(per_key) = cli.tuning_budget.filter(|s| s.is_finite() && *s > 0.0) {
             let per_key = std::time::Duration::from_secs_f64(per_key);
             o.tuning_budget = TuningBudget::new(per_key, 12 * per_key);
