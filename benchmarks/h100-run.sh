@@ -98,7 +98,8 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   coop44)
     # Issue 44's step (under 6 minutes): the tensor-core family's forward against the GPU family's,
     # f16 and f32, none and causal, fused against unfused at B1 H8 D64; burn 0.22's flash attention
-    # in the same call; then the tensor-core backward against the GPU family's at D 64 and 128.
+    # in the same call; then the tensor-core backward against the GPU family's at D 64 and 128,
+    # with each case's dK/dV and dQ kernels timed apart (--profile).
     step 150 coop44-fwd-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
       --head-dim 64 --lengths 1024,2048,4096,8192,16384 --masks none,causal --passes forward \
       --paths fused,unfused --reps 3 --json $OUT/coop44-fwd-b1h8d64.json
@@ -111,10 +112,10 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       --reps 3
     step 120 coop44-bwd-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
       --head-dim 64 --lengths 1024,4096,8192 --masks none,causal --passes forward,backward --paths fused \
-      --reps 3 --json $OUT/coop44-bwd-b1h8d64.json
+      --reps 3 --profile --json $OUT/coop44-bwd-b1h8d64.json
     step 90 coop44-bwd-b4h16d128 $B/attention-bench --kernels gpu,coop --dtypes f16 --batch 4 --heads 16 \
       --head-dim 128 --lengths 1024,4096 --masks none,causal --passes forward,backward --paths fused \
-      --reps 3 --json $OUT/coop44-bwd-b4h16d128.json ;;
+      --reps 3 --profile --json $OUT/coop44-bwd-b4h16d128.json ;;
   coopsweep)
     # The tensor-core forward's shapes (WGPU_ATTENTION_COOP_FORWARD=GROUPSxBN), f16 at L 4096.
     for cfg in 4x64 4x32 2x64 2x32 1x64; do

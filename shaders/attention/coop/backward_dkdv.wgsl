@@ -10,9 +10,8 @@
 // V are staged once (their tiles loaded at each use: held across the loop they spilled at head dim
 // 128 on RDNA3, benchmarks/coop-backward-2026-11-28), dK and dV held in accumulator tiles. The
 // workgroup steps over tiles of BM query rows (Q, dO and each row's keys, lse and D staged, the
-// next tile's Q and dO read into registers meanwhile): The workgroup steps over tiles of BM query rows (Q, dO and each row's keys, lse and D
-// staged): S^T and dP^T go through workgroup memory in f32 to the elementwise step, which writes
-// P^T and dS^T rounded to MatElem for the two products. Under the causal mask, query tiles that
+// next tile's Q and dO read into registers meanwhile): S^T and dP^T go through workgroup memory in
+// f32 to the elementwise step, which writes P^T and dS^T rounded to MatElem for the two products. Under the causal mask, query tiles that
 // see none of the block's keys are skipped.
 // A product skips nothing, and 0 x NaN is NaN: a tile whose Q or dO holds a non-finite value adds
 // its products in scalar arithmetic that skips the pairs a row masks (P^T holds masked_p there), so

@@ -105,6 +105,32 @@ pub(crate) struct Measured {
     pub(crate) peak_bytes: u64,
     /// (checked, passed, worst ratio to tolerance, detail)
     pub(crate) validation: Option<(bool, f64, String)>,
+    /// With `--profile`, the fused case's compute passes by label: (label, GPU ms, passes), in
+    /// the order first recorded.
+    pub(crate) profile: Vec<(&'static str, f64, usize)>,
+}
+
+/// `work` run once more with every compute pass timed ([`Context::start_profiling`]), the passes
+/// summed by label; empty where the adapter has no timestamp queries.
+fn profile_passes(
+    ctx: &Context,
+    work: &mut dyn FnMut() -> wgpu_attention::Result<()>,
+) -> wgpu_attention::Result<Vec<(&'static str, f64, usize)>> {
+    if ctx.start_profiling().is_err() {
+        return Ok(Vec::new());
+    }
+    work()?;
+    let mut by_label: Vec<(&'static str, f64, usize)> = Vec::new();
+    for (label, ms) in ctx.finish_profiling()? {
+        match by_label.iter_mut().find(|(l, _, _)| *l == label) {
+            Some(entry) => {
+                entry.1 += ms;
+                entry.2 += 1;
+            }
+            None => by_label.push((label, ms, 1)),
+        }
+    }
+    Ok(by_label)
 }
 
 /// GPU inputs of one problem and their CPU copies.
@@ -129,6 +155,8 @@ pub(crate) struct Measurement<'a> {
     pub(crate) timer: &'a Timer,
     pub(crate) reps: usize,
     pub(crate) validate_limit: u64,
+    /// One more run of each fused case timed per compute pass (`--profile`).
+    pub(crate) profile: bool,
 }
 
 /// Which cases run for each problem: paths, fused kernel families and passes.
@@ -415,6 +443,7 @@ pub(crate) fn run_layer_case(
         timer,
         reps,
         validate_limit,
+        ..
     } = m;
     let d = p.heads * p.dk;
     let config = TransformerLayerConfig::default()
@@ -471,6 +500,7 @@ pub(crate) fn run_layer_case(
         samples,
         peak_bytes,
         validation,
+        profile: Vec::new(),
     })
 }
 
@@ -479,7 +509,12 @@ pub(crate) type Check<'a> = (&'static str, Vec<f32>, &'a [f64], f64, f64);
 
 fn run_case(
     ctx: &Context,
-    Measurement { timer, reps, .. }: Measurement<'_>,
+    Measurement {
+        timer,
+        reps,
+        profile,
+        ..
+    }: Measurement<'_>,
     p: &Problem,
     prepared: &Prepared<'_>,
     (path, pass): (PathKind, Pass),
@@ -544,12 +579,16 @@ fn run_case(
         Ok(())
     };
     let (mut checks, gflop, samples): (Vec<Check<'_>>, f64, Samples);
+    let mut passes = Vec::new();
     match pass {
         Pass::Forward => {
             gflop = p.counted_flops(s.forward_flops(causal), s.forward_flops(false)) / 1e9;
             match path {
                 PathKind::Fused => {
                     samples = measure(ctx, timer, reps, fused_forward)?;
+                    if profile {
+                        passes = profile_passes(ctx, &mut || fused_forward())?;
+                    }
                     checks = vec![
                         ("out", out.to_vec(ctx)?, &[], forward_atol, forward_rtol),
                         ("lse", lse.to_vec(ctx)?, &[], lse_atol, lse_rtol),
@@ -612,7 +651,7 @@ fn run_case(
                         dv: &grad_views[2],
                         workspace: &workspace,
                     };
-                    samples = measure(ctx, timer, reps, || {
+                    let mut backward = || {
                         let mut encoder = ctx.device().create_command_encoder(&Default::default());
                         attention_backward_into(ctx, &mut encoder, &views, opts)?;
                         // The learned score terms' gradients belong to the backward (the
@@ -633,7 +672,11 @@ fn run_case(
                         }
                         ctx.queue().submit([encoder.finish()]);
                         Ok(())
-                    })?;
+                    };
+                    samples = measure(ctx, timer, reps, &mut backward)?;
+                    if profile {
+                        passes = profile_passes(ctx, &mut backward)?;
+                    }
                     [dq.to_vec(ctx)?, dk.to_vec(ctx)?, dv.to_vec(ctx)?]
                 }
                 PathKind::Unfused => {
@@ -681,6 +724,7 @@ fn run_case(
         samples,
         peak_bytes,
         validation,
+        profile: passes,
     })
 }
 

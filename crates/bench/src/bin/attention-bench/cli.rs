@@ -242,6 +242,11 @@ pub(crate) struct Cli {
     /// the tensor-core tolerances; ContextOptions::tune_tensor_cores)
     #[arg(long, requires = "tune")]
     pub(crate) tune_tensor_cores: bool,
+    /// Time one more run of each fused case per compute pass (GPU timestamps, TIMESTAMP_QUERY):
+    /// the forward's passes, and the backward's preprocess, dK/dV and dQ apart; printed after the
+    /// table and written to --json as each case's `profile`.
+    #[arg(long)]
+    pub(crate) profile: bool,
     /// Print ratios against an earlier --json report.
     #[arg(long)]
     pub(crate) compare: Option<std::path::PathBuf>,

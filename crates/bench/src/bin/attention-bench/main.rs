@@ -176,6 +176,7 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
         timer: &timer,
         reps,
         validate_limit: cli.validate_limit,
+        profile: cli.profile,
     };
     let selection = Selection {
         paths: &paths,

@@ -122,6 +122,44 @@ pub(crate) fn print_table(results: &[CaseResult], peak: f64) {
             println!("{l}");
         }
     }
+    print_profiles(results);
+}
+
+/// With `--profile`: each fused case's compute passes by label, GPU ms and share of their sum.
+fn print_profiles(results: &[CaseResult]) {
+    let profiled: Vec<_> = results
+        .iter()
+        .filter_map(|r| r.outcome.as_ref().ok().map(|m| (r, &m.profile)))
+        .filter(|(_, profile)| !profile.is_empty())
+        .collect();
+    if profiled.is_empty() {
+        return;
+    }
+    println!(
+        "\n| pass | path | problem | compute passes (one more run, GPU timestamps per pass) |"
+    );
+    println!("|---|---|---|---|");
+    for (r, profile) in profiled {
+        let total: f64 = profile.iter().map(|p| p.1).sum();
+        let passes: Vec<String> = profile
+            .iter()
+            .map(|(label, ms, n)| {
+                let count = if *n > 1 {
+                    format!(" x{n}")
+                } else {
+                    String::new()
+                };
+                format!("{label}{count} {ms:.3} ms ({:.0}%)", 100.0 * ms / total)
+            })
+            .collect();
+        println!(
+            "| {} | {} | {} | {} |",
+            r.pass.name(),
+            r.path_label,
+            r.problem.label(),
+            passes.join(", ")
+        );
+    }
 }
 
 /// The checked-out revision, `-dirty` when the tree has uncommitted changes.
@@ -171,6 +209,15 @@ pub(crate) fn report_json(
                     v["gflops"] = json!(m.gflops);
                     v["fraction_of_fma_peak"] = json!(m.gflops / peak);
                     v["peak_memory_bytes"] = json!(m.peak_bytes);
+                    if !m.profile.is_empty() {
+                        v["profile"] = m
+                            .profile
+                            .iter()
+                            .map(|(label, ms, passes)| {
+                                json!({"label": label, "ms": ms, "passes": passes})
+                            })
+                            .collect();
+                    }
                     v["validation"] = match &m.validation {
                         None => json!({"checked": false}),
                         Some((passed, ratio, detail)) => json!({
