@@ -249,6 +249,53 @@ fn tensor_core_family_backward() {
     );
 }
 
+/// The GPU and tensor-core families' builds with their flags fixed for unmasked and causal calls
+/// (on by default on GPUs only, so the other tests here run the builds that read them from the
+/// uniform): against the reference, and compiled (the dump names them `FIXED_FLAGS0` and `1`).
+#[test]
+fn fixed_flag_builds_match_reference() {
+    let dump =
+        std::env::temp_dir().join(format!("wgpu-attention-fixed-flags-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dump);
+    // One shape (its forward and the shared builds compile once), unmasked and causal.
+    let cases = [
+        Case::new(2, 33, 47, 4, 2, 16, 16),
+        Case::new(2, 33, 47, 4, 2, 16, 16).causal(),
+    ];
+    for_each_forward_family_with_options(
+        |opts| opts.fixed_flag_builds(true).dump_pipelines(&dump),
+        |backend, ctx| {
+            if backend.ends_with("/cpu") {
+                return;
+            }
+            assert!(ctx.fixed_flag_builds());
+            for case in &cases {
+                check(backend, ctx, case, Path::Fused);
+            }
+        },
+    );
+    let names: Vec<String> = std::fs::read_dir(&dump)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dump);
+    for family in ["gpu", "coop"] {
+        for flags in ["FIXED_FLAGS0", "FIXED_FLAGS1"] {
+            assert!(
+                names
+                    .iter()
+                    .any(|n| n.starts_with("attention_backward_dkdv")
+                        && n.contains(&format!("_{family}"))
+                        && n.contains(flags)),
+                "no {family} dK/dV build with {flags}: {names:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn masks_and_their_combinations() {
     for_each_family(|backend, ctx| {

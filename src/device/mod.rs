@@ -65,6 +65,8 @@ pub struct Context {
     /// The adapter's fixed subgroup size where the device has `Features::SUBGROUP`.
     subgroup_size: Option<u32>,
     subgroups_enabled: bool,
+    /// [`ContextOptions::fixed_flag_builds`].
+    fixed_flag_builds: Option<bool>,
     trusted_shaders: bool,
     /// Every kernel in a compute pass of its own, even inside [`Context::with_one_pass`].
     pass_per_kernel: bool,
@@ -353,6 +355,7 @@ impl Context {
             gemm_tiles: options.gemm_tiles,
             subgroup_size,
             subgroups_enabled,
+            fixed_flag_builds: options.fixed_flag_builds,
             trusted_shaders,
             pass_per_kernel: options.pass_per_kernel,
             untrusted_measurement: options.unchecked_measurement,

@@ -37,6 +37,11 @@ pub struct ContextOptions {
     pub attention_workgroup: Option<u32>,
     /// Whether kernels may use subgroup operations where the device offers them. `None`: yes.
     pub subgroups: Option<bool>,
+    /// Whether the backward kernels that have them get builds with the mask and modifier flags
+    /// fixed for calls without masks or with causal alone (`FIXED_FLAGS`), one more pipeline per
+    /// shape ([`Context::fixed_flag_builds`](super::Context::fixed_flag_builds)). `None`: on GPUs
+    /// (2x on an H200), off on CPU drivers (no faster on lavapipe, and compile time).
+    pub fixed_flag_builds: Option<bool>,
     /// Whether the kernels listed as safe are compiled without wgpu's shader runtime checks
     /// ([`Context::trusted_shaders`](super::Context::trusted_shaders)). `None`: on for a device the
     /// context creates, **off** for a device handed to
@@ -99,7 +104,7 @@ pub struct ContextOptions {
 }
 
 /// The environment variables [`ContextOptions::from_env`] reads, with what each sets.
-pub const ENVIRONMENT_VARIABLES: [(&str, &str); 18] = [
+pub const ENVIRONMENT_VARIABLES: [(&str, &str); 19] = [
     (
         "WGPU_BACKEND",
         "backends: vulkan, gl, metal, dx12 (comma-separated)",
@@ -112,6 +117,10 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 18] = [
         "attention_workgroup: 16, 32, 64 or 128",
     ),
     ("WGPU_ATTENTION_SUBGROUPS", "subgroups: on or off"),
+    (
+        "WGPU_ATTENTION_FIXED_FLAG_BUILDS",
+        "fixed_flag_builds: on or off",
+    ),
     (
         "WGPU_ATTENTION_TRUSTED_SHADERS",
         "trusted_shaders: on or off; all sets unchecked_measurement, noloop unbounded_loops_measurement",
@@ -198,6 +207,7 @@ impl ContextOptions {
             }
         }
         options.subgroups = on_off("WGPU_ATTENTION_SUBGROUPS");
+        options.fixed_flag_builds = on_off("WGPU_ATTENTION_FIXED_FLAG_BUILDS");
         if let Some(value) = var("WGPU_ATTENTION_TRUSTED_SHADERS") {
             match value.trim() {
                 "1" | "on" => options.trusted_shaders = Some(true),
@@ -312,6 +322,12 @@ impl ContextOptions {
     /// Sets [`ContextOptions::subgroups`].
     pub fn subgroups(mut self, enabled: bool) -> Self {
         self.subgroups = Some(enabled);
+        self
+    }
+
+    /// Sets [`ContextOptions::fixed_flag_builds`].
+    pub fn fixed_flag_builds(mut self, enabled: bool) -> Self {
+        self.fixed_flag_builds = Some(enabled);
         self
     }
 

@@ -304,6 +304,19 @@ impl Context {
         self.subgroups_enabled = enabled;
     }
 
+    /// Whether the backward kernels that have them (the GPU and tensor-core families') get builds
+    /// with their flags fixed for calls without masks or with causal alone
+    /// ([`ContextOptions::fixed_flag_builds`](super::ContextOptions::fixed_flag_builds)): by
+    /// default on GPUs, off on CPU drivers.
+    pub fn fixed_flag_builds(&self) -> bool {
+        self.fixed_flag_builds.unwrap_or(!self.is_cpu())
+    }
+
+    /// Turns the fixed-flag builds on or off; `None` restores the choice by adapter class.
+    pub fn set_fixed_flag_builds(&mut self, enabled: Option<bool>) {
+        self.fixed_flag_builds = enabled;
+    }
+
     /// Whether the kernels that measured faster without some of wgpu's shader runtime checks (loop
     /// bounding, index clamps) are compiled without them (`create_shader_module_trusted`). On by
     /// default on a device the context created, **off** on a device it wraps

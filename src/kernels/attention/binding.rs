@@ -561,7 +561,8 @@ fn record(
 /// causal alone (outputs shared or not). On an H200 those builds halved the GPU family's backward
 /// for both (unmasked 24.1 -> 13.0 ms, causal 12.5 -> 6.6 ms, B1 H8 D64 L 4096;
 /// `benchmarks/uniform-vs-override-2026-11-27/`); other masks and modifiers share the pipeline
-/// that reads them from the uniform.
+/// that reads them from the uniform. On GPUs only by default ([`Context::fixed_flag_builds`]):
+/// lavapipe ran them no faster, and they added a quarter to the backward tests' compile time.
 const FIXED_FLAG_CALLS: u32 = FLAG_CAUSAL | FLAG_SHARED_OUTPUTS;
 
 /// The pipeline of `key` for a call bound by `params` and `shared` (its packed views, score bias,
@@ -574,7 +575,7 @@ fn fused_pipeline(
 ) -> (Arc<wgpu::ComputePipeline>, String) {
     key.packed_views = params.packed_views;
     key.score_bias = !shared.elide_score_bias;
-    if key.fixed_flags_build && params.flags & !FIXED_FLAG_CALLS == 0 {
+    if key.fixed_flags_build && ctx.fixed_flag_builds() && params.flags & !FIXED_FLAG_CALLS == 0 {
         key.fixed_flags = Some(params.flags);
     }
     key.pipeline(ctx)
