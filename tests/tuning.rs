@@ -61,6 +61,18 @@ fn forward(ctx: &Context, case: &Case) -> (Vec<f32>, Vec<f32>) {
     (out, lse)
 }
 
+/// The fused forward of `case` on `ctx`, whose choice may be the tensor-core family's: O against
+/// the reference within the tensor-core tolerances.
+fn tensor_core_forward(ctx: &Context, case: &Case) {
+    let [q, k, v, _] = case.upload(ctx);
+    let opts = AttentionOptions::new().causal(case.causal);
+    let fwd = attention_forward(ctx, &q, &k, &v, &opts).unwrap();
+    let (ref_out, _) = case.reference_forward();
+    let out = fwd.out.to_vec(ctx).unwrap();
+    let label = format!("tuned O {}", case.label());
+    assert_close(&label, &out, &ref_out, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL);
+}
+
 /// The timed record's winner is its fastest candidate, each other timed one says by how much it
 /// was slower.
 fn check_verdicts(record: &TuningRecord) {
@@ -139,17 +151,7 @@ fn the_tensor_core_family_tunes_its_shapes() {
         ctx.set_kernel_family(Some(KernelFamily::Coop));
         // 33 query rows: two groups' rows, so that more than one shape fits a CPU driver.
         let case = Case::new(1, 33, 64, 2, 2, 16, 16);
-        let [q, k, v, _] = case.upload(&ctx);
-        let fwd = attention_forward(&ctx, &q, &k, &v, &AttentionOptions::new()).unwrap();
-        let (ref_out, _) = case.reference_forward();
-        let out = fwd.out.to_vec(&ctx).unwrap();
-        assert_close(
-            "coop tuned O",
-            &out,
-            &ref_out,
-            TENSOR_CORE_ATOL,
-            TENSOR_CORE_RTOL,
-        );
+        tensor_core_forward(&ctx, &case);
         let report = ctx.tuning_report();
         let record = &report[0];
         let shapes = record
@@ -178,19 +180,7 @@ fn tuning_may_pick_the_tensor_cores_where_allowed() {
         let mut ctx = make(TuningMode::Tune, None);
         ctx.set_tune_tensor_cores(true);
         assert!(ctx.tunes_tensor_cores());
-        let case = small_case();
-        let [q, k, v, _] = case.upload(&ctx);
-        let opts = AttentionOptions::new().causal(true);
-        let fwd = attention_forward(&ctx, &q, &k, &v, &opts).unwrap();
-        let (ref_out, _) = case.reference_forward();
-        let out = fwd.out.to_vec(&ctx).unwrap();
-        assert_close(
-            "tc tuned O",
-            &out,
-            &ref_out,
-            TENSOR_CORE_ATOL,
-            TENSOR_CORE_RTOL,
-        );
+        tensor_core_forward(&ctx, &small_case());
         let report = ctx.tuning_report();
         let record = &report[0];
         assert_eq!(
