@@ -33,21 +33,13 @@ burn_built=$(cargo test --release -p burn-attention --no-run 2>&1 | sed -n 's/.*
 for t in against_burn; do
   cp "$(echo "$burn_built" | grep "/$t-")" .gpu/bin/test_burn_$t
 done
-# The flags experiment (benchmarks/uniform-vs-override-2026-11-27): attention-bench with the mask
-# and modifier flags fixable by override constants, built from a copy of this tree with its patch.
-flags=$(mktemp -d)
-git worktree add --detach "$flags" HEAD > /dev/null
-git -C "$flags" apply "$PWD/benchmarks/uniform-vs-override-2026-11-27/experiment.patch"
-(cd "$flags" && CARGO_TARGET_DIR="$PWD/../flags-target" cargo build --release -p wgpu-attention-bench --bin attention-bench)
-cp "$flags/../flags-target/release/attention-bench" .gpu/bin/attention-bench-fixed-flags
-git worktree remove --force "$flags"
 # With BASE=<commit>: generate-bench built at that commit too, as generate-bench-base, which the
 # decodeattn and decodesteps steps run beside the current one (before/after in one call).
 if [ -n "${BASE:-}" ]; then
   base=$(mktemp -d)
   git worktree add --detach "$base" "$BASE" > /dev/null
-  (cd "$base" && CARGO_TARGET_DIR="$PWD/../flags-target" cargo build --release -p wgpu-attention-bench --bin generate-bench)
-  cp "$base/../flags-target/release/generate-bench" .gpu/bin/generate-bench-base
+  (cd "$base" && CARGO_TARGET_DIR="$PWD/../base-target" cargo build --release -p wgpu-attention-bench --bin generate-bench)
+  cp "$base/../base-target/release/generate-bench" .gpu/bin/generate-bench-base
   git worktree remove --force "$base"
 fi
 strip .gpu/bin/*

@@ -79,16 +79,15 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       [ -x $B/test_$t ] && WGPU_ATTENTION_TEST_BACKENDS=vulkan step 90 test-$t $B/test_$t
     done ;;
   flags)
-    # The open half of issue 49's flags measurement (benchmarks/uniform-vs-override-2026-11-27):
-    # the unmasked backward fixes its flags since 2026-11-28 (0.54x on an H200); this times the
-    # causal call, the common case in training, with its flags from the uniform (production) and
-    # fixed to causal (FLAG_CAUSAL = 1) by the experiment build; pairs interleaved, one binary.
+    # Issue 49's flags, in the library's form since 2026-11-28: the GPU and tensor-core families'
+    # backward with their fixed-flag builds (unmasked and causal calls) against the builds that read
+    # the flags from the uniform (WGPU_ATTENTION_FIXED_FLAG_BUILDS=off), f16, B1 H8 D64 L 4096, two
+    # interleaved pairs. The experiment binary measured the GPU family's causal backward at 0.53x.
     for r in 1 2; do
-      for mode in base fixed; do
-        fixed=(); [ $mode = fixed ] && fixed=(env WGPU_ATTENTION_FIXED_FLAGS=1)
-        step 60 flags-$mode-$r "${fixed[@]}" $B/attention-bench-fixed-flags --kernels gpu --batch 1 --heads 8 \
-          --head-dim 64 --lengths 4096 --masks causal --passes forward,backward --paths fused --reps 10 \
-          --json $OUT/flags-$mode-$r.json
+      for mode in on off; do
+        WGPU_ATTENTION_FIXED_FLAG_BUILDS=$mode step 60 flags-$mode-$r $B/attention-bench --kernels gpu,coop \
+          --dtypes f16 --batch 1 --heads 8 --head-dim 64 --lengths 4096 --masks none,causal \
+          --passes backward --paths fused --reps 5 --json $OUT/flags-$mode-$r.json
       done
     done ;;
   coop64)
