@@ -394,7 +394,10 @@ impl Search<'_> {
     /// Times `choice` unless tried already: `check` first (a small problem against the static
     /// choice: `Some(why)` refuses it), then `record` (one call of the candidate into an encoder)
     /// once to compile, then back to back for [`WARM_UP`], then repeated in submissions of about
-    /// [`TIMED_SUBMISSION`], the best of [`TIMED_ROUNDS`] counting. Errors of the candidate are
+    /// [`TIMED_SUBMISSION`], the best of [`TIMED_ROUNDS`] counting; a call that takes longer than
+    /// the warm-up (the GPU busy since the compile) gets no warm-up and one timed round, which
+    /// keeps the long keys' tuning within a few calls per candidate (an H200 spent 7-11 s on each
+    /// L 16384 backward key with six calls per candidate). Errors of the candidate are
     /// its verdict, not the caller's; a device error is returned.
     pub(crate) fn measure(
         &mut self,
@@ -456,9 +459,12 @@ impl Search<'_> {
                 .ceil()
                 .clamp(1.0, 64.0) as usize
         };
+        // A call as long as the warm-up has kept the GPU busy since the compile (two such calls
+        // ran back to back): it needs none, and one timed round.
+        let long = once >= WARM_UP;
         let warm_up = Instant::now();
         let mut once = once;
-        while warm_up.elapsed() < WARM_UP && !self.out_of_time() {
+        while !long && warm_up.elapsed() < WARM_UP && !self.out_of_time() {
             let times = calls(once);
             once = run(times)? / times as u32;
         }
@@ -473,7 +479,8 @@ impl Search<'_> {
         }
         let times = calls(once);
         let mut best = once.as_secs_f64();
-        for _ in 0..TIMED_ROUNDS {
+        let rounds = if long { 1 } else { TIMED_ROUNDS };
+        for _ in 0..rounds {
             if self.out_of_time() {
                 break;
             }
