@@ -40,6 +40,8 @@ fn the_environment_is_read_only_when_asked() {
         ("WGPU_ATTENTION_SUBGROUPS", "perhaps"),
         ("WGPU_ATTENTION_COOP_FORWARD", "2x32"),
         ("WGPU_ATTENTION_DECODE", "48x2048"),
+        ("WGPU_ATTENTION_FIXED_FLAG_BUILDS", "off"),
+        ("WGPU_ATTENTION_TUNE_TENSOR_CORES", "on"),
         ("WGPU_BACKEND", "not-a-backend"),
     ] {
         std::env::set_var(name, value);
@@ -55,6 +57,8 @@ fn the_environment_is_read_only_when_asked() {
     assert!(asked.unchecked_measurement && asked.pass_per_kernel);
     assert_eq!(asked.subgroups, None);
     assert_eq!(asked.coop_forward_shape, Some((2, 32)));
+    assert_eq!(asked.fixed_flag_builds, Some(false));
+    assert!(asked.tune_tensor_cores);
     // 48 keys is no power of two: logged and ignored.
     assert_eq!(asked.decode_shape, None);
     assert_eq!(asked.dump_pipelines.as_deref(), Some(dump.as_path()));
@@ -89,6 +93,8 @@ fn the_environment_is_read_only_when_asked() {
     assert_eq!(ctx.kernel_family(), by_class);
     assert!(!ctx.pass_per_kernel());
     assert!(ctx.trusted_shaders(), "on by default for a device it owns");
+    assert_eq!(ctx.fixed_flag_builds(), !ctx.is_cpu(), "by adapter class");
+    assert!(!ctx.tunes_tensor_cores());
     let forward = |ctx: &Context| {
         let x = wgpu_attention::GpuTensor::from_slice(ctx, &[0.5; 8], &[1, 2, 1, 4]).unwrap();
         let x = x.heads().unwrap();
@@ -114,6 +120,7 @@ fn the_environment_is_read_only_when_asked() {
     .unwrap();
     assert_eq!(tuned.kernel_family(), KernelFamily::Gpu);
     assert!(tuned.pass_per_kernel());
+    assert!(!tuned.fixed_flag_builds() && tuned.tunes_tensor_cores());
     forward(&tuned);
     let dumped = std::fs::read_dir(&dump).map_or(0, |d| d.count());
     assert!(dumped >= 2, "asked to dump, {dumped} files in {dump:?}");

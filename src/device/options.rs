@@ -269,16 +269,8 @@ impl ContextOptions {
             }
         }
         options.tuning_cache = var("WGPU_ATTENTION_TUNING_CACHE").map(Into::into);
-        if let Some(value) = var("WGPU_ATTENTION_TUNE_TENSOR_CORES") {
-            match value.trim() {
-                "on" => options.tune_tensor_cores = true,
-                "off" => options.tune_tensor_cores = false,
-                _ => ignore(
-                    "WGPU_ATTENTION_TUNE_TENSOR_CORES",
-                    &value,
-                    &"expected on or off",
-                ),
-            }
+        if let Some(allowed) = on_off("WGPU_ATTENTION_TUNE_TENSOR_CORES") {
+            options.tune_tensor_cores = allowed;
         }
         Ok(options)
     }

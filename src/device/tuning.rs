@@ -159,8 +159,9 @@ pub enum GemmTiles {
     /// (256 workgroups), else [`GemmTiles::Coop64`]'s. A and B are rounded to f16 in workgroup
     /// memory, so f32 products get f16 accuracy (`reference::compare::TENSOR_CORE_*`); f16 ones
     /// lose nothing. Never a default: asked for by name. Products of a few rows keep the SKINNY
-    /// path, and a device whose limits leave no room for the workgroup (four subgroups and 16 KiB
-    /// of workgroup storage) runs the 64 x 64 kernel.
+    /// path, and a device whose limits leave no room for the workgroup (four subgroups, and 14.5
+    /// KiB of workgroup storage with f16 tiles, 24 KiB without `SHADER_F16`) runs the square
+    /// 64 x 64 kernel.
     Coop,
     /// [`GemmTiles::Coop`] with 64 x 64 tiles always: four subgroups of 2 x 2 accumulator tiles.
     Coop64,
