@@ -191,6 +191,38 @@ fn forward_block(group: u32) -> ForwardBlock {
     );
 }
 
+// What one workgroup of a dK/dV kernel (every family) owns: key block `block` of batch b and
+// K/V head h_kv, for every query head that shares it.
+struct KeyBlock {
+    block: u32,
+    b: u32,
+    h_kv: u32,
+}
+
+fn key_block(group: u32) -> KeyBlock {
+    let block = group % params.blocks;
+    let bh = group / params.blocks;
+    return KeyBlock(block, bh / params.kv_heads, bh % params.kv_heads);
+}
+
+// What one workgroup of a dQ kernel (every family) owns: query block `block` (numbered from the
+// last: under the causal mask the last block has the longest rows, so the heaviest are scheduled
+// first), batch b, head h and its K/V head.
+struct QueryBlock {
+    block: u32,
+    b: u32,
+    h: u32,
+    h_kv: u32,
+}
+
+fn query_block(group: u32) -> QueryBlock {
+    let block = params.blocks - 1u - group % params.blocks;
+    let bh = group / params.blocks;
+    let b = bh / params.heads;
+    let h = bh % params.heads;
+    return QueryBlock(block, b, h, h / (params.heads / params.kv_heads));
+}
+
 // The keys [x, y) that any of query rows row0 .. row0 + rows - 1 of a sequence of qlen queries and
 // kvlen keys sees, row i at key position i + shift (row_shift; aligned(0u) on the tensor lengths):
 // from the first row's window start to the last valid row's end, both nondecreasing in the row;

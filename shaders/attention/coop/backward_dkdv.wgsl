@@ -60,10 +60,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let keys_at = 16u * (lid / SG);
     mat_init(lid % SG);
-    let k_block = group % params.blocks;
-    let bh = group / params.blocks;
-    let b = bh / params.kv_heads;
-    let h_kv = bh % params.kv_heads;
+    let owned = key_block(group);
+    let k_block = owned.block;
+    let b = owned.b;
+    let h_kv = owned.h_kv;
     let group_size = params.heads / params.kv_heads;
     let qlen = q_len(b);
     let kvlen = kv_len(b);

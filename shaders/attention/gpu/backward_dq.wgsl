@@ -62,12 +62,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if group >= params.total_groups {
         return;
     }
-    // Longest rows first under the causal mask: the last query block is the heaviest.
-    let q_block = params.blocks - 1u - group % params.blocks;
-    let bh = group / params.blocks;
-    let b = bh / params.heads;
-    let h = bh % params.heads;
-    let h_kv = h / (params.heads / params.kv_heads);
+    let owned = query_block(group);
+    let q_block = owned.block;
+    let b = owned.b;
+    let h = owned.h;
+    let h_kv = owned.h_kv;
     let qlen = q_len(b);
     let kvlen = kv_len(b);
     let row0 = q_block * BM;
