@@ -352,7 +352,7 @@ fn backward_qualified(ctx: &Context) -> Result<bool> {
     ))
 }
 
-/// The qualification [`CoopBackward::choose`] runs before the backward uses the tensor-core build
+/// The qualification the tensor-core backward's choice runs before it uses the tensor-core build
 /// on a device: the family's two gradient kernels with `build` on the forward qualification's
 /// problem (80 query rows, 104 keys, two heads, head dim 64, causal) against the GPU family's
 /// backward on the same device. `None` if dQ, dK and dV agree within f16 accuracy, else what
