@@ -14,6 +14,8 @@ use wgpu_attention::kernels::linear::{
     linear_backward, linear_backward_epilogue_into, linear_forward, linear_forward_epilogue_into,
     linear_forward_f16, Epilogue, LinearGrads,
 };
+use wgpu_attention::kernels::matmul::qualify_gemm_build;
+use wgpu_attention::kernels::matrix::MatrixBuild;
 use wgpu_attention::reference::compare::{product_tolerances, F16_FORWARD_ATOL, F16_RTOL};
 use wgpu_attention::reference::elementwise as reference_elementwise;
 use wgpu_attention::reference::linear as reference;
@@ -222,6 +224,12 @@ fn tensor_core_gemm_matches_reference() {
     for tiles in [GemmTiles::Coop64, GemmTiles::Coop128] {
         let coop = |ctx: &mut Context| ctx.set_gemm_tiles(Some(tiles));
         for_each_backend_with(coop, |backend, ctx| {
+            // The qualification a device with cooperative matrices runs, here with the portable
+            // build.
+            if tiles == GemmTiles::Coop64 {
+                let mismatch = qualify_gemm_build(ctx, MatrixBuild::Portable).unwrap();
+                assert_eq!(mismatch, None, "{backend}");
+            }
             check_tiles(backend, ctx);
             check(backend, ctx, &[3, 40], 70, true);
             if ctx.device().features().contains(wgpu::Features::SHADER_F16) {

@@ -154,8 +154,9 @@ pub enum GemmTiles {
     /// the smaller grid may not fill the machine.
     Wide128x64,
     /// The tensor cores (`matmul_coop.wgsl`: subgroups of 16x16 f16 tiles with f32 accumulation,
-    /// through the attention's matrix interface and the build it qualified; its portable build
-    /// elsewhere), [`GemmTiles::Coop128`]'s tiles where a product has enough of them to fill a GPU
+    /// through the attention's matrix interface, on cooperative matrices where the attention's
+    /// build and the GEMM's own check (`kernels::matmul::qualify_gemm_build`) qualified on the
+    /// device; its portable build elsewhere), [`GemmTiles::Coop128`]'s tiles where a product has enough of them to fill a GPU
     /// (256 workgroups), else [`GemmTiles::Coop64`]'s. A and B are rounded to f16 in workgroup
     /// memory, so f32 products get f16 accuracy (`reference::compare::TENSOR_CORE_*`); f16 ones
     /// lose nothing. Never a default: asked for by name. Products of a few rows keep the SKINNY

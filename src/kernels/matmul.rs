@@ -6,8 +6,8 @@ use crate::device::{grid_2d, Context, GemmTiles, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::attention::matrix_build;
 use crate::kernels::elementwise::Activation;
-use crate::kernels::matrix::{tile_element, MatrixBuild};
-use crate::tensor::{DType, Region};
+use crate::kernels::matrix::{mismatch, record_qualification, tile_element, MatrixBuild};
+use crate::tensor::{DType, GpuTensor, Region};
 
 /// The GEMM shader bodies, each after the activation functions its epilogues share with the
 /// elementwise kernels and the GEMMs' common header: 64 x 64 tiles (and SKINNY), and 128 x 64 tiles.
@@ -400,12 +400,154 @@ const fn coop_kernel(shape: CoopTiles) -> Kernel {
 /// tile group (32 in the portable build); `None` where a 64 x 64 workgroup exceeds the device's
 /// limits (the square kernel runs instead).
 fn coop_build(ctx: &Context) -> Result<Option<(MatrixBuild, u32)>> {
-    let build = matrix_build(ctx)?;
-    let group = match build {
+    let mut build = matrix_build(ctx)?;
+    if build == MatrixBuild::Cooperative && !gemm_qualified(ctx) {
+        build = MatrixBuild::Portable;
+    }
+    let group = coop_group(ctx, build);
+    Ok(CoopTiles::SQUARE.fit(ctx, group).then_some((build, group)))
+}
+
+/// The tile group of the tensor-core GEMM in `build` on `ctx`: the subgroup (32 in the portable
+/// build, NVIDIA's, so the tests run the shape the tensor cores do).
+fn coop_group(ctx: &Context, build: MatrixBuild) -> u32 {
+    match build {
         MatrixBuild::Cooperative => ctx.subgroup_size().unwrap_or(COOP_PORTABLE_GROUP),
         MatrixBuild::Portable => COOP_PORTABLE_GROUP,
+    }
+}
+
+/// Whether the tensor-core GEMM's cooperative build qualified on `ctx` ([`qualify_gemm_build`],
+/// run once per context): where it did not, its portable build runs.
+fn gemm_qualified(ctx: &Context) -> bool {
+    const KEY: &str = "matmul_coop";
+    if let Some(passed) = ctx.qualification(KEY) {
+        return passed;
+    }
+    let why_not = mismatch(qualify_gemm_build(ctx, MatrixBuild::Cooperative));
+    record_qualification(
+        ctx,
+        KEY,
+        why_not,
+        "the tensor-core GEMM runs its portable build",
+        "the tensor-core GEMM runs on cooperative matrices",
+    )
+}
+
+/// The qualification the tensor-core GEMM runs on a device before it uses its cooperative build
+/// (after the attention's, whose matrix interface it shares): an 80 x 96 product over k = 72
+/// (partial tiles in every dimension, three k tiles) with its 64 x 64 and 128 x 128 tiles in
+/// `build`, against the square kernel on the same device. `None` if every element agrees within
+/// f16 accuracy (2^-8 of one plus its size, as `reference::compare::TENSOR_CORE_*`), else what
+/// differed. (The tests run it with the portable build.)
+pub fn qualify_gemm_build(ctx: &Context, build: MatrixBuild) -> Result<Option<String>> {
+    let (m, n, k) = (80, 96, 72);
+    // Values in [-1, 1), B's scaled by 1 / sqrt(k) so that the products are about one.
+    let values = |count: usize, seed: usize, scale: f32| -> Vec<f32> {
+        (0..count)
+            .map(|i| (((i * 7919 + seed * 104_729) % 2000) as f32 / 1000.0 - 1.0) * scale)
+            .collect()
     };
-    Ok(CoopTiles::SQUARE.fit(ctx, group).then_some((build, group)))
+    let a = GpuTensor::from_slice(ctx, &values(m * k, 1, 1.0), &[m, k])?;
+    let b = GpuTensor::from_slice(ctx, &values(n * k, 2, 1.0 / (k as f32).sqrt()), &[n, k])?;
+    let group = coop_group(ctx, build);
+    let shapes: Vec<CoopTiles> = [CoopTiles::SQUARE, CoopTiles::WIDE]
+        .into_iter()
+        .filter(|shape| shape.fit(ctx, group))
+        .collect();
+    if shapes.is_empty() {
+        return Ok(Some(
+            "its tiles do not fit the workgroup limits".to_string(),
+        ));
+    }
+    let outputs = (0..=shapes.len())
+        .map(|_| GpuTensor::zeros(ctx, &[m, n]))
+        .collect::<Result<Vec<_>>>()?;
+    let (ra, rb) = (a.region(), b.region());
+    let gemm = |c| product_of_rows(ra, rb, c, [m, n, k]);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    {
+        let mut pass = ctx.begin_pass(&mut encoder, "matmul_qualification");
+        encode_one(
+            ctx,
+            &mut pass,
+            &gemm(outputs[0].region()),
+            (SQUARE, None),
+            false,
+            false,
+        )?;
+        for (shape, c) in shapes.iter().zip(&outputs[1..]) {
+            let kernel = (coop_kernel(*shape), Some((build, group, *shape)));
+            encode_one(ctx, &mut pass, &gemm(c.region()), kernel, false, false)?;
+        }
+    }
+    ctx.submit(encoder)?;
+    let reference = outputs[0].to_vec(ctx)?;
+    for (shape, c) in shapes.iter().zip(&outputs[1..]) {
+        let got = c.to_vec(ctx)?;
+        let (index, worst) = got
+            .iter()
+            .zip(&reference)
+            .map(|(x, y)| match x.is_finite() {
+                true => (x - y).abs() / (1.0 + y.abs()),
+                false => f32::INFINITY,
+            })
+            .enumerate()
+            .fold((0, 0.0f32), |w, (i, e)| if e > w.1 { (i, e) } else { w });
+        if worst > 1.0 / 256.0 {
+            return Ok(Some(format!(
+                "its {} x {} tiles differ from the square kernel by {worst:.3e} of (1 + |c|) at \
+                 element {index}",
+                shape.tile_m(),
+                shape.tile_n()
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// `C [m x n] = A [m x k] . B^T` for row-major A, B [n x k] and C, f32, no epilogue.
+fn product_of_rows<'a>(
+    a: Region<'a>,
+    b: Region<'a>,
+    c: Region<'a>,
+    [m, n, k]: [usize; 3],
+) -> Gemm<'a> {
+    Gemm {
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        groups: 1,
+        batch: 1,
+        heads: 1,
+        alpha: 1.0,
+        a: (a, row_major(k)),
+        b: (b, transposed(k)),
+        c: (c, row_major(n)),
+        epilogue: Epilogue::NONE,
+        row_sums: None,
+        elements: Elements::F32,
+    }
+}
+
+/// Operand addressing of a row-major matrix of `cols` columns.
+fn row_major(cols: usize) -> Operand {
+    Operand {
+        head_div: 1,
+        stride_row: cols as u32,
+        stride_col: 1,
+        ..Default::default()
+    }
+}
+
+/// Operand addressing of the transpose of a row-major matrix of `cols` columns (B = W^T).
+fn transposed(cols: usize) -> Operand {
+    Operand {
+        head_div: 1,
+        stride_row: 1,
+        stride_col: cols as u32,
+        ..Default::default()
+    }
 }
 
 /// The tensor-core tiles `tiles` give `g` on `ctx` where they fit (`group`-wide tile groups):

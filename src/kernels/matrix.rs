@@ -3,9 +3,12 @@
 //! `shaders/matrix/cooperative.wgsl` (wgpu's cooperative matrices: tensor cores, WMMA, simdgroup
 //! matrices) and `shaders/matrix/portable.wgsl` (ordinary arithmetic, any adapter), so every test
 //! runs a tensor-core kernel's tiling on a CPU driver. Which build a context runs is decided once,
-//! by the attention's qualification on the device (`kernels::attention::matrix_build`).
+//! by the attention's qualification on the device (`kernels::attention::matrix_build`), and for
+//! the GEMM by its own too (`kernels::matmul::qualify_gemm_build`); this module keeps their
+//! outcomes (`record_qualification`).
 
 use crate::device::Context;
+use crate::error::Result;
 use crate::tensor::DType;
 
 const COOPERATIVE: &str = include_str!("../../shaders/matrix/cooperative.wgsl");
@@ -56,4 +59,33 @@ pub(crate) fn tile_element(ctx: &Context) -> DType {
         true => DType::F16,
         false => DType::F32,
     }
+}
+
+/// A qualification's outcome as the reason it failed: the mismatch it found, or the error it
+/// stopped on.
+pub(crate) fn mismatch(outcome: Result<Option<String>>) -> Option<String> {
+    match outcome {
+        Ok(mismatch) => mismatch,
+        Err(e) => Some(format!("its qualification failed: {e}")),
+    }
+}
+
+/// Keeps whether kernel `key` qualified on `ctx` (`why_not` is `None`) with the line that says so,
+/// `refused` or `passed` followed by the adapter's name and the reason, logs it, and returns
+/// whether it passed.
+pub(crate) fn record_qualification(
+    ctx: &Context,
+    key: &'static str,
+    why_not: Option<String>,
+    refused: &str,
+    passed: &str,
+) -> bool {
+    let name = &ctx.report().name;
+    let detail = match &why_not {
+        Some(why) => format!("{refused} on {name}: {why}"),
+        None => format!("{passed} on {name}"),
+    };
+    log::info!("wgpu-attention: {detail}");
+    ctx.set_qualification(key, why_not.is_none(), detail);
+    why_not.is_none()
 }

@@ -8,8 +8,7 @@
 //! for learned relative buckets (whose per-row table gradient only the GPU family's dQ sums).
 
 use super::{
-    mat_elem, matrix_build, mismatch, padded, qualification_problem, record_qualification,
-    worst_error, PORTABLE_GROUP, TILE,
+    mat_elem, matrix_build, padded, qualification_problem, worst_error, PORTABLE_GROUP, TILE,
 };
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::Result;
@@ -22,6 +21,7 @@ use crate::kernels::attention::gpu::encode_forward_gpu;
 use crate::kernels::attention::shape::check_options;
 use crate::kernels::attention::tune::qualification_values;
 use crate::kernels::attention::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
+use crate::kernels::matrix::{mismatch, record_qualification};
 use crate::spec::AttentionShape;
 use crate::tensor::DType;
 use crate::tensor::{GpuTensor, HeadsView};

@@ -19,6 +19,7 @@ use super::tune::qualification_values;
 use super::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::Result;
+use crate::kernels::matrix::{mismatch, record_qualification};
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, HeadsView};
 use gpu::{encode_split_forward, SplitForwardKernel};
@@ -416,35 +417,6 @@ pub fn matrix_build(ctx: &Context) -> Result<MatrixBuild> {
         true => MatrixBuild::Cooperative,
         false => MatrixBuild::Portable,
     })
-}
-
-/// A qualification's outcome as the reason it failed: the mismatch it found, or the error it
-/// stopped on.
-fn mismatch(outcome: Result<Option<String>>) -> Option<String> {
-    match outcome {
-        Ok(mismatch) => mismatch,
-        Err(e) => Some(format!("its qualification failed: {e}")),
-    }
-}
-
-/// Keeps whether kernel `key` qualified on `ctx` (`why_not` is `None`) with the line that says so,
-/// `refused` or `passed` followed by the adapter's name and the reason, logs it, and returns
-/// whether it passed.
-fn record_qualification(
-    ctx: &Context,
-    key: &'static str,
-    why_not: Option<String>,
-    refused: &str,
-    passed: &str,
-) -> bool {
-    let name = &ctx.report().name;
-    let detail = match &why_not {
-        Some(why) => format!("{refused} on {name}: {why}"),
-        None => format!("{passed} on {name}"),
-    };
-    log::info!("wgpu-attention: {detail}");
-    ctx.set_qualification(key, why_not.is_none(), detail);
-    why_not.is_none()
 }
 
 /// The qualification [`matrix_build`] runs before it uses the tensor-core build on a device: the
