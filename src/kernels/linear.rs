@@ -93,24 +93,6 @@ fn dims_of(
     Ok((rows, in_f, out_f))
 }
 
-fn row_major(cols: usize) -> Operand {
-    Operand {
-        head_div: 1,
-        stride_row: cols as u32,
-        stride_col: 1,
-        ..Default::default()
-    }
-}
-
-fn transposed(cols: usize) -> Operand {
-    Operand {
-        head_div: 1,
-        stride_row: 1,
-        stride_col: cols as u32,
-        ..Default::default()
-    }
-}
-
 /// The shape of `x`'s Linear output: its last dimension replaced by `features`.
 fn out_shape(x: &[usize], features: usize) -> Vec<usize> {
     let mut s = x.to_vec();
@@ -339,9 +321,9 @@ fn encode_forward(
             batch: 1,
             heads: 1,
             alpha: 1.0,
-            a: (x, row_major(in_f)),
-            b: (weight, transposed(in_f)),
-            c: (y, row_major(out_f)),
+            a: (x, Operand::row_major(in_f)),
+            b: (weight, Operand::transposed(in_f)),
+            c: (y, Operand::row_major(out_f)),
             epilogue,
             row_sums: None,
             elements,
@@ -442,9 +424,9 @@ pub fn linear_backward_epilogue_into(
         batch: 1,
         heads: 1,
         alpha: 1.0,
-        a: (dy.region(), transposed(out_f)),
-        b: (x.region(), row_major(in_f)),
-        c: (grads.d_weight.region(), row_major(in_f)),
+        a: (dy.region(), Operand::transposed(out_f)),
+        b: (x.region(), Operand::row_major(in_f)),
+        c: (grads.d_weight.region(), Operand::row_major(in_f)),
         epilogue: GemmEpilogue::NONE,
         row_sums: None,
         elements: Elements::F32,
@@ -469,9 +451,9 @@ pub fn linear_backward_epilogue_into(
                 batch: 1,
                 heads: 1,
                 alpha: 1.0,
-                a: (dy.region(), row_major(out_f)),
-                b: (weight.region(), row_major(in_f)),
-                c: (grads.dx.region(), row_major(in_f)),
+                a: (dy.region(), Operand::row_major(out_f)),
+                b: (weight.region(), Operand::row_major(in_f)),
+                c: (grads.dx.region(), Operand::row_major(in_f)),
                 epilogue: dx_epilogue.gemm(None, ActivationStep::Grad),
                 row_sums: None,
                 elements: Elements::F32,

@@ -102,11 +102,11 @@ impl CoopTiles {
         self.groups_m * self.groups_n
     }
 
-    fn tile_m(self) -> u32 {
+    const fn tile_m(self) -> u32 {
         16 * self.groups_m * self.tm
     }
 
-    fn tile_n(self) -> u32 {
+    const fn tile_n(self) -> u32 {
         16 * self.groups_n * self.tn
     }
 
@@ -275,6 +275,28 @@ pub(crate) struct Operand {
     pub _pad: u32,
 }
 
+impl Operand {
+    /// A row-major matrix of `cols` columns (one batch entry, head and group).
+    pub(crate) fn row_major(cols: usize) -> Operand {
+        Operand {
+            head_div: 1,
+            stride_row: cols as u32,
+            stride_col: 1,
+            ..Default::default()
+        }
+    }
+
+    /// The transpose of a row-major matrix of `cols` columns (a Linear layer's `W^T`).
+    pub(crate) fn transposed(cols: usize) -> Operand {
+        Operand {
+            head_div: 1,
+            stride_row: 1,
+            stride_col: cols as u32,
+            ..Default::default()
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 struct GemmParams {
@@ -388,8 +410,8 @@ const fn coop_kernel(shape: CoopTiles) -> Kernel {
         names: ["matmul_coop", "matmul_coop_f16"],
         cpu_names: ["matmul_coop", "matmul_coop_f16"],
         source: COOP_SOURCE,
-        tile_m: 16 * shape.groups_m * shape.tm,
-        tile_n: 16 * shape.groups_n * shape.tn,
+        tile_m: shape.tile_m(),
+        tile_n: shape.tile_n(),
         loop_cost_per_k_tile: 16 + (shape.tm * shape.tn) as u64 * 8 * 18 + 16,
         skinny: false,
     }
@@ -521,32 +543,12 @@ fn product_of_rows<'a>(
         batch: 1,
         heads: 1,
         alpha: 1.0,
-        a: (a, row_major(k)),
-        b: (b, transposed(k)),
-        c: (c, row_major(n)),
+        a: (a, Operand::row_major(k)),
+        b: (b, Operand::transposed(k)),
+        c: (c, Operand::row_major(n)),
         epilogue: Epilogue::NONE,
         row_sums: None,
         elements: Elements::F32,
-    }
-}
-
-/// Operand addressing of a row-major matrix of `cols` columns.
-fn row_major(cols: usize) -> Operand {
-    Operand {
-        head_div: 1,
-        stride_row: cols as u32,
-        stride_col: 1,
-        ..Default::default()
-    }
-}
-
-/// Operand addressing of the transpose of a row-major matrix of `cols` columns (B = W^T).
-fn transposed(cols: usize) -> Operand {
-    Operand {
-        head_div: 1,
-        stride_row: 1,
-        stride_col: cols as u32,
-        ..Default::default()
     }
 }
 
