@@ -55,10 +55,10 @@ struct GemmParams {
 }
 
 @group(0) @binding(0) var<uniform> gp: GemmParams;
-// GemmIn (A, B) and GemmOut (C) are f32, or f16 where the adapter has SHADER_F16 (aliased by the host
-// before this header); arithmetic, bias, pre and residual are f32.
-@group(0) @binding(1) var<storage, read> a_buf: array<GemmIn>;
-@group(0) @binding(2) var<storage, read> b_buf: array<GemmIn>;
+// GemmA, GemmB (A, B) and GemmOut (C) are f32, or f16 where the adapter has SHADER_F16 (aliased by
+// the host before this header, with `operand`); arithmetic, bias, pre and residual are f32.
+@group(0) @binding(1) var<storage, read> a_buf: array<GemmA>;
+@group(0) @binding(2) var<storage, read> b_buf: array<GemmB>;
 @group(0) @binding(3) var<storage, read_write> c_buf: array<GemmOut>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> residual: array<f32>;
@@ -66,6 +66,16 @@ struct GemmParams {
 @group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
 
 override ROW_SUMS: bool = false;
+
+// A's and B's elements as the products take them: `operand` is the identity, or in the
+// mixed-precision builds the rounding to f16 that tensor cores apply (SPEC.md, mixed precision).
+fn a_value(i: u32) -> f32 {
+    return operand(f32(a_buf[i]));
+}
+
+fn b_value(i: u32) -> f32 {
+    return operand(f32(b_buf[i]));
+}
 
 fn base(op: Operand, bi: u32, h: u32, g: u32) -> u32 {
     return op.offset + bi * op.stride_b + (h / op.head_div) * op.stride_h + g * op.stride_g;

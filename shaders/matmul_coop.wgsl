@@ -69,14 +69,14 @@ fn read_k_tile(
         let e = a_element(lid + u * WG, a_k_major);
         let inside = lid + u * WG < TILE_M * TILE_K && m0 + e.x < gp.m && k0 + e.y < gp.k;
         let at = (m0 + e.x) * a.stride_row + (k0 + e.y) * a.stride_col;
-        let x = f32(a_buf[a_base + select(0u, at, inside)]);
+        let x = a_value(a_base + select(0u, at, inside));
         (*a_next)[u] = MatElem(select(0.0, x, inside));
     }
     for (var u = 0u; u < LOADS_B; u++) {
         let e = b_element(lid + u * WG, b_k_major);
         let inside = lid + u * WG < TILE_K * TILE_N && n0 + e.x < gp.n && k0 + e.y < gp.k;
         let at = (k0 + e.y) * b.stride_row + (n0 + e.x) * b.stride_col;
-        let y = f32(b_buf[b_base + select(0u, at, inside)]);
+        let y = b_value(b_base + select(0u, at, inside));
         (*b_next)[u] = MatElem(select(0.0, y, inside));
     }
 }

@@ -70,7 +70,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 let row = m0 + a_row;
                 var x = 0.0;
                 if row < gp.m && k0 + a_kk < gp.k {
-                    x = f32(a_buf[a_base + row * gp.a.stride_row + (k0 + a_kk) * gp.a.stride_col]);
+                    x = a_value(a_base + row * gp.a.stride_row + (k0 + a_kk) * gp.a.stride_col);
                 }
                 a_tile[a_kk * TILE + a_row] = x;
                 let b_k_major = gp.b.stride_row == 1u;
@@ -79,7 +79,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 let col = n0 + b_col;
                 var y = 0.0;
                 if col < gp.n && k0 + b_kk < gp.k {
-                    y = f32(b_buf[b_base + (k0 + b_kk) * gp.b.stride_row + col * gp.b.stride_col]);
+                    y = b_value(b_base + (k0 + b_kk) * gp.b.stride_row + col * gp.b.stride_col);
                 }
                 b_tile[b_kk * TILE + b_col] = y;
             }
@@ -127,7 +127,7 @@ fn skinny_per_element(group: u32, lid: u32) {
         let a_at = base(gp.a, bi, h, g) + row * gp.a.stride_row;
         let b_at = base(gp.b, bi, h, g) + col * gp.b.stride_col;
         for (var k = 0u; k < gp.k; k++) {
-            acc += f32(a_buf[a_at + k * gp.a.stride_col]) * f32(b_buf[b_at + k * gp.b.stride_row]);
+            acc += a_value(a_at + k * gp.a.stride_col) * b_value(b_at + k * gp.b.stride_row);
         }
     }
     store(base(gp.c, bi, h, 0u), row, col, acc);
@@ -161,25 +161,25 @@ fn skinny_split(group: u32, lid: u32) {
         let a_hi = vec4<u32>(a_base) + rows_hi * gp.a.stride_row;
         let b_at = base(gp.b, bi, h, g) + read_col * gp.b.stride_col;
         for (var k = lane; k < gp.k; k += K_LANES) {
-            let bk = f32(b_buf[b_at + k * gp.b.stride_row]);
+            let bk = b_value(b_at + k * gp.b.stride_row);
             let ak = k * gp.a.stride_col;
             // Uniform branches: a decoding step has one row.
-            acc_lo.x += f32(a_buf[a_lo.x + ak]) * bk;
+            acc_lo.x += a_value(a_lo.x + ak) * bk;
             if gp.m > 1u {
-                acc_lo.y += f32(a_buf[a_lo.y + ak]) * bk;
+                acc_lo.y += a_value(a_lo.y + ak) * bk;
             }
             if gp.m > 2u {
-                acc_lo.z += f32(a_buf[a_lo.z + ak]) * bk;
+                acc_lo.z += a_value(a_lo.z + ak) * bk;
             }
             if gp.m > 3u {
-                acc_lo.w += f32(a_buf[a_lo.w + ak]) * bk;
+                acc_lo.w += a_value(a_lo.w + ak) * bk;
             }
             if gp.m > 4u {
                 let a8 = vec4<f32>(
-                    f32(a_buf[a_hi.x + ak]),
-                    f32(a_buf[a_hi.y + ak]),
-                    f32(a_buf[a_hi.z + ak]),
-                    f32(a_buf[a_hi.w + ak]),
+                    a_value(a_hi.x + ak),
+                    a_value(a_hi.y + ak),
+                    a_value(a_hi.z + ak),
+                    a_value(a_hi.w + ak),
                 );
                 acc_hi += a8 * bk;
             }

@@ -53,7 +53,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 let kk = select(t / TILE_M, t % TILE_K, a_k_major);
                 var x = 0.0;
                 if m0 + row < gp.m && k0 + kk < gp.k {
-                    x = f32(a_buf[a_base + (m0 + row) * gp.a.stride_row + (k0 + kk) * gp.a.stride_col]);
+                    x = a_value(a_base + (m0 + row) * gp.a.stride_row + (k0 + kk) * gp.a.stride_col);
                 }
                 a_wide[kk * (TILE_M / 4u) + row / 4u][row % 4u] = x;
             }
@@ -62,7 +62,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 let kk = select(t / TILE_N, t % TILE_K, b_k_major);
                 var y = 0.0;
                 if n0 + col < gp.n && k0 + kk < gp.k {
-                    y = f32(b_buf[b_base + (k0 + kk) * gp.b.stride_row + (n0 + col) * gp.b.stride_col]);
+                    y = b_value(b_base + (k0 + kk) * gp.b.stride_row + (n0 + col) * gp.b.stride_col);
                 }
                 b_wide[kk * (TILE_N / 4u) + col / 4u][col % 4u] = y;
             }

@@ -2,17 +2,19 @@
 //! forward with and without bias, dx, dW, db over odd sizes and a 3-D input; split bias sums; the
 //! activation and residual epilogues (also over split reductions); both GEMM tile shapes
 //! (`GemmTiles`), also on the unfused attention's batched, grouped, transposed products; the f16
-//! Linear (f16 storage, f32 arithmetic); errors.
+//! Linear (f16 storage, f32 arithmetic); the mixed-precision Linear (f16-rounded operands, an f16
+//! weight copy, f32 accumulation and results); errors.
 
 mod common;
 
 use common::*;
 use half::f16;
 use wgpu_attention::device::LLVMPIPE_LOOP_BUDGET;
-use wgpu_attention::kernels::elementwise::Activation;
+use wgpu_attention::kernels::elementwise::{cast_f16_into, Activation};
 use wgpu_attention::kernels::linear::{
-    linear_backward, linear_backward_epilogue_into, linear_forward, linear_forward_epilogue_into,
-    linear_forward_f16, Epilogue, LinearGrads,
+    linear_backward, linear_backward_epilogue_into, linear_backward_mixed_into, linear_forward,
+    linear_forward_epilogue_into, linear_forward_f16, linear_forward_mixed_into, Epilogue,
+    LinearGrads,
 };
 use wgpu_attention::kernels::matmul::qualify_gemm_build;
 use wgpu_attention::kernels::matrix::MatrixBuild;
@@ -479,4 +481,122 @@ fn f16_linear_matches_reference() {
             }
         },
     );
+}
+
+/// The mixed-precision Linear: forward, dx, dW and db with `x` and `dy` rounded to f16 as the
+/// products read them and the f16 copy of the weight (made on the GPU by `cast_f16_into`), f32
+/// accumulation. Against the f64 reference of the f16-rounded operands within the f32 products'
+/// tolerance (so the rounding is exactly f16's, to nearest), and against the reference of the f32
+/// operands within the tensor-core bound SPEC.md states for mixed precision.
+fn check_mixed(backend: &str, ctx: &Context, x_shape: &[usize], out_f: usize, with_bias: bool) {
+    let in_f = *x_shape.last().unwrap();
+    let rows: usize = x_shape[..x_shape.len() - 1].iter().product();
+    let mut rng = rng((rows * 1000 + in_f * 10 + out_f) as u64 + 32);
+    let x = random(&mut rng, rows * in_f, 1.0);
+    let w = random(&mut rng, out_f * in_f, 0.5);
+    let b = random(&mut rng, out_f, 0.5);
+    let dy = random(&mut rng, rows * out_f, 1.0);
+    let mut y_shape = x_shape.to_vec();
+    *y_shape.last_mut().unwrap() = out_f;
+    let xt = GpuTensor::from_slice(ctx, &x, x_shape).unwrap();
+    let wt = GpuTensor::from_slice(ctx, &w, &[out_f, in_f]).unwrap();
+    let w16 = GpuTensorF16::zeros(ctx, &[out_f, in_f]).unwrap();
+    let bt = GpuTensor::from_slice(ctx, &b, &[out_f]).unwrap();
+    let dyt = GpuTensor::from_slice(ctx, &dy, &y_shape).unwrap();
+    let y = GpuTensor::zeros(ctx, &y_shape).unwrap();
+    let grads = LinearGrads {
+        dx: GpuTensor::zeros(ctx, x_shape).unwrap(),
+        d_weight: GpuTensor::zeros(ctx, &[out_f, in_f]).unwrap(),
+        d_bias: with_bias.then(|| GpuTensor::zeros(ctx, &[out_f]).unwrap()),
+    };
+    let bias = with_bias.then_some(&bt);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    cast_f16_into(ctx, &mut encoder, &wt, &w16).unwrap();
+    linear_forward_mixed_into(ctx, &mut encoder, &xt, &w16, bias, Epilogue::default(), &y).unwrap();
+    linear_backward_mixed_into(
+        ctx,
+        &mut encoder,
+        &xt,
+        &w16,
+        &dyt,
+        &grads,
+        Epilogue::default(),
+    )
+    .unwrap();
+    ctx.submit(encoder).unwrap();
+    let round = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| f16::from_f32(x).to_f64()).collect() };
+    let b64 = to_f64(&b);
+    let tag = format!(
+        "[{backend}] {} mixed linear {x_shape:?} -> {out_f} bias {with_bias}",
+        ctx.gemm_tiles().name()
+    );
+    let outputs = [
+        ("y", y.to_vec(ctx).unwrap()),
+        ("dx", grads.dx.to_vec(ctx).unwrap()),
+        ("d_weight", grads.d_weight.to_vec(ctx).unwrap()),
+    ];
+    let [atol, rtol, ..] = product_tolerances(false);
+    let [mixed_atol, mixed_rtol, ..] = product_tolerances(true);
+    for rounded in [true, false] {
+        let operands = |v: &[f32]| if rounded { round(v) } else { to_f64(v) };
+        let (x64, w64, dy64) = (operands(&x), operands(&w), operands(&dy));
+        let ry = reference::linear_forward(&x64, &w64, with_bias.then_some(&b64[..]), in_f);
+        let (rdx, rdw, _) = reference::linear_backward(&x64, &w64, &dy64, in_f);
+        let (atol, rtol) = match rounded {
+            true => (atol, rtol),
+            false => (mixed_atol, mixed_rtol),
+        };
+        let which = if rounded {
+            "rounded operands"
+        } else {
+            "f32 operands"
+        };
+        for ((name, got), want) in outputs.iter().zip([ry, rdx, rdw]) {
+            assert_close(&format!("{tag} {name} vs {which}"), got, &want, atol, rtol);
+        }
+    }
+    if let Some(db) = &grads.d_bias {
+        // Summed in f32 from dy as stored or as the product read it: within the mixed bound.
+        let (_, _, rdb) = reference::linear_backward(&to_f64(&x), &to_f64(&w), &to_f64(&dy), in_f);
+        let got = db.to_vec(ctx).unwrap();
+        assert_close(&format!("{tag} d_bias"), &got, &rdb, mixed_atol, mixed_rtol);
+    }
+}
+
+#[test]
+fn mixed_linear_matches_reference() {
+    for tiles in [
+        GemmTiles::Square64,
+        GemmTiles::Wide128x64,
+        GemmTiles::Coop64,
+    ] {
+        for_each_family_with(
+            |ctx| ctx.set_gemm_tiles(Some(tiles)),
+            |backend, ctx| {
+                if !ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+                    let x = GpuTensor::zeros(ctx, &[3, 4]).unwrap();
+                    let (w16, y) = (GpuTensorF16::zeros(ctx, &[5, 4]).unwrap(), &x);
+                    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                    let e = linear_forward_mixed_into(
+                        ctx,
+                        &mut encoder,
+                        &x,
+                        &w16,
+                        None,
+                        Epilogue::default(),
+                        y,
+                    )
+                    .unwrap_err();
+                    assert!(matches!(e, Error::MissingFeature { .. }), "[{backend}] {e}");
+                    return;
+                }
+                // A decoding step's rows (SKINNY), partial 64- and 128-row tiles, odd widths.
+                check_mixed(backend, ctx, &[3, 40], 70, true);
+                check_mixed(backend, ctx, &[130, 33], 96, true);
+                if tiles == GemmTiles::Square64 {
+                    check_mixed(backend, ctx, &[2, 100, 64], 65, false);
+                }
+            },
+        );
+    }
 }

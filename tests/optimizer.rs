@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use wgpu_attention::kernels::loss_scale::{LossScaleState, LossScaling};
 use wgpu_attention::kernels::optimizer::{AdamW, AdamWConfig};
 use wgpu_attention::reference::optimizer as reference;
 use wgpu_attention::tensor::TENSOR_ALIGN;
@@ -215,5 +216,120 @@ fn tensors_inside_a_shared_buffer_are_checked_and_aliasing_refused() {
             Err(Error::Shape { arg: "grads", .. })
         ));
         assert_eq!(opt.steps(), 0);
+    });
+}
+
+/// Mixed precision's loss scaling: gradients scaled by the loss scale step like unscaled ones; a
+/// step with an overflowed (infinite) gradient changes nothing, halves the scale and is not
+/// latched; the scale doubles after `growth_interval` clean steps; the bias corrections count the
+/// steps taken, so the step after a skip equals an unscaled optimizer's next step.
+#[test]
+fn loss_scaling_unscales_skips_and_grows() {
+    for_each_backend(|backend, ctx| {
+        let config = AdamWConfig::default().lr(0.01).max_grad_norm(Some(2.0));
+        let shapes = [vec![7, 3], vec![300]];
+        let mut rng = rng(7);
+        let values: Vec<Vec<f32>> = shapes
+            .iter()
+            .map(|s| random(&mut rng, s.iter().product(), 1.0))
+            .collect();
+        let make = || -> Vec<GpuTensor> {
+            values
+                .iter()
+                .zip(&shapes)
+                .map(|(v, s)| GpuTensor::from_slice(ctx, v, s).unwrap())
+                .collect()
+        };
+        let (plain, scaled) = (make(), make());
+        let plain_refs: Vec<&GpuTensor> = plain.iter().collect();
+        let scaled_refs: Vec<&GpuTensor> = scaled.iter().collect();
+        let mut unscaled_opt = AdamW::new(ctx, config, &plain_refs).unwrap();
+        let mut opt = AdamW::new(ctx, config, &scaled_refs).unwrap();
+        let scaling = LossScaling::default()
+            .initial_scale(1024.0)
+            .growth_interval(2);
+        opt.enable_loss_scaling(ctx, scaling).unwrap();
+        let grads_times = |grads: &[Vec<f32>], factor: f32| -> Vec<GpuTensor> {
+            grads
+                .iter()
+                .zip(&shapes)
+                .map(|(g, s)| {
+                    let g: Vec<f32> = g.iter().map(|x| x * factor).collect();
+                    GpuTensor::from_slice(ctx, &g, s).unwrap()
+                })
+                .collect()
+        };
+        let state = |opt: &AdamW| opt.loss_scale().unwrap().state(ctx).unwrap();
+        let expect = |scale: f32, clean: u32, skipped: u32, last: bool| LossScaleState {
+            scale,
+            clean_steps: clean,
+            skipped_steps: skipped,
+            last_step_skipped: last,
+        };
+        // (scale the gradients are multiplied by, overflow injected, state after the step)
+        let plan = [
+            (1024.0, false, expect(1024.0, 1, 0, false)),
+            (1024.0, false, expect(2048.0, 0, 0, false)),
+            (2048.0, true, expect(1024.0, 0, 1, true)),
+            (1024.0, false, expect(1024.0, 1, 1, false)),
+        ];
+        for (step, (scale, overflow, after)) in plan.into_iter().enumerate() {
+            let tag = format!("[{backend}] loss scaling step {}", step + 1);
+            let grads: Vec<Vec<f32>> = shapes
+                .iter()
+                .map(|s| random(&mut rng, s.iter().product(), 1.0))
+                .collect();
+            let mut scaled_grads = grads_times(&grads, scale);
+            if overflow {
+                let mut g = grads[1].clone();
+                g[17] = f32::INFINITY;
+                scaled_grads[1] = GpuTensor::from_slice(ctx, &g, &shapes[1]).unwrap();
+            }
+            let before: Vec<Vec<f32>> = scaled.iter().map(|p| p.to_vec(ctx).unwrap()).collect();
+            let refs: Vec<&GpuTensor> = scaled_grads.iter().collect();
+            opt.step(ctx, &scaled_refs, &refs).unwrap();
+            assert_eq!(state(&opt), after, "{tag}");
+            opt.check_finite(ctx).unwrap();
+            if overflow {
+                for (k, p) in scaled.iter().enumerate() {
+                    assert_eq!(
+                        p.to_vec(ctx).unwrap(),
+                        before[k],
+                        "{tag}: param {k} changed"
+                    );
+                }
+                continue;
+            }
+            let plain_grads = grads_times(&grads, 1.0);
+            let refs: Vec<&GpuTensor> = plain_grads.iter().collect();
+            unscaled_opt.step(ctx, &plain_refs, &refs).unwrap();
+            assert_close(
+                &format!("{tag} norm"),
+                &opt.grad_norm().to_vec(ctx).unwrap()[..1],
+                &to_f64(&unscaled_opt.grad_norm().to_vec(ctx).unwrap()[..1]),
+                FORWARD_ATOL,
+                FORWARD_RTOL,
+            );
+            for (k, (p, q)) in scaled.iter().zip(&plain).enumerate() {
+                assert_close(
+                    &format!("{tag} param {k}"),
+                    &p.to_vec(ctx).unwrap(),
+                    &to_f64(&q.to_vec(ctx).unwrap()),
+                    FORWARD_ATOL,
+                    FORWARD_RTOL,
+                );
+            }
+        }
+        // A scale that is not a power of two in [1, 2^24] is refused.
+        for bad in [3.0, 0.5, f32::INFINITY, 2.0f32.powi(25)] {
+            let e = opt
+                .enable_loss_scaling(ctx, LossScaling::default().initial_scale(bad))
+                .unwrap_err();
+            assert!(e.to_string().contains("initial_scale"), "{e}");
+        }
+        let e = opt
+            .enable_loss_scaling(ctx, LossScaling::default().growth_interval(0))
+            .unwrap_err();
+        assert!(e.to_string().contains("growth_interval"), "{e}");
     });
 }

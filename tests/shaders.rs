@@ -112,8 +112,12 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
                     .unwrap_or_else(|e| panic!("{tag}: HLSL: {e}"));
                 assert!(hlsl_src.contains("numthreads"));
 
-                // GL has no f16 and wgpu's GL back end no subgroups: those variants never run there.
-                let gl_less = name.contains("_f16") || name.contains("subgroup");
+                // GL has no f16 and wgpu's GL back end no subgroups: those variants (mixed
+                // precision's included) never run there.
+                let gl_less = name.contains("_f16")
+                    || name.contains("_mixed")
+                    || name.starts_with("cast_f16")
+                    || name.contains("subgroup");
                 let glsl_versions = match gl_less {
                     true => vec![],
                     false => vec![glsl::Version::Desktop(430), glsl::Version::new_gles(310)],
@@ -146,6 +150,6 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
     }
     // The tensor-core builds at every head dim: the forward's four (f32, f16, f16 split, f16 read
     // four elements per access), each backward kernel's three (f32, f16, f16 with vec4 reads) and
-    // the GEMM's four (64 x 64 and 128 x 128 tiles, f32 and f16 storage).
-    assert_eq!(translated_coop, (4 + 2 * 3 + 4) * HEAD_DIMS.len());
+    // the GEMM's six (64 x 64 and 128 x 128 tiles; f32, f16 and mixed precision's f16 B storage).
+    assert_eq!(translated_coop, (4 + 2 * 3 + 6) * HEAD_DIMS.len());
 }

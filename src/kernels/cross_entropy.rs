@@ -6,6 +6,7 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_call};
 use crate::kernels::dispatch::{encode, grid_x, SimpleKernel};
+use crate::kernels::loss_scale::LossScale;
 use crate::tensor::{GpuTensor, GpuTokens};
 
 const FORWARD: &str = include_str!("../../shaders/cross_entropy_forward.wgsl");
@@ -216,6 +217,50 @@ pub fn cross_entropy_backward_into(
     forward: &CrossEntropyOutput,
     d_logits: &GpuTensor,
 ) -> Result<()> {
+    backward_with(
+        ctx,
+        encoder,
+        (logits, targets, ignore_index, forward),
+        None,
+        d_logits,
+    )
+}
+
+/// [`cross_entropy_backward_into`] times the loss scale of mixed-precision training: `d_logits`
+/// is the gradient of `S * mean loss` for the scale `S` in `scale` at the time the step runs (the
+/// optimizer unscales; see [`crate::kernels::loss_scale`]).
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_backward_scaled_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    logits: &GpuTensor,
+    targets: &GpuTokens,
+    ignore_index: Option<u32>,
+    forward: &CrossEntropyOutput,
+    scale: &LossScale,
+    d_logits: &GpuTensor,
+) -> Result<()> {
+    backward_with(
+        ctx,
+        encoder,
+        (logits, targets, ignore_index, forward),
+        Some(scale),
+        d_logits,
+    )
+}
+
+fn backward_with(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    (logits, targets, ignore_index, forward): (
+        &GpuTensor,
+        &GpuTokens,
+        Option<u32>,
+        &CrossEntropyOutput,
+    ),
+    scale: Option<&LossScale>,
+    d_logits: &GpuTensor,
+) -> Result<()> {
     let p = check(ctx, logits, targets, ignore_index)?;
     check_call(
         ctx,
@@ -234,16 +279,24 @@ pub fn cross_entropy_backward_into(
             "is not the output of cross_entropy_forward for these logits",
         ));
     }
+    let scale_buffer = scale.map_or(ctx.empty_storage(), LossScale::buffer);
     encode(
         ctx,
         encoder,
         SimpleKernel {
             name: "cross_entropy_backward",
             source: BACKWARD,
-            constants: &[],
+            constants: &[("LOSS_SCALED", scale.is_some() as u32)],
         },
         bytemuck::bytes_of(&p),
-        &[logits, targets, &forward.row_lse, &forward.loss, d_logits],
+        &[
+            logits,
+            targets,
+            &forward.row_lse,
+            &forward.loss,
+            d_logits,
+            scale_buffer,
+        ],
         p.rows as usize,
     );
     Ok(())

@@ -1,12 +1,13 @@
 //! Elementwise ops: activations (`shaders/activation_{forward,backward}.wgsl`: ReLU, tanh-GELU, SiLU),
 //! gated activations (`shaders/gated_activation_{forward,backward}.wgsl`: SwiGLU, GeGLU) and the
-//! residual sum (`shaders/add.wgsl`). CPU reference: [`crate::reference::elementwise`].
+//! residual sum (`shaders/add.wgsl`), and the f16 copy of an f32 tensor (`shaders/cast_f16.wgsl`).
+//! CPU reference: [`crate::reference::elementwise`].
 
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_tensors};
 use crate::kernels::dispatch::{encode, grid_x, SimpleKernel};
-use crate::tensor::GpuTensor;
+use crate::tensor::{GpuTensor, GpuTensorF16};
 
 const ACTIVATION_FORWARD: &str = concat!(
     include_str!("../../shaders/activation_common.wgsl"),
@@ -17,6 +18,7 @@ const ACTIVATION_BACKWARD: &str = concat!(
     include_str!("../../shaders/activation_backward.wgsl")
 );
 const ADD: &str = include_str!("../../shaders/add.wgsl");
+const CAST_F16: &str = include_str!("../../shaders/cast_f16.wgsl");
 const GATED_FORWARD: &str = concat!(
     include_str!("../../shaders/activation_common.wgsl"),
     include_str!("../../shaders/gated_activation_forward.wgsl")
@@ -32,6 +34,7 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("activation_forward", ACTIVATION_FORWARD.to_string()),
         ("activation_backward", ACTIVATION_BACKWARD.to_string()),
         ("add", ADD.to_string()),
+        ("cast_f16", CAST_F16.to_string()),
         ("gated_activation_forward", GATED_FORWARD.to_string()),
         ("gated_activation_backward", GATED_BACKWARD.to_string()),
     ]
@@ -194,6 +197,38 @@ pub fn add_into(
     Ok(())
 }
 
+/// Records `out = f16(x)` elementwise (same shapes), rounded to nearest as the device converts:
+/// the f16 copy of f32 values, e.g. a mixed-precision layer's weight copy. Needs `SHADER_F16`.
+pub fn cast_f16_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    out: &GpuTensorF16,
+) -> Result<()> {
+    ctx.require_f16("cast_f16_into", "; the GL back end has none")?;
+    let p = params(ctx, "x", x)?;
+    if out.shape() != x.shape() {
+        return Err(Error::shape(
+            "out",
+            format!("has shape {:?}, expected {:?}", out.shape(), x.shape()),
+        ));
+    }
+    crate::kernels::arguments::check_call(ctx, &[("out", out.region())], &[("x", x.region())])?;
+    encode(
+        ctx,
+        encoder,
+        SimpleKernel {
+            name: "cast_f16",
+            source: CAST_F16,
+            constants: &[],
+        },
+        bytemuck::bytes_of(&p),
+        &[x, &out.region()],
+        x.len(),
+    );
+    Ok(())
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct GatedParams {
@@ -315,7 +350,7 @@ pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
             pad
         }
     );
-    let mut layouts = elements.also_read_by(&["activation_backward", "add"]);
+    let mut layouts = elements.also_read_by(&["activation_backward", "add", "cast_f16"]);
     layouts.extend(gated.also_read_by(&["gated_activation_backward"]));
     layouts
 }

@@ -6,7 +6,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Result};
-use crate::kernels::arguments::{check_binding, check_call, check_tensors};
+use crate::kernels::arguments::{check_binding, check_call};
 use crate::kernels::dispatch::{encode_column_reduction_in, Bindable, SimpleKernel};
 use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{
@@ -206,7 +206,82 @@ pub fn linear_forward_epilogue_into(
     epilogue: Epilogue<'_>,
     y: &GpuTensor,
 ) -> Result<()> {
-    let (rows, in_f, out_f) = dims(ctx, x, weight, bias)?;
+    forward_with(ctx, encoder, x, Weight::F32(weight), bias, epilogue, y)
+}
+
+/// [`linear_forward_epilogue_into`] in mixed precision (SPEC.md): the product takes `x` rounded to
+/// f16 as it reads it and `weight`, the f16 copy of the layer's f32 weight, with f32 accumulation;
+/// bias, epilogue and `y` are f32. What PyTorch's autocast gives a Linear layer, with half the
+/// weight's memory traffic and the operands tensor cores take. Needs `SHADER_F16`
+/// ([`Error::MissingFeature`] elsewhere, e.g. GL).
+pub fn linear_forward_mixed_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    weight: &GpuTensorF16,
+    bias: Option<&GpuTensor>,
+    epilogue: Epilogue<'_>,
+    y: &GpuTensor,
+) -> Result<()> {
+    check_f16(ctx)?;
+    forward_with(ctx, encoder, x, Weight::F16(weight), bias, epilogue, y)
+}
+
+/// A Linear layer's weight as its products read it: the f32 weight, or in mixed precision its f16
+/// copy.
+#[derive(Clone, Copy)]
+enum Weight<'a> {
+    F32(&'a GpuTensor),
+    F16(&'a GpuTensorF16),
+}
+
+impl<'a> Weight<'a> {
+    fn shape(self) -> &'a [usize] {
+        match self {
+            Weight::F32(w) => w.shape(),
+            Weight::F16(w) => w.shape(),
+        }
+    }
+
+    fn size_bytes(self) -> u64 {
+        match self {
+            Weight::F32(w) => w.size_bytes(),
+            Weight::F16(w) => w.size_bytes(),
+        }
+    }
+
+    fn region(self) -> Region<'a> {
+        match self {
+            Weight::F32(w) => w.region(),
+            Weight::F16(w) => w.region(),
+        }
+    }
+
+    /// The element types of the products with this weight as B (`x W^T`, `dy W`), and of the
+    /// weight gradient `dy^T x`, which does not read it.
+    fn elements(self) -> (Elements, Elements) {
+        match self {
+            Weight::F32(_) => (Elements::F32, Elements::F32),
+            Weight::F16(_) => (Elements::MIXED_F16_B, Elements::MIXED),
+        }
+    }
+}
+
+fn forward_with(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    weight: Weight<'_>,
+    bias: Option<&GpuTensor>,
+    epilogue: Epilogue<'_>,
+    y: &GpuTensor,
+) -> Result<()> {
+    let (rows, in_f, out_f) = dims_of(
+        ctx,
+        (x.shape(), x.size_bytes()),
+        (weight.shape(), weight.size_bytes()),
+        bias,
+    )?;
     if y.shape() != out_shape(x.shape(), out_f) {
         return Err(Error::shape(
             "y",
@@ -217,11 +292,15 @@ pub fn linear_forward_epilogue_into(
             ),
         ));
     }
-    let mut inputs = vec![("x", x), ("weight", weight)];
-    inputs.extend(bias.map(|b| ("bias", b)));
-    check_tensors(ctx, &[("y", y)], &inputs)?;
-    let mut bound = vec![y, x, weight];
+    let mut inputs = vec![("x", x.region()), ("weight", weight.region())];
+    inputs.extend(bias.map(|b| ("bias", b.region())));
+    check_call(ctx, &[("y", y.region())], &inputs)?;
+    check_binding(ctx, "y", y.size_bytes())?;
+    let mut bound = vec![y, x];
     bound.extend(bias);
+    if let Weight::F32(w) = weight {
+        bound.push(w);
+    }
     epilogue.check("y", y.shape(), &bound)?;
     encode_forward(
         ctx,
@@ -229,7 +308,7 @@ pub fn linear_forward_epilogue_into(
         (rows, in_f, out_f),
         [x.region(), weight.region(), y.region()],
         epilogue.gemm(bias, ActivationStep::Forward),
-        Elements::F32,
+        weight.elements().0,
     )
 }
 
@@ -385,7 +464,42 @@ pub fn linear_backward_epilogue_into(
     grads: &LinearGrads,
     dx_epilogue: Epilogue<'_>,
 ) -> Result<()> {
-    let (rows, in_f, out_f) = dims(ctx, x, weight, None)?;
+    backward_with(ctx, encoder, x, Weight::F32(weight), dy, grads, dx_epilogue)
+}
+
+/// [`linear_backward_epilogue_into`] in mixed precision (SPEC.md), the backward of
+/// [`linear_forward_mixed_into`]: `dx = dy W` from `dy` rounded to f16 and the f16 weight copy,
+/// `dW = dy^T x` from both rounded to f16, f32 accumulation and f32 gradients (`db` sums `dy`
+/// as the product reads it). Scale the loss ([`crate::kernels::optimizer::LossScaling`]) so that
+/// small gradients survive the rounding. Needs `SHADER_F16`.
+pub fn linear_backward_mixed_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    weight: &GpuTensorF16,
+    dy: &GpuTensor,
+    grads: &LinearGrads,
+    dx_epilogue: Epilogue<'_>,
+) -> Result<()> {
+    check_f16(ctx)?;
+    backward_with(ctx, encoder, x, Weight::F16(weight), dy, grads, dx_epilogue)
+}
+
+fn backward_with(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    weight: Weight<'_>,
+    dy: &GpuTensor,
+    grads: &LinearGrads,
+    dx_epilogue: Epilogue<'_>,
+) -> Result<()> {
+    let (rows, in_f, out_f) = dims_of(
+        ctx,
+        (x.shape(), x.size_bytes()),
+        (weight.shape(), weight.size_bytes()),
+        None,
+    )?;
     let checks = [
         ("dy", dy.shape().to_vec(), out_shape(x.shape(), out_f)),
         ("dx", grads.dx.shape().to_vec(), x.shape().to_vec()),
@@ -413,7 +527,17 @@ pub fn linear_backward_epilogue_into(
     }
     let mut outputs = vec![("dx", &grads.dx), ("d_weight", &grads.d_weight)];
     outputs.extend(grads.d_bias.as_ref().map(|db| ("d_bias", db)));
-    check_tensors(ctx, &outputs, &[("x", x), ("weight", weight), ("dy", dy)])?;
+    let outputs: Vec<_> = outputs.iter().map(|(arg, t)| (*arg, t.region())).collect();
+    let inputs = [
+        ("x", x.region()),
+        ("weight", weight.region()),
+        ("dy", dy.region()),
+    ];
+    check_call(ctx, &outputs, &inputs)?;
+    for (arg, t) in [("dy", dy), ("dx", &grads.dx), ("d_weight", &grads.d_weight)] {
+        check_binding(ctx, arg, t.size_bytes())?;
+    }
+    let (products_with_weight, weight_grad) = weight.elements();
     // dW [out, in] = dy^T [out, rows] . x [rows, in], with db [out] = the row sums of dy^T in the
     // same dispatch unless the product takes the SKINNY path.
     let mut d_weight = Gemm {
@@ -429,7 +553,7 @@ pub fn linear_backward_epilogue_into(
         c: (grads.d_weight.region(), Operand::row_major(in_f)),
         epilogue: GemmEpilogue::NONE,
         row_sums: None,
-        elements: Elements::F32,
+        elements: weight_grad,
     };
     let fused_bias = grads
         .d_bias
@@ -456,7 +580,7 @@ pub fn linear_backward_epilogue_into(
                 c: (grads.dx.region(), Operand::row_major(in_f)),
                 epilogue: dx_epilogue.gemm(None, ActivationStep::Grad),
                 row_sums: None,
-                elements: Elements::F32,
+                elements: products_with_weight,
             },
         )?;
         encode_gemm(ctx, &mut pass, &d_weight)?;

@@ -29,46 +29,83 @@ const COOP_SOURCE: &str = concat!(
     include_str!("../../shaders/matmul_coop.wgsl")
 );
 
-/// Element types of a GEMM: A and B (`input`), C (`output`). f16 storage needs `SHADER_F16`; the
-/// arithmetic is f32 either way.
+/// Element types of a GEMM: A, B and C as stored, and whether the products round A and B to f16
+/// (mixed precision: f32 storage, the operands tensor cores would take). f16 storage needs
+/// `SHADER_F16`, as does the rounding; the arithmetic is f32 either way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Elements {
-    input: DType,
+    a: DType,
+    b: DType,
     output: DType,
+    rounded: bool,
 }
 
 impl Elements {
     pub const F32: Elements = Elements {
-        input: DType::F32,
+        a: DType::F32,
+        b: DType::F32,
         output: DType::F32,
+        rounded: false,
     };
     pub const F16: Elements = Elements {
-        input: DType::F16,
+        a: DType::F16,
+        b: DType::F16,
         output: DType::F16,
+        rounded: false,
     };
-    const ALL: [Elements; 2] = [Self::F32, Self::F16];
+    /// Mixed precision on f32 operands: both rounded to f16 as read, f32 result (a Linear
+    /// layer's weight gradient `dy^T x`).
+    pub const MIXED: Elements = Elements {
+        rounded: true,
+        ..Self::F32
+    };
+    /// Mixed precision with an f16 B (a Linear layer's f16 weight copy): A rounded to f16 as
+    /// read, f32 result (`x W^T`, `dy W`).
+    pub const MIXED_F16_B: Elements = Elements {
+        b: DType::F16,
+        ..Self::MIXED
+    };
+    const ALL: [Elements; 4] = [Self::F32, Self::F16, Self::MIXED, Self::MIXED_F16_B];
 
     /// The pipeline name's index in [`Kernel::names`]; the fields are private, so the constants
     /// above are every value.
     fn index(self) -> usize {
-        match self.input {
-            DType::F32 => 0,
-            DType::F16 => 1,
+        match (self.a, self.b, self.rounded) {
+            (DType::F32, DType::F32, false) => 0,
+            (DType::F16, _, _) => 1,
+            (DType::F32, DType::F32, true) => 2,
+            (DType::F32, DType::F16, _) => 3,
         }
+    }
+
+    fn uses_f16(self) -> bool {
+        self.rounded || [self.a, self.b, self.output].contains(&DType::F16)
+    }
+
+    /// The WGSL that declares these types before a GEMM body: `GemmA`, `GemmB`, `GemmOut` and
+    /// `operand` (the rounding of A's and B's elements, `matmul_common.wgsl`).
+    fn header(self) -> String {
+        let operand = match self.rounded {
+            true => "f32(f16(x))",
+            false => "x",
+        };
+        format!(
+            "alias GemmA = {};\nalias GemmB = {};\nalias GemmOut = {};\n\
+             fn operand(x: f32) -> f32 {{\n    return {operand};\n}}\n",
+            self.a.name(),
+            self.b.name(),
+            self.output.name()
+        )
     }
 }
 
-/// A GEMM body with its element types aliased before it (`GemmIn`, `GemmOut`).
+/// A GEMM body with its element types declared before it ([`Elements::header`]).
 fn typed_source(body: &str, elements: Elements) -> String {
-    let enable = match elements.input == DType::F16 || elements.output == DType::F16 {
+    let enable = match elements.uses_f16() {
         true => "enable f16;\n",
         false => "",
     };
-    format!(
-        "{enable}alias GemmIn = {};\nalias GemmOut = {};\n{body}",
-        elements.input.name(),
-        elements.output.name()
-    )
+    format!("{enable}{}{body}", elements.header())
 }
 
 /// The tensor-core GEMM's tile groups and accumulator tiles per group (`matmul_coop.wgsl`'s
@@ -141,15 +178,11 @@ fn coop_source(
     group: u32,
     shape: CoopTiles,
 ) -> String {
-    let f16 = [elements.input, elements.output, tiles].contains(&DType::F16);
+    let f16 = elements.uses_f16() || tiles == DType::F16;
     let mut text = String::from(if f16 { "enable f16;\n" } else { "" });
     text.push_str(build.enable());
-    text.push_str(&format!(
-        "alias GemmIn = {};\nalias GemmOut = {};\nalias MatElem = {};\n",
-        elements.input.name(),
-        elements.output.name(),
-        tiles.name()
-    ));
+    text.push_str(&elements.header());
+    text.push_str(&format!("alias MatElem = {};\n", tiles.name()));
     if build == MatrixBuild::Portable {
         text.push_str(&format!(
             "const MAT_SLOTS: u32 = {}u;\n",
@@ -174,26 +207,46 @@ fn coop_source(
 }
 
 /// The tensor-core GEMM's pipeline name: the tiles (`matmul_coop` 64 x 64, `matmul_coop128`), the
-/// build, then f16 storage (`_f16`) or, for f32 storage, f16 tiles in the portable build
-/// (`_f16tiles`; the cooperative build's tiles are always f16).
+/// build, then f16 storage (`_f16`), an f16 B with f32 A and C (`_f16b`, mixed precision) or, for
+/// f32 storage, f16 tiles in the portable build (`_f16tiles`; the cooperative build's tiles are
+/// always f16). The tiles round A and B to their type, so mixed precision's rounding
+/// ([`Elements::rounded`]) is theirs: [`coop_elements`] drops it.
 fn coop_name(
     build: MatrixBuild,
     elements: Elements,
     tiles: DType,
     shape: CoopTiles,
 ) -> &'static str {
+    use DType::{F16, F32};
+    use MatrixBuild::{Cooperative, Portable};
     let wide = shape == CoopTiles::WIDE;
-    match (wide, build, elements.input, tiles) {
-        (false, MatrixBuild::Cooperative, DType::F16, _) => "matmul_coop_f16",
-        (false, MatrixBuild::Cooperative, DType::F32, _) => "matmul_coop",
-        (false, MatrixBuild::Portable, DType::F16, _) => "matmul_coop_portable_f16",
-        (false, MatrixBuild::Portable, DType::F32, DType::F16) => "matmul_coop_portable_f16tiles",
-        (false, MatrixBuild::Portable, DType::F32, DType::F32) => "matmul_coop_portable",
-        (true, MatrixBuild::Cooperative, DType::F16, _) => "matmul_coop128_f16",
-        (true, MatrixBuild::Cooperative, DType::F32, _) => "matmul_coop128",
-        (true, MatrixBuild::Portable, DType::F16, _) => "matmul_coop128_portable_f16",
-        (true, MatrixBuild::Portable, DType::F32, DType::F16) => "matmul_coop128_portable_f16tiles",
-        (true, MatrixBuild::Portable, DType::F32, DType::F32) => "matmul_coop128_portable",
+    match (wide, build, elements.a, elements.b, tiles) {
+        (false, Cooperative, F16, _, _) => "matmul_coop_f16",
+        (false, Cooperative, F32, F16, _) => "matmul_coop_f16b",
+        (false, Cooperative, F32, F32, _) => "matmul_coop",
+        (false, Portable, F16, _, _) => "matmul_coop_portable_f16",
+        (false, Portable, F32, F16, _) => "matmul_coop_portable_f16b",
+        (false, Portable, F32, F32, F16) => "matmul_coop_portable_f16tiles",
+        (false, Portable, F32, F32, F32) => "matmul_coop_portable",
+        (true, Cooperative, F16, _, _) => "matmul_coop128_f16",
+        (true, Cooperative, F32, F16, _) => "matmul_coop128_f16b",
+        (true, Cooperative, F32, F32, _) => "matmul_coop128",
+        (true, Portable, F16, _, _) => "matmul_coop128_portable_f16",
+        (true, Portable, F32, F16, _) => "matmul_coop128_portable_f16b",
+        (true, Portable, F32, F32, F16) => "matmul_coop128_portable_f16tiles",
+        (true, Portable, F32, F32, F32) => "matmul_coop128_portable",
+    }
+}
+
+/// `elements` as the tensor-core GEMM builds them on f16 `tiles`: without the rounding, which the
+/// tiles apply (the same values reach the products).
+fn coop_elements(elements: Elements, tiles: DType) -> Elements {
+    match tiles {
+        DType::F16 => Elements {
+            rounded: false,
+            ..elements
+        },
+        DType::F32 => elements,
     }
 }
 
@@ -214,6 +267,16 @@ pub(crate) fn shader_sources() -> Vec<(&'static str, String)> {
         (MatrixBuild::Portable, Elements::F32, DType::F32),
         (MatrixBuild::Portable, Elements::F32, DType::F16),
         (MatrixBuild::Portable, Elements::F16, DType::F16),
+        (
+            MatrixBuild::Cooperative,
+            coop_elements(Elements::MIXED_F16_B, DType::F16),
+            DType::F16,
+        ),
+        (
+            MatrixBuild::Portable,
+            coop_elements(Elements::MIXED_F16_B, DType::F16),
+            DType::F16,
+        ),
     ] {
         for shape in [CoopTiles::SQUARE, CoopTiles::WIDE] {
             let name = coop_name(build, elements, tiles, shape);
@@ -227,10 +290,10 @@ pub(crate) fn shader_sources() -> Vec<(&'static str, String)> {
 /// the tile loads and the 16 k steps) of one GEMM kernel.
 #[derive(Clone, Copy)]
 struct Kernel {
-    /// Pipeline names by [`Elements`] (f32, f16).
-    names: [&'static str; 2],
+    /// Pipeline names by [`Elements`] (f32, f16, mixed, mixed with an f16 B).
+    names: [&'static str; 4],
     /// The names of the CPU-driver family's SKINNY build (an element per invocation).
-    cpu_names: [&'static str; 2],
+    cpu_names: [&'static str; 4],
     source: &'static str,
     tile_m: u32,
     tile_n: u32,
@@ -241,8 +304,18 @@ struct Kernel {
 }
 
 const SQUARE: Kernel = Kernel {
-    names: ["matmul_strided", "matmul_strided_f16"],
-    cpu_names: ["matmul_strided_cpu", "matmul_strided_f16_cpu"],
+    names: [
+        "matmul_strided",
+        "matmul_strided_f16",
+        "matmul_strided_mixed",
+        "matmul_strided_mixed_f16b",
+    ],
+    cpu_names: [
+        "matmul_strided_cpu",
+        "matmul_strided_f16_cpu",
+        "matmul_strided_mixed_cpu",
+        "matmul_strided_mixed_f16b_cpu",
+    ],
     source: SOURCE,
     tile_m: 64,
     tile_n: 64,
@@ -251,8 +324,18 @@ const SQUARE: Kernel = Kernel {
 };
 
 const WIDE: Kernel = Kernel {
-    names: ["matmul_wide", "matmul_wide_f16"],
-    cpu_names: ["matmul_wide", "matmul_wide_f16"],
+    names: [
+        "matmul_wide",
+        "matmul_wide_f16",
+        "matmul_wide_mixed",
+        "matmul_wide_mixed_f16b",
+    ],
+    cpu_names: [
+        "matmul_wide",
+        "matmul_wide_f16",
+        "matmul_wide_mixed",
+        "matmul_wide_mixed_f16b",
+    ],
     source: WIDE_SOURCE,
     tile_m: 128,
     tile_n: 64,
@@ -407,8 +490,8 @@ pub(crate) fn takes_skinny_path(ctx: &Context, g: &Gemm<'_>) -> bool {
 const fn coop_kernel(shape: CoopTiles) -> Kernel {
     Kernel {
         // Named by `coop_name` (tiles, build and element types) when recorded.
-        names: ["matmul_coop", "matmul_coop_f16"],
-        cpu_names: ["matmul_coop", "matmul_coop_f16"],
+        names: ["matmul_coop"; 4],
+        cpu_names: ["matmul_coop"; 4],
         source: COOP_SOURCE,
         tile_m: shape.tile_m(),
         tile_n: shape.tile_n(),
@@ -716,9 +799,10 @@ fn encode_one(
     };
     let (name, pipeline) = if let Some((build, group, shape)) = coop {
         let tiles = tile_element(ctx);
+        let elements = coop_elements(g.elements, tiles);
         constants.push(("SG", group));
-        let name = coop_name(build, g.elements, tiles, shape);
-        let source = || coop_source(g.elements, build, tiles, group, shape);
+        let name = coop_name(build, elements, tiles, shape);
+        let source = || coop_source(elements, build, tiles, group, shape);
         (name, ctx.pipeline(name, source, &constants))
     } else {
         let name = names[g.elements.index()];

@@ -11,6 +11,7 @@ pub mod embedding;
 pub mod kv_cache;
 pub mod layer_norm;
 pub mod linear;
+pub mod loss_scale;
 pub mod matmul;
 pub mod matrix;
 pub mod optimizer;

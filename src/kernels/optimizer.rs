@@ -12,10 +12,15 @@
 //! [`AdamW::step_into_guarded`]) is Inf or NaN is latched on the GPU, and from it on every update
 //! is skipped, so the parameters stay those of the last good step without a readback per step;
 //! [`AdamW::check_finite`] reports it.
+//!
+//! Mixed precision: with [`AdamW::enable_loss_scaling`] the gradients are taken to be scaled by the
+//! [`LossScale`] the loss gradient applied; the norm kernel unscales, skips steps whose gradients
+//! overflowed and adjusts the scale, and the update unscales (`crate::kernels::loss_scale`).
 
 use crate::device::{Allocation, Context};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{encode, encode_in, grid_x, SimpleKernel};
+use crate::kernels::loss_scale::{LossScale, LossScaling};
 use crate::tensor::{zeros_in_arenas, GpuTensor, Region};
 
 const NORM_PARTIAL: &str = concat!(
@@ -63,7 +68,8 @@ struct FinalizeParams {
     max_norm: f32,
     step: u32,
     watched: u32,
-    pad: [u32; 3],
+    growth_interval: u32,
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -80,7 +86,7 @@ struct AdamParams {
     weight_decay: f32,
     correction1: f32,
     correction2: f32,
-    pad: u32,
+    step: u32,
 }
 
 /// One tensor's row of the parameter table (`Segment` in `shaders/optimizer_common.wgsl`): element
@@ -232,6 +238,8 @@ pub struct AdamW {
     /// `[first non-finite step or 0, what]` (u32; see `grad_norm_finalize.wgsl`).
     health: wgpu::Buffer,
     _health_allocation: Allocation,
+    /// Mixed precision's loss scale ([`AdamW::enable_loss_scaling`]).
+    loss_scale: Option<LossScale>,
 }
 
 impl AdamW {
@@ -297,7 +305,25 @@ impl AdamW {
             tables: Vec::new(),
             partials: GpuTensor::zeros(ctx, &[partials.max(1)])?,
             norm: GpuTensor::zeros(ctx, &[2])?,
+            loss_scale: None,
         })
+    }
+
+    /// Mixed precision: from the next step on, the gradients are taken to be scaled by a loss
+    /// scale starting at `config.initial_scale` (apply it with
+    /// [`crate::kernels::cross_entropy::cross_entropy_backward_scaled_into`] and
+    /// [`AdamW::loss_scale`]). Each step unscales them, a step whose gradient norm is not finite
+    /// is skipped (parameters, moments and the bias corrections' step count unchanged) and halves
+    /// the scale instead of latching, and the scale doubles after `config.growth_interval` clean
+    /// steps. A non-finite loss still latches ([`AdamW::check_finite`]). Replaces an earlier scale.
+    pub fn enable_loss_scaling(&mut self, ctx: &Context, config: LossScaling) -> Result<()> {
+        self.loss_scale = Some(LossScale::new(ctx, config)?);
+        Ok(())
+    }
+
+    /// The loss scale of mixed precision, if enabled ([`AdamW::enable_loss_scaling`]).
+    pub fn loss_scale(&self) -> Option<&LossScale> {
+        self.loss_scale.as_ref()
     }
 
     /// The hyper-parameters it steps with.
@@ -496,15 +522,21 @@ impl AdamW {
             max_norm: c.max_grad_norm.unwrap_or(0.0),
             step: self.step,
             watched: loss.map_or(0, |l| l.len() as u32),
-            pad: [0; 3],
+            growth_interval: self
+                .loss_scale
+                .as_ref()
+                .map_or(0, |s| s.config().growth_interval),
+            pad: [0; 2],
         };
+        let scaling = self.loss_scale.as_ref().map(LossScale::buffer);
+        let scaled = [("LOSS_SCALING", scaling.is_some() as u32)];
         encode(
             ctx,
             encoder,
             SimpleKernel {
                 name: "grad_norm_finalize",
                 source: NORM_FINALIZE,
-                constants: &[],
+                constants: &scaled,
             },
             bytemuck::bytes_of(&f),
             &[
@@ -512,6 +544,7 @@ impl AdamW {
                 &self.norm,
                 loss.unwrap_or(&self.partials),
                 &self.health,
+                scaling.unwrap_or(ctx.empty_storage_rw(0)),
             ],
             1,
         );
@@ -530,7 +563,7 @@ impl AdamW {
                 weight_decay: c.weight_decay,
                 correction1: (1.0 - (c.beta1 as f64).powf(t)) as f32,
                 correction2: (1.0 - (c.beta2 as f64).powf(t)) as f32,
-                pad: 0,
+                step: self.step,
             };
             encode_in(
                 ctx,
@@ -538,7 +571,7 @@ impl AdamW {
                 SimpleKernel {
                     name: "adamw",
                     source: ADAMW,
-                    constants: &[("RUN", RUN as u32)],
+                    constants: &[("RUN", RUN as u32), scaled[0]],
                 },
                 bytemuck::bytes_of(&a),
                 &[
@@ -549,6 +582,7 @@ impl AdamW {
                     &group.v,
                     &self.norm,
                     &self.health,
+                    scaling.unwrap_or(ctx.empty_storage()),
                 ],
                 group.runs,
             );
@@ -596,6 +630,7 @@ pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
                 max_norm,
                 step,
                 watched,
+                growth_interval,
                 pad
             }
         ),
@@ -614,7 +649,7 @@ pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
                 weight_decay,
                 correction1,
                 correction2,
-                pad,
+                step,
             }
         ),
         uniform_layout!(
