@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn tests-decode tune tunetc) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn tests-decode tune tunetc mixed) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -236,6 +236,16 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     step 90 gemmcoop-square $B/gemm-bench --tiles 64x64,coop64,coop128 --f16 --rows 4096 --d-model 4096 \
       --d-ff 4096 --reps 3 --json $OUT/gemmcoop-square.json
     WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-coop-gemm $B/test_linear tensor_core_gemm ;;
+  mixed)
+    # Issue 47 item 2: a training step in f32 and in mixed precision, one process each tiling
+    # (the default GEMM, then tensor cores), with the step's GPU time by kernel family; the
+    # mixed-precision tests on the device (Linear products, loss scaling, training and resume).
+    for t in 64x64 coop; do
+      step 90 mixed-$t $B/transformer-bench --precision f32,mixed --reps 10 --gemm-tiles $t \
+        --json $OUT/mixed-$t.json
+    done
+    WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-mixed-linear $B/test_linear mixed
+    WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-mixed-training $B/test_training mixed ;;
   transformer)
     for t in 64x64 128x64; do
       step 60 transformer-$t $B/transformer-bench --reps 10 --gemm-tiles $t --json $OUT/h100-transformer-$t.json

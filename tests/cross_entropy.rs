@@ -1,10 +1,14 @@
 //! Softmax cross-entropy with an ignore index on the GPU vs the f64 reference (itself checked by
-//! finite differences): mean loss, counted rows and d logits; large logits; all rows ignored; errors.
+//! finite differences): mean loss, counted rows and d logits; large logits; all rows ignored; the
+//! loss-scaled gradient of mixed precision; errors.
 
 mod common;
 
 use common::*;
-use wgpu_attention::kernels::cross_entropy::{cross_entropy_backward, cross_entropy_forward};
+use wgpu_attention::kernels::cross_entropy::{
+    cross_entropy_backward, cross_entropy_backward_scaled_into, cross_entropy_forward,
+};
+use wgpu_attention::kernels::loss_scale::{LossScale, LossScaling};
 use wgpu_attention::reference::cross_entropy as reference;
 use wgpu_attention::{Context, Error, GpuTensor, GpuTokens};
 
@@ -99,4 +103,45 @@ fn reference_gradient_matches_finite_differences() {
             grad[i]
         );
     }
+}
+
+/// Mixed precision's scaled loss gradient: `S` times the unscaled one, bit for bit (S a power of
+/// two), with the scale read from the GPU state when the kernel runs.
+#[test]
+fn scaled_gradient_is_the_scale_times_the_gradient() {
+    for_each_backend(|backend, ctx| {
+        let (rows, classes) = (9, 13);
+        let targets: Vec<u32> = (0..rows).map(|r| (r * 5 % classes) as u32).collect();
+        let logits = random(&mut rng(3), rows * classes, 2.0);
+        let lt = GpuTensor::from_slice(ctx, &logits, &[rows, classes]).unwrap();
+        let tt = GpuTokens::from_slice(ctx, &targets, &[rows]).unwrap();
+        let fwd = cross_entropy_forward(ctx, &lt, &tt, None).unwrap();
+        let plain = cross_entropy_backward(ctx, &lt, &tt, None, &fwd)
+            .unwrap()
+            .to_vec(ctx)
+            .unwrap();
+        let scale = LossScale::new(ctx, LossScaling::default().initial_scale(4096.0)).unwrap();
+        let scaled = GpuTensor::zeros(ctx, &[rows, classes]).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        cross_entropy_backward_scaled_into(
+            ctx,
+            &mut encoder,
+            &lt,
+            &tt,
+            None,
+            &fwd,
+            &scale,
+            &scaled,
+        )
+        .unwrap();
+        ctx.submit(encoder).unwrap();
+        let want: Vec<u32> = plain.iter().map(|g| (g * 4096.0).to_bits()).collect();
+        let got: Vec<u32> = scaled
+            .to_vec(ctx)
+            .unwrap()
+            .iter()
+            .map(|g| g.to_bits())
+            .collect();
+        assert_eq!(got, want, "[{backend}]");
+    });
 }

@@ -4,8 +4,11 @@
 //!
 //! ```text
 //! cargo run --release --example train_seq2seq -- [--steps N] [--checkpoint PATH] [--save-every N]
-//!     [--resume] [--eval-only] [--eval-rerun] [--seed S] [--lr PEAK]
+//!     [--resume] [--eval-only] [--eval-rerun] [--seed S] [--lr PEAK] [--precision f32|mixed]
 //! ```
+//!
+//! `--precision mixed` trains with f16 products and dynamic loss scaling (`Precision::Mixed`) and
+//! reports the loss scale and the skipped steps; evaluation decodes in f32 either way.
 //!
 //! Evaluation decodes incrementally through the key/value cache (`inference::Generator`: the
 //! encoder once per batch, one decoder step per token, only the sampled ids read back);
@@ -27,6 +30,7 @@ use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::{Context, Error};
 use wgpu_attention_serve::{GenerateOptions, Generator, GeneratorShape};
+use wgpu_attention_transformer::layers::Precision;
 use wgpu_attention_transformer::model::{Batch, BatchShape, Transformer, TransformerConfig};
 use wgpu_attention_transformer::training::checkpoint::{self, Checkpointer};
 use wgpu_attention_transformer::training::Trainer;
@@ -72,6 +76,13 @@ struct Args {
     /// Peak learning rate of the warm-up and cosine schedule (positive).
     #[arg(long = "lr", default_value_t = 2e-3, allow_negative_numbers = true, value_parser = positive)]
     peak_lr: f32,
+    /// The Linear layers' products: f32, or mixed (f16 products, f32 master weights, loss scaling).
+    #[arg(long, default_value = "f32", value_parser = precision)]
+    precision: Precision,
+}
+
+fn precision(value: &str) -> Result<Precision, String> {
+    Precision::parse(value).ok_or_else(|| format!("{value:?}: expected f32 or mixed"))
 }
 
 /// A positive, finite number, or a message with the value given.
@@ -278,11 +289,13 @@ fn run(args: &Args) -> Result<f64, Error> {
         .eps(1e-8)
         .weight_decay(0.01)
         .max_grad_norm(Some(1.0));
-    let mut trainer = Trainer::new(&ctx, model, adam)?;
+    let mut trainer = Trainer::with_precision(&ctx, model, adam, args.precision)?;
     println!(
-        "model: {config:?}; {} parameters in {} tensors; batch {BATCH}, lengths {MIN_LEN}..={MAX_LEN}",
+        "model: {config:?}; {} parameters in {} tensors; batch {BATCH}, lengths {MIN_LEN}..={MAX_LEN}; \
+         precision {}",
         trainer.model.params.elements(),
-        trainer.model.params.len()
+        trainer.model.params.len(),
+        args.precision.name()
     );
 
     // Held-out sequences: drawn from their own stream and excluded from training.
@@ -343,8 +356,12 @@ fn run(args: &Args) -> Result<f64, Error> {
             trainer.check_finite(&ctx)?;
             let loss = trainer.model.loss().to_vec(&ctx)?[0];
             let secs = window.0.elapsed().as_secs_f64();
+            let scaling = match trainer.loss_scale_state(&ctx)? {
+                Some(s) => format!("  loss scale {}  skipped {}", s.scale, s.skipped_steps),
+                None => String::new(),
+            };
             println!(
-                "step {:>5}  loss {loss:.4}  lr {:.2e}  {:.0} tokens/s  ({:.0} s)",
+                "step {:>5}  loss {loss:.4}  lr {:.2e}  {:.0} tokens/s  ({:.0} s){scaling}",
                 step + 1,
                 learning_rate(args.peak_lr, step, steps),
                 window.1 as f64 / secs,

@@ -4,14 +4,17 @@
 //! missing, truncated or corrupted is refused with nothing written; a failed save leaves the previous
 //! checkpoint loadable; unwritable paths fail up front; a non-finite step stops every update and
 //! every save; steps allocate no tensor and create no bind group after the first; a step is one
-//! compute pass and one submission, bitwise equal to the same step in a pass per kernel.
+//! compute pass and one submission, bitwise equal to the same step in a pass per kernel; mixed
+//! precision trains, skips overflowing steps and resumes bitwise with its loss scale.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use common::{for_each_backend, fresh_context};
 use std::collections::HashMap;
+use wgpu_attention::kernels::loss_scale::LossScaling;
 use wgpu_attention::kernels::optimizer::AdamWConfig;
+use wgpu_attention_transformer::layers::Precision;
 use wgpu_attention_transformer::model::{Batch, BatchShape, Transformer, TransformerConfig};
 
 use wgpu_attention::{Context, Error};
@@ -617,5 +620,127 @@ fn configurations_are_compared_field_by_field() {
         assert!(err.to_string().contains("version 4"), "[{backend}] {err}");
         std::fs::remove_file(&path).ok();
         std::fs::remove_file(&edited).ok();
+    });
+}
+
+fn mixed_trainer(ctx: &Context, seed: u64) -> wgpu_attention::Result<Trainer> {
+    let model = Transformer::new(ctx, config(32), SHAPE, seed)?;
+    let adam = AdamWConfig::default().lr(1e-2);
+    Trainer::with_precision(ctx, model, adam, Precision::Mixed)
+}
+
+/// Mixed precision (f16 products, f32 master weights, loss scaling): the first forward's loss is
+/// the f32 model's within the f16 products' bound, steps lower the loss without a skip at the
+/// default scale, and a checkpoint resumes bitwise, the loss scale's state included. Where the
+/// adapter has no f16 (GL), building the trainer is a typed error.
+#[test]
+fn mixed_precision_trains_and_resumes_bitwise() {
+    for_each_backend(|backend, ctx| {
+        let mut t = match mixed_trainer(ctx, 3) {
+            Err(e) => {
+                assert!(matches!(e, Error::MissingFeature { .. }), "[{backend}] {e}");
+                return;
+            }
+            Ok(t) => t,
+        };
+        let b = batch();
+        let mut f32_trainer = trainer(ctx, 32);
+        f32_trainer.forward(ctx, &b).unwrap();
+        t.forward(ctx, &b).unwrap();
+        let loss = |t: &Trainer| t.model.loss().to_vec(ctx).unwrap()[0];
+        let (mixed_loss, f32_loss) = (loss(&t), loss(&f32_trainer));
+        assert!(
+            (mixed_loss - f32_loss).abs() <= f32_loss / 256.0,
+            "[{backend}] first loss mixed {mixed_loss}, f32 {f32_loss}"
+        );
+        let first = mixed_loss;
+        for _ in 0..6 {
+            t.step(ctx, &b).unwrap();
+        }
+        t.check_finite(ctx).unwrap();
+        t.forward(ctx, &b).unwrap();
+        assert!(
+            loss(&t) < first * 0.9,
+            "[{backend}] loss {first} -> {}",
+            loss(&t)
+        );
+        let state = t.loss_scale_state(ctx).unwrap().unwrap();
+        assert_eq!(
+            (state.scale, state.skipped_steps),
+            (65536.0, 0),
+            "[{backend}]"
+        );
+        assert_eq!(state.clean_steps, 6, "[{backend}]");
+
+        let path = temp(&format!("{backend}-mixed.safetensors"));
+        checkpoint::save(ctx, &t, &path).unwrap();
+        t.step(ctx, &b).unwrap();
+        let mut r = mixed_trainer(ctx, 99).unwrap();
+        checkpoint::load(ctx, &mut r, &path).unwrap();
+        assert_eq!(r.loss_scale_state(ctx).unwrap(), Some(state), "[{backend}]");
+        r.step(ctx, &b).unwrap();
+        assert_eq!(
+            bits(values(ctx, &t)),
+            bits(values(ctx, &r)),
+            "[{backend}] resumed mixed-precision step differs"
+        );
+        assert_eq!(
+            r.loss_scale_state(ctx).unwrap(),
+            t.loss_scale_state(ctx).unwrap()
+        );
+        std::fs::remove_file(&path).ok();
+    });
+}
+
+/// A loss scale so large that the scaled loss gradient overflows f16 in the output layer's
+/// products: each such step is skipped (weights and moments unchanged, nothing latched) and halves
+/// the scale until the gradients fit; then training proceeds and lowers the loss.
+#[test]
+fn mixed_precision_skips_overflowing_steps() {
+    for_each_backend(|backend, ctx| {
+        let Ok(mut t) = mixed_trainer(ctx, 3) else {
+            return;
+        };
+        let max = LossScaling::MAX_SCALE;
+        let scaling = LossScaling::default().initial_scale(max);
+        t.optimizer.enable_loss_scaling(ctx, scaling).unwrap();
+        let b = batch();
+        let before = bits(values(ctx, &t));
+        t.step(ctx, &b).unwrap();
+        let state = t.loss_scale_state(ctx).unwrap().unwrap();
+        assert!(state.last_step_skipped, "[{backend}] {state:?}");
+        assert_eq!(
+            (state.scale, state.skipped_steps),
+            (max / 2.0, 1),
+            "[{backend}]"
+        );
+        assert_eq!(
+            bits(values(ctx, &t)),
+            before,
+            "[{backend}] a skipped step changed state"
+        );
+        t.check_finite(ctx).unwrap();
+        // Halving from 2^24 reaches a scale that fits within a handful of steps.
+        let mut skipped = 1;
+        while t.loss_scale_state(ctx).unwrap().unwrap().last_step_skipped {
+            assert!(
+                skipped < 12,
+                "[{backend}] still skipping after {skipped} steps"
+            );
+            t.step(ctx, &b).unwrap();
+            skipped += 1;
+        }
+        let state = t.loss_scale_state(ctx).unwrap().unwrap();
+        assert_eq!(state.skipped_steps, skipped - 1, "[{backend}] {state:?}");
+        assert_eq!(state.scale, max / 2f32.powi(state.skipped_steps as i32));
+        t.forward(ctx, &b).unwrap();
+        let first = t.model.loss().to_vec(ctx).unwrap()[0];
+        for _ in 0..4 {
+            t.step(ctx, &b).unwrap();
+        }
+        t.check_finite(ctx).unwrap();
+        t.forward(ctx, &b).unwrap();
+        let last = t.model.loss().to_vec(ctx).unwrap()[0];
+        assert!(last < first, "[{backend}] loss {first} -> {last}");
     });
 }

@@ -6,6 +6,7 @@
 //! ```text
 //! cargo run --release -p wgpu-attention-bench --bin transformer-bench -- [--d-model 256 --heads 8 --layers 4 --seq 128 --batch 8]
 //! cargo run --release -p wgpu-attention-bench --bin transformer-bench -- --varlen [--seq 256 --batch 8]   # packed vs padded
+//! cargo run --release -p wgpu-attention-bench --bin transformer-bench -- --precision f32,mixed     # f32 vs mixed precision
 //! ```
 
 use std::process::ExitCode;
@@ -15,6 +16,7 @@ use clap::Parser;
 use wgpu_attention::bench::{bench_options, measure, Timer};
 use wgpu_attention::kernels::optimizer::AdamWConfig;
 use wgpu_attention::{parse_backends, Context, Error, GemmTiles};
+use wgpu_attention_transformer::layers::Precision;
 use wgpu_attention_transformer::model::{
     Batch, BatchShape, PackedShape, Transformer, TransformerConfig,
 };
@@ -77,6 +79,14 @@ struct Cli {
     /// measured in this run
     #[arg(long)]
     varlen: bool,
+    /// The Linear layers' products, one run each in this process: f32, mixed (f16 products, f32
+    /// master weights, loss scaling), or both (`f32,mixed`)
+    #[arg(long, default_value = "f32", value_delimiter = ',', value_parser = precision)]
+    precision: Vec<Precision>,
+}
+
+fn precision(value: &str) -> Result<Precision, String> {
+    Precision::parse(value).ok_or_else(|| format!("{value:?}: expected f32 or mixed"))
 }
 
 /// Floating-point operations of the GEMMs and attention of one forward and of one training step
@@ -129,6 +139,7 @@ fn family(label: &str) -> &'static str {
         l if l.starts_with("embedding") || l.starts_with("positional") => "embedding + positions",
         l if l.starts_with("cross_entropy") => "cross-entropy loss",
         l if l == "adamw" || l.starts_with("grad_norm") => "optimizer (AdamW, grad norm)",
+        l if l.starts_with("cast_f16") => "f16 weight copies (mixed precision)",
         _ => "other",
     }
 }
@@ -161,17 +172,31 @@ fn run(cli: &Cli) -> Result<(), Error> {
     if cli.varlen {
         return run_varlen(cli, &ctx, config);
     }
+    for &precision in &cli.precision {
+        train_case(cli, &ctx, config, precision)?;
+    }
+    Ok(())
+}
+
+/// The training step and forward of `config` in `precision`, measured and reported.
+fn train_case(
+    cli: &Cli,
+    ctx: &Context,
+    config: TransformerConfig,
+    precision: Precision,
+) -> Result<(), Error> {
+    println!("\nprecision: {}", precision.name());
     let shape = BatchShape {
         batch: cli.batch,
         src_len: cli.seq,
         tgt_len: cli.seq,
     };
     let before = ctx.memory().current_bytes;
-    let model = Transformer::new(&ctx, config, shape, 1)?;
-    let mut trainer = Trainer::new(&ctx, model, AdamWConfig::default())?;
+    let model = Transformer::new(ctx, config, shape, 1)?;
+    let mut trainer = Trainer::with_precision(ctx, model, AdamWConfig::default(), precision)?;
     if cli.compile_only {
         let started = std::time::Instant::now();
-        let built = trainer.precompile(&ctx)?;
+        let built = trainer.precompile(ctx)?;
         println!(
             "built {built} pipelines of a training step in {:.1} s",
             started.elapsed().as_secs_f64()
@@ -215,8 +240,8 @@ fn run(cli: &Cli) -> Result<(), Error> {
     // submissions and dispatches (each dispatch takes one bind group from the trainer's cache).
     let mut count = |train: bool| -> Result<(u64, u64, u64), Error> {
         let call = |trainer: &mut Trainer| match train {
-            true => trainer.step(&ctx, &batch),
-            false => trainer.forward(&ctx, &batch),
+            true => trainer.step(ctx, &batch),
+            false => trainer.forward(ctx, &batch),
         };
         call(&mut trainer)?;
         let dispatches = |trainer: &Trainer| {
@@ -240,20 +265,27 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let mut recording = Vec::new();
     for _ in 0..cli.reps.max(1) {
         let start = Instant::now();
-        trainer.step(&ctx, &batch)?;
+        trainer.step(ctx, &batch)?;
         recording.push(start.elapsed().as_secs_f64() * 1e3);
         ctx.synchronize()?;
     }
     recording.sort_by(f64::total_cmp);
     let recording_ms = recording[recording.len() / 2];
 
-    let timer = Timer::new(&ctx, cli.wall_clock);
+    let timer = Timer::new(ctx, cli.wall_clock);
     let started = Instant::now();
-    let train = measure(&ctx, &timer, cli.reps, || trainer.step(&ctx, &batch))?;
-    let forward = measure(&ctx, &timer, cli.reps, || trainer.forward(&ctx, &batch))?;
-    let loss = trainer.model.loss().to_vec(&ctx)?[0];
+    let train = measure(ctx, &timer, cli.reps, || trainer.step(ctx, &batch))?;
+    let forward = measure(ctx, &timer, cli.reps, || trainer.forward(ctx, &batch))?;
+    let loss = trainer.model.loss().to_vec(ctx)?[0];
+    let scaling = match trainer.loss_scale_state(ctx)? {
+        Some(s) => format!(
+            "; loss scale {}, {} steps skipped",
+            s.scale, s.skipped_steps
+        ),
+        None => String::new(),
+    };
     println!(
-        "clock: {}; {} timed runs each after warm-up ({:.1} s in all); loss after the steps {loss:.4}",
+        "clock: {}; {} timed runs each after warm-up ({:.1} s in all); loss after the steps {loss:.4}{scaling}",
         timer.clock().name(),
         cli.reps,
         started.elapsed().as_secs_f64()
@@ -290,7 +322,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let mut families: Vec<(&'static str, f64, usize)> = Vec::new();
     match ctx.start_profiling() {
         Ok(()) => {
-            trainer.step(&ctx, &batch)?;
+            trainer.step(ctx, &batch)?;
             let passes = ctx.finish_profiling()?;
             for (label, ms) in &passes {
                 let f = family(label);
@@ -324,6 +356,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "parameters": params,
             "parameter_tensors": tensors,
             "gemm_tiles": ctx.gemm_tiles().name(),
+            "precision": precision.name(),
             "tensor_memory_mib": memory_mib,
             "clock": timer.clock().name(),
             "tokens_per_batch": tokens,
@@ -343,7 +376,15 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "forward_tokens_per_s": tokens / (forward.median() / 1e3),
             "families_ms": families.iter().map(|(f, ms, c)| serde_json::json!({"family": f, "ms": ms, "passes": c})).collect::<Vec<_>>(),
         });
-        wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
+        // One file per precision where the run has several: `NAME.mixed.json` beside `NAME.json`.
+        let path = match (precision, cli.precision.len()) {
+            (Precision::F32, _) | (_, 1) => path.clone(),
+            _ => path.with_extension(format!("{}.json", precision.name())),
+        };
+        wgpu_attention::bench::write_report(
+            &path,
+            &serde_json::to_string_pretty(&report).unwrap(),
+        )?;
         println!("wrote {}", path.display());
     }
     Ok(())

@@ -28,6 +28,43 @@ pub struct Recording<'a> {
     pub encoder: &'a mut wgpu::CommandEncoder,
     /// The parameter values and gradients.
     pub params: &'a Params,
+    /// The Linear layers' products: f32, or mixed precision on the parameters' f16 copies.
+    pub precision: Precision,
+}
+
+/// The arithmetic of a model's Linear layers (SPEC.md, "Mixed precision").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Precision {
+    /// f32 operands, f32 accumulation: exact against the f64 reference within f32 tolerances.
+    #[default]
+    F32,
+    /// PyTorch AMP's recipe for the products: each Linear layer multiplies the f16 copy of its f32
+    /// master weight with its input or output gradient rounded to f16, accumulating in f32 (on
+    /// tensor cores where `GemmTiles::Coop` selects them); activations, norms, softmax statistics,
+    /// attention (in its family's precision), the loss, the gradients and the optimizer stay f32.
+    /// Trained with dynamic loss scaling (`wgpu_attention::kernels::loss_scale`). Needs
+    /// `SHADER_F16`.
+    Mixed,
+}
+
+impl Precision {
+    /// Its name on command lines: `f32`, `mixed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Mixed => "mixed",
+        }
+    }
+
+    /// Parses [`Precision::name`].
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "f32" => Some(Precision::F32),
+            "mixed" => Some(Precision::Mixed),
+            _ => None,
+        }
+    }
 }
 
 impl<'a> Recording<'a> {
@@ -41,7 +78,13 @@ impl<'a> Recording<'a> {
             ctx,
             encoder,
             params,
+            precision: Precision::F32,
         }
+    }
+
+    /// The same recording with the Linear layers' products in `precision`.
+    pub fn with_precision(self, precision: Precision) -> Self {
+        Self { precision, ..self }
     }
 }
 

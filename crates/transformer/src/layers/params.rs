@@ -2,11 +2,14 @@
 //! [`ParamId`]s into a [`Params`] store, so the optimizer and checkpoints see every tensor in one
 //! ordered list and the CPU model can look them up by name. [`Params::pack`] moves the values into
 //! one arena buffer and the gradients into another, so the optimizer updates all of them in one
-//! dispatch.
+//! dispatch. Mixed precision keeps an f16 copy of each weight a Linear layer multiplies by
+//! ([`Params::mark_product_weight`], [`Params::enable_half_copies`]), cast from the f32 values at
+//! the start of each forward ([`Params::record_half_copies`]).
 
 use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
-use wgpu_attention::tensor::{zeros_in_arenas, GpuTensor};
+use wgpu_attention::kernels::elementwise::cast_f16_into;
+use wgpu_attention::tensor::{zeros_in_arenas, GpuTensor, GpuTensorF16};
 
 /// Index of a parameter in its [`Params`] store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +42,10 @@ pub struct Params {
     inference: bool,
     /// Values start at zero whatever their [`Init`] ([`Params::zeroed`], [`Params::for_inference`]).
     zeroed: bool,
+    /// The weights Linear layers multiply by ([`Params::mark_product_weight`]).
+    product_weights: Vec<ParamId>,
+    /// Their f16 copies, by parameter, once [`Params::enable_half_copies`] made them.
+    half: Vec<Option<GpuTensorF16>>,
 }
 
 impl Params {
@@ -55,6 +62,8 @@ impl Params {
             packed: false,
             inference: false,
             zeroed: false,
+            product_weights: Vec::new(),
+            half: Vec::new(),
         }
     }
 
@@ -98,6 +107,8 @@ impl Params {
             packed: self.packed,
             inference: self.inference,
             zeroed: self.zeroed,
+            product_weights: self.product_weights.clone(),
+            half: self.half.clone(),
         }
     }
 
@@ -239,6 +250,52 @@ impl Params {
     /// Whether [`Params::pack`] has arranged every tensor added so far.
     pub fn is_packed(&self) -> bool {
         self.packed
+    }
+
+    /// Notes that a Linear layer multiplies by `id` (`[out, in]`): mixed precision keeps an f16
+    /// copy of it ([`Params::enable_half_copies`]). Marking twice (a tied weight) changes nothing.
+    pub fn mark_product_weight(&mut self, id: ParamId) {
+        if !self.product_weights.contains(&id) {
+            self.product_weights.push(id);
+        }
+    }
+
+    /// Allocates an f16 copy of every weight marked by [`Params::mark_product_weight`] (for mixed
+    /// precision; needs `SHADER_F16`). Their values are written by
+    /// [`Params::record_half_copies`]. A second call keeps the copies it made.
+    pub fn enable_half_copies(&mut self, ctx: &Context) -> Result<()> {
+        self.half.resize(self.values.len(), None);
+        for &id in &self.product_weights {
+            if self.half[id.0].is_none() {
+                self.half[id.0] = Some(GpuTensorF16::zeros(ctx, self.values[id.0].shape())?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether [`Params::enable_half_copies`] made the f16 copies.
+    pub fn has_half_copies(&self) -> bool {
+        self.half.iter().any(Option::is_some)
+    }
+
+    /// The f16 copy of a weight, if it has one ([`Params::enable_half_copies`]).
+    pub fn half(&self, id: ParamId) -> Option<&GpuTensorF16> {
+        self.half.get(id.0).and_then(Option::as_ref)
+    }
+
+    /// Records the f16 copies' refresh from the f32 values: what a mixed-precision forward does
+    /// first, so the copies always follow the weights (optimizer steps, checkpoint loads).
+    pub fn record_half_copies(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+    ) -> Result<()> {
+        for (value, half) in self.values.iter().zip(&self.half) {
+            if let Some(half) = half {
+                cast_f16_into(ctx, encoder, value, half)?;
+            }
+        }
+        Ok(())
     }
 
     /// Index of `name`.

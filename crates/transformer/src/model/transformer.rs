@@ -21,13 +21,15 @@ use crate::layers::params::Params;
 use crate::layers::residual::{NormConfig, LN_EPS};
 use crate::layers::scores::ScoreOptions;
 use crate::layers::stack::StackConfig;
-use crate::layers::Recording;
+use crate::layers::{Precision, Recording};
 use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
 use wgpu_attention::kernels::attention::RelativeBuckets;
 use wgpu_attention::kernels::cross_entropy::{
-    cross_entropy_backward_into, cross_entropy_forward_into, CrossEntropyOutput,
+    cross_entropy_backward_into, cross_entropy_backward_scaled_into, cross_entropy_forward_into,
+    CrossEntropyOutput,
 };
+use wgpu_attention::kernels::loss_scale::LossScale;
 pub use wgpu_attention::spec::{Activation, Norm, RopeScaling};
 use wgpu_attention::tensor::{GpuTensor, GpuTokens, SeqLens};
 
@@ -535,6 +537,8 @@ pub struct Transformer {
     d_decoder_out: GpuTensor,
     /// A packed model's sequences per batch ([`Transformer::packed`]).
     packed: Option<usize>,
+    /// The Linear layers' products ([`Transformer::set_precision`]).
+    precision: Precision,
 }
 
 impl Transformer {
@@ -694,6 +698,7 @@ impl Transformer {
             d_logits: GpuTensor::zeros(ctx, &[rows, c.vocab])?,
             d_decoder_out: GpuTensor::zeros(ctx, &[shape.batch, shape.tgt_len, c.d_model])?,
             packed,
+            precision: Precision::F32,
             config,
             shape,
             params,
@@ -811,6 +816,39 @@ impl Transformer {
         }
     }
 
+    /// Sets the arithmetic of the Linear layers' products from the next forward on. Mixed
+    /// precision allocates the f16 weight copies (refreshed at the start of every forward) and
+    /// needs `SHADER_F16`; train it with a loss scale ([`crate::training::Trainer::with_precision`]).
+    pub fn set_precision(&mut self, ctx: &Context, precision: Precision) -> Result<()> {
+        if precision == Precision::Mixed {
+            if !ctx.device().features().contains(wgpu::Features::SHADER_F16) {
+                return Err(Error::MissingFeature {
+                    what: "mixed precision",
+                    feature: "SHADER_F16",
+                    adapter: ctx.report().name.clone(),
+                    hint: "; train in f32 on this adapter (the GL back end has no f16)",
+                });
+            }
+            self.params.enable_half_copies(ctx)?;
+        }
+        self.precision = precision;
+        Ok(())
+    }
+
+    /// The arithmetic of the Linear layers' products.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// A recording of this model's layers in its precision.
+    fn recording<'a>(
+        &'a self,
+        ctx: &'a Context,
+        encoder: &'a mut wgpu::CommandEncoder,
+    ) -> Recording<'a> {
+        Recording::new(ctx, encoder, &self.params).with_precision(self.precision)
+    }
+
     /// Records the forward pass through the loss, in one compute pass.
     pub fn forward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
         ctx.with_one_pass(encoder, "transformer forward", |encoder| {
@@ -819,7 +857,10 @@ impl Transformer {
     }
 
     fn record_forward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
-        let rec = &mut Recording::new(ctx, encoder, &self.params);
+        if self.precision == Precision::Mixed {
+            self.params.record_half_copies(ctx, encoder)?;
+        }
+        let rec = &mut self.recording(ctx, encoder);
         if let (Some(source), Some(enc)) = (&self.source, &self.encoder) {
             source.forward(rec)?;
             enc.forward(rec, &source.x, &self.encoder_lens)?;
@@ -846,23 +887,53 @@ impl Transformer {
     /// Records the backward pass of the mean loss into every parameter gradient (after
     /// [`Transformer::forward`] in the same or an earlier submission), in one compute pass.
     pub fn backward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+        self.backward_scaled(ctx, encoder, None)
+    }
+
+    /// [`Transformer::backward`] of the loss times `scale` (mixed precision's loss scale): every
+    /// gradient is `S` times the loss's, for the optimizer to unscale
+    /// ([`wgpu_attention::kernels::optimizer::AdamW::enable_loss_scaling`]).
+    pub fn backward_scaled(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        scale: Option<&LossScale>,
+    ) -> Result<()> {
         ctx.with_one_pass(encoder, "transformer backward", |encoder| {
-            self.record_backward(ctx, encoder)
+            self.record_backward(ctx, encoder, scale)
         })
     }
 
-    fn record_backward(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
-        let rec = &mut Recording::new(ctx, encoder, &self.params);
+    fn record_backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        scale: Option<&LossScale>,
+    ) -> Result<()> {
+        let rec = &mut self.recording(ctx, encoder);
         let ignore = Some(self.config.pad_id);
-        cross_entropy_backward_into(
-            ctx,
-            rec.encoder,
-            &self.logits,
-            &self.targets,
-            ignore,
-            &self.loss,
-            &self.d_logits,
-        )?;
+        let (logits, targets) = (&self.logits, &self.targets);
+        match scale {
+            Some(scale) => cross_entropy_backward_scaled_into(
+                ctx,
+                rec.encoder,
+                logits,
+                targets,
+                ignore,
+                &self.loss,
+                scale,
+                &self.d_logits,
+            ),
+            None => cross_entropy_backward_into(
+                ctx,
+                rec.encoder,
+                logits,
+                targets,
+                ignore,
+                &self.loss,
+                &self.d_logits,
+            ),
+        }?;
         let dec_out = self.decoder.output(&self.target.x);
         let d_dec_out = &self.d_decoder_out;
         self.output.backward(

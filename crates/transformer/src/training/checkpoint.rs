@@ -1,7 +1,8 @@
 //! Checkpoints as safetensors: every parameter (`param.<name>`), the AdamW moments
 //! (`adam_m.<name>`, `adam_v.<name>`), and metadata: the format and its version, the model
-//! configuration as JSON, the optimizer's step count and a CRC-32 of all of them: every header
-//! field (format, version, configuration, step count) and the tensor data.
+//! configuration as JSON, the optimizer's step count, mixed precision's loss scale and a CRC-32 of
+//! all of them: every header field (format, version, configuration, step count, loss scale) and the
+//! tensor data.
 //!
 //! A checkpoint is either the old file or the new one, never half of each: [`save`] writes a
 //! temporary file beside the target, flushes it to disk and renames it over the target. It refuses to
@@ -22,21 +23,30 @@ use crate::model::TransformerConfig;
 use crate::training::Trainer;
 use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
+use wgpu_attention::kernels::loss_scale::{LossScaleState, LossScaling};
 use wgpu_attention::tensor::GpuTensor;
 
 const FORMAT: &str = "wgpu-attention transformer checkpoint";
-/// Version 3: the CRC-32 covers the header fields too (an edited step count or configuration is
-/// refused). Version 2 (CRC-32 of the tensor data only) and version 1 (configuration as Rust
-/// `Debug` text, no checksum) are still read.
-const FORMAT_VERSION: u32 = 3;
+/// Version 4: mixed precision's loss scale (`loss_scale`: its state as JSON, or `none`). Version 3
+/// (the CRC-32 covers the header fields too: an edited step count or configuration is refused),
+/// version 2 (CRC-32 of the tensor data only) and version 1 (configuration as Rust `Debug` text, no
+/// checksum) are still read.
+const FORMAT_VERSION: u32 = 4;
 const FORMAT_V1: &str = "wgpu-attention transformer checkpoint v1";
-/// The header fields version 3's checksum covers, in the order they are hashed.
-const CHECKED_FIELDS: [&str; 4] = ["format", "format_version", "config", "adam_steps"];
+/// The header fields the checksum covers, in the order they are hashed: version 4's; version 3's
+/// are the first four.
+const CHECKED_FIELDS: [&str; 5] = [
+    "format",
+    "format_version",
+    "config",
+    "adam_steps",
+    "loss_scale",
+];
 
-/// Feeds header fields to the checksum: each name and value with its length, so no two different
-/// headers hash the same bytes.
-fn hash_fields(hasher: &mut crc32fast::Hasher, field: impl Fn(&str) -> String) {
-    for name in CHECKED_FIELDS {
+/// Feeds header fields to the checksum (the first `count` of [`CHECKED_FIELDS`]): each name and
+/// value with its length, so no two different headers hash the same bytes.
+fn hash_fields(hasher: &mut crc32fast::Hasher, count: usize, field: impl Fn(&str) -> String) {
+    for name in &CHECKED_FIELDS[..count] {
         let value = field(name);
         for part in [name, value.as_str()] {
             hasher.update(&(part.len() as u64).to_le_bytes());
@@ -136,7 +146,12 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 pub fn save(ctx: &Context, trainer: &Trainer, path: &Path) -> Result<()> {
     trainer.check_finite(ctx)?;
     let config = serde_json::to_string(trainer.model.config()).map_err(|e| error(path, e))?;
+    let loss_scale = match trainer.loss_scale_state(ctx)? {
+        Some(state) => loss_scale_json(state).to_string(),
+        None => "none".to_string(),
+    };
     let mut metadata = HashMap::from([
+        ("loss_scale".to_string(), loss_scale),
         ("format".to_string(), FORMAT.to_string()),
         ("format_version".to_string(), FORMAT_VERSION.to_string()),
         ("config".to_string(), config),
@@ -147,7 +162,9 @@ pub fn save(ctx: &Context, trainer: &Trainer, path: &Path) -> Result<()> {
     ]);
     let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut crc = crc32fast::Hasher::new();
-    hash_fields(&mut crc, |name| metadata[name].clone());
+    hash_fields(&mut crc, CHECKED_FIELDS.len(), |name| {
+        metadata[name].clone()
+    });
     for (name, t) in tensors(trainer) {
         let bytes = bytemuck::cast_slice::<f32, u8>(&t.to_vec(ctx)?).to_vec();
         crc.update(&bytes);
@@ -233,10 +250,13 @@ pub fn load(ctx: &Context, trainer: &mut Trainer, path: &Path) -> Result<()> {
     let field = |key: &str| meta.get(key).map(String::as_str).unwrap_or("(missing)");
     let mut hasher = crc32fast::Hasher::new();
     let (saved_config, crc) = match (field("format"), field("format_version")) {
-        (FORMAT, version) if version == "2" || version == FORMAT_VERSION.to_string() => {
-            if version != "2" {
-                hash_fields(&mut hasher, |name| field(name).to_string());
-            }
+        (FORMAT, version @ ("2" | "3" | "4")) => {
+            let checked = match version {
+                "3" => 4,
+                "4" => CHECKED_FIELDS.len(),
+                _ => 0,
+            };
+            hash_fields(&mut hasher, checked, |name| field(name).to_string());
             let config = serde_json::from_str(field("config"))
                 .map_err(|e| error(path, format!("has an unreadable configuration: {e}")))?;
             let crc = u32::from_str_radix(field("crc32"), 16)
@@ -275,6 +295,13 @@ pub fn load(ctx: &Context, trainer: &mut Trainer, path: &Path) -> Result<()> {
             format!("has a bad adam_steps {:?}", field("adam_steps")),
         )
     })?;
+    let loss_scale = match field("loss_scale") {
+        "none" | "(missing)" => None,
+        text => Some(
+            loss_scale_from_json(text)
+                .ok_or_else(|| error(path, format!("has a bad loss_scale {text:?}")))?,
+        ),
+    };
     let targets = tensors(trainer);
     // Validate everything before writing anything.
     let mut data = Vec::with_capacity(targets.len());
@@ -336,7 +363,38 @@ pub fn load(ctx: &Context, trainer: &mut Trainer, path: &Path) -> Result<()> {
     for ((_, t), values) in targets.iter().zip(&data) {
         t.write(ctx, values)?;
     }
+    // A mixed-precision trainer resumes the saved scale; one loading an f32 checkpoint keeps its
+    // initial scale, and an f32 trainer has none to restore.
+    if let (Some(scale), Some(state)) = (trainer.optimizer.loss_scale(), loss_scale) {
+        scale.set_state(ctx, state)?;
+    }
     trainer.optimizer.set_steps(ctx, steps)
+}
+
+fn loss_scale_json(state: LossScaleState) -> Value {
+    serde_json::json!({
+        "scale": state.scale,
+        "clean_steps": state.clean_steps,
+        "skipped_steps": state.skipped_steps,
+        "last_step_skipped": state.last_step_skipped,
+    })
+}
+
+fn loss_scale_from_json(text: &str) -> Option<LossScaleState> {
+    let value: Value = serde_json::from_str(text).ok()?;
+    let count = |key: &str| value.get(key)?.as_u64()?.try_into().ok();
+    let scale = value.get("scale")?.as_f64()? as f32;
+    // What `LossScale::set_state` accepts: a power of two from 1 to the largest scale.
+    let power_of_two = scale.to_bits() & 0x007f_ffff == 0;
+    if !(power_of_two && (1.0..=LossScaling::MAX_SCALE).contains(&scale)) {
+        return None;
+    }
+    Some(LossScaleState {
+        scale,
+        clean_steps: count("clean_steps")?,
+        skipped_steps: count("skipped_steps")?,
+        last_step_skipped: value.get("last_step_skipped")?.as_bool()?,
+    })
 }
 
 /// Periodic checkpoints of a training run: the path is checked when it is created, [`Checkpointer::
