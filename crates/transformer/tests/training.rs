@@ -491,10 +491,34 @@ fn a_non_finite_step_stops_updates_and_saves() {
 /// The CRC-32 a version 2 checkpoint holds: of the tensor data only, parameters then the two AdamW
 /// moments, each in the model's parameter order.
 fn version_2_checksum(path: &std::path::Path, t: &Trainer) -> String {
+    checksum(path, t, &[])
+}
+
+/// The CRC-32 a version 3 checkpoint holds: its four header fields (each name and value after its
+/// length), then the tensor data as version 2's.
+fn version_3_checksum(
+    path: &std::path::Path,
+    t: &Trainer,
+    header: &HashMap<String, String>,
+) -> String {
+    let fields: Vec<(&str, &str)> = ["format", "format_version", "config", "adam_steps"]
+        .iter()
+        .map(|name| (*name, header[*name].as_str()))
+        .collect();
+    checksum(path, t, &fields)
+}
+
+fn checksum(path: &std::path::Path, t: &Trainer, fields: &[(&str, &str)]) -> String {
     use safetensors::tensor::SafeTensors;
     let bytes = std::fs::read(path).unwrap();
     let file = SafeTensors::deserialize(&bytes).unwrap();
     let mut crc = crc32fast::Hasher::new();
+    for (name, value) in fields {
+        for part in [name, value] {
+            crc.update(&(part.len() as u64).to_le_bytes());
+            crc.update(part.as_bytes());
+        }
+    }
     for prefix in ["param", "adam_m", "adam_v"] {
         for name in t.model.params.names() {
             crc.update(file.tensor(&format!("{prefix}.{name}")).unwrap().data());
@@ -613,11 +637,31 @@ fn configurations_are_compared_field_by_field() {
             assert_eq!(f.optimizer.steps(), 0, "[{backend}] {field}");
         }
 
+        // Version 4 checksums the loss scale too.
         with_metadata(&path, &edited, |meta| {
-            meta.insert("format_version".into(), "4".into());
+            let scale =
+                r#"{"scale":1024.0,"clean_steps":0,"skipped_steps":0,"last_step_skipped":false}"#;
+            meta.insert("loss_scale".into(), scale.into());
         });
         let err = checkpoint::load(ctx, &mut r, &edited).unwrap_err();
-        assert!(err.to_string().contains("version 4"), "[{backend}] {err}");
+        assert!(err.to_string().contains("edited"), "[{backend}] {err}");
+
+        // Version 3 files (no loss scale) still load.
+        with_metadata(&path, &edited, |meta| {
+            meta.remove("loss_scale");
+            meta.insert("format_version".into(), "3".into());
+            let crc = version_3_checksum(&path, &t, meta);
+            meta.insert("crc32".into(), crc);
+        });
+        let mut v3 = trainer(ctx, 32);
+        checkpoint::load(ctx, &mut v3, &edited).unwrap();
+        assert_eq!(values(ctx, &v3), expected, "[{backend}] version 3");
+
+        with_metadata(&path, &edited, |meta| {
+            meta.insert("format_version".into(), "5".into());
+        });
+        let err = checkpoint::load(ctx, &mut r, &edited).unwrap_err();
+        assert!(err.to_string().contains("version 5"), "[{backend}] {err}");
         std::fs::remove_file(&path).ok();
         std::fs::remove_file(&edited).ok();
     });

@@ -7,15 +7,7 @@
 // their vec4 builds), appended by the host. LOADS, declared by the pipeline's key, is the
 // four-element reads per invocation of the larger of the two tiles a kernel reads ahead.
 
-// NSG tile groups of SG invocations (subgroups in the tensor-core build).
-override SG: u32 = 32u;
-override NSG: u32 = 2u;
-override WG: u32 = SG * NSG;
-override DK: u32 = 64u;
-override DV: u32 = 64u;
-// Head dims rounded up to whole tiles (the padding is staged as zeros).
-override DKP: u32 = (DK + 15u) / 16u * 16u;
-override DVP: u32 = (DV + 15u) / 16u * 16u;
+// The shape (SG, NSG, WG, DK, DV, DKP, DVP): attention/coop/shape.wgsl.
 // Row strides of the staged Q / K and V / dO tiles, one 16-byte step past the rows' length (bank
 // conflicts, as in attention/coop/forward.wgsl).
 override KS: u32 = DKP + 8u;

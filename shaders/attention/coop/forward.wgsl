@@ -21,14 +21,7 @@
 // the rows that see its key. Split-KV and the causal tile range as in the tiled forward (its merge
 // kernel combines splits).
 
-override SG: u32 = 32u;
-override NSG: u32 = 4u;
-override WG: u32 = SG * NSG;
-override DK: u32 = 64u;
-override DV: u32 = 64u;
-// Head dims rounded up to whole tiles (the padding is staged as zeros).
-override DKP: u32 = (DK + 15u) / 16u * 16u;
-override DVP: u32 = (DV + 15u) / 16u * 16u;
+// SG, NSG, WG, DK, DV, DKP and DVP: attention/coop/shape.wgsl.
 override BM: u32 = 16u * NSG;
 // Keys per staged tile (16, 32 or 64).
 override BN: u32 = 64u;

@@ -55,6 +55,7 @@ const GPU_ROW_MAX_SUBGROUP: &str =
 const GPU_ROW_MAX_WORKGROUP: &str =
     include_str!("../../../shaders/attention/gpu/row_max_workgroup.wgsl");
 
+const COOP_SHAPE: &str = include_str!("../../../shaders/attention/coop/shape.wgsl");
 const COOP_FORWARD: &str = include_str!("../../../shaders/attention/coop/forward.wgsl");
 const COOP_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/coop/backward_dq.wgsl");
 const COOP_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/coop/backward_dkdv.wgsl");
@@ -290,11 +291,17 @@ impl FusedVariant {
             (FamilyBuild::Coop { build, .. }, kernel) => {
                 let matrix = build.interface();
                 match kernel {
-                    FusedKernel::Forward => vec![COOP_FORWARD, matrix, rows],
-                    FusedKernel::BackwardDq => {
-                        vec![COOP_BACKWARD_DQ, COOP_BACKWARD_TILES, matrix, rows, do_rows]
-                    }
+                    FusedKernel::Forward => vec![COOP_SHAPE, COOP_FORWARD, matrix, rows],
+                    FusedKernel::BackwardDq => vec![
+                        COOP_SHAPE,
+                        COOP_BACKWARD_DQ,
+                        COOP_BACKWARD_TILES,
+                        matrix,
+                        rows,
+                        do_rows,
+                    ],
                     FusedKernel::BackwardDkDv => vec![
+                        COOP_SHAPE,
                         COOP_BACKWARD_DKDV,
                         COOP_BACKWARD_TILES,
                         OUTPUT_PAIR,
