@@ -20,7 +20,8 @@ use wgpu_attention::tensor::GpuTensor;
 
 /// What a layer's forward and backward record into: the engine's context, the command encoder
 /// (a whole pass goes into one submission) and the parameters the layer reads and whose gradients
-/// it writes.
+/// it writes. Built with [`Recording::new`] (fields may be added).
+#[non_exhaustive]
 pub struct Recording<'a> {
     /// The device, its pipelines and buffers.
     pub ctx: &'a Context,
