@@ -130,7 +130,7 @@ fn scaled_gradient_is_the_scale_times_the_gradient() {
             &tt,
             None,
             &fwd,
-            &scale,
+            Some(&scale),
             &scaled,
         )
         .unwrap();

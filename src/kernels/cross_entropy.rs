@@ -226,9 +226,10 @@ pub fn cross_entropy_backward_into(
     )
 }
 
-/// [`cross_entropy_backward_into`] times the loss scale of mixed-precision training: `d_logits`
-/// is the gradient of `S * mean loss` for the scale `S` in `scale` at the time the step runs (the
-/// optimizer unscales; see [`crate::kernels::loss_scale`]).
+/// [`cross_entropy_backward_into`] times the loss scale of mixed-precision training where `scale`
+/// is given: `d_logits` is the gradient of `S * mean loss` for the scale `S` the GPU state holds
+/// when the step runs (the optimizer unscales; see [`crate::kernels::loss_scale`]). With `None`,
+/// exactly [`cross_entropy_backward_into`].
 #[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_backward_scaled_into(
     ctx: &Context,
@@ -237,14 +238,14 @@ pub fn cross_entropy_backward_scaled_into(
     targets: &GpuTokens,
     ignore_index: Option<u32>,
     forward: &CrossEntropyOutput,
-    scale: &LossScale,
+    scale: Option<&LossScale>,
     d_logits: &GpuTensor,
 ) -> Result<()> {
     backward_with(
         ctx,
         encoder,
         (logits, targets, ignore_index, forward),
-        Some(scale),
+        scale,
         d_logits,
     )
 }

@@ -469,9 +469,9 @@ pub fn linear_backward_epilogue_into(
 
 /// [`linear_backward_epilogue_into`] in mixed precision (SPEC.md), the backward of
 /// [`linear_forward_mixed_into`]: `dx = dy W` from `dy` rounded to f16 and the f16 weight copy,
-/// `dW = dy^T x` from both rounded to f16, f32 accumulation and f32 gradients (`db` sums `dy`
-/// as the product reads it). Scale the loss ([`crate::kernels::optimizer::LossScaling`]) so that
-/// small gradients survive the rounding. Needs `SHADER_F16`.
+/// `dW = dy^T x` from both rounded to f16, f32 accumulation and f32 gradients (`db` sums `dy` in
+/// f32, within the same bound). Scale the loss ([`crate::kernels::loss_scale`]) so that small
+/// gradients survive the rounding. Needs `SHADER_F16`.
 pub fn linear_backward_mixed_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,

@@ -26,8 +26,7 @@ use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
 use wgpu_attention::kernels::attention::RelativeBuckets;
 use wgpu_attention::kernels::cross_entropy::{
-    cross_entropy_backward_into, cross_entropy_backward_scaled_into, cross_entropy_forward_into,
-    CrossEntropyOutput,
+    cross_entropy_backward_scaled_into, cross_entropy_forward_into, CrossEntropyOutput,
 };
 use wgpu_attention::kernels::loss_scale::LossScale;
 pub use wgpu_attention::spec::{Activation, Norm, RopeScaling};
@@ -912,28 +911,16 @@ impl Transformer {
     ) -> Result<()> {
         let rec = &mut self.recording(ctx, encoder);
         let ignore = Some(self.config.pad_id);
-        let (logits, targets) = (&self.logits, &self.targets);
-        match scale {
-            Some(scale) => cross_entropy_backward_scaled_into(
-                ctx,
-                rec.encoder,
-                logits,
-                targets,
-                ignore,
-                &self.loss,
-                scale,
-                &self.d_logits,
-            ),
-            None => cross_entropy_backward_into(
-                ctx,
-                rec.encoder,
-                logits,
-                targets,
-                ignore,
-                &self.loss,
-                &self.d_logits,
-            ),
-        }?;
+        cross_entropy_backward_scaled_into(
+            ctx,
+            rec.encoder,
+            &self.logits,
+            &self.targets,
+            ignore,
+            &self.loss,
+            scale,
+            &self.d_logits,
+        )?;
         let dec_out = self.decoder.output(&self.target.x);
         let d_dec_out = &self.d_decoder_out;
         self.output.backward(
