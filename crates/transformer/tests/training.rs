@@ -698,9 +698,24 @@ fn mixed_precision_trains_and_resumes_bitwise() {
             "[{backend}] first loss mixed {mixed_loss}, f32 {f32_loss}"
         );
         let first = mixed_loss;
-        for _ in 0..6 {
+        t.step(ctx, &b).unwrap();
+        let allocated = ctx.memory().current_bytes;
+        let (created, _) = t.binding_counts();
+        for _ in 0..5 {
             t.step(ctx, &b).unwrap();
         }
+        // The weight copies and the loss scale live with the model: later steps allocate nothing
+        // and reuse every bind group.
+        assert_eq!(
+            t.binding_counts().0,
+            created,
+            "[{backend}] bind groups created"
+        );
+        assert_eq!(
+            ctx.memory().current_bytes,
+            allocated,
+            "[{backend}] allocated"
+        );
         t.check_finite(ctx).unwrap();
         t.forward(ctx, &b).unwrap();
         assert!(
