@@ -277,12 +277,21 @@ impl Context {
     /// The GEMM's output tiles for products of at least 128 rows: the ones set with
     /// [`Context::set_gemm_tiles`] (or
     /// [`ContextOptions::gemm_tiles`](super::ContextOptions::gemm_tiles)), else
-    /// [`GemmTiles::Wide128x64`] on CPU drivers and [`GemmTiles::Square64`] elsewhere.
+    /// [`GemmTiles::Wide128x64`] on CPU drivers and [`GemmTiles::Square64`] elsewhere (mixed
+    /// precision's products excepted: [`GemmTiles::Coop`] where the tensor-core GEMM runs on
+    /// cooperative matrices).
     pub fn gemm_tiles(&self) -> GemmTiles {
         self.gemm_tiles.unwrap_or(match self.is_cpu() {
             true => GemmTiles::Wide128x64,
             false => GemmTiles::Square64,
         })
+    }
+
+    /// Whether the application chose the GEMM's tiles ([`Context::set_gemm_tiles`],
+    /// [`ContextOptions::gemm_tiles`](super::ContextOptions::gemm_tiles)): where it did not,
+    /// mixed-precision products take tensor cores where they qualified.
+    pub(crate) fn gemm_tiles_chosen(&self) -> bool {
+        self.gemm_tiles.is_some()
     }
 
     /// Forces the GEMM's tiles (to compare them on one adapter); `None` restores the choice by

@@ -78,6 +78,11 @@ impl Elements {
         }
     }
 
+    /// Mixed precision's products ([`Elements::MIXED`], [`Elements::MIXED_F16_B`]).
+    fn is_mixed(self) -> bool {
+        self.rounded
+    }
+
     fn uses_f16(self) -> bool {
         self.rounded || [self.a, self.b, self.output].contains(&DType::F16)
     }
@@ -657,6 +662,26 @@ fn coop_tiles(ctx: &Context, tiles: GemmTiles, g: &Gemm<'_>, group: u32) -> Coop
     }
 }
 
+/// The tiles `g` runs on: the context's ([`Context::gemm_tiles`]), except that a mixed-precision
+/// product on a context whose tiles the application did not choose takes the tensor cores
+/// ([`GemmTiles::Coop`]) where the tensor-core GEMM runs on cooperative matrices (qualified on the
+/// device): they compute what mixed precision asks for, f16 operands with f32 accumulation, so the
+/// choice changes no bound, only the speed. Elsewhere (a portable build would be slow) the
+/// adapter's tiles round the operands themselves.
+fn tiles_for(ctx: &Context, g: &Gemm<'_>) -> Result<GemmTiles> {
+    let tiles = ctx.gemm_tiles();
+    if !g.elements.is_mixed()
+        || ctx.gemm_tiles_chosen()
+        || ctx.kernel_family() == KernelFamily::CpuDriver
+    {
+        return Ok(tiles);
+    }
+    Ok(match coop_build(ctx)? {
+        Some((MatrixBuild::Cooperative, _)) => GemmTiles::Coop,
+        _ => tiles,
+    })
+}
+
 /// Records one batched product into `pass`.
 pub(crate) fn encode_gemm(
     ctx: &Context,
@@ -665,7 +690,7 @@ pub(crate) fn encode_gemm(
 ) -> Result<()> {
     // 128-row tiles only where they fill: shorter products keep the 64 x 64 kernel. Tensor-core
     // tiles where asked for, a decoding step's few rows excepted (the SKINNY path below).
-    let tiles = ctx.gemm_tiles();
+    let tiles = tiles_for(ctx, g)?;
     let coop = match tiles.is_coop() {
         true => {
             coop_build(ctx)?.map(|(build, group)| (build, group, coop_tiles(ctx, tiles, g, group)))

@@ -42,7 +42,8 @@ pub enum Precision {
     F32,
     /// PyTorch AMP's recipe for the products: each Linear layer multiplies the f16 copy of its f32
     /// master weight with its input or output gradient rounded to f16, accumulating in f32 (on
-    /// tensor cores where `GemmTiles::Coop` selects them); activations, norms, softmax statistics,
+    /// tensor cores wherever the device's cooperative matrices qualify, unless the application
+    /// chose the GEMM tiles; the adapter's GEMM elsewhere); activations, norms, softmax statistics,
     /// attention (in its family's precision), the loss, the gradients and the optimizer stay f32.
     /// Trained with dynamic loss scaling (`wgpu_attention::kernels::loss_scale`). Needs
     /// `SHADER_F16`.
