@@ -129,6 +129,15 @@ fn step_flops(c: &TransformerConfig, s: &BatchShape) -> (f64, f64) {
     )
 }
 
+/// Where the JSON report of `precision` goes: `--json`'s path, or for the second precision of a
+/// run with several, `NAME.mixed.json` beside `NAME.json`.
+fn report_path(cli: &Cli, path: &std::path::Path, precision: Precision) -> std::path::PathBuf {
+    match (precision, cli.precision.len()) {
+        (Precision::F32, _) | (_, 1) => path.to_path_buf(),
+        _ => path.with_extension(format!("{}.json", precision.name())),
+    }
+}
+
 /// The kernel family of a compute pass, by its label.
 fn family(label: &str) -> &'static str {
     match label {
@@ -170,7 +179,10 @@ fn run(cli: &Cli) -> Result<(), Error> {
         .pre_ln(!cli.post_ln)
         .additive_attention(cli.additive);
     if cli.varlen {
-        return run_varlen(cli, &ctx, config);
+        for &precision in &cli.precision {
+            run_varlen(cli, &ctx, config, precision)?;
+        }
+        return Ok(());
     }
     for &precision in &cli.precision {
         train_case(cli, &ctx, config, precision)?;
@@ -376,11 +388,7 @@ fn train_case(
             "forward_tokens_per_s": tokens / (forward.median() / 1e3),
             "families_ms": families.iter().map(|(f, ms, c)| serde_json::json!({"family": f, "ms": ms, "passes": c})).collect::<Vec<_>>(),
         });
-        // One file per precision where the run has several: `NAME.mixed.json` beside `NAME.json`.
-        let path = match (precision, cli.precision.len()) {
-            (Precision::F32, _) | (_, 1) => path.clone(),
-            _ => path.with_extension(format!("{}.json", precision.name())),
-        };
+        let path = report_path(cli, path, precision);
         wgpu_attention::bench::write_report(
             &path,
             &serde_json::to_string_pretty(&report).unwrap(),
@@ -391,7 +399,13 @@ fn train_case(
 }
 
 /// `--varlen`: the same variable-length sequences trained padded and packed, in one run.
-fn run_varlen(cli: &Cli, ctx: &Context, config: TransformerConfig) -> Result<(), Error> {
+fn run_varlen(
+    cli: &Cli,
+    ctx: &Context,
+    config: TransformerConfig,
+    precision: Precision,
+) -> Result<(), Error> {
+    println!("\nprecision: {}", precision.name());
     let lens: Vec<u32> = (0..cli.batch)
         .map(|b| (cli.seq * (4 - b % 4) / 4).max(1) as u32)
         .collect();
@@ -449,7 +463,7 @@ fn run_varlen(cli: &Cli, ctx: &Context, config: TransformerConfig) -> Result<(),
                 &packed_batch,
             ),
         };
-        let mut trainer = Trainer::new(ctx, model, AdamWConfig::default())?;
+        let mut trainer = Trainer::with_precision(ctx, model, AdamWConfig::default(), precision)?;
         if cli.compile_only {
             trainer.precompile(ctx)?;
             continue;
@@ -516,7 +530,11 @@ fn run_varlen(cli: &Cli, ctx: &Context, config: TransformerConfig) -> Result<(),
                 "loss": loss,
             })).collect::<Vec<_>>(),
         });
-        wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
+        let path = report_path(cli, path, precision);
+        wgpu_attention::bench::write_report(
+            &path,
+            &serde_json::to_string_pretty(&report).unwrap(),
+        )?;
         println!("wrote {}", path.display());
     }
     Ok(())
