@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use wgpu_attention::kernels::loss_scale::{LossScale, LossScaleState, LossScaling};
 use wgpu_attention::{
     attention_backward, attention_backward_unfused, attention_forward, attention_forward_into,
     attention_forward_unfused, attention_probabilities, AttentionOptions, BiasView, Error,
@@ -232,6 +233,7 @@ fn a_lost_device_gives_typed_errors_not_panics() {
         |backend, ctx| {
             let t = GpuTensor::from_slice(ctx, &[1.0; 8], &[8]).unwrap();
             let (q, k, v) = views(ctx, [1, 4, 2, 8], [1, 4, 2, 8], [1, 4, 2, 8]);
+            let scale = LossScale::new(ctx, LossScaling::default()).unwrap();
             ctx.synchronize().unwrap();
             ctx.device().destroy();
             let lost = |what: &str, r: Result<(), Error>| match r {
@@ -249,6 +251,18 @@ fn a_lost_device_gives_typed_errors_not_panics() {
                 "attention_forward",
                 attention_forward(ctx, &q, &k, &v, &AttentionOptions::new()).map(drop),
             );
+            lost(
+                "LossScale::new",
+                LossScale::new(ctx, LossScaling::default()).map(drop),
+            );
+            lost("LossScale::state", scale.state(ctx).map(drop));
+            let state = LossScaleState {
+                scale: 2.0,
+                clean_steps: 0,
+                skipped_steps: 0,
+                last_step_skipped: false,
+            };
+            lost("LossScale::set_state", scale.set_state(ctx, state));
             let text = ctx.synchronize().unwrap_err().to_string();
             assert!(text.contains("create a new Context"), "[{backend}] {text}");
         },
