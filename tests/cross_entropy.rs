@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use wgpu_attention::kernels::cross_entropy::{
-    cross_entropy_backward, cross_entropy_backward_scaled_into, cross_entropy_forward,
+    cross_entropy_backward, cross_entropy_forward, LossGradient,
 };
 use wgpu_attention::kernels::loss_scale::{LossScale, LossScaling};
 use wgpu_attention::reference::cross_entropy as reference;
@@ -123,17 +123,10 @@ fn scaled_gradient_is_the_scale_times_the_gradient() {
         let scale = LossScale::new(ctx, LossScaling::default().initial_scale(4096.0)).unwrap();
         let scaled = GpuTensor::zeros(ctx, &[rows, classes]).unwrap();
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        cross_entropy_backward_scaled_into(
-            ctx,
-            &mut encoder,
-            &lt,
-            &tt,
-            None,
-            &fwd,
-            Some(&scale),
-            &scaled,
-        )
-        .unwrap();
+        LossGradient::new(&lt, &tt, None, &fwd)
+            .scaled(Some(&scale))
+            .record(ctx, &mut encoder, &scaled)
+            .unwrap();
         ctx.submit(encoder).unwrap();
         let want: Vec<u32> = plain.iter().map(|g| (g * 4096.0).to_bits()).collect();
         let got: Vec<u32> = scaled

@@ -217,90 +217,104 @@ pub fn cross_entropy_backward_into(
     forward: &CrossEntropyOutput,
     d_logits: &GpuTensor,
 ) -> Result<()> {
-    backward_with(
-        ctx,
-        encoder,
-        (logits, targets, ignore_index, forward),
-        None,
-        d_logits,
-    )
+    LossGradient::new(logits, targets, ignore_index, forward).record(ctx, encoder, d_logits)
 }
 
-/// [`cross_entropy_backward_into`] times the loss scale of mixed-precision training where `scale`
-/// is given: `d_logits` is the gradient of `S * mean loss` for the scale `S` the GPU state holds
-/// when the step runs (the optimizer unscales; see [`crate::kernels::loss_scale`]). With `None`,
-/// exactly [`cross_entropy_backward_into`].
-#[allow(clippy::too_many_arguments)]
-pub fn cross_entropy_backward_scaled_into(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    logits: &GpuTensor,
-    targets: &GpuTokens,
-    ignore_index: Option<u32>,
-    forward: &CrossEntropyOutput,
-    scale: Option<&LossScale>,
-    d_logits: &GpuTensor,
-) -> Result<()> {
-    backward_with(
-        ctx,
-        encoder,
-        (logits, targets, ignore_index, forward),
-        scale,
-        d_logits,
-    )
+/// The loss gradient of a [`cross_entropy_forward_into`] call, recorded by
+/// [`LossGradient::record`]: [`cross_entropy_backward_into`]'s inputs, and optionally the loss
+/// scale of mixed-precision training ([`LossGradient::scaled`]).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct LossGradient<'a> {
+    /// `[rows, classes]`, as the forward took them.
+    pub logits: &'a GpuTensor,
+    /// `[rows]`.
+    pub targets: &'a GpuTokens,
+    /// Targets equal to it count for nothing.
+    pub ignore_index: Option<u32>,
+    /// The forward's output for these logits.
+    pub forward: &'a CrossEntropyOutput,
+    /// The loss scale `S`: the gradient recorded is that of `S * mean loss`, for the `S` the GPU
+    /// state holds when the step runs (the optimizer unscales; see [`crate::kernels::loss_scale`]).
+    pub scale: Option<&'a LossScale>,
 }
 
-fn backward_with(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    (logits, targets, ignore_index, forward): (
-        &GpuTensor,
-        &GpuTokens,
-        Option<u32>,
-        &CrossEntropyOutput,
-    ),
-    scale: Option<&LossScale>,
-    d_logits: &GpuTensor,
-) -> Result<()> {
-    let p = check(ctx, logits, targets, ignore_index)?;
-    check_call(
-        ctx,
-        &[("d_logits", d_logits.region())],
-        &[("logits", logits.region()), ("targets", targets.region())],
-    )?;
-    if d_logits.shape() != logits.shape() {
-        return Err(Error::shape(
-            "d_logits",
-            format!("must be a separate tensor of shape {:?}", logits.shape()),
-        ));
-    }
-    if forward.row_lse.len() != p.rows as usize || forward.loss.len() != 2 {
-        return Err(Error::shape(
-            "forward",
-            "is not the output of cross_entropy_forward for these logits",
-        ));
-    }
-    let scale_buffer = scale.map_or(ctx.empty_storage(), LossScale::buffer);
-    encode(
-        ctx,
-        encoder,
-        SimpleKernel {
-            name: "cross_entropy_backward",
-            source: BACKWARD,
-            constants: &[("LOSS_SCALED", scale.is_some() as u32)],
-        },
-        bytemuck::bytes_of(&p),
-        &[
+impl<'a> LossGradient<'a> {
+    /// The gradient of the mean loss.
+    pub fn new(
+        logits: &'a GpuTensor,
+        targets: &'a GpuTokens,
+        ignore_index: Option<u32>,
+        forward: &'a CrossEntropyOutput,
+    ) -> Self {
+        Self {
             logits,
             targets,
-            &forward.row_lse,
-            &forward.loss,
-            d_logits,
-            scale_buffer,
-        ],
-        p.rows as usize,
-    );
-    Ok(())
+            ignore_index,
+            forward,
+            scale: None,
+        }
+    }
+
+    /// The same gradient times the loss scale where one is given.
+    pub fn scaled(self, scale: Option<&'a LossScale>) -> Self {
+        Self { scale, ..self }
+    }
+
+    /// Records the gradient into `d_logits` (`[rows, classes]`, a tensor of its own).
+    pub fn record(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        d_logits: &GpuTensor,
+    ) -> Result<()> {
+        let &LossGradient {
+            logits,
+            targets,
+            ignore_index,
+            forward,
+            scale,
+        } = self;
+        let p = check(ctx, logits, targets, ignore_index)?;
+        check_call(
+            ctx,
+            &[("d_logits", d_logits.region())],
+            &[("logits", logits.region()), ("targets", targets.region())],
+        )?;
+        if d_logits.shape() != logits.shape() {
+            return Err(Error::shape(
+                "d_logits",
+                format!("must be a separate tensor of shape {:?}", logits.shape()),
+            ));
+        }
+        if forward.row_lse.len() != p.rows as usize || forward.loss.len() != 2 {
+            return Err(Error::shape(
+                "forward",
+                "is not the output of cross_entropy_forward for these logits",
+            ));
+        }
+        let scale_buffer = scale.map_or(ctx.empty_storage(), LossScale::buffer);
+        encode(
+            ctx,
+            encoder,
+            SimpleKernel {
+                name: "cross_entropy_backward",
+                source: BACKWARD,
+                constants: &[("LOSS_SCALED", scale.is_some() as u32)],
+            },
+            bytemuck::bytes_of(&p),
+            &[
+                logits,
+                targets,
+                &forward.row_lse,
+                &forward.loss,
+                d_logits,
+                scale_buffer,
+            ],
+            p.rows as usize,
+        );
+        Ok(())
+    }
 }
 
 /// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).

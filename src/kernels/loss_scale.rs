@@ -4,7 +4,7 @@
 //! overflowed (a non-finite gradient norm) is skipped, its scale halved; after
 //! [`LossScaling::growth_interval`] clean steps in a row the scale doubles. The state lives on the
 //! GPU ([`LossScale`]): the cross-entropy backward reads `S`
-//! ([`crate::kernels::cross_entropy::cross_entropy_backward_scaled_into`]), the gradient-norm
+//! ([`crate::kernels::cross_entropy::LossGradient::scaled`]), the gradient-norm
 //! kernel decides skip and scale, AdamW unscales and skips, and nothing is read back per step.
 
 use crate::device::{Allocation, Context};

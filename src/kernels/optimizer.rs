@@ -311,7 +311,7 @@ impl AdamW {
 
     /// Mixed precision: from the next step on, the gradients are taken to be scaled by a loss
     /// scale starting at `config.initial_scale` (apply it with
-    /// [`crate::kernels::cross_entropy::cross_entropy_backward_scaled_into`] and
+    /// [`crate::kernels::cross_entropy::LossGradient::scaled`] and
     /// [`AdamW::loss_scale`]). Each step unscales them, a step whose gradient norm is not finite
     /// is skipped (parameters, moments and the bias corrections' step count unchanged) and halves
     /// the scale instead of latching, and the scale doubles after `config.growth_interval` clean

@@ -26,7 +26,7 @@ use wgpu_attention::device::Context;
 use wgpu_attention::error::{Error, Result};
 use wgpu_attention::kernels::attention::RelativeBuckets;
 use wgpu_attention::kernels::cross_entropy::{
-    cross_entropy_backward_scaled_into, cross_entropy_forward_into, CrossEntropyOutput,
+    cross_entropy_forward_into, CrossEntropyOutput, LossGradient,
 };
 use wgpu_attention::kernels::loss_scale::LossScale;
 pub use wgpu_attention::spec::{Activation, Norm, RopeScaling};
@@ -911,16 +911,9 @@ impl Transformer {
     ) -> Result<()> {
         let rec = &mut self.recording(ctx, encoder);
         let ignore = Some(self.config.pad_id);
-        cross_entropy_backward_scaled_into(
-            ctx,
-            rec.encoder,
-            &self.logits,
-            &self.targets,
-            ignore,
-            &self.loss,
-            scale,
-            &self.d_logits,
-        )?;
+        LossGradient::new(&self.logits, &self.targets, ignore, &self.loss)
+            .scaled(scale)
+            .record(ctx, rec.encoder, &self.d_logits)?;
         let dec_out = self.decoder.output(&self.target.x);
         let d_dec_out = &self.d_decoder_out;
         self.output.backward(
