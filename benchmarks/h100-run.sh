@@ -242,11 +242,14 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     # tensor cores where they qualify), then both on the square GEMM (mixed precision's rounding
     # without tensor cores); the mixed-precision tests on the device (Linear products, loss
     # scaling, training and resume).
+    # In priority order (a 280 s budget runs the first three or four): the step, the layer GEMMs
+    # in f32 and mixed precision (square and tensor-core tiles, validated), the training tests.
     step 90 mixed-default $B/transformer-bench --precision f32,mixed --reps 10 --json $OUT/mixed-default.json
-    step 90 mixed-64x64 $B/transformer-bench --precision f32,mixed --reps 10 --gemm-tiles 64x64 \
-      --json $OUT/mixed-64x64.json
+    step 60 mixed-gemm $B/gemm-bench --tiles 64x64,coop --mixed --reps 10 --json $OUT/mixed-gemm.json
+    WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-mixed-training $B/test_training mixed
     WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-mixed-linear $B/test_linear mixed
-    WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-mixed-training $B/test_training mixed ;;
+    step 90 mixed-64x64 $B/transformer-bench --precision f32,mixed --reps 10 --gemm-tiles 64x64 \
+      --json $OUT/mixed-64x64.json ;;
   transformer)
     for t in 64x64 128x64; do
       step 60 transformer-$t $B/transformer-bench --reps 10 --gemm-tiles $t --json $OUT/h100-transformer-$t.json

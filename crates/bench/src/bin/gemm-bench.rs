@@ -3,12 +3,14 @@
 //! attention's fused QKV projection, at the shapes of a training step (`rows` tokens), with GFLOP/s
 //! and the share of the adapter's measured FMA peak, for each GEMM tile shape asked for
 //! (`--tiles 64x64,128x64,coop,coop64,coop128`, see `GemmTiles`); with `--f16`, also the forward with f16 storage
-//! (`linear_forward_f16`: f16 x, W and y, f32 arithmetic). Every case up to [`CHECKED_MACS`]
+//! (`linear_forward_f16`: f16 x, W and y, f32 arithmetic); with `--mixed`, mixed precision's forward
+//! and backward (`linear_{forward,backward}_mixed_into`: an f16 weight copy, f16-rounded activations
+//! and gradients, f32 results). Every case up to [`CHECKED_MACS`]
 //! multiply-adds per product (all of the default shapes) is checked against the f64 reference
 //! first; larger ones with `--check-all` (the reference takes seconds per product there).
 //!
 //! ```text
-//! cargo run --release -p wgpu-attention-bench --bin gemm-bench -- [--rows 1024 --d-model 256 --d-ff 1024 --tiles 64x64,128x64 --f16 --reps 5 --json FILE]
+//! cargo run --release -p wgpu-attention-bench --bin gemm-bench -- [--rows 1024 --d-model 256 --d-ff 1024 --tiles 64x64,128x64 --f16 --mixed --reps 5 --json FILE]
 //! ```
 
 use std::process::ExitCode;
@@ -17,7 +19,8 @@ use clap::Parser;
 use wgpu_attention::bench::fma::fma_peak_gflops;
 use wgpu_attention::bench::{bench_options, measure, uniform_values, Timer};
 use wgpu_attention::kernels::linear::{
-    linear_backward_into, linear_forward_f16_into, linear_forward_into, LinearGrads,
+    linear_backward_into, linear_backward_mixed_into, linear_forward_f16_into, linear_forward_into,
+    linear_forward_mixed_into, Epilogue, LinearGrads,
 };
 use wgpu_attention::reference::compare::{compare, product_tolerances, F16_FORWARD_ATOL, F16_RTOL};
 use wgpu_attention::reference::linear as reference;
@@ -48,6 +51,10 @@ struct Cli {
     /// Also time the forward with f16 storage (needs SHADER_F16)
     #[arg(long)]
     f16: bool,
+    /// Also time mixed precision's forward and backward (f16 weight copy, f16-rounded activations
+    /// and gradients, f32 accumulation and results; needs SHADER_F16)
+    #[arg(long)]
+    mixed: bool,
     /// Timed runs per case (after warm-up)
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -85,14 +92,17 @@ fn run(cli: &Cli) -> Result<(), Error> {
     println!("| tiles | layer | pass | products | GFLOP | median ms | min-max ms | GFLOP/s | % of FMA peak | validation |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut report = Vec::new();
-    let f16 = cli.f16 && ctx.device().features().contains(wgpu::Features::SHADER_F16);
-    if cli.f16 && !f16 {
-        println!("(no SHADER_F16 on this adapter: the f16 forward is skipped)");
+    let has_f16 = ctx.device().features().contains(wgpu::Features::SHADER_F16);
+    let (f16, mixed) = (cli.f16 && has_f16, cli.mixed && has_f16);
+    if (cli.f16 || cli.mixed) && !has_f16 {
+        println!("(no SHADER_F16 on this adapter: the f16 and mixed-precision cases are skipped)");
     }
-    let passes: &[&str] = match f16 {
-        true => &["forward", "forward f16", "backward"],
-        false => &["forward", "backward"],
-    };
+    let mut passes = vec!["forward"];
+    passes.extend(f16.then_some("forward f16"));
+    passes.push("backward");
+    if mixed {
+        passes.extend(["forward mixed", "backward mixed"]);
+    }
     let layers = [
         ("attention QKV", d, 3 * d),
         ("feed-forward in", d, ff),
@@ -129,8 +139,13 @@ fn run(cli: &Cli) -> Result<(), Error> {
             )),
             false => None,
         };
+        // Mixed precision's f16 weight copy (the f32 weights rounded, as the trainer casts them).
+        let w16 = match mixed {
+            true => Some(GpuTensorF16::from_f32(ctx, &w, &[out_f, in_f])?),
+            false => None,
+        };
         let flop = 2.0 * (rows * in_f * out_f) as f64;
-        for &pass in passes {
+        for &pass in &passes {
             let record = || -> Result<(), Error> {
                 let mut encoder = ctx.device().create_command_encoder(&Default::default());
                 match (pass, &halves) {
@@ -140,18 +155,30 @@ fn run(cli: &Cli) -> Result<(), Error> {
                     ("forward f16", Some((x16, w16, y16))) => {
                         linear_forward_f16_into(ctx, &mut encoder, x16, w16, Some(&bt), y16)?
                     }
+                    ("forward mixed", _) => {
+                        let w16 = w16.as_ref().expect("made for the mixed cases");
+                        let none = Epilogue::default();
+                        linear_forward_mixed_into(ctx, &mut encoder, &xt, w16, Some(&bt), none, &y)?
+                    }
+                    ("backward mixed", _) => {
+                        let w16 = w16.as_ref().expect("made for the mixed cases");
+                        let none = Epilogue::default();
+                        linear_backward_mixed_into(ctx, &mut encoder, &xt, w16, &dyt, &grads, none)?
+                    }
                     _ => linear_backward_into(ctx, &mut encoder, &xt, &wt, &dyt, &grads)?,
                 }
                 ctx.queue().submit([encoder.finish()]);
                 Ok(())
             };
             record()?;
-            // The tensor-core tiles round f32 operands to f16 (f16 ones lose nothing).
-            let [fwd_atol, fwd_rtol, bwd_atol, bwd_rtol] = product_tolerances(tile.is_coop());
+            // The tensor-core tiles round f32 operands to f16 (f16 ones lose nothing), as mixed
+            // precision does on any tiles.
+            let rounded = tile.is_coop() || pass.ends_with("mixed");
+            let [fwd_atol, fwd_rtol, bwd_atol, bwd_rtol] = product_tolerances(rounded);
             let checked = cli.check_all || rows * in_f * out_f <= CHECKED_MACS;
             let worst = match (pass, &halves) {
                 _ if !checked => None,
-                ("forward", _) => {
+                ("forward" | "forward mixed", _) => {
                     let r = reference::linear_forward(&x64, &w64, Some(&f64s(&b)), in_f);
                     Some(compare(&y.to_vec(ctx)?, &r, fwd_atol, fwd_rtol))
                 }
@@ -180,7 +207,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             let samples = measure(ctx, &timer, cli.reps, record)?;
             // The backward records dx and dW (two products of the forward's size) and the bias sums.
             let (products, gflop) = match pass {
-                "forward" | "forward f16" => {
+                "forward" | "forward f16" | "forward mixed" => {
                     (format!("[{rows}x{in_f}] x [{in_f}x{out_f}]"), flop / 1e9)
                 }
                 _ => (
