@@ -448,8 +448,9 @@ impl Context {
     }
 
     /// `Err(`[`Error::MissingFeature`]`)` naming `what` unless the device has `SHADER_F16` (f16
-    /// storage); `hint` follows the message (where the f32 path is).
-    pub(crate) fn require_f16(&self, what: &'static str, hint: &'static str) -> Result<()> {
+    /// storage and arithmetic); `hint` follows the message (where the f32 path is). What every f16
+    /// path checks first, the layers built on the engine included.
+    pub fn require_f16(&self, what: &'static str, hint: &'static str) -> Result<()> {
         match self.device.features().contains(wgpu::Features::SHADER_F16) {
             true => Ok(()),
             false => Err(Error::MissingFeature {

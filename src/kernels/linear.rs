@@ -10,8 +10,8 @@ use crate::kernels::arguments::{check_binding, check_call};
 use crate::kernels::dispatch::{encode_column_reduction_in, Bindable, SimpleKernel};
 use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{
-    encode_gemm, takes_skinny_path, ActivationStep, Elements, Epilogue as GemmEpilogue, Gemm,
-    Operand,
+    encode_gemm, product_of_rows, takes_skinny_path, ActivationStep, Elements,
+    Epilogue as GemmEpilogue, Gemm, Operand,
 };
 use crate::tensor::{GpuTensor, GpuTensorF16, Region};
 
@@ -282,14 +282,11 @@ fn forward_with(
         (weight.shape(), weight.size_bytes()),
         bias,
     )?;
-    if y.shape() != out_shape(x.shape(), out_f) {
+    let expected = out_shape(x.shape(), out_f);
+    if y.shape() != expected {
         return Err(Error::shape(
             "y",
-            format!(
-                "has shape {:?}, expected {:?}",
-                y.shape(),
-                out_shape(x.shape(), out_f)
-            ),
+            format!("has shape {:?}, expected {expected:?}", y.shape()),
         ));
     }
     let mut inputs = vec![("x", x.region()), ("weight", weight.region())];
@@ -389,25 +386,12 @@ fn encode_forward(
     elements: Elements,
 ) -> Result<()> {
     let mut pass = ctx.begin_pass(encoder, "linear_forward");
-    encode_gemm(
-        ctx,
-        &mut pass,
-        &Gemm {
-            m: rows as u32,
-            n: out_f as u32,
-            k: in_f as u32,
-            groups: 1,
-            batch: 1,
-            heads: 1,
-            alpha: 1.0,
-            a: (x, Operand::row_major(in_f)),
-            b: (weight, Operand::transposed(in_f)),
-            c: (y, Operand::row_major(out_f)),
-            epilogue,
-            row_sums: None,
-            elements,
-        },
-    )
+    let product = Gemm {
+        epilogue,
+        elements,
+        ..product_of_rows(x, weight, y, [rows, out_f, in_f])
+    };
+    encode_gemm(ctx, &mut pass, &product)
 }
 
 fn check_f16(ctx: &Context) -> Result<()> {

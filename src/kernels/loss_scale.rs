@@ -41,10 +41,16 @@ impl LossScaling {
     /// overflow at scale 1 is skipped and the scale stays 1.
     pub const MAX_SCALE: f32 = 16_777_216.0;
 
+    /// Whether `scale` is one a [`LossScale`] can hold: a power of two from 1 to
+    /// [`LossScaling::MAX_SCALE`] (scaling by a power of two changes no bit of the gradients but
+    /// their exponent).
+    pub fn is_scale(scale: f32) -> bool {
+        (1.0..=Self::MAX_SCALE).contains(&scale) && scale.to_bits() & 0x007f_ffff == 0
+    }
+
     fn validate(&self) -> Result<()> {
         let s = self.initial_scale;
-        let power_of_two = s.is_finite() && s >= 1.0 && s.to_bits() & 0x007f_ffff == 0;
-        if !power_of_two || s > Self::MAX_SCALE {
+        if !Self::is_scale(s) {
             return Err(Error::shape(
                 "initial_scale",
                 format!(
@@ -64,8 +70,8 @@ impl LossScaling {
 }
 
 /// The loss scale's state after the steps submitted so far, read back with
-/// [`LossScale::state`]; saved in checkpoints.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// [`LossScale::state`]; saved in checkpoints (as JSON).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LossScaleState {
     /// The scale the next step multiplies the loss gradient by.
     pub scale: f32,
@@ -151,17 +157,12 @@ impl LossScale {
 
     /// Restores a state (a checkpoint's), checked as [`LossScaling::initial_scale`] is.
     pub fn set_state(&self, ctx: &Context, state: LossScaleState) -> Result<()> {
-        LossScaling {
-            initial_scale: state.scale,
-            ..self.config
-        }
-        .validate()
-        .map_err(|_| {
-            Error::shape(
+        if !LossScaling::is_scale(state.scale) {
+            return Err(Error::shape(
                 "scale",
                 format!("is {}; a power of two from 1 to 2^24", state.scale),
-            )
-        })?;
+            ));
+        }
         ctx.check_lost()?;
         ctx.queue()
             .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&state.words()));

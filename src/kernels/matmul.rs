@@ -168,6 +168,10 @@ impl CoopTiles {
     }
 }
 
+/// The tensor-core kernel a product runs: its matrix build, tile group ([`coop_build`]) and tiles
+/// ([`coop_tiles`]).
+type CoopChoice = (MatrixBuild, u32, CoopTiles);
+
 /// Workgroups a product needs before [`GemmTiles::Coop`] gives it 128 x 128 tiles: about two per
 /// SM on a 132-SM H100 or H200, where 64 x 64 tiles would give four times as many (unmeasured: the
 /// model's 1024-row products keep 64 x 64, the 4096-row ones take 128 x 128).
@@ -616,8 +620,9 @@ pub fn qualify_gemm_build(ctx: &Context, build: MatrixBuild) -> Result<Option<St
     Ok(None)
 }
 
-/// `C [m x n] = A [m x k] . B^T` for row-major A, B [n x k] and C, f32, no epilogue.
-fn product_of_rows<'a>(
+/// `C [m x n] = A [m x k] . B^T` for row-major A, B [n x k] and C, f32, no epilogue: a Linear
+/// layer's `x W^T` (and the GEMM qualification's product).
+pub(crate) fn product_of_rows<'a>(
     a: Region<'a>,
     b: Region<'a>,
     c: Region<'a>,
@@ -662,24 +667,32 @@ fn coop_tiles(ctx: &Context, tiles: GemmTiles, g: &Gemm<'_>, group: u32) -> Coop
     }
 }
 
-/// The tiles `g` runs on: the context's ([`Context::gemm_tiles`]), except that a mixed-precision
-/// product on a context whose tiles the application did not choose takes the tensor cores
+/// The tiles `g` runs on, with the tensor-core kernel's build, tile group and tiles where they are
+/// those: the context's tiles ([`Context::gemm_tiles`]), except that a mixed-precision product on
+/// a context whose tiles the application did not choose takes the tensor cores
 /// ([`GemmTiles::Coop`]) where the tensor-core GEMM runs on cooperative matrices (qualified on the
 /// device): they compute what mixed precision asks for, f16 operands with f32 accumulation, so the
 /// choice changes no bound, only the speed. Elsewhere (a portable build would be slow) the
 /// adapter's tiles round the operands themselves.
-fn tiles_for(ctx: &Context, g: &Gemm<'_>) -> Result<GemmTiles> {
+fn tiles_for(ctx: &Context, g: &Gemm<'_>) -> Result<(GemmTiles, Option<CoopChoice>)> {
     let tiles = ctx.gemm_tiles();
-    if !g.elements.is_mixed()
-        || ctx.gemm_tiles_chosen()
-        || ctx.kernel_family() == KernelFamily::CpuDriver
-    {
-        return Ok(tiles);
+    let mixed_default = g.elements.is_mixed()
+        && !ctx.gemm_tiles_chosen()
+        && ctx.kernel_family() != KernelFamily::CpuDriver;
+    if !tiles.is_coop() && !mixed_default {
+        return Ok((tiles, None));
     }
-    Ok(match coop_build(ctx)? {
-        Some((MatrixBuild::Cooperative, _)) => GemmTiles::Coop,
-        _ => tiles,
-    })
+    // Tiles the application asked for take the tensor-core kernel in either build; mixed
+    // precision by default only on cooperative matrices.
+    let (tiles, (build, group)) = match coop_build(ctx)? {
+        Some(coop) if tiles.is_coop() => (tiles, coop),
+        Some(coop @ (MatrixBuild::Cooperative, _)) => (GemmTiles::Coop, coop),
+        _ => return Ok((tiles, None)),
+    };
+    Ok((
+        tiles,
+        Some((build, group, coop_tiles(ctx, tiles, g, group))),
+    ))
 }
 
 /// Records one batched product into `pass`.
@@ -690,13 +703,7 @@ pub(crate) fn encode_gemm(
 ) -> Result<()> {
     // 128-row tiles only where they fill: shorter products keep the 64 x 64 kernel. Tensor-core
     // tiles where asked for, a decoding step's few rows excepted (the SKINNY path below).
-    let tiles = tiles_for(ctx, g)?;
-    let coop = match tiles.is_coop() {
-        true => {
-            coop_build(ctx)?.map(|(build, group)| (build, group, coop_tiles(ctx, tiles, g, group)))
-        }
-        false => None,
-    };
+    let (tiles, coop) = tiles_for(ctx, g)?;
     let kernel = match (tiles, coop) {
         (_, Some((_, _, shape))) => coop_kernel(shape),
         (GemmTiles::Wide128x64, _) if g.m >= WIDE.tile_m => WIDE,
@@ -769,7 +776,7 @@ fn encode_one(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     g: &Gemm<'_>,
-    (kernel, coop): (Kernel, Option<(MatrixBuild, u32, CoopTiles)>),
+    (kernel, coop): (Kernel, Option<CoopChoice>),
     accumulate: bool,
     skinny: bool,
 ) -> Result<()> {

@@ -77,12 +77,8 @@ struct Args {
     #[arg(long = "lr", default_value_t = 2e-3, allow_negative_numbers = true, value_parser = positive)]
     peak_lr: f32,
     /// The Linear layers' products: f32, or mixed (f16 products, f32 master weights, loss scaling).
-    #[arg(long, default_value = "f32", value_parser = precision)]
+    #[arg(long, default_value = "f32")]
     precision: Precision,
-}
-
-fn precision(value: &str) -> Result<Precision, String> {
-    Precision::parse(value).ok_or_else(|| format!("{value:?}: expected f32 or mixed"))
 }
 
 /// A positive, finite number, or a message with the value given.

@@ -148,21 +148,18 @@ fn run(cli: &Cli) -> Result<(), Error> {
         for &pass in &passes {
             let record = || -> Result<(), Error> {
                 let mut encoder = ctx.device().create_command_encoder(&Default::default());
-                match (pass, &halves) {
-                    ("forward", _) => {
+                let none = Epilogue::default();
+                match (pass, &halves, &w16) {
+                    ("forward", _, _) => {
                         linear_forward_into(ctx, &mut encoder, &xt, &wt, Some(&bt), &y)?
                     }
-                    ("forward f16", Some((x16, w16, y16))) => {
+                    ("forward f16", Some((x16, w16, y16)), _) => {
                         linear_forward_f16_into(ctx, &mut encoder, x16, w16, Some(&bt), y16)?
                     }
-                    ("forward mixed", _) => {
-                        let w16 = w16.as_ref().expect("made for the mixed cases");
-                        let none = Epilogue::default();
+                    ("forward mixed", _, Some(w16)) => {
                         linear_forward_mixed_into(ctx, &mut encoder, &xt, w16, Some(&bt), none, &y)?
                     }
-                    ("backward mixed", _) => {
-                        let w16 = w16.as_ref().expect("made for the mixed cases");
-                        let none = Epilogue::default();
+                    ("backward mixed", _, Some(w16)) => {
                         linear_backward_mixed_into(ctx, &mut encoder, &xt, w16, &dyt, &grads, none)?
                     }
                     _ => linear_backward_into(ctx, &mut encoder, &xt, &wt, &dyt, &grads)?,

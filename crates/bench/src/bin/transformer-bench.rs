@@ -81,12 +81,8 @@ struct Cli {
     varlen: bool,
     /// The Linear layers' products, one run each in this process: f32, mixed (f16 products, f32
     /// master weights, loss scaling), or both (`f32,mixed`)
-    #[arg(long, default_value = "f32", value_delimiter = ',', value_parser = precision)]
+    #[arg(long, default_value = "f32", value_delimiter = ',')]
     precision: Vec<Precision>,
-}
-
-fn precision(value: &str) -> Result<Precision, String> {
-    Precision::parse(value).ok_or_else(|| format!("{value:?}: expected f32 or mixed"))
 }
 
 /// Floating-point operations of the GEMMs and attention of one forward and of one training step
@@ -178,14 +174,12 @@ fn run(cli: &Cli) -> Result<(), Error> {
         .decoder_layers(cli.layers)
         .pre_ln(!cli.post_ln)
         .additive_attention(cli.additive);
-    if cli.varlen {
-        for &precision in &cli.precision {
-            run_varlen(cli, &ctx, config, precision)?;
-        }
-        return Ok(());
-    }
     for &precision in &cli.precision {
-        train_case(cli, &ctx, config, precision)?;
+        println!("\nprecision: {}", precision.name());
+        match cli.varlen {
+            true => run_varlen(cli, &ctx, config, precision)?,
+            false => train_case(cli, &ctx, config, precision)?,
+        }
     }
     Ok(())
 }
@@ -197,7 +191,6 @@ fn train_case(
     config: TransformerConfig,
     precision: Precision,
 ) -> Result<(), Error> {
-    println!("\nprecision: {}", precision.name());
     let shape = BatchShape {
         batch: cli.batch,
         src_len: cli.seq,
@@ -405,7 +398,6 @@ fn run_varlen(
     config: TransformerConfig,
     precision: Precision,
 ) -> Result<(), Error> {
-    println!("\nprecision: {}", precision.name());
     let lens: Vec<u32> = (0..cli.batch)
         .map(|b| (cli.seq * (4 - b % 4) / 4).max(1) as u32)
         .collect();

@@ -58,13 +58,17 @@ impl Precision {
             Precision::Mixed => "mixed",
         }
     }
+}
 
-    /// Parses [`Precision::name`].
-    pub fn parse(text: &str) -> Option<Self> {
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    /// Parses [`Precision::name`] (what the command-line options take).
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
         match text {
-            "f32" => Some(Precision::F32),
-            "mixed" => Some(Precision::Mixed),
-            _ => None,
+            "f32" => Ok(Precision::F32),
+            "mixed" => Ok(Precision::Mixed),
+            _ => Err(format!("{text:?}: expected f32 or mixed")),
         }
     }
 }

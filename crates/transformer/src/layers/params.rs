@@ -273,11 +273,6 @@ impl Params {
         Ok(())
     }
 
-    /// Whether [`Params::enable_half_copies`] made the f16 copies.
-    pub fn has_half_copies(&self) -> bool {
-        self.half.iter().any(Option::is_some)
-    }
-
     /// The f16 copy of a weight, if it has one ([`Params::enable_half_copies`]).
     pub fn half(&self, id: ParamId) -> Option<&GpuTensorF16> {
         self.half.get(id.0).and_then(Option::as_ref)

@@ -820,14 +820,10 @@ impl Transformer {
     /// needs `SHADER_F16`; train it with a loss scale ([`crate::training::Trainer::with_precision`]).
     pub fn set_precision(&mut self, ctx: &Context, precision: Precision) -> Result<()> {
         if precision == Precision::Mixed {
-            if !ctx.device().features().contains(wgpu::Features::SHADER_F16) {
-                return Err(Error::MissingFeature {
-                    what: "mixed precision",
-                    feature: "SHADER_F16",
-                    adapter: ctx.report().name.clone(),
-                    hint: "; train in f32 on this adapter (the GL back end has no f16)",
-                });
-            }
+            ctx.require_f16(
+                "mixed precision",
+                "; train in f32 on this adapter (the GL back end has no f16)",
+            )?;
             self.params.enable_half_copies(ctx)?;
         }
         self.precision = precision;

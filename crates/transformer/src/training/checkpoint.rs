@@ -147,7 +147,7 @@ pub fn save(ctx: &Context, trainer: &Trainer, path: &Path) -> Result<()> {
     trainer.check_finite(ctx)?;
     let config = serde_json::to_string(trainer.model.config()).map_err(|e| error(path, e))?;
     let loss_scale = match trainer.loss_scale_state(ctx)? {
-        Some(state) => loss_scale_json(state).to_string(),
+        Some(state) => serde_json::to_string(&state).map_err(|e| error(path, e))?,
         None => "none".to_string(),
     };
     let mut metadata = HashMap::from([
@@ -298,7 +298,9 @@ pub fn load(ctx: &Context, trainer: &mut Trainer, path: &Path) -> Result<()> {
     let loss_scale = match field("loss_scale") {
         "none" | "(missing)" => None,
         text => Some(
-            loss_scale_from_json(text)
+            serde_json::from_str::<LossScaleState>(text)
+                .ok()
+                .filter(|state| LossScaling::is_scale(state.scale))
                 .ok_or_else(|| error(path, format!("has a bad loss_scale {text:?}")))?,
         ),
     };
@@ -369,32 +371,6 @@ pub fn load(ctx: &Context, trainer: &mut Trainer, path: &Path) -> Result<()> {
         scale.set_state(ctx, state)?;
     }
     trainer.optimizer.set_steps(ctx, steps)
-}
-
-fn loss_scale_json(state: LossScaleState) -> Value {
-    serde_json::json!({
-        "scale": state.scale,
-        "clean_steps": state.clean_steps,
-        "skipped_steps": state.skipped_steps,
-        "last_step_skipped": state.last_step_skipped,
-    })
-}
-
-fn loss_scale_from_json(text: &str) -> Option<LossScaleState> {
-    let value: Value = serde_json::from_str(text).ok()?;
-    let count = |key: &str| value.get(key)?.as_u64()?.try_into().ok();
-    let scale = value.get("scale")?.as_f64()? as f32;
-    // What `LossScale::set_state` accepts: a power of two from 1 to the largest scale.
-    let power_of_two = scale.to_bits() & 0x007f_ffff == 0;
-    if !(power_of_two && (1.0..=LossScaling::MAX_SCALE).contains(&scale)) {
-        return None;
-    }
-    Some(LossScaleState {
-        scale,
-        clean_steps: count("clean_steps")?,
-        skipped_steps: count("skipped_steps")?,
-        last_step_skipped: value.get("last_step_skipped")?.as_bool()?,
-    })
 }
 
 /// Periodic checkpoints of a training run: the path is checked when it is created, [`Checkpointer::
