@@ -181,6 +181,11 @@ fn run(cli: &Cli) -> Result<(), Error> {
             false => train_case(cli, &ctx, config, precision)?,
         }
     }
+    // Which builds the tensor-core kernels ran (mixed precision's GEMMs take them by default where
+    // they qualify, whatever the tiles printed above).
+    for q in ctx.qualifications() {
+        println!("qualification: {} {}", q.kernel, q.detail);
+    }
     Ok(())
 }
 
