@@ -179,6 +179,27 @@ fn gpu_family_fits_the_default_workgroup_storage() {
     });
 }
 
+/// The CPU-driver backward's subgroup build steps several quads (16 staged rows in dK/dV, 8 keys in
+/// dQ) at a time; where the workgroup storage holds fewer rows than a step (here 4 KiB at head dim
+/// 72: four-row dK/dV and dQ tiles), a step's quads past the tile read inside it and are masked.
+/// The workgroup build (GL) steps one quad, so it has no such case and is not run here.
+#[test]
+fn cpu_family_backward_with_tiles_shorter_than_a_step() {
+    for_each_backend_with_storage_and(
+        4096,
+        |ctx| ctx.set_kernel_family(Some(KernelFamily::CpuDriver)),
+        |backend, ctx| {
+            if backend.starts_with("gl") {
+                return;
+            }
+            let case = Case::new(2, 13, 21, 2, 1, 72, 72)
+                .causal()
+                .kv_lens(&[21, 9]);
+            check(backend, ctx, &case, Path::Fused);
+        },
+    );
+}
+
 #[test]
 fn query_and_key_loops_split_into_accumulated_chunks() {
     for_each_family_with_loop_budget(SMALL_LOOP_BUDGET, |backend, ctx| {
@@ -563,9 +584,10 @@ fn trusted_and_checked_backwards_agree_bitwise() {
 /// subgroups off): the same bits, both matching the reference.
 #[test]
 fn cpu_family_subgroup_and_workgroup_quads_agree_bitwise() {
-    // Dk 36 and Dv 20 (rows of 9 and 5 vec4s, padded to whole quads), the causal diagonal's masked
-    // quads, a batch entry's shorter keys, four query heads per kv head.
-    let case = Case::new(2, 70, 45, 4, 2, 36, 20)
+    // The subgroup build steps several quads at a time, the workgroup build one: the same bits.
+    // Head dim 33 (rows of 9 vec4s, padded to whole quads; the head-dim sweep's pipelines), the
+    // causal diagonal's masked quads, a batch entry's shorter keys, four query heads per kv head.
+    let case = Case::new(2, 70, 45, 4, 2, 33, 33)
         .causal()
         .kv_lens(&[45, 20]);
     let runs = [false, true].map(|subgroups| {

@@ -4,7 +4,7 @@
 // order: deterministic, no atomics. A workgroup owns BLOCK_N = 4 * WG keys of one (batch, kv head);
 // each invocation owns four keys, one per vec4 lane (k, v transposed, dK, dV accumulators in
 // registers), and the workgroup stages Q, dO and (lse, D) tiles of BLOCK_M query rows, read a quad
-// (four rows by eight dims, attention/cpu/quads.wgsl) at a time. Under the
+// (four rows by eight dims, attention/cpu/quads.wgsl) at a time, STEP_QUADS per step. Under the
 // causal mask, query tiles that see none of the block's keys are skipped.
 //
 // The loop over (query head g of the group, query row i), flattened as g * Lq + i, runs over
@@ -12,6 +12,11 @@
 
 override WG: u32 = 64u;
 override BLOCK_M: u32 = 32u;
+// Quads of query rows per step: 4 where the quads come by subgroup broadcast (each private entry
+// then serves 16 rows: 1.15x two quads' speed, 1.3x one's on lavapipe), 1 where they come from
+// workgroup memory (4 gained 1.1x there, for 2.6x the compile time through GL:
+// benchmarks/cpu-quad-steps-2026-11-28/). The host stages tiles of whole steps.
+override STEP_QUADS: u32 = 4u;
 
 // The per-invocation arrays' sizes, declared by the pipeline's key (private arrays need constant
 // lengths; src/kernels/attention/variant.rs): MAX_D: the head dims rounded up to whole quads. The
@@ -38,6 +43,64 @@ fn keys_seen(
 ) -> vec4<bool> {
     let r = vec4<u32>(row);
     return live & (r >= q_lo) & (r < q_hi) & vec4<bool>(in_tile) & score_visible(x);
+}
+
+// One quad of query rows' weights for the invocation's four keys: p = exp(x - lse) where a key is
+// seen (zero elsewhere), which keys each row sees, and the rows' (lse, D). The quad's rows are
+// m0 + i .. m0 + i + 3 (masked by that place in the tile), staged at `staged` (step_quad).
+struct RowWeights {
+    p: QuadLanes,
+    seen: QuadSeen,
+    delta: vec4<f32>,
+}
+
+fn row_weights(
+    s: QuadLanes,
+    i: u32,
+    staged: u32,
+    m_tile: u32,
+    m0: u32,
+    cols: vec4<u32>,
+    b: u32,
+    h: u32,
+    live: vec4<bool>,
+    q_lo: vec4<u32>,
+    q_hi: vec4<u32>,
+) -> RowWeights {
+    let st0 = stat_tile[staged];
+    let st1 = stat_tile[staged + 1u];
+    let st2 = stat_tile[staged + 2u];
+    let st3 = stat_tile[staged + 3u];
+    let x0 = modify_scores(s.r0, vec4<u32>(m0 + i), cols, b, h);
+    let x1 = modify_scores(s.r1, vec4<u32>(m0 + i + 1u), cols, b, h);
+    let x2 = modify_scores(s.r2, vec4<u32>(m0 + i + 2u), cols, b, h);
+    let x3 = modify_scores(s.r3, vec4<u32>(m0 + i + 3u), cols, b, h);
+    let seen = QuadSeen(
+        keys_seen(m0 + i, i < m_tile, x0, live, q_lo, q_hi),
+        keys_seen(m0 + i + 1u, i + 1u < m_tile, x1, live, q_lo, q_hi),
+        keys_seen(m0 + i + 2u, i + 2u < m_tile, x2, live, q_lo, q_hi),
+        keys_seen(m0 + i + 3u, i + 3u < m_tile, x3, live, q_lo, q_hi),
+    );
+    let zero = vec4<f32>(0.0);
+    let p = QuadLanes(
+        select(zero, exp(x0 - st0.x), seen.r0),
+        select(zero, exp(x1 - st1.x), seen.r1),
+        select(zero, exp(x2 - st2.x), seen.r2),
+        select(zero, exp(x3 - st3.x), seen.r3),
+    );
+    return RowWeights(p, seen, vec4<f32>(st0.y, st1.y, st2.y, st3.y));
+}
+
+// dS = p (dP - D) times the modifier's derivative at the raw scores s, zero where a row does not
+// see a key.
+fn score_gradients(w: RowWeights, s: QuadLanes, dp: QuadLanes) -> QuadLanes {
+    let zero = vec4<f32>(0.0);
+    return QuadLanes(
+        select(zero, w.p.r0 * (dp.r0 - w.delta.x) * score_grad(s.r0), w.seen.r0),
+        select(zero, w.p.r1 * (dp.r1 - w.delta.y) * score_grad(s.r1), w.seen.r1),
+        select(zero, w.p.r2 * (dp.r2 - w.delta.z) * score_grad(s.r2), w.seen.r2),
+        select(zero, w.p.r3 * (dp.r3 - w.delta.w) * score_grad(s.r3), w.seen.r3),
+    );
 }
 
 @compute @workgroup_size(WG)
@@ -123,68 +186,113 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
             }
             workgroupBarrier();
 
-            // A quad of query rows (i0 .. i0 + 3) per step: every private k, v, dK, dV entry is read
-            // or updated once for the four, the private-memory traffic that dominates on CPU
-            // drivers. BLOCK_M is a multiple of 4 and rows past m_tile are staged as zeros and
-            // masked.
-            for (var i0 = 0u; i0 < m_tile; i0 += 4u) {
-                var s = QuadLanes();
+            // STEP_QUADS quads of query rows (i0 .. i0 + 4 STEP_QUADS - 1) per step: every private
+            // k, v, dK, dV entry is read or updated once for them all, the private-memory traffic
+            // that dominates on CPU drivers. Rows past m_tile are staged as zeros and masked; a
+            // quad past the tile's end reads inside it (step_quad), masked all the same. The
+            // gradients add the quads one after the other: the bits of one quad per step.
+            for (var i0 = 0u; i0 < m_tile; i0 += 4u * STEP_QUADS) {
+                let i1 = step_quad(i0, 1u);
+                let i2 = step_quad(i0, 2u);
+                let i3 = step_quad(i0, 3u);
+                var s0 = QuadLanes();
+                var s1 = QuadLanes();
+                var s2 = QuadLanes();
+                var s3 = QuadLanes();
                 for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
                     let d = d8 * 8u;
-                    s = quad_dots(
-                        s,
-                        qk_quad(i0, d8),
-                        kt[d], kt[d + 1u], kt[d + 2u], kt[d + 3u],
-                        kt[d + 4u], kt[d + 5u], kt[d + 6u], kt[d + 7u],
-                    );
+                    let x0 = kt[d];
+                    let x1 = kt[d + 1u];
+                    let x2 = kt[d + 2u];
+                    let x3 = kt[d + 3u];
+                    let x4 = kt[d + 4u];
+                    let x5 = kt[d + 5u];
+                    let x6 = kt[d + 6u];
+                    let x7 = kt[d + 7u];
+                    s0 = quad_dots(s0, qk_quad(i0, d8), x0, x1, x2, x3, x4, x5, x6, x7);
+                    if STEP_QUADS == 4u {
+                        s1 = quad_dots(s1, qk_quad(i1, d8), x0, x1, x2, x3, x4, x5, x6, x7);
+                        s2 = quad_dots(s2, qk_quad(i2, d8), x0, x1, x2, x3, x4, x5, x6, x7);
+                        s3 = quad_dots(s3, qk_quad(i3, d8), x0, x1, x2, x3, x4, x5, x6, x7);
+                    }
                 }
-                let st0 = stat_tile[i0];
-                let st1 = stat_tile[i0 + 1u];
-                let st2 = stat_tile[i0 + 2u];
-                let st3 = stat_tile[i0 + 3u];
-                let x0 = modify_scores(s.r0, vec4<u32>(m0 + i0), cols, b, h);
-                let x1 = modify_scores(s.r1, vec4<u32>(m0 + i0 + 1u), cols, b, h);
-                let x2 = modify_scores(s.r2, vec4<u32>(m0 + i0 + 2u), cols, b, h);
-                let x3 = modify_scores(s.r3, vec4<u32>(m0 + i0 + 3u), cols, b, h);
-                let seen0 = keys_seen(m0 + i0, i0 < m_tile, x0, live, q_lo, q_hi);
-                let seen1 = keys_seen(m0 + i0 + 1u, i0 + 1u < m_tile, x1, live, q_lo, q_hi);
-                let seen2 = keys_seen(m0 + i0 + 2u, i0 + 2u < m_tile, x2, live, q_lo, q_hi);
-                let seen3 = keys_seen(m0 + i0 + 3u, i0 + 3u < m_tile, x3, live, q_lo, q_hi);
-                let zero = vec4<f32>(0.0);
-                let p = QuadLanes(
-                    select(zero, exp(x0 - st0.x), seen0),
-                    select(zero, exp(x1 - st1.x), seen1),
-                    select(zero, exp(x2 - st2.x), seen2),
-                    select(zero, exp(x3 - st3.x), seen3),
-                );
-                let seen = QuadSeen(seen0, seen1, seen2, seen3);
+                let w0 = row_weights(s0, i0, i0, m_tile, m0, cols, b, h, live, q_lo, q_hi);
+                var w1 = RowWeights();
+                var w2 = RowWeights();
+                var w3 = RowWeights();
+                if STEP_QUADS == 4u {
+                    w1 = row_weights(s1, i0 + 4u, i1, m_tile, m0, cols, b, h, live, q_lo, q_hi);
+                    w2 = row_weights(s2, i0 + 8u, i2, m_tile, m0, cols, b, h, live, q_lo, q_hi);
+                    w3 = row_weights(s3, i0 + 12u, i3, m_tile, m0, cols, b, h, live, q_lo, q_hi);
+                }
                 // dP and dV need the same dO rows and P is known: one pass over them serves both.
                 // On lavapipe one masked loop ran faster than an unmasked path for the quads every
                 // row sees (benchmarks/HISTORY.md).
-                var dp = QuadLanes();
+                var dp0 = QuadLanes();
+                var dp1 = QuadLanes();
+                var dp2 = QuadLanes();
+                var dp3 = QuadLanes();
                 for (var d8 = 0u; d8 < DV4P / 2u; d8++) {
-                    let o = vo_quad(i0, d8);
                     let d = d8 * 8u;
-                    dp = quad_dots(
-                        dp,
-                        o,
-                        vt[d], vt[d + 1u], vt[d + 2u], vt[d + 3u],
-                        vt[d + 4u], vt[d + 5u], vt[d + 6u], vt[d + 7u],
-                    );
-                    for (var e = 0u; e < 8u; e++) {
-                        dv[d8 * 8u + e] += column_products(p, quad_column(o, e), seen);
+                    let x0 = vt[d];
+                    let x1 = vt[d + 1u];
+                    let x2 = vt[d + 2u];
+                    let x3 = vt[d + 3u];
+                    let x4 = vt[d + 4u];
+                    let x5 = vt[d + 5u];
+                    let x6 = vt[d + 6u];
+                    let x7 = vt[d + 7u];
+                    let o0 = vo_quad(i0, d8);
+                    dp0 = quad_dots(dp0, o0, x0, x1, x2, x3, x4, x5, x6, x7);
+                    if STEP_QUADS == 4u {
+                        let o1 = vo_quad(i1, d8);
+                        let o2 = vo_quad(i2, d8);
+                        let o3 = vo_quad(i3, d8);
+                        dp1 = quad_dots(dp1, o1, x0, x1, x2, x3, x4, x5, x6, x7);
+                        dp2 = quad_dots(dp2, o2, x0, x1, x2, x3, x4, x5, x6, x7);
+                        dp3 = quad_dots(dp3, o3, x0, x1, x2, x3, x4, x5, x6, x7);
+                        for (var e = 0u; e < 8u; e++) {
+                            var sum = dv[d + e];
+                            sum += column_products(w0.p, quad_column(o0, e), w0.seen);
+                            sum += column_products(w1.p, quad_column(o1, e), w1.seen);
+                            sum += column_products(w2.p, quad_column(o2, e), w2.seen);
+                            sum += column_products(w3.p, quad_column(o3, e), w3.seen);
+                            dv[d + e] = sum;
+                        }
+                    } else {
+                        for (var e = 0u; e < 8u; e++) {
+                            dv[d + e] += column_products(w0.p, quad_column(o0, e), w0.seen);
+                        }
                     }
                 }
-                let ds = QuadLanes(
-                    select(zero, p.r0 * (dp.r0 - st0.y) * score_grad(s.r0), seen0),
-                    select(zero, p.r1 * (dp.r1 - st1.y) * score_grad(s.r1), seen1),
-                    select(zero, p.r2 * (dp.r2 - st2.y) * score_grad(s.r2), seen2),
-                    select(zero, p.r3 * (dp.r3 - st3.y) * score_grad(s.r3), seen3),
-                );
+                let ds0 = score_gradients(w0, s0, dp0);
+                var ds1 = QuadLanes();
+                var ds2 = QuadLanes();
+                var ds3 = QuadLanes();
+                if STEP_QUADS == 4u {
+                    ds1 = score_gradients(w1, s1, dp1);
+                    ds2 = score_gradients(w2, s2, dp2);
+                    ds3 = score_gradients(w3, s3, dp3);
+                }
                 for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
-                    let q = qk_quad(i0, d8);
-                    for (var e = 0u; e < 8u; e++) {
-                        dk[d8 * 8u + e] += column_products(ds, quad_column(q, e), seen);
+                    let d = d8 * 8u;
+                    let q0 = qk_quad(i0, d8);
+                    if STEP_QUADS == 4u {
+                        let q1 = qk_quad(i1, d8);
+                        let q2 = qk_quad(i2, d8);
+                        let q3 = qk_quad(i3, d8);
+                        for (var e = 0u; e < 8u; e++) {
+                            var sum = dk[d + e];
+                            sum += column_products(ds0, quad_column(q0, e), w0.seen);
+                            sum += column_products(ds1, quad_column(q1, e), w1.seen);
+                            sum += column_products(ds2, quad_column(q2, e), w2.seen);
+                            sum += column_products(ds3, quad_column(q3, e), w3.seen);
+                            dk[d + e] = sum;
+                        }
+                    } else {
+                        for (var e = 0u; e < 8u; e++) {
+                            dk[d + e] += column_products(ds0, quad_column(q0, e), w0.seen);
+                        }
                     }
                 }
             }

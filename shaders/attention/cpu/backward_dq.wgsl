@@ -3,7 +3,7 @@
 // Parallel over query blocks like the forward kernel, so no float atomics and bitwise reproducible.
 // Each invocation owns four query rows, one per vec4 lane (q and dO transposed, dQ accumulator in
 // registers); K/V tiles are staged and read a quad (four keys by eight dims, attention/cpu/quads.wgsl) at
-// a time. The key loop runs over [chunk_begin, chunk_end); later chunks add to dQ.
+// a time, STEP_QUADS per step. The key loop runs over [chunk_begin, chunk_end); later chunks add to dQ.
 //
 // With REL_BUCKETS > 0 (learned relative-position buckets) it also writes each query row's
 // gradient of the relative table, d_score = p (dP - D) summed per bucket over the row's keys in
@@ -14,6 +14,11 @@ override WG: u32 = 64u;
 override BLOCK_N: u32 = 32u;
 // Buckets of the learned relative table whose gradient this pipeline accumulates (0: none).
 override REL_BUCKETS: u32 = 0u;
+// Quads of keys per step: 2 where the quads come by subgroup broadcast (each private entry then
+// serves 8 keys; 4 measured no faster on lavapipe), 1 where they come from workgroup memory (the
+// compile time through GL: benchmarks/cpu-quad-steps-2026-11-28/). The host stages tiles of whole
+// steps.
+override STEP_QUADS: u32 = 2u;
 
 // The per-invocation arrays' sizes, declared by the pipeline's key (private arrays need constant
 // lengths; src/kernels/attention/variant.rs): MAX_D: the head dims rounded up to whole quads;
@@ -53,6 +58,41 @@ fn key_grad(
     let p = select(zero, exp(x - lse), seen);
     let d_score = select(zero, p * (dp - delta), seen);
     return KeyGrad(seen, d_score, select(zero, d_score * score_grad(s), seen));
+}
+
+// A quad of keys' share of the four rows' gradients (keys n0 + j .. n0 + j + 3, those past the
+// tile's n_tile masked): each key's key_grad, the rows that mask a key skipping its K.
+struct QuadGrads {
+    seen: QuadSeen,
+    d_score: QuadLanes,
+    ds: QuadLanes,
+}
+
+fn quad_grads(
+    s: QuadLanes,
+    dp: QuadLanes,
+    rows: vec4<u32>,
+    n0: u32,
+    j: u32,
+    n_tile: u32,
+    b: u32,
+    h: u32,
+    lse: vec4<f32>,
+    delta: vec4<f32>,
+    row_start: vec4<u32>,
+    row_end: vec4<u32>,
+) -> QuadGrads {
+    // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0, whatever
+    // their dP or score holds (a NaN in a key or value the row does not see is not the row's).
+    let g0 = key_grad(s.r0, dp.r0, rows, n0 + j, j < n_tile, b, h, lse, delta, row_start, row_end);
+    let g1 = key_grad(s.r1, dp.r1, rows, n0 + j + 1u, j + 1u < n_tile, b, h, lse, delta, row_start, row_end);
+    let g2 = key_grad(s.r2, dp.r2, rows, n0 + j + 2u, j + 2u < n_tile, b, h, lse, delta, row_start, row_end);
+    let g3 = key_grad(s.r3, dp.r3, rows, n0 + j + 3u, j + 3u < n_tile, b, h, lse, delta, row_start, row_end);
+    return QuadGrads(
+        QuadSeen(g0.seen, g1.seen, g2.seen, g3.seen),
+        QuadLanes(g0.d_score, g1.d_score, g2.d_score, g3.d_score),
+        QuadLanes(g0.ds, g1.ds, g2.ds, g3.ds),
+    );
 }
 
 @compute @workgroup_size(WG)
@@ -130,53 +170,82 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
         stage_tiles(lid, b, n0, n_tile, h_kv);
         workgroupBarrier();
 
-        // A quad of keys (j0 .. j0 + 3) per step: every private q, dO and dQ entry is read or
-        // updated once for the four, the private-memory traffic that dominates on CPU drivers.
-        // BLOCK_N is a multiple of 4 and keys past n_tile are staged as zeros and masked.
-        for (var j0 = 0u; j0 < n_tile; j0 += 4u) {
-            var s = QuadLanes();
+        // STEP_QUADS quads of keys (j0 .. j0 + 4 STEP_QUADS - 1) per step: every private q, dO
+        // and dQ entry is read or updated once for them all, the private-memory traffic that
+        // dominates on CPU drivers. Keys past n_tile are staged as zeros and masked; a quad past
+        // the tile's end reads inside it (step_quad), masked all the same. dQ adds the quads one
+        // after the other: the bits of one quad per step.
+        for (var j0 = 0u; j0 < n_tile; j0 += 4u * STEP_QUADS) {
+            let j4 = step_quad(j0, 1u);
+            var s_a = QuadLanes();
+            var s_b = QuadLanes();
             for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
                 let d = d8 * 8u;
-                s = quad_dots(
-                    s,
-                    qk_quad(j0, d8),
-                    qt[d], qt[d + 1u], qt[d + 2u], qt[d + 3u],
-                    qt[d + 4u], qt[d + 5u], qt[d + 6u], qt[d + 7u],
-                );
+                let x0 = qt[d];
+                let x1 = qt[d + 1u];
+                let x2 = qt[d + 2u];
+                let x3 = qt[d + 3u];
+                let x4 = qt[d + 4u];
+                let x5 = qt[d + 5u];
+                let x6 = qt[d + 6u];
+                let x7 = qt[d + 7u];
+                s_a = quad_dots(s_a, qk_quad(j0, d8), x0, x1, x2, x3, x4, x5, x6, x7);
+                if STEP_QUADS == 2u {
+                    s_b = quad_dots(s_b, qk_quad(j4, d8), x0, x1, x2, x3, x4, x5, x6, x7);
+                }
             }
-            var dp = QuadLanes();
+            var dp_a = QuadLanes();
+            var dp_b = QuadLanes();
             for (var d8 = 0u; d8 < DV4P / 2u; d8++) {
                 let d = d8 * 8u;
-                dp = quad_dots(
-                    dp,
-                    vo_quad(j0, d8),
-                    dot_t[d], dot_t[d + 1u], dot_t[d + 2u], dot_t[d + 3u],
-                    dot_t[d + 4u], dot_t[d + 5u], dot_t[d + 6u], dot_t[d + 7u],
-                );
+                let x0 = dot_t[d];
+                let x1 = dot_t[d + 1u];
+                let x2 = dot_t[d + 2u];
+                let x3 = dot_t[d + 3u];
+                let x4 = dot_t[d + 4u];
+                let x5 = dot_t[d + 5u];
+                let x6 = dot_t[d + 6u];
+                let x7 = dot_t[d + 7u];
+                dp_a = quad_dots(dp_a, vo_quad(j0, d8), x0, x1, x2, x3, x4, x5, x6, x7);
+                if STEP_QUADS == 2u {
+                    dp_b = quad_dots(dp_b, vo_quad(j4, d8), x0, x1, x2, x3, x4, x5, x6, x7);
+                }
             }
-            // Masked pairs (and so every pair of a row whose lse is -inf) contribute exactly 0,
-            // whatever their dP or score holds (a NaN in a key or value the row does not see is
-            // not the row's).
-            let g0 = key_grad(s.r0, dp.r0, rows, n0 + j0, j0 < n_tile, b, h, lse, delta, row_start, row_end);
-            let g1 = key_grad(s.r1, dp.r1, rows, n0 + j0 + 1u, j0 + 1u < n_tile, b, h, lse, delta, row_start, row_end);
-            let g2 = key_grad(s.r2, dp.r2, rows, n0 + j0 + 2u, j0 + 2u < n_tile, b, h, lse, delta, row_start, row_end);
-            let g3 = key_grad(s.r3, dp.r3, rows, n0 + j0 + 3u, j0 + 3u < n_tile, b, h, lse, delta, row_start, row_end);
+            let g_a = quad_grads(s_a, dp_a, rows, n0, j0, n_tile, b, h, lse, delta, row_start, row_end);
+            var g_b = QuadGrads();
+            if STEP_QUADS == 2u {
+                g_b = quad_grads(s_b, dp_b, rows, n0, j0 + 4u, n_tile, b, h, lse, delta, row_start, row_end);
+            }
             if REL_BUCKETS > 0u {
                 for (var r = 0u; r < 4u; r++) {
                     let delta0 = i32(n0 + j0) - aligned(rows[r]);
-                    rel[relative_bucket(delta0)][r] += g0.d_score[r];
-                    rel[relative_bucket(delta0 + 1)][r] += g1.d_score[r];
-                    rel[relative_bucket(delta0 + 2)][r] += g2.d_score[r];
-                    rel[relative_bucket(delta0 + 3)][r] += g3.d_score[r];
+                    rel[relative_bucket(delta0)][r] += g_a.d_score.r0[r];
+                    rel[relative_bucket(delta0 + 1)][r] += g_a.d_score.r1[r];
+                    rel[relative_bucket(delta0 + 2)][r] += g_a.d_score.r2[r];
+                    rel[relative_bucket(delta0 + 3)][r] += g_a.d_score.r3[r];
+                    if STEP_QUADS == 2u {
+                        rel[relative_bucket(delta0 + 4)][r] += g_b.d_score.r0[r];
+                        rel[relative_bucket(delta0 + 5)][r] += g_b.d_score.r1[r];
+                        rel[relative_bucket(delta0 + 6)][r] += g_b.d_score.r2[r];
+                        rel[relative_bucket(delta0 + 7)][r] += g_b.d_score.r3[r];
+                    }
                 }
             }
-            // Rows that mask a key skip its K.
-            let ds = QuadLanes(g0.ds, g1.ds, g2.ds, g3.ds);
-            let seen = QuadSeen(g0.seen, g1.seen, g2.seen, g3.seen);
             for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
-                let k = qk_quad(j0, d8);
-                for (var e = 0u; e < 8u; e++) {
-                    dq[d8 * 8u + e] += column_products(ds, quad_column(k, e), seen);
+                let d = d8 * 8u;
+                let k_a = qk_quad(j0, d8);
+                if STEP_QUADS == 2u {
+                    let k_b = qk_quad(j4, d8);
+                    for (var e = 0u; e < 8u; e++) {
+                        var sum = dq[d + e];
+                        sum += column_products(g_a.ds, quad_column(k_a, e), g_a.seen);
+                        sum += column_products(g_b.ds, quad_column(k_b, e), g_b.seen);
+                        dq[d + e] = sum;
+                    }
+                } else {
+                    for (var e = 0u; e < 8u; e++) {
+                        dq[d + e] += column_products(g_a.ds, quad_column(k_a, e), g_a.seen);
+                    }
                 }
             }
         }

@@ -1,7 +1,8 @@
 // Quads: four staged rows (keys, or query rows) by eight head dims, the CPU-driver kernels' step
 // over a staged tile, read the same by every invocation of the workgroup (each owns other rows).
 // This file holds what the three kernels share: the head dims and staged tiles, their staging, and
-// the quad steps of the score, dP and gradient products.
+// the quad steps of the score, dP and gradient products. The backward kernels step several quads at
+// a time (dQ two, dK/dV four): each private entry they read or update then serves 8 or 16 rows.
 //
 // tile_qk holds rows of the score's operand (K in the forward and dQ, Q in dK/dV), tile_vo rows of
 // the value's (V, or dO). Each kernel says how many rows a tile holds (TILE_ROWS); which views the
@@ -146,4 +147,12 @@ fn quad_column(quad: Quad, e: u32) -> vec4<f32> {
 fn column_products(w: QuadLanes, x: vec4<f32>, seen: QuadSeen) -> vec4<f32> {
     return (masked_product(w.r0, x.x, seen.r0) + masked_product(w.r1, x.y, seen.r1))
         + (masked_product(w.r2, x.z, seen.r2) + masked_product(w.r3, x.w, seen.r3));
+}
+
+// Quad q of a backward step that starts at staged row `row` (the kernels step two or four quads at
+// a time): rows row + 4 q .. row + 4 q + 3, or the tile's last four where the tile ends sooner (a
+// short tile, or one that is not a whole number of steps). Those reads stay inside the tile; the
+// caller masks the quad's rows by their place in the step, not by what it read.
+fn step_quad(row: u32, q: u32) -> u32 {
+    return min(row + 4u * q, TILE_ROWS - 4u);
 }

@@ -214,24 +214,34 @@ pub fn attention_backward_plan(
         });
     }
     let wg = workgroup_size(ctx, true, choice.workgroup);
+    let quads = QuadReads::choose(ctx, wg);
     Ok(BackwardPlan {
         family,
-        dkdv: (wg, wg * ROWS, cpu_dkdv_rows(ctx, s)),
-        dq: (wg, wg * ROWS, cpu_dq_keys(ctx, s)),
+        dkdv: (wg, wg * ROWS, cpu_dkdv_rows(ctx, s, quads)),
+        dq: (wg, wg * ROWS, cpu_dq_keys(ctx, s, quads)),
         matrix: None,
     })
 }
 
-/// Query rows per staged tile of the CPU-driver dK/dV: a multiple of 4 (the kernel steps four rows
-/// at a time).
-fn cpu_dkdv_rows(ctx: &Context, s: &AttentionShape) -> u32 {
-    (tile_rows(ctx, s, 8, 64) & !3).max(4)
+/// Query rows per staged tile of the CPU-driver dK/dV: whole steps of its kernel where they fit.
+fn cpu_dkdv_rows(ctx: &Context, s: &AttentionShape, quads: QuadReads) -> u32 {
+    whole_steps(tile_rows(ctx, s, 8, 64), 4 * quads.dkdv_step_quads())
 }
 
-/// Keys per staged tile of the CPU-driver dQ: a multiple of 4 (the kernel steps four keys at a
-/// time).
-fn cpu_dq_keys(ctx: &Context, s: &AttentionShape) -> u32 {
-    (tile_rows(ctx, s, 0, 64) & !3).max(4)
+/// Keys per staged tile of the CPU-driver dQ: whole steps of its kernel where they fit.
+fn cpu_dq_keys(ctx: &Context, s: &AttentionShape, quads: QuadReads) -> u32 {
+    whole_steps(tile_rows(ctx, s, 0, 64), 4 * quads.dq_step_quads())
+}
+
+/// `rows` staged rows rounded down to whole steps of `step` rows where the tile holds one, else to
+/// whole quads (at least one): a step past the tile's end reads inside it, masked
+/// (attention/cpu/quads.wgsl's step_quad).
+fn whole_steps(rows: u32, step: u32) -> u32 {
+    if rows >= step {
+        rows / step * step
+    } else {
+        (rows & !3).max(4)
+    }
 }
 
 /// The family the fused backward runs for `dtype` views where the call chose `family`.
@@ -524,7 +534,7 @@ pub(super) fn encode_backward_core(
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
     // 2. dK, dV: one workgroup per key block of one (batch, kv head); per query row, three loops
     // over the head dimension plus the row loop itself.
-    let block_m = cpu_dkdv_rows(ctx, &s);
+    let block_m = cpu_dkdv_rows(ctx, &s, quads);
     encode_gradient(
         ctx,
         encoder,
@@ -535,7 +545,13 @@ pub(super) fn encode_backward_core(
                 let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, FamilyBuild::Cpu(quads));
                 key.arrays = cpu_family_arrays(s.head_dim_qk.max(s.head_dim_v), None);
                 key.vec4_inputs = vec4_inputs;
-                key.constants = vec![("WG", wg), ("BLOCK_M", block_m), dims[0], dims[1]];
+                key.constants = vec![
+                    ("WG", wg),
+                    ("BLOCK_M", block_m),
+                    ("STEP_QUADS", quads.dkdv_step_quads()),
+                    dims[0],
+                    dims[1],
+                ];
                 key
             },
             block: (wg * ROWS) as usize,
@@ -549,7 +565,7 @@ pub(super) fn encode_backward_core(
     // 3. dQ: one workgroup per query block of one (batch, head); per key, three loops over the
     // head dimension plus the key loop itself.
     let rel = bias::RelativeRows::new(ctx, &s, opts)?;
-    let block_n = cpu_dq_keys(ctx, &s);
+    let block_n = cpu_dq_keys(ctx, &s, quads);
     encode_gradient(
         ctx,
         encoder,
@@ -564,6 +580,7 @@ pub(super) fn encode_backward_core(
                 key.constants = vec![
                     ("WG", wg),
                     ("BLOCK_N", block_n),
+                    ("STEP_QUADS", quads.dq_step_quads()),
                     dims[0],
                     dims[1],
                     rel.constant(),

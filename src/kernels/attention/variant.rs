@@ -417,4 +417,22 @@ impl QuadReads {
     pub(super) fn constant(self) -> Option<(&'static str, u32)> {
         (self == Self::Subgroup).then_some(("SUBGROUP", QUAD_LANES))
     }
+
+    /// Quads of query rows per step of the CPU-driver dK/dV (`STEP_QUADS` in
+    /// `attention/cpu/backward_dkdv.wgsl`, which says why): 4 with subgroup broadcasts, else 1.
+    pub(super) fn dkdv_step_quads(self) -> u32 {
+        match self {
+            Self::Subgroup => 4,
+            Self::Workgroup => 1,
+        }
+    }
+
+    /// Quads of keys per step of the CPU-driver dQ (`STEP_QUADS` in
+    /// `attention/cpu/backward_dq.wgsl`): 2 with subgroup broadcasts, else 1.
+    pub(super) fn dq_step_quads(self) -> u32 {
+        match self {
+            Self::Subgroup => 2,
+            Self::Workgroup => 1,
+        }
+    }
 }
