@@ -243,26 +243,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
                     let x6 = vt[d + 6u];
                     let x7 = vt[d + 7u];
                     let o0 = vo_quad(i0, d8);
+                    var o1 = Quad();
+                    var o2 = Quad();
+                    var o3 = Quad();
                     dp0 = quad_dots(dp0, o0, x0, x1, x2, x3, x4, x5, x6, x7);
                     if STEP_QUADS == 4u {
-                        let o1 = vo_quad(i1, d8);
-                        let o2 = vo_quad(i2, d8);
-                        let o3 = vo_quad(i3, d8);
+                        o1 = vo_quad(i1, d8);
+                        o2 = vo_quad(i2, d8);
+                        o3 = vo_quad(i3, d8);
                         dp1 = quad_dots(dp1, o1, x0, x1, x2, x3, x4, x5, x6, x7);
                         dp2 = quad_dots(dp2, o2, x0, x1, x2, x3, x4, x5, x6, x7);
                         dp3 = quad_dots(dp3, o3, x0, x1, x2, x3, x4, x5, x6, x7);
-                        for (var e = 0u; e < 8u; e++) {
-                            var sum = dv[d + e];
-                            sum += column_products(w0.p, quad_column(o0, e), w0.seen);
+                    }
+                    for (var e = 0u; e < 8u; e++) {
+                        var sum = dv[d + e] + column_products(w0.p, quad_column(o0, e), w0.seen);
+                        if STEP_QUADS == 4u {
                             sum += column_products(w1.p, quad_column(o1, e), w1.seen);
                             sum += column_products(w2.p, quad_column(o2, e), w2.seen);
                             sum += column_products(w3.p, quad_column(o3, e), w3.seen);
-                            dv[d + e] = sum;
                         }
-                    } else {
-                        for (var e = 0u; e < 8u; e++) {
-                            dv[d + e] += column_products(w0.p, quad_column(o0, e), w0.seen);
-                        }
+                        dv[d + e] = sum;
                     }
                 }
                 let ds0 = score_gradients(w0, s0, dp0);
@@ -277,22 +277,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
                 for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
                     let d = d8 * 8u;
                     let q0 = qk_quad(i0, d8);
+                    var q1 = Quad();
+                    var q2 = Quad();
+                    var q3 = Quad();
                     if STEP_QUADS == 4u {
-                        let q1 = qk_quad(i1, d8);
-                        let q2 = qk_quad(i2, d8);
-                        let q3 = qk_quad(i3, d8);
-                        for (var e = 0u; e < 8u; e++) {
-                            var sum = dk[d + e];
-                            sum += column_products(ds0, quad_column(q0, e), w0.seen);
+                        q1 = qk_quad(i1, d8);
+                        q2 = qk_quad(i2, d8);
+                        q3 = qk_quad(i3, d8);
+                    }
+                    for (var e = 0u; e < 8u; e++) {
+                        var sum = dk[d + e] + column_products(ds0, quad_column(q0, e), w0.seen);
+                        if STEP_QUADS == 4u {
                             sum += column_products(ds1, quad_column(q1, e), w1.seen);
                             sum += column_products(ds2, quad_column(q2, e), w2.seen);
                             sum += column_products(ds3, quad_column(q3, e), w3.seen);
-                            dk[d + e] = sum;
                         }
-                    } else {
-                        for (var e = 0u; e < 8u; e++) {
-                            dk[d + e] += column_products(ds0, quad_column(q0, e), w0.seen);
-                        }
+                        dk[d + e] = sum;
                     }
                 }
             }

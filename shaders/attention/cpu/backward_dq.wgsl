@@ -234,18 +234,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, ids: QuadIds) {
             for (var d8 = 0u; d8 < DK4P / 2u; d8++) {
                 let d = d8 * 8u;
                 let k_a = qk_quad(j0, d8);
+                var k_b = Quad();
                 if STEP_QUADS == 2u {
-                    let k_b = qk_quad(j4, d8);
-                    for (var e = 0u; e < 8u; e++) {
-                        var sum = dq[d + e];
-                        sum += column_products(g_a.ds, quad_column(k_a, e), g_a.seen);
+                    k_b = qk_quad(j4, d8);
+                }
+                for (var e = 0u; e < 8u; e++) {
+                    var sum = dq[d + e] + column_products(g_a.ds, quad_column(k_a, e), g_a.seen);
+                    if STEP_QUADS == 2u {
                         sum += column_products(g_b.ds, quad_column(k_b, e), g_b.seen);
-                        dq[d + e] = sum;
                     }
-                } else {
-                    for (var e = 0u; e < 8u; e++) {
-                        dq[d + e] += column_products(g_a.ds, quad_column(k_a, e), g_a.seen);
-                    }
+                    dq[d + e] = sum;
                 }
             }
         }
