@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn tests-decode tune tunetc mixed) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn decodegrid tests-decode tune tunetc mixed) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -66,6 +66,14 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
           --json $OUT/decodeattn-$g-$tr.json
       done
     done ;;
+  decodegrid)
+    # Issue 46 item 2: decode attention's K/V read bandwidth over the grid (contexts 1k-32k, batch
+    # 1/8/64, GQA 32/8 and 8/2, D 64 and 128, f32 and int8, contiguous and paged in blocks of 16)
+    # against the copy kernel's and a buffer copy's bandwidth of the same bytes in the same run
+    # (192 cases, caches over the binding limit skipped and listed).
+    step 330 decodegrid $B/generate-bench --decode-attention --attention-lengths 1024,4096,16384,32768 \
+      --batches 1,8,64 --attention-heads 32/8,8/2 --attention-head-dims 64,128 --int8 --page 16 \
+      --reps 5 --json $OUT/decodegrid.json ;;
   decodesteps)
     # Decoding end to end (decoder-only d_model 512, 8 layers, prompt 512, contiguous and paged
     # caches, GPU time per kernel) with the decode kernel now and before the change.

@@ -1,11 +1,14 @@
 //! The benchmark's own kernels and timers: the FMA-throughput kernel computes what its CPU
-//! recurrence says (so the ALU limit it reports is measured on real work), and both clocks time.
+//! recurrence says (so the ALU limit it reports is measured on real work), the copy kernel copies
+//! every byte (so the bandwidth it reports is of a real copy), and both clocks time.
 
 mod common;
 
 use common::*;
+use wgpu_attention::bench::copy::{copy_bandwidth, CopyBench};
 use wgpu_attention::bench::fma::{fma_reference, fma_throughput};
 use wgpu_attention::bench::{measure, Clock, Timer};
+use wgpu_attention::GpuTensor;
 
 #[test]
 fn fma_kernel_matches_its_cpu_recurrence() {
@@ -48,5 +51,39 @@ fn timers_measure_submitted_work() {
             );
             assert!(samples.min() <= samples.median() && samples.median() <= samples.max());
         }
+    });
+}
+
+#[test]
+fn copy_kernel_copies_every_word_across_chunks() {
+    for_each_backend(|backend, ctx| {
+        // Three whole chunks of 4 KiB and a short fourth: the chunks' bindings, the grid-stride
+        // rounds and the last round's bound all matter. Each chunk holds 256 vec4 words, a
+        // workgroup's round of 4 x 256 covers it, so the grid is one workgroup a chunk.
+        for (bytes, chunk) in [(3 * 4096 + 48, 4096), (1 << 16, 1 << 20)] {
+            let bench = CopyBench::with_chunk_bytes(ctx, bytes, chunk).unwrap();
+            let words = (bytes / 4) as usize;
+            let data: Vec<f32> = (0..words).map(|i| i as f32 + 0.5).collect();
+            ctx.queue()
+                .write_buffer(bench.src(), 0, bytemuck::cast_slice(&data));
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            bench.record_kernel(&mut encoder);
+            ctx.queue().submit([encoder.finish()]);
+            let dst = GpuTensor::from_buffer(bench.dst().clone(), &[words]).unwrap();
+            let copied = dst.to_vec(ctx).unwrap();
+            let wrong = copied.iter().zip(&data).position(|(a, b)| a != b);
+            assert_eq!(
+                wrong, None,
+                "[{backend}] {bytes} bytes in chunks of {chunk}"
+            );
+        }
+        let timer = Timer::new(ctx, true);
+        let bandwidth = copy_bandwidth(ctx, &timer, 1, 1 << 16).unwrap();
+        assert!(
+            bandwidth.kernel_gb_s > 0.0 && bandwidth.buffer_copy_gb_s > 0.0,
+            "[{backend}] {bandwidth:?}"
+        );
+        assert!(CopyBench::new(ctx, 12).is_err(), "[{backend}] 12 bytes");
+        assert!(CopyBench::new(ctx, 0).is_err(), "[{backend}] 0 bytes");
     });
 }

@@ -1,7 +1,9 @@
 //! Benchmark support shared by the `attention-bench` binary and the criterion benches: GPU timing
 //! (timestamp queries where the adapter has them, otherwise wall clock with the device synchronised)
-//! and the adapter's measured FMA throughput ([`fma`]), the ALU limit each case is compared with.
+//! and the adapter's measured FMA throughput ([`fma`]), the ALU limit each case is compared with,
+//! and memory bandwidth ([`copy`]), the limit of the kernels that stream memory (decode attention).
 
+pub mod copy;
 pub mod fma;
 
 use std::time::Instant;

@@ -5,9 +5,9 @@
 /// Named WGSL sources, as each kernel module lists them.
 type Sources = Vec<(&'static str, String)>;
 
-/// The sources of every kernel family, the benchmark's FMA kernel included.
+/// The sources of every kernel family, the benchmark's FMA and copy kernels included.
 pub fn all() -> Vec<(String, String)> {
-    let families: [fn() -> Sources; 12] = [
+    let families: [fn() -> Sources; 13] = [
         super::additive::shader_sources,
         super::matmul::shader_sources,
         super::linear::shader_sources,
@@ -20,6 +20,7 @@ pub fn all() -> Vec<(String, String)> {
         super::kv_cache::shader_sources,
         super::sampling::shader_sources,
         crate::bench::fma::shader_sources,
+        crate::bench::copy::shader_sources,
     ];
     let others = families.into_iter().flat_map(|sources| sources());
     super::attention::shader_sources()

@@ -10,16 +10,18 @@
 //! cargo run --release -p wgpu-attention-bench --bin generate-bench -- --model DIR [--context ...]   # a published model
 //! ```
 
+mod decode_attention;
+
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
+use decode_attention::DecodeCase;
 use wgpu_attention::bench::{bench_options, measure, Timer};
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::{
-    attention_decode_int8_into, attention_decode_into, attention_forward_into,
-    attention_forward_plan, parse_backends, AttentionOptions, AttentionShape, Context, DecodePlan,
-    Error, ForwardViews, GpuTensor, GpuTensorQ8, QuantizedCache, SeqLens,
+    attention_decode_into, attention_forward_into, attention_forward_plan, parse_backends,
+    AttentionOptions, AttentionShape, Context, Error, ForwardViews, GpuTensor, SeqLens,
 };
 use wgpu_attention_serve::{
     CacheConfig, CacheLayout, Draft, GenerateOptions, Generator, GeneratorShape, KvFormat,
@@ -65,10 +67,21 @@ struct Cli {
     /// Also generate by re-running the full forward for every new token (the first batch size)
     #[arg(long)]
     rerun: bool,
-    /// Decode attention microbenchmark: cache lengths (H = heads, Hkv = heads / 4, D = 64, one new
-    /// query per sequence, every batch size); 0 to skip
+    /// Decode attention microbenchmark: cache lengths (one new query per sequence, every batch
+    /// size, head layout and head dim below; with --int8 int8 caches too, with --page paged ones);
+    /// 0 to skip
     #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
     attention_lengths: Vec<usize>,
+    /// Decode attention microbenchmark: query heads / key-value heads, e.g. 32/8,8/2 (default:
+    /// heads / (heads / 4))
+    #[arg(long, value_delimiter = ',')]
+    attention_heads: Vec<String>,
+    /// Decode attention microbenchmark: head dims
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    attention_head_dims: Vec<usize>,
+    /// Run only the decode attention microbenchmark (no model, generation or prefill attention)
+    #[arg(long)]
+    decode_attention: bool,
     /// Prefill-shaped attention: prompt lengths P (H = heads, Hkv = heads / 4, D = 64, P new
     /// causal queries per sequence over their own P keys, every batch size), run by
     /// `attention_decode_into` (what prefill calls: the decode kernel below PREFILL_FORWARD_ROWS
@@ -312,105 +325,6 @@ fn rerun(
     Ok(((batch * cli.new_tokens) as f64 / seconds, generated))
 }
 
-struct AttentionFigures {
-    batch: usize,
-    format: KvFormat,
-    cache_len: usize,
-    decode_ms: f64,
-    decode_gb_s: f64,
-    copy_gb_s: f64,
-    /// Keys per tile, rows per workgroup and key splits the kernel ran with.
-    plan: DecodePlan,
-}
-
-/// Decode attention over a full cache of `len` keys (one new query per sequence) in `format`,
-/// against a copy of the cache's K and V bytes.
-fn attention(
-    ctx: &Context,
-    cli: &Cli,
-    timer: &Timer,
-    batch: usize,
-    len: usize,
-    format: KvFormat,
-) -> Result<AttentionFigures, Error> {
-    let (h, hkv, d) = (cli.heads, (cli.heads / 4).max(1), 64);
-    let q = GpuTensor::zeros(ctx, &[batch, 1, h, d])?;
-    let k = GpuTensor::zeros(ctx, &[batch, len, hkv, d])?;
-    let v = GpuTensor::zeros(ctx, &[batch, len, hkv, d])?;
-    let out = GpuTensor::zeros(ctx, &[batch, 1, h, d])?;
-    let lse = GpuTensor::zeros(ctx, &[batch, h, 1])?;
-    let lens = SeqLens::new(ctx, Some(&vec![1; batch]), Some(&vec![len as u32; batch]))?;
-    let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
-    let (qv, kv, vv, ov) = (q.heads()?, k.heads()?, v.heads()?, out.heads()?);
-    let shape = AttentionShape::of(&qv, &kv, &vv)?;
-    let plan = match format {
-        KvFormat::Int8 => DecodePlan::new_int8(ctx, &shape, len)?,
-        _ => DecodePlan::new(ctx, &shape, len)?,
-    };
-    let (k8, v8) = match format {
-        KvFormat::Int8 => (
-            Some(GpuTensorQ8::zeros(ctx, &[batch, len, hkv, d])?),
-            Some(GpuTensorQ8::zeros(ctx, &[batch, len, hkv, d])?),
-        ),
-        _ => (None, None),
-    };
-    let decode = measure(ctx, timer, cli.reps, || {
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        match (&k8, &v8) {
-            (Some(k8), Some(v8)) => attention_decode_int8_into(
-                ctx,
-                &mut encoder,
-                &qv,
-                QuantizedCache {
-                    k: k8,
-                    v: v8,
-                    table: None,
-                },
-                &ov,
-                &lse,
-                &opts,
-            )?,
-            _ => attention_decode_into(
-                ctx,
-                &mut encoder,
-                &ForwardViews {
-                    q: &qv,
-                    k: &kv,
-                    v: &vv,
-                    out: &ov,
-                    lse: &lse,
-                },
-                &opts,
-            )?,
-        }
-        ctx.queue().submit([encoder.finish()]);
-        Ok(())
-    })?;
-    let bytes = match (&k8, &v8) {
-        (Some(k8), Some(v8)) => (k8.size_bytes() + v8.size_bytes()) as f64,
-        _ => (k.size_bytes() + v.size_bytes()) as f64,
-    };
-    let words = (bytes / 4.0) as usize;
-    let src = GpuTensor::zeros(ctx, &[words])?;
-    let dst = GpuTensor::zeros(ctx, &[words])?;
-    let copy = measure(ctx, timer, cli.reps, || {
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(src.buffer(), 0, dst.buffer(), 0, src.size_bytes());
-        ctx.queue().submit([encoder.finish()]);
-        Ok(())
-    })?;
-    // A copy reads and writes each byte; decode attention reads K and V once.
-    Ok(AttentionFigures {
-        batch,
-        format,
-        cache_len: len,
-        decode_ms: decode.median(),
-        decode_gb_s: bytes / (decode.median() * 1e6),
-        copy_gb_s: 2.0 * bytes / (copy.median() * 1e6),
-        plan,
-    })
-}
-
 struct PrefillFigures {
     batch: usize,
     prompt: usize,
@@ -610,6 +524,9 @@ fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
     let ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
     println!("adapter: {}", ctx.report());
+    if cli.decode_attention {
+        return decode_attention_only(&ctx, cli);
+    }
     let model = model(&ctx, cli)?;
     let c = model.config();
     println!(
@@ -749,38 +666,9 @@ fn run(cli: &Cli) -> Result<(), Error> {
         rerun_figures = Some((batch, tokens_per_s, cached_rate, same));
     }
     let timer = Timer::new(&ctx, false);
-    let mut attention_figures = Vec::new();
-    for &len in cli.attention_lengths.iter().filter(|&&l| l > 0) {
-        for &batch in &cli.batches {
-            for &format in formats {
-                attention_figures.push(attention(&ctx, cli, &timer, batch, len, format)?);
-            }
-        }
-    }
-    if !attention_figures.is_empty() {
-        println!(
-            "\ndecode attention, H {} / Hkv {}, D 64, one query per sequence ({}):\n",
-            cli.heads,
-            (cli.heads / 4).max(1),
-            timer.clock().name()
-        );
-        println!("| batch | cache | cache length | ms | K+V read GB/s | copy GB/s | share of copy | keys per tile, rows, splits |\n|---|---|---|---|---|---|---|---|");
-        for a in &attention_figures {
-            println!(
-                "| {} | {} | {} | {:.3} | {:.1} | {:.1} | {:.0}% | {}, {}, {} |",
-                a.batch,
-                a.format.name(),
-                a.cache_len,
-                a.decode_ms,
-                a.decode_gb_s,
-                a.copy_gb_s,
-                100.0 * a.decode_gb_s / a.copy_gb_s,
-                a.plan.tile_keys,
-                a.plan.rows,
-                a.plan.splits
-            );
-        }
-    }
+    let (attention_figures, skipped) =
+        decode_attention::run_grid(&ctx, &timer, cli.reps, &decode_cases(cli)?)?;
+    decode_attention::print(&attention_figures, &skipped, timer.clock().name());
     let mut prefill_figures = Vec::new();
     for &prompt in cli.prefill_attention.iter().filter(|&&p| p > 0) {
         for &batch in &cli.batches {
@@ -834,11 +722,67 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 "tokens_per_pass": s.tokens_per_pass, "plain_decode_tokens_per_s": plain,
                 "same_tokens": s.same_tokens,
             })).collect::<Vec<_>>(),
-            "decode_attention": attention_figures.iter().map(|a| serde_json::json!({
-                "batch": a.batch, "format": a.format.name(), "cache_len": a.cache_len, "ms": a.decode_ms,
-                "gb_s": a.decode_gb_s, "copy_gb_s": a.copy_gb_s,
-                "tile_keys": a.plan.tile_keys, "rows": a.plan.rows, "splits": a.plan.splits,
-            })).collect::<Vec<_>>(),
+            "decode_attention": decode_attention::json(&attention_figures),
+        });
+        wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The decode attention grid of the command line.
+fn decode_cases(cli: &Cli) -> Result<Vec<DecodeCase>, Error> {
+    let heads = match cli.attention_heads.is_empty() {
+        true => vec![(cli.heads, (cli.heads / 4).max(1))],
+        false => cli
+            .attention_heads
+            .iter()
+            .map(|t| decode_attention::parse_heads(t))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::shape("--attention-heads", e))?,
+    };
+    let formats: &[KvFormat] = match cli.int8 {
+        true => &[KvFormat::F32, KvFormat::Int8],
+        false => &[KvFormat::F32],
+    };
+    let pages = [None].into_iter().chain(cli.page.map(Some));
+    let mut cases = Vec::new();
+    for &context in cli.attention_lengths.iter().filter(|&&l| l > 0) {
+        for &batch in &cli.batches {
+            for &(heads, kv_heads) in &heads {
+                for &head_dim in &cli.attention_head_dims {
+                    for &format in formats {
+                        for page in pages.clone() {
+                            cases.push(DecodeCase {
+                                batch,
+                                heads,
+                                kv_heads,
+                                head_dim,
+                                context,
+                                format,
+                                page,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// `--decode-attention`: the grid alone, its table and JSON.
+fn decode_attention_only(ctx: &Context, cli: &Cli) -> Result<(), Error> {
+    let timer = Timer::new(ctx, false);
+    let (figures, skipped) =
+        decode_attention::run_grid(ctx, &timer, cli.reps, &decode_cases(cli)?)?;
+    decode_attention::print(&figures, &skipped, timer.clock().name());
+    if let Some(path) = &cli.json {
+        let report = serde_json::json!({
+            "adapter": ctx.report().to_string(),
+            "cli": format!("{cli:?}"),
+            "decode_attention": decode_attention::json(&figures),
+            "skipped": skipped,
         });
         wgpu_attention::bench::write_report(path, &serde_json::to_string_pretty(&report).unwrap())?;
         println!("wrote {}", path.display());
