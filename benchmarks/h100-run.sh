@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn decodegrid tests-decode tune tunetc mixed) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn decodegrid decodeab prefillpaged tests-decode tune tunetc mixed) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -74,6 +74,23 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     step 330 decodegrid $B/generate-bench --decode-attention --attention-lengths 1024,4096,16384,32768 \
       --batches 1,8,64 --attention-heads 32/8,8/2 --attention-head-dims 64,128 --int8 --page 16 \
       --reps 5 --json $OUT/decodegrid.json ;;
+  prefillpaged)
+    # Issue 46's paged prefill (the pool's rows gathered, then the fused forward) against the
+    # contiguous one, same tensors, prompts 512 and 2048, batch 1 and 8 (target: within 1.2x).
+    step 90 prefillpaged $B/generate-bench --layers 1 --prompt 8 --new-tokens 2 --batches 1,8 \
+      --attention-lengths 0 --prefill-attention 512,2048 --page 16 --reps 5 --json $OUT/prefillpaged.json ;;
+  decodeab)
+    # Issue 46's decode kernel against the one before (generate-bench-base, from the bundle's
+    # BASE=3dd6c84: word-per-access reads, the softmax walked by one invocation per row) on a
+    # smaller grid, two interleaved rounds: contexts 4k and 16k, batch 1/8/64, H 32 / Hkv 8, D 64
+    # and 128, f32 and int8.
+    for r in 1 2; do
+      for g in generate-bench generate-bench-base; do
+        [ -x $B/$g ] && step 90 decodeab-$g-$r $B/$g --decode-attention --attention-lengths 4096,16384 \
+          --batches 1,8,64 --attention-heads 32/8 --attention-head-dims 64,128 --int8 --reps 5 \
+          --json $OUT/decodeab-$g-$r.json
+      done
+    done ;;
   decodesteps)
     # Decoding end to end (decoder-only d_model 512, 8 layers, prompt 512, contiguous and paged
     # caches, GPU time per kernel) with the decode kernel now and before the change.

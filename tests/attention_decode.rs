@@ -12,7 +12,7 @@ use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::kv_cache::dequantize_int8_rows;
 use wgpu_attention::{
     attention_decode, attention_decode_int8_into, AttentionOptions, BiasView, Context, GpuTensor,
-    GpuTensorQ8, QuantizedCache, SeqLens,
+    GpuTensorQ8, HeadsView, QuantizedCache, SeqLens,
 };
 
 /// A decode problem: `lq` query slots, a cache of `lk` (capacity) with per-sequence lengths.
@@ -345,6 +345,61 @@ fn decode_tile_shapes_match_reference() {
             assert!(err < 5e-2, "[{name}] int8 against f32 cache: {err}");
         });
     }
+}
+
+/// f32 caches whose rows start on four-word boundaries are read four words per access (the VEC4
+/// build), others a word at a time: the same cache one element into its buffer takes the word
+/// build. Both match the reference and give the same bits (the reads differ, not the arithmetic),
+/// staged (the GPU family) and in place (the CPU drivers'); the dump names both builds.
+#[test]
+fn decode_vec4_and_word_reads_agree_bitwise() {
+    let dump =
+        std::env::temp_dir().join(format!("wgpu-attention-decode-vec4-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dump);
+    for_each_family_with_options(
+        |opts| opts.dump_pipelines(&dump),
+        |name, ctx| {
+            let case = decode_case(2, 2, 40, 4, 2, 16, 8)
+                .causal()
+                .q_lens(&[1, 2])
+                .kv_lens(&[40, 13]);
+            let aligned = check(ctx, name, &case);
+            let (_, k, v, _) = case.data();
+            let shifted = |data: &[f32], d: usize| {
+                let buffer =
+                    GpuTensor::from_slice(ctx, &[&[0.0], data].concat(), &[1 + data.len()])
+                        .unwrap();
+                let (hkv, lk) = (case.hkv, case.lk);
+                let strides = [lk * hkv * d, hkv * d, d];
+                HeadsView::new(buffer.buffer().clone(), 1, [case.b, lk, hkv, d], strides).unwrap()
+            };
+            let (ks, vs) = (shifted(&k, case.dk), shifted(&v, case.dv));
+            let [qv, _, _, _] = case.upload(ctx);
+            let buffers = case.buffers(ctx);
+            let out = attention_decode(ctx, &qv, &ks, &vs, &case.options(&buffers)).unwrap();
+            let words = out.out.to_vec(ctx).unwrap();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&aligned),
+                bits(&words),
+                "[{name}] vec4 and word reads of one cache"
+            );
+        },
+    );
+    let names: Vec<String> = std::fs::read_dir(&dump)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("attention_decode") && n.ends_with(".json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dump);
+    let vec4 = names.iter().filter(|n| n.contains("VEC41")).count();
+    assert!(
+        vec4 > 0 && vec4 < names.len(),
+        "decode builds of both reads expected: {names:?}"
+    );
 }
 
 /// Tree steps (speculative decoding's drafts): each new row's output equals plain decoding of the

@@ -12,15 +12,21 @@
 //
 // Per tile of WG keys:
 //   staging: (STAGED: f32 caches, GPU kernel families) the tile's K and V rows into workgroup
-//            memory, consecutive invocations reading consecutive words of a row, a step's 16
-//            loads issued together (read in place, a key's row waits out the memory latency per
-//            vec4, a value per key);
+//            memory, consecutive invocations reading consecutive vec4s of a row (one 128-bit
+//            load each where the rows start on four-word boundaries, VEC4; four words otherwise),
+//            a step's loads issued together (read in place, a key's row waits out the memory
+//            latency per vec4, a value per key);
 //   scores:  invocation t owns key t of the tile: s[r] = q_r . k for every row r (Q pre-scaled in
 //            workgroup memory), modified (modify_scores) and masked, into s_tile[r][t];
-//   softmax: invocation r < ROWS owns row r: running max m and sum l, rescale alpha; s_tile becomes P;
+//   softmax: the tile's row maxima in two steps (LPR invocations per row take KPL keys each, then
+//            invocation r < ROWS combines row r's LPR and keeps its running max m and rescale
+//            alpha), then invocation t turns key t's scores into P in s_tile, every row at once;
+//            no invocation walks a whole row;
 //   P V:     invocation t owns OWN (row, vec4 column of O) items of key phase kg, and accumulates
 //            P[r][j] V[j] over the tile's keys j = kg, kg + KG, ...; the KG phase sums are added in
-//            kg order at the end (no atomics, deterministic).
+//            kg order at the end (no atomics, deterministic). Meanwhile the LPR invocations of each
+//            row sum its P over their KPL keys, which invocation r adds to its running sum l after
+//            the next barrier.
 // No per-invocation array is head-dim sized.
 //
 // Int8 caches (INT8): each row of one KV head is D / 4 words of four int8 and its scale as f32 bits
@@ -49,6 +55,9 @@ override ITEMS: u32 = ROWS * DV4;
 override LANES: u32 = min(ITEMS, WG);
 override KG: u32 = WG / LANES;
 override OWN: u32 = (ITEMS + WG - 1u) / WG;
+// The tile's row maxima: LPR invocations per row (at most 8, ROWS * LPR <= WG), KPL keys each.
+override LPR: u32 = max(1u, min(8u, WG / ROWS));
+override KPL: u32 = (WG + LPR - 1u) / LPR;
 // K and V tiles staged in workgroup memory (f32 caches, GPU kernel families), or read in place:
 // int8 caches (a quarter of the bytes: on an NVIDIA H200 the staging's steps and barrier cost more
 // than they hide) and CPU drivers (workgroup memory is ordinary memory there);
@@ -79,9 +88,9 @@ override TREE: bool = false;
 // declared by the host.
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
-// f32 values, or with INT8 packed words and scales (read as bits either way).
-@group(0) @binding(3) var<storage, read> k_buf: array<u32>;
-@group(0) @binding(4) var<storage, read> v_buf: array<u32>;
+// K and V at bindings 3 and 4, and cache_word / cache_word4 that read them: attention/decode_cache.wgsl
+// (a word per access) or attention/decode_cache_vec4.wgsl (four, f32 caches whose rows start on
+// four-word boundaries).
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
 // The paged cache's block table [B, TABLE_STRIDE] (PAGE > 0; another read-only buffer otherwise).
@@ -90,10 +99,13 @@ override TREE: bool = false;
 var<workgroup> q_tile: array<vec4<f32>, ROWS * DK4>;
 // Scores, then P, of the tile: s_tile[r * WG + key].
 var<workgroup> s_tile: array<f32, ROWS * WG>;
-// Per row: the tile's rescale factor, and at the end m and l.
+// Per row: the tile's rescale factor and the running max; at the end, m and l.
 var<workgroup> alpha_tile: array<f32, ROWS>;
 var<workgroup> m_tile: array<f32, ROWS>;
 var<workgroup> l_tile: array<f32, ROWS>;
+// The tile's partial row maxima and sums of P, part_max[r * LPR + lane].
+var<workgroup> part_max: array<f32, WG>;
+var<workgroup> part_sum: array<f32, WG>;
 // Key-phase partial sums of O, red[kg * LANES + lane].
 var<workgroup> red: array<vec4<f32>, WG>;
 // STAGED: the tile's keys and values, zero past the slice's end.
@@ -142,19 +154,14 @@ fn tile_scores(at: u32) -> vec4<f32> {
     return vec4<f32>(s_tile[at], s_tile[at + 1u], s_tile[at + 2u], s_tile[at + 3u]);
 }
 
-// Word `index` of the key or the value cache.
-fn cache_word(view: u32, index: u32) -> u32 {
-    if view == VIEW_K {
-        return k_buf[index];
-    }
-    return v_buf[index];
-}
-
 // Elements d..d+3 of a row (view K or V, head dim `dim`) at element (word) `base`, zero past `dim`
 // (f32 views need not be vec4 aligned); INT8: unscaled, the row's scale applied by the caller.
 fn load4(view: u32, dim: u32, base: u32, d: u32) -> vec4<f32> {
     if INT8 {
         return unpack4x8snorm(cache_word(view, base + d / 4u));
+    }
+    if VEC4 == 1u {
+        return bitcast<vec4<f32>>(cache_word4(view, base + d));
     }
     var x = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
@@ -173,11 +180,16 @@ fn tile_item(view: u32, dim: u32, d4: u32, rows: vec2<u32>, b: u32, n0: u32, end
     let key = n0 + t / d4;
     let c = t % d4;
     let base = rows.x + cache_row(b, min(key, end - 1u)) * rows.y;
-    // The row's last element stands in for those past it (dim need not be a multiple of 4).
     let lanes = vec4<u32>(0u, 1u, 2u, 3u);
-    let e = select(min(lanes, vec4<u32>(dim - 1u - 4u * c)), lanes, dim % 4u == 0u);
-    let at = base + 4u * c + e;
-    let x = bitcast<vec4<f32>>(vec4<u32>(cache_word(view, at.x), cache_word(view, at.y), cache_word(view, at.z), cache_word(view, at.w)));
+    var x: vec4<f32>;
+    if VEC4 == 1u {
+        x = bitcast<vec4<f32>>(cache_word4(view, base + 4u * c));
+    } else {
+        // The row's last element stands in for those past it (dim need not be a multiple of 4).
+        let e = select(min(lanes, vec4<u32>(dim - 1u - 4u * c)), lanes, dim % 4u == 0u);
+        let at = base + 4u * c + e;
+        x = bitcast<vec4<f32>>(vec4<u32>(cache_word(view, at.x), cache_word(view, at.y), cache_word(view, at.z), cache_word(view, at.w)));
+    }
     return select(vec4<f32>(0.0), x, (4u * c + lanes < vec4<u32>(dim)) & vec4<bool>(key < end));
 }
 
@@ -218,6 +230,18 @@ fn stage_tile(b: u32, g: u32, n0: u32, end: u32, lid: u32) {
 // K item t of the tile into its padded row.
 fn stage_k(t: u32, x: vec4<f32>) {
     k_tile[(t / DK4) * KS + t % DK4] = x;
+}
+
+// Invocation r < ROWS: row r's running sum l after a tile whose rescale was alpha, with the sums
+// its LPR invocations posted (KPL keys each, in key order).
+fn add_tile_sum(lid: u32, l: ptr<function, f32>, alpha: f32) {
+    if lid < ROWS {
+        var sum = 0.0;
+        for (var k = 0u; k < LPR; k++) {
+            sum += part_sum[lid * LPR + k];
+        }
+        *l = *l * alpha + sum;
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -263,8 +287,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 
     let lane = lid % LANES;
     let kg = lid / LANES;
+    // Invocation r < ROWS: row r's running max and sum, and the last tile's rescale (its sum
+    // arrives after the next barrier).
     var m = NEG_BIG;
     var l = 0.0;
+    var alpha = 1.0;
     var acc: array<vec4<f32>, MAX_OWN>;
     for (var o = 0u; o < OWN; o++) {
         acc[o] = vec4<f32>(0.0);
@@ -276,8 +303,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var r = 0u; r < ROWS; r++) {
             s[r] = 0.0;
         }
-        // The previous tile's P V has read k_tile, v_tile and s_tile.
+        // The previous tile's P V has read k_tile, v_tile and s_tile, and its row sums are posted.
         workgroupBarrier();
+        if n0 > begin {
+            add_tile_sum(lid, &l, alpha);
+        }
         if STAGED {
             stage_tile(b, g, n0, end, lid);
             workgroupBarrier();
@@ -297,7 +327,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             }
             if INT8 {
-                let k_scale = bitcast<f32>(k_buf[kj + DK4]);
+                let k_scale = bitcast<f32>(cache_word(VIEW_K, kj + DK4));
                 for (var r = 0u; r < ROWS; r++) {
                     s[r] *= k_scale;
                 }
@@ -306,7 +336,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if INT8 {
             var scale = 0.0;
             if j < end {
-                scale = bitcast<f32>(v_buf[cache_index(VIEW_V, b, j, g) + DV4]);
+                scale = bitcast<f32>(cache_word(VIEW_V, cache_index(VIEW_V, b, j, g) + DV4));
             }
             v_scale[lid] = scale;
         }
@@ -336,50 +366,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             }
             s_tile[r * WG + lid] = x;
+            s[r] = x;
         }
         workgroupBarrier();
 
+        if lid < ROWS * LPR {
+            let r = lid / LPR;
+            let first = (lid % LPR) * KPL;
+            var x = NEG_BIG;
+            for (var jj = first; jj < min(first + KPL, WG); jj++) {
+                x = max(x, s_tile[r * WG + jj]);
+            }
+            part_max[lid] = x;
+        }
+        workgroupBarrier();
         if lid < ROWS {
-            let base = lid * WG;
             var tile_max = NEG_BIG;
-            // STAGED (the GPU families): four keys a step (WG is a multiple of 4), their loads
-            // issued together, in the same order of operations as one key a step, which the CPU
-            // drivers compile to faster code (lavapipe: the generation tests 1.7x as long with
-            // four; benchmarks/decode-2026-11-28/lavapipe).
-            let step = select(1u, 4u, STAGED);
-            for (var jj = 0u; jj < WG; jj += step) {
-                if STAGED {
-                    let x = tile_scores(base + jj);
-                    tile_max = max(max(max(max(tile_max, x.x), x.y), x.z), x.w);
-                } else {
-                    tile_max = max(tile_max, s_tile[base + jj]);
-                }
+            for (var k = 0u; k < LPR; k++) {
+                tile_max = max(tile_max, part_max[lid * LPR + k]);
             }
             // Both maxima are finite: alpha is 1 while a row has seen no key, 0 when its first arrives.
             let m_new = max(m, tile_max);
-            let alpha = exp(m - m_new);
-            var sum = 0.0;
-            for (var jj = 0u; jj < WG; jj += step) {
-                // masked_p for masked keys: the product below skips them.
-                if STAGED {
-                    let p = visible_exp(tile_scores(base + jj), vec4<f32>(m_new));
-                    s_tile[base + jj] = p.x;
-                    s_tile[base + jj + 1u] = p.y;
-                    s_tile[base + jj + 2u] = p.z;
-                    s_tile[base + jj + 3u] = p.w;
-                    sum += p.x;
-                    sum += p.y;
-                    sum += p.z;
-                    sum += p.w;
-                } else {
-                    let p = visible_exp(vec4<f32>(s_tile[base + jj]), vec4<f32>(m_new)).x;
-                    s_tile[base + jj] = p;
-                    sum += p;
-                }
-            }
-            l = l * alpha + sum;
-            m = m_new;
+            alpha = exp(m - m_new);
             alpha_tile[lid] = alpha;
+            m = m_new;
+            m_tile[lid] = m_new;
+        }
+        workgroupBarrier();
+        // Key lid's P in every row (masked_p for masked keys: the product below skips them).
+        for (var r = 0u; r < ROWS; r++) {
+            s_tile[r * WG + lid] = visible_exp(vec4<f32>(s[r]), vec4<f32>(m_tile[r])).x;
         }
         workgroupBarrier();
 
@@ -431,9 +447,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 acc[o] = a;
             }
         }
+        if lid < ROWS * LPR {
+            let r = lid / LPR;
+            let first = (lid % LPR) * KPL;
+            var sum = 0.0;
+            for (var jj = first; jj < min(first + KPL, WG); jj++) {
+                // masked_p (-0) adds nothing.
+                sum += s_tile[r * WG + jj];
+            }
+            part_sum[lid] = sum;
+        }
     }
 
+    workgroupBarrier();
     if lid < ROWS {
+        if end > begin {
+            add_tile_sum(lid, &l, alpha);
+        }
         m_tile[lid] = m;
         l_tile[lid] = l;
     }
@@ -462,8 +492,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         let i = row_query(fr);
         let h = row_head(fr, g);
-        let seen = row_seen(vec4<f32>(l_tile[r])).x;
-        let out = select(vec4<f32>(0.0), a / l_tile[r], seen);
+        let l = l_tile[r];
+        let seen = row_seen(vec4<f32>(l)).x;
+        let out = select(vec4<f32>(0.0), a / l, seen);
         let c = item % DV4;
         // A packed O holds the sequence's own rows only (the next sequence's follow).
         if row_stored(VIEW_O, b_out, i) {
@@ -475,7 +506,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
         if c == 0u {
-            let lse = select(neg_inf(), m_tile[r] + log(l_tile[r]), seen);
+            let lse = select(neg_inf(), m_tile[r] + log(l), seen);
             lse_buf[(b_out * params.heads + h) * params.q_seq + i] = lse;
         }
     }

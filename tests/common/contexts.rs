@@ -164,6 +164,14 @@ fn each_family(families: &[KernelFamily], mut f: impl FnMut(&str, &Context)) {
     }
 }
 
+/// Like [`for_each_family`], on fresh contexts made with options `adjust` changed.
+pub fn for_each_family_with_options(
+    adjust: impl Fn(ContextOptions) -> ContextOptions,
+    f: impl FnMut(&str, &Context),
+) {
+    each_family_with_options(&FAMILIES, adjust, |_| {}, f);
+}
+
 /// Like [`for_each_family`], on fresh contexts that `configure` has adjusted.
 pub fn for_each_family_with(configure: impl Fn(&mut Context), f: impl FnMut(&str, &Context)) {
     each_family_with(&FAMILIES, configure, f);

@@ -8,13 +8,15 @@
 //! The query heads that share a KV head are one workgroup's rows (GQA-aware: each K/V row is read
 //! once per group); with the GPU kernel families f32 caches are read a tile of keys at a time into
 //! workgroup memory (coalesced, a step's loads issued together), int8 caches (and every cache with
-//! the CPU drivers' family) in place; the key range is split over workgroups when the grid would
+//! the CPU drivers' family) in place; f32 caches whose rows start on four-word boundaries are read
+//! a vec4 per access. Each tile's softmax runs on every invocation (row maxima and sums in two
+//! steps, each key's P by its own invocation); the key range is split over workgroups when the grid would
 //! leave a GPU idle (or llvmpipe's loop budget asks for it), the partial softmaxes merged in split
 //! order: deterministic. CPU reference: [`crate::reference::attention::attention_decode`].
 
 use super::binding::{
-    base_params, bind_tensor, bind_view, encode_kernel, set_grid, Binding, Bound, Kernel, Shared,
-    FLAG_ALIGN_LENS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    base_params, bind_tensor, bind_view, encode_kernel, inputs_on_vec4, set_grid, Binding, Bound,
+    Kernel, Shared, FLAG_ALIGN_LENS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::call::{AttentionOutput, ForwardViews};
 use super::forward::{attention_forward_into, check_forward_outputs};
@@ -31,6 +33,9 @@ use crate::spec::AttentionShape;
 use crate::tensor::{GpuTensor, GpuTensorQ8, HeadsView};
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/decode.wgsl");
+/// The caches' bindings and reads: a word per access, or four (`VEC4`).
+const CACHE_WORDS: &str = include_str!("../../../shaders/attention/decode_cache.wgsl");
+const CACHE_WORDS_VEC4: &str = include_str!("../../../shaders/attention/decode_cache_vec4.wgsl");
 
 /// Invocations per workgroup, and keys per tile (each invocation scores one key of a tile): the
 /// first of these whose staged K/V tile fits the adapter's workgroup storage beside a few rows
@@ -168,6 +173,10 @@ impl DecodePlan {
     fn loop_cost(s: &AttentionShape, rows: usize, wg: usize, staged: bool) -> (usize, usize) {
         let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
         let (own, phases) = own_and_phases(rows, s, wg);
+        // The softmax: partial maxima and sums over a lane's keys, the row's lanes combined, P of
+        // the invocation's key in every row (LPR and KPL in the shader).
+        let lanes_per_row = (wg / rows).clamp(1, 8);
+        let softmax = 2 * wg.div_ceil(lanes_per_row) + 2 * lanes_per_row + rows;
         // Staged: staging (one element per iteration), scores, softmax, P V from workgroup memory;
         // in place: scores and P V reading the cache.
         let per_tile = match staged {
@@ -175,11 +184,11 @@ impl DecodePlan {
                 4 * (dk4 + dv4) * 3
                     + dk4 * (rows + 2)
                     + rows * 16
-                    + 2 * wg
+                    + softmax
                     + own * (wg / phases * 3 + 1)
                     + 8
             }
-            false => dk4 * (rows + 5) + rows * 16 + 2 * wg + own * (wg / phases * 5 + 1) + 8,
+            false => dk4 * (rows + 5) + rows * 16 + softmax + own * (wg / phases * 5 + 1) + 8,
         };
         let fixed = (rows * dk4 * 4).div_ceil(wg) + own * 8 + phases + 32;
         (per_tile, fixed)
@@ -214,13 +223,13 @@ fn tile_shape(
 ) -> Result<(usize, usize)> {
     let (dk4, dv4) = (s.head_dim_qk.div_ceil(4), s.head_dim_v.div_ceil(4));
     let storage = ctx.limits().max_compute_workgroup_storage_size as usize;
-    // q_tile, s_tile, alpha/m/l per row; red per key; staged, k_tile (rows padded by a vec4) and
-    // v_tile per key, else the value scales.
+    // q_tile, s_tile, alpha/m/l per row; red, part_max and part_sum per key; staged, k_tile (rows
+    // padded by a vec4) and v_tile per key, else the value scales.
     let tiles = |wg: usize| match staged {
         true => wg * (dk4 + 1) * 16 + wg * dv4 * 16,
         false => wg * 4,
     };
-    let bytes = |rows: usize, wg: usize| rows * (dk4 * 16 + wg * 4 + 12) + wg * 16 + tiles(wg);
+    let bytes = |rows: usize, wg: usize| rows * (dk4 * 16 + wg * 4 + 12) + wg * 24 + tiles(wg);
     let cap = |wg: usize| {
         let private = |rows: usize| rows + 4 * (rows * dv4).div_ceil(wg);
         (1..=MAX_ROWS.min(wg).min(MAX_OWN * wg / dv4.max(1)))
@@ -617,6 +626,12 @@ fn decode_into(
     if int8.is_some() {
         constants.push(("INT8", 1));
     }
+    // f32 caches whose rows start on four-word boundaries (the pools' rows too: a block is whole
+    // rows) are read a vec4 per access; an int8 row (D / 4 words and a scale) is not aligned.
+    let vec4 = int8.is_none() && inputs_on_vec4(&params, &[VIEW_K, VIEW_V], &s);
+    if vec4 {
+        constants.push(("VEC4", 1));
+    }
     if !plan.staged {
         constants.push(("STAGED", 0));
     }
@@ -642,7 +657,9 @@ fn decode_into(
         &mut pass,
         Kernel {
             name: "attention_decode",
-            source: |score_bias| with_common(&sized(plan.rows as u32, own as u32), score_bias),
+            source: |score_bias| {
+                with_common(&sized(plan.rows as u32, own as u32, vec4), score_bias)
+            },
             constants: &constants,
         },
         &params,
@@ -694,12 +711,26 @@ pub(crate) fn check_decode_lens(
 }
 
 /// The kernel with its per-invocation arrays sized for `rows` query rows and `own` value dims per
-/// invocation.
-fn sized(rows: u32, own: u32) -> String {
-    with_sizes(&[("MAX_ROWS", rows), ("MAX_OWN", own)], SOURCE)
+/// invocation, reading its caches a word or (`vec4`) four words per access.
+fn sized(rows: u32, own: u32, vec4: bool) -> String {
+    let cache = match vec4 {
+        true => CACHE_WORDS_VEC4,
+        false => CACHE_WORDS,
+    };
+    with_sizes(
+        &[("MAX_ROWS", rows), ("MAX_OWN", own)],
+        &format!("{cache}\n{SOURCE}"),
+    )
 }
 
-/// The kernel's source for the translation tests, with the largest arrays a plan takes.
-pub(super) fn shader_source() -> String {
-    with_common(&sized(64, 16), true)
+/// The kernel's sources for the translation tests, with the largest arrays a plan takes: the
+/// word-per-access build and (`_vec4`) the four-word one.
+pub(super) fn shader_sources() -> [(&'static str, String); 2] {
+    [
+        ("attention_decode", with_common(&sized(64, 16, false), true)),
+        (
+            "attention_decode_vec4",
+            with_common(&sized(64, 16, true), true),
+        ),
+    ]
 }

@@ -28,7 +28,6 @@ pub fn shader_sources() -> Vec<(String, String)> {
     .map(|(name, body)| (name, with_common(body, true)))
     .chain([
         ("attention_qk_norm", qk_norm::SOURCE.to_string()),
-        ("attention_decode", decode::shader_source()),
         (
             "attention_forward_merge_f16",
             with_common_typed(gpu::FORWARD_MERGE, DType::F32, DType::F16, true),
@@ -38,6 +37,7 @@ pub fn shader_sources() -> Vec<(String, String)> {
             with_common_typed(BACKWARD_PREPROCESS, DType::F16, DType::F32, true),
         ),
     ])
+    .chain(decode::shader_sources())
     .map(|(name, source)| (name.to_string(), source))
     .chain(fused_variants().into_iter().map(|key| {
         let vec4 = match key.vec4_inputs {

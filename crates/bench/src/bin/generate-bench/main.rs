@@ -18,10 +18,12 @@ use std::time::Instant;
 use clap::Parser;
 use decode_attention::DecodeCase;
 use wgpu_attention::bench::{bench_options, measure, Timer};
+use wgpu_attention::kernels::kv_cache::BlockTable;
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::{
-    attention_decode_into, attention_forward_into, attention_forward_plan, parse_backends,
-    AttentionOptions, AttentionShape, Context, Error, ForwardViews, GpuTensor, SeqLens,
+    attention_decode_into, attention_decode_paged_into, attention_forward_into,
+    attention_forward_plan, parse_backends, AttentionOptions, AttentionShape, Context, Error,
+    ForwardViews, GpuTensor, HeadsView, SeqLens,
 };
 use wgpu_attention_serve::{
     CacheConfig, CacheLayout, Draft, GenerateOptions, Generator, GeneratorShape, KvFormat,
@@ -86,7 +88,7 @@ struct Cli {
     /// causal queries per sequence over their own P keys, every batch size), run by
     /// `attention_decode_into` (what prefill calls: the decode kernel below PREFILL_FORWARD_ROWS
     /// new rows, the fused forward from there) and by the fused forward directly, on the same
-    /// tensors; 0 to skip
+    /// tensors, and with --page through a paged cache (`attention_decode_paged_into`); 0 to skip
     #[arg(long, value_delimiter = ',', default_value = "256")]
     prefill_attention: Vec<usize>,
     /// Additive (Bahdanau) self-attention scores with this score dim Da instead of dot products (and
@@ -331,6 +333,8 @@ struct PrefillFigures {
     decode_kernel_ms: f64,
     forward_kernel_ms: f64,
     forward_plan: String,
+    /// With `--page`: the same prefill through a paged cache (`attention_decode_paged_into`).
+    paged_ms: Option<f64>,
 }
 
 /// Prefill-shaped attention: `prompt` causal queries per sequence over their own keys, through
@@ -412,17 +416,39 @@ fn prefill_attention(
         ctx.queue().submit([encoder.finish()]);
         Ok(())
     })?;
+    let paged = match cli.page {
+        None => None,
+        Some(page) => {
+            let (k_data, v_data) = (
+                values(batch * prompt * hkv * d, 2),
+                values(batch * prompt * hkv * d, 3),
+            );
+            Some(paged_prefill(
+                ctx,
+                timer,
+                cli.reps,
+                &qv,
+                [&k_data, &v_data],
+                page,
+                &opts,
+            )?)
+        }
+    };
     let (a, b) = (decode_out.to_vec(ctx)?, forward_out.to_vec(ctx)?);
-    let worst = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
-    // A NaN difference fails too: it is not below the bound.
-    let agree = a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-4);
-    if !agree {
-        eprintln!("generate-bench: VALIDATION FAILED: prefill attention, decode and forward kernels differ by {worst}");
-        std::process::exit(1);
+    let outputs = [("decode", &a)]
+        .into_iter()
+        .chain(paged.as_ref().map(|(_, out)| ("paged", out)));
+    for (what, out) in outputs {
+        let worst = out
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        // A NaN difference fails too: it is not below the bound.
+        if !out.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-4) {
+            eprintln!("generate-bench: VALIDATION FAILED: prefill attention, {what} and forward kernels differ by {worst}");
+            std::process::exit(1);
+        }
     }
     Ok(PrefillFigures {
         batch,
@@ -430,7 +456,60 @@ fn prefill_attention(
         decode_kernel_ms: decode.median(),
         forward_kernel_ms: forward.median(),
         forward_plan: attention_forward_plan(ctx, &AttentionShape::of(&qv, &kv, &vv)?)?.to_string(),
+        paged_ms: paged.map(|(ms, _)| ms),
     })
+}
+
+/// The prefill of `q` over keys and values `kv` (`[B, P, Hkv, D]` each, host data) held in a paged
+/// cache of `page`-row blocks, interleaved across the sequences as a pool serving several requests
+/// hands them out (block i of sequence b is pool block i * B + b): its median ms and output.
+fn paged_prefill(
+    ctx: &Context,
+    timer: &Timer,
+    reps: usize,
+    q: &HeadsView,
+    kv: [&[f32]; 2],
+    page: usize,
+    opts: &AttentionOptions<'_>,
+) -> Result<(f64, Vec<f32>), Error> {
+    let [batch, prompt, heads, d] = q.shape();
+    let hkv = kv[0].len() / (batch * prompt * d);
+    let per_seq = prompt.div_ceil(page);
+    let pool_rows = batch * per_seq * page;
+    let mut table = BlockTable::new(ctx, batch, per_seq, page, batch * per_seq)?;
+    let ids: Vec<u32> = (0..batch)
+        .flat_map(|b| (0..per_seq).map(move |i| (i * batch + b) as u32))
+        .collect();
+    table.write(ctx, &ids)?;
+    let row = hkv * d;
+    let pool = |data: &[f32]| -> Result<HeadsView, Error> {
+        let mut rows = vec![0.0; pool_rows * row];
+        for b in 0..batch {
+            for j in 0..prompt {
+                let at = (ids[b * per_seq + j / page] as usize * page + j % page) * row;
+                rows[at..at + row].copy_from_slice(&data[(b * prompt + j) * row..][..row]);
+            }
+        }
+        GpuTensor::from_slice(ctx, &rows, &[1, pool_rows, hkv, d])?.heads()
+    };
+    let (k, v) = (pool(kv[0])?, pool(kv[1])?);
+    let out = GpuTensor::zeros(ctx, &[batch, prompt, heads, d])?;
+    let lse = GpuTensor::zeros(ctx, &[batch, heads, prompt])?;
+    let ov = out.heads()?;
+    let samples = measure(ctx, timer, reps, || {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let views = ForwardViews {
+            q,
+            k: &k,
+            v: &v,
+            out: &ov,
+            lse: &lse,
+        };
+        attention_decode_paged_into(ctx, &mut encoder, &views, &table, opts)?;
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    Ok((samples.median(), out.to_vec(ctx)?))
 }
 
 struct SpeculativeFigures {
@@ -678,15 +757,19 @@ fn run(cli: &Cli) -> Result<(), Error> {
     if !prefill_figures.is_empty() {
         println!(
             "\nprefill-shaped attention, H {} / Hkv {}, D 64, causal, prompt = keys ({}); outputs \
-             of the two kernels checked to agree:\n",
+             of the kernels checked to agree with the fused forward:\n",
             cli.heads,
             (cli.heads / 4).max(1),
             timer.clock().name()
         );
-        println!("| batch | prompt | attention_decode_into ms | fused forward ms | forward plan | decode / forward |\n|---|---|---|---|---|---|");
+        println!("| batch | prompt | attention_decode_into ms | fused forward ms | forward plan | decode / forward | paged ms | paged / decode |\n|---|---|---|---|---|---|---|---|");
         for p in &prefill_figures {
+            let paged = match p.paged_ms {
+                Some(ms) => format!("{ms:.2} | {:.2}x", ms / p.decode_kernel_ms),
+                None => "- | -".to_string(),
+            };
             println!(
-                "| {} | {} | {:.2} | {:.2} | {} | {:.2}x |",
+                "| {} | {} | {:.2} | {:.2} | {} | {:.2}x | {paged} |",
                 p.batch,
                 p.prompt,
                 p.decode_kernel_ms,
@@ -703,6 +786,7 @@ fn run(cli: &Cli) -> Result<(), Error> {
             "prefill_attention": prefill_figures.iter().map(|p| serde_json::json!({
                 "batch": p.batch, "prompt": p.prompt, "decode_kernel_ms": p.decode_kernel_ms,
                 "forward_kernel_ms": p.forward_kernel_ms, "forward_plan": p.forward_plan,
+                "paged_ms": p.paged_ms,
             })).collect::<Vec<_>>(),
             "generation": figures.iter().map(|f| serde_json::json!({
                 "batch": f.batch,

@@ -1,0 +1,17 @@
+// Decode attention's f32 key and value caches read four words per access (one 128-bit load;
+// attention/decode_cache.wgsl says when the host takes this build).
+override VEC4: u32 = 1u;
+
+@group(0) @binding(3) var<storage, read> k_buf: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> v_buf: array<vec4<u32>>;
+
+fn cache_word(view: u32, index: u32) -> u32 {
+    return cache_word4(view, index & ~3u)[index & 3u];
+}
+
+fn cache_word4(view: u32, index: u32) -> vec4<u32> {
+    if view == VIEW_K {
+        return k_buf[index / 4u];
+    }
+    return v_buf[index / 4u];
+}
