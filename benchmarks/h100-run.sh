@@ -68,11 +68,11 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     done ;;
   decodegrid)
     # Issue 46 item 2: decode attention's K/V read bandwidth over the grid (contexts 1k-32k, batch
-    # 1/8/64, GQA 32/8 and 8/2, D 64 and 128, f32 and int8, contiguous and paged in blocks of 16)
-    # against the copy kernel's and a buffer copy's bandwidth of the same bytes in the same run
-    # (192 cases, caches over the binding limit skipped and listed).
-    step 330 decodegrid $B/generate-bench --decode-attention --attention-lengths 1024,4096,16384,32768 \
-      --batches 1,8,64 --attention-heads 32/8,8/2 --attention-head-dims 64,128 --int8 --page 16 \
+    # 1/8/64, GQA 32/8 and 8/2, D 64 and 128, f32, f16 and int8, contiguous and paged in blocks of
+    # 16) against the copy kernel's and a buffer copy's bandwidth of the same bytes in the same run
+    # (288 cases, caches over the binding limit skipped and listed).
+    step 400 decodegrid $B/generate-bench --decode-attention --attention-lengths 1024,4096,16384,32768 \
+      --batches 1,8,64 --attention-heads 32/8,8/2 --attention-head-dims 64,128 --f16 --int8 --page 16 \
       --reps 5 --json $OUT/decodegrid.json ;;
   prefillpaged)
     # Issue 46's paged prefill (the pool's rows gathered, then the fused forward) against the

@@ -42,13 +42,13 @@ pub use kernels::additive::{
 pub use kernels::attention::{
     attention_backward, attention_backward_family, attention_backward_into,
     attention_backward_plan, attention_backward_unfused, attention_backward_workspace,
-    attention_bias_backward_into, attention_decode, attention_decode_int8_into,
-    attention_decode_into, attention_decode_paged_into, attention_forward, attention_forward_into,
-    attention_forward_out_into, attention_forward_plan, attention_forward_unfused,
-    attention_precompile, attention_probabilities, attention_probabilities_into,
-    attention_sinks_backward_into, AttentionGrads, AttentionOptions, AttentionOutput,
-    AttentionPasses, AttentionShape, BackwardPlan, BackwardViews, DecodePlan, ForwardPlan,
-    ForwardViews, LearnedScale, QuantizedCache, RelativeBuckets, ScoreBias,
+    attention_bias_backward_into, attention_decode, attention_decode_f16_into,
+    attention_decode_int8_into, attention_decode_into, attention_decode_paged_into,
+    attention_forward, attention_forward_into, attention_forward_out_into, attention_forward_plan,
+    attention_forward_unfused, attention_precompile, attention_probabilities,
+    attention_probabilities_into, attention_sinks_backward_into, AttentionGrads, AttentionOptions,
+    AttentionOutput, AttentionPasses, AttentionShape, BackwardPlan, BackwardViews, DecodePlan,
+    ForwardPlan, ForwardViews, HalfCache, LearnedScale, QuantizedCache, RelativeBuckets, ScoreBias,
 };
 pub use tensor::{
     BiasView, DType, GpuTensor, GpuTensorF16, GpuTensorQ8, GpuTokens, HeadsView, PackedSide,

@@ -11,8 +11,9 @@ use common::*;
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::kv_cache::dequantize_int8_rows;
 use wgpu_attention::{
-    attention_decode, attention_decode_int8_into, AttentionOptions, BiasView, Context, GpuTensor,
-    GpuTensorQ8, HeadsView, QuantizedCache, SeqLens,
+    attention_decode, attention_decode_f16_into, attention_decode_int8_into, AttentionOptions,
+    BiasView, Context, GpuTensor, GpuTensorF16, GpuTensorQ8, HalfCache, HeadsView, QuantizedCache,
+    SeqLens,
 };
 
 /// A decode problem: `lq` query slots, a cache of `lk` (capacity) with per-sequence lengths.
@@ -127,6 +128,63 @@ fn check_int8(ctx: &Context, name: &str, case: &Case) -> f64 {
         .zip(&f32_out)
         .map(|(&a, &b)| (a as f64 - b).abs())
         .fold(0.0, f64::max)
+}
+
+/// Decode attention for `case` over an f16 cache against the reference over the f16-rounded keys
+/// and values, at the f32 tolerances (the kernel widens exactly what the cache holds).
+fn check_f16(ctx: &Context, name: &str, case: &Case) {
+    let s = case.shape();
+    let (q, k, v, _) = case.data();
+    let [qv, _, _, _] = case.upload(ctx);
+    let cache = |x: &[f32], d: usize| {
+        GpuTensorF16::from_f32(ctx, x, &[s.batch, s.kv_seq, s.kv_heads, d]).unwrap()
+    };
+    let (kh, vh) = (cache(&k, s.head_dim_qk), cache(&v, s.head_dim_v));
+    let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v]).unwrap();
+    let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq]).unwrap();
+    let buffers = case.buffers(ctx);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let cache = HalfCache {
+        k: &kh,
+        v: &vh,
+        table: None,
+    };
+    let out_view = out.heads().unwrap();
+    let opts = case.options(&buffers);
+    attention_decode_f16_into(ctx, &mut encoder, &qv, cache, &out_view, &lse, &opts).unwrap();
+    ctx.queue().submit([encoder.finish()]);
+    let masks = Masks {
+        q_lens: None,
+        kv_lens: None,
+        ..case.masks()
+    };
+    let (q_lens, kv_lens) = (case.q_lens.clone().unwrap(), case.kv_lens.clone().unwrap());
+    let rounded =
+        |x: &[f32]| -> Vec<f64> { x.iter().map(|&x| half::f16::from_f32(x).to_f64()).collect() };
+    let (ref_out, ref_lse) = reference::attention_decode(
+        &s,
+        &to_f64(&q),
+        &rounded(&k),
+        &rounded(&v),
+        &q_lens,
+        &kv_lens,
+        &masks,
+    );
+    let what = format!("[{name}] f16 decode {}", case.label());
+    assert_close(
+        &format!("{what} out"),
+        &out.to_vec(ctx).unwrap(),
+        &ref_out,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
+    assert_lse_close(
+        &what,
+        &lse.to_vec(ctx).unwrap(),
+        &ref_lse,
+        FORWARD_ATOL,
+        FORWARD_RTOL,
+    );
 }
 
 /// GQA (4 query heads on 2 KV heads), three sequences of different lengths (one past a 64-key tile,
@@ -311,6 +369,63 @@ fn int8_cache_decode_matches_reference() {
             .q_lens(&[1])
             .kv_lens(&[300]);
         check_int8(ctx, name, &case);
+    });
+}
+
+/// f16 caches: read as words and widened in the kernel, staged (the GPU family) and in place (the
+/// CPU drivers'), with modifiers, split-KV, and prefill-shaped steps and cosine scores (the cache
+/// widened into scratch first); head dims that are no multiple of 4 are refused.
+#[test]
+fn f16_cache_decode_matches_reference() {
+    for_each_family(|name, ctx| {
+        check_f16(ctx, name, &gqa_case());
+        let modifiers = decode_case(2, 2, 90, 2, 2, 24, 16)
+            .causal()
+            .q_lens(&[2, 1])
+            .kv_lens(&[90, 41])
+            .window(20, 0)
+            .alibi()
+            .softcap(5.0)
+            .sinks(&[0.5, -1.0])
+            .magnitude(3.0);
+        check_f16(ctx, name, &modifiers);
+        let prefill = decode_case(2, 70, 100, 4, 2, 16, 16)
+            .causal()
+            .q_lens(&[70, 40])
+            .kv_lens(&[100, 61]);
+        check_f16(ctx, name, &prefill);
+        check_f16(ctx, name, &gqa_case().cosine(10.0));
+        // A head dim of 6 is refused with a typed error, before anything is recorded.
+        let odd = GpuTensorF16::zeros(ctx, &[1, 8, 1, 6]).unwrap();
+        let q = GpuTensor::zeros(ctx, &[1, 1, 1, 6])
+            .unwrap()
+            .heads()
+            .unwrap();
+        let out = GpuTensor::zeros(ctx, &[1, 1, 1, 6])
+            .unwrap()
+            .heads()
+            .unwrap();
+        let lse = GpuTensor::zeros(ctx, &[1, 1, 1]).unwrap();
+        let lens = SeqLens::new(ctx, Some(&[1]), Some(&[8])).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let cache = HalfCache {
+            k: &odd,
+            v: &odd,
+            table: None,
+        };
+        let opts = AttentionOptions::new().seq_lens(&lens);
+        let err = attention_decode_f16_into(ctx, &mut encoder, &q, cache, &out, &lse, &opts);
+        assert!(
+            format!("{:?}", err.unwrap_err()).contains("multiple of 4"),
+            "[{name}] head dim 6"
+        );
+    });
+    for_each_backend_with_loop_budget(3000, |name, ctx| {
+        let case = decode_case(1, 1, 300, 2, 1, 16, 16)
+            .causal()
+            .q_lens(&[1])
+            .kv_lens(&[300]);
+        check_f16(ctx, name, &case);
     });
 }
 

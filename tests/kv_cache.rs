@@ -1,16 +1,19 @@
 //! The pieces of decoding from a cache, each against its f64 reference on every back end: the
 //! key/value cache append (from a strided view inside a packed projection, sequences of different
-//! lengths), rotary embeddings and additive positions at per-sequence positions after the cache,
-//! and typed errors.
+//! lengths; f32, int8 and f16), rotary embeddings and additive positions at per-sequence positions
+//! after the cache, and typed errors.
 
 mod common;
 
 use common::*;
 use wgpu_attention::kernels::embedding::{positional_forward_cached_into, sinusoidal_table};
-use wgpu_attention::kernels::kv_cache::{kv_cache_append_int8_into, kv_cache_append_into};
+use wgpu_attention::kernels::kv_cache::{
+    kv_cache_append_f16_into, kv_cache_append_int8_into, kv_cache_append_into,
+    kv_cache_gather_f16_into,
+};
 use wgpu_attention::kernels::rope::{rope_forward_cached_into, RopeLayout, RopeTable};
 use wgpu_attention::reference::{embedding, kv_cache, rope};
-use wgpu_attention::{Context, GpuTensor, GpuTensorQ8, HeadsView, SeqLens};
+use wgpu_attention::{Context, GpuTensor, GpuTensorF16, GpuTensorQ8, HeadsView, SeqLens};
 
 /// New tokens per sequence and cached tokens including them, for a batch of three.
 const Q_LENS: [u32; 3] = [2, 0, 3];
@@ -129,6 +132,80 @@ fn int8_append_quantises_each_new_row_after_its_cache() {
             }
         }
         assert_eq!(nan_rows, 1, "[{name}] the NaN row's scale");
+    });
+}
+
+/// The f16 append rounds each new value to nearest even, placed as the f32 append places it (the
+/// halves compared bitwise with the `half` crate's rounding; a NaN stays NaN, values beyond f16's
+/// range become infinities), and the f16 gather widens exactly what the cache holds, zeros past
+/// each sequence's length.
+#[test]
+fn f16_append_rounds_each_new_value_after_its_cache() {
+    let ([b, l, h, d], max_len) = ([3, 3, 2, 8], 10);
+    for_each_backend(|name, ctx| {
+        let mut r = rng(7);
+        let mut proj = random(&mut r, b * l * 3 * h * d, 2.0);
+        proj[3 * h * d + 2 * h * d + d + 3] = f32::NAN;
+        proj[3 * h * d + 2 * h * d + d + 4] = 1e6;
+        let proj_t = GpuTensor::from_slice(ctx, &proj, &[b, l, 3 * h * d]).unwrap();
+        let view = proj_t.split_heads(2 * h * d, h, d).unwrap();
+        let before = random(&mut r, b * max_len * h * d, 1.0);
+        let cache = GpuTensorF16::from_f32(ctx, &before, &[b, max_len, h, d]).unwrap();
+        let lens = SeqLens::new(ctx, Some(&Q_LENS), Some(&KV_LENS)).unwrap();
+        submit(ctx, |e| {
+            kv_cache_append_f16_into(ctx, e, &view, &cache, None, &lens).unwrap()
+        });
+        let half = |x: f32| half::f16::from_f32(x).to_f64();
+        let new: Vec<f64> = view.to_vec(ctx).unwrap().into_iter().map(half).collect();
+        let mut expected: Vec<f64> = before.iter().map(|&x| half(x)).collect();
+        kv_cache::kv_cache_append(
+            &mut expected,
+            max_len,
+            &new,
+            [b, l, h, d],
+            &Q_LENS,
+            &KV_LENS,
+        );
+        let got = cache.to_vec(ctx).unwrap();
+        for (i, (&g, &e)) in got.iter().zip(&expected).enumerate() {
+            assert!(
+                g as f64 == e || (g.is_nan() && e.is_nan()),
+                "[{name}] value {i}: {g} != {e}"
+            );
+        }
+        assert_eq!(
+            got.iter().filter(|x| x.is_nan()).count(),
+            1,
+            "[{name}] the NaN"
+        );
+        assert_eq!(
+            got.iter().filter(|x| x.is_infinite()).count(),
+            1,
+            "[{name}] 1e6"
+        );
+        // The gather: each sequence's first 9 positions widened, zeros past its kv_len.
+        let rows = 9;
+        let out = GpuTensor::zeros(ctx, &[b, rows, h, d]).unwrap();
+        submit(ctx, |e| {
+            kv_cache_gather_f16_into(ctx, e, &cache, None, &lens, rows, &out).unwrap()
+        });
+        let gathered = out.to_vec(ctx).unwrap();
+        for (i, &g) in gathered.iter().enumerate() {
+            let (seq, pos) = (i / (rows * h * d), i / (h * d) % rows);
+            let want = match pos < KV_LENS[seq] as usize {
+                true => got[(seq * max_len + pos) * h * d + i % (h * d)],
+                false => 0.0,
+            };
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "[{name}] gathered {i}: {g} != {want}"
+            );
+        }
+        // Head dims that are no multiple of 4 are refused.
+        let odd = GpuTensorF16::zeros(ctx, &[b, max_len, h, 6]).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let e = kv_cache_append_f16_into(ctx, &mut encoder, &view, &odd, None, &lens).unwrap_err();
+        assert!(e.to_string().contains("multiple of 4"), "[{name}] {e}");
     });
 }
 

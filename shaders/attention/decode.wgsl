@@ -34,6 +34,10 @@
 // and dequantised in registers: a score is the scale times q . unpack(k), a P V term P times the
 // value row's scale (staged per tile) times unpack(v). D is a multiple of 4.
 //
+// f16 caches (F16): each row of one KV head is D / 2 words of two halves (kv_cache_append_f16.wgsl
+// writes them; the view's head_dim is D / 2 words), widened in registers (unpack2x16float: no
+// adapter feature needed) and staged like f32 rows. D is a multiple of 4.
+//
 // Tree steps (TREE, speculative decoding's drafts): the new rows of a sequence are a tree
 // (SeqLens::with_trees: after the lengths, each row's depth, then its ancestors as a bit mask). Row
 // i sits at position prefix + depth(i) (prefix = kv_len - q_len) and sees the cached keys and the
@@ -81,6 +85,8 @@ override POOL_BLOCKS: u32 = 1u;
 override PAGE_ROWS: u32 = max(PAGE, 1u);
 // K and V rows are int8 with a scale (DK and DV multiples of 4).
 override INT8: bool = false;
+// K and V rows are pairs of f16 (DK and DV multiples of 4).
+override F16: bool = false;
 // The new rows are draft trees (seq_lens holds their depths and ancestors).
 override TREE: bool = false;
 
@@ -160,6 +166,9 @@ fn load4(view: u32, dim: u32, base: u32, d: u32) -> vec4<f32> {
     if INT8 {
         return unpack4x8snorm(cache_word(view, base + d / 4u));
     }
+    if F16 {
+        return half4(view, base + d / 2u);
+    }
     if VEC4 == 1u {
         return bitcast<vec4<f32>>(cache_word4(view, base + d));
     }
@@ -172,6 +181,11 @@ fn load4(view: u32, dim: u32, base: u32, d: u32) -> vec4<f32> {
     return x;
 }
 
+// Four f16 values widened: words at and at + 1 of a cache.
+fn half4(view: u32, at: u32) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(cache_word(view, at)), unpack2x16float(cache_word(view, at + 1u)));
+}
+
 // Vec4 item t of a tile of keys n0 .. n0 + WG - 1 of an f32 cache (view K or V, head dim `dim`, d4
 // vec4 per row): row t / d4, elements 4 (t % d4) .. + 3, zero past `end` and past `dim`.
 // Branch-free (the indices clamped to a valid key and element; the four loads written out), so the
@@ -182,7 +196,9 @@ fn tile_item(view: u32, dim: u32, d4: u32, rows: vec2<u32>, b: u32, n0: u32, end
     let base = rows.x + cache_row(b, min(key, end - 1u)) * rows.y;
     let lanes = vec4<u32>(0u, 1u, 2u, 3u);
     var x: vec4<f32>;
-    if VEC4 == 1u {
+    if F16 {
+        x = half4(view, base + 2u * c);
+    } else if VEC4 == 1u {
         x = bitcast<vec4<f32>>(cache_word4(view, base + 4u * c));
     } else {
         // The row's last element stands in for those past it (dim need not be a multiple of 4).

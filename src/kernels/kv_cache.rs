@@ -9,7 +9,7 @@ use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::{encode, grid_x, SimpleKernel};
-use crate::tensor::{GpuTensor, GpuTensorQ8, GpuTokens, HeadsView, SeqLens};
+use crate::tensor::{GpuTensor, GpuTensorF16, GpuTensorQ8, GpuTokens, HeadsView, SeqLens};
 
 const APPEND: &str = concat!(
     include_str!("../../shaders/kv_cache_common.wgsl"),
@@ -27,6 +27,14 @@ const GATHER_INT8: &str = concat!(
     include_str!("../../shaders/kv_cache_common.wgsl"),
     include_str!("../../shaders/kv_cache_gather_int8.wgsl")
 );
+const APPEND_F16: &str = concat!(
+    include_str!("../../shaders/kv_cache_common.wgsl"),
+    include_str!("../../shaders/kv_cache_append_f16.wgsl")
+);
+const GATHER_F16: &str = concat!(
+    include_str!("../../shaders/kv_cache_common.wgsl"),
+    include_str!("../../shaders/kv_cache_gather_f16.wgsl")
+);
 
 /// The append shaders by name, for the naga tests.
 pub fn shader_sources() -> Vec<(&'static str, String)> {
@@ -35,6 +43,8 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
         ("kv_cache_append_int8", APPEND_INT8.to_string()),
         ("kv_cache_gather", GATHER.to_string()),
         ("kv_cache_gather_int8", GATHER_INT8.to_string()),
+        ("kv_cache_append_f16", APPEND_F16.to_string()),
+        ("kv_cache_gather_f16", GATHER_F16.to_string()),
     ]
 }
 
@@ -176,14 +186,19 @@ pub enum KvFormat {
     /// kernel: `4 + 4 / D` bytes per value instead of 4 (3.76x smaller at head_dim 64); head
     /// dimensions a multiple of 4.
     Int8,
+    /// f16 ([`GpuTensorF16`], rounded to nearest even when appended: beyond f16's range an
+    /// infinity, a NaN kept), widened to f32 inside the decode kernel: half the bytes of f32, and
+    /// no adapter feature needed; head dimensions a multiple of 4.
+    F16,
 }
 
 impl KvFormat {
-    /// `"f32"` or `"int8"`.
+    /// `"f32"`, `"f16"` or `"int8"`.
     pub fn name(self) -> &'static str {
         match self {
             KvFormat::F32 => "f32",
             KvFormat::Int8 => "int8",
+            KvFormat::F16 => "f16",
         }
     }
 }
@@ -195,6 +210,8 @@ pub enum KvStorage {
     F32(GpuTensor),
     /// int8 values with per-row scales.
     Int8(GpuTensorQ8),
+    /// f16 values.
+    F16(GpuTensorF16),
 }
 
 impl KvStorage {
@@ -203,6 +220,10 @@ impl KvStorage {
         Ok(match format {
             KvFormat::F32 => KvStorage::F32(GpuTensor::zeros(ctx, shape)?),
             KvFormat::Int8 => KvStorage::Int8(GpuTensorQ8::zeros(ctx, shape)?),
+            KvFormat::F16 => {
+                check_f16_dims(shape)?;
+                KvStorage::F16(GpuTensorF16::zeros(ctx, shape)?)
+            }
         })
     }
 
@@ -211,6 +232,7 @@ impl KvStorage {
         match self {
             KvStorage::F32(_) => KvFormat::F32,
             KvStorage::Int8(_) => KvFormat::Int8,
+            KvStorage::F16(_) => KvFormat::F16,
         }
     }
 
@@ -224,19 +246,22 @@ impl KvStorage {
         match self {
             KvStorage::F32(t) => t.size_bytes(),
             KvStorage::Int8(t) => t.size_bytes(),
+            KvStorage::F16(t) => t.size_bytes(),
         }
     }
 
-    /// The values held (blocking; int8 dequantised).
+    /// The values held (blocking; int8 dequantised, f16 widened).
     pub fn to_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
         match self {
             KvStorage::F32(t) => t.to_vec(ctx),
             KvStorage::Int8(t) => t.to_vec(ctx),
+            KvStorage::F16(t) => t.to_vec(ctx),
         }
     }
 
-    /// The storage words (f32 values or int8 words and scales), for copies that move whole rows.
-    pub fn words(&self) -> &GpuTensor {
+    /// The storage words (f32 values, int8 words and scales, or pairs of f16 values), for copies
+    /// that move whole rows.
+    pub fn words(&self) -> GpuTensor {
         Storage::from(self).words()
     }
 
@@ -259,6 +284,7 @@ impl<'a> From<&'a KvStorage> for Storage<'a> {
         match s {
             KvStorage::F32(t) => Storage::F32(t),
             KvStorage::Int8(t) => Storage::Int8(t),
+            KvStorage::F16(t) => Storage::F16(t),
         }
     }
 }
@@ -303,6 +329,32 @@ pub fn kv_cache_append_int8_into(
     lens: &SeqLens,
 ) -> Result<()> {
     append(ctx, encoder, new, Storage::Int8(cache), table, lens)
+}
+
+/// [`kv_cache_append_into`] into an f16 cache: `cache [B, max_len, H, D]`, or with `table` a
+/// paged pool `[pool_blocks * page, H, D]`. Each new value is rounded to f16 (nearest even);
+/// `D` is a multiple of 4.
+pub fn kv_cache_append_f16_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    new: &HeadsView,
+    cache: &GpuTensorF16,
+    table: Option<&BlockTable>,
+    lens: &SeqLens,
+) -> Result<()> {
+    check_f16_dims(cache.shape())?;
+    append(ctx, encoder, new, Storage::F16(cache), table, lens)
+}
+
+/// An f16 cache's rows are read as pairs, and by the decode kernel four values at a time.
+fn check_f16_dims(shape: &[usize]) -> Result<()> {
+    match shape.last() {
+        Some(d) if d.is_multiple_of(4) => Ok(()),
+        _ => Err(Error::shape(
+            "cache",
+            format!("has shape {shape:?}; an f16 cache's head_dim must be a multiple of 4"),
+        )),
+    }
 }
 
 /// Records the gather of the first `rows` positions of every sequence of a paged f32 `pool` (`[1,
@@ -378,6 +430,19 @@ pub fn kv_cache_gather_int8_into(
     rows: usize,
     out: &GpuTensor,
 ) -> Result<()> {
+    gather_rows(ctx, encoder, Storage::Int8(cache), table, lens, rows, out)
+}
+
+/// The gathers out of int8 and f16 caches (dense rows of words, contiguous or paged).
+fn gather_rows(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    cache: Storage<'_>,
+    table: Option<&BlockTable>,
+    lens: &SeqLens,
+    rows: usize,
+    out: &GpuTensor,
+) -> Result<()> {
     let (batch, max_len, [h, d]) = match (table, cache.shape()) {
         (None, &[b, max_len, h, d]) => (b, max_len, [h, d]),
         (Some(t), &[pool_rows, h, d]) if pool_rows == t.pool_rows() => {
@@ -404,19 +469,42 @@ pub fn kv_cache_gather_int8_into(
         &[("out", out.region())],
         &[("cache", words.region()), ("seq_lens", lens.region())],
     )?;
-    check_binding(ctx, "int8 kv cache", words.size_bytes())?;
+    check_binding(ctx, "kv cache", words.size_bytes())?;
+    // One invocation per word: four int8 values, or two f16.
+    let (name, source, per_word) = match cache {
+        Storage::Int8(_) => ("kv_cache_gather_int8", GATHER_INT8, 4),
+        _ => ("kv_cache_gather_f16", GATHER_F16, 2),
+    };
     let gather = Gather {
-        name: "kv_cache_gather_int8",
-        source: GATHER_INT8,
+        name,
+        source,
         cache: words.buffer(),
         table,
         dims: [batch, h, d],
         max_len,
         view: [0; 3],
-        invocations: batch * rows * h * d / 4,
+        invocations: batch * rows * h * d / per_word,
     };
     gather.encode(ctx, encoder, lens, rows, out);
     Ok(())
+}
+
+/// Records the gather of the first `rows` positions of every sequence of an f16 `cache` (`[B,
+/// max_len, H, D]`, or with `table` a paged pool `[pool rows, H, D]` read through it), widened to
+/// f32, into `out [B, rows, H, D]` (contiguous), zeros past each sequence's `kv_lens`. A
+/// prefill-shaped step over an f16 cache runs the fused forward on what this gathers. Nothing is
+/// recorded if an argument is rejected.
+pub fn kv_cache_gather_f16_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    cache: &GpuTensorF16,
+    table: Option<&BlockTable>,
+    lens: &SeqLens,
+    rows: usize,
+    out: &GpuTensor,
+) -> Result<()> {
+    check_f16_dims(cache.shape())?;
+    gather_rows(ctx, encoder, Storage::F16(cache), table, lens, rows, out)
 }
 
 /// `v` as the kernels' u32, or a typed error naming `arg`.
@@ -538,6 +626,7 @@ impl Gather<'_> {
 enum Storage<'a> {
     F32(&'a GpuTensor),
     Int8(&'a GpuTensorQ8),
+    F16(&'a GpuTensorF16),
 }
 
 impl<'a> Storage<'a> {
@@ -545,14 +634,16 @@ impl<'a> Storage<'a> {
         match *self {
             Storage::F32(t) => t.shape(),
             Storage::Int8(t) => t.shape(),
+            Storage::F16(t) => t.shape(),
         }
     }
 
     /// The buffer's words as the kernel binds them.
-    fn words(&self) -> &'a GpuTensor {
+    fn words(&self) -> GpuTensor {
         match *self {
-            Storage::F32(t) => t,
-            Storage::Int8(t) => t.words(),
+            Storage::F32(t) => t.clone(),
+            Storage::Int8(t) => t.words().clone(),
+            Storage::F16(t) => t.words(),
         }
     }
 }
@@ -565,7 +656,7 @@ fn append(
     table: Option<&BlockTable>,
     lens: &SeqLens,
 ) -> Result<()> {
-    let cache = storage.words();
+    let cache = &storage.words();
     crate::kernels::arguments::check_f32(&[("new", new)])?;
     let [b, l, h, d] = new.shape();
     let max_len = match table {
@@ -624,10 +715,12 @@ fn append(
     crate::kernels::arguments::check_packed_queries(&[("new", new)], Some(lens))?;
     let narrow = |v| narrow("new kv rows (offset or stride in elements)", v);
     let [sb, ss, sh] = new.strides();
-    // One invocation per element (f32), or per row of one head (int8: the row's scale first).
+    // One invocation per element (f32), per pair (f16), or per row of one head (int8: the row's
+    // scale first).
     let (name, source, n) = match storage {
         Storage::F32(_) => ("kv_cache_append", APPEND, b * l * h * d),
         Storage::Int8(_) => ("kv_cache_append_int8", APPEND_INT8, b * l * h),
+        Storage::F16(_) => ("kv_cache_append_f16", APPEND_F16, b * l * h * d / 2),
     };
     let params = AppendParams {
         batch: b as u32,
@@ -689,5 +782,7 @@ pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
         "kv_cache_append_int8",
         "kv_cache_gather",
         "kv_cache_gather_int8",
+        "kv_cache_append_f16",
+        "kv_cache_gather_f16",
     ])
 }

@@ -111,6 +111,24 @@ impl GpuTensor {
         })
     }
 
+    /// Words of `shape` in `buffer` from word `offset`, accounted and owned as the tensor they
+    /// hold (f16 values read as words).
+    pub(crate) fn words_of(
+        buffer: &wgpu::Buffer,
+        offset: usize,
+        shape: &[usize],
+        allocation: Option<Arc<Allocation>>,
+        context: Option<ContextId>,
+    ) -> Self {
+        Self {
+            buffer: buffer.clone(),
+            offset,
+            shape: shape.to_vec(),
+            _allocation: allocation,
+            context,
+        }
+    }
+
     /// `shape` from element `offset` of `arena`'s buffer, accounted with it (a view into a
     /// parameter or activation arena).
     pub fn view_of(arena: &GpuTensor, offset: usize, shape: &[usize]) -> Result<Self> {

@@ -133,6 +133,26 @@ impl GpuTensorF16 {
         .of_context(self.context)
     }
 
+    /// Its values as the words that hold them, two halves each: what kernels that read f16
+    /// without the `shader-f16` feature bind (`unpack2x16float`). Shaped as the tensor with its
+    /// last dimension halved where that is even (a row of words per row of values), else flat (a
+    /// whole word for an odd last value).
+    pub fn words(&self) -> GpuTensor {
+        let shape = match self.shape.split_last() {
+            Some((&last, rest)) if last.is_multiple_of(2) && last > 0 => {
+                [rest, &[last / 2]].concat()
+            }
+            _ => vec![self.len().max(2).div_ceil(2)],
+        };
+        GpuTensor::words_of(
+            &self.buffer,
+            self.offset / 2,
+            &shape,
+            self._allocation.clone(),
+            self.context,
+        )
+    }
+
     /// First element of the tensor inside [`GpuTensorF16::buffer`].
     pub fn offset(&self) -> usize {
         self.offset

@@ -266,6 +266,7 @@ fn packed_prefill_passes_match_the_full_forward() {
         CacheConfig::from(paged),
         CacheConfig::default().with_format(KvFormat::Int8),
         CacheConfig::from(paged).with_format(KvFormat::Int8),
+        CacheConfig::from(paged).with_format(KvFormat::F16),
     ];
     // (prefill chunk, prompt lengths, admitted one at a time into an empty generator); chunk 2
     // packs 6 rows: [6, 0, 0], [3, 1, 2], then the short pass [0, 0, 2].
@@ -310,7 +311,7 @@ fn packed_prefill_passes_match_the_full_forward() {
                     let owned: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
                     g.prefill(ctx, &owned, None).unwrap();
                 }
-                let int8 = cache.format == KvFormat::Int8;
+                let format = cache.format;
                 let check = |g: &Generator, lens: [usize; 3], when: &str| {
                     assert_eq!(g.lens(), lens.map(|l| l as u32));
                     let got = g.logits().to_vec(ctx).unwrap();
@@ -320,9 +321,12 @@ fn packed_prefill_passes_match_the_full_forward() {
                             .iter()
                             .map(|&x| x as f64)
                             .collect();
-                        let (atol, rtol) = match int8 {
-                            true => (0.03 * largest, 0.0),
-                            false => (FORWARD_ATOL, FORWARD_RTOL),
+                        // Keys and values rounded to int8 (max |row| / 254) or f16 (2^-11
+                        // relative) move the logits by that much of their size.
+                        let (atol, rtol) = match format {
+                            KvFormat::Int8 => (0.03 * largest, 0.0),
+                            KvFormat::F16 => (2e-3 * largest, 0.0),
+                            _ => (FORWARD_ATOL, FORWARD_RTOL),
                         };
                         let row = &got[b * VOCAB..][..VOCAB];
                         assert_close(

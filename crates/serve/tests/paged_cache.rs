@@ -321,10 +321,11 @@ fn contents(ctx: &Context, cache: &PagedKvCache, slot: usize) -> Vec<f32> {
 
 #[test]
 fn sequences_fork_with_copy_on_write_and_free_their_blocks() {
-    // Rows of one repeated value are exact in int8 too (each is its row's scale), so the same
-    // contents are expected of both formats: copy-on-write moves int8 words and scales whole.
+    // Rows of one repeated value are exact in int8 too (each is its row's scale), and these
+    // integers below 2048 in f16, so the same contents are expected of every format:
+    // copy-on-write moves int8 words and scales, and f16 pairs, whole.
     for_each_backend(|name, ctx| {
-        for format in [KvFormat::F32, KvFormat::Int8] {
+        for format in [KvFormat::F32, KvFormat::Int8, KvFormat::F16] {
             let name = &format!("{name} {}", format.name());
             let config = PagedKvCacheConfig::new(2, 1, 4, 4, 8, 3, 16).with_format(format);
             let mut cache = PagedKvCache::new(ctx, config).unwrap();

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_f32, check_packed_queries};
 use crate::kernels::kv_cache::BlockTable;
 use crate::spec::AttentionShape;
-use crate::tensor::{GpuTensor, GpuTensorQ8, HeadsView};
+use crate::tensor::{GpuTensor, GpuTensorF16, GpuTensorQ8, HeadsView};
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/attention/decode.wgsl");
 /// The caches' bindings and reads: a word per access, or four (`VEC4`).
@@ -327,7 +327,7 @@ pub fn attention_decode_paged_into(
     check_table(table, &s)?;
     let layout = CacheLayout {
         table: Some(table),
-        int8: None,
+        stored: Stored::F32,
     };
     decode_into(ctx, encoder, views, layout, s, opts)
 }
@@ -341,6 +341,19 @@ pub struct QuantizedCache<'a> {
     pub k: &'a GpuTensorQ8,
     /// The values' int8 rows and scales.
     pub v: &'a GpuTensorQ8,
+    /// The block table of a paged cache, `None` for a contiguous one.
+    pub table: Option<&'a BlockTable>,
+}
+
+/// An f16 KV cache as [`attention_decode_f16_into`] reads it: `k [B, max_len, Hkv, Dk]` and `v
+/// [B, max_len, Hkv, Dv]` ([`GpuTensorF16`], head dims multiples of 4), or with `table` the pools
+/// `[pool rows, Hkv, D]` of a paged cache read through it (as [`attention_decode_paged_into`]).
+#[derive(Clone, Copy)]
+pub struct HalfCache<'a> {
+    /// The keys.
+    pub k: &'a GpuTensorF16,
+    /// The values.
+    pub v: &'a GpuTensorF16,
     /// The block table of a paged cache, `None` for a contiguous one.
     pub table: Option<&'a BlockTable>,
 }
@@ -359,13 +372,40 @@ pub fn attention_decode_int8_into(
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let QuantizedCache {
-        k: k_cache,
-        v: v_cache,
-        table,
-    } = cache;
-    let dims = |arg: &'static str, t: &GpuTensorQ8, paged: bool| -> Result<[usize; 4]> {
-        match (t.shape(), paged) {
+    let stored = Stored::Int8([cache.k, cache.v]);
+    decode_stored(ctx, encoder, [q, out], stored, cache.table, lse, opts)
+}
+
+/// [`attention_decode_into`] against an f16 cache, widened to f32 inside the decode kernel (a
+/// prefill-shaped step: into scratch, for the fused forward). Every mask and modifier applies. The
+/// result is the f32 cache's over the f16-rounded keys and values, at f32's tolerances; no adapter
+/// feature is needed (the kernel reads the halves as words).
+pub fn attention_decode_f16_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &HeadsView,
+    cache: HalfCache<'_>,
+    out: &HeadsView,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let stored = Stored::F16([cache.k, cache.v]);
+    decode_stored(ctx, encoder, [q, out], stored, cache.table, lse, opts)
+}
+
+/// The int8 and f16 entries: the caches' logical shapes checked, their words viewed as the kernel
+/// reads them.
+fn decode_stored(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    [q, out]: [&HeadsView; 2],
+    stored: Stored<'_>,
+    table: Option<&BlockTable>,
+    lse: &GpuTensor,
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let dims = |arg: &'static str, shape: &[usize], paged: bool| -> Result<[usize; 4]> {
+        match (shape, paged) {
             (&[b, l, h, d], false) => Ok([b, l, h, d]),
             (&[rows, h, d], true) => Ok([1, rows, h, d]),
             (shape, _) => Err(Error::shape(
@@ -381,10 +421,21 @@ pub fn attention_decode_int8_into(
         }
     };
     let paged = table.is_some();
+    let [k_shape, v_shape] = stored.shapes();
     let (k_dims, v_dims) = (
-        dims("k_cache", k_cache, paged)?,
-        dims("v_cache", v_cache, paged)?,
+        dims("k_cache", k_shape, paged)?,
+        dims("v_cache", v_shape, paged)?,
     );
+    if let Stored::F16(_) = stored {
+        for (arg, [.., d]) in [("k_cache", k_dims), ("v_cache", v_dims)] {
+            if !d.is_multiple_of(4) {
+                return Err(Error::shape(
+                    arg,
+                    format!("has head_dim {d}; an f16 cache's head_dim must be a multiple of 4"),
+                ));
+            }
+        }
+    }
     let s = match table {
         None => AttentionShape::of_dims(q.shape(), k_dims, v_dims)?,
         Some(t) => {
@@ -393,13 +444,17 @@ pub fn attention_decode_int8_into(
             s
         }
     };
-    // The kernel reads words: rows of D / 4 + 1 of them, the view's head_dim.
-    let words = |t: &GpuTensorQ8, [b, l, h, _]: [usize; 4]| {
-        t.words()
-            .reshape(&[b, l, h, crate::tensor::row_words(t.row_len())])?
-            .heads()
+    // The kernel reads words: int8 rows of D / 4 + 1 of them, f16 rows of D / 2, the view's
+    // head_dim.
+    let [k_words, v_words] = stored.words();
+    let words = |t: GpuTensor, [b, l, h, d]: [usize; 4]| {
+        let row = match stored {
+            Stored::Int8(_) => crate::tensor::row_words(d),
+            _ => d / 2,
+        };
+        t.reshape(&[b, l, h, row])?.heads()
     };
-    let (k_words, v_words) = (words(k_cache, k_dims)?, words(v_cache, v_dims)?);
+    let (k_words, v_words) = (words(k_words, k_dims)?, words(v_words, v_dims)?);
     let views = ForwardViews {
         q,
         k: &k_words,
@@ -407,27 +462,51 @@ pub fn attention_decode_int8_into(
         out,
         lse,
     };
-    let layout = CacheLayout {
-        table,
-        int8: Some([k_cache, v_cache]),
-    };
-    decode_into(ctx, encoder, &views, layout, s, opts)
+    decode_into(ctx, encoder, &views, CacheLayout { table, stored }, s, opts)
 }
 
 /// How a decode call's cache is stored beyond the f32 views it is read through: paged through a
-/// block table, or int8 (the views then see its words).
+/// block table, and in f32, int8 or f16 (the views then see their words).
 #[derive(Clone, Copy)]
 struct CacheLayout<'a> {
     table: Option<&'a BlockTable>,
-    int8: Option<[&'a GpuTensorQ8; 2]>,
+    stored: Stored<'a>,
 }
 
 impl CacheLayout<'_> {
     /// A contiguous f32 cache.
     const CONTIGUOUS: Self = Self {
         table: None,
-        int8: None,
+        stored: Stored::F32,
     };
+}
+
+/// A decode call's cache values: f32 (read through the views), or int8 or f16 tensors.
+#[derive(Clone, Copy)]
+enum Stored<'a> {
+    F32,
+    Int8([&'a GpuTensorQ8; 2]),
+    F16([&'a GpuTensorF16; 2]),
+}
+
+impl<'a> Stored<'a> {
+    /// The keys' and values' logical shapes (int8 and f16).
+    fn shapes(&self) -> [&'a [usize]; 2] {
+        match *self {
+            Stored::Int8([k, v]) => [k.shape(), v.shape()],
+            Stored::F16([k, v]) => [k.shape(), v.shape()],
+            Stored::F32 => [&[], &[]],
+        }
+    }
+
+    /// The keys' and values' words as the kernel binds them (int8 and f16).
+    fn words(&self) -> [GpuTensor; 2] {
+        match *self {
+            Stored::Int8([k, v]) => [k.words().clone(), v.words().clone()],
+            Stored::F16([k, v]) => [k.words(), v.words()],
+            Stored::F32 => unreachable!("f32 caches are read through their own views"),
+        }
+    }
 }
 
 /// The first `rows` positions of every sequence of a decode call's cache as contiguous f32 views:
@@ -438,43 +517,44 @@ fn cached_rows(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     caches: [&HeadsView; 2],
-    CacheLayout { table, int8 }: CacheLayout<'_>,
+    CacheLayout { table, stored }: CacheLayout<'_>,
     opts: &AttentionOptions<'_>,
     rows: usize,
 ) -> Result<(HeadsView, HeadsView)> {
-    let lens = match opts.seq_lens {
-        Some(lens) if int8.is_some() || table.is_some() => lens,
+    use crate::kernels::kv_cache::{
+        kv_cache_gather_f16_into, kv_cache_gather_int8_into, kv_cache_gather_paged_into,
+    };
+    let lens = match (opts.seq_lens, stored, table) {
+        (Some(lens), Stored::F32, Some(_)) => lens,
+        (Some(lens), Stored::Int8(_) | Stored::F16(_), _) => lens,
         _ => return Ok((caches[0].first_rows(rows)?, caches[1].first_rows(rows)?)),
     };
     // Side 0 (keys) or 1 (values), `[B, rows, H, D]` in the scratch buffer `what`.
     let mut gather = |side: usize, what: &'static str| -> Result<HeadsView> {
-        let (heads, dim) = match int8 {
-            Some(q8) => {
-                let s = q8[side].shape();
-                (s[s.len() - 2], s[s.len() - 1])
-            }
-            None => {
+        let (heads, dim) = match stored {
+            Stored::F32 => {
                 let [_, _, heads, dim] = caches[side].shape();
                 (heads, dim)
+            }
+            _ => {
+                let s = stored.shapes()[side];
+                (s[s.len() - 2], s[s.len() - 1])
             }
         };
         let shape = [lens.batch(), rows, heads, dim];
         let bytes = shape.iter().product::<usize>() as u64 * 4;
         let out = GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)?;
-        match (int8, table) {
-            (Some(q8), _) => crate::kernels::kv_cache::kv_cache_gather_int8_into(
-                ctx, encoder, q8[side], table, lens, rows, &out,
-            )?,
-            (None, Some(table)) => crate::kernels::kv_cache::kv_cache_gather_paged_into(
-                ctx,
-                encoder,
-                caches[side],
-                table,
-                lens,
-                rows,
-                &out,
-            )?,
-            (None, None) => unreachable!("a contiguous f32 cache returned above"),
+        match (stored, table) {
+            (Stored::Int8(q8), _) => {
+                kv_cache_gather_int8_into(ctx, encoder, q8[side], table, lens, rows, &out)?
+            }
+            (Stored::F16(f16), _) => {
+                kv_cache_gather_f16_into(ctx, encoder, f16[side], table, lens, rows, &out)?
+            }
+            (Stored::F32, Some(table)) => {
+                kv_cache_gather_paged_into(ctx, encoder, caches[side], table, lens, rows, &out)?
+            }
+            (Stored::F32, None) => unreachable!("a contiguous f32 cache returned above"),
         }
         out.heads()
     };
@@ -581,7 +661,8 @@ fn decode_into(
     }
     // Int8 rows are a quarter of the bytes: read in place they measured faster (the shader's
     // STAGED). Cosine scores and key clipping read an f32 copy (below).
-    let staged = (layout.int8.is_none() || qk_norm::transforms(opts)) && stages_f32(ctx);
+    let int8 = matches!(layout.stored, Stored::Int8(_));
+    let staged = (!int8 || qk_norm::transforms(opts)) && stages_f32(ctx);
     let plan = DecodePlan::plan(ctx, &s, longest, q.packed_rows().is_some(), staged)?;
     let (own, _) = own_and_phases(plan.rows, &s, plan.tile_keys);
     let shared = Shared::scores(ctx, opts)?;
@@ -590,7 +671,7 @@ fn decode_into(
     // itself; the cache keeps raw keys. The kernel then reads caches of `longest` positions.
     // A paged or int8 cache is gathered (dequantised) into f32 scratch first, which the kernel
     // then reads as a contiguous f32 cache.
-    let (q, k_cache, v_cache, s, CacheLayout { table, int8 }) = if qk_norm::transforms(opts) {
+    let (q, k_cache, v_cache, s, CacheLayout { table, stored }) = if qk_norm::transforms(opts) {
         let (k_read, v_read) =
             cached_rows(ctx, encoder, [k_cache, v_cache], layout, opts, longest)?;
         let (q, k_read) = qk_norm::encode_inputs(ctx, encoder, q, &k_read, opts)?;
@@ -623,12 +704,14 @@ fn decode_into(
         ("DK", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ];
-    if int8.is_some() {
-        constants.push(("INT8", 1));
+    match stored {
+        Stored::Int8(_) => constants.push(("INT8", 1)),
+        Stored::F16(_) => constants.push(("F16", 1)),
+        Stored::F32 => {}
     }
     // f32 caches whose rows start on four-word boundaries (the pools' rows too: a block is whole
-    // rows) are read a vec4 per access; an int8 row (D / 4 words and a scale) is not aligned.
-    let vec4 = int8.is_none() && inputs_on_vec4(&params, &[VIEW_K, VIEW_V], &s);
+    // rows) are read a vec4 per access; int8 and f16 rows are read as words.
+    let vec4 = matches!(stored, Stored::F32) && inputs_on_vec4(&params, &[VIEW_K, VIEW_V], &s);
     if vec4 {
         constants.push(("VEC4", 1));
     }

@@ -42,8 +42,8 @@ pub use binding::MAX_ALIBI_SLOPES;
 pub use call::{AttentionOutput, BackwardViews, ForwardViews};
 pub use coop::{matrix_build, qualify_backward_build, qualify_matrix_build};
 pub use decode::{
-    attention_decode, attention_decode_int8_into, attention_decode_into,
-    attention_decode_paged_into, DecodePlan, QuantizedCache, PREFILL_FORWARD_ROWS,
+    attention_decode, attention_decode_f16_into, attention_decode_int8_into, attention_decode_into,
+    attention_decode_paged_into, DecodePlan, HalfCache, QuantizedCache, PREFILL_FORWARD_ROWS,
 };
 pub use forward::*;
 pub use options::*;

@@ -503,10 +503,21 @@ impl Generator {
         let head_dim = c.d_model / c.heads;
         // Additive layers cache their key projections b (Da per head) instead of keys.
         let key_dim = c.additive_attention.unwrap_or(head_dim);
-        if cache.format == KvFormat::Int8 && c.additive_attention.is_some() {
+        if cache.format != KvFormat::F32 && c.additive_attention.is_some() {
             return Err(Error::shape(
                 "cache format",
-                "int8 caches are read by the dot-product decode kernel; additive scores need an f32 cache",
+                format!(
+                    "{} caches are read by the dot-product decode kernel; additive scores need an f32 cache",
+                    cache.format.name()
+                ),
+            ));
+        }
+        if cache.format == KvFormat::F16 && !head_dim.is_multiple_of(4) {
+            return Err(Error::shape(
+                "cache format",
+                format!(
+                    "f16 caches need a head_dim that is a multiple of 4; the model's is {head_dim}"
+                ),
             ));
         }
         let format = cache.format;

@@ -15,10 +15,11 @@ use wgpu_attention::kernels::additive::{
     additive_forward_into, additive_probabilities, AdditiveScores,
 };
 use wgpu_attention::kernels::attention::{
-    attention_backward_into, attention_backward_workspace, attention_decode_int8_into,
-    attention_decode_into, attention_decode_paged_into, attention_forward_into,
-    attention_probabilities, attention_sinks_backward_into, AttentionOptions, AttentionShape,
-    BackwardViews, ForwardViews, QuantizedCache, RelativeBuckets,
+    attention_backward_into, attention_backward_workspace, attention_decode_f16_into,
+    attention_decode_int8_into, attention_decode_into, attention_decode_paged_into,
+    attention_forward_into, attention_probabilities, attention_sinks_backward_into,
+    AttentionOptions, AttentionShape, BackwardViews, ForwardViews, HalfCache, QuantizedCache,
+    RelativeBuckets,
 };
 use wgpu_attention::kernels::kv_cache::{BlockTable, KvFormat, KvStorage};
 use wgpu_attention::kernels::linear::Epilogue;
@@ -703,6 +704,21 @@ impl MultiHeadAttention {
                                 attention_decode_paged_into(ctx, rec.encoder, &views, table, &opts)?
                             }
                         }
+                    }
+                    ([KvStorage::F16(keys), KvStorage::F16(values)], None) => {
+                        attention_decode_f16_into(
+                            ctx,
+                            rec.encoder,
+                            &q,
+                            HalfCache {
+                                k: keys,
+                                v: values,
+                                table,
+                            },
+                            &out,
+                            lse,
+                            &opts,
+                        )?
                     }
                     ([KvStorage::Int8(keys), KvStorage::Int8(values)], _) => {
                         attention_decode_int8_into(

@@ -9,9 +9,9 @@ use wgpu_attention::bench::copy::{copy_bandwidth, CopyBandwidth};
 use wgpu_attention::bench::{measure, Timer};
 use wgpu_attention::kernels::kv_cache::{BlockTable, KvFormat};
 use wgpu_attention::{
-    attention_decode_int8_into, attention_decode_into, attention_decode_paged_into,
-    AttentionOptions, AttentionShape, Context, DecodePlan, Error, ForwardViews, GpuTensor,
-    GpuTensorQ8, QuantizedCache, SeqLens,
+    attention_decode_f16_into, attention_decode_int8_into, attention_decode_into,
+    attention_decode_paged_into, AttentionOptions, AttentionShape, Context, DecodePlan, Error,
+    ForwardViews, GpuTensor, GpuTensorF16, GpuTensorQ8, HalfCache, QuantizedCache, SeqLens,
 };
 
 /// The copy that stands for the memory's bandwidth moves at most this many bytes: far past any
@@ -44,10 +44,11 @@ impl DecodeCase {
     }
 
     /// Bytes of K and V one step reads: every cached key and value of every sequence and KV head
-    /// (an int8 row: D bytes and a 4-byte scale).
+    /// (an int8 row: D bytes and a 4-byte scale; an f16 row 2 D bytes).
     pub fn cache_bytes(&self) -> u64 {
         let row = match self.format {
             KvFormat::Int8 => self.head_dim + 4,
+            KvFormat::F16 => 2 * self.head_dim,
             _ => 4 * self.head_dim,
         };
         2 * (self.batch * self.context * self.kv_heads * row) as u64
@@ -157,7 +158,7 @@ fn decode(
     };
     let plan = match format {
         KvFormat::Int8 => DecodePlan::new_int8(ctx, &shape, len)?,
-        KvFormat::F32 => DecodePlan::new(ctx, &shape, len)?,
+        KvFormat::F32 | KvFormat::F16 => DecodePlan::new(ctx, &shape, len)?,
         other => {
             let message = format!("{} caches are not benchmarked", other.name());
             return Err(Error::shape("format", message));
@@ -182,6 +183,20 @@ fn decode(
                     table: table.as_ref(),
                 };
                 attention_decode_int8_into(ctx, encoder, &qv, cache, &ov, &lse, &opts)
+            })
+        }
+        KvFormat::F16 => {
+            let (k, v) = (
+                GpuTensorF16::zeros(ctx, &rows)?,
+                GpuTensorF16::zeros(ctx, &rows)?,
+            );
+            Box::new(move |encoder| {
+                let cache = HalfCache {
+                    k: &k,
+                    v: &v,
+                    table: table.as_ref(),
+                };
+                attention_decode_f16_into(ctx, encoder, &qv, cache, &ov, &lse, &opts)
             })
         }
         _ => {

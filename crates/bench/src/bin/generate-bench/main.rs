@@ -1,8 +1,8 @@
 //! Inference throughput of a decoder-only language model on one adapter: prefill and decode tokens/s
 //! of cached generation ([`Generator`]) per batch size, the same generation by re-running the full
 //! forward for every new token (the baseline the cache replaces), and the decode attention kernel's
-//! achieved bandwidth against a buffer copy of the same bytes; with `--page` and `--int8`, paged
-//! and int8 caches beside the contiguous f32 one.
+//! achieved bandwidth against copies of the same bytes; with `--page`, `--f16` and `--int8`,
+//! paged, f16 and int8 caches beside the contiguous f32 one.
 //!
 //! ```text
 //! cargo run --release -p wgpu-attention-bench --bin generate-bench -- [--d-model 512 --layers 8 --heads 8 --context 2048
@@ -70,7 +70,8 @@ struct Cli {
     #[arg(long)]
     rerun: bool,
     /// Decode attention microbenchmark: cache lengths (one new query per sequence, every batch
-    /// size, head layout and head dim below; with --int8 int8 caches too, with --page paged ones);
+    /// size, head layout and head dim below; with --f16 and --int8 those caches too, with --page
+    /// paged ones);
     /// 0 to skip
     #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
     attention_lengths: Vec<usize>,
@@ -112,6 +113,10 @@ struct Cli {
     /// over an int8 cache beside the f32 one
     #[arg(long)]
     int8: bool,
+    /// Also generate from f16 key/value caches (each layout measured), and time decode attention
+    /// over an f16 cache beside the f32 one
+    #[arg(long)]
+    f16: bool,
     /// Also generate by speculative decoding (greedy, contiguous f32 cache) with chains of this
     /// many guesses verified per pass: guesses that are the plain run's tokens (every one kept: the
     /// upper bound) and guesses that never match (none kept: verification's overhead)
@@ -165,7 +170,7 @@ fn prompts(cli: &Cli, vocab: usize, batch: usize) -> Vec<Vec<u32>> {
 
 struct GenerationFigures {
     batch: usize,
-    /// "contiguous" or "paged N", then "f32" or "int8".
+    /// "contiguous" or "paged N", then "f32", "f16" or "int8".
     layout: String,
     /// Bytes of the key/value cache.
     cache_bytes: u64,
@@ -629,10 +634,8 @@ fn run(cli: &Cli) -> Result<(), Error> {
         "generation: prompt {} tokens (prefill chunks of {}), {} new tokens greedy, cache capacity {}",
         cli.prompt, cli.prefill_chunk, cli.new_tokens, cli.context
     );
-    let formats: &[KvFormat] = match cli.int8 {
-        true => &[KvFormat::F32, KvFormat::Int8],
-        false => &[KvFormat::F32],
-    };
+    let formats = cli.formats();
+    let formats = formats.as_slice();
     if cli.compile_only {
         let started = std::time::Instant::now();
         for &batch in &cli.batches {
@@ -814,6 +817,20 @@ fn run(cli: &Cli) -> Result<(), Error> {
     Ok(())
 }
 
+impl Cli {
+    /// The cache formats asked for: f32, then f16 and int8 with their flags.
+    fn formats(&self) -> Vec<KvFormat> {
+        let mut formats = vec![KvFormat::F32];
+        if self.f16 {
+            formats.push(KvFormat::F16);
+        }
+        if self.int8 {
+            formats.push(KvFormat::Int8);
+        }
+        formats
+    }
+}
+
 /// The decode attention grid of the command line.
 fn decode_cases(cli: &Cli) -> Result<Vec<DecodeCase>, Error> {
     let heads = match cli.attention_heads.is_empty() {
@@ -825,17 +842,14 @@ fn decode_cases(cli: &Cli) -> Result<Vec<DecodeCase>, Error> {
             .collect::<Result<_, _>>()
             .map_err(|e| Error::shape("--attention-heads", e))?,
     };
-    let formats: &[KvFormat] = match cli.int8 {
-        true => &[KvFormat::F32, KvFormat::Int8],
-        false => &[KvFormat::F32],
-    };
+    let formats = cli.formats();
     let pages = [None].into_iter().chain(cli.page.map(Some));
     let mut cases = Vec::new();
     for &context in cli.attention_lengths.iter().filter(|&&l| l > 0) {
         for &batch in &cli.batches {
             for &(heads, kv_heads) in &heads {
                 for &head_dim in &cli.attention_head_dims {
-                    for &format in formats {
+                    for &format in &formats {
                         for page in pages.clone() {
                             cases.push(DecodeCase {
                                 batch,
