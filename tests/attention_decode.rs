@@ -395,6 +395,16 @@ fn f16_cache_decode_matches_reference() {
             .kv_lens(&[100, 61]);
         check_f16(ctx, name, &prefill);
         check_f16(ctx, name, &gqa_case().cosine(10.0));
+        // Rows of 6 words (head dim 12) start off four-word boundaries: the word-per-access build
+        // (the cases above read a vec4 per access).
+        check_f16(
+            ctx,
+            name,
+            &decode_case(2, 2, 40, 4, 2, 12, 12)
+                .causal()
+                .q_lens(&[1, 2])
+                .kv_lens(&[40, 13]),
+        );
         // A head dim of 6 is refused with a typed error, before anything is recorded.
         let odd = GpuTensorF16::zeros(ctx, &[1, 8, 1, 6]).unwrap();
         let q = GpuTensor::zeros(ctx, &[1, 1, 1, 6])

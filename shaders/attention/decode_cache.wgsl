@@ -1,7 +1,8 @@
 // Decode attention's key and value caches (attention/decode.wgsl), read a word at a time: f32
 // values or, with INT8, packed words and scales, as bits either way. This build reads views whose
 // rows may start anywhere; the host takes attention/decode_cache_vec4.wgsl instead where both
-// f32 caches start every row on a four-word boundary and the head dims are multiples of four.
+// f32 or f16 caches start every row on a four-word boundary and the head dims are multiples of
+// four.
 // VEC4 = 0 here, 1 there: the pipeline key tells the builds apart.
 override VEC4: u32 = 0u;
 

@@ -1,5 +1,6 @@
-// Decode attention's f32 key and value caches read four words per access (one 128-bit load;
-// attention/decode_cache.wgsl says when the host takes this build).
+// Decode attention's f32 and f16 key and value caches read four words per access (one 128-bit
+// load; attention/decode_cache.wgsl says when the host takes this build). An f16 item is two
+// words of one vec4: its two cache_word calls read the same vec4, which compilers load once.
 override VEC4: u32 = 1u;
 
 @group(0) @binding(3) var<storage, read> k_buf: array<vec4<u32>>;

@@ -709,9 +709,11 @@ fn decode_into(
         Stored::F16(_) => constants.push(("F16", 1)),
         Stored::F32 => {}
     }
-    // f32 caches whose rows start on four-word boundaries (the pools' rows too: a block is whole
-    // rows) are read a vec4 per access; int8 and f16 rows are read as words.
-    let vec4 = matches!(stored, Stored::F32) && inputs_on_vec4(&params, &[VIEW_K, VIEW_V], &s);
+    // f32 and f16 caches whose rows start on four-word boundaries (the pools' rows too: a block is
+    // whole rows; f16 rows of a multiple of 8 values) are read a vec4 per access (f16: one load
+    // for a pair of items, in the shader's cache_word); int8 rows (D / 4 words and a scale) are
+    // read as words.
+    let vec4 = !matches!(stored, Stored::Int8(_)) && inputs_on_vec4(&params, &[VIEW_K, VIEW_V], &s);
     if vec4 {
         constants.push(("VEC4", 1));
     }
