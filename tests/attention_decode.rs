@@ -396,7 +396,7 @@ fn f16_cache_decode_matches_reference() {
         check_f16(ctx, name, &prefill);
         check_f16(ctx, name, &gqa_case().cosine(10.0));
         // Rows of 6 words (head dim 12) start off four-word boundaries: the word-per-access build
-        // (the cases above read a vec4 per access).
+        // (the cases above read a vec4 per access where the GPU family stages them).
         check_f16(
             ctx,
             name,

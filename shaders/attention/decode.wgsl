@@ -94,7 +94,7 @@ override TREE: bool = false;
 // declared by the host.
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
-// K and V at bindings 3 and 4, and cache_word / cache_word4 that read them: attention/decode_cache.wgsl
+// K and V at bindings 3 and 4, and cache_word / cache_pair / cache_word4 that read them: attention/decode_cache.wgsl
 // (a word per access) or attention/decode_cache_vec4.wgsl (four, f32 caches whose rows start on
 // four-word boundaries).
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
@@ -181,9 +181,10 @@ fn load4(view: u32, dim: u32, base: u32, d: u32) -> vec4<f32> {
     return x;
 }
 
-// Four f16 values widened: words at and at + 1 of a cache.
+// Four f16 values widened: words at and at + 1 of a cache (at even).
 fn half4(view: u32, at: u32) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(cache_word(view, at)), unpack2x16float(cache_word(view, at + 1u)));
+    let w = cache_pair(view, at);
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 
 // Vec4 item t of a tile of keys n0 .. n0 + WG - 1 of an f32 cache (view K or V, head dim `dim`, d4

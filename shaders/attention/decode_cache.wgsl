@@ -21,3 +21,8 @@ fn cache_word(view: u32, index: u32) -> u32 {
 fn cache_word4(view: u32, index: u32) -> vec4<u32> {
     return vec4<u32>(cache_word(view, index), cache_word(view, index + 1u), cache_word(view, index + 2u), cache_word(view, index + 3u));
 }
+
+// Words index and index + 1 (f16 builds: `index` even).
+fn cache_pair(view: u32, index: u32) -> vec2<u32> {
+    return vec2<u32>(cache_word(view, index), cache_word(view, index + 1u));
+}

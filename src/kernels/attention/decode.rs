@@ -709,11 +709,17 @@ fn decode_into(
         Stored::F16(_) => constants.push(("F16", 1)),
         Stored::F32 => {}
     }
-    // f32 and f16 caches whose rows start on four-word boundaries (the pools' rows too: a block is
-    // whole rows; f16 rows of a multiple of 8 values) are read a vec4 per access (f16: one load
-    // for a pair of items, in the shader's cache_word); int8 rows (D / 4 words and a scale) are
-    // read as words.
-    let vec4 = !matches!(stored, Stored::Int8(_)) && inputs_on_vec4(&params, &[VIEW_K, VIEW_V], &s);
+    // f32 caches whose rows start on four-word boundaries (the pools' rows too: a block is whole
+    // rows) are read a vec4 per access, and so are such f16 caches where tiles are staged (rows
+    // of a multiple of 8 values: an item's two words from one load). Read in place, f16 rows
+    // stay word reads (lavapipe: as fast as f32 with vec4s, 1.15-1.26x faster with words), and
+    // int8 rows (D / 4 words and a scale) are not aligned.
+    let aligned = inputs_on_vec4(&params, &[VIEW_K, VIEW_V], &s);
+    let vec4 = match stored {
+        Stored::F32 => aligned,
+        Stored::F16(_) => aligned && plan.staged,
+        Stored::Int8(_) => false,
+    };
     if vec4 {
         constants.push(("VEC4", 1));
     }
