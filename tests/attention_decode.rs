@@ -65,35 +65,36 @@ fn check(ctx: &Context, name: &str, case: &Case) -> Vec<f32> {
     o
 }
 
-/// Decode attention for `case` over an int8 cache: against the reference over the values the cache
-/// holds (the kernel's own error, at the f32 tolerances), and against the reference over the f32
-/// keys and values (the quantisation's error); returns the latter's largest output error.
-fn check_int8(ctx: &Context, name: &str, case: &Case) -> f64 {
+/// Records decode attention for `case` with `record` (given q, out and lse views and the options),
+/// submits it, and checks out and lse against the reference over keys `k` and values `v` (what
+/// the cache holds) at the f32 tolerances; returns the output.
+fn check_stored(
+    ctx: &Context,
+    what: &str,
+    case: &Case,
+    [k, v]: [&[f64]; 2],
+    record: impl FnOnce(
+        &mut wgpu::CommandEncoder,
+        &HeadsView,
+        &HeadsView,
+        &GpuTensor,
+        &AttentionOptions,
+    ),
+) -> Vec<f32> {
     let s = case.shape();
-    let (q, k, v, _) = case.data();
+    let (q, ..) = case.data();
     let [qv, _, _, _] = case.upload(ctx);
-    let cache = |x: &[f32], d: usize| {
-        GpuTensorQ8::from_f32(ctx, x, &[s.batch, s.kv_seq, s.kv_heads, d]).unwrap()
-    };
-    let (kq, vq) = (cache(&k, s.head_dim_qk), cache(&v, s.head_dim_v));
     let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v]).unwrap();
     let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq]).unwrap();
     let buffers = case.buffers(ctx);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    attention_decode_int8_into(
-        ctx,
+    record(
         &mut encoder,
         &qv,
-        QuantizedCache {
-            k: &kq,
-            v: &vq,
-            table: None,
-        },
         &out.heads().unwrap(),
         &lse,
         &case.options(&buffers),
-    )
-    .unwrap();
+    );
     ctx.queue().submit([encoder.finish()]);
     let masks = Masks {
         q_lens: None,
@@ -101,13 +102,8 @@ fn check_int8(ctx: &Context, name: &str, case: &Case) -> f64 {
         ..case.masks()
     };
     let (q_lens, kv_lens) = (case.q_lens.clone().unwrap(), case.kv_lens.clone().unwrap());
-    let reference_over = |k: &[f64], v: &[f64]| {
-        reference::attention_decode(&s, &to_f64(&q), k, v, &q_lens, &kv_lens, &masks)
-    };
-    let stored = |t: &GpuTensorQ8, d: usize| dequantize_int8_rows(&t.to_words(ctx).unwrap(), d);
     let (ref_out, ref_lse) =
-        reference_over(&stored(&kq, s.head_dim_qk), &stored(&vq, s.head_dim_v));
-    let what = format!("[{name}] int8 decode {}", case.label());
+        reference::attention_decode(&s, &to_f64(&q), k, v, &q_lens, &kv_lens, &masks);
     let o = out.to_vec(ctx).unwrap();
     assert_close(
         &format!("{what} out"),
@@ -117,13 +113,57 @@ fn check_int8(ctx: &Context, name: &str, case: &Case) -> f64 {
         FORWARD_RTOL,
     );
     assert_lse_close(
-        &what,
+        what,
         &lse.to_vec(ctx).unwrap(),
         &ref_lse,
         FORWARD_ATOL,
         FORWARD_RTOL,
     );
-    let (f32_out, _) = reference_over(&to_f64(&k), &to_f64(&v));
+    o
+}
+
+/// Decode attention for `case` over an int8 cache: against the reference over the values the cache
+/// holds (the kernel's own error, at the f32 tolerances), and against the reference over the f32
+/// keys and values (the quantisation's error); returns the latter's largest output error.
+fn check_int8(ctx: &Context, name: &str, case: &Case) -> f64 {
+    let s = case.shape();
+    let (q, k, v, _) = case.data();
+    let cache = |x: &[f32], d: usize| {
+        GpuTensorQ8::from_f32(ctx, x, &[s.batch, s.kv_seq, s.kv_heads, d]).unwrap()
+    };
+    let (kq, vq) = (cache(&k, s.head_dim_qk), cache(&v, s.head_dim_v));
+    let stored = |t: &GpuTensorQ8, d: usize| dequantize_int8_rows(&t.to_words(ctx).unwrap(), d);
+    let (k_held, v_held) = (stored(&kq, s.head_dim_qk), stored(&vq, s.head_dim_v));
+    let what = format!("[{name}] int8 decode {}", case.label());
+    let o = check_stored(
+        ctx,
+        &what,
+        case,
+        [&k_held, &v_held],
+        |e, q, out, lse, opts| {
+            let cache = QuantizedCache {
+                k: &kq,
+                v: &vq,
+                table: None,
+            };
+            attention_decode_int8_into(ctx, e, q, cache, out, lse, opts).unwrap()
+        },
+    );
+    let masks = Masks {
+        q_lens: None,
+        kv_lens: None,
+        ..case.masks()
+    };
+    let (q_lens, kv_lens) = (case.q_lens.clone().unwrap(), case.kv_lens.clone().unwrap());
+    let (f32_out, _) = reference::attention_decode(
+        &s,
+        &to_f64(&q),
+        &to_f64(&k),
+        &to_f64(&v),
+        &q_lens,
+        &kv_lens,
+        &masks,
+    );
     o.iter()
         .zip(&f32_out)
         .map(|(&a, &b)| (a as f64 - b).abs())
@@ -134,56 +174,27 @@ fn check_int8(ctx: &Context, name: &str, case: &Case) -> f64 {
 /// and values, at the f32 tolerances (the kernel widens exactly what the cache holds).
 fn check_f16(ctx: &Context, name: &str, case: &Case) {
     let s = case.shape();
-    let (q, k, v, _) = case.data();
-    let [qv, _, _, _] = case.upload(ctx);
+    let (_, k, v, _) = case.data();
     let cache = |x: &[f32], d: usize| {
         GpuTensorF16::from_f32(ctx, x, &[s.batch, s.kv_seq, s.kv_heads, d]).unwrap()
     };
     let (kh, vh) = (cache(&k, s.head_dim_qk), cache(&v, s.head_dim_v));
-    let out = GpuTensor::zeros(ctx, &[s.batch, s.q_seq, s.heads, s.head_dim_v]).unwrap();
-    let lse = GpuTensor::zeros(ctx, &[s.batch, s.heads, s.q_seq]).unwrap();
-    let buffers = case.buffers(ctx);
-    let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    let cache = HalfCache {
-        k: &kh,
-        v: &vh,
-        table: None,
-    };
-    let out_view = out.heads().unwrap();
-    let opts = case.options(&buffers);
-    attention_decode_f16_into(ctx, &mut encoder, &qv, cache, &out_view, &lse, &opts).unwrap();
-    ctx.queue().submit([encoder.finish()]);
-    let masks = Masks {
-        q_lens: None,
-        kv_lens: None,
-        ..case.masks()
-    };
-    let (q_lens, kv_lens) = (case.q_lens.clone().unwrap(), case.kv_lens.clone().unwrap());
     let rounded =
         |x: &[f32]| -> Vec<f64> { x.iter().map(|&x| half::f16::from_f32(x).to_f64()).collect() };
-    let (ref_out, ref_lse) = reference::attention_decode(
-        &s,
-        &to_f64(&q),
-        &rounded(&k),
-        &rounded(&v),
-        &q_lens,
-        &kv_lens,
-        &masks,
-    );
     let what = format!("[{name}] f16 decode {}", case.label());
-    assert_close(
-        &format!("{what} out"),
-        &out.to_vec(ctx).unwrap(),
-        &ref_out,
-        FORWARD_ATOL,
-        FORWARD_RTOL,
-    );
-    assert_lse_close(
+    check_stored(
+        ctx,
         &what,
-        &lse.to_vec(ctx).unwrap(),
-        &ref_lse,
-        FORWARD_ATOL,
-        FORWARD_RTOL,
+        case,
+        [&rounded(&k), &rounded(&v)],
+        |e, q, out, lse, opts| {
+            let cache = HalfCache {
+                k: &kh,
+                v: &vh,
+                table: None,
+            };
+            attention_decode_f16_into(ctx, e, q, cache, out, lse, opts).unwrap()
+        },
     );
 }
 
