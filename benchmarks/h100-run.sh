@@ -35,7 +35,7 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       --modifiers none,softcap,alibi,softcap-alibi,bias,relative,sinks,cosine,clip
     for a in "" "--additive 64"; do
       WGPU_ATTENTION_KERNELS=gpu step 30 dump-train${a:+-additive} $B/transformer-bench --compile-only $a
-      WGPU_ATTENTION_KERNELS=gpu step 30 dump-decode${a:+-additive} $B/generate-bench --compile-only $a
+      WGPU_ATTENTION_KERNELS=gpu step 30 dump-decode${a:+-additive} $B/generate-bench --compile-only ${a:---page 16 --f16 --int8}
     done
     unset WGPU_ATTENTION_DUMP_PIPELINES
     tar -C /tmp -cJf $OUT/dump.tar.xz dump ;;
