@@ -331,7 +331,8 @@ fn decode_matches_reference_with_score_modifiers() {
 
 #[test]
 fn int8_cache_decode_matches_reference() {
-    for_each_backend(|name, ctx| {
+    // Both families: the GPU family dequantises staged tiles, the CPU drivers' reads in place.
+    for_each_family(|name, ctx| {
         // The kernel dequantises exactly what the cache holds; the quantisation itself moves the
         // outputs of these unit-scale problems by well under 1% (values within max|row| / 254).
         let err = check_int8(ctx, name, &gqa_case());

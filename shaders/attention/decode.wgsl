@@ -30,9 +30,10 @@
 // No per-invocation array is head-dim sized.
 //
 // Int8 caches (INT8): each row of one KV head is D / 4 words of four int8 and its scale as f32 bits
-// (kv_cache_append_int8.wgsl writes them; the view's head_dim is D / 4 + 1 words), read in place
-// and dequantised in registers: a score is the scale times q . unpack(k), a P V term P times the
-// value row's scale (staged per tile) times unpack(v). D is a multiple of 4.
+// (kv_cache_append_int8.wgsl writes them; the view's head_dim is D / 4 + 1 words), dequantised in
+// registers: staged (GPU families), each staged vec4 is unpack(word) times its row's scale; read in
+// place (CPU drivers), a score is the scale times q . unpack(k), a P V term P times the value row's
+// scale (staged per tile) times unpack(v). D is a multiple of 4.
 //
 // f16 caches (F16): each row of one KV head is D / 2 words of two halves (kv_cache_append_f16.wgsl
 // writes them; the view's head_dim is D / 2 words), widened in registers (unpack2x16float: no
@@ -62,19 +63,18 @@ override OWN: u32 = (ITEMS + WG - 1u) / WG;
 // The tile's row maxima: LPR invocations per row (at most 8, ROWS * LPR <= WG), KPL keys each.
 override LPR: u32 = max(1u, min(8u, WG / ROWS));
 override KPL: u32 = (WG + LPR - 1u) / LPR;
-// K and V tiles staged in workgroup memory (f32 caches, GPU kernel families), or read in place:
-// int8 caches (a quarter of the bytes: on an NVIDIA H200 the staging's steps and barrier cost more
-// than they hide) and CPU drivers (workgroup memory is ordinary memory there);
-// benchmarks/decode-2026-11-28.
+// K and V tiles staged in workgroup memory (GPU kernel families: f32 and f16 values, int8 ones
+// dequantised), or read in place (CPU drivers: workgroup memory is ordinary memory there;
+// benchmarks/decode-2026-11-28).
 override STAGED: bool = true;
 // Staged key rows are KS vec4 apart: one vec4 of padding, so the invocations of the score step,
 // each reading its own key's row, fall on different banks.
 override KS: u32 = DK4 + 1u;
 // Sizes of the staged tiles (a placeholder when read in place), and of the value scales an int8
-// tile stages (INT8 is always read in place: the host never sets both).
+// tile read in place stages.
 override K_TILE: u32 = select(1u, WG * KS, STAGED);
 override V_TILE: u32 = select(1u, WG * DV4, STAGED);
-override V_SCALES: u32 = select(1u, WG, INT8);
+override V_SCALES: u32 = select(1u, WG, INT8 && !STAGED);
 
 // Rows per cache block (0: a contiguous cache [B, max_len, Hkv, D]), block ids per sequence in the
 // table, and blocks in the pool.
@@ -197,7 +197,10 @@ fn tile_item(view: u32, dim: u32, d4: u32, rows: vec2<u32>, b: u32, n0: u32, end
     let base = rows.x + cache_row(b, min(key, end - 1u)) * rows.y;
     let lanes = vec4<u32>(0u, 1u, 2u, 3u);
     var x: vec4<f32>;
-    if F16 {
+    if INT8 {
+        // d4 words of values, then the row's scale.
+        x = unpack4x8snorm(cache_word(view, base + c)) * bitcast<f32>(cache_word(view, base + d4));
+    } else if F16 {
         x = half4(view, base + 2u * c);
     } else if VEC4 == 1u {
         x = bitcast<vec4<f32>>(cache_word4(view, base + 4u * c));
@@ -343,14 +346,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     s[r] += dot(q_tile[r * DK4 + d4], k4);
                 }
             }
-            if INT8 {
+            if INT8 && !STAGED {
                 let k_scale = bitcast<f32>(cache_word(VIEW_K, kj + DK4));
                 for (var r = 0u; r < ROWS; r++) {
                     s[r] *= k_scale;
                 }
             }
         }
-        if INT8 {
+        if INT8 && !STAGED {
             var scale = 0.0;
             if j < end {
                 scale = bitcast<f32>(cache_word(VIEW_V, cache_index(VIEW_V, b, j, g) + DV4));

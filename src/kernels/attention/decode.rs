@@ -6,10 +6,10 @@
 //! different lengths.
 //!
 //! The query heads that share a KV head are one workgroup's rows (GQA-aware: each K/V row is read
-//! once per group); with the GPU kernel families f32 caches are read a tile of keys at a time into
-//! workgroup memory (coalesced, a step's loads issued together), int8 caches (and every cache with
-//! the CPU drivers' family) in place; f32 caches whose rows start on four-word boundaries are read
-//! a vec4 per access. Each tile's softmax runs on every invocation (row maxima and sums in two
+//! once per group); with the GPU kernel families caches are read a tile of keys at a time into
+//! workgroup memory (coalesced, a step's loads issued together; f16 widened and int8 dequantised
+//! as they are staged), with the CPU drivers' family in place; f32 caches whose rows start on
+//! four-word boundaries are read a vec4 per access. Each tile's softmax runs on every invocation (row maxima and sums in two
 //! steps, each key's P by its own invocation); the key range is split over workgroups when the grid would
 //! leave a GPU idle (or llvmpipe's loop budget asks for it), the partial softmaxes merged in split
 //! order: deterministic. CPU reference: [`crate::reference::attention::attention_decode`].
@@ -80,8 +80,8 @@ pub struct DecodePlan {
     pub split_keys: usize,
     /// Keys per tile, and invocations per workgroup.
     pub tile_keys: usize,
-    /// Whether each tile's keys and values are staged in workgroup memory (f32 caches, GPU kernel
-    /// families) or read in place (int8 caches, CPU drivers).
+    /// Whether each tile's keys and values are staged in workgroup memory (GPU kernel families;
+    /// int8 values dequantised) or read in place (CPU drivers).
     pub staged: bool,
 }
 
@@ -89,13 +89,13 @@ impl DecodePlan {
     /// The plan over an f32 cache for `s` (`kv_seq` the cache's capacity) when the longest
     /// sequence holds `longest` keys.
     pub fn new(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
-        Self::plan(ctx, s, longest, false, stages_f32(ctx))
+        Self::plan(ctx, s, longest, false, stages_tiles(ctx))
     }
 
-    /// [`DecodePlan::new`] over an int8 cache ([`crate::GpuTensorQ8`]), whose rows the kernel
-    /// reads in place.
+    /// [`DecodePlan::new`] over an int8 cache ([`crate::GpuTensorQ8`]): the same plan, its tiles
+    /// dequantised as they are staged.
     pub fn new_int8(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
-        Self::plan(ctx, s, longest, false, false)
+        Self::new(ctx, s, longest)
     }
 
     /// The plan for packed queries ([`crate::HeadsView::packed`]) over an f32 cache, whose longest
@@ -103,11 +103,11 @@ impl DecodePlan {
     /// power of two of `q_seq` rows, so a prefill of varied lengths compiles a few pipelines, not
     /// one per length.
     pub fn packed(ctx: &Context, s: &AttentionShape, longest: usize) -> Result<Self> {
-        Self::plan(ctx, s, longest, true, stages_f32(ctx))
+        Self::plan(ctx, s, longest, true, stages_tiles(ctx))
     }
 
-    /// The plan for `packed` queries or not, K/V tiles `staged` in workgroup memory (f32 caches)
-    /// or read in place (int8).
+    /// The plan for `packed` queries or not, K/V tiles `staged` in workgroup memory (GPU families)
+    /// or read in place (CPU drivers).
     fn plan(
         ctx: &Context,
         s: &AttentionShape,
@@ -195,11 +195,12 @@ impl DecodePlan {
     }
 }
 
-/// Whether f32 caches are staged a tile at a time in workgroup memory: with the GPU kernel families,
-/// not with the CPU drivers' (faster on an NVIDIA H200, slower on lavapipe, where workgroup memory
-/// is ordinary memory and the copy overhead; benchmarks/decode-2026-11-28). Int8 caches are read
-/// in place by every family.
-fn stages_f32(ctx: &Context) -> bool {
+/// Whether caches are staged a tile at a time in workgroup memory: with the GPU kernel families,
+/// not with the CPU drivers' (f32: faster on an NVIDIA H200, slower on lavapipe, where workgroup
+/// memory is ordinary memory and the copy overhead; benchmarks/decode-2026-11-28). Int8 tiles are
+/// dequantised as they are staged (2026-11-29; the int8 kernel read in place ran at f32's time for
+/// a quarter of the bytes on the H200, its P V waiting on a cache load per key).
+fn stages_tiles(ctx: &Context) -> bool {
     ctx.kernel_family() != KernelFamily::CpuDriver
 }
 
@@ -659,10 +660,7 @@ fn decode_into(
             &prefill,
         );
     }
-    // Int8 rows are a quarter of the bytes: read in place they measured faster (the shader's
-    // STAGED). Cosine scores and key clipping read an f32 copy (below).
-    let int8 = matches!(layout.stored, Stored::Int8(_));
-    let staged = (!int8 || qk_norm::transforms(opts)) && stages_f32(ctx);
+    let staged = stages_tiles(ctx);
     let plan = DecodePlan::plan(ctx, &s, longest, q.packed_rows().is_some(), staged)?;
     let (own, _) = own_and_phases(plan.rows, &s, plan.tile_keys);
     let shared = Shared::scores(ctx, opts)?;
