@@ -81,7 +81,8 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       --attention-lengths 0 --prefill-attention 512,2048 --page 16 --reps 5 --json $OUT/prefillpaged.json ;;
   decodeab)
     # Issue 46's decode kernel against the one before (generate-bench-base, from the bundle's
-    # BASE=3dd6c84: word-per-access reads, the softmax walked by one invocation per row) on a
+    # BASE=3dd6c84: word-per-access reads, the softmax walked by one invocation per row, int8 read
+    # in place where it is now staged) on a
     # smaller grid, two interleaved rounds: contexts 4k and 16k, batch 1/8/64, H 32 / Hkv 8, D 64
     # and 128, f32 and int8.
     for r in 1 2; do
