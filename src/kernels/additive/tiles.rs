@@ -49,14 +49,25 @@ fn lanes_for(da: usize, dv: usize) -> u32 {
 
 /// The forward's staged tile and whether its rows of `a + bias` fit in workgroup memory beside it
 /// (`OWN_IN_WORKGROUP`: 64 registers fewer per invocation at Da = 64, which RDNA3 needs to run the
-/// kernel without spilling): the largest tile of 32 or 16 rows that leaves room for them, else the
-/// shared tile with the rows in registers.
+/// kernel without spilling): the largest tile of 32 or 16 rows that leaves room for them (on GPUs
+/// also 8: at Da 128 a 48 KiB GPU fits the rows only beside 8, and with them in registers the
+/// kernel spills 17 VGPRs on RDNA3, benchmarks/additive-radv-2026-11-29), else the shared tile
+/// with the rows in registers.
 pub(super) fn forward_tile(ctx: &Context, s: &AttentionShape) -> (u32, bool) {
     let limit = ctx.limits().max_compute_workgroup_storage_size as usize;
-    let own = 16 * WG as usize * (s.head_dim_qk.div_ceil(4) | 1);
-    match largest_tile(limit, [s.head_dim_qk, s.head_dim_v], 1, |_| own) {
+    let gpu = ctx.kernel_family() != KernelFamily::CpuDriver;
+    forward_tile_for_limit(limit, s.head_dim_qk, s.head_dim_v, gpu)
+}
+
+fn forward_tile_for_limit(limit: usize, da: usize, dv: usize, gpu: bool) -> (u32, bool) {
+    let own = 16 * WG as usize * (da.div_ceil(4) | 1);
+    let tiles: &[usize] = match gpu {
+        true => &[32, 16, 8],
+        false => &[32, 16],
+    };
+    match largest_tile_of(tiles, limit, [da, dv], 1, |_| own) {
         Some(tile) => (tile, true),
-        None => (staged_tile(ctx, s, 1), false),
+        None => (tile_for_limit(limit, da, dv, 1), false),
     }
 }
 
@@ -65,13 +76,14 @@ pub(super) fn forward_tile(ctx: &Context, s: &AttentionShape) -> (u32, bool) {
 fn tile_for_limit(limit: usize, da: usize, dv: usize, lanes: u32) -> u32 {
     // The key side's four per-row scalars and the lanes' partial sums.
     let sums = if lanes > 1 { 32 * WG as usize } else { 0 };
-    largest_tile(limit, [da, dv], lanes, |tile| 16 * tile + sums).unwrap_or(8)
+    largest_tile_of(&[32, 16], limit, [da, dv], lanes, |tile| 16 * tile + sums).unwrap_or(8)
 }
 
-/// The largest staged tile of 32 or 16 rows whose workgroup memory (the staged pair rows, value
-/// rows and `w` of `additive/common.wgsl`, padded for `lanes` invocations per row, plus a kernel's
-/// `extra` bytes) fits `limit` bytes.
-fn largest_tile(
+/// The largest staged tile of `tiles` rows (in decreasing order) whose workgroup memory (the staged
+/// pair rows, value rows and `w` of `additive/common.wgsl`, padded for `lanes` invocations per row,
+/// plus a kernel's `extra` bytes) fits `limit` bytes.
+fn largest_tile_of(
+    tiles: &[usize],
     limit: usize,
     [da, dv]: [usize; 2],
     lanes: u32,
@@ -81,8 +93,9 @@ fn largest_tile(
     let da4 = da.div_ceil(4).next_multiple_of(lanes);
     let dv = dv.next_multiple_of(lanes);
     let bytes = |tile: usize| 16 * (tile * da4 + tile / 4 * dv + da4) + extra(tile);
-    [32, 16]
-        .into_iter()
+    tiles
+        .iter()
+        .copied()
         .find(|&t| bytes(t) <= limit)
         .map(|t| t as u32)
 }
@@ -139,7 +152,20 @@ impl AdditiveKernel {
 
 #[cfg(test)]
 mod tests {
-    use super::tile_for_limit;
+    use super::{forward_tile_for_limit, tile_for_limit};
+
+    #[test]
+    fn the_forward_keeps_its_rows_in_workgroup_memory_on_gpus() {
+        // NVIDIA's 48 KiB: Da 64 beside 32 rows; Da 128 only beside 8 on GPUs (with the rows in
+        // registers it spills on RDNA3), in registers on CPU drivers.
+        assert_eq!(forward_tile_for_limit(49152, 64, 64, true), (32, true));
+        assert_eq!(forward_tile_for_limit(49152, 128, 128, true), (8, true));
+        assert_eq!(forward_tile_for_limit(49152, 128, 128, false), (32, false));
+        // lavapipe's and Apple's 32 KiB: Da 64 beside 16, Da 96 beside 8 on GPUs.
+        assert_eq!(forward_tile_for_limit(32768, 64, 64, true), (16, true));
+        assert_eq!(forward_tile_for_limit(32768, 96, 96, true), (8, true));
+        assert_eq!(forward_tile_for_limit(32768, 96, 96, false), (32, false));
+    }
 
     #[test]
     fn staged_tiles_fit_the_workgroup_memory_limit() {
