@@ -28,8 +28,8 @@ const LOGIT_ATOL: f32 = 1e-4;
 const INT8_LOGIT_RTOL: f32 = 4e-2;
 
 /// The bound stated for logits decoded from an f16 key/value cache, relative to the largest
-/// |logit| (each cached value rounded to f16's 11 bits; measured on these random-weight fixtures: 0.09%
-/// (gpt2-tied) to 0.16% (llama-gqa), the argmax kept at every row).
+/// |logit| (each cached value rounded to f16's 11 bits; measured on these random-weight
+/// fixtures: 0.09% (gpt2-tied) to 0.16% (llama-gqa), the argmax kept at every row).
 const F16_LOGIT_RTOL: f32 = 5e-3;
 
 const FIXTURES: [&str; 3] = ["gpt2-tied", "llama-gqa", "llama-tied"];
