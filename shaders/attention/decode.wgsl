@@ -11,9 +11,9 @@
 // adds them in split order (deterministic). With one split the outputs are O and lse themselves.
 //
 // Per tile of WG keys:
-//   staging: (STAGED: f32 caches, GPU kernel families) the tile's K and V rows into workgroup
-//            memory, consecutive invocations reading consecutive vec4s of a row (one 128-bit
-//            load each where the rows start on four-word boundaries, VEC4; four words otherwise),
+//   staging: (STAGED: the GPU kernel families) the tile's K and V rows into workgroup memory as
+//            f32, consecutive invocations reading consecutive vec4s of a row (one 128-bit load
+//            each where the rows start on four-word boundaries, VEC4; four words otherwise),
 //            a step's loads issued together (read in place, a key's row waits out the memory
 //            latency per vec4, a value per key);
 //   scores:  invocation t owns key t of the tile: s[r] = q_r . k for every row r (Q pre-scaled in
@@ -94,9 +94,9 @@ override TREE: bool = false;
 // declared by the host.
 
 @group(0) @binding(2) var<storage, read> q_buf: array<f32>;
-// K and V at bindings 3 and 4, and cache_word / cache_pair / cache_word4 that read them: attention/decode_cache.wgsl
-// (a word per access) or attention/decode_cache_vec4.wgsl (four, f32 caches whose rows start on
-// four-word boundaries).
+// K and V at bindings 3 and 4, and cache_word / cache_pair / cache_word4 that read them:
+// attention/decode_cache.wgsl (a word per access) or attention/decode_cache_vec4.wgsl (four: f32
+// and staged f16 caches whose rows start on four-word boundaries).
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
 // The paged cache's block table [B, TABLE_STRIDE] (PAGE > 0; another read-only buffer otherwise).
