@@ -155,11 +155,6 @@ fn cache_index(view: u32, b: u32, j: u32, g: u32) -> u32 {
     return view_index(view, 0u, cache_row(b, j), g);
 }
 
-// Scores (or P) of keys jj .. jj + 3 of a row of s_tile, at base + jj.
-fn tile_scores(at: u32) -> vec4<f32> {
-    return vec4<f32>(s_tile[at], s_tile[at + 1u], s_tile[at + 2u], s_tile[at + 3u]);
-}
-
 // Elements d..d+3 of a row (view K or V, head dim `dim`) at element (word) `base`, zero past `dim`
 // (f32 views need not be vec4 aligned); INT8: unscaled, the row's scale applied by the caller.
 fn load4(view: u32, dim: u32, base: u32, d: u32) -> vec4<f32> {

@@ -221,7 +221,7 @@ impl KvStorage {
             KvFormat::F32 => KvStorage::F32(GpuTensor::zeros(ctx, shape)?),
             KvFormat::Int8 => KvStorage::Int8(GpuTensorQ8::zeros(ctx, shape)?),
             KvFormat::F16 => {
-                check_f16_dims(shape)?;
+                check_f16_dims("cache", shape)?;
                 KvStorage::F16(GpuTensorF16::zeros(ctx, shape)?)
             }
         })
@@ -342,16 +342,16 @@ pub fn kv_cache_append_f16_into(
     table: Option<&BlockTable>,
     lens: &SeqLens,
 ) -> Result<()> {
-    check_f16_dims(cache.shape())?;
     append(ctx, encoder, new, Storage::F16(cache), table, lens)
 }
 
-/// An f16 cache's rows are read as pairs, and by the decode kernel four values at a time.
-fn check_f16_dims(shape: &[usize]) -> Result<()> {
+/// An f16 cache's rows are read as pairs, and by the decode kernel four values at a time: `arg`'s
+/// head dim (the last of `shape`) must be a multiple of 4.
+pub(crate) fn check_f16_dims(arg: &'static str, shape: &[usize]) -> Result<()> {
     match shape.last() {
         Some(d) if d.is_multiple_of(4) => Ok(()),
         _ => Err(Error::shape(
-            "cache",
+            arg,
             format!("has shape {shape:?}; an f16 cache's head_dim must be a multiple of 4"),
         )),
     }
@@ -433,8 +433,9 @@ pub fn kv_cache_gather_int8_into(
     gather_rows(ctx, encoder, Storage::Int8(cache), table, lens, rows, out)
 }
 
-/// The gathers out of int8 and f16 caches (dense rows of words, contiguous or paged).
-fn gather_rows(
+/// The gathers out of int8 and f16 caches (dense rows of words, contiguous or paged): what
+/// [`kv_cache_gather_int8_into`] and [`kv_cache_gather_f16_into`] record.
+pub(crate) fn gather_rows(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     cache: Storage<'_>,
@@ -462,6 +463,9 @@ fn gather_rows(
             ))
         }
     };
+    if let Storage::F16(t) = cache {
+        check_f16_dims("cache", t.shape())?;
+    }
     check_gather(ctx, batch, max_len, [h, d], lens, rows, out)?;
     let words = cache.words();
     crate::kernels::arguments::check_call(
@@ -503,7 +507,6 @@ pub fn kv_cache_gather_f16_into(
     rows: usize,
     out: &GpuTensor,
 ) -> Result<()> {
-    check_f16_dims(cache.shape())?;
     gather_rows(ctx, encoder, Storage::F16(cache), table, lens, rows, out)
 }
 
@@ -621,16 +624,17 @@ impl Gather<'_> {
     }
 }
 
-/// A cache's storage in either format.
+/// A cache's storage in any format (decode attention's int8 and f16 caches are these too).
 #[derive(Clone, Copy)]
-enum Storage<'a> {
+pub(crate) enum Storage<'a> {
     F32(&'a GpuTensor),
     Int8(&'a GpuTensorQ8),
     F16(&'a GpuTensorF16),
 }
 
 impl<'a> Storage<'a> {
-    fn shape(&self) -> &'a [usize] {
+    /// The logical shape (values).
+    pub(crate) fn shape(&self) -> &'a [usize] {
         match *self {
             Storage::F32(t) => t.shape(),
             Storage::Int8(t) => t.shape(),
@@ -639,7 +643,7 @@ impl<'a> Storage<'a> {
     }
 
     /// The buffer's words as the kernel binds them.
-    fn words(&self) -> GpuTensor {
+    pub(crate) fn words(&self) -> GpuTensor {
         match *self {
             Storage::F32(t) => t.clone(),
             Storage::Int8(t) => t.words().clone(),
@@ -656,6 +660,9 @@ fn append(
     table: Option<&BlockTable>,
     lens: &SeqLens,
 ) -> Result<()> {
+    if let Storage::F16(t) = storage {
+        check_f16_dims("cache", t.shape())?;
+    }
     let cache = &storage.words();
     crate::kernels::arguments::check_f32(&[("new", new)])?;
     let [b, l, h, d] = new.shape();

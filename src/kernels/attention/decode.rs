@@ -28,7 +28,7 @@ use super::{qk_norm, sinks};
 use crate::device::{Context, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_f32, check_packed_queries};
-use crate::kernels::kv_cache::BlockTable;
+use crate::kernels::kv_cache::{check_f16_dims, BlockTable, Storage};
 use crate::spec::AttentionShape;
 use crate::tensor::{GpuTensor, GpuTensorF16, GpuTensorQ8, HeadsView};
 
@@ -328,7 +328,7 @@ pub fn attention_decode_paged_into(
     check_table(table, &s)?;
     let layout = CacheLayout {
         table: Some(table),
-        stored: Stored::F32,
+        stored: None,
     };
     decode_into(ctx, encoder, views, layout, s, opts)
 }
@@ -373,7 +373,7 @@ pub fn attention_decode_int8_into(
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let stored = Stored::Int8([cache.k, cache.v]);
+    let stored = [Storage::Int8(cache.k), Storage::Int8(cache.v)];
     decode_stored(ctx, encoder, [q, out], stored, cache.table, lse, opts)
 }
 
@@ -390,7 +390,7 @@ pub fn attention_decode_f16_into(
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    let stored = Stored::F16([cache.k, cache.v]);
+    let stored = [Storage::F16(cache.k), Storage::F16(cache.v)];
     decode_stored(ctx, encoder, [q, out], stored, cache.table, lse, opts)
 }
 
@@ -400,7 +400,7 @@ fn decode_stored(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     [q, out]: [&HeadsView; 2],
-    stored: Stored<'_>,
+    stored: [Storage<'_>; 2],
     table: Option<&BlockTable>,
     lse: &GpuTensor,
     opts: &AttentionOptions<'_>,
@@ -422,20 +422,14 @@ fn decode_stored(
         }
     };
     let paged = table.is_some();
-    let [k_shape, v_shape] = stored.shapes();
+    let [k_shape, v_shape] = stored.map(|t| t.shape());
     let (k_dims, v_dims) = (
         dims("k_cache", k_shape, paged)?,
         dims("v_cache", v_shape, paged)?,
     );
-    if let Stored::F16(_) = stored {
-        for (arg, [.., d]) in [("k_cache", k_dims), ("v_cache", v_dims)] {
-            if !d.is_multiple_of(4) {
-                return Err(Error::shape(
-                    arg,
-                    format!("has head_dim {d}; an f16 cache's head_dim must be a multiple of 4"),
-                ));
-            }
-        }
+    if let Storage::F16(_) = stored[0] {
+        check_f16_dims("k_cache", k_shape)?;
+        check_f16_dims("v_cache", v_shape)?;
     }
     let s = match table {
         None => AttentionShape::of_dims(q.shape(), k_dims, v_dims)?,
@@ -447,10 +441,10 @@ fn decode_stored(
     };
     // The kernel reads words: int8 rows of D / 4 + 1 of them, f16 rows of D / 2, the view's
     // head_dim.
-    let [k_words, v_words] = stored.words();
+    let [k_words, v_words] = stored.map(|t| t.words());
     let words = |t: GpuTensor, [b, l, h, d]: [usize; 4]| {
-        let row = match stored {
-            Stored::Int8(_) => crate::tensor::row_words(d),
+        let row = match stored[0] {
+            Storage::Int8(_) => crate::tensor::row_words(d),
             _ => d / 2,
         };
         t.reshape(&[b, l, h, row])?.heads()
@@ -463,51 +457,28 @@ fn decode_stored(
         out,
         lse,
     };
-    decode_into(ctx, encoder, &views, CacheLayout { table, stored }, s, opts)
+    let layout = CacheLayout {
+        table,
+        stored: Some(stored),
+    };
+    decode_into(ctx, encoder, &views, layout, s, opts)
 }
 
 /// How a decode call's cache is stored beyond the f32 views it is read through: paged through a
-/// block table, and in f32, int8 or f16 (the views then see their words).
+/// block table, and as f32 values (`stored: None`, read through the views) or as int8 or f16
+/// tensors of keys and values (the views then see their words).
 #[derive(Clone, Copy)]
 struct CacheLayout<'a> {
     table: Option<&'a BlockTable>,
-    stored: Stored<'a>,
+    stored: Option<[Storage<'a>; 2]>,
 }
 
 impl CacheLayout<'_> {
     /// A contiguous f32 cache.
     const CONTIGUOUS: Self = Self {
         table: None,
-        stored: Stored::F32,
+        stored: None,
     };
-}
-
-/// A decode call's cache values: f32 (read through the views), or int8 or f16 tensors.
-#[derive(Clone, Copy)]
-enum Stored<'a> {
-    F32,
-    Int8([&'a GpuTensorQ8; 2]),
-    F16([&'a GpuTensorF16; 2]),
-}
-
-impl<'a> Stored<'a> {
-    /// The keys' and values' logical shapes (int8 and f16).
-    fn shapes(&self) -> [&'a [usize]; 2] {
-        match *self {
-            Stored::Int8([k, v]) => [k.shape(), v.shape()],
-            Stored::F16([k, v]) => [k.shape(), v.shape()],
-            Stored::F32 => [&[], &[]],
-        }
-    }
-
-    /// The keys' and values' words as the kernel binds them (int8 and f16).
-    fn words(&self) -> [GpuTensor; 2] {
-        match *self {
-            Stored::Int8([k, v]) => [k.words().clone(), v.words().clone()],
-            Stored::F16([k, v]) => [k.words(), v.words()],
-            Stored::F32 => unreachable!("f32 caches are read through their own views"),
-        }
-    }
 }
 
 /// The first `rows` positions of every sequence of a decode call's cache as contiguous f32 views:
@@ -522,23 +493,20 @@ fn cached_rows(
     opts: &AttentionOptions<'_>,
     rows: usize,
 ) -> Result<(HeadsView, HeadsView)> {
-    use crate::kernels::kv_cache::{
-        kv_cache_gather_f16_into, kv_cache_gather_int8_into, kv_cache_gather_paged_into,
-    };
+    use crate::kernels::kv_cache::{gather_rows, kv_cache_gather_paged_into};
     let lens = match (opts.seq_lens, stored, table) {
-        (Some(lens), Stored::F32, Some(_)) => lens,
-        (Some(lens), Stored::Int8(_) | Stored::F16(_), _) => lens,
+        (Some(lens), Some(_), _) | (Some(lens), None, Some(_)) => lens,
         _ => return Ok((caches[0].first_rows(rows)?, caches[1].first_rows(rows)?)),
     };
     // Side 0 (keys) or 1 (values), `[B, rows, H, D]` in the scratch buffer `what`.
     let mut gather = |side: usize, what: &'static str| -> Result<HeadsView> {
         let (heads, dim) = match stored {
-            Stored::F32 => {
+            None => {
                 let [_, _, heads, dim] = caches[side].shape();
                 (heads, dim)
             }
-            _ => {
-                let s = stored.shapes()[side];
+            Some(stored) => {
+                let s = stored[side].shape();
                 (s[s.len() - 2], s[s.len() - 1])
             }
         };
@@ -546,16 +514,11 @@ fn cached_rows(
         let bytes = shape.iter().product::<usize>() as u64 * 4;
         let out = GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, &shape)?;
         match (stored, table) {
-            (Stored::Int8(q8), _) => {
-                kv_cache_gather_int8_into(ctx, encoder, q8[side], table, lens, rows, &out)?
-            }
-            (Stored::F16(f16), _) => {
-                kv_cache_gather_f16_into(ctx, encoder, f16[side], table, lens, rows, &out)?
-            }
-            (Stored::F32, Some(table)) => {
+            (Some(stored), _) => gather_rows(ctx, encoder, stored[side], table, lens, rows, &out)?,
+            (None, Some(table)) => {
                 kv_cache_gather_paged_into(ctx, encoder, caches[side], table, lens, rows, &out)?
             }
-            (Stored::F32, None) => unreachable!("a contiguous f32 cache returned above"),
+            (None, None) => unreachable!("a contiguous f32 cache returned above"),
         }
         out.heads()
     };
@@ -702,10 +665,12 @@ fn decode_into(
         ("DK", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ];
-    match stored {
-        Stored::Int8(_) => constants.push(("INT8", 1)),
-        Stored::F16(_) => constants.push(("F16", 1)),
-        Stored::F32 => {}
+    // The int8 and f16 builds (f32 storage is never `Some`: it is read through the views).
+    let format = stored.map(|s| s[0]);
+    match format {
+        Some(Storage::Int8(_)) => constants.push(("INT8", 1)),
+        Some(Storage::F16(_)) => constants.push(("F16", 1)),
+        _ => {}
     }
     // f32 caches whose rows start on four-word boundaries (the pools' rows too: a block is whole
     // rows) are read a vec4 per access, and so are such f16 caches where tiles are staged (rows
@@ -713,10 +678,10 @@ fn decode_into(
     // stay word reads (lavapipe: as fast as f32 with vec4s, 1.15-1.26x faster with words), and
     // int8 rows (D / 4 words and a scale) are not aligned.
     let aligned = inputs_on_vec4(&params, &[VIEW_K, VIEW_V], &s);
-    let vec4 = match stored {
-        Stored::F32 => aligned,
-        Stored::F16(_) => aligned && plan.staged,
-        Stored::Int8(_) => false,
+    let vec4 = match format {
+        None => aligned,
+        Some(Storage::F16(_)) => aligned && plan.staged,
+        Some(_) => false,
     };
     if vec4 {
         constants.push(("VEC4", 1));

@@ -512,14 +512,6 @@ impl Generator {
                 ),
             ));
         }
-        if cache.format == KvFormat::F16 && !head_dim.is_multiple_of(4) {
-            return Err(Error::shape(
-                "cache format",
-                format!(
-                    "f16 caches need a head_dim that is a multiple of 4; the model's is {head_dim}"
-                ),
-            ));
-        }
         let format = cache.format;
         let cache = match cache.layout {
             CacheLayout::Contiguous => Cache::Contiguous(Box::new(KvCache::with_format(
