@@ -8,7 +8,7 @@
 // rows are rows q_start[b] .. of a [rows, H, D] tensor, the starts after the lengths in lens.
 //
 // Paged caches (PAGE > 0): the cache is a pool [1, blocks * PAGE, H, D] and position p of sequence b
-// is pool row block_table[b * TABLE_STRIDE + p / PAGE] * PAGE + p % PAGE (ids checked on the host,
+// is pool row block_table[b * table_stride + p / PAGE] * PAGE + p % PAGE (ids checked on the host,
 // clamped here only against a stale table).
 
 struct Params {
@@ -24,13 +24,17 @@ struct Params {
     stride_h: u32,
     // 1: the new rows are packed (see above).
     packed: u32,
+    // Paged caches: block ids per sequence in the table, blocks in the pool (uniforms, so that a
+    // pool or table of another size compiles nothing).
+    table_stride: u32,
+    pool_blocks: u32,
     pad1: u32,
+    pad2: u32,
+    pad3: u32,
 }
 
 override WG: u32 = 64u;
 override PAGE: u32 = 0u;
-override TABLE_STRIDE: u32 = 1u;
-override POOL_BLOCKS: u32 = 1u;
 // PAGE as a divisor (never 0, which a constant division would reject even where unused).
 override PAGE_ROWS: u32 = max(PAGE, 1u);
 
@@ -38,7 +42,7 @@ override PAGE_ROWS: u32 = max(PAGE, 1u);
 // Binding 1, the rows read, is each kernel's own: a step's new rows (the appends, f32) or a cache
 // (the gathers: f32 values, or int8 words).
 @group(0) @binding(3) var<storage, read> lens: array<u32>;
-// [B, TABLE_STRIDE] block ids (PAGE > 0; another read-only buffer otherwise).
+// [B, table_stride] block ids (PAGE > 0; another read-only buffer otherwise).
 @group(0) @binding(4) var<storage, read> block_table: array<u32>;
 
 // What one invocation of a cache kernel owns in the row-major [batch, seq, heads, inner] grid it
@@ -71,7 +75,7 @@ fn is_new_row(b: u32, l: u32) -> bool {
 // The cache row (of the [B * max_len] rows, or the pool's) of position p of sequence b.
 fn position_row(b: u32, p: u32) -> u32 {
     if PAGE > 0u {
-        return min(block_table[b * TABLE_STRIDE + p / PAGE_ROWS], POOL_BLOCKS - 1u) * PAGE_ROWS + p % PAGE_ROWS;
+        return min(block_table[b * params.table_stride + p / PAGE_ROWS], params.pool_blocks - 1u) * PAGE_ROWS + p % PAGE_ROWS;
     }
     return b * params.max_len + p;
 }

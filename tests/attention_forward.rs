@@ -8,8 +8,8 @@ use common::*;
 use wgpu_attention::reference::attention as reference;
 use wgpu_attention::{
     attention_forward, attention_forward_into, attention_forward_plan, attention_forward_unfused,
-    attention_probabilities, AttentionOptions, Context, ContextOptions, ForwardViews, GpuTensor,
-    KernelFamily,
+    attention_probabilities, AttentionOptions, Context, ContextOptions, Error, ForwardViews,
+    GpuTensor, KernelFamily,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -555,18 +555,30 @@ fn gpu_family_forward_fits_the_default_workgroup_storage() {
 }
 
 #[test]
-fn dispatch_beyond_65535_workgroups() {
-    // The smallest workgroups of the GPU and tensor-core families: the defaults (256 invocations on
-    // 64 query rows) ran this test 3.7x longer (180 s against 49 s on lavapipe and llvmpipe, warm), on query rows that do not exist.
-    let smallest = |mut opts: ContextOptions| {
+fn dispatch_beyond_the_workgroups_per_dimension() {
+    // A device that allows 128 workgroups per dimension (ContextOptions): the grid has rows of 128
+    // and a partly used last one, as 65535 would have on any adapter, at 300 workgroups instead of
+    // 70 000 (which took 49 s on lavapipe and llvmpipe, warm). The smallest workgroups of the GPU
+    // and tensor-core families: one query block per (batch, head).
+    let small_grid = |opts: ContextOptions| {
+        let mut opts = opts.max_workgroups_per_dimension(128);
         opts.tiled_shapes[0] = Some((32, 16, 8));
         opts.coop_forward_shape = Some((1, 16));
         opts
     };
-    for_each_forward_family_with_options(smallest, |backend, ctx| {
-        // B * H = 70_000 (batch, head) pairs with one query block each.
-        let case = Case::new(70, 2, 3, 1000, 1000, 4, 4);
+    for_each_forward_family_with_options(small_grid, |backend, ctx| {
+        assert_eq!(ctx.limits().max_compute_workgroups_per_dimension, 128);
+        // B * H = 300 (batch, head) pairs with one query block each: a grid of 128 x 3.
+        let case = Case::new(3, 2, 3, 100, 100, 4, 4);
         check(backend, ctx, &case, Path::Fused);
+        // More workgroups than 128 x 128: a typed error, nothing dispatched.
+        let over = Case::new(1, 2, 3, 128 * 128 + 1, 1, 4, 4);
+        let [q, k, v, _] = over.upload(ctx);
+        let err = attention_forward(ctx, &q, &k, &v, &AttentionOptions::new()).unwrap_err();
+        assert!(
+            matches!(err, Error::Unsupported { arg, limit: 16384, .. } if arg.contains("workgroups")),
+            "[{backend}] {err}"
+        );
     });
 }
 

@@ -62,6 +62,12 @@ struct Params {
     split_keys: u32,
     // The host's record of PACKED_VIEWS (the kernels read the constant).
     packed_views: u32,
+    // Decode attention's paged cache: block ids per sequence in the block table, and blocks in the
+    // pool (uniforms, so that a pool or table of another size compiles nothing).
+    table_stride: u32,
+    pool_blocks: u32,
+    pad0: u32,
+    pad1: u32,
     rel_thresholds: array<vec4<u32>, 8>,
     // Per-head ALiBi slopes (FLAG_ALIBI_SLOPES), slope of head h at [h / 4][h % 4].
     alibi_slopes: array<vec4<f32>, 16>,

@@ -46,7 +46,7 @@
 // and modifiers see those positions.
 //
 // Paged caches (PAGE > 0): K and V are pools [1, blocks * PAGE, Hkv, D] shared by every sequence; key
-// j of sequence b is pool row block_table[b * TABLE_STRIDE + j / PAGE] * PAGE + j % PAGE. Block ids
+// j of sequence b is pool row block_table[b * table_stride + j / PAGE] * PAGE + j % PAGE. Block ids
 // are checked on the host; the clamp only keeps a stale table from reading past the pool.
 
 override WG: u32 = 64u;
@@ -76,11 +76,9 @@ override K_TILE: u32 = select(1u, WG * KS, STAGED);
 override V_TILE: u32 = select(1u, WG * DV4, STAGED);
 override V_SCALES: u32 = select(1u, WG, INT8 && !STAGED);
 
-// Rows per cache block (0: a contiguous cache [B, max_len, Hkv, D]), block ids per sequence in the
-// table, and blocks in the pool.
+// Rows per cache block (0: a contiguous cache [B, max_len, Hkv, D]); the table's block ids per
+// sequence and the pool's blocks are params.table_stride and params.pool_blocks.
 override PAGE: u32 = 0u;
-override TABLE_STRIDE: u32 = 1u;
-override POOL_BLOCKS: u32 = 1u;
 // PAGE as a divisor (never 0, which a constant division would reject even where unused).
 override PAGE_ROWS: u32 = max(PAGE, 1u);
 // K and V rows are int8 with a scale (DK and DV multiples of 4).
@@ -99,7 +97,7 @@ override TREE: bool = false;
 // and staged f16 caches whose rows start on four-word boundaries).
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
-// The paged cache's block table [B, TABLE_STRIDE] (PAGE > 0; another read-only buffer otherwise).
+// The paged cache's block table [B, table_stride] (PAGE > 0; another read-only buffer otherwise).
 @group(0) @binding(7) var<storage, read> block_table: array<u32>;
 
 var<workgroup> q_tile: array<vec4<f32>, ROWS * DK4>;
@@ -143,7 +141,7 @@ fn cache_row(b: u32, j: u32) -> u32 {
     if PAGE == 0u {
         return j;
     }
-    let block = min(block_table[b * TABLE_STRIDE + j / PAGE_ROWS], POOL_BLOCKS - 1u);
+    let block = min(block_table[b * params.table_stride + j / PAGE_ROWS], params.pool_blocks - 1u);
     return block * PAGE_ROWS + j % PAGE_ROWS;
 }
 

@@ -214,6 +214,11 @@ impl Context {
         limits.max_storage_buffers_per_shader_stage = offered.max_storage_buffers_per_shader_stage;
         limits.max_compute_workgroup_size_x = offered.max_compute_workgroup_size_x;
         limits.max_compute_workgroup_size_y = offered.max_compute_workgroup_size_y;
+        if let Some(workgroups) = options.max_workgroups_per_dimension {
+            limits.max_compute_workgroups_per_dimension = workgroups
+                .min(offered.max_compute_workgroups_per_dimension)
+                .max(1);
+        }
         let features = adapter.features() & WANTED_FEATURES;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
@@ -441,6 +446,15 @@ impl Context {
         &self.report.limits
     }
 
+    /// `total` workgroups as a 2-D grid within the device's workgroups per dimension
+    /// ([`grid_2d`]).
+    pub(crate) fn grid_2d(&self, total: u32) -> (u32, u32) {
+        grid_2d(
+            total,
+            self.report.limits.max_compute_workgroups_per_dimension,
+        )
+    }
+
     /// Whether the adapter is a CPU driver (lavapipe, llvmpipe, WARP), which runs workgroups as SIMD
     /// loops on host threads: kernels pick their shapes for it differently.
     pub fn is_cpu(&self) -> bool {
@@ -549,13 +563,13 @@ impl fmt::Debug for Context {
     }
 }
 
-/// Splits `total` workgroups into a 2-D grid within the 65535-per-dimension limit.
-/// Returns (x, y); kernels linearise with `wg.y * grid_x + wg.x` and skip ids >= total.
-pub(crate) fn grid_2d(total: u32) -> (u32, u32) {
-    const MAX: u32 = 65535;
-    if total <= MAX {
+/// Splits `total` workgroups into a 2-D grid of at most `max` per dimension: (x, y), x = `max`
+/// where one row is not enough. Kernels linearise with `wg.y * grid_x + wg.x` and skip ids >= total.
+pub(crate) fn grid_2d(total: u32, max: u32) -> (u32, u32) {
+    let max = max.max(1);
+    if total <= max {
         (total.max(1), 1)
     } else {
-        (MAX, total.div_ceil(MAX))
+        (max, total.div_ceil(max))
     }
 }

@@ -25,6 +25,10 @@ pub struct ContextOptions {
     /// Request at most this much workgroup storage per workgroup (bytes), to run the kernels as on
     /// a smaller device (WebGPU's default limit is 16384). `None`: what the adapter offers.
     pub max_workgroup_storage: Option<u32>,
+    /// Request at most this many workgroups per dimension of a dispatch, to run the kernels as on a
+    /// device with that limit (WebGPU's default and most adapters': 65535); kernels lay their
+    /// workgroups out in a 2-D grid within it. `None`: WebGPU's default.
+    pub max_workgroups_per_dimension: Option<u32>,
     /// The fused attention kernel family
     /// ([`Context::set_kernel_family`](super::Context::set_kernel_family)). `None`: by adapter
     /// class.
@@ -290,6 +294,12 @@ impl ContextOptions {
     /// Sets [`ContextOptions::max_workgroup_storage`].
     pub fn max_workgroup_storage(mut self, bytes: u32) -> Self {
         self.max_workgroup_storage = Some(bytes);
+        self
+    }
+
+    /// Sets [`ContextOptions::max_workgroups_per_dimension`].
+    pub fn max_workgroups_per_dimension(mut self, workgroups: u32) -> Self {
+        self.max_workgroups_per_dimension = Some(workgroups);
         self
     }
 

@@ -93,7 +93,7 @@ fn check(
         rows: rows as u32,
         classes: classes as u32,
         ignore_index: ignore_index.unwrap_or(u32::MAX),
-        grid_x: grid_x(rows),
+        grid_x: grid_x(ctx, rows),
     })
 }
 

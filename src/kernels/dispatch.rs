@@ -1,7 +1,7 @@
 //! Recording of the simple kernels (one invocation per row, column or element): a cached pipeline, a
 //! uniform parameter block at binding 0 and whole tensors from binding 1 on, in one compute pass.
 
-use crate::device::{grid_2d, Context, StorageBinding};
+use crate::device::{Context, StorageBinding};
 use crate::tensor::{GpuTensor, GpuTokens, Region};
 
 /// What a simple kernel binds: a tensor's range of its buffer, or a whole buffer.
@@ -42,8 +42,8 @@ pub(crate) fn invocation_groups(invocations: usize) -> u32 {
 }
 
 /// The `grid_x` a shader needs to linearise a 2-D grid covering `invocations`.
-pub(crate) fn grid_x(invocations: usize) -> u32 {
-    grid_2d(invocation_groups(invocations)).0
+pub(crate) fn grid_x(ctx: &Context, invocations: usize) -> u32 {
+    ctx.grid_2d(invocation_groups(invocations)).0
 }
 
 /// Splits a kernel's long loop of `steps` iterations into chunks that each stay within the context's
@@ -129,7 +129,7 @@ pub(crate) fn encode_workgroups_in(
         .map(|(i, t)| t.bound_region().bind(i as u32 + 1))
         .collect();
     let bind_group = ctx.bind_group(&pipeline, name, params, &storage);
-    let (gx, gy) = grid_2d(workgroups.max(1));
+    let (gx, gy) = ctx.grid_2d(workgroups.max(1));
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(gx, gy, 1);
@@ -171,7 +171,7 @@ pub(crate) fn encode_column_reduction_in(
             row_begin: begin,
             row_end: end,
             accumulate: (index > 0) as u32,
-            grid_x: grid_x(cols),
+            grid_x: grid_x(ctx, cols),
             pad: [0; 2],
         };
         encode_in(

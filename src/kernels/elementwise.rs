@@ -70,7 +70,7 @@ fn params(ctx: &Context, arg: &'static str, t: &GpuTensor) -> Result<Params> {
     check_binding(ctx, arg, t.size_bytes())?;
     Ok(Params {
         len: t.len() as u32,
-        grid_x: grid_x(t.len()),
+        grid_x: grid_x(ctx, t.len()),
     })
 }
 
@@ -258,7 +258,7 @@ fn gated_shape(ctx: &Context, gate_up: &GpuTensor) -> Result<(GatedParams, Vec<u
     let params = GatedParams {
         rows: rows as u32,
         width: width as u32,
-        grid_x: grid_x(rows * width),
+        grid_x: grid_x(ctx, rows * width),
         pad: 0,
     };
     Ok((params, shape))

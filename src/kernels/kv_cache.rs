@@ -62,7 +62,10 @@ struct AppendParams {
     stride_s: u32,
     stride_h: u32,
     packed: u32,
-    pad: u32,
+    /// Paged caches: the block table's stride and the pool's blocks ([`BlockTable::layout`]).
+    table_stride: u32,
+    pool_blocks: u32,
+    pad: [u32; 3],
 }
 
 /// The block table of a paged key/value cache on the GPU: for each of `slots` sequences, `stride`
@@ -165,13 +168,16 @@ impl BlockTable {
         self.ids.buffer()
     }
 
-    /// The kernels' override constants.
-    pub(crate) fn constants(&self) -> [(&'static str, u32); 3] {
-        [
-            ("PAGE", self.page as u32),
-            ("TABLE_STRIDE", self.stride as u32),
-            ("POOL_BLOCKS", self.pool_blocks as u32),
-        ]
+    /// The kernels' override constant: the page, which their code divides by. The table's size
+    /// and the pool's are uniforms ([`BlockTable::layout`]), so that tables and pools of any size
+    /// share pipelines.
+    pub(crate) fn constants(&self) -> [(&'static str, u32); 1] {
+        [("PAGE", self.page as u32)]
+    }
+
+    /// The kernels' uniforms: block ids per sequence, blocks in the pool.
+    pub(crate) fn layout(&self) -> [u32; 2] {
+        [self.stride as u32, self.pool_blocks as u32]
     }
 }
 
@@ -590,19 +596,22 @@ impl Gather<'_> {
     ) {
         let [b, h, d] = self.dims;
         let [view_offset, stride_s, stride_h] = self.view;
+        let [table_stride, pool_blocks] = self.table.map_or([0, 0], BlockTable::layout);
         let params = AppendParams {
             batch: b as u32,
             seq: rows as u32,
             heads: h as u32,
             dim: d as u32,
             max_len: self.max_len as u32,
-            grid_x: grid_x(self.invocations),
+            grid_x: grid_x(ctx, self.invocations),
             view_offset,
             stride_b: 0,
             stride_s,
             stride_h,
             packed: 0,
-            pad: 0,
+            table_stride,
+            pool_blocks,
+            pad: [0; 3],
         };
         // A contiguous cache binds the lengths where the table would be (the shader does not read it).
         let (constants, table_buffer) = match self.table {
@@ -729,19 +738,22 @@ fn append(
         Storage::Int8(_) => ("kv_cache_append_int8", APPEND_INT8, b * l * h),
         Storage::F16(_) => ("kv_cache_append_f16", APPEND_F16, b * l * h * d / 2),
     };
+    let [table_stride, pool_blocks] = table.map_or([0, 0], BlockTable::layout);
     let params = AppendParams {
         batch: b as u32,
         seq: l as u32,
         heads: h as u32,
         dim: d as u32,
         max_len: max_len as u32,
-        grid_x: grid_x(n),
+        grid_x: grid_x(ctx, n),
         view_offset: narrow(new.offset())?,
         stride_b: narrow(sb)?,
         stride_s: narrow(ss)?,
         stride_h: narrow(sh)?,
         packed: new.packed_side().is_some() as u32,
-        pad: 0,
+        table_stride,
+        pool_blocks,
+        pad: [0; 3],
     };
     // A contiguous cache binds the lengths where the table would be (the shader does not read it).
     let (constants, table_buffer) = match table {
@@ -782,7 +794,8 @@ pub(crate) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
             stride_s,
             stride_h,
             packed,
-            pad,
+            table_stride,
+            pool_blocks,
         }
     );
     append.also_read_by(&[

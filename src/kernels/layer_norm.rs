@@ -13,7 +13,7 @@
 //! Both families are deterministic and tested against the same reference.
 //! CPU reference: [`crate::reference::layer_norm`].
 
-use crate::device::{grid_2d, Context, KernelFamily};
+use crate::device::{Context, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_tensors};
 use crate::kernels::dispatch::{
@@ -236,7 +236,7 @@ fn norm_forward_into(
         rows: rows as u32,
         cols: cols as u32,
         eps,
-        grid_x: grid_2d(workgroups).0,
+        grid_x: ctx.grid_2d(workgroups).0,
     };
     let mut pass = ctx.begin_pass(encoder, "layer_norm_forward");
     // RMSNorm binds gamma where beta would be; the shader does not read it.
@@ -378,7 +378,7 @@ fn norm_backward_add_into(
         rows: rows as u32,
         cols: cols as u32,
         has_residual: residual.is_some() as u32,
-        grid_x: grid_2d(workgroups).0,
+        grid_x: ctx.grid_2d(workgroups).0,
     };
     // dx and the parameter gradients in one pass: independent dispatches over rows and columns.
     let mut pass = ctx.begin_pass(encoder, "layer_norm_backward");
@@ -424,7 +424,7 @@ fn norm_backward_add_into(
         rows: rows as u32,
         cols: cols as u32,
         blocks: blocks as u32,
-        grid_x: grid_x(blocks * cols),
+        grid_x: grid_x(ctx, blocks * cols),
     };
     let mut constants = centered.to_vec();
     constants.push(("BLOCK_ROWS", BLOCK_ROWS as u32));

@@ -2,7 +2,7 @@
 //! baseline and the Linear layer (bias, activation and residual epilogues).
 //! `C[z] = alpha * sum_g A[z, g] · B[z, g]` with every operand addressed by strides.
 
-use crate::device::{grid_2d, Context, GemmTiles, KernelFamily};
+use crate::device::{Context, GemmTiles, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::attention::matrix_build;
 use crate::kernels::elementwise::Activation;
@@ -790,7 +790,7 @@ fn encode_one(
     };
     let total = (tiles_m as u64) * (tiles_n as u64) * (g.batch as u64) * (g.heads as u64);
     let total = total as u32;
-    let (gx, gy) = grid_2d(total);
+    let (gx, gy) = ctx.grid_2d(total);
     let params = GemmParams {
         m: g.m,
         n: g.n,

@@ -498,7 +498,7 @@ impl AdamW {
                 count: (group.end - group.first) as u32,
                 partials: group.partials as u32,
                 partial_base: group.partial_base as u32,
-                grid_x: grid_x(group.partials),
+                grid_x: grid_x(ctx, group.partials),
                 pad: [0; 3],
             };
             encode_in(
@@ -555,7 +555,7 @@ impl AdamW {
                 first: group.first as u32,
                 count: (group.end - group.first) as u32,
                 runs: group.runs as u32,
-                grid_x: grid_x(group.runs),
+                grid_x: grid_x(ctx, group.runs),
                 lr: c.lr,
                 beta1: c.beta1,
                 beta2: c.beta2,

@@ -288,7 +288,7 @@ fn record(
         offset: offset as u32,
         interleaved: (table.layout == RopeLayout::Interleaved) as u32,
         sign,
-        grid_x: grid_x(invocations),
+        grid_x: grid_x(ctx, invocations),
         view_offset: narrow(x.offset())?,
         stride_b: narrow(sb)?,
         stride_s: narrow(ss)?,

@@ -3,7 +3,7 @@
 //! the chosen ids written. CPU reference: [`crate::reference::sampling`] (the same uniform draws,
 //! the distribution in f64).
 
-use crate::device::{grid_2d, Context};
+use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
 use crate::kernels::dispatch::Bindable;
@@ -192,7 +192,7 @@ fn record(
         ));
     }
     check_binding(ctx, "logits", logits.size_bytes())?;
-    let (gx, gy) = grid_2d(batch as u32);
+    let (gx, gy) = ctx.grid_2d(batch as u32);
     let params = SamplingParams {
         batch: batch as u32,
         vocab: vocab as u32,

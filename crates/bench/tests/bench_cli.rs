@@ -376,7 +376,8 @@ fn transformer_varlen_compile_only_builds_what_the_run_uses() {
 }
 
 /// `generate-bench --page --compile-only` builds every pipeline the contiguous and paged generations
-/// of a real run use, its pool sized as the run's (the microbenchmarks off). It builds more:
+/// of a real run use (the microbenchmarks off; a pool's and a block table's sizes are uniforms, so
+/// they compile nothing of their own). It builds more:
 /// `Generator::precompile` covers any request (per-row sampling, packed prefill rows).
 #[test]
 fn generate_paged_compile_only_builds_what_the_run_uses() {

@@ -179,7 +179,7 @@ pub fn additive_backward_into(
         bind_tensor(ctx, "workspace", workspace)?,
     ];
     let elements = rows.max(h * dda);
-    let grid = set_grid(&mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+    let grid = set_grid(ctx, &mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
     encode_kernel(
         ctx,
         &mut pass,
@@ -216,7 +216,7 @@ pub fn additive_backward_into(
     let rows_per_group = (WG / lanes) as usize;
     let tile = staged_tile(ctx, &s, lanes);
     let constants = backward_constants(&s, tile, lanes);
-    let grid = set_grid(&mut params, lq.div_ceil(rows_per_group), bb * h)?;
+    let grid = set_grid(ctx, &mut params, lq.div_ceil(rows_per_group), bb * h)?;
     let (per_key, fixed) = AdditiveKernel::BackwardQuerySide.loop_cost(dda, ddv, tile, lanes);
     let chunks = loop_chunks(ctx, lk, per_key, fixed, tile as usize);
     encode_chunks(
@@ -247,7 +247,7 @@ pub fn additive_backward_into(
     ];
     let outputs = bind_output_pair(ctx, [("db", db, VIEW_DK), ("dv", dv, VIEW_DV)], &mut params)?;
     let bindings: Vec<_> = bindings.into_iter().chain(outputs).collect();
-    let grid = set_grid(&mut params, lk.div_ceil(rows_per_group), bb * h)?;
+    let grid = set_grid(ctx, &mut params, lk.div_ceil(rows_per_group), bb * h)?;
     let (per_query, fixed) = AdditiveKernel::BackwardKeySide.loop_cost(dda, ddv, tile, lanes);
     let chunks = loop_chunks(ctx, lq, per_query, fixed, tile as usize);
     encode_chunks(
@@ -289,6 +289,7 @@ pub(super) fn encode_param_grads(
         bind_tensor(ctx, "dbias", dbias)?,
     ];
     let grid = set_grid(
+        ctx,
         &mut params,
         (s.heads * s.head_dim_qk).div_ceil(SIMPLE_WG as usize),
         1,

@@ -146,7 +146,7 @@ fn encode_forward(
     if !decoding {
         constants.push(("OWN_IN_WORKGROUP", own_in_workgroup as u32));
     }
-    let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
+    let grid = set_grid(ctx, &mut params, blocks, s.batch * s.heads)?;
     let (per_key, fixed) = kernel.loop_cost(s.head_dim_qk, s.head_dim_v, tile, 1);
     let chunks = loop_chunks(ctx, s.kv_seq, per_key, fixed, align as usize);
     let mut pass = ctx.begin_pass(encoder, name);

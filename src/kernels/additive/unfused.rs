@@ -133,7 +133,7 @@ fn encode_scores(
             None => dummy,
         },
     ];
-    let grid = set_grid(&mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+    let grid = set_grid(ctx, &mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
     encode_kernel(
         ctx,
         pass,
@@ -231,6 +231,7 @@ pub fn additive_backward_unfused(
             ];
             let (rows, other) = if query_side { (lq, lk) } else { (lk, lq) };
             let grid = set_grid(
+                ctx,
                 &mut params,
                 (bb * rows * h * dda).div_ceil(SIMPLE_WG as usize),
                 1,

@@ -307,7 +307,7 @@ pub(super) fn encode_gradient(
             (s.q_seq.div_ceil(kernel.block), s.batch * s.heads, s.kv_seq)
         }
     };
-    let grid = set_grid(&mut params, blocks, entries)?;
+    let grid = set_grid(ctx, &mut params, blocks, entries)?;
     let chunks = loop_chunks(ctx, steps, kernel.cost.0, kernel.cost.1, kernel.align);
     encode_fused_chunks(
         ctx,
@@ -488,7 +488,7 @@ pub(super) fn encode_backward_core(
             bind_tensor(ctx, "workspace", workspace)?,
         ];
         let rows_total = s.batch * s.heads * s.q_seq;
-        let grid = set_grid(&mut params, rows_total.div_ceil(SIMPLE_WG as usize), 1)?;
+        let grid = set_grid(ctx, &mut params, rows_total.div_ceil(SIMPLE_WG as usize), 1)?;
         encode_kernel(
             ctx,
             &mut pass,

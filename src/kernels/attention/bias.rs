@@ -289,7 +289,7 @@ pub fn attention_bias_backward_into(
     params.splits = splits as u32;
     let mut bindings = bind_backward_inputs(ctx, &mut params, [&q, &k, v, d_out], workspace)?;
     bindings.push(bind_tensor(ctx, "d_bias", d_bias)?);
-    let grid = set_grid(&mut params, row_blocks * splits, slices)?;
+    let grid = set_grid(ctx, &mut params, row_blocks * splits, slices)?;
     // The grid is linearised as (slice, row block, split); `blocks` counts row blocks.
     params.blocks = row_blocks as u32;
     let chunks = loop_chunks(

@@ -3,7 +3,7 @@
 
 use super::options::AttentionOptions;
 use super::variant::FusedVariant;
-use crate::device::{grid_2d, Context, StorageBinding};
+use crate::device::{Context, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
 use crate::spec::AttentionShape;
@@ -61,6 +61,10 @@ pub(crate) struct Params {
     /// One bit per packed view (`1 << VIEW_*`), whose sequences start at the rows in `seq_lens`:
     /// [`encode_kernel`] specialises the pipeline with it (`PACKED_VIEWS`).
     pub(super) packed_views: u32,
+    /// Decode attention's paged cache: block ids per sequence, blocks in the pool.
+    pub(super) table_stride: u32,
+    pub(super) pool_blocks: u32,
+    pub(super) pad: [u32; 2],
     pub(super) rel_thresholds: [[u32; 4]; MAX_REL_THRESHOLDS / 4],
     pub(super) alibi_slopes: [[f32; 4]; MAX_ALIBI_SLOPES / 4],
     pub(super) views: [ViewParams; 8],
@@ -332,10 +336,18 @@ pub(crate) fn base_params(
     params
 }
 
-/// Sets the 2-D grid for `blocks` workgroups per (batch, head) group of `groups`.
-pub(crate) fn set_grid(params: &mut Params, blocks: usize, groups: usize) -> Result<(u32, u32)> {
+/// Sets the 2-D grid for `blocks` workgroups per (batch, head) group of `groups`, within the
+/// device's workgroups per dimension.
+pub(crate) fn set_grid(
+    ctx: &Context,
+    params: &mut Params,
+    blocks: usize,
+    groups: usize,
+) -> Result<(u32, u32)> {
     let total = blocks as u64 * groups as u64;
-    let max = 65535u64 * 65535u64;
+    // A 2-D grid within the device's limit per dimension, and a u32 count for the shader.
+    let per_dimension = ctx.limits().max_compute_workgroups_per_dimension.max(1) as u64;
+    let max = (per_dimension * per_dimension).min(u32::MAX as u64);
     if total > max {
         return Err(Error::Unsupported {
             arg: "workgroups (batch * heads * sequence blocks)",
@@ -346,7 +358,7 @@ pub(crate) fn set_grid(params: &mut Params, blocks: usize, groups: usize) -> Res
     }
     params.blocks = blocks as u32;
     params.total_groups = total as u32;
-    let (gx, gy) = grid_2d(total as u32);
+    let (gx, gy) = ctx.grid_2d(total as u32);
     params.grid_x = gx;
     Ok((gx, gy))
 }
@@ -594,7 +606,7 @@ pub(super) fn uniform_layouts() -> Vec<crate::kernels::uniforms::UniformLayout> 
                 total_groups, chunk_begin, chunk_end, accumulate, splits, softcap, window_left,
                 window_right, bias_offset, bias_strides, bias_batch, bias_heads, rel_buckets,
                 rel_exact, rel_threshold_vec4s, rel_table_stride, split_keys, packed_views,
-                rel_thresholds, alibi_slopes,
+                table_stride, pool_blocks, rel_thresholds, alibi_slopes,
             }
             nested { views }
             constants {

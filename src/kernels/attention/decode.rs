@@ -649,7 +649,12 @@ fn decode_into(
     let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
     let k_binding = bind_view(ctx, "k_cache", k_cache, VIEW_K, &mut params)?;
     let v_binding = bind_view(ctx, "v_cache", v_cache, VIEW_V, &mut params)?;
-    let grid = set_grid(&mut params, plan.blocks, plan.splits * s.batch * s.kv_heads)?;
+    let grid = set_grid(
+        ctx,
+        &mut params,
+        plan.blocks,
+        plan.splits * s.batch * s.kv_heads,
+    )?;
     let scratch = split_scratch(ctx, &s, plan.splits)?;
     let partials = scratch.as_ref().map(|scratch| scratch.bind(&mut params));
     let [o_binding, lse_binding] = match partials {
@@ -697,6 +702,7 @@ fn decode_into(
     let table_binding = match table {
         Some(t) => {
             constants.extend(t.constants());
+            [params.table_stride, params.pool_blocks] = t.layout();
             Binding {
                 buffer: t.buffer(),
                 offset_bytes: 0,

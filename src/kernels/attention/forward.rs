@@ -229,7 +229,7 @@ pub(super) fn encode_forward_cpu_family(
     ];
     let wg = workgroup_size(ctx, false, call.choice.workgroup);
     let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
-    let grid = set_grid(&mut params, blocks, s.batch * s.heads)?;
+    let grid = set_grid(ctx, &mut params, blocks, s.batch * s.heads)?;
     let chunks = forward_chunks(ctx, s, block_n);
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
     let shared = Shared::scores(ctx, opts)?;

@@ -245,7 +245,7 @@ pub(super) fn encode_split_forward(
     let v_binding = bind_view(ctx, "v", v, VIEW_V, &mut params)?;
     let vec4_inputs = inputs_on_vec4(&params, &[VIEW_Q, VIEW_K, VIEW_V], s);
     let blocks = s.q_seq.div_ceil(kernel.block_m);
-    let grid = set_grid(&mut params, blocks, splits * s.batch * s.heads)?;
+    let grid = set_grid(ctx, &mut params, blocks, splits * s.batch * s.heads)?;
     let dtype = q.dtype();
     let mut pass = ctx.begin_pass(encoder, "attention_forward");
     let scratch = split_scratch(ctx, s, splits)?;
@@ -358,7 +358,7 @@ pub(super) fn encode_split_merge(
     let mut merge = base_params(s, scale, opts);
     merge.splits = splits as u32;
     let elements = s.batch * s.q_seq * s.heads * s.head_dim_v;
-    let grid = set_grid(&mut merge, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+    let grid = set_grid(ctx, &mut merge, elements.div_ceil(SIMPLE_WG as usize), 1)?;
     let bindings = [
         partial_o,
         partial_lse,

@@ -90,7 +90,7 @@ pub fn attention_probabilities_into(
         bind_tensor(ctx, "lse", lse)?,
         bind_tensor(ctx, "out", out)?,
     ];
-    let grid = set_grid(&mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+    let grid = set_grid(ctx, &mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
     let mut pass = ctx.begin_pass(encoder, "attention_probabilities");
     encode_kernel(
         ctx,

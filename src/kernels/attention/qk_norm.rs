@@ -107,7 +107,7 @@ fn record(
         dim: d as u32,
         mode,
         clip,
-        grid_x: crate::kernels::dispatch::grid_x(rows),
+        grid_x: crate::kernels::dispatch::grid_x(ctx, rows),
         pad: 0,
         // Whole buffers are bound, so views keep their own offsets.
         x: view_params("q/k", x, 0)?,

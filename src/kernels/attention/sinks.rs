@@ -53,7 +53,7 @@ pub(super) fn encode_forward(
         bind_tensor(ctx, "sinks", sinks)?,
     ];
     let rows = s.batch * s.heads * s.q_seq;
-    let grid = set_grid(&mut params, rows.div_ceil(SIMPLE_WG as usize), 1)?;
+    let grid = set_grid(ctx, &mut params, rows.div_ceil(SIMPLE_WG as usize), 1)?;
     let mut pass = ctx.begin_pass(encoder, "attention_sinks");
     encode_kernel(
         ctx,
@@ -114,7 +114,7 @@ pub fn attention_sinks_backward_into(
         bind_tensor(ctx, "sinks", sinks)?,
         bind_tensor(ctx, "d_sinks", d_sinks)?,
     ];
-    let grid = set_grid(&mut params, s.heads, 1)?;
+    let grid = set_grid(ctx, &mut params, s.heads, 1)?;
     let mut pass = ctx.begin_pass(encoder, "attention_sinks_backward");
     encode_kernel(
         ctx,

@@ -88,7 +88,7 @@ pub(crate) fn encode_unfused_output_grads(
         },
     )?;
     let mut params = base_params(s, 1.0, opts);
-    let grid = set_grid(&mut params, s.batch * s.heads * lq, 1)?;
+    let grid = set_grid(ctx, &mut params, s.batch * s.heads * lq, 1)?;
     let bindings = [
         bind_tensor(ctx, "probs", probs)?,
         bind_tensor(ctx, "dprobs", dprobs)?,
@@ -251,7 +251,7 @@ pub(crate) fn encode_softmax(
     } = call;
     let mut params = base_params(s, scale, opts);
     let rows = s.batch * s.heads * s.q_seq;
-    let grid = set_grid(&mut params, rows, 1)?;
+    let grid = set_grid(ctx, &mut params, rows, 1)?;
     let bindings = [
         bind_tensor(ctx, "scores", probs)?,
         bind_tensor(ctx, "lse", lse)?,
