@@ -248,11 +248,19 @@ fn gpu_matches_reference() {
         for case in cases() {
             check(ctx, name, &case);
         }
-        // The largest dims: staged tiles of 16 rows where the workgroup memory is 32 KiB.
-        check(ctx, name, &Case::new(1, 5, 40, 1, 1, 128, 128).causal());
+        // The largest dims: staged tiles of 16 rows where the workgroup memory is 32 KiB. On
+        // Vulkan only for the CPU-driver family, whose backward keeps a row per invocation: its
+        // two kernels take 28 s to compile there on a cold shader cache
+        // (`benchmarks/ci-time-2026-11-29/`), and GL runs the same WGSL.
+        if name.ends_with("/gpu") || name.starts_with("vulkan") {
+            check(ctx, name, &Case::new(1, 5, 40, 1, 1, 128, 128).causal());
+        }
         // Da 96 in 32 KiB: the GPU family's forward keeps its rows in workgroup memory beside an
-        // 8-row tile (the CPU drivers' in registers beside 32).
-        check(ctx, name, &Case::new(1, 5, 40, 1, 1, 96, 96).causal());
+        // 8-row tile (the CPU drivers keep theirs in registers beside 32 at every width, as at the
+        // widths above: 20 s of compile each back end for nothing new).
+        if name.ends_with("/gpu") {
+            check(ctx, name, &Case::new(1, 5, 40, 1, 1, 96, 96).causal());
+        }
     });
 }
 
@@ -280,16 +288,20 @@ fn long_loops_split_into_accumulating_dispatches_bitwise() {
 fn trusted_and_checked_kernels_agree_bitwise() {
     let mut runs = Vec::new();
     for trusted in [false, true] {
-        let mut results = Vec::new();
+        let results = std::sync::Mutex::new(Vec::new());
         for_each_family_with(
             |ctx| ctx.set_trusted_shaders(trusted),
             |name, ctx| {
-                for case in cases() {
-                    results.push(check(ctx, name, &case));
+                for (i, case) in cases().iter().enumerate() {
+                    let out = check(ctx, name, case);
+                    results.lock().unwrap().push((format!("{name} {i}"), out));
                 }
             },
         );
-        runs.push(results);
+        // The families ran at once: in the order of their names.
+        let mut results = results.into_inner().unwrap();
+        results.sort_by(|a, b| a.0.cmp(&b.0));
+        runs.push(results.into_iter().map(|(_, out)| out).collect::<Vec<_>>());
     }
     for (checked, trusted) in runs[0].iter().zip(&runs[1]) {
         for (x, y) in checked.iter().zip(trusted) {

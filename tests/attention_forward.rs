@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use std::sync::Mutex;
 use wgpu_attention::reference::attention as reference;
 use wgpu_attention::{
     attention_forward, attention_forward_into, attention_forward_plan, attention_forward_unfused,
@@ -433,19 +434,27 @@ fn permutation_properties() {
 /// (case label, O, lse) of fused forwards, per backend (and family) and case.
 type Outputs = Vec<(String, Vec<f32>, Vec<f32>)>;
 
-/// Checks the fused forward of every case against the reference and records its outputs.
-fn record_fused(results: &mut Outputs, backend: &str, ctx: &Context, cases: &[Case]) {
+/// Checks the fused forward of every case against the reference and records its outputs (the back
+/// ends run at once: `results` is sorted by label when read).
+fn record_fused(results: &Mutex<Outputs>, backend: &str, ctx: &Context, cases: &[Case]) {
     for case in cases {
         let (out, lse) = check(backend, ctx, case, Path::Fused);
-        results.push((format!("[{backend}] {}", case.label()), out, lse));
+        let label = format!("[{backend}] {}", case.label());
+        results.lock().unwrap().push((label, out, lse));
     }
 }
 
 /// The two settings' runs of the same cases give the same bits.
-fn assert_same_bits(first: &Outputs, second: &Outputs) {
+fn assert_same_bits(first: &Mutex<Outputs>, second: &Mutex<Outputs>) {
+    let sorted = |runs: &Mutex<Outputs>| {
+        let mut runs = std::mem::take(&mut *runs.lock().unwrap());
+        runs.sort_by(|a, b| a.0.cmp(&b.0));
+        runs
+    };
+    let (first, second) = (sorted(first), sorted(second));
     assert_eq!(first.len(), second.len());
     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    for (a, b) in first.iter().zip(second) {
+    for (a, b) in first.iter().zip(&second) {
         assert_eq!(a.0, b.0);
         assert_eq!(bits(&b.1), bits(&a.1), "{} out", b.0);
         assert_eq!(bits(&b.2), bits(&a.2), "{} lse", b.0);
@@ -465,7 +474,7 @@ fn subgroup_and_workgroup_row_maxima_agree_bitwise() {
             .kv_lens(&[90, 33]),
     ];
     let runs = [false, true].map(|subgroups| {
-        let mut results = Outputs::new();
+        let results = Mutex::new(Outputs::new());
         for_each_backend_with(
             |ctx| {
                 ctx.set_kernel_family(Some(KernelFamily::Gpu));
@@ -477,7 +486,7 @@ fn subgroup_and_workgroup_row_maxima_agree_bitwise() {
                 } else {
                     assert_eq!(ctx.subgroup_size(), None);
                 }
-                record_fused(&mut results, backend, ctx, &cases);
+                record_fused(&results, backend, ctx, &cases);
             },
         );
         results
@@ -500,7 +509,7 @@ fn cpu_family_subgroup_and_workgroup_quads_agree_bitwise() {
             .kv_lens(&[90, 33]),
     ];
     let runs = [false, true].map(|subgroups| {
-        let mut results = Outputs::new();
+        let results = Mutex::new(Outputs::new());
         for_each_backend_with(
             |ctx| {
                 ctx.set_kernel_family(Some(KernelFamily::CpuDriver));
@@ -511,7 +520,7 @@ fn cpu_family_subgroup_and_workgroup_quads_agree_bitwise() {
                 let expected = subgroups && ctx.subgroup_size() == Some(8);
                 assert_eq!(plan.subgroups, expected, "[{backend}] {plan}");
                 println!("[{backend}] {plan}");
-                record_fused(&mut results, backend, ctx, &cases);
+                record_fused(&results, backend, ctx, &cases);
             },
         );
         results
@@ -530,10 +539,10 @@ fn trusted_and_checked_forwards_agree_bitwise() {
             .kv_lens(&[90, 33]),
     ];
     let runs = [false, true].map(|trusted| {
-        let mut results = Outputs::new();
+        let results = Mutex::new(Outputs::new());
         for_each_family_with(
             |ctx| ctx.set_trusted_shaders(trusted),
-            |backend, ctx| record_fused(&mut results, backend, ctx, &cases),
+            |backend, ctx| record_fused(&results, backend, ctx, &cases),
         );
         results
     });

@@ -26,7 +26,8 @@ fn cache_path(test: &str) -> PathBuf {
 }
 
 /// Runs `f` on fresh lavapipe contexts made by `make` (mode, cache path).
-fn on_lavapipe(mut f: impl FnMut(&dyn Fn(TuningMode, Option<&Path>) -> Context)) {
+fn on_lavapipe(f: impl FnMut(&dyn Fn(TuningMode, Option<&Path>) -> Context) + Send) {
+    let f = std::sync::Mutex::new(f);
     for_each_backend(|name, shared| {
         if name != "vulkan" {
             return;
@@ -41,7 +42,7 @@ fn on_lavapipe(mut f: impl FnMut(&dyn Fn(TuningMode, Option<&Path>) -> Context))
                 opts
             })
         };
-        f(&make);
+        (f.lock().unwrap())(&make);
     });
 }
 

@@ -45,11 +45,34 @@ fn contexts_cell() -> &'static Vec<(String, Arc<Context>)> {
 
 /// Runs `f` once per back end under test, on its shared context, which no other test uses
 /// meanwhile (see [`usage_lock`]).
-pub fn for_each_backend(mut f: impl FnMut(&str, &Context)) {
-    for (index, (name, ctx)) in contexts_cell().iter().enumerate() {
-        let _guard = usage_lock(name, index, Some(&SHARED_LOCKS[index.min(LOCKS - 1)]));
-        f(name, ctx);
-    }
+pub fn for_each_backend(f: impl Fn(&str, &Context) + Sync) {
+    at_once(
+        contexts_cell().iter().enumerate(),
+        |(index, (name, ctx))| {
+            let _guard = usage_lock(name, index, Some(&SHARED_LOCKS[index.min(LOCKS - 1)]));
+            f(name, ctx);
+        },
+    );
+}
+
+/// Runs `run` on every item, each on a thread of its own, all at once, and re-raises the first
+/// panic. Each back end and kernel family has its own context, and lavapipe and llvmpipe compile a
+/// pipeline on the thread that submits its first dispatch: on a cold shader cache one test then
+/// compiles on every core, not one (`benchmarks/ci-time-2026-11-29/`). GL contexts still take turns
+/// ([`usage_lock`]).
+fn at_once<T: Send>(items: impl IntoIterator<Item = T>, run: impl Fn(T) + Sync) {
+    let run = &run;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = items
+            .into_iter()
+            .map(|item| scope.spawn(move || run(item)))
+            .collect();
+        for thread in threads {
+            if let Err(panic) = thread.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
 }
 
 /// The fused attention kernel families every attention test runs: both run on every adapter (the GPU
@@ -70,7 +93,7 @@ pub const FORWARD_FAMILIES: [KernelFamily; 3] = [
 /// with the same LLVM as lavapipe (where the whole matrix runs it), and each of its pipelines costs
 /// 2-6 s to compile on a cold cache (`benchmarks/ci-time-2026-11-27/`). `coop_forward_shape_override`
 /// still runs it on GL.
-fn in_family_matrix(backend: &str, family: KernelFamily) -> bool {
+pub fn in_family_matrix(backend: &str, family: KernelFamily) -> bool {
     !(backend == "gl" && family == KernelFamily::Coop)
 }
 
@@ -101,19 +124,19 @@ pub fn backward_tolerances(ctx: &Context) -> (f64, f64) {
 /// Runs `f` on a fresh context of every back end whose family matrix has the tensor-core family
 /// (Vulkan here), running it, adjusted by `configure`.
 pub fn for_tensor_core_family_with(
-    configure: impl Fn(&mut Context),
-    f: impl FnMut(&str, &Context),
+    configure: impl Fn(&mut Context) + Sync,
+    f: impl Fn(&str, &Context) + Sync,
 ) {
     each_family_with(&[KernelFamily::Coop], configure, f);
 }
 
 /// Runs `f` once per back end under test and forward kernel family ([`FORWARD_FAMILIES`]).
-pub fn for_each_forward_family(f: impl FnMut(&str, &Context)) {
+pub fn for_each_forward_family(f: impl Fn(&str, &Context) + Sync) {
     each_family(&FORWARD_FAMILIES, f);
 }
 
 /// [`for_each_forward_family`] on fresh contexts whose loop budget is `budget`.
-pub fn for_each_forward_family_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
+pub fn for_each_forward_family_with_loop_budget(budget: u32, f: impl Fn(&str, &Context) + Sync) {
     each_family_with(
         &FORWARD_FAMILIES,
         |ctx| ctx.set_loop_budget(Some(budget)),
@@ -148,39 +171,44 @@ fn family_contexts() -> &'static Vec<FamilyContext> {
 
 /// Runs `f` once per back end under test and fused attention kernel family; the name passed is
 /// `backend/family`.
-pub fn for_each_family(f: impl FnMut(&str, &Context)) {
+pub fn for_each_family(f: impl Fn(&str, &Context) + Sync) {
     each_family(&FAMILIES, f);
 }
 
 /// Runs `f` on the shared context of every back end and each of `families`.
-fn each_family(families: &[KernelFamily], mut f: impl FnMut(&str, &Context)) {
-    for (slot, (name, index, family, ctx)) in family_contexts().iter().enumerate() {
-        if families.contains(family) {
-            let backend = name.split('/').next().unwrap_or(name);
-            let own = &FAMILY_LOCKS[slot.min(FAMILY_LOCKS.len() - 1)];
-            let _guard = usage_lock(backend, *index, Some(own));
-            f(name, ctx);
-        }
-    }
+fn each_family(families: &[KernelFamily], f: impl Fn(&str, &Context) + Sync) {
+    let chosen = family_contexts()
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, _, family, _))| families.contains(family));
+    at_once(chosen, |(slot, (name, index, _, ctx))| {
+        let backend = name.split('/').next().unwrap_or(name);
+        let own = &FAMILY_LOCKS[slot.min(FAMILY_LOCKS.len() - 1)];
+        let _guard = usage_lock(backend, *index, Some(own));
+        f(name, ctx);
+    });
 }
 
 /// Like [`for_each_family`], on fresh contexts made with options `adjust` changed.
 pub fn for_each_family_with_options(
-    adjust: impl Fn(ContextOptions) -> ContextOptions,
-    f: impl FnMut(&str, &Context),
+    adjust: impl Fn(ContextOptions) -> ContextOptions + Sync,
+    f: impl Fn(&str, &Context) + Sync,
 ) {
     each_family_with_options(&FAMILIES, adjust, |_| {}, f);
 }
 
 /// Like [`for_each_family`], on fresh contexts that `configure` has adjusted.
-pub fn for_each_family_with(configure: impl Fn(&mut Context), f: impl FnMut(&str, &Context)) {
+pub fn for_each_family_with(
+    configure: impl Fn(&mut Context) + Sync,
+    f: impl Fn(&str, &Context) + Sync,
+) {
     each_family_with(&FAMILIES, configure, f);
 }
 
 /// Like [`for_each_forward_family`], on fresh contexts made with options `adjust` changed.
 pub fn for_each_forward_family_with_options(
-    adjust: impl Fn(ContextOptions) -> ContextOptions,
-    f: impl FnMut(&str, &Context),
+    adjust: impl Fn(ContextOptions) -> ContextOptions + Sync,
+    f: impl Fn(&str, &Context) + Sync,
 ) {
     each_family_with_options(&FORWARD_FAMILIES, adjust, |_| {}, f);
 }
@@ -188,8 +216,8 @@ pub fn for_each_forward_family_with_options(
 /// Runs `f` on a fresh context of every back end and each of `families`, adjusted by `configure`.
 fn each_family_with(
     families: &[KernelFamily],
-    configure: impl Fn(&mut Context),
-    f: impl FnMut(&str, &Context),
+    configure: impl Fn(&mut Context) + Sync,
+    f: impl Fn(&str, &Context) + Sync,
 ) {
     each_family_with_options(families, |opts| opts, configure, f);
 }
@@ -198,22 +226,26 @@ fn each_family_with(
 /// `adjust` changed, then adjusted by `configure`.
 fn each_family_with_options(
     families: &[KernelFamily],
-    adjust: impl Fn(ContextOptions) -> ContextOptions,
-    configure: impl Fn(&mut Context),
-    mut f: impl FnMut(&str, &Context),
+    adjust: impl Fn(ContextOptions) -> ContextOptions + Sync,
+    configure: impl Fn(&mut Context) + Sync,
+    f: impl Fn(&str, &Context) + Sync,
 ) {
-    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
+    let chosen = contexts_cell()
+        .iter()
+        .enumerate()
+        .flat_map(|(index, (name, shared))| {
+            families
+                .iter()
+                .filter(|&&family| in_family_matrix(name, family))
+                .map(move |&family| (index, name, shared, family))
+        });
+    at_once(chosen, |(index, name, shared, family)| {
         let _guard = usage_lock(name, index, None);
-        for &family in families {
-            if !in_family_matrix(name, family) {
-                continue;
-            }
-            let mut ctx = fresh_context_with_options(name, shared, &adjust);
-            ctx.set_kernel_family(Some(family));
-            configure(&mut ctx);
-            f(&format!("{name}/{}", family.name()), &ctx);
-        }
-    }
+        let mut ctx = fresh_context_with_options(name, shared, &adjust);
+        ctx.set_kernel_family(Some(family));
+        configure(&mut ctx);
+        f(&format!("{name}/{}", family.name()), &ctx);
+    });
 }
 
 /// A new context on the adapter of `shared` (`name`: its back end).
@@ -244,36 +276,42 @@ pub fn fresh_context_with_options(
 /// Like [`for_each_backend`], on a fresh context of each back end made with options `adjust`
 /// changed (given the back end's name).
 pub fn for_each_backend_with_options(
-    adjust: impl Fn(&str, ContextOptions) -> ContextOptions,
-    mut f: impl FnMut(&str, &Context),
+    adjust: impl Fn(&str, ContextOptions) -> ContextOptions + Sync,
+    f: impl Fn(&str, &Context) + Sync,
 ) {
-    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-        let _guard = usage_lock(name, index, None);
-        let ctx = fresh_context_with_options(name, shared, |opts| adjust(name, opts));
-        f(name, &ctx);
-    }
+    at_once(
+        contexts_cell().iter().enumerate(),
+        |(index, (name, shared))| {
+            let _guard = usage_lock(name, index, None);
+            let ctx = fresh_context_with_options(name, shared, |opts| adjust(name, opts));
+            f(name, &ctx);
+        },
+    );
 }
 
 /// Like [`for_each_backend`], on a fresh context of each back end that requested at most `bytes` of
 /// workgroup storage (WebGPU's default is 16384), with the GPU kernel family.
-pub fn for_each_backend_with_storage(bytes: u32, f: impl FnMut(&str, &Context)) {
+pub fn for_each_backend_with_storage(bytes: u32, f: impl Fn(&str, &Context) + Sync) {
     for_each_backend_with_storage_and(bytes, |_| {}, f);
 }
 
 /// [`for_each_backend_with_storage`] with each context adjusted by `configure` first.
 pub fn for_each_backend_with_storage_and(
     bytes: u32,
-    configure: impl Fn(&mut Context),
-    mut f: impl FnMut(&str, &Context),
+    configure: impl Fn(&mut Context) + Sync,
+    f: impl Fn(&str, &Context) + Sync,
 ) {
-    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-        let _guard = usage_lock(name, index, None);
-        let mut ctx = fresh_context_with_storage(name, shared, Some(bytes));
-        ctx.set_kernel_family(Some(KernelFamily::Gpu));
-        configure(&mut ctx);
-        assert!(ctx.limits().max_compute_workgroup_storage_size <= bytes);
-        f(name, &ctx);
-    }
+    at_once(
+        contexts_cell().iter().enumerate(),
+        |(index, (name, shared))| {
+            let _guard = usage_lock(name, index, None);
+            let mut ctx = fresh_context_with_storage(name, shared, Some(bytes));
+            ctx.set_kernel_family(Some(KernelFamily::Gpu));
+            configure(&mut ctx);
+            assert!(ctx.limits().max_compute_workgroup_storage_size <= bytes);
+            f(name, &ctx);
+        },
+    );
 }
 
 /// Locks kept per back end under test (more share the last).
@@ -305,24 +343,30 @@ fn usage_lock(
 }
 
 /// Like [`for_each_backend`], on a fresh context of each back end that `configure` has adjusted.
-pub fn for_each_backend_with(configure: impl Fn(&mut Context), mut f: impl FnMut(&str, &Context)) {
-    for (index, (name, shared)) in contexts_cell().iter().enumerate() {
-        let _guard = usage_lock(name, index, None);
-        let mut ctx = fresh_context(name, shared);
-        configure(&mut ctx);
-        f(name, &ctx);
-    }
+pub fn for_each_backend_with(
+    configure: impl Fn(&mut Context) + Sync,
+    f: impl Fn(&str, &Context) + Sync,
+) {
+    at_once(
+        contexts_cell().iter().enumerate(),
+        |(index, (name, shared))| {
+            let _guard = usage_lock(name, index, None);
+            let mut ctx = fresh_context(name, shared);
+            configure(&mut ctx);
+            f(name, &ctx);
+        },
+    );
 }
 
 /// Like [`for_each_backend`], on a fresh context of each back end whose loop budget is `budget`, so
 /// that kernels split their long loops into many dispatches (the path llvmpipe takes on long
 /// sequences) at test sizes.
-pub fn for_each_backend_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
+pub fn for_each_backend_with_loop_budget(budget: u32, f: impl Fn(&str, &Context) + Sync) {
     for_each_backend_with(|ctx| ctx.set_loop_budget(Some(budget)), f);
 }
 
 /// [`for_each_backend_with_loop_budget`] for every kernel family.
-pub fn for_each_family_with_loop_budget(budget: u32, f: impl FnMut(&str, &Context)) {
+pub fn for_each_family_with_loop_budget(budget: u32, f: impl Fn(&str, &Context) + Sync) {
     for_each_family_with(|ctx| ctx.set_loop_budget(Some(budget)), f);
 }
 

@@ -547,7 +547,10 @@ pub fn odd_size_cases() -> Vec<Case> {
             cases.push(case);
         }
     }
-    for d in [1, 3, 5, 17, 33] {
+    // One element, one vec4 and one more, eight and one more: each a fresh compile of every kernel
+    // of every family on a cold shader cache, so no more of them (3 and 17 added nothing 1, 5 and
+    // 33 do not cover).
+    for d in [1, 5, 33] {
         cases.push(Case::new(2, 9, 13, 2, 1, d, d));
     }
     cases

@@ -344,14 +344,14 @@ fn cpu_model_gradients_match_finite_differences() {
             // Parameters drawn like the GPU model's, without a GPU: the names and shapes come from a
             // CPU-only run of the reference with zero-filled maps is not possible, so build them on a
             // backend once.
-            let mut out = None;
+            let out = std::sync::OnceLock::new();
             for_each_backend(|_, ctx| {
-                if out.is_none() {
+                out.get_or_init(|| {
                     let model = Transformer::new(ctx, c, SHAPE, 11).unwrap();
-                    out = Some(host_params(ctx, &model));
-                }
+                    host_params(ctx, &model)
+                });
             });
-            out.unwrap()
+            out.into_inner().unwrap()
         };
         let b = padded_batch(5);
         let base = reference::forward_backward(&c, &SHAPE, &ctx_free_params, &b);
