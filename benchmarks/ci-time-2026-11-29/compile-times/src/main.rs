@@ -93,13 +93,14 @@ fn main() {
         let mut entries = Vec::new();
         let mut buffers = Vec::new();
         for (_, var) in module.global_variables.iter() {
-            let Some(binding) = &var.binding else { continue };
+            let Some(binding) = &var.binding else {
+                continue;
+            };
             let size = layouter[var.ty].size as u64;
             let (ty, size) = match var.space {
-                naga::AddressSpace::Uniform => (
-                    wgpu::BufferBindingType::Uniform,
-                    size.next_multiple_of(16),
-                ),
+                naga::AddressSpace::Uniform => {
+                    (wgpu::BufferBindingType::Uniform, size.next_multiple_of(16))
+                }
                 naga::AddressSpace::Storage { access } => (
                     wgpu::BufferBindingType::Storage {
                         read_only: !access.contains(naga::StorageAccess::STORE),
@@ -145,7 +146,10 @@ fn main() {
             module: &shader,
             entry_point: desc["entry_point"].as_str(),
             compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &constants.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(),
+                constants: &constants
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), *v))
+                    .collect::<Vec<_>>(),
                 zero_initialize_workgroup_memory: false,
             },
             cache: None,
