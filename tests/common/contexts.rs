@@ -250,14 +250,7 @@ fn each_family_with_options(
 
 /// A new context on the adapter of `shared` (`name`: its back end).
 pub fn fresh_context(name: &str, shared: &Context) -> Context {
-    fresh_context_with_storage(name, shared, None)
-}
-
-fn fresh_context_with_storage(name: &str, shared: &Context, storage: Option<u32>) -> Context {
-    fresh_context_with_options(name, shared, |mut opts| {
-        opts.max_workgroup_storage = storage;
-        opts
-    })
+    fresh_context_with_options(name, shared, |opts| opts)
 }
 
 /// A new context on the adapter of `shared` (`name`: its back end), with options `adjust` changed.
@@ -279,14 +272,7 @@ pub fn for_each_backend_with_options(
     adjust: impl Fn(&str, ContextOptions) -> ContextOptions + Sync,
     f: impl Fn(&str, &Context) + Sync,
 ) {
-    at_once(
-        contexts_cell().iter().enumerate(),
-        |(index, (name, shared))| {
-            let _guard = usage_lock(name, index, None);
-            let ctx = fresh_context_with_options(name, shared, |opts| adjust(name, opts));
-            f(name, &ctx);
-        },
-    );
+    each_backend_fresh(adjust, |_| {}, f);
 }
 
 /// Like [`for_each_backend`], on a fresh context of each back end that requested at most `bytes` of
@@ -301,14 +287,33 @@ pub fn for_each_backend_with_storage_and(
     configure: impl Fn(&mut Context) + Sync,
     f: impl Fn(&str, &Context) + Sync,
 ) {
+    each_backend_fresh(
+        |_, mut opts| {
+            opts.max_workgroup_storage = Some(bytes);
+            opts
+        },
+        |ctx| {
+            ctx.set_kernel_family(Some(KernelFamily::Gpu));
+            configure(ctx);
+            assert!(ctx.limits().max_compute_workgroup_storage_size <= bytes);
+        },
+        f,
+    );
+}
+
+/// Runs `f` on a fresh context of every back end, all at once, made with options `adjust` changed
+/// (given the back end's name), then adjusted by `configure`.
+fn each_backend_fresh(
+    adjust: impl Fn(&str, ContextOptions) -> ContextOptions + Sync,
+    configure: impl Fn(&mut Context) + Sync,
+    f: impl Fn(&str, &Context) + Sync,
+) {
     at_once(
         contexts_cell().iter().enumerate(),
         |(index, (name, shared))| {
             let _guard = usage_lock(name, index, None);
-            let mut ctx = fresh_context_with_storage(name, shared, Some(bytes));
-            ctx.set_kernel_family(Some(KernelFamily::Gpu));
+            let mut ctx = fresh_context_with_options(name, shared, |opts| adjust(name, opts));
             configure(&mut ctx);
-            assert!(ctx.limits().max_compute_workgroup_storage_size <= bytes);
             f(name, &ctx);
         },
     );
@@ -347,15 +352,7 @@ pub fn for_each_backend_with(
     configure: impl Fn(&mut Context) + Sync,
     f: impl Fn(&str, &Context) + Sync,
 ) {
-    at_once(
-        contexts_cell().iter().enumerate(),
-        |(index, (name, shared))| {
-            let _guard = usage_lock(name, index, None);
-            let mut ctx = fresh_context(name, shared);
-            configure(&mut ctx);
-            f(name, &ctx);
-        },
-    );
+    each_backend_fresh(|_, opts| opts, configure, f);
 }
 
 /// Like [`for_each_backend`], on a fresh context of each back end whose loop budget is `budget`, so
