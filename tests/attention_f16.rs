@@ -200,34 +200,33 @@ fn split_keys_and_loop_chunks() {
 fn tensor_core_family_reads_and_writes_f16() {
     // Its portable build here: f16 Q, K, V staged as f16 tiles, f16 O (f32 partials when split).
     // The cases, and the loops split into chunks, on two contexts at once.
-    let plain_loops = std::thread::spawn(|| {
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for_each_backend_with(
+                |ctx| ctx.set_kernel_family(Some(KernelFamily::Coop)),
+                |backend, ctx| {
+                    if !has_f16(ctx) {
+                        return;
+                    }
+                    for case in &cases()[1..] {
+                        check(backend, ctx, case);
+                    }
+                },
+            )
+        });
         for_each_backend_with(
-            |ctx| ctx.set_kernel_family(Some(KernelFamily::Coop)),
+            |ctx| {
+                ctx.set_kernel_family(Some(KernelFamily::Coop));
+                ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET));
+            },
             |backend, ctx| {
                 if !has_f16(ctx) {
                     return;
                 }
-                for case in &cases()[1..] {
-                    check(backend, ctx, case);
-                }
+                check(backend, ctx, &Case::new(2, 65, 200, 4, 2, 64, 32).causal());
             },
-        )
+        );
     });
-    for_each_backend_with(
-        |ctx| {
-            ctx.set_kernel_family(Some(KernelFamily::Coop));
-            ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET));
-        },
-        |backend, ctx| {
-            if !has_f16(ctx) {
-                return;
-            }
-            check(backend, ctx, &Case::new(2, 65, 200, 4, 2, 64, 32).causal());
-        },
-    );
-    if let Err(panic) = plain_loops.join() {
-        std::panic::resume_unwind(panic);
-    }
 }
 
 #[test]

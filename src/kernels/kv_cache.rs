@@ -596,7 +596,8 @@ impl Gather<'_> {
     ) {
         let [b, h, d] = self.dims;
         let [view_offset, stride_s, stride_h] = self.view;
-        let [table_stride, pool_blocks] = self.table.map_or([0, 0], BlockTable::layout);
+        let paging = Paging::of(self.table, lens);
+        let [table_stride, pool_blocks] = paging.layout;
         let params = AppendParams {
             batch: b as u32,
             seq: rows as u32,
@@ -613,23 +614,44 @@ impl Gather<'_> {
             pool_blocks,
             pad: [0; 3],
         };
-        // A contiguous cache binds the lengths where the table would be (the shader does not read it).
-        let (constants, table_buffer) = match self.table {
-            Some(t) => (t.constants().to_vec(), t.buffer()),
-            None => (Vec::new(), lens.buffer()),
-        };
         encode(
             ctx,
             encoder,
             SimpleKernel {
                 name: self.name,
                 source: self.source,
-                constants: &constants,
+                constants: &paging.constants,
             },
             bytemuck::bytes_of(&params),
-            &[self.cache, out.buffer(), lens.buffer(), table_buffer],
+            &[self.cache, out.buffer(), lens.buffer(), paging.table],
             self.invocations,
         );
+    }
+}
+
+/// What a cache kernel takes from its block table: the page (an override constant), the table's
+/// buffer and its stride and pool size (uniforms). A contiguous cache has no page and binds the
+/// lengths where the table would be (the shader does not read it).
+struct Paging<'a> {
+    constants: Vec<(&'static str, u32)>,
+    table: &'a wgpu::Buffer,
+    layout: [u32; 2],
+}
+
+impl<'a> Paging<'a> {
+    fn of(table: Option<&'a BlockTable>, lens: &'a SeqLens) -> Self {
+        match table {
+            Some(t) => Self {
+                constants: t.constants().to_vec(),
+                table: t.buffer(),
+                layout: t.layout(),
+            },
+            None => Self {
+                constants: Vec::new(),
+                table: lens.buffer(),
+                layout: [0, 0],
+            },
+        }
     }
 }
 
@@ -738,7 +760,8 @@ fn append(
         Storage::Int8(_) => ("kv_cache_append_int8", APPEND_INT8, b * l * h),
         Storage::F16(_) => ("kv_cache_append_f16", APPEND_F16, b * l * h * d / 2),
     };
-    let [table_stride, pool_blocks] = table.map_or([0, 0], BlockTable::layout);
+    let paging = Paging::of(table, lens);
+    let [table_stride, pool_blocks] = paging.layout;
     let params = AppendParams {
         batch: b as u32,
         seq: l as u32,
@@ -755,21 +778,16 @@ fn append(
         pool_blocks,
         pad: [0; 3],
     };
-    // A contiguous cache binds the lengths where the table would be (the shader does not read it).
-    let (constants, table_buffer) = match table {
-        Some(t) => (t.constants().to_vec(), t.buffer()),
-        None => (Vec::new(), lens.buffer()),
-    };
     encode(
         ctx,
         encoder,
         SimpleKernel {
             name,
             source,
-            constants: &constants,
+            constants: &paging.constants,
         },
         bytemuck::bytes_of(&params),
-        &[new.buffer(), cache.buffer(), lens.buffer(), table_buffer],
+        &[new.buffer(), cache.buffer(), lens.buffer(), paging.table],
         n,
     );
     Ok(())
