@@ -4,6 +4,9 @@
 mod common;
 
 use common::*;
+use wgpu_attention::kernels::elementwise::add;
+use wgpu_attention::kernels::layer_norm::layer_norm_backward_into;
+use wgpu_attention::kernels::linear::linear_forward;
 use wgpu_attention::kernels::loss_scale::{LossScale, LossScaleState, LossScaling};
 use wgpu_attention::{
     attention_backward, attention_backward_unfused, attention_forward, attention_forward_into,
@@ -433,4 +436,89 @@ fn devices_with_too_few_storage_buffers_are_told_what_to_request() {
         "{m}"
     );
     ctx.synchronize().unwrap();
+}
+
+#[test]
+fn grids_beyond_the_workgroups_per_dimension_are_refused() {
+    // A device that allows 4 workgroups per dimension: 16 in one dispatch. Simple kernels lay
+    // theirs out as rows of 4 (64 invocations each) and refuse more with a typed error, before
+    // recording anything.
+    for_each_backend_with_options(
+        |_, opts| opts.max_workgroups_per_dimension(4),
+        |backend, ctx| {
+            // 7 workgroups: a grid of 4 x 2, the last row partly used; every element summed.
+            let n = 64 * 7 - 3;
+            let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let b: Vec<f32> = (0..n).map(|i| 0.5 - i as f32 * 0.25).collect();
+            let at = GpuTensor::from_slice(ctx, &a, &[n]).unwrap();
+            let bt = GpuTensor::from_slice(ctx, &b, &[n]).unwrap();
+            let sum = add(ctx, &at, &bt).unwrap().to_vec(ctx).unwrap();
+            let expected: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            assert_eq!(sum, expected, "[{backend}]");
+
+            // 17 workgroups of 64 elements.
+            let n = 64 * 16 + 1;
+            let at = GpuTensor::zeros(ctx, &[n]).unwrap();
+            let err = add(ctx, &at, &at).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::Unsupported {
+                        arg: "workgroups",
+                        value: 17,
+                        limit: 16,
+                        ..
+                    }
+                ),
+                "[{backend}] {err}"
+            );
+
+            // The LayerNorm backward's rows fit (8 rows) but its column sums do not (1100
+            // columns): refused before the rows' dispatch is recorded.
+            let (rows, cols) = (8, 1100);
+            let x = GpuTensor::zeros(ctx, &[rows, cols]).unwrap();
+            let gamma = GpuTensor::zeros(ctx, &[cols]).unwrap();
+            let stats = GpuTensor::zeros(ctx, &[rows, 2]).unwrap();
+            let dx = GpuTensor::zeros(ctx, &[rows, cols]).unwrap();
+            let d_gamma = GpuTensor::zeros(ctx, &[cols]).unwrap();
+            let d_beta = GpuTensor::zeros(ctx, &[cols]).unwrap();
+            let before = ctx.recorded_counts();
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            let err = layer_norm_backward_into(
+                ctx,
+                &mut encoder,
+                &x,
+                &gamma,
+                &stats,
+                &x,
+                [&dx, &d_gamma, &d_beta],
+            )
+            .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::Unsupported {
+                        arg: "workgroups",
+                        limit: 16,
+                        ..
+                    }
+                ),
+                "[{backend}] {err}"
+            );
+            assert_eq!(
+                ctx.recorded_counts(),
+                before,
+                "[{backend}] a pass was recorded"
+            );
+
+            // A GEMM of more tiles of C than 16.
+            let x = GpuTensor::zeros(ctx, &[64 * 17, 8]).unwrap();
+            let w = GpuTensor::zeros(ctx, &[64 * 17, 8]).unwrap();
+            let err = linear_forward(ctx, &x, &w, None).unwrap_err();
+            assert!(
+                matches!(err, Error::Unsupported { arg, limit: 16, .. } if arg.contains("workgroups")),
+                "[{backend}] {err}"
+            );
+        },
+    );
 }

@@ -20,14 +20,30 @@ pub fn shader_sources() -> Vec<(&'static str, String)> {
 /// Runs the FMA kernel over `workgroups` workgroups of 64 invocations and returns one value per
 /// invocation, timing it with `timer`: (values, milliseconds).
 pub fn fma_throughput(ctx: &Context, timer: &Timer, workgroups: u32) -> Result<(GpuTensor, f64)> {
-    if workgroups == 0 || workgroups > 65535 * 65535 {
+    // Rows of at most the device's workgroups per dimension; the shader linearises (y, x) with
+    // num_workgroups.x, so a count over one row must fill whole rows.
+    let max = ctx.limits().max_compute_workgroups_per_dimension.max(1);
+    let limit = (max as u64 * max as u64).min(u32::MAX as u64);
+    if workgroups == 0 || workgroups as u64 > limit {
         return Err(Error::Unsupported {
             arg: "workgroups",
             value: workgroups as u64,
-            limit: 65535 * 65535,
-            hint: "",
+            limit,
+            hint: " (max_compute_workgroups_per_dimension squared)",
         });
     }
+    let (gx, gy) = match workgroups <= max {
+        true => (workgroups, 1),
+        false if workgroups.is_multiple_of(max) => (max, workgroups / max),
+        false => {
+            return Err(Error::Unsupported {
+                arg: "workgroups",
+                value: workgroups as u64,
+                limit: max as u64,
+                hint: " (or a multiple of max_compute_workgroups_per_dimension)",
+            })
+        }
+    };
     let out = GpuTensor::uninit(ctx, "fma out", &[(workgroups * WG) as usize])?;
     let pipeline = ctx.pipeline(
         "fma_throughput",
@@ -42,19 +58,6 @@ pub fn fma_throughput(ctx: &Context, timer: &Timer, workgroups: u32) -> Result<(
             resource: out.buffer().as_entire_binding(),
         }],
     });
-    // Rows of at most 65535 workgroups; the shader linearises (y, x) with num_workgroups.x.
-    let (gx, gy) = if workgroups <= 65535 {
-        (workgroups, 1)
-    } else if workgroups.is_multiple_of(65535) {
-        (65535, workgroups / 65535)
-    } else {
-        return Err(Error::Unsupported {
-            arg: "workgroups",
-            value: workgroups as u64,
-            limit: 65535,
-            hint: " (or a multiple of 65535)",
-        });
-    };
     let ms = timer.time(ctx, || {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         {
@@ -92,14 +95,16 @@ pub fn fma_reference(index: u32) -> f32 {
 /// The adapter's measured FMA throughput in GFLOP/s: the best of a few runs, each sized to take at
 /// least ~20 ms (more workgroups until it does).
 pub fn fma_peak_gflops(ctx: &Context, timer: &Timer) -> Result<f64> {
-    let mut workgroups = 1024u32;
+    // One row of workgroups, within the device's limit per dimension.
+    let max = ctx.limits().max_compute_workgroups_per_dimension.max(1);
+    let mut workgroups = 1024u32.min(max);
     fma_throughput(ctx, timer, workgroups)?; // compile and warm up
     let mut best = 0.0f64;
     let mut runs = 0;
     while runs < 3 {
         let (_, ms) = fma_throughput(ctx, timer, workgroups)?;
-        if ms < 20.0 && workgroups < 65535 {
-            workgroups = (workgroups * 4).min(65535);
+        if ms < 20.0 && workgroups < max {
+            workgroups = (workgroups * 4).min(max);
             continue;
         }
         let flop = workgroups as f64 * WG as f64 * FLOP_PER_INVOCATION;

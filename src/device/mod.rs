@@ -447,12 +447,38 @@ impl Context {
     }
 
     /// `total` workgroups as a 2-D grid within the device's workgroups per dimension
-    /// ([`grid_2d`]).
-    pub(crate) fn grid_2d(&self, total: u32) -> (u32, u32) {
-        grid_2d(
+    /// ([`grid_2d`]); more than fit (the limit squared, or `u32::MAX`) are refused as
+    /// [`Error::Unsupported`] of the generic argument "workgroups".
+    pub(crate) fn grid_2d(&self, total: u64) -> Result<(u32, u32)> {
+        self.grid_2d_for(
             total,
-            self.report.limits.max_compute_workgroups_per_dimension,
+            "workgroups",
+            " (the device's max_compute_workgroups_per_dimension squared): split the call into smaller ones",
         )
+    }
+
+    /// [`Context::grid_2d`], naming what the workgroups cover and what to do in the error.
+    pub(crate) fn grid_2d_for(
+        &self,
+        total: u64,
+        arg: &'static str,
+        hint: &'static str,
+    ) -> Result<(u32, u32)> {
+        let per_dimension = self
+            .report
+            .limits
+            .max_compute_workgroups_per_dimension
+            .max(1);
+        let limit = (per_dimension as u64 * per_dimension as u64).min(u32::MAX as u64);
+        if total > limit {
+            return Err(Error::Unsupported {
+                arg,
+                value: total,
+                limit,
+                hint,
+            });
+        }
+        Ok(grid_2d(total as u32, per_dimension))
     }
 
     /// Whether the adapter is a CPU driver (lavapipe, llvmpipe, WARP), which runs workgroups as SIMD

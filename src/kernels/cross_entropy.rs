@@ -93,7 +93,7 @@ fn check(
         rows: rows as u32,
         classes: classes as u32,
         ignore_index: ignore_index.unwrap_or(u32::MAX),
-        grid_x: grid_x(ctx, rows),
+        grid_x: grid_x(ctx, rows)?,
     })
 }
 
@@ -167,7 +167,7 @@ pub fn cross_entropy_forward_into(
         bytemuck::bytes_of(&p),
         &[logits, targets, &out.row_loss, &out.row_lse],
         rows,
-    );
+    )?;
     encode(
         ctx,
         encoder,
@@ -179,8 +179,7 @@ pub fn cross_entropy_forward_into(
         bytemuck::bytes_of(&p),
         &[targets, &out.row_loss, &out.loss],
         1,
-    );
-    Ok(())
+    )
 }
 
 /// d(mean loss)/d logits into a new tensor, submitted.
@@ -312,8 +311,7 @@ impl<'a> LossGradient<'a> {
                 scale_buffer,
             ],
             p.rows as usize,
-        );
-        Ok(())
+        )
     }
 }
 

@@ -2,6 +2,7 @@
 //! uniform parameter block at binding 0 and whole tensors from binding 1 on, in one compute pass.
 
 use crate::device::{Context, StorageBinding};
+use crate::error::Result;
 use crate::tensor::{GpuTensor, GpuTokens, Region};
 
 /// What a simple kernel binds: a tensor's range of its buffer, or a whole buffer.
@@ -37,13 +38,14 @@ impl Bindable for GpuTokens {
 pub(crate) const WG: u32 = 64;
 
 /// Workgroups of [`WG`] invocations covering `invocations` (at least one).
-pub(crate) fn invocation_groups(invocations: usize) -> u32 {
-    invocations.max(1).div_ceil(WG as usize) as u32
+pub(crate) fn invocation_groups(invocations: usize) -> u64 {
+    invocations.max(1).div_ceil(WG as usize) as u64
 }
 
-/// The `grid_x` a shader needs to linearise a 2-D grid covering `invocations`.
-pub(crate) fn grid_x(ctx: &Context, invocations: usize) -> u32 {
-    ctx.grid_2d(invocation_groups(invocations)).0
+/// The `grid_x` a shader needs to linearise a 2-D grid covering `invocations`; an error where the
+/// device cannot dispatch that many workgroups ([`Context::grid_2d`]).
+pub(crate) fn grid_x(ctx: &Context, invocations: usize) -> Result<u32> {
+    Ok(ctx.grid_2d(invocation_groups(invocations))?.0)
 }
 
 /// Splits a kernel's long loop of `steps` iterations into chunks that each stay within the context's
@@ -78,7 +80,8 @@ pub(crate) struct SimpleKernel<'a> {
     pub(crate) constants: &'a [(&'static str, u32)],
 }
 
-/// Records `kernel` over at least `invocations` invocations, in a compute pass of its own.
+/// Records `kernel` over at least `invocations` invocations, in a compute pass of its own; nothing
+/// where the device cannot dispatch that many workgroups (the error).
 pub(crate) fn encode(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -86,9 +89,10 @@ pub(crate) fn encode(
     params: &[u8],
     buffers: &[&dyn Bindable],
     invocations: usize,
-) {
+) -> Result<()> {
+    ctx.grid_2d(invocation_groups(invocations))?;
     let mut pass = ctx.begin_pass(encoder, kernel.name);
-    encode_in(ctx, &mut pass, kernel, params, buffers, invocations);
+    encode_in(ctx, &mut pass, kernel, params, buffers, invocations)
 }
 
 /// [`encode`] into an open compute pass: kernels that record many independent dispatches (one per
@@ -100,21 +104,23 @@ pub(crate) fn encode_in(
     params: &[u8],
     buffers: &[&dyn Bindable],
     invocations: usize,
-) {
+) -> Result<()> {
     let workgroups = invocation_groups(invocations);
-    encode_workgroups_in(ctx, pass, kernel, params, buffers, workgroups);
+    encode_workgroups_in(ctx, pass, kernel, params, buffers, workgroups)
 }
 
 /// [`encode_in`] over `workgroups` workgroups of [`WG`] invocations, for kernels that give a
-/// workgroup one row (laid out as [`grid_2d`]; the shader's `grid_x` is its first value).
+/// workgroup one row (laid out as [`Context::grid_2d`]; the shader's `grid_x` is its first value).
+/// Checks the grid before recording anything.
 pub(crate) fn encode_workgroups_in(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     kernel: SimpleKernel<'_>,
     params: &[u8],
     buffers: &[&dyn Bindable],
-    workgroups: u32,
-) {
+    workgroups: u64,
+) -> Result<()> {
+    let (gx, gy) = ctx.grid_2d(workgroups.max(1))?;
     let SimpleKernel {
         name,
         source,
@@ -129,10 +135,10 @@ pub(crate) fn encode_workgroups_in(
         .map(|(i, t)| t.bound_region().bind(i as u32 + 1))
         .collect();
     let bind_group = ctx.bind_group(&pipeline, name, params, &storage);
-    let (gx, gy) = ctx.grid_2d(workgroups.max(1));
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(gx, gy, 1);
+    Ok(())
 }
 
 /// Parameters of the column reductions (`column_sum.wgsl`, `layer_norm_param_grads.wgsl`,
@@ -152,7 +158,8 @@ struct ColumnParams {
 
 /// Records column reduction `kernel` of a `[rows, cols]` matrix into `pass`: one dispatch per chunk
 /// of rows that fits the context's loop budget (`cost_per_row` loop iterations a row), each after
-/// the first adding to the sums; deterministic (rows in order, chunks in order).
+/// the first adding to the sums; deterministic (rows in order, chunks in order). The grid is
+/// checked before the first dispatch: on error nothing is recorded.
 pub(crate) fn encode_column_reduction_in(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
@@ -160,7 +167,8 @@ pub(crate) fn encode_column_reduction_in(
     (rows, cols): (usize, usize),
     cost_per_row: usize,
     buffers: &[&dyn Bindable],
-) {
+) -> Result<()> {
+    let grid_x = grid_x(ctx, cols)?;
     for (index, (begin, end)) in loop_chunks(ctx, rows, cost_per_row, 16, 1)
         .into_iter()
         .enumerate()
@@ -171,7 +179,7 @@ pub(crate) fn encode_column_reduction_in(
             row_begin: begin,
             row_end: end,
             accumulate: (index > 0) as u32,
-            grid_x: grid_x(ctx, cols),
+            grid_x,
             pad: [0; 2],
         };
         encode_in(
@@ -181,8 +189,9 @@ pub(crate) fn encode_column_reduction_in(
             bytemuck::bytes_of(&params),
             buffers,
             cols,
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).

@@ -70,7 +70,7 @@ fn params(ctx: &Context, arg: &'static str, t: &GpuTensor) -> Result<Params> {
     check_binding(ctx, arg, t.size_bytes())?;
     Ok(Params {
         len: t.len() as u32,
-        grid_x: grid_x(ctx, t.len()),
+        grid_x: grid_x(ctx, t.len())?,
     })
 }
 
@@ -115,8 +115,7 @@ pub fn activation_forward_into(
         bytemuck::bytes_of(&p),
         &[x, y],
         x.len(),
-    );
-    Ok(())
+    )
 }
 
 /// `dx = dy * f'(x)` into a new tensor, submitted.
@@ -157,8 +156,7 @@ pub fn activation_backward_into(
         bytemuck::bytes_of(&p),
         &[x, dy, dx],
         x.len(),
-    );
-    Ok(())
+    )
 }
 
 /// `a + b` into a new tensor, submitted.
@@ -193,8 +191,7 @@ pub fn add_into(
         bytemuck::bytes_of(&p),
         &[a, b, out],
         a.len(),
-    );
-    Ok(())
+    )
 }
 
 /// Records `out = f16(x)` elementwise (same shapes), rounded to nearest as the device converts:
@@ -225,8 +222,7 @@ pub fn cast_f16_into(
         bytemuck::bytes_of(&p),
         &[x, &out.region()],
         x.len(),
-    );
-    Ok(())
+    )
 }
 
 #[repr(C)]
@@ -258,7 +254,7 @@ fn gated_shape(ctx: &Context, gate_up: &GpuTensor) -> Result<(GatedParams, Vec<u
     let params = GatedParams {
         rows: rows as u32,
         width: width as u32,
-        grid_x: grid_x(ctx, rows * width),
+        grid_x: grid_x(ctx, rows * width)?,
         pad: 0,
     };
     Ok((params, shape))
@@ -293,8 +289,7 @@ pub fn gated_activation_forward_into(
         bytemuck::bytes_of(&p),
         &[gate_up, y],
         y.len(),
-    );
-    Ok(())
+    )
 }
 
 /// Records the backward of [`gated_activation_forward_into`]: `d_gate = dy * up * act'(gate)` and
@@ -331,8 +326,7 @@ pub fn gated_activation_backward_into(
         bytemuck::bytes_of(&p),
         &[gate_up, dy, d_gate_up],
         dy.len(),
-    );
-    Ok(())
+    )
 }
 
 /// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).

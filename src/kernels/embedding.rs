@@ -156,7 +156,7 @@ pub fn embedding_forward_into(
         tokens: tokens.len() as u32,
         dim: dim as u32,
         vocab: vocab as u32,
-        grid_x: grid_x(ctx, n),
+        grid_x: grid_x(ctx, n)?,
         token_begin: 0,
         token_end: 0,
         accumulate: 0,
@@ -173,8 +173,7 @@ pub fn embedding_forward_into(
         bytemuck::bytes_of(&p),
         &[tokens, table, out],
         n,
-    );
-    Ok(())
+    )
 }
 
 /// The gradient of the table `[vocab, dim]` for the upstream gradient `dy` (shaped like the
@@ -258,7 +257,7 @@ fn record_embedding_backward(
             tokens: tokens.len() as u32,
             dim: dim as u32,
             vocab: vocab as u32,
-            grid_x: grid_x(ctx, dim),
+            grid_x: grid_x(ctx, dim)?,
             token_begin: begin,
             token_end: end,
             accumulate: (add || index > 0) as u32,
@@ -275,7 +274,7 @@ fn record_embedding_backward(
             bytemuck::bytes_of(&p),
             &[tokens, dy, d_table],
             dim,
-        );
+        )?;
     }
     Ok(())
 }
@@ -428,7 +427,7 @@ pub fn record_positional(
         batch: batch as u32,
         seq: seq as u32,
         dim: dim as u32,
-        grid_x: grid_x(ctx, n),
+        grid_x: grid_x(ctx, n)?,
         max_len: max_len as u32,
         per_sequence,
         pad: [0; 2],
@@ -445,8 +444,7 @@ pub fn record_positional(
         bytemuck::bytes_of(&p),
         &[x, table, y, lens],
         n,
-    );
-    Ok(())
+    )
 }
 
 /// The learned table's gradient `[max_len, dim]` for `dy [batch, seq, dim]`, submitted.
@@ -503,7 +501,7 @@ fn record_positional_backward(
         batch: batch as u32,
         seq: seq as u32,
         dim: dim as u32,
-        grid_x: grid_x(ctx, n),
+        grid_x: grid_x(ctx, n)?,
         max_len: max_len as u32,
         per_sequence: if packed.is_some() { 3 } else { 0 },
         pad: [0; 2],
@@ -520,8 +518,7 @@ fn record_positional_backward(
         bytemuck::bytes_of(&p),
         &[dy, d_table, lens],
         n,
-    );
-    Ok(())
+    )
 }
 
 /// Checks packed lengths for a positional op over `[1, rows, dim]` rows: packed, within the rows,

@@ -418,8 +418,7 @@ pub fn kv_cache_gather_paged_into(
         view,
         invocations: n,
     };
-    gather.encode(ctx, encoder, lens, rows, out);
-    Ok(())
+    gather.encode(ctx, encoder, lens, rows, out)
 }
 
 /// Records the gather of the first `rows` positions of every sequence of an int8 `cache` (`[B,
@@ -495,8 +494,7 @@ pub(crate) fn gather_rows(
         view: [0; 3],
         invocations: batch * rows * h * d / per_word,
     };
-    gather.encode(ctx, encoder, lens, rows, out);
-    Ok(())
+    gather.encode(ctx, encoder, lens, rows, out)
 }
 
 /// Records the gather of the first `rows` positions of every sequence of an f16 `cache` (`[B,
@@ -593,7 +591,7 @@ impl Gather<'_> {
         lens: &SeqLens,
         rows: usize,
         out: &GpuTensor,
-    ) {
+    ) -> Result<()> {
         let [b, h, d] = self.dims;
         let [view_offset, stride_s, stride_h] = self.view;
         let paging = Paging::of(self.table, lens);
@@ -604,7 +602,7 @@ impl Gather<'_> {
             heads: h as u32,
             dim: d as u32,
             max_len: self.max_len as u32,
-            grid_x: grid_x(ctx, self.invocations),
+            grid_x: grid_x(ctx, self.invocations)?,
             view_offset,
             stride_b: 0,
             stride_s,
@@ -625,7 +623,7 @@ impl Gather<'_> {
             bytemuck::bytes_of(&params),
             &[self.cache, out.buffer(), lens.buffer(), paging.table],
             self.invocations,
-        );
+        )
     }
 }
 
@@ -768,7 +766,7 @@ fn append(
         heads: h as u32,
         dim: d as u32,
         max_len: max_len as u32,
-        grid_x: grid_x(ctx, n),
+        grid_x: grid_x(ctx, n)?,
         view_offset: narrow(new.offset())?,
         stride_b: narrow(sb)?,
         stride_s: narrow(ss)?,
@@ -789,8 +787,7 @@ fn append(
         bytemuck::bytes_of(&params),
         &[new.buffer(), cache.buffer(), lens.buffer(), paging.table],
         n,
-    );
-    Ok(())
+    )
 }
 
 /// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).

@@ -229,14 +229,14 @@ fn norm_forward_into(
     inputs.extend(beta.map(|b| ("beta", b)));
     check_tensors(ctx, &[("y", y), ("stats", stats)], &inputs)?;
     let (name, source, workgroups) = match rows_per_workgroup(ctx) {
-        true => ("layer_norm_forward_rows", FORWARD_ROWS, rows as u32),
+        true => ("layer_norm_forward_rows", FORWARD_ROWS, rows as u64),
         false => ("layer_norm_forward_cpu", FORWARD, invocation_groups(rows)),
     };
     let params = RowParams {
         rows: rows as u32,
         cols: cols as u32,
         eps,
-        grid_x: ctx.grid_2d(workgroups).0,
+        grid_x: ctx.grid_2d(workgroups)?.0,
     };
     let mut pass = ctx.begin_pass(encoder, "layer_norm_forward");
     // RMSNorm binds gamma where beta would be; the shader does not read it.
@@ -251,8 +251,7 @@ fn norm_forward_into(
         bytemuck::bytes_of(&params),
         &[x, gamma, beta.unwrap_or(gamma), y, stats],
         workgroups,
-    );
-    Ok(())
+    )
 }
 
 /// LayerNorm backward into new tensors, submitted. `stats` is the forward's.
@@ -371,15 +370,18 @@ fn norm_backward_add_into(
         false => None,
     };
     let (name, source, workgroups) = match per_workgroup {
-        true => ("layer_norm_backward_rows", BACKWARD_ROWS, rows as u32),
+        true => ("layer_norm_backward_rows", BACKWARD_ROWS, rows as u64),
         false => ("layer_norm_backward_cpu", BACKWARD, invocation_groups(rows)),
     };
     let params = BackwardParams {
         rows: rows as u32,
         cols: cols as u32,
         has_residual: residual.is_some() as u32,
-        grid_x: ctx.grid_2d(workgroups).0,
+        grid_x: ctx.grid_2d(workgroups)?.0,
     };
+    // The parameter gradients' grids, before anything is recorded: the partial sums' is the
+    // largest (blocks x columns invocations; the column sums have one per column).
+    grid_x(ctx, blocks * cols)?;
     // dx and the parameter gradients in one pass: independent dispatches over rows and columns.
     let mut pass = ctx.begin_pass(encoder, "layer_norm_backward");
     encode_workgroups_in(
@@ -393,7 +395,7 @@ fn norm_backward_add_into(
         bytemuck::bytes_of(&params),
         &[x, gamma, stats, dy, dx, residual.unwrap_or(dy)],
         workgroups,
-    );
+    )?;
     // RMSNorm binds a dummy where d_beta would be (the shaders write only d_gamma then; d_gamma at
     // both would be two overlapping read-write bindings, which WebGPU refuses). Long row (block)
     // ranges are split under a loop budget.
@@ -404,7 +406,7 @@ fn norm_backward_add_into(
     };
     let Some(scratch) = scratch else {
         // Each column sums its rows in order.
-        encode_column_reduction_in(
+        return encode_column_reduction_in(
             ctx,
             &mut pass,
             SimpleKernel {
@@ -416,7 +418,6 @@ fn norm_backward_add_into(
             1,
             &[x, stats, dy, d_gamma, d_beta],
         );
-        return Ok(());
     };
     // Partial sums over blocks of BLOCK_ROWS rows, then each column adds its blocks in order.
     let partials = Region::elements(&scratch, 0, partial_len, 4);
@@ -424,7 +425,7 @@ fn norm_backward_add_into(
         rows: rows as u32,
         cols: cols as u32,
         blocks: blocks as u32,
-        grid_x: grid_x(ctx, blocks * cols),
+        grid_x: grid_x(ctx, blocks * cols)?,
     };
     let mut constants = centered.to_vec();
     constants.push(("BLOCK_ROWS", BLOCK_ROWS as u32));
@@ -439,7 +440,7 @@ fn norm_backward_add_into(
         bytemuck::bytes_of(&params),
         &[x, stats, dy, &partials],
         blocks * cols,
-    );
+    )?;
     encode_column_reduction_in(
         ctx,
         &mut pass,
@@ -451,8 +452,7 @@ fn norm_backward_add_into(
         (blocks, cols),
         2,
         &[&partials, d_gamma, d_beta],
-    );
-    Ok(())
+    )
 }
 
 /// This module's parameter blocks against their WGSL ([`crate::kernels::uniforms`]).

@@ -7,10 +7,10 @@
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_call};
-use crate::kernels::dispatch::{encode_column_reduction_in, Bindable, SimpleKernel};
+use crate::kernels::dispatch::{encode_column_reduction_in, grid_x, Bindable, SimpleKernel};
 use crate::kernels::elementwise::Activation;
 use crate::kernels::matmul::{
-    encode_gemm, product_of_rows, takes_skinny_path, ActivationStep, Elements,
+    check_gemm, encode_gemm, product_of_rows, takes_skinny_path, ActivationStep, Elements,
     Epilogue as GemmEpilogue, Gemm, Operand,
 };
 use crate::tensor::{GpuTensor, GpuTensorF16, Region};
@@ -544,6 +544,11 @@ fn backward_with(
         .as_ref()
         .filter(|_| !takes_skinny_path(ctx, &d_weight));
     d_weight.row_sums = fused_bias.map(GpuTensor::region);
+    // Every dispatch's grid before the first is recorded (dx's is checked as it is recorded).
+    check_gemm(ctx, &d_weight)?;
+    if grads.d_bias.is_some() && fused_bias.is_none() {
+        grid_x(ctx, out_f)?;
+    }
     // dx and dW (and db) in one pass: independent dispatches reading dy.
     let mut pass = ctx.begin_pass(encoder, "linear_backward");
     {
@@ -570,7 +575,7 @@ fn backward_with(
         encode_gemm(ctx, &mut pass, &d_weight)?;
     }
     if let (Some(db), None) = (&grads.d_bias, fused_bias) {
-        encode_column_sum_in(ctx, &mut pass, dy, rows, out_f, db);
+        encode_column_sum_in(ctx, &mut pass, dy, rows, out_f, db)?;
     }
     Ok(())
 }
@@ -585,9 +590,10 @@ pub(crate) fn encode_column_sum(
     rows: usize,
     cols: usize,
     sums: &GpuTensor,
-) {
+) -> Result<()> {
+    grid_x(ctx, cols)?;
     let mut pass = ctx.begin_pass(encoder, "column_sum");
-    encode_column_sum_in(ctx, &mut pass, x, rows, cols, sums);
+    encode_column_sum_in(ctx, &mut pass, x, rows, cols, sums)
 }
 
 /// [`encode_column_sum`] into an open pass.
@@ -598,7 +604,7 @@ pub(crate) fn encode_column_sum_in(
     rows: usize,
     cols: usize,
     sums: &GpuTensor,
-) {
+) -> Result<()> {
     encode_column_reduction_in(
         ctx,
         pass,
@@ -610,5 +616,5 @@ pub(crate) fn encode_column_sum_in(
         (rows, cols),
         1,
         &[x, sums],
-    );
+    )
 }

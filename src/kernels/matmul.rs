@@ -695,30 +695,64 @@ fn tiles_for(ctx: &Context, g: &Gemm<'_>) -> Result<(GemmTiles, Option<CoopChoic
     ))
 }
 
-/// Records one batched product into `pass`.
-pub(crate) fn encode_gemm(
-    ctx: &Context,
-    pass: &mut wgpu::ComputePass<'_>,
-    g: &Gemm<'_>,
-) -> Result<()> {
+/// The kernel a product runs: its tiles, the tensor-core build where it takes one, and whether it
+/// takes the SKINNY path (a decoding step's few rows).
+fn gemm_plan(ctx: &Context, g: &Gemm<'_>) -> Result<(Kernel, Option<CoopChoice>, bool)> {
     // 128-row tiles only where they fill: shorter products keep the 64 x 64 kernel. Tensor-core
-    // tiles where asked for, a decoding step's few rows excepted (the SKINNY path below).
+    // tiles where asked for, a decoding step's few rows excepted (the SKINNY path).
     let (tiles, coop) = tiles_for(ctx, g)?;
     let kernel = match (tiles, coop) {
         (_, Some((_, _, shape))) => coop_kernel(shape),
         (GemmTiles::Wide128x64, _) if g.m >= WIDE.tile_m => WIDE,
         _ => SQUARE,
     };
-    let tiles_m = g.m.div_ceil(kernel.tile_m);
-    let tiles_n = g.n.div_ceil(kernel.tile_n);
+    match takes_skinny_path(ctx, g) {
+        true => Ok((SQUARE, None, true)),
+        false => Ok((kernel, coop, false)),
+    }
+}
+
+/// A product's workgroups: `(tiles_m, tiles_n)` per batch entry and head, and the 2-D grid of all
+/// of them, refused where the device cannot dispatch that many.
+fn gemm_grid(
+    ctx: &Context,
+    g: &Gemm<'_>,
+    kernel: Kernel,
+    skinny: bool,
+) -> Result<((u32, u32), (u32, u32))> {
+    // SKINNY: tiles_n counts groups of 256 elements of C, or with SKINNY_SPLIT blocks of
+    // 256 / K_LANES columns (all rows), per batch entry.
+    let (tiles_m, tiles_n) = match (skinny, skinny_split(ctx, g)) {
+        (true, None) => (1, (g.m * g.n).div_ceil(256)),
+        (true, Some((lanes, _))) => (1, g.n.div_ceil(256 / lanes)),
+        (false, _) => (g.m.div_ceil(kernel.tile_m), g.n.div_ceil(kernel.tile_n)),
+    };
     let total = (tiles_m as u64) * (tiles_n as u64) * (g.batch as u64) * (g.heads as u64);
-    u32::try_from(total).map_err(|_| Error::Unsupported {
-        arg: "matmul workgroups",
-        value: total,
-        limit: u32::MAX as u64,
-        hint: "",
-    })?;
-    if takes_skinny_path(ctx, g) {
+    let grid = ctx.grid_2d_for(
+        total,
+        "matmul workgroups (batch * tiles of the product)",
+        "; split the batch or the rows",
+    )?;
+    Ok(((tiles_m, tiles_n), grid))
+}
+
+/// Refuses a product the device cannot dispatch, recording nothing: for calls that record several
+/// products, so that none is recorded where a later one would be refused.
+pub(crate) fn check_gemm(ctx: &Context, g: &Gemm<'_>) -> Result<()> {
+    let (kernel, _, skinny) = gemm_plan(ctx, g)?;
+    gemm_grid(ctx, g, kernel, skinny).map(|_| ())
+}
+
+/// Records one batched product into `pass` (nothing where it is refused).
+pub(crate) fn encode_gemm(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    g: &Gemm<'_>,
+) -> Result<()> {
+    let (kernel, coop, skinny) = gemm_plan(ctx, g)?;
+    // Every dispatch below (the k chunks too) has this grid.
+    gemm_grid(ctx, g, kernel, skinny)?;
+    if skinny {
         if g.row_sums.is_some() {
             return Err(Error::shape(
                 "row_sums",
@@ -780,17 +814,9 @@ fn encode_one(
     accumulate: bool,
     skinny: bool,
 ) -> Result<()> {
-    // SKINNY: tiles_n counts groups of 256 elements of C, or with SKINNY_SPLIT blocks of
-    // 256 / K_LANES columns (all rows), per batch entry.
     let split = skinny_split(ctx, g);
-    let (tiles_m, tiles_n) = match (skinny, split) {
-        (true, None) => (1, (g.m * g.n).div_ceil(256)),
-        (true, Some((lanes, _))) => (1, g.n.div_ceil(256 / lanes)),
-        (false, _) => (g.m.div_ceil(kernel.tile_m), g.n.div_ceil(kernel.tile_n)),
-    };
-    let total = (tiles_m as u64) * (tiles_n as u64) * (g.batch as u64) * (g.heads as u64);
-    let total = total as u32;
-    let (gx, gy) = ctx.grid_2d(total);
+    let ((tiles_m, tiles_n), (gx, gy)) = gemm_grid(ctx, g, kernel, skinny)?;
+    let total = tiles_m * tiles_n * g.batch * g.heads;
     let params = GemmParams {
         m: g.m,
         n: g.n,

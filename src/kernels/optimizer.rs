@@ -487,6 +487,10 @@ impl AdamW {
         }
         let groups = groups(ctx, params, grads, [&self.m, &self.v]);
         let table = table(ctx, &mut self.tables, &groups, params, grads, &self.m)?;
+        // Every dispatch's grid before the step is counted or anything recorded.
+        for group in &groups {
+            grid_x(ctx, group.partials.max(group.runs))?;
+        }
         self.step += 1;
         let c = &self.config;
         // The partial sums of every group, the norm, then the updates of every group (in the
@@ -498,7 +502,7 @@ impl AdamW {
                 count: (group.end - group.first) as u32,
                 partials: group.partials as u32,
                 partial_base: group.partial_base as u32,
-                grid_x: grid_x(ctx, group.partials),
+                grid_x: grid_x(ctx, group.partials)?,
                 pad: [0; 3],
             };
             encode_in(
@@ -512,7 +516,7 @@ impl AdamW {
                 bytemuck::bytes_of(&p),
                 &[&table, &group.grad, &self.partials],
                 group.partials,
-            );
+            )?;
         }
         drop(pass);
         let partials: usize = groups.iter().map(|g| g.partials).sum();
@@ -547,7 +551,7 @@ impl AdamW {
                 scaling.unwrap_or(ctx.empty_storage_rw(0)),
             ],
             1,
-        );
+        )?;
         let t = self.step as f64;
         let mut pass = ctx.begin_pass(encoder, "adamw");
         for group in &groups {
@@ -555,7 +559,7 @@ impl AdamW {
                 first: group.first as u32,
                 count: (group.end - group.first) as u32,
                 runs: group.runs as u32,
-                grid_x: grid_x(ctx, group.runs),
+                grid_x: grid_x(ctx, group.runs)?,
                 lr: c.lr,
                 beta1: c.beta1,
                 beta2: c.beta2,
@@ -585,7 +589,7 @@ impl AdamW {
                     scaling.unwrap_or(ctx.empty_storage()),
                 ],
                 group.runs,
-            );
+            )?;
         }
         Ok(())
     }

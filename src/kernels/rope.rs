@@ -288,7 +288,7 @@ fn record(
         offset: offset as u32,
         interleaved: (table.layout == RopeLayout::Interleaved) as u32,
         sign,
-        grid_x: grid_x(ctx, invocations),
+        grid_x: grid_x(ctx, invocations)?,
         view_offset: narrow(x.offset())?,
         stride_b: narrow(sb)?,
         stride_s: narrow(ss)?,
@@ -318,8 +318,7 @@ fn record(
         bytemuck::bytes_of(&params),
         &[table.table.buffer(), x.buffer(), lens],
         invocations,
-    );
-    Ok(())
+    )
 }
 
 /// The angular frequency of pair `k`, `base^(-2k / rotary_dim)` stretched by `scaling` (the host's

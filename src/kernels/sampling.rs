@@ -192,7 +192,11 @@ fn record(
         ));
     }
     check_binding(ctx, "logits", logits.size_bytes())?;
-    let (gx, gy) = ctx.grid_2d(batch as u32);
+    let (gx, gy) = ctx.grid_2d_for(
+        batch as u64,
+        "logits' rows (a workgroup each)",
+        "; sample fewer rows at once",
+    )?;
     let params = SamplingParams {
         batch: batch as u32,
         vocab: vocab as u32,

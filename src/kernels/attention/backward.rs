@@ -372,6 +372,7 @@ pub fn attention_backward_into(
         &[("dq", dq.region()), ("dk", dk.region())],
         &[("q", q.region()), ("k", k.region())],
     )?;
+    qk_norm::check_grids(ctx, [q, k], opts)?;
     let (q_used, k_used) = qk_norm::encode_inputs(ctx, encoder, q, k, opts)?;
     let transformed = BackwardViews {
         q: &q_used,
@@ -595,8 +596,7 @@ pub(super) fn encode_backward_core(
             align: block_n as usize,
         },
     )?;
-    rel.encode_sums(ctx, encoder, &s, opts);
-    Ok(())
+    rel.encode_sums(ctx, encoder, &s, opts)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ use super::shape::{check_distinct, check_options, check_tensor, check_view};
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_f32};
-use crate::kernels::dispatch::loop_chunks;
+use crate::kernels::dispatch::{grid_x, loop_chunks};
 use crate::kernels::linear::encode_column_sum;
 use crate::spec::{AttentionShape, RelativeBuckets};
 use crate::tensor::GpuTensor;
@@ -169,6 +169,8 @@ impl RelativeRows {
         };
         let bytes = (s.batch * s.q_seq * s.heads * buckets.buckets * 4) as u64;
         check_binding(ctx, "relative table row shares", bytes)?;
+        // The column sums' grid, checked before the backward records anything.
+        grid_x(ctx, s.heads * buckets.buckets)?;
         Ok(Self {
             buckets: buckets.buckets,
             buffer: ctx.scratch_buffer("relative table row shares", bytes)?,
@@ -201,7 +203,7 @@ impl RelativeRows {
         encoder: &mut wgpu::CommandEncoder,
         s: &AttentionShape,
         opts: &AttentionOptions<'_>,
-    ) {
+    ) -> Result<()> {
         if let (true, Some(grad)) = (self.buckets > 0, opts.relative_grad) {
             let rows = s.batch * s.q_seq;
             encode_column_sum(
@@ -211,8 +213,9 @@ impl RelativeRows {
                 rows,
                 s.heads * self.buckets,
                 grad,
-            );
+            )?;
         }
+        Ok(())
     }
 }
 

@@ -345,20 +345,13 @@ pub(crate) fn set_grid(
     groups: usize,
 ) -> Result<(u32, u32)> {
     let total = blocks as u64 * groups as u64;
-    // A 2-D grid within the device's limit per dimension, and a u32 count for the shader.
-    let per_dimension = ctx.limits().max_compute_workgroups_per_dimension.max(1) as u64;
-    let max = (per_dimension * per_dimension).min(u32::MAX as u64);
-    if total > max {
-        return Err(Error::Unsupported {
-            arg: "workgroups (batch * heads * sequence blocks)",
-            value: total,
-            limit: max,
-            hint: "; split the batch",
-        });
-    }
+    let (gx, gy) = ctx.grid_2d_for(
+        total,
+        "workgroups (batch * heads * sequence blocks)",
+        "; split the batch",
+    )?;
     params.blocks = blocks as u32;
     params.total_groups = total as u32;
-    let (gx, gy) = ctx.grid_2d(total as u32);
     params.grid_x = gx;
     Ok((gx, gy))
 }

@@ -774,8 +774,7 @@ pub(super) fn encode_backward_gpu(
             align: config.block_n as usize,
         },
     )?;
-    rel.encode_sums(ctx, encoder, s, call.opts);
-    Ok(())
+    rel.encode_sums(ctx, encoder, s, call.opts)
 }
 
 #[cfg(test)]

@@ -107,7 +107,7 @@ fn record(
         dim: d as u32,
         mode,
         clip,
-        grid_x: crate::kernels::dispatch::grid_x(ctx, rows),
+        grid_x: crate::kernels::dispatch::grid_x(ctx, rows)?,
         pad: 0,
         // Whole buffers are bound, so views keep their own offsets.
         x: view_params("q/k", x, 0)?,
@@ -139,7 +139,22 @@ fn record(
             row_shares.unwrap_or(&unused),
         ],
         rows,
-    );
+    )
+}
+
+/// Refuses Q and K whose transforms the device cannot dispatch (one invocation per row of a head),
+/// so that a call is refused before it records anything rather than between its dispatches.
+pub(super) fn check_grids(
+    ctx: &Context,
+    [q, k]: [&HeadsView; 2],
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    for (x, mode) in [(q, query_mode(opts)), (k, key_mode(opts))] {
+        if mode != 0 {
+            let [b, l, h, _] = x.shape();
+            crate::kernels::dispatch::grid_x(ctx, b * l * h)?;
+        }
+    }
     Ok(())
 }
 
@@ -206,7 +221,7 @@ pub(super) fn encode_backward(
     }
     if let (Some(c), Some(dots)) = (opts.learned_cosine, &row_dots) {
         // Rows are (batch, position, head): a [B * Lq, H] matrix whose column sums are dL/ds.
-        encode_column_sum(ctx, encoder, dots, b * lq, h, c.grad);
+        encode_column_sum(ctx, encoder, dots, b * lq, h, c.grad)?;
     }
     Ok(())
 }
