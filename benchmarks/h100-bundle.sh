@@ -17,14 +17,16 @@ if ! ls .gl/libwayland-client0_*.deb > /dev/null 2>&1; then
   (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 vulkan-tools libwayland-client0)
 fi
 cargo build --release -p wgpu-attention-bench --bins
-tests="attention_forward attention_backward attention_f16 attention_decode tuning linear transformer transformer_layer training optimizer generation additive attention_maps"
-built=$(cargo test --release -p wgpu-attention -p wgpu-attention-transformer -p wgpu-attention-serve --no-run 2>&1 | sed -n 's/.*Executable tests\/.*(\(.*\))/\1/p')
+# The integration tests are one binary per crate (tests/engine, crates/transformer/tests/model,
+# crates/serve/tests/serving); test_MODULE (written below) runs one module's tests.
+tests="engine:attention_forward engine:attention_backward engine:attention_f16 engine:attention_decode engine:tuning engine:linear engine:optimizer engine:additive engine:nan model:transformer model:transformer_layer model:training model:attention_maps serving:generation"
+built=$(cargo test --release -p wgpu-attention -p wgpu-attention-transformer -p wgpu-attention-serve --no-run 2>&1 | sed -n 's/.*Executable tests\/\([a-z]*\)\/main.rs (\(.*\))/\1 \2/p')
 rm -rf .gpu/bin && mkdir -p .gpu/bin
 for b in attention-bench gemm-bench transformer-bench additive-bench generate-bench; do
   cp target/release/$b .gpu/bin/
 done
-for t in $tests; do
-  cp "$(echo "$built" | grep "/$t-")" .gpu/bin/test_$t
+for suite in engine model serving; do
+  cp "$(echo "$built" | awk -v s=$suite '$1 == s { print $2 }')" .gpu/bin/suite_$suite
 done
 # The burn integration: its bench (burn's attention against the fused op inside burn) and its tests.
 cargo build --release -p burn-attention --example bench
@@ -43,5 +45,18 @@ if [ -n "${BASE:-}" ]; then
   git worktree remove --force "$base"
 fi
 strip .gpu/bin/*
+# test_MODULE: the module's tests of its suite binary, $1 a filter within them (a substring of the
+# test's name, as the binaries per test file took it); the tests are listed, then run by exact name.
+for entry in $tests; do
+  suite=${entry%%:*}; module=${entry#*:}
+  cat > .gpu/bin/test_$module <<WRAPPER
+#!/bin/sh
+d=\$(dirname "\$0")
+names=\$("\$d/suite_$suite" --list 2>/dev/null | sed -n 's/^\($module::.*\): test\$/\1/p' | grep -F -- "\${1:-}")
+[ -n "\$names" ] || { echo "no $module test matches '\${1:-}'"; exit 1; }
+exec "\$d/suite_$suite" --exact \$names
+WRAPPER
+  chmod +x .gpu/bin/test_$module
+done
 tar -C .gpu -cJf .gpu/bundle.tar.xz bin
 ls -la .gpu/bundle.tar.xz

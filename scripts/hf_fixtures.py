@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face reference fixtures for `crates/serve/tests/hf_checkpoints.rs`.
+"""Hugging Face reference fixtures for `crates/serve/tests/serving/hf_checkpoints.rs`.
 
 Creates small randomly initialised GPT-2 and LLaMA models with `transformers`, saves each with
 `save_pretrained` (config.json, safetensors, sharded for one of them) beside a small byte-level BPE
@@ -14,7 +14,7 @@ which moves its logits by up to 5e-3).
     /tmp/hf/bin/python scripts/hf_fixtures.py            # writes crates/serve/tests/fixtures/hf/
     /tmp/hf/bin/python scripts/hf_fixtures.py --check DIR NAME
         # loads a model the engine saved (DIR) with transformers and compares its logits with
-        # fixture NAME's model after the same fine-tuning (see crates/serve/tests/hf_checkpoints.rs)
+        # fixture NAME's model after the same fine-tuning (see crates/serve/tests/serving/hf_checkpoints.rs)
     /tmp/hf/bin/python scripts/hf_fixtures.py --smollm-shaped DIR
         # a random model of SmolLM-135M's configuration (135M parameters, bf16) for benchmarks
 """

@@ -1,5 +1,5 @@
 //! Every kernel's WGSL source, by name, as its pipelines compile it (headers prepended, before
-//! override constants): what `tests/shaders.rs` validates and translates to SPIR-V, MSL, HLSL and
+//! override constants): what `tests/engine/shaders.rs` validates and translates to SPIR-V, MSL, HLSL and
 //! GLSL, so a Metal or DX12 error is caught on any machine.
 
 /// Named WGSL sources, as each kernel module lists them.

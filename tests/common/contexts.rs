@@ -80,7 +80,7 @@ fn at_once<T: Send>(items: impl IntoIterator<Item = T>, run: impl Fn(T) + Sync) 
 pub const FAMILIES: [KernelFamily; 2] = [KernelFamily::CpuDriver, KernelFamily::Gpu];
 
 /// The families of the forward tests: the tensor-core family (its portable build here) too. Its
-/// backward has a test of its own (`tests/attention_backward.rs`), on its own tolerance.
+/// backward has a test of its own (`tests/engine/attention_backward.rs`), on its own tolerance.
 pub const FORWARD_FAMILIES: [KernelFamily; 3] = [
     KernelFamily::CpuDriver,
     KernelFamily::Gpu,
@@ -89,7 +89,7 @@ pub const FORWARD_FAMILIES: [KernelFamily; 3] = [
 
 /// Whether the family matrices run `family` on back end `backend`. The tensor-core family's portable
 /// build is not run on GL: no GL adapter has cooperative matrices, so it runs there only when forced,
-/// its GLSL is translated and validated for every kernel by `tests/shaders.rs`, llvmpipe compiles it
+/// its GLSL is translated and validated for every kernel by `tests/engine/shaders.rs`, llvmpipe compiles it
 /// with the same LLVM as lavapipe (where the whole matrix runs it), and each of its pipelines costs
 /// 2-6 s to compile on a cold cache (`benchmarks/ci-time-2026-11-27/`). `coop_forward_shape_override`
 /// still runs it on GL.
