@@ -10,8 +10,8 @@ use wgpu_attention::kernels::linear::linear_forward;
 use wgpu_attention::kernels::loss_scale::{LossScale, LossScaleState, LossScaling};
 use wgpu_attention::{
     attention_backward, attention_backward_unfused, attention_forward, attention_forward_into,
-    attention_forward_unfused, attention_probabilities, AttentionOptions, BiasView, Error,
-    ForwardViews, GpuTensor, HeadsView, RelativeBuckets, SeqLens,
+    attention_forward_unfused, attention_probabilities, AttentionOptions, AttentionOutput,
+    BiasView, Error, ForwardViews, GpuTensor, HeadsView, RelativeBuckets, SeqLens,
 };
 
 fn views(
@@ -509,6 +509,26 @@ fn grids_beyond_the_workgroups_per_dimension_are_refused() {
                 ctx.recorded_counts(),
                 before,
                 "[{backend}] a pass was recorded"
+            );
+
+            // An attention backward whose dK/dV grid fits (one key block of one kv head) but
+            // whose dQ grid does not (32 query heads): refused before its first pass.
+            let (q, k, v) = views(ctx, [1, 8, 32, 8], [1, 8, 1, 8], [1, 8, 1, 8]);
+            let forward = AttentionOutput {
+                out: GpuTensor::zeros(ctx, &[1, 8, 32, 8]).unwrap(),
+                lse: GpuTensor::zeros(ctx, &[1, 32, 8]).unwrap(),
+            };
+            let before = ctx.recorded_counts();
+            let opts = AttentionOptions::new();
+            let err = attention_backward(ctx, &q, &k, &v, &forward, &q, &opts).unwrap_err();
+            assert!(
+                matches!(err, Error::Unsupported { arg, limit: 16, .. } if arg.contains("workgroups")),
+                "[{backend}] {err}"
+            );
+            assert_eq!(
+                ctx.recorded_counts(),
+                before,
+                "[{backend}] the backward recorded a pass"
             );
 
             // A GEMM of more tiles of C than 16.

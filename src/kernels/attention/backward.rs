@@ -191,11 +191,22 @@ pub fn attention_backward_plan(
     shape: &AttentionShape,
     dtype: DType,
 ) -> Result<BackwardPlan> {
-    let s = shape;
-    let choice = tune::choice_so_far(ctx, Tuned::Backward, s, dtype);
+    let choice = tune::choice_so_far(ctx, Tuned::Backward, shape, dtype);
+    plan_with(ctx, shape, dtype, &choice, 0)
+}
+
+/// [`attention_backward_plan`] for a call's `choice`, where dQ also writes the shares of a learned
+/// relative table of `relative_grad_buckets` buckets (0: none).
+fn plan_with(
+    ctx: &Context,
+    s: &AttentionShape,
+    dtype: DType,
+    choice: &KernelChoice,
+    relative_grad_buckets: u32,
+) -> Result<BackwardPlan> {
     let family = backward_family(choice.family_on(ctx), dtype);
     if family == KernelFamily::Coop {
-        if let Some(config) = coop::CoopBackward::choose(ctx, s, false)? {
+        if let Some(config) = coop::CoopBackward::choose(ctx, s, relative_grad_buckets > 0)? {
             let (dkdv, dq) = config.shapes();
             return Ok(BackwardPlan {
                 family,
@@ -209,7 +220,7 @@ pub fn attention_backward_plan(
         return Ok(BackwardPlan {
             family: KernelFamily::Gpu,
             dkdv: gpu::GpuDkDv::choose(ctx, s, choice.tiles[1])?.shape(),
-            dq: gpu::GpuDq::choose(ctx, s, 0, choice.tiles[2])?.shape(),
+            dq: gpu::GpuDq::choose(ctx, s, relative_grad_buckets, choice.tiles[2])?.shape(),
             matrix: None,
         });
     }
@@ -477,6 +488,25 @@ pub(super) fn encode_backward_core(
     let lens = seq_lens_buffer(ctx, opts);
     // A score bias the kernels cannot bind is refused before anything is recorded.
     Shared::scores(ctx, opts)?;
+    // So are gradient kernels with more workgroups than the device dispatches (each kernel checks
+    // its own grid again as it records it): the plan is the one the family's recording takes.
+    let plan = plan_with(
+        ctx,
+        &s,
+        dtype,
+        &choice,
+        bias::RelativeRows::buckets_of(opts),
+    )?;
+    for (blocks, heads) in [
+        (s.kv_seq.div_ceil(plan.dkdv.1 as usize), s.kv_heads),
+        (s.q_seq.div_ceil(plan.dq.1 as usize), s.heads),
+    ] {
+        ctx.grid_2d_for(
+            blocks as u64 * (s.batch * heads) as u64,
+            "workgroups (batch * heads * sequence blocks)",
+            "; split the batch",
+        )?;
+    }
     // One pass per kernel, so a profile tells the three apart.
     // 1. stats = (lse, D).
     {

@@ -155,6 +155,13 @@ pub(super) struct RelativeRows {
 }
 
 impl RelativeRows {
+    /// Buckets of the learned relative table whose gradient the call asks for (0: none).
+    pub(super) fn buckets_of(opts: &AttentionOptions<'_>) -> u32 {
+        opts.relative
+            .zip(opts.relative_grad)
+            .map_or(0, |((buckets, _), _)| buckets.buckets as u32)
+    }
+
     pub(super) fn new(
         ctx: &Context,
         s: &AttentionShape,
