@@ -90,9 +90,10 @@ pub(crate) fn encode(
     buffers: &[&dyn Bindable],
     invocations: usize,
 ) -> Result<()> {
-    ctx.grid_2d(invocation_groups(invocations))?;
+    let grid = ctx.grid_2d(invocation_groups(invocations))?;
     let mut pass = ctx.begin_pass(encoder, kernel.name);
-    encode_in(ctx, &mut pass, kernel, params, buffers, invocations)
+    record(ctx, &mut pass, kernel, params, buffers, grid);
+    Ok(())
 }
 
 /// [`encode`] into an open compute pass: kernels that record many independent dispatches (one per
@@ -110,8 +111,8 @@ pub(crate) fn encode_in(
 }
 
 /// [`encode_in`] over `workgroups` workgroups of [`WG`] invocations, for kernels that give a
-/// workgroup one row (laid out as [`Context::grid_2d`]; the shader's `grid_x` is its first value).
-/// Checks the grid before recording anything.
+/// workgroup one row (laid out as [`Context::grid_2d`]; the shader's `grid_x` is its first value);
+/// nothing where the device cannot dispatch them (the error).
 pub(crate) fn encode_workgroups_in(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
@@ -120,7 +121,20 @@ pub(crate) fn encode_workgroups_in(
     buffers: &[&dyn Bindable],
     workgroups: u64,
 ) -> Result<()> {
-    let (gx, gy) = ctx.grid_2d(workgroups.max(1))?;
+    let grid = ctx.grid_2d(workgroups.max(1))?;
+    record(ctx, pass, kernel, params, buffers, grid);
+    Ok(())
+}
+
+/// Records one dispatch of `kernel` over the 2-D grid `(gx, gy)` its caller checked.
+fn record(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    kernel: SimpleKernel<'_>,
+    params: &[u8],
+    buffers: &[&dyn Bindable],
+    (gx, gy): (u32, u32),
+) {
     let SimpleKernel {
         name,
         source,
@@ -138,7 +152,6 @@ pub(crate) fn encode_workgroups_in(
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(gx, gy, 1);
-    Ok(())
 }
 
 /// Parameters of the column reductions (`column_sum.wgsl`, `layer_norm_param_grads.wgsl`,

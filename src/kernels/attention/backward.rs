@@ -3,7 +3,7 @@
 
 use super::bias::attention_bias_backward_into;
 use super::binding::{
-    base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view,
+    attention_grid, base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view,
     encode_fused_chunks, encode_kernel, inputs_on_vec4, seq_lens_buffer, set_grid, tile_rows,
     workgroup_size, Bound, Kernel, Shared, ROWS, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV,
     VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
@@ -497,16 +497,12 @@ pub(super) fn encode_backward_core(
         &choice,
         bias::RelativeRows::buckets_of(opts),
     )?;
-    for (blocks, heads) in [
-        (s.kv_seq.div_ceil(plan.dkdv.1 as usize), s.kv_heads),
-        (s.q_seq.div_ceil(plan.dq.1 as usize), s.heads),
-    ] {
-        ctx.grid_2d_for(
-            blocks as u64 * (s.batch * heads) as u64,
-            "workgroups (batch * heads * sequence blocks)",
-            "; split the batch",
-        )?;
-    }
+    attention_grid(
+        ctx,
+        s.kv_seq.div_ceil(plan.dkdv.1 as usize),
+        s.batch * s.kv_heads,
+    )?;
+    attention_grid(ctx, s.q_seq.div_ceil(plan.dq.1 as usize), s.batch * s.heads)?;
     // One pass per kernel, so a profile tells the three apart.
     // 1. stats = (lse, D).
     {

@@ -167,19 +167,20 @@ impl RelativeRows {
         s: &AttentionShape,
         opts: &AttentionOptions<'_>,
     ) -> Result<Self> {
-        let Some(((buckets, _), _)) = opts.relative.zip(opts.relative_grad) else {
+        let buckets = Self::buckets_of(opts) as usize;
+        if buckets == 0 {
             return Ok(Self {
                 buckets: 0,
                 buffer: unused_writable(ctx)?,
                 bytes: 4,
             });
-        };
-        let bytes = (s.batch * s.q_seq * s.heads * buckets.buckets * 4) as u64;
+        }
+        let bytes = (s.batch * s.q_seq * s.heads * buckets * 4) as u64;
         check_binding(ctx, "relative table row shares", bytes)?;
         // The column sums' grid, checked before the backward records anything.
-        grid_x(ctx, s.heads * buckets.buckets)?;
+        grid_x(ctx, s.heads * buckets)?;
         Ok(Self {
-            buckets: buckets.buckets,
+            buckets,
             buffer: ctx.scratch_buffer("relative table row shares", bytes)?,
             bytes,
         })

@@ -336,22 +336,27 @@ pub(crate) fn base_params(
     params
 }
 
+/// The 2-D grid of `blocks` workgroups per (batch, head) group of `groups`, refused where it is
+/// more than the device dispatches.
+pub(crate) fn attention_grid(ctx: &Context, blocks: usize, groups: usize) -> Result<(u32, u32)> {
+    ctx.grid_2d_for(
+        blocks as u64 * groups as u64,
+        "workgroups (batch * heads * sequence blocks)",
+        "; split the batch",
+    )
+}
+
 /// Sets the 2-D grid for `blocks` workgroups per (batch, head) group of `groups`, within the
-/// device's workgroups per dimension.
+/// device's workgroups per dimension ([`attention_grid`]).
 pub(crate) fn set_grid(
     ctx: &Context,
     params: &mut Params,
     blocks: usize,
     groups: usize,
 ) -> Result<(u32, u32)> {
-    let total = blocks as u64 * groups as u64;
-    let (gx, gy) = ctx.grid_2d_for(
-        total,
-        "workgroups (batch * heads * sequence blocks)",
-        "; split the batch",
-    )?;
+    let (gx, gy) = attention_grid(ctx, blocks, groups)?;
     params.blocks = blocks as u32;
-    params.total_groups = total as u32;
+    params.total_groups = (blocks * groups) as u32;
     params.grid_x = gx;
     Ok((gx, gy))
 }
