@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags decodeattn decodegrid decodeab prefillpaged tests-decode tune tunetc mixed) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags atomicdq decodeattn decodegrid decodeab prefillpaged tests-decode tune tunetc mixed) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -115,6 +115,25 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
           --dtypes f16 --batch 1 --heads 8 --head-dim 64 --lengths 4096 --masks none,causal \
           --passes backward --paths fused --reps 5 --json $OUT/flags-$mode-$r.json
       done
+    done ;;
+  atomicdq)
+    # Issue 45's backward at FlashAttention-2's split: the GPU family's dK/dV kernel adding dQ with
+    # f32 atomics (--atomic-gradients) against the dK/dV + dQ kernels, f32 and f16, B1 H8 D64 and
+    # B4 H16 D128, L 1024 (validated) to 8192, none and causal; forward and backward in one run each
+    # (the backward/forward ratio is the target), two interleaved pairs. Under 5 minutes.
+    for r in 1 2; do
+      for mode in kernel atomic; do
+        a=""; [ $mode = atomic ] && a=--atomic-gradients
+        step 75 atomicdq-$mode-d64-$r $B/attention-bench --kernels gpu --dtypes f32,f16 --batch 1 --heads 8 \
+          --head-dim 64 --lengths 1024,4096,8192 --masks none,causal --passes forward,backward --paths fused \
+          --reps 5 $a --json $OUT/atomicdq-$mode-d64-$r.json
+      done
+    done
+    for mode in kernel atomic; do
+      a=""; [ $mode = atomic ] && a=--atomic-gradients
+      step 60 atomicdq-$mode-d128 $B/attention-bench --kernels gpu --dtypes f16 --batch 4 --heads 16 \
+        --head-dim 128 --lengths 1024,4096 --masks none,causal --passes forward,backward --paths fused \
+        --reps 5 $a --json $OUT/atomicdq-$mode-d128.json
     done ;;
   coop64)
     step 120 coop-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \

@@ -67,6 +67,8 @@ pub struct Context {
     subgroups_enabled: bool,
     /// [`ContextOptions::fixed_flag_builds`].
     fixed_flag_builds: Option<bool>,
+    /// [`ContextOptions::atomic_gradients`], where the device has f32 atomics.
+    atomic_gradients: bool,
     trusted_shaders: bool,
     /// Every kernel in a compute pass of its own, even inside [`Context::with_one_pass`].
     pass_per_kernel: bool,
@@ -142,7 +144,8 @@ fn next_context_id() -> ContextId {
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
     .union(wgpu::Features::SHADER_F16)
     .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-    .union(wgpu::Features::SUBGROUP);
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::SHADER_FLOAT32_ATOMIC);
 
 impl Context {
     /// Creates a device on the best adapter (real GPUs before CPU drivers) with the default
@@ -361,6 +364,8 @@ impl Context {
             subgroup_size,
             subgroups_enabled,
             fixed_flag_builds: options.fixed_flag_builds,
+            atomic_gradients: options.atomic_gradients
+                && features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC),
             trusted_shaders,
             pass_per_kernel: options.pass_per_kernel,
             untrusted_measurement: options.unchecked_measurement,

@@ -105,10 +105,19 @@ pub struct ContextOptions {
     /// choice, as PyTorch's `allow_tf32`. Tuned choices made with it are cached under keys of
     /// their own. Default: off.
     pub tune_tensor_cores: bool,
+    /// Whether the GPU family's attention backward may add dQ with f32 atomics from its dK/dV
+    /// kernel (FlashAttention-2's split of the backward: five products instead of seven, and no dQ
+    /// kernel), where the device has `Features::SHADER_FLOAT32_ATOMIC`
+    /// ([`Context::atomic_gradients`](super::Context::atomic_gradients) says whether it applies).
+    /// The key blocks' terms then arrive in no fixed order: dQ is within the f32 tolerances of
+    /// SPEC.md but no longer bitwise repeatable between runs (dK and dV still are). Calls with a
+    /// learned relative table keep the dQ kernel. Default: off, every gradient bitwise
+    /// deterministic.
+    pub atomic_gradients: bool,
 }
 
 /// The environment variables [`ContextOptions::from_env`] reads, with what each sets.
-pub const ENVIRONMENT_VARIABLES: [(&str, &str); 19] = [
+pub const ENVIRONMENT_VARIABLES: [(&str, &str); 20] = [
     (
         "WGPU_BACKEND",
         "backends: vulkan, gl, metal, dx12 (comma-separated)",
@@ -151,6 +160,10 @@ pub const ENVIRONMENT_VARIABLES: [(&str, &str); 19] = [
     (
         "WGPU_ATTENTION_TUNE_TENSOR_CORES",
         "tune_tensor_cores: on or off",
+    ),
+    (
+        "WGPU_ATTENTION_ATOMIC_GRADIENTS",
+        "atomic_gradients: on or off",
     ),
 ];
 
@@ -276,6 +289,9 @@ impl ContextOptions {
         if let Some(allowed) = on_off("WGPU_ATTENTION_TUNE_TENSOR_CORES") {
             options.tune_tensor_cores = allowed;
         }
+        if let Some(allowed) = on_off("WGPU_ATTENTION_ATOMIC_GRADIENTS") {
+            options.atomic_gradients = allowed;
+        }
         Ok(options)
     }
 
@@ -372,6 +388,12 @@ impl ContextOptions {
     /// Sets [`ContextOptions::tune_tensor_cores`].
     pub fn tune_tensor_cores(mut self, allowed: bool) -> Self {
         self.tune_tensor_cores = allowed;
+        self
+    }
+
+    /// Sets [`ContextOptions::atomic_gradients`].
+    pub fn atomic_gradients(mut self, allowed: bool) -> Self {
+        self.atomic_gradients = allowed;
         self
     }
 }

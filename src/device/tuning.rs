@@ -323,6 +323,13 @@ impl Context {
         self.fixed_flag_builds.unwrap_or(!self.is_cpu())
     }
 
+    /// Whether the GPU family's attention backward adds dQ with f32 atomics from its dK/dV kernel
+    /// ([`ContextOptions::atomic_gradients`](super::ContextOptions::atomic_gradients)): asked for,
+    /// and the device has `Features::SHADER_FLOAT32_ATOMIC`. dQ is then not bitwise repeatable.
+    pub fn atomic_gradients(&self) -> bool {
+        self.atomic_gradients
+    }
+
     /// Turns the fixed-flag builds on or off; `None` restores the choice by adapter class.
     pub fn set_fixed_flag_builds(&mut self, enabled: Option<bool>) {
         self.fixed_flag_builds = enabled;

@@ -8,9 +8,9 @@ use common::*;
 use std::sync::Mutex;
 use wgpu_attention::kernels::attention::MAX_FUSED_BACKWARD_HEAD_DIM_GPU;
 use wgpu_attention::{
-    attention_backward, attention_backward_into, attention_backward_unfused,
-    attention_backward_workspace, attention_forward, AttentionOptions, AttentionShape,
-    BackwardViews, Context, Error, GpuTensor, KernelFamily,
+    attention_backward, attention_backward_into, attention_backward_plan,
+    attention_backward_unfused, attention_backward_workspace, attention_forward, AttentionOptions,
+    AttentionShape, BackwardViews, Context, DType, Error, GpuTensor, KernelFamily,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -324,6 +324,77 @@ fn fixed_flag_builds_match_reference() {
                         && n.contains(&format!("_{family}"))
                         && n.contains(flags)),
                 "no {family} dK/dV build with {flags}: {names:?}"
+            );
+        }
+    }
+}
+
+/// The GPU family's dK/dV kernel adding dQ with f32 atomics (`ContextOptions::atomic_gradients`,
+/// where the device has them: lavapipe, not wgpu's GL): against the reference with grouped heads,
+/// ragged tiles, the causal mask and padded rows (whose dQ must be zero), dK and dV still bitwise
+/// repeatable, and the dump showing the atomic build and the store ran instead of the dQ kernel.
+#[test]
+fn atomic_dq_matches_reference() {
+    let dump = std::env::temp_dir().join(format!("wgpu-attention-dqsums-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dump);
+    let cases = [
+        Case::new(2, 33, 47, 4, 2, 16, 16),
+        Case::new(2, 33, 47, 4, 2, 16, 16).causal(),
+        Case::new(2, 33, 33, 4, 2, 16, 16)
+            .causal()
+            .q_lens(&[33, 20])
+            .kv_lens(&[33, 20]),
+    ];
+    let atomic_ran = Mutex::new(false);
+    for_each_family_with_options(
+        |opts| opts.atomic_gradients(true).dump_pipelines(&dump),
+        |backend, ctx| {
+            if !backend.ends_with("/gpu") {
+                return;
+            }
+            assert_eq!(
+                ctx.atomic_gradients(),
+                backend.starts_with("vulkan"),
+                "{backend}"
+            );
+            *atomic_ran.lock().unwrap() |= ctx.atomic_gradients();
+            let shape = AttentionShape {
+                batch: 2,
+                q_seq: 33,
+                kv_seq: 47,
+                heads: 4,
+                kv_heads: 2,
+                head_dim_qk: 16,
+                head_dim_v: 16,
+            };
+            let plan = attention_backward_plan(ctx, &shape, DType::F32).unwrap();
+            assert_eq!(plan.dq_atomic, ctx.atomic_gradients(), "{backend}: {plan}");
+            for case in &cases {
+                let first = check(backend, ctx, case, Path::Fused);
+                let again = run(ctx, case, Path::Fused);
+                assert!(
+                    first.dk == again.dk && first.dv == again.dv,
+                    "{backend}: dK, dV"
+                );
+            }
+        },
+    );
+    let names: Vec<String> = std::fs::read_dir(&dump)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dump);
+    if atomic_ran.into_inner().unwrap() {
+        for build in [
+            "attention_backward_dkdv_gpu_dqsums",
+            "attention_backward_dq_store",
+        ] {
+            assert!(
+                names.iter().any(|n| n.starts_with(build)),
+                "no {build}: {names:?}"
             );
         }
     }

@@ -74,8 +74,11 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
                     .unwrap_or_else(|e| panic!("{tag}: SPIR-V: {e}"));
                 assert!(words.len() > 5);
 
+                // f32 atomics (the dK/dV build that adds dQ) need MSL 3.0; wgpu offers them on
+                // Vulkan and Metal only (SHADER_FLOAT32_ATOMIC), so no HLSL or GLSL below.
+                let float_atomics = name.contains("_dqsums");
                 let msl_options = msl::Options {
-                    lang_version: (2, 4),
+                    lang_version: if float_atomics { (3, 0) } else { (2, 4) },
                     ..Default::default()
                 };
                 let msl_pipeline = msl::PipelineOptions {
@@ -97,6 +100,13 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
                         "{tag}: no simdgroup matrices in MSL"
                     );
                     translated_coop += 1;
+                    continue;
+                }
+                if float_atomics {
+                    assert!(
+                        msl_src.contains("atomic_fetch_add"),
+                        "{tag}: no atomics in MSL"
+                    );
                     continue;
                 }
                 let hlsl_options = hlsl::Options {

@@ -1,6 +1,7 @@
 // Attention backward, dK and dV, for GPUs (the tiled family; SPEC.md):
 //   dV_j = sum_i p_ij dO_i,   dK_j = scale * sum_i dS_ij q_i,   dS_ij = p_ij (dO_i . v_j - D_i),
 // summed over every query head that shares kv head h_kv, in a fixed order: deterministic, no atomics.
+// The build with attention/gpu/dq_sums.wgsl also adds dQ from each tile's dS^T (with atomics).
 //
 // A workgroup owns BN keys of one (batch, kv head), staged once in workgroup memory (K pre-scaled), and
 // steps over tiles of BM query rows (Q, dO and (lse, D) staged). Invocation (tk, tq) owns four keys
@@ -130,6 +131,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             workgroupBarrier();
 
+            // dQ of the tile from this block's keys, where the host builds it
+            // (attention/gpu/dq_sums.wgsl).
+            add_dq_tile(lid, b, h, m0, hi);
             for (var ii = 0u; ii < BM; ii++) {
                 let p = pt_tile[ii * TK + tk];
                 let ds = dst_tile[ii * TK + tk];

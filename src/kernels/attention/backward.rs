@@ -5,8 +5,8 @@ use super::bias::attention_bias_backward_into;
 use super::binding::{
     attention_grid, base_params, bind_backward_inputs, bind_output_pair, bind_tensor, bind_view,
     encode_fused_chunks, encode_kernel, inputs_on_vec4, seq_lens_buffer, set_grid, tile_rows,
-    workgroup_size, Bound, Kernel, Shared, ROWS, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ, VIEW_DV,
-    VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    workgroup_size, Binding, Bound, Kernel, Shared, ROWS, SIMPLE_WG, VIEW_DK, VIEW_DO, VIEW_DQ,
+    VIEW_DV, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::call::{AttentionOutput, BackwardCall, BackwardViews};
 use super::header::with_common_typed;
@@ -163,17 +163,20 @@ pub struct BackwardPlan {
     pub dq: (u32, u32, u32),
     /// The tensor-core family's matrix build (`None` for the other families).
     pub matrix: Option<MatrixBuild>,
+    /// Whether the dK/dV kernel adds dQ with f32 atomics and no dQ kernel runs
+    /// ([`crate::ContextOptions::atomic_gradients`]; `dq` is then the shape it would have had).
+    pub dq_atomic: bool,
 }
 
 impl std::fmt::Display for BackwardPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (kw, keys, rows) = self.dkdv;
         let (qw, q_rows, q_keys) = self.dq;
-        write!(
-            f,
-            "{} dkdv {keys}x{rows}/{kw} dq {q_rows}x{q_keys}/{qw}",
-            self.family.name()
-        )?;
+        write!(f, "{} dkdv {keys}x{rows}/{kw}", self.family.name())?;
+        match self.dq_atomic {
+            true => write!(f, " dq atomic")?,
+            false => write!(f, " dq {q_rows}x{q_keys}/{qw}")?,
+        }
         if let Some(matrix) = self.matrix {
             write!(f, " {}", matrix.name())?;
         }
@@ -213,6 +216,7 @@ fn plan_with(
                 dkdv,
                 dq,
                 matrix: Some(config.build),
+                dq_atomic: false,
             });
         }
     }
@@ -222,6 +226,7 @@ fn plan_with(
             dkdv: gpu::GpuDkDv::choose(ctx, s, choice.tiles[1])?.shape(),
             dq: gpu::GpuDq::choose(ctx, s, relative_grad_buckets, choice.tiles[2])?.shape(),
             matrix: None,
+            dq_atomic: gpu::adds_dq_atomically(ctx, relative_grad_buckets),
         });
     }
     let wg = workgroup_size(ctx, true, choice.workgroup);
@@ -231,6 +236,7 @@ fn plan_with(
         dkdv: (wg, wg * ROWS, cpu_dkdv_rows(ctx, s, quads)),
         dq: (wg, wg * ROWS, cpu_dq_keys(ctx, s, quads)),
         matrix: None,
+        dq_atomic: false,
     })
 }
 
@@ -267,8 +273,13 @@ fn backward_family(family: KernelFamily, dtype: DType) -> KernelFamily {
 /// Which of the backward's two gradient kernels a pass records: dK/dV over key blocks, or dQ over
 /// query blocks (with the relative table's row shares where the family's kernel writes them).
 pub(super) enum Gradient<'a> {
-    DkDv,
-    Dq { rel: Option<&'a bias::RelativeRows> },
+    /// `dq_sums`: the f32 sums the GPU family's dK/dV kernel adds dQ to (binding 9), where it does.
+    DkDv {
+        dq_sums: Option<Binding<'a>>,
+    },
+    Dq {
+        rel: Option<&'a bias::RelativeRows>,
+    },
 }
 
 /// How a family runs one gradient kernel: its key (given whether the call's Q, K, V and dO are read
@@ -294,7 +305,7 @@ pub(super) fn encode_gradient(
 ) -> Result<()> {
     let (s, views) = (&call.s, &call.views);
     let name = match which {
-        Gradient::DkDv => "attention_backward_dkdv",
+        Gradient::DkDv { .. } => "attention_backward_dkdv",
         Gradient::Dq { .. } => "attention_backward_dq",
     };
     let mut pass = ctx.begin_pass(encoder, name);
@@ -303,9 +314,10 @@ pub(super) fn encode_gradient(
     let mut bindings = bind_backward_inputs(ctx, &mut params, inputs, views.workspace)?;
     let vec4_inputs = inputs_on_vec4(&params, &[VIEW_Q, VIEW_K, VIEW_V, VIEW_DO], s);
     let (blocks, entries, steps) = match which {
-        Gradient::DkDv => {
+        Gradient::DkDv { dq_sums } => {
             let outputs = [("dk", views.dk, VIEW_DK), ("dv", views.dv, VIEW_DV)];
             bindings.extend(bind_output_pair(ctx, outputs, &mut params)?);
+            bindings.extend(dq_sums);
             (
                 s.kv_seq.div_ceil(kernel.block),
                 s.batch * s.kv_heads,
@@ -566,7 +578,7 @@ pub(super) fn encode_backward_core(
         ctx,
         encoder,
         &call,
-        Gradient::DkDv,
+        Gradient::DkDv { dq_sums: None },
         GradientKernel {
             key: &|vec4_inputs| {
                 let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, FamilyBuild::Cpu(quads));

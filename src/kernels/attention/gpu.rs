@@ -8,7 +8,7 @@ use super::bias;
 use super::binding::{
     base_params, bind_tensor, bind_view, encode_fused, encode_kernel, inputs_on_vec4,
     seq_lens_buffer, set_grid, Binding, Bound, Kernel, Params, Shared, ViewParams, SIMPLE_WG,
-    VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    VIEW_DQ, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::call::BackwardCall;
 use super::call::ForwardCall;
@@ -24,6 +24,7 @@ use std::sync::OnceLock;
 
 pub(super) const FORWARD_MERGE: &str =
     include_str!("../../../shaders/attention/forward_merge.wgsl");
+pub(super) const DQ_STORE: &str = include_str!("../../../shaders/attention/gpu/dq_store.wgsl");
 
 /// Shape of the tiled forward (`attention/gpu/forward.wgsl`, the GPU family): `wg` invocations own
 /// `block_m` query rows and step over tiles of `block_n` keys.
@@ -716,6 +717,8 @@ pub(super) fn encode_backward_gpu(
 ) -> Result<()> {
     let (s, dtype) = (&call.s, call.dtype);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
+    let rel = bias::RelativeRows::new(ctx, s, call.opts)?;
+    let dq_sums = DqSums::new(ctx, call, &rel)?;
     let config = GpuDkDv::choose(ctx, s, call.choice.tiles[1])?;
     let (sq, ock, ocv) = config.per_invocation(s);
     let (per_row, fixed) = config.loop_cost(s);
@@ -723,12 +726,15 @@ pub(super) fn encode_backward_gpu(
         ctx,
         encoder,
         call,
-        Gradient::DkDv,
+        Gradient::DkDv {
+            dq_sums: dq_sums.as_ref().map(DqSums::binding),
+        },
         GradientKernel {
             key: &|vec4_inputs| {
                 let mut key = FusedVariant::new(FusedKernel::BackwardDkDv, GPU_BACKWARD);
                 (key.input, key.written, key.vec4_inputs) = (dtype, dtype, vec4_inputs);
                 key.fixed_flags_build = true;
+                key.dq_sums = dq_sums.is_some();
                 key.arrays = vec![("MAX_SQ", sq), ("MAX_OCK", ock), ("MAX_OCV", ocv)];
                 key.constants = vec![
                     ("WG", config.wg),
@@ -744,7 +750,10 @@ pub(super) fn encode_backward_gpu(
             align: config.block_m as usize,
         },
     )?;
-    let rel = bias::RelativeRows::new(ctx, s, call.opts)?;
+    if let Some(sums) = &dq_sums {
+        sums.encode_store(ctx, encoder, call);
+        return rel.encode_sums(ctx, encoder, s, call.opts);
+    }
     let config = GpuDq::choose(ctx, s, rel.constant().1, call.choice.tiles[2])?;
     let (sk, oc) = config.per_invocation(s);
     let (per_key, fixed) = config.loop_cost(s);
@@ -775,6 +784,91 @@ pub(super) fn encode_backward_gpu(
         },
     )?;
     rel.encode_sums(ctx, encoder, s, call.opts)
+}
+
+/// Whether the family's backward adds dQ with atomics from its dK/dV kernel: where the context
+/// allows it ([`Context::atomic_gradients`]) and the dQ kernel has nothing else to write (no
+/// gradient of a learned relative table, `relative_buckets` 0).
+pub(super) fn adds_dq_atomically(ctx: &Context, relative_buckets: u32) -> bool {
+    ctx.atomic_gradients() && relative_buckets == 0
+}
+
+/// The f32 sums the dK/dV kernel adds dQ to with atomics (`attention/gpu/dq_sums.wgsl`), `[B, H,
+/// Lq, DK]` in the context's scratch, and the store of them into the dq view, which zeroes them
+/// again (`attention/gpu/dq_store.wgsl`).
+struct DqSums<'a> {
+    buffer: wgpu::Buffer,
+    bytes: u64,
+    /// The store's parameters, dq binding and grid, checked before the backward records its first
+    /// pass.
+    params: Params,
+    dq: Binding<'a>,
+    grid: (u32, u32),
+}
+
+impl<'a> DqSums<'a> {
+    /// The sums for `call` where the family adds dQ with atomics ([`adds_dq_atomically`]); `None`
+    /// where the dQ kernel runs.
+    fn new(
+        ctx: &'a Context,
+        call: &BackwardCall<'a>,
+        rel: &bias::RelativeRows,
+    ) -> Result<Option<Self>> {
+        if !adds_dq_atomically(ctx, rel.buckets()) {
+            return Ok(None);
+        }
+        let s = &call.s;
+        let elements = s.batch * s.heads * s.q_seq * s.head_dim_qk;
+        let bytes = elements as u64 * 4;
+        check_binding(ctx, "dQ sums", bytes)?;
+        let mut params = base_params(s, call.scale, call.opts);
+        let dq = bind_view(ctx, "dq", call.views.dq, VIEW_DQ, &mut params)?;
+        let grid = set_grid(ctx, &mut params, elements.div_ceil(SIMPLE_WG as usize), 1)?;
+        Ok(Some(Self {
+            buffer: ctx.scratch_buffer("attention dQ sums", bytes)?,
+            bytes,
+            params,
+            dq,
+            grid,
+        }))
+    }
+
+    fn binding(&self) -> Binding<'_> {
+        Binding {
+            buffer: &self.buffer,
+            offset_bytes: 0,
+            size_bytes: self.bytes,
+        }
+    }
+
+    /// Records the store of the sums into the dq view.
+    fn encode_store(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        call: &BackwardCall<'_>,
+    ) {
+        let dtype = call.views.dq.dtype();
+        let mut pass = ctx.begin_pass(encoder, "attention_backward_dq_store");
+        encode_kernel(
+            ctx,
+            &mut pass,
+            Kernel {
+                name: match dtype {
+                    DType::F32 => "attention_backward_dq_store",
+                    DType::F16 => "attention_backward_dq_store_f16",
+                },
+                source: |score_bias| with_common_typed(DQ_STORE, DType::F32, dtype, score_bias),
+                constants: &[("WG", SIMPLE_WG)],
+            },
+            &self.params,
+            Bound {
+                shared: Shared::lens(seq_lens_buffer(ctx, call.opts)),
+                bindings: &[self.binding(), self.dq],
+                grid: self.grid,
+            },
+        );
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use crate::tensor::DType;
 pub fn shader_sources() -> Vec<(String, String)> {
     [
         ("attention_forward_merge", gpu::FORWARD_MERGE),
+        ("attention_backward_dq_store", gpu::DQ_STORE),
         ("attention_backward_preprocess", BACKWARD_PREPROCESS),
         ("attention_softmax", SOFTMAX),
         ("attention_softmax_backward", SOFTMAX_BACKWARD),
@@ -31,6 +32,10 @@ pub fn shader_sources() -> Vec<(String, String)> {
         (
             "attention_forward_merge_f16",
             with_common_typed(gpu::FORWARD_MERGE, DType::F32, DType::F16, true),
+        ),
+        (
+            "attention_backward_dq_store_f16",
+            with_common_typed(gpu::DQ_STORE, DType::F32, DType::F16, true),
         ),
         (
             "attention_backward_preprocess_f16",
@@ -86,6 +91,12 @@ fn fused_variants() -> Vec<FusedVariant> {
         if !(dtype == F16 && vec4) {
             keys.push(gpu(BackwardDq, false, dtype, dtype, vec4));
         }
+    }
+    // dK/dV adding dQ with f32 atomics (Vulkan and Metal: SHADER_FLOAT32_ATOMIC).
+    for dtype in [F32, F16] {
+        let mut key = gpu(BackwardDkDv, false, dtype, dtype, true);
+        key.dq_sums = true;
+        keys.push(key);
     }
     keys.extend(coop::shader_variants());
     keys

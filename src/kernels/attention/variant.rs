@@ -50,6 +50,8 @@ const GPU_KEY_PRODUCTS: &str = include_str!("../../../shaders/attention/gpu/key_
 const GPU_TILES: &str = include_str!("../../../shaders/attention/gpu/tiles.wgsl");
 const GPU_BACKWARD_TILES: &str = include_str!("../../../shaders/attention/gpu/backward_tiles.wgsl");
 const GPU_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/gpu/backward_dkdv.wgsl");
+const GPU_DQ_SUMS: &str = include_str!("../../../shaders/attention/gpu/dq_sums.wgsl");
+const GPU_DQ_SUMS_NONE: &str = include_str!("../../../shaders/attention/gpu/dq_sums_none.wgsl");
 const GPU_ROW_MAX_SUBGROUP: &str =
     include_str!("../../../shaders/attention/gpu/row_max_subgroup.wgsl");
 const GPU_ROW_MAX_WORKGROUP: &str =
@@ -118,6 +120,9 @@ pub(super) struct FusedVariant {
     /// The flags fixed at pipeline creation (`FIXED_FLAGS`): of the call, set when it is recorded
     /// where `fixed_flags_build` applies.
     pub fixed_flags: Option<u32>,
+    /// The GPU family's dK/dV kernel also adds dQ to f32 sums with atomics
+    /// (`attention/gpu/dq_sums.wgsl`; [`crate::ContextOptions::atomic_gradients`]): the call's.
+    pub dq_sums: bool,
 }
 
 impl FusedVariant {
@@ -136,6 +141,7 @@ impl FusedVariant {
             score_bias: true,
             fixed_flags_build: false,
             fixed_flags: None,
+            dq_sums: false,
         }
     }
 
@@ -168,6 +174,9 @@ impl FusedVariant {
                     name.push_str("_portable");
                 }
             }
+        }
+        if self.dq_sums {
+            name.push_str("_dqsums");
         }
         if self.input == DType::F16 {
             name.push_str("_f16");
@@ -279,6 +288,10 @@ impl FusedVariant {
                 ]
             }
             (FamilyBuild::Gpu { .. }, FusedKernel::BackwardDkDv) => {
+                let dq = match self.dq_sums {
+                    true => GPU_DQ_SUMS,
+                    false => GPU_DQ_SUMS_NONE,
+                };
                 vec![
                     GPU_BACKWARD_TILES,
                     GPU_BACKWARD_DKDV,
@@ -286,6 +299,7 @@ impl FusedVariant {
                     OUTPUT_PAIR,
                     rows,
                     do_rows,
+                    dq,
                 ]
             }
             (FamilyBuild::Coop { build, .. }, kernel) => {

@@ -314,7 +314,7 @@ pub(in crate::kernels::attention) fn encode_backward_coop(
     let s = &call.s;
     let types = [call.dtype, mat_elem(ctx)];
     for (kernel, which) in [
-        (Kernel::DkDv, Gradient::DkDv),
+        (Kernel::DkDv, Gradient::DkDv { dq_sums: None }),
         (Kernel::Dq, Gradient::Dq { rel: None }),
     ] {
         let (groups, tile) = config.shape_of(kernel);

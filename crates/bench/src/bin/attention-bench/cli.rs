@@ -242,6 +242,11 @@ pub(crate) struct Cli {
     /// the tensor-core tolerances; ContextOptions::tune_tensor_cores)
     #[arg(long, requires = "tune")]
     pub(crate) tune_tensor_cores: bool,
+    /// The GPU family's backward adds dQ with f32 atomics from its dK/dV kernel instead of running
+    /// the dQ kernel, where the device has them (ContextOptions::atomic_gradients: dQ is then not
+    /// bitwise repeatable)
+    #[arg(long)]
+    pub(crate) atomic_gradients: bool,
     /// Time one more run of each fused case per compute pass (GPU timestamps, TIMESTAMP_QUERY):
     /// the forward's passes, and the backward's preprocess, dK/dV and dQ apart; printed after the
     /// table and written to --json as each case's `profile`.

@@ -89,6 +89,7 @@ fn main() -> ExitCode {
     let options = bench_options(backends, cli.adapter.clone()).map(|mut o| {
         o.tuning_cache = cli.tuning_cache.clone();
         o.tune_tensor_cores |= cli.tune_tensor_cores;
+        o.atomic_gradients |= cli.atomic_gradients;
         if let Some(per_key) = cli.tuning_budget.filter(|s| s.is_finite() && *s > 0.0) {
             let per_key = std::time::Duration::from_secs_f64(per_key);
             o.tuning_budget = TuningBudget::new(per_key, 12 * per_key);
@@ -127,6 +128,11 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
     let reps = reps(cli);
     let report = ctx.report();
     println!("adapter: {report}");
+    if ctx.atomic_gradients() {
+        println!("backward: dQ added with f32 atomics by the GPU family's dK/dV kernel");
+    } else if cli.atomic_gradients {
+        println!("backward: --atomic-gradients asked, but the device has no f32 atomics");
+    }
     let peak = fma_peak_gflops(ctx, &timer)?;
     println!(
         "clock: {}; {reps} timed runs per case after a warm-up; FMA peak {peak:.1} GFLOP/s (measured)",
