@@ -92,6 +92,11 @@ pub struct KernelChoice {
     /// [`ContextOptions::coop_forward_shape`](super::ContextOptions::coop_forward_shape)).
     #[serde(default)]
     pub coop_forward: Option<(u32, u32)>,
+    /// Whether the GPU family's backward adds dQ with f32 atomics from its dK/dV kernel, where the
+    /// context allows it ([`ContextOptions::atomic_gradients`](super::ContextOptions::atomic_gradients)):
+    /// `Some(false)` runs the dQ kernel, `None` takes the atomics where allowed.
+    #[serde(default)]
+    pub dq_atomic: Option<bool>,
 }
 
 impl KernelChoice {
@@ -104,6 +109,7 @@ impl KernelChoice {
             splits: self.splits.or(fallback.splits),
             workgroup: self.workgroup.or(fallback.workgroup),
             coop_forward: self.coop_forward.or(fallback.coop_forward),
+            dq_atomic: self.dq_atomic.or(fallback.dq_atomic),
         }
     }
 
@@ -133,6 +139,9 @@ impl std::fmt::Display for KernelChoice {
         }
         if let Some((groups, keys)) = self.coop_forward {
             parts.push(format!("coop forward {groups}x{keys}"));
+        }
+        if let Some(atomic) = self.dq_atomic {
+            parts.push(format!("dq {}", if atomic { "atomic" } else { "kernel" }));
         }
         match parts.is_empty() {
             true => write!(f, "default"),
@@ -379,6 +388,7 @@ impl Context {
             splits: self.forward_splits,
             workgroup: self.attention_workgroup,
             coop_forward: self.coop_forward_shape,
+            dq_atomic: None,
         }
     }
 

@@ -201,6 +201,59 @@ fn tuning_may_pick_the_tensor_cores_where_allowed() {
     assert!(!ContextOptions::new().tune_tensor_cores);
 }
 
+/// Where the context allows atomic gradients, the GPU family's backward tunes the dQ kernel (each
+/// of its tiles) against dQ added with atomics by the dK/dV kernel, under a key of their own, and
+/// the tuned call matches the reference.
+#[test]
+fn the_backward_tunes_the_dq_kernel_against_atomics_where_allowed() {
+    for_each_backend(|name, shared| {
+        if name != "vulkan" {
+            return;
+        }
+        let mut ctx = fresh_context_with_options(name, shared, |opts| {
+            opts.tuning(TuningMode::Tune)
+                .atomic_gradients(true)
+                .tuning_budget(TuningBudget::new(
+                    Duration::from_secs(300),
+                    Duration::from_secs(600),
+                ))
+        });
+        ctx.set_kernel_family(Some(KernelFamily::Gpu));
+        assert!(ctx.atomic_gradients());
+        let case = small_case();
+        let [q, k, v, d_out] = case.upload(&ctx);
+        let opts = AttentionOptions::new().causal(true);
+        let fwd = attention_forward(&ctx, &q, &k, &v, &opts).unwrap();
+        let grads = attention_backward(&ctx, &q, &k, &v, &fwd, &d_out, &opts).unwrap();
+        let reference = case.reference_backward();
+        for (what, got, want) in [
+            ("dq", &grads.dq, &reference.dq),
+            ("dk", &grads.dk, &reference.dk),
+            ("dv", &grads.dv, &reference.dv),
+        ] {
+            let got = got.to_vec(&ctx).unwrap();
+            assert_close(what, &got, want, BACKWARD_ATOL, BACKWARD_RTOL);
+        }
+        let report = ctx.tuning_report();
+        let record = report
+            .iter()
+            .find(|r| r.key.starts_with("attention_backward"))
+            .unwrap_or_else(|| panic!("no backward key: {report:?}"));
+        assert!(record.key.ends_with(" atomic"), "{record}");
+        let kernel = record
+            .candidates
+            .iter()
+            .filter(|c| c.choice.dq_atomic == Some(false))
+            .count();
+        assert!(kernel >= 1, "no dQ-kernel candidate: {record}");
+        assert!(record
+            .candidates
+            .iter()
+            .any(|c| c.choice.dq_atomic.is_none()));
+        check_verdicts(record);
+    });
+}
+
 #[test]
 fn a_second_context_reads_the_cache_and_times_nothing() {
     on_lavapipe(|make| {

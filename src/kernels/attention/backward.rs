@@ -226,7 +226,7 @@ fn plan_with(
             dkdv: gpu::GpuDkDv::choose(ctx, s, choice.tiles[1])?.shape(),
             dq: gpu::GpuDq::choose(ctx, s, relative_grad_buckets, choice.tiles[2])?.shape(),
             matrix: None,
-            dq_atomic: gpu::adds_dq_atomically(ctx, relative_grad_buckets),
+            dq_atomic: gpu::adds_dq_atomically(ctx, choice, relative_grad_buckets),
         });
     }
     let wg = workgroup_size(ctx, true, choice.workgroup);

@@ -15,7 +15,7 @@ use super::call::ForwardCall;
 use super::header::with_common_typed;
 use super::options::AttentionOptions;
 use super::variant::{FamilyBuild, FusedKernel, FusedVariant};
-use crate::device::{Context, TiledShape};
+use crate::device::{Context, KernelChoice, TiledShape};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
 use crate::spec::AttentionShape;
@@ -787,10 +787,15 @@ pub(super) fn encode_backward_gpu(
 }
 
 /// Whether the family's backward adds dQ with atomics from its dK/dV kernel: where the context
-/// allows it ([`Context::atomic_gradients`]) and the dQ kernel has nothing else to write (no
-/// gradient of a learned relative table, `relative_buckets` 0).
-pub(super) fn adds_dq_atomically(ctx: &Context, relative_buckets: u32) -> bool {
-    ctx.atomic_gradients() && relative_buckets == 0
+/// allows it ([`Context::atomic_gradients`]), the choice does not name the dQ kernel (the tuner's
+/// `dq_atomic: Some(false)`) and that kernel has nothing else to write (no gradient of a learned
+/// relative table, `relative_buckets` 0).
+pub(super) fn adds_dq_atomically(
+    ctx: &Context,
+    choice: &KernelChoice,
+    relative_buckets: u32,
+) -> bool {
+    ctx.atomic_gradients() && choice.dq_atomic != Some(false) && relative_buckets == 0
 }
 
 /// The f32 sums the dK/dV kernel adds dQ to with atomics (`attention/gpu/dq_sums.wgsl`), `[B, H,
@@ -814,7 +819,7 @@ impl<'a> DqSums<'a> {
         call: &BackwardCall<'a>,
         rel: &bias::RelativeRows,
     ) -> Result<Option<Self>> {
-        if !adds_dq_atomically(ctx, rel.buckets()) {
+        if !adds_dq_atomically(ctx, &call.choice, rel.buckets()) {
             return Ok(None);
         }
         let s = &call.s;

@@ -12,7 +12,9 @@
 //! family only where the context runs it or lets tuning pick it, `tune_tensor_cores`, as it rounds
 //! inputs to f16; such keys end in ` tc`), then the winner's own shape: the CPU-driver family's
 //! workgroup width, the tensor-core forward's tile groups and key tiles, or the GPU family's tile
-//! shapes and then the forward's split-KV count, each step keeping the fastest so far. Before it
+//! shapes and then the forward's split-KV count, each step keeping the fastest so far (where the
+//! context allows atomic gradients, the backward's dQ kernel against dQ added with atomics; such
+//! backward keys end in ` atomic`). Before it
 //! is timed, each candidate other than the static choice runs a small problem with random values
 //! and must match the static choice's result there.
 
@@ -126,6 +128,10 @@ fn tuning_key(
     // Choices that may be the tensor-core family's (its accuracy) are never another context's.
     if ctx.tunes_tensor_cores() {
         key += " tc";
+    }
+    // Nor backward choices made where dQ may be added with atomics (not bitwise repeatable).
+    if kernel == Tuned::Backward.name() && ctx.atomic_gradients() {
+        key += " atomic";
     }
     key
 }
@@ -571,7 +577,7 @@ fn search_backward(
     let Some(best) = steps.run(ctx, search, name_gpu, &measure)? else {
         return Ok(());
     };
-    // 2. dK/dV's tiles, then dQ's with the best dK/dV.
+    // 2. dK/dV's tiles.
     if settings.tiles[1].is_none() {
         for tile in dkdv {
             let mut choice = best;
@@ -579,11 +585,21 @@ fn search_backward(
             measure(search, choice)?;
         }
     }
-    if settings.tiles[2].is_none() {
+    // 3. dQ's tiles with the best dK/dV. Where the context allows atomics, the static choice adds
+    // dQ with them in the dK/dV kernel: the dQ kernel, with each of its tiles, is the alternative.
+    let atomic = ctx.atomic_gradients();
+    if settings.tiles[2].is_none() || atomic {
         let best = search.best().unwrap_or(best);
-        for tile in dq {
+        let tiles = match settings.tiles[2] {
+            Some(tile) => vec![tile],
+            None => dq,
+        };
+        for tile in tiles {
             let mut choice = best;
             choice.tiles[2] = Some(tile);
+            if atomic {
+                choice.dq_atomic = Some(false);
+            }
             measure(search, choice)?;
         }
     }
