@@ -117,21 +117,22 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       done
     done ;;
   atomicdq)
-    # Issue 45's backward at FlashAttention-2's split: the GPU family's dK/dV kernel adding dQ with
-    # f32 atomics (--atomic-gradients) against the dK/dV + dQ kernels, f32 and f16, B1 H8 D64 and
-    # B4 H16 D128, L 1024 (validated) to 8192, none and causal; forward and backward in one run each
-    # (the backward/forward ratio is the target), two interleaved pairs. Under 5 minutes.
+    # Issues 44 and 45's backward at FlashAttention-2's split: the GPU and tensor-core families'
+    # dK/dV kernels adding dQ with f32 atomics (--atomic-gradients) against the dK/dV + dQ kernels,
+    # f32 and f16, B1 H8 D64 and B4 H16 D128, L 1024 (validated) to 8192, none and causal; forward
+    # and backward in one run each (the backward/forward ratio is the target), two interleaved pairs
+    # at D 64. About 4 minutes.
     for r in 1 2; do
       for mode in kernel atomic; do
         a=""; [ $mode = atomic ] && a=--atomic-gradients
-        step 75 atomicdq-$mode-d64-$r $B/attention-bench --kernels gpu --dtypes f32,f16 --batch 1 --heads 8 \
+        step 100 atomicdq-$mode-d64-$r $B/attention-bench --kernels gpu,coop --dtypes f32,f16 --batch 1 --heads 8 \
           --head-dim 64 --lengths 1024,4096,8192 --masks none,causal --passes forward,backward --paths fused \
           --reps 5 $a --json $OUT/atomicdq-$mode-d64-$r.json
       done
     done
     for mode in kernel atomic; do
       a=""; [ $mode = atomic ] && a=--atomic-gradients
-      step 60 atomicdq-$mode-d128 $B/attention-bench --kernels gpu --dtypes f16 --batch 4 --heads 16 \
+      step 80 atomicdq-$mode-d128 $B/attention-bench --kernels gpu,coop --dtypes f16 --batch 4 --heads 16 \
         --head-dim 128 --lengths 1024,4096 --masks none,causal --passes forward,backward --paths fused \
         --reps 5 $a --json $OUT/atomicdq-$mode-d128.json
     done ;;

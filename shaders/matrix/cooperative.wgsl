@@ -26,6 +26,12 @@ fn mat_load_b(at: u32, stride: u32) -> TileB {
     return coopLoadT<TileB>(&mat_mem[at], stride);
 }
 
+// The transpose of the A tile stored at `at` (A[r][k] = mat_mem[at + k * stride + r]): dS from dS^T
+// rows.
+fn mat_load_a_transposed(at: u32, stride: u32) -> TileA {
+    return coopLoad<TileA>(&mat_mem[at], stride);
+}
+
 // The transpose of the tile stored at `at` (B[k][n] = mat_mem[at + n * stride + k]): K^T from K rows.
 fn mat_load_b_transposed(at: u32, stride: u32) -> TileB {
     return coopLoad<TileB>(&mat_mem[at], stride);

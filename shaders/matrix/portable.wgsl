@@ -44,6 +44,10 @@ fn mat_load_b(at: u32, stride: u32) -> TileB {
     return TileView(at, stride, 1u);
 }
 
+fn mat_load_a_transposed(at: u32, stride: u32) -> TileA {
+    return TileView(at, 1u, stride);
+}
+
 fn mat_load_b_transposed(at: u32, stride: u32) -> TileB {
     return TileView(at, 1u, stride);
 }

@@ -105,9 +105,9 @@ pub struct ContextOptions {
     /// choice, as PyTorch's `allow_tf32`. Tuned choices made with it are cached under keys of
     /// their own. Default: off.
     pub tune_tensor_cores: bool,
-    /// Whether the GPU family's attention backward may add dQ with f32 atomics from its dK/dV
-    /// kernel (FlashAttention-2's split of the backward: five products instead of seven, and no dQ
-    /// kernel), where the device has `Features::SHADER_FLOAT32_ATOMIC`
+    /// Whether the GPU and tensor-core families' attention backward may add dQ with f32 atomics
+    /// from its dK/dV kernel (FlashAttention-2's split of the backward: five products instead of
+    /// seven, and no dQ kernel), where the device has `Features::SHADER_FLOAT32_ATOMIC`
     /// ([`Context::atomic_gradients`](super::Context::atomic_gradients) says whether it applies).
     /// The key blocks' terms then arrive in no fixed order: dQ is within the f32 tolerances of
     /// SPEC.md but no longer bitwise repeatable between runs (dK and dV still are). Calls with a

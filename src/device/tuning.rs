@@ -92,8 +92,9 @@ pub struct KernelChoice {
     /// [`ContextOptions::coop_forward_shape`](super::ContextOptions::coop_forward_shape)).
     #[serde(default)]
     pub coop_forward: Option<(u32, u32)>,
-    /// Whether the GPU family's backward adds dQ with f32 atomics from its dK/dV kernel, where the
-    /// context allows it ([`ContextOptions::atomic_gradients`](super::ContextOptions::atomic_gradients)):
+    /// Whether the GPU and tensor-core families' backward adds dQ with f32 atomics from the dK/dV
+    /// kernel, where the context allows it
+    /// ([`ContextOptions::atomic_gradients`](super::ContextOptions::atomic_gradients)):
     /// `Some(false)` runs the dQ kernel, `None` takes the atomics where allowed.
     #[serde(default)]
     pub dq_atomic: Option<bool>,
@@ -332,9 +333,11 @@ impl Context {
         self.fixed_flag_builds.unwrap_or(!self.is_cpu())
     }
 
-    /// Whether the GPU family's attention backward adds dQ with f32 atomics from its dK/dV kernel
-    /// ([`ContextOptions::atomic_gradients`](super::ContextOptions::atomic_gradients)): asked for,
-    /// and the device has `Features::SHADER_FLOAT32_ATOMIC`. dQ is then not bitwise repeatable.
+    /// Whether the GPU and tensor-core families' attention backward adds dQ with f32 atomics from
+    /// its dK/dV kernel
+    /// ([`ContextOptions::atomic_gradients`](super::ContextOptions::atomic_gradients)): asked
+    /// for, and the device has `Features::SHADER_FLOAT32_ATOMIC`. dQ is then not bitwise
+    /// repeatable.
     pub fn atomic_gradients(&self) -> bool {
         self.atomic_gradients
     }

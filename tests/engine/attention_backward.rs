@@ -329,10 +329,11 @@ fn fixed_flag_builds_match_reference() {
     }
 }
 
-/// The GPU family's dK/dV kernel adding dQ with f32 atomics (`ContextOptions::atomic_gradients`,
-/// where the device has them: lavapipe, not wgpu's GL): against the reference with grouped heads,
-/// ragged tiles, the causal mask and padded rows (whose dQ must be zero), dK and dV still bitwise
-/// repeatable, and the dump showing the atomic build and the store ran instead of the dQ kernel.
+/// The GPU and tensor-core families' dK/dV kernels adding dQ with f32 atomics
+/// (`ContextOptions::atomic_gradients`, where the device has them: lavapipe, not wgpu's GL; the
+/// tensor-core family's portable build there): against the reference with grouped heads, ragged
+/// tiles, the causal mask and padded rows (whose dQ must be zero), dK and dV still bitwise
+/// repeatable, and the dump showing the atomic builds and the store ran instead of the dQ kernel.
 #[test]
 fn atomic_dq_matches_reference() {
     let dump = std::env::temp_dir().join(format!("wgpu-attention-dqsums-{}", std::process::id()));
@@ -346,10 +347,10 @@ fn atomic_dq_matches_reference() {
             .kv_lens(&[33, 20]),
     ];
     let atomic_ran = Mutex::new(false);
-    for_each_family_with_options(
+    for_each_forward_family_with_options(
         |opts| opts.atomic_gradients(true).dump_pipelines(&dump),
         |backend, ctx| {
-            if !backend.ends_with("/gpu") {
+            if backend.ends_with("/cpu") {
                 return;
             }
             assert_eq!(
@@ -390,6 +391,7 @@ fn atomic_dq_matches_reference() {
     if atomic_ran.into_inner().unwrap() {
         for build in [
             "attention_backward_dkdv_gpu_dqsums",
+            "attention_backward_dkdv_coop_portable_dqsums",
             "attention_backward_dq_store",
         ] {
             assert!(

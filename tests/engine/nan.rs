@@ -173,6 +173,26 @@ fn nan_reaches_exactly_the_rows_that_see_it() {
     });
 }
 
+/// dQ added with atomics by the dK/dV kernels (`ContextOptions::atomic_gradients`, the GPU and
+/// tensor-core families where the device has f32 atomics): a NaN key reaches the dQ of the rows
+/// that see it and only those (the multiply-adds would spread it to every row of the tile: the
+/// tensor-core build adds such a block in scalar arithmetic), as do a NaN value and output gradient.
+#[test]
+fn atomic_dq_reaches_exactly_the_rows_that_see_it() {
+    for_each_forward_family_with_options(
+        |opts| opts.atomic_gradients(true),
+        |name, ctx| {
+            if name.ends_with("/cpu") || !ctx.atomic_gradients() {
+                return;
+            }
+            let causal = Case::new(1, 9, 9, 2, 2, 8, 8).causal();
+            run(ctx, name, &causal, &[Poison::K(2, 0, 1)], (true, true));
+            run(ctx, name, &causal, &[Poison::V(5, 0, 2)], (true, true));
+            run(ctx, name, &causal, &[Poison::DOut(1, 0, 3)], (false, true));
+        },
+    );
+}
+
 #[test]
 fn decode_skips_what_its_queries_do_not_see() {
     for_each_family(|name, ctx| {

@@ -160,6 +160,7 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
     }
     // The tensor-core builds at every head dim: the forward's four (f32, f16, f16 split, f16 read
     // four elements per access), each backward kernel's three (f32, f16, f16 with vec4 reads) and
-    // the GEMM's six (64 x 64 and 128 x 128 tiles; f32, f16 and mixed precision's f16 B storage).
-    assert_eq!(translated_coop, (4 + 2 * 3 + 6) * HEAD_DIMS.len());
+    // dK/dV's with the dQ sums, and the GEMM's six (64 x 64 and 128 x 128 tiles; f32, f16 and mixed
+    // precision's f16 B storage).
+    assert_eq!(translated_coop, (4 + 2 * 3 + 1 + 6) * HEAD_DIMS.len());
 }

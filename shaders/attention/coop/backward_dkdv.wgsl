@@ -4,6 +4,7 @@
 // matrix/portable.wgsl):
 //   S^T = K Q^T,  dP^T = V dO^T,  dV += P^T dO,  dK += dS^T Q  (dS = P (dP - D), times scale at the end),
 // summed over every query head that shares kv head h_kv in a fixed order: deterministic, no atomics.
+// The build with attention/coop/dq_sums.wgsl also adds dQ from each tile's dS^T (with atomics).
 //
 // A workgroup is NSG tile groups of SG invocations (subgroups in the tensor-core build) and owns
 // BN = 16 NSG keys of one (batch, kv head); group g owns keys 16 g .. 16 g + 15. K (pre-scaled) and
@@ -71,9 +72,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 
     // K and V are the first factors of S^T and dP^T: a non-finite value there reaches only its
     // own key's row of P^T and dS^T, so they need no check.
-    stage_tile(lid, VIEW_K, b, h_kv, col0, BN, kvlen, DK, DKP, 0u, KS, params.scale);
+    let k_bad = stage_tile(lid, VIEW_K, b, h_kv, col0, BN, kvlen, DK, DKP, 0u, KS, params.scale);
     stage_tile(lid, VIEW_V, b, h_kv, col0, BN, kvlen, DV, DVP, V_AT, VS, 1.0);
     workgroupBarrier();
+    // Where the host builds dQ in (attention/coop/dq_sums.wgsl), whether a key is not finite.
+    let keys_bad = dq_keys_bad_of(lid, k_bad);
     var dk_tiles: array<TileC, K_TILES>;
     for (var d = 0u; d < K_TILES; d++) {
         dk_tiles[d] = mat_zero();
@@ -206,6 +209,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 workgroupBarrier();
             }
         }
+        // dQ of the tile from the group's keys, where the host builds it
+        // (attention/coop/dq_sums.wgsl).
+        add_dq_tile(lid, b, h, m0, hi, keys_at, keys_bad);
     }
 
     // dK (times scale) and dV out, 16 columns at a time through the S^T space; a later chunk adds

@@ -216,7 +216,7 @@ fn plan_with(
                 dkdv,
                 dq,
                 matrix: Some(config.build),
-                dq_atomic: false,
+                dq_atomic: gpu::adds_dq_atomically(ctx, choice, 0),
             });
         }
     }

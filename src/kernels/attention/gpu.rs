@@ -718,7 +718,7 @@ pub(super) fn encode_backward_gpu(
     let (s, dtype) = (&call.s, call.dtype);
     let dims = [("DK", s.head_dim_qk as u32), ("DV", s.head_dim_v as u32)];
     let rel = bias::RelativeRows::new(ctx, s, call.opts)?;
-    let dq_sums = DqSums::new(ctx, call, &rel)?;
+    let dq_sums = DqSums::new(ctx, call, rel.buckets())?;
     let config = GpuDkDv::choose(ctx, s, call.choice.tiles[1])?;
     let (sq, ock, ocv) = config.per_invocation(s);
     let (per_row, fixed) = config.loop_cost(s);
@@ -801,7 +801,7 @@ pub(super) fn adds_dq_atomically(
 /// The f32 sums the dK/dV kernel adds dQ to with atomics (`attention/gpu/dq_sums.wgsl`), `[B, H,
 /// Lq, DK]` in the context's scratch, and the store of them into the dq view, which zeroes them
 /// again (`attention/gpu/dq_store.wgsl`).
-struct DqSums<'a> {
+pub(super) struct DqSums<'a> {
     buffer: wgpu::Buffer,
     bytes: u64,
     /// The store's parameters, dq binding and grid, checked before the backward records its first
@@ -814,12 +814,12 @@ struct DqSums<'a> {
 impl<'a> DqSums<'a> {
     /// The sums for `call` where the family adds dQ with atomics ([`adds_dq_atomically`]); `None`
     /// where the dQ kernel runs.
-    fn new(
+    pub(super) fn new(
         ctx: &'a Context,
         call: &BackwardCall<'a>,
-        rel: &bias::RelativeRows,
+        relative_buckets: u32,
     ) -> Result<Option<Self>> {
-        if !adds_dq_atomically(ctx, &call.choice, rel.buckets()) {
+        if !adds_dq_atomically(ctx, &call.choice, relative_buckets) {
             return Ok(None);
         }
         let s = &call.s;
@@ -838,7 +838,7 @@ impl<'a> DqSums<'a> {
         }))
     }
 
-    fn binding(&self) -> Binding<'_> {
+    pub(super) fn binding(&self) -> Binding<'_> {
         Binding {
             buffer: &self.buffer,
             offset_bytes: 0,
@@ -847,7 +847,7 @@ impl<'a> DqSums<'a> {
     }
 
     /// Records the store of the sums into the dq view.
-    fn encode_store(
+    pub(super) fn encode_store(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,

@@ -63,6 +63,8 @@ const COOP_BACKWARD_DQ: &str = include_str!("../../../shaders/attention/coop/bac
 const COOP_BACKWARD_DKDV: &str = include_str!("../../../shaders/attention/coop/backward_dkdv.wgsl");
 const COOP_BACKWARD_TILES: &str =
     include_str!("../../../shaders/attention/coop/backward_tiles.wgsl");
+const COOP_DQ_SUMS: &str = include_str!("../../../shaders/attention/coop/dq_sums.wgsl");
+const COOP_DQ_SUMS_NONE: &str = include_str!("../../../shaders/attention/coop/dq_sums_none.wgsl");
 
 /// The kernels of the fused attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -120,8 +122,9 @@ pub(super) struct FusedVariant {
     /// The flags fixed at pipeline creation (`FIXED_FLAGS`): of the call, set when it is recorded
     /// where `fixed_flags_build` applies.
     pub fixed_flags: Option<u32>,
-    /// The GPU family's dK/dV kernel also adds dQ to f32 sums with atomics
-    /// (`attention/gpu/dq_sums.wgsl`; [`crate::ContextOptions::atomic_gradients`]): the call's.
+    /// The dK/dV kernel (GPU or tensor-core family) also adds dQ to f32 sums with atomics
+    /// (`attention/{gpu,coop}/dq_sums.wgsl`; [`crate::ContextOptions::atomic_gradients`]): the
+    /// call's.
     pub dq_sums: bool,
 }
 
@@ -322,6 +325,10 @@ impl FusedVariant {
                         matrix,
                         rows,
                         do_rows,
+                        match self.dq_sums {
+                            true => COOP_DQ_SUMS,
+                            false => COOP_DQ_SUMS_NONE,
+                        },
                     ],
                 }
             }

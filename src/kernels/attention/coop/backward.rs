@@ -17,7 +17,7 @@ use crate::kernels::attention::backward::{
 };
 use crate::kernels::attention::call::{AttentionOutput, ForwardCall};
 use crate::kernels::attention::call::{BackwardCall, BackwardViews};
-use crate::kernels::attention::gpu::encode_forward_gpu;
+use crate::kernels::attention::gpu::{self, encode_forward_gpu};
 use crate::kernels::attention::shape::check_options;
 use crate::kernels::attention::tune::qualification_values;
 use crate::kernels::attention::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
@@ -300,6 +300,12 @@ pub(super) fn shader_variants() -> Vec<FusedVariant> {
             true,
         ));
     }
+    // dK/dV adding dQ with f32 atomics (ContextOptions::atomic_gradients), both builds.
+    for build in [MatrixBuild::Cooperative, MatrixBuild::Portable] {
+        let mut key = backward_key(Kernel::DkDv, build, [F16, F16], 8, d64, false);
+        key.dq_sums = true;
+        keys.push(key);
+    }
     keys
 }
 
@@ -313,10 +319,18 @@ pub(in crate::kernels::attention) fn encode_backward_coop(
 ) -> Result<()> {
     let s = &call.s;
     let types = [call.dtype, mat_elem(ctx)];
+    // The family takes no learned relative table: dQ with atomics wherever the context allows.
+    let dq_sums = gpu::DqSums::new(ctx, call, 0)?;
+    let dkdv = Gradient::DkDv {
+        dq_sums: dq_sums.as_ref().map(gpu::DqSums::binding),
+    };
     for (kernel, which) in [
-        (Kernel::DkDv, Gradient::DkDv { dq_sums: None }),
+        (Kernel::DkDv, dkdv),
         (Kernel::Dq, Gradient::Dq { rel: None }),
     ] {
+        if kernel == Kernel::Dq && dq_sums.is_some() {
+            break;
+        }
         let (groups, tile) = config.shape_of(kernel);
         encode_gradient(
             ctx,
@@ -324,12 +338,19 @@ pub(in crate::kernels::attention) fn encode_backward_coop(
             call,
             which,
             GradientKernel {
-                key: &|vec4_inputs| config.key(kernel, s, types, vec4_inputs),
+                key: &|vec4_inputs| {
+                    let mut key = config.key(kernel, s, types, vec4_inputs);
+                    key.dq_sums = kernel == Kernel::DkDv && dq_sums.is_some();
+                    key
+                },
                 block: TILE * groups as usize,
                 cost: config.loop_cost(kernel, s),
                 align: tile as usize,
             },
         )?;
+    }
+    if let Some(sums) = &dq_sums {
+        sums.encode_store(ctx, encoder, call);
     }
     Ok(())
 }
