@@ -128,6 +128,19 @@ fn check(backend: &str, ctx: &Context, case: &Case, path: Path) -> GpuGrads {
     g
 }
 
+/// The file names of a pipeline dump directory, which is removed.
+fn dumped_names(dump: &std::path::Path) -> Vec<String> {
+    let names = std::fs::read_dir(dump)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(dump);
+    names
+}
+
 /// Head dims of the odd-size backward sweep per back end. Each head dim is a fresh compile of every
 /// backward kernel of both families (the suite's largest cost on a cold shader cache: 333 s for this
 /// test alone with nine and five dims), and GL here is the same llvmpipe as Vulkan. Vulkan runs the
@@ -307,14 +320,7 @@ fn fixed_flag_builds_match_reference() {
             }
         },
     );
-    let names: Vec<String> = std::fs::read_dir(&dump)
-        .map(|dir| {
-            dir.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dump);
+    let names = dumped_names(&dump);
     for family in ["gpu", "coop"] {
         for flags in ["FIXED_FLAGS0", "FIXED_FLAGS1"] {
             assert!(
@@ -380,14 +386,7 @@ fn atomic_dq_matches_reference() {
             }
         },
     );
-    let names: Vec<String> = std::fs::read_dir(&dump)
-        .map(|dir| {
-            dir.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dump);
+    let names = dumped_names(&dump);
     if atomic_ran.into_inner().unwrap() {
         for build in [
             "attention_backward_dkdv_gpu_dqsums",

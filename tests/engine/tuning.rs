@@ -62,6 +62,23 @@ fn forward(ctx: &Context, case: &Case) -> (Vec<f32>, Vec<f32>) {
     (out, lse)
 }
 
+/// dQ, dK and dV of the fused backward of `case` (causal) on `ctx`, checked against the reference.
+fn backward(ctx: &Context, case: &Case) {
+    let [q, k, v, d_out] = case.upload(ctx);
+    let opts = AttentionOptions::new().causal(true);
+    let fwd = attention_forward(ctx, &q, &k, &v, &opts).unwrap();
+    let grads = attention_backward(ctx, &q, &k, &v, &fwd, &d_out, &opts).unwrap();
+    let reference = case.reference_backward();
+    for (what, got, want) in [
+        ("dq", &grads.dq, &reference.dq),
+        ("dk", &grads.dk, &reference.dk),
+        ("dv", &grads.dv, &reference.dv),
+    ] {
+        let got = got.to_vec(ctx).unwrap();
+        assert_close(what, &got, want, BACKWARD_ATOL, BACKWARD_RTOL);
+    }
+}
+
 /// The fused forward of `case` on `ctx`, whose choice may be the tensor-core family's: O against
 /// the reference within the tensor-core tolerances.
 fn tensor_core_forward(ctx: &Context, case: &Case) {
@@ -123,19 +140,7 @@ fn tuned_calls_match_the_reference_and_keep_their_choice() {
         assert_eq!(ctx.tuning_report().len(), 1);
 
         // The backward too, against the reference.
-        let [q, k, v, d_out] = case.upload(&ctx);
-        let opts = AttentionOptions::new().causal(true);
-        let fwd = attention_forward(&ctx, &q, &k, &v, &opts).unwrap();
-        let grads = attention_backward(&ctx, &q, &k, &v, &fwd, &d_out, &opts).unwrap();
-        let reference = case.reference_backward();
-        for (what, got, want) in [
-            ("dq", &grads.dq, &reference.dq),
-            ("dk", &grads.dk, &reference.dk),
-            ("dv", &grads.dv, &reference.dv),
-        ] {
-            let got = got.to_vec(&ctx).unwrap();
-            assert_close(what, &got, want, BACKWARD_ATOL, BACKWARD_RTOL);
-        }
+        backward(&ctx, &case);
         let report = ctx.tuning_report();
         assert_eq!(report.len(), 2, "{report:?}");
         assert!(report[1].key.starts_with("attention_backward d16x16"));
@@ -221,19 +226,7 @@ fn the_backward_tunes_the_dq_kernel_against_atomics_where_allowed() {
         ctx.set_kernel_family(Some(KernelFamily::Gpu));
         assert!(ctx.atomic_gradients());
         let case = small_case();
-        let [q, k, v, d_out] = case.upload(&ctx);
-        let opts = AttentionOptions::new().causal(true);
-        let fwd = attention_forward(&ctx, &q, &k, &v, &opts).unwrap();
-        let grads = attention_backward(&ctx, &q, &k, &v, &fwd, &d_out, &opts).unwrap();
-        let reference = case.reference_backward();
-        for (what, got, want) in [
-            ("dq", &grads.dq, &reference.dq),
-            ("dk", &grads.dk, &reference.dk),
-            ("dv", &grads.dv, &reference.dv),
-        ] {
-            let got = got.to_vec(&ctx).unwrap();
-            assert_close(what, &got, want, BACKWARD_ATOL, BACKWARD_RTOL);
-        }
+        backward(&ctx, &case);
         let report = ctx.tuning_report();
         let record = report
             .iter()
