@@ -273,7 +273,8 @@ fn backward_family(family: KernelFamily, dtype: DType) -> KernelFamily {
 /// Which of the backward's two gradient kernels a pass records: dK/dV over key blocks, or dQ over
 /// query blocks (with the relative table's row shares where the family's kernel writes them).
 pub(super) enum Gradient<'a> {
-    /// `dq_sums`: the f32 sums the GPU family's dK/dV kernel adds dQ to (binding 9), where it does.
+    /// `dq_sums`: the f32 sums the GPU or tensor-core family's dK/dV kernel adds dQ to (binding
+    /// 9), where it does.
     DkDv {
         dq_sums: Option<Binding<'a>>,
     },
@@ -349,7 +350,9 @@ pub(super) fn encode_gradient(
 
 /// Records the fused attention backward into `encoder`: the `D = rowsum(dO * O)` pass, the dK/dV
 /// kernel (parallel over key blocks) and the dQ kernel (parallel over query blocks). No atomics, so
-/// results are bitwise reproducible. `dq`, `dk`, `dv` may be views into one packed gradient buffer.
+/// results are bitwise reproducible, unless the context allows them
+/// ([`crate::ContextOptions::atomic_gradients`]: the dK/dV kernel then adds dQ, and no dQ kernel
+/// runs). `dq`, `dk`, `dv` may be views into one packed gradient buffer.
 pub fn attention_backward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
