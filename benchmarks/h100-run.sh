@@ -121,7 +121,10 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     # dK/dV kernels adding dQ with f32 atomics (--atomic-gradients) against the dK/dV + dQ kernels,
     # f32 and f16, B1 H8 D64 and B4 H16 D128, L 1024 (validated) to 8192, none and causal; forward
     # and backward in one run each (the backward/forward ratio is the target), two interleaved pairs
-    # at D 64. About 4 minutes.
+    # at D 64. About 4 minutes. First the atomic tests on the device (the tensor-core build's
+    # cooperative-matrix sums run nowhere else), last a training step with atomics.
+    WGPU_ATTENTION_TEST_BACKENDS=vulkan step 60 test-atomicdq $B/test_attention_backward atomic
+    WGPU_ATTENTION_TEST_BACKENDS=vulkan step 30 test-atomicdq-nan $B/test_nan atomic
     for r in 1 2; do
       for mode in kernel atomic; do
         a=""; [ $mode = atomic ] && a=--atomic-gradients
@@ -135,7 +138,9 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       step 80 atomicdq-$mode-d128 $B/attention-bench --kernels gpu,coop --dtypes f16 --batch 4 --heads 16 \
         --head-dim 128 --lengths 1024,4096 --masks none,causal --passes forward,backward --paths fused \
         --reps 5 $a --json $OUT/atomicdq-$mode-d128.json
-    done ;;
+    done
+    WGPU_ATTENTION_ATOMIC_GRADIENTS=on step 60 atomicdq-transformer $B/transformer-bench \
+      --precision f32,mixed --reps 10 --json $OUT/atomicdq-transformer.json ;;
   coop64)
     step 120 coop-b1h8d64 $B/attention-bench --kernels gpu,coop --dtypes f16,f32 --batch 1 --heads 8 \
       --head-dim 64 --lengths 1024,4096,8192 --masks none,causal --passes forward,backward --paths fused \
