@@ -3,9 +3,10 @@
 // keys in mat_mem (DST_AT, masked pairs zero; P^T at PT_AT says which pairs are seen) and those
 // keys staged pre-scaled (K at 0), so
 //   dQ[rows, cols] += dS[rows, group keys] (scale K)[group keys, cols]
-// is one 16x16 multiply-add per 16 rows and 16 columns, added to f32 sums [B, H, Lq, DK] (binding 9)
-// with atomics: the dQ kernel, which computes S and dP a second time, does not run. The groups' and
-// the key blocks' terms arrive in no fixed order, so dQ is not bitwise repeatable
+// is one 16x16 multiply-add per 16 rows and 16 columns; the groups' partial tiles are added in group
+// order and then to f32 sums [B, H, Lq, DK] (binding 9) with atomics, one per element and workgroup:
+// the dQ kernel, which computes S and dP a second time, does not run. The key blocks' terms arrive
+// in no fixed order, so dQ is not bitwise repeatable
 // (ContextOptions::atomic_gradients says when the host builds this); attention/gpu/dq_store.wgsl
 // writes the sums into the dq view.
 //
@@ -45,16 +46,20 @@ fn dq_slot_at(keys_at: u32, slot: u32) -> u32 {
     return select(0u, DPT_AT, slot % 2u == 1u) + keys_at * SS + 16u * (slot / 2u);
 }
 
-// Adds slots 0 .. count - 1 (column tiles c0 .. c0 + count - 1, rows m0 + m ..) to the sums: every
-// invocation of the group a share, rows past `hi` and columns past DK skipped.
-fn dq_add_slots(lid: u32, keys_at: u32, count: u32, c0: u32, base_row: u32, hi: u32, row_base: u32) {
-    for (var e = lid % SG; e < 256u * count; e += SG) {
+// Adds slots 0 .. count - 1 (column tiles c0 .. c0 + count - 1 of rows base_row ..) to the sums,
+// each element the tile groups' partials added in group order first (one atomic per element and
+// workgroup): every invocation a share, rows past `hi` and columns past DK skipped.
+fn dq_add_slots(lid: u32, count: u32, c0: u32, base_row: u32, hi: u32, row_base: u32) {
+    for (var e = lid; e < 256u * count; e += WG) {
         let slot = e / 256u;
         let r = (e % 256u) / 16u;
         let d = 16u * (c0 + slot) + e % 16u;
         let i = base_row + r;
         if i < hi && d < DK {
-            let x = acc_mem[dq_slot_at(keys_at, slot) + r * SS + e % 16u];
+            var x = 0.0;
+            for (var g = 0u; g < NSG; g++) {
+                x += acc_mem[dq_slot_at(16u * g, slot) + r * SS + e % 16u];
+            }
             atomicAdd(&dq_sums[(row_base + i) * DK + d], x);
         }
     }
@@ -66,16 +71,16 @@ fn dq_add_slots(lid: u32, keys_at: u32, count: u32, c0: u32, base_row: u32, hi: 
 fn add_dq_tile(lid: u32, b: u32, h: u32, m0: u32, hi: u32, keys_at: u32, keys_bad: bool) {
     let row_base = (b * params.heads + h) * params.q_seq;
     if keys_bad {
-        // Scalar products over the group's keys, each skipped where the row masks it.
-        for (var e = lid % SG; e < BM * DK; e += SG) {
+        // Scalar products over the block's keys in order, each skipped where the row masks it.
+        for (var e = lid; e < BM * DK; e += WG) {
             let ii = e / DK;
             let d = e % DK;
             if m0 + ii < hi {
                 var x = 0.0;
-                for (var k = 0u; k < 16u; k++) {
-                    let at = (keys_at + k) * PS + ii;
+                for (var k = 0u; k < BN; k++) {
+                    let at = k * PS + ii;
                     if p_visible(vec4<f32>(f32(mat_mem[PT_AT + at]))).x {
-                        x += f32(mat_mem[DST_AT + at]) * f32(mat_mem[(keys_at + k) * KS + d]);
+                        x += f32(mat_mem[DST_AT + at]) * f32(mat_mem[k * KS + d]);
                     }
                 }
                 atomicAdd(&dq_sums[(row_base + m0 + ii) * DK + d], x);
@@ -94,7 +99,7 @@ fn add_dq_tile(lid: u32, b: u32, h: u32, m0: u32, hi: u32, keys_at: u32, keys_ba
                 mat_store(mat_mma(ds, k, mat_zero()), dq_slot_at(keys_at, slot), SS);
             }
             workgroupBarrier();
-            dq_add_slots(lid, keys_at, count, c0, m0 + m, hi, row_base);
+            dq_add_slots(lid, count, c0, m0 + m, hi, row_base);
             workgroupBarrier();
         }
     }
