@@ -386,6 +386,25 @@ fn atomic_dq_matches_reference() {
             }
         },
     );
+    // Under a loop budget the dK/dV dispatches split the query rows into chunks, each adding its
+    // rows' dQ terms (lavapipe: the families that add dQ there).
+    for_each_backend(|name, shared| {
+        for family in [KernelFamily::Gpu, KernelFamily::Coop] {
+            let mut ctx = fresh_context_with_options(name, shared, |o| o.atomic_gradients(true));
+            if !ctx.atomic_gradients() {
+                return;
+            }
+            ctx.set_kernel_family(Some(family));
+            ctx.set_loop_budget(Some(SMALL_LOOP_BUDGET));
+            let backend = format!("{name}/{} chunked", family.name());
+            for case in [
+                Case::new(2, 65, 200, 4, 2, 16, 16).causal(),
+                Case::new(1, 200, 200, 4, 1, 16, 16).kv_lens(&[150]),
+            ] {
+                check(&backend, &ctx, &case, Path::Fused);
+            }
+        }
+    });
     let names = dumped_names(&dump);
     if atomic_ran.into_inner().unwrap() {
         for build in [
