@@ -129,7 +129,7 @@ fn run(cli: &Cli, ctx: &mut Context, problems: &[Problem]) -> wgpu_attention::Re
     let report = ctx.report();
     println!("adapter: {report}");
     if ctx.atomic_gradients() {
-        println!("backward: dQ added with f32 atomics by the GPU family's dK/dV kernel");
+        println!("backward: dQ added with f32 atomics by the dK/dV kernel (GPU and tensor-core families)");
     } else if cli.atomic_gradients {
         println!("backward: --atomic-gradients asked, but the device has no f32 atomics");
     }
