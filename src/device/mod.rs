@@ -147,6 +147,19 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::SHADER_FLOAT32_ATOMIC);
 
+/// [`ContextOptions::atomic_gradients`] where the device has f32 atomics; logged where it was asked
+/// for and the device has none.
+fn atomic_gradients(options: &ContextOptions, features: wgpu::Features) -> bool {
+    let available = features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC);
+    if options.atomic_gradients && !available {
+        log::info!(
+            "wgpu-attention: atomic gradients asked for, but the device has no \
+             Features::SHADER_FLOAT32_ATOMIC: the attention backward runs its dQ kernel"
+        );
+    }
+    options.atomic_gradients && available
+}
+
 impl Context {
     /// Creates a device on the best adapter (real GPUs before CPU drivers) with the default
     /// [`ContextOptions`]. Reads no environment variable: see [`Context::from_env`] for that.
@@ -364,8 +377,7 @@ impl Context {
             subgroup_size,
             subgroups_enabled,
             fixed_flag_builds: options.fixed_flag_builds,
-            atomic_gradients: options.atomic_gradients
-                && features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC),
+            atomic_gradients: atomic_gradients(options, features),
             trusted_shaders,
             pass_per_kernel: options.pass_per_kernel,
             untrusted_measurement: options.unchecked_measurement,
