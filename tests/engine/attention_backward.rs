@@ -407,14 +407,18 @@ fn atomic_dq_matches_reference() {
     });
     let names = dumped_names(&dump);
     if atomic_ran.into_inner().unwrap() {
-        for build in [
-            "attention_backward_dkdv_gpu_dqsums",
-            "attention_backward_dkdv_coop_portable_dqsums",
-            "attention_backward_dq_store",
+        // The tensor-core family's build is `_coop_dqsums` with cooperative matrices, else
+        // `_coop_portable_dqsums`.
+        for (build, marker) in [
+            ("attention_backward_dkdv_gpu", "_dqsums"),
+            ("attention_backward_dkdv_coop", "_dqsums"),
+            ("attention_backward_dq_store", ""),
         ] {
             assert!(
-                names.iter().any(|n| n.starts_with(build)),
-                "no {build}: {names:?}"
+                names
+                    .iter()
+                    .any(|n| n.starts_with(build) && n.contains(marker)),
+                "no {build} {marker}: {names:?}"
             );
         }
     }
