@@ -196,6 +196,25 @@ fn split_keys_and_loop_chunks() {
     });
 }
 
+/// dQ added with f32 atomics (`ContextOptions::atomic_gradients`) and stored as f16 by the store
+/// pass: padded rows and a single key, causal, against the reference.
+#[test]
+fn atomic_dq_is_stored_as_f16() {
+    for_each_backend_with_options(
+        |_, opts| opts.atomic_gradients(true),
+        |backend, ctx| {
+            if !has_f16(ctx) || !ctx.atomic_gradients() {
+                return;
+            }
+            let case = Case::new(3, 33, 33, 2, 2, 40, 40)
+                .causal()
+                .q_lens(&[12, 33, 16])
+                .kv_lens(&[33, 17, 1]);
+            check(backend, ctx, &case);
+        },
+    );
+}
+
 #[test]
 fn tensor_core_family_reads_and_writes_f16() {
     // Its portable build here: f16 Q, K, V staged as f16 tiles, f16 O (f32 partials when split).
