@@ -23,7 +23,7 @@ var<workgroup> row_end: array<u32, BM>;
 var<workgroup> row_lse: array<f32, BM>;
 var<workgroup> row_delta: array<f32, BM>;
 // Whether the tile's second factor (Q or dO in dK/dV, K in dQ) holds a non-finite value, and that
-// as a uniform flag.
+// as a uniform flag (slot 0; slot 1: dK/dV's keys where it adds dQ, attention/coop/dq_sums.wgsl).
 var<workgroup> operand_bad: array<atomic<u32>, 4>;
 var<workgroup> tile_flags: array<u32, 4>;
 

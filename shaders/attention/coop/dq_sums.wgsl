@@ -20,25 +20,23 @@
 // rows of the S^T and dP^T spaces (read by now), SS / 16 per space.
 override DQ_SLOTS: u32 = 2u * (SS / 16u);
 
-var<workgroup> dq_keys_bad: atomic<u32>;
-var<workgroup> dq_keys_flag: u32;
-
 // Whether any of the block's staged keys is not finite (`staged_bad`: this invocation's share, from
-// stage_tile), the same for the whole workgroup. Called once, by every invocation, after the keys
-// are staged.
+// stage_tile), the same for the whole workgroup: slot 1 of the kernel's operand flags
+// (attention/coop/backward_tiles.wgsl; the query tiles use slot 0). Called once, by every
+// invocation, after the keys are staged.
 fn dq_keys_bad_of(lid: u32, staged_bad: bool) -> bool {
     if lid == 0u {
-        atomicStore(&dq_keys_bad, 0u);
+        atomicStore(&operand_bad[1], 0u);
     }
     workgroupBarrier();
     if staged_bad {
-        atomicOr(&dq_keys_bad, 1u);
+        atomicOr(&operand_bad[1], 1u);
     }
     workgroupBarrier();
     if lid == 0u {
-        dq_keys_flag = atomicLoad(&dq_keys_bad);
+        tile_flags[1] = atomicLoad(&operand_bad[1]);
     }
-    return workgroupUniformLoad(&dq_keys_flag) != 0u;
+    return workgroupUniformLoad(&tile_flags[1]) != 0u;
 }
 
 // Element offset in acc_mem of partial-tile slot `slot` of the group whose keys start at keys_at.
