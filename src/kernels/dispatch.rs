@@ -181,7 +181,7 @@ pub(crate) fn encode_column_reduction_in(
     cost_per_row: usize,
     buffers: &[&dyn Bindable],
 ) -> Result<()> {
-    let grid_x = grid_x(ctx, cols)?;
+    let grid = ctx.grid_2d(invocation_groups(cols))?;
     for (index, (begin, end)) in loop_chunks(ctx, rows, cost_per_row, 16, 1)
         .into_iter()
         .enumerate()
@@ -192,17 +192,17 @@ pub(crate) fn encode_column_reduction_in(
             row_begin: begin,
             row_end: end,
             accumulate: (index > 0) as u32,
-            grid_x,
+            grid_x: grid.0,
             pad: [0; 2],
         };
-        encode_in(
+        record(
             ctx,
             pass,
             kernel,
             bytemuck::bytes_of(&params),
             buffers,
-            cols,
-        )?;
+            grid,
+        );
     }
     Ok(())
 }

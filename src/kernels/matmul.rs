@@ -582,17 +582,14 @@ pub fn qualify_gemm_build(ctx: &Context, build: MatrixBuild) -> Result<Option<St
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = ctx.begin_pass(&mut encoder, "matmul_qualification");
-        encode_one(
-            ctx,
-            &mut pass,
-            &gemm(outputs[0].region()),
-            (SQUARE, None),
-            false,
-            false,
-        )?;
+        let square = gemm(outputs[0].region());
+        let grid = gemm_grid(ctx, &square, SQUARE, false)?;
+        encode_one(ctx, &mut pass, &square, (SQUARE, None), grid, false, false)?;
         for (shape, c) in shapes.iter().zip(&outputs[1..]) {
-            let kernel = (coop_kernel(*shape), Some((build, group, *shape)));
-            encode_one(ctx, &mut pass, &gemm(c.region()), kernel, false, false)?;
+            let (kernel, product) = (coop_kernel(*shape), gemm(c.region()));
+            let grid = gemm_grid(ctx, &product, kernel, false)?;
+            let coop = Some((build, group, *shape));
+            encode_one(ctx, &mut pass, &product, (kernel, coop), grid, false, false)?;
         }
     }
     ctx.submit(encoder)?;
@@ -712,17 +709,24 @@ fn gemm_plan(ctx: &Context, g: &Gemm<'_>) -> Result<(Kernel, Option<CoopChoice>,
     }
 }
 
-/// A product's workgroups: `(tiles_m, tiles_n)` per batch entry and head, and the 2-D grid of all
-/// of them, refused where the device cannot dispatch that many.
-fn gemm_grid(
-    ctx: &Context,
-    g: &Gemm<'_>,
-    kernel: Kernel,
-    skinny: bool,
-) -> Result<((u32, u32), (u32, u32))> {
+/// A product's workgroups, the same for every dispatch of it (its k chunks differ in k and groups
+/// only).
+#[derive(Clone, Copy)]
+struct GemmGrid {
+    /// Tiles per batch entry and head.
+    tiles: (u32, u32),
+    /// The 2-D grid of all of them.
+    grid: (u32, u32),
+    /// The SKINNY path's k split ([`skinny_split`]); `None` off that path.
+    split: Option<(u32, bool)>,
+}
+
+/// [`GemmGrid`] of `g` with `kernel`, refused where the device cannot dispatch that many.
+fn gemm_grid(ctx: &Context, g: &Gemm<'_>, kernel: Kernel, skinny: bool) -> Result<GemmGrid> {
+    let split = skinny.then(|| skinny_split(ctx, g)).flatten();
     // SKINNY: tiles_n counts groups of 256 elements of C, or with SKINNY_SPLIT blocks of
     // 256 / K_LANES columns (all rows), per batch entry.
-    let (tiles_m, tiles_n) = match (skinny, skinny_split(ctx, g)) {
+    let (tiles_m, tiles_n) = match (skinny, split) {
         (true, None) => (1, (g.m * g.n).div_ceil(256)),
         (true, Some((lanes, _))) => (1, g.n.div_ceil(256 / lanes)),
         (false, _) => (g.m.div_ceil(kernel.tile_m), g.n.div_ceil(kernel.tile_n)),
@@ -733,7 +737,11 @@ fn gemm_grid(
         "matmul workgroups (batch * tiles of the product)",
         "; split the batch or the rows",
     )?;
-    Ok(((tiles_m, tiles_n), grid))
+    Ok(GemmGrid {
+        tiles: (tiles_m, tiles_n),
+        grid,
+        split,
+    })
 }
 
 /// Refuses a product the device cannot dispatch, recording nothing: for calls that record several
@@ -751,7 +759,7 @@ pub(crate) fn encode_gemm(
 ) -> Result<()> {
     let (kernel, coop, skinny) = gemm_plan(ctx, g)?;
     // Every dispatch below (the k chunks too) has this grid.
-    gemm_grid(ctx, g, kernel, skinny)?;
+    let grid = gemm_grid(ctx, g, kernel, skinny)?;
     if skinny {
         if g.row_sums.is_some() {
             return Err(Error::shape(
@@ -759,7 +767,7 @@ pub(crate) fn encode_gemm(
                 "the SKINNY GEMM path has no row sums; sum the rows separately",
             ));
         }
-        return encode_one(ctx, pass, g, (SQUARE, None), false, true);
+        return encode_one(ctx, pass, g, (SQUARE, None), grid, false, true);
     }
     // llvmpipe ends every loop after 65535 iterations per invocation: split the reduction over
     // groups and k into dispatches that accumulate into C. The bias goes into the first, the
@@ -795,27 +803,32 @@ pub(crate) fn encode_gemm(
                     },
                     ..*g
                 };
-                encode_one(ctx, pass, &part, (kernel, coop), !first, false)?;
+                encode_one(ctx, pass, &part, (kernel, coop), grid, !first, false)?;
                 first = false;
             }
         }
         return Ok(());
     }
-    encode_one(ctx, pass, g, (kernel, coop), false, false)
+    encode_one(ctx, pass, g, (kernel, coop), grid, false, false)
 }
 
 /// Records one dispatch of `kernel` (with the tensor-core kernel's matrix build, tile group and
-/// tiles, [`coop_build`] and [`coop_tiles`], where it is that one) for `g`.
+/// tiles, [`coop_build`] and [`coop_tiles`], where it is that one) for `g`, over the product's
+/// checked `grid`.
 fn encode_one(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     g: &Gemm<'_>,
     (kernel, coop): (Kernel, Option<CoopChoice>),
+    grid: GemmGrid,
     accumulate: bool,
     skinny: bool,
 ) -> Result<()> {
-    let split = skinny_split(ctx, g);
-    let ((tiles_m, tiles_n), (gx, gy)) = gemm_grid(ctx, g, kernel, skinny)?;
+    let GemmGrid {
+        tiles: (tiles_m, tiles_n),
+        grid: (gx, gy),
+        split,
+    } = grid;
     let total = tiles_m * tiles_n * g.batch * g.heads;
     let params = GemmParams {
         m: g.m,
@@ -845,7 +858,7 @@ fn encode_one(
     let mut constants = vec![("ROW_SUMS", g.row_sums.is_some() as u32)];
     if kernel.skinny {
         constants.push(("SKINNY", skinny as u32));
-        if let Some((lanes, along_k)) = split.filter(|_| skinny) {
+        if let Some((lanes, along_k)) = split {
             constants.push(("SKINNY_SPLIT", 1));
             constants.push(("K_LANES", lanes));
             constants.push(("K_FAST", along_k as u32));
