@@ -45,9 +45,7 @@
 // new rows among its ancestors (itself included); new row n's key sits at prefix + depth(n). Masks
 // and modifiers see those positions.
 //
-// Paged caches (PAGE > 0): K and V are pools [1, blocks * PAGE, Hkv, D] shared by every sequence; key
-// j of sequence b is pool row block_table[b * table_stride + j / PAGE] * PAGE + j % PAGE. Block ids
-// are checked on the host; the clamp only keeps a stale table from reading past the pool.
+// Paged caches (PAGE > 0): attention/kv_pages.wgsl, which the host appends (cache_row, input_index).
 
 override WG: u32 = 64u;
 override ROWS: u32 = 4u;
@@ -76,11 +74,6 @@ override K_TILE: u32 = select(1u, WG * KS, STAGED);
 override V_TILE: u32 = select(1u, WG * DV4, STAGED);
 override V_SCALES: u32 = select(1u, WG, INT8 && !STAGED);
 
-// Rows per cache block (0: a contiguous cache [B, max_len, Hkv, D]); the table's block ids per
-// sequence and the pool's blocks are params.table_stride and params.pool_blocks.
-override PAGE: u32 = 0u;
-// PAGE as a divisor (never 0, which a constant division would reject even where unused).
-override PAGE_ROWS: u32 = max(PAGE, 1u);
 // K and V rows are int8 with a scale (DK and DV multiples of 4).
 override INT8: bool = false;
 // K and V rows are pairs of f16 (DK and DV multiples of 4).
@@ -97,8 +90,6 @@ override TREE: bool = false;
 // and staged f16 caches whose rows start on four-word boundaries).
 @group(0) @binding(5) var<storage, read_write> o_buf: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_buf: array<f32>;
-// The paged cache's block table [B, table_stride] (PAGE > 0; another read-only buffer otherwise).
-@group(0) @binding(7) var<storage, read> block_table: array<u32>;
 
 var<workgroup> q_tile: array<vec4<f32>, ROWS * DK4>;
 // Scores, then P, of the tile: s_tile[r * WG + key].
@@ -134,23 +125,6 @@ fn tree_depth(b: u32, i: u32) -> u32 {
 
 fn tree_ancestors(b: u32, i: u32) -> u32 {
     return seq_lens[2u * params.batch + (params.batch + b) * params.q_seq + i];
-}
-
-// The cache row of key j of sequence b: j, or in a paged cache its row of the pool.
-fn cache_row(b: u32, j: u32) -> u32 {
-    if PAGE == 0u {
-        return j;
-    }
-    let block = min(block_table[b * params.table_stride + j / PAGE_ROWS], params.pool_blocks - 1u);
-    return block * PAGE_ROWS + j % PAGE_ROWS;
-}
-
-// Element index of key (or value) j of sequence b, KV head g, in the cache.
-fn cache_index(view: u32, b: u32, j: u32, g: u32) -> u32 {
-    if PAGE == 0u {
-        return view_index(view, b, j, g);
-    }
-    return view_index(view, 0u, cache_row(b, j), g);
 }
 
 // Elements d..d+3 of a row (view K or V, head dim `dim`) at element (word) `base`, zero past `dim`
@@ -327,7 +301,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         if j < end {
             // Staged: the key's row from k_tile; in place: from the cache.
-            let kj = cache_index(VIEW_K, b, j, g);
+            let kj = input_index(VIEW_K, b, j, g);
             for (var d4 = 0u; d4 < DK4; d4++) {
                 var k4: vec4<f32>;
                 if STAGED {
@@ -349,7 +323,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if INT8 && !STAGED {
             var scale = 0.0;
             if j < end {
-                scale = bitcast<f32>(cache_word(VIEW_V, cache_index(VIEW_V, b, j, g) + DV4));
+                scale = bitcast<f32>(cache_word(VIEW_V, input_index(VIEW_V, b, j, g) + DV4));
             }
             v_scale[lid] = scale;
         }
@@ -453,7 +427,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                             if INT8 {
                                 w *= v_scale[jj];
                             }
-                            a += w * load4(VIEW_V, DV, cache_index(VIEW_V, b, n0 + jj, g), 4u * c);
+                            a += w * load4(VIEW_V, DV, input_index(VIEW_V, b, n0 + jj, g), 4u * c);
                         }
                     }
                 }

@@ -26,6 +26,11 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
         c.insert("INT8".to_string(), 1.0);
         c.insert("TREE".to_string(), 1.0);
     }
+    // Paged K and V (decode, and the forward builds named `_paged`): blocks of 16 rows at the
+    // first head dims, 5 at the second; contiguous at the third.
+    if source.contains("override PAGE:") && dk <= 64.0 {
+        c.insert("PAGE".to_string(), if dk == 64.0 { 16.0 } else { 5.0 });
+    }
     // The fused additive backward with its rows over lanes, as on GPUs.
     if source.contains("fn row_sum(") && dk <= 64.0 {
         c.insert("LANES".to_string(), if dk == 64.0 { 8.0 } else { 4.0 });
@@ -158,9 +163,9 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
             }
         }
     }
-    // The tensor-core builds at every head dim: the forward's four (f32, f16, f16 split, f16 read
-    // four elements per access), each backward kernel's three (f32, f16, f16 with vec4 reads) and
-    // dK/dV's with the dQ sums, and the GEMM's six (64 x 64 and 128 x 128 tiles; f32, f16 and mixed
-    // precision's f16 B storage).
-    assert_eq!(translated_coop, (4 + 2 * 3 + 1 + 6) * HEAD_DIMS.len());
+    // The tensor-core builds at every head dim: the forward's five (f32, f16, f16 split, f16 read
+    // four elements per access, f32 reading a paged cache), each backward kernel's three (f32,
+    // f16, f16 with vec4 reads) and dK/dV's with the dQ sums, and the GEMM's six (64 x 64 and
+    // 128 x 128 tiles; f32, f16 and mixed precision's f16 B storage).
+    assert_eq!(translated_coop, (5 + 2 * 3 + 1 + 6) * HEAD_DIMS.len());
 }

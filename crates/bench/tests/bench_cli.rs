@@ -204,8 +204,12 @@ fn a_case_the_library_refuses_is_reported_and_skipped() {
 
 #[test]
 fn compile_only_dumps_the_suite_without_running_it() {
-    let dir = std::env::temp_dir().join(format!("attention-bench-dump-{}", std::process::id()));
     common::for_each_backend(|backend, _ctx| {
+        // One directory per back end: the back ends run at once.
+        let dir = std::env::temp_dir().join(format!(
+            "attention-bench-dump-{}-{backend}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         let out = bench()
             .args(["--backend", backend, "--compile-only", "--quick"])
@@ -251,8 +255,8 @@ fn compile_only_dumps_the_suite_without_running_it() {
                 "{backend}: {wanted} in {names:?}"
             );
         }
+        let _ = std::fs::remove_dir_all(&dir);
     });
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The labels of the pipelines `binary` (a bench binary's path) compiled with `args`, from its

@@ -95,7 +95,7 @@ fn read_kv_tile(
         let d = t % DKP;
         var x = vec4<f32>(0.0);
         if t < BN * DKP && j < kv_hi && d < DK {
-            x = k_row4(view_index(VIEW_K, b, j, h_kv) + d, DK - d);
+            x = k_row4(input_index(VIEW_K, b, j, h_kv) + d, DK - d);
         }
         (*k)[u] = x;
     }
@@ -105,7 +105,7 @@ fn read_kv_tile(
         let d = t % DVP;
         var x = vec4<f32>(0.0);
         if t < BN * DVP && j < kv_hi && d < DV {
-            x = v_row4(view_index(VIEW_V, b, j, h_kv) + d, DV - d);
+            x = v_row4(input_index(VIEW_V, b, j, h_kv) + d, DV - d);
         }
         (*v)[u] = x;
     }

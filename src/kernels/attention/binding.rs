@@ -6,6 +6,7 @@ use super::variant::FusedVariant;
 use crate::device::{Context, StorageBinding};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::check_binding;
+use crate::kernels::kv_cache::BlockTable;
 use crate::spec::AttentionShape;
 use crate::tensor::{GpuTensor, HeadsView, SeqLens};
 use std::sync::Arc;
@@ -206,6 +207,17 @@ pub(crate) fn bind_tensor<'a>(
         offset_bytes: t.region().offset,
         size_bytes,
     })
+}
+
+/// Binds a paged cache's block table, read by `attention/kv_pages.wgsl` at binding 7 (the binding
+/// after a forward or decode kernel's own), and records its layout in `params`.
+pub(super) fn bind_block_table<'a>(table: &'a BlockTable, params: &mut Params) -> Binding<'a> {
+    [params.table_stride, params.pool_blocks] = table.layout();
+    Binding {
+        buffer: table.buffer(),
+        offset_bytes: 0,
+        size_bytes: table.buffer().size(),
+    }
 }
 
 /// The inputs every backward kernel of both families binds, from binding 2 on: Q, K, V, dO and the

@@ -4,6 +4,7 @@
 use super::options::AttentionOptions;
 use crate::device::{Context, KernelChoice};
 use crate::error::Result;
+use crate::kernels::kv_cache::BlockTable;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, HeadsView};
 
@@ -59,6 +60,9 @@ pub(super) struct ForwardCall<'a> {
     pub opts: &'a AttentionOptions<'a>,
     /// The family, tiles and split the call runs (the context's settings over the tuned choice).
     pub choice: KernelChoice,
+    /// The block table through which K and V, a paged cache's pools, are read (a prefill-shaped
+    /// decoding step); `None` for contiguous K and V.
+    pub table: Option<&'a BlockTable>,
 }
 
 /// The tensors of one forward call ([`attention_forward_into`](super::attention_forward_into)):

@@ -15,13 +15,13 @@
 //! order: deterministic. CPU reference: [`crate::reference::attention::attention_decode`].
 
 use super::binding::{
-    base_params, bind_tensor, bind_view, encode_kernel, inputs_on_vec4, set_grid, Binding, Bound,
-    Kernel, Shared, FLAG_ALIGN_LENS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    base_params, bind_block_table, bind_tensor, bind_view, encode_kernel, inputs_on_vec4, set_grid,
+    Bound, Kernel, Shared, FLAG_ALIGN_LENS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::call::{AttentionOutput, ForwardViews};
-use super::forward::{attention_forward_into, check_forward_outputs};
+use super::forward::{attention_forward_into, check_forward_outputs, record_forward_paged};
 use super::gpu::{encode_split_merge, split_scratch};
-use super::header::{with_common, with_sizes};
+use super::header::{with_common, with_sizes, KV_PAGES};
 use super::options::AttentionOptions;
 use super::shape::{check_options_with, refuse_packed, MAX_HEAD_DIM};
 use super::{qk_norm, sinks};
@@ -593,11 +593,27 @@ fn decode_into(
     // Prefill-shaped steps run on the fused forward kernels (K/V staged in tiles shared by a block
     // of rows; the decode kernel's rows each read every key), which overtake the decode kernel
     // from about 64 new rows (benchmarks/HISTORY.md, "Figures that code comments carried"; a
-    // paged prefill on the decode kernel was far slower on an H100). A paged cache's first
-    // `longest` positions are gathered into scratch first (one read of them, as the decode kernel
-    // makes per row block), an int8 cache's dequantised. Draft trees stay on the decode kernel.
+    // paged prefill on the decode kernel was far slower on an H100). They read an f32 paged
+    // cache's pools through its block table. An int8 or f16 cache's first `longest` positions
+    // are dequantised (widened) into scratch first, and so are a paged f32 cache's where cosine
+    // scores or key clipping transform the keys (one read of them, as the decode kernel makes per
+    // row block). Draft trees stay on the decode kernel.
     let tree = opts.seq_lens.and_then(|l| l.tree_slots()).is_some();
     if s.q_seq >= PREFILL_FORWARD_ROWS && !tree {
+        let prefill = AttentionOptions {
+            align_lens: true,
+            ..*opts
+        };
+        if let (Some(table), None, false) = (layout.table, layout.stored, qk_norm::transforms(opts))
+        {
+            // The kernels' key loops end at each sequence's length; the shape's key count bounds
+            // the tiles and splits they plan.
+            let s = AttentionShape {
+                kv_seq: longest.max(1),
+                ..s
+            };
+            return record_forward_paged(ctx, encoder, views, table, (s, scale), &prefill);
+        }
         let (k_read, v_read) = cached_rows(
             ctx,
             encoder,
@@ -606,10 +622,6 @@ fn decode_into(
             opts,
             longest.max(1),
         )?;
-        let prefill = AttentionOptions {
-            align_lens: true,
-            ..*opts
-        };
         return attention_forward_into(
             ctx,
             encoder,
@@ -702,12 +714,7 @@ fn decode_into(
     let table_binding = match table {
         Some(t) => {
             constants.extend(t.constants());
-            [params.table_stride, params.pool_blocks] = t.layout();
-            Binding {
-                buffer: t.buffer(),
-                offset_bytes: 0,
-                size_bytes: t.buffer().size(),
-            }
+            bind_block_table(t, &mut params)
         }
         None => q_binding,
     };
@@ -779,7 +786,9 @@ fn sized(rows: u32, own: u32, vec4: bool) -> String {
     };
     with_sizes(
         &[("MAX_ROWS", rows), ("MAX_OWN", own)],
-        &format!("{cache}\n{SOURCE}"),
+        // The block table's overrides ahead of the kernel that reads them: naga 30's override
+        // processing panics on an override declared after a function that uses it.
+        &format!("{cache}\n{KV_PAGES}\n{SOURCE}"),
     )
 }
 

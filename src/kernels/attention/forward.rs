@@ -2,8 +2,8 @@
 //! family's is in `gpu`) and the plan each problem gets.
 
 use super::binding::{
-    base_params, bind_tensor, bind_view, encode_fused_chunks, inputs_on_vec4, set_grid, tile_rows,
-    workgroup_size, Bound, Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    base_params, bind_block_table, bind_tensor, bind_view, encode_fused_chunks, inputs_on_vec4,
+    set_grid, tile_rows, workgroup_size, Bound, Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::call::{AttentionOutput, ForwardCall, ForwardViews};
 use super::gpu::{encode_forward_gpu, GpuForward};
@@ -21,6 +21,7 @@ use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_f32};
 use crate::kernels::dispatch::loop_chunks;
+use crate::kernels::kv_cache::BlockTable;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, HeadsView, PackedSide, Region};
 
@@ -187,18 +188,67 @@ pub(super) fn record_forward(
         lse,
         opts,
         choice,
+        table: None,
     };
+    encode_forward_call(ctx, encoder, &call, dtype)
+}
+
+/// Records the fused forward over a paged cache's pools (`views.k`, `views.v`: `[1, pool rows,
+/// Hkv, D]` f32), read through `table` (a prefill-shaped decoding step, checked by the caller as
+/// shape `s` with `scale`; no cosine scores or key clipping, which read transformed copies).
+pub(super) fn record_forward_paged(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    views: &ForwardViews<'_>,
+    table: &BlockTable,
+    (s, scale): (AttentionShape, f32),
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    let &ForwardViews { q, k, v, out, lse } = views;
+    let choice = tune::call_choice(ctx, Tuned::Forward, &s, opts, DType::F32, [q, k])?;
+    let call = ForwardCall {
+        s,
+        scale,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        opts,
+        choice,
+        table: Some(table),
+    };
+    encode_forward_call(ctx, encoder, &call, DType::F32)
+}
+
+/// Records a checked forward call on the family its choice and `dtype` (Q, K and V's) take, then
+/// the attention sinks' correction.
+fn encode_forward_call(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    call: &ForwardCall<'_>,
+    dtype: DType,
+) -> Result<()> {
+    let ForwardCall {
+        ref s,
+        scale,
+        choice,
+        out,
+        lse,
+        opts,
+        ..
+    } = *call;
     let family = choice.family_on(ctx);
-    if let Some(config) = coop::CoopForward::choose(ctx, &s, choice)? {
-        coop::encode_forward_coop(ctx, encoder, config, &call)?;
+    if let Some(config) = coop::CoopForward::choose(ctx, s, choice)? {
+        coop::encode_forward_coop(ctx, encoder, config, call)?;
     } else if family == KernelFamily::CpuDriver && dtype == DType::F32 {
-        encode_forward_cpu_family(ctx, encoder, &call)?;
+        encode_forward_cpu_family(ctx, encoder, call)?;
     } else {
         // The GPU family; also f16 on every adapter (the CPU-driver kernels are f32 only), and the
         // tensor-core family's problems whose tiles exceed the workgroup storage.
-        encode_forward_gpu(ctx, encoder, &call)?;
+        encode_forward_gpu(ctx, encoder, call)?;
     }
-    sinks::encode_forward(ctx, encoder, &s, scale, (out, lse), opts)
+    sinks::encode_forward(ctx, encoder, s, scale, (out, lse), opts)
 }
 
 /// The CPU-driver family's forward: one dispatch per key chunk, each merging into O and lse.
@@ -220,13 +270,14 @@ pub(super) fn encode_forward_cpu_family(
     } = *call;
     let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
     let mut params = base_params(s, scale, opts);
-    let bindings = [
+    let mut bindings = vec![
         bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
         bind_view(ctx, "k", k, VIEW_K, &mut params)?,
         bind_view(ctx, "v", v, VIEW_V, &mut params)?,
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
     ];
+    bindings.extend(call.table.map(|t| bind_block_table(t, &mut params)));
     let wg = workgroup_size(ctx, false, call.choice.workgroup);
     let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
     let grid = set_grid(ctx, &mut params, blocks, s.batch * s.heads)?;
@@ -245,6 +296,7 @@ pub(super) fn encode_forward_cpu_family(
         ("DK", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ];
+    key.page = call.table.map_or(0, |t| t.page() as u32);
     encode_fused_chunks(
         ctx,
         &mut pass,

@@ -6,9 +6,9 @@
 use super::backward::{encode_gradient, Gradient, GradientKernel};
 use super::bias;
 use super::binding::{
-    base_params, bind_tensor, bind_view, encode_fused, encode_kernel, inputs_on_vec4,
-    seq_lens_buffer, set_grid, Binding, Bound, Kernel, Params, Shared, ViewParams, SIMPLE_WG,
-    VIEW_DQ, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    base_params, bind_block_table, bind_tensor, bind_view, encode_fused, encode_kernel,
+    inputs_on_vec4, seq_lens_buffer, set_grid, Binding, Bound, Kernel, Params, Shared, ViewParams,
+    SIMPLE_WG, VIEW_DQ, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
 use super::call::BackwardCall;
 use super::call::ForwardCall;
@@ -260,14 +260,18 @@ pub(super) fn encode_split_forward(
             bind_tensor(ctx, "lse", lse)?,
         ],
     };
+    let mut bindings = vec![q_binding, k_binding, v_binding, o_binding, lse_binding];
+    bindings.extend(call.table.map(|t| bind_block_table(t, &mut params)));
+    let mut key = (kernel.key)(dtype, written, vec4_inputs);
+    key.page = call.table.map_or(0, |t| t.page() as u32);
     encode_fused(
         ctx,
         &mut pass,
-        (kernel.key)(dtype, written, vec4_inputs),
+        key,
         &params,
         Bound {
             shared,
-            bindings: &[q_binding, k_binding, v_binding, o_binding, lse_binding],
+            bindings: &bindings,
             grid,
         },
     );

@@ -8,6 +8,11 @@ pub(super) const COMMON: &str = include_str!("../../../shaders/attention/common.
 pub(super) const SCORE_BIAS: &str = include_str!("../../../shaders/attention/score_bias.wgsl");
 pub(super) const SCORE_BIAS_NONE: &str =
     include_str!("../../../shaders/attention/score_bias_none.wgsl");
+/// K and V read through a paged cache's block table where `PAGE` > 0 (binding 7: `input_index`,
+/// `cache_row`), for the kernels that can read a paged cache; `KV_PAGES_NONE` for the others.
+pub(super) const KV_PAGES: &str = include_str!("../../../shaders/attention/kv_pages.wgsl");
+pub(super) const KV_PAGES_NONE: &str =
+    include_str!("../../../shaders/attention/kv_pages_none.wgsl");
 
 /// `body` with the common header, reading and writing f32; its score-bias terms read the binding
 /// (`score_bias`) or are zero (`score_bias_none.wgsl`, for calls without a bias or relative table).

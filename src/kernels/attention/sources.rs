@@ -98,6 +98,20 @@ fn fused_variants() -> Vec<FusedVariant> {
         key.dq_sums = true;
         keys.push(key);
     }
+    // The forward reading a paged cache's f32 pools through its block table (prefill-shaped
+    // decoding steps): both CPU-driver quad reads, the GPU family by element and by vec4.
+    for quads in [QuadReads::Workgroup, QuadReads::Subgroup] {
+        let mut key = FusedVariant::new(Forward, FamilyBuild::Cpu(quads));
+        key.arrays = cpu_family_arrays(MAX_HEAD_DIM, None);
+        key.vec4_inputs = quads == QuadReads::Subgroup;
+        key.page = 16;
+        keys.push(key);
+    }
+    for vec4 in [false, true] {
+        let mut key = gpu(Forward, vec4, F32, F32, vec4);
+        key.page = 16;
+        keys.push(key);
+    }
     keys.extend(coop::shader_variants());
     keys
 }

@@ -7,11 +7,11 @@
 //! `attention_forward_gpu_subgroup_f16-WG128-BM64-BN32-DK64-DV64-VEC41`.
 //!
 //! Specialised by override constants: tile shapes, head dims, the relative buckets, `VEC4`,
-//! `SUBGROUP`, `PACKED_VIEWS`, `SCORE_BIAS`, and `FIXED_FLAGS` for the GPU and tensor-core
-//! families' backward of a call without masks or modifiers, or causal alone. Assembled from
-//! different files: the family and kernel, the quad reads (CPU driver), the row maxima (GPU
-//! forward), the matrix build (tensor cores), the input reads (element or vec4), the score-bias
-//! binding. Declared as module constants: the array
+//! `SUBGROUP`, `PACKED_VIEWS`, `SCORE_BIAS`, `PAGE` (the forward's K and V read through a paged
+//! cache's block table), and `FIXED_FLAGS` for the GPU and tensor-core families' backward of a
+//! call without masks or modifiers, or causal alone. Assembled from different files: the family
+//! and kernel, the quad reads (CPU driver), the row maxima (GPU forward), the matrix build (tensor
+//! cores), the input reads (element or vec4), the score-bias binding, the block table. Declared as module constants: the array
 //! sizes, which WGSL cannot take from overrides for arrays in functions. Everything else is a
 //! uniform (`Params`): masks, windows, modifiers, scales, strides and lengths, so one pipeline
 //! serves every mask and modifier. Fixing the flags by overrides instead removed code on RADV only
@@ -20,7 +20,7 @@
 //! (`benchmarks/uniform-vs-override-2026-11-27/`), so that the backward alone has those builds
 //! (the tensor-core family's too, by RADV's estimate).
 
-use super::header::{with_sizes, COMMON, SCORE_BIAS, SCORE_BIAS_NONE};
+use super::header::{with_sizes, COMMON, KV_PAGES, KV_PAGES_NONE, SCORE_BIAS, SCORE_BIAS_NONE};
 use crate::device::{Context, PipelineSpec};
 pub use crate::kernels::matrix::MatrixBuild;
 use crate::tensor::DType;
@@ -126,6 +126,10 @@ pub(super) struct FusedVariant {
     /// (`attention/{gpu,coop}/dq_sums.wgsl`; [`crate::ContextOptions::atomic_gradients`]): the
     /// call's.
     pub dq_sums: bool,
+    /// Rows per block of a paged cache whose K and V the forward reads through its block table
+    /// (`attention/kv_pages.wgsl`, `PAGE`, the table bound after the kernel's own bindings); 0
+    /// for contiguous K and V (`attention/kv_pages_none.wgsl`): the call's.
+    pub page: u32,
 }
 
 impl FusedVariant {
@@ -145,6 +149,7 @@ impl FusedVariant {
             fixed_flags_build: false,
             fixed_flags: None,
             dq_sums: false,
+            page: 0,
         }
     }
 
@@ -181,6 +186,9 @@ impl FusedVariant {
         if self.dq_sums {
             name.push_str("_dqsums");
         }
+        if self.page > 0 {
+            name.push_str("_paged");
+        }
         if self.input == DType::F16 {
             name.push_str("_f16");
             if self.written == DType::F32 {
@@ -210,6 +218,9 @@ impl FusedVariant {
         }
         if let Some(flags) = self.fixed_flags {
             all.push(("FIXED_FLAGS", flags));
+        }
+        if self.page > 0 {
+            all.push(("PAGE", self.page));
         }
         all
     }
@@ -333,9 +344,15 @@ impl FusedVariant {
                 }
             }
         };
+        let pages = match self.page {
+            0 => KV_PAGES_NONE,
+            _ => KV_PAGES,
+        };
         text.push_str(COMMON);
         text.push('\n');
         text.push_str(score_bias);
+        text.push('\n');
+        text.push_str(pages);
         for piece in pieces {
             text.push('\n');
             text.push_str(piece);

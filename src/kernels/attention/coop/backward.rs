@@ -407,6 +407,7 @@ pub fn qualify_backward_build(ctx: &Context, build: MatrixBuild) -> Result<Optio
             lse,
             opts: &opts,
             choice: gpu_choice,
+            table: None,
         };
         encode_forward_gpu(ctx, encoder, &call)
     })?;

@@ -324,6 +324,12 @@ pub(super) fn shader_variants() -> Vec<FusedVariant> {
         true,
     ));
     keys.push(key(MatrixBuild::Portable, [F32, F32, F16], 8, wide, true));
+    // The forward reading a paged cache's f32 pools through its block table, both builds.
+    for build in [MatrixBuild::Cooperative, MatrixBuild::Portable] {
+        let mut paged = key(build, [F32, F32, F16], 8, sizes, true);
+        paged.page = 16;
+        keys.push(paged);
+    }
     keys.extend(backward::shader_variants());
     keys
 }
@@ -445,6 +451,7 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
                 lse,
                 opts: &opts,
                 choice: ctx.kernel_settings(),
+                table: None,
             };
             match coop {
                 true => encode_forward_coop(ctx, encoder, config, &call),
