@@ -18,3 +18,9 @@ fn k_row4(index: u32, count: u32) -> vec4<f32> {
 fn v_row4(index: u32, count: u32) -> vec4<f32> {
     return vec4<f32>(v_buf[index / 4u]);
 }
+
+// The factor of a row's values, which the staging multiplies them by: 1 (an int8 cache's rows
+// have scales: attention/input_rows_kv_words.wgsl).
+fn row_scale(view: u32, row: u32) -> f32 {
+    return 1.0;
+}

@@ -348,8 +348,8 @@ fn int8_cache_decode_matches_reference() {
             .magnitude(3.0);
         let err2 = check_int8(ctx, name, &case);
         assert!(err2 < 5e-2, "[{name}] int8 against f32 cache: {err2}");
-        // Prefill-shaped (64 new rows or more): the cache dequantised into scratch, then the fused
-        // forward.
+        // Prefill-shaped (64 new rows or more): the fused forward, dequantising the cache as it
+        // stages it.
         let prefill = decode_case(2, 70, 100, 4, 2, 16, 16)
             .causal()
             .q_lens(&[70, 40])
@@ -386,7 +386,8 @@ fn int8_cache_decode_matches_reference() {
 
 /// f16 caches: read as words and widened in the kernel, staged (the GPU family) and in place (the
 /// CPU drivers'), with modifiers, split-KV, and prefill-shaped steps and cosine scores (the cache
-/// widened into scratch first); head dims that are no multiple of 4 are refused.
+/// widened by the fused forward; cosine scores: widened into scratch first); head dims that are no
+/// multiple of 4 are refused.
 #[test]
 fn f16_cache_decode_matches_reference() {
     for_each_family(|name, ctx| {

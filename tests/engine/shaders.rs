@@ -31,6 +31,11 @@ fn constants_for(source: &str, dk: f64, dv: f64) -> PipelineConstants {
     if source.contains("override PAGE:") && dk <= 64.0 {
         c.insert("PAGE".to_string(), if dk == 64.0 { 16.0 } else { 5.0 });
     }
+    // The forward over a cache's words: int8 at one of the grid's head dims (f16 at the others;
+    // the host builds int8 where KV_INT8 = 1).
+    if source.contains("override KV_INT8:") && dk == 40.0 {
+        c.insert("KV_INT8".to_string(), 1.0);
+    }
     // The fused additive backward with its rows over lanes, as on GPUs.
     if source.contains("fn row_sum(") && dk <= 64.0 {
         c.insert("LANES".to_string(), if dk == 64.0 { 8.0 } else { 4.0 });
@@ -163,9 +168,9 @@ fn every_shader_validates_and_translates_to_all_back_ends() {
             }
         }
     }
-    // The tensor-core builds at every head dim: the forward's five (f32, f16, f16 split, f16 read
-    // four elements per access, f32 reading a paged cache), each backward kernel's three (f32,
-    // f16, f16 with vec4 reads) and dK/dV's with the dQ sums, and the GEMM's six (64 x 64 and
-    // 128 x 128 tiles; f32, f16 and mixed precision's f16 B storage).
-    assert_eq!(translated_coop, (5 + 2 * 3 + 1 + 6) * HEAD_DIMS.len());
+    // The tensor-core builds at every head dim: the forward's six (f32, f16, f16 split, f16 read
+    // four elements per access, f32 reading a paged cache, and an int8 cache's words), each
+    // backward kernel's three (f32, f16, f16 with vec4 reads) and dK/dV's with the dQ sums, and
+    // the GEMM's six (64 x 64 and 128 x 128 tiles; f32, f16 and mixed precision's f16 B storage).
+    assert_eq!(translated_coop, (6 + 2 * 3 + 1 + 6) * HEAD_DIMS.len());
 }

@@ -95,7 +95,8 @@ fn read_kv_tile(
         let d = t % DKP;
         var x = vec4<f32>(0.0);
         if t < BN * DKP && j < kv_hi && d < DK {
-            x = k_row4(input_index(VIEW_K, b, j, h_kv) + d, DK - d);
+            let row = input_index(VIEW_K, b, j, h_kv);
+            x = k_row4(row + d, DK - d) * row_scale(VIEW_K, row);
         }
         (*k)[u] = x;
     }
@@ -105,7 +106,8 @@ fn read_kv_tile(
         let d = t % DVP;
         var x = vec4<f32>(0.0);
         if t < BN * DVP && j < kv_hi && d < DV {
-            x = v_row4(input_index(VIEW_V, b, j, h_kv) + d, DV - d);
+            let row = input_index(VIEW_V, b, j, h_kv);
+            x = v_row4(row + d, DV - d) * row_scale(VIEW_V, row);
         }
         (*v)[u] = x;
     }

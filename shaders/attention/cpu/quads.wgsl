@@ -58,11 +58,12 @@ fn staged_row4(view: u32, dims: u32, b: u32, row: u32, head: u32, c4: u32) -> ve
     if c4 * 4u >= dims {
         return vec4<f32>(0.0);
     }
-    let index = input_index(view, b, row, head) + c4 * 4u;
+    let first = input_index(view, b, row, head);
+    let index = first + c4 * 4u;
     if view == QK_VIEW {
-        return qk_row4(index, dims - c4 * 4u);
+        return qk_row4(index, dims - c4 * 4u) * row_scale(view, first);
     }
-    return vo_row4(index, dims - c4 * 4u);
+    return vo_row4(index, dims - c4 * 4u) * row_scale(view, first);
 }
 
 

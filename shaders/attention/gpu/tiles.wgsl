@@ -53,7 +53,8 @@ fn stage_rows(lid: u32, view: u32, b: u32, head: u32, row0: u32, end: u32, scale
         let i = row0 + r;
         var x = vec4<f32>(0.0);
         if i < end {
-            x = input_row4(view, input_index(view, b, i, head) + 4u * d4, dims - 4u * d4) * scale;
+            let row = input_index(view, b, i, head);
+            x = input_row4(view, row + 4u * d4, dims - 4u * d4) * row_scale(view, row) * scale;
         }
         store_staged(view, r, d4, x);
     }

@@ -1,6 +1,7 @@
 //! What every attention kernel is bound with: the uniform parameters (views, flags, grid), storage
 //! bindings of views and tensors, tile sizes, and the recording of one kernel or its loop chunks.
 
+use super::call::CacheRead;
 use super::options::AttentionOptions;
 use super::variant::FusedVariant;
 use crate::device::{Context, StorageBinding};
@@ -207,6 +208,40 @@ pub(crate) fn bind_tensor<'a>(
         offset_bytes: t.region().offset,
         size_bytes,
     })
+}
+
+/// Binds a forward's K and V views (bindings 3 and 4) as `cache` reads them: a cache stored in
+/// words is addressed in its values (bytes or halves), so its views' offsets and strides are
+/// scaled from words to values.
+pub(super) fn bind_kv<'a>(
+    ctx: &Context,
+    [k, v]: [&'a HeadsView; 2],
+    cache: CacheRead<'_>,
+    params: &mut Params,
+) -> Result<[Binding<'a>; 2]> {
+    let bindings = [
+        bind_view(ctx, "k", k, VIEW_K, params)?,
+        bind_view(ctx, "v", v, VIEW_V, params)?,
+    ];
+    if let Some(words) = cache.words {
+        for (arg, slot) in [("k_cache", VIEW_K), ("v_cache", VIEW_V)] {
+            let view = &mut params.views[slot];
+            for x in [
+                &mut view.offset,
+                &mut view.stride_b,
+                &mut view.stride_s,
+                &mut view.stride_h,
+            ] {
+                *x = x.checked_mul(words.per_word()).ok_or(Error::Unsupported {
+                    arg,
+                    value: u64::from(*x) * u64::from(words.per_word()),
+                    limit: u32::MAX as u64,
+                    hint: " (offset or stride in cached values)",
+                })?;
+            }
+        }
+    }
+    Ok(bindings)
 }
 
 /// Binds a paged cache's block table, read by `attention/kv_pages.wgsl` at binding 7 (the binding

@@ -2,6 +2,7 @@
 //! [`BackwardViews`]), and the outputs of a forward ([`AttentionOutput`]).
 
 use super::options::AttentionOptions;
+use super::variant::{FusedVariant, KvWords};
 use crate::device::{Context, KernelChoice};
 use crate::error::Result;
 use crate::kernels::kv_cache::BlockTable;
@@ -60,9 +61,34 @@ pub(super) struct ForwardCall<'a> {
     pub opts: &'a AttentionOptions<'a>,
     /// The family, tiles and split the call runs (the context's settings over the tuned choice).
     pub choice: KernelChoice,
-    /// The block table through which K and V, a paged cache's pools, are read (a prefill-shaped
-    /// decoding step); `None` for contiguous K and V.
+    /// How K and V are read beyond their views (a prefill-shaped decoding step's cache).
+    pub cache: CacheRead<'a>,
+}
+
+/// How a forward reads K and V beyond their views, for a prefill-shaped decoding step: a paged
+/// cache's pools through its block table, and a cache stored in int8 or f16 words dequantised as
+/// they are staged. [`CacheRead::VIEWS`]: K and V are what their views hold.
+#[derive(Clone, Copy)]
+pub(super) struct CacheRead<'a> {
     pub table: Option<&'a BlockTable>,
+    pub words: Option<KvWords>,
+}
+
+impl CacheRead<'_> {
+    /// K and V read as their views' values.
+    pub const VIEWS: Self = Self {
+        table: None,
+        words: None,
+    };
+
+    /// The key's paged and stored-words builds, for this read.
+    pub fn specialise(&self, key: &mut FusedVariant) {
+        key.page = self.table.map_or(0, |t| t.page() as u32);
+        key.kv_words = self.words;
+        if self.words.is_some() {
+            key.vec4_inputs = false;
+        }
+    }
 }
 
 /// The tensors of one forward call ([`attention_forward_into`](super::attention_forward_into)):

@@ -18,12 +18,13 @@ use super::binding::{
     base_params, bind_block_table, bind_tensor, bind_view, encode_kernel, inputs_on_vec4, set_grid,
     Bound, Kernel, Shared, FLAG_ALIGN_LENS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
-use super::call::{AttentionOutput, ForwardViews};
-use super::forward::{attention_forward_into, check_forward_outputs, record_forward_paged};
+use super::call::{AttentionOutput, CacheRead, ForwardViews};
+use super::forward::{attention_forward_into, check_forward_outputs, record_forward_cached};
 use super::gpu::{encode_split_merge, split_scratch};
 use super::header::{with_common, with_sizes, KV_PAGES};
 use super::options::AttentionOptions;
 use super::shape::{check_options_with, refuse_packed, MAX_HEAD_DIM};
+use super::variant::KvWords;
 use super::{qk_norm, sinks};
 use crate::device::{Context, KernelFamily};
 use crate::error::{Error, Result};
@@ -359,8 +360,8 @@ pub struct HalfCache<'a> {
     pub table: Option<&'a BlockTable>,
 }
 
-/// [`attention_decode_into`] against an int8 cache, dequantised inside the decode kernel (a
-/// prefill-shaped step: into scratch, for the fused forward). Every mask and
+/// [`attention_decode_into`] against an int8 cache, dequantised in registers by the decode kernel
+/// (a prefill-shaped step: by the fused forward as it stages the cache). Every mask and
 /// modifier applies (cosine scores and key clipping transform the keys after dequantising them into
 /// scratch). Against the f32 cache of the same keys and values each cached value moves by at most
 /// `max |row| / 254`.
@@ -377,8 +378,8 @@ pub fn attention_decode_int8_into(
     decode_stored(ctx, encoder, [q, out], stored, cache.table, lse, opts)
 }
 
-/// [`attention_decode_into`] against an f16 cache, widened to f32 inside the decode kernel (a
-/// prefill-shaped step: into scratch, for the fused forward). Every mask and modifier applies. The
+/// [`attention_decode_into`] against an f16 cache, widened to f32 in registers by the decode kernel
+/// (a prefill-shaped step: by the fused forward as it stages the cache). Every mask and modifier applies. The
 /// result is the f32 cache's over the f16-rounded keys and values, at f32's tolerances; no adapter
 /// feature is needed (the kernel reads the halves as words).
 pub fn attention_decode_f16_into(
@@ -593,26 +594,34 @@ fn decode_into(
     // Prefill-shaped steps run on the fused forward kernels (K/V staged in tiles shared by a block
     // of rows; the decode kernel's rows each read every key), which overtake the decode kernel
     // from about 64 new rows (benchmarks/HISTORY.md, "Figures that code comments carried"; a
-    // paged prefill on the decode kernel was far slower on an H100). They read an f32 paged
-    // cache's pools through its block table. An int8 or f16 cache's first `longest` positions
-    // are dequantised (widened) into scratch first, and so are a paged f32 cache's where cosine
-    // scores or key clipping transform the keys (one read of them, as the decode kernel makes per
-    // row block). Draft trees stay on the decode kernel.
+    // paged prefill on the decode kernel was far slower on an H100). They read the cache as the
+    // decode kernel does: a paged one's pools through its block table, int8 and f16 words
+    // dequantised as they are staged. Where cosine scores or key clipping transform the keys, the
+    // cache's first `longest` positions are gathered (dequantised) into scratch first and
+    // transformed there. Draft trees stay on the decode kernel.
     let tree = opts.seq_lens.and_then(|l| l.tree_slots()).is_some();
     if s.q_seq >= PREFILL_FORWARD_ROWS && !tree {
         let prefill = AttentionOptions {
             align_lens: true,
             ..*opts
         };
-        if let (Some(table), None, false) = (layout.table, layout.stored, qk_norm::transforms(opts))
-        {
+        let cached = layout.table.is_some() || layout.stored.is_some();
+        if cached && !qk_norm::transforms(opts) {
+            let cache = CacheRead {
+                table: layout.table,
+                words: layout.stored.and_then(|[k, _]| match k {
+                    Storage::Int8(_) => Some(KvWords::Int8),
+                    Storage::F16(_) => Some(KvWords::F16),
+                    Storage::F32(_) => None,
+                }),
+            };
             // The kernels' key loops end at each sequence's length; the shape's key count bounds
             // the tiles and splits they plan.
             let s = AttentionShape {
                 kv_seq: longest.max(1),
                 ..s
             };
-            return record_forward_paged(ctx, encoder, views, table, (s, scale), &prefill);
+            return record_forward_cached(ctx, encoder, views, cache, (s, scale), &prefill);
         }
         let (k_read, v_read) = cached_rows(
             ctx,
@@ -642,8 +651,8 @@ fn decode_into(
     // Cosine scores and key clipping: the new queries and the cache's first `longest` positions (all
     // that any sequence reads) transformed into scratch, O(longest) per step like the attention
     // itself; the cache keeps raw keys. The kernel then reads caches of `longest` positions.
-    // A paged or int8 cache is gathered (dequantised) into f32 scratch first, which the kernel
-    // then reads as a contiguous f32 cache.
+    // A paged, int8 or f16 cache is gathered (dequantised) into f32 scratch first, which the
+    // kernel then reads as a contiguous f32 cache.
     let (q, k_cache, v_cache, s, CacheLayout { table, stored }) = if qk_norm::transforms(opts) {
         let (k_read, v_read) =
             cached_rows(ctx, encoder, [k_cache, v_cache], layout, opts, longest)?;

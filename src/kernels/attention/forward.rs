@@ -2,10 +2,11 @@
 //! family's is in `gpu`) and the plan each problem gets.
 
 use super::binding::{
-    base_params, bind_block_table, bind_tensor, bind_view, encode_fused_chunks, inputs_on_vec4,
-    set_grid, tile_rows, workgroup_size, Bound, Shared, ROWS, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
+    base_params, bind_block_table, bind_kv, bind_tensor, bind_view, encode_fused_chunks,
+    inputs_on_vec4, set_grid, tile_rows, workgroup_size, Bound, Shared, ROWS, VIEW_K, VIEW_O,
+    VIEW_Q, VIEW_V,
 };
-use super::call::{AttentionOutput, ForwardCall, ForwardViews};
+use super::call::{AttentionOutput, CacheRead, ForwardCall, ForwardViews};
 use super::gpu::{encode_forward_gpu, GpuForward};
 use super::options::AttentionOptions;
 use super::shape::{
@@ -21,7 +22,6 @@ use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::{Error, Result};
 use crate::kernels::arguments::{check_binding, check_f32};
 use crate::kernels::dispatch::loop_chunks;
-use crate::kernels::kv_cache::BlockTable;
 use crate::spec::AttentionShape;
 use crate::tensor::{DType, GpuTensor, HeadsView, PackedSide, Region};
 
@@ -188,19 +188,21 @@ pub(super) fn record_forward(
         lse,
         opts,
         choice,
-        table: None,
+        cache: CacheRead::VIEWS,
     };
     encode_forward_call(ctx, encoder, &call, dtype)
 }
 
-/// Records the fused forward over a paged cache's pools (`views.k`, `views.v`: `[1, pool rows,
-/// Hkv, D]` f32), read through `table` (a prefill-shaped decoding step, checked by the caller as
-/// shape `s` with `scale`; no cosine scores or key clipping, which read transformed copies).
-pub(super) fn record_forward_paged(
+/// Records the fused forward of a prefill-shaped decoding step over its cache (`views.k`,
+/// `views.v`), read as `cache` says: a paged cache's pools (`[1, pool rows, Hkv, D]`) through its
+/// block table, an int8 or f16 cache's words dequantised as they are staged. Checked by the
+/// caller as shape `s` with `scale`; f32 queries and outputs; no cosine scores or key clipping
+/// (which read transformed copies of the keys).
+pub(super) fn record_forward_cached(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     views: &ForwardViews<'_>,
-    table: &BlockTable,
+    cache: CacheRead<'_>,
     (s, scale): (AttentionShape, f32),
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
@@ -216,7 +218,7 @@ pub(super) fn record_forward_paged(
         lse,
         opts,
         choice,
-        table: Some(table),
+        cache,
     };
     encode_forward_call(ctx, encoder, &call, DType::F32)
 }
@@ -270,14 +272,16 @@ pub(super) fn encode_forward_cpu_family(
     } = *call;
     let block_n = tile_rows(ctx, s, 0, MAX_BLOCK_N);
     let mut params = base_params(s, scale, opts);
+    let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
+    let [k_binding, v_binding] = bind_kv(ctx, [k, v], call.cache, &mut params)?;
     let mut bindings = vec![
-        bind_view(ctx, "q", q, VIEW_Q, &mut params)?,
-        bind_view(ctx, "k", k, VIEW_K, &mut params)?,
-        bind_view(ctx, "v", v, VIEW_V, &mut params)?,
+        q_binding,
+        k_binding,
+        v_binding,
         bind_view(ctx, "out", out, VIEW_O, &mut params)?,
         bind_tensor(ctx, "lse", lse)?,
     ];
-    bindings.extend(call.table.map(|t| bind_block_table(t, &mut params)));
+    bindings.extend(call.cache.table.map(|t| bind_block_table(t, &mut params)));
     let wg = workgroup_size(ctx, false, call.choice.workgroup);
     let blocks = s.q_seq.div_ceil((wg * ROWS) as usize);
     let grid = set_grid(ctx, &mut params, blocks, s.batch * s.heads)?;
@@ -296,7 +300,7 @@ pub(super) fn encode_forward_cpu_family(
         ("DK", s.head_dim_qk as u32),
         ("DV", s.head_dim_v as u32),
     ];
-    key.page = call.table.map_or(0, |t| t.page() as u32);
+    call.cache.specialise(&mut key);
     encode_fused_chunks(
         ctx,
         &mut pass,

@@ -6,7 +6,7 @@
 use super::backward::{encode_gradient, Gradient, GradientKernel};
 use super::bias;
 use super::binding::{
-    base_params, bind_block_table, bind_tensor, bind_view, encode_fused, encode_kernel,
+    base_params, bind_block_table, bind_kv, bind_tensor, bind_view, encode_fused, encode_kernel,
     inputs_on_vec4, seq_lens_buffer, set_grid, Binding, Bound, Kernel, Params, Shared, ViewParams,
     SIMPLE_WG, VIEW_DQ, VIEW_K, VIEW_O, VIEW_Q, VIEW_V,
 };
@@ -242,8 +242,7 @@ pub(super) fn encode_split_forward(
     let mut params = base_params(s, scale, opts);
     params.splits = splits as u32;
     let q_binding = bind_view(ctx, "q", q, VIEW_Q, &mut params)?;
-    let k_binding = bind_view(ctx, "k", k, VIEW_K, &mut params)?;
-    let v_binding = bind_view(ctx, "v", v, VIEW_V, &mut params)?;
+    let [k_binding, v_binding] = bind_kv(ctx, [k, v], call.cache, &mut params)?;
     let vec4_inputs = inputs_on_vec4(&params, &[VIEW_Q, VIEW_K, VIEW_V], s);
     let blocks = s.q_seq.div_ceil(kernel.block_m);
     let grid = set_grid(ctx, &mut params, blocks, splits * s.batch * s.heads)?;
@@ -261,9 +260,9 @@ pub(super) fn encode_split_forward(
         ],
     };
     let mut bindings = vec![q_binding, k_binding, v_binding, o_binding, lse_binding];
-    bindings.extend(call.table.map(|t| bind_block_table(t, &mut params)));
+    bindings.extend(call.cache.table.map(|t| bind_block_table(t, &mut params)));
     let mut key = (kernel.key)(dtype, written, vec4_inputs);
-    key.page = call.table.map_or(0, |t| t.page() as u32);
+    call.cache.specialise(&mut key);
     encode_fused(
         ctx,
         &mut pass,

@@ -5,7 +5,9 @@ use super::backward::BACKWARD_PREPROCESS;
 use super::header::{with_common, with_common_typed};
 use super::shape::MAX_HEAD_DIM;
 use super::unfused::{SOFTMAX, SOFTMAX_BACKWARD};
-use super::variant::{cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, QuadReads};
+use super::variant::{
+    cpu_family_arrays, FamilyBuild, FusedKernel, FusedVariant, KvWords, QuadReads,
+};
 use super::{bias, coop, decode, gpu, probs, qk_norm, sinks};
 use crate::tensor::DType;
 
@@ -98,8 +100,9 @@ fn fused_variants() -> Vec<FusedVariant> {
         key.dq_sums = true;
         keys.push(key);
     }
-    // The forward reading a paged cache's f32 pools through its block table (prefill-shaped
-    // decoding steps): both CPU-driver quad reads, the GPU family by element and by vec4.
+    // The forward of prefill-shaped decoding steps: a paged cache's f32 pools read through its
+    // block table (both CPU-driver quad reads, the GPU family by element and by vec4), and
+    // int8 and f16 caches' words, contiguous and paged.
     for quads in [QuadReads::Workgroup, QuadReads::Subgroup] {
         let mut key = FusedVariant::new(Forward, FamilyBuild::Cpu(quads));
         key.arrays = cpu_family_arrays(MAX_HEAD_DIM, None);
@@ -110,6 +113,15 @@ fn fused_variants() -> Vec<FusedVariant> {
     for vec4 in [false, true] {
         let mut key = gpu(Forward, vec4, F32, F32, vec4);
         key.page = 16;
+        keys.push(key);
+    }
+    for (words, page) in [(KvWords::Int8, 0), (KvWords::F16, 16)] {
+        let mut key = FusedVariant::new(Forward, FamilyBuild::Cpu(QuadReads::Workgroup));
+        key.arrays = cpu_family_arrays(MAX_HEAD_DIM, None);
+        (key.kv_words, key.page) = (Some(words), page);
+        keys.push(key);
+        let mut key = gpu(Forward, true, F32, F32, false);
+        (key.kv_words, key.page) = (Some(words), 16 - page);
         keys.push(key);
     }
     keys.extend(coop::shader_variants());

@@ -11,7 +11,8 @@
 //! cache's block table), and `FIXED_FLAGS` for the GPU and tensor-core families' backward of a
 //! call without masks or modifiers, or causal alone. Assembled from different files: the family
 //! and kernel, the quad reads (CPU driver), the row maxima (GPU forward), the matrix build (tensor
-//! cores), the input reads (element or vec4), the score-bias binding, the block table. Declared as module constants: the array
+//! cores), the input reads (element, vec4, or a cache's int8 or f16 words), the score-bias
+//! binding, the block table. Declared as module constants: the array
 //! sizes, which WGSL cannot take from overrides for arrays in functions. Everything else is a
 //! uniform (`Params`): masks, windows, modifiers, scales, strides and lengths, so one pipeline
 //! serves every mask and modifier. Fixing the flags by overrides instead removed code on RADV only
@@ -29,6 +30,8 @@ use std::sync::Arc;
 const OUTPUT_PAIR: &str = include_str!("../../../shaders/attention/output_pair.wgsl");
 const INPUT_ROWS: &str = include_str!("../../../shaders/attention/input_rows.wgsl");
 const INPUT_ROWS_VEC4: &str = include_str!("../../../shaders/attention/input_rows_vec4.wgsl");
+const INPUT_ROWS_KV_WORDS: &str =
+    include_str!("../../../shaders/attention/input_rows_kv_words.wgsl");
 const DO_ROWS: &str = include_str!("../../../shaders/attention/do_rows.wgsl");
 const DO_ROWS_VEC4: &str = include_str!("../../../shaders/attention/do_rows_vec4.wgsl");
 
@@ -130,6 +133,29 @@ pub(super) struct FusedVariant {
     /// (`attention/kv_pages.wgsl`, `PAGE`, the table bound after the kernel's own bindings); 0
     /// for contiguous K and V (`attention/kv_pages_none.wgsl`): the call's.
     pub page: u32,
+    /// K and V are a decoding step's cache stored in words, int8 or f16, which the forward
+    /// dequantises as it stages them (`attention/input_rows_kv_words.wgsl`); `None` for values of
+    /// `input`: the call's.
+    pub kv_words: Option<KvWords>,
+}
+
+/// How a KV cache stored in words holds its values (`attention/input_rows_kv_words.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum KvWords {
+    /// int8 rows with an f32 scale each (`KV_INT8`).
+    Int8,
+    /// Pairs of f16.
+    F16,
+}
+
+impl KvWords {
+    /// Values per 32-bit word: the kernels address such a cache in values (bytes or halves).
+    pub(crate) fn per_word(self) -> u32 {
+        match self {
+            Self::Int8 => 4,
+            Self::F16 => 2,
+        }
+    }
 }
 
 impl FusedVariant {
@@ -150,6 +176,7 @@ impl FusedVariant {
             fixed_flags: None,
             dq_sums: false,
             page: 0,
+            kv_words: None,
         }
     }
 
@@ -189,6 +216,11 @@ impl FusedVariant {
         if self.page > 0 {
             name.push_str("_paged");
         }
+        match self.kv_words {
+            Some(KvWords::Int8) => name.push_str("_kvint8"),
+            Some(KvWords::F16) => name.push_str("_kvf16"),
+            None => {}
+        }
         if self.input == DType::F16 {
             name.push_str("_f16");
             if self.written == DType::F32 {
@@ -222,6 +254,9 @@ impl FusedVariant {
         if self.page > 0 {
             all.push(("PAGE", self.page));
         }
+        if self.kv_words == Some(KvWords::Int8) {
+            all.push(("KV_INT8", 1));
+        }
         all
     }
 
@@ -254,9 +289,10 @@ impl FusedVariant {
             true => SCORE_BIAS,
             false => SCORE_BIAS_NONE,
         };
-        let (rows, do_rows) = match self.vec4_inputs {
-            true => (INPUT_ROWS_VEC4, DO_ROWS_VEC4),
-            false => (INPUT_ROWS, DO_ROWS),
+        let (rows, do_rows) = match (self.kv_words, self.vec4_inputs) {
+            (Some(_), _) => (INPUT_ROWS_KV_WORDS, DO_ROWS),
+            (None, true) => (INPUT_ROWS_VEC4, DO_ROWS_VEC4),
+            (None, false) => (INPUT_ROWS, DO_ROWS),
         };
         let pieces: Vec<&str> = match (self.family, self.kernel) {
             (FamilyBuild::Cpu(quads), kernel) => {

@@ -7,6 +7,7 @@
 use crate::common;
 
 use common::*;
+use half::f16;
 use rand::seq::SliceRandom;
 use wgpu_attention::kernels::kv_cache::{
     kv_cache_append_paged_into, kv_cache_gather_int8_into, kv_cache_gather_paged_into, BlockTable,
@@ -14,8 +15,8 @@ use wgpu_attention::kernels::kv_cache::{
 use wgpu_attention::reference::attention::{self as reference, Masks};
 use wgpu_attention::reference::kv_cache::{dequantize_int8_rows, gather_paged};
 use wgpu_attention::{
-    attention_decode_int8_into, attention_decode_paged_into, Context, Error, ForwardViews,
-    GpuTensor, GpuTensorQ8, QuantizedCache, SeqLens,
+    attention_decode_f16_into, attention_decode_int8_into, attention_decode_paged_into, Context,
+    Error, ForwardViews, GpuTensor, GpuTensorF16, GpuTensorQ8, HalfCache, QuantizedCache, SeqLens,
 };
 use wgpu_attention_serve::{KvFormat, PagedKvCache, PagedKvCacheConfig};
 
@@ -48,9 +49,9 @@ fn scatter(
     out
 }
 
-/// Decode attention for `case` through a paged cache of `page`-row blocks (f32, or int8 when
-/// `int8`), against the reference (for int8, over the values the pools hold).
-fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize, int8: bool) {
+/// Decode attention for `case` through a paged cache of `page`-row blocks holding `format`'s values
+/// (f32, int8 or f16), against the reference over the values the pools hold.
+fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize, format: KvFormat) {
     let s = case.shape();
     let (q, k, v, _) = case.data();
     let stride = s.kv_seq.div_ceil(page);
@@ -71,56 +72,69 @@ fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize, int8: bool) 
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let opts = case.options(&buffers);
     let out_view = out.heads().unwrap();
-    // The keys and values the reference attends over: the cache's, or what the int8 pools hold
-    // gathered back through the table.
-    let (k_ref, v_ref) = if int8 {
-        let [k_pool, v_pool] = [0, 1].map(|i| {
-            GpuTensorQ8::from_f32(ctx, &pools[i], &[pool * page, s.kv_heads, dims[i]]).unwrap()
-        });
-        attention_decode_int8_into(
-            ctx,
-            &mut encoder,
-            &qv,
-            QuantizedCache {
+    let pool_shape = |i: usize| [pool * page, s.kv_heads, dims[i]];
+    // What the pools hold, gathered back through the table: the keys and values the reference
+    // attends over.
+    let held = |values: &[f64], d: usize| -> Vec<f64> {
+        (0..s.batch)
+            .flat_map(|b| {
+                let blocks = &ids[b * stride..][..stride];
+                gather_paged(values, blocks, page, s.kv_seq, s.kv_heads * d)
+            })
+            .collect()
+    };
+    let (k_ref, v_ref) = match format {
+        KvFormat::Int8 => {
+            let [k_pool, v_pool] =
+                [0, 1].map(|i| GpuTensorQ8::from_f32(ctx, &pools[i], &pool_shape(i)).unwrap());
+            let cache = QuantizedCache {
                 k: &k_pool,
                 v: &v_pool,
                 table: Some(&table),
-            },
-            &out_view,
-            &lse,
-            &opts,
-        )
-        .unwrap();
-        let held = |t: &GpuTensorQ8, d: usize| -> Vec<f64> {
-            let values = dequantize_int8_rows(&t.to_words(ctx).unwrap(), d);
-            (0..s.batch)
-                .flat_map(|b| {
-                    let blocks = &ids[b * stride..][..stride];
-                    gather_paged(&values, blocks, page, s.kv_seq, s.kv_heads * d)
-                })
-                .collect()
-        };
-        ctx.queue().submit([encoder.finish()]);
-        (held(&k_pool, dims[0]), held(&v_pool, dims[1]))
-    } else {
-        let [k_pool, v_pool] =
-            [0, 1].map(|i| upload(ctx, &pools[i], [1, pool * page, s.kv_heads, dims[i]]));
-        attention_decode_paged_into(
-            ctx,
-            &mut encoder,
-            &ForwardViews {
-                q: &qv,
+            };
+            attention_decode_int8_into(ctx, &mut encoder, &qv, cache, &out_view, &lse, &opts)
+                .unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            let values = |t: &GpuTensorQ8, d: usize| {
+                held(&dequantize_int8_rows(&t.to_words(ctx).unwrap(), d), d)
+            };
+            (values(&k_pool, dims[0]), values(&v_pool, dims[1]))
+        }
+        KvFormat::F16 => {
+            let [k_pool, v_pool] =
+                [0, 1].map(|i| GpuTensorF16::from_f32(ctx, &pools[i], &pool_shape(i)).unwrap());
+            let cache = HalfCache {
                 k: &k_pool,
                 v: &v_pool,
-                out: &out_view,
-                lse: &lse,
-            },
-            &table,
-            &opts,
-        )
-        .unwrap();
-        ctx.queue().submit([encoder.finish()]);
-        (to_f64(&k), to_f64(&v))
+                table: Some(&table),
+            };
+            attention_decode_f16_into(ctx, &mut encoder, &qv, cache, &out_view, &lse, &opts)
+                .unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            let rounded =
+                |x: &[f32]| -> Vec<f64> { x.iter().map(|&x| f16::from_f32(x).to_f64()).collect() };
+            (rounded(&k), rounded(&v))
+        }
+        _ => {
+            let [k_pool, v_pool] =
+                [0, 1].map(|i| upload(ctx, &pools[i], [1, pool * page, s.kv_heads, dims[i]]));
+            attention_decode_paged_into(
+                ctx,
+                &mut encoder,
+                &ForwardViews {
+                    q: &qv,
+                    k: &k_pool,
+                    v: &v_pool,
+                    out: &out_view,
+                    lse: &lse,
+                },
+                &table,
+                &opts,
+            )
+            .unwrap();
+            ctx.queue().submit([encoder.finish()]);
+            (to_f64(&k), to_f64(&v))
+        }
     };
     let masks = Masks {
         q_lens: None,
@@ -130,9 +144,9 @@ fn check_paged(ctx: &Context, name: &str, case: &Case, page: usize, int8: bool) 
     let (q_lens, kv_lens) = (case.q_lens.clone().unwrap(), case.kv_lens.clone().unwrap());
     let (ref_out, ref_lse) =
         reference::attention_decode(&s, &to_f64(&q), &k_ref, &v_ref, &q_lens, &kv_lens, &masks);
-    let format = if int8 { "int8" } else { "f32" };
     let what = format!(
-        "[{name}] paged {format} decode, page {page}, {}",
+        "[{name}] paged {} decode, page {page}, {}",
+        format.name(),
         case.label()
     );
     // f32's tolerances, or the tensor-core family's where a prefill-shaped step runs on it.
@@ -157,7 +171,7 @@ fn paged_decode_matches_reference() {
                 .causal()
                 .q_lens(&[1, 3, 2])
                 .kv_lens(&[70, 5, 33]);
-            check_paged(ctx, name, &case, page, false);
+            check_paged(ctx, name, &case, page, KvFormat::F32);
         }
         // The decoding modifiers, Dk != Dv.
         let case = Case::new(2, 2, 90, 2, 2, 24, 16)
@@ -169,14 +183,14 @@ fn paged_decode_matches_reference() {
             .softcap(5.0)
             .sinks(&[0.5, -1.0])
             .magnitude(3.0);
-        check_paged(ctx, name, &case, 8, false);
-        check_paged(ctx, name, &case, 8, true);
+        check_paged(ctx, name, &case, 8, KvFormat::F32);
+        check_paged(ctx, name, &case, 8, KvFormat::Int8);
         let case = Case::new(2, 2, 70, 4, 2, 16, 16)
             .causal()
             .q_lens(&[2, 1])
             .kv_lens(&[70, 3])
             .relative(8, 32, false);
-        check_paged(ctx, name, &case, 16, false);
+        check_paged(ctx, name, &case, 16, KvFormat::F32);
         // Cosine scores and key clipping: the sequences' cached keys gathered (dequantised) into
         // scratch, then transformed.
         let case = Case::new(2, 2, 50, 4, 2, 16, 16)
@@ -185,16 +199,16 @@ fn paged_decode_matches_reference() {
             .kv_lens(&[50, 9])
             .cosine(10.0)
             .magnitude(4.0);
-        check_paged(ctx, name, &case, 8, false);
-        check_paged(ctx, name, &case, 8, true);
+        check_paged(ctx, name, &case, 8, KvFormat::F32);
+        check_paged(ctx, name, &case, 8, KvFormat::Int8);
         let case = Case::new(2, 2, 50, 2, 2, 12, 8)
             .causal()
             .q_lens(&[1, 2])
             .kv_lens(&[17, 30])
             .cosine_learned(&[5.0, 12.0])
             .key_clip(0.5);
-        check_paged(ctx, name, &case, 16, false);
-        check_paged(ctx, name, &case, 16, true);
+        check_paged(ctx, name, &case, 16, KvFormat::F32);
+        check_paged(ctx, name, &case, 16, KvFormat::Int8);
         // Prefill-shaped (64 new rows or more): the fused forward, reading the f32 pools through
         // the table (every family: paged_prefill_reads_the_pools_through_the_table), the int8
         // ones dequantised into scratch first.
@@ -203,8 +217,8 @@ fn paged_decode_matches_reference() {
             .q_lens(&[70, 40])
             .kv_lens(&[100, 61])
             .softcap(5.0);
-        check_paged(ctx, name, &case, 16, false);
-        check_paged(ctx, name, &case, 16, true);
+        check_paged(ctx, name, &case, 16, KvFormat::F32);
+        check_paged(ctx, name, &case, 16, KvFormat::Int8);
     });
     // Split-KV (a small loop budget forces several key splits and their merge).
     for_each_backend_with_loop_budget(3000, |name, ctx| {
@@ -212,14 +226,15 @@ fn paged_decode_matches_reference() {
             .causal()
             .q_lens(&[1])
             .kv_lens(&[300]);
-        check_paged(ctx, name, &case, 32, false);
-        check_paged(ctx, name, &case, 32, true);
+        check_paged(ctx, name, &case, 32, KvFormat::F32);
+        check_paged(ctx, name, &case, 32, KvFormat::Int8);
     });
 }
 
-/// Prefill-shaped steps (64 new rows or more) of every forward family read the f32 pools through
-/// the block table: against the reference with the pools' unused rows NaN, and compiled as the
-/// families' paged builds (the pipeline dump names them `_paged`), not gathered into scratch.
+/// Prefill-shaped steps (64 new rows or more) of every forward family read the pools through the
+/// block table, f32, int8 and f16 (dequantised as they are staged): against the reference with
+/// the pools' unused rows NaN, and compiled as the families' paged builds (the pipeline dump names
+/// them `_paged`, `_paged_kvint8` and `_paged_kvf16`), not gathered into scratch.
 #[test]
 fn paged_prefill_reads_the_pools_through_the_table() {
     let dump = std::env::temp_dir().join(format!(
@@ -231,19 +246,26 @@ fn paged_prefill_reads_the_pools_through_the_table() {
     for_each_forward_family_with_options(
         |opts| opts.dump_pipelines(&dump),
         |name, ctx| {
-            // Blocks of 5 rows (every tile crosses blocks), GQA, ragged lengths.
-            let case = Case::new(2, 70, 90, 4, 2, 16, 16)
-                .causal()
-                .q_lens(&[70, 64])
-                .kv_lens(&[90, 64]);
-            check_paged(ctx, name, &case, 5, false);
-            // Head dims not a multiple of four (element reads), Dk != Dv, a modifier.
-            let case = Case::new(1, 64, 75, 2, 1, 12, 8)
-                .causal()
-                .q_lens(&[64])
-                .kv_lens(&[75])
-                .softcap(5.0);
-            check_paged(ctx, name, &case, 16, false);
+            for format in [KvFormat::F32, KvFormat::Int8, KvFormat::F16] {
+                // Blocks of 5 rows (every tile crosses blocks), GQA, ragged lengths.
+                let case = Case::new(2, 70, 90, 4, 2, 16, 16)
+                    .causal()
+                    .q_lens(&[70, 64])
+                    .kv_lens(&[90, 64]);
+                check_paged(ctx, name, &case, 5, format);
+                // Dk != Dv, a modifier; f32 head dims that are no multiple of four (element
+                // reads; int8 and f16 caches hold multiples of four).
+                let dims = match format {
+                    KvFormat::F32 => (10, 6),
+                    _ => (12, 8),
+                };
+                let case = Case::new(1, 64, 75, 2, 1, dims.0, dims.1)
+                    .causal()
+                    .q_lens(&[64])
+                    .kv_lens(&[75])
+                    .softcap(5.0);
+                check_paged(ctx, name, &case, 16, format);
+            }
             ran.lock().unwrap().push(name.to_string());
         },
     );
@@ -257,13 +279,19 @@ fn paged_prefill_reads_the_pools_through_the_table() {
     let _ = std::fs::remove_dir_all(&dump);
     for name in ran.into_inner().unwrap() {
         let family = name.split('/').nth(1).unwrap_or_default().to_string();
-        assert!(
-            names
-                .iter()
-                .any(|n| n.starts_with(&format!("attention_forward_{family}"))
-                    && n.contains("_paged")),
-            "[{name}] no paged forward build was compiled: {names:?}"
-        );
+        for stored in ["", "_kvint8", "_kvf16"] {
+            let build = |n: &String| {
+                let words = n.contains("_kv");
+                n.starts_with(&format!("attention_forward_{family}"))
+                    && n.contains(&format!("_paged{stored}"))
+                    && (words || stored.is_empty())
+                    && (!words || !stored.is_empty())
+            };
+            assert!(
+                names.iter().any(build),
+                "[{name}] no paged{stored} forward build was compiled: {names:?}"
+            );
+        }
     }
 }
 

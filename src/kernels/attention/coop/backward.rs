@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::kernels::attention::backward::{
     attention_backward_workspace, encode_backward_core, encode_gradient, Gradient, GradientKernel,
 };
-use crate::kernels::attention::call::{AttentionOutput, ForwardCall};
+use crate::kernels::attention::call::{AttentionOutput, CacheRead, ForwardCall};
 use crate::kernels::attention::call::{BackwardCall, BackwardViews};
 use crate::kernels::attention::gpu::{self, encode_forward_gpu};
 use crate::kernels::attention::shape::check_options;
@@ -407,7 +407,7 @@ pub fn qualify_backward_build(ctx: &Context, build: MatrixBuild) -> Result<Optio
             lse,
             opts: &opts,
             choice: gpu_choice,
-            table: None,
+            cache: CacheRead::VIEWS,
         };
         encode_forward_gpu(ctx, encoder, &call)
     })?;

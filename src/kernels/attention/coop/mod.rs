@@ -10,13 +10,13 @@
 //! rounded to f16 (MatElem) in workgroup memory where the device has f16, so the family promises
 //! f16 accuracy for every input type. The backward's kernels are in [`backward`].
 
-use super::call::{AttentionOutput, ForwardCall};
+use super::call::{AttentionOutput, CacheRead, ForwardCall};
 use super::gpu;
 use super::gpu::encode_forward_gpu;
 use super::options::AttentionOptions;
 use super::shape::check_options;
 use super::tune::qualification_values;
-use super::variant::{FamilyBuild, FusedKernel, FusedVariant, MatrixBuild};
+use super::variant::{FamilyBuild, FusedKernel, FusedVariant, KvWords, MatrixBuild};
 use crate::device::{Context, KernelChoice, KernelFamily};
 use crate::error::Result;
 use crate::kernels::matrix::{mismatch, record_qualification};
@@ -324,12 +324,16 @@ pub(super) fn shader_variants() -> Vec<FusedVariant> {
         true,
     ));
     keys.push(key(MatrixBuild::Portable, [F32, F32, F16], 8, wide, true));
-    // The forward reading a paged cache's f32 pools through its block table, both builds.
+    // The forward of prefill-shaped decoding steps: a paged cache's f32 pools read through its
+    // block table, both builds; an int8 cache's words, paged, on cooperative matrices.
     for build in [MatrixBuild::Cooperative, MatrixBuild::Portable] {
         let mut paged = key(build, [F32, F32, F16], 8, sizes, true);
         paged.page = 16;
         keys.push(paged);
     }
+    let mut words = key(MatrixBuild::Cooperative, [F32, F32, F16], 8, sizes, false);
+    (words.page, words.kv_words) = (16, Some(KvWords::Int8));
+    keys.push(words);
     keys.extend(backward::shader_variants());
     keys
 }
@@ -451,7 +455,7 @@ pub fn qualify_matrix_build(ctx: &Context, build: MatrixBuild) -> Result<Option<
                 lse,
                 opts: &opts,
                 choice: ctx.kernel_settings(),
-                table: None,
+                cache: CacheRead::VIEWS,
             };
             match coop {
                 true => encode_forward_coop(ctx, encoder, config, &call),
