@@ -19,7 +19,7 @@ fi
 cargo build --release -p wgpu-attention-bench --bins
 # The integration tests are one binary per crate (tests/engine, crates/transformer/tests/model,
 # crates/serve/tests/serving); test_MODULE (written below) runs one module's tests.
-tests="engine:attention_forward engine:attention_backward engine:attention_f16 engine:attention_decode engine:tuning engine:linear engine:optimizer engine:additive engine:nan model:transformer model:transformer_layer model:training model:attention_maps serving:generation"
+tests="engine:attention_forward engine:attention_backward engine:attention_f16 engine:attention_decode engine:tuning engine:linear engine:optimizer engine:additive engine:nan model:transformer model:transformer_layer model:training model:attention_maps serving:generation serving:paged_cache"
 built=$(cargo test --release -p wgpu-attention -p wgpu-attention-transformer -p wgpu-attention-serve --no-run 2>&1 | sed -n 's/.*Executable tests\/\([a-z]*\)\/main.rs (\(.*\))/\1 \2/p')
 rm -rf .gpu/bin && mkdir -p .gpu/bin
 for b in attention-bench gemm-bench transformer-bench additive-bench generate-bench; do

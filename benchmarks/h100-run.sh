@@ -75,10 +75,12 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
       --batches 1,8,64 --attention-heads 32/8,8/2 --attention-head-dims 64,128 --f16 --int8 --page 16 \
       --reps 5 --json $OUT/decodegrid.json ;;
   prefillpaged)
-    # Issue 46's paged prefill (the pool's rows gathered, then the fused forward) against the
-    # contiguous one, same tensors, prompts 512 and 2048, batch 1 and 8 (target: within 1.2x).
-    step 90 prefillpaged $B/generate-bench --layers 1 --prompt 8 --new-tokens 2 --batches 1,8 \
-      --attention-lengths 0 --prefill-attention 512,2048 --page 16 --reps 5 --json $OUT/prefillpaged.json ;;
+    # Issue 46's paged prefill (the fused forward reading the pools through the block table) against
+    # the contiguous one, same tensors, prompts 512 and 2048, batch 1 and 8 (target: within 1.2x),
+    # and the same prefill over f16 and int8 caches, contiguous and paged (dequantised as staged).
+    step 120 prefillpaged $B/generate-bench --layers 1 --prompt 8 --new-tokens 2 --batches 1,8 \
+      --attention-lengths 0 --prefill-attention 512,2048 --page 16 --f16 --int8 --reps 5 \
+      --json $OUT/prefillpaged.json ;;
   decodeab)
     # Issue 46's decode kernel against the one before (generate-bench-base, from the bundle's
     # BASE=3dd6c84: word-per-access reads, the softmax walked by one invocation per row, int8 read
@@ -100,8 +102,9 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
         --prefill-attention 0 --json $OUT/decodesteps-$g.json
     done ;;
   tests-decode)
-    # Decode attention and generation (contiguous, paged, int8, trees, the server) on the device.
-    for t in attention_decode generation nan; do
+    # Decode attention and generation (contiguous, paged, int8, f16, trees, the server; prefill on
+    # the fused forward through block tables and cache words) on the device.
+    for t in attention_decode generation paged_cache nan; do
       [ -x $B/test_$t ] && WGPU_ATTENTION_TEST_BACKENDS=vulkan step 90 test-$t $B/test_$t
     done ;;
   flags)

@@ -21,9 +21,10 @@ use wgpu_attention::bench::{bench_options, measure, Timer};
 use wgpu_attention::kernels::kv_cache::BlockTable;
 use wgpu_attention::kernels::sampling::Sampling;
 use wgpu_attention::{
-    attention_decode_into, attention_decode_paged_into, attention_forward_into,
-    attention_forward_plan, parse_backends, AttentionOptions, AttentionShape, Context, Error,
-    ForwardViews, GpuTensor, HeadsView, SeqLens,
+    attention_decode_f16_into, attention_decode_int8_into, attention_decode_into,
+    attention_decode_paged_into, attention_forward_into, attention_forward_plan, parse_backends,
+    AttentionOptions, AttentionShape, Context, Error, ForwardViews, GpuTensor, GpuTensorF16,
+    GpuTensorQ8, HalfCache, HeadsView, QuantizedCache, SeqLens,
 };
 use wgpu_attention_serve::{
     CacheConfig, CacheLayout, Draft, GenerateOptions, Generator, GeneratorShape, KvFormat,
@@ -89,7 +90,8 @@ struct Cli {
     /// causal queries per sequence over their own P keys, every batch size), run by
     /// `attention_decode_into` (what prefill calls: the decode kernel below PREFILL_FORWARD_ROWS
     /// new rows, the fused forward from there) and by the fused forward directly, on the same
-    /// tensors, and with --page through a paged cache (`attention_decode_paged_into`); 0 to skip
+    /// tensors, with --page through a paged cache (`attention_decode_paged_into`), and with --f16
+    /// and --int8 over caches of those formats (contiguous, and paged with --page); 0 to skip
     #[arg(long, value_delimiter = ',', default_value = "256")]
     prefill_attention: Vec<usize>,
     /// Additive (Bahdanau) self-attention scores with this score dim Da instead of dot products (and
@@ -340,6 +342,9 @@ struct PrefillFigures {
     forward_plan: String,
     /// With `--page`: the same prefill through a paged cache (`attention_decode_paged_into`).
     paged_ms: Option<f64>,
+    /// With `--f16` and `--int8`: the same prefill over caches of those formats, contiguous and
+    /// (with `--page`) paged: format, paged, median ms.
+    stored: Vec<(KvFormat, bool, f64)>,
 }
 
 /// Prefill-shaped attention: `prompt` causal queries per sequence over their own keys, through
@@ -421,36 +426,57 @@ fn prefill_attention(
         ctx.queue().submit([encoder.finish()]);
         Ok(())
     })?;
+    let kv_data = [
+        values(batch * prompt * hkv * d, 2),
+        values(batch * prompt * hkv * d, 3),
+    ];
+    let kv_data = [kv_data[0].as_slice(), kv_data[1].as_slice()];
     let paged = match cli.page {
         None => None,
-        Some(page) => {
-            let (k_data, v_data) = (
-                values(batch * prompt * hkv * d, 2),
-                values(batch * prompt * hkv * d, 3),
-            );
-            Some(paged_prefill(
-                ctx,
-                timer,
-                cli.reps,
-                &qv,
-                [&k_data, &v_data],
-                page,
-                &opts,
-            )?)
-        }
+        Some(page) => Some(cached_prefill(
+            ctx,
+            (timer, cli.reps),
+            &qv,
+            kv_data,
+            (KvFormat::F32, Some(page)),
+            &opts,
+        )?),
     };
+    // The other formats asked for, contiguous and paged: each output within its rounding of the
+    // f32 forward's (int8 moves each value by at most max |row| / 254; these rows are within 1).
+    let mut stored = Vec::new();
+    let mut stored_outputs = Vec::new();
+    for format in cli.formats().into_iter().filter(|&f| f != KvFormat::F32) {
+        for page in [None].into_iter().chain(cli.page.map(Some)) {
+            let (ms, out) =
+                cached_prefill(ctx, (timer, cli.reps), &qv, kv_data, (format, page), &opts)?;
+            let what = format!(
+                "{} {}",
+                format.name(),
+                if page.is_some() {
+                    "paged"
+                } else {
+                    "contiguous"
+                }
+            );
+            stored.push((format, page.is_some(), ms));
+            stored_outputs.push((what, out, 2e-2));
+        }
+    }
+    let paged_ms = paged.as_ref().map(|(ms, _)| *ms);
     let (a, b) = (decode_out.to_vec(ctx)?, forward_out.to_vec(ctx)?);
-    let outputs = [("decode", &a)]
+    let outputs = [("decode".to_string(), a, 1e-4)]
         .into_iter()
-        .chain(paged.as_ref().map(|(_, out)| ("paged", out)));
-    for (what, out) in outputs {
+        .chain(paged.map(|(_, out)| ("paged".to_string(), out, 1e-4)))
+        .chain(stored_outputs);
+    for (what, out, bound) in outputs {
         let worst = out
             .iter()
             .zip(&b)
             .map(|(x, y)| (x - y).abs())
             .fold(0.0f32, f32::max);
         // A NaN difference fails too: it is not below the bound.
-        if !out.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-4) {
+        if !out.iter().zip(&b).all(|(x, y)| (x - y).abs() <= bound) {
             eprintln!("generate-bench: VALIDATION FAILED: prefill attention, {what} and forward kernels differ by {worst}");
             std::process::exit(1);
         }
@@ -461,59 +487,111 @@ fn prefill_attention(
         decode_kernel_ms: decode.median(),
         forward_kernel_ms: forward.median(),
         forward_plan: attention_forward_plan(ctx, &AttentionShape::of(&qv, &kv, &vv)?)?.to_string(),
-        paged_ms: paged.map(|(ms, _)| ms),
+        paged_ms,
+        stored,
     })
 }
 
-/// The prefill of `q` over keys and values `kv` (`[B, P, Hkv, D]` each, host data) held in a paged
-/// cache of `page`-row blocks, interleaved across the sequences as a pool serving several requests
-/// hands them out (block i of sequence b is pool block i * B + b): its median ms and output.
-fn paged_prefill(
+/// The prefill of `q` over keys and values `kv` (`[B, P, Hkv, D]` each, host data) held in a cache
+/// of `format` (f32, f16 or int8), contiguous or (`page`: `Some(rows)`) paged, its blocks
+/// interleaved across the sequences as a pool serving several requests hands them out (block i of
+/// sequence b is pool block i * B + b): its median ms and output.
+fn cached_prefill(
     ctx: &Context,
-    timer: &Timer,
-    reps: usize,
+    (timer, reps): (&Timer, usize),
     q: &HeadsView,
     kv: [&[f32]; 2],
-    page: usize,
+    (format, page): (KvFormat, Option<usize>),
     opts: &AttentionOptions<'_>,
 ) -> Result<(f64, Vec<f32>), Error> {
     let [batch, prompt, heads, d] = q.shape();
     let hkv = kv[0].len() / (batch * prompt * d);
-    let per_seq = prompt.div_ceil(page);
-    let pool_rows = batch * per_seq * page;
-    let mut table = BlockTable::new(ctx, batch, per_seq, page, batch * per_seq)?;
-    let ids: Vec<u32> = (0..batch)
-        .flat_map(|b| (0..per_seq).map(move |i| (i * batch + b) as u32))
-        .collect();
-    table.write(ctx, &ids)?;
     let row = hkv * d;
-    let pool = |data: &[f32]| -> Result<HeadsView, Error> {
-        let mut rows = vec![0.0; pool_rows * row];
-        for b in 0..batch {
-            for j in 0..prompt {
-                let at = (ids[b * per_seq + j / page] as usize * page + j % page) * row;
-                rows[at..at + row].copy_from_slice(&data[(b * prompt + j) * row..][..row]);
-            }
+    // The cache's rows and shape, and the table: contiguous `[B, P, Hkv, D]`, or the pool.
+    let (table, rows, shape) = match page {
+        None => (None, kv.map(<[f32]>::to_vec), vec![batch, prompt, hkv, d]),
+        Some(page) => {
+            let per_seq = prompt.div_ceil(page);
+            let pool_rows = batch * per_seq * page;
+            let mut table = BlockTable::new(ctx, batch, per_seq, page, batch * per_seq)?;
+            let ids: Vec<u32> = (0..batch)
+                .flat_map(|b| (0..per_seq).map(move |i| (i * batch + b) as u32))
+                .collect();
+            table.write(ctx, &ids)?;
+            let pool = |data: &[f32]| {
+                let mut rows = vec![0.0; pool_rows * row];
+                for b in 0..batch {
+                    for j in 0..prompt {
+                        let at = (ids[b * per_seq + j / page] as usize * page + j % page) * row;
+                        rows[at..at + row].copy_from_slice(&data[(b * prompt + j) * row..][..row]);
+                    }
+                }
+                rows
+            };
+            (Some(table), kv.map(pool), vec![pool_rows, hkv, d])
         }
-        GpuTensor::from_slice(ctx, &rows, &[1, pool_rows, hkv, d])?.heads()
     };
-    let (k, v) = (pool(kv[0])?, pool(kv[1])?);
     let out = GpuTensor::zeros(ctx, &[batch, prompt, heads, d])?;
     let lse = GpuTensor::zeros(ctx, &[batch, heads, prompt])?;
     let ov = out.heads()?;
-    let samples = measure(ctx, timer, reps, || {
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        let views = ForwardViews {
-            q,
-            k: &k,
-            v: &v,
-            out: &ov,
-            lse: &lse,
-        };
-        attention_decode_paged_into(ctx, &mut encoder, &views, &table, opts)?;
-        ctx.queue().submit([encoder.finish()]);
-        Ok(())
-    })?;
+    let samples = match format {
+        KvFormat::Int8 => {
+            let [k, v] = [0, 1].map(|i| GpuTensorQ8::from_f32(ctx, &rows[i], &shape));
+            let (k, v) = (k?, v?);
+            measure(ctx, timer, reps, || {
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                let cache = QuantizedCache {
+                    k: &k,
+                    v: &v,
+                    table: table.as_ref(),
+                };
+                attention_decode_int8_into(ctx, &mut encoder, q, cache, &ov, &lse, opts)?;
+                ctx.queue().submit([encoder.finish()]);
+                Ok(())
+            })?
+        }
+        KvFormat::F16 => {
+            let [k, v] = [0, 1].map(|i| GpuTensorF16::from_f32(ctx, &rows[i], &shape));
+            let (k, v) = (k?, v?);
+            measure(ctx, timer, reps, || {
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                let cache = HalfCache {
+                    k: &k,
+                    v: &v,
+                    table: table.as_ref(),
+                };
+                attention_decode_f16_into(ctx, &mut encoder, q, cache, &ov, &lse, opts)?;
+                ctx.queue().submit([encoder.finish()]);
+                Ok(())
+            })?
+        }
+        _ => {
+            let views_shape = match page {
+                None => shape.clone(),
+                Some(_) => [vec![1], shape.clone()].concat(),
+            };
+            let [k, v] = [0, 1].map(|i| GpuTensor::from_slice(ctx, &rows[i], &views_shape));
+            let (k, v) = (k?.heads()?, v?.heads()?);
+            measure(ctx, timer, reps, || {
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                let views = ForwardViews {
+                    q,
+                    k: &k,
+                    v: &v,
+                    out: &ov,
+                    lse: &lse,
+                };
+                match &table {
+                    Some(table) => {
+                        attention_decode_paged_into(ctx, &mut encoder, &views, table, opts)?
+                    }
+                    None => attention_decode_into(ctx, &mut encoder, &views, opts)?,
+                }
+                ctx.queue().submit([encoder.finish()]);
+                Ok(())
+            })?
+        }
+    };
     Ok((samples.median(), out.to_vec(ctx)?))
 }
 
@@ -781,6 +859,31 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 p.decode_kernel_ms / p.forward_kernel_ms
             );
         }
+        let stored: Vec<_> = prefill_figures
+            .iter()
+            .flat_map(|p| p.stored.iter().map(move |s| (p, s)))
+            .collect();
+        if !stored.is_empty() {
+            println!("\nthe same prefill over caches of other formats (attention_decode_{{f16,int8}}_into; the fused forward dequantises them as it stages them):\n");
+            println!(
+                "| batch | prompt | cache | ms | / f32 cache, same layout |\n|---|---|---|---|---|"
+            );
+            for (p, &(format, paged, ms)) in stored {
+                let f32_ms = if paged {
+                    p.paged_ms.unwrap_or(f64::NAN)
+                } else {
+                    p.decode_kernel_ms
+                };
+                println!(
+                    "| {} | {} | {} {} | {ms:.2} | {:.2}x |",
+                    p.batch,
+                    p.prompt,
+                    format.name(),
+                    if paged { "paged" } else { "contiguous" },
+                    ms / f32_ms
+                );
+            }
+        }
     }
     if let Some(path) = &cli.json {
         let report = serde_json::json!({
@@ -790,6 +893,9 @@ fn run(cli: &Cli) -> Result<(), Error> {
                 "batch": p.batch, "prompt": p.prompt, "decode_kernel_ms": p.decode_kernel_ms,
                 "forward_kernel_ms": p.forward_kernel_ms, "forward_plan": p.forward_plan,
                 "paged_ms": p.paged_ms,
+                "stored": p.stored.iter().map(|&(format, paged, ms)| serde_json::json!({
+                    "format": format.name(), "paged": paged, "ms": ms,
+                })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "generation": figures.iter().map(|f| serde_json::json!({
                 "batch": f.batch,
