@@ -28,6 +28,9 @@ done
 for suite in engine model serving; do
   cp "$(echo "$built" | awk -v s=$suite '$1 == s { print $2 }')" .gpu/bin/suite_$suite
 done
+# The server example (continuous batching over a paged cache; issue 46's tokens/s by batch).
+cargo build --release -p wgpu-attention-serve --example serve
+cp target/release/examples/serve .gpu/bin/serve
 # The burn integration: its bench (burn's attention against the fused op inside burn) and its tests.
 cargo build --release -p burn-attention --example bench
 cp target/release/examples/bench .gpu/bin/burn-bench

@@ -23,7 +23,7 @@ step() {
 }
 vulkaninfo --summary > $OUT/vulkaninfo.log 2>&1
 # Per-step plan comes from $PLAN (a list of step names: dump coop sweep suite64 suite128 cpu64 gemm
-# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags atomicdq decodeattn decodegrid decodeab prefillpaged tests-decode tune tunetc mixed) so later calls can pick.
+# transformer trusted generate additive burn tests, and the shorter coop44 coopsweep coop64 sweepfwd transformer1 tests-core tests-coop gemmcoop flags atomicdq decodeattn decodegrid decodeab prefillpaged serve tests-decode tune tunetc mixed) so later calls can pick.
 for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
   case $s in
   dump)
@@ -100,6 +100,16 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     for g in generate-bench generate-bench-base; do
       [ -x $B/$g ] && step 90 decodesteps-$g $B/$g --page 16 --profile --attention-lengths 0 \
         --prefill-attention 0 --json $OUT/decodesteps-$g.json
+    done ;;
+  serve)
+    # Issue 46's third target: the server example's tokens/s at 32 slots against 1 (a random
+    # LLaMA-style model, d 256, 4 layers, 8 heads over 2 KV heads; paged f32 cache, then int8),
+    # 64 requests of 128-token prompts and 64 new tokens, one arriving every round.
+    for c in "" "--int8"; do
+      for slots in 1 32; do
+        step 60 serve-$slots${c:+-int8} $B/serve --slots $slots --requests 64 --arrive-every 1 \
+          --prompt 128 --max-new-tokens 64 $c
+      done
     done ;;
   tests-decode)
     # Decode attention and generation (contiguous, paged, int8, f16, trees, the server; prefill on
