@@ -267,7 +267,10 @@ impl Context {
         };
         // Written through the queue rather than mapped at creation: on a device lost without the
         // context hearing of it (a wrapped device whose application forwards nothing), mapping
-        // panics inside wgpu, while an unmapped buffer and a queued write do not.
+        // panics inside wgpu, while an unmapped buffer and a queued write do not. On a device the
+        // context knows is lost nothing is written: the buffer is invalid, a write to it a
+        // validation error (a panic under wgpu's default handler), and nothing recorded with it
+        // will be submitted (`Context::submit` refuses).
         let new_uniform = || {
             let uniform = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -275,7 +278,9 @@ impl Context {
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            self.queue.write_buffer(&uniform, 0, params);
+            if self.check_lost().is_ok() {
+                self.queue.write_buffer(&uniform, 0, params);
+            }
             uniform
         };
         let thread = std::thread::current().id();
@@ -304,7 +309,9 @@ impl Context {
         entry.used += 1;
         if let Some(slot) = entry.slots.get_mut(index) {
             if slot.params != params {
-                self.queue.write_buffer(&slot.uniform, 0, params);
+                if self.check_lost().is_ok() {
+                    self.queue.write_buffer(&slot.uniform, 0, params);
+                }
                 slot.params = params.to_vec();
             }
             cache.reused += 1;

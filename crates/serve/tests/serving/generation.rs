@@ -10,7 +10,7 @@ use crate::common;
 use common::{assert_close, for_each_backend, rng, FORWARD_ATOL, FORWARD_RTOL};
 use rand::Rng;
 use wgpu_attention::kernels::sampling::Sampling;
-use wgpu_attention::{Context, RelativeBuckets};
+use wgpu_attention::{Context, Error, RelativeBuckets};
 use wgpu_attention_serve::{
     CacheConfig, CacheLayout, Draft, Finish, GenerateOptions, Generator, GeneratorShape, KvFormat,
     Request, Server, Token,
@@ -684,6 +684,68 @@ fn server_streams_each_request_as_if_it_ran_alone() {
             assert!(server.submit(Request::new(prompt, 1)).is_err());
         }
     });
+}
+
+/// A server step that fails streams nothing and leaves every request where it was: on an
+/// application's own device, destroyed between two rounds, the next round returns the typed
+/// `DeviceLost`, calls no callback, and keeps the requests in flight and queued; so do the rounds
+/// after it (nothing panics in wgpu).
+#[test]
+fn a_failed_server_step_streams_nothing_and_keeps_every_request() {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let Some(adapter) = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN))
+        .into_iter()
+        .next()
+    else {
+        eprintln!("no Vulkan adapter: skipped");
+        return;
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_limits: adapter.limits(),
+        ..Default::default()
+    }))
+    .unwrap();
+    let ctx = Context::from_device(device.clone(), queue).unwrap();
+    {
+        let handler = ctx.device_lost_handler();
+        device.set_device_lost_callback(move |reason, message| handler(reason, message));
+    }
+    let (_, c) = configs()
+        .into_iter()
+        .find(|(l, _)| l.starts_with("decoder-only LLaMA"))
+        .unwrap();
+    let model = Transformer::new(&ctx, c, SHAPE, 8).unwrap();
+    let shape = GeneratorShape {
+        batch: 2,
+        capacity: SHAPE.tgt_len,
+        prefill_chunk: 2,
+        src_len: 0,
+    };
+    let layout = CacheLayout::Paged {
+        page: 2,
+        pool_blocks: 10,
+    };
+    let generator = Generator::with_layout(&ctx, &model, shape, layout).unwrap();
+    let mut server = Server::new(generator).unwrap();
+    for prompt in sequences(4, &[3, 2, 4], SHAPE.tgt_len) {
+        server.submit(Request::new(prompt, 5)).unwrap();
+    }
+    let mut streamed = 0;
+    for _ in 0..2 {
+        server.step(&ctx, |_| streamed += 1).unwrap();
+    }
+    assert!(streamed > 0);
+    let (in_flight, queued) = (server.in_flight(), server.queued());
+    assert_eq!((in_flight, queued), (2, 1));
+    device.destroy();
+    let _ = device.poll(wgpu::PollType::wait_indefinitely());
+    for _ in 0..2 {
+        let err = server
+            .step(&ctx, |t| panic!("token {t:?} streamed by a failed step"))
+            .unwrap_err();
+        assert!(matches!(err, Error::DeviceLost(_)), "{err}");
+        assert_eq!((server.in_flight(), server.queued()), (in_flight, queued));
+    }
 }
 
 /// Speculative decoding: drafts verified in one pass each (trees whose kept path is not their first
