@@ -5,13 +5,16 @@ use crate::common;
 
 use common::*;
 use wgpu_attention::kernels::elementwise::add;
+use wgpu_attention::kernels::kv_cache::BlockTable;
 use wgpu_attention::kernels::layer_norm::layer_norm_backward_into;
 use wgpu_attention::kernels::linear::linear_forward;
 use wgpu_attention::kernels::loss_scale::{LossScale, LossScaleState, LossScaling};
 use wgpu_attention::{
-    attention_backward, attention_backward_unfused, attention_forward, attention_forward_into,
-    attention_forward_unfused, attention_probabilities, AttentionOptions, AttentionOutput,
-    BiasView, Error, ForwardViews, GpuTensor, HeadsView, RelativeBuckets, SeqLens,
+    attention_backward, attention_backward_into, attention_backward_unfused,
+    attention_decode_f16_into, attention_decode_int8_into, attention_decode_paged_into,
+    attention_forward, attention_forward_into, attention_forward_unfused, attention_probabilities,
+    AttentionOptions, AttentionOutput, BackwardViews, BiasView, Error, ForwardViews, GpuTensor,
+    GpuTensorF16, GpuTensorQ8, HalfCache, HeadsView, QuantizedCache, RelativeBuckets, SeqLens,
 };
 
 fn views(
@@ -237,6 +240,19 @@ fn a_lost_device_gives_typed_errors_not_panics() {
             let t = GpuTensor::from_slice(ctx, &[1.0; 8], &[8]).unwrap();
             let (q, k, v) = views(ctx, [1, 4, 2, 8], [1, 4, 2, 8], [1, 4, 2, 8]);
             let scale = LossScale::new(ctx, LossScaling::default()).unwrap();
+            // A prefill-shaped decoding step (64 new rows) over a paged pool and over int8 and
+            // f16 caches, and a backward: recorded after the loss below.
+            let (pq, pool, out) = views(ctx, [1, 64, 2, 8], [1, 64, 2, 8], [1, 64, 2, 8]);
+            let mut table = BlockTable::new(ctx, 1, 4, 16, 4).unwrap();
+            table.write(ctx, &[0, 1, 2, 3]).unwrap();
+            let lens = SeqLens::new(ctx, Some(&[64]), Some(&[64])).unwrap();
+            let lse = GpuTensor::zeros(ctx, &[1, 2, 64]).unwrap();
+            let int8 = GpuTensorQ8::zeros(ctx, &[1, 64, 2, 8]).unwrap();
+            let half = GpuTensorF16::zeros(ctx, &[1, 64, 2, 8]).unwrap();
+            let grads = [0, 1, 2].map(|_| GpuTensor::zeros(ctx, &[1, 4, 2, 8]).unwrap());
+            let grad_views = grads.each_ref().map(|g| g.heads().unwrap());
+            let fwd = attention_forward(ctx, &q, &k, &v, &AttentionOptions::new()).unwrap();
+            let workspace = GpuTensor::zeros(ctx, &[1, 2, 4, 2]).unwrap();
             ctx.synchronize().unwrap();
             ctx.device().destroy();
             let lost = |what: &str, r: Result<(), Error>| match r {
@@ -266,6 +282,82 @@ fn a_lost_device_gives_typed_errors_not_panics() {
                 last_step_skipped: false,
             };
             lost("LossScale::set_state", scale.set_state(ctx, state));
+            // Recording calls allocate nothing the caller sees and submit nothing: they return
+            // (Ok, or the loss) without a panic, and the submission refuses.
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            let opts = AttentionOptions::new().causal(true).seq_lens(&lens);
+            let views = ForwardViews {
+                q: &pq,
+                k: &pool,
+                v: &pool,
+                out: &out,
+                lse: &lse,
+            };
+            let recorded = [
+                (
+                    "attention_decode_paged_into",
+                    attention_decode_paged_into(ctx, &mut encoder, &views, &table, &opts),
+                ),
+                (
+                    "attention_decode_int8_into",
+                    attention_decode_int8_into(
+                        ctx,
+                        &mut encoder,
+                        &pq,
+                        QuantizedCache {
+                            k: &int8,
+                            v: &int8,
+                            table: None,
+                        },
+                        &out,
+                        &lse,
+                        &opts,
+                    ),
+                ),
+                (
+                    "attention_decode_f16_into",
+                    attention_decode_f16_into(
+                        ctx,
+                        &mut encoder,
+                        &pq,
+                        HalfCache {
+                            k: &half,
+                            v: &half,
+                            table: None,
+                        },
+                        &out,
+                        &lse,
+                        &opts,
+                    ),
+                ),
+                (
+                    "attention_backward_into",
+                    attention_backward_into(
+                        ctx,
+                        &mut encoder,
+                        &BackwardViews {
+                            q: &q,
+                            k: &k,
+                            v: &v,
+                            out: &fwd.out.heads().unwrap(),
+                            lse: &fwd.lse,
+                            d_out: &q,
+                            dq: &grad_views[0],
+                            dk: &grad_views[1],
+                            dv: &grad_views[2],
+                            workspace: &workspace,
+                        },
+                        &AttentionOptions::new(),
+                    ),
+                ),
+            ];
+            for (what, result) in recorded {
+                assert!(
+                    matches!(result, Ok(()) | Err(Error::DeviceLost(_))),
+                    "[{backend}] {what}: {result:?}"
+                );
+            }
+            lost("submit", ctx.submit(encoder));
             let text = ctx.synchronize().unwrap_err().to_string();
             assert!(text.contains("create a new Context"), "[{backend}] {text}");
         },
