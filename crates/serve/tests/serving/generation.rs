@@ -706,10 +706,7 @@ fn a_failed_server_step_streams_nothing_and_keeps_every_request() {
     }))
     .unwrap();
     let ctx = Context::from_device(device.clone(), queue).unwrap();
-    {
-        let handler = ctx.device_lost_handler();
-        device.set_device_lost_callback(move |reason, message| handler(reason, message));
-    }
+    device.set_device_lost_callback(ctx.device_lost_handler());
     let (_, c) = configs()
         .into_iter()
         .find(|(l, _)| l.starts_with("decoder-only LLaMA"))
