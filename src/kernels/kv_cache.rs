@@ -120,7 +120,8 @@ impl BlockTable {
     }
 
     /// Uploads the ids, `[slots, stride]` row-major, each below the pool's block count (checked
-    /// first: on error nothing is written).
+    /// first: on error nothing is written), for the calls recorded after this one
+    /// ([`GpuTokens::write`]).
     pub fn write(&mut self, ctx: &Context, ids: &[u32]) -> Result<()> {
         if let Some(i) = ids.iter().position(|&id| id as usize >= self.pool_blocks) {
             return Err(Error::shape(

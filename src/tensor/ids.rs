@@ -84,7 +84,10 @@ impl GpuTokens {
         Region::whole(&self.buffer).of_context(Some(self.context))
     }
 
-    /// Overwrites the ids (same count) through the queue, ahead of work submitted after this call.
+    /// Overwrites the ids (same count) for the calls recorded after this one: a call recorded
+    /// before it and submitted after still reads the ids it validated (as [`SeqLens::write`]: the
+    /// new ids wait in a staging buffer for the context's next compute pass, which copies them in
+    /// ahead of itself).
     pub fn write(&mut self, ctx: &Context, data: &[u32]) -> Result<()> {
         if data.len() != self.len() {
             return Err(Error::shape(
@@ -94,10 +97,9 @@ impl GpuTokens {
         }
         ctx.check_owns("tokens", Some(self.context))?;
         ctx.check_lost()?;
-        // Under the lock, so the host copy and the queued write change together.
+        // Under the lock, so the host copy and the ordered write change together.
         let mut values = self.values.lock().unwrap_or_else(|e| e.into_inner());
-        ctx.queue()
-            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
+        ctx.write_in_recording_order(&self.buffer, bytemuck::cast_slice(data))?;
         values.copy_from_slice(data);
         Ok(())
     }

@@ -575,6 +575,39 @@ fn a_wrapped_device_lost_without_forwarding_does_not_panic() {
     );
 }
 
+/// `GpuTokens::write` between recording a call and submitting it (a block table's ids among
+/// them): the recorded call reads the ids it validated, later calls the new ones; an id the
+/// recorded call never validated (past the vocabulary) never reaches it.
+#[test]
+fn token_ids_written_after_recording_reach_only_later_calls() {
+    use wgpu_attention::kernels::embedding::embedding_forward_into;
+    for_each_backend(|name, ctx| {
+        let table: Vec<f32> = (0..4 * 8).map(|x| x as f32).collect();
+        let table = GpuTensor::from_slice(ctx, &table, &[4, 8]).unwrap();
+        let mut tokens = GpuTokens::from_slice(ctx, &[0, 1, 2], &[3]).unwrap();
+        let outputs = [0, 1, 2].map(|_| GpuTensor::zeros(ctx, &[3, 8]).unwrap());
+        let mut enc = encoder(ctx);
+        embedding_forward_into(ctx, &mut enc, &tokens, &table, &outputs[0]).unwrap();
+        tokens.write(ctx, &[3, 3, 1]).unwrap();
+        embedding_forward_into(ctx, &mut enc, &tokens, &table, &outputs[1]).unwrap();
+        // Written after the last call recorded here (and past the vocabulary of 4): no call of
+        // this encoder reads it.
+        tokens.write(ctx, &[1000, 0, 0]).unwrap();
+        tokens.write(ctx, &[2, 0, 3]).unwrap();
+        ctx.queue().submit([enc.finish()]);
+        let mut enc = encoder(ctx);
+        embedding_forward_into(ctx, &mut enc, &tokens, &table, &outputs[2]).unwrap();
+        ctx.queue().submit([enc.finish()]);
+        for (out, ids) in outputs.iter().zip([[0, 1, 2], [3, 3, 1], [2, 0, 3]]) {
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&i| (0..8).map(move |d| (i * 8 + d) as f32))
+                .collect();
+            assert_eq!(out.to_vec(ctx).unwrap(), want, "[{name}] ids {ids:?}");
+        }
+    });
+}
+
 /// `SeqLens::write` between recording a call and submitting it: the recorded call reads the
 /// lengths it validated, later calls the new ones (issue 46: the kernel read lengths written after
 /// it was recorded, and a causal call validated at [4, 4] ran unmasked at [1000, 1000]). In an
