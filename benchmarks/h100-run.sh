@@ -327,7 +327,11 @@ for s in ${PLAN:-sweep suite64 suite128 cpu64 gemm transformer tests}; do
     WGPU_ATTENTION_PASS_PER_KERNEL=on step 120 generate-pass-per-kernel $B/generate-bench --attention-lengths 0 \
       --json $OUT/h100-generate-pass-per-kernel.json ;;
   additive)
-    step 120 additive $B/additive-bench --json $OUT/h100-additive.json ;;
+    # The fused additive kernels against the unfused path, then with the library's tuning, which
+    # routes a key to the unfused path where it is faster (issue 45: the H100 of 2026-11-26 ran the
+    # fused kernels at 0.17-0.26x the unfused speed, before their spills were removed).
+    step 120 additive $B/additive-bench --json $OUT/h100-additive.json
+    step 150 additive-tuned $B/additive-bench --tune --json $OUT/h100-additive-tuned.json ;;
   burn)
     # burn 0.22's attention (flash forward, unfused autodiff backward) against the fused op inside
     # burn, same run (burn picks the adapter); then the integration's tests on Vulkan.

@@ -98,6 +98,11 @@ pub struct KernelChoice {
     /// `Some(false)` runs the dQ kernel, `None` takes the atomics where allowed.
     #[serde(default)]
     pub dq_atomic: Option<bool>,
+    /// Whether additive attention runs its unfused path (the scores materialised `[B, H, Lq, Lk]`
+    /// in the context's scratch) instead of its fused kernels: the tuner's candidate for where the
+    /// fused kernels lose. `None` and `Some(false)` run the fused kernels.
+    #[serde(default)]
+    pub unfused: Option<bool>,
 }
 
 impl KernelChoice {
@@ -111,6 +116,7 @@ impl KernelChoice {
             workgroup: self.workgroup.or(fallback.workgroup),
             coop_forward: self.coop_forward.or(fallback.coop_forward),
             dq_atomic: self.dq_atomic.or(fallback.dq_atomic),
+            unfused: self.unfused.or(fallback.unfused),
         }
     }
 
@@ -143,6 +149,9 @@ impl std::fmt::Display for KernelChoice {
         }
         if let Some(atomic) = self.dq_atomic {
             parts.push(format!("dq {}", if atomic { "atomic" } else { "kernel" }));
+        }
+        if let Some(unfused) = self.unfused {
+            parts.push(if unfused { "unfused" } else { "fused" }.to_string());
         }
         match parts.is_empty() {
             true => write!(f, "default"),
@@ -392,6 +401,7 @@ impl Context {
             workgroup: self.attention_workgroup,
             coop_forward: self.coop_forward_shape,
             dq_atomic: None,
+            unfused: None,
         }
     }
 

@@ -264,6 +264,149 @@ fn gpu_matches_reference() {
     });
 }
 
+/// A context that tunes times the fused kernels against the unfused path for each additive key
+/// (forward and backward), keeps the faster, and its results match the reference; a tuning cache
+/// that names the unfused path routes the library's calls there (the pipeline dump shows its
+/// kernels), still matching the reference. On lavapipe only: the other back end runs the same
+/// host logic over the same kernels, which `gpu_matches_reference` checks on both.
+#[test]
+fn tuning_routes_additive_calls_to_the_faster_path() {
+    use wgpu_attention::{TuningMode, TuningSource};
+    for_each_backend(|name, shared| {
+        if name != "vulkan" {
+            return;
+        }
+        let cache = std::env::temp_dir().join(format!(
+            "wgpu-attention-additive-tuning-{}.json",
+            std::process::id()
+        ));
+        let dump = cache.with_extension("dump");
+        let _ = std::fs::remove_file(&cache);
+        let _ = std::fs::remove_dir_all(&dump);
+        let case = Case::new(1, 20, 30, 2, 2, 12, 8).causal();
+        let tuned = fresh_context_with_options(name, shared, |opts| {
+            let mut opts = opts.tuning(TuningMode::Tune);
+            opts.tuning_cache = Some(cache.clone());
+            opts
+        });
+        check(&tuned, name, &case);
+        let report = tuned.tuning_report();
+        for kernel in ["additive_forward ", "additive_backward "] {
+            let record = report
+                .iter()
+                .find(|r| r.key.starts_with(kernel))
+                .unwrap_or_else(|| panic!("no {kernel}key in {report:?}"));
+            let timed: Vec<_> = record
+                .candidates
+                .iter()
+                .filter(|c| c.seconds.is_some())
+                .collect();
+            assert_eq!(timed.len(), 2, "{record}");
+            assert!(
+                timed.iter().any(|c| c.choice.unfused == Some(true)),
+                "{record}"
+            );
+            assert!(timed.iter().any(|c| c.verdict == "winner"), "{record}");
+        }
+        // The cache rewritten to choose the unfused path for both keys: a cache-only context
+        // follows it.
+        let mut file: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+        for section in file["sections"].as_array_mut().unwrap() {
+            for (key, entry) in section["entries"].as_object_mut().unwrap() {
+                if key.starts_with("additive_") {
+                    entry["choice"]["unfused"] = true.into();
+                }
+            }
+        }
+        std::fs::write(&cache, serde_json::to_string(&file).unwrap()).unwrap();
+        let routed = fresh_context_with_options(name, shared, |opts| {
+            let mut opts = opts.tuning(TuningMode::CacheOnly).dump_pipelines(&dump);
+            opts.tuning_cache = Some(cache.clone());
+            opts
+        });
+        // The library's calls alone (check() also runs the unfused baselines, whose kernels the
+        // route shares), against the reference.
+        let (a, b, v, d_out) = case.data();
+        let (w, bias) = score_params(&case);
+        let [av, bv, vv, dov] = case.upload(&routed);
+        let wt = GpuTensor::from_slice(&routed, &w, &[case.h, case.dk]).unwrap();
+        let bt = GpuTensor::from_slice(&routed, &bias, &[case.h, case.dk]).unwrap();
+        let scores = AdditiveScores { w: &wt, bias: &bt };
+        let opts = AttentionOptions::new().causal(true);
+        let dumped = || -> Vec<String> {
+            std::fs::read_dir(&dump)
+                .unwrap()
+                .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+                .collect()
+        };
+        let fwd = additive_forward(&routed, &av, &bv, &vv, scores, &opts).unwrap();
+        // The forward's route compiled the scores kernel and no fused forward.
+        let names = dumped();
+        assert!(
+            names.iter().any(|n| n.starts_with("additive_scores")),
+            "{names:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n.starts_with("additive_forward")),
+            "{names:?}"
+        );
+        let forward = ForwardViews {
+            q: &av,
+            k: &bv,
+            v: &vv,
+            out: &fwd.out.heads().unwrap(),
+            lse: &fwd.lse,
+        };
+        let grads = additive_backward(&routed, &forward, scores, &dov, &opts).unwrap();
+        let (s, m) = (case.shape(), masks(&case));
+        let (w64, bias64) = (to_f64(&w), to_f64(&bias));
+        let scores64 = reference::ScoreParams {
+            w: &w64,
+            bias: &bias64,
+        };
+        let (a64, b64, v64) = (to_f64(&a), to_f64(&b), to_f64(&v));
+        let (ref_out, _) = reference::additive_forward(&s, &a64, &b64, &v64, scores64, &m);
+        let expected =
+            reference::additive_backward(&s, &a64, &b64, &v64, scores64, &to_f64(&d_out), &m);
+        let out = fwd.out.to_vec(&routed).unwrap();
+        assert_close("routed out", &out, &ref_out, FORWARD_ATOL, FORWARD_RTOL);
+        for (grad, gpu, want) in [
+            ("da", &grads.da, &expected.da),
+            ("db", &grads.db, &expected.db),
+            ("dv", &grads.dv, &expected.dv),
+            ("dw", &grads.dw, &expected.dw),
+            ("dbias", &grads.dbias, &expected.dbias),
+        ] {
+            let got = gpu.to_vec(&routed).unwrap();
+            assert_close(grad, &got, want, BACKWARD_ATOL, BACKWARD_RTOL);
+        }
+        let report = routed.tuning_report();
+        let additive: Vec<_> = report
+            .iter()
+            .filter(|r| r.key.starts_with("additive_"))
+            .collect();
+        assert_eq!(additive.len(), 2, "{report:?}");
+        for record in additive {
+            assert_eq!(record.source, TuningSource::Cache, "{record}");
+            assert_eq!(record.chosen.unfused, Some(true), "{record}");
+        }
+        let names = dumped();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("additive_backward_unfused")),
+            "{names:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n.starts_with("additive_backward_da")),
+            "{names:?}"
+        );
+        let _ = std::fs::remove_file(&cache);
+        let _ = std::fs::remove_dir_all(&dump);
+    });
+}
+
 #[test]
 fn long_loops_split_into_accumulating_dispatches_bitwise() {
     // A budget of 400 iterations splits every key and query loop into several dispatches.

@@ -22,7 +22,11 @@ use super::sources::{
     BACKWARD_WORKSPACE, PARAM_GRADS,
 };
 use super::tiles::{backward_lanes, backward_names, staged_tile, AdditiveKernel, WG};
+use super::tune::{self, unfused_fits, Tuned};
+use super::unfused::{encode_backward_unfused, UnfusedScratch};
 use super::ADDITIVE_BACKWARD_STORAGE_BUFFERS;
+use crate::device::KernelChoice;
+use crate::kernels::attention::unfused::UnfusedCall;
 
 /// Additive attention backward into new tensors, submitted: the gradients for `d_out` at the
 /// output of the forward call whose tensors `forward` names (`q`, `k` the projections `a`, `b`;
@@ -97,8 +101,35 @@ pub fn additive_backward_into(
     encoder: &mut wgpu::CommandEncoder,
     views: &BackwardViews<'_>,
     scores: AdditiveScores<'_>,
+    param_grads: [&GpuTensor; 2],
+    opts: &AttentionOptions<'_>,
+) -> Result<()> {
+    encode_backward(ctx, encoder, views, scores, param_grads, opts, None)
+}
+
+/// [`additive_backward_into`] running `choice` (the tuner's candidates) instead of the context's.
+pub(super) fn record_backward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    views: &BackwardViews<'_>,
+    scores: AdditiveScores<'_>,
+    param_grads: [&GpuTensor; 2],
+    opts: &AttentionOptions<'_>,
+    choice: KernelChoice,
+) -> Result<()> {
+    encode_backward(ctx, encoder, views, scores, param_grads, opts, Some(choice))
+}
+
+/// Records the backward: the fused kernels, or the unfused path where `choice` (the context's,
+/// tuned, where `None`) says so.
+fn encode_backward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    views: &BackwardViews<'_>,
+    scores: AdditiveScores<'_>,
     [dw, dbias]: [&GpuTensor; 2],
     opts: &AttentionOptions<'_>,
+    choice: Option<KernelChoice>,
 ) -> Result<()> {
     let &BackwardViews {
         q: a,
@@ -161,6 +192,25 @@ pub fn additive_backward_into(
         ("dbias", dbias.region()),
     ];
     check_distinct(ctx, opts, &outputs, &inputs)?;
+    let choice = match choice {
+        Some(choice) => choice,
+        None => tune::call_choice(ctx, Tuned::Backward, &s, opts)?,
+    };
+    if choice.unfused == Some(true) && unfused_fits(ctx, &s) {
+        // P recomputed with its own lse (the forward's stays an input), in scratch.
+        let scratch = UnfusedScratch::of_context(ctx, &s)?;
+        let mut pass = ctx.begin_pass(encoder, "additive_backward_unfused");
+        let call = UnfusedCall::new(ctx, &s, scale, opts);
+        return encode_backward_unfused(
+            ctx,
+            &mut pass,
+            call,
+            ([a, b, v, d_out], scores),
+            [da, db, dv],
+            [dw, dbias],
+            &scratch,
+        );
+    }
     let dw_offset = rows.div_ceil(64) as u64 * 256;
     let dw_rows = Binding {
         buffer: workspace.buffer(),

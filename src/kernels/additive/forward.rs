@@ -19,6 +19,10 @@ use crate::tensor::HeadsView;
 use super::call::{check, AdditiveScores};
 use super::sources::{constants, sized, with_shared, DECODE, FORWARD};
 use super::tiles::{forward_tile, staged_tile, AdditiveKernel, WG};
+use super::tune::{self, unfused_fits, Tuned};
+use super::unfused::{encode_forward_unfused, scratch_tensor};
+use crate::device::KernelChoice;
+use crate::kernels::attention::unfused::{scores_shape, UnfusedCall};
 
 /// Additive attention forward into new tensors, submitted: `out [B, Lq, H, Dv]`, `lse [B, H, Lq]`.
 pub fn additive_forward(
@@ -57,7 +61,19 @@ pub fn additive_forward_into(
     scores: AdditiveScores<'_>,
     opts: &AttentionOptions<'_>,
 ) -> Result<()> {
-    encode_forward(ctx, encoder, views, scores, opts, false)
+    encode_forward(ctx, encoder, views, scores, opts, (false, None))
+}
+
+/// [`additive_forward_into`] running `choice` (the tuner's candidates) instead of the context's.
+pub(super) fn record_forward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    views: &ForwardViews<'_>,
+    scores: AdditiveScores<'_>,
+    opts: &AttentionOptions<'_>,
+    choice: KernelChoice,
+) -> Result<()> {
+    encode_forward(ctx, encoder, views, scores, opts, (false, Some(choice)))
 }
 
 /// Additive attention for incremental decoding: new query rows `a [B, L, H, Da]` (`q_lens` per
@@ -77,17 +93,19 @@ pub fn additive_decode_into(
     let [batch, rows, _, _] = views.q.shape();
     let capacity = views.k.shape()[1];
     check_decode_lens("additive decoding", [batch, rows, capacity], opts)?;
-    encode_forward(ctx, encoder, views, scores, opts, true)
+    encode_forward(ctx, encoder, views, scores, opts, (true, None))
 }
 
-/// Records the fused forward; `aligned`: masks align on each sequence's lengths (decoding).
+/// Records the forward: the fused kernels, or the unfused path where `choice` (the context's,
+/// tuned, where `None`) says so; `aligned`: masks align on each sequence's lengths (decoding,
+/// always fused).
 fn encode_forward(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     views: &ForwardViews<'_>,
     scores: AdditiveScores<'_>,
     opts: &AttentionOptions<'_>,
-    aligned: bool,
+    (aligned, choice): (bool, Option<KernelChoice>),
 ) -> Result<()> {
     let &ForwardViews {
         q: a,
@@ -107,6 +125,28 @@ fn encode_forward(
     ];
     refuse_packed(&[("out", out)], "additive attention")?;
     check_forward_outputs(ctx, &s, out, lse, &inputs, opts)?;
+    // A whole-sequence call takes the unfused path where the context's tuning found it faster
+    // (aligned calls, decoding's, run the fused kernels: the unfused ones do not align lengths).
+    if !aligned {
+        let choice = match choice {
+            Some(choice) => choice,
+            None => tune::call_choice(ctx, Tuned::Forward, &s, opts)?,
+        };
+        if choice.unfused == Some(true) && unfused_fits(ctx, &s) {
+            let probs = scratch_tensor(ctx, "additive unfused probs", &scores_shape(ctx, &s)?)?;
+            let mut pass = ctx.begin_pass(encoder, "additive_forward_unfused");
+            let call = UnfusedCall::new(ctx, &s, scale, opts);
+            return encode_forward_unfused(
+                ctx,
+                &mut pass,
+                call,
+                [a, b, v],
+                scores,
+                &probs,
+                (out, lse),
+            );
+        }
+    }
     let mut params = base_params(&s, scale, opts);
     if aligned {
         params.flags |= FLAG_ALIGN_LENS;

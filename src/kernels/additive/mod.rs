@@ -12,7 +12,8 @@
 //! One job per file: `call` (the score parameters, gradients and the argument checks), `tiles`
 //! (workgroup tiles, lanes per row and loop cost), `sources` (each kernel's assembled source and
 //! constants), `forward` (the fused forward and decoding), `backward` (the fused backward),
-//! `unfused` (the baselines that materialise the scores, and the probabilities), `precompile`.
+//! `unfused` (the baselines that materialise the scores, and the probabilities; the route the
+//! tuner may pick), `tune` (fused against unfused per key), `precompile`.
 //! Shaders: `shaders/additive/`. Masks, options and bindings are dot-product attention's
 //! ([`crate::kernels::attention`]).
 
@@ -22,6 +23,7 @@ mod forward;
 mod precompile;
 mod sources;
 mod tiles;
+mod tune;
 mod unfused;
 
 pub use backward::{additive_backward, additive_backward_into, additive_backward_workspace};

@@ -17,6 +17,7 @@ use crate::kernels::attention::unfused::{
 };
 use crate::kernels::attention::AttentionOptions;
 use crate::kernels::dispatch::loop_chunks;
+use crate::spec::AttentionShape;
 use crate::tensor::{GpuTensor, HeadsView};
 
 use super::backward::encode_param_grads;
@@ -41,11 +42,34 @@ pub fn additive_forward_unfused(
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_forward_unfused");
         let call = UnfusedCall::new(ctx, &s, scale, opts);
-        encode_unfused_probs(ctx, &mut pass, call, [a, b], scores, [&probs, &lse])?;
-        encode_pv(ctx, &mut pass, &s, &probs, v, &out.heads()?)?;
+        encode_forward_unfused(
+            ctx,
+            &mut pass,
+            call,
+            [a, b, v],
+            scores,
+            &probs,
+            (&out.heads()?, &lse),
+        )?;
     }
     ctx.submit(encoder)?;
     Ok(AttentionOutput { out, lse })
+}
+
+/// Records the unfused forward of a checked call: the probabilities into `probs` `[B, H, Lq, Lk]`
+/// (and `lse`), then `out = P V`. What [`additive_forward_unfused`] runs, and the fused forward's
+/// route where the tuner found the unfused path faster (`KernelChoice::unfused`).
+pub(super) fn encode_forward_unfused(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    call: UnfusedCall<'_>,
+    [a, b, v]: [&HeadsView; 3],
+    scores: AdditiveScores<'_>,
+    probs: &GpuTensor,
+    (out, lse): (&HeadsView, &GpuTensor),
+) -> Result<()> {
+    encode_unfused_probs(ctx, pass, call, [a, b], scores, [probs, lse])?;
+    encode_pv(ctx, pass, call.s, probs, v, out)
 }
 
 /// Attention maps of additive attention: the probabilities `P[b, h, i, j]` of query rows `rows`,
@@ -194,10 +218,12 @@ pub fn additive_backward_unfused(
     );
     check_view("d_out", d_out, [bb, lq, h, ddv])?;
     let shape = scores_shape(ctx, &s)?;
-    let probs = GpuTensor::uninit(ctx, "additive probs", &shape)?;
-    let dprobs = GpuTensor::uninit(ctx, "additive dprobs", &shape)?;
-    let lse = GpuTensor::uninit(ctx, "additive lse", &[bb, h, lq])?;
-    let dw_rows = GpuTensor::uninit(ctx, "additive dw shares", &[h, bb, lq, dda])?;
+    let scratch = UnfusedScratch {
+        probs: GpuTensor::uninit(ctx, "additive probs", &shape)?,
+        dprobs: GpuTensor::uninit(ctx, "additive dprobs", &shape)?,
+        lse: GpuTensor::uninit(ctx, "additive lse", &[bb, h, lq])?,
+        dw_rows: GpuTensor::uninit(ctx, "additive dw shares", &[h, bb, lq, dda])?,
+    };
     let grads = AdditiveGrads {
         da: GpuTensor::uninit(ctx, "additive da", &[bb, lq, h, dda])?,
         db: GpuTensor::uninit(ctx, "additive db", &[bb, lk, h, dda])?,
@@ -210,54 +236,121 @@ pub fn additive_backward_unfused(
     {
         let mut pass = ctx.begin_pass(&mut encoder, "additive_backward_unfused");
         let call = UnfusedCall::new(ctx, &s, scale, opts);
-        encode_unfused_probs(ctx, &mut pass, call, [a, b], scores, [&probs, &lse])?;
-        encode_unfused_output_grads(ctx, &mut pass, call, [&probs, &dprobs], [v, d_out, &dv])?;
-        for query_side in [true, false] {
-            let mut params = base_params(&s, scale, opts);
-            let bindings = [
-                bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
-                bind_view(ctx, "b", b, VIEW_K, &mut params)?,
-                bind_tensor(ctx, "w", scores.w)?,
-                bind_tensor(ctx, "bias", scores.bias)?,
-                bind_tensor(ctx, "dS", &dprobs)?,
-                match query_side {
-                    true => bind_view(ctx, "da", &da, VIEW_DQ, &mut params)?,
-                    false => bind_view(ctx, "db", &db, VIEW_DK, &mut params)?,
-                },
-                match query_side {
-                    true => bind_tensor(ctx, "dw shares", &dw_rows)?,
-                    false => empty_rw_binding(ctx),
-                },
-            ];
-            let (rows, other) = if query_side { (lq, lk) } else { (lk, lq) };
-            let grid = set_grid(
-                ctx,
-                &mut params,
-                (bb * rows * h * dda).div_ceil(SIMPLE_WG as usize),
-                1,
-            )?;
-            let chunks = loop_chunks(ctx, other, 1, 16, 1);
-            encode_chunks(
-                ctx,
-                &mut pass,
-                Kernel {
-                    name: "additive_backward_unfused",
-                    source: |score_bias| with_common(BACKWARD_UNFUSED, score_bias),
-                    constants: &[("WG", SIMPLE_WG), ("QUERY_SIDE", query_side as u32)],
-                },
-                &mut params,
-                Bound {
-                    shared: Shared::lens(seq_lens_buffer(ctx, opts)),
-                    bindings: &bindings,
-                    grid,
-                },
-                &chunks,
-            );
-        }
-        let dw_binding = bind_tensor(ctx, "dw shares", &dw_rows)?;
-        let param_grads = [&grads.dw, &grads.dbias];
-        encode_param_grads(ctx, &mut pass, &s, opts, dw_binding, &da, param_grads)?;
+        encode_backward_unfused(
+            ctx,
+            &mut pass,
+            call,
+            ([a, b, v, d_out], scores),
+            [&da, &db, &dv],
+            [&grads.dw, &grads.dbias],
+            &scratch,
+        )?;
     }
     ctx.submit(encoder)?;
     Ok(grads)
+}
+
+/// The unfused backward's scratch: P and dS `[B, H, Lq, Lk]`, the recomputed lse `[B, H, Lq]` and
+/// each row's share of dw `[H, B, Lq, Da]`.
+pub(super) struct UnfusedScratch {
+    pub probs: GpuTensor,
+    pub dprobs: GpuTensor,
+    pub lse: GpuTensor,
+    pub dw_rows: GpuTensor,
+}
+
+/// A tensor of `shape` in the context's scratch buffer `what` (reused by the next call that asks
+/// for it: this call's readers are recorded before it).
+pub(super) fn scratch_tensor(
+    ctx: &Context,
+    what: &'static str,
+    shape: &[usize],
+) -> Result<GpuTensor> {
+    let bytes = shape.iter().map(|&d| d as u64).product::<u64>() * 4;
+    GpuTensor::from_buffer(ctx.scratch_buffer(what, bytes)?, shape)
+}
+
+impl UnfusedScratch {
+    /// The scratch of the fused backward's unfused route, in the context's scratch buffers.
+    pub(super) fn of_context(ctx: &Context, s: &AttentionShape) -> Result<Self> {
+        let shape = scores_shape(ctx, s)?;
+        let (b, h, lq) = (s.batch, s.heads, s.q_seq);
+        Ok(Self {
+            probs: scratch_tensor(ctx, "additive unfused probs", &shape)?,
+            dprobs: scratch_tensor(ctx, "additive unfused dprobs", &shape)?,
+            lse: scratch_tensor(ctx, "additive unfused lse", &[b, h, lq])?,
+            dw_rows: scratch_tensor(
+                ctx,
+                "additive unfused dw shares",
+                &[h, b, lq, s.head_dim_qk],
+            )?,
+        })
+    }
+}
+
+/// Records the unfused backward of a checked call (see [`additive_backward_unfused`]): the
+/// gradients `[da, db, dv]` (views shaped like a, b, v) and `[dw, dbias]`, through `scratch`.
+pub(super) fn encode_backward_unfused(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    call: UnfusedCall<'_>,
+    ([a, b, v, d_out], scores): ([&HeadsView; 4], AdditiveScores<'_>),
+    [da, db, dv]: [&HeadsView; 3],
+    param_grads: [&GpuTensor; 2],
+    scratch: &UnfusedScratch,
+) -> Result<()> {
+    let UnfusedCall { s, scale, opts, .. } = call;
+    let (bb, lq, lk, h, dda) = (s.batch, s.q_seq, s.kv_seq, s.heads, s.head_dim_qk);
+    let UnfusedScratch {
+        probs,
+        dprobs,
+        lse,
+        dw_rows,
+    } = scratch;
+    encode_unfused_probs(ctx, pass, call, [a, b], scores, [probs, lse])?;
+    encode_unfused_output_grads(ctx, pass, call, [probs, dprobs], [v, d_out, dv])?;
+    for query_side in [true, false] {
+        let mut params = base_params(s, scale, opts);
+        let bindings = [
+            bind_view(ctx, "a", a, VIEW_Q, &mut params)?,
+            bind_view(ctx, "b", b, VIEW_K, &mut params)?,
+            bind_tensor(ctx, "w", scores.w)?,
+            bind_tensor(ctx, "bias", scores.bias)?,
+            bind_tensor(ctx, "dS", dprobs)?,
+            match query_side {
+                true => bind_view(ctx, "da", da, VIEW_DQ, &mut params)?,
+                false => bind_view(ctx, "db", db, VIEW_DK, &mut params)?,
+            },
+            match query_side {
+                true => bind_tensor(ctx, "dw shares", dw_rows)?,
+                false => empty_rw_binding(ctx),
+            },
+        ];
+        let (rows, other) = if query_side { (lq, lk) } else { (lk, lq) };
+        let grid = set_grid(
+            ctx,
+            &mut params,
+            (bb * rows * h * dda).div_ceil(SIMPLE_WG as usize),
+            1,
+        )?;
+        let chunks = loop_chunks(ctx, other, 1, 16, 1);
+        encode_chunks(
+            ctx,
+            pass,
+            Kernel {
+                name: "additive_backward_unfused",
+                source: |score_bias| with_common(BACKWARD_UNFUSED, score_bias),
+                constants: &[("WG", SIMPLE_WG), ("QUERY_SIDE", query_side as u32)],
+            },
+            &mut params,
+            Bound {
+                shared: Shared::lens(seq_lens_buffer(ctx, opts)),
+                bindings: &bindings,
+                grid,
+            },
+            &chunks,
+        );
+    }
+    let dw_binding = bind_tensor(ctx, "dw shares", dw_rows)?;
+    encode_param_grads(ctx, pass, s, opts, dw_binding, da, param_grads)
 }

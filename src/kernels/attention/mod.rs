@@ -31,7 +31,7 @@ mod qk_norm;
 pub(crate) mod shape;
 mod sinks;
 mod sources;
-mod tune;
+pub(crate) mod tune;
 pub(crate) mod unfused;
 mod variant;
 

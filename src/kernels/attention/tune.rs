@@ -60,18 +60,37 @@ pub(super) fn call_choice(
     dtype: DType,
     qk: [&HeadsView; 2],
 ) -> Result<KernelChoice> {
-    let settings = ctx.kernel_settings();
     let packed = qk.iter().any(|view| view.packed_rows().is_some());
+    tuned_call(
+        ctx,
+        kernel.name(),
+        (s, dtype, packed),
+        opts,
+        |search, opts, settings| match kernel {
+            Tuned::Forward => search_forward(ctx, search, s, opts, dtype, settings),
+            Tuned::Backward => search_backward(ctx, search, s, opts, dtype, settings),
+        },
+    )
+}
+
+/// The choice a call of the kernel named `kernel` (shape `s`, `dtype` inputs) runs: the context's
+/// settings over the tuned choice of its key, which `search` makes at the key's first call where
+/// the context tunes (given the call's scalar options and the settings); packed calls run the
+/// settings. Shared by every kernel that tunes (the attention's, the additive attention's).
+pub(crate) fn tuned_call(
+    ctx: &Context,
+    kernel: &str,
+    (s, dtype, packed): (&AttentionShape, DType, bool),
+    opts: &AttentionOptions<'_>,
+    search: impl FnOnce(&mut Search<'_>, &AttentionOptions<'_>, KernelChoice) -> Result<()>,
+) -> Result<KernelChoice> {
+    let settings = ctx.kernel_settings();
     if ctx.tuning_mode() == TuningMode::Off || packed || ctx.is_tuning_thread() {
         return Ok(settings);
     }
-    let key = tuning_key(ctx, kernel.name(), s, opts, dtype);
-    let tuned = ctx.tuned_choice(&key, |search| {
-        let opts = scalar_options(opts);
-        match kernel {
-            Tuned::Forward => search_forward(ctx, search, s, &opts, dtype, settings),
-            Tuned::Backward => search_backward(ctx, search, s, &opts, dtype, settings),
-        }
+    let key = tuning_key(ctx, kernel, s, opts, dtype);
+    let tuned = ctx.tuned_choice(&key, |search_state| {
+        search(search_state, &scalar_options(opts), settings)
     })?;
     Ok(settings.or(tuned.unwrap_or_default()))
 }
@@ -263,7 +282,7 @@ impl Problem {
 
 /// Deterministic values in [-1, 1): the inputs of the problems kernels are qualified on (here and
 /// the tensor-core build's, `coop::qualify_matrix_build`).
-pub(super) fn qualification_values(n: usize, seed: u32) -> Vec<f32> {
+pub(crate) fn qualification_values(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
     (0..n)
         .map(|_| {
@@ -305,7 +324,7 @@ fn check_shape(s: &AttentionShape) -> AttentionShape {
 
 /// The largest difference of two results, relative to `1 + |reference|` (0 where both are the
 /// same infinity, infinite where one is not finite and the other differs).
-fn worst_difference(candidate: &[f32], reference: &[f32]) -> f32 {
+pub(crate) fn worst_difference(candidate: &[f32], reference: &[f32]) -> f32 {
     candidate
         .iter()
         .zip(reference)

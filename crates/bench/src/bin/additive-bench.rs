@@ -19,7 +19,7 @@ use wgpu_attention::reference::compare::{
 use wgpu_attention::{
     additive_backward, additive_backward_unfused, additive_forward, additive_forward_unfused,
     additive_precompile, parse_backends, AdditiveScores, AttentionOptions, AttentionPasses,
-    AttentionShape, Context, Error, ForwardViews, GpuTensor,
+    AttentionShape, Context, Error, ForwardViews, GpuTensor, TuningMode,
 };
 
 #[derive(Parser, Debug)]
@@ -61,11 +61,19 @@ struct Cli {
     /// out. The unfused baselines are not built (as `attention-bench --compile-only`).
     #[arg(long)]
     compile_only: bool,
+    /// Let the library tune each key first (`TuningMode::Tune`): its "fused" rows then time what
+    /// it chose, the fused kernels or the unfused path, and the tuning report is printed
+    #[arg(long)]
+    tune: bool,
 }
 
 fn run(cli: &Cli) -> Result<(), Error> {
     let backends = cli.backend.as_deref().map(parse_backends).transpose()?;
-    let ctx = Context::new_with(&bench_options(backends, cli.adapter.clone())?)?;
+    let mut options = bench_options(backends, cli.adapter.clone())?;
+    if cli.tune {
+        options = options.tuning(TuningMode::Tune);
+    }
+    let ctx = Context::new_with(&options)?;
     println!("adapter: {}", ctx.report());
     let (b, h, da, dv) = (cli.batch, cli.heads, cli.score_dim, cli.head_dim);
     let opts = AttentionOptions::new().causal(cli.causal);
@@ -200,6 +208,12 @@ fn run(cli: &Cli) -> Result<(), Error> {
             g.da.to_vec(&ctx)
         })?;
         ratios.push((l, unfused / fused, unfused_backward / fused_backward));
+    }
+    if cli.tune {
+        println!("\ntuning (the library's choice per key; its \"fused\" rows ran the winner):");
+        for record in ctx.tuning_report() {
+            println!("{record}");
+        }
     }
     println!("\n| L | fused speed-up over unfused, forward | backward |\n|---|---|---|");
     for (l, forward, backward) in &ratios {
