@@ -244,8 +244,8 @@ fn cached_decoding_matches_the_full_forward_at_every_step() {
 
 /// Prompts are prefilled packed, one after another in the pass's rows: a prompt spanning passes,
 /// sequences with no tokens in a pass, the short pass for a remainder that fits it, requests
-/// admitted together, and a prompt of 64 rows or more (the fused forward over the cache, gathered
-/// when paged or int8). Each sequence's logits after the prefill and a step later equal the full
+/// admitted together, and a prompt of 64 rows or more (the fused forward over the cache, read as
+/// stored: through the block table, int8 and f16 words dequantised as staged). Each sequence's logits after the prefill and a step later equal the full
 /// forward's at its position (f32 caches at the forward tolerances; int8 within 3% of the largest
 /// logit), with learned positions (placed after each sequence's cached tokens) and GQA.
 #[test]
