@@ -66,7 +66,8 @@ fn search_unfused(
     opts: &AttentionOptions<'_>,
     settings: KernelChoice,
 ) -> Result<()> {
-    let timed = Problem::new(ctx, s, false)?;
+    let backward = kernel == Tuned::Backward;
+    let timed = Problem::new(ctx, s, false, backward)?;
     let small = AttentionShape {
         batch: 1,
         q_seq: s.q_seq.min(70),
@@ -75,7 +76,7 @@ fn search_unfused(
         kv_heads: s.heads.min(2),
         ..*s
     };
-    let checked = Problem::new(ctx, &small, true)?;
+    let checked = Problem::new(ctx, &small, true, backward)?;
     let reference = checked.results(ctx, kernel, opts, settings)?;
     let unfused = KernelChoice {
         unfused: Some(true),
@@ -104,17 +105,17 @@ fn search_unfused(
     Ok(())
 }
 
-/// The tensors of a tuning problem: a, b, v, w, bias, O, lse; dO, da, db, dv, dw, dbias and the
-/// workspace for a backward (all of them, whichever kernel is tuned: a few MiB at most).
+/// The tensors of a tuning problem: a, b, v, w, bias, O, lse; for a backward also dO, da, db, dv,
+/// dw, dbias and the workspace.
 struct Problem {
     tensors: Vec<GpuTensor>,
     views: Vec<HeadsView>,
-    workspace: GpuTensor,
+    workspace: Option<GpuTensor>,
 }
 
 impl Problem {
     /// Random values in [-1, 1) where `random` (the check), zeros otherwise (the timed problem).
-    fn new(ctx: &Context, s: &AttentionShape, random: bool) -> Result<Self> {
+    fn new(ctx: &Context, s: &AttentionShape, random: bool, backward: bool) -> Result<Self> {
         let (b, lq, lk, h, da, dv) = (
             s.batch,
             s.q_seq,
@@ -138,8 +139,9 @@ impl Problem {
             &[h, da],
             &[h, da],
         ];
+        let count = if backward { shapes.len() } else { 7 };
         let mut tensors = Vec::new();
-        for (i, shape) in shapes.iter().enumerate() {
+        for (i, shape) in shapes.iter().take(count).enumerate() {
             let n = shape.iter().product();
             tensors.push(match random {
                 true => GpuTensor::from_slice(ctx, &qualification_values(n, i as u32 + 1), shape)?,
@@ -148,12 +150,17 @@ impl Problem {
         }
         let views = [0, 1, 2, 5, 7, 8, 9, 10]
             .iter()
+            .filter(|&&i| i < count)
             .map(|&i| tensors[i].heads())
             .collect::<Result<_>>()?;
+        let workspace = match backward {
+            true => Some(additive_backward_workspace(ctx, s)?),
+            false => None,
+        };
         Ok(Self {
             tensors,
             views,
-            workspace: additive_backward_workspace(ctx, s)?,
+            workspace,
         })
     }
 
@@ -188,6 +195,7 @@ impl Problem {
         match kernel {
             Tuned::Forward => record_forward(ctx, encoder, &self.forward(), scores, opts, choice),
             Tuned::Backward => {
+                let workspace = self.workspace.as_ref().expect("a backward problem");
                 let views = BackwardViews {
                     q: &self.views[0],
                     k: &self.views[1],
@@ -198,7 +206,7 @@ impl Problem {
                     dq: &self.views[5],
                     dk: &self.views[6],
                     dv: &self.views[7],
-                    workspace: &self.workspace,
+                    workspace,
                 };
                 let grads = [&self.tensors[11], &self.tensors[12]];
                 record_backward(ctx, encoder, &views, scores, grads, opts, choice)
