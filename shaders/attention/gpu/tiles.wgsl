@@ -6,7 +6,9 @@
 // staged_at(view, index) and store_staged(view, row, d4, x) (vec4 d4 of staged row `row`);
 // input_row4(view, index, count) reads four elements of a view from its binding (the backward
 // kernels' in attention/gpu/backward_tiles.wgsl), and MAX_DOTS bounds a micro-tile's columns (the
-// key's MAX_SK or MAX_SQ). The view is a constant at every call, so a call compiles to the one tile
+// key's MAX_SK or MAX_SQ). Rows are found by input_index (attention/kv_pages*.wgsl: a paged cache's
+// through its block table) and scaled by row_scale (attention/input_rows*.wgsl: an int8 cache's
+// row scale, else 1). The view is a constant at every call, so a call compiles to the one tile
 // and binding it names.
 
 // Whether a view holds the score's head dim DK (Q and K) rather than the value's DV (V, O, dO).
