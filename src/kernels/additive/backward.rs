@@ -22,7 +22,7 @@ use super::sources::{
     BACKWARD_WORKSPACE, PARAM_GRADS,
 };
 use super::tiles::{backward_lanes, backward_names, staged_tile, AdditiveKernel, WG};
-use super::tune::{self, unfused_fits, Tuned};
+use super::tune::{runs_unfused, Tuned};
 use super::unfused::{encode_backward_unfused, UnfusedScratch};
 use super::ADDITIVE_BACKWARD_STORAGE_BUFFERS;
 use crate::device::KernelChoice;
@@ -192,11 +192,7 @@ fn encode_backward(
         ("dbias", dbias.region()),
     ];
     check_distinct(ctx, opts, &outputs, &inputs)?;
-    let choice = match choice {
-        Some(choice) => choice,
-        None => tune::call_choice(ctx, Tuned::Backward, &s, opts)?,
-    };
-    if choice.unfused == Some(true) && unfused_fits(ctx, &s) {
+    if runs_unfused(ctx, Tuned::Backward, &s, opts, choice)? {
         // P recomputed with its own lse (the forward's stays an input), in scratch.
         let scratch = UnfusedScratch::of_context(ctx, &s)?;
         let mut pass = ctx.begin_pass(encoder, "additive_backward_unfused");

@@ -19,7 +19,7 @@ use crate::tensor::HeadsView;
 use super::call::{check, AdditiveScores};
 use super::sources::{constants, sized, with_shared, DECODE, FORWARD};
 use super::tiles::{forward_tile, staged_tile, AdditiveKernel, WG};
-use super::tune::{self, unfused_fits, Tuned};
+use super::tune::{runs_unfused, Tuned};
 use super::unfused::{encode_forward_unfused, scratch_tensor};
 use crate::device::KernelChoice;
 use crate::kernels::attention::unfused::{scores_shape, UnfusedCall};
@@ -127,25 +127,12 @@ fn encode_forward(
     check_forward_outputs(ctx, &s, out, lse, &inputs, opts)?;
     // A whole-sequence call takes the unfused path where the context's tuning found it faster
     // (aligned calls, decoding's, run the fused kernels: the unfused ones do not align lengths).
-    if !aligned {
-        let choice = match choice {
-            Some(choice) => choice,
-            None => tune::call_choice(ctx, Tuned::Forward, &s, opts)?,
-        };
-        if choice.unfused == Some(true) && unfused_fits(ctx, &s) {
-            let probs = scratch_tensor(ctx, "additive unfused probs", &scores_shape(ctx, &s)?)?;
-            let mut pass = ctx.begin_pass(encoder, "additive_forward_unfused");
-            let call = UnfusedCall::new(ctx, &s, scale, opts);
-            return encode_forward_unfused(
-                ctx,
-                &mut pass,
-                call,
-                [a, b, v],
-                scores,
-                &probs,
-                (out, lse),
-            );
-        }
+    if !aligned && runs_unfused(ctx, Tuned::Forward, &s, opts, choice)? {
+        let probs = scratch_tensor(ctx, "additive unfused probs", &scores_shape(ctx, &s)?)?;
+        let mut pass = ctx.begin_pass(encoder, "additive_forward_unfused");
+        let call = UnfusedCall::new(ctx, &s, scale, opts);
+        let views = [a, b, v];
+        return encode_forward_unfused(ctx, &mut pass, call, views, scores, &probs, (out, lse));
     }
     let mut params = base_params(&s, scale, opts);
     if aligned {

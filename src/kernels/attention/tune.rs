@@ -309,7 +309,7 @@ fn dims(s: &AttentionShape, backward: bool) -> Vec<[usize; 4]> {
 /// The small problem a candidate must pass before it is timed: one batch, at most two KV heads
 /// (the call's GQA group kept), at most 70 queries and 150 keys (several tiles, the last partial),
 /// the call's head dims.
-fn check_shape(s: &AttentionShape) -> AttentionShape {
+pub(crate) fn check_shape(s: &AttentionShape) -> AttentionShape {
     let kv_heads = s.kv_heads.min(2);
     AttentionShape {
         batch: 1,
@@ -324,7 +324,7 @@ fn check_shape(s: &AttentionShape) -> AttentionShape {
 
 /// The largest difference of two results, relative to `1 + |reference|` (0 where both are the
 /// same infinity, infinite where one is not finite and the other differs).
-pub(crate) fn worst_difference(candidate: &[f32], reference: &[f32]) -> f32 {
+fn worst_difference(candidate: &[f32], reference: &[f32]) -> f32 {
     candidate
         .iter()
         .zip(reference)
@@ -366,7 +366,7 @@ fn forward_results(
 
 /// Whether `candidate`'s results match `reference`'s for a `family` candidate: `None` if so, else
 /// what differed.
-fn compare(
+pub(crate) fn compare(
     what: &str,
     candidate: &[f32],
     reference: &[f32],
